@@ -1,0 +1,92 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// command is one subcommand. Each lives in its own file and registers itself
+// in init, so adding one touches no shared list.
+type command struct {
+	name    string
+	summary string
+	run     func(stdout, stderr io.Writer, args []string) error
+}
+
+var commands = map[string]command{}
+
+func register(c command) {
+	if _, dup := commands[c.name]; dup {
+		panic("moescope: command registered twice: " + c.name)
+	}
+	commands[c.name] = c
+}
+
+// errUsage marks an error caused by how the command was called (exit 2).
+var errUsage = errors.New("usage")
+
+func exitCode(err error) int {
+	if errors.Is(err, errUsage) || errors.Is(err, flag.ErrHelp) {
+		return 2
+	}
+	return 1
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: moescope COMMAND [flags]   (moescope COMMAND -h for its flags)")
+	fmt.Fprintln(w, "\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+}
+
+// run is the whole program: main only maps its error to an exit code.
+func run(stdout, stderr io.Writer, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return fmt.Errorf("%w: no command given", errUsage)
+		}
+		return nil
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		names := make([]string, 0, len(commands))
+		for n := range commands {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return fmt.Errorf("%w: unknown command %q (known: %s)", errUsage, args[0], strings.Join(names, ", "))
+	}
+	return c.run(stdout, stderr, args[1:])
+}
+
+// newFlags makes a subcommand's flag set that reports errors instead of exiting.
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("moescope "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parseFlags parses args and rejects stray positional arguments.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	return nil
+}

@@ -1,0 +1,239 @@
+// Package moe describes Mixture-of-Experts transformers and executes them.
+//
+// It holds the normalized architecture (Config, read from a Hugging Face
+// config.json), the training layout as a plain value (Layout), the op
+// vocabulary shared with the flops and memory packages (Op, Pass, Recorder),
+// the parameter list with Hugging Face tensor names (Params), and the
+// reference implementation that runs forward, backward and AdamW on the CPU.
+//
+// Shape legend used in identifiers: T tokens, D model (hidden) dim, F expert
+// FFN dim, E routed experts, K top-k, H query heads, G KV heads, d head dim,
+// V vocabulary, L layers.
+package moe
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// ScoreFunc is the router's scoring function.
+type ScoreFunc string
+
+// Router score functions.
+const (
+	// Softmax: p = softmax(x·Wᵀ) over experts, then top-k of p (Qwen, Mixtral, OLMoE, DeepSeek-MoE).
+	Softmax ScoreFunc = "softmax"
+	// Sigmoid: p = σ(x·Wᵀ); top-k chosen on p + selection bias, weights taken from p (GLM-4.5, DeepSeek-V3).
+	Sigmoid ScoreFunc = "sigmoid"
+)
+
+// QKNorm says where RMSNorm is applied to queries and keys.
+type QKNorm string
+
+// QK-norm variants.
+const (
+	QKNormNone QKNorm = "none"
+	// QKNormHead normalizes each head's d-vector (Qwen3): weights of d elements.
+	QKNormHead QKNorm = "head"
+	// QKNormFull normalizes the whole projection (OLMoE): q over H·d, k over G·d.
+	QKNormFull QKNorm = "full"
+)
+
+// Config is the normalized architecture of a decoder-only (MoE) transformer.
+// Every size is an element count; a layer is MoE when MoELayer[i] is true and
+// dense (an FFN of DenseFFN) otherwise.
+type Config struct {
+	Name      string `json:"name"`       // built-in name or file path it came from
+	ModelType string `json:"model_type"` // the HF model_type it was read from
+	Source    string `json:"source"`     // where the numbers come from
+
+	Vocab   int `json:"vocab"`    // V
+	Hidden  int `json:"hidden"`   // D
+	Layers  int `json:"layers"`   // L
+	Heads   int `json:"heads"`    // H, query heads
+	KVHeads int `json:"kv_heads"` // G, key/value heads; Heads % KVHeads == 0
+	HeadDim int `json:"head_dim"` // d, for q, k and v
+
+	// DenseFFN is the intermediate size of dense (non-MoE) layers.
+	DenseFFN int `json:"dense_ffn"`
+	// MoELayer[i] says whether layer i is an MoE layer; len == Layers.
+	MoELayer []bool `json:"moe_layer"`
+	// Window[i] is layer i's sliding attention window in tokens (query i sees
+	// keys j with i-Window < j ≤ i, HF's convention); 0 means full causal.
+	Window []int `json:"window"`
+
+	Experts   int `json:"experts"`    // E, routed experts per MoE layer
+	TopK      int `json:"top_k"`      // K, experts per token
+	ExpertFFN int `json:"expert_ffn"` // F, intermediate size of each routed expert
+
+	// SharedExperts is the number of always-on experts per MoE layer, each of
+	// SharedFFN width; implementations fuse them into one SwiGLU MLP of width
+	// SharedExperts·SharedFFN, as DeepSeek and GLM do.
+	SharedExperts int `json:"shared_experts"`
+	SharedFFN     int `json:"shared_ffn"`
+	// SharedGated multiplies the shared experts' output by σ(x·w_g), w_g ∈ R^D (Qwen2-MoE).
+	SharedGated bool `json:"shared_gated"`
+
+	Score ScoreFunc `json:"score"`
+	// SelectionBias adds a per-expert bias to scores for top-k selection only
+	// (no gradient; GLM-4.5's e_score_correction_bias).
+	SelectionBias bool `json:"selection_bias"`
+	// RoutedScale multiplies the routed experts' combined output (routed_scaling_factor); 1 when absent.
+	RoutedScale float64 `json:"routed_scale"`
+	// Groups and TopKGroups: grouped top-k (n_group, topk_group). Experts are
+	// split into Groups groups; only the TopKGroups best groups are eligible.
+	// Groups == 1 disables grouping.
+	Groups     int `json:"groups"`
+	TopKGroups int `json:"topk_groups"`
+	// NormTopK renormalizes the K selected weights to sum to one.
+	NormTopK bool `json:"norm_topk"`
+
+	QKNorm         QKNorm  `json:"qk_norm"`
+	QKVBias        bool    `json:"qkv_bias"`        // biases on q, k and v projections
+	RotaryFraction float64 `json:"rotary_fraction"` // fraction of d rotated by RoPE (partial_rotary_factor)
+	RopeTheta      float64 `json:"rope_theta"`
+	TiedEmbeddings bool    `json:"tied_embeddings"`
+	NormEps        float64 `json:"norm_eps"`
+
+	// AuxLossCoef is router_aux_loss_coef; HF adds coef·aux to the loss only
+	// when OutputRouterLogits is true.
+	AuxLossCoef        float64 `json:"aux_loss_coef"`
+	OutputRouterLogits bool    `json:"output_router_logits"`
+	InitRange          float64 `json:"init_range"` // std of the normal initialization
+}
+
+// MoELayers counts the MoE layers.
+func (c *Config) MoELayers() int {
+	n := 0
+	for _, m := range c.MoELayer {
+		if m {
+			n++
+		}
+	}
+	return n
+}
+
+// RotaryDim is the number of head dimensions RoPE rotates (even).
+func (c *Config) RotaryDim() int {
+	r := int(math.Round(float64(c.HeadDim) * c.RotaryFraction))
+	return r - r%2
+}
+
+// IsMoE reports whether the model has any routed experts.
+func (c *Config) IsMoE() bool { return c.Experts > 0 && c.MoELayers() > 0 }
+
+// FieldError is one violated constraint of a Config or Layout.
+type FieldError struct {
+	Field   string // JSON field name
+	Value   any    // offending value
+	Allowed string // what would be accepted
+}
+
+func (e FieldError) Error() string {
+	return fmt.Sprintf("%s = %v: %s", e.Field, e.Value, e.Allowed)
+}
+
+// maxDim bounds every size so that products used in accounting stay far from
+// int64 overflow before the checked arithmetic of the flops package even runs.
+const maxDim = 1 << 24
+
+// Validate returns every violated constraint at once, joined with
+// errors.Join; each is a FieldError naming the field, the value and what is
+// allowed. A nil result means the config can be accounted and executed.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field string, v any, allowed string) {
+		errs = append(errs, FieldError{field, v, allowed})
+	}
+	pos := func(field string, v int) {
+		if v <= 0 || v > maxDim {
+			bad(field, v, fmt.Sprintf("must be in [1, %d]", maxDim))
+		}
+	}
+	pos("vocab", c.Vocab)
+	pos("hidden", c.Hidden)
+	pos("layers", c.Layers)
+	pos("heads", c.Heads)
+	pos("kv_heads", c.KVHeads)
+	pos("head_dim", c.HeadDim)
+	if c.Heads > 0 && c.KVHeads > 0 && c.Heads%c.KVHeads != 0 {
+		bad("kv_heads", c.KVHeads, fmt.Sprintf("must divide heads = %d", c.Heads))
+	}
+	if c.Layers > 0 && c.Layers <= maxDim {
+		if len(c.MoELayer) != c.Layers {
+			bad("moe_layer", len(c.MoELayer), fmt.Sprintf("needs one entry per layer (%d)", c.Layers))
+		}
+		if len(c.Window) != c.Layers {
+			bad("window", len(c.Window), fmt.Sprintf("needs one entry per layer (%d)", c.Layers))
+		}
+	}
+	for i, w := range c.Window {
+		if w < 0 || w > maxDim {
+			bad(fmt.Sprintf("window[%d]", i), w, fmt.Sprintf("must be 0 (full) or in [1, %d]", maxDim))
+		}
+	}
+	moeLayers := c.MoELayers()
+	if moeLayers < len(c.MoELayer) {
+		pos("dense_ffn", c.DenseFFN)
+	} else if c.DenseFFN < 0 || c.DenseFFN > maxDim {
+		bad("dense_ffn", c.DenseFFN, fmt.Sprintf("must be in [0, %d]", maxDim))
+	}
+	if moeLayers > 0 {
+		pos("experts", c.Experts)
+		pos("expert_ffn", c.ExpertFFN)
+		if c.TopK <= 0 || (c.Experts > 0 && c.TopK > c.Experts) {
+			bad("top_k", c.TopK, fmt.Sprintf("must be in [1, experts = %d]", c.Experts))
+		}
+		switch c.Score {
+		case Softmax, Sigmoid:
+		default:
+			bad("score", c.Score, `must be "softmax" or "sigmoid"`)
+		}
+		if c.SelectionBias && c.Score != Sigmoid {
+			bad("selection_bias", c.SelectionBias, `only with score = "sigmoid"`)
+		}
+		if c.Groups <= 0 || (c.Experts > 0 && c.Experts%c.Groups != 0) {
+			bad("groups", c.Groups, fmt.Sprintf("must be ≥ 1 and divide experts = %d", c.Experts))
+		} else if c.TopKGroups <= 0 || c.TopKGroups > c.Groups {
+			bad("topk_groups", c.TopKGroups, fmt.Sprintf("must be in [1, groups = %d]", c.Groups))
+		} else if c.Groups > 1 && c.TopK > c.TopKGroups*(c.Experts/c.Groups) {
+			bad("top_k", c.TopK, fmt.Sprintf("must be ≤ topk_groups·experts/groups = %d", c.TopKGroups*(c.Experts/c.Groups)))
+		}
+		if !(c.RoutedScale > 0) || math.IsInf(c.RoutedScale, 0) {
+			bad("routed_scale", c.RoutedScale, "must be a finite number > 0")
+		}
+	}
+	if c.SharedExperts < 0 || c.SharedExperts > maxDim {
+		bad("shared_experts", c.SharedExperts, fmt.Sprintf("must be in [0, %d]", maxDim))
+	}
+	if c.SharedExperts > 0 {
+		pos("shared_ffn", c.SharedFFN)
+	}
+	if c.SharedGated && c.SharedExperts == 0 {
+		bad("shared_gated", c.SharedGated, "needs shared_experts ≥ 1")
+	}
+	switch c.QKNorm {
+	case QKNormNone, QKNormHead, QKNormFull:
+	default:
+		bad("qk_norm", c.QKNorm, `must be "none", "head" or "full"`)
+	}
+	if !(c.RotaryFraction > 0 && c.RotaryFraction <= 1) {
+		bad("rotary_fraction", c.RotaryFraction, "must be in (0, 1]")
+	} else if c.HeadDim > 0 && c.RotaryDim() == 0 {
+		bad("rotary_fraction", c.RotaryFraction, fmt.Sprintf("rotates no dimension of head_dim = %d", c.HeadDim))
+	}
+	if !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0) {
+		bad("rope_theta", c.RopeTheta, "must be a finite number > 0")
+	}
+	if !(c.NormEps > 0 && c.NormEps < 1) {
+		bad("norm_eps", c.NormEps, "must be in (0, 1)")
+	}
+	if !(c.AuxLossCoef >= 0) || math.IsInf(c.AuxLossCoef, 0) {
+		bad("aux_loss_coef", c.AuxLossCoef, "must be a finite number ≥ 0")
+	}
+	if !(c.InitRange > 0) || math.IsInf(c.InitRange, 0) {
+		bad("init_range", c.InitRange, "must be a finite number > 0")
+	}
+	return errors.Join(errs...)
+}

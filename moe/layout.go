@@ -1,0 +1,131 @@
+package moe
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sharding says what the dp_shard axis shards.
+type Sharding string
+
+// Sharding modes.
+const (
+	ShardFSDP  Sharding = "fsdp"  // parameters, gradients and optimizer (ZeRO-3)
+	ShardZeRO2 Sharding = "zero2" // gradients and optimizer
+	ShardZeRO1 Sharding = "zero1" // optimizer only
+	ShardDDP   Sharding = "ddp"   // nothing
+)
+
+// Layout is a training layout as a plain value: degrees, sharding mode and
+// FSDP options. world = DPReplicate × DPShard; EP divides DPShard; the expert
+// mesh is (DPReplicate, DPShard/EP, EP).
+type Layout struct {
+	GPUs                int      `json:"gpus"`
+	DPShard             int      `json:"dp_shard"`
+	DPReplicate         int      `json:"dp_replicate"`
+	EP                  int      `json:"ep"`
+	Sharding            Sharding `json:"sharding"`
+	ReshardAfterForward bool     `json:"reshard_after_forward"`
+	KeepGathered        bool     `json:"keep_gathered"`
+	AllreduceLastOnly   bool     `json:"allreduce_last_only"`
+	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
+}
+
+// DefaultLayout is one GPU with torchtitan's defaults.
+func DefaultLayout() Layout {
+	return Layout{GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, Sharding: ShardFSDP, ReshardAfterForward: true}
+}
+
+// Resolve fills the degrees left at 0 from the others (any two of GPUs,
+// DPShard, DPReplicate fix the third; DPReplicate and EP default to 1) and
+// then validates. Every factor is printed when something does not divide.
+func (l *Layout) Resolve() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"ep", l.EP}} {
+		if f.v < 0 {
+			errs = append(errs, FieldError{f.name, f.v, "must be ≥ 1 (0 = derive from the others)"})
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if l.EP == 0 {
+		l.EP = 1
+	}
+	switch {
+	case l.GPUs == 0 && l.DPShard > 0:
+		if l.DPReplicate == 0 {
+			l.DPReplicate = 1
+		}
+		l.GPUs = l.DPShard * l.DPReplicate
+	case l.GPUs > 0 && l.DPShard == 0:
+		if l.DPReplicate == 0 {
+			l.DPReplicate = 1
+		}
+		if l.GPUs%l.DPReplicate != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by dp_replicate = %d", l.GPUs, l.DPReplicate)
+		}
+		l.DPShard = l.GPUs / l.DPReplicate
+	case l.GPUs > 0 && l.DPReplicate == 0:
+		if l.GPUs%l.DPShard != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by dp_shard = %d", l.GPUs, l.DPShard)
+		}
+		l.DPReplicate = l.GPUs / l.DPShard
+	case l.GPUs == 0:
+		return errors.New("gpus: give --gpus or --dp-shard")
+	}
+	if l.Sharding == "" {
+		l.Sharding = ShardFSDP
+	}
+	return l.Validate()
+}
+
+// Validate checks a fully specified layout; it does not fill defaults.
+func (l Layout) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"ep", l.EP}} {
+		if f.v < 1 || f.v > 1<<20 {
+			errs = append(errs, FieldError{f.name, f.v, "must be in [1, 1048576]"})
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if l.DPReplicate*l.DPShard != l.GPUs {
+		errs = append(errs, fmt.Errorf("dp_replicate × dp_shard = %d × %d = %d ≠ gpus = %d",
+			l.DPReplicate, l.DPShard, l.DPReplicate*l.DPShard, l.GPUs))
+	}
+	if l.DPShard%l.EP != 0 {
+		errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = dp_replicate %d × dp_shard %d)",
+			l.EP, l.DPShard, l.GPUs, l.DPReplicate, l.DPShard))
+	}
+	switch l.Sharding {
+	case ShardFSDP, ShardZeRO2, ShardZeRO1, ShardDDP:
+	default:
+		errs = append(errs, FieldError{"sharding", l.Sharding, "must be fsdp, zero2, zero1 or ddp"})
+	}
+	if l.GPUsPerNode < 0 {
+		errs = append(errs, FieldError{"gpus_per_node", l.GPUsPerNode, "must be ≥ 1 (0 = from the cluster)"})
+	}
+	return errors.Join(errs...)
+}
+
+// CheckModel checks the layout against a model: experts must divide by EP.
+func (l Layout) CheckModel(c *Config) error {
+	if l.EP > 1 && (c.Experts == 0 || c.Experts%l.EP != 0) {
+		return fmt.Errorf("ep = %d does not divide experts = %d", l.EP, c.Experts)
+	}
+	return nil
+}
+
+// DP is the data-parallel degree, dp_replicate × dp_shard.
+func (l Layout) DP() int { return l.DPReplicate * l.DPShard }
+
+// ExpertShard is the FSDP degree of expert weights, dp_shard / ep.
+func (l Layout) ExpertShard() int { return l.DPShard / l.EP }

@@ -1,0 +1,166 @@
+package moe
+
+// The op vocabulary shared by the reference implementation (which records
+// what it runs and keeps), the flops package (which counts it analytically)
+// and the memory package (which sizes what is kept). One name per op, one
+// meaning per count field; the analytic tables and the recordings must match
+// exactly (integers), keyed by (Layer, Op, Pass).
+
+// Op names one operation of the model's graph.
+type Op string
+
+// OpKind says how an op's work is counted.
+type OpKind uint8
+
+// Op kinds.
+const (
+	// KindMatmul: a GEMM of M×K by K×N; Count = M·N·K, matmul FLOPs = 2·Count.
+	KindMatmul OpKind = iota
+	// KindGrouped: one GEMM per routed expert over its ragged token group;
+	// Count = Σ_e M_e·N·K, matmul FLOPs = 2·Count.
+	KindGrouped
+	// KindAttention: the score (QKᵀ) and value (PV) products; Count = the
+	// multiply-adds actually performed or modelled, matmul FLOPs = 2·Count.
+	KindAttention
+	// KindElementwise: non-matmul work; Count = elements processed.
+	KindElementwise
+)
+
+// The ops. Layer-scoped ops carry the decoder layer index; embedding carries
+// LayerEmbed and final norm, LM head and loss carry LayerHead.
+const (
+	OpEmbed Op = "embed" // gather rows of the embedding
+
+	OpAttnNorm Op = "attn_norm" // input RMSNorm
+	OpQProj    Op = "q_proj"
+	OpKProj    Op = "k_proj"
+	OpVProj    Op = "v_proj"
+	OpQNorm    Op = "q_norm"
+	OpKNorm    Op = "k_norm"
+	OpRoPE     Op = "rope"
+	OpAttn     Op = "attention" // softmax(QKᵀ/√d + mask)·V, flash-style
+	OpOProj    Op = "o_proj"
+	OpResidual Op = "residual" // both residual adds of a block
+
+	OpFFNNorm Op = "ffn_norm" // post-attention RMSNorm
+
+	OpRouter     Op = "router"      // router-gate linear D → E
+	OpRouterTopK Op = "router_topk" // scores, (grouped) top-k, renormalization, scaling
+	OpDispatch   Op = "dispatch"    // permute token rows into expert order
+	OpExpertGate Op = "expert_gate" // grouped GEMM, D → F
+	OpExpertUp   Op = "expert_up"   // grouped GEMM, D → F
+	OpExpertAct  Op = "expert_act"  // silu(gate)·up
+	OpExpertDown Op = "expert_down" // grouped GEMM, F → D
+	OpCombine    Op = "combine"     // weighted sum of each token's K expert outputs
+
+	OpSharedGate    Op = "shared_gate_proj"
+	OpSharedUp      Op = "shared_up_proj"
+	OpSharedAct     Op = "shared_act"
+	OpSharedDown    Op = "shared_down_proj"
+	OpSharedExpGate Op = "shared_expert_gate" // Qwen2-MoE: σ(x·w) scaling of the shared output
+	OpDenseGate     Op = "mlp_gate_proj"
+	OpDenseUp       Op = "mlp_up_proj"
+	OpDenseAct      Op = "mlp_act"
+	OpDenseDown     Op = "mlp_down_proj"
+	OpFinalNorm     Op = "final_norm"
+	OpLMHead        Op = "lm_head"
+	OpLoss          Op = "loss" // log-softmax and cross-entropy over the vocabulary
+	OpAuxLoss       Op = "aux_loss"
+	OpOptimizer     Op = "optimizer" // AdamW update, elements = parameters updated
+	LayerEmbed         = -1
+)
+
+// LayerHead returns the layer index used for final norm, LM head and loss.
+func (c *Config) LayerHead() int { return c.Layers }
+
+// Kind returns how op's work is counted.
+func (o Op) Kind() OpKind {
+	switch o {
+	case OpQProj, OpKProj, OpVProj, OpOProj, OpRouter, OpSharedGate, OpSharedUp, OpSharedDown,
+		OpSharedExpGate, OpDenseGate, OpDenseUp, OpDenseDown, OpLMHead:
+		return KindMatmul
+	case OpExpertGate, OpExpertUp, OpExpertDown:
+		return KindGrouped
+	case OpAttn:
+		return KindAttention
+	}
+	return KindElementwise
+}
+
+// Pass is the phase an op runs in.
+type Pass uint8
+
+// Passes.
+const (
+	Forward        Pass = iota
+	BackwardData        // gradients with respect to inputs
+	BackwardWeight      // gradients with respect to weights
+	Recompute           // forward work repeated in backward (checkpointing, flash-attention backward)
+)
+
+var passNames = [...]string{"forward", "backward_data", "backward_weight", "recompute"}
+
+func (p Pass) String() string {
+	if int(p) < len(passNames) {
+		return passNames[p]
+	}
+	return "pass?"
+}
+
+// MarshalText writes the pass name (JSON keys and values).
+func (p Pass) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// OpRecord is one op execution (or its analytic count).
+type OpRecord struct {
+	Layer int   // decoder layer; LayerEmbed or LayerHead outside blocks
+	Op    Op    // what ran
+	Pass  Pass  // when it ran
+	Count int64 // M·N·K for matmuls and grouped GEMMs, multiply-adds for attention, elements otherwise
+}
+
+// DType is a storage element type.
+type DType string
+
+// Storage types.
+const (
+	F32  DType = "f32"
+	BF16 DType = "bf16"
+	F16  DType = "f16"
+	I64  DType = "i64" // token ids and expert indices as PyTorch keeps them
+	I32  DType = "i32"
+	Bool DType = "bool"
+)
+
+// Bytes is the size of one element.
+func (t DType) Bytes() int64 {
+	switch t {
+	case F32, I32:
+		return 4
+	case BF16, F16:
+		return 2
+	case I64:
+		return 8
+	case Bool:
+		return 1
+	}
+	return 0
+}
+
+// SavedRecord is one tensor kept from forward for backward.
+type SavedRecord struct {
+	Layer    int
+	Op       Op     // the op whose backward needs it
+	Tensor   string // what it is ("input", "output", "lse", "indices", ...)
+	Elements int64
+	DType    DType // storage type under the precision policy, not the CPU's float32
+}
+
+// Bytes is Elements × the dtype size.
+func (s SavedRecord) Bytes() int64 { return s.Elements * s.DType.Bytes() }
+
+// Recorder receives what the reference implementation runs and keeps.
+// A nil Recorder costs nothing.
+type Recorder interface {
+	RecordOp(OpRecord)
+	RecordSaved(SavedRecord)
+}

@@ -1,0 +1,155 @@
+package moe
+
+import "fmt"
+
+// ParamGroup classifies a parameter for counting and reporting.
+type ParamGroup string
+
+// Parameter groups.
+const (
+	GroupEmbedding ParamGroup = "embedding"
+	GroupAttention ParamGroup = "attention" // q, k, v, o projections and their biases
+	GroupNorm      ParamGroup = "norm"      // every RMSNorm weight, QK-norm included
+	GroupRouter    ParamGroup = "router"    // router weight (and the selection-bias buffer)
+	GroupRouted    ParamGroup = "routed_experts"
+	GroupShared    ParamGroup = "shared_experts" // shared experts and their sigmoid gate
+	GroupDenseFFN  ParamGroup = "dense_ffn"
+	GroupLMHead    ParamGroup = "lm_head"
+)
+
+// Groups lists the parameter groups in report order.
+var Groups = []ParamGroup{GroupEmbedding, GroupAttention, GroupNorm, GroupRouter, GroupRouted, GroupShared, GroupDenseFFN, GroupLMHead}
+
+// Param is one tensor of the model as Hugging Face names and shapes it
+// (row-major, PyTorch's [out, in] for linear weights).
+type Param struct {
+	Name   string
+	Shape  []int
+	Group  ParamGroup
+	Layer  int  // decoder layer, or -1 for embedding, final norm and LM head
+	Expert int  // routed expert index, or -1
+	Buffer bool // in the checkpoint but not trained (selection bias): excluded from parameter counts
+}
+
+// Elements is the product of the shape.
+func (p Param) Elements() int64 {
+	n := int64(1)
+	for _, s := range p.Shape {
+		n *= int64(s)
+	}
+	return n
+}
+
+// naming holds the HF tensor-name pieces that differ between model types.
+type naming struct {
+	mlp                   string // module holding router and experts in MoE layers
+	gate, up, down        string // expert projections (SwiGLU: down(silu(gate(x))·up(x)))
+	router                string
+	selectionBias         string
+	shared                string // shared-experts module
+	sharedGate            string
+	denseMLP              string
+	denseGate, denseUp    string
+	denseDown, attnPrefix string
+}
+
+var qwenNames = naming{
+	mlp: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", router: "gate",
+	shared: "shared_experts", denseMLP: "mlp", denseGate: "gate_proj", denseUp: "up_proj", denseDown: "down_proj",
+	attnPrefix: "self_attn",
+}
+
+// namesFor returns the tensor naming of a supported model type.
+func namesFor(modelType string) naming {
+	n := qwenNames
+	switch modelType {
+	case "mixtral":
+		n.mlp, n.gate, n.up, n.down = "block_sparse_moe", "w1", "w3", "w2"
+	case "qwen2_moe":
+		n.shared, n.sharedGate = "shared_expert", "shared_expert_gate"
+	case "glm4_moe":
+		n.selectionBias = "gate.e_score_correction_bias"
+	}
+	return n
+}
+
+// Params lists every tensor of the model under its Hugging Face name, in a
+// fixed order: embedding, then each layer, then final norm and LM head (absent
+// when embeddings are tied). The config must be valid.
+func (c *Config) Params() []Param {
+	n := namesFor(c.ModelType)
+	D, V, H, G, d := c.Hidden, c.Vocab, c.Heads, c.KVHeads, c.HeadDim
+	var ps []Param
+	add := func(name string, g ParamGroup, layer, expert int, shape ...int) {
+		ps = append(ps, Param{Name: name, Shape: shape, Group: g, Layer: layer, Expert: expert})
+	}
+	add("model.embed_tokens.weight", GroupEmbedding, -1, -1, V, D)
+	for l := 0; l < c.Layers; l++ {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		add(p+"input_layernorm.weight", GroupNorm, l, -1, D)
+		a := p + n.attnPrefix + "."
+		add(a+"q_proj.weight", GroupAttention, l, -1, H*d, D)
+		if c.QKVBias {
+			add(a+"q_proj.bias", GroupAttention, l, -1, H*d)
+		}
+		add(a+"k_proj.weight", GroupAttention, l, -1, G*d, D)
+		if c.QKVBias {
+			add(a+"k_proj.bias", GroupAttention, l, -1, G*d)
+		}
+		add(a+"v_proj.weight", GroupAttention, l, -1, G*d, D)
+		if c.QKVBias {
+			add(a+"v_proj.bias", GroupAttention, l, -1, G*d)
+		}
+		add(a+"o_proj.weight", GroupAttention, l, -1, D, H*d)
+		switch c.QKNorm {
+		case QKNormHead:
+			add(a+"q_norm.weight", GroupNorm, l, -1, d)
+			add(a+"k_norm.weight", GroupNorm, l, -1, d)
+		case QKNormFull:
+			add(a+"q_norm.weight", GroupNorm, l, -1, H*d)
+			add(a+"k_norm.weight", GroupNorm, l, -1, G*d)
+		}
+		add(p+"post_attention_layernorm.weight", GroupNorm, l, -1, D)
+		if !c.MoELayer[l] {
+			m := p + n.denseMLP + "."
+			add(m+n.denseGate+".weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
+			add(m+n.denseUp+".weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
+			add(m+n.denseDown+".weight", GroupDenseFFN, l, -1, D, c.DenseFFN)
+			continue
+		}
+		m := p + n.mlp + "."
+		add(m+n.router+".weight", GroupRouter, l, -1, c.Experts, D)
+		if c.SelectionBias {
+			name := n.selectionBias
+			if name == "" {
+				name = "gate.e_score_correction_bias"
+			}
+			ps = append(ps, Param{Name: m + name, Shape: []int{c.Experts}, Group: GroupRouter, Layer: l, Expert: -1, Buffer: true})
+		}
+		for e := 0; e < c.Experts; e++ {
+			x := fmt.Sprintf("%sexperts.%d.", m, e)
+			add(x+n.gate+".weight", GroupRouted, l, e, c.ExpertFFN, D)
+			add(x+n.up+".weight", GroupRouted, l, e, c.ExpertFFN, D)
+			add(x+n.down+".weight", GroupRouted, l, e, D, c.ExpertFFN)
+		}
+		if c.SharedExperts > 0 {
+			s := m + n.shared + "."
+			w := c.SharedExperts * c.SharedFFN
+			add(s+"gate_proj.weight", GroupShared, l, -1, w, D)
+			add(s+"up_proj.weight", GroupShared, l, -1, w, D)
+			add(s+"down_proj.weight", GroupShared, l, -1, D, w)
+			if c.SharedGated {
+				g := n.sharedGate
+				if g == "" {
+					g = "shared_expert_gate"
+				}
+				add(m+g+".weight", GroupShared, l, -1, 1, D)
+			}
+		}
+	}
+	add("model.norm.weight", GroupNorm, -1, -1, D)
+	if !c.TiedEmbeddings {
+		add("lm_head.weight", GroupLMHead, -1, -1, V, D)
+	}
+	return ps
+}
