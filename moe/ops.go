@@ -6,6 +6,44 @@ package moe
 // meaning per count field; the analytic tables and the recordings must match
 // exactly (integers), keyed by (Layer, Op, Pass).
 
+// Counting rules (T tokens of the micro-batch, D hidden, q = H·d, kv = G·d,
+// r = rotary dims, E experts, K top-k, F expert FFN, S = shared width
+// SharedExperts·SharedFFN, Fd dense FFN, V vocabulary):
+//
+// Matmul ops (linear y = x·Wᵀ with M = T rows, N outputs, K inputs; biases are
+// part of the op and not counted): forward, backward_data (dx) and
+// backward_weight (dW) each Count M·N·K. Grouped expert GEMMs: Σ_e M_e·N·K per
+// pass, Σ_e M_e = T·K (dropless), so the count does not depend on routing.
+//
+// Attention (per sequence, per query head, n = score entries executed, d_qk =
+// d_v = d): forward 2·n·d (QKᵀ and PV); backward_data 4·n·d (dP, dS·K, dSᵀ·Q,
+// Pᵀ·dO); the flash backward's own recomputation of QKᵀ is a Recompute record
+// of n·d. n is the exact count under the mask (causal s(s+1)/2, windows
+// exact) when the tile is 1×1; with Br×Bc tiles, clipped to the sequence, n is
+// the area of every tile holding at least one unmasked entry.
+//
+// Elementwise ops (Count = elements written):
+//
+//	op                          forward     backward_data  backward_weight
+//	embed                       T·D         —              T·D
+//	attn_norm ffn_norm final_norm T·D       T·D            T·D
+//	q_norm                      T·q         T·q            T·q
+//	k_norm                      T·kv        T·kv           T·kv
+//	rope                        T·(H+G)·r   T·(H+G)·r      —
+//	residual (both adds)        2·T·D       —              —
+//	router_topk                 T·E         T·E            —
+//	dispatch                    T·K·D       T·K·D          —
+//	expert_act                  T·K·F       T·K·F          —
+//	combine                     T·K·D       T·K·D          —
+//	shared_act                  T·S         T·S            —
+//	shared_scale (gated only)   T·D         T·D            —
+//	mlp_act                     T·Fd        T·Fd           —
+//	loss                        T·V         T·V            —
+//	aux_loss (when computed)    T·E         T·E            —   per MoE layer
+//
+// Recompute records repeat the forward Count of every op that checkpointing
+// re-executes in backward (the policy decides which; see AC).
+
 // Op names one operation of the model's graph.
 type Op string
 
