@@ -1,0 +1,196 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Axis names one dimension of the device mesh (DESIGN.md, Layout contract).
+//
+// The dense mesh is (dp_replicate, dp_shard); the expert mesh splits dp_shard
+// into (efsdp = dp_shard/ep, ep) with ep the inner (fastest-varying) axis, as
+// torchtitan flattens it, so an EP group is ep consecutive ranks.
+type Axis string
+
+// Mesh axes. Each names a family of groups that partition the world.
+const (
+	// AxisReplicate: ranks holding the same shard in different replicas
+	// (HSDP gradient all-reduce); dp_replicate members.
+	AxisReplicate Axis = "dp_replicate"
+	// AxisShard: the ranks of one replica (FSDP/ZeRO sharding of dense
+	// weights); dp_shard members.
+	AxisShard Axis = "dp_shard"
+	// AxisEP: ranks exchanging tokens by all-to-all; ep consecutive members.
+	AxisEP Axis = "ep"
+	// AxisEFSDP: ranks sharding the same experts (FSDP over dp_shard/ep);
+	// members are ep apart.
+	AxisEFSDP Axis = "efsdp"
+	// AxisDP: every rank (the data-parallel group: loss and bias-load reductions).
+	AxisDP Axis = "dp"
+)
+
+// MeshAxes lists the axes in report order.
+var MeshAxes = []Axis{AxisReplicate, AxisShard, AxisEP, AxisEFSDP, AxisDP}
+
+// Mesh places world = dp_replicate × dp_shard ranks. Rank r has replica
+// r / dp_shard and shard s = r mod dp_shard; in the expert mesh s = f·ep + e
+// with f = s / ep its efsdp index and e = s mod ep its ep index. Rank r sits on
+// node r / GPUsPerNode as local GPU r mod GPUsPerNode.
+type Mesh struct {
+	Layout      moe.Layout
+	GPUsPerNode int
+}
+
+// Coord is one rank's position in both meshes and on the machines.
+type Coord struct {
+	Rank    int
+	Replica int // 0 ≤ Replica < dp_replicate
+	Shard   int // 0 ≤ Shard < dp_shard; data-parallel rank = Replica·dp_shard + Shard = Rank
+	EFSDP   int // Shard / ep
+	EP      int // Shard mod ep
+	Node    int // Rank / gpus_per_node
+	Local   int // Rank mod gpus_per_node
+}
+
+// NewMesh validates a resolved layout (and, when cfg is not nil, that ep
+// divides the experts) and places its ranks, gpusPerNode per node. Every
+// failing constraint is reported with all the factors involved.
+func NewMesh(l moe.Layout, cfg *moe.Config, gpusPerNode int) (*Mesh, error) {
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("mesh: %w", err)
+	}
+	var errs []error
+	if cfg != nil {
+		if err := l.CheckModel(cfg); err != nil {
+			errs = append(errs, fmt.Errorf("%w (experts per ep rank would not be whole; gpus = %d = dp_replicate %d × dp_shard %d, dp_shard = efsdp %d × ep %d)",
+				err, l.GPUs, l.DPReplicate, l.DPShard, l.ExpertShard(), l.EP))
+		}
+	}
+	if gpusPerNode < 1 || gpusPerNode > 1<<20 {
+		errs = append(errs, moe.FieldError{Field: "gpus_per_node", Value: gpusPerNode, Allowed: "must be in [1, 1048576]"})
+	} else if l.GPUs > gpusPerNode && l.GPUs%gpusPerNode != 0 {
+		errs = append(errs, fmt.Errorf("gpus_per_node = %d does not divide gpus = %d (= dp_replicate %d × dp_shard %d); a job spanning nodes fills whole nodes",
+			gpusPerNode, l.GPUs, l.DPReplicate, l.DPShard))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("mesh: %w", errors.Join(errs...))
+	}
+	return &Mesh{Layout: l, GPUsPerNode: gpusPerNode}, nil
+}
+
+// World is the number of ranks, dp_replicate × dp_shard.
+func (m *Mesh) World() int { return m.Layout.GPUs }
+
+// Nodes is the number of nodes the ranks occupy (the last may be partly used
+// when the whole job fits in one node).
+func (m *Mesh) Nodes() int { return (m.World() + m.GPUsPerNode - 1) / m.GPUsPerNode }
+
+// Coord returns rank's coordinates; rank must be in [0, World).
+func (m *Mesh) Coord(rank int) Coord {
+	l := m.Layout
+	s := rank % l.DPShard
+	return Coord{
+		Rank: rank, Replica: rank / l.DPShard, Shard: s, EFSDP: s / l.EP, EP: s % l.EP,
+		Node: rank / m.GPUsPerNode, Local: rank % m.GPUsPerNode,
+	}
+}
+
+// Node returns the node rank runs on.
+func (m *Mesh) Node(rank int) int { return rank / m.GPUsPerNode }
+
+// Group is one communicator: the ranks of one axis that share every other
+// coordinate, in increasing rank order (the order of gathered chunks, of
+// reduce-scatter shards and of every reduction).
+type Group struct {
+	Axis  Axis
+	Index int   // which group of the axis, 0 ≤ Index < number of groups of the axis
+	Ranks []int // members, increasing
+}
+
+// Name identifies the group, e.g. "ep[1]".
+func (g Group) Name() string { return fmt.Sprintf("%s[%d]", g.Axis, g.Index) }
+
+// Size is the number of members.
+func (g Group) Size() int { return len(g.Ranks) }
+
+// IndexOf returns rank's position in the group, or -1.
+func (g Group) IndexOf(rank int) int {
+	for i, r := range g.Ranks {
+		if r == rank {
+			return i
+		}
+	}
+	return -1
+}
+
+// Group returns the group of axis that contains rank.
+func (m *Mesh) Group(axis Axis, rank int) Group {
+	l := m.Layout
+	c := m.Coord(rank)
+	var g Group
+	g.Axis = axis
+	switch axis {
+	case AxisReplicate:
+		g.Index = c.Shard
+		for p := 0; p < l.DPReplicate; p++ {
+			g.Ranks = append(g.Ranks, p*l.DPShard+c.Shard)
+		}
+	case AxisShard:
+		g.Index = c.Replica
+		for s := 0; s < l.DPShard; s++ {
+			g.Ranks = append(g.Ranks, c.Replica*l.DPShard+s)
+		}
+	case AxisEP:
+		g.Index = c.Replica*l.ExpertShard() + c.EFSDP
+		for e := 0; e < l.EP; e++ {
+			g.Ranks = append(g.Ranks, c.Replica*l.DPShard+c.EFSDP*l.EP+e)
+		}
+	case AxisEFSDP:
+		g.Index = c.Replica*l.EP + c.EP
+		for f := 0; f < l.ExpertShard(); f++ {
+			g.Ranks = append(g.Ranks, c.Replica*l.DPShard+f*l.EP+c.EP)
+		}
+	case AxisDP:
+		for r := 0; r < m.World(); r++ {
+			g.Ranks = append(g.Ranks, r)
+		}
+	default:
+		panic("parallel: unknown mesh axis " + string(axis))
+	}
+	return g
+}
+
+// Groups returns every group of axis, by Index.
+func (m *Mesh) Groups(axis Axis) []Group {
+	seen := map[int]bool{}
+	var gs []Group
+	for r := 0; r < m.World(); r++ {
+		g := m.Group(axis, r)
+		if !seen[g.Index] {
+			seen[g.Index] = true
+			gs = append(gs, g)
+		}
+	}
+	return gs
+}
+
+// ExpertShardDim is the dimension along which a routed expert's weights are
+// FSDP-sharded over efsdp: 0 (the expert dimension of the stacked [E/ep, ·, ·]
+// weights) unless efsdp·ep > experts, when dim 0 would pad and torchtitan
+// shards dim 1 instead (torchtitan parallelize: Shard(1) when
+// dp_mod_ep·ep > num_experts).
+func (m *Mesh) ExpertShardDim(experts int) int {
+	if m.Layout.ExpertShard()*m.Layout.EP > experts {
+		return 1
+	}
+	return 0
+}
+
+// String prints every factor of the mesh.
+func (m *Mesh) String() string {
+	l := m.Layout
+	return fmt.Sprintf("world %d = dp_replicate %d × dp_shard %d; dp_shard %d = efsdp %d × ep %d; %d node(s) of %d GPUs; sharding %s",
+		l.GPUs, l.DPReplicate, l.DPShard, l.DPShard, l.ExpertShard(), l.EP, m.Nodes(), m.GPUsPerNode, l.Sharding)
+}

@@ -1,0 +1,99 @@
+package parallel
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+func meshLayout(t *testing.T, gpus, rep, ep int) moe.Layout {
+	t.Helper()
+	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestMeshGroups(t *testing.T) {
+	// 8 ranks = dp_replicate 2 × dp_shard 4, ep 2, efsdp 2, 4 GPUs per node.
+	// Rank r: replica r/4, shard s = r%4, efsdp s/2, ep s%2 (hand-derived).
+	m, err := NewMesh(meshLayout(t, 8, 2, 2), nil, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Coord(6)
+	if want := (Coord{Rank: 6, Replica: 1, Shard: 2, EFSDP: 1, EP: 0, Node: 1, Local: 2}); c != want {
+		t.Fatalf("Coord(6) = %+v, want %+v", c, want)
+	}
+	cases := []struct {
+		axis  Axis
+		rank  int
+		ranks []int
+	}{
+		{AxisReplicate, 6, []int{2, 6}},
+		{AxisShard, 6, []int{4, 5, 6, 7}},
+		{AxisEP, 6, []int{6, 7}},
+		{AxisEFSDP, 6, []int{4, 6}},
+		{AxisEFSDP, 1, []int{1, 3}},
+		{AxisDP, 3, []int{0, 1, 2, 3, 4, 5, 6, 7}},
+	}
+	for _, tc := range cases {
+		if g := m.Group(tc.axis, tc.rank); !reflect.DeepEqual(g.Ranks, tc.ranks) {
+			t.Errorf("Group(%s, %d) = %v, want %v", tc.axis, tc.rank, g.Ranks, tc.ranks)
+		}
+	}
+	// Every axis partitions the world.
+	for _, a := range MeshAxes {
+		seen := map[int]int{}
+		for _, g := range m.Groups(a) {
+			for _, r := range g.Ranks {
+				seen[r]++
+				if got := m.Group(a, r); got.Index != g.Index {
+					t.Errorf("%s: rank %d in group %d but Group says %d", a, r, g.Index, got.Index)
+				}
+			}
+		}
+		if len(seen) != 8 {
+			t.Errorf("%s groups cover %d ranks, want 8", a, len(seen))
+		}
+		for r, n := range seen {
+			if n != 1 {
+				t.Errorf("%s: rank %d in %d groups", a, r, n)
+			}
+		}
+	}
+}
+
+func TestMeshErrors(t *testing.T) {
+	cfg := &moe.Config{Experts: 6, MoELayer: []bool{true}}
+	l := meshLayout(t, 8, 1, 4)
+	_, err := NewMesh(l, cfg, 8)
+	if err == nil || !strings.Contains(err.Error(), "experts = 6") || !strings.Contains(err.Error(), "efsdp 2 × ep 4") {
+		t.Errorf("ep ∤ experts: err = %v", err)
+	}
+	_, err = NewMesh(meshLayout(t, 12, 1, 1), nil, 8)
+	if err == nil || !strings.Contains(err.Error(), "gpus_per_node = 8 does not divide gpus = 12") {
+		t.Errorf("gpn ∤ gpus: err = %v", err)
+	}
+	bad := moe.Layout{GPUs: 8, DPShard: 4, DPReplicate: 2, EP: 3, Sharding: moe.ShardFSDP}
+	if _, err := NewMesh(bad, nil, 8); err == nil || !strings.Contains(err.Error(), "ep = 3 does not divide dp_shard = 4") {
+		t.Errorf("ep ∤ dp_shard: err = %v", err)
+	}
+	if _, err := NewMesh(meshLayout(t, 2, 1, 1), nil, 0); err == nil || !strings.Contains(err.Error(), "gpus_per_node") {
+		t.Errorf("gpn 0: err = %v", err)
+	}
+}
+
+func TestExpertShardDim(t *testing.T) {
+	// efsdp·ep = 4·2 = 8: dim 0 for 8 experts, dim 1 for 4 (would pad).
+	m, _ := NewMesh(meshLayout(t, 8, 1, 2), nil, 8)
+	if d := m.ExpertShardDim(8); d != 0 {
+		t.Errorf("8 experts: dim %d, want 0", d)
+	}
+	if d := m.ExpertShardDim(4); d != 1 {
+		t.Errorf("4 experts: dim %d, want 1", d)
+	}
+}
