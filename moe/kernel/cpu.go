@@ -1,0 +1,47 @@
+package kernel
+
+import (
+	"github.com/klauspost/cpuid/v2"
+)
+
+// CPU is what cpuid reports about the processor, plus the micro-kernel this
+// package dispatches to on it.
+type CPU struct {
+	Brand         string   `json:"brand"`
+	Vendor        string   `json:"vendor"`
+	Family        int      `json:"family"`
+	Model         int      `json:"model"`
+	PhysicalCores int      `json:"physical_cores"`
+	LogicalCores  int      `json:"logical_cores"`
+	Features      []string `json:"features"`  // the vector features the kernels can use, as cpuid names them
+	L1DBytes      int      `json:"l1d_bytes"` // per core; -1 when cpuid does not say
+	L2Bytes       int      `json:"l2_bytes"`  // per core; -1 when cpuid does not say
+	L3Bytes       int      `json:"l3_bytes"`  // per CCX or package; -1 when cpuid does not say
+	CacheLine     int      `json:"cache_line"`
+	Kernel        string   `json:"kernel"` // the GEMM micro-kernel in use: "avx512", "avx2" or "generic"
+}
+
+// Info returns what cpuid reports and the kernel in use.
+func Info() CPU {
+	c := cpuid.CPU
+	var feats []string
+	for _, f := range []cpuid.FeatureID{cpuid.SSE2, cpuid.AVX, cpuid.AVX2, cpuid.FMA3, cpuid.AVX512F, cpuid.AVX512VL, cpuid.AVX512BF16} {
+		if c.Supports(f) {
+			feats = append(feats, f.String())
+		}
+	}
+	return CPU{
+		Brand:         c.BrandName,
+		Vendor:        c.VendorString,
+		Family:        c.Family,
+		Model:         c.Model,
+		PhysicalCores: c.PhysicalCores,
+		LogicalCores:  c.LogicalCores,
+		Features:      feats,
+		L1DBytes:      c.Cache.L1D,
+		L2Bytes:       c.Cache.L2,
+		L3Bytes:       c.Cache.L3,
+		CacheLine:     c.CacheLine,
+		Kernel:        active().name,
+	}
+}

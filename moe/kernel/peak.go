@@ -1,0 +1,94 @@
+package kernel
+
+import (
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Peak is the measured float32 FMA throughput of this machine: the
+// denominator of every CPU MFU moescope prints (never a GPU's peak).
+//
+// PerCoreGFLOPS is one thread running a register-only loop of independent
+// vector FMAs (the widest this build can issue, Kernel), counting 2 FLOP per
+// multiply-add lane; AllCoreGFLOPS is Threads such loops at once, total work
+// over wall time. ClockGHz is measured with a chain of dependent 1-cycle
+// integer adds (cpuid reports no frequency under most hypervisors); 0 when
+// the build cannot measure it (purego). FLOPPerCycle = PerCoreGFLOPS /
+// ClockGHz. Each figure is the best of several short runs, so a busy
+// machine lowers it less than it lowers a single run.
+type Peak struct {
+	Kernel        string  `json:"kernel"`
+	Threads       int     `json:"threads"`
+	ClockGHz      float64 `json:"clock_ghz"`
+	FLOPPerCycle  float64 `json:"flop_per_cycle"`
+	PerCoreGFLOPS float64 `json:"peak_gflops_per_core"`
+	AllCoreGFLOPS float64 `json:"peak_gflops"`
+}
+
+// peakRun is the length of one timed run and peakRepeats how many are taken.
+const (
+	peakRun     = 20 * time.Millisecond
+	peakRepeats = 5
+)
+
+// MeasurePeak measures the FMA peak of the active micro-kernel for one core
+// and for threads cores at once (threads ≤ 0 means GOMAXPROCS). It takes
+// about 0.3 s plus 0.1 s per thread count.
+func MeasurePeak(threads int) Peak {
+	if threads <= 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	k := active()
+	// Calibrate n so one run takes about peakRun.
+	n := 1 << 10
+	for {
+		t := time.Now()
+		k.fmaLoop(n)
+		if d := time.Since(t); d > peakRun/4 || n > 1<<30 {
+			n = int(float64(n) * float64(peakRun) / float64(max(d, time.Microsecond)))
+			break
+		}
+		n *= 4
+	}
+	n = max(n, 1)
+	flop := float64(n) * float64(k.loopFLOP)
+	p := Peak{Kernel: k.name, Threads: threads}
+	p.PerCoreGFLOPS = flop / bestOf(func() { k.fmaLoop(n) }) / 1e9
+	p.AllCoreGFLOPS = float64(threads) * flop / bestOf(func() { parallelLoop(threads, func() { k.fmaLoop(n) }) }) / 1e9
+	p.ClockGHz = measureClock()
+	if p.ClockGHz > 0 {
+		p.FLOPPerCycle = p.PerCoreGFLOPS / p.ClockGHz
+	}
+	return p
+}
+
+// bestOf returns the shortest wall time of f in seconds over peakRepeats runs.
+func bestOf(f func()) float64 {
+	best := time.Duration(1<<63 - 1)
+	for range peakRepeats {
+		t := time.Now()
+		f()
+		best = min(best, time.Since(t))
+	}
+	return max(best.Seconds(), 1e-9)
+}
+
+// parallelLoop runs f on threads goroutines, each locked to an OS thread,
+// released together.
+func parallelLoop(threads int, f func()) {
+	var start, done sync.WaitGroup
+	start.Add(1)
+	done.Add(threads)
+	for range threads {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			start.Wait()
+			f()
+			done.Done()
+		}()
+	}
+	start.Done()
+	done.Wait()
+}
