@@ -1,0 +1,449 @@
+package moe
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+)
+
+// Reading Hugging Face config.json files.
+//
+// ParseHF normalizes a config.json into a Config following the modeling code
+// of each supported model_type (transformers' Qwen3Moe, Qwen2Moe, Mixtral,
+// OLMoE, Glm4Moe, Qwen3 and Llama; DeepSeek-MoE's remote-code
+// modeling_deepseek.py). Keys the model code does not read are ignored, as
+// transformers ignores them; "_source" is moescope's own key naming where the
+// numbers come from. Absent keys take the default of that model type's
+// transformers config class, except the sizes that define the architecture
+// (vocabulary, hidden, layers, heads, FFN widths, experts), which are
+// required.
+
+// SupportedModelTypes lists the HF model_type values ParseHF reads.
+func SupportedModelTypes() []string {
+	ts := make([]string, 0, len(hfDefaults))
+	for t := range hfDefaults {
+		ts = append(ts, t)
+	}
+	sort.Strings(ts)
+	return ts
+}
+
+// hfDefault holds a model type's config-class defaults for optional keys.
+type hfDefault struct {
+	normEps      float64
+	ropeTheta    float64
+	normTopK     bool
+	auxCoef      float64
+	rotary       float64
+	qkNorm       QKNorm
+	moe          bool // has routed experts
+	firstKDense  int  // default first_k_dense_replace
+	qkvBias      bool // q, k, v biases are unconditional (Qwen2-MoE)
+	oProjHasBias bool // attention_bias also adds an o_proj bias (unsupported)
+}
+
+// Defaults from each transformers configuration class (v4.57) and, for
+// deepseek, DeepSeek-MoE's configuration_deepseek.py.
+var hfDefaults = map[string]hfDefault{
+	"qwen3_moe": {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: QKNormHead, moe: true, oProjHasBias: true},
+	"qwen2_moe": {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: QKNormNone, moe: true, qkvBias: true},
+	"mixtral":   {normEps: 1e-5, ropeTheta: 1e6, normTopK: true, auxCoef: 0.001, rotary: 1, qkNorm: QKNormNone, moe: true},
+	"olmoe":     {normEps: 1e-5, ropeTheta: 10000, auxCoef: 0.01, rotary: 1, qkNorm: QKNormFull, moe: true, oProjHasBias: true},
+	"deepseek":  {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: QKNormNone, moe: true, oProjHasBias: true},
+	"glm4_moe":  {normEps: 1e-5, ropeTheta: 10000, normTopK: true, rotary: 0.5, qkNorm: QKNormNone, moe: true, firstKDense: 1},
+	"qwen3":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: QKNormHead, oProjHasBias: true},
+	"llama":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: QKNormNone, oProjHasBias: true},
+}
+
+// hfConfig is the union of the config.json keys moescope reads. Pointers
+// distinguish an absent key from a zero value.
+type hfConfig struct {
+	Source    string `json:"_source"`
+	ModelType string `json:"model_type"`
+
+	VocabSize         *int    `json:"vocab_size"`
+	HiddenSize        *int    `json:"hidden_size"`
+	IntermediateSize  *int    `json:"intermediate_size"`
+	NumHiddenLayers   *int    `json:"num_hidden_layers"`
+	NumAttentionHeads *int    `json:"num_attention_heads"`
+	NumKeyValueHeads  *int    `json:"num_key_value_heads"`
+	HeadDim           *int    `json:"head_dim"`
+	HiddenAct         *string `json:"hidden_act"`
+
+	NumExperts          *int  `json:"num_experts"`       // qwen3_moe, qwen2_moe, olmoe
+	NumLocalExperts     *int  `json:"num_local_experts"` // mixtral
+	NRoutedExperts      *int  `json:"n_routed_experts"`  // deepseek, glm4_moe
+	NumExpertsPerTok    *int  `json:"num_experts_per_tok"`
+	MoEIntermediateSize *int  `json:"moe_intermediate_size"`
+	SharedIntermediate  *int  `json:"shared_expert_intermediate_size"` // qwen2_moe
+	NSharedExperts      *int  `json:"n_shared_experts"`                // deepseek, glm4_moe
+	DecoderSparseStep   *int  `json:"decoder_sparse_step"`
+	MLPOnlyLayers       []int `json:"mlp_only_layers"`
+	FirstKDenseReplace  *int  `json:"first_k_dense_replace"`
+	MoELayerFreq        *int  `json:"moe_layer_freq"`
+
+	NormTopKProb        *bool    `json:"norm_topk_prob"`
+	ScoringFunc         *string  `json:"scoring_func"`
+	TopKMethod          *string  `json:"topk_method"`
+	RoutedScalingFactor *float64 `json:"routed_scaling_factor"`
+	NGroup              *int     `json:"n_group"`
+	TopKGroup           *int     `json:"topk_group"`
+
+	AttentionBias       *bool    `json:"attention_bias"`
+	QKVBias             *bool    `json:"qkv_bias"`
+	MLPBias             *bool    `json:"mlp_bias"`
+	UseQKNorm           *bool    `json:"use_qk_norm"`
+	ClipQKV             *float64 `json:"clip_qkv"`
+	PartialRotaryFactor *float64 `json:"partial_rotary_factor"`
+	RopeTheta           *float64 `json:"rope_theta"`
+	RopeParameters      *struct {
+		RopeTheta *float64 `json:"rope_theta"`
+	} `json:"rope_parameters"`
+	RMSNormEps        *float64 `json:"rms_norm_eps"`
+	TieWordEmbeddings *bool    `json:"tie_word_embeddings"`
+
+	SlidingWindow    *int     `json:"sliding_window"`
+	UseSlidingWindow *bool    `json:"use_sliding_window"`
+	MaxWindowLayers  *int     `json:"max_window_layers"`
+	LayerTypes       []string `json:"layer_types"`
+
+	RouterAuxLossCoef  *float64 `json:"router_aux_loss_coef"`
+	AuxLossAlpha       *float64 `json:"aux_loss_alpha"`
+	OutputRouterLogits *bool    `json:"output_router_logits"`
+	InitializerRange   *float64 `json:"initializer_range"`
+}
+
+// jsonPosition turns a byte offset into a 1-based line and column.
+func jsonPosition(data []byte, off int64) (line, col int) {
+	if off > int64(len(data)) {
+		off = int64(len(data))
+	}
+	if off < 0 {
+		off = 0
+	}
+	before := data[:off]
+	line = 1 + bytes.Count(before, []byte{'\n'})
+	col = int(off) - (bytes.LastIndexByte(before, '\n') + 1)
+	if col < 1 {
+		col = 1
+	}
+	return line, col
+}
+
+// decodeHF unmarshals data, turning JSON errors into ones that say where.
+func decodeHF(data []byte) (*hfConfig, error) {
+	var h hfConfig
+	err := json.Unmarshal(data, &h)
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return &h, nil
+	case errors.As(err, &syn):
+		line, col := jsonPosition(data, syn.Offset)
+		return nil, fmt.Errorf("malformed JSON at line %d, column %d: %v", line, col, syn)
+	case errors.As(err, &typ):
+		line, col := jsonPosition(data, typ.Offset)
+		return nil, fmt.Errorf("line %d, column %d: key %q holds a JSON %s, want %s", line, col, typ.Field, typ.Value, typ.Type)
+	}
+	return nil, fmt.Errorf("malformed JSON: %v", err)
+}
+
+// ParseHF reads a Hugging Face config.json into a validated Config. name is
+// recorded as Config.Name and used in errors.
+func ParseHF(data []byte, name string) (*Config, error) {
+	h, err := decodeHF(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	c, err := h.normalize()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	c.Name = name
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: invalid config:\n%w", name, err)
+	}
+	return c, nil
+}
+
+// normalize maps HF keys onto Config following the model type's modeling code.
+func (h *hfConfig) normalize() (*Config, error) {
+	def, ok := hfDefaults[h.ModelType]
+	if !ok {
+		if h.ModelType == "" {
+			return nil, fmt.Errorf("model_type is missing (supported: %s)", strings.Join(SupportedModelTypes(), ", "))
+		}
+		return nil, fmt.Errorf("model_type = %q is not supported (supported: %s)", h.ModelType, strings.Join(SupportedModelTypes(), ", "))
+	}
+	var errs []error
+	missing := func(key string) { errs = append(errs, fmt.Errorf("%s: required key is missing", key)) }
+	req := func(key string, p *int) int {
+		if p == nil {
+			missing(key)
+			return 0
+		}
+		return *p
+	}
+	optF := func(p *float64, d float64) float64 {
+		if p == nil {
+			return d
+		}
+		return *p
+	}
+	optB := func(p *bool, d bool) bool {
+		if p == nil {
+			return d
+		}
+		return *p
+	}
+	optI := func(p *int, d int) int {
+		if p == nil {
+			return d
+		}
+		return *p
+	}
+	unsupported := func(key string, v any, why string) {
+		errs = append(errs, fmt.Errorf("%s = %v: not supported (%s)", key, v, why))
+	}
+
+	c := &Config{
+		ModelType: h.ModelType,
+		Source:    h.Source,
+		Vocab:     req("vocab_size", h.VocabSize),
+		Hidden:    req("hidden_size", h.HiddenSize),
+		Layers:    req("num_hidden_layers", h.NumHiddenLayers),
+		Heads:     req("num_attention_heads", h.NumAttentionHeads),
+		Score:     Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1,
+		QKNorm:         def.qkNorm,
+		QKVBias:        def.qkvBias,
+		RotaryFraction: optF(h.PartialRotaryFactor, def.rotary),
+		NormEps:        optF(h.RMSNormEps, def.normEps),
+		TiedEmbeddings: optB(h.TieWordEmbeddings, false),
+		InitRange:      optF(h.InitializerRange, 0.02),
+	}
+	c.KVHeads = optI(h.NumKeyValueHeads, c.Heads)
+	switch {
+	case h.HeadDim != nil:
+		c.HeadDim = *h.HeadDim
+	case c.Heads > 0:
+		c.HeadDim = c.Hidden / c.Heads
+	}
+	c.RopeTheta = def.ropeTheta
+	if h.RopeParameters != nil && h.RopeParameters.RopeTheta != nil {
+		c.RopeTheta = *h.RopeParameters.RopeTheta
+	}
+	if h.RopeTheta != nil {
+		c.RopeTheta = *h.RopeTheta
+	}
+	if h.HiddenAct != nil && *h.HiddenAct != "silu" {
+		unsupported("hidden_act", *h.HiddenAct, `only "silu" (SwiGLU) is modelled`)
+	}
+	if h.MLPBias != nil && *h.MLPBias {
+		unsupported("mlp_bias", true, "FFN biases are not modelled")
+	}
+	if h.ClipQKV != nil {
+		unsupported("clip_qkv", *h.ClipQKV, "QKV clipping is not modelled")
+	}
+	if bias := optB(h.AttentionBias, false); bias {
+		if def.oProjHasBias {
+			unsupported("attention_bias", true, h.ModelType+" then also puts a bias on o_proj, which is not modelled")
+		} else {
+			c.QKVBias = true // glm4_moe: q, k, v biases; o_proj has none
+		}
+	}
+	if h.ModelType == "qwen2_moe" && h.QKVBias != nil {
+		c.QKVBias = *h.QKVBias
+	}
+	if h.ModelType == "glm4_moe" && optB(h.UseQKNorm, false) {
+		c.QKNorm = QKNormHead
+	}
+
+	layersOK := c.Layers > 0 && c.Layers <= maxDim
+	if layersOK {
+		c.MoELayer = make([]bool, c.Layers)
+		c.Window = make([]int, c.Layers)
+	}
+
+	// Dense FFN width: every type but mixtral and olmoe (whose
+	// intermediate_size is the expert width) reads intermediate_size.
+	switch h.ModelType {
+	case "mixtral", "olmoe":
+	default:
+		c.DenseFFN = req("intermediate_size", h.IntermediateSize)
+	}
+
+	if def.moe {
+		h.normalizeMoE(c, def, layersOK, req, optI, optF, optB, unsupported)
+		if c.MoELayers() == c.Layers && (h.ModelType == "mixtral" || h.ModelType == "olmoe") {
+			c.DenseFFN = 0
+		}
+	}
+	if layersOK {
+		if err := h.windows(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return c, errors.Join(errs...)
+}
+
+// normalizeMoE fills experts, routing and the MoE/dense layer pattern.
+func (h *hfConfig) normalizeMoE(c *Config, def hfDefault, layersOK bool,
+	req func(string, *int) int, optI func(*int, int) int, optF func(*float64, float64) float64,
+	optB func(*bool, bool) bool, unsupported func(string, any, string)) {
+	c.NormTopK = optB(h.NormTopKProb, def.normTopK)
+	c.AuxLossCoef = optF(h.RouterAuxLossCoef, def.auxCoef)
+	c.OutputRouterLogits = optB(h.OutputRouterLogits, false)
+	c.TopK = req("num_experts_per_tok", h.NumExpertsPerTok)
+	isMoE := func(int) bool { return true }
+	switch h.ModelType {
+	case "qwen3_moe", "qwen2_moe":
+		// Qwen*MoeDecoderLayer: MoE when the layer is not in mlp_only_layers
+		// and num_experts > 0 and (i+1) % decoder_sparse_step == 0.
+		c.Experts = req("num_experts", h.NumExperts)
+		c.ExpertFFN = req("moe_intermediate_size", h.MoEIntermediateSize)
+		step := optI(h.DecoderSparseStep, 1)
+		if step <= 0 {
+			unsupported("decoder_sparse_step", step, "must be ≥ 1")
+			step = 1
+		}
+		dense := map[int]bool{}
+		for _, i := range h.MLPOnlyLayers {
+			if i < 0 || (layersOK && i >= c.Layers) {
+				unsupported("mlp_only_layers", i, fmt.Sprintf("layer index must be in [0, %d)", c.Layers))
+			}
+			dense[i] = true
+		}
+		isMoE = func(i int) bool { return !dense[i] && c.Experts > 0 && (i+1)%step == 0 }
+		if h.ModelType == "qwen2_moe" {
+			// One shared expert of shared_expert_intermediate_size, scaled by
+			// σ(x·w_g) (Qwen2MoeSparseMoeBlock.shared_expert_gate).
+			if s := req("shared_expert_intermediate_size", h.SharedIntermediate); s > 0 {
+				c.SharedExperts, c.SharedFFN, c.SharedGated = 1, s, true
+			}
+		}
+	case "mixtral":
+		c.Experts = req("num_local_experts", h.NumLocalExperts)
+		c.ExpertFFN = req("intermediate_size", h.IntermediateSize)
+		c.NormTopK = true // softmax over the top-k logits is the renormalized top-k
+	case "olmoe":
+		c.Experts = req("num_experts", h.NumExperts)
+		c.ExpertFFN = req("intermediate_size", h.IntermediateSize)
+	case "deepseek":
+		// modeling_deepseek.py: DeepseekMoE when n_routed_experts is set and
+		// i ≥ first_k_dense_replace and i % moe_layer_freq == 0; shared
+		// experts are one DeepseekMLP of moe_intermediate_size·n_shared_experts;
+		// its MoEGate adds aux_loss_alpha·aux whenever training.
+		c.Experts = req("n_routed_experts", h.NRoutedExperts)
+		c.ExpertFFN = req("moe_intermediate_size", h.MoEIntermediateSize)
+		if s := optI(h.NSharedExperts, 0); s > 0 {
+			c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
+		}
+		if sf := h.ScoringFunc; sf != nil && *sf != "softmax" {
+			unsupported("scoring_func", *sf, `DeepSeek-MoE's MoEGate implements only "softmax"`)
+		}
+		c.AuxLossCoef = optF(h.AuxLossAlpha, def.auxCoef)
+		c.OutputRouterLogits = c.AuxLossCoef > 0
+		first := optI(h.FirstKDenseReplace, def.firstKDense)
+		freq := optI(h.MoELayerFreq, 1)
+		if freq <= 0 {
+			unsupported("moe_layer_freq", freq, "must be ≥ 1")
+			freq = 1
+		}
+		isMoE = func(i int) bool { return i >= first && i%freq == 0 }
+	case "glm4_moe":
+		// Glm4MoeDecoderLayer: MoE from first_k_dense_replace on; a sigmoid
+		// Glm4MoeTopkRouter with e_score_correction_bias, grouped top-k and
+		// routed_scaling_factor; shared experts as one MLP of
+		// moe_intermediate_size·n_shared_experts.
+		c.Experts = req("n_routed_experts", h.NRoutedExperts)
+		c.ExpertFFN = req("moe_intermediate_size", h.MoEIntermediateSize)
+		if s := optI(h.NSharedExperts, 1); s > 0 {
+			c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
+		}
+		c.Score, c.SelectionBias = Sigmoid, true
+		c.RoutedScale = optF(h.RoutedScalingFactor, 1)
+		c.Groups = optI(h.NGroup, 1)
+		c.TopKGroups = optI(h.TopKGroup, 1)
+		c.AuxLossCoef = optF(h.RouterAuxLossCoef, 0)
+		first := optI(h.FirstKDenseReplace, def.firstKDense)
+		isMoE = func(i int) bool { return i >= first }
+	}
+	if layersOK {
+		for i := range c.MoELayer {
+			c.MoELayer[i] = isMoE(i)
+		}
+	}
+}
+
+// windows fills the per-layer attention window: layer_types when given
+// (transformers ≥ 4.53), else Qwen's use_sliding_window with layers from
+// max_window_layers on sliding, else Mixtral's sliding_window on every layer.
+func (h *hfConfig) windows(c *Config) error {
+	w := 0
+	if h.SlidingWindow != nil {
+		w = *h.SlidingWindow
+		if w <= 0 {
+			return fmt.Errorf("sliding_window = %d: must be ≥ 1 or null", w)
+		}
+	}
+	if h.LayerTypes != nil {
+		if len(h.LayerTypes) != c.Layers {
+			return fmt.Errorf("layer_types has %d entries: needs one per layer (%d)", len(h.LayerTypes), c.Layers)
+		}
+		for i, t := range h.LayerTypes {
+			switch t {
+			case "full_attention":
+			case "sliding_attention":
+				if w == 0 {
+					return fmt.Errorf("layer_types[%d] = %q but sliding_window is null", i, t)
+				}
+				c.Window[i] = w
+			default:
+				return fmt.Errorf("layer_types[%d] = %q: not supported (full_attention or sliding_attention)", i, t)
+			}
+		}
+		return nil
+	}
+	switch h.ModelType {
+	case "mixtral":
+		for i := range c.Window {
+			c.Window[i] = w
+		}
+	case "qwen3_moe", "qwen2_moe", "qwen3":
+		if w == 0 || h.UseSlidingWindow == nil || !*h.UseSlidingWindow {
+			return nil
+		}
+		first := c.Layers
+		if h.MaxWindowLayers != nil {
+			first = *h.MaxWindowLayers
+		}
+		for i := range c.Window {
+			if i >= first {
+				c.Window[i] = w
+			}
+		}
+	}
+	return nil
+}
+
+// Load returns a built-in model by name (see Builtins) or reads a
+// config.json from a path. An unknown name that is no readable file is an
+// error listing the built-ins.
+func Load(nameOrPath string) (*Config, error) {
+	if data, ok := builtinJSON(nameOrPath); ok {
+		return ParseHF(data, nameOrPath)
+	}
+	data, err := os.ReadFile(nameOrPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("model %q is neither a built-in (%s) nor an existing config.json file", nameOrPath, strings.Join(Builtins(), ", "))
+		}
+		return nil, fmt.Errorf("model %q: %w", nameOrPath, err)
+	}
+	return ParseHF(data, nameOrPath)
+}

@@ -1,0 +1,151 @@
+package moe
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// minimal is a valid qwen3_moe config.json used as the base of edits below.
+const minimal = `{
+  "model_type": "qwen3_moe",
+  "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+  "intermediate_size": 48, "moe_intermediate_size": 16,
+  "num_experts": 4, "num_experts_per_tok": 2
+}`
+
+func TestParseHFDefaults(t *testing.T) {
+	c, err := ParseHF([]byte(minimal), "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Qwen3MoeConfig defaults: rms_norm_eps 1e-6, rope_theta 10000,
+	// norm_topk_prob false, router_aux_loss_coef 0.001, initializer_range 0.02.
+	if c.NormEps != 1e-6 || c.RopeTheta != 10000 || c.NormTopK || c.AuxLossCoef != 0.001 || c.InitRange != 0.02 {
+		t.Errorf("defaults: eps %g theta %g normtopk %v aux %g init %g", c.NormEps, c.RopeTheta, c.NormTopK, c.AuxLossCoef, c.InitRange)
+	}
+	if c.QKNorm != QKNormHead || c.Score != Softmax || c.RoutedScale != 1 || c.Groups != 1 || c.RotaryFraction != 1 {
+		t.Errorf("qk %v score %v scale %g groups %d rot %g", c.QKNorm, c.Score, c.RoutedScale, c.Groups, c.RotaryFraction)
+	}
+	if !reflect.DeepEqual(c.MoELayer, []bool{true, true, true, true}) || !reflect.DeepEqual(c.Window, []int{0, 0, 0, 0}) {
+		t.Errorf("moe %v window %v", c.MoELayer, c.Window)
+	}
+}
+
+func edit(t *testing.T, extra string) (*Config, error) {
+	t.Helper()
+	s := strings.TrimSuffix(strings.TrimSpace(minimal), "}") + "," + extra + "}"
+	return ParseHF([]byte(s), "m")
+}
+
+func TestParseHFLayerPattern(t *testing.T) {
+	for _, tc := range []struct {
+		extra string
+		moe   []bool
+		win   []int
+	}{
+		// HF Qwen3MoeDecoderLayer: MoE iff i ∉ mlp_only_layers and (i+1) % step == 0.
+		{`"decoder_sparse_step": 2`, []bool{false, true, false, true}, []int{0, 0, 0, 0}},
+		{`"mlp_only_layers": [0, 3]`, []bool{false, true, true, false}, []int{0, 0, 0, 0}},
+		// Sliding from max_window_layers on, only when use_sliding_window.
+		{`"use_sliding_window": true, "sliding_window": 7, "max_window_layers": 2`, []bool{true, true, true, true}, []int{0, 0, 7, 7}},
+		{`"use_sliding_window": false, "sliding_window": 7, "max_window_layers": 2`, []bool{true, true, true, true}, []int{0, 0, 0, 0}},
+		{`"sliding_window": 5, "layer_types": ["sliding_attention","full_attention","sliding_attention","full_attention"]`, []bool{true, true, true, true}, []int{5, 0, 5, 0}},
+	} {
+		c, err := edit(t, tc.extra)
+		if err != nil {
+			t.Errorf("%s: %v", tc.extra, err)
+			continue
+		}
+		if !reflect.DeepEqual(c.MoELayer, tc.moe) || !reflect.DeepEqual(c.Window, tc.win) {
+			t.Errorf("%s: moe %v window %v, want %v %v", tc.extra, c.MoELayer, c.Window, tc.moe, tc.win)
+		}
+	}
+}
+
+func TestParseHFErrors(t *testing.T) {
+	for _, tc := range []struct {
+		json string
+		want []string
+	}{
+		{"{\n  \"model_type\": \"qwen3_moe\",\n  \"vocab_size\": 64,,\n}", []string{"line 3, column 20"}},
+		{"{\n \"model_type\": \"qwen3_moe\",\n \"vocab_size\": \"big\"\n}", []string{"line 3", "vocab_size", "string"}},
+		{`{"model_type": "deepseek_v3"}`, []string{`"deepseek_v3" is not supported`, "glm4_moe", "qwen3_moe", "llama"}},
+		{`{"vocab_size": 3}`, []string{"model_type is missing"}},
+		{`{"model_type": "llama"}`, []string{"vocab_size: required", "hidden_size: required", "num_hidden_layers: required", "intermediate_size: required"}},
+		{strings.Replace(minimal, `"num_experts_per_tok": 2`, `"num_experts_per_tok": 5`, 1), []string{"top_k = 5"}},
+		{strings.Replace(minimal, `"num_key_value_heads": 2`, `"num_key_value_heads": 3`, 1), []string{"kv_heads = 3", "must divide heads = 4"}},
+		// Several violations are all reported.
+		{strings.Replace(strings.Replace(minimal, `"hidden_size": 32`, `"hidden_size": -1`, 1), `"vocab_size": 64`, `"vocab_size": 0`, 1), []string{"vocab = 0", "hidden = -1"}},
+		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 9999999999`, 1), []string{"layers = 9999999999"}},
+		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "mlp_only_layers": [7]`, 1), []string{"mlp_only_layers = 7"}},
+		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "attention_bias": true`, 1), []string{"attention_bias = true", "o_proj"}},
+		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "hidden_act": "gelu"`, 1), []string{"hidden_act = gelu"}},
+		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "layer_types": ["full_attention"]`, 1), []string{"layer_types has 1 entries"}},
+	} {
+		_, err := ParseHF([]byte(tc.json), "m")
+		if err == nil {
+			t.Errorf("%s: no error", tc.json)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q lacks %q", tc.json, err, w)
+			}
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	_, err := Load("no-such-model")
+	if err == nil || !strings.Contains(err.Error(), "qwen3-30b-a3b") || !strings.Contains(err.Error(), "tiny") {
+		t.Errorf("unknown model error should list the built-ins: %v", err)
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(p, []byte(minimal), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(p)
+	if err != nil || c.Name != p || c.Layers != 4 {
+		t.Fatalf("Load(%s) = %+v, %v", p, c, err)
+	}
+	if err := os.WriteFile(p, []byte("{\n\"model_type\": }"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("malformed file: %v", err)
+	}
+}
+
+// FuzzParseHF: no input panics or hangs; an accepted config validates and
+// lists parameters whose count fits in int64.
+func FuzzParseHF(f *testing.F) {
+	f.Add([]byte(minimal))
+	for _, n := range Builtins() {
+		data, _ := builtinJSON(n)
+		f.Add(data)
+	}
+	f.Add([]byte(`{"model_type":"deepseek","n_routed_experts":0}`))
+	f.Add([]byte(`{"model_type":"glm4_moe","n_group":0}`))
+	f.Add([]byte(`[1,2`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseHF(data, "fuzz")
+		if err != nil {
+			if c != nil {
+				t.Fatal("config returned with an error")
+			}
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("accepted config does not validate: %v", err)
+		}
+		if c.Layers > 64 || c.Experts > 64 {
+			return // keep Params cheap
+		}
+		_ = c.Params()
+	})
+}
