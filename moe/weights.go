@@ -1,0 +1,306 @@
+package moe
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// IndexFile is the name transformers gives the index of a sharded checkpoint.
+const IndexFile = "model.safetensors.index.json"
+
+// maxIndexBytes bounds the index JSON we are willing to read (a
+// 1,000-layer, 256-expert model's index is about 100 MB).
+const maxIndexBytes = 256 << 20
+
+// Checkpoint is a set of tensors spread over one or more safetensors files:
+// a single file, or the shards a model.safetensors.index.json names.
+type Checkpoint struct {
+	Path   string                      // what was opened
+	files  []*SafetensorsFile          // open shards
+	byName map[string]*SafetensorsFile // tensor name → its shard
+}
+
+// OpenCheckpoint opens path: a .safetensors file, a
+// model.safetensors.index.json (its weight_map names shards beside it), or a
+// directory holding either (the index first, then model.safetensors).
+// Every shard is validated; a tensor the index maps to one shard but
+// another shard also holds, a shard holding tensors the index does not map
+// to it, or a mapped tensor missing from its shard is an error.
+func OpenCheckpoint(path string) (*Checkpoint, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.IsDir() {
+		idx := filepath.Join(path, IndexFile)
+		if _, err := os.Stat(idx); err == nil {
+			return openIndex(idx)
+		}
+		single := filepath.Join(path, "model.safetensors")
+		if _, err := os.Stat(single); err == nil {
+			return openSingle(single)
+		}
+		return nil, fmt.Errorf("%s: directory holds neither %s nor model.safetensors", path, IndexFile)
+	}
+	if strings.HasSuffix(path, ".json") {
+		return openIndex(path)
+	}
+	return openSingle(path)
+}
+
+func openSingle(path string) (*Checkpoint, error) {
+	f, err := OpenSafetensors(path)
+	if err != nil {
+		return nil, err
+	}
+	c := &Checkpoint{Path: path, files: []*SafetensorsFile{f}, byName: map[string]*SafetensorsFile{}}
+	for _, t := range f.Tensors() {
+		c.byName[t.Name] = f
+	}
+	return c, nil
+}
+
+// checkpointIndex is model.safetensors.index.json.
+type checkpointIndex struct {
+	Metadata  map[string]any    `json:"metadata"`
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+func openIndex(path string) (*Checkpoint, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxIndexBytes+1))
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxIndexBytes {
+		return nil, fmt.Errorf("%s: index larger than %d bytes", path, maxIndexBytes)
+	}
+	var idx checkpointIndex
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(idx.WeightMap) == 0 {
+		return nil, fmt.Errorf("%s: weight_map is missing or empty", path)
+	}
+	dir := filepath.Dir(path)
+	c := &Checkpoint{Path: path, byName: map[string]*SafetensorsFile{}}
+	shards := map[string]*SafetensorsFile{}
+	names := make([]string, 0, len(idx.WeightMap))
+	for n := range idx.WeightMap {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		shard := idx.WeightMap[n]
+		if shard == "" || shard != filepath.Base(shard) || shard == "." || shard == ".." || strings.ContainsAny(shard, `/\`) {
+			c.Close()
+			return nil, fmt.Errorf("%s: weight_map[%q] = %q: must be a file name in the index's directory", path, n, shard)
+		}
+		sf, ok := shards[shard]
+		if !ok {
+			if sf, err = OpenSafetensors(filepath.Join(dir, shard)); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("%s: %w", path, err)
+			}
+			shards[shard] = sf
+			c.files = append(c.files, sf)
+		}
+		if _, ok := sf.Info(n); !ok {
+			c.Close()
+			return nil, fmt.Errorf("%s: weight_map puts %q in %s, which does not hold it", path, n, shard)
+		}
+		c.byName[n] = sf
+	}
+	for name, sf := range shards {
+		for _, t := range sf.Tensors() {
+			if want, ok := idx.WeightMap[t.Name]; !ok || want != name {
+				c.Close()
+				return nil, fmt.Errorf("%s: shard %s holds %q, which weight_map does not put there", path, name, t.Name)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Close closes every shard.
+func (c *Checkpoint) Close() error {
+	var errs []error
+	for _, f := range c.files {
+		errs = append(errs, f.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Names lists every tensor, sorted.
+func (c *Checkpoint) Names() []string {
+	out := make([]string, 0, len(c.byName))
+	for n := range c.byName {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Info returns the header entry of a tensor.
+func (c *Checkpoint) Info(name string) (TensorInfo, bool) {
+	f, ok := c.byName[name]
+	if !ok {
+		return TensorInfo{}, false
+	}
+	return f.Info(name)
+}
+
+// ReadFloat32 reads a tensor from whichever shard holds it.
+func (c *Checkpoint) ReadFloat32(name string) ([]float32, error) {
+	f, ok := c.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %q", c.Path, name)
+	}
+	return f.ReadFloat32(name)
+}
+
+// ReadFloat64 reads a tensor from whichever shard holds it.
+func (c *Checkpoint) ReadFloat64(name string) ([]float64, error) {
+	f, ok := c.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %q", c.Path, name)
+	}
+	return f.ReadFloat64(name)
+}
+
+// maxListed bounds how many names an error message lists.
+const maxListed = 8
+
+func listNames(names []string) string {
+	if len(names) > maxListed {
+		return fmt.Sprintf("%s, … (%d in all)", strings.Join(names[:maxListed], ", "), len(names))
+	}
+	return strings.Join(names, ", ")
+}
+
+// CheckParams verifies that the checkpoint holds exactly cfg.Params(): no
+// tensor missing, none extra, every shape equal, every dtype floating
+// point. All problems are reported at once.
+func (c *Checkpoint) CheckParams(cfg *Config) error {
+	ps := cfg.Params()
+	want := make(map[string]bool, len(ps))
+	var missing, extra []string
+	var errs []error
+	for _, p := range ps {
+		want[p.Name] = true
+		t, ok := c.Info(p.Name)
+		if !ok {
+			missing = append(missing, p.Name)
+			continue
+		}
+		if !equalShape(t.Shape, p.Shape) {
+			errs = append(errs, fmt.Errorf("tensor %s has shape %v; the model (%s) needs %v", p.Name, t.Shape, cfg.ModelType, p.Shape))
+		}
+		switch t.DType {
+		case "F32", "BF16", "F16", "F64":
+		default:
+			errs = append(errs, fmt.Errorf("tensor %s has dtype %s; weights must be F32, BF16, F16 or F64", p.Name, t.DType))
+		}
+	}
+	for n := range c.byName {
+		if !want[n] {
+			extra = append(extra, n)
+		}
+	}
+	sort.Strings(extra)
+	if len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("%d tensors the model (%s) needs are missing: %s", len(missing), cfg.ModelType, listNames(missing)))
+	}
+	if len(extra) > 0 {
+		errs = append(errs, fmt.Errorf("%d tensors are not parameters of the model (%s): %s", len(extra), cfg.ModelType, listNames(extra)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: %w", c.Path, err)
+	}
+	return nil
+}
+
+func equalShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// LoadParams reads the model's parameters from path (see OpenCheckpoint),
+// converted to T, in cfg.Params() order: out[i] is the row-major data of
+// cfg.Params()[i]. The checkpoint must hold exactly those tensors
+// (CheckParams).
+func LoadParams[T float32 | float64](path string, cfg *Config) ([][]T, error) {
+	c, err := OpenCheckpoint(path)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := c.CheckParams(cfg); err != nil {
+		return nil, err
+	}
+	ps := cfg.Params()
+	out := make([][]T, len(ps))
+	for i, p := range ps {
+		var zero T
+		switch any(zero).(type) {
+		case float32:
+			v, err := c.ReadFloat32(p.Name)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = any(v).([]T)
+		case float64:
+			v, err := c.ReadFloat64(p.Name)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = any(v).([]T)
+		}
+	}
+	return out, nil
+}
+
+// SaveParams writes tensors in cfg.Params() order (data[i] belongs to
+// cfg.Params()[i]) to a single safetensors file at path, as F32 or BF16,
+// atomically; an existing file is replaced only when force is set.
+func SaveParams[T float32 | float64](path string, cfg *Config, data [][]T, dtype DType, force bool) error {
+	ps := cfg.Params()
+	if len(data) != len(ps) {
+		return fmt.Errorf("save %s: %d tensors given, the model (%s) has %d", path, len(data), cfg.ModelType, len(ps))
+	}
+	ts := make([]NamedTensor, len(ps))
+	for i, p := range ps {
+		if int64(len(data[i])) != p.Elements() {
+			return fmt.Errorf("save %s: tensor %s has %d elements, shape %v needs %d", path, p.Name, len(data[i]), p.Shape, p.Elements())
+		}
+		var v []float32
+		switch d := any(data[i]).(type) {
+		case []float32:
+			v = d
+		case []float64:
+			v = make([]float32, len(d))
+			for j, x := range d {
+				v[j] = float32(x)
+			}
+		}
+		ts[i] = NamedTensor{Name: p.Name, Shape: p.Shape, Data: v}
+	}
+	return WriteFileAtomic(path, force, func(w io.Writer) error { return WriteSafetensors(w, ts, dtype) })
+}
