@@ -10,7 +10,7 @@ import (
 
 func meshLayout(t *testing.T, gpus, rep, ep int) moe.Layout {
 	t.Helper()
-	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP}
+	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

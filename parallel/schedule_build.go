@@ -1,0 +1,377 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// ScheduleSpec is what a schedule is built from.
+type ScheduleSpec struct {
+	Config    *moe.Config
+	Mesh      *Mesh
+	AC        moe.AC
+	LBS       int // sequences per rank per micro-step
+	Seq       int // tokens per sequence
+	Micro     int // gradient-accumulation micro-steps (≥ 1)
+	Precision moe.Precision
+	// Activations, when set, gives the bytes a compute segment saves for
+	// backward (from the memory package's tables); the schedule then
+	// allocates them at the forward op and frees them at the backward op.
+	Activations func(layer int, seg Segment) int64
+}
+
+// BuildSchedule builds one rank's program of one training step (every rank
+// runs the same program on its own groups).
+//
+// Per micro-step: forward over units embed, blocks 0…L−1, head; backward in
+// reverse. FSDP all-gathers a unit's weights (compute dtype) on the comm
+// stream before its first compute, prefetching one unit ahead (the gather of
+// unit i waits for the compute of unit i−2, so at most two gathered units
+// are live), and frees them after forward when reshard-after-forward is on
+// (never the head, which torchtitan keeps), after backward unless
+// keep-gathered holds them for the next micro-step's forward. Gradients of a
+// unit are reduced right after its backward: reduce-scatter over the shard
+// axis (fsdp, zero2) or all-reduce (zero1, ddp), then all-reduce over
+// replicas (every micro-step, or only the last under allreduce-last-only).
+// MoE blocks with ep > 1 exchange per-expert counts and then tokens by
+// all-to-all before and after the experts, and in reverse in backward; a
+// fully checkpointed block re-runs its forward (all-to-alls included) before
+// its backward. After the last micro-step: loss (and selection-bias load)
+// all-reduces over dp, the optimizer, and under zero1/zero2 the all-gather of
+// updated parameter shards. Collectives on one-member groups are omitted.
+func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
+	cfg, m := sp.Config, sp.Mesh
+	if cfg == nil || m == nil {
+		return nil, errors.New("schedule: config and mesh are required")
+	}
+	if sp.LBS < 1 || sp.Seq < 1 || sp.Micro < 1 {
+		return nil, fmt.Errorf("schedule: lbs = %d, seq = %d, micro = %d: each must be ≥ 1", sp.LBS, sp.Seq, sp.Micro)
+	}
+	if err := m.Layout.CheckModel(cfg); err != nil {
+		return nil, fmt.Errorf("schedule: %w", err)
+	}
+	b := &schedBuilder{sp: sp, cfg: cfg, m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, Micro: sp.Micro}}
+	b.prec = sp.Precision
+	if b.prec == (moe.Precision{}) {
+		b.prec = moe.DefaultPrecision
+	}
+	b.build()
+	return b.s, nil
+}
+
+type schedBuilder struct {
+	sp   ScheduleSpec
+	cfg  *moe.Config
+	m    *Mesh
+	l    moe.Layout
+	prec moe.Precision
+	s    *Schedule
+
+	gathered map[Unit]bool // unit weights currently unsharded
+	gatherOp map[Unit]int  // id of the gather that made them so, or -1
+	lastRS   []int         // grad collectives of the current micro-step
+	computes []int         // compute op ids in issue order, for prefetch deps
+	unitLast map[Unit]int  // last forward compute op of each unit
+}
+
+func (b *schedBuilder) add(o ScheduleOp) int {
+	o.ID = len(b.s.Ops)
+	b.s.Ops = append(b.s.Ops, o)
+	return o.ID
+}
+
+// units lists the FSDP units in forward order.
+func (b *schedBuilder) units() []Unit {
+	us := []Unit{{Layer: moe.LayerEmbed}}
+	for l := 0; l < b.cfg.Layers; l++ {
+		us = append(us, Unit{Layer: l})
+		if b.cfg.MoELayer[l] {
+			us = append(us, Unit{Layer: l, Experts: true})
+		}
+	}
+	return append(us, Unit{Layer: b.cfg.LayerHead()})
+}
+
+// shardAxis is the axis a unit is sharded (and its gradients reduced) over.
+func (b *schedBuilder) shardAxis(u Unit) Axis {
+	if u.Experts {
+		return AxisEFSDP
+	}
+	return AxisShard
+}
+
+func (b *schedBuilder) axisSize(a Axis) int {
+	switch a {
+	case AxisShard:
+		return b.l.DPShard
+	case AxisEFSDP:
+		return b.l.ExpertShard()
+	case AxisEP:
+		return b.l.EP
+	case AxisReplicate:
+		return b.l.DPReplicate
+	}
+	return b.l.GPUs
+}
+
+func (b *schedBuilder) sizes(u Unit) (full, padded, shard int64) {
+	a := b.shardAxis(u)
+	return unitSizes(unitTensors(b.cfg, b.m, u, b.axisSize(a)))
+}
+
+func (b *schedBuilder) fsdp() bool { return b.l.Sharding == moe.ShardFSDP }
+
+// gather emits the all-gather of u if needed and returns its id or -1.
+func (b *schedBuilder) gather(u Unit, micro int) int {
+	if !b.fsdp() || b.gathered[u] {
+		return -1
+	}
+	b.gathered[u] = true
+	n := b.axisSize(b.shardAxis(u))
+	if n == 1 {
+		b.gatherOp[u] = -1
+		return -1
+	}
+	_, padded, _ := b.sizes(u)
+	var deps []int
+	if k := len(b.computes); k >= 2 {
+		deps = []int{b.computes[k-2]}
+	}
+	id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: deps,
+		Coll: CollAllGather, Axis: b.shardAxis(u), Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded,
+		Mem: []MemEvent{{Kind: MemGathered, Unit: u, Bytes: padded * b.prec.Compute.Bytes()}}})
+	b.gatherOp[u] = id
+	return id
+}
+
+// gatherDep gathers u if needed and returns the op the unit's compute
+// must wait for (the gather that made it live), or -1.
+func (b *schedBuilder) gatherDep(u Unit, micro int) int {
+	if g := b.gather(u, micro); g >= 0 {
+		return g
+	}
+	if g, ok := b.gatherOp[u]; ok && b.gathered[u] {
+		return g
+	}
+	return -1
+}
+
+// free releases u's gathered weights at the end of op id.
+func (b *schedBuilder) free(u Unit, id int) {
+	if !b.fsdp() || !b.gathered[u] {
+		return
+	}
+	b.gathered[u] = false
+	if b.axisSize(b.shardAxis(u)) == 1 {
+		return
+	}
+	_, padded, _ := b.sizes(u)
+	b.s.Ops[id].Mem = append(b.s.Ops[id].Mem, MemEvent{Kind: MemGathered, Unit: u, Bytes: padded * b.prec.Compute.Bytes(), Free: true})
+}
+
+func (b *schedBuilder) compute(micro, layer int, ph Phase, seg Segment, deps ...int) int {
+	var ds []int
+	for _, d := range deps {
+		if d >= 0 {
+			ds = append(ds, d)
+		}
+	}
+	o := ScheduleOp{Type: OpCompute, Stream: StreamCompute, Micro: micro, Layer: layer, Phase: ph, Segment: seg, Deps: ds}
+	if b.sp.Activations != nil && seg != SegUpdate {
+		if by := b.sp.Activations(layer, seg); by > 0 {
+			switch ph {
+			case PhaseForward:
+				if !b.sp.AC.FullyCheckpointed(layer) || layer < 0 || layer >= b.cfg.Layers {
+					o.Mem = append(o.Mem, MemEvent{Kind: MemActivations, Bytes: by})
+				}
+			case PhaseRecompute:
+				o.Mem = append(o.Mem, MemEvent{Kind: MemActivations, Bytes: by})
+			case PhaseBackward:
+				o.Mem = append(o.Mem, MemEvent{Kind: MemActivations, Bytes: by, Free: true})
+			}
+		}
+	}
+	id := b.add(o)
+	b.computes = append(b.computes, id)
+	return id
+}
+
+// a2a emits an all-to-all on the EP group after op dep; rows is the rows this
+// rank sends under uniform routing (T·K), width the row width.
+func (b *schedBuilder) a2a(micro, layer int, p Purpose, dep int) int {
+	if b.l.EP == 1 {
+		return dep
+	}
+	T := int64(b.sp.LBS) * int64(b.sp.Seq)
+	rows := T * int64(b.cfg.TopK)
+	if p == PurposeDispatch {
+		dep = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: []int{dep},
+			Coll: CollAllToAll, Axis: AxisEP, Purpose: PurposeCounts, DType: moe.I64, Elements: int64(b.cfg.Experts)})
+	}
+	el := rows * int64(b.cfg.Hidden)
+	return b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: []int{dep},
+		Coll: CollAllToAll, Axis: AxisEP, Purpose: p, DType: b.prec.Activation, Elements: el,
+		Mem: []MemEvent{{Kind: MemA2A, Bytes: el * b.prec.Activation.Bytes()}}})
+}
+
+// forwardBlock emits a block's forward (or recompute) segments and returns
+// the last compute op id.
+func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
+	dense := Unit{Layer: layer}
+	g := b.gatherDep(dense, micro)
+	if !b.cfg.MoELayer[layer] {
+		return b.compute(micro, layer, ph, SegBlock, g)
+	}
+	ex := Unit{Layer: layer, Experts: true}
+	pre := b.compute(micro, layer, ph, SegPre, g)
+	ge := b.gatherDep(ex, micro)
+	d := b.a2a(micro, layer, PurposeDispatch, pre)
+	e := b.compute(micro, layer, ph, SegExperts, d, ge)
+	c := b.a2a(micro, layer, PurposeCombine, e)
+	post := b.compute(micro, layer, ph, SegPost, c)
+	b.unitLast[ex] = e
+	if c != e {
+		// The a2a buffers of dispatch and combine are freed once consumed.
+		b.freeA2A(d, e)
+		b.freeA2A(c, post)
+	}
+	return post
+}
+
+// freeA2A frees the receive buffer of all-to-all a at the end of op at.
+func (b *schedBuilder) freeA2A(a, at int) {
+	for _, e := range b.s.Ops[a].Mem {
+		if e.Kind == MemA2A && !e.Free {
+			b.s.Ops[at].Mem = append(b.s.Ops[at].Mem, MemEvent{Kind: MemA2A, Bytes: e.Bytes, Free: true})
+		}
+	}
+}
+
+// reduce emits the gradient collectives of u after op dep.
+func (b *schedBuilder) reduce(u Unit, micro, dep int) {
+	a := b.shardAxis(u)
+	n := b.axisSize(a)
+	full, padded, shard := b.sizes(u)
+	last := dep
+	switch b.l.Sharding {
+	case moe.ShardFSDP, moe.ShardZeRO2:
+		if n > 1 {
+			last = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
+				Coll: CollReduceScatter, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: padded})
+		}
+	default:
+		shard = full
+		if n > 1 {
+			last = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
+				Coll: CollAllReduce, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: full})
+		}
+	}
+	if last != dep {
+		b.lastRS = append(b.lastRS, last)
+	}
+	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.Micro-1) {
+		id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{last},
+			Coll: CollAllReduce, Axis: AxisReplicate, Purpose: PurposeGradReplica, Unit: u, DType: b.prec.Grad, Elements: shard})
+		b.lastRS = append(b.lastRS, id)
+	}
+}
+
+func (b *schedBuilder) build() {
+	b.gathered = map[Unit]bool{}
+	b.gatherOp = map[Unit]int{}
+	b.unitLast = map[Unit]int{}
+	head := b.cfg.LayerHead()
+	ra := b.l.ReshardAfterForward
+	keep := b.l.KeepGathered
+	for micro := 0; micro < b.sp.Micro; micro++ {
+		lastMicro := micro == b.sp.Micro-1
+		// Forward.
+		emb := Unit{Layer: moe.LayerEmbed}
+		g := b.gather(emb, micro)
+		id := b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
+		if ra {
+			b.free(emb, id)
+		}
+		for l := 0; l < b.cfg.Layers; l++ {
+			id = b.forwardBlock(micro, l, PhaseForward)
+			if ra {
+				b.free(Unit{Layer: l}, id)
+				if b.cfg.MoELayer[l] {
+					b.free(Unit{Layer: l, Experts: true}, b.unitLast[Unit{Layer: l, Experts: true}])
+				}
+			}
+		}
+		hu := Unit{Layer: head}
+		g = b.gather(hu, micro)
+		b.compute(micro, head, PhaseForward, SegHead, g)
+		// Backward.
+		b.lastRS = nil
+		id = b.compute(micro, head, PhaseBackward, SegHead)
+		b.reduce(hu, micro, id)
+		if !keep || lastMicro {
+			b.free(hu, id)
+		}
+		for l := b.cfg.Layers - 1; l >= 0; l-- {
+			dense, ex := Unit{Layer: l}, Unit{Layer: l, Experts: true}
+			if b.sp.AC.FullyCheckpointed(l) {
+				b.forwardBlock(micro, l, PhaseRecompute)
+			}
+			gd := b.gather(dense, micro)
+			if !b.cfg.MoELayer[l] {
+				id = b.compute(micro, l, PhaseBackward, SegBlock, gd)
+				b.reduce(dense, micro, id)
+				if !keep || lastMicro {
+					b.free(dense, id)
+				}
+				continue
+			}
+			post := b.compute(micro, l, PhaseBackward, SegPost, gd)
+			ge := b.gather(ex, micro)
+			c := b.a2a(micro, l, PurposeCombineBwd, post)
+			e := b.compute(micro, l, PhaseBackward, SegExperts, c, ge)
+			b.reduce(ex, micro, e)
+			if !keep || lastMicro {
+				b.free(ex, e)
+			}
+			d := b.a2a(micro, l, PurposeDispatchBwd, e)
+			pre := b.compute(micro, l, PhaseBackward, SegPre, d)
+			if d != e {
+				b.freeA2A(c, e)
+				b.freeA2A(d, pre)
+			}
+			b.reduce(dense, micro, pre)
+			if !keep || lastMicro {
+				b.free(dense, pre)
+			}
+		}
+		g = b.gather(emb, micro)
+		id = b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
+		b.reduce(emb, micro, id)
+		if !keep || lastMicro {
+			b.free(emb, id)
+		}
+	}
+	// Step end.
+	deps := append([]int(nil), b.lastRS...)
+	if b.l.GPUs > 1 {
+		deps = append(deps, b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: head,
+			Coll: CollAllReduce, Axis: AxisDP, Purpose: PurposeLoss, DType: moe.F32, Elements: 2}))
+		if b.cfg.SelectionBias && b.cfg.IsMoE() {
+			deps = append(deps, b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: head,
+				Coll: CollAllReduce, Axis: AxisDP, Purpose: PurposeBiasLoad, DType: moe.F32, Elements: int64(b.cfg.Experts * b.cfg.MoELayers())}))
+		}
+	}
+	opt := b.compute(-1, moe.LayerEmbed, PhaseOptimizer, SegUpdate, deps...)
+	if b.l.Sharding == moe.ShardZeRO1 || b.l.Sharding == moe.ShardZeRO2 {
+		for _, u := range b.units() {
+			a := b.shardAxis(u)
+			if n := b.axisSize(a); n > 1 {
+				_, padded, _ := b.sizes(u)
+				b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Deps: []int{opt},
+					Coll: CollAllGather, Axis: a, Purpose: PurposeRegather, Unit: u, DType: b.prec.Param, Elements: padded})
+			}
+		}
+	}
+}

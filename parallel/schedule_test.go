@@ -1,0 +1,154 @@
+package parallel
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// tinyMoEConfig is a 2-layer MoE model small enough for -race tests: both
+// layers MoE with 4 experts, top-2.
+func tinyMoEConfig() *moe.Config {
+	return &moe.Config{
+		Name: "tiny", ModelType: "qwen3_moe", Vocab: 32, Hidden: 8, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 4,
+		MoELayer: []bool{true, true}, Window: []int{0, 0},
+		Experts: 4, TopK: 2, ExpertFFN: 6, Score: moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, NormTopK: true,
+		QKNorm: moe.QKNormHead, RotaryFraction: 1, RopeTheta: 10000, NormEps: 1e-6,
+		AuxLossCoef: 0.01, OutputRouterLogits: true, InitRange: 0.1,
+	}
+}
+
+func schedFor(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, micro int) *Schedule {
+	t.Helper()
+	m, err := NewMesh(l, cfg, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: m, AC: ac, LBS: 2, Seq: 4, Micro: micro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func countColl(s *Schedule) map[Purpose]int {
+	n := map[Purpose]int{}
+	for _, o := range s.Ops {
+		if o.Type == OpCollective {
+			n[o.Purpose]++
+		}
+	}
+	return n
+}
+
+func TestScheduleCollectiveCounts(t *testing.T) {
+	cfg := tinyMoEConfig()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// 4 ranks, dp_shard 4, ep 2 (efsdp 2): 6 units (embed, L0 dense, L0
+	// experts, L1 dense, L1 experts, head). Forward gathers all 6; backward
+	// re-gathers all but the head (kept after forward) = 5; one gradient
+	// reduce-scatter per unit = 6; per MoE layer one count exchange and four
+	// token all-to-alls (dispatch, combine, and their gradients) = 5 × 2;
+	// one loss all-reduce.
+	l := meshLayout(t, 4, 1, 2)
+	s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 1)
+	got := countColl(s)
+	want := map[Purpose]int{PurposeGather: 11, PurposeGradReduce: 6, PurposeCounts: 2, PurposeDispatch: 2, PurposeCombine: 2,
+		PurposeDispatchBwd: 2, PurposeCombineBwd: 2, PurposeLoss: 1}
+	for p, n := range want {
+		if got[p] != n {
+			t.Errorf("%s: %d collectives, want %d", p, got[p], n)
+		}
+	}
+	// Full AC re-runs each block's forward: two more token all-to-alls and
+	// one count exchange per MoE layer (REFERENCES: six all-to-alls under full).
+	s = schedFor(t, cfg, l, moe.AC{Mode: moe.ACFull}, 1)
+	got = countColl(s)
+	if a := got[PurposeDispatch] + got[PurposeCombine] + got[PurposeDispatchBwd] + got[PurposeCombineBwd]; a != 12 {
+		t.Errorf("full AC: %d token all-to-alls, want 12", a)
+	}
+	// HSDP 2×2 (ep 1, so efsdp = dp_shard = 2 and expert units are sharded
+	// too), grad-accum 3, allreduce-last-only: reduce-scatters every
+	// micro-step, 6 units × 3 = 18; replica all-reduces only in the last, 6.
+	l = meshLayout(t, 4, 2, 1)
+	l.AllreduceLastOnly = true
+	s = schedFor(t, cfg, l, moe.AC{Mode: moe.ACSelective}, 3)
+	got = countColl(s)
+	if got[PurposeGradReduce] != 18 || got[PurposeGradReplica] != 6 {
+		t.Errorf("HSDP last-only: reduce-scatter %d (want 18), replica %d (want 6)", got[PurposeGradReduce], got[PurposeGradReplica])
+	}
+	// Keep-gathered holds weights from backward into the next micro-step's
+	// forward (which then gathers nothing); reshard-after-forward still
+	// frees them after that forward, so backward re-gathers 5 units:
+	// 11 + 2 × 5 = 21 gathers (without keep-gathered: 3 × 11 = 33).
+	l.AllreduceLastOnly = false
+	l.KeepGathered = true
+	s = schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 3)
+	if g := countColl(s)[PurposeGather]; g != 21 {
+		t.Errorf("keep-gathered: %d gathers, want 21", g)
+	}
+}
+
+func TestScheduleBytes(t *testing.T) {
+	cfg := tinyMoEConfig()
+	// dp_shard 2, ep 2 ⇒ efsdp 1: experts are not gathered. Dense unit of a
+	// layer (D=8, q=H·d=8, kv=G·d=4, E=4): input norm 8, q 8×8=64, k 4×8=32,
+	// v 32, o 8×8=64, q_norm 4, k_norm 4, post norm 8, router 4×8=32 → 248
+	// elements; padded over 2 ranks (every dim 0 even except none) = 248;
+	// all-gather S in bf16 = 496 bytes.
+	l := meshLayout(t, 2, 1, 2)
+	s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 1)
+	T := int64(2 * 4)
+	for _, o := range s.Ops {
+		if o.Type != OpCollective {
+			continue
+		}
+		if o.Unit.Experts && (o.Purpose == PurposeGather || o.Purpose == PurposeGradReduce) {
+			t.Errorf("expert unit collective on one-member efsdp group: %s", o)
+		}
+		if o.Purpose == PurposeGather && o.Unit.Layer == 0 && o.Bytes() != 496 {
+			t.Errorf("L0 dense gather = %d B, want 496", o.Bytes())
+		}
+		if o.Purpose == PurposeDispatch && o.Bytes() != T*2*8*2 {
+			// T·K rows of D bf16: 8·2·8·2 = 256 bytes.
+			t.Errorf("dispatch = %d B, want %d", o.Bytes(), T*2*8*2)
+		}
+	}
+	var b strings.Builder
+	if err := s.Print(&b); err != nil || !strings.Contains(b.String(), "all_to_all dispatch on ep") {
+		t.Errorf("Print: %v\n%s", err, b.String())
+	}
+}
+
+func TestScheduleDepsAcyclic(t *testing.T) {
+	cfg := tinyMoEConfig()
+	for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
+		l := meshLayout(t, 8, 2, 2)
+		l.Sharding = sh
+		s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACLayer, Every: 2}, 2)
+		for _, o := range s.Ops {
+			for _, d := range o.Deps {
+				if d < 0 || d >= o.ID {
+					t.Fatalf("%s: op %d depends on %d (must be an earlier op)", sh, o.ID, d)
+				}
+			}
+		}
+		// Live memory returns to zero over the step.
+		var live int64
+		for _, o := range s.Ops {
+			for _, e := range o.Mem {
+				if e.Free {
+					live -= e.Bytes
+				} else {
+					live += e.Bytes
+				}
+			}
+		}
+		if live != 0 {
+			t.Errorf("%s: %d bytes still live at the end of the step", sh, live)
+		}
+	}
+}
