@@ -1,0 +1,142 @@
+package parallel
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Device is one accelerator model of the registry. Peaks are dense (no 2:4
+// sparsity) tensor-core rates; MFU divides by BF16FLOPs.
+//
+// Units: FLOP/s, bytes (MemoryBytes is the capacity PyTorch reports as
+// torch.cuda.get_device_properties().total_memory, the denominator of
+// torchtitan's memory %), bytes per second.
+//
+// The registry is data (devices/*.json, one file per device, a source per
+// number in Sources keyed by JSON field). New fields are added to the struct
+// and to every file together; unknown fields in a file are errors.
+type Device struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// BF16FLOPs and FP8FLOPs are the dense peak tensor-core rates, FLOP/s.
+	BF16FLOPs float64 `json:"bf16_flops"`
+	FP8FLOPs  float64 `json:"fp8_flops"`
+	// MemoryBytes is the device capacity as PyTorch reports it (total_memory).
+	MemoryBytes int64 `json:"memory_bytes"`
+	// HBMBytesPerS is the peak HBM bandwidth, bytes/s.
+	HBMBytesPerS float64 `json:"hbm_bytes_per_s"`
+	// SMs is the number of streaming multiprocessors (compute units on AMD)
+	// a kernel can occupy; 0 when no published figure was found.
+	SMs int `json:"sms"`
+	// Sources gives the origin of each number, keyed by its JSON field.
+	Sources map[string]string `json:"sources"`
+}
+
+// DefaultDeviceName is the device used when none is given (DESIGN: b200).
+const DefaultDeviceName = "b200"
+
+// GiB is 2^30 bytes.
+const GiB = 1 << 30
+
+// MemoryGiB is MemoryBytes in GiB (2^30 bytes).
+func (d Device) MemoryGiB() float64 { return float64(d.MemoryBytes) / GiB }
+
+//go:embed devices/*.json
+var deviceFS embed.FS
+
+// DeviceNames lists the registry's device names, sorted.
+func DeviceNames() []string {
+	ents, err := deviceFS.ReadDir("devices")
+	if err != nil {
+		panic("parallel: embedded devices unreadable: " + err.Error())
+	}
+	var names []string
+	for _, e := range ents {
+		if n, ok := strings.CutSuffix(e.Name(), ".json"); ok {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Devices returns every device of the registry, sorted by name.
+func Devices() []Device {
+	var ds []Device
+	for _, n := range DeviceNames() {
+		d, err := LookupDevice(n)
+		if err != nil {
+			panic("parallel: embedded device " + n + ": " + err.Error())
+		}
+		ds = append(ds, d)
+	}
+	return ds
+}
+
+// LookupDevice returns a device by name (case-insensitive; "" means
+// DefaultDeviceName). An unknown name is an error listing the known ones.
+func LookupDevice(name string) (Device, error) {
+	if name == "" {
+		name = DefaultDeviceName
+	}
+	key := strings.ToLower(name)
+	if strings.ContainsAny(key, `/\`) {
+		return Device{}, unknownDevice(name)
+	}
+	data, err := deviceFS.ReadFile("devices/" + key + ".json")
+	if err != nil {
+		return Device{}, unknownDevice(name)
+	}
+	return ParseDevice(data, key)
+}
+
+func unknownDevice(name string) error {
+	return fmt.Errorf("gpu %q: unknown (known: %s)", name, strings.Join(DeviceNames(), ", "))
+}
+
+// ParseDevice decodes and validates one device JSON document; unknown
+// fields are errors.
+func ParseDevice(data []byte, where string) (Device, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var d Device
+	if err := dec.Decode(&d); err != nil {
+		return Device{}, fmt.Errorf("device %s: %w", where, err)
+	}
+	if err := d.Validate(); err != nil {
+		return Device{}, fmt.Errorf("device %s: %w", where, err)
+	}
+	return d, nil
+}
+
+// Validate reports every out-of-range field at once.
+func (d Device) Validate() error {
+	var errs []error
+	bad := func(field string, v any, allowed string) {
+		errs = append(errs, fmt.Errorf("%s = %v: %s", field, v, allowed))
+	}
+	if d.Name == "" {
+		bad("name", `""`, "must be non-empty")
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"bf16_flops", d.BF16FLOPs}, {"fp8_flops", d.FP8FLOPs}, {"hbm_bytes_per_s", d.HBMBytesPerS}} {
+		if !(f.v > 0) || math.IsInf(f.v, 0) {
+			bad(f.name, f.v, "must be a finite number > 0")
+		}
+	}
+	if d.MemoryBytes <= 0 {
+		bad("memory_bytes", d.MemoryBytes, "must be > 0")
+	}
+	if d.SMs < 0 || d.SMs > 1<<16 {
+		bad("sms", d.SMs, "must be in [0, 65536] (0 = unknown)")
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,67 @@
+package parallel
+
+import (
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestDeviceRegistry(t *testing.T) {
+	want := []string{"b200", "b300", "gb200", "gb300", "h100", "h200", "mi300x", "mi355x"}
+	if got := DeviceNames(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("DeviceNames() = %v, want %v", got, want)
+	}
+	for _, d := range Devices() {
+		// Every number has a source.
+		for _, f := range []string{"bf16_flops", "fp8_flops", "memory_bytes", "hbm_bytes_per_s", "sms"} {
+			if strings.TrimSpace(d.Sources[f]) == "" {
+				t.Errorf("%s: no source for %s", d.Name, f)
+			}
+		}
+		if d.FP8FLOPs < d.BF16FLOPs {
+			t.Errorf("%s: fp8 peak %g below bf16 %g", d.Name, d.FP8FLOPs, d.BF16FLOPs)
+		}
+	}
+}
+
+func TestDeviceFacts(t *testing.T) {
+	// shared/REFERENCES.md: B200 total_memory as PyTorch reports it is 178.35 GiB;
+	// torchtitan's B200 peak is 2.25e15 and H100 SXM's 989e12.
+	b, err := LookupDevice("")
+	if err != nil || b.Name != "b200" {
+		t.Fatalf("default device: %v %v", b.Name, err)
+	}
+	if g := b.MemoryGiB(); math.Abs(g-178.35) > 0.005 {
+		t.Errorf("b200 memory %.4f GiB, want 178.35", g)
+	}
+	if b.BF16FLOPs != 2.25e15 || b.SMs != 148 {
+		t.Errorf("b200 bf16 %g sms %d", b.BF16FLOPs, b.SMs)
+	}
+	h, err := LookupDevice("H100")
+	if err != nil || h.BF16FLOPs != 989e12 || h.SMs != 132 {
+		t.Errorf("h100: %+v %v", h, err)
+	}
+}
+
+func TestLookupDeviceUnknown(t *testing.T) {
+	_, err := LookupDevice("a100")
+	if err == nil || !strings.Contains(err.Error(), "b200") || !strings.Contains(err.Error(), "mi355x") {
+		t.Errorf("unknown device error should list known names: %v", err)
+	}
+	if _, err := LookupDevice("../clusters/hgx"); err == nil {
+		t.Error("path-like name accepted")
+	}
+}
+
+func TestParseDeviceErrors(t *testing.T) {
+	_, err := ParseDevice([]byte(`{"name":"x","bf16_flops":-1,"fp8_flops":0,"memory_bytes":0,"hbm_bytes_per_s":1,"sms":-2}`), "t")
+	for _, w := range []string{"bf16_flops = -1", "fp8_flops = 0", "memory_bytes = 0", "sms = -2"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("error %v lacks %q", err, w)
+		}
+	}
+	if _, err := ParseDevice([]byte(`{"name":"x","bf16_flop":1}`), "t"); err == nil || !strings.Contains(err.Error(), "bf16_flop") {
+		t.Errorf("unknown field not rejected: %v", err)
+	}
+}
