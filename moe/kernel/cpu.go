@@ -45,3 +45,14 @@ func Info() CPU {
 		Kernel:        active().name,
 	}
 }
+
+// cacheL1 and cacheL2 are the per-core data cache sizes in bytes the
+// blocking uses: cpuid's figures, or 32 KiB and 512 KiB when it reports none.
+var cacheL1, cacheL2 = cacheOr(cpuid.CPU.Cache.L1D, 32<<10), cacheOr(cpuid.CPU.Cache.L2, 512<<10)
+
+func cacheOr(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}

@@ -1,12 +1,212 @@
 package kernel
 
+import "sync"
+
 // Sgemm computes C = alpha·op(A)·op(B) + beta·C for row-major matrices, where
 // op(X) is X or Xᵀ. op(A) is m×k, op(B) is k×n, C is m×n; lda, ldb and ldc
 // are the row strides of A, B and C as stored. beta = 0 overwrites C without
 // reading it (NaNs in C do not propagate), as BLAS does.
+//
+// The work is BLIS-style: op(B) is packed in kc×nc panels, op(A) in mc×kc
+// blocks, and a register-tiled micro-kernel (AVX-512 12×32 or AVX2+FMA 6×16
+// in assembly, 4×4 in Go elsewhere) updates C one tile at a time. Large
+// products are split over Threads() cores. Sgemm allocates nothing once its
+// per-worker buffers have grown to the sizes in use. It panics if a slice is
+// too short for its dimensions and stride.
 func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	sgemmRef(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	checkGemm(transA, transB, m, n, k, a, lda, b, ldb, c, ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 || alpha == 0 {
+		scaleC(m, n, beta, c, ldc)
+		return
+	}
+	g := gemmCalls.Get().(*gemmCall)
+	*g = gemmCall{mk: active(), transA: transA, transB: transB, m: m, n: n, k: k,
+		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc}
+	g.bs = blockSizes(g.mk)
+	g.split(Threads())
+	if g.parts == 1 {
+		ar := arenas.Get().(*arena)
+		g.task(ar, 0)
+		arenas.Put(ar)
+	} else {
+		parallel(g.parts, g)
+	}
+	*g = gemmCall{}
+	gemmCalls.Put(g)
 }
+
+// checkGemm panics with a constant message when the arguments cannot
+// describe valid matrices (a programming error, not user input).
+func checkGemm(transA, transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	if m < 0 || n < 0 || k < 0 {
+		panic("kernel: Sgemm: negative dimension")
+	}
+	ar, ac := m, k
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	if !fits(len(a), ar, ac, lda) || !fits(len(b), br, bc, ldb) || !fits(len(c), m, n, ldc) {
+		panic("kernel: Sgemm: slice too short for its dimensions and stride")
+	}
+}
+
+// fits reports whether a rows×cols matrix with row stride ld fits in l
+// elements.
+func fits(l, rows, cols, ld int) bool {
+	if rows == 0 || cols == 0 {
+		return true
+	}
+	return ld >= cols && (rows-1)*ld+cols <= l
+}
+
+// scaleC sets C = beta·C (C = 0 when beta = 0).
+func scaleC(m, n int, beta float32, c []float32, ldc int) {
+	if beta == 1 {
+		return
+	}
+	for i := 0; i < m; i++ {
+		row := c[i*ldc : i*ldc+n]
+		if beta == 0 {
+			clear(row)
+			continue
+		}
+		for j := range row {
+			row[j] *= beta
+		}
+	}
+}
+
+// blocking holds the cache block sizes: an mc×kc block of packed A stays in
+// L2 while a kc×nr sliver of packed B stays in L1; nc bounds the B panel.
+type blocking struct{ mc, kc, nc int }
+
+// blockSizes derives the blocking for micro-kernel mk from the cache sizes
+// cpuid reports (half of L1 for the B sliver, half of L2 for the A block,
+// the BLIS analytic rule), with common sizes where cpuid does not say.
+func blockSizes(mk *microKernel) blocking {
+	l1, l2 := cacheL1, cacheL2
+	kc := min(max(l1/2/(4*mk.nr), 64), 512) &^ 7
+	mc := min(max(l2/2/(4*kc), mk.mr), 1024) / mk.mr * mk.mr
+	return blocking{mc: mc, kc: kc, nc: 4096 / mk.nr * mk.nr}
+}
+
+// gemmCall is one Sgemm: its arguments and how C is split into parts, each
+// an independent sub-product run on one core.
+type gemmCall struct {
+	mk             *microKernel
+	bs             blocking
+	transA, transB bool
+	m, n, k        int
+	alpha, beta    float32
+	a, b, c        []float32
+	lda, ldb, ldc  int
+	parts          int
+	splitRows      bool // parts split C's rows (else its columns)
+	chunk          int  // rows or columns per part
+}
+
+var gemmCalls = sync.Pool{New: func() any { return new(gemmCall) }}
+
+// parallelMinWork is the m·n·k below which Sgemm stays on one core: a fork
+// and join costs a few microseconds, a 64³ product about one.
+const parallelMinWork = 96 * 96 * 96
+
+// split chooses the parts: C's rows or columns cut into at most threads
+// chunks, along the dimension whose split repacks less (cutting rows makes
+// every part pack all of op(B), k·n values; cutting columns, all of op(A)).
+func (g *gemmCall) split(threads int) {
+	g.parts = 1
+	g.splitRows = true
+	g.chunk = g.m
+	if threads <= 1 || g.m*g.n*g.k < parallelMinWork {
+		return
+	}
+	unit, dim := g.mk.mr, g.m
+	g.splitRows = g.m >= g.n
+	if !g.splitRows {
+		unit, dim = g.mk.nr, g.n
+	}
+	g.chunk = (dim + threads - 1) / threads
+	g.chunk = (g.chunk + unit - 1) / unit * unit
+	g.parts = (dim + g.chunk - 1) / g.chunk
+}
+
+// task runs part t of the call.
+func (g *gemmCall) task(ar *arena, t int) {
+	i0, i1, j0, j1 := 0, g.m, 0, g.n
+	if g.splitRows {
+		i0, i1 = t*g.chunk, min((t+1)*g.chunk, g.m)
+	} else {
+		j0, j1 = t*g.chunk, min((t+1)*g.chunk, g.n)
+	}
+	g.block(ar, i0, i1, j0, j1)
+}
+
+// block computes C[i0:i1, j0:j1] on the calling goroutine.
+func (g *gemmCall) block(ar *arena, i0, i1, j0, j1 int) {
+	mk, bs := g.mk, g.bs
+	mr, nr := mk.mr, mk.nr
+	if g.beta != 0 && g.beta != 1 {
+		for i := i0; i < i1; i++ {
+			row := g.c[i*g.ldc+j0 : i*g.ldc+j1]
+			for j := range row {
+				row[j] *= g.beta
+			}
+		}
+	}
+	kcMax := min(bs.kc, g.k)
+	ar.bp = grow(ar.bp, kcMax*roundUp(min(bs.nc, j1-j0), nr))
+	ar.ap = grow(ar.ap, kcMax*roundUp(min(bs.mc, i1-i0), mr))
+	ar.tile = grow(ar.tile, mr*nr)
+	tile := ar.tile
+	c, ldc := g.c, g.ldc
+	for jc := j0; jc < j1; jc += bs.nc {
+		nc := min(bs.nc, j1-jc)
+		for pc := 0; pc < g.k; pc += bs.kc {
+			kc := min(bs.kc, g.k-pc)
+			packB(ar.bp, g.transB, g.b, g.ldb, pc, jc, kc, nc, nr)
+			acc := g.beta != 0 || pc > 0
+			for ic := i0; ic < i1; ic += bs.mc {
+				mc := min(bs.mc, i1-ic)
+				packA(ar.ap, g.transA, g.a, g.lda, ic, pc, mc, kc, mr, g.alpha)
+				for jr := 0; jr < nc; jr += nr {
+					nj := min(nr, nc-jr)
+					bsl := ar.bp[jr*kc:]
+					for ir := 0; ir < mc; ir += mr {
+						mi := min(mr, mc-ir)
+						asl := ar.ap[ir*kc:]
+						co := (ic+ir)*ldc + jc + jr
+						if mi == mr && nj == nr {
+							mk.tile(kc, asl, bsl, c[co:], ldc, acc)
+							continue
+						}
+						mk.tile(kc, asl, bsl, tile, nr, false)
+						for i := 0; i < mi; i++ {
+							dst := c[co+i*ldc : co+i*ldc+nj]
+							src := tile[i*nr : i*nr+nj]
+							if acc {
+								for j, v := range src {
+									dst[j] += v
+								}
+							} else {
+								copy(dst, src)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func roundUp(x, unit int) int { return (x + unit - 1) / unit * unit }
 
 // sgemmRef is the plain triple loop every optimized path is tested against.
 func sgemmRef(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {

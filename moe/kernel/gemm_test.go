@@ -1,0 +1,170 @@
+package kernel
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// forEachPath runs f once per micro-kernel this machine can run and per
+// thread count (1 and 2), so every dispatch path is compared with sgemmRef.
+func forEachPath(t *testing.T, f func(t *testing.T)) {
+	for _, name := range KernelNames() {
+		for _, threads := range []int{1, 2} {
+			t.Run(fmt.Sprintf("%s/threads=%d", name, threads), func(t *testing.T) {
+				restore, _ := UseKernel(name)
+				defer restore()
+				prev := SetThreads(threads)
+				defer SetThreads(prev)
+				f(t)
+			})
+		}
+	}
+}
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = r.Float32()*2 - 1
+	}
+	return s
+}
+
+// gemmCase runs one Sgemm against sgemmRef; pad adds to every stride.
+func gemmCase(t *testing.T, r *rand.Rand, transA, transB bool, m, n, k, pad int, alpha, beta float32) {
+	t.Helper()
+	ar, ac := m, k
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	lda, ldb, ldc := ac+pad, bc+pad, n+pad
+	a := randSlice(r, max(ar*lda, 1))
+	b := randSlice(r, max(br*ldb, 1))
+	c := randSlice(r, max(m*ldc, 1))
+	if beta == 0 {
+		for i := range c {
+			c[i] = float32(math.NaN()) // must not leak through beta = 0
+		}
+	}
+	want := append([]float32(nil), c...)
+	sgemmRef(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, want, ldc)
+	Sgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	// Each entry sums k products of values in [-1, 1]: the float32
+	// reassociation error is below k·2⁻²³ per unit of |alpha|, plus beta·C.
+	tol := float64(k)*1.2e-7*float64(abs32(alpha))*4 + 1e-6
+	for i := 0; i < m; i++ {
+		for j := 0; j < ldc && i*ldc+j < len(c); j++ {
+			g, w := c[i*ldc+j], want[i*ldc+j]
+			if j >= n { // padding must be untouched
+				if !(g == w || (g != g && w != w)) {
+					t.Fatalf("%v%v m=%d n=%d k=%d pad=%d: padding C[%d][%d] changed", transA, transB, m, n, k, pad, i, j)
+				}
+				continue
+			}
+			if d := math.Abs(float64(g - w)); !(d <= tol) {
+				t.Fatalf("transA=%v transB=%v m=%d n=%d k=%d pad=%d alpha=%v beta=%v: C[%d][%d] = %v, want %v (tol %g)",
+					transA, transB, m, n, k, pad, alpha, beta, i, j, g, w, tol)
+			}
+		}
+	}
+}
+
+func abs32(x float32) float32 { return float32(math.Abs(float64(x))) }
+
+func TestSgemmEdges(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(1, 2))
+		dims := []int{1, 2, 5, 6, 7, 11, 12, 13, 16, 17, 31, 32, 33, 63}
+		for _, ta := range []bool{false, true} {
+			for _, tb := range []bool{false, true} {
+				for range 40 {
+					m, n, k := dims[r.IntN(len(dims))], dims[r.IntN(len(dims))], dims[r.IntN(len(dims))]
+					gemmCase(t, r, ta, tb, m, n, k, r.IntN(3), 1, 0)
+				}
+			}
+		}
+	})
+}
+
+func TestSgemmBlocks(t *testing.T) {
+	// Sizes that cross the kc, mc and parallel-split boundaries of every
+	// kernel's blocking, with alpha and beta away from 0 and 1.
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(3, 4))
+		for _, s := range [][3]int{{97, 130, 600}, {700, 45, 200}, {50, 300, 1030}, {130, 97, 7}} {
+			for _, ta := range []bool{false, true} {
+				for _, tb := range []bool{false, true} {
+					gemmCase(t, r, ta, tb, s[0], s[1], s[2], 3, 0.5, 0)
+					gemmCase(t, r, ta, tb, s[0], s[1], s[2], 0, -1.5, 0.75)
+					gemmCase(t, r, ta, tb, s[0], s[1], s[2], 1, 1, 1)
+				}
+			}
+		}
+	})
+}
+
+func TestSgemmDegenerate(t *testing.T) {
+	// k = 0 or alpha = 0: C = beta·C, hand-computed.
+	c := []float32{1, 2, 3, 4}
+	Sgemm(false, false, 2, 2, 0, 1, nil, 0, nil, 2, 0.5, c, 2)
+	if c[0] != 0.5 || c[3] != 2 {
+		t.Fatalf("k=0, beta=0.5: got %v", c)
+	}
+	Sgemm(false, false, 2, 2, 1, 0, []float32{1, 1}, 1, []float32{1, 1}, 2, 0, c, 2)
+	if c[0] != 0 || c[3] != 0 {
+		t.Fatalf("alpha=0, beta=0: got %v", c)
+	}
+	// [1 2; 3 4]·[5 6; 7 8] = [19 22; 43 50].
+	a, b := []float32{1, 2, 3, 4}, []float32{5, 6, 7, 8}
+	forEachPath(t, func(t *testing.T) {
+		c := make([]float32, 4)
+		Sgemm(false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2)
+		if (c[0] != 19 || c[1] != 22 || c[2] != 43 || c[3] != 50) {
+			t.Fatalf("got %v, want [19 22 43 50]", c)
+		}
+	})
+}
+
+func TestSgemmPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("short slice did not panic")
+		}
+	}()
+	Sgemm(false, false, 2, 2, 2, 1, make([]float32, 3), 2, make([]float32, 4), 2, 0, make([]float32, 4), 2)
+}
+
+func TestSgemmNoAlloc(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const n = 200
+	a, b, c := randSlice(r, n*n), randSlice(r, n*n), make([]float32, n*n)
+	for _, threads := range []int{1, 2} {
+		prev := SetThreads(threads)
+		Sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n)
+		allocs := testing.AllocsPerRun(20, func() { Sgemm(false, true, n, n, n, 1, a, n, b, n, 0, c, n) })
+		SetThreads(prev)
+		// sync.Pool may drop an arena at a GC; allow that rarely.
+		if allocs > 0.5 {
+			t.Errorf("threads=%d: %v allocations per Sgemm, want 0", threads, allocs)
+		}
+	}
+}
+
+func FuzzSgemm(f *testing.F) {
+	f.Add(uint8(5), uint8(7), uint8(3), false, true, uint8(1), uint64(1))
+	f.Add(uint8(13), uint8(33), uint8(64), true, false, uint8(0), uint64(2))
+	f.Add(uint8(1), uint8(1), uint8(1), true, true, uint8(2), uint64(3))
+	f.Fuzz(func(t *testing.T, m, n, k uint8, ta, tb bool, pad uint8, seed uint64) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		for _, name := range KernelNames() {
+			restore, _ := UseKernel(name)
+			gemmCase(t, r, ta, tb, int(m)%80, int(n)%80, int(k)%80, int(pad)%4, 1, 0.5)
+			restore()
+		}
+	})
+}
