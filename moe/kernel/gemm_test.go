@@ -124,7 +124,7 @@ func TestSgemmDegenerate(t *testing.T) {
 	forEachPath(t, func(t *testing.T) {
 		c := make([]float32, 4)
 		Sgemm(false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2)
-		if (c[0] != 19 || c[1] != 22 || c[2] != 43 || c[3] != 50) {
+		if c[0] != 19 || c[1] != 22 || c[2] != 43 || c[3] != 50 {
 			t.Fatalf("got %v, want [19 22 43 50]", c)
 		}
 	})
