@@ -1,0 +1,299 @@
+package parallel
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// The per-op GPU time model. An op record of the vocabulary (moe.OpRecord:
+// layer, op, pass, count) becomes seconds on one GPU:
+//
+//	GEMM (M×K by K×N, bf16): tiles = ⌈M/128⌉·⌈N/128⌉ output tiles of
+//	  128×128 (the CTA tile of cuBLAS/CUTLASS BF16 kernels on Hopper and
+//	  Blackwell), waves = ⌈tiles/SMs⌉; the kernel runs waves·SMs tiles of
+//	  2·128·128·K FLOPs at peak·eff_gemm, or streams its operands
+//	  2·(MK + KN + MN) bytes at HBM rate·eff_mem, whichever is slower:
+//	  t = max(waves·SMs·2·128²·K / (peak·eff), bytes / (hbm·eff_mem)) + launch.
+//	grouped expert GEMM: the same per expert group with M_e rows, tiles
+//	  summed over experts before the wave count (one grouped launch).
+//	flash attention: 2·count FLOPs at peak·eff_attn_fwd (forward) or
+//	  peak·eff_attn_bwd (backward and the flash backward's own recompute).
+//	memory-bound ops (norms, activations, RoPE, permutations, loss,
+//	  optimizer): elements × bytes moved per element ÷ (hbm·eff_mem) + launch.
+//
+// M, N and K of a matmul record follow from its op's weight shape [out, in]
+// and its count: forward and recompute M = count/(out·in), N = out, K = in;
+// backward_data M = count/(out·in), N = in, K = out; backward_weight M =
+// out, N = in, K = count/(out·in).
+
+// OpClass groups ops by the efficiency that governs them (and that
+// calibration scales).
+type OpClass string
+
+// Op classes.
+const (
+	ClassGEMM        OpClass = "gemm"
+	ClassGrouped     OpClass = "grouped_gemm"
+	ClassAttention   OpClass = "attention"
+	ClassMemoryBound OpClass = "memory_bound"
+)
+
+// OpClassOf returns the class of op.
+func OpClassOf(op moe.Op) OpClass {
+	switch op.Kind() {
+	case moe.KindMatmul:
+		return ClassGEMM
+	case moe.KindGrouped:
+		return ClassGrouped
+	case moe.KindAttention:
+		return ClassAttention
+	}
+	return ClassMemoryBound
+}
+
+// ComputeSpec is what the compute model needs of a GPU, with the
+// efficiencies it applies (fractions of peak in (0, 1]).
+type ComputeSpec struct {
+	PeakFLOPs    float64 // BF16 dense, FLOP/s
+	HBMBytesPerS float64 // bytes/s
+	SMs          int
+	LaunchS      float64 // per kernel launch, seconds
+	GEMMEff      float64 // large dense GEMMs
+	GroupedEff   float64 // grouped expert GEMMs
+	AttnFwdEff   float64 // flash attention forward
+	AttnBwdEff   float64 // flash attention backward
+	MemEff       float64 // fraction of HBM bandwidth memory-bound kernels reach
+}
+
+// Validate checks every field.
+func (c ComputeSpec) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"peak_flops", c.PeakFLOPs}, {"hbm_bytes_per_s", c.HBMBytesPerS}} {
+		if !(f.v > 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("compute: %s = %v must be a finite number > 0", f.name, f.v)
+		}
+	}
+	if c.SMs < 1 {
+		return fmt.Errorf("compute: sms = %d must be ≥ 1", c.SMs)
+	}
+	if !(c.LaunchS >= 0) || math.IsInf(c.LaunchS, 0) {
+		return fmt.Errorf("compute: launch_s = %v must be a finite number ≥ 0", c.LaunchS)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"gemm_eff", c.GEMMEff}, {"grouped_eff", c.GroupedEff}, {"attn_fwd_eff", c.AttnFwdEff},
+		{"attn_bwd_eff", c.AttnBwdEff}, {"mem_eff", c.MemEff}} {
+		if !(f.v > 0 && f.v <= 1) {
+			return fmt.Errorf("compute: %s = %v must be in (0, 1]", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// Calibrated returns the spec with calibration's multipliers applied to the
+// class efficiencies, each capped at 1.
+func (c ComputeSpec) Calibrated(cal *Calibration) ComputeSpec {
+	if cal == nil {
+		return c
+	}
+	c.GEMMEff = math.Min(1, c.GEMMEff*scaleOr1(cal.GEMMScale))
+	c.GroupedEff = math.Min(1, c.GroupedEff*scaleOr1(cal.GroupedScale))
+	c.AttnFwdEff = math.Min(1, c.AttnFwdEff*scaleOr1(cal.AttentionScale))
+	c.AttnBwdEff = math.Min(1, c.AttnBwdEff*scaleOr1(cal.AttentionScale))
+	c.MemEff = math.Min(1, c.MemEff*scaleOr1(cal.MemoryBoundScale))
+	return c
+}
+
+const gemmTile = 128
+
+// GEMMSeconds models one dense bf16 GEMM of M×K by K×N.
+func (c ComputeSpec) GEMMSeconds(M, N, K int64) float64 {
+	if M <= 0 || N <= 0 || K <= 0 {
+		return 0
+	}
+	tiles := ceilDiv(M, gemmTile) * ceilDiv(N, gemmTile)
+	return c.tiledSeconds(float64(tiles)*float64(K), tiles, c.GEMMEff, 2*float64(M*K+K*N+M*N))
+}
+
+// GroupedSeconds models one grouped bf16 GEMM: for each group e, Ms[e]×K
+// by K×N (forward and backward_data shapes), or with weightGrad the
+// per-expert weight gradient N_out×N by the group's rows (K = Ms[e]).
+func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) float64 {
+	var tileK float64 // Σ tiles·K
+	var tiles int64
+	var bytes float64
+	for _, m := range Ms {
+		if m <= 0 {
+			continue
+		}
+		var M, N, K int64
+		switch pass {
+		case moe.BackwardData:
+			M, N, K = m, in, out
+		case moe.BackwardWeight:
+			M, N, K = out, in, m
+		default:
+			M, N, K = m, out, in
+		}
+		t := ceilDiv(M, gemmTile) * ceilDiv(N, gemmTile)
+		tiles += t
+		tileK += float64(t) * float64(K)
+		bytes += 2 * float64(M*K+K*N+M*N)
+	}
+	if tiles == 0 {
+		return 0
+	}
+	return c.tiledSeconds(tileK, tiles, c.GroupedEff, bytes)
+}
+
+// tiledSeconds: tileK = Σ tiles·K over the launch, padded up to whole waves
+// of SMs tiles.
+func (c ComputeSpec) tiledSeconds(tileK float64, tiles int64, eff, bytes float64) float64 {
+	waves := ceilDiv(tiles, int64(c.SMs))
+	quant := float64(waves*int64(c.SMs)) / float64(tiles)
+	flops := 2 * gemmTile * gemmTile * tileK * quant
+	tc := flops / (c.PeakFLOPs * eff)
+	tm := bytes / (c.HBMBytesPerS * c.MemEff)
+	return math.Max(tc, tm) + c.LaunchS
+}
+
+// MemorySeconds models a memory-bound kernel moving bytes.
+func (c ComputeSpec) MemorySeconds(bytes float64) float64 {
+	if bytes <= 0 {
+		return 0
+	}
+	return bytes/(c.HBMBytesPerS*c.MemEff) + c.LaunchS
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// weightShape returns [out, in] of a matmul or grouped op of cfg.
+func weightShape(cfg *moe.Config, op moe.Op) (out, in int64, ok bool) {
+	D := int64(cfg.Hidden)
+	q := int64(cfg.Heads) * int64(cfg.HeadDim)
+	kv := int64(cfg.KVHeads) * int64(cfg.HeadDim)
+	S := int64(cfg.SharedExperts) * int64(cfg.SharedFFN)
+	switch op {
+	case moe.OpQProj:
+		return q, D, true
+	case moe.OpKProj, moe.OpVProj:
+		return kv, D, true
+	case moe.OpOProj:
+		return D, q, true
+	case moe.OpRouter:
+		return int64(cfg.Experts), D, true
+	case moe.OpSharedGate, moe.OpSharedUp:
+		return S, D, true
+	case moe.OpSharedDown:
+		return D, S, true
+	case moe.OpSharedExpGate:
+		return 1, D, true
+	case moe.OpDenseGate, moe.OpDenseUp:
+		return int64(cfg.DenseFFN), D, true
+	case moe.OpDenseDown:
+		return D, int64(cfg.DenseFFN), true
+	case moe.OpLMHead:
+		return int64(cfg.Vocab), D, true
+	case moe.OpExpertGate, moe.OpExpertUp:
+		return int64(cfg.ExpertFFN), D, true
+	case moe.OpExpertDown:
+		return D, int64(cfg.ExpertFFN), true
+	}
+	return 0, 0, false
+}
+
+// bytesPerElement is the HBM traffic per counted element of a memory-bound
+// op: element size × accesses (reads + writes). Activations are bf16;
+// forward kernels of the vocabulary read one or two operands and write one
+// (3 accesses), backward kernels read the input, the output gradient (and
+// a saved statistic) and write the input gradient (4 accesses). The loss
+// works on fp32 logits (torchtitan upcasts before cross-entropy); AdamW
+// reads parameter, gradient and both moments and writes parameter and
+// moments, all fp32: 7 × 4 = 28 bytes per parameter.
+func bytesPerElement(op moe.Op, pass moe.Pass) float64 {
+	acc := 3.0
+	if pass == moe.BackwardData || pass == moe.BackwardWeight {
+		acc = 4
+	}
+	switch op {
+	case moe.OpOptimizer:
+		return 28
+	case moe.OpLoss:
+		return 4 * acc
+	case moe.OpEmbed, moe.OpDispatch, moe.OpCombine:
+		return 2 * 2 // gather/scatter: read a row, write a row
+	}
+	return 2 * acc
+}
+
+// OpSeconds models one op record on one GPU. groups gives the relative
+// row counts of the local expert groups for grouped GEMMs (nil: the record's
+// rows spread evenly over localExperts groups).
+func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts int, groups []float64) float64 {
+	if rec.Count <= 0 {
+		return 0
+	}
+	switch rec.Op.Kind() {
+	case moe.KindMatmul:
+		out, in, ok := weightShape(cfg, rec.Op)
+		if !ok || out*in == 0 {
+			return 2 * float64(rec.Count) / (c.PeakFLOPs * c.GEMMEff)
+		}
+		rows := rec.Count / (out * in)
+		switch rec.Pass {
+		case moe.BackwardData:
+			return c.GEMMSeconds(rows, in, out)
+		case moe.BackwardWeight:
+			return c.GEMMSeconds(out, in, rows)
+		}
+		return c.GEMMSeconds(rows, out, in)
+	case moe.KindGrouped:
+		out, in, _ := weightShape(cfg, rec.Op)
+		rows := rec.Count / (out * in)
+		return c.GroupedSeconds(splitRows(rows, localExperts, groups), out, in, rec.Pass)
+	case moe.KindAttention:
+		eff := c.AttnFwdEff
+		if rec.Pass != moe.Forward {
+			eff = c.AttnBwdEff
+		}
+		return 2*float64(rec.Count)/(c.PeakFLOPs*eff) + c.LaunchS
+	}
+	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass))
+}
+
+// splitRows divides rows over n groups in proportion to weights (even when
+// weights is nil), rounding so that the parts sum to rows.
+func splitRows(rows int64, n int, weights []float64) []int64 {
+	if n < 1 {
+		n = 1
+	}
+	out := make([]int64, n)
+	if len(weights) != n {
+		for i := range out {
+			out[i] = rows / int64(n)
+			if int64(i) < rows%int64(n) {
+				out[i]++
+			}
+		}
+		return out
+	}
+	var sum float64
+	for _, w := range weights {
+		sum += w
+	}
+	var used int64
+	for i, w := range weights {
+		out[i] = int64(math.Floor(float64(rows) * w / sum))
+		used += out[i]
+	}
+	for i := 0; used < rows; i = (i + 1) % n {
+		out[i]++
+		used++
+	}
+	return out
+}
