@@ -1,0 +1,885 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sort"
+	"sync"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// The planner searches layouts (dp_shard × dp_replicate × ep, sharding mode,
+// FSDP options), activation-checkpointing policies and local batch sizes for
+// the most tokens per second per GPU within a memory target, the way a team
+// does it by hand: sweep everything at one or two nodes, keep the best
+// candidates, then multiply the GPU count, growing the FSDP group or the
+// replica count (whichever pays), until the target count.
+//
+// It is written against PlanEvaluator, so the same search runs on the
+// virtual-time backend (the real evaluator) and on analytic stand-ins in
+// tests.
+
+// PlanPoint is one point of the search space: a layout, a checkpointing
+// policy, a local batch (sequences per data-parallel rank per micro-step)
+// and the gradient-accumulation micro-steps per optimizer step.
+type PlanPoint struct {
+	Layout    moe.Layout
+	AC        moe.AC
+	LBS       int
+	GradAccum int
+}
+
+// GlobalBatch is the sequences one optimizer step consumes:
+// lbs × dp_replicate × dp_shard × grad_accum.
+func (p PlanPoint) GlobalBatch() int { return p.LBS * p.Layout.DP() * p.GradAccum }
+
+func (p PlanPoint) String() string {
+	l := p.Layout
+	s := fmt.Sprintf("gpus=%d dp_shard=%d dp_replicate=%d ep=%d sharding=%s", l.GPUs, l.DPShard, l.DPReplicate, l.EP, l.Sharding)
+	if !l.ReshardAfterForward {
+		s += " no-reshard"
+	}
+	if l.KeepGathered {
+		s += " keep-gathered"
+	}
+	if l.AllreduceLastOnly {
+		s += " allreduce-last-only"
+	}
+	return s + fmt.Sprintf(" ac=%s lbs=%d grad_accum=%d", p.AC, p.LBS, p.GradAccum)
+}
+
+// PlanTime is one entry of a step-time breakdown: seconds a kind of work
+// spends on the critical path of the slowest rank.
+type PlanTime struct {
+	Kind    string  `json:"kind"`
+	Seconds float64 `json:"seconds"`
+}
+
+// PlanScore is what an evaluator predicts for a point. TPS is a rank's own
+// tokens per second (torchtitan's definition); MFU is a fraction under the
+// torchtitan FLOP convention; MemoryFraction = peak reserved / device memory.
+type PlanScore struct {
+	TPS            float64
+	MFU            float64
+	MemoryFraction float64
+	StepTimeS      float64
+	Bottleneck     string
+	Breakdown      []PlanTime
+}
+
+// PlanEvaluator predicts points for the planner. Implementations must be
+// safe for concurrent use: the planner calls them from several goroutines.
+type PlanEvaluator interface {
+	// MemoryFraction is the peak reserved memory of p over the device's
+	// memory; it must be cheap (the planner prunes with it before
+	// simulating) and non-decreasing in p.LBS.
+	MemoryFraction(p PlanPoint) (float64, error)
+	// Evaluate predicts step time, TPS, MFU and memory of p.
+	Evaluate(p PlanPoint) (PlanScore, error)
+}
+
+// PlanRequest describes a search.
+type PlanRequest struct {
+	GPUs        int // target world size
+	GPUsPerNode int // GPUs per host; stage 1 runs at one or two hosts
+	// Experts is the routed-expert count (0 for a dense model): ep ranges
+	// over the common divisors of experts and dp_shard.
+	Experts int
+	// MemoryTarget bounds MemoryFraction, in (0, 1].
+	MemoryTarget float64
+	// GlobalBatch, in sequences, fixes lbs × gpus × grad_accum at the target
+	// scale; 0 leaves it free (grad_accum = 1). Earlier stages ignore it.
+	GlobalBatch int
+	// MaxLBS caps the local batch (default 256).
+	MaxLBS int
+	// ACs are the checkpointing policies searched (default none, selective, full).
+	ACs []moe.AC
+	// Shardings are the modes the dp_shard axis may use (default fsdp,
+	// zero2, zero1, ddp).
+	Shardings []moe.Sharding
+	// Carry is how many layout families each stage hands to the next (default 8).
+	Carry int
+	// Exhaustive searches the whole space at the target scale instead of
+	// the hierarchical stages.
+	Exhaustive bool
+	// Admit, when set, rejects points the caller cannot use (an export
+	// target that cannot express them); a non-nil error names the reason.
+	Admit func(PlanPoint) error
+	// Workers evaluating in parallel (default GOMAXPROCS).
+	Workers int
+	// Progress, when set, is called after each evaluation with the stage
+	// number (1-based), points done and points to do in that stage.
+	Progress func(stage, done, total int)
+}
+
+// PlanResult is an evaluated point.
+type PlanResult struct {
+	Point PlanPoint
+	Score PlanScore
+}
+
+// PlanStage reports one stage of the search.
+type PlanStage struct {
+	GPUs int
+	// Candidates is the number of points enumerated; Pruned of them failed
+	// the memory target (or Admit) before simulation; Simulated were
+	// evaluated.
+	Candidates, Pruned, Simulated int
+	// Survivors are the best results of the stage, one per family, best
+	// first; at the last stage they are the plans.
+	Survivors []PlanResult
+	// BestTPS is the best per-GPU TPS of the stage; ScalingEfficiency =
+	// BestTPS / stage 1's BestTPS.
+	BestTPS           float64
+	ScalingEfficiency float64
+	// Grew says how the best plan's layout grew from its stage-1 ancestor
+	// family at the previous stage (e.g. "dp_shard ×4").
+	Grew string
+}
+
+// PlanReport is the outcome of a search.
+type PlanReport struct {
+	Stages []PlanStage
+	// Plans are the evaluated points at the target scale, best first
+	// (highest TPS; ties broken by lower memory fraction).
+	Plans []PlanResult
+	Best  PlanResult
+	// Simulated counts evaluations over all stages (sweeps included).
+	Simulated int
+	// Sweeps are, at stage 1, every local batch up to the memory limit of
+	// the best family of each checkpointing policy.
+	Sweeps []PlanSweep
+	// Exhaustive says the report comes from the exhaustive search.
+	Exhaustive bool
+}
+
+// PlanSweep is one family's TPS and memory against local batch.
+type PlanSweep struct {
+	AC     moe.AC
+	Points []PlanResult
+}
+
+// PlanInfeasibleError explains why no plan exists: what came closest and
+// what would be needed.
+type PlanInfeasibleError struct {
+	GPUs    int
+	Reason  string
+	Closest *PlanResult // lowest memory fraction seen, when one was evaluated
+	Needed  string
+}
+
+func (e *PlanInfeasibleError) Error() string {
+	s := fmt.Sprintf("no feasible plan on %d GPUs: %s", e.GPUs, e.Reason)
+	if e.Closest != nil {
+		s += fmt.Sprintf("; closest: %s at memory fraction %.3f", e.Closest.Point, e.Closest.Score.MemoryFraction)
+	}
+	if e.Needed != "" {
+		s += "; needed: " + e.Needed
+	}
+	return s
+}
+
+// planFamily is a point without its local batch and accumulation: the unit
+// the stages carry forward.
+type planFamily struct {
+	layout moe.Layout
+	ac     moe.AC
+}
+
+func (r *PlanRequest) withDefaults() (PlanRequest, error) {
+	q := *r
+	var errs []error
+	if q.GPUs < 1 || q.GPUs > 1<<20 {
+		errs = append(errs, moe.FieldError{Field: "gpus", Value: q.GPUs, Allowed: "must be in [1, 1048576]"})
+	}
+	if q.GPUsPerNode < 0 || q.GPUsPerNode > 1<<20 {
+		errs = append(errs, moe.FieldError{Field: "gpus_per_node", Value: q.GPUsPerNode, Allowed: "must be in [1, 1048576] (0 = 8)"})
+	}
+	if !(q.MemoryTarget > 0 && q.MemoryTarget <= 1) {
+		errs = append(errs, moe.FieldError{Field: "memory_target", Value: q.MemoryTarget, Allowed: "must be in (0, 1]"})
+	}
+	if q.GlobalBatch < 0 || q.GlobalBatch > 1<<40 {
+		errs = append(errs, moe.FieldError{Field: "global_batch", Value: q.GlobalBatch, Allowed: "must be ≥ 1 sequence (0 = free)"})
+	}
+	if q.Experts < 0 {
+		errs = append(errs, moe.FieldError{Field: "experts", Value: q.Experts, Allowed: "must be ≥ 0"})
+	}
+	if q.MaxLBS < 0 || q.MaxLBS > 1<<16 {
+		errs = append(errs, moe.FieldError{Field: "max_lbs", Value: q.MaxLBS, Allowed: "must be in [1, 65536] (0 = 256)"})
+	}
+	if q.Carry < 0 {
+		errs = append(errs, moe.FieldError{Field: "carry", Value: q.Carry, Allowed: "must be ≥ 1 (0 = 8)"})
+	}
+	if len(errs) > 0 {
+		return q, errors.Join(errs...)
+	}
+	if q.GPUsPerNode == 0 {
+		q.GPUsPerNode = 8
+	}
+	if q.MaxLBS == 0 {
+		q.MaxLBS = 256
+	}
+	if q.Carry == 0 {
+		q.Carry = 8
+	}
+	if q.Workers <= 0 {
+		q.Workers = runtime.GOMAXPROCS(0)
+	}
+	if len(q.ACs) == 0 {
+		q.ACs = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
+	}
+	if len(q.Shardings) == 0 {
+		q.Shardings = []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
+	}
+	if q.GlobalBatch > 0 {
+		if q.GlobalBatch < q.GPUs || q.GlobalBatch%q.GPUs != 0 {
+			return q, &PlanInfeasibleError{GPUs: q.GPUs,
+				Reason: fmt.Sprintf("global batch %d sequences is not a multiple of the data-parallel degree %d (every layout here has dp = gpus)", q.GlobalBatch, q.GPUs),
+				Needed: fmt.Sprintf("a global batch that is a positive multiple of %d, e.g. %d", q.GPUs, planRoundUp(q.GlobalBatch, q.GPUs))}
+		}
+	}
+	return q, nil
+}
+
+// planRoundUp rounds x up to a positive multiple of m.
+func planRoundUp(x, m int) int {
+	if x <= 0 {
+		return m
+	}
+	return (x + m - 1) / m * m
+}
+
+// planDivisors lists the divisors of n in increasing order.
+func planDivisors(n int) []int {
+	var small, large []int
+	for d := 1; d*d <= n; d++ {
+		if n%d == 0 {
+			small = append(small, d)
+			if d*d != n {
+				large = append(large, n/d)
+			}
+		}
+	}
+	for i := len(large) - 1; i >= 0; i-- {
+		small = append(small, large[i])
+	}
+	return small
+}
+
+// planScales returns the GPU counts of the stages: the first is the
+// smallest of one host, two hosts, four hosts… (a divisor of the target)
+// at which feasible reports a fit; each later one multiplies the previous
+// by the product of the target's remaining prime factors taken until it
+// reaches at least 4 (×4 per stage for powers of two), ending at the target.
+func planScales(gpus, perNode int, feasible func(n int) bool) []int {
+	first := gpus
+	for n := perNode; n < gpus; n *= 2 {
+		if gpus%n == 0 && feasible(n) {
+			first = n
+			break
+		}
+	}
+	if gpus < perNode {
+		first = gpus
+	}
+	scales := []int{first}
+	rest := gpus / first
+	var primes []int
+	for p := 2; p*p <= rest; p++ {
+		for rest%p == 0 {
+			primes = append(primes, p)
+			rest /= p
+		}
+	}
+	if rest > 1 {
+		primes = append(primes, rest)
+	}
+	n, f := first, 1
+	for i, p := range primes {
+		f *= p
+		if f >= 4 || i == len(primes)-1 {
+			n *= f
+			scales = append(scales, n)
+			f = 1
+		}
+	}
+	return scales
+}
+
+// planShardVariants are the sharding modes and FSDP options tried for a
+// layout. Options only exist where they change something: reshard-after-
+// forward for fsdp with dp_shard > 1; keep-gathered (fsdp) and all-reduce on
+// the last micro-step only (dp_replicate > 1) only with accumulation.
+func (q *PlanRequest) planShardVariants(base moe.Layout, accum bool) []moe.Layout {
+	var out []moe.Layout
+	if base.DPShard == 1 {
+		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, true
+		out = append(out, base)
+	} else {
+		for _, s := range q.Shardings {
+			l := base
+			l.Sharding, l.ReshardAfterForward = s, true
+			out = append(out, l)
+			if s == moe.ShardFSDP {
+				l.ReshardAfterForward = false
+				out = append(out, l)
+				if accum {
+					l.ReshardAfterForward, l.KeepGathered = true, true
+					out = append(out, l)
+				}
+			}
+		}
+	}
+	if accum && base.DPReplicate > 1 {
+		for _, l := range out {
+			l.AllreduceLastOnly = true
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// planFamilies enumerates every family at n GPUs.
+func (q *PlanRequest) planFamilies(n int, accum bool) []planFamily {
+	var fams []planFamily
+	for _, r := range planDivisors(n) {
+		s := n / r
+		for _, ep := range planDivisors(s) {
+			if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
+				continue
+			}
+			base := moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}
+			for _, l := range q.planShardVariants(base, accum) {
+				for _, ac := range q.ACs {
+					fams = append(fams, planFamily{l, ac})
+				}
+			}
+		}
+	}
+	return fams
+}
+
+// planPlace is what the search knows about a family at one scale before
+// simulating: its largest local batch within the memory target.
+type planPlace struct {
+	fam     planFamily
+	maxLBS  int
+	minFrac float64 // memory fraction at lbs 1 (for explanations)
+}
+
+// planMaxLBS finds the largest lbs ≤ q.MaxLBS whose memory fraction is
+// within the target, by doubling then bisection; 0 when even lbs 1 does not
+// fit. MemoryFraction is non-decreasing in lbs. perRank > 0 (sequences per
+// rank per step) sets grad_accum = ⌈perRank / lbs⌉, else 1.
+func (q *PlanRequest) planMaxLBS(ev PlanEvaluator, f planFamily, perRank int) (int, float64, error) {
+	fits := func(lbs int) (bool, float64, error) {
+		ga := 1
+		if perRank > 0 {
+			ga = (perRank + lbs - 1) / lbs
+		}
+		m, err := ev.MemoryFraction(PlanPoint{f.layout, f.ac, lbs, ga})
+		return err == nil && m <= q.MemoryTarget, m, err
+	}
+	ok, m1, err := fits(1)
+	if err != nil || !ok {
+		return 0, m1, err
+	}
+	lo, hi := 1, 2 // lo fits; hi unknown
+	for hi <= q.MaxLBS {
+		ok, _, err := fits(hi)
+		if err != nil {
+			return 0, m1, err
+		}
+		if !ok {
+			break
+		}
+		lo, hi = hi, hi*2
+	}
+	if hi > q.MaxLBS {
+		if lo == q.MaxLBS {
+			return lo, m1, nil
+		}
+		if ok, _, err := fits(q.MaxLBS); err != nil {
+			return 0, m1, err
+		} else if ok {
+			return q.MaxLBS, m1, nil
+		}
+		hi = q.MaxLBS
+	}
+	for hi-lo > 1 { // lo fits, hi does not
+		mid := lo + (hi-lo)/2
+		ok, _, err := fits(mid)
+		if err != nil {
+			return 0, m1, err
+		}
+		if ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, m1, nil
+}
+
+// planLBSChoices are the local batches simulated for a family whose memory
+// limit is max: every power of two below max and max itself (all of 1..max
+// when all is set). With a global batch, only divisors of perRank (the
+// sequences each rank must consume per step) qualify, grad_accum =
+// perRank / lbs; keep limits the choice to the largest ones.
+func planLBSChoices(max, perRank int, all bool, keep int) [][2]int {
+	var out [][2]int
+	add := func(lbs int) {
+		if perRank > 0 {
+			if perRank%lbs != 0 {
+				return
+			}
+			out = append(out, [2]int{lbs, perRank / lbs})
+			return
+		}
+		out = append(out, [2]int{lbs, 1})
+	}
+	if perRank > 0 && max > perRank {
+		max = perRank
+	}
+	for lbs := 1; lbs <= max; lbs++ {
+		if all || perRank > 0 || lbs&(lbs-1) == 0 || lbs == max {
+			add(lbs)
+		}
+	}
+	if perRank > 0 && !all && len(out) > 0 {
+		// With a global batch, the powers-of-two rule becomes: the
+		// largest divisors, plus halvings, bounded like the free case.
+		var sel [][2]int
+		for i := len(out) - 1; i >= 0 && len(sel) < 1+planLog2(max); i-- {
+			sel = append(sel, out[i])
+		}
+		out = sel
+		sort.Slice(out, func(i, j int) bool { return out[i][0] < out[j][0] })
+	}
+	if keep > 0 && len(out) > keep {
+		out = out[len(out)-keep:]
+	}
+	return out
+}
+
+func planLog2(n int) int {
+	k := 0
+	for n > 1 {
+		n >>= 1
+		k++
+	}
+	return k
+}
+
+// planStageRun evaluates families at one scale: it sizes each by memory,
+// prunes those that do not fit, and simulates the chosen local batches.
+type planStageRun struct {
+	q       *PlanRequest
+	ev      PlanEvaluator
+	stage   int
+	perRank int // sequences per rank per step at this scale (0 = free)
+	all     bool
+	keep    int
+}
+
+func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStage, closest *PlanResult, err error) {
+	q := s.q
+	// Size every family by memory (cheap, sequential: no simulation).
+	var points []PlanPoint
+	for _, f := range fams {
+		if f.layout.GPUs > 0 {
+			st.GPUs = f.layout.GPUs
+		}
+		ga := max(1, s.perRank) // at lbs 1
+		maxLBS, m1, err := q.planMaxLBS(s.ev, f, s.perRank)
+		if err != nil {
+			return nil, st, nil, err
+		}
+		choices := planLBSChoices(maxLBS, s.perRank, s.all, s.keep)
+		if maxLBS == 0 {
+			st.Candidates++
+			st.Pruned++
+			if closest == nil || m1 < closest.Score.MemoryFraction {
+				closest = &PlanResult{PlanPoint{f.layout, f.ac, 1, ga}, PlanScore{MemoryFraction: m1}}
+			}
+			continue
+		}
+		for _, c := range choices {
+			p := PlanPoint{f.layout, f.ac, c[0], c[1]}
+			st.Candidates++
+			if q.Admit != nil && q.Admit(p) != nil {
+				st.Pruned++
+				continue
+			}
+			points = append(points, p)
+		}
+		if len(choices) == 0 { // a global batch no fitting lbs divides
+			st.Candidates++
+			st.Pruned++
+		}
+	}
+	results, err = planEvaluateAll(s.ev, points, q.Workers, func(done int) {
+		if q.Progress != nil {
+			q.Progress(s.stage, done, len(points))
+		}
+	})
+	if err != nil {
+		return nil, st, closest, err
+	}
+	st.Simulated = len(points)
+	kept := results[:0]
+	for _, r := range results {
+		if r.Score.MemoryFraction <= q.MemoryTarget && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
+			kept = append(kept, r)
+		} else if closest == nil || r.Score.MemoryFraction < closest.Score.MemoryFraction {
+			c := r
+			closest = &c
+		}
+	}
+	planSort(kept)
+	return kept, st, closest, nil
+}
+
+// planEvaluateAll evaluates points on workers goroutines, keeping order.
+func planEvaluateAll(ev PlanEvaluator, points []PlanPoint, workers int, progress func(done int)) ([]PlanResult, error) {
+	out := make([]PlanResult, len(points))
+	errs := make([]error, len(points))
+	var mu sync.Mutex
+	done := 0
+	next := 0
+	var wg sync.WaitGroup
+	if workers > len(points) {
+		workers = len(points)
+	}
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= len(points) {
+					return
+				}
+				sc, err := ev.Evaluate(points[i])
+				out[i], errs[i] = PlanResult{points[i], sc}, err
+				mu.Lock()
+				done++
+				if progress != nil {
+					progress(done)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("evaluating %s: %w", points[i], err)
+		}
+	}
+	return out, nil
+}
+
+// planSort orders results best first: higher TPS, then lower memory
+// fraction, then fewer replicas, smaller ep, smaller lbs (a deterministic
+// total order on distinct points).
+func planSort(rs []PlanResult) {
+	sort.SliceStable(rs, func(i, j int) bool {
+		a, b := rs[i], rs[j]
+		if a.Score.TPS != b.Score.TPS {
+			return a.Score.TPS > b.Score.TPS
+		}
+		if a.Score.MemoryFraction != b.Score.MemoryFraction {
+			return a.Score.MemoryFraction < b.Score.MemoryFraction
+		}
+		if a.Point.Layout.DPReplicate != b.Point.Layout.DPReplicate {
+			return a.Point.Layout.DPReplicate < b.Point.Layout.DPReplicate
+		}
+		if a.Point.Layout.EP != b.Point.Layout.EP {
+			return a.Point.Layout.EP < b.Point.Layout.EP
+		}
+		return a.Point.LBS < b.Point.LBS
+	})
+}
+
+// planBestPerFamily keeps the best result of each family, best first.
+func planBestPerFamily(rs []PlanResult) []PlanResult {
+	seen := map[planFamily]bool{}
+	var out []PlanResult
+	for _, r := range rs {
+		f := planFamily{r.Point.Layout, r.Point.AC}
+		if !seen[f] {
+			seen[f] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// SearchPlans runs the planner: hierarchical stages by default, or one
+// exhaustive stage at the target scale when req.Exhaustive is set.
+func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
+	q, err := req.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	perRank := 0
+	if q.GlobalBatch > 0 {
+		perRank = q.GlobalBatch / q.GPUs
+	}
+	rep := &PlanReport{Exhaustive: q.Exhaustive}
+	if q.Exhaustive {
+		run := &planStageRun{q: &q, ev: ev, stage: 1, perRank: perRank, all: true}
+		res, st, closest, err := run.run(q.planFamilies(q.GPUs, perRank > 0))
+		if err != nil {
+			return nil, err
+		}
+		st.GPUs = q.GPUs
+		rep.Simulated += st.Simulated
+		if len(res) == 0 {
+			return nil, q.planExplain(ev, q.GPUs, closest)
+		}
+		st.Survivors = planBestPerFamily(res)
+		st.BestTPS, st.ScalingEfficiency = res[0].Score.TPS, 1
+		rep.Stages = []PlanStage{st}
+		rep.Plans, rep.Best = res, res[0]
+		return rep, nil
+	}
+
+	// Stage 1 scale: the smallest host multiple at which anything fits.
+	var probeErr error
+	scales := planScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
+		for _, f := range q.planFamilies(n, false) {
+			m, err := ev.MemoryFraction(PlanPoint{f.layout, f.ac, 1, 1})
+			if err != nil {
+				probeErr = err
+				return false
+			}
+			if m <= q.MemoryTarget {
+				return true
+			}
+		}
+		return false
+	})
+	if probeErr != nil {
+		return nil, probeErr
+	}
+	var carried []PlanResult // best per family at the previous stage
+	for i, n := range scales {
+		last := i == len(scales)-1
+		pr := 0
+		if last {
+			pr = perRank
+		}
+		var fams []planFamily
+		ancestor := map[planFamily]moe.Layout{}
+		if i == 0 {
+			fams = q.planFamilies(n, pr > 0)
+		} else {
+			fams, ancestor = q.planGrow(carried, n, pr > 0)
+		}
+		sq := q
+		if !last && perRank > 0 && perRank < sq.MaxLBS {
+			// No local batch above the per-rank share of the global batch
+			// is usable at the target, so earlier stages do not rank by it.
+			sq.MaxLBS = perRank
+		}
+		run := &planStageRun{q: &sq, ev: ev, stage: i + 1, perRank: pr}
+		if i > 0 {
+			run.keep = 2 // the largest fitting local batches
+		}
+		res, st, closest, err := run.run(fams)
+		if err != nil {
+			return nil, err
+		}
+		st.GPUs = n
+		rep.Simulated += st.Simulated
+		if len(res) == 0 {
+			return nil, q.planExplain(ev, n, closest)
+		}
+		best := planBestPerFamily(res)
+		st.BestTPS = res[0].Score.TPS
+		if i == 0 {
+			st.ScalingEfficiency = 1
+			sw, nsim, err := sq.planSweeps(ev, best)
+			if err != nil {
+				return nil, err
+			}
+			rep.Sweeps, rep.Simulated = sw, rep.Simulated+nsim
+		} else {
+			st.ScalingEfficiency = st.BestTPS / rep.Stages[0].BestTPS
+			if a, ok := ancestor[planFamily{res[0].Point.Layout, res[0].Point.AC}]; ok {
+				st.Grew = planGrowth(a, res[0].Point.Layout)
+			}
+		}
+		if last {
+			st.Survivors = best
+			rep.Plans, rep.Best = res, res[0]
+		} else {
+			if len(best) > q.Carry {
+				best = best[:q.Carry]
+			}
+			st.Survivors = best
+			carried = best
+		}
+		rep.Stages = append(rep.Stages, st)
+	}
+	return rep, nil
+}
+
+// planGrowth names how layout b grew from a.
+func planGrowth(a, b moe.Layout) string {
+	var parts []string
+	if b.DPShard != a.DPShard {
+		parts = append(parts, fmt.Sprintf("dp_shard ×%d", b.DPShard/a.DPShard))
+	}
+	if b.DPReplicate != a.DPReplicate {
+		parts = append(parts, fmt.Sprintf("dp_replicate ×%d", b.DPReplicate/a.DPReplicate))
+	}
+	if b.EP != a.EP {
+		parts = append(parts, fmt.Sprintf("ep ×%d", b.EP/a.EP))
+	}
+	if len(parts) == 0 {
+		return "unchanged"
+	}
+	s := parts[0]
+	for _, p := range parts[1:] {
+		s += ", " + p
+	}
+	return s
+}
+
+// planGrow multiplies carried families to n GPUs: every split of the factor
+// f = n / previous into a·b grows dp_replicate by a and dp_shard by b (b = f
+// is growing FSDP alone, a = f DP alone); ep stays or grows with dp_shard by
+// b; the FSDP options are tried afresh. ancestor maps each new family to the carried layout it came from.
+func (q *PlanRequest) planGrow(carried []PlanResult, n int, accum bool) ([]planFamily, map[planFamily]moe.Layout) {
+	seen := map[planFamily]bool{}
+	ancestor := map[planFamily]moe.Layout{}
+	var out []planFamily
+	for _, c := range carried {
+		old := c.Point.Layout
+		f := n / old.GPUs
+		for _, b := range planDivisors(f) {
+			a := f / b
+			s, r := old.DPShard*b, old.DPReplicate*a
+			for _, ep := range []int{old.EP, old.EP * b} {
+				if s%ep != 0 || (ep > 1 && (q.Experts == 0 || q.Experts%ep != 0)) {
+					continue
+				}
+				base := old
+				base.GPUs, base.DPShard, base.DPReplicate, base.EP = n, s, r, ep
+				base.KeepGathered, base.AllreduceLastOnly = false, false
+				// The carried sharding mode with every FSDP option (an
+				// option that did not fit on fewer GPUs may fit now); a
+				// layout that had nothing to shard gains every mode.
+				var vars []moe.Layout
+				for _, l := range q.planShardVariants(base, accum) {
+					if l.Sharding == old.Sharding || old.DPShard == 1 {
+						vars = append(vars, l)
+					}
+				}
+				for _, l := range vars {
+					fam := planFamily{l, c.Point.AC}
+					if !seen[fam] {
+						seen[fam] = true
+						ancestor[fam] = old
+						out = append(out, fam)
+					}
+				}
+			}
+		}
+	}
+	return out, ancestor
+}
+
+// planSweeps evaluates, for the best stage-1 family of each checkpointing
+// policy, every local batch from 1 to its memory limit (at most 64 points,
+// evenly spread), for the TPS-and-memory-against-local-batch picture.
+func (q *PlanRequest) planSweeps(ev PlanEvaluator, best []PlanResult) ([]PlanSweep, int, error) {
+	var sweeps []PlanSweep
+	sim := 0
+	for _, ac := range q.ACs {
+		var fam *PlanResult
+		for i := range best {
+			if best[i].Point.AC == ac {
+				fam = &best[i]
+				break
+			}
+		}
+		if fam == nil {
+			continue
+		}
+		f := planFamily{fam.Point.Layout, ac}
+		max, _, err := q.planMaxLBS(ev, f, 0)
+		if err != nil {
+			return nil, sim, err
+		}
+		step := (max + 63) / 64
+		var pts []PlanPoint
+		for lbs := 1; lbs <= max; lbs += step {
+			pts = append(pts, PlanPoint{f.layout, ac, lbs, 1})
+		}
+		if len(pts) > 0 && pts[len(pts)-1].LBS != max {
+			pts = append(pts, PlanPoint{f.layout, ac, max, 1})
+		}
+		res, err := planEvaluateAll(ev, pts, q.Workers, nil)
+		if err != nil {
+			return nil, sim, err
+		}
+		sim += len(pts)
+		sweeps = append(sweeps, PlanSweep{AC: ac, Points: res})
+	}
+	return sweeps, sim, nil
+}
+
+// planExplain builds the infeasibility explanation at n GPUs: the closest
+// point and, by memory alone, the smallest multiple of the GPU count (up to
+// 64×) at which a layout would fit, or the memory target that would be needed.
+func (q *PlanRequest) planExplain(ev PlanEvaluator, n int, closest *PlanResult) error {
+	e := &PlanInfeasibleError{GPUs: n, Closest: closest}
+	if closest == nil {
+		e.Reason = "no layout passes the filters"
+		return e
+	}
+	if closest.Score.MemoryFraction <= q.MemoryTarget {
+		e.Reason = "no fitting layout can reach the global batch or be exported"
+		if q.GlobalBatch > 0 {
+			e.Needed = fmt.Sprintf("a global batch whose per-GPU share (%d sequences) a fitting local batch divides, or no export restriction", q.GlobalBatch/q.GPUs)
+		}
+		return e
+	}
+	e.Reason = fmt.Sprintf("even local batch 1 exceeds the memory target %.2f", q.MemoryTarget)
+	for mult := 2; mult <= 64 && n*mult <= 1<<20; mult *= 2 {
+		m := n * mult
+		for _, f := range q.planFamilies(m, false) {
+			if f.layout.DPReplicate != 1 {
+				continue
+			}
+			fr, err := ev.MemoryFraction(PlanPoint{f.layout, f.ac, 1, 1})
+			if err == nil && fr <= q.MemoryTarget {
+				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",
+					m, PlanPoint{f.layout, f.ac, 1, 1}, fr, planMoreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+				return e
+			}
+		}
+	}
+	e.Needed = fmt.Sprintf("more than %d GPUs, or %s", 64*n, planMoreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+	return e
+}
+
+// planMoreMemory says what memory the closest point (at fraction frac of
+// the device) would need under target: a higher target when frac ≤ 1,
+// else a device with frac/target times the memory.
+func planMoreMemory(frac, target float64) string {
+	if frac <= 1 {
+		return fmt.Sprintf("a memory target ≥ %.3f", frac)
+	}
+	return fmt.Sprintf("a device with ≥ %.2f× this one's memory", frac/target)
+}
