@@ -1,0 +1,67 @@
+// Package memory accounts the memory of one GPU (rank) during a training
+// step: training state, saved activations per checkpointing policy,
+// transient buffers, the step's allocation timeline, and a model of the
+// caching allocator that turns allocated into reserved bytes. It is pure:
+// device capacity is an argument (see MaxLBS), and it never imports flops.
+//
+// # Training state
+//
+// Parameters are grouped into torchtitan's FSDP units (Units): the token
+// embedding, each decoder block, the head (final norm + LM head). Per rank,
+// Ψ_local = every non-expert element plus E/ep experts' share, and Ψ_shard =
+// what FSDP2 stores after sharding over dp_shard (experts over dp_shard/ep),
+// with torch.chunk padding. Under moe.DefaultPrecision (fp32 parameters,
+// fp32 gradients, two fp32 AdamW moments) and fsdp, the state is
+// 16·Ψ_shard bytes: ZeRO-3's (2+2+12)·Ψ/N_d up to padding and the split of
+// those 16 bytes. Buffers (selection bias) are fp32, unsharded, untrained.
+//
+// # Event order of one step (the contract replayed by parallel's virtual-time backend)
+//
+// Setup: parameters, optimizer state, and (keep-gathered) every unit's
+// gathered weights. Then for each micro-step m:
+//
+// Forward, units in order (embedding, blocks 0..L-1, head), for unit u:
+//  1. fsdp: the all-gather buffer of u (first unit only; others were
+//     prefetched), the copy-out into u's unsharded weights, the free of the
+//     buffer, and the prefetch of unit u+1's all-gather buffer;
+//     non-fsdp with compute ≠ storage type: u's cast weights;
+//  2. u's saved activations (Saved under the policy); for the head, the
+//     logits, their fp32 copy and the saved log-probabilities (freed logits
+//     afterwards, torchtitan's `del pred`);
+//  3. a block's forward workspace (its largest intermediate) and, with
+//     ep > 1 on MoE blocks, the dispatch and combine all-to-all buffers;
+//  4. resharding (free u's weights) when reshard-after-forward is on,
+//     except for the last block and the head (torchtitan keeps them).
+//
+// Backward, units in reverse, for unit u:
+//  1. re-gather of u if it was resharded (its buffer was prefetched), and
+//     the prefetch of the next unit's all-gather buffer;
+//  2. recomputed activations (none-set − saved set), the backward
+//     workspace (2 × largest intermediate), all-to-all buffers; for the
+//     head, the loss gradients (T×V fp32 twice, then the activation type);
+//  3. the input gradient of u (T×D), freeing the previous one;
+//  4. u's unsharded weight gradients (compute type), then the free of
+//     workspace, recompute and saved activations;
+//  5. the free of the previous unit's reduce-scatter buffer (its collective
+//     overlapped this unit's compute), u's reduce-scatter input (grad type,
+//     Ψ_local of u), the free of the unsharded gradients, and on the first
+//     micro-step u's reduced gradient (sharded under fsdp and zero2);
+//  6. the free of u's weights (FSDP2 reshards after backward) unless
+//     keep-gathered.
+//
+// After the last unit, the last reduce-scatter buffer is freed. Optimizer:
+// the foreach AdamW temporary sqrt(v) over every local optimizer element,
+// then zero_grad(set_to_none) frees the gradients. With
+// allreduce-last-only, dp_replicate > 1 and grad-accum > 1, a partial
+// reduce buffer (the sharded gradients' size) lives from the first
+// micro-step's backward to the last's end.
+//
+// Replay walks the events: peak allocated is the maximum of live bytes
+// (each request rounded to 512 B); peak reserved comes from Allocator.
+//
+// # Saved activations
+//
+// Saved lists, per layer and policy, the tensors kept for backward (see its
+// doc for the table). The reference implementation in package moe records
+// what it saves through moe.Recorder; the exactness test compares the two.
+package memory

@@ -1,0 +1,189 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Options are the choices besides model, layout and batch.
+type Options struct {
+	Precision moe.Precision // storage types; zero value means moe.DefaultPrecision
+	// Master is the type of a master copy of the parameters kept with the
+	// optimizer state and sharded like it ("" = none: the stored parameters
+	// are the master copy, as in torchtitan). ZeRO's mixed-precision Adam is
+	// Precision{Param: BF16, Grad: BF16, Optimizer: F32} with Master F32.
+	Master    moe.DType
+	AC        moe.AC    // checkpointing; zero value means none
+	Attention Attention // "" means Flash
+	// LossChunks > 1 computes logits, loss and their gradients chunk by chunk
+	// over tokens (each chunk checkpointed), keeping only the LM-head input.
+	LossChunks int
+	Allocator  *Allocator // nil means DefaultAllocator
+}
+
+// Batch is what one data-parallel rank processes per step.
+type Batch struct {
+	LBS       int // sequences per micro-step
+	Seq       int // tokens per sequence
+	GradAccum int // micro-steps per optimizer step; 0 means 1
+}
+
+// Report is the memory of one rank for one training step.
+type Report struct {
+	Units  []Unit
+	State  State
+	Saved  []int64 // saved-activation bytes per unit, in Units order
+	Events []Event
+	Peak   Peak
+}
+
+// Breakdown is the integer byte counts reported by `moescope memory`: the
+// live bytes of each category at the peak, plus the allocator overhead
+// (peak reserved − peak allocated).
+func (r Report) Breakdown() map[string]int64 {
+	b := make(map[string]int64, len(Categories)+1)
+	for _, c := range Categories {
+		b[string(c)] = r.Peak.Live[c]
+	}
+	b["allocator_overhead"] = r.Peak.Reserved - r.Peak.Allocated
+	return b
+}
+
+// maxTokens bounds lbs·seq so that every size below stays within int64.
+const maxTokens = 1 << 32
+
+func (o Options) normalized() (Options, error) {
+	if o.Precision == (moe.Precision{}) {
+		o.Precision = moe.DefaultPrecision
+	}
+	if o.AC.Mode == "" {
+		o.AC = moe.AC{Mode: moe.ACNone}
+	}
+	if o.AC.Mode == moe.ACLayer && o.AC.Every < 1 {
+		return o, fmt.Errorf("ac = layer:%d: N must be ≥ 1", o.AC.Every)
+	}
+	if o.Attention == "" {
+		o.Attention = Flash
+	}
+	if o.Attention != Flash && o.Attention != Eager {
+		return o, fmt.Errorf("attention = %q: must be flash or eager", o.Attention)
+	}
+	if o.LossChunks < 0 || o.LossChunks > 1<<20 {
+		return o, fmt.Errorf("loss_chunks = %d: must be in [0, 1048576]", o.LossChunks)
+	}
+	if o.Allocator == nil {
+		a := DefaultAllocator
+		o.Allocator = &a
+	}
+	if err := o.Allocator.Validate(); err != nil {
+		return o, err
+	}
+	return o, checkPrecision(o.Precision, o.Master)
+}
+
+func checkBatch(cfg *moe.Config, b Batch, attn Attention) (Batch, error) {
+	if b.GradAccum == 0 {
+		b.GradAccum = 1
+	}
+	var errs []error
+	if b.LBS < 1 || b.LBS > maxTokens {
+		errs = append(errs, moe.FieldError{Field: "lbs", Value: b.LBS, Allowed: "must be in [1, 4294967296]"})
+	}
+	if b.Seq < 1 || b.Seq > maxTokens {
+		errs = append(errs, moe.FieldError{Field: "seq", Value: b.Seq, Allowed: "must be in [1, 4294967296]"})
+	}
+	if b.GradAccum < 1 || b.GradAccum > 1<<20 {
+		errs = append(errs, moe.FieldError{Field: "grad_accum", Value: b.GradAccum, Allowed: "must be in [1, 1048576]"})
+	}
+	if len(errs) > 0 {
+		return b, errors.Join(errs...)
+	}
+	// Every size is a product of T = lbs·seq and at most two model widths;
+	// bound the largest sum in float64 before computing it in int64.
+	T := float64(b.LBS) * float64(b.Seq)
+	w := float64(max(cfg.Hidden*max(cfg.TopK, 1), cfg.TopK*cfg.ExpertFFN, cfg.Vocab, cfg.Experts,
+		cfg.Heads*cfg.HeadDim, cfg.SharedExperts*cfg.SharedFFN, cfg.DenseFFN))
+	if attn == Eager {
+		w = max(w, float64(cfg.Heads)*float64(b.Seq))
+	}
+	if T > maxTokens || T*w*64*float64(cfg.Layers+2) > math.MaxInt64/4 {
+		return b, fmt.Errorf("lbs = %d, seq = %d: %g tokens per micro-step make byte counts overflow int64", b.LBS, b.Seq, T)
+	}
+	return b, nil
+}
+
+// Estimate sizes one rank's memory for one training step of cfg under
+// layout l: training state, saved activations, the step's allocation
+// timeline and its peaks through the allocator model.
+func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	o, err := o.normalized()
+	if err != nil {
+		return Report{}, err
+	}
+	if b, err = checkBatch(cfg, b, o.Attention); err != nil {
+		return Report{}, err
+	}
+	units, err := Units(cfg, l)
+	if err != nil {
+		return Report{}, err
+	}
+	sh := Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation}
+	r := Report{Units: units, State: StateOf(units, l.Sharding, o)}
+	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
+	if err != nil {
+		return Report{}, err
+	}
+	r.Peak, err = Replay(r.Events, *o.Allocator)
+	return r, err
+}
+
+// MaxLBS returns the largest local batch whose peak reserved memory is at
+// most target·deviceBytes, with its report; 0 and the report at lbs 1 when
+// even one sequence does not fit. Peak memory grows with lbs, so a binary
+// search finds it.
+func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, deviceBytes int64, target float64) (int, Report, error) {
+	if deviceBytes < 1 {
+		return 0, Report{}, fmt.Errorf("device_bytes = %d: must be ≥ 1", deviceBytes)
+	}
+	if !(target > 0 && target <= 1) {
+		return 0, Report{}, fmt.Errorf("memory_target = %v: must be in (0, 1]", target)
+	}
+	limit := int64(target * float64(deviceBytes))
+	at := func(lbs int) (Report, bool, error) {
+		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: seq, GradAccum: gradAccum}, o)
+		return r, err == nil && r.Peak.Reserved <= limit, err
+	}
+	r1, ok, err := at(1)
+	if err != nil || !ok {
+		return 0, r1, err
+	}
+	lo, best := 1, r1
+	hi := 2
+	for {
+		r, ok, err := at(hi)
+		if err != nil || !ok {
+			break // hi does not fit (or would overflow)
+		}
+		lo, best = hi, r
+		if hi > maxTokens/2/seq {
+			return lo, best, nil
+		}
+		hi *= 2
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		r, ok, _ := at(mid)
+		if ok {
+			lo, best = mid, r
+		} else {
+			hi = mid
+		}
+	}
+	return lo, best, nil
+}

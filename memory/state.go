@@ -1,0 +1,174 @@
+package memory
+
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Unit is one FSDP unit as torchtitan wraps the model: the token embedding,
+// each decoder block, and the head (final norm and LM head together). Its
+// element counts are per rank.
+type Unit struct {
+	Layer int // moe.LayerEmbed, a block index, or cfg.LayerHead()
+	// Local is the elements this rank computes with: every non-expert
+	// parameter in full and its EP share (E/ep experts) of routed experts.
+	// An all-gather produces Local elements at the compute dtype.
+	Local int64
+	// Shard is the elements this rank stores when the unit is sharded over
+	// dp_shard (experts over dp_shard/ep), with FSDP2's padding: a tensor of
+	// dim0 rows is cut into chunks of ⌈dim0/n⌉ rows (torch.chunk), and every
+	// rank allocates a full chunk.
+	Shard int64
+	// Buffers are elements kept but not trained (the selection bias): stored
+	// in fp32 on every rank, never sharded, no gradient or optimizer state.
+	Buffers int64
+}
+
+// Units lists the FSDP units of cfg under layout l, in forward order.
+// Routed expert weights are stacked per layer and projection as torchtitan
+// holds them ([E, out, in]), split over ep on dim 0, then sharded over
+// efsdp = dp_shard/ep on dim 0, or on dim 1 when efsdp·ep > E (torchtitan's
+// rule). Every other tensor is sharded on dim 0 over dp_shard.
+func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if err := l.CheckModel(cfg); err != nil {
+		return nil, err
+	}
+	head := cfg.LayerHead()
+	units := make([]Unit, 0, cfg.Layers+2)
+	index := map[int]int{}
+	unitOf := func(layer int) *Unit {
+		i, ok := index[layer]
+		if !ok {
+			i = len(units)
+			index[layer] = i
+			units = append(units, Unit{Layer: layer})
+		}
+		return &units[i]
+	}
+	unitOf(moe.LayerEmbed)
+	for i := 0; i < cfg.Layers; i++ {
+		unitOf(i)
+	}
+	unitOf(head)
+
+	// Stacked routed-expert tensors: key (layer, position of the tensor
+	// within its expert) → rows, cols of one expert's slice.
+	type stackKey struct{ layer, pos int }
+	stacks := map[stackKey][2]int64{}
+	var stackOrder []stackKey
+	pos := map[int]int{} // expert index → position counter (reset per expert)
+	lastExpert := map[int]int{}
+	for _, p := range cfg.Params() {
+		layer := p.Layer
+		if layer < 0 {
+			if p.Group == moe.GroupEmbedding {
+				layer = moe.LayerEmbed
+			} else {
+				layer = head
+			}
+		}
+		u := unitOf(layer)
+		if p.Buffer {
+			u.Buffers += p.Elements()
+			continue
+		}
+		if p.Group == moe.GroupRouted {
+			if e, ok := lastExpert[layer]; !ok || e != p.Expert {
+				lastExpert[layer] = p.Expert
+				pos[layer] = 0
+			}
+			k := stackKey{layer, pos[layer]}
+			pos[layer]++
+			rest := int64(1)
+			for _, s := range p.Shape[1:] {
+				rest *= int64(s)
+			}
+			if _, seen := stacks[k]; !seen {
+				stackOrder = append(stackOrder, k)
+			}
+			stacks[k] = [2]int64{int64(p.Shape[0]), rest}
+			continue
+		}
+		n := p.Elements()
+		u.Local += n
+		u.Shard += chunk(int64(p.Shape[0]), int64(l.DPShard)) * (n / int64(p.Shape[0]))
+	}
+	ep, efsdp := int64(l.EP), int64(l.ExpertShard())
+	localE := int64(cfg.Experts) / ep
+	for _, k := range stackOrder {
+		rc := stacks[k]
+		u := unitOf(k.layer)
+		u.Local += localE * rc[0] * rc[1]
+		if efsdp*ep <= int64(cfg.Experts) {
+			u.Shard += chunk(localE, efsdp) * rc[0] * rc[1]
+		} else {
+			u.Shard += localE * chunk(rc[0], efsdp) * rc[1]
+		}
+	}
+	return units, nil
+}
+
+// chunk is torch.chunk's chunk size: ⌈n/k⌉.
+func chunk(n, k int64) int64 { return (n + k - 1) / k }
+
+// State is the training state one rank keeps for a whole step, in bytes.
+type State struct {
+	Params    int64 // stored parameters (Param dtype) and fp32 buffers
+	Grads     int64 // gradients (Grad dtype), present after the first backward
+	Optimizer int64 // AdamW's two moments, plus the master copy when the policy has one
+}
+
+// Total is Params + Grads + Optimizer.
+func (s State) Total() int64 { return s.Params + s.Grads + s.Optimizer }
+
+// StateOf sizes one rank's training state. What the dp_shard axis shards
+// follows l.Sharding: fsdp shards parameters, gradients and optimizer state;
+// zero2 gradients and optimizer state; zero1 optimizer state; ddp nothing.
+// With moe.DefaultPrecision and fsdp this is (4 + 4 + 2·4)·Ψ_shard = 16·Ψ_shard
+// bytes (Ψ_shard = Σ Unit.Shard), ZeRO-3's 16Ψ/N_d up to padding.
+func StateOf(units []Unit, sharding moe.Sharding, o Options) State {
+	var local, shard, buffers int64
+	for _, u := range units {
+		local += u.Local
+		shard += u.Shard
+		buffers += u.Buffers
+	}
+	p, g, opt := local, local, shard
+	switch sharding {
+	case moe.ShardFSDP:
+		p, g = shard, shard
+	case moe.ShardZeRO2:
+		g = shard
+	case moe.ShardDDP:
+		opt = local
+	}
+	return State{
+		Params:    p*o.Precision.Param.Bytes() + buffers*moe.F32.Bytes(),
+		Grads:     g * o.Precision.Grad.Bytes(),
+		Optimizer: opt * (2*o.Precision.Optimizer.Bytes() + o.Master.Bytes()),
+	}
+}
+
+// checkPrecision rejects policies with an unknown storage type.
+func checkPrecision(p moe.Precision, master moe.DType) error {
+	for _, f := range []struct {
+		name string
+		t    moe.DType
+	}{{"param", p.Param}, {"compute", p.Compute}, {"grad", p.Grad}, {"optimizer", p.Optimizer}, {"activation", p.Activation}} {
+		switch f.t {
+		case moe.F32, moe.BF16, moe.F16:
+		default:
+			return fmt.Errorf("precision.%s = %q: must be f32, bf16 or f16", f.name, f.t)
+		}
+	}
+	switch master {
+	case "", moe.F32, moe.BF16, moe.F16:
+	default:
+		return fmt.Errorf("master = %q: must be empty, f32, bf16 or f16", master)
+	}
+	return nil
+}

@@ -1,0 +1,140 @@
+package memory
+
+import "fmt"
+
+// Phase is the part of a training step an event belongs to.
+type Phase string
+
+// Phases of a step.
+const (
+	Setup     Phase = "setup"     // what is live when the step begins (steady state)
+	Forward   Phase = "forward"   // one micro-step's forward
+	Backward  Phase = "backward"  // one micro-step's backward
+	Optimizer Phase = "optimizer" // the AdamW step and zero_grad
+)
+
+// Category classifies live bytes for the breakdown.
+type Category string
+
+// Categories of the breakdown.
+const (
+	CatParams      Category = "parameters"       // stored (sharded) parameters and buffers
+	CatGrads       Category = "gradients"        // reduced gradients kept until the optimizer step
+	CatOptimizer   Category = "optimizer"        // AdamW moments and master weights
+	CatWeights     Category = "gathered_weights" // unsharded compute-dtype weights
+	CatActivations Category = "activations"      // tensors saved for backward
+	CatRecompute   Category = "recompute"        // activations rebuilt by checkpointing in backward
+	CatLoss        Category = "loss"             // logits and their gradients (vocabulary × tokens)
+	CatWorkspace   Category = "workspace"        // op intermediates and activation gradients
+	CatUnshardGrad Category = "unsharded_grads"  // a unit's weight gradients before reduction
+	CatComm        Category = "comm_buffers"     // all-gather, reduce-scatter and all-to-all buffers
+	CatOptTemp     Category = "optimizer_temps"  // temporaries of the foreach AdamW step
+)
+
+// Categories lists the categories in report order.
+var Categories = []Category{CatParams, CatGrads, CatOptimizer, CatWeights, CatActivations, CatRecompute,
+	CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp}
+
+// Stream is the CUDA stream (and so the allocator pool) a buffer belongs to.
+type Stream string
+
+// Streams.
+const (
+	ComputeStream Stream = "compute"
+	CommStream    Stream = "comm"
+)
+
+// Event is one allocation or free of a step's timeline. A Free names the
+// same Label, Layer, Micro and Bytes as the Alloc it releases.
+type Event struct {
+	Phase    Phase    `json:"phase"`
+	Micro    int      `json:"micro"` // micro-step (gradient accumulation), 0-based; -1 for setup and optimizer
+	Layer    int      `json:"layer"` // FSDP unit: moe.LayerEmbed, block index or the head's index
+	Label    string   `json:"label"`
+	Alloc    bool     `json:"alloc"` // false: free
+	Bytes    int64    `json:"bytes"` // requested bytes, before allocator rounding
+	Category Category `json:"category"`
+	Stream   Stream   `json:"stream"`
+}
+
+func (e Event) String() string {
+	verb := "free "
+	if e.Alloc {
+		verb = "alloc"
+	}
+	return fmt.Sprintf("%s m%d L%d %s %s %d B (%s, %s)", e.Phase, e.Micro, e.Layer, verb, e.Label, e.Bytes, e.Category, e.Stream)
+}
+
+// Peak is the result of replaying a timeline through the allocator model.
+type Peak struct {
+	Allocated int64 // max over events of live bytes (each request rounded to RoundBytes)
+	Index     int   // event index at which Allocated is first reached (after applying it)
+	// ComputePool and CommPool are the peaks of each stream's pool, in
+	// blocks (large requests rounded to segments).
+	ComputePool, CommPool int64
+	Reserved              int64 // Allocator.Reserved(ComputePool, CommPool)
+	// Live is the live bytes per category at the peak (rounded as Allocated).
+	Live map[Category]int64
+}
+
+// Replay walks events in order, checks that every free matches a live
+// allocation, and returns the peaks. It is the one definition of peak
+// memory: the virtual-time backend calls it on the events it emits.
+func Replay(events []Event, a Allocator) (Peak, error) {
+	if err := a.Validate(); err != nil {
+		return Peak{}, err
+	}
+	type key struct {
+		label        string
+		layer, micro int
+	}
+	live := map[key]int64{}
+	var cur, pool [2]int64 // [compute, comm]: rounded, blocks
+	var p Peak
+	p.Index = -1
+	byCat := map[Category]int64{}
+	for i, e := range events {
+		if e.Bytes < 0 {
+			return Peak{}, fmt.Errorf("event %d (%s): negative size", i, e)
+		}
+		s := 0
+		if e.Stream == CommStream {
+			s = 1
+		}
+		k := key{e.Label, e.Layer, e.Micro}
+		r := roundUp(e.Bytes, a.RoundBytes)
+		b := a.Block(e.Bytes)
+		if e.Alloc {
+			if _, dup := live[k]; dup {
+				return Peak{}, fmt.Errorf("event %d (%s): allocated twice", i, e)
+			}
+			live[k] = e.Bytes
+			cur[0] += r
+			pool[s] += b
+			byCat[e.Category] += r
+		} else {
+			n, ok := live[k]
+			if !ok || n != e.Bytes {
+				return Peak{}, fmt.Errorf("event %d (%s): frees nothing live of that size", i, e)
+			}
+			delete(live, k)
+			cur[0] -= r
+			pool[s] -= b
+			byCat[e.Category] -= r
+		}
+		if cur[0] > p.Allocated {
+			p.Allocated = cur[0]
+			p.Index = i
+			p.Live = make(map[Category]int64, len(byCat))
+			for c, n := range byCat {
+				if n != 0 {
+					p.Live[c] = n
+				}
+			}
+		}
+		p.ComputePool = max(p.ComputePool, pool[0])
+		p.CommPool = max(p.CommPool, pool[1])
+	}
+	p.Reserved = a.Reserved(p.ComputePool, p.CommPool)
+	return p, nil
+}
