@@ -1,0 +1,176 @@
+package parallel
+
+import "sync"
+
+// CommBytes is what one rank moved in one kind of collective, split by
+// whether the peer sits on another node.
+type CommBytes struct {
+	Calls     int64
+	SentIntra int64
+	SentInter int64
+	RecvIntra int64
+	RecvInter int64
+}
+
+// Sent is all bytes sent.
+func (b CommBytes) Sent() int64 { return b.SentIntra + b.SentInter }
+
+// Recv is all bytes received.
+func (b CommBytes) Recv() int64 { return b.RecvIntra + b.RecvInter }
+
+func (b *CommBytes) add(o CommBytes) {
+	b.Calls += o.Calls
+	b.SentIntra += o.SentIntra
+	b.SentInter += o.SentInter
+	b.RecvIntra += o.RecvIntra
+	b.RecvInter += o.RecvInter
+}
+
+// CommStats accumulates per rank and per collective kind the bytes each
+// rank sends and receives, at the dtype each call names, under NCCL's
+// algorithms on a group of n members (member i's ring successor is member
+// i+1 mod n, its predecessor i−1):
+//
+//	all-gather, S = n·c gathered:   send (n−1)·c to the successor, receive as much
+//	reduce-scatter, S input:        send (n−1)/n·S, receive as much
+//	all-reduce, S buffer:           send ⌊2(n−1)·S/n⌋, receive as much (ring RS + AG)
+//	broadcast, S from root:         every member but the root's predecessor sends S
+//	                                to its successor; every non-root receives S
+//	all-to-all:                     exactly the rows sent to / received from each
+//	                                other member (counts × width); own rows stay
+//	barrier:                        no bytes
+type CommStats struct {
+	mu     sync.Mutex
+	byRank []map[CollKind]*CommBytes
+}
+
+// NewCommStats makes empty statistics for world ranks.
+func NewCommStats(world int) *CommStats {
+	s := &CommStats{byRank: make([]map[CollKind]*CommBytes, world)}
+	for r := range s.byRank {
+		s.byRank[r] = map[CollKind]*CommBytes{}
+	}
+	return s
+}
+
+// Rank returns rank's totals per kind.
+func (s *CommStats) Rank(rank int) map[CollKind]CommBytes {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[CollKind]CommBytes{}
+	for k, b := range s.byRank[rank] {
+		out[k] = *b
+	}
+	return out
+}
+
+// Total sums every rank's bytes per kind.
+func (s *CommStats) Total() map[CollKind]CommBytes {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[CollKind]CommBytes{}
+	for _, m := range s.byRank {
+		for k, b := range m {
+			t := out[k]
+			t.add(*b)
+			out[k] = t
+		}
+	}
+	return out
+}
+
+// Reset clears all counts.
+func (s *CommStats) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for r := range s.byRank {
+		s.byRank[r] = map[CollKind]*CommBytes{}
+	}
+}
+
+// record adds one completed collective.
+func (s *CommStats) record(m *Mesh, g Group, calls []*call) {
+	n := len(calls)
+	first := calls[0]
+	b := first.dtype.Bytes()
+	per := make([]CommBytes, n)
+	ring := func(i int, bytes int64) {
+		succ, pred := g.Ranks[(i+1)%n], g.Ranks[(i+n-1)%n]
+		me := g.Ranks[i]
+		if m.Node(succ) != m.Node(me) {
+			per[i].SentInter += bytes
+		} else {
+			per[i].SentIntra += bytes
+		}
+		if m.Node(pred) != m.Node(me) {
+			per[i].RecvInter += bytes
+		} else {
+			per[i].RecvIntra += bytes
+		}
+	}
+	for i := range per {
+		per[i].Calls = 1
+	}
+	if n > 1 {
+		switch first.kind {
+		case CollAllGather:
+			for i := range per {
+				ring(i, int64(n-1)*int64(first.size)*b)
+			}
+		case CollReduceScatter:
+			for i := range per {
+				ring(i, int64(n-1)*int64(first.size/n)*b)
+			}
+		case CollAllReduce:
+			for i := range per {
+				ring(i, 2*int64(n-1)*int64(first.size)*b/int64(n))
+			}
+		case CollBroadcast:
+			S := int64(first.size) * b
+			for i := range per {
+				me, succ, pred := g.Ranks[i], g.Ranks[(i+1)%n], g.Ranks[(i+n-1)%n]
+				if (i+1)%n != first.root {
+					if m.Node(succ) != m.Node(me) {
+						per[i].SentInter += S
+					} else {
+						per[i].SentIntra += S
+					}
+				}
+				if i != first.root {
+					if m.Node(pred) != m.Node(me) {
+						per[i].RecvInter += S
+					} else {
+						per[i].RecvIntra += S
+					}
+				}
+			}
+		case CollAllToAll:
+			w := int64(first.width) * b
+			for i, cl := range calls {
+				for j, rows := range cl.counts {
+					if j == i {
+						continue
+					}
+					by := int64(rows) * w
+					if m.Node(g.Ranks[i]) != m.Node(g.Ranks[j]) {
+						per[i].SentInter += by
+						per[j].RecvInter += by
+					} else {
+						per[i].SentIntra += by
+						per[j].RecvIntra += by
+					}
+				}
+			}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, r := range g.Ranks {
+		t := s.byRank[r][first.kind]
+		if t == nil {
+			t = &CommBytes{}
+			s.byRank[r][first.kind] = t
+		}
+		t.add(per[i])
+	}
+}
