@@ -1,0 +1,82 @@
+package parallel
+
+import (
+	"strings"
+	"testing"
+)
+
+// Schedules whose answers are known by construction.
+func TestEngineOverlap(t *testing.T) {
+	cases := []struct {
+		name string
+		ops  []simOp
+		want []simSpan
+	}{
+		{
+			// Compute A (1 s) overlaps a 2 s gather; B needs the gather: starts at 2, ends at 3.
+			"prefetch", []simOp{
+				{stream: simCompute, compute: 1},
+				{stream: simGather, coll: true, work: 2},
+				{stream: simCompute, compute: 1, deps: []int{1}},
+			},
+			[]simSpan{{0, 1}, {0, 2}, {2, 3}},
+		},
+		{
+			// Two transfers of 1 s and 3 s on one link from two streams share it: 2 s and 4 s.
+			"shared-link", []simOp{
+				{stream: simGather, coll: true, work: 1, link: LinkNVLink},
+				{stream: simReduce, coll: true, work: 3, link: LinkNVLink},
+			},
+			[]simSpan{{0, 2}, {0, 4}},
+		},
+		{
+			// On different links they do not interfere.
+			"two-links", []simOp{
+				{stream: simGather, coll: true, work: 1, link: LinkNVLink},
+				{stream: simReduce, coll: true, work: 3, link: LinkNet},
+			},
+			[]simSpan{{0, 1}, {0, 3}},
+		},
+		{
+			// Latency is not shared: the gather waits 0.5 s, meanwhile the
+			// reduce moves 0.5 s of its 1 s alone; then both share: the reduce
+			// ends at 0.5 + 2·0.5 = 1.5, the gather has 0.5 left at 1.5 → 2.0.
+			"latency", []simOp{
+				{stream: simGather, coll: true, lat: 0.5, work: 1},
+				{stream: simReduce, coll: true, work: 1},
+			},
+			[]simSpan{{0, 2}, {0, 1.5}},
+		},
+		{
+			// Stream order: the second gather waits for the first even with no deps.
+			"stream-order", []simOp{
+				{stream: simGather, coll: true, work: 1},
+				{stream: simGather, coll: true, work: 1},
+				{stream: simCompute, compute: 0.5, deps: []int{1}},
+			},
+			[]simSpan{{0, 1}, {1, 2}, {2, 2.5}},
+		},
+	}
+	for _, tc := range cases {
+		got, err := runEngine(tc.ops)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		for i := range got {
+			if !near(got[i].start, tc.want[i].start, 1e-12) && !(got[i].start == 0 && tc.want[i].start == 0) ||
+				!near(got[i].end, tc.want[i].end, 1e-12) {
+				t.Errorf("%s: op %d ran %v, want %v", tc.name, i, got[i], tc.want[i])
+			}
+		}
+	}
+}
+
+func TestEngineDeadlock(t *testing.T) {
+	ops := []simOp{
+		{stream: simCompute, compute: 1, deps: []int{1}},
+		{stream: simCompute, compute: 1},
+	}
+	if _, err := runEngine(ops); err == nil || !strings.Contains(err.Error(), "deadlock") {
+		t.Errorf("want deadlock error, got %v", err)
+	}
+}
