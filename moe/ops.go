@@ -96,6 +96,7 @@ const (
 	OpSharedAct     Op = "shared_act"
 	OpSharedDown    Op = "shared_down_proj"
 	OpSharedExpGate Op = "shared_expert_gate" // Qwen2-MoE: σ(x·w) scaling of the shared output
+	OpSharedScale   Op = "shared_scale"       // Qwen2-MoE: multiply the shared output by σ(x·w) (elementwise)
 	OpDenseGate     Op = "mlp_gate_proj"
 	OpDenseUp       Op = "mlp_up_proj"
 	OpDenseAct      Op = "mlp_act"
