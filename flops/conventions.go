@@ -1,0 +1,229 @@
+package flops
+
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Convention names a way of counting training FLOPs.
+type Convention string
+
+// The conventions, in report order.
+const (
+	Torchtitan Convention = "torchtitan"
+	Megatron   Convention = "megatron"
+	PaLM       Convention = "palm"
+	Model      Convention = "model"
+	Hardware   Convention = "hardware"
+)
+
+// AllConventions lists the conventions in report order; Torchtitan is the
+// default MFU convention.
+var AllConventions = []Convention{Torchtitan, Megatron, PaLM, Model, Hardware}
+
+// Explain says in one line how the convention differs from the others.
+func (c Convention) Explain() string {
+	switch c {
+	case Torchtitan:
+		return "6·N (N = params but input embedding, routed experts ×k/E floored; router, norms, LM head in) + 6·L·H·2d·min(s,window); causal not halved"
+	case Megatron:
+		return "matmuls only, SwiGLU 3 GEMMs, router/norms excluded, logits on vocab padded to 128, causal attention halved (6·q·s² per layer)"
+	case PaLM:
+		return "6·N + 12·L·H·d·s with torchtitan's N; equals torchtitan without sliding windows"
+	case Model:
+		return "every matmul executed forward+backward, attention exact under the causal/window mask, no recompute"
+	case Hardware:
+		return "model + checkpoint recompute (--ac) + flash-attention QKᵀ recompute + attention tile waste"
+	}
+	return ""
+}
+
+// Totals are the FLOPs of one step (Shape.Batch sequences of Shape.Seq
+// tokens) under every convention, and per token (PerStep / tokens).
+type Totals struct {
+	Shape    Shape
+	AC       moe.AC
+	Tile     Tile
+	PerStep  map[Convention]int64
+	PerToken map[Convention]float64
+}
+
+// Count computes every convention; hardware uses ac and tile.
+func Count(cfg *moe.Config, s Shape, ac moe.AC, tile Tile) (Totals, error) {
+	t := Totals{Shape: s, AC: ac, Tile: tile, PerStep: map[Convention]int64{}, PerToken: map[Convention]float64{}}
+	var err error
+	steps := []struct {
+		c Convention
+		f func() (int64, error)
+	}{
+		{Torchtitan, func() (int64, error) { return TorchtitanPerStep(cfg, s) }},
+		{Megatron, func() (int64, error) { return MegatronPerStep(cfg, s, 128) }},
+		{PaLM, func() (int64, error) { return PaLMPerStep(cfg, s) }},
+		{Model, func() (int64, error) { return ModelPerStep(cfg, s) }},
+		{Hardware, func() (int64, error) { return HardwarePerStep(cfg, s, ac, tile) }},
+	}
+	for _, st := range steps {
+		if t.PerStep[st.c], err = st.f(); err != nil {
+			return Totals{}, fmt.Errorf("%s: %w", st.c, err)
+		}
+		t.PerToken[st.c] = float64(t.PerStep[st.c]) / float64(s.Tokens())
+	}
+	return t, nil
+}
+
+// MatmulNParams is torchtitan's N_mm (get_moe_model_nparams_and_flops,
+// torchtitan b5bcd76, 2026-08-21): every parameter but the input embedding
+// (nothing subtracted when embeddings are tied, the shared matrix being the
+// LM head), with the routed experts' total replaced by
+// routed·top_k // experts (Python floor division of the product).
+func MatmulNParams(cfg *moe.Config) (int64, error) {
+	p, err := CountParams(cfg)
+	if err != nil {
+		return 0, err
+	}
+	var c checked
+	routed := p.ByGroup[moe.GroupRouted]
+	n := p.Total - routed
+	if !cfg.TiedEmbeddings {
+		n -= p.ByGroup[moe.GroupEmbedding]
+	}
+	if cfg.Experts > 0 {
+		E, K := int64(cfg.Experts), int64(cfg.TopK)
+		// ⌊routed·K/E⌋ without forming routed·K.
+		n = c.add(n, c.mul(routed/E, K), c.mul(routed%E, K)/E)
+	}
+	return n, c.err
+}
+
+// TorchtitanPerStep is torchtitan's count for T = b·s tokens:
+// T·(6·N_mm + Σ_layers 6·H·(d_qk+d_v)·min(s, window)), every layer being a
+// softmax-attention layer; sliding-window layers use min(s, window)
+// (shared/REFERENCES.md, torchtitan since 2026-08).
+func TorchtitanPerStep(cfg *moe.Config, s Shape) (int64, error) {
+	if err := checkShape(cfg, s); err != nil {
+		return 0, err
+	}
+	n, err := MatmulNParams(cfg)
+	if err != nil {
+		return 0, err
+	}
+	var c checked
+	H, d := int64(cfg.Heads), int64(cfg.HeadDim)
+	var attn int64
+	for _, w := range cfg.Window {
+		se := int64(s.Seq)
+		if w > 0 && int64(w) < se {
+			se = int64(w)
+		}
+		attn = c.add(attn, c.mul(6, H, 2*d, se))
+	}
+	per := c.add(c.mul(6, n), attn)
+	return c.mul(s.Tokens(), per), c.err
+}
+
+// PaLMPerStep is PaLM's 6N + 12·L·H·Q·s per token (Chowdhery et al. 2022,
+// appendix B) with N = torchtitan's N_mm (active parameters, input
+// embedding excluded, LM head included), Q = head dim; no windows.
+func PaLMPerStep(cfg *moe.Config, s Shape) (int64, error) {
+	if err := checkShape(cfg, s); err != nil {
+		return 0, err
+	}
+	n, err := MatmulNParams(cfg)
+	if err != nil {
+		return 0, err
+	}
+	var c checked
+	per := c.add(c.mul(6, n), c.mul(12, int64(cfg.Layers), int64(cfg.Heads), int64(cfg.HeadDim), int64(s.Seq)))
+	return c.mul(s.Tokens(), per), c.err
+}
+
+// MegatronPerStep is Megatron-LM's num_floating_point_operations
+// (megatron/training/training.py, transformer_flops, Megatron-LM d98e8a6,
+// 2026-08-22) for b sequences of s tokens, T = b·s, with SwiGLU, group-query
+// attention and no MTP:
+//
+//	T·( 6·D·(3·Fd·L_dense + 3·F·K·L_moe + 3·S·L_moe)
+//	  + L·6·(D·(q + 2·kv) + q·D)
+//	  + 6·D·V_pad )
+//	+ b·s²·L·6·q            (causal: (6·q/2)·2 per s²)
+//
+// V_pad is the vocabulary rounded up to a multiple of vocabMultiple
+// (make_vocab_size_divisible_by × TP; 128 by default). Router, norms,
+// biases, softmax and windows are not counted.
+func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error) {
+	if err := checkShape(cfg, s); err != nil {
+		return 0, err
+	}
+	if vocabMultiple < 1 {
+		return 0, fmt.Errorf("vocab multiple = %d: must be ≥ 1", vocabMultiple)
+	}
+	var c checked
+	D, T := int64(cfg.Hidden), s.Tokens()
+	L, Lm := int64(cfg.Layers), int64(cfg.MoELayers())
+	Ld := L - Lm
+	q := c.mul(int64(cfg.Heads), int64(cfg.HeadDim))
+	kv := c.mul(int64(cfg.KVHeads), int64(cfg.HeadDim))
+	S := c.mul(int64(cfg.SharedExperts), int64(cfg.SharedFFN))
+	mlp := c.mul(6, D, c.add(
+		c.mul(3, int64(cfg.DenseFFN), Ld),
+		c.mul(3, int64(cfg.ExpertFFN), int64(cfg.TopK), Lm),
+		c.mul(3, S, Lm)))
+	if Lm == 0 {
+		mlp = c.mul(6, D, 3, int64(cfg.DenseFFN), Ld)
+	}
+	attnLin := c.mul(L, 6, c.add(c.mul(D, c.add(q, c.mul(2, kv))), c.mul(q, D)))
+	vm := int64(vocabMultiple)
+	vpad := c.mul((int64(cfg.Vocab)+vm-1)/vm, vm)
+	logits := c.mul(6, D, vpad)
+	linear := c.mul(T, c.add(mlp, attnLin, logits))
+	core := c.mul(int64(s.Batch), int64(s.Seq), int64(s.Seq), L, 6, q)
+	return c.add(linear, core), c.err
+}
+
+// ModelPerStep is moescope's model count: 2 × the Count of every matmul,
+// grouped-GEMM and attention record of Ops with no checkpointing and exact
+// attention, forward and both backward passes, no recompute.
+func ModelPerStep(cfg *moe.Config, s Shape) (int64, error) {
+	recs, err := Ops(cfg, s, moe.AC{Mode: moe.ACNone}, ExactTile)
+	if err != nil {
+		return 0, err
+	}
+	return MatmulFLOPs(recs, false)
+}
+
+// HardwarePerStep is the hardware count: 2 × the Count of every matmul,
+// grouped-GEMM and attention record of Ops under ac with attention tile
+// tile, recompute included (checkpointing, flash attention's QKᵀ, tile
+// waste); GEMM padding is not modelled.
+func HardwarePerStep(cfg *moe.Config, s Shape, ac moe.AC, tile Tile) (int64, error) {
+	recs, err := Ops(cfg, s, ac, tile)
+	if err != nil {
+		return 0, err
+	}
+	return MatmulFLOPs(recs, true)
+}
+
+// MatmulFLOPs sums 2·Count over the matmul-kind records (matmul, grouped,
+// attention), recompute records only when withRecompute.
+func MatmulFLOPs(recs []moe.OpRecord, withRecompute bool) (int64, error) {
+	var c checked
+	var n int64
+	for _, r := range recs {
+		if r.Op.Kind() == moe.KindElementwise || (r.Pass == moe.Recompute && !withRecompute) {
+			continue
+		}
+		n = c.add(n, r.Count)
+	}
+	return c.mul(2, n), c.err
+}
+
+func checkShape(cfg *moe.Config, s Shape) error {
+	if cfg == nil {
+		return fmt.Errorf("flops: nil config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid config: %w", err)
+	}
+	return s.Validate()
+}

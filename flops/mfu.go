@@ -1,0 +1,26 @@
+package flops
+
+// TPS is tokens per second of one rank (torchtitan's definition: the
+// rank's own tokens over wall-clock seconds).
+func TPS(tokens int64, seconds float64) float64 {
+	if seconds <= 0 {
+		return 0
+	}
+	return float64(tokens) / seconds
+}
+
+// MFU is model FLOPs utilization as a fraction: flopsPerToken·tps/peak,
+// with flopsPerToken under any convention and peak the device's dense
+// FLOP/s (torchtitan: BF16 dense peak).
+func MFU(flopsPerToken, tps, peak float64) float64 {
+	if peak <= 0 {
+		return 0
+	}
+	return flopsPerToken * tps / peak
+}
+
+// HFU is hardware FLOPs utilization: MFU computed with the hardware
+// convention's FLOPs per token (recompute and tile waste included).
+func HFU(hardwareFLOPsPerToken, tps, peak float64) float64 {
+	return MFU(hardwareFLOPsPerToken, tps, peak)
+}

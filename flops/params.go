@@ -1,0 +1,86 @@
+package flops
+
+import (
+	"github.com/moescope/moescope/moe"
+)
+
+// Params are parameter counts (elements; buffers such as the sigmoid
+// router's selection bias excluded).
+type Params struct {
+	Total  int64 // every trained parameter, both embeddings when untied
+	Active int64 // per token: every non-routed parameter (embedding and LM head included), top-k routed experts, all shared experts
+	// ByGroup and ActiveByGroup split Total and Active by moe.ParamGroup.
+	ByGroup       map[moe.ParamGroup]int64
+	ActiveByGroup map[moe.ParamGroup]int64
+}
+
+// CountParams counts cfg's parameters in closed form, overflow-checked:
+//
+//	embedding  V·D;  LM head V·D unless tied;  final norm D
+//	per layer  attention D·q + 2·D·kv + q·D (+ q + 2·kv biases)
+//	           norms 2·D (+ 2·d per-head QK-norm, or q + kv full-width)
+//	           dense FFN 3·Fd·D
+//	           MoE: router E·D, routed E·3·F·D (active K·3·F·D),
+//	                shared 3·S·D (+ D for the sigmoid gate)
+//
+// with q = H·d, kv = G·d, S = SharedExperts·SharedFFN. It agrees with
+// summing cfg.Params() (tested) but needs no tensor list.
+func CountParams(cfg *moe.Config) (Params, error) {
+	if err := cfg.Validate(); err != nil {
+		return Params{}, err
+	}
+	var c checked
+	D, V := int64(cfg.Hidden), int64(cfg.Vocab)
+	q, kv := c.mul(int64(cfg.Heads), int64(cfg.HeadDim)), c.mul(int64(cfg.KVHeads), int64(cfg.HeadDim))
+	g := map[moe.ParamGroup]int64{}
+	act := map[moe.ParamGroup]int64{}
+	both := func(grp moe.ParamGroup, n int64) {
+		g[grp] = c.add(g[grp], n)
+		act[grp] = c.add(act[grp], n)
+	}
+	both(moe.GroupEmbedding, c.mul(V, D))
+	if !cfg.TiedEmbeddings {
+		both(moe.GroupLMHead, c.mul(V, D))
+	}
+	both(moe.GroupNorm, D)
+	attn := c.add(c.mul(2, q, D), c.mul(2, kv, D))
+	if cfg.QKVBias {
+		attn = c.add(attn, q, c.mul(2, kv))
+	}
+	norms := c.mul(2, D)
+	switch cfg.QKNorm {
+	case moe.QKNormHead:
+		norms = c.add(norms, c.mul(2, int64(cfg.HeadDim)))
+	case moe.QKNormFull:
+		norms = c.add(norms, q, kv)
+	}
+	E, K, F := int64(cfg.Experts), int64(cfg.TopK), int64(cfg.ExpertFFN)
+	S := c.mul(int64(cfg.SharedExperts), int64(cfg.SharedFFN))
+	shared := c.mul(3, S, D)
+	if cfg.SharedGated {
+		shared = c.add(shared, D)
+	}
+	for l := 0; l < cfg.Layers && c.err == nil; l++ {
+		both(moe.GroupAttention, attn)
+		both(moe.GroupNorm, norms)
+		if !cfg.MoELayer[l] {
+			both(moe.GroupDenseFFN, c.mul(3, int64(cfg.DenseFFN), D))
+			continue
+		}
+		both(moe.GroupRouter, c.mul(E, D))
+		g[moe.GroupRouted] = c.add(g[moe.GroupRouted], c.mul(E, 3, F, D))
+		act[moe.GroupRouted] = c.add(act[moe.GroupRouted], c.mul(K, 3, F, D))
+		if S > 0 {
+			both(moe.GroupShared, shared)
+		}
+	}
+	p := Params{ByGroup: g, ActiveByGroup: act}
+	for _, grp := range moe.Groups {
+		p.Total = c.add(p.Total, g[grp])
+		p.Active = c.add(p.Active, act[grp])
+	}
+	if c.err != nil {
+		return Params{}, c.err
+	}
+	return p, nil
+}
