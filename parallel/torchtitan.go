@@ -1,0 +1,250 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Exports of a plan as torchtitan configuration. Two targets, each pinned to
+// the torchtitan commit whose schema it was written against (excerpts of
+// both schemas are kept in testdata/torchtitan/ and the tests check every
+// key against them):
+//
+//   - TOML: the job-config files read by torchtitan releases before the
+//     2026-02 configuration refactor, pinned to v0.2.2
+//     (TorchtitanTOMLCommit, torchtitan/config/job_config.py). Batch fields
+//     count sequences: global_batch_size = local_batch_size × data-parallel
+//     degree × gradient-accumulation steps (torchtitan/train.py).
+//   - Python: a config-registry function for current torchtitan, pinned to
+//     TorchtitanPyCommit (torchtitan/config/configs.py,
+//     torchtitan/distributed/activation_checkpoint.py). Batch fields count
+//     tokens: num_tokens_per_microbatch_per_dp_rank = lbs × seq,
+//     num_tokens_per_train_step = global batch × seq.
+//
+// Neither target has a field for ZeRO-1/2 sharding, for keeping weights
+// gathered between backward and the next forward, or for skipping the
+// replica all-reduce on non-final micro-steps; TorchtitanAdmit rejects
+// such points so the planner can keep to what the target expresses.
+const (
+	TorchtitanTOMLTag    = "v0.2.2"
+	TorchtitanTOMLCommit = "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce" // v0.2.2, 2026-02-20
+	TorchtitanPyCommit   = "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a" // main, 2026-08-21
+)
+
+// TorchtitanTarget is an export format.
+type TorchtitanTarget int
+
+// Export targets.
+const (
+	TorchtitanTOML TorchtitanTarget = iota // TOML job config, v0.2.2
+	TorchtitanPy                           // Python config-registry function, current main
+)
+
+func (t TorchtitanTarget) String() string {
+	if t == TorchtitanTOML {
+		return "torchtitan " + TorchtitanTOMLTag + " TOML"
+	}
+	return "torchtitan " + TorchtitanPyCommit[:7] + " Python config"
+}
+
+// torchtitanModel maps a built-in model to torchtitan's names for it: the
+// TOML-era [model] name and flavor (the flavor keys of
+// torchtitan/models/<name>/__init__.py at v0.2.2) and the current registry
+// function (torchtitan/models/<name>/config_registry.py at main). An empty
+// registry function means current torchtitan ships none for it.
+var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryFunc string }{
+	"qwen3-30b-a3b":   {"qwen3", "30B-A3B", "torchtitan.models.qwen3.config_registry", "qwen3_30b_a3b"},
+	"qwen3-235b-a22b": {"qwen3", "235B-A22B", "", ""},
+	"llama3-8b":       {"llama3", "8B", "torchtitan.models.llama3.config_registry", "llama3_8b"},
+	// torchtitan's deepseek_v3 "16B" flavor is its DeepSeek-MoE-16B
+	// (train_configs/deepseek_v3_16b.toml loads deepseek-moe-16b-base).
+	"deepseek-moe-16b": {"deepseek_v3", "16B", "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_16b"},
+}
+
+// TorchtitanAdmit returns nil when target can express p, else an error
+// naming the field it cannot export.
+func TorchtitanAdmit(target TorchtitanTarget, p PlanPoint) error {
+	l := p.Layout
+	var errs []error
+	switch {
+	case l.Sharding == moe.ShardZeRO1 || l.Sharding == moe.ShardZeRO2:
+		errs = append(errs, fmt.Errorf("sharding = %s: %s has no field for it (FSDP2 shards parameters, gradients and optimizer state together)", l.Sharding, target))
+	case l.Sharding == moe.ShardDDP && l.DPShard > 1:
+		errs = append(errs, fmt.Errorf("sharding = ddp with dp_shard = %d: %s expresses DDP only as data_parallel_shard_degree = 1", l.DPShard, target))
+	}
+	if l.KeepGathered {
+		errs = append(errs, fmt.Errorf("keep_gathered = true: %s has no field for keeping weights gathered between backward and the next forward", target))
+	}
+	if l.AllreduceLastOnly {
+		errs = append(errs, fmt.Errorf("allreduce_last_only = true: %s all-reduces replicas on every micro-step", target))
+	}
+	if p.AC.Mode == moe.ACLayer && target == TorchtitanPy {
+		errs = append(errs, fmt.Errorf("ac = %s: %s has only per-op selective, full and no checkpointing", p.AC, target))
+	}
+	return errors.Join(errs...)
+}
+
+// TorchtitanExport is a plan to export with what the files need besides it.
+type TorchtitanExport struct {
+	Model  string // moescope model name (a built-in name, or a path)
+	Seq    int    // tokens per sequence
+	Point  PlanPoint
+	Header []string // comment lines written first (what was modelled)
+}
+
+func (e *TorchtitanExport) check(target TorchtitanTarget) error {
+	if e.Seq < 1 {
+		return moe.FieldError{Field: "seq", Value: e.Seq, Allowed: "must be ≥ 1"}
+	}
+	if e.Point.LBS < 1 || e.Point.GradAccum < 1 {
+		return fmt.Errorf("export: lbs = %d, grad_accum = %d: both must be ≥ 1", e.Point.LBS, e.Point.GradAccum)
+	}
+	if err := e.Point.Layout.Validate(); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	return TorchtitanAdmit(target, e.Point)
+}
+
+// torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a
+// layout that shards nothing is DDP over all ranks.
+func torchtitanDegrees(l moe.Layout) (rep, shard int) {
+	if l.Sharding == moe.ShardDDP || l.DPShard == 1 {
+		return l.GPUs, 1
+	}
+	return l.DPReplicate, l.DPShard
+}
+
+func torchtitanReshard(l moe.Layout) string {
+	// "default" reshards after forward when pipeline parallelism is off,
+	// which it always is here; "never" keeps the gathered weights.
+	if l.ReshardAfterForward {
+		return "default"
+	}
+	return "never"
+}
+
+func torchtitanComments(w io.Writer, lines []string) error {
+	for _, s := range lines {
+		for _, line := range strings.Split(s, "\n") {
+			if _, err := fmt.Fprintf(w, "# %s\n", line); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// TOML writes the TOML-era job config (sections [model], [training],
+// [parallelism], [activation_checkpoint]) and returns the fields it could
+// not write (a model torchtitan v0.2.2 has no flavor for).
+func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
+	if err := e.check(TorchtitanTOML); err != nil {
+		return nil, err
+	}
+	p := e.Point
+	rep, shard := torchtitanDegrees(p.Layout)
+	var b strings.Builder
+	torchtitanComments(&b, e.Header)
+	fmt.Fprintf(&b, "# torchtitan %s (commit %s) job config; merge into the model's train_configs TOML.\n", TorchtitanTOMLTag, TorchtitanTOMLCommit)
+	if m, ok := torchtitanModel[e.Model]; ok {
+		fmt.Fprintf(&b, "\n[model]\nname = %q\nflavor = %q\n", m.name, m.flavor)
+	} else {
+		skipped = append(skipped, "model.name", "model.flavor")
+		fmt.Fprintf(&b, "# [model] name and flavor not written: torchtitan %s has no flavor known to moescope for %q.\n", TorchtitanTOMLTag, e.Model)
+	}
+	fmt.Fprintf(&b, "\n[training]\nlocal_batch_size = %d\nglobal_batch_size = %d\nseq_len = %d\n", p.LBS, p.GlobalBatch(), e.Seq)
+	fmt.Fprintf(&b, "\n[parallelism]\ndata_parallel_replicate_degree = %d\ndata_parallel_shard_degree = %d\n", rep, shard)
+	fmt.Fprintf(&b, "fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
+	fmt.Fprintf(&b, "tensor_parallel_degree = 1\ncontext_parallel_degree = 1\npipeline_parallel_degree = 1\nexpert_parallel_degree = %d\n", p.Layout.EP)
+	b.WriteString("\n[activation_checkpoint]\n")
+	switch p.AC.Mode {
+	case moe.ACSelective:
+		b.WriteString("mode = \"selective\"\nselective_ac_option = \"op\"\n")
+	case moe.ACLayer:
+		fmt.Fprintf(&b, "mode = \"selective\"\nselective_ac_option = \"%d\"\n", p.AC.Every)
+	default:
+		fmt.Fprintf(&b, "mode = %q\n", p.AC.Mode)
+	}
+	_, err = io.WriteString(w, b.String())
+	return skipped, err
+}
+
+// torchtitanIdent turns s into a Python identifier of [a-z0-9_].
+func torchtitanIdent(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// Python writes a config-registry function for current torchtitan that
+// starts from the model's own registry function and sets the plan's
+// batch, parallelism and checkpointing; it returns the fields it could
+// not write (model_spec, for a model with no registry function).
+func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
+	if err := e.check(TorchtitanPy); err != nil {
+		return nil, err
+	}
+	p := e.Point
+	rep, shard := torchtitanDegrees(p.Layout)
+	m := torchtitanModel[e.Model]
+	name := e.Model
+	if i := strings.LastIndexAny(name, `/\`); i >= 0 {
+		name = name[i+1:]
+	}
+	name = strings.TrimSuffix(name, ".json")
+	fn := fmt.Sprintf("moescope_%s_%dgpu", torchtitanIdent(name), p.Layout.GPUs)
+	var b strings.Builder
+	torchtitanComments(&b, e.Header)
+	fmt.Fprintf(&b, "# Config-registry function for torchtitan at commit %s.\n", TorchtitanPyCommit)
+	fmt.Fprintf(&b, "# Run: MODULE=<this module> CONFIG=%s ./run_train.sh on %d GPUs.\n\n", fn, p.Layout.GPUs)
+	acClass := ""
+	switch p.AC.Mode {
+	case moe.ACSelective:
+		acClass = "SelectiveAC"
+	case moe.ACFull:
+		acClass = "FullAC"
+	}
+	if acClass != "" {
+		fmt.Fprintf(&b, "from torchtitan.distributed.activation_checkpoint import %s\n", acClass)
+	}
+	if m.registryFunc != "" {
+		fmt.Fprintf(&b, "from %s import %s\n", m.registryModule, m.registryFunc)
+	}
+	b.WriteString("from torchtitan.trainer import Trainer\n\n\n")
+	fmt.Fprintf(&b, "def %s() -> Trainer.Config:\n", fn)
+	if m.registryFunc != "" {
+		fmt.Fprintf(&b, "    config = %s()\n", m.registryFunc)
+	} else {
+		skipped = append(skipped, "model_spec")
+		fmt.Fprintf(&b, "    # model_spec not written: torchtitan at this commit has no registry function known to moescope for %q; set config.model_spec.\n", e.Model)
+		b.WriteString("    config = Trainer.Config()\n")
+	}
+	fmt.Fprintf(&b, "    config.training.num_tokens_per_microbatch_per_dp_rank = %d  # lbs %d × seq %d\n", p.LBS*e.Seq, p.LBS, e.Seq)
+	fmt.Fprintf(&b, "    config.training.num_tokens_per_train_step = %d  # global batch %d sequences (grad_accum %d)\n", p.GlobalBatch()*e.Seq, p.GlobalBatch(), p.GradAccum)
+	fmt.Fprintf(&b, "    config.training.max_context_length = %d\n", e.Seq)
+	fmt.Fprintf(&b, "    config.parallelism.data_parallel_replicate_degree = %d\n", rep)
+	fmt.Fprintf(&b, "    config.parallelism.data_parallel_shard_degree = %d\n", shard)
+	fmt.Fprintf(&b, "    config.parallelism.fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
+	b.WriteString("    config.parallelism.tensor_parallel_degree = 1\n")
+	b.WriteString("    config.parallelism.context_parallel_degree = 1\n")
+	b.WriteString("    config.parallelism.pipeline_parallel_degree = 1\n")
+	fmt.Fprintf(&b, "    config.parallelism.expert_parallel_degree = %d\n", p.Layout.EP)
+	if acClass != "" {
+		fmt.Fprintf(&b, "    config.activation_checkpoint = %s.Config()\n", acClass)
+	} else {
+		b.WriteString("    config.activation_checkpoint = None\n")
+	}
+	b.WriteString("    return config\n")
+	_, err = io.WriteString(w, b.String())
+	return skipped, err
+}

@@ -1,0 +1,351 @@
+package parallel
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	"github.com/moescope/moescope/moe"
+)
+
+func init() {
+	// -update rewrites golden files; registered only once per test binary
+	// whichever test file of the package defines it.
+	if flag.Lookup("update") == nil {
+		flag.Bool("update", false, "rewrite golden files")
+	}
+}
+
+// planUpdate reports whether -update was given.
+func planUpdate() bool {
+	f := flag.Lookup("update")
+	return f != nil && f.Value.String() == "true"
+}
+
+// planGolden compares got with the golden file, or rewrites it with -update.
+func planGolden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("..", "testdata", "golden", name)
+	if planUpdate() {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from golden (go test -update rewrites it)\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+// torchtitanTOMLSchema is testdata/torchtitan/v0.2.2-job_config.json.
+type torchtitanTOMLSchema struct {
+	Commit   string                    `json:"commit"`
+	Sections map[string]map[string]any `json:"sections"`
+	Flavors  map[string][]string       `json:"flavors"`
+}
+
+type torchtitanPySchema struct {
+	Commit       string                     `json:"commit"`
+	Imports      map[string]string          `json:"imports"`
+	ConfigFields map[string]json.RawMessage `json:"config_fields"`
+	Registry     map[string][]string        `json:"registry"`
+}
+
+func torchtitanLoad(t *testing.T, name string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "testdata", "torchtitan", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+}
+
+// torchtitanCheckValue checks a decoded value against a schema type: "int",
+// "str", or a list of allowed strings.
+func torchtitanCheckValue(t *testing.T, key string, v, typ any) {
+	t.Helper()
+	switch ty := typ.(type) {
+	case string:
+		switch ty {
+		case "int":
+			if _, ok := v.(int64); !ok {
+				t.Errorf("%s = %v (%T), want an integer", key, v, v)
+			}
+		case "str":
+			if _, ok := v.(string); !ok {
+				t.Errorf("%s = %v (%T), want a string", key, v, v)
+			}
+		default:
+			t.Fatalf("schema type %q unknown", ty)
+		}
+	case []any:
+		s, ok := v.(string)
+		found := false
+		for _, a := range ty {
+			found = found || (ok && a == s)
+		}
+		if !found {
+			t.Errorf("%s = %v, want one of %v", key, v, ty)
+		}
+	default:
+		t.Fatalf("schema for %s: %T", key, typ)
+	}
+}
+
+func torchtitanPoint(rep, shard, ep int, ac moe.AC, lbs, ga int, reshard bool) PlanPoint {
+	return PlanPoint{Layout: moe.Layout{GPUs: rep * shard, DPShard: shard, DPReplicate: rep, EP: ep,
+		Sharding: moe.ShardFSDP, ReshardAfterForward: reshard}, AC: ac, LBS: lbs, GradAccum: ga}
+}
+
+func TestTorchtitanTOML(t *testing.T) {
+	var schema torchtitanTOMLSchema
+	torchtitanLoad(t, "v0.2.2-job_config.json", &schema)
+	if schema.Commit != TorchtitanTOMLCommit {
+		t.Fatalf("schema excerpt is of %s, export pinned to %s", schema.Commit, TorchtitanTOMLCommit)
+	}
+	cases := []struct {
+		model   string
+		p       PlanPoint
+		skipped int
+	}{
+		{"qwen3-30b-a3b", torchtitanPoint(8, 64, 8, moe.AC{Mode: moe.ACSelective}, 2, 4, true), 0},
+		{"deepseek-moe-16b", torchtitanPoint(1, 16, 4, moe.AC{Mode: moe.ACFull}, 8, 1, false), 0},
+		{"llama3-8b", torchtitanPoint(2, 4, 1, moe.AC{Mode: moe.ACNone}, 1, 1, true), 0},
+		{"mixtral-8x7b", torchtitanPoint(1, 32, 8, moe.AC{Mode: moe.ACLayer, Every: 2}, 1, 2, true), 2},
+		// dp_shard 1: DDP over all ranks.
+		{"qwen3-235b-a22b", torchtitanPoint(16, 1, 1, moe.AC{Mode: moe.ACFull}, 1, 1, true), 0},
+	}
+	for i, c := range cases {
+		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Header: []string{"plan " + c.p.String()}}
+		var buf bytes.Buffer
+		skipped, err := e.TOML(&buf)
+		if err != nil {
+			t.Fatalf("%s: %v", c.model, err)
+		}
+		if len(skipped) != c.skipped {
+			t.Errorf("%s: skipped %v", c.model, skipped)
+		}
+		if i == 0 {
+			planGolden(t, "plan_torchtitan.toml", buf.Bytes())
+		}
+		var doc map[string]map[string]any
+		if _, err := toml.Decode(buf.String(), &doc); err != nil {
+			t.Fatalf("%s: TOML does not parse: %v\n%s", c.model, err, buf.String())
+		}
+		for sec, keys := range doc {
+			want, ok := schema.Sections[sec]
+			if !ok {
+				t.Errorf("section [%s] not in torchtitan %s's schema", sec, TorchtitanTOMLTag)
+				continue
+			}
+			for k, v := range keys {
+				typ, ok := want[k]
+				if !ok {
+					t.Errorf("[%s] %s not in the schema", sec, k)
+					continue
+				}
+				torchtitanCheckValue(t, sec+"."+k, v, typ)
+			}
+		}
+		if m, ok := doc["model"]; ok {
+			name, flavor := m["name"].(string), m["flavor"].(string)
+			found := false
+			for _, f := range schema.Flavors[name] {
+				found = found || f == flavor
+			}
+			if !found {
+				t.Errorf("%s: flavor %s/%s not in torchtitan's registry %v", c.model, name, flavor, schema.Flavors[name])
+			}
+		}
+		// Round trip: the degrees, batch and policy read back.
+		par, tr, ac := doc["parallelism"], doc["training"], doc["activation_checkpoint"]
+		rep, shard := par["data_parallel_replicate_degree"].(int64), par["data_parallel_shard_degree"].(int64)
+		if int(rep*shard) != c.p.Layout.GPUs || int(par["expert_parallel_degree"].(int64)) != c.p.Layout.EP {
+			t.Errorf("%s: degrees %d × %d, ep %v do not give %+v", c.model, rep, shard, par["expert_parallel_degree"], c.p.Layout)
+		}
+		if c.p.Layout.DPShard > 1 && (int(rep) != c.p.Layout.DPReplicate || int(shard) != c.p.Layout.DPShard) {
+			t.Errorf("%s: degrees %d × %d, want %d × %d", c.model, rep, shard, c.p.Layout.DPReplicate, c.p.Layout.DPShard)
+		}
+		lbs, gb := tr["local_batch_size"].(int64), tr["global_batch_size"].(int64)
+		// torchtitan/train.py: grad_accum = global / (local × dp degree), dp = rep × shard.
+		if int(lbs) != c.p.LBS || int(gb/(lbs*rep*shard)) != c.p.GradAccum || gb%(lbs*rep*shard) != 0 {
+			t.Errorf("%s: lbs %d global %d do not give lbs %d × accumulation %d", c.model, lbs, gb, c.p.LBS, c.p.GradAccum)
+		}
+		wantReshard := map[bool]string{true: "default", false: "never"}[c.p.Layout.ReshardAfterForward]
+		if par["fsdp_reshard_after_forward"] != wantReshard {
+			t.Errorf("%s: reshard %v", c.model, par["fsdp_reshard_after_forward"])
+		}
+		mode, opt := ac["mode"], ac["selective_ac_option"]
+		switch c.p.AC.Mode {
+		case moe.ACSelective:
+			if mode != "selective" || opt != "op" {
+				t.Errorf("%s: per-op selective written as %v/%v", c.model, mode, opt)
+			}
+		case moe.ACLayer:
+			if n, _ := strconv.Atoi(opt.(string)); mode != "selective" || n != c.p.AC.Every {
+				t.Errorf("%s: layer:%d written as %v/%v", c.model, c.p.AC.Every, mode, opt)
+			}
+		default:
+			if mode != string(c.p.AC.Mode) || opt != nil {
+				t.Errorf("%s: %s written as %v/%v", c.model, c.p.AC, mode, opt)
+			}
+		}
+	}
+}
+
+func TestTorchtitanPython(t *testing.T) {
+	var schema torchtitanPySchema
+	torchtitanLoad(t, "main-b5bcd76-configs.json", &schema)
+	if schema.Commit != TorchtitanPyCommit {
+		t.Fatalf("schema excerpt is of %s, export pinned to %s", schema.Commit, TorchtitanPyCommit)
+	}
+	fields := map[string]map[string]any{}
+	var acValues []string
+	for sec, raw := range schema.ConfigFields {
+		if sec == "activation_checkpoint" {
+			if err := json.Unmarshal(raw, &acValues); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		m := map[string]any{}
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		fields[sec] = m
+	}
+	importRE := regexp.MustCompile(`^from ([\w.]+) import (\w+)$`)
+	setRE := regexp.MustCompile(`^    config\.(\w+)\.(\w+) = ("[^"]*"|\d+)(  #.*)?$`)
+	acRE := regexp.MustCompile(`^    config\.activation_checkpoint = (.+)$`)
+	for i, c := range []struct {
+		model string
+		p     PlanPoint
+		skip  int
+	}{
+		{"qwen3-30b-a3b", torchtitanPoint(8, 64, 8, moe.AC{Mode: moe.ACSelective}, 2, 4, true), 0},
+		{"deepseek-moe-16b", torchtitanPoint(1, 16, 4, moe.AC{Mode: moe.ACNone}, 8, 1, false), 0},
+		{"olmoe-1b-7b", torchtitanPoint(2, 8, 1, moe.AC{Mode: moe.ACFull}, 4, 1, true), 1},
+	} {
+		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p}
+		var buf bytes.Buffer
+		skipped, err := e.Python(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(skipped) != c.skip {
+			t.Errorf("%s: skipped %v", c.model, skipped)
+		}
+		if i == 0 {
+			planGolden(t, "plan_torchtitan.py", buf.Bytes())
+		}
+		got := map[string]string{}
+		for _, line := range strings.Split(buf.String(), "\n") {
+			if m := importRE.FindStringSubmatch(line); m != nil {
+				if schema.Imports[m[2]] != m[1] {
+					found := false
+					for _, fn := range schema.Registry[m[1]] {
+						found = found || fn == m[2]
+					}
+					if !found {
+						t.Errorf("%s: import %s from %s not in the pinned schema", c.model, m[2], m[1])
+					}
+				}
+			}
+			if m := setRE.FindStringSubmatch(line); m != nil {
+				typ, ok := fields[m[1]][m[2]]
+				if !ok {
+					t.Errorf("%s: config.%s.%s not in the pinned schema", c.model, m[1], m[2])
+					continue
+				}
+				var v any = strings.Trim(m[3], `"`)
+				if n, err := strconv.ParseInt(m[3], 10, 64); err == nil {
+					v = n
+				}
+				torchtitanCheckValue(t, m[1]+"."+m[2], v, typ)
+				got[m[2]] = m[3]
+			} else if m := acRE.FindStringSubmatch(line); m != nil {
+				ok := false
+				for _, a := range acValues {
+					ok = ok || a == m[1]
+				}
+				if !ok {
+					t.Errorf("%s: activation_checkpoint = %s not in %v", c.model, m[1], acValues)
+				}
+			}
+		}
+		// Token counts: lbs × seq per micro-batch; lbs × dp × accumulation × seq per step.
+		l := c.p.Layout
+		want := map[string]string{
+			"num_tokens_per_microbatch_per_dp_rank": strconv.Itoa(c.p.LBS * 4096),
+			"num_tokens_per_train_step":             strconv.Itoa(c.p.LBS * l.GPUs * c.p.GradAccum * 4096),
+			"max_context_length":                    "4096",
+			"data_parallel_replicate_degree":        strconv.Itoa(l.DPReplicate),
+			"data_parallel_shard_degree":            strconv.Itoa(l.DPShard),
+			"expert_parallel_degree":                strconv.Itoa(l.EP),
+		}
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("%s: %s = %q, want %s", c.model, k, got[k], v)
+			}
+		}
+	}
+}
+
+func TestTorchtitanAdmit(t *testing.T) {
+	base := torchtitanPoint(2, 8, 2, moe.AC{Mode: moe.ACSelective}, 1, 2, true)
+	if err := TorchtitanAdmit(TorchtitanTOML, base); err != nil {
+		t.Errorf("plain FSDP rejected: %v", err)
+	}
+	for _, c := range []struct {
+		edit   func(p *PlanPoint)
+		target TorchtitanTarget
+		field  string
+	}{
+		{func(p *PlanPoint) { p.Layout.Sharding = moe.ShardZeRO2 }, TorchtitanTOML, "sharding = zero2"},
+		{func(p *PlanPoint) { p.Layout.Sharding = moe.ShardZeRO1 }, TorchtitanPy, "sharding = zero1"},
+		{func(p *PlanPoint) { p.Layout.Sharding = moe.ShardDDP }, TorchtitanTOML, "sharding = ddp"},
+		{func(p *PlanPoint) { p.Layout.KeepGathered = true }, TorchtitanTOML, "keep_gathered"},
+		{func(p *PlanPoint) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
+		{func(p *PlanPoint) { p.AC = moe.AC{Mode: moe.ACLayer, Every: 2} }, TorchtitanPy, "ac = layer:2"},
+	} {
+		p := base
+		c.edit(&p)
+		err := TorchtitanAdmit(c.target, p)
+		if err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%s: err = %v, want one naming %q", c.target, err, c.field)
+		}
+		e := TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: p}
+		var buf bytes.Buffer
+		var werr error
+		if c.target == TorchtitanTOML {
+			_, werr = e.TOML(&buf)
+		} else {
+			_, werr = e.Python(&buf)
+		}
+		if werr == nil || buf.Len() != 0 {
+			t.Errorf("%s export of %s wrote %d bytes, err %v", c.target, p, buf.Len(), werr)
+		}
+	}
+	// layer:N is expressible in the TOML era.
+	p := base
+	p.AC = moe.AC{Mode: moe.ACLayer, Every: 2}
+	if err := TorchtitanAdmit(TorchtitanTOML, p); err != nil {
+		t.Errorf("layer:2 for TOML: %v", err)
+	}
+}
