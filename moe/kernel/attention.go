@@ -20,15 +20,15 @@ import (
 //
 //	dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ⊙ (dP − D),  dQ = c·dS·K,  dK = c·dSᵀ·Q
 //
-// The work is tiled in AttnTileQ×AttnTileK blocks of (query, key) positions,
-// clipped to the sequence. A block without an unmasked entry is skipped;
+// The work is tiled in TileQ×TileK blocks of (query, key) positions (default
+// AttnTileQ×AttnTileK), clipped to the sequence. A block without an unmasked entry is skipped;
 // every other block is computed whole, its masked entries discarded. So per
 // sequence and query head the forward performs n·d multiply-adds for QKᵀ and
-// n·d for PV, n = AttentionArea(Seq, Window); the backward recomputes QKᵀ
+// n·d for PV, n = AttnShape.Area(); the backward recomputes QKᵀ
 // (n·d) and does four more products (4·n·d). Forward keeps only O and lse;
 // backward recomputes P from Q, K and lse.
 
-// The kernel's tile: AttnTileQ query positions by AttnTileK key positions.
+// The default tile: AttnTileQ query positions by AttnTileK key positions.
 const (
 	AttnTileQ = 64
 	AttnTileK = 64
@@ -41,13 +41,29 @@ type AttnShape struct {
 	KVHeads    int // G key/value heads; divides Heads
 	HeadDim    int // d
 	Window     int // sliding window w (keys i−w < j ≤ i); 0 = full causal
+	// TileQ×TileK is the block the work is tiled in; 0 means AttnTileQ,
+	// AttnTileK. Any size is correct; 1×1 executes exactly the unmasked
+	// entries (and runs slowly).
+	TileQ, TileK int
+}
+
+// tiles returns the tile sizes in use.
+func (a AttnShape) tiles() (tq, tk int) {
+	tq, tk = a.TileQ, a.TileK
+	if tq <= 0 {
+		tq = AttnTileQ
+	}
+	if tk <= 0 {
+		tk = AttnTileK
+	}
+	return tq, tk
 }
 
 // check panics with a constant message on an impossible shape or short
 // slices (a programming error).
 func (a AttnShape) check(q, k, v, o, lse []float32) {
-	if a.Batch < 0 || a.Seq < 0 || a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Window < 0 || a.Heads%a.KVHeads != 0 {
-		panic("kernel: attention: need Heads, KVHeads, HeadDim > 0, KVHeads dividing Heads, Batch, Seq, Window ≥ 0")
+	if a.Batch < 0 || a.Seq < 0 || a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Window < 0 || a.Heads%a.KVHeads != 0 || a.TileQ < 0 || a.TileK < 0 {
+		panic("kernel: attention: need Heads, KVHeads, HeadDim > 0, KVHeads dividing Heads, Batch, Seq, Window, tiles ≥ 0")
 	}
 	t := a.Batch * a.Seq
 	if len(q) < t*a.Heads*a.HeadDim || len(o) < t*a.Heads*a.HeadDim || len(lse) < t*a.Heads ||
@@ -65,20 +81,21 @@ func (a AttnShape) keyTiles(i0, i1 int) (j0, j1 int) {
 	if a.Window > 0 {
 		lo = max(0, i0-a.Window+1)
 	}
-	return lo / AttnTileK * AttnTileK, i1
+	_, tk := a.tiles()
+	return lo / tk * tk, i1
 }
 
-// AttentionArea is n, the score entries the kernel executes per sequence
-// and query head: the area of every AttnTileQ×AttnTileK tile, clipped to the
-// sequence, that holds an unmasked entry.
-func AttentionArea(seq, window int) int64 {
-	a := AttnShape{Seq: seq, Window: window}
+// Area is n, the score entries the kernel executes per sequence and query
+// head: the area of every TileQ×TileK tile, clipped to the sequence, that
+// holds an unmasked entry. Batch, heads and head size do not enter.
+func (a AttnShape) Area() int64 {
+	tq, tk := a.tiles()
 	var n int64
-	for i0 := 0; i0 < seq; i0 += AttnTileQ {
-		i1 := min(i0+AttnTileQ, seq)
+	for i0 := 0; i0 < a.Seq; i0 += tq {
+		i1 := min(i0+tq, a.Seq)
 		j0, j1 := a.keyTiles(i0, i1)
-		for ; j0 < j1; j0 += AttnTileK {
-			n += int64(i1-i0) * int64(min(j0+AttnTileK, seq)-j0)
+		for ; j0 < j1; j0 += tk {
+			n += int64(i1-i0) * int64(min(j0+tk, a.Seq)-j0)
 		}
 	}
 	return n
@@ -96,7 +113,8 @@ func AttentionForward(o, lse, q, k, v []float32, a AttnShape) {
 	}
 	c := attnCalls.Get().(*attnCall)
 	*c = attnCall{shape: a, q: q, k: k, v: v, o: o, lse: lse}
-	tiles := (a.Seq + AttnTileQ - 1) / AttnTileQ
+	tq, _ := a.tiles()
+	tiles := (a.Seq + tq - 1) / tq
 	parallel(a.Batch*a.Heads*tiles, c)
 	*c = attnCall{}
 	attnCalls.Put(c)
@@ -147,26 +165,27 @@ const (
 func (c *attnCall) fwd(ar *arena, t int) {
 	a := c.shape
 	H, G, d, s := a.Heads, a.KVHeads, a.HeadDim, a.Seq
-	tiles := (s + AttnTileQ - 1) / AttnTileQ
+	tq, tk := a.tiles()
+	tiles := (s + tq - 1) / tq
 	it, bh := t%tiles, t/tiles
 	b, h := bh/H, bh%H
 	g := h / (H / G)
-	i0, i1 := it*AttnTileQ, min((it+1)*AttnTileQ, s)
+	i0, i1 := it*tq, min((it+1)*tq, s)
 	br := i1 - i0
 	scale := float32(1 / math.Sqrt(float64(d)))
 	ldq, ldk := H*d, G*d
 	qt := c.q[((b*s+i0)*H+h)*d:]
-	S := ar.scratch(slotS, AttnTileQ*AttnTileK)
-	O := ar.scratch(slotO, AttnTileQ*d)
-	stat := ar.scratch(slotStat, 2*AttnTileQ)
-	mx, l := stat[:br], stat[AttnTileQ:AttnTileQ+br]
+	S := ar.scratch(slotS, tq*tk)
+	O := ar.scratch(slotO, tq*d)
+	stat := ar.scratch(slotStat, 2*tq)
+	mx, l := stat[:br], stat[tq:tq+br]
 	clear(O[:br*d])
 	for i := range mx {
 		mx[i], l[i] = float32(math.Inf(-1)), 0
 	}
 	jStart, jEnd := a.keyTiles(i0, i1)
-	for j0 := jStart; j0 < jEnd; j0 += AttnTileK {
-		j1 := min(j0+AttnTileK, s)
+	for j0 := jStart; j0 < jEnd; j0 += tk {
+		j1 := min(j0+tk, s)
 		bc := j1 - j0
 		kt := c.k[((b*s+j0)*G+g)*d:]
 		vt := c.v[((b*s+j0)*G+g)*d:]
@@ -218,10 +237,11 @@ func (c *attnCall) bwd(ar *arena, t int) {
 	H, G, d, s := a.Heads, a.KVHeads, a.HeadDim, a.Seq
 	b, g := t/G, t%G
 	rep := H / G
+	tq, tk := a.tiles()
 	scale := float32(1 / math.Sqrt(float64(d)))
 	ldq, ldk := H*d, G*d
-	P := ar.scratch(slotS, AttnTileQ*AttnTileK)
-	dS := ar.scratch(slotDP, AttnTileQ*AttnTileK)
+	P := ar.scratch(slotS, tq*tk)
+	dS := ar.scratch(slotDP, tq*tk)
 	D := ar.scratch(slotStat, s)
 	for h := g * rep; h < (g+1)*rep; h++ {
 		for i := 0; i < s; i++ {
@@ -232,15 +252,15 @@ func (c *attnCall) bwd(ar *arena, t int) {
 			}
 			D[i] = sum
 		}
-		for i0 := 0; i0 < s; i0 += AttnTileQ {
-			i1 := min(i0+AttnTileQ, s)
+		for i0 := 0; i0 < s; i0 += tq {
+			i1 := min(i0+tq, s)
 			br := i1 - i0
 			qt := c.q[((b*s+i0)*H+h)*d:]
 			dot := c.do[((b*s+i0)*H+h)*d:]
 			dqt := c.dq[((b*s+i0)*H+h)*d:]
 			jStart, jEnd := a.keyTiles(i0, i1)
-			for j0 := jStart; j0 < jEnd; j0 += AttnTileK {
-				j1 := min(j0+AttnTileK, s)
+			for j0 := jStart; j0 < jEnd; j0 += tk {
+				j1 := min(j0+tk, s)
 				bc := j1 - j0
 				off := ((b*s+j0)*G + g) * d
 				kt, vt := c.k[off:], c.v[off:]

@@ -91,6 +91,8 @@ func TestAttention(t *testing.T) {
 		{Batch: 1, Seq: 150, Heads: 2, KVHeads: 2, HeadDim: 16, Window: 40},
 		{Batch: 1, Seq: 200, Heads: 3, KVHeads: 1, HeadDim: 5, Window: 64},
 		{Batch: 1, Seq: 130, Heads: 2, KVHeads: 1, HeadDim: 32, Window: 1},
+		{Batch: 1, Seq: 50, Heads: 4, KVHeads: 2, HeadDim: 8, Window: 7, TileQ: 8, TileK: 16},
+		{Batch: 1, Seq: 9, Heads: 2, KVHeads: 1, HeadDim: 3, TileQ: 1, TileK: 1},
 	}
 	forEachPath(t, func(t *testing.T) {
 		for _, a := range shapes {
@@ -171,31 +173,42 @@ func TestAttentionArea(t *testing.T) {
 		seq, window int
 		want        int64
 	}{{128, 0, 12288}, {100, 0, 7696}, {128, 1, 8192}, {64, 0, 4096}} {
-		if got := AttentionArea(c.seq, c.window); got != c.want {
-			t.Errorf("AttentionArea(%d, %d) = %d, want %d", c.seq, c.window, got, c.want)
+		if got := (AttnShape{Seq: c.seq, Window: c.window}).Area(); got != c.want {
+			t.Errorf("Area(seq %d, window %d) = %d, want %d", c.seq, c.window, got, c.want)
 		}
 	}
+	// 1×1 tiles execute exactly the unmasked entries: s(s+1)/2 causal;
+	// window w: Σ_i min(i+1, w), for s = 10, w = 4: 1+2+3+4·7 = 34.
+	if got := (AttnShape{Seq: 10, TileQ: 1, TileK: 1}).Area(); got != 55 {
+		t.Errorf("1×1 causal s=10: %d, want 55", got)
+	}
+	if got := (AttnShape{Seq: 10, Window: 4, TileQ: 1, TileK: 1}).Area(); got != 34 {
+		t.Errorf("1×1 window 4 s=10: %d, want 34", got)
+	}
 	// Brute force: a tile counts iff it holds a visible entry.
-	for _, seq := range []int{1, 63, 64, 65, 200, 300} {
-		for _, w := range []int{0, 1, 2, 63, 64, 65, 100, 500} {
-			a := AttnShape{Seq: seq, Window: w}
-			var want int64
-			for i0 := 0; i0 < seq; i0 += AttnTileQ {
-				for j0 := 0; j0 < seq; j0 += AttnTileK {
-					i1, j1 := min(i0+AttnTileQ, seq), min(j0+AttnTileK, seq)
-					live := false
-					for i := i0; i < i1; i++ {
-						for j := j0; j < j1; j++ {
-							live = live || a.visible(i, j)
+	for _, tiles := range [][2]int{{0, 0}, {16, 48}, {48, 16}} {
+		for _, seq := range []int{1, 63, 64, 65, 200, 300} {
+			for _, w := range []int{0, 1, 2, 63, 64, 65, 100, 500} {
+				a := AttnShape{Seq: seq, Window: w, TileQ: tiles[0], TileK: tiles[1]}
+				tq, tk := a.tiles()
+				var want int64
+				for i0 := 0; i0 < seq; i0 += tq {
+					for j0 := 0; j0 < seq; j0 += tk {
+						i1, j1 := min(i0+tq, seq), min(j0+tk, seq)
+						live := false
+						for i := i0; i < i1; i++ {
+							for j := j0; j < j1; j++ {
+								live = live || a.visible(i, j)
+							}
+						}
+						if live {
+							want += int64(i1-i0) * int64(j1-j0)
 						}
 					}
-					if live {
-						want += int64(i1-i0) * int64(j1-j0)
-					}
 				}
-			}
-			if got := AttentionArea(seq, w); got != want {
-				t.Errorf("AttentionArea(%d, %d) = %d, brute force %d", seq, w, got, want)
+				if got := a.Area(); got != want {
+					t.Errorf("%+v: Area() = %d, brute force %d", a, got, want)
+				}
 			}
 		}
 	}

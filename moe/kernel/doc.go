@@ -9,7 +9,7 @@
 //     call (groups given by row offsets), experts in parallel.
 //   - AttentionForward, AttentionBackward: flash-style causal attention with
 //     sliding windows and grouped KV heads, keeping O and the log-sum-exp;
-//     AttentionArea is the score area its tiles execute (the op records'
+//     AttnShape.Area is the score area its tiles execute (the op records
 //     attention count).
 //   - MeasurePeak and Info: the measured FMA peak (the denominator of every
 //     CPU MFU moescope prints) and what cpuid reports.
