@@ -1,0 +1,189 @@
+package memory
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Run is one measured training run in the published-runs schema of
+// DESIGN.md, shared by testdata/published/ and `moescope calibrate --runs`.
+// Required: model, gpu, gpus, dp_shard, dp_replicate, ep, ac, lbs, seq,
+// precision, tps, source (source may be waived for calibration input, see
+// ReadRuns). Optional fields are pointers or zero values meaning "not
+// reported". Byte counts are integers; mfu and memory_fraction fractions.
+type Run struct {
+	Model       string  `json:"model"` // built-in name or config.json path (relative to the file's folder)
+	GPU         string  `json:"gpu"`
+	GPUs        int     `json:"gpus"`
+	DPShard     int     `json:"dp_shard"`
+	DPReplicate int     `json:"dp_replicate"`
+	EP          int     `json:"ep"`
+	AC          string  `json:"ac"` // none|selective|full|layer:N
+	LBS         int     `json:"lbs"`
+	Seq         int     `json:"seq"`
+	Precision   string  `json:"precision"` // bf16, fp8, mxfp8, ...
+	TPS         float64 `json:"tps"`       // tokens per second per GPU
+	Source      string  `json:"source"`    // URL or repository file the numbers come from
+
+	Cluster             string   `json:"cluster,omitempty"`
+	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
+	Sharding            string   `json:"sharding,omitempty"`
+	ReshardAfterForward *bool    `json:"reshard_after_forward,omitempty"`
+	KeepGathered        *bool    `json:"keep_gathered,omitempty"`
+	AllreduceLastOnly   *bool    `json:"allreduce_last_only,omitempty"`
+	GradAccum           int      `json:"grad_accum,omitempty"`
+	Compile             *bool    `json:"compile,omitempty"`
+	Framework           string   `json:"framework,omitempty"`
+	FrameworkVersion    string   `json:"framework_version,omitempty"`
+	MemoryFraction      *float64 `json:"memory_fraction,omitempty"`
+	PeakReservedBytes   *int64   `json:"peak_reserved_bytes,omitempty"`
+	MFU                 *float64 `json:"mfu,omitempty"`
+	// LossChunks is the number of chunks of a chunked cross-entropy (an
+	// addition to DESIGN's schema; 0 = unchunked).
+	LossChunks int `json:"loss_chunks,omitempty"`
+	// Notes say what the numbers are and any deviation from the schema's
+	// assumptions (an addition to DESIGN's schema; free text).
+	Notes string `json:"notes,omitempty"`
+
+	// File is the file the run was read from (not serialized).
+	File string `json:"-"`
+}
+
+// Compiled reports whether the run used torch.compile.
+func (r Run) Compiled() bool { return r.Compile != nil && *r.Compile }
+
+// Layout returns the run's layout, resolved and validated.
+func (r Run) Layout() (moe.Layout, error) {
+	l := moe.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP,
+		Sharding: moe.Sharding(r.Sharding), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode}
+	if r.ReshardAfterForward != nil {
+		l.ReshardAfterForward = *r.ReshardAfterForward
+	}
+	if r.KeepGathered != nil {
+		l.KeepGathered = *r.KeepGathered
+	}
+	if r.AllreduceLastOnly != nil {
+		l.AllreduceLastOnly = *r.AllreduceLastOnly
+	}
+	return l, l.Resolve()
+}
+
+// Validate checks the run's fields (not the model name, which needs moe.Load).
+func (r Run) Validate(requireSource bool) error {
+	var errs []error
+	bad := func(field string, v any, allowed string) {
+		errs = append(errs, moe.FieldError{Field: field, Value: v, Allowed: allowed})
+	}
+	if r.Model == "" {
+		bad("model", r.Model, "required: a built-in model name or a config.json path")
+	}
+	if r.GPU == "" {
+		bad("gpu", r.GPU, "required: a device name")
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"gpus", r.GPUs}, {"dp_shard", r.DPShard}, {"dp_replicate", r.DPReplicate}, {"ep", r.EP}, {"lbs", r.LBS}, {"seq", r.Seq}} {
+		if f.v < 1 {
+			bad(f.name, f.v, "required, ≥ 1")
+		}
+	}
+	if _, err := moe.ParseAC(r.AC); err != nil {
+		errs = append(errs, err)
+	}
+	if r.Precision == "" {
+		bad("precision", r.Precision, "required: bf16, fp8, mxfp8, ...")
+	}
+	if !(r.TPS > 0) {
+		bad("tps", r.TPS, "required, > 0 tokens per second per GPU")
+	}
+	if requireSource && r.Source == "" {
+		bad("source", r.Source, "required: the URL or file the numbers come from")
+	}
+	if r.GradAccum < 0 {
+		bad("grad_accum", r.GradAccum, "must be ≥ 1 (0 = 1)")
+	}
+	if r.LossChunks < 0 {
+		bad("loss_chunks", r.LossChunks, "must be ≥ 0")
+	}
+	if r.PeakReservedBytes != nil && *r.PeakReservedBytes < 1 {
+		bad("peak_reserved_bytes", *r.PeakReservedBytes, "must be ≥ 1")
+	}
+	if r.MemoryFraction != nil && !(*r.MemoryFraction > 0) {
+		bad("memory_fraction", *r.MemoryFraction, "must be > 0")
+	}
+	if r.MFU != nil && !(*r.MFU > 0 && *r.MFU <= 1) {
+		bad("mfu", *r.MFU, "must be a fraction in (0, 1]")
+	}
+	if len(errs) == 0 {
+		if _, err := r.Layout(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ReadRuns decodes a JSON array of runs, rejecting unknown fields, and
+// validates each (source required when requireSource). name labels errors.
+func ReadRuns(rd io.Reader, name string, requireSource bool) ([]Run, error) {
+	data, err := io.ReadAll(rd)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var runs []Run
+	if err := dec.Decode(&runs); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%s: data after the JSON array", name)
+	}
+	var errs []error
+	for i := range runs {
+		runs[i].File = name
+		if err := runs[i].Validate(requireSource); err != nil {
+			errs = append(errs, fmt.Errorf("%s: run %d: %w", name, i, err))
+		}
+	}
+	return runs, errors.Join(errs...)
+}
+
+// LoadPublished reads every *.json file directly in dir (sorted by name)
+// as an array of runs with sources. A model given as a relative path is
+// made relative to dir.
+func LoadPublished(dir string) ([]Run, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(paths)
+	var all []Run
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, err
+		}
+		runs, err := ReadRuns(f, p, true)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		for i := range runs {
+			if strings.ContainsAny(runs[i].Model, `/\`) && !filepath.IsAbs(runs[i].Model) {
+				runs[i].Model = filepath.Join(dir, runs[i].Model)
+			}
+		}
+		all = append(all, runs...)
+	}
+	return all, nil
+}
