@@ -338,7 +338,22 @@ func (c *Comm) complete(s *slot) error {
 			}
 		}
 		for _, cl := range s.calls {
-			copy(cl.in, sum)
+			if cl.out == nil {
+				continue
+			}
+			// AllReduceAdd: out + in_0 + in_1 + … left to right.
+			for k := range cl.out {
+				v := cl.out[k]
+				for _, src := range s.calls {
+					v += src.in[k]
+				}
+				cl.out[k] = v
+			}
+		}
+		for _, cl := range s.calls {
+			if cl.out == nil {
+				copy(cl.in, sum) // in place, after every input was read
+			}
 		}
 	case CollBroadcast:
 		root := s.calls[first.root].in
@@ -409,6 +424,16 @@ func (e *Endpoint) reduceScatter(ctx context.Context, g Group, dt moe.DType, in,
 // left to right in float32).
 func (e *Endpoint) AllReduce(ctx context.Context, g Group, dt moe.DType, buf []float32) error {
 	return e.do(ctx, g, &call{kind: CollAllReduce, dtype: dt, size: len(buf), in: buf})
+}
+
+// AllReduceAdd adds the sum of every member's in to out, left to right from
+// out: out = ((out + in_0) + in_1) + …, the order in which one rank would
+// accumulate the same gradients; in is left unchanged.
+func (e *Endpoint) AllReduceAdd(ctx context.Context, g Group, dt moe.DType, in, out []float32) error {
+	if len(out) != len(in) {
+		return fmt.Errorf("all_reduce on %s: len(in) = %d ≠ len(out) = %d", g.Name(), len(in), len(out))
+	}
+	return e.do(ctx, g, &call{kind: CollAllReduce, dtype: dt, size: len(in), in: in, out: out})
 }
 
 // Broadcast copies member root's buf (root is a group index) into every

@@ -60,6 +60,14 @@ func TestCollectiveResults(t *testing.T) {
 		if want := float32(2 * (4*(2*r) + 6)); out[0] != want {
 			t.Errorf("rank %d reduce-scatter-add %v, want %v", r, out[0], want)
 		}
+		// all-reduce-add: 1 + 0 + 1 + 2 + 3 = 7; in unchanged.
+		acc, x := []float32{1}, []float32{float32(r)}
+		if err := ep.AllReduceAdd(ctx, g, moe.F32, x, acc); err != nil {
+			return err
+		}
+		if acc[0] != 7 || x[0] != float32(r) {
+			t.Errorf("rank %d all-reduce-add: acc %v in %v, want 7 and %d", r, acc[0], x[0], r)
+		}
 		// broadcast from member 2.
 		buf := []float32{float32(r), float32(r)}
 		if err := ep.Broadcast(ctx, g, moe.F32, 2, buf); err != nil {

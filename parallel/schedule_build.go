@@ -30,7 +30,8 @@ type ScheduleSpec struct {
 // stream before its first compute, prefetching one unit ahead (the gather of
 // unit i waits for the compute of unit i−2, so at most two gathered units
 // are live), and frees them after forward when reshard-after-forward is on
-// (never the head, which torchtitan keeps), after backward unless
+// (never the last block nor the head, which torchtitan keeps, as the memory
+// package's timeline does), after backward unless
 // keep-gathered holds them for the next micro-step's forward. Gradients of a
 // unit are reduced right after its backward: reduce-scatter over the shard
 // axis (fsdp, zero2) or all-reduce (zero1, ddp), then all-reduce over
@@ -296,7 +297,7 @@ func (b *schedBuilder) build() {
 		}
 		for l := 0; l < b.cfg.Layers; l++ {
 			id = b.forwardBlock(micro, l, PhaseForward)
-			if ra {
+			if ra && l != b.cfg.Layers-1 {
 				b.free(Unit{Layer: l}, id)
 				if b.cfg.MoELayer[l] {
 					b.free(Unit{Layer: l, Experts: true}, b.unitLast[Unit{Layer: l, Experts: true}])

@@ -49,14 +49,15 @@ func TestScheduleCollectiveCounts(t *testing.T) {
 	}
 	// 4 ranks, dp_shard 4, ep 2 (efsdp 2): 6 units (embed, L0 dense, L0
 	// experts, L1 dense, L1 experts, head). Forward gathers all 6; backward
-	// re-gathers all but the head (kept after forward) = 5; one gradient
+	// re-gathers all but the last block's two units and the head (kept after
+	// forward) = 3; one gradient
 	// reduce-scatter per unit = 6; per MoE layer one count exchange and four
 	// token all-to-alls (dispatch, combine, and their gradients) = 5 × 2;
 	// one loss all-reduce.
 	l := meshLayout(t, 4, 1, 2)
 	s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 1)
 	got := countColl(s)
-	want := map[Purpose]int{PurposeGather: 11, PurposeGradReduce: 6, PurposeCounts: 2, PurposeDispatch: 2, PurposeCombine: 2,
+	want := map[Purpose]int{PurposeGather: 9, PurposeGradReduce: 6, PurposeCounts: 2, PurposeDispatch: 2, PurposeCombine: 2,
 		PurposeDispatchBwd: 2, PurposeCombineBwd: 2, PurposeLoss: 1}
 	for p, n := range want {
 		if got[p] != n {
@@ -82,13 +83,13 @@ func TestScheduleCollectiveCounts(t *testing.T) {
 	}
 	// Keep-gathered holds weights from backward into the next micro-step's
 	// forward (which then gathers nothing); reshard-after-forward still
-	// frees them after that forward, so backward re-gathers 5 units:
-	// 11 + 2 × 5 = 21 gathers (without keep-gathered: 3 × 11 = 33).
+	// frees them after that forward, so backward re-gathers 3 units:
+	// 9 + 2 × 3 = 15 gathers (without keep-gathered: 3 × 9 = 27).
 	l.AllreduceLastOnly = false
 	l.KeepGathered = true
 	s = schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 3)
-	if g := countColl(s)[PurposeGather]; g != 21 {
-		t.Errorf("keep-gathered: %d gathers, want 21", g)
+	if g := countColl(s)[PurposeGather]; g != 15 {
+		t.Errorf("keep-gathered: %d gathers, want 15", g)
 	}
 }
 

@@ -1,0 +1,75 @@
+package parallel
+
+import (
+	"fmt"
+	"math/rand/v2"
+)
+
+// Batch is the data plan of a run (DESIGN.md, Batch contract): LBS sequences
+// of Seq tokens per data-parallel rank per micro-step, Micro micro-steps
+// per optimizer step, DP = dp_replicate × dp_shard ranks. The global batch is
+// B = LBS·DP·Micro sequences; step t consumes sequences [t·B, (t+1)·B).
+type Batch struct {
+	LBS, Seq, Micro, DP int
+}
+
+// Validate checks every field.
+func (b Batch) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"lbs", b.LBS}, {"seq", b.Seq}, {"grad_accum", b.Micro}, {"dp", b.DP}} {
+		if f.v < 1 || f.v > 1<<24 {
+			return fmt.Errorf("%s = %d: must be in [1, 16777216]", f.name, f.v)
+		}
+	}
+	if int64(b.LBS)*int64(b.DP)*int64(b.Micro) > 1<<40 {
+		return fmt.Errorf("global batch lbs %d × dp %d × grad_accum %d is too large", b.LBS, b.DP, b.Micro)
+	}
+	return nil
+}
+
+// Global is B = LBS·DP·Micro, sequences per step.
+func (b Batch) Global() int64 { return int64(b.LBS) * int64(b.DP) * int64(b.Micro) }
+
+// Start is the global index of the first of the LBS sequences that
+// data-parallel rank r = replica·dp_shard + shard takes at micro-step m of
+// step t: t·B + (m·DP + r)·LBS. N ranks at lbs l thus see exactly the
+// micro-batches one rank sees at lbs l with grad-accum N·Micro, in the order
+// (m, r).
+func (b Batch) Start(t, m, r int) int64 {
+	return int64(t)*b.Global() + (int64(m)*int64(b.DP)+int64(r))*int64(b.LBS)
+}
+
+// SyntheticSequence returns global sequence i of a deterministic synthetic
+// corpus: n token ids in [0, vocab), a function of (seed, i) only, so every
+// layout reads the same data. Each sequence follows a random affine rule
+// x_{k+1} = (a·x_k + c) mod vocab, with one token in eight replaced by noise,
+// so a model can lower its loss by learning the rule.
+func SyntheticSequence(seed uint64, i int64, n, vocab int) []int32 {
+	rng := rand.New(rand.NewPCG(seed, uint64(i)*0x9e3779b97f4a7c15+1))
+	out := make([]int32, n)
+	a := 1 + rng.IntN(3)
+	c := rng.IntN(vocab)
+	x := rng.IntN(vocab)
+	for k := range out {
+		if rng.IntN(8) == 0 {
+			out[k] = int32(rng.IntN(vocab))
+		} else {
+			out[k] = int32(x)
+		}
+		x = (a*x + c) % vocab
+	}
+	return out
+}
+
+// MicroBatchTokens returns the LBS sequences rank r reads at micro-step m
+// of step t, concatenated ([LBS·Seq] token ids).
+func (b Batch) MicroBatchTokens(seed uint64, vocab, t, m, r int) []int32 {
+	start := b.Start(t, m, r)
+	out := make([]int32, 0, b.LBS*b.Seq)
+	for s := 0; s < b.LBS; s++ {
+		out = append(out, SyntheticSequence(seed, start+int64(s), b.Seq, vocab)...)
+	}
+	return out
+}
