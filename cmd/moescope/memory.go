@@ -1,0 +1,169 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+func init() {
+	register(command{"memory", "per-GPU memory of a training step: state, activations, transients, peak reserved, max local batch", runMemory})
+}
+
+// memoryReport is the JSON output of `moescope memory`.
+type memoryReport struct {
+	Model              string           `json:"model"`
+	GPU                string           `json:"gpu"`
+	Layout             moe.Layout       `json:"layout"`
+	AC                 moe.AC           `json:"ac"`
+	Attention          string           `json:"attention"`
+	LossChunks         int              `json:"loss_chunks"`
+	LBS                int              `json:"lbs"`
+	Seq                int              `json:"seq"`
+	GradAccum          int              `json:"grad_accum"`
+	PeakAllocatedBytes int64            `json:"peak_allocated_bytes"`
+	PeakReservedBytes  int64            `json:"peak_reserved_bytes"`
+	DeviceBytes        int64            `json:"device_bytes"`
+	MemoryFraction     float64          `json:"memory_fraction"`
+	Breakdown          map[string]int64 `json:"breakdown"`
+	State              memory.State     `json:"state"`
+	// SavedBytesPerLayer is each decoder block's saved activations.
+	SavedBytesPerLayer []int64 `json:"saved_bytes_per_layer"`
+	PeakEvent          string  `json:"peak_event"`
+	Allocator          string  `json:"allocator"`
+	MaxLBS             *int    `json:"max_lbs,omitempty"`
+	MemoryTarget       float64 `json:"memory_target,omitempty"`
+}
+
+func runMemory(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("memory", stderr)
+	model := fs.String("model", "", "built-in model name or config.json path (required)")
+	gpu := fs.String("gpu", parallel.DefaultDeviceName, "device from the registry (its capacity as PyTorch reports it)")
+	lf := addLayoutFlags(fs)
+	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
+	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required unless --max-lbs)")
+	seq := fs.Int("seq", 0, "tokens per sequence (required)")
+	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
+	attn := fs.String("attention", "flash", "attention kernel: flash|eager")
+	chunks := fs.Int("loss-chunks", 0, "chunked cross-entropy over this many token chunks (0 = unchunked)")
+	gradT := fs.String("grad-dtype", "f32", "gradient storage type: f32|bf16")
+	optT := fs.String("optimizer-dtype", "f32", "AdamW moment storage type: f32|bf16")
+	jsonOut := fs.Bool("json", false, "print one JSON object")
+	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")
+	target := fs.Float64("memory-target", 0.92, "fraction of device memory --max-lbs may use, in (0, 1]")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *model == "" {
+		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, moe.Builtins())
+	}
+	if *seq < 1 {
+		return fmt.Errorf("%w: --seq = %d: must be ≥ 1", errUsage, *seq)
+	}
+	if *lbs < 1 && !*maxLBS {
+		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
+	}
+	if *lbs < 0 {
+		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
+	}
+	if *maxLBS && !(*target > 0 && *target <= 1) {
+		return fmt.Errorf("%w: --memory-target = %v: must be in (0, 1]", errUsage, *target)
+	}
+	ac, err := moe.ParseAC(*acFlag)
+	if err != nil {
+		return fmt.Errorf("%w: --ac: %v", errUsage, err)
+	}
+	prec := moe.DefaultPrecision
+	for _, f := range []struct {
+		name, v string
+		dst     *moe.DType
+	}{{"grad-dtype", *gradT, &prec.Grad}, {"optimizer-dtype", *optT, &prec.Optimizer}} {
+		switch moe.DType(f.v) {
+		case moe.F32, moe.BF16:
+			*f.dst = moe.DType(f.v)
+		default:
+			return fmt.Errorf("%w: --%s = %q: must be f32 or bf16", errUsage, f.name, f.v)
+		}
+	}
+	dev, err := parallel.LookupDevice(*gpu)
+	if err != nil {
+		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
+	}
+	cfg, err := moe.Load(*model)
+	if err != nil {
+		return fmt.Errorf("--model: %w", err)
+	}
+	l, err := lf.layout(cfg)
+	if err != nil {
+		return err
+	}
+	o := memory.Options{Precision: prec, AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks}
+	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: ac, Attention: *attn, LossChunks: *chunks,
+		LBS: *lbs, Seq: *seq, GradAccum: *accum, DeviceBytes: dev.MemoryBytes}
+	var r memory.Report
+	if *maxLBS {
+		n, rm, err := memory.MaxLBS(cfg, l, *seq, *accum, o, dev.MemoryBytes, *target)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rep.MaxLBS, rep.MemoryTarget = &n, *target
+		if *lbs == 0 {
+			r, rep.LBS = rm, max(n, 1)
+		}
+	}
+	if rep.MaxLBS == nil || *lbs > 0 {
+		r, err = memory.Estimate(cfg, l, memory.Batch{LBS: *lbs, Seq: *seq, GradAccum: *accum}, o)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
+	rep.PeakAllocatedBytes, rep.PeakReservedBytes = r.Peak.Allocated, r.Peak.Reserved
+	rep.MemoryFraction = float64(r.Peak.Reserved) / float64(dev.MemoryBytes)
+	rep.Breakdown, rep.State = r.Breakdown(), r.State
+	for i, u := range r.Units {
+		if u.Layer >= 0 && u.Layer < cfg.Layers {
+			rep.SavedBytesPerLayer = append(rep.SavedBytesPerLayer, r.Saved[i])
+		}
+	}
+	if r.Peak.Index >= 0 {
+		rep.PeakEvent = r.Events[r.Peak.Index].String()
+	}
+	rep.Allocator = memory.DefaultAllocator.Source
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printMemory(stdout, rep)
+	return nil
+}
+
+func printMemory(w io.Writer, r memoryReport) {
+	gib := func(n int64) float64 { return float64(n) / (1 << 30) }
+	fmt.Fprintf(w, "%s on %s: gpus %d = dp_replicate %d × dp_shard %d, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
+		r.Model, r.GPU, r.Layout.GPUs, r.Layout.DPReplicate, r.Layout.DPShard, r.Layout.EP, r.Layout.Sharding,
+		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "live at peak\tGiB\tbytes\t")
+	for _, c := range memory.Categories {
+		fmt.Fprintf(tw, "%s\t%.2f\t%d\t\n", c, gib(r.Breakdown[string(c)]), r.Breakdown[string(c)])
+	}
+	fmt.Fprintf(tw, "allocator_overhead\t%.2f\t%d\t\n", gib(r.Breakdown["allocator_overhead"]), r.Breakdown["allocator_overhead"])
+	fmt.Fprintf(tw, "peak allocated\t%.2f\t%d\t\n", gib(r.PeakAllocatedBytes), r.PeakAllocatedBytes)
+	fmt.Fprintf(tw, "peak reserved\t%.2f\t%d\t\n", gib(r.PeakReservedBytes), r.PeakReservedBytes)
+	fmt.Fprintf(tw, "device\t%.2f\t%d\t\n", gib(r.DeviceBytes), r.DeviceBytes)
+	tw.Flush()
+	fmt.Fprintf(w, "memory fraction %.1f%% (peak reserved / device)\n", 100*r.MemoryFraction)
+	fmt.Fprintf(w, "state per rank: parameters %.2f GiB, gradients %.2f GiB, optimizer %.2f GiB\n",
+		gib(r.State.Params), gib(r.State.Grads), gib(r.State.Optimizer))
+	fmt.Fprintf(w, "peak at: %s\n", r.PeakEvent)
+	if r.MaxLBS != nil {
+		fmt.Fprintf(w, "max lbs within %.0f%% of device memory: %d\n", 100*r.MemoryTarget, *r.MaxLBS)
+	}
+	fmt.Fprintf(w, "reserved = allocated + allocator model (%s)\n", r.Allocator)
+}

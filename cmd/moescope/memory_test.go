@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/parallel"
+)
+
+func runMem(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, append([]string{"memory"}, args...))
+	return out.String() + errb.String(), err
+}
+
+func TestMemoryJSON(t *testing.T) {
+	out, err := runMem(t, "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "16", "--ep", "8",
+		"--ac", "selective", "--lbs", "2", "--seq", "4096", "--json", "--max-lbs")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r struct {
+		PeakAllocated *int64           `json:"peak_allocated_bytes"`
+		PeakReserved  *int64           `json:"peak_reserved_bytes"`
+		Device        *int64           `json:"device_bytes"`
+		Fraction      *float64         `json:"memory_fraction"`
+		Breakdown     map[string]int64 `json:"breakdown"`
+		MaxLBS        *int             `json:"max_lbs"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if r.PeakAllocated == nil || r.PeakReserved == nil || r.Device == nil || r.Fraction == nil || r.MaxLBS == nil || len(r.Breakdown) == 0 {
+		t.Fatalf("missing fields:\n%s", out)
+	}
+	dev, _ := parallel.LookupDevice("b200")
+	if *r.Device != dev.MemoryBytes {
+		t.Errorf("device_bytes %d, registry says %d", *r.Device, dev.MemoryBytes)
+	}
+	if got := float64(*r.PeakReserved) / float64(*r.Device); got != *r.Fraction {
+		t.Errorf("memory_fraction %v ≠ reserved/device %v", *r.Fraction, got)
+	}
+	var live int64
+	for k, v := range r.Breakdown {
+		if k != "allocator_overhead" {
+			live += v
+		}
+	}
+	if live != *r.PeakAllocated || live+r.Breakdown["allocator_overhead"] != *r.PeakReserved {
+		t.Errorf("breakdown sums to %d (+%d overhead); peaks %d, %d", live, r.Breakdown["allocator_overhead"], *r.PeakAllocated, *r.PeakReserved)
+	}
+	if *r.MaxLBS < 2 {
+		t.Errorf("max_lbs = %d; lbs 2 uses %.0f%% of a B200", *r.MaxLBS, 100**r.Fraction)
+	}
+}
+
+func TestMemoryText(t *testing.T) {
+	out, err := runMem(t, "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--lbs", "1", "--seq", "2048")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"peak reserved", "memory fraction", "gathered_weights", "allocator_overhead"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestMemoryBadInput(t *testing.T) {
+	base := []string{"--model", "qwen3-30b-a3b", "--seq", "4096"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gpus", "8", "--lbs", "0"}, "--lbs"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--gpu", "tpu9"}, "known: b200"},
+		{[]string{"--gpus", "8", "--ep", "3", "--lbs", "1"}, "does not divide"},
+		{[]string{"--gpus", "8", "--dp-shard", "3", "--dp-replicate", "2", "--lbs", "1"}, "gpus"},
+		{[]string{"--gpus", "16", "--ep", "16", "--lbs", "1", "--model", "mixtral-8x7b"}, "experts"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--ac", "some"}, "--ac"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--max-lbs", "--memory-target", "1.5"}, "memory-target"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--grad-dtype", "f8"}, "grad-dtype"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--attention", "sparse"}, "attention"},
+	} {
+		out, err := runMem(t, append(append([]string{}, base...), c.args...)...)
+		if err == nil || exitCode(err) == 0 {
+			t.Errorf("%v: accepted\n%s", c.args, out)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %q does not mention %q", c.args, err, c.want)
+		}
+	}
+}
