@@ -297,3 +297,45 @@ func splitRows(rows int64, n int, weights []float64) []int64 {
 	}
 	return out
 }
+
+// Default efficiencies of the compute model. They are the uncalibrated
+// starting point; `moescope calibrate` fits multipliers per class.
+const (
+	// defaultLaunchS: a CUDA kernel launch costs a few microseconds of
+	// host and device latency; 4 µs is in the range NVIDIA's CUDA Graphs
+	// post gives (developer.nvidia.com/blog/cuda-graphs, "kernel launch
+	// overheads ... of the order of microseconds") and covers PyTorch
+	// eager dispatch gaps between kernels.
+	defaultLaunchS = 4e-6
+	// defaultGEMMEff: large BF16 cuBLAS GEMMs reach about 70–80% of the
+	// dense peak on H100 and B200 (torchtitan's H100 runs reach 33–39% MFU
+	// end to end, benchmarks/llama3_h100_202412_torchtitan.md, which bounds
+	// the GEMMs from below); assumed 0.75.
+	defaultGEMMEff = 0.75
+	// defaultGroupedEff: torch._grouped_mm runs below dense GEMMs (ragged
+	// groups, per-group epilogues); assumed 0.6.
+	defaultGroupedEff = 0.6
+	// Flash attention through PyTorch SDPA: FlashAttention-2 reaches
+	// 50–73% of A100 peak forward and less backward (Dao 2023,
+	// arXiv:2307.08691, fig. 5-6), and a lower share on Hopper/Blackwell
+	// without FA3/cuDNN kernels; assumed 0.5 forward, 0.4 backward.
+	defaultAttnFwdEff = 0.5
+	defaultAttnBwdEff = 0.4
+	// defaultMemEff: elementwise kernels stream at about 80–90% of HBM
+	// peak (STREAM-like copies on H100 reach ~3 of 3.35 TB/s); assumed 0.8.
+	defaultMemEff = 0.8
+	// fallbackSMs is used for devices without a published SM count.
+	fallbackSMs = 132
+)
+
+// ComputeSpecOf returns the compute model of a registry device with the
+// default efficiencies.
+func ComputeSpecOf(d Device) ComputeSpec {
+	sms := d.SMs
+	if sms == 0 {
+		sms = fallbackSMs
+	}
+	return ComputeSpec{PeakFLOPs: d.BF16FLOPs, HBMBytesPerS: d.HBMBytesPerS, SMs: sms, LaunchS: defaultLaunchS,
+		GEMMEff: defaultGEMMEff, GroupedEff: defaultGroupedEff, AttnFwdEff: defaultAttnFwdEff,
+		AttnBwdEff: defaultAttnBwdEff, MemEff: defaultMemEff}
+}

@@ -1,0 +1,538 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/moescope/moescope/flops"
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+)
+
+// SimInput is one layout to predict: model, layout, checkpointing, batch,
+// hardware and an optional calibration.
+type SimInput struct {
+	Config    *moe.Config
+	Layout    moe.Layout // resolved (moe.Layout.Resolve); GPUsPerNode 0 = the cluster's
+	AC        moe.AC
+	LBS       int // sequences per rank per micro-step
+	Seq       int // tokens per sequence
+	GradAccum int // micro-steps per optimizer step; 0 means 1
+	Device    Device
+	// Cluster describes hosts and links; nil means ClusterForGPU(Device.Name).
+	Cluster     *Cluster
+	Calibration *Calibration
+	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
+	// ExpertSkew × the mean rows (balanced within the rank); 0 or 1 is
+	// balanced routing.
+	ExpertSkew float64
+	// ExpertCounts, when set, are the rows each routed expert receives in
+	// one micro-step from one EP group (len = experts), as a numeric run
+	// records them; the same counts are used for every MoE layer. They
+	// override ExpertSkew.
+	ExpertCounts []int64
+	// SingleCommStream runs the schedule's communication stream as one
+	// stream (no FSDP2 side streams; all-to-alls stay on it).
+	SingleCommStream bool
+	// KeepTimeline keeps per-op spans for traces.
+	KeepTimeline bool
+}
+
+// SimBreakdown splits the step time of the simulated (slowest) rank along
+// its critical path, the compute stream: busy time is compute, recompute
+// or optimizer; idle time is exposed communication, charged to the
+// collective the next compute op waited for (all-to-alls that run inline on
+// the compute stream are exposed in full). The parts sum to the step time.
+type SimBreakdown struct {
+	ComputeS   float64 `json:"compute_s"`
+	RecomputeS float64 `json:"recompute_s"`
+	OptimizerS float64 `json:"optimizer_s"`
+	// ExposedCommS is keyed by collective kind (all_gather, reduce_scatter,
+	// all_reduce, all_to_all).
+	ExposedCommS map[string]float64 `json:"exposed_comm_s"`
+	// CommS is the total time collectives ran (overlapped or not), by kind.
+	CommS map[string]float64 `json:"comm_s"`
+}
+
+// SimResult is the prediction for one layout.
+type SimResult struct {
+	Device  string `json:"gpu"`
+	Cluster string `json:"cluster"`
+	// StepTimeS is one optimizer step (all micro-steps), seconds.
+	StepTimeS float64 `json:"step_time_s"`
+	// TPS is a rank's own tokens per second (torchtitan's definition).
+	TPS float64 `json:"tps"`
+	// MFU uses the torchtitan FLOP convention; MFUByConvention holds every
+	// convention flops knows; HFU the hardware count (recompute included).
+	MFU             float64            `json:"mfu"`
+	HFU             float64            `json:"hfu"`
+	MFUByConvention map[string]float64 `json:"mfu_by_convention"`
+	// Memory: the memory package's step timeline replayed through its
+	// allocator model (the calibrated one when a calibration sets it).
+	PeakAllocatedBytes int64        `json:"peak_allocated_bytes"`
+	PeakReservedBytes  int64        `json:"peak_reserved_bytes"`
+	DeviceBytes        int64        `json:"device_bytes"`
+	MemoryFraction     float64      `json:"memory_fraction"`
+	Breakdown          SimBreakdown `json:"breakdown"`
+	// Bottleneck names the largest part of the breakdown.
+	Bottleneck string `json:"bottleneck"`
+	// Exactness says which ranks were simulated and why that is exact.
+	Exactness string `json:"exactness"`
+
+	Schedule  *Schedule `json:"-"`
+	spans     []simSpan
+	streams   []simStream
+	memEvents []memory.Event
+	memTimes  []float64
+}
+
+// simulated holds the per-op costs of a schedule.
+type simulated struct {
+	ops       []simOp
+	recompute []float64 // recompute seconds inside each compute op
+	comm      []CommCost
+}
+
+// Simulate predicts step time, TPS, MFU, HFU and memory of one layout by
+// walking its schedule (BuildSchedule) in virtual time.
+//
+// Exactness: every rank runs the same program on groups of the same shape,
+// so one rank is simulated and stands for all when routing is balanced.
+// With skew or recorded counts the simulated rank is the most loaded
+// expert-parallel rank: every all-to-all waits for it, so the step time is
+// its time — exact when the same rank is the most loaded in every MoE layer
+// (as with counts applied to every layer). Group shapes are those of rank
+// 0's groups; layouts whose groups straddle NVLink domains unevenly are
+// approximated by rank 0's.
+func Simulate(in SimInput) (SimResult, error) {
+	cfg := in.Config
+	if cfg == nil {
+		return SimResult{}, errors.New("simulate: no model config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return SimResult{}, fmt.Errorf("simulate: %w", err)
+	}
+	if in.LBS < 1 || in.Seq < 1 {
+		return SimResult{}, fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
+	}
+	accum := in.GradAccum
+	if accum == 0 {
+		accum = 1
+	}
+	if accum < 0 || accum > 1<<16 {
+		return SimResult{}, fmt.Errorf("simulate: grad_accum = %d: must be in [1, 65536]", accum)
+	}
+	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
+		return SimResult{}, fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
+	}
+	dev := in.Device
+	if dev.Name == "" {
+		var err error
+		if dev, err = LookupDevice(DefaultDeviceName); err != nil {
+			return SimResult{}, err
+		}
+	}
+	cl := in.Cluster
+	if cl == nil {
+		var err error
+		if cl, err = LoadCluster(ClusterForGPU(dev.Name)); err != nil {
+			return SimResult{}, err
+		}
+	}
+	l := in.Layout
+	if l.GPUsPerNode > 0 {
+		c := cl.WithGPUsPerNode(l.GPUsPerNode)
+		cl = &c
+	}
+	mesh, err := NewMesh(l, cfg, cl.GPUsPerNode)
+	if err != nil {
+		return SimResult{}, fmt.Errorf("simulate: %w", err)
+	}
+	spec := ComputeSpecOf(dev).Calibrated(in.Calibration)
+	if err := spec.Validate(); err != nil {
+		return SimResult{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
+	}
+	sched, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: accum})
+	if err != nil {
+		return SimResult{}, fmt.Errorf("simulate: %w", err)
+	}
+	alloc := memory.DefaultAllocator
+	if in.Calibration != nil && in.Calibration.AllocatorOverhead > 0 {
+		alloc.Fragmentation = in.Calibration.AllocatorOverhead
+		alloc.Source = "calibrated"
+	}
+	mem, err := memory.Estimate(cfg, l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: accum}, memory.Options{AC: in.AC, Allocator: &alloc})
+	if err != nil {
+		return SimResult{}, fmt.Errorf("simulate: memory: %w", err)
+	}
+	load, groups, exact := expertLoad(cfg, l, in)
+	costs, err := opCosts(cfg, l, in, spec, load, groups)
+	if err != nil {
+		return SimResult{}, err
+	}
+	optS := spec.MemorySeconds(float64(mem.State.Params/moe.DefaultPrecision.Param.Bytes()) * bytesPerElement(moe.OpOptimizer, moe.Forward))
+	sim, err := simOps(sched, cfg, cl, mesh, in, costs, optS, load)
+	if err != nil {
+		return SimResult{}, err
+	}
+	spans, err := runEngine(sim.ops)
+	if err != nil {
+		return SimResult{}, err
+	}
+	res := SimResult{Device: dev.Name, Cluster: cl.Name, Schedule: sched, Exactness: exact, DeviceBytes: dev.MemoryBytes}
+	for _, sp := range spans {
+		res.StepTimeS = math.Max(res.StepTimeS, sp.end)
+	}
+	if !(res.StepTimeS > 0) {
+		return SimResult{}, errors.New("simulate: zero step time")
+	}
+	res.Breakdown, res.Bottleneck = breakdown(sched, sim, spans, res.StepTimeS)
+	tokens := float64(in.LBS) * float64(in.Seq) * float64(accum)
+	res.TPS = tokens / res.StepTimeS
+	if err := res.setMFU(cfg, in, dev); err != nil {
+		return SimResult{}, err
+	}
+	// Memory: replay the memory timeline (the one source of peak memory).
+	peak, err := memory.Replay(mem.Events, alloc)
+	if err != nil {
+		return SimResult{}, fmt.Errorf("simulate: memory replay: %w", err)
+	}
+	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
+	res.MemoryFraction = float64(peak.Reserved) / float64(dev.MemoryBytes)
+	if in.KeepTimeline {
+		res.spans = spans
+		res.streams = make([]simStream, len(sim.ops))
+		for i, o := range sim.ops {
+			res.streams[i] = o.stream
+		}
+		res.memEvents = mem.Events
+		res.memTimes = memEventTimes(sched, spans, mem.Events)
+	}
+	return res, nil
+}
+
+// expertLoad returns the simulated rank's routed rows relative to the
+// balanced mean, the relative sizes of its local expert groups, and the
+// exactness statement.
+func expertLoad(cfg *moe.Config, l moe.Layout, in SimInput) (float64, []float64, string) {
+	const sym = "one rank simulated: all ranks run the same program on same-shaped groups with balanced routing"
+	if !cfg.IsMoE() {
+		return 1, nil, sym
+	}
+	local := cfg.Experts / l.EP
+	if len(in.ExpertCounts) == cfg.Experts {
+		var total int64
+		for _, c := range in.ExpertCounts {
+			total += c
+		}
+		best, bestRows := 0, int64(-1)
+		for r := 0; r < l.EP; r++ {
+			var rows int64
+			for _, c := range in.ExpertCounts[r*local : (r+1)*local] {
+				rows += c
+			}
+			if rows > bestRows {
+				best, bestRows = r, rows
+			}
+		}
+		w := make([]float64, local)
+		for i, c := range in.ExpertCounts[best*local : (best+1)*local] {
+			w[i] = float64(c)
+		}
+		mean := float64(total) / float64(l.EP)
+		f := 1.0
+		if mean > 0 {
+			f = float64(bestRows) / mean
+		}
+		return f, w, fmt.Sprintf("one rank simulated: EP rank %d, the most loaded under the given counts (%.3f× the mean); exact because every all-to-all waits for it and the counts apply to every layer", best, f)
+	}
+	if in.ExpertSkew > 1 && l.EP > 1 {
+		return in.ExpertSkew, nil, fmt.Sprintf("one rank simulated: the most loaded EP rank (%.3g× the mean rows); exact when it is the most loaded in every MoE layer", in.ExpertSkew)
+	}
+	return 1, nil, sym
+}
+
+// segKey names one compute op of a schedule.
+type segKey struct {
+	layer int
+	seg   Segment
+	phase Phase
+}
+
+type segCost struct{ total, recompute float64 }
+
+// opCosts sums modelled op times per (layer, segment, phase) for one
+// micro-step of the simulated rank. Counts come from flops.Ops with a GPU
+// flash-attention tile (flops.DefaultTile): the work the GPU executes.
+func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, load float64, groups []float64) (map[segKey]segCost, error) {
+	recs, err := flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile)
+	if err != nil {
+		return nil, fmt.Errorf("simulate: flops: %w", err)
+	}
+	type opKey struct {
+		layer int
+		op    moe.Op
+	}
+	fwd := map[opKey]int64{}
+	for _, r := range recs {
+		if r.Pass == moe.Forward {
+			fwd[opKey{r.Layer, r.Op}] = r.Count
+		}
+	}
+	local := 1
+	if cfg.IsMoE() {
+		local = cfg.Experts / l.EP
+	}
+	costs := map[segKey]segCost{}
+	addCost := func(k segKey, t, rec float64) {
+		c := costs[k]
+		c.total += t
+		c.recompute += rec
+		costs[k] = c
+	}
+	for _, r := range recs {
+		block := r.Layer >= 0 && r.Layer < cfg.Layers
+		seg := SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
+		if r.Op.Kind() == moe.KindGrouped && load != 1 {
+			r.Count = int64(math.Round(float64(r.Count) * load))
+		}
+		t := spec.OpSeconds(cfg, r, local, groups)
+		switch r.Pass {
+		case moe.Forward:
+			addCost(segKey{r.Layer, seg, PhaseForward}, t, 0)
+			if block && in.AC.FullyCheckpointed(r.Layer) {
+				addCost(segKey{r.Layer, seg, PhaseRecompute}, t, t)
+			}
+		case moe.BackwardData, moe.BackwardWeight:
+			addCost(segKey{r.Layer, seg, PhaseBackward}, t, 0)
+		case moe.Recompute:
+			if block && in.AC.FullyCheckpointed(r.Layer) {
+				// The block's forward repeat is the PhaseRecompute op; what
+				// the record holds beyond it (flash attention's own QKᵀ)
+				// runs inside backward.
+				extra := r.Count - fwd[opKey{r.Layer, r.Op}]
+				if extra <= 0 {
+					continue
+				}
+				r.Count = extra
+				t = spec.OpSeconds(cfg, r, local, groups)
+			}
+			addCost(segKey{r.Layer, seg, PhaseBackward}, t, t)
+		}
+	}
+	return costs, nil
+}
+
+// streamOf maps a schedule op to an engine stream.
+func streamOf(o ScheduleOp, single bool) simStream {
+	if o.Type == OpCompute {
+		return simCompute
+	}
+	if single {
+		return simGather
+	}
+	switch {
+	case o.Coll == CollAllToAll:
+		return simCompute
+	case o.Purpose == PurposeGather || o.Purpose == PurposeRegather:
+		return simGather
+	}
+	return simReduce
+}
+
+// simOps turns the schedule into engine ops with modelled costs.
+func simOps(s *Schedule, cfg *moe.Config, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS, load float64) (*simulated, error) {
+	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops))}
+	shapes := map[Axis]GroupShape{}
+	for i, o := range s.Ops {
+		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
+		if o.Type == OpCompute {
+			if o.Phase == PhaseOptimizer {
+				so.compute = optS
+			} else {
+				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
+				so.compute = c.total
+				sim.recompute[i] = c.recompute
+			}
+			sim.ops[i] = so
+			continue
+		}
+		g, ok := shapes[o.Axis]
+		if !ok {
+			g = ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
+			shapes[o.Axis] = g
+		}
+		bytes := float64(o.Bytes())
+		if o.Coll == CollAllToAll && o.Purpose != PurposeCounts {
+			bytes *= load
+		}
+		kind := CommKind(o.Coll)
+		switch o.Coll {
+		case CollBroadcast:
+			kind = CommAllGather // a ring broadcast moves (n−1)/n·S per rank like an all-gather
+		case CollBarrier:
+			kind, bytes = CommAllReduce, 0
+		}
+		cc, err := CollectiveCost(cl, in.Calibration, kind, g, bytes)
+		if err != nil {
+			return nil, fmt.Errorf("simulate: op %d: %w", i, err)
+		}
+		if o.Coll == CollBarrier && g.Ranks > 1 {
+			cc.LatencyS = cl.BaseLatencyUS * 1e-6
+		}
+		cc.Kind = CommKind(o.Coll)
+		sim.comm[i] = cc
+		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link
+		sim.ops[i] = so
+	}
+	return sim, nil
+}
+
+// breakdown charges the compute stream's time: busy spans to compute,
+// recompute or optimizer; gaps to the collective that ended last among the
+// next compute op's dependencies (or the previous op of its stream).
+func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimBreakdown, string) {
+	b := SimBreakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}}
+	var order []int
+	for i, o := range sim.ops {
+		if o.stream == simCompute {
+			order = append(order, i)
+		}
+		if o.coll {
+			b.CommS[string(sim.comm[i].Kind)] += spans[i].end - spans[i].start
+		}
+	}
+	sort.SliceStable(order, func(a, c int) bool { return spans[order[a]].start < spans[order[c]].start })
+	lastCollKind := func(i int) string {
+		best, kind := -1.0, "other"
+		for _, d := range sim.ops[i].deps {
+			if sim.ops[d].coll && spans[d].end > best {
+				best, kind = spans[d].end, string(sim.comm[d].Kind)
+			}
+		}
+		return kind
+	}
+	prevEnd := 0.0
+	for _, i := range order {
+		o := sim.ops[i]
+		if gap := spans[i].start - prevEnd; gap > 0 {
+			b.ExposedCommS[lastCollKind(i)] += gap
+		}
+		d := spans[i].end - spans[i].start
+		switch {
+		case o.coll:
+			b.ExposedCommS[string(sim.comm[i].Kind)] += d
+		case s.Ops[i].Phase == PhaseOptimizer:
+			b.OptimizerS += d
+		default:
+			b.RecomputeS += sim.recompute[i]
+			b.ComputeS += d - sim.recompute[i]
+		}
+		prevEnd = spans[i].end
+	}
+	if tail := step - prevEnd; tail > 0 {
+		// Collectives still running after the last compute op (ZeRO
+		// re-gathers, trailing reductions).
+		best, kind := -1.0, "other"
+		for i, o := range sim.ops {
+			if o.coll && spans[i].end > best {
+				best, kind = spans[i].end, string(sim.comm[i].Kind)
+			}
+		}
+		b.ExposedCommS[kind] += tail
+	}
+	// Bottleneck: compute (with recompute and optimizer) against each kind
+	// of exposed communication.
+	name, top := "compute", b.ComputeS+b.RecomputeS+b.OptimizerS
+	kinds := make([]string, 0, len(b.ExposedCommS))
+	for k := range b.ExposedCommS {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		if v := b.ExposedCommS[k]; v > top {
+			name, top = "exposed "+k, v
+		}
+	}
+	return b, name
+}
+
+// setMFU fills MFU (torchtitan), HFU and the per-convention MFUs:
+// FLOPs per token × TPS / the device's BF16 peak.
+func (r *SimResult) setMFU(cfg *moe.Config, in SimInput, dev Device) error {
+	convs, hw, err := flopsPerToken(cfg, in)
+	if err != nil {
+		return err
+	}
+	r.MFUByConvention = map[string]float64{}
+	for name, f := range convs {
+		r.MFUByConvention[name] = f * r.TPS / dev.BF16FLOPs
+	}
+	r.MFU = r.MFUByConvention["torchtitan"]
+	r.HFU = hw * r.TPS / dev.BF16FLOPs
+	return nil
+}
+
+// memEventTimes stamps each memory-timeline event with the virtual time of
+// the schedule op of the same micro-step, layer and phase (its start for an
+// allocation, its end for a free); setup events at 0, optimizer events at
+// the optimizer op.
+func memEventTimes(s *Schedule, spans []simSpan, evs []memory.Event) []float64 {
+	type key struct {
+		micro, layer int
+		phase        Phase
+	}
+	first := map[key]float64{}
+	last := map[key]float64{}
+	var optStart, optEnd float64
+	for i, o := range s.Ops {
+		if o.Type != OpCompute {
+			continue
+		}
+		if o.Phase == PhaseOptimizer {
+			optStart, optEnd = spans[i].start, spans[i].end
+			continue
+		}
+		ph := o.Phase
+		if ph == PhaseRecompute {
+			ph = PhaseBackward
+		}
+		k := key{o.Micro, o.Layer, ph}
+		if t, ok := first[k]; !ok || spans[i].start < t {
+			first[k] = spans[i].start
+		}
+		last[k] = math.Max(last[k], spans[i].end)
+	}
+	out := make([]float64, len(evs))
+	prev := 0.0
+	for i, e := range evs {
+		t := prev
+		switch e.Phase {
+		case memory.Setup:
+			t = 0
+		case memory.Optimizer:
+			t = optStart
+			if !e.Alloc {
+				t = optEnd
+			}
+		default:
+			ph := PhaseForward
+			if e.Phase == memory.Backward {
+				ph = PhaseBackward
+			}
+			k := key{e.Micro, e.Layer, ph}
+			if v, ok := first[k]; ok {
+				t = v
+				if !e.Alloc {
+					t = last[k]
+				}
+			}
+		}
+		t = math.Max(t, prev) // the timeline's order is kept
+		out[i] = t
+		prev = t
+	}
+	return out
+}

@@ -1,0 +1,105 @@
+package parallel
+
+import (
+	"testing"
+
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+)
+
+func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac string) SimInput {
+	t.Helper()
+	cfg, err := moe.Load(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := moe.Layout{GPUs: gpus, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := moe.ParseAC(ac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return SimInput{Config: cfg, Layout: l, AC: a, LBS: lbs, Seq: seq, GradAccum: accum}
+}
+
+// The breakdown partitions the step; TPS is tokens over step time; the
+// memory peak is the memory package's own, exactly.
+func TestSimulateInvariants(t *testing.T) {
+	for _, in := range []SimInput{
+		simTestInput(t, "tiny", 16, 2, 2, 64, 1, "selective"),
+		simTestInput(t, "tiny", 8, 4, 1, 128, 3, "full"),
+		simTestInput(t, "tiny-dense", 4, 1, 2, 64, 2, "none"),
+	} {
+		r, err := Simulate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := r.Breakdown
+		sum := b.ComputeS + b.RecomputeS + b.OptimizerS
+		for _, v := range b.ExposedCommS {
+			sum += v
+		}
+		if !near(sum, r.StepTimeS, 1e-9) {
+			t.Errorf("breakdown sums to %g, step time %g: %+v", sum, r.StepTimeS, b)
+		}
+		tokens := float64(in.LBS * in.Seq * max(1, in.GradAccum))
+		if !near(r.TPS, tokens/r.StepTimeS, 1e-12) {
+			t.Errorf("tps %g ≠ tokens/step %g", r.TPS, tokens/r.StepTimeS)
+		}
+		rep, err := memory.Estimate(in.Config, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.PeakReservedBytes != rep.Peak.Reserved || r.PeakAllocatedBytes != rep.Peak.Allocated {
+			t.Errorf("memory peak %d/%d, memory package %d/%d", r.PeakAllocatedBytes, r.PeakReservedBytes, rep.Peak.Allocated, rep.Peak.Reserved)
+		}
+		if in.AC.Mode == moe.ACFull && b.RecomputeS <= 0 {
+			t.Errorf("full AC without recompute time: %+v", b)
+		}
+		if r.MFU <= 0 || r.MFU > 1 || r.HFU < r.MFUByConvention["model"] {
+			t.Errorf("mfu %g hfu %g model %g", r.MFU, r.HFU, r.MFUByConvention["model"])
+		}
+	}
+}
+
+// Expert skew slows the step: the most loaded EP rank does more grouped
+// GEMM work and moves more all-to-all bytes.
+func TestSimulateSkew(t *testing.T) {
+	in := simTestInput(t, "tiny", 8, 4, 4, 128, 1, "none")
+	base, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.ExpertSkew = 2
+	skew, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(skew.StepTimeS > base.StepTimeS) {
+		t.Errorf("skew 2: step %g not above balanced %g", skew.StepTimeS, base.StepTimeS)
+	}
+	// Counts equal for every expert are the balanced case.
+	in.ExpertSkew = 0
+	in.ExpertCounts = []int64{256, 256, 256, 256}
+	even, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(even.StepTimeS, base.StepTimeS, 1e-12) {
+		t.Errorf("even counts: %g, balanced %g", even.StepTimeS, base.StepTimeS)
+	}
+}
+
+func TestSimulateBadInput(t *testing.T) {
+	in := simTestInput(t, "tiny", 2, 1, 1, 64, 1, "none")
+	in.LBS = 0
+	if _, err := Simulate(in); err == nil {
+		t.Error("lbs 0 accepted")
+	}
+	in.LBS, in.ExpertSkew = 1, 0.5
+	if _, err := Simulate(in); err == nil {
+		t.Error("skew 0.5 accepted")
+	}
+}
