@@ -1,0 +1,457 @@
+package moe
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+// Model is the reference implementation of a Config: parameters (and their
+// gradients) stored flat in Config.Params() order, so that safetensors I/O
+// by Hugging Face name is a copy per tensor.
+type Model[T Float] struct {
+	Cfg    *Config
+	Params []Param // Cfg.Params()
+	Data   []T     // every parameter, flat, in Params order
+	Grad   []T     // gradients, same layout (zero for buffers)
+	// Load[l][e] counts the (token, slot) pairs routed to expert e of layer
+	// l since the last ResetLoad (nil for dense layers).
+	Load [][]int64
+
+	offs []int // Params[i] is Data[offs[i]:offs[i+1]]
+	opt  AdamState[T]
+}
+
+// NewModel allocates a zero model for a valid config.
+func NewModel[T Float](c *Config) (*Model[T], error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Model[T]{Cfg: c, Params: c.Params()}
+	n := 0
+	m.offs = append(m.offs, 0)
+	for _, p := range m.Params {
+		n += int(p.Elements())
+		m.offs = append(m.offs, n)
+	}
+	m.Data, m.Grad = make([]T, n), make([]T, n)
+	m.Load = make([][]int64, c.Layers)
+	for l := range m.Load {
+		if c.MoELayer[l] {
+			m.Load[l] = make([]int64, c.Experts)
+		}
+	}
+	// The views must line up with Params; check once so a change of
+	// Params' order fails here, not silently.
+	if _, err := layerViews(c, m.Params, m.tensors(m.Data)); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Model[T]) tensors(flat []T) [][]T {
+	ts := make([][]T, len(m.Params))
+	for i := range ts {
+		ts[i] = flat[m.offs[i]:m.offs[i+1]:m.offs[i+1]]
+	}
+	return ts
+}
+
+// Tensors returns views of every parameter in Params order (for SaveParams).
+func (m *Model[T]) Tensors() [][]T { return m.tensors(m.Data) }
+
+// Grads returns views of every gradient in Params order.
+func (m *Model[T]) Grads() [][]T { return m.tensors(m.Grad) }
+
+// SetTensors copies ts (Params order, as LoadParams returns) into the model.
+func (m *Model[T]) SetTensors(ts [][]T) error {
+	if len(ts) != len(m.Params) {
+		return fmt.Errorf("SetTensors: %d tensors, model has %d", len(ts), len(m.Params))
+	}
+	for i, t := range ts {
+		if len(t) != m.offs[i+1]-m.offs[i] {
+			return fmt.Errorf("SetTensors: %s has %d elements, want %d", m.Params[i].Name, len(t), m.offs[i+1]-m.offs[i])
+		}
+	}
+	for i, t := range ts {
+		copy(m.Data[m.offs[i]:], t)
+	}
+	return nil
+}
+
+// Tensor returns the view of the named parameter, or nil.
+func (m *Model[T]) Tensor(name string) []T {
+	for i, p := range m.Params {
+		if p.Name == name {
+			return m.Data[m.offs[i]:m.offs[i+1]]
+		}
+	}
+	return nil
+}
+
+// InitRandom fills every parameter deterministically from seed: normal
+// with std Config.InitRange for matrices (HF's _init_weights for Linear and
+// Embedding), ones for RMSNorm weights, zeros for biases and the selection
+// bias (the initialization HF's modules use).
+func (m *Model[T]) InitRandom(seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 0x6d6f6573636f7065))
+	std := m.Cfg.InitRange
+	for i, p := range m.Params {
+		v := m.Data[m.offs[i]:m.offs[i+1]]
+		switch {
+		case p.Group == GroupNorm:
+			for j := range v {
+				v[j] = 1
+			}
+		case len(p.Shape) == 1:
+			clear(v)
+		default:
+			for j := range v {
+				v[j] = T(r.NormFloat64() * std)
+			}
+		}
+	}
+}
+
+// ZeroGrad clears the gradients.
+func (m *Model[T]) ZeroGrad() { clear(m.Grad) }
+
+// ResetLoad clears the per-expert load counters.
+func (m *Model[T]) ResetLoad() {
+	for _, l := range m.Load {
+		clear(l)
+	}
+}
+
+// weights are per-layer views plus embedding, final norm and LM head.
+type weights[T Float] struct {
+	layers                   []LayerWeights[T]
+	embed, finalNorm, lmHead []T // lmHead aliases embed when tied
+}
+
+// layerViews assigns the flat tensors (Params order) to their roles,
+// walking Params' fixed order and checking every size.
+func layerViews[T Float](c *Config, ps []Param, ts [][]T) (*weights[T], error) {
+	w := &weights[T]{layers: make([]LayerWeights[T], c.Layers)}
+	i := 0
+	var err error
+	next := func(n int) []T {
+		if err != nil {
+			return nil
+		}
+		if i >= len(ts) || len(ts[i]) != n {
+			name := "(none)"
+			if i < len(ps) {
+				name = ps[i].Name
+			}
+			err = fmt.Errorf("moe: parameter %d (%s) is not the expected tensor of %d elements", i, name, n)
+			return nil
+		}
+		i++
+		return ts[i-1]
+	}
+	D, q, kv := c.Hidden, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	w.embed = next(c.Vocab * D)
+	for l := range w.layers {
+		lw := &w.layers[l]
+		lw.AttnNorm = next(D)
+		lw.Wq = next(q * D)
+		if c.QKVBias {
+			lw.Bq = next(q)
+		}
+		lw.Wk = next(kv * D)
+		if c.QKVBias {
+			lw.Bk = next(kv)
+		}
+		lw.Wv = next(kv * D)
+		if c.QKVBias {
+			lw.Bv = next(kv)
+		}
+		lw.Wo = next(D * q)
+		switch c.QKNorm {
+		case QKNormHead:
+			lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
+		case QKNormFull:
+			lw.QNorm, lw.KNorm = next(q), next(kv)
+		}
+		lw.FFNNorm = next(D)
+		if !c.MoELayer[l] {
+			lw.DenseGate, lw.DenseUp, lw.DenseDown = next(c.DenseFFN*D), next(c.DenseFFN*D), next(D*c.DenseFFN)
+			continue
+		}
+		lw.Router = next(c.Experts * D)
+		if c.SelectionBias {
+			lw.SelBias = next(c.Experts)
+		}
+		F := c.ExpertFFN
+		lw.ExpGate, lw.ExpUp, lw.ExpDown = make([][]T, c.Experts), make([][]T, c.Experts), make([][]T, c.Experts)
+		for e := 0; e < c.Experts; e++ {
+			lw.ExpGate[e], lw.ExpUp[e], lw.ExpDown[e] = next(F*D), next(F*D), next(D*F)
+		}
+		if c.SharedExperts > 0 {
+			S := c.SharedExperts * c.SharedFFN
+			lw.SharedGate, lw.SharedUp, lw.SharedDown = next(S*D), next(S*D), next(D*S)
+			if c.SharedGated {
+				lw.SharedExpGate = next(D)
+			}
+		}
+	}
+	w.finalNorm = next(D)
+	if c.TiedEmbeddings {
+		w.lmHead = w.embed
+	} else {
+		w.lmHead = next(c.Vocab * D)
+	}
+	if err == nil && i != len(ts) {
+		err = fmt.Errorf("moe: %d parameters left unassigned", len(ts)-i)
+	}
+	return w, err
+}
+
+// Layer returns views of layer l's weights and gradients (for a parallel
+// rank that shards them, or for inspection).
+func (m *Model[T]) Layer(l int) (w, g LayerWeights[T]) {
+	ww, _ := layerViews(m.Cfg, m.Params, m.Tensors())
+	gg, _ := layerViews(m.Cfg, m.Params, m.Grads())
+	return ww.layers[l], gg.layers[l]
+}
+
+// Result is the outcome of one micro-batch (or the mean over micro-batches).
+type Result struct {
+	Loss   float64 // cross-entropy, mean over predicted positions
+	Aux    float64 // HF load-balancing loss (0 when not computed)
+	Total  float64 // Loss + AuxCoef·Aux: what the gradient is of
+	Tokens int     // predicted positions
+}
+
+// checkTokens validates a micro-batch of equal-length id sequences.
+func checkTokens(c *Config, tokens [][]int) (batch, seq int, err error) {
+	if len(tokens) == 0 {
+		return 0, 0, errors.New("tokens: empty micro-batch")
+	}
+	n := len(tokens[0])
+	if n < 2 {
+		return 0, 0, fmt.Errorf("tokens[0] has %d ids: need at least 2 (inputs and a next-token label)", n)
+	}
+	for i, s := range tokens {
+		if len(s) != n {
+			return 0, 0, fmt.Errorf("tokens[%d] has %d ids, tokens[0] has %d: sequences must have equal length", i, len(s), n)
+		}
+		for j, id := range s {
+			if id < 0 || id >= c.Vocab {
+				return 0, 0, fmt.Errorf("tokens[%d][%d] = %d: must be in [0, vocab = %d)", i, j, id, c.Vocab)
+			}
+		}
+	}
+	return len(tokens), n - 1, nil
+}
+
+// ForwardBackward runs one micro-batch: tokens[i] is a sequence of s+1 ids
+// whose first s are inputs and last s the labels. It accumulates
+// scale·∂(Loss + AuxCoef·Aux)/∂θ into Grad (pass scale = 1/micro-batches
+// for gradient accumulation) and the routing counts into Load.
+func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Result, error) {
+	c := m.Cfg
+	batch, seq, err := checkTokens(c, tokens)
+	if err != nil {
+		return Result{}, err
+	}
+	if o.AuxCoef != 0 {
+		if err := checkAux(c); err != nil {
+			return Result{}, err
+		}
+		if math.IsNaN(o.AuxCoef) || math.IsInf(o.AuxCoef, 0) {
+			return Result{}, fmt.Errorf("aux coefficient = %v: must be finite", o.AuxCoef)
+		}
+	}
+	if o.AC.Mode == ACLayer && o.AC.Every < 1 {
+		return Result{}, fmt.Errorf("ac = %s: layer:N needs N ≥ 1", o.AC)
+	}
+	ex := newExec(o)
+	data := m.Data
+	if o.BF16 {
+		data = append([]T(nil), m.Data...)
+		roundBF16(data)
+	}
+	w, err := layerViews(c, m.Params, m.tensors(data))
+	if err != nil {
+		return Result{}, err
+	}
+	g, _ := layerViews(c, m.Params, m.Grads())
+
+	T_, D, V := batch*seq, c.Hidden, c.Vocab
+	t64 := int64(T_)
+	ids, labels := make([]int, T_), make([]int, T_)
+	for i, s := range tokens {
+		for j := 0; j < seq; j++ {
+			ids[i*seq+j], labels[i*seq+j] = s[j], s[j+1]
+		}
+	}
+	x := make([]T, T_*D)
+	for t, id := range ids {
+		copy(x[t*D:t*D+D], w.embed[id*D:id*D+D])
+	}
+	ex.op(LayerEmbed, OpEmbed, Forward, t64*int64(D))
+	ex.saved(LayerEmbed, OpEmbed, "ids", T_, I64)
+
+	blocks := make([]*Block[T], c.Layers)
+	for l := range blocks {
+		b := NewBlock[T](c, l, batch, seq, o)
+		b.x = ex
+		blocks[l] = b
+		x = b.Forward(&w.layers[l], x)
+		if rt := b.Routing(); rt != nil {
+			for e, n := range rt.Counts {
+				m.Load[l][e] += int64(n)
+			}
+		}
+	}
+
+	H := c.LayerHead()
+	hf, rstd := make([]T, T_*D), make([]T, T_)
+	rmsNormFwd(hf, rstd, x, w.finalNorm, D, c.NormEps)
+	ex.round(hf)
+	ex.op(H, OpFinalNorm, Forward, t64*int64(D))
+	logits := make([]T, T_*V)
+	linear(ex, H, OpLMHead, Forward, logits, hf, w.lmHead, nil, T_, V, D)
+	res := Result{Tokens: T_}
+	res.Loss = crossEntropyFwd(logits, labels, V)
+	ex.op(H, OpLoss, Forward, t64*int64(V))
+	ex.saved(H, OpFinalNorm, "input", len(x), ex.act)
+	ex.saved(H, OpFinalNorm, "rstd", len(rstd), F32)
+	ex.saved(H, OpLMHead, "input", len(hf), ex.act)
+	ex.saved(H, OpLoss, "log_probs", len(logits), F32)
+	ex.saved(H, OpLoss, "labels", T_, I64)
+
+	// HF load_balancing_loss_func over the MoE layers' concatenated router
+	// probabilities s [N = L_moe·T, E] and selections:
+	// aux = E·Σ_{k,e} f_{k,e}·P_e, f_{k,e} = (1/N)·#{(l,t): slot k picked e},
+	// P_e = (1/N)·Σ_{l,t} s_{l,t,e}; summing over k, aux = E/N²·Σ_e cnt_e·Σ s_{·,e},
+	// and ∂aux/∂s_{l,t,e} = E·cnt_e/N².
+	var auxGrad []T
+	if o.AuxCoef != 0 && c.MoELayers() > 0 {
+		E := c.Experts
+		cnt, psum := make([]float64, E), make([]float64, E)
+		for _, b := range blocks {
+			if rt := b.Routing(); rt != nil {
+				for e := 0; e < E; e++ {
+					cnt[e] += float64(rt.Counts[e])
+					psum[e] += float64(b.colSum[e])
+				}
+			}
+		}
+		N := float64(c.MoELayers() * T_)
+		auxGrad = make([]T, E)
+		for e := 0; e < E; e++ {
+			res.Aux += float64(E) * cnt[e] * psum[e] / (N * N)
+			auxGrad[e] = T(scale * o.AuxCoef * float64(E) * cnt[e] / (N * N))
+		}
+	}
+	res.Total = res.Loss + o.AuxCoef*res.Aux
+
+	// backward
+	dlogits := make([]T, T_*V)
+	crossEntropyBwd(dlogits, logits, labels, V, scale)
+	ex.op(H, OpLoss, BackwardData, t64*int64(V))
+	dhf := make([]T, T_*D)
+	linearBack(ex, H, OpLMHead, dhf, g.lmHead, nil, dlogits, hf, w.lmHead, T_, V, D)
+	dx := make([]T, T_*D)
+	rmsNormBwd(dx, g.finalNorm, dhf, x, rstd, w.finalNorm, D)
+	ex.op(H, OpFinalNorm, BackwardData, t64*int64(D))
+	ex.op(H, OpFinalNorm, BackwardWeight, t64*int64(D))
+	for l := c.Layers - 1; l >= 0; l-- {
+		var ag []T
+		if c.MoELayer[l] {
+			ag = auxGrad
+		}
+		dx = blocks[l].Backward(&w.layers[l], &g.layers[l], dx, ag)
+	}
+	for t, id := range ids {
+		ge := g.embed[id*D : id*D+D]
+		for j, v := range dx[t*D : t*D+D] {
+			ge[j] += v
+		}
+	}
+	ex.op(LayerEmbed, OpEmbed, BackwardWeight, t64*int64(D))
+	return res, nil
+}
+
+// Accumulate runs every micro-batch with scale 1/len(micro) after clearing
+// the gradients, so Grad holds the gradient of the mean loss, and returns
+// the mean results.
+func (m *Model[T]) Accumulate(micro [][][]int, o Options) (Result, error) {
+	if len(micro) == 0 {
+		return Result{}, errors.New("no micro-batches")
+	}
+	m.ZeroGrad()
+	var sum Result
+	for _, mb := range micro {
+		r, err := m.ForwardBackward(mb, 1/float64(len(micro)), o)
+		if err != nil {
+			return Result{}, err
+		}
+		sum.Loss += r.Loss
+		sum.Aux += r.Aux
+		sum.Total += r.Total
+		sum.Tokens += r.Tokens
+	}
+	n := float64(len(micro))
+	sum.Loss, sum.Aux, sum.Total = sum.Loss/n, sum.Aux/n, sum.Total/n
+	return sum, nil
+}
+
+// Step applies one AdamW step to every trained parameter (buffers such as
+// the selection bias excluded) from Grad.
+func (m *Model[T]) Step(a AdamW) {
+	if m.opt.M == nil {
+		m.opt.M, m.opt.V = make([]T, len(m.Data)), make([]T, len(m.Data))
+	}
+	step := m.opt.Step
+	for i, p := range m.Params {
+		if p.Buffer {
+			continue
+		}
+		lo, hi := m.offs[i], m.offs[i+1]
+		st := AdamState[T]{Step: step, M: m.opt.M[lo:hi], V: m.opt.V[lo:hi]}
+		AdamWStep(a, &st, m.Data[lo:hi], m.Grad[lo:hi])
+	}
+	m.opt.Step++
+}
+
+// UpdateSelectionBias applies torchtitan's load-balancing update to every
+// MoE layer's selection bias from loads[l][e] (summed over the step's
+// micro-batches and data-parallel ranks): δ_e = rate·sign(mean − load_e),
+// δ −= mean(δ), bias += δ. No-op without a selection bias.
+func (m *Model[T]) UpdateSelectionBias(loads [][]int64, rate float64) {
+	if !m.Cfg.SelectionBias {
+		return
+	}
+	w, _ := layerViews(m.Cfg, m.Params, m.Tensors())
+	for l, lw := range w.layers {
+		if lw.SelBias == nil || l >= len(loads) || loads[l] == nil {
+			continue
+		}
+		E := len(lw.SelBias)
+		var mean float64
+		for _, n := range loads[l] {
+			mean += float64(n)
+		}
+		mean /= float64(E)
+		delta := make([]float64, E)
+		var dm float64
+		for e, n := range loads[l] {
+			switch {
+			case mean > float64(n):
+				delta[e] = rate
+			case mean < float64(n):
+				delta[e] = -rate
+			}
+			dm += delta[e]
+		}
+		dm /= float64(E)
+		for e := range delta {
+			lw.SelBias[e] += T(delta[e] - dm)
+		}
+	}
+}

@@ -1,0 +1,437 @@
+package moe
+
+import "fmt"
+
+// LayerWeights holds the tensors of one decoder layer as flat row-major
+// slices in Hugging Face's shapes ([out, in] for linear weights). Absent
+// tensors (no bias, no QK-norm, dense instead of MoE, …) are nil. The same
+// type carries gradients. An expert-parallel rank may leave ExpGate,
+// ExpUp and ExpDown nil for experts it does not hold, as long as its
+// ExpertStage never asks for them.
+type LayerWeights[T Float] struct {
+	AttnNorm, FFNNorm []T // [D]
+	Wq, Bq            []T // [H·d, D], [H·d]
+	Wk, Bk            []T // [G·d, D], [G·d]
+	Wv, Bv            []T // [G·d, D], [G·d]
+	Wo                []T // [D, H·d]
+	QNorm, KNorm      []T // [d] (per head) or [H·d], [G·d] (full width)
+
+	Router  []T // [E, D]
+	SelBias []T // [E], selection bias (a buffer: no gradient)
+	// Routed experts, indexed by global expert: [F, D], [F, D], [D, F].
+	ExpGate, ExpUp, ExpDown [][]T
+	// Shared experts fused into one SwiGLU of width S = SharedExperts·SharedFFN.
+	SharedGate, SharedUp, SharedDown []T // [S, D], [S, D], [D, S]
+	SharedExpGate                    []T // [1, D] (Qwen2-MoE's σ gate)
+	DenseGate, DenseUp, DenseDown    []T // [Fd, D], [Fd, D], [D, Fd]
+}
+
+// ExpertStage runs the routed experts of one MoE layer: the seam between
+// dispatch and combine where expert parallelism exchanges rows by
+// all-to-all. xe holds Σ counts rows of D elements in expert order (counts[e]
+// rows for global expert e, e ascending, dropless); the result holds the
+// expert outputs for the same rows in the same order. keep says whether
+// Forward must keep what ExpertsBackward will read (false when the block is
+// checkpointed and will call Forward again with pass Recompute before
+// backward). ExpertsBackward receives the gradient of the rows of the last
+// kept Forward of that layer, returns the gradient of xe and accumulates
+// the experts' weight gradients. An implementation records its grouped
+// GEMMs (expert_gate, expert_up, expert_down), expert_act and what it keeps,
+// as the local one does.
+type ExpertStage[T Float] interface {
+	ExpertsForward(layer int, xe []T, counts []int, pass Pass, keep bool) []T
+	ExpertsBackward(layer int, dye []T) []T
+}
+
+// blockState is what one block holds between its forward and backward.
+// complete says it holds everything backward reads (policy none, or after
+// recomputation); otherwise only x and the selective cache are held.
+type blockState[T Float] struct {
+	x, rstd1, h1             []T // block input [T,D], attn_norm rstd [T], normed [T,D]
+	qRaw, qRstd, kRaw, kRstd []T // projections before QK-norm and the norms' rstd
+	q, k, v                  []T // attention inputs [T,q], [T,kv], [T,kv]
+	ao                       []T // o_proj output [T,D]
+	o, lse                   []T // attention output [T,q], log-sum-exp [T,H]
+	x2, rstd2, h2            []T // mid residual, ffn_norm rstd, normed [T,D]
+	rt                       *Routing[T]
+	vals                     []T // top-k values [T,K] (before renormalization)
+	ye                       []T // routed expert outputs [T·K, D]
+	ffn                      ffnActs[T]
+	gl, sGate                []T // shared_expert_gate logits and σ [T]
+	fOut                     []T // shared or dense FFN output [T,D]
+	cache                    map[Op][]T
+	complete                 bool
+}
+
+// Block runs one decoder layer: forward, checkpointing and backward. A
+// Model owns one per layer; a parallel rank may build its own and drive it
+// with weights it gathered. Forward and Backward alternate: Backward uses
+// what the last Forward kept and releases it.
+type Block[T Float] struct {
+	cfg        *Config
+	layer      int
+	batch, seq int
+	x          *exec
+	ac         AC
+	aux        bool
+	rope       ropeTable[T]
+	local      localExperts[T]
+	// Experts, when non-nil, replaces the local execution of routed experts.
+	Experts ExpertStage[T]
+	st      blockState[T]
+	// colSum[e] = Σ_t s_{t,e} of the last forward (aux loss), with Routing.
+	colSum []T
+}
+
+// NewBlock returns the runner of decoder layer l for micro-batches of batch
+// sequences of seq tokens.
+func NewBlock[T Float](c *Config, l, batch, seq int, o Options) *Block[T] {
+	b := &Block[T]{cfg: c, layer: l, batch: batch, seq: seq, x: newExec(o), ac: o.AC, aux: o.AuxCoef != 0}
+	b.rope = newRopeTable[T](c, seq)
+	b.local.b = b
+	return b
+}
+
+// Routing returns the last forward's routing (nil for dense layers).
+func (b *Block[T]) Routing() *Routing[T] { return b.st.rt }
+
+func (b *Block[T]) tokens() int { return b.batch * b.seq }
+
+func (b *Block[T]) attnShape() attnShape {
+	c := b.cfg
+	return attnShape{batch: b.batch, seq: b.seq, heads: c.Heads, kv: c.KVHeads, d: c.HeadDim,
+		window: c.Window[b.layer], tileQ: b.x.tileQ, tileK: b.x.tileK, scale: 1 / sqrtF(float64(c.HeadDim))}
+}
+
+// lin runs a linear op unless the selective cache holds its output.
+func (b *Block[T]) lin(op Op, pass Pass, useCache bool, in, w, bias []T, m, n, k int) []T {
+	if useCache {
+		if y, ok := b.st.cache[op]; ok {
+			return y
+		}
+	}
+	y := make([]T, m*n)
+	linear(b.x, b.layer, op, pass, y, in, w, bias, m, n, k)
+	return y
+}
+
+// Forward runs the block on x [T,D] (T = batch·seq tokens) and returns its
+// output; it keeps for backward what the checkpointing policy says.
+func (b *Block[T]) Forward(w *LayerWeights[T], x []T) []T {
+	b.st = blockState[T]{x: x}
+	b.local.w = w
+	out := b.forward(w, Forward, false)
+	b.keep()
+	return out
+}
+
+// forward computes the block from b.st.x, filling b.st. useCache takes the
+// selective cache's outputs instead of recomputing those ops.
+func (b *Block[T]) forward(w *LayerWeights[T], pass Pass, useCache bool) []T {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
+	q, kv := H*d, G*d
+	t64 := int64(T_)
+
+	st.h1, st.rstd1 = make([]T, T_*D), make([]T, T_)
+	rmsNormFwd(st.h1, st.rstd1, st.x, w.AttnNorm, D, c.NormEps)
+	ex.round(st.h1)
+	ex.op(L, OpAttnNorm, pass, t64*int64(D))
+
+	st.qRaw = b.lin(OpQProj, pass, useCache, st.h1, w.Wq, w.Bq, T_, q, D)
+	st.kRaw = b.lin(OpKProj, pass, useCache, st.h1, w.Wk, w.Bk, T_, kv, D)
+	st.v = b.lin(OpVProj, pass, useCache, st.h1, w.Wv, w.Bv, T_, kv, D)
+
+	st.q, st.k = make([]T, T_*q), make([]T, T_*kv)
+	switch c.QKNorm {
+	case QKNormHead, QKNormFull:
+		wq, wk := d, d
+		if c.QKNorm == QKNormFull {
+			wq, wk = q, kv
+		}
+		st.qRstd, st.kRstd = make([]T, T_*q/wq), make([]T, T_*kv/wk)
+		rmsNormFwd(st.q, st.qRstd, st.qRaw, w.QNorm, wq, c.NormEps)
+		rmsNormFwd(st.k, st.kRstd, st.kRaw, w.KNorm, wk, c.NormEps)
+		ex.round(st.q)
+		ex.round(st.k)
+		ex.op(L, OpQNorm, pass, t64*int64(q))
+		ex.op(L, OpKNorm, pass, t64*int64(kv))
+	default:
+		copy(st.q, st.qRaw)
+		copy(st.k, st.kRaw)
+	}
+	b.rope.apply(st.q, H, d, b.seq, false)
+	b.rope.apply(st.k, G, d, b.seq, false)
+	ex.round(st.q)
+	ex.round(st.k)
+	ex.op(L, OpRoPE, pass, t64*int64(H+G)*int64(c.RotaryDim()))
+
+	a := b.attnShape()
+	if o, ok := st.cache[OpAttn]; useCache && ok {
+		st.o, st.lse = o, st.cache[opLSE]
+	} else {
+		st.o, st.lse = make([]T, T_*q), make([]T, T_*H)
+		attnFwd(st.o, st.lse, st.q, st.k, st.v, a)
+		ex.round(st.o)
+		ex.op(L, OpAttn, pass, int64(b.batch)*int64(H)*2*a.area()*int64(d))
+	}
+	st.ao = b.lin(OpOProj, pass, useCache, st.o, w.Wo, nil, T_, D, q)
+
+	st.x2 = make([]T, T_*D)
+	for i := range st.x2 {
+		st.x2[i] = st.x[i] + st.ao[i]
+	}
+	ex.round(st.x2)
+	st.h2, st.rstd2 = make([]T, T_*D), make([]T, T_)
+	rmsNormFwd(st.h2, st.rstd2, st.x2, w.FFNNorm, D, c.NormEps)
+	ex.round(st.h2)
+	ex.op(L, OpFFNNorm, pass, t64*int64(D))
+
+	y := make([]T, T_*D)
+	if c.MoELayer[L] {
+		b.moeForward(w, y, pass, useCache)
+	} else {
+		st.ffn = newFFNActs[T](T_, c.DenseFFN)
+		st.fOut = b.swiglu(&st.ffn, pass, useCache, OpDenseGate, OpDenseUp, OpDenseAct, OpDenseDown,
+			w.DenseGate, w.DenseUp, w.DenseDown, c.DenseFFN)
+		copy(y, st.fOut)
+	}
+	out := make([]T, T_*D)
+	for i := range out {
+		out[i] = st.x2[i] + y[i]
+	}
+	ex.round(out)
+	ex.op(L, OpResidual, pass, 2*t64*int64(D))
+	st.complete = true
+	return out
+}
+
+// swiglu runs a shared or dense SwiGLU on h2 and returns its output [T,D].
+func (b *Block[T]) swiglu(s *ffnActs[T], pass Pass, useCache bool, opG, opU, opA, opD Op, wg, wu, wd []T, f int) []T {
+	T_, D := b.tokens(), b.cfg.Hidden
+	s.g = b.lin(opG, pass, useCache, b.st.h2, wg, nil, T_, f, D)
+	s.u = b.lin(opU, pass, useCache, b.st.h2, wu, nil, T_, f, D)
+	swigluAct(*s)
+	b.x.round(s.sg)
+	b.x.round(s.a)
+	b.x.op(b.layer, opA, pass, int64(T_)*int64(f))
+	return b.lin(opD, pass, useCache, s.a, wd, nil, T_, D, f)
+}
+
+// moeForward adds the routed (and shared) experts' output to y.
+func (b *Block[T]) moeForward(w *LayerWeights[T], y []T, pass Pass, useCache bool) {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	T_, D, E, K := b.tokens(), c.Hidden, c.Experts, c.TopK
+	t64 := int64(T_)
+
+	z := make([]T, T_*E)
+	linear(ex, L, OpRouter, pass, z, st.h2, w.Router, nil, T_, E, D)
+	rt := newRouting[T](T_, E, K)
+	routeScores(c, rt, z)
+	if idx, ok := st.cache[opTopKIdx]; useCache && ok {
+		for i, v := range idx {
+			rt.Indices[i] = int32(v)
+		}
+		st.vals = st.cache[OpRouterTopK]
+	} else {
+		routeSelect(c, rt, w.SelBias)
+		st.vals = make([]T, T_*K)
+		for t := 0; t < T_; t++ {
+			for k, e := range rt.Indices[t*K : t*K+K] {
+				st.vals[t*K+k] = rt.Scores[t*E+int(e)]
+			}
+		}
+	}
+	routeWeights(c, rt, st.vals)
+	st.rt = rt
+	ex.op(L, OpRouterTopK, pass, t64*int64(E))
+	if pass == Forward && b.aux {
+		b.colSum = make([]T, E)
+		for t := 0; t < T_; t++ {
+			for e, s := range rt.Scores[t*E : t*E+E] {
+				b.colSum[e] += s
+			}
+		}
+		ex.op(L, OpAuxLoss, Forward, t64*int64(E))
+	}
+
+	rows := T_ * K
+	xe := make([]T, rows*D)
+	for r, p := range rt.Order {
+		t := int(p) / K
+		copy(xe[r*D:r*D+D], st.h2[t*D:t*D+D])
+	}
+	ex.op(L, OpDispatch, pass, int64(rows)*int64(D))
+	keep := pass == Recompute || !b.checkpointed()
+	if b.Experts != nil {
+		st.ye = b.Experts.ExpertsForward(L, xe, rt.Counts, pass, keep)
+	} else {
+		st.ye = b.local.ExpertsForward(L, xe, rt.Counts, pass, keep)
+	}
+	for r, p := range rt.Order {
+		t, wt := int(p)/K, rt.Weights[p]
+		yt, yr := y[t*D:t*D+D], st.ye[r*D:r*D+D]
+		for j := range yt {
+			yt[j] += wt * yr[j]
+		}
+	}
+	ex.round(y)
+	ex.op(L, OpCombine, pass, int64(rows)*int64(D))
+
+	if c.SharedExperts > 0 {
+		S := c.SharedExperts * c.SharedFFN
+		st.ffn = newFFNActs[T](T_, S)
+		st.fOut = b.swiglu(&st.ffn, pass, useCache, OpSharedGate, OpSharedUp, OpSharedAct, OpSharedDown,
+			w.SharedGate, w.SharedUp, w.SharedDown, S)
+		if c.SharedGated {
+			st.gl = b.lin(OpSharedExpGate, pass, useCache, st.h2, w.SharedExpGate, nil, T_, 1, D)
+			st.sGate = make([]T, T_)
+			for t, v := range st.gl {
+				st.sGate[t] = sigmoid(v)
+			}
+			ex.round(st.sGate)
+			for t := 0; t < T_; t++ {
+				g := st.sGate[t]
+				for j := 0; j < D; j++ {
+					y[t*D+j] += g * st.fOut[t*D+j]
+				}
+			}
+			ex.op(L, OpSharedScale, pass, t64*int64(D))
+		} else {
+			for i, v := range st.fOut {
+				y[i] += v
+			}
+		}
+	}
+}
+
+// checkpointed reports whether this block recomputes in backward.
+func (b *Block[T]) checkpointed() bool {
+	return b.ac.Mode == ACSelective || b.ac.FullyCheckpointed(b.layer)
+}
+
+// Cache keys for the selective policy's non-linear saved outputs.
+const (
+	opLSE     Op = "attention.lse"
+	opTopKIdx Op = "router_topk.indices"
+)
+
+// keep drops what the policy does not keep and records what it keeps.
+func (b *Block[T]) keep() {
+	st := &b.st
+	switch {
+	case b.ac.FullyCheckpointed(b.layer):
+		*st = blockState[T]{x: st.x}
+	case b.ac.Mode == ACSelective:
+		cache := map[Op][]T{}
+		for _, op := range selectiveSaved(b.cfg, b.layer) {
+			switch op {
+			case OpQProj:
+				cache[op] = st.qRaw
+			case OpKProj:
+				cache[op] = st.kRaw
+			case OpVProj:
+				cache[op] = st.v
+			case OpOProj:
+				cache[op] = st.ao
+			case OpSharedGate, OpDenseGate:
+				cache[op] = st.ffn.g
+			case OpSharedUp, OpDenseUp:
+				cache[op] = st.ffn.u
+			case OpSharedDown, OpDenseDown:
+				cache[op] = st.fOut
+			case OpSharedExpGate:
+				cache[op] = st.gl
+			default:
+				panic(fmt.Sprintf("moe: selective cache has no slot for %s", op))
+			}
+		}
+		cache[OpAttn], cache[opLSE] = st.o, st.lse
+		if st.rt != nil {
+			idx := make([]T, len(st.rt.Indices))
+			for i, e := range st.rt.Indices {
+				idx[i] = T(e)
+			}
+			cache[OpRouterTopK], cache[opTopKIdx] = st.vals, idx
+		}
+		*st = blockState[T]{x: st.x, cache: cache}
+	default:
+		// none: drop what no backward formula reads
+		st.ao, st.vals = nil, nil
+		if b.cfg.QKNorm == QKNormNone {
+			st.qRaw, st.kRaw = nil, nil
+		}
+		if !b.cfg.SharedGated {
+			st.fOut = nil
+		}
+		st.gl = nil
+	}
+	b.recordKept()
+}
+
+// recordKept reports every tensor the block holds for backward.
+func (b *Block[T]) recordKept() {
+	if b.x.rec == nil {
+		return
+	}
+	st, L, act := &b.st, b.layer, b.x.act
+	rec := func(op Op, name string, v []T, dt DType) {
+		if v != nil {
+			b.x.saved(L, op, name, len(v), dt)
+		}
+	}
+	rec(OpAttnNorm, "input", st.x, act)
+	if st.cache != nil {
+		for _, op := range selectiveSaved(b.cfg, L) {
+			rec(op, "output", st.cache[op], act)
+		}
+		rec(OpAttn, "output", st.cache[OpAttn], act)
+		rec(OpAttn, "lse", st.cache[opLSE], F32)
+		rec(OpRouterTopK, "values", st.cache[OpRouterTopK], F32)
+		rec(OpRouterTopK, "indices", st.cache[opTopKIdx], I64)
+		return
+	}
+	if !st.complete {
+		return
+	}
+	rec(OpAttnNorm, "rstd", st.rstd1, F32)
+	rec(OpQProj, "input", st.h1, act)
+	if b.cfg.QKNorm != QKNormNone {
+		rec(OpQNorm, "input", st.qRaw, act)
+		rec(OpQNorm, "rstd", st.qRstd, F32)
+		rec(OpKNorm, "input", st.kRaw, act)
+		rec(OpKNorm, "rstd", st.kRstd, F32)
+	}
+	rec(OpAttn, "q", st.q, act)
+	rec(OpAttn, "k", st.k, act)
+	rec(OpAttn, "v", st.v, act)
+	rec(OpAttn, "output", st.o, act)
+	rec(OpAttn, "lse", st.lse, F32)
+	rec(OpFFNNorm, "input", st.x2, act)
+	rec(OpFFNNorm, "rstd", st.rstd2, F32)
+	if b.cfg.MoELayer[L] {
+		rec(OpRouter, "input", st.h2, act)
+	} else {
+		rec(OpDenseGate, "input", st.h2, act)
+	}
+	ops := [4]Op{OpDenseAct, OpDenseAct, OpDenseAct, OpDenseDown}
+	if b.cfg.MoELayer[L] {
+		rt := st.rt
+		rec(OpRouterTopK, "scores", rt.Scores, F32)
+		b.x.saved(L, OpRouterTopK, "indices", len(rt.Indices), I64)
+		b.x.saved(L, OpDispatch, "order", len(rt.Order), I64)
+		rec(OpCombine, "expert_output", st.ye, act)
+		rec(OpCombine, "weights", rt.Weights, F32)
+		ops = [4]Op{OpSharedAct, OpSharedAct, OpSharedAct, OpSharedDown}
+	}
+	if st.ffn.g != nil {
+		rec(ops[0], "gate", st.ffn.g, act)
+		rec(ops[1], "silu_gate", st.ffn.sg, act)
+		rec(ops[2], "up", st.ffn.u, act)
+		rec(ops[3], "input", st.ffn.a, act)
+	}
+	if b.cfg.MoELayer[L] && b.cfg.SharedGated {
+		rec(OpSharedScale, "gate", st.sGate, act)
+		rec(OpSharedScale, "shared_output", st.fOut, act)
+	}
+}

@@ -1,0 +1,159 @@
+package moe
+
+import "math"
+
+func sqrtF(x float64) float64 { return math.Sqrt(x) }
+
+// Backward takes dy [T,D], the gradient of the block's output, recomputes
+// what the checkpointing policy dropped (recorded as Recompute), accumulates
+// the layer's weight gradients into g and returns the gradient of the
+// block's input. auxGrad[e], when non-nil, is ∂loss/∂s_{t,e} of the
+// load-balancing loss (the same for every token t). The block's kept state
+// is released.
+func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
+	c, ex, L := b.cfg, b.x, b.layer
+	if !b.st.complete {
+		b.local.w = w
+		b.forward(w, Recompute, b.st.cache != nil)
+	}
+	b.local.w, b.local.g = w, g
+	st := &b.st
+	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
+	q, kv := H*d, G*d
+	t64 := int64(T_)
+
+	// out = x2 + ffn(h2): dx2 = dy + ffn_norm backward of dh2.
+	dh2 := make([]T, T_*D)
+	if c.MoELayer[L] {
+		b.moeBackward(w, g, dh2, dy, auxGrad)
+	} else {
+		b.swigluBack(&st.ffn, OpDenseGate, OpDenseUp, OpDenseAct, OpDenseDown,
+			w.DenseGate, w.DenseUp, w.DenseDown, g.DenseGate, g.DenseUp, g.DenseDown, c.DenseFFN, dh2, dy)
+	}
+	dx2 := make([]T, T_*D)
+	copy(dx2, dy)
+	rmsNormBwd(dx2, g.FFNNorm, dh2, st.x2, st.rstd2, w.FFNNorm, D)
+	ex.op(L, OpFFNNorm, BackwardData, t64*int64(D))
+	ex.op(L, OpFFNNorm, BackwardWeight, t64*int64(D))
+
+	// x2 = x + o_proj(attention(...))
+	do := make([]T, T_*q)
+	linearBack(ex, L, OpOProj, do, g.Wo, nil, dx2, st.o, w.Wo, T_, D, q)
+	dq, dk, dv := make([]T, T_*q), make([]T, T_*kv), make([]T, T_*kv)
+	a := b.attnShape()
+	attnBwd(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
+	n := int64(b.batch) * int64(H) * a.area() * int64(d)
+	ex.op(L, OpAttn, Recompute, n)
+	ex.op(L, OpAttn, BackwardData, 4*n)
+	b.rope.apply(dq, H, d, b.seq, true)
+	b.rope.apply(dk, G, d, b.seq, true)
+	ex.op(L, OpRoPE, BackwardData, t64*int64(H+G)*int64(c.RotaryDim()))
+	if c.QKNorm != QKNormNone {
+		wq, wk := d, d
+		if c.QKNorm == QKNormFull {
+			wq, wk = q, kv
+		}
+		dqr, dkr := make([]T, T_*q), make([]T, T_*kv)
+		rmsNormBwd(dqr, g.QNorm, dq, st.qRaw, st.qRstd, w.QNorm, wq)
+		rmsNormBwd(dkr, g.KNorm, dk, st.kRaw, st.kRstd, w.KNorm, wk)
+		ex.op(L, OpQNorm, BackwardData, t64*int64(q))
+		ex.op(L, OpQNorm, BackwardWeight, t64*int64(q))
+		ex.op(L, OpKNorm, BackwardData, t64*int64(kv))
+		ex.op(L, OpKNorm, BackwardWeight, t64*int64(kv))
+		dq, dk = dqr, dkr
+	}
+	dh1 := make([]T, T_*D)
+	linearBack(ex, L, OpQProj, dh1, g.Wq, g.Bq, dq, st.h1, w.Wq, T_, q, D)
+	linearBack(ex, L, OpKProj, dh1, g.Wk, g.Bk, dk, st.h1, w.Wk, T_, kv, D)
+	linearBack(ex, L, OpVProj, dh1, g.Wv, g.Bv, dv, st.h1, w.Wv, T_, kv, D)
+	dx := dx2
+	rmsNormBwd(dx, g.AttnNorm, dh1, st.x, st.rstd1, w.AttnNorm, D)
+	ex.op(L, OpAttnNorm, BackwardData, t64*int64(D))
+	ex.op(L, OpAttnNorm, BackwardWeight, t64*int64(D))
+	b.st = blockState[T]{}
+	return dx
+}
+
+// swigluBack back-propagates dy through a SwiGLU on h2, accumulating dh2.
+func (b *Block[T]) swigluBack(s *ffnActs[T], opG, opU, opA, opD Op, wg, wu, wd, gg, gu, gd []T, f int, dh2, dy []T) {
+	T_, D, ex, L := b.tokens(), b.cfg.Hidden, b.x, b.layer
+	da := make([]T, T_*f)
+	linearBack(ex, L, opD, da, gd, nil, dy, s.a, wd, T_, D, f)
+	dg, du := make([]T, T_*f), make([]T, T_*f)
+	swigluActBwd(dg, du, da, *s)
+	ex.op(L, opA, BackwardData, int64(T_)*int64(f))
+	linearBack(ex, L, opG, dh2, gg, nil, dg, b.st.h2, wg, T_, f, D)
+	linearBack(ex, L, opU, dh2, gu, nil, du, b.st.h2, wu, T_, f, D)
+}
+
+// moeBackward accumulates dh2 from dy through shared experts, combine,
+// routed experts, dispatch and the router.
+func (b *Block[T]) moeBackward(w, g *LayerWeights[T], dh2, dy, auxGrad []T) {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	T_, D, E, K := b.tokens(), c.Hidden, c.Experts, c.TopK
+	t64 := int64(T_)
+	rt := st.rt
+
+	if c.SharedExperts > 0 {
+		S := c.SharedExperts * c.SharedFFN
+		ds := dy
+		if c.SharedGated {
+			ds = make([]T, T_*D)
+			dgl := make([]T, T_)
+			for t := 0; t < T_; t++ {
+				sg := st.sGate[t]
+				var dot T
+				for j := 0; j < D; j++ {
+					ds[t*D+j] = sg * dy[t*D+j]
+					dot += dy[t*D+j] * st.fOut[t*D+j]
+				}
+				dgl[t] = dot * sg * (1 - sg)
+			}
+			ex.op(L, OpSharedScale, BackwardData, t64*int64(D))
+			linearBack(ex, L, OpSharedExpGate, dh2, g.SharedExpGate, nil, dgl, st.h2, w.SharedExpGate, T_, 1, D)
+		}
+		b.swigluBack(&st.ffn, OpSharedGate, OpSharedUp, OpSharedAct, OpSharedDown,
+			w.SharedGate, w.SharedUp, w.SharedDown, g.SharedGate, g.SharedUp, g.SharedDown, S, dh2, ds)
+	}
+
+	rows := T_ * K
+	dye := make([]T, rows*D)
+	dW := make([]T, T_*K)
+	for r, p := range rt.Order {
+		t, wt := int(p)/K, rt.Weights[p]
+		dyt, dyr, yr := dy[t*D:t*D+D], dye[r*D:r*D+D], st.ye[r*D:r*D+D]
+		var dot T
+		for j := range dyt {
+			dyr[j] = wt * dyt[j]
+			dot += dyt[j] * yr[j]
+		}
+		dW[p] = dot
+	}
+	ex.op(L, OpCombine, BackwardData, int64(rows)*int64(D))
+	var dxe []T
+	if b.Experts != nil {
+		dxe = b.Experts.ExpertsBackward(L, dye)
+	} else {
+		dxe = b.local.ExpertsBackward(L, dye)
+	}
+	for r, p := range rt.Order {
+		t := int(p) / K
+		dst, src := dh2[t*D:t*D+D], dxe[r*D:r*D+D]
+		for j := range dst {
+			dst[j] += src[j]
+		}
+	}
+	ex.op(L, OpDispatch, BackwardData, int64(rows)*int64(D))
+
+	dS := make([]T, T_*E)
+	if auxGrad != nil {
+		for t := 0; t < T_; t++ {
+			copy(dS[t*E:t*E+E], auxGrad)
+		}
+		ex.op(L, OpAuxLoss, BackwardData, t64*int64(E))
+	}
+	dz := make([]T, T_*E)
+	routeBwd(c, rt, dz, dS, dW)
+	ex.op(L, OpRouterTopK, BackwardData, t64*int64(E))
+	linearBack(ex, L, OpRouter, dh2, g.Router, nil, dz, st.h2, w.Router, T_, E, D)
+}

@@ -1,0 +1,105 @@
+package moe
+
+// Options control one forward/backward execution of the reference model.
+type Options struct {
+	// AC is the activation-checkpointing policy (zero value: none).
+	AC AC
+	// Recorder receives every op run and every tensor kept for backward;
+	// nil records nothing and costs nothing.
+	Recorder Recorder
+	// Precision gives the storage types reported for kept tensors; the zero
+	// value means DefaultPrecision. It changes records, not arithmetic.
+	Precision Precision
+	// BF16 rounds the weights used by forward and backward and every
+	// activation an op writes to bfloat16, as a GPU under torchtitan's mixed
+	// precision stores them (router scores, weights, log-sum-exp and the
+	// loss stay in float32 arithmetic, as there). Gradients are not rounded.
+	BF16 bool
+	// AuxCoef multiplies HF's load-balancing loss added to the training loss;
+	// 0 neither computes nor records it. moescope grad passes
+	// Config.AuxLossCoef when Config.OutputRouterLogits, as HF does.
+	AuxCoef float64
+	// TileQ×TileK is the attention block (Br×Bc); 0 means 128 (a GPU
+	// flash-attention block). 1×1 executes exactly the unmasked entries.
+	TileQ, TileK int
+}
+
+// exec is the per-call context every op reports through.
+type exec struct {
+	rec          Recorder
+	act          DType // activation storage type
+	bf16         bool
+	tileQ, tileK int
+}
+
+func newExec(o Options) *exec {
+	p := o.Precision
+	if p == (Precision{}) {
+		p = DefaultPrecision
+	}
+	x := &exec{rec: o.Recorder, act: p.Activation, bf16: o.BF16, tileQ: o.TileQ, tileK: o.TileK}
+	if x.tileQ <= 0 {
+		x.tileQ = 128
+	}
+	if x.tileK <= 0 {
+		x.tileK = 128
+	}
+	return x
+}
+
+func (x *exec) op(layer int, op Op, pass Pass, count int64) {
+	if x.rec != nil {
+		x.rec.RecordOp(OpRecord{Layer: layer, Op: op, Pass: pass, Count: count})
+	}
+}
+
+func (x *exec) saved(layer int, op Op, tensor string, elements int, dt DType) {
+	if x.rec != nil {
+		x.rec.RecordSaved(SavedRecord{Layer: layer, Op: op, Tensor: tensor, Elements: int64(elements), DType: dt})
+	}
+}
+
+// linear runs y = x·Wᵀ (+ b) over m rows and records it.
+func linear[T Float](x *exec, layer int, op Op, pass Pass, y, in, w, b []T, m, n, k int) {
+	linearFwd(y, in, w, m, n, k)
+	if b != nil {
+		for i := 0; i < m; i++ {
+			yi := y[i*n : i*n+n]
+			for j := range yi {
+				yi[j] += b[j]
+			}
+		}
+	}
+	x.round(y)
+	x.op(layer, op, pass, int64(m)*int64(n)*int64(k))
+}
+
+// linearBack accumulates dx (when non-nil), dW and db (when non-nil).
+func linearBack[T Float](x *exec, layer int, op Op, dx, dw, db, dy, in, w []T, m, n, k int) {
+	mnk := int64(m) * int64(n) * int64(k)
+	if dx != nil {
+		linearBwdX(dx, dy, w, m, n, k)
+		x.op(layer, op, BackwardData, mnk)
+	}
+	linearBwdW(dw, dy, in, m, n, k)
+	if db != nil {
+		for i := 0; i < m; i++ {
+			for j, v := range dy[i*n : i*n+n] {
+				db[j] += v
+			}
+		}
+	}
+	x.op(layer, op, BackwardWeight, mnk)
+}
+
+func (x *exec) round(v any) {
+	if !x.bf16 {
+		return
+	}
+	switch s := v.(type) {
+	case []float32:
+		roundBF16(s)
+	case []float64:
+		roundBF16(s)
+	}
+}

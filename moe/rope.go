@@ -1,0 +1,57 @@
+package moe
+
+import "math"
+
+// RoPE as Hugging Face's apply_rotary_pos_emb with partial rotary: within
+// each head vector of d elements only the first r = Config.RotaryDim() are
+// rotated, by rotate_half over that slice. With h = r/2, position p and
+// θ_i = p·base^(−2i/r) for i < h:
+//
+//	y_i   = x_i·cos θ_i − x_{i+h}·sin θ_i
+//	y_i+h = x_{i+h}·cos θ_i + x_i·sin θ_i
+//
+// and the remaining d − r elements pass through. Backward is the transposed
+// rotation. Positions restart at 0 in every sequence of the micro-batch.
+
+// ropeTable holds cos and sin of θ_i for every position: [seq, r/2] each.
+type ropeTable[T Float] struct {
+	cos, sin []T
+	half     int
+}
+
+func newRopeTable[T Float](c *Config, seq int) ropeTable[T] {
+	r := c.RotaryDim()
+	h := r / 2
+	t := ropeTable[T]{cos: make([]T, seq*h), sin: make([]T, seq*h), half: h}
+	for i := 0; i < h; i++ {
+		inv := 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(r))
+		for p := 0; p < seq; p++ {
+			s, co := math.Sincos(float64(p) * inv)
+			t.cos[p*h+i], t.sin[p*h+i] = T(co), T(s)
+		}
+	}
+	return t
+}
+
+// apply rotates x [T tokens, heads·d] in place; tokens are sequences of seq
+// positions back to back. inverse applies the transposed rotation (backward).
+func (t ropeTable[T]) apply(x []T, heads, d, seq int, inverse bool) {
+	h := t.half
+	rows := len(x) / (heads * d)
+	for tok := 0; tok < rows; tok++ {
+		p := tok % seq
+		cs, sn := t.cos[p*h:p*h+h], t.sin[p*h:p*h+h]
+		for hd := 0; hd < heads; hd++ {
+			v := x[(tok*heads+hd)*d:]
+			for i := 0; i < h; i++ {
+				a, b := v[i], v[i+h]
+				c, s := cs[i], sn[i]
+				if inverse {
+					s = -s
+				}
+				v[i] = a*c - b*s
+				v[i+h] = b*c + a*s
+			}
+		}
+	}
+}
