@@ -1,0 +1,97 @@
+package memory
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// TestPublishedRuns predicts the peak reserved memory of every published
+// run that reports it (testdata/published/, one file per source, each row
+// citing its source) and prints the error. A BF16 run without
+// torch.compile must be within 10%; compiled runs (whose fused loss and
+// kernels save memory this eager model does not know about) are printed
+// and flagged, not failed.
+func TestPublishedRuns(t *testing.T) {
+	runs, err := LoadPublished("../testdata/published")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	bf16 := 0
+	sources := map[string]bool{}
+	for _, r := range runs {
+		if r.PeakReservedBytes == nil {
+			continue
+		}
+		cfg, err := moe.Load(r.Model)
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		l, err := r.Layout()
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		ac, _ := moe.ParseAC(r.AC)
+		rep, err := Estimate(cfg, l, Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, Options{AC: ac, LossChunks: r.LossChunks})
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		meas := float64(*r.PeakReservedBytes)
+		e := float64(rep.Peak.Reserved)/meas - 1
+		flag := "eager"
+		if r.Compiled() {
+			flag = "compiled (not failed)"
+		}
+		if r.Precision == "bf16" {
+			bf16++
+			sources[r.File] = true
+		}
+		rows = append(rows, fmt.Sprintf("%-14s %-5s %4d gpus ep %d %-9s lbs %2d seq %5d  measured %7.2f GiB  predicted %7.2f GiB (alloc %7.2f)  error %+6.1f%%  %s",
+			cfg.Name, r.GPU, r.GPUs, r.EP, r.AC, r.LBS, r.Seq, meas/(1<<30), float64(rep.Peak.Reserved)/(1<<30),
+			float64(rep.Peak.Allocated)/(1<<30), 100*e, flag))
+		if r.Precision == "bf16" && !r.Compiled() && math.Abs(e) > 0.10 {
+			t.Errorf("%s (%s): peak reserved predicted %d B, measured %d B: error %+.1f%% exceeds 10%%",
+				r.File, r.Source, rep.Peak.Reserved, *r.PeakReservedBytes, 100*e)
+		}
+	}
+	t.Log("peak reserved, prediction vs published measurement:\n" + strings.Join(rows, "\n"))
+	if bf16 < 6 || len(sources) < 2 {
+		t.Errorf("published BF16 rows with memory: %d from %d sources; want ≥ 6 from ≥ 2", bf16, len(sources))
+	}
+}
+
+func TestReadRunsRejects(t *testing.T) {
+	good := `{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x"}`
+	if _, err := ReadRuns(strings.NewReader("["+good+"]"), "good", true); err != nil {
+		t.Fatalf("valid run rejected: %v", err)
+	}
+	for name, doc := range map[string]string{
+		"unknown field":  strings.Replace(good, `"tps"`, `"tpz"`, 1),
+		"no source":      strings.Replace(good, `"source":"x"`, `"source":""`, 1),
+		"bad ac":         strings.Replace(good, `"full"`, `"most"`, 1),
+		"lbs 0":          strings.Replace(good, `"lbs":1`, `"lbs":0`, 1),
+		"layout":         strings.Replace(good, `"dp_shard":8`, `"dp_shard":3`, 1),
+		"ep ∤ dp_shard":  strings.Replace(good, `"ep":1`, `"ep":3`, 1),
+		"mfu in percent": strings.Replace(good, `"tps":1000`, `"tps":1000,"mfu":39.4`, 1),
+		"no precision":   strings.Replace(good, `"precision":"bf16",`, ``, 1),
+		"not an array":   good,
+	} {
+		doc := doc
+		if name != "not an array" {
+			doc = "[" + doc + "]"
+		}
+		if _, err := ReadRuns(strings.NewReader(doc), name, true); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// Calibration input may omit the source.
+	noSrc := strings.Replace(good, `"source":"x",`, ``, 1)
+	noSrc = strings.Replace(noSrc, `,"source":"x"`, ``, 1)
+	if _, err := ReadRuns(strings.NewReader("["+noSrc+"]"), "calib", false); err != nil {
+		t.Errorf("run without source rejected for calibration: %v", err)
+	}
+}
