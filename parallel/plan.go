@@ -371,9 +371,13 @@ type planPlace struct {
 }
 
 // planMaxLBS finds the largest lbs ≤ q.MaxLBS whose memory fraction is
-// within the target, by doubling then bisection; 0 when even lbs 1 does not
-// fit. MemoryFraction is non-decreasing in lbs. perRank > 0 (sequences per
-// rank per step) sets grad_accum = ⌈perRank / lbs⌉, else 1.
+// within the target; 0 when even lbs 1 does not fit. MemoryFraction is
+// non-decreasing in lbs and close to affine (state + activations ∝ lbs), so
+// the limit is first guessed from the slope between lbs 1 and 2 and the
+// guess and its neighbour checked (four evaluations when memory is affine);
+// any remaining bracket is closed by doubling and bisection, which needs
+// monotonicity only. perRank > 0 (sequences per rank per step) sets
+// grad_accum = ⌈perRank / lbs⌉, else 1.
 func (q *PlanRequest) planMaxLBS(ev PlanEvaluator, f planFamily, perRank int) (int, float64, error) {
 	fits := func(lbs int) (bool, float64, error) {
 		ga := 1
@@ -384,41 +388,47 @@ func (q *PlanRequest) planMaxLBS(ev PlanEvaluator, f planFamily, perRank int) (i
 		return err == nil && m <= q.MemoryTarget, m, err
 	}
 	ok, m1, err := fits(1)
+	if err != nil || !ok || q.MaxLBS == 1 {
+		return map[bool]int{true: 1, false: 0}[ok && err == nil], m1, err
+	}
+	ok, m2, err := fits(2)
 	if err != nil || !ok {
-		return 0, m1, err
+		return 1, m1, err
 	}
-	lo, hi := 1, 2 // lo fits; hi unknown
-	for hi <= q.MaxLBS {
-		ok, _, err := fits(hi)
-		if err != nil {
-			return 0, m1, err
-		}
-		if !ok {
-			break
-		}
-		lo, hi = hi, hi*2
-	}
-	if hi > q.MaxLBS {
-		if lo == q.MaxLBS {
-			return lo, m1, nil
-		}
-		if ok, _, err := fits(q.MaxLBS); err != nil {
-			return 0, m1, err
-		} else if ok {
-			return q.MaxLBS, m1, nil
-		}
-		hi = q.MaxLBS
-	}
-	for hi-lo > 1 { // lo fits, hi does not
-		mid := lo + (hi-lo)/2
-		ok, _, err := fits(mid)
-		if err != nil {
-			return 0, m1, err
-		}
+	// lo fits; hi does not, or is MaxLBS+1 (nothing known above MaxLBS).
+	lo, hi := 2, q.MaxLBS+1
+	probe := func(lbs int) error {
+		ok, _, err := fits(lbs)
 		if ok {
-			lo = mid
+			lo = lbs
 		} else {
-			hi = mid
+			hi = lbs
+		}
+		return err
+	}
+	if slope := m2 - m1; slope > 0 {
+		g := 2 + int((q.MemoryTarget-m2)/slope)
+		if g > lo && g < hi {
+			if err := probe(g); err != nil {
+				return 0, m1, err
+			}
+			if lo == g && g+1 < hi {
+				err = probe(g + 1)
+			} else if hi == g && g-1 > lo {
+				err = probe(g - 1)
+			}
+			if err != nil {
+				return 0, m1, err
+			}
+		}
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if hi == q.MaxLBS+1 {
+			mid = min(2*lo, q.MaxLBS) // gallop: no upper bound known yet
+		}
+		if err := probe(mid); err != nil {
+			return 0, m1, err
 		}
 	}
 	return lo, m1, nil
@@ -487,26 +497,45 @@ type planStageRun struct {
 
 func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStage, closest *PlanResult, err error) {
 	q := s.q
-	// Size every family by memory (cheap, sequential: no simulation).
-	var points []PlanPoint
+	ga1 := max(1, s.perRank) // grad_accum at lbs 1
+	// Families the caller cannot use are dropped before anything is
+	// evaluated (Admit does not depend on the local batch).
+	var usable []planFamily
 	for _, f := range fams {
-		if f.layout.GPUs > 0 {
-			st.GPUs = f.layout.GPUs
+		st.GPUs = f.layout.GPUs
+		if q.Admit != nil && q.Admit(PlanPoint{f.layout, f.ac, 1, ga1}) != nil {
+			st.Candidates++
+			st.Pruned++
+			continue
 		}
-		ga := max(1, s.perRank) // at lbs 1
-		maxLBS, m1, err := q.planMaxLBS(s.ev, f, s.perRank)
-		if err != nil {
-			return nil, st, nil, err
-		}
-		choices := planLBSChoices(maxLBS, s.perRank, s.all, s.keep)
+		usable = append(usable, f)
+	}
+	// Size every family by memory, in parallel.
+	type sized struct {
+		maxLBS int
+		m1     float64
+	}
+	sizes := make([]sized, len(usable))
+	err = planParallel(len(usable), q.Workers, func(i int) error {
+		var err error
+		sizes[i].maxLBS, sizes[i].m1, err = q.planMaxLBS(s.ev, usable[i], s.perRank)
+		return err
+	})
+	if err != nil {
+		return nil, st, nil, err
+	}
+	var points []PlanPoint
+	for i, f := range usable {
+		maxLBS, m1 := sizes[i].maxLBS, sizes[i].m1
 		if maxLBS == 0 {
 			st.Candidates++
 			st.Pruned++
 			if closest == nil || m1 < closest.Score.MemoryFraction {
-				closest = &PlanResult{PlanPoint{f.layout, f.ac, 1, ga}, PlanScore{MemoryFraction: m1}}
+				closest = &PlanResult{PlanPoint{f.layout, f.ac, 1, ga1}, PlanScore{MemoryFraction: m1}}
 			}
 			continue
 		}
+		choices := planLBSChoices(maxLBS, s.perRank, s.all, s.keep)
 		for _, c := range choices {
 			p := PlanPoint{f.layout, f.ac, c[0], c[1]}
 			st.Candidates++
@@ -543,18 +572,14 @@ func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStag
 	return kept, st, closest, nil
 }
 
-// planEvaluateAll evaluates points on workers goroutines, keeping order.
-func planEvaluateAll(ev PlanEvaluator, points []PlanPoint, workers int, progress func(done int)) ([]PlanResult, error) {
-	out := make([]PlanResult, len(points))
-	errs := make([]error, len(points))
+// planParallel runs do(0..n-1) on up to workers goroutines and returns
+// the error of the lowest index that failed.
+func planParallel(n, workers int, do func(i int) error) error {
+	errs := make([]error, n)
 	var mu sync.Mutex
-	done := 0
 	next := 0
 	var wg sync.WaitGroup
-	if workers > len(points) {
-		workers = len(points)
-	}
-	for w := 0; w < workers; w++ {
+	for w := 0; w < min(workers, n); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -563,25 +588,44 @@ func planEvaluateAll(ev PlanEvaluator, points []PlanPoint, workers int, progress
 				i := next
 				next++
 				mu.Unlock()
-				if i >= len(points) {
+				if i >= n {
 					return
 				}
-				sc, err := ev.Evaluate(points[i])
-				out[i], errs[i] = PlanResult{points[i], sc}, err
-				mu.Lock()
-				done++
-				if progress != nil {
-					progress(done)
-				}
-				mu.Unlock()
+				errs[i] = do(i)
 			}
 		}()
 	}
 	wg.Wait()
-	for i, err := range errs {
+	for _, err := range errs {
 		if err != nil {
-			return nil, fmt.Errorf("evaluating %s: %w", points[i], err)
+			return err
 		}
+	}
+	return nil
+}
+
+// planEvaluateAll evaluates points on workers goroutines, keeping order;
+// progress gets the number done after each.
+func planEvaluateAll(ev PlanEvaluator, points []PlanPoint, workers int, progress func(done int)) ([]PlanResult, error) {
+	out := make([]PlanResult, len(points))
+	var mu sync.Mutex
+	done := 0
+	err := planParallel(len(points), workers, func(i int) error {
+		sc, err := ev.Evaluate(points[i])
+		if err != nil {
+			return fmt.Errorf("evaluating %s: %w", points[i], err)
+		}
+		out[i] = PlanResult{points[i], sc}
+		mu.Lock()
+		done++
+		if progress != nil {
+			progress(done)
+		}
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

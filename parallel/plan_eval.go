@@ -1,0 +1,82 @@
+package parallel
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+)
+
+// PlanSim is the planner's real evaluator: peak memory from the memory
+// package's step timeline and allocator model, step time, TPS and MFU from
+// the virtual-time backend. It holds no mutable state, so the planner's
+// goroutines share it.
+type PlanSim struct {
+	Model       *moe.Config
+	Device      Device
+	Cluster     *Cluster
+	Calibration *Calibration // nil: uncalibrated defaults
+	Seq         int          // tokens per sequence
+	// Memory carries the memory options besides AC (precision, attention
+	// kernel, loss chunks, allocator); AC comes from each point.
+	Memory memory.Options
+}
+
+// memoryOptions returns the memory options for p: its AC, and the
+// calibrated allocator overhead when the calibration has one.
+func (e *PlanSim) memoryOptions(p PlanPoint) memory.Options {
+	o := e.Memory
+	o.AC = p.AC
+	if e.Calibration != nil && e.Calibration.AllocatorOverhead > 0 {
+		a := memory.DefaultAllocator
+		if o.Allocator != nil {
+			a = *o.Allocator
+		}
+		a.Fragmentation = e.Calibration.AllocatorOverhead
+		o.Allocator = &a
+	}
+	return o
+}
+
+// MemoryFraction is peak reserved bytes / device memory (as PyTorch reports it).
+func (e *PlanSim) MemoryFraction(p PlanPoint) (float64, error) {
+	if e.Device.MemoryBytes <= 0 {
+		return 0, fmt.Errorf("device %q: memory_bytes = %d", e.Device.Name, e.Device.MemoryBytes)
+	}
+	l := p.Layout
+	if l.GPUsPerNode == 0 && e.Cluster != nil {
+		l.GPUsPerNode = e.Cluster.GPUsPerNode
+	}
+	r, err := memory.Estimate(e.Model, l, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
+	if err != nil {
+		return 0, err
+	}
+	return float64(r.Peak.Reserved) / float64(e.Device.MemoryBytes), nil
+}
+
+// Evaluate simulates p on the virtual-time backend.
+func (e *PlanSim) Evaluate(p PlanPoint) (PlanScore, error) {
+	r, err := Simulate(SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration})
+	if err != nil {
+		return PlanScore{}, err
+	}
+	return PlanScore{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, StepTimeS: r.StepTimeS,
+		Bottleneck: r.Bottleneck, Breakdown: planBreakdown(r.Breakdown)}, nil
+}
+
+// planBreakdown lists the step's critical-path seconds: compute,
+// recompute, optimizer, then exposed communication by kind (sorted).
+func planBreakdown(b SimBreakdown) []PlanTime {
+	out := []PlanTime{{"compute", b.ComputeS}, {"recompute", b.RecomputeS}, {"optimizer", b.OptimizerS}}
+	kinds := make([]string, 0, len(b.ExposedCommS))
+	for k := range b.ExposedCommS {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		out = append(out, PlanTime{"exposed " + k, b.ExposedCommS[k]})
+	}
+	return out
+}
