@@ -25,12 +25,13 @@ func perLayerBytes(c *moe.Config, b, s int64, ac moe.AC, attn Attention, ep int,
 	K, E, F, Fd := int64(c.TopK), int64(c.Experts), int64(c.ExpertFFN), int64(c.DenseFFN)
 	if ac.Mode == moe.ACSelective {
 		// input 2D; every other mm output: q (2q), v (2kv), then
-		// gate (2Fd) and down (2D) in dense blocks; attention output
-		// 2q and lse 4H; MoE: top-k values 4K and indices 8K, and with
-		// ep > 1 both all-to-all outputs 2·2KD.
-		n := T * (2*D + 2*q + 2*kv + 2*q + 4*H)
-		if attn == Eager {
-			n += 2*b*H*s*s - 4*T*H
+		// gate (2Fd) and down (2D) in dense blocks; flash attention's
+		// output 2q and lse 4H (eager attention's bmm and softmax are
+		// not in the save list: nothing); MoE: top-k values 4K and
+		// indices 8K, and with ep > 1 both all-to-all outputs 2·2KD.
+		n := T * (2*D + 2*q + 2*kv)
+		if attn == Flash {
+			n += T * (2*q + 4*H)
 		}
 		if !moeLayer {
 			return n + T*(2*Fd+2*D)
@@ -53,10 +54,11 @@ func perLayerBytes(c *moe.Config, b, s int64, ac moe.AC, attn Attention, ep int,
 	if !moeLayer {
 		return n + T*(2*D+8*Fd) // FFN input, gate, up, silu, down input
 	}
-	// router input 2D, probabilities 4E, indices 8K, renormalized
-	// values 4K and sum 4, dispatch order 8K, dispatched rows 2KD, gate,
-	// up, silu, product 8KF, expert outputs 2KD, weights 4K.
-	return n + T*(2*D+4*E+8*K+4*K+4+8*K+2*K*D+8*K*F+2*K*D+4*K)
+	// router input 2D, scores 4E, indices 8K, dispatch order 8K,
+	// dispatched rows 2KD, gate, silu(gate), up, product 8KF, expert
+	// outputs 2KD, weights 4K (the renormalized top-k weights are the
+	// combine weights: kept once).
+	return n + T*(2*D+4*E+8*K+8*K+2*K*D+8*K*F+2*K*D+4*K)
 }
 
 func TestSavedMatchesHandFormula(t *testing.T) {
