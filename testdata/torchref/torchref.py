@@ -13,7 +13,10 @@ For each tiny configuration below it writes OUTDIR/<name>/:
     tokens.json          an array of equal-length token-id sequences
     expected.json        loss (cross-entropy), aux_loss (HF load_balancing_loss_func), total_loss (the
                          loss HF trains on: + router_aux_loss_coef·aux_loss only when
-                         output_router_logits), and the smallest routing margin
+                         output_router_logits), and the smallest routing margin; when the aux loss is
+                         added also "shifted": the same under torchtitan's input convention
+                         (inputs tokens[:, :-1]: the last token is not routed), whose gradients are in
+                         grads_shifted.safetensors
     grads.safetensors    d total_loss / d weight for every tensor of the checkpoint, F32 (buffers such
                          as e_score_correction_bias take no gradient and are written as zeros)
 
@@ -319,8 +322,17 @@ def load_balancing(a, router_logits):
     return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * a.E
 
 
-def forward(a, P, tokens):
-    x = P["model.embed_tokens.weight"][tokens]
+def forward(a, P, tokens, shifted=False):
+    """HF semantics: every token is an input, labels are the next tokens (the last position has
+    none, HF's -100 padding). shifted=True is torchtitan's convention instead: inputs
+    tokens[:, :-1], labels tokens[:, 1:]. The cross-entropy is the same; the aux loss differs,
+    since HF also routes the last token."""
+    if shifted:
+        inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    else:
+        pad = torch.full((tokens.shape[0], 1), -100, dtype=tokens.dtype)
+        inputs, labels = tokens, torch.cat((tokens[:, 1:], pad), dim=1)
+    x = P["model.embed_tokens.weight"][inputs]
     router, margin = [], 1.0
     for l in range(a.L):
         p = f"model.layers.{l}."
@@ -337,7 +349,7 @@ def forward(a, P, tokens):
     head = P["model.embed_tokens.weight"] if a.tied else P["lm_head.weight"]
     logits = x @ head.T
     V = logits.shape[-1]
-    ce = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1))
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
     aux = load_balancing(a, router) if a.score == "softmax" else torch.zeros(())
     total = ce + a.aux_coef * aux if a.aux_on else ce
     return ce, aux, total, margin
@@ -447,12 +459,22 @@ def build(name, cfg, out):
     grads = [(n, P[n].grad if P[n].grad is not None and kind != "buffer" else torch.zeros(shape), "F32")
              for n, shape, kind in names]
     write_safetensors(os.path.join(d, "grads.safetensors"), grads)
-    write_json(os.path.join(d, "expected.json"), {
+    expected = {
         "loss": ce.item(), "aux_loss": aux.item(), "total_loss": total.item(),
         "aux_added": a.aux_on, "aux_coef": a.aux_coef if a.aux_on else 0.0,
         "routing_margin": margin, "seed": seed, "weights_dtype": dtype,
         "torch_version": torch.__version__,
-    })
+    }
+    if a.aux_on:
+        # torchtitan's convention (inputs tokens[:, :-1]) changes the aux loss: write it too.
+        for v in P.values():
+            v.grad = None
+        ce2, aux2, total2, margin2 = forward(a, P, tokens, shifted=True)
+        total2.backward()
+        expected["shifted"] = {"loss": ce2.item(), "aux_loss": aux2.item(), "total_loss": total2.item(), "routing_margin": margin2}
+        write_safetensors(os.path.join(d, "grads_shifted.safetensors"),
+                          [(n, P[n].grad if kind != "buffer" else torch.zeros(shape), "F32") for n, shape, kind in names])
+    write_json(os.path.join(d, "expected.json"), expected)
     gmax = max(float(t.abs().max()) for _, t, _ in grads)
     print(f"{name:8s} {a.type:10s} seed {seed} loss {ce.item():.6f} aux {aux.item():.6f} total {total.item():.6f} "
           f"margin {margin:.4f} max|grad| {gmax:.4g}")
