@@ -301,10 +301,8 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 		b.x = ex
 		blocks[l] = b
 		x = b.Forward(&w.layers[l], x)
-		if rt := b.Routing(); rt != nil {
-			for e, n := range rt.Counts {
-				m.Load[l][e] += int64(n)
-			}
+		for e, n := range b.ExpertCounts() {
+			m.Load[l][e] += int64(n)
 		}
 	}
 
@@ -334,9 +332,9 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 		E := c.Experts
 		cnt, psum := make([]float64, E), make([]float64, E)
 		for _, b := range blocks {
-			if rt := b.Routing(); rt != nil {
+			if n := b.ExpertCounts(); n != nil {
 				for e := 0; e < E; e++ {
-					cnt[e] += float64(rt.Counts[e])
+					cnt[e] += float64(n[e])
 					psum[e] += float64(b.colSum[e])
 				}
 			}

@@ -79,8 +79,10 @@ type Block[T Float] struct {
 	// Experts, when non-nil, replaces the local execution of routed experts.
 	Experts ExpertStage[T]
 	st      blockState[T]
-	// colSum[e] = Σ_t s_{t,e} of the last forward (aux loss), with Routing.
+	// colSum[e] = Σ_t s_{t,e} and counts[e] = (token, slot) pairs routed
+	// to expert e in the last forward (aux loss and load statistics).
 	colSum []T
+	counts []int
 }
 
 // NewBlock returns the runner of decoder layer l for micro-batches of batch
@@ -92,8 +94,13 @@ func NewBlock[T Float](c *Config, l, batch, seq int, o Options) *Block[T] {
 	return b
 }
 
-// Routing returns the last forward's routing (nil for dense layers).
+// Routing returns the routing the block holds (nil for dense layers, and
+// between forward and backward when the block is checkpointed).
 func (b *Block[T]) Routing() *Routing[T] { return b.st.rt }
+
+// ExpertCounts returns the per-expert (token, slot) counts of the last
+// forward (nil for dense layers).
+func (b *Block[T]) ExpertCounts() []int { return b.counts }
 
 func (b *Block[T]) tokens() int { return b.batch * b.seq }
 
@@ -245,6 +252,9 @@ func (b *Block[T]) moeForward(w *LayerWeights[T], y []T, pass Pass, useCache boo
 	routeWeights(c, rt, st.vals)
 	st.rt = rt
 	ex.op(L, OpRouterTopK, pass, t64*int64(E))
+	if pass == Forward {
+		b.counts = append([]int(nil), rt.Counts...)
+	}
 	if pass == Forward && b.aux {
 		b.colSum = make([]T, E)
 		for t := 0; t < T_; t++ {
