@@ -1,0 +1,34 @@
+package memory_test
+
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+)
+
+// Estimate sizes one rank of Qwen3-30B-A3B on 64 GPUs (FSDP over 64,
+// experts over ep = 8) at 2 sequences of 4096 tokens, per-op SAC. By hand:
+// state 30.53e9 · 16 B / 64 = 7.11 GiB; block 0 keeps per token its input
+// 2D, q 2q, v 2kv, attention output 2q and lse 4H, top-k values and
+// indices 12K and the two all-to-all outputs 4KD = 87,264 B, × 8192 tokens
+// = 0.67 GiB.
+func ExampleEstimate() {
+	cfg, err := moe.Load("qwen3-30b-a3b")
+	if err != nil {
+		panic(err)
+	}
+	l := moe.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	r, err := memory.Estimate(cfg, l, memory.Batch{LBS: 2, Seq: 4096}, memory.Options{AC: moe.AC{Mode: moe.ACSelective}})
+	if err != nil {
+		panic(err)
+	}
+	gib := func(n int64) float64 { return float64(n) / (1 << 30) }
+	fmt.Printf("state %.2f GiB (16 B per sharded parameter)\n", gib(r.State.Total()))
+	fmt.Printf("saved activations of block 0: %.2f GiB\n", gib(r.Saved[1]))
+	fmt.Printf("peak reserved %.1f GiB\n", gib(r.Peak.Reserved))
+	// Output:
+	// state 7.11 GiB (16 B per sharded parameter)
+	// saved activations of block 0: 0.67 GiB
+	// peak reserved 57.6 GiB
+}

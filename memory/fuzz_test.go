@@ -1,0 +1,69 @@
+package memory
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// FuzzEstimate checks the invariants of any accepted input: the timeline
+// replays (every free matches a live allocation), the peak holds at least
+// the persistent state, reserved ≥ allocated, and the breakdown sums to
+// the peak. Bad inputs must return errors, never panic.
+func FuzzEstimate(f *testing.F) {
+	f.Add(uint8(0), 2, 16, 8, 8, 1, uint8(0), uint8(1), 1, 0, false, true)
+	f.Add(uint8(1), 1, 7, 8, 4, 2, uint8(1), uint8(0), 3, 4, true, false)
+	f.Add(uint8(1), 0, 16, 8, 8, 3, uint8(2), uint8(3), 1, 0, false, true)
+	f.Add(uint8(0), 3, 5, 6, 3, 1, uint8(3), uint8(2), 2, 2, false, false)
+	f.Fuzz(func(t *testing.T, model uint8, lbs, seq, gpus, shard, ep int, sharding, ac uint8, accum, chunks int, keep, reshard bool) {
+		if lbs > 64 || seq > 256 || gpus > 4096 || accum > 8 || chunks > 64 {
+			t.Skip()
+		}
+		cfg := denseCfg()
+		if model%2 == 1 {
+			cfg = moeCfg()
+		}
+		l := moe.Layout{GPUs: gpus, DPShard: shard, EP: ep, KeepGathered: keep, ReshardAfterForward: reshard,
+			Sharding: []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}[sharding%4]}
+		if l.Resolve() != nil {
+			return
+		}
+		o := Options{AC: []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2}}[ac%4],
+			LossChunks: chunks}
+		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: seq, GradAccum: accum}, o)
+		if err != nil {
+			return
+		}
+		if r.Peak.Allocated < r.State.Params+r.State.Optimizer || r.Peak.Reserved < r.Peak.Allocated {
+			t.Fatalf("peak allocated %d, reserved %d, state %+v", r.Peak.Allocated, r.Peak.Reserved, r.State)
+		}
+		var live int64
+		for _, n := range r.Peak.Live {
+			live += n
+		}
+		if live != r.Peak.Allocated {
+			t.Fatalf("breakdown %d ≠ peak %d", live, r.Peak.Allocated)
+		}
+	})
+}
+
+// FuzzReadRuns: the published-runs parser never panics, and what it
+// accepts validates.
+func FuzzReadRuns(f *testing.F) {
+	f.Add([]byte(`[{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x"}]`))
+	f.Add([]byte(`[{"model":"m","gpu":"h100","gpus":16,"dp_shard":8,"dp_replicate":2,"ep":4,"ac":"layer:2","lbs":2,"seq":8,"precision":"bf16","tps":1,"source":"s","peak_reserved_bytes":5,"compile":true}]`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`{`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runs, err := ReadRuns(bytes.NewReader(data), "fuzz", true)
+		if err != nil {
+			return
+		}
+		for _, r := range runs {
+			if err := r.Validate(true); err != nil {
+				t.Fatalf("accepted an invalid run: %v", err)
+			}
+		}
+	})
+}
