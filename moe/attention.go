@@ -61,10 +61,10 @@ func (a attnShape) area() int64 {
 	return n
 }
 
-// AttentionArea is the number of score entries executed per sequence and
+// attentionArea is the number of score entries executed per sequence and
 // query head by Br×Bc tiles (1×1 gives the exact unmasked count, s(s+1)/2
 // for full causal attention).
-func AttentionArea(seq, window, tileQ, tileK int) int64 {
+func attentionArea(seq, window, tileQ, tileK int) int64 {
 	return attnShape{seq: seq, window: window, tileQ: tileQ, tileK: tileK}.area()
 }
 

@@ -9,6 +9,30 @@
 // Shape legend used in identifiers: T tokens, D model (hidden) dim, F expert
 // FFN dim, E routed experts, K top-k, H query heads, G KV heads, d head dim,
 // V vocabulary, L layers.
+//
+// # Reference implementation
+//
+// Model[T] (T float32 or float64) holds the parameters flat in Params order
+// and runs ForwardBackward on a micro-batch of token ids (Options: AC,
+// Recorder, BF16, AuxCoef, attention tile), accumulating gradients (scale
+// 1/micro-batches for accumulation; Accumulate does it) and per-expert
+// loads; Step applies torch.optim.AdamW. Its semantics are Hugging Face's
+// Qwen3MoeForCausalLM and the variants Config allows (see Routing, RMSNorm
+// in norm.go, RoPE in rope.go, flash attention in attention.go).
+//
+// The execution seam for parallel ranks is the Block: one decoder layer
+// run by Forward(weights, x) and Backward(weights, grads, dy, auxGrad) with
+// LayerWeights the caller may have all-gathered, and checkpointing done
+// inside the block. Inside an MoE block the order is router → Routing
+// (indices, weights, per-expert Counts, Order) → dispatch (rows in expert
+// order) → ExpertStage → combine; an expert-parallel rank sets
+// Block.Experts to a stage that exchanges rows by all-to-all with the real
+// counts, runs its local experts and returns rows in the same order.
+//
+// Every op executed is reported to a Recorder as (layer, op, pass, count)
+// under the rules of ops.go, and every tensor kept for backward as a
+// SavedRecord; SavedTensors gives the same list analytically (its table, op
+// × policy, is documented in saved.go).
 package moe
 
 import (

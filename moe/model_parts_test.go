@@ -1,0 +1,308 @@
+package moe
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// TestAdamWMatchesTorch compares three AdamW steps with torch.optim.AdamW
+// (torch 1.13, float64): p = [1, −2], lr 0.1, betas (0.9, 0.999), eps 1e-8,
+// weight_decay 0.01, gradients [0.5, 0.25], [−1, 3], [0, −0.125]. Step 1
+// by hand: p = 1·(1 − 0.001) − 0.1·0.05/0.1 / (√0.00025/√0.001 + 1e-8)
+// = 0.999 − 0.1/(1 + 2e-8) = 0.899000002.
+func TestAdamWMatchesTorch(t *testing.T) {
+	a := AdamW{LR: 0.1, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01}
+	p := []float64{1, -2}
+	var st AdamState[float64]
+	grads := [][]float64{{0.5, 0.25}, {-1, 3}, {0, -0.125}}
+	want := [][]float64{ // printed by torch.optim.AdamW
+		{0.899000002, -2.097999996},
+		{0.9347113542385653, -2.175620657993052},
+		{0.9620765511939501, -2.232363107831355},
+	}
+	for s, g := range grads {
+		AdamWStep(a, &st, p, g)
+		for i := range p {
+			if math.Abs(p[i]-want[s][i]) > 1e-14 {
+				t.Errorf("step %d p[%d] = %.17g, torch %.17g", s+1, i, p[i], want[s][i])
+			}
+		}
+	}
+}
+
+// naiveAttention is softmax(QKᵀ/√d + mask)·V written directly.
+func naiveAttention(q, k, v []float64, a attnShape) []float64 {
+	H, G, d, s := a.heads, a.kv, a.d, a.seq
+	o := make([]float64, len(q))
+	for b := 0; b < a.batch; b++ {
+		for h := 0; h < H; h++ {
+			g := h / (H / G)
+			for i := 0; i < s; i++ {
+				sc := make([]float64, s)
+				mx := math.Inf(-1)
+				for j := 0; j <= i; j++ {
+					if !a.allowed(i, j) {
+						continue
+					}
+					var dot float64
+					for e := 0; e < d; e++ {
+						dot += q[((b*s+i)*H+h)*d+e] * k[((b*s+j)*G+g)*d+e]
+					}
+					sc[j] = dot * a.scale
+					mx = max(mx, sc[j])
+				}
+				var sum float64
+				for j := 0; j <= i; j++ {
+					if a.allowed(i, j) {
+						sc[j] = math.Exp(sc[j] - mx)
+						sum += sc[j]
+					}
+				}
+				for j := 0; j <= i; j++ {
+					if a.allowed(i, j) {
+						for e := 0; e < d; e++ {
+							o[((b*s+i)*H+h)*d+e] += sc[j] / sum * v[((b*s+j)*G+g)*d+e]
+						}
+					}
+				}
+			}
+		}
+	}
+	return o
+}
+
+// TestFlashAttentionMatchesNaive checks the tiled kernel against the
+// direct formula for several tiles and windows, and that the tile changes
+// neither the output nor the gradients beyond rounding.
+func TestFlashAttentionMatchesNaive(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, w := range []int{0, 1, 3, 7} {
+		a := attnShape{batch: 2, seq: 7, heads: 4, kv: 2, d: 3, window: w, scale: 1 / math.Sqrt(3)}
+		n := a.batch * a.seq
+		q, k, v := make([]float64, n*a.heads*a.d), make([]float64, n*a.kv*a.d), make([]float64, n*a.kv*a.d)
+		for _, x := range [][]float64{q, k, v} {
+			for i := range x {
+				x[i] = r.NormFloat64()
+			}
+		}
+		do := make([]float64, len(q))
+		for i := range do {
+			do[i] = r.NormFloat64()
+		}
+		want := naiveAttention(q, k, v, a)
+		var refDq []float64
+		for _, tile := range [][2]int{{1, 1}, {2, 3}, {3, 2}, {7, 7}, {16, 16}} {
+			a.tileQ, a.tileK = tile[0], tile[1]
+			o, lse := make([]float64, len(q)), make([]float64, n*a.heads)
+			attnFwd(o, lse, q, k, v, a)
+			for i := range o {
+				if math.Abs(o[i]-want[i]) > 1e-12 {
+					t.Fatalf("window %d tile %v: o[%d] = %v, naive %v", w, tile, i, o[i], want[i])
+				}
+			}
+			dq, dk, dv := make([]float64, len(q)), make([]float64, len(k)), make([]float64, len(v))
+			attnBwd(dq, dk, dv, do, q, k, v, o, lse, a)
+			if refDq == nil {
+				refDq = dq
+				continue
+			}
+			for i := range dq {
+				if math.Abs(dq[i]-refDq[i]) > 1e-12 {
+					t.Fatalf("window %d tile %v: dq[%d] = %v, 1×1 tiles give %v", w, tile, i, dq[i], refDq[i])
+				}
+			}
+		}
+	}
+}
+
+// TestAttentionArea checks executed entries against hand counts: causal
+// s = 4 exact is 4·5/2 = 10; window 2 is 1 + 2 + 2 + 2 = 7; 2×2 tiles on
+// s = 4 causal run 3 of 4 tiles = 12; 3×3 tiles on s = 4 run tiles
+// [0,3)×[0,3) (9), [3,4)×[0,3) (3) and [3,4)×[3,4) (1) = 13.
+func TestAttentionArea(t *testing.T) {
+	cases := []struct {
+		s, w, tq, tk int
+		want         int64
+	}{{4, 0, 1, 1, 10}, {4, 2, 1, 1, 7}, {4, 0, 2, 2, 12}, {4, 0, 3, 3, 13}, {6, 2, 2, 2, 20}}
+	// s = 6, w = 2, 2×2 tiles: row blocks {0,1}: keys 0..1 → 1 tile; {2,3}:
+	// keys 1..3 → 2 tiles; {4,5}: keys 3..5 → 2 tiles; 5 tiles × 4 = 20.
+	for _, c := range cases {
+		if got := attentionArea(c.s, c.w, c.tq, c.tk); got != c.want {
+			t.Errorf("s=%d w=%d tile %d×%d: %d, want %d", c.s, c.w, c.tq, c.tk, got, c.want)
+		}
+	}
+}
+
+// TestFloat32AgreesWithFloat64 runs the same model in both precisions.
+func TestFloat32AgreesWithFloat64(t *testing.T) {
+	for name, c := range tinyVariants() {
+		m64 := newTestModel(t, c, 11)
+		m32, err := NewModel[float32](c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range m64.Data {
+			m32.Data[i] = float32(v)
+		}
+		tokens := randomTokens(rand.New(rand.NewPCG(3, 4)), c, 2, 5)
+		r64, err := m64.ForwardBackward(tokens, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r32, err := m32.ForwardBackward(tokens, 1, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(r32.Loss-r64.Loss) > 1e-5*r64.Loss {
+			t.Errorf("%s: loss float32 %v, float64 %v", name, r32.Loss, r64.Loss)
+		}
+		var gmax, dmax float64
+		for i, g := range m64.Grad {
+			gmax = max(gmax, math.Abs(g))
+			dmax = max(dmax, math.Abs(g-float64(m32.Grad[i])))
+		}
+		if dmax > 1e-4*gmax {
+			t.Errorf("%s: gradients differ by %g (max |g| %g)", name, dmax, gmax)
+		}
+	}
+}
+
+// TestBF16Rounding checks the bf16 option changes the loss slightly and
+// that every saved activation it produces is a bf16 value.
+func TestBF16Rounding(t *testing.T) {
+	c := tinyVariants()["qwen2_moe"]
+	m := newTestModel(t, c, 11)
+	tokens := randomTokens(rand.New(rand.NewPCG(3, 4)), c, 2, 5)
+	exact, _ := m.ForwardBackward(tokens, 1, Options{})
+	b := NewBlock[float64](c, 0, 2, 5, Options{BF16: true})
+	w, _ := layerViews(c, m.Params, m.Tensors())
+	x := make([]float64, 10*c.Hidden)
+	for i := range x {
+		x[i] = float64(BF16ToFloat32(Float32ToBF16(float32(math.Sin(float64(i))))))
+	}
+	out := b.Forward(&w.layers[0], x)
+	for _, v := range append(append([]float64(nil), out...), b.st.h2...) {
+		if float64(BF16ToFloat32(Float32ToBF16(float32(v)))) != v {
+			t.Fatalf("bf16 run produced %v, not a bf16 value", v)
+		}
+	}
+	m.ZeroGrad()
+	r, err := m.ForwardBackward(tokens, 1, Options{BF16: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := math.Abs(r.Loss - exact.Loss); d == 0 || d > 0.02*exact.Loss {
+		t.Errorf("bf16 loss %v vs exact %v: want a small non-zero difference", r.Loss, exact.Loss)
+	}
+}
+
+// splitExperts is an ExpertStage that runs experts [0, E/2) and [E/2, E)
+// as two separate "ranks" (two local stages over disjoint rows), the way
+// an expert-parallel implementation splits them.
+type splitExperts struct {
+	b    *Block[float64]
+	w, g *LayerWeights[float64]
+	half [2]localExperts[float64]
+	rows [2]int
+}
+
+func (s *splitExperts) ExpertsForward(layer int, xe []float64, counts []int, pass Pass, keep bool) []float64 {
+	D, E := s.b.cfg.Hidden, len(counts)
+	var out []float64
+	start := 0
+	for h := 0; h < 2; h++ {
+		c := make([]int, E)
+		lo, hi := h*E/2, (h+1)*E/2
+		n := 0
+		for e := lo; e < hi; e++ {
+			c[e] = counts[e]
+			n += counts[e]
+		}
+		s.half[h] = localExperts[float64]{b: s.b, w: s.w, g: s.g}
+		out = append(out, s.half[h].ExpertsForward(layer, xe[start*D:(start+n)*D], c, pass, keep)...)
+		s.rows[h] = n
+		start += n
+	}
+	return out
+}
+
+func (s *splitExperts) ExpertsBackward(layer int, dye []float64) []float64 {
+	D := s.b.cfg.Hidden
+	var dx []float64
+	start := 0
+	for h := 0; h < 2; h++ {
+		s.half[h].w, s.half[h].g = s.w, s.g
+		dx = append(dx, s.half[h].ExpertsBackward(layer, dye[start*D:(start+s.rows[h])*D])...)
+		start += s.rows[h]
+	}
+	return dx
+}
+
+// TestExpertStageSeam drives a block with an ExpertStage that splits the
+// experts in two and checks output and gradients equal the local run bit
+// for bit, under none and full checkpointing.
+func TestExpertStageSeam(t *testing.T) {
+	c := tinyVariants()["qwen3_moe"]
+	m := newTestModel(t, c, 11)
+	w, _ := layerViews(c, m.Params, m.Tensors())
+	x := make([]float64, 10*c.Hidden)
+	r := rand.New(rand.NewPCG(9, 9))
+	for i := range x {
+		x[i] = r.NormFloat64()
+	}
+	dy := make([]float64, len(x))
+	for i := range dy {
+		dy[i] = r.NormFloat64()
+	}
+	for _, ac := range []AC{{Mode: ACNone}, {Mode: ACFull}, {Mode: ACSelective}} {
+		run := func(split bool) ([]float64, []float64, []float64) {
+			gm, _ := NewModel[float64](c)
+			g, _ := layerViews(c, gm.Params, gm.Grads())
+			b := NewBlock[float64](c, 0, 2, 5, Options{AC: ac})
+			if split {
+				b.Experts = &splitExperts{b: b, w: &w.layers[0], g: &g.layers[0]}
+			}
+			out := b.Forward(&w.layers[0], x)
+			dx := b.Backward(&w.layers[0], &g.layers[0], dy, nil)
+			return out, dx, gm.Grad
+		}
+		o1, d1, g1 := run(false)
+		o2, d2, g2 := run(true)
+		for _, p := range [][2][]float64{{o1, o2}, {d1, d2}, {g1, g2}} {
+			for i := range p[0] {
+				if p[0][i] != p[1][i] {
+					t.Fatalf("%s: split experts differ at %d: %v vs %v", ac, i, p[0][i], p[1][i])
+				}
+			}
+		}
+	}
+}
+
+// TestBadTokens checks the errors for malformed micro-batches.
+func TestBadTokens(t *testing.T) {
+	c := tinyVariants()["qwen3_moe"]
+	m, _ := NewModel[float32](c)
+	for _, tc := range []struct {
+		tokens [][]int
+		want   string
+	}{
+		{nil, "empty"},
+		{[][]int{{1}}, "at least 2"},
+		{[][]int{{1, 2, 3}, {1, 2}}, "equal length"},
+		{[][]int{{1, 13}}, "vocab = 13"},
+		{[][]int{{-1, 2}}, "tokens[0][0] = -1"},
+	} {
+		_, err := m.ForwardBackward(tc.tokens, 1, Options{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want it to mention %q", tc.tokens, err, tc.want)
+		}
+	}
+	s := *c
+	s.Score = Sigmoid
+	ms, _ := NewModel[float32](&s)
+	if _, err := ms.ForwardBackward([][]int{{1, 2}}, 1, Options{AuxCoef: 0.1}); err == nil {
+		t.Error("aux loss on a sigmoid router: no error")
+	}
+}
