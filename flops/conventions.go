@@ -98,8 +98,11 @@ func MatmulNParams(cfg *moe.Config) (int64, error) {
 
 // TorchtitanPerStep is torchtitan's count for T = b·s tokens:
 // T·(6·N_mm + Σ_layers 6·H·(d_qk+d_v)·min(s, window)), every layer being a
-// softmax-attention layer; sliding-window layers use min(s, window)
-// (shared/REFERENCES.md, torchtitan since 2026-08).
+// softmax-attention layer; sliding-window layers use min(s, window) as
+// shared/REFERENCES.md and issue 2 define it. (At the pinned torchtitan
+// b5bcd76 every layer still uses the training seq_len, gpt_oss's sliding
+// layers included; no built-in model has sliding windows, so the two
+// agree on all of them.)
 func TorchtitanPerStep(cfg *moe.Config, s Shape) (int64, error) {
 	if err := checkShape(cfg, s); err != nil {
 		return 0, err
