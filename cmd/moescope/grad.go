@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"github.com/moescope/moescope/moe"
+)
+
+func init() {
+	register(command{"grad", "loss and gradients of a checkpoint on token sequences (HF's training loss)", runGrad})
+}
+
+// maxTokensBytes bounds the tokens file read into memory.
+const maxTokensBytes = 1 << 30
+
+func runGrad(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("grad", stderr)
+	model := fs.String("model", "", "built-in model name or config.json path (required)")
+	weights := fs.String("weights", "", "safetensors checkpoint: a file, a model.safetensors.index.json or a directory holding one")
+	tokensPath := fs.String("tokens", "", "JSON array of equal-length token-id sequences; labels are the next tokens")
+	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N (gradients do not depend on it)")
+	out := fs.String("out", "", "write the gradient of every weight here (safetensors, F32, the checkpoint's names)")
+	initSeed := fs.Int64("init", -1, "use a deterministic random initialization from this seed (≥ 0) instead of --weights")
+	save := fs.String("save", "", "with --init: write the initialized weights here (safetensors, F32)")
+	force := fs.Bool("force", false, "overwrite existing output files")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: moescope grad --model M (--weights W | --init SEED [--save W]) [--tokens T.json [--ac POLICY] [--out G.safetensors]] [--force]")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *model == "":
+		return fmt.Errorf("%w: --model is required", errUsage)
+	case (*weights == "") == (*initSeed < 0):
+		return fmt.Errorf("%w: give exactly one of --weights and --init (got --weights %q, --init %d)", errUsage, *weights, *initSeed)
+	case *save != "" && *initSeed < 0:
+		return fmt.Errorf("%w: --save writes an --init initialization; it needs --init", errUsage)
+	case *tokensPath == "" && *out != "":
+		return fmt.Errorf("%w: --out needs --tokens", errUsage)
+	case *tokensPath == "" && *save == "":
+		return fmt.Errorf("%w: nothing to do: give --tokens (and --out) or --init with --save", errUsage)
+	}
+	ac, err := moe.ParseAC(*acFlag)
+	if err != nil {
+		return fmt.Errorf("%w: --ac: %v", errUsage, err)
+	}
+	cfg, err := moe.Load(*model)
+	if err != nil {
+		return err
+	}
+	// Refuse before computing anything if an output would be overwritten.
+	for _, p := range []string{*save, *out} {
+		if p == "" || *force {
+			continue
+		}
+		if _, err := os.Lstat(p); err == nil {
+			return fmt.Errorf("%s: %w", p, moe.ErrExists)
+		}
+	}
+	if *save != "" && *save == *out {
+		return fmt.Errorf("%w: --save and --out name the same file %s", errUsage, *save)
+	}
+
+	m, err := moe.NewModel[float32](cfg)
+	if err != nil {
+		return err
+	}
+	if *initSeed >= 0 {
+		m.InitRandom(uint64(*initSeed))
+		if *save != "" {
+			if err := moe.SaveParams(*save, cfg, m.Tensors(), moe.F32, *force); err != nil {
+				return err
+			}
+		}
+	} else {
+		ps, err := moe.LoadParams[float32](*weights, cfg)
+		if err != nil {
+			return err
+		}
+		if err := m.SetTensors(ps); err != nil {
+			return err
+		}
+	}
+	if *tokensPath == "" {
+		return nil
+	}
+	tokens, err := readTokens(*tokensPath, cfg.Vocab)
+	if err != nil {
+		return err
+	}
+	coef := hfAuxCoef(cfg)
+	res, err := hfGradients(m, tokens, ac, coef)
+	if err != nil {
+		return err
+	}
+	if *out != "" {
+		if err := moe.SaveParams(*out, cfg, m.Grads(), moe.F32, *force); err != nil {
+			return err
+		}
+	}
+	enc := json.NewEncoder(stdout)
+	return enc.Encode(gradReport{
+		Loss: res.Loss, AuxLoss: res.Aux, TotalLoss: res.Total, AuxAdded: coef != 0,
+		AuxCoef: coef, Sequences: len(tokens), SeqLen: len(tokens[0]), AC: ac.String(),
+	})
+}
+
+// hfGradients leaves in m.Grad the gradient of the loss HF trains on when
+// given input_ids = labels = tokens: the mean cross-entropy of predicting
+// tokens[:, 1:] plus, when coef ≠ 0, coef·aux with HF's
+// load_balancing_loss_func over the routing of *every* token, the last one
+// included. moe.Model.ForwardBackward takes sequences of s+1 ids of which
+// the first s are inputs (torchtitan's convention), so the last token is
+// not routed there. Gradients are linear, so with ext = tokens plus one
+// arbitrary label id per sequence (inputs = all of tokens):
+//
+//	∇(CE + coef·aux_HF) = ∇CE(tokens) + ∇(CE(ext) + coef·aux(ext)) − ∇CE(ext)
+//
+// three passes instead of one, only when the aux loss is added. The
+// cross-entropy does not depend on the last input token (causal attention,
+// per-token routing and FFN), so the first pass alone is exact otherwise.
+func hfGradients(m *moe.Model[float32], tokens [][]int, ac moe.AC, coef float64) (moe.Result, error) {
+	m.ZeroGrad()
+	res, err := m.ForwardBackward(tokens, 1, moe.Options{AC: ac})
+	if err != nil || coef == 0 {
+		return res, err
+	}
+	ext := make([][]int, len(tokens))
+	for i, s := range tokens {
+		ext[i] = append(append(make([]int, 0, len(s)+1), s...), 0)
+	}
+	withAux, err := m.ForwardBackward(ext, 1, moe.Options{AC: ac, AuxCoef: coef})
+	if err != nil {
+		return res, err
+	}
+	if _, err := m.ForwardBackward(ext, -1, moe.Options{AC: ac}); err != nil {
+		return res, err
+	}
+	res.Aux = withAux.Aux
+	res.Total = res.Loss + coef*res.Aux
+	return res, nil
+}
+
+// hfAuxCoef is the coefficient of the load-balancing loss in the loss HF
+// trains on (DESIGN.md, "Losses"): router_aux_loss_coef when
+// output_router_logits is set on a model with softmax-routed MoE layers
+// (Qwen*MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM add it only
+// then; Glm4MoeForCausalLM, the sigmoid router, has no such loss), else 0.
+func hfAuxCoef(cfg *moe.Config) float64 {
+	if cfg.OutputRouterLogits && cfg.IsMoE() && cfg.Score == moe.Softmax {
+		return cfg.AuxLossCoef
+	}
+	return 0
+}
+
+// gradReport is the JSON object grad prints.
+type gradReport struct {
+	Loss      float64 `json:"loss"`       // mean cross-entropy over the predicted positions
+	AuxLoss   float64 `json:"aux_loss"`   // HF load_balancing_loss_func over all MoE layers; 0 when not added (HF computes it only then)
+	TotalLoss float64 `json:"total_loss"` // the loss differentiated: loss + aux_coef·aux_loss when aux_added
+	AuxAdded  bool    `json:"aux_added"`  // output_router_logits: HF adds the aux loss only then
+	AuxCoef   float64 `json:"aux_coef"`   // router_aux_loss_coef applied (0 when not added)
+	Sequences int     `json:"sequences"`
+	SeqLen    int     `json:"seq_len"`
+	AC        string  `json:"ac"`
+}
+
+// readTokens reads a JSON array of equal-length sequences of token ids in
+// [0, vocab). Each sequence needs at least two tokens (one predicted
+// position).
+func readTokens(path string, vocab int) ([][]int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTokensBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxTokensBytes {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxTokensBytes)
+	}
+	toks, err := parseTokens(b, vocab)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return toks, nil
+}
+
+func parseTokens(b []byte, vocab int) ([][]int, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var raw [][]json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("want a JSON array of arrays of token ids: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("trailing data after the token array")
+	}
+	if len(raw) == 0 {
+		return nil, errors.New("no sequences")
+	}
+	out := make([][]int, len(raw))
+	for i, seq := range raw {
+		if len(seq) != len(raw[0]) {
+			return nil, fmt.Errorf("sequence %d has %d tokens but sequence 0 has %d: sequences must have equal length", i, len(seq), len(raw[0]))
+		}
+		if len(seq) < 2 {
+			return nil, fmt.Errorf("sequence %d has %d tokens: need at least 2 (the labels are the next tokens)", i, len(seq))
+		}
+		out[i] = make([]int, len(seq))
+		for j, n := range seq {
+			v, err := strconv.ParseInt(string(n), 10, 64)
+			if err != nil || v < 0 || v >= int64(vocab) {
+				return nil, fmt.Errorf("sequence %d, position %d: token id %s is not an integer in [0, vocab_size = %d)", i, j, n, vocab)
+			}
+			out[i][j] = int(v)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+func TestParseTokens(t *testing.T) {
+	got, err := parseTokens([]byte(" [[1, 2, 3], [0, 23, 5]] "), 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[1][1] != 23 {
+		t.Errorf("got %v", got)
+	}
+	for _, c := range []struct{ in, want string }{
+		{`[[1,2,3],[1,2]]`, "sequence 1 has 2 tokens but sequence 0 has 3"},
+		{`[[1,2],[1,24]]`, "sequence 1, position 1: token id 24 is not an integer in [0, vocab_size = 24)"},
+		{`[[1,-1]]`, "token id -1"},
+		{`[[1,2.5]]`, "token id 2.5"},
+		{`[[1,1e30]]`, "token id 1e30"},
+		{`[[1]]`, "need at least 2"},
+		{`[]`, "no sequences"},
+		{`[[1,2]] [[3,4]]`, "trailing data"},
+		{`{"a":1}`, "JSON array of arrays"},
+		{`[["1",2]]`, `token id "1" is not an integer`},
+	} {
+		_, err := parseTokens([]byte(c.in), 24)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.in, err, c.want)
+		}
+	}
+}
+
+func TestGradInitSave(t *testing.T) {
+	dir := t.TempDir()
+	w := filepath.Join(dir, "w.safetensors")
+	model := filepath.Join("..", "..", "testdata", "torchref", "moe", "config.json")
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"grad", "--model", model, "--init", "3", "--save", w}); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	first, _ := os.ReadFile(w)
+	err := run(&out, &errb, []string{"grad", "--model", model, "--init", "3", "--save", w})
+	if !errors.Is(err, moe.ErrExists) {
+		t.Errorf("second --save without --force: %v", err)
+	}
+	if err := run(&out, &errb, []string{"grad", "--model", model, "--init", "3", "--save", w, "--force"}); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := os.ReadFile(w)
+	if !bytes.Equal(first, second) {
+		t.Error("--init 3 wrote different files")
+	}
+	cfg, _ := moe.Load(model)
+	ps, err := moe.LoadParams[float64](w, cfg)
+	if err != nil {
+		t.Fatalf("saved init does not load: %v", err)
+	}
+	// HF's _init_weights: matrices ~ N(0, initializer_range²), RMSNorm
+	// weights 1, biases 0. For n normal samples the sample mean has sd σ/√n
+	// and the sample std a relative sd of about 1/√(2n); allow 5 of each.
+	var n int
+	var sum, sq float64
+	for i, p := range cfg.Params() {
+		for _, v := range ps[i] {
+			switch {
+			case p.Group == moe.GroupNorm && v != 1:
+				t.Fatalf("%s = %v, want 1", p.Name, v)
+			case p.Group != moe.GroupNorm && len(p.Shape) == 2:
+				n++
+				sum += v
+				sq += v * v
+			}
+		}
+	}
+	mean, std, sigma := sum/float64(n), math.Sqrt(sq/float64(n)), cfg.InitRange
+	if math.Abs(mean) > 5*sigma/math.Sqrt(float64(n)) || math.Abs(std/sigma-1) > 5/math.Sqrt(2*float64(n)) {
+		t.Errorf("n = %d: mean %g, std %g; want 0 and %g", n, mean, std, sigma)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"grad", "--init", "1", "--save", w}, "--model is required"},
+		{[]string{"grad", "--model", model, "--save", w}, "exactly one of --weights and --init"},
+		{[]string{"grad", "--model", model, "--weights", w, "--init", "1"}, "exactly one of --weights and --init"},
+		{[]string{"grad", "--model", model, "--weights", w, "--save", w}, "needs --init"},
+		{[]string{"grad", "--model", model, "--weights", w}, "nothing to do"},
+		{[]string{"grad", "--model", model, "--weights", w, "--out", "x"}, "--out needs --tokens"},
+		{[]string{"grad", "--model", model, "--weights", w, "--tokens", "t", "--ac", "some"}, "--ac"},
+	} {
+		err := run(&out, &errb, c.args)
+		if err == nil || !strings.Contains(err.Error(), c.want) || exitCode(err) != 2 {
+			t.Errorf("%v: error %v, want a usage error containing %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestGradMatchesTorch runs `moescope grad` on the checkpoints the PyTorch
+// script testdata/torchref/torchref.py wrote (BF16, F16, F32, sharded) and
+// compares its JSON losses and its gradient file with the script's: loss
+// relative 1e-5, every gradient's max abs difference ≤ 1e-4 × its max abs
+// value. The references follow HF (input_ids = labels = tokens), aux loss
+// over every token's routing included.
+func TestGradMatchesTorch(t *testing.T) {
+	for _, name := range []string{"dense", "moe", "shared", "sigmoid", "window", "aux"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "..", "testdata", "torchref", name)
+			model := filepath.Join(dir, "config.json")
+			g := filepath.Join(t.TempDir(), "g.safetensors")
+			var out, errb bytes.Buffer
+			err := run(&out, &errb, []string{"grad", "--model", model, "--weights", dir,
+				"--tokens", filepath.Join(dir, "tokens.json"), "--out", g})
+			if err != nil {
+				t.Fatal(err, errb.String())
+			}
+			var got gradReport
+			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+				t.Fatalf("output %q: %v", out.String(), err)
+			}
+			var exp struct {
+				Loss      float64 `json:"loss"`
+				AuxLoss   float64 `json:"aux_loss"`
+				TotalLoss float64 `json:"total_loss"`
+				AuxAdded  bool    `json:"aux_added"`
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, "expected.json"))
+			if err := json.Unmarshal(b, &exp); err != nil {
+				t.Fatal(err)
+			}
+			rel := func(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+			if rel(got.Loss, exp.Loss) > 1e-5 || rel(got.TotalLoss, exp.TotalLoss) > 1e-5 || got.AuxAdded != exp.AuxAdded {
+				t.Errorf("got %+v, want loss %v, total %v, aux added %v", got, exp.Loss, exp.TotalLoss, exp.AuxAdded)
+			}
+			if exp.AuxAdded && rel(got.AuxLoss, exp.AuxLoss) > 1e-5 {
+				t.Errorf("aux_loss %v, want %v", got.AuxLoss, exp.AuxLoss)
+			}
+			cfg, err := moe.Load(model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gg, err := moe.LoadParams[float64](g, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, err := moe.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst, worstName := 0.0, ""
+			for i, p := range cfg.Params() {
+				var maxRef, maxDiff float64
+				for j, v := range ref[i] {
+					maxRef = math.Max(maxRef, math.Abs(v))
+					maxDiff = math.Max(maxDiff, math.Abs(gg[i][j]-v))
+				}
+				if maxRef == 0 && maxDiff != 0 {
+					t.Errorf("%s: gradient should be zero (buffer), max |g| = %g", p.Name, maxDiff)
+				} else if q := maxDiff / math.Max(maxRef, 1e-300); q > worst {
+					worst, worstName = q, p.Name
+				}
+			}
+			if worst > 1e-4 {
+				t.Errorf("gradient of %s: max abs diff %.3g × its max abs value; want ≤ 1e-4", worstName, worst)
+			}
+			t.Logf("loss rel %.2e, aux %v vs %v, worst gradient %.2e × max (%s)", rel(got.Loss, exp.Loss), got.AuxLoss, exp.AuxLoss, worst, worstName)
+		})
+	}
+}
+
+func TestGradBadInput(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "torchref", "moe")
+	model := filepath.Join(dir, "config.json")
+	tmp := t.TempDir()
+	n := 0
+	tok := func(s string) string {
+		n++
+		p := filepath.Join(tmp, fmt.Sprintf("t%d.json", n))
+		os.WriteFile(p, []byte(s), 0o644)
+		return p
+	}
+	existing := filepath.Join(tmp, "exists")
+	os.WriteFile(existing, []byte("keep"), 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tokens", tok(`[[1,2,3],[4,5]]`)}, "sequences must have equal length"},
+		{[]string{"--tokens", tok(`[[1,2,3],[4,5,99]]`)}, "token id 99 is not an integer in [0, vocab_size = 24)"},
+		{[]string{"--tokens", tok(`[[1,2,3]]`), "--out", existing}, "file exists"},
+		{[]string{"--tokens", filepath.Join(tmp, "absent.json")}, "no such file"},
+	} {
+		var out, errb bytes.Buffer
+		err := run(&out, &errb, append([]string{"grad", "--model", model, "--weights", dir}, c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one containing %q", c.args, err, c.want)
+		}
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "keep" {
+		t.Error("an existing --out file was overwritten without --force")
+	}
+	// A checkpoint for another model is refused with the names that differ.
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, []string{"grad", "--model", filepath.Join("..", "..", "testdata", "torchref", "window", "config.json"),
+		"--weights", dir, "--tokens", tok(`[[1,2,3]]`)})
+	if err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("mismatched checkpoint: %v", err)
+	}
+}
