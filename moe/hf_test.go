@@ -149,3 +149,64 @@ func FuzzParseHF(f *testing.F) {
 		_ = c.Params()
 	})
 }
+
+func TestParseHFModelTypes(t *testing.T) {
+	// qwen2_moe: one gated shared expert, q/k/v biases, no QK-norm.
+	c, err := ParseHF([]byte(`{"model_type":"qwen2_moe","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+		"num_attention_heads":4,"intermediate_size":48,"moe_intermediate_size":16,"num_experts":4,
+		"num_experts_per_tok":2,"shared_expert_intermediate_size":40}`), "q2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SharedExperts != 1 || c.SharedFFN != 40 || !c.SharedGated || !c.QKVBias || c.QKNorm != QKNormNone || c.KVHeads != 4 || c.HeadDim != 8 {
+		t.Errorf("qwen2_moe: %+v", c)
+	}
+	// glm4_moe: sigmoid + bias, grouped top-k, scaling, QK-norm when asked,
+	// dense first layers, partial rotary default 0.5, q/k/v bias only.
+	c, err = ParseHF([]byte(`{"model_type":"glm4_moe","vocab_size":64,"hidden_size":32,"num_hidden_layers":4,
+		"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"intermediate_size":48,"moe_intermediate_size":16,
+		"n_routed_experts":8,"num_experts_per_tok":2,"n_shared_experts":2,"first_k_dense_replace":2,
+		"n_group":4,"topk_group":2,"routed_scaling_factor":2.5,"use_qk_norm":true,"attention_bias":true}`), "glm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.MoELayer, []bool{false, false, true, true}) || c.Score != Sigmoid || !c.SelectionBias ||
+		c.Groups != 4 || c.TopKGroups != 2 || c.RoutedScale != 2.5 || c.QKNorm != QKNormHead || c.RotaryFraction != 0.5 ||
+		!c.QKVBias || c.SharedExperts != 2 || c.SharedFFN != 16 || !c.NormTopK {
+		t.Errorf("glm4_moe: %+v", c)
+	}
+	// deepseek: moe_layer_freq 2 from first_k_dense_replace 1 -> MoE at 2, 4.
+	c, err = ParseHF([]byte(`{"model_type":"deepseek","vocab_size":64,"hidden_size":32,"num_hidden_layers":5,
+		"num_attention_heads":4,"intermediate_size":48,"moe_intermediate_size":16,"n_routed_experts":4,
+		"num_experts_per_tok":2,"n_shared_experts":1,"first_k_dense_replace":1,"moe_layer_freq":2,"aux_loss_alpha":0}`), "ds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.MoELayer, []bool{false, false, true, false, true}) || c.OutputRouterLogits || c.AuxLossCoef != 0 {
+		t.Errorf("deepseek: %+v", c)
+	}
+	// mixtral: sliding_window applies to every layer.
+	c, err = ParseHF([]byte(`{"model_type":"mixtral","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+		"num_attention_heads":4,"num_key_value_heads":2,"intermediate_size":16,"num_local_experts":4,
+		"num_experts_per_tok":2,"sliding_window":5,"rope_parameters":{"rope_theta":123.0}}`), "mx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c.Window, []int{5, 5}) || c.ExpertFFN != 16 || c.DenseFFN != 0 || c.RopeTheta != 123 {
+		t.Errorf("mixtral: %+v", c)
+	}
+	// llama: dense, head_dim = hidden / heads, tied embeddings honoured.
+	c, err = ParseHF([]byte(`{"model_type":"llama","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+		"num_attention_heads":4,"intermediate_size":48,"tie_word_embeddings":true}`), "ll")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.IsMoE() || c.HeadDim != 8 || !c.TiedEmbeddings || c.QKNorm != QKNormNone {
+		t.Errorf("llama: %+v", c)
+	}
+	// olmoe with clip_qkv is refused rather than silently mis-modelled.
+	if _, err := ParseHF([]byte(`{"model_type":"olmoe","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+		"num_attention_heads":4,"intermediate_size":16,"num_experts":4,"num_experts_per_tok":2,"clip_qkv":8}`), "ol"); err == nil || !strings.Contains(err.Error(), "clip_qkv") {
+		t.Errorf("olmoe clip_qkv: %v", err)
+	}
+}
