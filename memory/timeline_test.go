@@ -218,3 +218,54 @@ func TestEstimateBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestPeakByHand derives one step's peaks by hand: one GPU, a vocabulary
+// large enough that the loss gradients matter, full checkpointing
+// (T = 2·16 = 32 tokens, V = 4096, D = 32, Ψ = 2·4096·32 + 2·9280 + 32 =
+// 280,736). Every request is rounded up to 512 B.
+//
+// In the head's backward, when nll_loss's and log_softmax's fp32 T×V
+// gradients are both live:
+//
+//	parameters 4Ψ                                            1,122,944 → 1,123,328
+//	AdamW moments 8Ψ                                         2,245,888 → 2,246,144
+//	gathered bf16 weights, last block 2·9280                    18,560 →    18,944
+//	gathered bf16 weights, head 2·(32 + 131,072)               262,208 →   262,656
+//	saved: token ids 8T                                             256 →       512
+//	saved: two blocks' inputs 2·(2TD)                          2·2,048 →     4,096
+//	saved: final-norm input 2TD, rstd 4T, LM-head input 2TD      4,224 →     4,608
+//	saved: log-probabilities 4TV and labels 8T                 524,544 →   524,800
+//	gradient of the log-probabilities 4TV                      524,288 →   524,288
+//	gradient of the fp32 logits 4TV                            524,288 →   524,288
+//	                                                                      5,233,664
+//
+// In the optimizer step: parameters 1,123,328 + moments 2,246,144 +
+// gradients 4Ψ by unit (embedding 524,288, blocks 2·37,376, head
+// 4·131,104 = 524,416 → 524,800; 1,123,840) + the foreach temporary
+// sqrt(v) 4Ψ → 1,123,328 = 5,616,640, the step's peak.
+func TestPeakByHand(t *testing.T) {
+	cfg := denseCfg()
+	cfg.Vocab = 4096
+	r, err := Estimate(cfg, moe.DefaultLayout(), Batch{LBS: 2, Seq: 16}, Options{AC: moe.AC{Mode: moe.ACFull}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Peak.Allocated != 5616640 || r.Events[r.Peak.Index].Phase != Optimizer {
+		t.Errorf("peak allocated %d at %s; by hand 5616640 in the optimizer step", r.Peak.Allocated, r.Events[r.Peak.Index])
+	}
+	var cur int64
+	for _, e := range r.Events {
+		n := (e.Bytes + 511) / 512 * 512
+		if !e.Alloc {
+			n = -n
+		}
+		cur += n
+		if e.Label == "grad_logits_f32" && e.Alloc {
+			if cur != 5233664 {
+				t.Errorf("live at the head's fp32 logit gradient: %d, by hand 5233664", cur)
+			}
+			return
+		}
+	}
+	t.Error("no grad_logits_f32 event")
+}
