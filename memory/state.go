@@ -117,9 +117,9 @@ func chunk(n, k int64) int64 { return (n + k - 1) / k }
 
 // State is the training state one rank keeps for a whole step, in bytes.
 type State struct {
-	Params    int64 // stored parameters (Param dtype) and fp32 buffers
-	Grads     int64 // gradients (Grad dtype), present after the first backward
-	Optimizer int64 // AdamW's two moments, plus the master copy when the policy has one
+	Params    int64 `json:"parameters"` // stored parameters (Param dtype) and fp32 buffers
+	Grads     int64 `json:"gradients"`  // gradients (Grad dtype), present after the first backward
+	Optimizer int64 `json:"optimizer"`  // AdamW's two moments, plus the master copy when the policy has one
 }
 
 // Total is Params + Grads + Optimizer.
