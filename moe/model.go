@@ -322,29 +322,9 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 	ex.saved(H, OpLoss, "log_probs", len(logits), F32)
 	ex.saved(H, OpLoss, "labels", T_, I64)
 
-	// HF load_balancing_loss_func over the MoE layers' concatenated router
-	// probabilities s [N = L_moe·T, E] and selections:
-	// aux = E·Σ_{k,e} f_{k,e}·P_e, f_{k,e} = (1/N)·#{(l,t): slot k picked e},
-	// P_e = (1/N)·Σ_{l,t} s_{l,t,e}; summing over k, aux = E/N²·Σ_e cnt_e·Σ s_{·,e},
-	// and ∂aux/∂s_{l,t,e} = E·cnt_e/N².
-	var auxGrad []T
+	var auxGrad [][]T
 	if o.AuxCoef != 0 && c.MoELayers() > 0 {
-		E := c.Experts
-		cnt, psum := make([]float64, E), make([]float64, E)
-		for _, b := range blocks {
-			if n := b.ExpertCounts(); n != nil {
-				for e := 0; e < E; e++ {
-					cnt[e] += float64(n[e])
-					psum[e] += float64(b.colSum[e])
-				}
-			}
-		}
-		N := float64(c.MoELayers() * T_)
-		auxGrad = make([]T, E)
-		for e := 0; e < E; e++ {
-			res.Aux += float64(E) * cnt[e] * psum[e] / (N * N)
-			auxGrad[e] = T(scale * o.AuxCoef * float64(E) * cnt[e] / (N * N))
-		}
+		res.Aux, auxGrad = AuxLoss(c, blocks, scale*o.AuxCoef)
 	}
 	res.Total = res.Loss + o.AuxCoef*res.Aux
 
@@ -360,8 +340,8 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 	ex.op(H, OpFinalNorm, BackwardWeight, t64*int64(D))
 	for l := c.Layers - 1; l >= 0; l-- {
 		var ag []T
-		if c.MoELayer[l] {
-			ag = auxGrad
+		if auxGrad != nil {
+			ag = auxGrad[l]
 		}
 		dx = blocks[l].Backward(&w.layers[l], &g.layers[l], dx, ag)
 	}

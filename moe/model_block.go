@@ -79,10 +79,12 @@ type Block[T Float] struct {
 	// Experts, when non-nil, replaces the local execution of routed experts.
 	Experts ExpertStage[T]
 	st      blockState[T]
-	// colSum[e] = Σ_t s_{t,e} and counts[e] = (token, slot) pairs routed
-	// to expert e in the last forward (aux loss and load statistics).
-	colSum []T
-	counts []int
+	// counts[e] = (token, slot) pairs routed to expert e in the last
+	// forward; with the aux loss on, seqCounts[b·E+e] and seqScores[b·E+e]
+	// = Σ_{t in sequence b} s_{t,e} per sequence (aux loss statistics).
+	counts    []int
+	seqCounts []int
+	seqScores []T
 }
 
 // NewBlock returns the runner of decoder layer l for micro-batches of batch
@@ -256,10 +258,14 @@ func (b *Block[T]) moeForward(w *LayerWeights[T], y []T, pass Pass, useCache boo
 		b.counts = append([]int(nil), rt.Counts...)
 	}
 	if pass == Forward && b.aux {
-		b.colSum = make([]T, E)
+		b.seqCounts, b.seqScores = make([]int, b.batch*E), make([]T, b.batch*E)
 		for t := 0; t < T_; t++ {
+			sq := t / b.seq * E
 			for e, s := range rt.Scores[t*E : t*E+E] {
-				b.colSum[e] += s
+				b.seqScores[sq+e] += s
+			}
+			for _, e := range rt.Indices[t*K : t*K+K] {
+				b.seqCounts[sq+int(e)]++
 			}
 		}
 		ex.op(L, OpAuxLoss, Forward, t64*int64(E))

@@ -7,9 +7,10 @@ func sqrtF(x float64) float64 { return math.Sqrt(x) }
 // Backward takes dy [T,D], the gradient of the block's output, recomputes
 // what the checkpointing policy dropped (recorded as Recompute), accumulates
 // the layer's weight gradients into g and returns the gradient of the
-// block's input. auxGrad[e], when non-nil, is ∂loss/∂s_{t,e} of the
-// load-balancing loss (the same for every token t). The block's kept state
-// is released.
+// block's input. auxGrad[b·E+e], when non-nil, is ∂loss/∂s_{t,e} of the
+// load-balancing loss for every token t of sequence b (it depends on the
+// routing of the whole micro-batch, so the caller computes it: AuxLoss).
+// The block's kept state is released.
 func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	c, ex, L := b.cfg, b.x, b.layer
 	if !b.st.complete {
@@ -148,7 +149,8 @@ func (b *Block[T]) moeBackward(w, g *LayerWeights[T], dh2, dy, auxGrad []T) {
 	dS := make([]T, T_*E)
 	if auxGrad != nil {
 		for t := 0; t < T_; t++ {
-			copy(dS[t*E:t*E+E], auxGrad)
+			sq := t / b.seq * E
+			copy(dS[t*E:t*E+E], auxGrad[sq:sq+E])
 		}
 		ex.op(L, OpAuxLoss, BackwardData, t64*int64(E))
 	}

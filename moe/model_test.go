@@ -52,6 +52,13 @@ func tinyVariants() map[string]*Config {
 	mx.Window = []int{2, 2}
 	vs["mixtral"] = mx
 
+	ds := base()
+	ds.ModelType = "deepseek"
+	ds.QKNorm, ds.NormTopK = QKNormNone, false
+	ds.SharedExperts, ds.SharedFFN = 2, 3
+	ds.Experts, ds.TopK = 5, 3
+	vs["deepseek"] = ds
+
 	dn := base()
 	dn.ModelType = "qwen3"
 	dn.MoELayer = []bool{false, false}

@@ -17,9 +17,8 @@ import (
 // stay eligible and every other c is set to 0 (HF's masked_fill(…, 0.0)).
 // The K largest c give the indices (ties to the lower expert index); the
 // weights are the scores at those indices, w_k = s_{i_k}, renormalized when
-// Config.NormTopK, w_k ← w_k/(Σ_j w_j + ε) with ε = 1e-20 for sigmoid
-// routers as glm4_moe adds and 0 for softmax routers as Qwen3-MoE writes it,
-// then multiplied by Config.RoutedScale.
+// Config.NormTopK, w_k ← w_k/(Σ_j w_j + ε) (renorm gives ε and DeepSeek's
+// K > 1 condition), then multiplied by Config.RoutedScale.
 type Routing[T Float] struct {
 	Tokens, Experts, K int
 	Scores             []T     // s [T,E]
@@ -141,14 +140,26 @@ func routeSelect[T Float](c *Config, r *Routing[T], bias []T) {
 	}
 }
 
+// renorm says whether the top-k weights are renormalized and the ε added
+// to their sum: glm4_moe's Glm4MoeTopkRouter and DeepSeek-MoE's MoEGate add
+// 1e-20 (the latter only renormalizes when K > 1); Qwen3-MoE, Qwen2-MoE,
+// Mixtral and OLMoE add nothing.
+func renorm(c *Config) (bool, float64) {
+	switch {
+	case c.Score == Sigmoid:
+		return c.NormTopK, 1e-20
+	case c.ModelType == "deepseek":
+		return c.NormTopK && c.TopK > 1, 1e-20
+	}
+	return c.NormTopK, 0
+}
+
 // routeWeights fills Weights, Counts and Order from Indices and the
 // selected scores vals [T,K] (vals[t·K+k] = Scores at Indices[t·K+k]).
 func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 	E, K := r.Experts, r.K
-	eps := T(0)
-	if c.Score == Sigmoid {
-		eps = 1e-20
-	}
+	norm, e64 := renorm(c)
+	eps := T(e64)
 	scale := T(c.RoutedScale)
 	clear(r.Counts)
 	for t := 0; t < r.Tokens; t++ {
@@ -160,7 +171,7 @@ func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 			r.Counts[e]++
 		}
 		for k := range w {
-			if c.NormTopK {
+			if norm {
 				w[k] /= sum + eps
 			}
 			w[k] *= scale
@@ -182,17 +193,15 @@ func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 // gradient) into the logit gradient dz [T,E], overwriting dz.
 func routeBwd[T Float](c *Config, r *Routing[T], dz, dS, dW []T) {
 	E, K := r.Experts, r.K
-	eps := T(0)
-	if c.Score == Sigmoid {
-		eps = 1e-20
-	}
+	norm, e64 := renorm(c)
+	eps := T(e64)
 	scale := T(c.RoutedScale)
 	for t := 0; t < r.Tokens; t++ {
 		idx := r.Indices[t*K : t*K+K]
 		dw := dW[t*K : t*K+K]
 		ds := dS[t*E : t*E+E]
 		st := r.Scores[t*E : t*E+E]
-		if c.NormTopK {
+		if norm {
 			// w_k = a·u_k/(U+ε), U = Σ u: ∂/∂u_j = a·(dw_j/(U+ε) − Σ_k dw_k·u_k/(U+ε)²)
 			var U, dot T
 			for _, e := range idx {
