@@ -83,7 +83,7 @@ func TestAuxLossMatchesTranscription(t *testing.T) {
 		x := make([]float64, B*S*c.Hidden)
 		for i, s := range tokens {
 			for j := 0; j < S; j++ {
-				copy(x[(i*S+j)*c.Hidden:], w.embed[s[j]*c.Hidden:(s[j]+1)*c.Hidden])
+				copy(x[(i*S+j)*c.Hidden:], w.global.Embed[s[j]*c.Hidden:(s[j]+1)*c.Hidden])
 			}
 		}
 		var rts []*Routing[float64]

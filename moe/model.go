@@ -126,8 +126,8 @@ func (m *Model[T]) ResetLoad() {
 
 // weights are per-layer views plus embedding, final norm and LM head.
 type weights[T Float] struct {
-	layers                   []LayerWeights[T]
-	embed, finalNorm, lmHead []T // lmHead aliases embed when tied
+	layers []LayerWeights[T]
+	global GlobalWeights[T]
 }
 
 // layerViews assigns the flat tensors (Params order) to their roles,
@@ -152,7 +152,7 @@ func layerViews[T Float](c *Config, ps []Param, ts [][]T) (*weights[T], error) {
 		return ts[i-1]
 	}
 	D, q, kv := c.Hidden, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	w.embed = next(c.Vocab * D)
+	w.global.Embed = next(c.Vocab * D)
 	for l := range w.layers {
 		lw := &w.layers[l]
 		lw.AttnNorm = next(D)
@@ -197,11 +197,11 @@ func layerViews[T Float](c *Config, ps []Param, ts [][]T) (*weights[T], error) {
 			}
 		}
 	}
-	w.finalNorm = next(D)
+	w.global.FinalNorm = next(D)
 	if c.TiedEmbeddings {
-		w.lmHead = w.embed
+		w.global.LMHead = w.global.Embed
 	} else {
-		w.lmHead = next(c.Vocab * D)
+		w.global.LMHead = next(c.Vocab * D)
 	}
 	if err == nil && i != len(ts) {
 		err = fmt.Errorf("moe: %d parameters left unassigned", len(ts)-i)
@@ -215,6 +215,24 @@ func (m *Model[T]) Layer(l int) (w, g LayerWeights[T]) {
 	ww, _ := layerViews(m.Cfg, m.Params, m.Tensors())
 	gg, _ := layerViews(m.Cfg, m.Params, m.Grads())
 	return ww.layers[l], gg.layers[l]
+}
+
+// Globals returns views of the embedding, final norm and LM head weights
+// and gradients.
+func (m *Model[T]) Globals() (w, g GlobalWeights[T]) {
+	ww, _ := layerViews(m.Cfg, m.Params, m.Tensors())
+	gg, _ := layerViews(m.Cfg, m.Params, m.Grads())
+	return ww.global, gg.global
+}
+
+// Views assigns tensors given in Params order (all of them: a rank's
+// gathered copy, say) to their roles; sizes are checked.
+func Views[T Float](c *Config, tensors [][]T) ([]LayerWeights[T], GlobalWeights[T], error) {
+	w, err := layerViews(c, c.Params(), tensors)
+	if err != nil {
+		return nil, GlobalWeights[T]{}, err
+	}
+	return w.layers, w.global, nil
 }
 
 // Result is the outcome of one micro-batch (or the mean over micro-batches).
@@ -280,21 +298,16 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 	}
 	g, _ := layerViews(c, m.Params, m.Grads())
 
-	T_, D, V := batch*seq, c.Hidden, c.Vocab
-	t64 := int64(T_)
+	T_ := batch * seq
 	ids, labels := make([]int, T_), make([]int, T_)
 	for i, s := range tokens {
 		for j := 0; j < seq; j++ {
 			ids[i*seq+j], labels[i*seq+j] = s[j], s[j+1]
 		}
 	}
-	x := make([]T, T_*D)
-	for t, id := range ids {
-		copy(x[t*D:t*D+D], w.embed[id*D:id*D+D])
-	}
-	ex.op(LayerEmbed, OpEmbed, Forward, t64*int64(D))
-	ex.saved(LayerEmbed, OpEmbed, "ids", T_, I64)
-
+	emb := NewEmbedding[T](c, o)
+	emb.x = ex
+	x := emb.Forward(w.global.Embed, ids)
 	blocks := make([]*Block[T], c.Layers)
 	for l := range blocks {
 		b := NewBlock[T](c, l, batch, seq, o)
@@ -305,39 +318,17 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 			m.Load[l][e] += int64(n)
 		}
 	}
-
-	H := c.LayerHead()
-	hf, rstd := make([]T, T_*D), make([]T, T_)
-	rmsNormFwd(hf, rstd, x, w.finalNorm, D, c.NormEps)
-	ex.round(hf)
-	ex.op(H, OpFinalNorm, Forward, t64*int64(D))
-	logits := make([]T, T_*V)
-	linear(ex, H, OpLMHead, Forward, logits, hf, w.lmHead, nil, T_, V, D)
+	head := NewHead[T](c, o)
+	head.x = ex
 	res := Result{Tokens: T_}
-	res.Loss = crossEntropyFwd(logits, labels, V)
-	ex.op(H, OpLoss, Forward, t64*int64(V))
-	ex.saved(H, OpFinalNorm, "input", len(x), ex.act)
-	ex.saved(H, OpFinalNorm, "rstd", len(rstd), F32)
-	ex.saved(H, OpLMHead, "input", len(hf), ex.act)
-	ex.saved(H, OpLoss, "log_probs", len(logits), F32)
-	ex.saved(H, OpLoss, "labels", T_, I64)
-
+	res.Loss = head.Forward(&w.global, x, labels)
 	var auxGrad [][]T
 	if o.AuxCoef != 0 && c.MoELayers() > 0 {
 		res.Aux, auxGrad = AuxLoss(c, blocks, scale*o.AuxCoef)
 	}
 	res.Total = res.Loss + o.AuxCoef*res.Aux
 
-	// backward
-	dlogits := make([]T, T_*V)
-	crossEntropyBwd(dlogits, logits, labels, V, scale)
-	ex.op(H, OpLoss, BackwardData, t64*int64(V))
-	dhf := make([]T, T_*D)
-	linearBack(ex, H, OpLMHead, dhf, g.lmHead, nil, dlogits, hf, w.lmHead, T_, V, D)
-	dx := make([]T, T_*D)
-	rmsNormBwd(dx, g.finalNorm, dhf, x, rstd, w.finalNorm, D)
-	ex.op(H, OpFinalNorm, BackwardData, t64*int64(D))
-	ex.op(H, OpFinalNorm, BackwardWeight, t64*int64(D))
+	dx := head.Backward(&w.global, &g.global, scale)
 	for l := c.Layers - 1; l >= 0; l-- {
 		var ag []T
 		if auxGrad != nil {
@@ -345,13 +336,7 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 		}
 		dx = blocks[l].Backward(&w.layers[l], &g.layers[l], dx, ag)
 	}
-	for t, id := range ids {
-		ge := g.embed[id*D : id*D+D]
-		for j, v := range dx[t*D : t*D+D] {
-			ge[j] += v
-		}
-	}
-	ex.op(LayerEmbed, OpEmbed, BackwardWeight, t64*int64(D))
+	emb.Backward(g.global.Embed, dx)
 	return res, nil
 }
 

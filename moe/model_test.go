@@ -116,7 +116,7 @@ func routingMargin(c *Config, m *Model[float64], tokens [][]int) float64 {
 	x := make([]float64, batch*seq*c.Hidden)
 	for i, s := range tokens {
 		for j := 0; j < seq; j++ {
-			copy(x[(i*seq+j)*c.Hidden:], w.embed[s[j]*c.Hidden:(s[j]+1)*c.Hidden])
+			copy(x[(i*seq+j)*c.Hidden:], w.global.Embed[s[j]*c.Hidden:(s[j]+1)*c.Hidden])
 		}
 	}
 	for l := 0; l < c.Layers; l++ {
