@@ -107,73 +107,110 @@ type simulated struct {
 // 0's groups; layouts whose groups straddle NVLink domains unevenly are
 // approximated by rank 0's.
 func Simulate(in SimInput) (SimResult, error) {
-	cfg := in.Config
-	if cfg == nil {
-		return SimResult{}, errors.New("simulate: no model config")
-	}
-	if err := cfg.Validate(); err != nil {
-		return SimResult{}, fmt.Errorf("simulate: %w", err)
-	}
-	if in.LBS < 1 || in.Seq < 1 {
-		return SimResult{}, fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
-	}
-	accum := in.GradAccum
-	if accum == 0 {
-		accum = 1
-	}
-	if accum < 0 || accum > 1<<16 {
-		return SimResult{}, fmt.Errorf("simulate: grad_accum = %d: must be in [1, 65536]", accum)
-	}
-	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
-		return SimResult{}, fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
-	}
-	dev := in.Device
-	if dev.Name == "" {
-		var err error
-		if dev, err = LookupDevice(DefaultDeviceName); err != nil {
-			return SimResult{}, err
-		}
-	}
-	cl := in.Cluster
-	if cl == nil {
-		var err error
-		if cl, err = LoadCluster(ClusterForGPU(dev.Name)); err != nil {
-			return SimResult{}, err
-		}
-	}
-	l := in.Layout
-	if l.GPUsPerNode > 0 {
-		c := cl.WithGPUsPerNode(l.GPUsPerNode)
-		cl = &c
-	}
-	mesh, err := NewMesh(l, cfg, cl.GPUsPerNode)
-	if err != nil {
-		return SimResult{}, fmt.Errorf("simulate: %w", err)
-	}
-	spec := ComputeSpecOf(dev).Calibrated(in.Calibration)
-	if err := spec.Validate(); err != nil {
-		return SimResult{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
-	}
-	sched, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: accum})
-	if err != nil {
-		return SimResult{}, fmt.Errorf("simulate: %w", err)
-	}
-	alloc := memory.DefaultAllocator
-	if in.Calibration != nil && in.Calibration.AllocatorOverhead > 0 {
-		alloc.Fragmentation = in.Calibration.AllocatorOverhead
-		alloc.Source = "calibrated"
-	}
-	mem, err := memory.Estimate(cfg, l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: accum}, memory.Options{AC: in.AC, Allocator: &alloc})
-	if err != nil {
-		return SimResult{}, fmt.Errorf("simulate: memory: %w", err)
-	}
-	load, groups, exact := expertLoad(cfg, l, in)
-	costs, err := opCosts(cfg, l, in, spec, load, groups)
+	p, err := prepareSim(in)
 	if err != nil {
 		return SimResult{}, err
 	}
-	optS := spec.MemorySeconds(float64(mem.State.Params/moe.DefaultPrecision.Param.Bytes()) * bytesPerElement(moe.OpOptimizer, moe.Forward))
-	sim, err := simOps(sched, cfg, cl, mesh, in, costs, optS, load)
+	return p.run(in.Calibration)
+}
+
+// simPrep is everything of a simulation that a calibration does not
+// change: the schedule, the op counts, the memory timeline, the group
+// shapes. Calibration evaluates one prepared run many times.
+type simPrep struct {
+	in     SimInput
+	cfg    *moe.Config
+	l      moe.Layout
+	dev    Device
+	cl     *Cluster
+	mesh   *Mesh
+	sched  *Schedule
+	mem    memory.Report
+	recs   []moe.OpRecord
+	load   float64
+	groups []float64
+	exact  string
+	convs  map[string]float64 // FLOPs per token by convention
+	hwFLOP float64            // hardware FLOPs per token
+	params float64            // parameters this rank's optimizer updates
+	tokens float64            // per rank per step
+}
+
+func prepareSim(in SimInput) (*simPrep, error) {
+	cfg := in.Config
+	if cfg == nil {
+		return nil, errors.New("simulate: no model config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
+	if in.LBS < 1 || in.Seq < 1 {
+		return nil, fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
+	}
+	if in.GradAccum == 0 {
+		in.GradAccum = 1
+	}
+	if in.GradAccum < 0 || in.GradAccum > 1<<16 {
+		return nil, fmt.Errorf("simulate: grad_accum = %d: must be in [1, 65536]", in.GradAccum)
+	}
+	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
+		return nil, fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
+	}
+	if in.ExpertCounts != nil && len(in.ExpertCounts) != cfg.Experts {
+		return nil, fmt.Errorf("simulate: %d expert counts for %d experts", len(in.ExpertCounts), cfg.Experts)
+	}
+	p := &simPrep{in: in, cfg: cfg, dev: in.Device}
+	if p.dev.Name == "" {
+		var err error
+		if p.dev, err = LookupDevice(DefaultDeviceName); err != nil {
+			return nil, err
+		}
+	}
+	p.cl = in.Cluster
+	if p.cl == nil {
+		var err error
+		if p.cl, err = LoadCluster(ClusterForGPU(p.dev.Name)); err != nil {
+			return nil, err
+		}
+	}
+	p.l = in.Layout
+	if p.l.GPUsPerNode > 0 {
+		c := p.cl.WithGPUsPerNode(p.l.GPUsPerNode)
+		p.cl = &c
+	}
+	var err error
+	if p.mesh, err = NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
+	if p.sched, err = BuildSchedule(ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
+	}
+	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC}); err != nil {
+		return nil, fmt.Errorf("simulate: memory: %w", err)
+	}
+	if p.recs, err = flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile); err != nil {
+		return nil, fmt.Errorf("simulate: flops: %w", err)
+	}
+	if p.convs, p.hwFLOP, err = flopsPerToken(cfg, in); err != nil {
+		return nil, err
+	}
+	p.load, p.groups, p.exact = expertLoad(cfg, p.l, in)
+	p.params = float64(p.mem.State.Params / moe.DefaultPrecision.Param.Bytes())
+	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum)
+	return p, nil
+}
+
+// run simulates the prepared layout under a calibration (nil: defaults).
+func (p *simPrep) run(cal *Calibration) (SimResult, error) {
+	spec := ComputeSpecOf(p.dev).Calibrated(cal)
+	if err := spec.Validate(); err != nil {
+		return SimResult{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
+	}
+	in := p.in
+	in.Calibration = cal
+	costs := opCosts(p.cfg, p.l, in, spec, p.recs, p.load, p.groups)
+	optS := spec.MemorySeconds(p.params * bytesPerElement(moe.OpOptimizer, moe.Forward))
+	sim, err := simOps(p.sched, p.cl, p.mesh, in, costs, optS, p.load)
 	if err != nil {
 		return SimResult{}, err
 	}
@@ -181,34 +218,42 @@ func Simulate(in SimInput) (SimResult, error) {
 	if err != nil {
 		return SimResult{}, err
 	}
-	res := SimResult{Device: dev.Name, Cluster: cl.Name, Schedule: sched, Exactness: exact, DeviceBytes: dev.MemoryBytes}
+	res := SimResult{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes}
 	for _, sp := range spans {
 		res.StepTimeS = math.Max(res.StepTimeS, sp.end)
 	}
 	if !(res.StepTimeS > 0) {
 		return SimResult{}, errors.New("simulate: zero step time")
 	}
-	res.Breakdown, res.Bottleneck = breakdown(sched, sim, spans, res.StepTimeS)
-	tokens := float64(in.LBS) * float64(in.Seq) * float64(accum)
-	res.TPS = tokens / res.StepTimeS
-	if err := res.setMFU(cfg, in, dev); err != nil {
-		return SimResult{}, err
+	res.Breakdown, res.Bottleneck = breakdown(p.sched, sim, spans, res.StepTimeS)
+	res.TPS = p.tokens / res.StepTimeS
+	res.MFUByConvention = map[string]float64{}
+	for name, f := range p.convs {
+		res.MFUByConvention[name] = f * res.TPS / p.dev.BF16FLOPs
 	}
-	// Memory: replay the memory timeline (the one source of peak memory).
-	peak, err := memory.Replay(mem.Events, alloc)
+	res.MFU = res.MFUByConvention[string(flops.Torchtitan)]
+	res.HFU = p.hwFLOP * res.TPS / p.dev.BF16FLOPs
+	// Memory: replay the memory timeline (the one source of peak memory)
+	// through the allocator model, calibrated when asked.
+	alloc := memory.DefaultAllocator
+	if cal != nil && cal.AllocatorOverhead > 0 {
+		alloc.Fragmentation = cal.AllocatorOverhead
+		alloc.Source = "calibrated"
+	}
+	peak, err := memory.Replay(p.mem.Events, alloc)
 	if err != nil {
 		return SimResult{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
 	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
-	res.MemoryFraction = float64(peak.Reserved) / float64(dev.MemoryBytes)
+	res.MemoryFraction = float64(peak.Reserved) / float64(p.dev.MemoryBytes)
 	if in.KeepTimeline {
 		res.spans = spans
 		res.streams = make([]simStream, len(sim.ops))
 		for i, o := range sim.ops {
 			res.streams[i] = o.stream
 		}
-		res.memEvents = mem.Events
-		res.memTimes = memEventTimes(sched, spans, mem.Events)
+		res.memEvents = p.mem.Events
+		res.memTimes = memEventTimes(p.sched, spans, p.mem.Events)
 	}
 	return res, nil
 }
@@ -266,11 +311,7 @@ type segCost struct{ total, recompute float64 }
 // opCosts sums modelled op times per (layer, segment, phase) for one
 // micro-step of the simulated rank. Counts come from flops.Ops with a GPU
 // flash-attention tile (flops.DefaultTile): the work the GPU executes.
-func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, load float64, groups []float64) (map[segKey]segCost, error) {
-	recs, err := flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile)
-	if err != nil {
-		return nil, fmt.Errorf("simulate: flops: %w", err)
-	}
+func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs []moe.OpRecord, load float64, groups []float64) map[segKey]segCost {
 	type opKey struct {
 		layer int
 		op    moe.Op
@@ -322,7 +363,7 @@ func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, load 
 			addCost(segKey{r.Layer, seg, PhaseBackward}, t, t)
 		}
 	}
-	return costs, nil
+	return costs
 }
 
 // streamOf maps a schedule op to an engine stream.
@@ -343,7 +384,7 @@ func streamOf(o ScheduleOp, single bool) simStream {
 }
 
 // simOps turns the schedule into engine ops with modelled costs.
-func simOps(s *Schedule, cfg *moe.Config, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS, load float64) (*simulated, error) {
+func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS, load float64) (*simulated, error) {
 	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops))}
 	shapes := map[Axis]GroupShape{}
 	for i, o := range s.Ops {
@@ -457,22 +498,6 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 		}
 	}
 	return b, name
-}
-
-// setMFU fills MFU (torchtitan), HFU and the per-convention MFUs:
-// FLOPs per token × TPS / the device's BF16 peak.
-func (r *SimResult) setMFU(cfg *moe.Config, in SimInput, dev Device) error {
-	convs, hw, err := flopsPerToken(cfg, in)
-	if err != nil {
-		return err
-	}
-	r.MFUByConvention = map[string]float64{}
-	for name, f := range convs {
-		r.MFUByConvention[name] = f * r.TPS / dev.BF16FLOPs
-	}
-	r.MFU = r.MFUByConvention["torchtitan"]
-	r.HFU = hw * r.TPS / dev.BF16FLOPs
-	return nil
 }
 
 // memEventTimes stamps each memory-timeline event with the virtual time of
