@@ -258,3 +258,23 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Errorf("directory holds %d entries, want only out.bin (no temporaries, no partial file)", len(entries))
 	}
 }
+
+// TestWriteSafetensorsBytes pins the exact bytes written, derived by hand
+// from the format: header length 88 (the 85-byte JSON below padded with 3
+// spaces to a multiple of 8), the header, then 1.0 and −2.0 as
+// little-endian float32 (0x3f800000, 0xc0000000).
+func TestWriteSafetensorsBytes(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteSafetensors(&b, []NamedTensor{{Name: "a", Shape: []int{2}, Data: []float32{1, -2}}}, F32); err != nil {
+		t.Fatal(err)
+	}
+	hdr := `{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`
+	if len(hdr) != 85 {
+		t.Fatalf("hand count wrong: %d", len(hdr))
+	}
+	want := append([]byte{88, 0, 0, 0, 0, 0, 0, 0}, hdr+"   "...)
+	want = append(want, 0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0)
+	if !bytes.Equal(b.Bytes(), want) {
+		t.Errorf("wrote\n%q\nwant\n%q", b.Bytes(), want)
+	}
+}

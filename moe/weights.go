@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -189,8 +190,9 @@ func listNames(names []string) string {
 }
 
 // CheckParams verifies that the checkpoint holds exactly cfg.Params(): no
-// tensor missing, none extra, every shape equal, every dtype floating
-// point. All problems are reported at once.
+// tensor missing, none extra (except those transformers itself skips, see
+// skippedByHF), every shape equal, every dtype floating point. All problems
+// are reported at once.
 func (c *Checkpoint) CheckParams(cfg *Config) error {
 	ps := cfg.Params()
 	want := make(map[string]bool, len(ps))
@@ -213,7 +215,7 @@ func (c *Checkpoint) CheckParams(cfg *Config) error {
 		}
 	}
 	for n := range c.byName {
-		if !want[n] {
+		if !want[n] && !skippedByHF(cfg, n) {
 			extra = append(extra, n)
 		}
 	}
@@ -228,6 +230,28 @@ func (c *Checkpoint) CheckParams(cfg *Config) error {
 		return fmt.Errorf("%s: %w", c.Path, err)
 	}
 	return nil
+}
+
+// skippedByHF reports whether a checkpoint tensor outside cfg.Params() is
+// one transformers deliberately drops when loading the model type, so that
+// such checkpoints load as they do there: GLM-4.5 checkpoints carry their
+// multi-token-prediction block (num_nextn_predict_layers) as layer
+// num_hidden_layers, which Glm4MoeModel._keys_to_ignore_on_load_unexpected
+// skips (r"model\.layers\.92.*" and r"model\.layers\.46.*", the
+// 92-layer GLM-4.5 and the 46-layer Air; modeling_glm4_moe.py, transformers
+// commit 000c33fd). Here any layer index ≥ num_hidden_layers is skipped for
+// glm4_moe. Every other tensor outside the model is an error.
+func skippedByHF(cfg *Config, name string) bool {
+	if cfg.ModelType != "glm4_moe" {
+		return false
+	}
+	rest, ok := strings.CutPrefix(name, "model.layers.")
+	if !ok {
+		return false
+	}
+	num, _, ok := strings.Cut(rest, ".")
+	n, err := strconv.Atoi(num)
+	return ok && err == nil && n >= cfg.Layers && strconv.Itoa(n) == num
 }
 
 func equalShape(a, b []int) bool {

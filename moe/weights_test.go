@@ -3,6 +3,7 @@ package moe
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -186,5 +187,40 @@ func TestSaveParamsLoadsInOrder(t *testing.T) {
 	}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("order %v, want %v", got, want)
+	}
+}
+
+// TestCheckParamsMTPLayer: GLM-4.5 checkpoints hold a multi-token-prediction
+// layer numbered num_hidden_layers, which transformers skips on load; other
+// model types get no such pass.
+func TestCheckParamsMTPLayer(t *testing.T) {
+	glm, err := Load(filepath.Join(torchrefDir, "sigmoid", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cfg   *Config
+		extra string
+		ok    bool
+	}{
+		{glm, "model.layers.2.eh_proj.weight", true},
+		{glm, "model.layers.7.mlp.experts.0.up_proj.weight", true},
+		{glm, "model.layers.02.eh_proj.weight", false},
+		{glm, "model.mtp.weight", false},
+		{stTinyConfig(), "model.layers.2.eh_proj.weight", false},
+	} {
+		ps := c.cfg.Params()
+		ts := []NamedTensor{{Name: c.extra, Shape: []int{1}, Data: []float32{1}}}
+		for _, p := range ps {
+			ts = append(ts, NamedTensor{Name: p.Name, Shape: p.Shape, Data: make([]float32, p.Elements())})
+		}
+		path := filepath.Join(t.TempDir(), "w.safetensors")
+		if err := WriteFileAtomic(path, false, func(w io.Writer) error { return WriteSafetensors(w, ts, F32) }); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadParams[float32](path, c.cfg)
+		if (err == nil) != c.ok {
+			t.Errorf("%s with %s: error %v, want ok = %v", c.cfg.ModelType, c.extra, err, c.ok)
+		}
 	}
 }
