@@ -1,0 +1,99 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+func init() {
+	register(command{"calibrate", "fit the simulator's efficiencies and allocator overhead to measured runs", runCalibrate})
+}
+
+func runCalibrate(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("calibrate", stderr)
+	runsPath := fs.String("runs", "", "JSON array of measured runs in the published-runs schema (required; source optional)")
+	out := fs.String("out", "", "calibration JSON to write (required)")
+	force := fs.Bool("force", false, "overwrite an existing --out file")
+	jsonOut := fs.Bool("json", false, "print the calibration as JSON instead of a table")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *runsPath == "" || *out == "" {
+		return fmt.Errorf("%w: --runs and --out are required", errUsage)
+	}
+	if !*force {
+		if _, err := os.Lstat(*out); err == nil {
+			return fmt.Errorf("%s: %w", *out, moe.ErrExists)
+		}
+	}
+	f, err := os.Open(*runsPath)
+	if err != nil {
+		return err
+	}
+	runs, err := memory.ReadRuns(f, *runsPath, false)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(*runsPath)
+	for i := range runs {
+		if strings.ContainsAny(runs[i].Model, `/\`) && !filepath.IsAbs(runs[i].Model) {
+			runs[i].Model = filepath.Join(dir, runs[i].Model)
+		}
+	}
+	cal, err := parallel.Calibrate(runs)
+	if err != nil {
+		return err
+	}
+	cal.Source = fmt.Sprintf("moescope calibrate --runs %s (%d run(s))", *runsPath, len(runs))
+	if err := moe.WriteFileAtomic(*out, *force, func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(cal)
+	}); err != nil {
+		return err
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(cal)
+	}
+	fmt.Fprintf(stdout, "calibration of %d run(s) written to %s\n", len(runs), *out)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "parameter\tvalue\tstatus")
+	val := map[string]float64{
+		parallel.CalGEMM: cal.GEMMScale, parallel.CalGrouped: cal.GroupedScale, parallel.CalAttention: cal.AttentionScale,
+		parallel.CalMemoryBound: cal.MemoryBoundScale, parallel.CalNVLink: cal.NVLinkEfficiency, parallel.CalNet: cal.NetEfficiency,
+		parallel.CalAllocator: cal.AllocatorOverhead,
+	}
+	for _, n := range cal.Fitted {
+		fmt.Fprintf(tw, "%s\t%.4g\tfitted\n", n, val[n])
+	}
+	for _, n := range cal.Kept {
+		fmt.Fprintf(tw, "%s\t-\tkept default (not identifiable from these runs)\n", n)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "\nresiduals (predicted / measured − 1):")
+	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "run\tmodel\tgpu\tgpus\tTPS\tpeak reserved")
+	for i, r := range runs {
+		mem := "-"
+		if m := cal.MemoryResiduals[i]; m != nil && !math.IsNaN(*m) {
+			mem = fmt.Sprintf("%+.1f%%", 100**m)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%+.1f%%\t%s\n", i, r.Model, r.GPU, r.GPUs, 100*cal.Residuals[i], mem)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+func init() {
+	register(command{"simulate", "predict step time, TPS, MFU and memory of one layout on a modelled GPU cluster", runSimulate})
+}
+
+// simulateReport is the JSON output of `moescope simulate`.
+type simulateReport struct {
+	Model       string     `json:"model"`
+	Layout      moe.Layout `json:"layout"`
+	AC          moe.AC     `json:"ac"`
+	LBS         int        `json:"lbs"`
+	Seq         int        `json:"seq"`
+	GradAccum   int        `json:"grad_accum"`
+	Calibration string     `json:"calibration,omitempty"`
+	parallel.SimResult
+}
+
+// hardwareFlags are --gpu, --cluster and --calibration, shared with calibrate.
+type hardwareFlags struct{ gpu, cluster, calibration string }
+
+func (h *hardwareFlags) load() (parallel.Device, *parallel.Cluster, *parallel.Calibration, error) {
+	dev, err := parallel.LookupDevice(h.gpu)
+	if err != nil {
+		return dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
+	}
+	name := h.cluster
+	if name == "" {
+		name = parallel.ClusterForGPU(dev.Name)
+	}
+	cl, err := parallel.LoadCluster(name)
+	if err != nil {
+		return dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
+	}
+	var cal *parallel.Calibration
+	if h.calibration != "" {
+		if cal, err = parallel.ReadCalibration(h.calibration); err != nil {
+			return dev, nil, nil, fmt.Errorf("--calibration: %w", err)
+		}
+	}
+	return dev, cl, cal, nil
+}
+
+func runSimulate(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("simulate", stderr)
+	model := fs.String("model", "", "built-in model name or config.json path (required)")
+	var hw hardwareFlags
+	fs.StringVar(&hw.gpu, "gpu", parallel.DefaultDeviceName, "device from the registry: "+strings.Join(parallel.DeviceNames(), ", "))
+	fs.StringVar(&hw.cluster, "cluster", "", "built-in cluster ("+strings.Join(parallel.ClusterNames(), ", ")+") or a cluster JSON path (default: hgx, hgx-h100 for H100/H200, gb200-nvl72 for GB200)")
+	fs.StringVar(&hw.calibration, "calibration", "", "calibration JSON written by `moescope calibrate`")
+	lf := addLayoutFlags(fs)
+	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
+	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
+	seq := fs.Int("seq", 0, "tokens per sequence (required)")
+	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
+	skew := fs.Float64("expert-skew", 0, "rows of the most loaded expert-parallel rank ÷ the mean (≥ 1; 0 = balanced routing)")
+	tracePath := fs.String("trace", "", "write a Chrome trace (Perfetto) of one step to this file")
+	traceRanks := fs.String("trace-ranks", "", "ranks in the trace: all, or a comma list (default: all up to 16 ranks, else the first host)")
+	force := fs.Bool("force", false, "overwrite an existing --trace file")
+	jsonOut := fs.Bool("json", false, "print one JSON object")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *model == "" {
+		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, moe.Builtins())
+	}
+	if *lbs < 1 {
+		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
+	}
+	if *seq < 1 {
+		return fmt.Errorf("%w: --seq = %d: must be ≥ 1", errUsage, *seq)
+	}
+	if *accum < 1 {
+		return fmt.Errorf("%w: --grad-accum = %d: must be ≥ 1", errUsage, *accum)
+	}
+	if *skew != 0 && !(*skew >= 1) {
+		return fmt.Errorf("%w: --expert-skew = %v: must be ≥ 1 (0 = balanced)", errUsage, *skew)
+	}
+	ac, err := moe.ParseAC(*acFlag)
+	if err != nil {
+		return fmt.Errorf("%w: --ac: %v", errUsage, err)
+	}
+	cfg, err := moe.Load(*model)
+	if err != nil {
+		return err
+	}
+	dev, cl, cal, err := hw.load()
+	if err != nil {
+		return err
+	}
+	if lf.gpusPerNode == 0 {
+		lf.gpusPerNode = cl.GPUsPerNode
+	}
+	l, err := lf.layout(cfg)
+	if err != nil {
+		return err
+	}
+	in := parallel.SimInput{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
+		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != ""}
+	res, err := parallel.Simulate(in)
+	if err != nil {
+		return err
+	}
+	if *tracePath != "" {
+		ranks, err := parseTraceRanks(*traceRanks, l.GPUs, cl.GPUsPerNode)
+		if err != nil {
+			return err
+		}
+		if err := moe.WriteFileAtomic(*tracePath, *force, func(w io.Writer) error { return res.WriteTrace(w, ranks) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "trace of %d rank(s) written to %s (open in https://ui.perfetto.dev)\n", len(ranks), *tracePath)
+	}
+	rep := simulateReport{Model: cfg.Name, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum, SimResult: res}
+	if cal != nil {
+		rep.Calibration = hw.calibration
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return printSimulate(stdout, rep)
+}
+
+// parseTraceRanks reads --trace-ranks.
+func parseTraceRanks(s string, world, perNode int) ([]int, error) {
+	var out []int
+	switch s {
+	case "":
+		n := world
+		if world > 16 {
+			n = min(world, perNode)
+		}
+		for r := range n {
+			out = append(out, r)
+		}
+		return out, nil
+	case "all":
+		for r := range world {
+			out = append(out, r)
+		}
+		return out, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || r < 0 || r >= world {
+			return nil, fmt.Errorf("%w: --trace-ranks: %q is not a rank in [0, %d)", errUsage, f, world)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func printSimulate(w io.Writer, r simulateReport) error {
+	l := r.Layout
+	fmt.Fprintf(w, "%s on %d × %s (%s): dp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",
+		r.Model, l.GPUs, r.Device, r.Cluster, l.DPReplicate, l.DPShard, l.EP, l.Sharding, r.AC, r.LBS, r.Seq, r.GradAccum)
+	if r.Calibration != "" {
+		fmt.Fprintf(w, "calibration: %s\n", r.Calibration)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "step time\t%.4f s\t\n", r.StepTimeS)
+	fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f\t\n", r.TPS)
+	fmt.Fprintf(tw, "MFU (torchtitan)\t%.1f%%\t\n", 100*r.MFU)
+	convs := make([]string, 0, len(r.MFUByConvention))
+	for c := range r.MFUByConvention {
+		convs = append(convs, c)
+	}
+	sort.Strings(convs)
+	for _, c := range convs {
+		if c != "torchtitan" {
+			fmt.Fprintf(tw, "MFU (%s)\t%.1f%%\t\n", c, 100*r.MFUByConvention[c])
+		}
+	}
+	fmt.Fprintf(tw, "HFU (hardware, recompute included)\t%.1f%%\t\n", 100*r.HFU)
+	fmt.Fprintf(tw, "peak reserved\t%.2f GiB\t\n", float64(r.PeakReservedBytes)/parallel.GiB)
+	fmt.Fprintf(tw, "memory fraction\t%.1f%%\t\n", 100*r.MemoryFraction)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nstep breakdown (critical path of the slowest rank):")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	b := r.Breakdown
+	row := func(name string, s float64) {
+		fmt.Fprintf(tw, "  %s\t%.4f s\t%.1f%%\t\n", name, s, 100*s/r.StepTimeS)
+	}
+	row("compute", b.ComputeS)
+	row("recompute", b.RecomputeS)
+	row("optimizer", b.OptimizerS)
+	kinds := make([]string, 0, len(b.ExposedCommS))
+	for k := range b.ExposedCommS {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		row("exposed "+k, b.ExposedCommS[k])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "bottleneck: %s\n%s\n", r.Bottleneck, r.Exactness)
+	return err
+}

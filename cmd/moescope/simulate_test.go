@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+func runSimCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, args)
+	return out.String() + errb.String(), err
+}
+
+func TestSimulateJSON(t *testing.T) {
+	out, err := runSimCmd(t, "simulate", "--model", "tiny", "--gpus", "8", "--ep", "2", "--lbs", "2", "--seq", "128", "--grad-accum", "2", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r map[string]any
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, k := range []string{"tps", "mfu", "hfu", "mfu_by_convention", "memory_fraction", "peak_reserved_bytes", "step_time_s", "breakdown", "bottleneck"} {
+		if _, ok := r[k]; !ok {
+			t.Errorf("JSON lacks %q:\n%s", k, out)
+		}
+	}
+	if c, _ := r["mfu_by_convention"].(map[string]any); c["torchtitan"] != r["mfu"] {
+		t.Errorf("mfu %v ≠ mfu_by_convention.torchtitan %v", r["mfu"], c["torchtitan"])
+	}
+}
+
+func TestSimulateTextAndTrace(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "t.json")
+	out, err := runSimCmd(t, "simulate", "--model", "tiny", "--gpu", "h100", "--gpus", "4", "--lbs", "1", "--seq", "64", "--trace", trace)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"hgx-h100", "TPS", "MFU (torchtitan)", "bottleneck:", "exposed", "trace of 4 rank(s)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	var doc map[string]any
+	b, err := os.ReadFile(trace)
+	if err != nil || json.Unmarshal(b, &doc) != nil {
+		t.Fatalf("trace unreadable: %v", err)
+	}
+	// No overwrite without --force.
+	_, err = runSimCmd(t, "simulate", "--model", "tiny", "--gpus", "4", "--lbs", "1", "--seq", "64", "--trace", trace)
+	if !errors.Is(err, moe.ErrExists) {
+		t.Errorf("overwrote the trace: %v", err)
+	}
+	if _, err := runSimCmd(t, "simulate", "--model", "tiny", "--gpus", "4", "--lbs", "1", "--seq", "64", "--trace", trace, "--force"); err != nil {
+		t.Errorf("--force: %v", err)
+	}
+}
+
+func TestSimulateBadInput(t *testing.T) {
+	for name, args := range map[string][]string{
+		"no model":      {"--gpus", "8", "--lbs", "1", "--seq", "64"},
+		"lbs 0":         {"--model", "tiny", "--gpus", "8", "--lbs", "0", "--seq", "64"},
+		"bad gpu":       {"--model", "tiny", "--gpu", "z9", "--gpus", "8", "--lbs", "1", "--seq", "64"},
+		"bad cluster":   {"--model", "tiny", "--cluster", "nope", "--gpus", "8", "--lbs", "1", "--seq", "64"},
+		"ep ∤ experts":  {"--model", "tiny", "--gpus", "8", "--ep", "8", "--lbs", "1", "--seq", "64"},
+		"bad ac":        {"--model", "tiny", "--gpus", "8", "--lbs", "1", "--seq", "64", "--ac", "some"},
+		"bad skew":      {"--model", "tiny", "--gpus", "8", "--lbs", "1", "--seq", "64", "--expert-skew", "0.5"},
+		"bad trace rks": {"--model", "tiny", "--gpus", "8", "--lbs", "1", "--seq", "64", "--trace", filepath.Join(t.TempDir(), "x.json"), "--trace-ranks", "9"},
+	} {
+		out, err := runSimCmd(t, append([]string{"simulate"}, args...)...)
+		if err == nil {
+			t.Errorf("%s: accepted\n%s", name, out)
+		} else if exitCode(err) == 0 {
+			t.Errorf("%s: exit code 0", name)
+		}
+	}
+}
+
+// calibrate writes a calibration that simulate applies; it refuses to
+// overwrite without --force.
+func TestCalibrateCommand(t *testing.T) {
+	dir := t.TempDir()
+	runs := filepath.Join(dir, "runs.json")
+	if err := os.WriteFile(runs, []byte(`[{"model":"tiny-dense","gpu":"b200","gpus":4,"dp_shard":4,"dp_replicate":1,"ep":1,"ac":"none","lbs":2,"seq":128,"precision":"bf16","tps":20000}]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cal := filepath.Join(dir, "cal.json")
+	out, err := runSimCmd(t, "calibrate", "--runs", runs, "--out", cal)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"fitted", "kept default", "residuals"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := runSimCmd(t, "calibrate", "--runs", runs, "--out", cal); !errors.Is(err, moe.ErrExists) {
+		t.Errorf("overwrote %s: %v", cal, err)
+	}
+	out, err = runSimCmd(t, "simulate", "--model", "tiny-dense", "--gpus", "4", "--lbs", "2", "--seq", "128", "--ac", "none", "--calibration", cal, "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r struct{ TPS float64 }
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.TPS < 19000 || r.TPS > 21000 {
+		t.Errorf("calibrated TPS %.0f, fitted to 20000", r.TPS)
+	}
+	if _, err := runSimCmd(t, "calibrate", "--runs", filepath.Join(dir, "missing.json"), "--out", filepath.Join(dir, "c2.json")); err == nil {
+		t.Error("missing runs file accepted")
+	}
+}
