@@ -250,11 +250,13 @@ func (h *hfConfig) normalize() (*Config, error) {
 		unsupported("clip_qkv", *h.ClipQKV, "QKV clipping is not modelled")
 	}
 	if bias := optB(h.AttentionBias, false); bias {
-		if def.oProjHasBias {
+		switch {
+		case def.oProjHasBias:
 			unsupported("attention_bias", true, h.ModelType+" then also puts a bias on o_proj, which is not modelled")
-		} else {
-			c.QKVBias = true // glm4_moe: q, k, v biases; o_proj has none
+		case h.ModelType == "glm4_moe":
+			c.QKVBias = true // q, k, v biases; o_proj has none
 		}
+		// mixtral and qwen2_moe do not read attention_bias.
 	}
 	if h.ModelType == "qwen2_moe" && h.QKVBias != nil {
 		c.QKVBias = *h.QKVBias

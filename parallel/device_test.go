@@ -65,3 +65,18 @@ func TestParseDeviceErrors(t *testing.T) {
 		t.Errorf("unknown field not rejected: %v", err)
 	}
 }
+
+// FuzzParseDevice: no input panics; an accepted device validates.
+func FuzzParseDevice(f *testing.F) {
+	for _, n := range DeviceNames() {
+		data, _ := deviceFS.ReadFile("devices/" + n + ".json")
+		f.Add(data)
+	}
+	f.Add([]byte(`{"name":"x","bf16_flops":1e400}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := ParseDevice(data, "fuzz")
+		if err == nil && d.Validate() != nil {
+			t.Fatal("accepted device does not validate")
+		}
+	})
+}
