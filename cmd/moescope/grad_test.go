@@ -217,3 +217,29 @@ func TestGradBadInput(t *testing.T) {
 		t.Errorf("mismatched checkpoint: %v", err)
 	}
 }
+
+func FuzzParseTokens(f *testing.F) {
+	for _, s := range []string{`[[1,2,3],[4,5,6]]`, `[[1,2],[3]]`, `[[0,23]]`, `[[1e3,2]]`, `[[-0,1]]`, `[[9223372036854775808,1]]`, `[]`, `null`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		const vocab = 24
+		toks, err := parseTokens(b, vocab)
+		if err != nil {
+			return
+		}
+		if len(toks) == 0 || len(toks[0]) < 2 {
+			t.Fatalf("accepted %q: %v", b, toks)
+		}
+		for _, s := range toks {
+			if len(s) != len(toks[0]) {
+				t.Fatalf("accepted ragged %q", b)
+			}
+			for _, id := range s {
+				if id < 0 || id >= vocab {
+					t.Fatalf("accepted id %d from %q", id, b)
+				}
+			}
+		}
+	})
+}
