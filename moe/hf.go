@@ -115,6 +115,8 @@ type hfConfig struct {
 	AuxLossAlpha       *float64 `json:"aux_loss_alpha"`
 	OutputRouterLogits *bool    `json:"output_router_logits"`
 	InitializerRange   *float64 `json:"initializer_range"`
+
+	slidingWindowSet bool // "sliding_window" present, even as null
 }
 
 // jsonPosition turns a byte offset into a 1-based line and column.
@@ -138,6 +140,12 @@ func jsonPosition(data []byte, off int64) (line, col int) {
 func decodeHF(data []byte) (*hfConfig, error) {
 	var h hfConfig
 	err := json.Unmarshal(data, &h)
+	if err == nil {
+		var keys map[string]json.RawMessage
+		if json.Unmarshal(data, &keys) == nil {
+			_, h.slidingWindowSet = keys["sliding_window"]
+		}
+	}
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
@@ -417,10 +425,15 @@ func (h *hfConfig) windows(c *Config) error {
 			c.Window[i] = w
 		}
 	case "qwen3_moe", "qwen2_moe", "qwen3":
+		// The Qwen config classes default sliding_window to 4096 (an
+		// explicit null disables it) and max_window_layers to 28.
+		if !h.slidingWindowSet {
+			w = 4096
+		}
 		if w == 0 || h.UseSlidingWindow == nil || !*h.UseSlidingWindow {
 			return nil
 		}
-		first := c.Layers
+		first := 28
 		if h.MaxWindowLayers != nil {
 			first = *h.MaxWindowLayers
 		}

@@ -53,6 +53,11 @@ func TestParseHFLayerPattern(t *testing.T) {
 		// Sliding from max_window_layers on, only when use_sliding_window.
 		{`"use_sliding_window": true, "sliding_window": 7, "max_window_layers": 2`, []bool{true, true, true, true}, []int{0, 0, 7, 7}},
 		{`"use_sliding_window": false, "sliding_window": 7, "max_window_layers": 2`, []bool{true, true, true, true}, []int{0, 0, 0, 0}},
+		// Qwen3MoeConfig defaults: sliding_window 4096, max_window_layers 28
+		// (beyond these 4 layers); an explicit null disables the window.
+		{`"use_sliding_window": true, "max_window_layers": 3`, []bool{true, true, true, true}, []int{0, 0, 0, 4096}},
+		{`"use_sliding_window": true, "sliding_window": null, "max_window_layers": 3`, []bool{true, true, true, true}, []int{0, 0, 0, 0}},
+		{`"use_sliding_window": true, "sliding_window": 9`, []bool{true, true, true, true}, []int{0, 0, 0, 0}},
 		{`"sliding_window": 5, "layer_types": ["sliding_attention","full_attention","sliding_attention","full_attention"]`, []bool{true, true, true, true}, []int{5, 0, 5, 0}},
 	} {
 		c, err := edit(t, tc.extra)
