@@ -46,7 +46,7 @@ type hfDefault struct {
 	oProjHasBias bool // attention_bias also adds an o_proj bias (unsupported)
 }
 
-// Defaults from each transformers configuration class (v4.57) and, for
+// Defaults from each transformers configuration class and, for
 // deepseek, DeepSeek-MoE's configuration_deepseek.py.
 var hfDefaults = map[string]hfDefault{
 	"qwen3_moe": {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: QKNormHead, moe: true, oProjHasBias: true},
