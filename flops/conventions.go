@@ -230,3 +230,14 @@ func checkShape(cfg *moe.Config, s Shape) error {
 	}
 	return s.Validate()
 }
+
+// ParseConvention reads a convention name; an unknown one is an error
+// listing the known names.
+func ParseConvention(s string) (Convention, error) {
+	for _, c := range AllConventions {
+		if string(c) == s {
+			return c, nil
+		}
+	}
+	return "", fmt.Errorf("convention %q: must be one of torchtitan, megatron, palm, model, hardware", s)
+}

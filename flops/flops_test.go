@@ -448,3 +448,14 @@ func FuzzOpsInvariants(f *testing.F) {
 		}
 	})
 }
+
+func TestParseConvention(t *testing.T) {
+	for _, c := range AllConventions {
+		if got, err := ParseConvention(string(c)); err != nil || got != c || c.Explain() == "" {
+			t.Errorf("%s: %v %v", c, got, err)
+		}
+	}
+	if _, err := ParseConvention("6N"); err == nil || !strings.Contains(err.Error(), "torchtitan") {
+		t.Errorf("unknown convention: %v", err)
+	}
+}
