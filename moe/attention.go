@@ -1,6 +1,10 @@
 package moe
 
-import "math"
+import (
+	"math"
+
+	"github.com/moescope/moescope/moe/kernel"
+)
 
 // Flash-style causal attention with grouped KV heads and optional sliding
 // window, as a GPU kernel runs it (Dao, FlashAttention-2, 2023, Algorithm 1
@@ -202,4 +206,30 @@ func attnBwd[T Float](dq, dk, dv, do, q, k, v, o, lse []T, a attnShape) {
 			}
 		}
 	}
+}
+
+// kernelShape is the same geometry for moe/kernel's float32 flash attention.
+func (a attnShape) kernelShape() kernel.AttnShape {
+	return kernel.AttnShape{Batch: a.batch, Seq: a.seq, Heads: a.heads, KVHeads: a.kv, HeadDim: a.d,
+		Window: a.window, TileQ: a.tileQ, TileK: a.tileK}
+}
+
+// attention runs the forward through moe/kernel for float32 (same tiles,
+// same executed area) and through attnFwd otherwise.
+func attention[T Float](o, lse, q, k, v []T, a attnShape) {
+	if o32, ok := any(o).([]float32); ok {
+		kernel.AttentionForward(o32, any(lse).([]float32), any(q).([]float32), any(k).([]float32), any(v).([]float32), a.kernelShape())
+		return
+	}
+	attnFwd(o, lse, q, k, v, a)
+}
+
+// attentionBack is attention's backward, dispatched the same way.
+func attentionBack[T Float](dq, dk, dv, do, q, k, v, o, lse []T, a attnShape) {
+	if dq32, ok := any(dq).([]float32); ok {
+		f := func(x []T) []float32 { return any(x).([]float32) }
+		kernel.AttentionBackward(dq32, f(dk), f(dv), f(do), f(q), f(k), f(v), f(o), f(lse), a.kernelShape())
+		return
+	}
+	attnBwd(dq, dk, dv, do, q, k, v, o, lse, a)
 }

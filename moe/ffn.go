@@ -1,5 +1,7 @@
 package moe
 
+import "github.com/moescope/moescope/moe/kernel"
+
 // SwiGLU feed-forward, y = W_down·(silu(W_gate·x) ⊙ W_up·x), over M rows:
 //
 //	g = x·W_gateᵀ, u = x·W_upᵀ [M,F];  σg = silu(g) = g·σ(g);  a = σg ⊙ u;  y = a·W_downᵀ [M,D]
@@ -52,6 +54,71 @@ type localExperts[T Float] struct {
 	counts []int
 }
 
+// Grouped GEMMs over rows in expert order (offsets[e]..offsets[e+1] are
+// expert e's rows): float32 through moe/kernel's grouped kernels, float64
+// through the plain linear loops.
+
+// nonEmpty drops the experts without rows (an expert-parallel rank leaves
+// the weights of experts it does not hold nil; they never have rows here).
+func nonEmpty[T Float](w [][]T, off []int) ([][]T, []int) {
+	ws, o := make([][]T, 0, len(w)), make([]int, 1, len(off))
+	for e := range w {
+		if off[e+1] > off[e] {
+			ws = append(ws, w[e])
+			o = append(o, off[e+1])
+		}
+	}
+	return ws, o
+}
+
+func groupedFwd[T Float](y, x []T, w [][]T, off []int, n, k int) {
+	w, off = nonEmpty(w, off)
+	if y32, ok := any(y).([]float32); ok {
+		kernel.GroupedLinear(y32, any(x).([]float32), any(w).([][]float32), off, n, k)
+		return
+	}
+	for e := range w {
+		if r := off[e+1] - off[e]; r > 0 {
+			linearFwd(y[off[e]*n:off[e+1]*n], x[off[e]*k:off[e+1]*k], w[e], r, n, k)
+		}
+	}
+}
+
+func groupedBwdX[T Float](dx, dy []T, w [][]T, off []int, n, k int) {
+	w, off = nonEmpty(w, off)
+	if dx32, ok := any(dx).([]float32); ok {
+		kernel.GroupedLinearBackwardData(dx32, any(dy).([]float32), any(w).([][]float32), off, n, k)
+		return
+	}
+	for e := range w {
+		if r := off[e+1] - off[e]; r > 0 {
+			linearBwdX(dx[off[e]*k:off[e+1]*k], dy[off[e]*n:off[e+1]*n], w[e], r, n, k)
+		}
+	}
+}
+
+func groupedBwdW[T Float](dw [][]T, dy, x []T, off []int, n, k int) {
+	dw, off = nonEmpty(dw, off)
+	if dy32, ok := any(dy).([]float32); ok {
+		kernel.GroupedLinearBackwardWeight(any(dw).([][]float32), dy32, any(x).([]float32), off, n, k)
+		return
+	}
+	for e := range dw {
+		if r := off[e+1] - off[e]; r > 0 {
+			linearBwdW(dw[e], dy[off[e]*n:off[e+1]*n], x[off[e]*k:off[e+1]*k], r, n, k)
+		}
+	}
+}
+
+// offsets turns per-expert counts into row offsets (len E+1).
+func offsets(counts []int) []int {
+	off := make([]int, len(counts)+1)
+	for e, n := range counts {
+		off[e+1] = off[e] + n
+	}
+	return off
+}
+
 // ExpertsForward implements ExpertStage.
 func (l *localExperts[T]) ExpertsForward(layer int, xe []T, counts []int, pass Pass, keep bool) []T {
 	c, ex := l.b.cfg, l.b.x
@@ -59,30 +126,15 @@ func (l *localExperts[T]) ExpertsForward(layer int, xe []T, counts []int, pass P
 	R := len(xe) / D
 	s := newFFNActs[T](R, F)
 	ye := make([]T, R*D)
-	off := 0
-	for e, n := range counts {
-		if n == 0 {
-			continue
-		}
-		x := xe[off*D : (off+n)*D]
-		g, u := s.g[off*F:(off+n)*F], s.u[off*F:(off+n)*F]
-		linearFwd(g, x, l.w.ExpGate[e], n, F, D)
-		linearFwd(u, x, l.w.ExpUp[e], n, F, D)
-		off += n
-	}
+	off := offsets(counts)
+	groupedFwd(s.g, xe, l.w.ExpGate, off, F, D)
+	groupedFwd(s.u, xe, l.w.ExpUp, off, F, D)
 	ex.round(s.g)
 	ex.round(s.u)
 	swigluAct(s)
 	ex.round(s.sg)
 	ex.round(s.a)
-	off = 0
-	for e, n := range counts {
-		if n == 0 {
-			continue
-		}
-		linearFwd(ye[off*D:(off+n)*D], s.a[off*F:(off+n)*F], l.w.ExpDown[e], n, D, F)
-		off += n
-	}
+	groupedFwd(ye, s.a, l.w.ExpDown, off, D, F)
 	ex.round(ye)
 	rfd := int64(R) * int64(F) * int64(D)
 	ex.op(layer, OpExpertGate, pass, rfd)
@@ -108,33 +160,17 @@ func (l *localExperts[T]) ExpertsBackward(layer int, dye []T) []T {
 	c, ex := l.b.cfg, l.b.x
 	D, F := c.Hidden, c.ExpertFFN
 	R := len(dye) / D
+	off := offsets(l.counts)
 	da := make([]T, R*F)
 	dg, du := make([]T, R*F), make([]T, R*F)
 	dxe := make([]T, R*D)
-	off := 0
-	for e, n := range l.counts {
-		if n == 0 {
-			continue
-		}
-		dy := dye[off*D : (off+n)*D]
-		linearBwdX(da[off*F:(off+n)*F], dy, l.w.ExpDown[e], n, D, F)
-		linearBwdW(l.g.ExpDown[e], dy, l.acts.a[off*F:(off+n)*F], n, D, F)
-		off += n
-	}
+	groupedBwdX(da, dye, l.w.ExpDown, off, D, F)
+	groupedBwdW(l.g.ExpDown, dye, l.acts.a, off, D, F)
 	swigluActBwd(dg, du, da, l.acts)
-	off = 0
-	for e, n := range l.counts {
-		if n == 0 {
-			continue
-		}
-		x, dx := l.xe[off*D:(off+n)*D], dxe[off*D:(off+n)*D]
-		g, u := dg[off*F:(off+n)*F], du[off*F:(off+n)*F]
-		linearBwdX(dx, g, l.w.ExpGate[e], n, F, D)
-		linearBwdX(dx, u, l.w.ExpUp[e], n, F, D)
-		linearBwdW(l.g.ExpGate[e], g, x, n, F, D)
-		linearBwdW(l.g.ExpUp[e], u, x, n, F, D)
-		off += n
-	}
+	groupedBwdX(dxe, dg, l.w.ExpGate, off, F, D)
+	groupedBwdX(dxe, du, l.w.ExpUp, off, F, D)
+	groupedBwdW(l.g.ExpGate, dg, l.xe, off, F, D)
+	groupedBwdW(l.g.ExpUp, du, l.xe, off, F, D)
 	rfd := int64(R) * int64(F) * int64(D)
 	for _, op := range []Op{OpExpertDown, OpExpertGate, OpExpertUp} {
 		ex.op(layer, op, BackwardData, rfd)

@@ -180,7 +180,7 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass Pass, useCache bool) []T {
 		st.o, st.lse = o, st.cache[opLSE]
 	} else {
 		st.o, st.lse = make([]T, T_*q), make([]T, T_*H)
-		attnFwd(st.o, st.lse, st.q, st.k, st.v, a)
+		attention(st.o, st.lse, st.q, st.k, st.v, a)
 		ex.round(st.o)
 		ex.op(L, OpAttn, pass, int64(b.batch)*int64(H)*2*a.area()*int64(d))
 	}

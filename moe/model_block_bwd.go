@@ -42,7 +42,7 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	linearBack(ex, L, OpOProj, do, g.Wo, nil, dx2, st.o, w.Wo, T_, D, q)
 	dq, dk, dv := make([]T, T_*q), make([]T, T_*kv), make([]T, T_*kv)
 	a := b.attnShape()
-	attnBwd(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
+	attentionBack(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
 	n := int64(b.batch) * int64(H) * a.area() * int64(d)
 	ex.op(L, OpAttn, Recompute, n)
 	ex.op(L, OpAttn, BackwardData, 4*n)

@@ -199,18 +199,29 @@ func TestBF16Rounding(t *testing.T) {
 }
 
 // splitExperts is an ExpertStage that runs experts [0, E/2) and [E/2, E)
-// as two separate "ranks" (two local stages over disjoint rows), the way
-// an expert-parallel implementation splits them.
-type splitExperts struct {
-	b    *Block[float64]
-	w, g *LayerWeights[float64]
-	half [2]localExperts[float64]
+// as two separate "ranks": two local stages over disjoint rows, each seeing
+// only its own experts' weights (the others nil), the way an
+// expert-parallel implementation holds them.
+type splitExperts[T Float] struct {
+	b    *Block[T]
+	w, g *LayerWeights[T]
+	half [2]localExperts[T]
 	rows [2]int
 }
 
-func (s *splitExperts) ExpertsForward(layer int, xe []float64, counts []int, pass Pass, keep bool) []float64 {
+// own returns a copy of lw whose experts outside [lo, hi) are nil.
+func own[T Float](lw *LayerWeights[T], lo, hi int) *LayerWeights[T] {
+	c := *lw
+	c.ExpGate, c.ExpUp, c.ExpDown = make([][]T, len(lw.ExpGate)), make([][]T, len(lw.ExpGate)), make([][]T, len(lw.ExpGate))
+	for e := lo; e < hi; e++ {
+		c.ExpGate[e], c.ExpUp[e], c.ExpDown[e] = lw.ExpGate[e], lw.ExpUp[e], lw.ExpDown[e]
+	}
+	return &c
+}
+
+func (s *splitExperts[T]) ExpertsForward(layer int, xe []T, counts []int, pass Pass, keep bool) []T {
 	D, E := s.b.cfg.Hidden, len(counts)
-	var out []float64
+	var out []T
 	start := 0
 	for h := 0; h < 2; h++ {
 		c := make([]int, E)
@@ -220,7 +231,7 @@ func (s *splitExperts) ExpertsForward(layer int, xe []float64, counts []int, pas
 			c[e] = counts[e]
 			n += counts[e]
 		}
-		s.half[h] = localExperts[float64]{b: s.b, w: s.w, g: s.g}
+		s.half[h] = localExperts[T]{b: s.b, w: own(s.w, lo, hi), g: own(s.g, lo, hi)}
 		out = append(out, s.half[h].ExpertsForward(layer, xe[start*D:(start+n)*D], c, pass, keep)...)
 		s.rows[h] = n
 		start += n
@@ -228,12 +239,11 @@ func (s *splitExperts) ExpertsForward(layer int, xe []float64, counts []int, pas
 	return out
 }
 
-func (s *splitExperts) ExpertsBackward(layer int, dye []float64) []float64 {
+func (s *splitExperts[T]) ExpertsBackward(layer int, dye []T) []T {
 	D := s.b.cfg.Hidden
-	var dx []float64
+	var dx []T
 	start := 0
 	for h := 0; h < 2; h++ {
-		s.half[h].w, s.half[h].g = s.w, s.g
 		dx = append(dx, s.half[h].ExpertsBackward(layer, dye[start*D:(start+s.rows[h])*D])...)
 		start += s.rows[h]
 	}
@@ -242,27 +252,33 @@ func (s *splitExperts) ExpertsBackward(layer int, dye []float64) []float64 {
 
 // TestExpertStageSeam drives a block with an ExpertStage that splits the
 // experts in two and checks output and gradients equal the local run bit
-// for bit, under none and full checkpointing.
+// for bit, under none, full and selective checkpointing, in both precisions.
 func TestExpertStageSeam(t *testing.T) {
+	seam[float64](t)
+	seam[float32](t)
+}
+
+func seam[T Float](t *testing.T) {
 	c := tinyVariants()["qwen3_moe"]
-	m := newTestModel(t, c, 11)
+	m, _ := NewModel[T](c)
+	m.InitRandom(11)
 	w, _ := layerViews(c, m.Params, m.Tensors())
-	x := make([]float64, 10*c.Hidden)
+	x := make([]T, 10*c.Hidden)
 	r := rand.New(rand.NewPCG(9, 9))
 	for i := range x {
-		x[i] = r.NormFloat64()
+		x[i] = T(r.NormFloat64())
 	}
-	dy := make([]float64, len(x))
+	dy := make([]T, len(x))
 	for i := range dy {
-		dy[i] = r.NormFloat64()
+		dy[i] = T(r.NormFloat64())
 	}
 	for _, ac := range []AC{{Mode: ACNone}, {Mode: ACFull}, {Mode: ACSelective}} {
-		run := func(split bool) ([]float64, []float64, []float64) {
-			gm, _ := NewModel[float64](c)
+		run := func(split bool) ([]T, []T, []T) {
+			gm, _ := NewModel[T](c)
 			g, _ := layerViews(c, gm.Params, gm.Grads())
-			b := NewBlock[float64](c, 0, 2, 5, Options{AC: ac})
+			b := NewBlock[T](c, 0, 2, 5, Options{AC: ac})
 			if split {
-				b.Experts = &splitExperts{b: b, w: &w.layers[0], g: &g.layers[0]}
+				b.Experts = &splitExperts[T]{b: b, w: &w.layers[0], g: &g.layers[0]}
 			}
 			out := b.Forward(&w.layers[0], x)
 			dx := b.Backward(&w.layers[0], &g.layers[0], dy, nil)
@@ -270,10 +286,10 @@ func TestExpertStageSeam(t *testing.T) {
 		}
 		o1, d1, g1 := run(false)
 		o2, d2, g2 := run(true)
-		for _, p := range [][2][]float64{{o1, o2}, {d1, d2}, {g1, g2}} {
+		for _, p := range [][2][]T{{o1, o2}, {d1, d2}, {g1, g2}} {
 			for i := range p[0] {
 				if p[0][i] != p[1][i] {
-					t.Fatalf("%s: split experts differ at %d: %v vs %v", ac, i, p[0][i], p[1][i])
+					t.Fatalf("%T %s: split experts differ at %d: %v vs %v", T(0), ac, i, p[0][i], p[1][i])
 				}
 			}
 		}
