@@ -41,8 +41,37 @@ type epStage struct {
 	weights func(layer int) (gate, up, down [][]float32)
 	grads   func(layer int) (gate, up, down [][]float32)
 
+	ac moe.AC
+	// afterBackward reduces a layer's expert gradients once they are
+	// complete, between the two all-to-alls of the experts' backward (the
+	// schedule's position for it); micro is the current micro-step.
+	afterBackward func(layer, micro int) error
+	micro         int
+
 	saved map[int]*epSaved
-	err   error
+	// comm caches, per layer, the all-to-all results of a forward whose
+	// experts will be recomputed under selective checkpointing, which saves
+	// communication outputs (torchtitan's SAC list): the recompute reuses
+	// them instead of exchanging again. Fully checkpointed blocks re-run
+	// their all-to-alls, as torchtitan's full AC does.
+	comm map[int]*epComm
+	err  error
+}
+
+// epComm is what a forward's all-to-alls produced.
+type epComm struct {
+	recv             []float32
+	byExpert         [][]int
+	sendCnt, recvCnt []int
+	out              []float32
+}
+
+// bind attaches the stage to a step's context and endpoint.
+func (s *epStage) bind(ctx context.Context, ep *Endpoint) {
+	s.ctx, s.ep, s.err = ctx, ep, nil
+	s.group = ep.Comm().Mesh().Group(AxisEP, ep.Rank())
+	s.saved = map[int]*epSaved{}
+	s.comm = map[int]*epComm{}
 }
 
 // epSaved is what one layer's expert backward reads.
@@ -52,12 +81,6 @@ type epSaved struct {
 	perm       []int       // perm[i] = arrival row of the i-th expert-major row
 	rowsPer    []int       // rows per local expert, expert-major
 	x, g, u    [][]float32 // per local expert: inputs [M,D], gate and up outputs [M,F]
-}
-
-func newEPStage(ctx context.Context, ep *Endpoint, cfg *moe.Config, dt moe.DType, rec moe.Recorder,
-	weights, grads func(int) ([][]float32, [][]float32, [][]float32)) *epStage {
-	g := ep.Comm().Mesh().Group(AxisEP, ep.Rank())
-	return &epStage{ctx: ctx, ep: ep, group: g, cfg: cfg, dtype: dt, rec: rec, weights: weights, grads: grads, saved: map[int]*epSaved{}}
 }
 
 func (s *epStage) fail(err error) {
@@ -136,9 +159,17 @@ func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe
 	if s.err != nil {
 		return out
 	}
-	recv, byExpert, send, got := s.route(xe, counts)
-	if s.err != nil {
-		return out
+	cached := s.comm[layer]
+	var recv []float32
+	var byExpert [][]int
+	var send, got []int
+	if pass == moe.Recompute && cached != nil {
+		recv, byExpert, send, got = cached.recv, cached.byExpert, cached.sendCnt, cached.recvCnt
+	} else {
+		recv, byExpert, send, got = s.route(xe, counts)
+		if s.err != nil {
+			return out
+		}
 	}
 	el := s.cfg.Experts / s.group.Size()
 	perm, rowsPer := permutation(byExpert, el)
@@ -184,11 +215,27 @@ func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe
 	}
 	if keep {
 		s.saved[layer] = sv
+		if s.rec != nil {
+			rows := int64(len(recv) / D)
+			for _, t := range []struct {
+				name string
+				n    int64
+			}{{"input", rows * int64(D)}, {"gate", rows * int64(F)}, {"up", rows * int64(F)}} {
+				s.rec.RecordSaved(moe.SavedRecord{Layer: layer, Op: moe.OpExpertGate, Tensor: t.name, Elements: t.n, DType: s.dtype})
+			}
+		}
+	}
+	if pass == moe.Recompute && cached != nil {
+		delete(s.comm, layer)
+		return cached.out
 	}
 	back, _, err := s.ep.AllToAll(s.ctx, s.group, s.dtype, y, got, D)
 	if err != nil {
 		s.fail(err)
 		return out
+	}
+	if pass == moe.Forward && !keep && !s.ac.FullyCheckpointed(layer) {
+		s.comm[layer] = &epComm{recv: recv, byExpert: byExpert, sendCnt: send, recvCnt: got, out: back}
 	}
 	return back
 }
@@ -259,6 +306,12 @@ func (s *epStage) ExpertsBackward(layer int, dye []float32) []float32 {
 			s.rec.RecordOp(moe.OpRecord{Layer: layer, Op: op, Pass: moe.BackwardWeight, Count: mnk})
 		}
 		s.rec.RecordOp(moe.OpRecord{Layer: layer, Op: moe.OpExpertAct, Pass: moe.BackwardData, Count: acts})
+	}
+	if s.afterBackward != nil {
+		if err := s.afterBackward(layer, s.micro); err != nil {
+			s.fail(err)
+			return dxe
+		}
 	}
 	back, _, err := s.ep.AllToAll(s.ctx, s.group, s.dtype, dx, sv.recvCounts, D)
 	if err != nil {

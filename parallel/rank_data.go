@@ -63,13 +63,14 @@ func SyntheticSequence(seed uint64, i int64, n, vocab int) []int32 {
 	return out
 }
 
-// MicroBatchTokens returns the LBS sequences rank r reads at micro-step m
-// of step t, concatenated ([LBS·Seq] token ids).
-func (b Batch) MicroBatchTokens(seed uint64, vocab, t, m, r int) []int32 {
+// Sequences returns the LBS sequences rank r reads at micro-step m of step
+// t, each of Seq+1 ids: Seq inputs, and the labels are the inputs shifted by
+// one (so a micro-batch predicts LBS·Seq positions).
+func (b Batch) Sequences(seed uint64, vocab, t, m, r int) [][]int32 {
 	start := b.Start(t, m, r)
-	out := make([]int32, 0, b.LBS*b.Seq)
-	for s := 0; s < b.LBS; s++ {
-		out = append(out, SyntheticSequence(seed, start+int64(s), b.Seq, vocab)...)
+	out := make([][]int32, b.LBS)
+	for s := range out {
+		out[s] = SyntheticSequence(seed, start+int64(s), b.Seq+1, vocab)
 	}
 	return out
 }

@@ -292,7 +292,7 @@ func (b *schedBuilder) build() {
 		emb := Unit{Layer: moe.LayerEmbed}
 		g := b.gather(emb, micro)
 		id := b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
-		if ra {
+		if ra && !b.cfg.TiedEmbeddings { // tied: the head reads the embedding's weights
 			b.free(emb, id)
 		}
 		for l := 0; l < b.cfg.Layers; l++ {
@@ -357,8 +357,11 @@ func (b *schedBuilder) build() {
 	// Step end.
 	deps := append([]int(nil), b.lastRS...)
 	if b.l.GPUs > 1 {
+		// Each rank's per-micro-batch cross-entropy and aux loss as float64
+		// bit patterns (two f32 words each), gathered so that every rank can
+		// average them in one rank's order.
 		deps = append(deps, b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: head,
-			Coll: CollAllReduce, Axis: AxisDP, Purpose: PurposeLoss, DType: moe.F32, Elements: 2}))
+			Coll: CollAllGather, Axis: AxisDP, Purpose: PurposeLoss, DType: moe.F32, Elements: int64(4 * b.sp.Micro * b.l.GPUs)}))
 		if b.cfg.SelectionBias && b.cfg.IsMoE() {
 			deps = append(deps, b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: head,
 				Coll: CollAllReduce, Axis: AxisDP, Purpose: PurposeBiasLoad, DType: moe.F32, Elements: int64(b.cfg.Experts * b.cfg.MoELayers())}))

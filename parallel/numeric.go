@@ -1,0 +1,197 @@
+package parallel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// NumericSpec describes a numeric (goroutine-rank) training run.
+type NumericSpec struct {
+	Config    *moe.Config
+	Mesh      *Mesh
+	AC        moe.AC
+	Batch     Batch // Batch.DP must equal the mesh's dp_replicate × dp_shard
+	DataSeed  uint64
+	AdamW     moe.AdamW
+	AuxCoef   float64 // coefficient of HF's load-balancing loss; 0 neither computes nor adds it
+	BiasRate  float64 // selection-bias update rate γ (sigmoid routers with a selection bias)
+	Precision moe.Precision
+	Timeout   time.Duration // per collective wait; 0 means DefaultCollectiveTimeout
+}
+
+// Numeric trains the reference model with one goroutine per rank, each
+// holding its own shards, optimizer state and memory account, and moving
+// data only through the collectives of Comm. It runs the program
+// BuildSchedule describes (the same collectives, in the same order, on the
+// same groups, at the same sizes; TestNumericFollowsSchedule checks it).
+//
+// Sharding (over dp_shard for dense units, over efsdp = dp_shard/ep for
+// expert units; FSDPShard geometry, padded dim-0 or dim-1 chunks):
+//
+//	fsdp:  parameters, gradients and AdamW moments sharded; weights
+//	       all-gathered before a unit's compute and freed as the schedule says
+//	zero2: parameters full; gradients and moments sharded; the updated
+//	       shards all-gathered after the step
+//	zero1: parameters and gradients full (all-reduced); moments sharded
+//	ddp:   everything full; gradients all-reduced
+//
+// Gradient reduction per micro-step: reduce-scatter (fsdp, zero2) or
+// all-reduce (zero1, ddp) of the micro-step's gradient over the shard
+// group, accumulated as acc + g_0 + g_1 + … in group order; then over
+// replicas: all-reduce of each micro-step's reduced gradient, or, with
+// allreduce-last-only, of the accumulated one on the last micro-step.
+type Numeric struct {
+	spec  NumericSpec
+	comm  *Comm
+	ranks []*numRank
+	step  int
+}
+
+// NumericStep is the outcome of one optimizer step.
+type NumericStep struct {
+	Step      int
+	Loss, Aux float64 // means over the step's micro-batches (all ranks), as one rank would compute them
+	// Losses holds each micro-batch's cross-entropy in the order one rank
+	// with grad-accum DP·Micro would run them (micro-step m, then rank r).
+	Losses    []float64
+	Tokens    int64   // tokens one rank processed in the step (LBS·Seq·Micro)
+	PeakBytes []int64 // per rank, the peak of live bytes at the modelled dtypes during the step
+}
+
+// NewNumeric places every rank's shards of the initial parameters init
+// (moe.Config.Params order, as moe.LoadParams returns them).
+func NewNumeric(spec NumericSpec, init [][]float32) (*Numeric, error) {
+	cfg, m := spec.Config, spec.Mesh
+	if cfg == nil || m == nil {
+		return nil, errors.New("numeric: config and mesh are required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := spec.Batch.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Batch.DP != m.Layout.DP() {
+		return nil, fmt.Errorf("numeric: batch dp = %d ≠ dp_replicate %d × dp_shard %d", spec.Batch.DP, m.Layout.DPReplicate, m.Layout.DPShard)
+	}
+	if err := m.Layout.CheckModel(cfg); err != nil {
+		return nil, err
+	}
+	ps := cfg.Params()
+	if len(init) != len(ps) {
+		return nil, fmt.Errorf("numeric: %d initial tensors, model has %d", len(init), len(ps))
+	}
+	for i, p := range ps {
+		if int64(len(init[i])) != p.Elements() {
+			return nil, fmt.Errorf("numeric: %s has %d elements, want %d", p.Name, len(init[i]), p.Elements())
+		}
+	}
+	if spec.Precision == (moe.Precision{}) {
+		spec.Precision = moe.DefaultPrecision
+	}
+	n := &Numeric{spec: spec, comm: NewComm(m)}
+	n.comm.Timeout = spec.Timeout
+	for r := 0; r < m.World(); r++ {
+		nr, err := newNumRank(&n.spec, r, init)
+		if err != nil {
+			return nil, err
+		}
+		n.ranks = append(n.ranks, nr)
+	}
+	return n, nil
+}
+
+// Comm returns the communicator (its Stats hold every byte moved).
+func (n *Numeric) Comm() *Comm { return n.comm }
+
+// StepIndex is the number of optimizer steps taken.
+func (n *Numeric) StepIndex() int { return n.step }
+
+// Step runs one optimizer step on every rank.
+func (n *Numeric) Step(ctx context.Context) (NumericStep, error) {
+	res := NumericStep{Step: n.step}
+	losses := make([][]float64, len(n.ranks))
+	err := n.comm.Run(ctx, func(ctx context.Context, ep *Endpoint) error {
+		r := n.ranks[ep.Rank()]
+		ls, err := r.trainStep(ctx, ep, n.step)
+		losses[ep.Rank()] = ls
+		return err
+	})
+	if err != nil {
+		return res, err
+	}
+	// Every rank holds every micro-batch's (loss, aux); rank 0's copy is
+	// the step's record.
+	b := n.spec.Batch
+	all := losses[0]
+	var sl, sa float64
+	for i := 0; i < len(all); i += 2 {
+		res.Losses = append(res.Losses, all[i])
+		sl += all[i]
+		sa += all[i+1]
+	}
+	cnt := float64(b.DP * b.Micro)
+	res.Loss, res.Aux = sl/cnt, sa/cnt
+	res.Tokens = int64(b.LBS) * int64(b.Seq) * int64(b.Micro)
+	for _, r := range n.ranks {
+		res.PeakBytes = append(res.PeakBytes, r.mem.peak)
+	}
+	n.step++
+	return res, nil
+}
+
+// Params reassembles the full parameters (Config.Params order) from the
+// ranks' shards.
+func (n *Numeric) Params() [][]float32 {
+	ps := n.spec.Config.Params()
+	out := make([][]float32, len(ps))
+	for _, r := range n.ranks {
+		if r.coord.Replica == 0 { // replicas hold copies
+			r.collectFull(out)
+		}
+	}
+	// Buffers (selection bias) are replicated: take rank 0's.
+	n.ranks[0].collectBuffers(out)
+	return out
+}
+
+// OptimizerState reassembles the AdamW moments (Params order; nil for
+// buffers) and returns the optimizer step count.
+func (n *Numeric) OptimizerState() (m, v [][]float32, step int64) {
+	ps := n.spec.Config.Params()
+	m, v = make([][]float32, len(ps)), make([][]float32, len(ps))
+	for _, r := range n.ranks {
+		if r.coord.Replica == 0 {
+			r.collectMoments(m, v)
+		}
+	}
+	return m, v, n.ranks[0].optStep
+}
+
+// SetOptimizerState loads AdamW moments (Params order, as OptimizerState
+// returns them) into every rank's shards and sets the step count and the
+// number of optimizer steps taken.
+func (n *Numeric) SetOptimizerState(m, v [][]float32, step int64) error {
+	ps := n.spec.Config.Params()
+	if len(m) != len(ps) || len(v) != len(ps) {
+		return fmt.Errorf("optimizer state: %d/%d tensors, model has %d", len(m), len(v), len(ps))
+	}
+	for i, p := range ps {
+		if p.Buffer {
+			continue
+		}
+		if int64(len(m[i])) != p.Elements() || int64(len(v[i])) != p.Elements() {
+			return fmt.Errorf("optimizer state of %s: %d/%d elements, want %d", p.Name, len(m[i]), len(v[i]), p.Elements())
+		}
+	}
+	for _, r := range n.ranks {
+		r.loadMoments(m, v)
+		r.optStep = step
+	}
+	n.step = int(step)
+	return nil
+}
