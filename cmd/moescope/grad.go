@@ -56,6 +56,10 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	coef, err := hfAuxCoef(cfg)
+	if err != nil && *tokensPath != "" {
+		return err
+	}
 	// Refuse before computing anything if an output would be overwritten.
 	for _, p := range []string{*save, *out} {
 		if p == "" || *force {
@@ -96,7 +100,6 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	coef := hfAuxCoef(cfg)
 	res, err := hfGradients(m, tokens, ac, coef)
 	if err != nil {
 		return err
@@ -154,11 +157,22 @@ func hfGradients(m *moe.Model[float32], tokens [][]int, ac moe.AC, coef float64)
 // output_router_logits is set on a model with softmax-routed MoE layers
 // (Qwen*MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM add it only
 // then; Glm4MoeForCausalLM, the sigmoid router, has no such loss), else 0.
-func hfAuxCoef(cfg *moe.Config) float64 {
-	if cfg.OutputRouterLogits && cfg.IsMoE() && cfg.Score == moe.Softmax {
-		return cfg.AuxLossCoef
+// DeepSeek-MoE is remote code whose own modeling_deepseek.py rules: its
+// MoEGate adds aux_loss_alpha·Σ_i f_i·P_i per layer, per sequence when
+// seq_aux, with f_i = E/(K·T)·(tokens choosing i) (the expert-level balance
+// loss of the DeepSeekMoE paper, arXiv:2401.06066) — not HF's formula and
+// not implemented here, so a DeepSeek config with aux_loss_alpha > 0 is
+// refused rather than given the wrong gradient.
+func hfAuxCoef(cfg *moe.Config) (float64, error) {
+	if !cfg.OutputRouterLogits || !cfg.IsMoE() || cfg.Score != moe.Softmax || cfg.AuxLossCoef == 0 {
+		return 0, nil
 	}
-	return 0
+	if cfg.ModelType == "deepseek" {
+		return 0, fmt.Errorf("model_type deepseek: modeling_deepseek.py adds its own auxiliary loss (aux_loss_alpha = %g, "+
+			"per layer and per sequence with seq_aux), which moescope does not implement; set aux_loss_alpha to 0 "+
+			"in config.json for the gradient of the cross-entropy alone", cfg.AuxLossCoef)
+	}
+	return cfg.AuxLossCoef, nil
 }
 
 // gradReport is the JSON object grad prints.

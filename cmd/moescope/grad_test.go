@@ -243,3 +243,38 @@ func FuzzParseTokens(f *testing.F) {
 		}
 	})
 }
+
+// TestGradDeepseekAux: DeepSeek-MoE's own aux loss is not HF's formula, so
+// grad refuses to add it, and works once aux_loss_alpha is 0.
+func TestGradDeepseekAux(t *testing.T) {
+	dir := t.TempDir()
+	conf := func(alpha float64) string {
+		p := filepath.Join(dir, fmt.Sprintf("ds%v.json", alpha))
+		os.WriteFile(p, []byte(fmt.Sprintf(`{"model_type": "deepseek", "vocab_size": 16, "hidden_size": 8,
+			"intermediate_size": 12, "moe_intermediate_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2,
+			"num_key_value_heads": 2, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+			"first_k_dense_replace": 1, "aux_loss_alpha": %v}`, alpha)), 0o644)
+		return p
+	}
+	tok := filepath.Join(dir, "t.json")
+	os.WriteFile(tok, []byte(`[[1,2,3,4]]`), 0o644)
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, []string{"grad", "--model", conf(0.001), "--init", "1", "--tokens", tok})
+	if err == nil || !strings.Contains(err.Error(), "aux_loss_alpha") {
+		t.Errorf("deepseek with aux_loss_alpha 0.001: %v", err)
+	}
+	// Initializing and saving needs no loss, so it is not refused.
+	if err := run(&out, &errb, []string{"grad", "--model", conf(0.001), "--init", "1", "--save", filepath.Join(dir, "w.safetensors")}); err != nil {
+		t.Errorf("--init --save: %v", err)
+	}
+	out.Reset()
+	if err := run(&out, &errb, []string{"grad", "--model", conf(0), "--init", "1", "--tokens", tok}); err != nil {
+		t.Fatalf("deepseek with aux_loss_alpha 0: %v", err)
+	}
+	var r gradReport
+	// With weights ~ N(0, 0.02²) the logits are near 0, so the cross-entropy
+	// is near ln(vocab) = ln 16 ≈ 2.7726.
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.AuxAdded || math.Abs(r.Loss-math.Log(16)) > 0.05 {
+		t.Errorf("report %q: %+v, %v", out.String(), r, err)
+	}
+}
