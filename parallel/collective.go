@@ -30,7 +30,12 @@ type Comm struct {
 	Timeout time.Duration // per collective wait; 0 means DefaultCollectiveTimeout
 	Stats   *CommStats
 
+	// Trace, when set before Run, keeps every rank's sequence of
+	// collectives (see Traces).
+	Trace bool
+
 	mu      sync.Mutex
+	traces  [][]CollRecord
 	slots   map[slotKey]*slot
 	waiting []*slot // per rank: the slot it waits in, or nil
 	exited  []bool
@@ -54,6 +59,7 @@ func (c *Comm) Mesh() *Mesh { return c.mesh }
 func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoint) error) error {
 	c.mu.Lock()
 	c.slots = map[slotKey]*slot{}
+	c.traces = make([][]CollRecord, c.mesh.World())
 	for r := range c.exited {
 		c.exited[r], c.waiting[r] = false, nil
 	}
@@ -70,6 +76,24 @@ func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoin
 		})
 	}
 	return g.Wait()
+}
+
+// CollRecord is one collective as a rank issued it, sized as a schedule
+// sizes it (ScheduleOp.Elements): the gathered output of an all-gather, the
+// input of a reduce-scatter, the buffer of an all-reduce or broadcast, the
+// rows sent × width of an all-to-all.
+type CollRecord struct {
+	Kind     CollKind
+	Axis     Axis
+	DType    moe.DType
+	Elements int64
+}
+
+// Traces returns every rank's collectives of the last Run (Trace set).
+func (c *Comm) Traces() [][]CollRecord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.traces
 }
 
 // Endpoint is one rank's side of the communicator; it belongs to that rank's
@@ -160,6 +184,15 @@ func (e *Endpoint) do(ctx context.Context, g Group, cl *call) error {
 	}
 	cl.rank = e.rank
 	name := g.Name()
+	if e.c.Trace {
+		el := int64(cl.size)
+		if cl.kind == CollAllGather {
+			el *= int64(g.Size())
+		}
+		e.c.mu.Lock()
+		e.c.traces[e.rank] = append(e.c.traces[e.rank], CollRecord{Kind: cl.kind, Axis: g.Axis, DType: cl.dtype, Elements: el})
+		e.c.mu.Unlock()
+	}
 	key := slotKey{name, e.seq[name]}
 	e.seq[name]++
 	c := e.c

@@ -193,3 +193,83 @@ func TestNumericMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// TestNumericFollowsSchedule: every rank of a numeric step issues exactly
+// the collectives of BuildSchedule's program for the layout — same kinds,
+// groups, dtypes and sizes, in the same order (all-to-all sizes are exact:
+// a rank sends all its T·K rows, its own included).
+func TestNumericFollowsSchedule(t *testing.T) {
+	cfg := tinyMoEConfig()
+	cases := []struct {
+		gpus, rep, ep int
+		sh            moe.Sharding
+		ac            moe.AC
+		micro         int
+		keep, last    bool
+	}{
+		{4, 1, 2, moe.ShardFSDP, moe.AC{Mode: moe.ACFull}, 2, false, false},
+		{4, 2, 2, moe.ShardFSDP, moe.AC{Mode: moe.ACSelective}, 2, true, true},
+		{4, 2, 1, moe.ShardZeRO2, moe.AC{Mode: moe.ACNone}, 1, false, false},
+		{8, 1, 4, moe.ShardZeRO1, moe.AC{Mode: moe.ACLayer, Every: 2}, 2, false, false},
+		{2, 2, 1, moe.ShardDDP, moe.AC{Mode: moe.ACSelective}, 3, false, true},
+	}
+	for _, tc := range cases {
+		l := meshLayout(t, tc.gpus, tc.rep, tc.ep)
+		l.Sharding, l.KeepGathered, l.AllreduceLastOnly = tc.sh, tc.keep, tc.last
+		name := fmt.Sprintf("%d×%d ep %d %s %s micro %d", tc.rep, tc.gpus/tc.rep, tc.ep, tc.sh, tc.ac, tc.micro)
+		m, err := NewMesh(l, cfg, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: m, AC: tc.ac, LBS: 1, Seq: 4, Micro: tc.micro})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []CollRecord
+		for _, o := range s.Ops {
+			if o.Type == OpCollective {
+				want = append(want, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+			}
+		}
+		init, _ := moe.NewModel[float32](cfg)
+		init.InitRandom(3)
+		n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, AC: tc.ac, Batch: Batch{LBS: 1, Seq: 4, Micro: tc.micro, DP: l.DP()},
+			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Comm().Trace = true
+		if _, err := n.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		// The schedule sizes all-to-alls for uniform routing (T·K rows out
+		// per rank). Dispatch (and the combine gradient) do send exactly
+		// that; combine and the dispatch gradient return the rows each
+		// rank received, which routing decides, so only their sum over all
+		// ranks is fixed (world × T·K rows: every row goes and comes back).
+		traces := n.Comm().Traces()
+		sum := make([]int64, len(want))
+		for r, got := range traces {
+			if len(got) != len(want) {
+				t.Errorf("%s rank %d: %d collectives, schedule has %d", name, r, len(got), len(want))
+				continue
+			}
+			for i := range got {
+				g, w := got[i], want[i]
+				sum[i] += g.Elements
+				if g.Kind == CollAllToAll {
+					g.Elements, w.Elements = 0, 0
+				}
+				if g != w {
+					t.Errorf("%s rank %d collective %d: ran %+v, schedule says %+v", name, r, i, got[i], want[i])
+					break
+				}
+			}
+		}
+		for i, w := range want {
+			if w.Kind == CollAllToAll && sum[i] != int64(len(traces))*w.Elements {
+				t.Errorf("%s collective %d: all ranks sent %d elements, schedule %d × %d", name, i, sum[i], len(traces), w.Elements)
+			}
+		}
+	}
+}
