@@ -6,7 +6,7 @@ package kernel
 // purego build tag and on architectures without assembly.
 var genericKernel = &microKernel{
 	name: "generic", mr: 4, nr: 4,
-	tile: genericTile, fmaLoop: genericFMALoop, loopFLOP: 16,
+	tile: genericTile, fmaLoop: func(n int) { genericFMALoop(n) }, loopFLOP: 16,
 }
 
 func genericTile(kc int, a, b, c []float32, ldc int, accumulate bool) {
@@ -51,8 +51,10 @@ func genericTile(kc int, a, b, c []float32, ldc int, accumulate bool) {
 
 // genericFMALoop runs n iterations of eight independent scalar multiply-adds
 // (16 FLOP per iteration), the compiled-Go counterpart of the assembly FMA
-// loops.
-func genericFMALoop(n int) {
+// loops. It is not inlined, so its result, though unused, is computed.
+//
+//go:noinline
+func genericFMALoop(n int) float32 {
 	x0, x1, x2, x3, x4, x5, x6, x7 := float32(0), float32(0), float32(0), float32(0), float32(0), float32(0), float32(0), float32(0)
 	m, s := float32(0.5), float32(0.25)
 	for i := 0; i < n; i++ {
@@ -65,8 +67,5 @@ func genericFMALoop(n int) {
 		x6 = x6*m + s
 		x7 = x7*m + s
 	}
-	genericSink = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
+	return x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
 }
-
-// genericSink keeps genericFMALoop's result alive.
-var genericSink float32
