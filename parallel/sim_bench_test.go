@@ -27,3 +27,30 @@ func benchSimulate(b *testing.B, gpus int) {
 // selective AC, lbs 2, seq 4096, 2 micro-steps, B200 hgx.
 func BenchmarkSimulate512(b *testing.B)  { benchSimulate(b, 512) }
 func BenchmarkSimulate4096(b *testing.B) { benchSimulate(b, 4096) }
+
+// BenchmarkSimulateRun512 and 4096 time the virtual-time part alone (op
+// costs, engine, breakdown, memory replay) on a prepared schedule: what
+// each calibration evaluation costs.
+func benchRun(b *testing.B, gpus int) {
+	cfg, err := moe.Load("qwen3-30b-a3b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := moe.Layout{GPUs: gpus, DPShard: 64, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	if err := l.Resolve(); err != nil {
+		b.Fatal(err)
+	}
+	p, err := prepareSim(SimInput{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(len(p.sched.Ops)), "ops")
+	for b.Loop() {
+		if _, err := p.run(nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSimulateRun512(b *testing.B)  { benchRun(b, 512) }
+func BenchmarkSimulateRun4096(b *testing.B) { benchRun(b, 4096) }
