@@ -224,3 +224,43 @@ func TestCheckParamsMTPLayer(t *testing.T) {
 		}
 	}
 }
+
+func FuzzOpenIndex(f *testing.F) {
+	dir := f.TempDir()
+	for name, ts := range map[string][]NamedTensor{
+		"a.safetensors": {{Name: "x", Shape: []int{2}, Data: []float32{1, 2}}, {Name: "y", Shape: []int{1}, Data: []float32{3}}},
+		"b.safetensors": {{Name: "z", Shape: []int{1}, Data: []float32{4}}},
+	} {
+		var b bytes.Buffer
+		if err := WriteSafetensors(&b, ts, F32); err != nil {
+			f.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b.Bytes(), 0o644); err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Add([]byte(`{"weight_map":{"x":"a.safetensors","y":"a.safetensors","z":"b.safetensors"}}`))
+	f.Add([]byte(`{"metadata":{"total_size":12},"weight_map":{"z":"b.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{"x":"../a.safetensors"}}`))
+	f.Add([]byte(`{"weight_map":{"x":"."}}`))
+	index := filepath.Join(dir, IndexFile)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if err := os.WriteFile(index, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := OpenCheckpoint(index)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// Accepted: every shard is one of ours, and every tensor reads.
+		for _, n := range c.Names() {
+			if n != "x" && n != "y" && n != "z" {
+				t.Fatalf("tensor %q from nowhere", n)
+			}
+			if _, err := c.ReadFloat32(n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
