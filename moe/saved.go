@@ -5,11 +5,17 @@ package moe
 // torchtitan's graph of the same block (and HF's for the parts torchtitan
 // lacks: the Qwen2-MoE shared-expert gate, the HF loss):
 //
-//   - plain ops, from torch 1.13 torch.autograd.graph.saved_tensors_hooks:
-//     mm/linear keeps its input (and the weight, a parameter, not counted
-//     here); silu keeps its input; mul keeps both factors; sigmoid and
-//     softmax keep their output; topk and gather keep the indices;
-//     embedding and nll_loss keep the ids; log_softmax keeps its output.
+//   - plain ops, as torch 1.13's torch.autograd.graph.saved_tensors_hooks
+//     report them (run on Debian's python3-torch 1.13.0a0): linear keeps its
+//     input and weight (a parameter, not counted here); silu its input; mul
+//     both operands; softmax and sigmoid their output; topk its indices;
+//     gather its input and index; embedding the weight and ids;
+//     cross_entropy the log-softmax output and the targets; index_select
+//     (dispatch) its index; scatter_add (torchtitan's combine) its index.
+//     Not listed below: the renormalization's division also keeps the
+//     selected values (T·K f32) and their sum (T f32); this implementation
+//     re-reads them from the kept scores instead (an under-count of
+//     T·(K+1)·4 bytes per renormalized MoE layer).
 //   - fused ops, from PyTorch's tools/autograd/derivatives.yaml:
 //     _fused_rms_norm keeps input and rstd (result1, float32);
 //     _scaled_dot_product_flash_attention keeps query, key, value, output
