@@ -6,48 +6,65 @@ import "fmt"
 // tensors (allocated) become bytes held from the device (reserved). Its
 // parameters are data, so calibration can replace them.
 //
-// The model:
-//   - every request is rounded up to RoundBytes (PyTorch kMinBlockSize = 512);
-//     requests above SmallBytes are further rounded to SegmentBytes
-//     (kRoundLarge = 2 MiB) because large blocks come from their own
-//     cudaMalloc'd segments (c10/cuda/CUDACachingAllocator.cpp, constants
-//     kMinBlockSize, kSmallSize = 1 MiB, kRoundLarge = 2 MiB);
-//   - blocks are cached per stream: memory freed by a communication stream's
-//     buffers cannot serve the compute stream, so the reserved peak is the
-//     compute pool's peak plus the communication pool's peak (each over the
-//     step), not the peak of their sum;
-//   - what remains (blocks split and cached at sizes later requests cannot
-//     use) is a fraction Fragmentation of the compute pool's peak.
+// Simulate replays a step's events through the allocator's policy as
+// c10/cuda/CUDACachingAllocator.cpp implements it (PyTorch 2.x, default
+// settings, no expandable segments):
+//   - a request is rounded up to a multiple of RoundBytes (kMinBlockSize, 512);
+//   - requests of at most SmallBytes (kSmallSize, 1 MiB) use the small pool,
+//     larger ones the large pool; each stream has its own pools, and a
+//     block freed on one stream serves only that stream;
+//   - a request takes the smallest cached free block of its pool that fits
+//     (best fit), split when the remainder is at least RoundBytes (small
+//     pool) or more than SmallBytes (large pool);
+//   - otherwise a new segment is reserved: SmallSegmentBytes (kSmallBuffer,
+//     2 MiB) for small requests, LargeSegmentBytes (kLargeBuffer, 20 MiB)
+//     for requests below MinLargeAllocBytes (kMinLargeAlloc, 10 MiB), and
+//     the request rounded up to RoundLargeBytes (kRoundLarge, 2 MiB) above;
+//   - a freed block merges with free neighbours of its segment; segments
+//     are never released (no empty_cache), so reserved only grows.
 //
-// Reserved = (1 + Fragmentation) · peak(compute pool) + peak(comm pool).
+// Reserved memory is measured in steady state: the setup events once, then
+// the step's events twice (the second step starts from the first step's
+// cache, as every step of a run after the first does).
+//
+// Fragmentation is a fraction added on top for what the simulation does not
+// see (allocations outside the timeline such as cuBLAS workspaces, and
+// tensors the timeline lumps together); it is the parameter calibration fits.
 type Allocator struct {
-	RoundBytes    int64   // every request rounds up to a multiple of this
-	SmallBytes    int64   // requests above this round up to SegmentBytes
-	SegmentBytes  int64   // rounding of large requests
-	Fragmentation float64 // fraction of the compute pool's peak lost to fragmentation
+	RoundBytes         int64   // every request rounds up to a multiple of this
+	SmallBytes         int64   // requests up to this use the small pool
+	SmallSegmentBytes  int64   // segment size of the small pool
+	LargeSegmentBytes  int64   // segment size for large requests below MinLargeAllocBytes
+	MinLargeAllocBytes int64   // large requests from this size get their own rounded segment
+	RoundLargeBytes    int64   // rounding of such segments
+	Fragmentation      float64 // extra fraction of the simulated reserved bytes
 	// Source says where the numbers come from.
 	Source string
 }
 
-// DefaultAllocator is PyTorch's rounding with a 5% fragmentation allowance.
-// The rounding constants are from c10/cuda/CUDACachingAllocator.cpp
-// (kMinBlockSize 512, kSmallSize 1 MiB, kRoundLarge 2 MiB). The 5% is an
-// uncalibrated assumption, of the order of the gap between
-// torch.cuda.max_memory_reserved and max_memory_allocated in torchtitan's
-// published FSDP runs; `moescope calibrate` fits it to measurements.
+// DefaultAllocator is PyTorch's policy with a 2% allowance for unmodelled
+// allocations. The constants are kMinBlockSize, kSmallSize, kSmallBuffer,
+// kLargeBuffer, kMinLargeAlloc and kRoundLarge of
+// c10/cuda/CUDACachingAllocator.cpp. The 2% is an uncalibrated assumption
+// (`moescope calibrate` fits it to measurements).
 var DefaultAllocator = Allocator{
-	RoundBytes:    512,
-	SmallBytes:    1 << 20,
-	SegmentBytes:  2 << 20,
-	Fragmentation: 0.05,
-	Source:        "PyTorch c10/cuda/CUDACachingAllocator.cpp rounding; fragmentation 0.05 assumed, to calibrate",
+	RoundBytes:         512,
+	SmallBytes:         1 << 20,
+	SmallSegmentBytes:  2 << 20,
+	LargeSegmentBytes:  20 << 20,
+	MinLargeAllocBytes: 10 << 20,
+	RoundLargeBytes:    2 << 20,
+	Fragmentation:      0.02,
+	Source:             "PyTorch c10/cuda/CUDACachingAllocator.cpp block policy, simulated; +2% unmodelled (assumed, to calibrate)",
 }
 
 // Validate checks the parameters.
 func (a Allocator) Validate() error {
-	if a.RoundBytes < 1 || a.SegmentBytes < a.RoundBytes || a.SmallBytes < 0 {
-		return fmt.Errorf("allocator: round_bytes = %d, small_bytes = %d, segment_bytes = %d: need round ≥ 1, segment ≥ round, small ≥ 0",
-			a.RoundBytes, a.SmallBytes, a.SegmentBytes)
+	if a.RoundBytes < 1 || a.SmallBytes < a.RoundBytes || a.SmallSegmentBytes < a.SmallBytes ||
+		a.RoundLargeBytes < a.RoundBytes || a.LargeSegmentBytes < a.MinLargeAllocBytes || a.MinLargeAllocBytes < a.SmallBytes {
+		return fmt.Errorf("allocator: round %d, small %d, small segment %d, large segment %d, min large alloc %d, round large %d: "+
+			"need 1 ≤ round ≤ small ≤ small segment, small ≤ min large alloc ≤ large segment, round large ≥ round",
+			a.RoundBytes, a.SmallBytes, a.SmallSegmentBytes, a.LargeSegmentBytes, a.MinLargeAllocBytes, a.RoundLargeBytes)
 	}
 	if !(a.Fragmentation >= 0 && a.Fragmentation < 1) {
 		return fmt.Errorf("allocator: fragmentation = %v: must be in [0, 1)", a.Fragmentation)
@@ -55,21 +72,160 @@ func (a Allocator) Validate() error {
 	return nil
 }
 
-// Block is the size of the block a request of n bytes occupies.
-func (a Allocator) Block(n int64) int64 {
-	if n <= 0 {
-		return 0
-	}
-	r := roundUp(n, a.RoundBytes)
-	if r > a.SmallBytes {
-		r = roundUp(r, a.SegmentBytes)
-	}
-	return r
-}
-
 func roundUp(n, m int64) int64 { return (n + m - 1) / m * m }
 
-// Reserved turns the pools' peaks (of block sizes) into reserved bytes.
-func (a Allocator) Reserved(computePeak, commPeak int64) int64 {
-	return computePeak + int64(float64(computePeak)*a.Fragmentation) + commPeak
+// Round is the size of the block a request of n bytes asks for.
+func (a Allocator) Round(n int64) int64 { return roundUp(max(n, 1), a.RoundBytes) }
+
+// SegmentSize is what a new segment for a request of r (rounded) bytes reserves.
+func (a Allocator) SegmentSize(r int64) int64 {
+	switch {
+	case r <= a.SmallBytes:
+		return a.SmallSegmentBytes
+	case r < a.MinLargeAllocBytes:
+		return a.LargeSegmentBytes
+	}
+	return roundUp(r, a.RoundLargeBytes)
+}
+
+// simBlock is a block of a segment; blocks of a segment are linked in
+// address order.
+type simBlock struct {
+	seg        int // segment id, for deterministic tie-breaking
+	off, size  int64
+	free       bool
+	prev, next *simBlock
+	pool       *simPool
+}
+
+type simPool struct{ free []*simBlock }
+
+func (p *simPool) remove(b *simBlock) {
+	for i, x := range p.free {
+		if x == b {
+			p.free = append(p.free[:i], p.free[i+1:]...)
+			return
+		}
+	}
+}
+
+// bestFit returns the smallest free block of at least r bytes (ties: lowest
+// segment, lowest offset), or nil.
+func (p *simPool) bestFit(r int64) *simBlock {
+	var best *simBlock
+	for _, b := range p.free {
+		if b.size < r {
+			continue
+		}
+		if best == nil || b.size < best.size || (b.size == best.size && (b.seg < best.seg || (b.seg == best.seg && b.off < best.off))) {
+			best = b
+		}
+	}
+	return best
+}
+
+type simKey struct {
+	label        string
+	layer, micro int
+}
+
+type allocSim struct {
+	a        Allocator
+	pools    map[[2]any]*simPool
+	live     map[simKey]*simBlock
+	reserved map[Stream]int64
+	segs     int
+}
+
+func (s *allocSim) pool(st Stream, small bool) *simPool {
+	k := [2]any{st, small}
+	p, ok := s.pools[k]
+	if !ok {
+		p = &simPool{}
+		s.pools[k] = p
+	}
+	return p
+}
+
+func (s *allocSim) alloc(e Event) {
+	r := s.a.Round(e.Bytes)
+	small := r <= s.a.SmallBytes
+	p := s.pool(e.Stream, small)
+	b := p.bestFit(r)
+	if b == nil {
+		size := s.a.SegmentSize(r)
+		s.segs++
+		b = &simBlock{seg: s.segs, size: size, free: true, pool: p}
+		p.free = append(p.free, b)
+		s.reserved[e.Stream] += size
+	}
+	p.remove(b)
+	b.free = false
+	rest := b.size - r
+	if (small && rest >= s.a.RoundBytes) || (!small && rest > s.a.SmallBytes) {
+		n := &simBlock{seg: b.seg, off: b.off + r, size: rest, free: true, prev: b, next: b.next, pool: p}
+		if b.next != nil {
+			b.next.prev = n
+		}
+		b.next = n
+		b.size = r
+		p.free = append(p.free, n)
+	}
+	s.live[simKey{e.Label, e.Layer, e.Micro}] = b
+}
+
+func (s *allocSim) release(e Event) {
+	k := simKey{e.Label, e.Layer, e.Micro}
+	b := s.live[k]
+	if b == nil {
+		return // Replay reports unbalanced timelines
+	}
+	delete(s.live, k)
+	p := b.pool
+	b.free = true
+	if n := b.next; n != nil && n.free {
+		p.remove(n)
+		b.size += n.size
+		b.next = n.next
+		if n.next != nil {
+			n.next.prev = b
+		}
+	}
+	if q := b.prev; q != nil && q.free {
+		p.remove(q)
+		q.size += b.size
+		q.next = b.next
+		if b.next != nil {
+			b.next.prev = q
+		}
+		b = q
+	}
+	p.free = append(p.free, b)
+}
+
+// Simulate replays events (setup once, then the rest twice) and returns the
+// reserved bytes of each stream's pools at the end, which for a
+// never-releasing cache is their peak.
+func (a Allocator) Simulate(events []Event) map[Stream]int64 {
+	s := &allocSim{a: a, pools: map[[2]any]*simPool{}, live: map[simKey]*simBlock{}, reserved: map[Stream]int64{}}
+	apply := func(e Event) {
+		if e.Alloc {
+			s.alloc(e)
+		} else {
+			s.release(e)
+		}
+	}
+	for _, e := range events {
+		if e.Phase == Setup {
+			apply(e)
+		}
+	}
+	for pass := 0; pass < 2; pass++ {
+		for _, e := range events {
+			if e.Phase != Setup {
+				apply(e)
+			}
+		}
+	}
+	return s.reserved
 }

@@ -21,8 +21,19 @@ type Options struct {
 	// LossChunks > 1 computes logits, loss and their gradients chunk by chunk
 	// over tokens (each chunk checkpointed), keeping only the LM-head input.
 	LossChunks int
-	Allocator  *Allocator // nil means DefaultAllocator
+	// OptimizerImpl is the AdamW implementation: "fused" (torchtitan's
+	// default since 2025: no temporaries) or "foreach" (torch's
+	// _multi_tensor_adamw, torchtitan's default before: sqrt(v) is
+	// materialized for every local element during the step). "" means fused.
+	OptimizerImpl string
+	Allocator     *Allocator // nil means DefaultAllocator
 }
+
+// AdamW implementations.
+const (
+	Fused   = "fused"
+	Foreach = "foreach"
+)
 
 // Batch is what one data-parallel rank processes per step.
 type Batch struct {
@@ -73,6 +84,13 @@ func (o Options) normalized() (Options, error) {
 	}
 	if o.LossChunks < 0 || o.LossChunks > 1<<20 {
 		return o, fmt.Errorf("loss_chunks = %d: must be in [0, 1048576]", o.LossChunks)
+	}
+	switch o.OptimizerImpl {
+	case "":
+		o.OptimizerImpl = Fused
+	case Fused, Foreach:
+	default:
+		return o, fmt.Errorf("optimizer implementation = %q: must be fused or foreach", o.OptimizerImpl)
 	}
 	if o.Allocator == nil {
 		a := DefaultAllocator

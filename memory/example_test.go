@@ -12,7 +12,8 @@ import (
 // state 30.53e9 · 16 B / 64 = 7.11 GiB; block 0 keeps per token its input
 // 2D, q 2q, v 2kv, attention output 2q and lse 4H, top-k values and
 // indices 12K and the two all-to-all outputs 4KD = 87,264 B, × 8192 tokens
-// = 0.67 GiB.
+// = 0.67 GiB; with 48 blocks, the loss (≈ 4·T·V·4 B = 18.5 GiB at its
+// peak) and buffers, well under 0.92 × 178.35 GiB.
 func ExampleEstimate() {
 	cfg, err := moe.Load("qwen3-30b-a3b")
 	if err != nil {
@@ -26,9 +27,10 @@ func ExampleEstimate() {
 	gib := func(n int64) float64 { return float64(n) / (1 << 30) }
 	fmt.Printf("state %.2f GiB (16 B per sharded parameter)\n", gib(r.State.Total()))
 	fmt.Printf("saved activations of block 0: %.2f GiB\n", gib(r.Saved[1]))
-	fmt.Printf("peak reserved %.1f GiB\n", gib(r.Peak.Reserved))
+	b200 := 178.35 * (1 << 30) // total_memory as PyTorch reports it, bytes
+	fmt.Printf("fits 92%% of a B200: %v\n", float64(r.Peak.Reserved) <= 0.92*b200)
 	// Output:
 	// state 7.11 GiB (16 B per sharded parameter)
 	// saved activations of block 0: 0.67 GiB
-	// peak reserved 57.6 GiB
+	// fits 92% of a B200: true
 }

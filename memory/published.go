@@ -47,6 +47,9 @@ type Run struct {
 	MemoryFraction      *float64 `json:"memory_fraction,omitempty"`
 	PeakReservedBytes   *int64   `json:"peak_reserved_bytes,omitempty"`
 	MFU                 *float64 `json:"mfu,omitempty"`
+	// Optimizer is the AdamW implementation, fused or foreach (an addition
+	// to DESIGN's schema; "" = fused, torchtitan's default since 2025).
+	Optimizer string `json:"optimizer,omitempty"`
 	// LossChunks is the number of chunks of a chunked cross-entropy (an
 	// addition to DESIGN's schema; 0 = unchunked).
 	LossChunks int `json:"loss_chunks,omitempty"`
@@ -111,6 +114,9 @@ func (r Run) Validate(requireSource bool) error {
 	}
 	if r.GradAccum < 0 {
 		bad("grad_accum", r.GradAccum, "must be ≥ 1 (0 = 1)")
+	}
+	if r.Optimizer != "" && r.Optimizer != Fused && r.Optimizer != Foreach {
+		bad("optimizer", r.Optimizer, "must be fused or foreach")
 	}
 	if r.LossChunks < 0 {
 		bad("loss_chunks", r.LossChunks, "must be ≥ 0")

@@ -36,7 +36,7 @@ func TestPublishedRuns(t *testing.T) {
 			t.Fatalf("%s: %v", r.File, err)
 		}
 		ac, _ := moe.ParseAC(r.AC)
-		rep, err := Estimate(cfg, l, Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, Options{AC: ac, LossChunks: r.LossChunks})
+		rep, err := Estimate(cfg, l, Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, Options{AC: ac, LossChunks: r.LossChunks, OptimizerImpl: r.Optimizer})
 		if err != nil {
 			t.Fatalf("%s: %v", r.File, err)
 		}

@@ -1,6 +1,8 @@
 package memory
 
 import (
+	"fmt"
+
 	"github.com/moescope/moescope/moe"
 )
 
@@ -35,12 +37,41 @@ func (s *stepBuilder) free(layer int, label string, n int64, c Category) {
 	s.emit(false, layer, label, n, c, ComputeStream)
 }
 
-func (s *stepBuilder) allocComm(layer int, label string, n int64) {
-	s.emit(true, layer, label, n, CatComm, CommStream)
+func (s *stepBuilder) allocOn(st Stream, layer int, label string, n int64) {
+	s.emit(true, layer, label, n, CatComm, st)
 }
 
-func (s *stepBuilder) freeComm(layer int, label string, n int64) {
-	s.emit(false, layer, label, n, CatComm, CommStream)
+func (s *stepBuilder) freeOn(st Stream, layer int, label string, n int64) {
+	s.emit(false, layer, label, n, CatComm, st)
+}
+
+// allocRecords allocates one tensor per record (label prefix, op, tensor).
+func (s *stepBuilder) allocRecords(prefix string, rs []moe.SavedRecord, c Category) {
+	for _, r := range rs {
+		s.alloc(r.Layer, prefix+" "+string(r.Op)+" "+r.Tensor, r.Bytes(), c)
+	}
+}
+
+func (s *stepBuilder) freeRecords(prefix string, rs []moe.SavedRecord, c Category) {
+	for _, r := range rs {
+		s.free(r.Layer, prefix+" "+string(r.Op)+" "+r.Tensor, r.Bytes(), c)
+	}
+}
+
+// missing returns the records of none that saved lacks (by op and tensor):
+// what backward rebuilds by recomputation.
+func missing(none, saved []moe.SavedRecord) []moe.SavedRecord {
+	have := map[[2]string]bool{}
+	for _, r := range saved {
+		have[[2]string{string(r.Op), r.Tensor}] = true
+	}
+	var out []moe.SavedRecord
+	for _, r := range none {
+		if !have[[2]string{string(r.Op), r.Tensor}] {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // buildTimeline returns the events of one step and the saved bytes per unit.
@@ -65,7 +96,6 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 		s.none = append(s.none, rn)
 		savedBytes[i] = SavedBytes(rs)
 	}
-	st := StateOf(units, l.Sharding, o)
 	p := o.Precision
 	fsdp := l.Sharding == moe.ShardFSDP
 	// gathered: a unit's compute weights are a separate allocation (FSDP
@@ -88,8 +118,16 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 	}
 
 	s.phase, s.micro = Setup, -1
-	s.alloc(moe.LayerEmbed, "parameters", st.Params, CatParams)
-	s.alloc(moe.LayerEmbed, "optimizer_state", st.Optimizer, CatOptimizer)
+	// Per unit, as StateOf sums them: stored parameters (and buffers), then
+	// each AdamW moment (and the master copy) per unit.
+	for _, u := range units {
+		us := StateOf([]Unit{u}, l.Sharding, o)
+		s.alloc(u.Layer, "parameters", us.Params, CatParams)
+	}
+	for _, u := range units {
+		us := StateOf([]Unit{u}, l.Sharding, o)
+		s.alloc(u.Layer, "optimizer_state", us.Optimizer, CatOptimizer)
+	}
 	if keep {
 		for _, u := range units {
 			s.alloc(u.Layer, "weights", weights(u), CatWeights)
@@ -101,20 +139,19 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 			partial += gradShard(u)
 		}
 	}
-	var optElems int64
-	for _, u := range units {
+	optTemp := func(u Unit) int64 {
 		if l.Sharding == moe.ShardDDP {
-			optElems += u.Local
-		} else {
-			optElems += u.Shard
+			return u.Local * p.Optimizer.Bytes()
 		}
+		return u.Shard * p.Optimizer.Bytes()
 	}
 	T := int64(sh.Batch) * int64(sh.Seq)
 	act := p.Activation.Bytes()
 	D := int64(cfg.Hidden)
 	V := int64(cfg.Vocab)
 	// The head's saved tensors without the loss's (allocated by lossForward).
-	headSaved := SavedBytes(s.saved[last][:3])
+	headSaved, lossSaved := s.saved[last][:3], s.saved[last][3:]
+	AG, RS := AllGatherStream, ReduceScatterStream
 	a2a := int64(0)
 	if l.EP > 1 {
 		a2a = T * int64(cfg.TopK) * D * act
@@ -127,31 +164,33 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 			switch {
 			case fsdp && !keep:
 				if i == 0 {
-					s.allocComm(u.Layer, "allgather", weights(u))
+					s.allocOn(AG, u.Layer, "allgather", weights(u))
 				}
 				// Copy-out of the all-gather into the unsharded parameters.
 				s.alloc(u.Layer, "weights", weights(u), CatWeights)
-				s.freeComm(u.Layer, "allgather", weights(u))
+				s.freeOn(AG, u.Layer, "allgather", weights(u))
 				if i+1 < n {
-					s.allocComm(units[i+1].Layer, "allgather", weights(units[i+1])) // prefetch
+					s.allocOn(AG, units[i+1].Layer, "allgather", weights(units[i+1])) // prefetch
 				}
 			case !fsdp && gathered:
 				s.alloc(u.Layer, "weights", weights(u), CatWeights)
 			}
 			if i == last {
-				s.alloc(u.Layer, "saved", headSaved, CatActivations)
-				s.lossForward(u.Layer, T, V, savedBytes[i]-headSaved)
+				s.allocRecords("saved", headSaved, CatActivations)
+				s.lossForward(u.Layer, T, V, lossSaved)
 			} else {
-				s.alloc(u.Layer, "saved", savedBytes[i], CatActivations)
+				s.allocRecords("saved", s.saved[i], CatActivations)
 			}
 			if u.Layer >= 0 && i != last {
 				ws := largest(s.none[i])
 				s.alloc(u.Layer, "workspace", ws, CatWorkspace)
 				if cfg.MoELayer[u.Layer] {
-					s.allocComm(u.Layer, "a2a_dispatch", a2a)
-					s.freeComm(u.Layer, "a2a_dispatch", a2a)
-					s.allocComm(u.Layer, "a2a_combine", a2a)
-					s.freeComm(u.Layer, "a2a_combine", a2a)
+					// All-to-all send buffers, on the compute stream
+					// (torchtitan's all_to_all_single runs there).
+					s.alloc(u.Layer, "a2a_dispatch", a2a, CatComm)
+					s.free(u.Layer, "a2a_dispatch", a2a, CatComm)
+					s.alloc(u.Layer, "a2a_combine", a2a, CatComm)
+					s.free(u.Layer, "a2a_combine", a2a, CatComm)
 				}
 				s.free(u.Layer, "workspace", ws, CatWorkspace)
 			}
@@ -162,7 +201,7 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 		// Backward, units in reverse.
 		s.phase = Backward
 		if m == 0 && partial > 0 {
-			s.alloc(moe.LayerEmbed, "partial_reduce", partial, CatGrads)
+			s.emit(true, moe.LayerEmbed, "partial_reduce", partial, CatGrads, RS)
 		}
 		prevRS, prevDX := -1, -1 // unit indices
 		dx := T * D * act
@@ -172,25 +211,26 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 			if resharded[i] {
 				wlabel = "weights_bwd"
 				s.alloc(u.Layer, wlabel, weights(u), CatWeights)
-				s.freeComm(u.Layer, "allgather_bwd", weights(u))
+				s.freeOn(AG, u.Layer, "allgather_bwd", weights(u))
 			}
 			if i > 0 && resharded[i-1] {
-				s.allocComm(units[i-1].Layer, "allgather_bwd", weights(units[i-1])) // prefetch
+				s.allocOn(AG, units[i-1].Layer, "allgather_bwd", weights(units[i-1])) // prefetch
 			}
-			var rec, ws int64
+			var rec []moe.SavedRecord
+			var ws int64
 			switch {
 			case i == last:
-				s.lossBackward(u.Layer, T, V, savedBytes[i]-headSaved)
+				s.lossBackward(u.Layer, T, V, lossSaved)
 			case u.Layer >= 0:
-				rec = SavedBytes(s.none[i]) - savedBytes[i]
-				s.alloc(u.Layer, "recompute", rec, CatRecompute)
+				rec = missing(s.none[i], s.saved[i])
+				s.allocRecords("recompute", rec, CatRecompute)
 				ws = 2 * largest(s.none[i])
 				s.alloc(u.Layer, "workspace_bwd", ws, CatWorkspace)
 				if cfg.MoELayer[u.Layer] {
-					s.allocComm(u.Layer, "a2a_combine_bwd", a2a)
-					s.freeComm(u.Layer, "a2a_combine_bwd", a2a)
-					s.allocComm(u.Layer, "a2a_dispatch_bwd", a2a)
-					s.freeComm(u.Layer, "a2a_dispatch_bwd", a2a)
+					s.alloc(u.Layer, "a2a_combine_bwd", a2a, CatComm)
+					s.free(u.Layer, "a2a_combine_bwd", a2a, CatComm)
+					s.alloc(u.Layer, "a2a_dispatch_bwd", a2a, CatComm)
+					s.free(u.Layer, "a2a_dispatch_bwd", a2a, CatComm)
 				}
 			}
 			if u.Layer != moe.LayerEmbed {
@@ -202,81 +242,114 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 			prevDX = i
 			s.alloc(u.Layer, "unsharded_grads", u.Local*p.Compute.Bytes(), CatUnshardGrad)
 			s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
-			s.free(u.Layer, "recompute", rec, CatRecompute)
+			s.freeRecords("recompute", rec, CatRecompute)
 			if i == last {
-				s.free(u.Layer, "saved", headSaved, CatActivations)
+				s.freeRecords("saved", headSaved, CatActivations)
 			} else {
-				s.free(u.Layer, "saved", savedBytes[i], CatActivations)
+				s.freeRecords("saved", s.saved[i], CatActivations)
 			}
-			// The previous unit's reduce-scatter ran while this unit computed.
+			// The previous unit's reduce-scatter ran while this unit
+			// computed. FSDP2 (torch ≥ 2.6 foreach_reduce) copies the
+			// gradients into the reduce-scatter input on the compute
+			// stream and allocates the output, which becomes the
+			// gradient, on the reduce-scatter stream.
 			if prevRS >= 0 {
-				s.freeComm(units[prevRS].Layer, "reduce_scatter", units[prevRS].Local*p.Grad.Bytes())
+				s.free(units[prevRS].Layer, "reduce_scatter", units[prevRS].Local*p.Grad.Bytes(), CatComm)
 			}
-			s.allocComm(u.Layer, "reduce_scatter", u.Local*p.Grad.Bytes())
+			s.alloc(u.Layer, "reduce_scatter", u.Local*p.Grad.Bytes(), CatComm)
 			prevRS = i
 			s.free(u.Layer, "unsharded_grads", u.Local*p.Compute.Bytes(), CatUnshardGrad)
 			if m == 0 {
 				// The reduce-scatter output becomes the gradient: it is
-				// allocated by the communication stream's pool.
-				s.emit(true, u.Layer, "gradients", gradShard(u), CatGrads, CommStream)
+				// allocated in the reduce-scatter stream's pool.
+				s.emit(true, u.Layer, "gradients", gradShard(u), CatGrads, RS)
 			}
 			if gathered && !keep {
 				s.free(u.Layer, wlabel, weights(u), CatWeights)
 			}
 		}
-		s.freeComm(units[prevRS].Layer, "reduce_scatter", units[prevRS].Local*p.Grad.Bytes())
+		s.free(units[prevRS].Layer, "reduce_scatter", units[prevRS].Local*p.Grad.Bytes(), CatComm)
 	}
 	if partial > 0 {
 		s.phase, s.micro = Backward, 0
-		s.free(moe.LayerEmbed, "partial_reduce", partial, CatGrads)
+		s.emit(false, moe.LayerEmbed, "partial_reduce", partial, CatGrads, RS)
 	}
-	// Optimizer: foreach AdamW materializes sqrt(v) for every local element.
+	// Optimizer: foreach AdamW materializes sqrt(v) for every local element
+	// at once, one tensor per parameter (here: per unit), then frees them.
+	// The fused implementation updates in place.
 	s.phase, s.micro = Optimizer, -1
-	opt := optElems * p.Optimizer.Bytes()
-	s.alloc(moe.LayerEmbed, "adamw_sqrt_v", opt, CatOptTemp)
-	s.free(moe.LayerEmbed, "adamw_sqrt_v", opt, CatOptTemp)
+	if o.OptimizerImpl == Foreach {
+		for _, u := range units {
+			s.alloc(u.Layer, "adamw_sqrt_v", optTemp(u), CatOptTemp)
+		}
+		for _, u := range units {
+			s.free(u.Layer, "adamw_sqrt_v", optTemp(u), CatOptTemp)
+		}
+	}
 	// zero_grad(set_to_none=True) releases the gradients.
 	s.micro = 0
 	for _, u := range units {
-		s.emit(false, u.Layer, "gradients", gradShard(u), CatGrads, CommStream)
+		s.emit(false, u.Layer, "gradients", gradShard(u), CatGrads, RS)
 	}
 	return s.events, savedBytes, nil
 }
 
 // lossForward emits the LM head's logits and the cross-entropy: bf16
 // logits (freed before backward, as torchtitan's `del pred`), their fp32
-// copy, and the fp32 log-probabilities (saved, counted in "saved").
-func (s *stepBuilder) lossForward(layer int, T, V, lossSaved int64) {
+// copy, and the fp32 log-probabilities (saved). With LossChunks = c > 1,
+// each chunk of ⌈T/c⌉ tokens does the same and frees everything (the chunk
+// is checkpointed and recomputed in backward).
+func (s *stepBuilder) lossForward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
 	act := s.o.Precision.Activation.Bytes()
 	if c := int64(s.o.LossChunks); c > 1 {
 		tc := (T + c - 1) / c
-		s.alloc(layer, "loss_chunk", tc*V*(act+8), CatLoss)
-		s.free(layer, "loss_chunk", tc*V*(act+8), CatLoss)
+		for k := int64(0); k < c && k*tc < T; k++ {
+			n := min(tc, T-k*tc) * V
+			l := fmt.Sprintf(" chunk %d", k)
+			s.alloc(layer, "logits"+l, n*act, CatLoss)
+			s.alloc(layer, "logits_f32"+l, n*4, CatLoss)
+			s.alloc(layer, "log_probs"+l, n*4, CatLoss)
+			s.free(layer, "logits_f32"+l, n*4, CatLoss)
+			s.free(layer, "logits"+l, n*act, CatLoss)
+			s.free(layer, "log_probs"+l, n*4, CatLoss)
+		}
 		return
 	}
 	s.alloc(layer, "logits", T*V*act, CatLoss)
 	s.alloc(layer, "logits_f32", T*V*4, CatLoss)
-	s.alloc(layer, "loss_saved", lossSaved, CatActivations)
+	s.allocRecords("saved", lossSaved, CatActivations)
 	s.free(layer, "logits_f32", T*V*4, CatLoss)
 	s.free(layer, "logits", T*V*act, CatLoss)
 }
 
 // lossBackward emits the gradients of the loss: nll_loss's T×V fp32
 // gradient, log_softmax's fp32 input gradient, and its cast to the
-// activation type for the LM head.
-func (s *stepBuilder) lossBackward(layer int, T, V, lossSaved int64) {
+// activation type for the LM head. Chunked, each chunk first recomputes its
+// logits and log-probabilities.
+func (s *stepBuilder) lossBackward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
 	act := s.o.Precision.Activation.Bytes()
+	grads := func(l string, n int64, free func()) {
+		s.alloc(layer, "grad_log_probs"+l, n*4, CatLoss)
+		s.alloc(layer, "grad_logits_f32"+l, n*4, CatLoss)
+		s.free(layer, "grad_log_probs"+l, n*4, CatLoss)
+		free()
+		s.alloc(layer, "grad_logits"+l, n*act, CatLoss)
+		s.free(layer, "grad_logits_f32"+l, n*4, CatLoss)
+		s.free(layer, "grad_logits"+l, n*act, CatLoss)
+	}
 	if c := int64(s.o.LossChunks); c > 1 {
 		tc := (T + c - 1) / c
-		s.alloc(layer, "loss_chunk_bwd", tc*V*(act+12), CatLoss)
-		s.free(layer, "loss_chunk_bwd", tc*V*(act+12), CatLoss)
+		for k := int64(0); k < c && k*tc < T; k++ {
+			n := min(tc, T-k*tc) * V
+			l := fmt.Sprintf(" chunk %d", k)
+			s.alloc(layer, "logits_bwd"+l, n*act, CatLoss)
+			s.alloc(layer, "logits_f32_bwd"+l, n*4, CatLoss)
+			s.alloc(layer, "log_probs_bwd"+l, n*4, CatLoss)
+			s.free(layer, "logits_f32_bwd"+l, n*4, CatLoss)
+			s.free(layer, "logits_bwd"+l, n*act, CatLoss)
+			grads(l, n, func() { s.free(layer, "log_probs_bwd"+l, n*4, CatLoss) })
+		}
 		return
 	}
-	s.alloc(layer, "grad_log_probs", T*V*4, CatLoss)
-	s.alloc(layer, "grad_logits_f32", T*V*4, CatLoss)
-	s.free(layer, "grad_log_probs", T*V*4, CatLoss)
-	s.free(layer, "loss_saved", lossSaved, CatActivations)
-	s.alloc(layer, "grad_logits", T*V*act, CatLoss)
-	s.free(layer, "grad_logits_f32", T*V*4, CatLoss)
-	s.free(layer, "grad_logits", T*V*act, CatLoss)
+	grads("", T*V, func() { s.freeRecords("saved", lossSaved, CatActivations) })
 }

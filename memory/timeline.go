@@ -35,14 +35,22 @@ const (
 var Categories = []Category{CatParams, CatGrads, CatOptimizer, CatWeights, CatActivations, CatRecompute,
 	CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp}
 
-// Stream is the CUDA stream (and so the allocator pool) a buffer belongs to.
+// Stream is the CUDA stream a buffer is allocated on. The caching
+// allocator keeps freed blocks per stream, so a stream's cache serves only
+// that stream.
 type Stream string
 
-// Streams.
+// Streams (FSDP2 allocates all-gather outputs on its all-gather stream and
+// reduce-scatter buffers and outputs, hence the gradients, on its
+// reduce-scatter stream; everything else is on the compute stream).
 const (
-	ComputeStream Stream = "compute"
-	CommStream    Stream = "comm"
+	ComputeStream       Stream = "compute"
+	AllGatherStream     Stream = "all_gather"
+	ReduceScatterStream Stream = "reduce_scatter"
 )
+
+// Streams lists the streams in report order.
+var Streams = []Stream{ComputeStream, AllGatherStream, ReduceScatterStream}
 
 // Event is one allocation or free of a step's timeline. A Free names the
 // same Label, Layer, Micro and Bytes as the Alloc it releases.
@@ -69,10 +77,11 @@ func (e Event) String() string {
 type Peak struct {
 	Allocated int64 // max over events of live bytes (each request rounded to RoundBytes)
 	Index     int   // event index at which Allocated is first reached (after applying it)
-	// ComputePool and CommPool are the peaks of each stream's pool, in
-	// blocks (large requests rounded to segments).
-	ComputePool, CommPool int64
-	Reserved              int64 // Allocator.Reserved(ComputePool, CommPool)
+	// Reserved is the caching allocator's reserved bytes in steady state
+	// (see Allocator.Simulate), times 1 + Fragmentation.
+	Reserved int64
+	// ReservedByStream is the simulated reserved bytes of each stream's pool.
+	ReservedByStream map[Stream]int64
 	// Live is the live bytes per category at the peak (rounded as Allocated).
 	Live map[Category]int64
 }
@@ -89,7 +98,7 @@ func Replay(events []Event, a Allocator) (Peak, error) {
 		layer, micro int
 	}
 	live := map[key]int64{}
-	var cur, pool [2]int64 // [compute, comm]: rounded, blocks
+	var cur int64
 	var p Peak
 	p.Index = -1
 	byCat := map[Category]int64{}
@@ -97,20 +106,19 @@ func Replay(events []Event, a Allocator) (Peak, error) {
 		if e.Bytes < 0 {
 			return Peak{}, fmt.Errorf("event %d (%s): negative size", i, e)
 		}
-		s := 0
-		if e.Stream == CommStream {
-			s = 1
+		switch e.Stream {
+		case ComputeStream, AllGatherStream, ReduceScatterStream:
+		default:
+			return Peak{}, fmt.Errorf("event %d (%s): unknown stream %q", i, e, e.Stream)
 		}
 		k := key{e.Label, e.Layer, e.Micro}
-		r := roundUp(e.Bytes, a.RoundBytes)
-		b := a.Block(e.Bytes)
+		r := roundUp(max(e.Bytes, 1), a.RoundBytes)
 		if e.Alloc {
 			if _, dup := live[k]; dup {
 				return Peak{}, fmt.Errorf("event %d (%s): allocated twice", i, e)
 			}
 			live[k] = e.Bytes
-			cur[0] += r
-			pool[s] += b
+			cur += r
 			byCat[e.Category] += r
 		} else {
 			n, ok := live[k]
@@ -118,12 +126,11 @@ func Replay(events []Event, a Allocator) (Peak, error) {
 				return Peak{}, fmt.Errorf("event %d (%s): frees nothing live of that size", i, e)
 			}
 			delete(live, k)
-			cur[0] -= r
-			pool[s] -= b
+			cur -= r
 			byCat[e.Category] -= r
 		}
-		if cur[0] > p.Allocated {
-			p.Allocated = cur[0]
+		if cur > p.Allocated {
+			p.Allocated = cur
 			p.Index = i
 			p.Live = make(map[Category]int64, len(byCat))
 			for c, n := range byCat {
@@ -132,9 +139,12 @@ func Replay(events []Event, a Allocator) (Peak, error) {
 				}
 			}
 		}
-		p.ComputePool = max(p.ComputePool, pool[0])
-		p.CommPool = max(p.CommPool, pool[1])
 	}
-	p.Reserved = a.Reserved(p.ComputePool, p.CommPool)
+	p.ReservedByStream = a.Simulate(events)
+	var res int64
+	for _, n := range p.ReservedByStream {
+		res += n
+	}
+	p.Reserved = res + int64(float64(res)*a.Fragmentation)
 	return p, nil
 }
