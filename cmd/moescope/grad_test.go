@@ -278,3 +278,29 @@ func TestGradDeepseekAux(t *testing.T) {
 		t.Errorf("report %q: %+v, %v", out.String(), r, err)
 	}
 }
+
+// TestGradPoliciesBitwise: the checkpointing policy changes what is kept
+// and recomputed, never the numbers — the gradient files are byte-identical
+// (on the three-pass aux path too).
+func TestGradPoliciesBitwise(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "torchref", "aux")
+	tmp := t.TempDir()
+	var first []byte
+	for _, ac := range []string{"none", "selective", "full", "layer:2", "layer:1"} {
+		g := filepath.Join(tmp, strings.ReplaceAll(ac, ":", "")+".safetensors")
+		var out, errb bytes.Buffer
+		if err := run(&out, &errb, []string{"grad", "--model", filepath.Join(dir, "config.json"), "--weights", dir,
+			"--tokens", filepath.Join(dir, "tokens.json"), "--ac", ac, "--out", g}); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = b
+		} else if !bytes.Equal(b, first) {
+			t.Errorf("--ac %s: gradient file differs from --ac none", ac)
+		}
+	}
+}
