@@ -2,6 +2,7 @@ package flops
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -457,5 +458,47 @@ func TestParseConvention(t *testing.T) {
 	}
 	if _, err := ParseConvention("6N"); err == nil || !strings.Contains(err.Error(), "torchtitan") {
 		t.Errorf("unknown convention: %v", err)
+	}
+}
+
+// TestMegatronBridgePublished checks the megatron convention against
+// NVIDIA Megatron-Bridge's published pre-training table (docs/
+// performance-summary.md, "25.09 NeMo Container"; BF16, columns "Tokens /
+// sec / GPU" and "Model TFLOP / sec / GPU", the latter computed by
+// Megatron's num_floating_point_operations): tokens/s × our FLOPs/token
+// must match their TFLOP/s within the rounding of both columns.
+func TestMegatronBridgePublished(t *testing.T) {
+	for _, tc := range []struct {
+		model  string
+		seq    int
+		system string
+		tps    float64
+		tflops float64
+	}{
+		{"qwen3-30b-a3b", 4096, "DGX-GB200", 22775, 524},
+		{"qwen3-30b-a3b", 4096, "DGX-B200", 18066, 416},
+		{"qwen3-30b-a3b", 4096, "DGX-H100", 10494, 241},
+		{"qwen3-235b-a22b", 4096, "DGX-GB200", 4452, 659},
+		{"qwen3-235b-a22b", 4096, "DGX-B200", 4104, 607},
+		{"qwen3-235b-a22b", 4096, "DGX-H100", 1204, 178},
+		{"llama3-8b", 8192, "DGX-GB200", 31357, 1614},
+		{"llama3-8b", 8192, "DGX-B200", 29994, 1544},
+		{"llama3-8b", 8192, "DGX-H100", 14079, 725},
+	} {
+		c, err := moe.Load(tc.model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := MegatronPerStep(c, Shape{Seq: tc.seq, Batch: 1}, 128)
+		if err != nil {
+			t.Fatal(err)
+		}
+		perToken := float64(n) / float64(tc.seq)
+		got := perToken * tc.tps / 1e12
+		// Both published columns are rounded to integers: ±0.5 TFLOP/s, and
+		// ±0.5 tokens/s worth perToken/2 FLOP/s.
+		if math.Abs(got-tc.tflops) > 0.5+0.5*perToken/1e12 {
+			t.Errorf("%s on %s: %.2f TFLOP/s from our count, Megatron-Bridge publishes %.0f", tc.model, tc.system, got, tc.tflops)
+		}
 	}
 }
