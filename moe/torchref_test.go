@@ -85,7 +85,7 @@ type torchrefDiff struct {
 // runTorchref runs ForwardBackward, whose sequences are s+1 ids of which
 // the first s are inputs (torchtitan's convention), and compares it with the
 // matching reference: the shifted one where the aux loss makes them differ.
-func runTorchref[T float32 | float64](t *testing.T, r torchref, ac AC) torchrefDiff {
+func runTorchref[T float32 | float64](t *testing.T, r torchref, o Options) torchrefDiff {
 	t.Helper()
 	m, err := NewModel[T](r.cfg)
 	if err != nil {
@@ -99,7 +99,8 @@ func runTorchref[T float32 | float64](t *testing.T, r torchref, ac AC) torchrefD
 		t.Fatal(err)
 	}
 	m.ZeroGrad()
-	res, err := m.ForwardBackward(r.tokens, 1, Options{AC: ac, AuxCoef: hfTrainingAuxCoef(r.cfg)})
+	o.AuxCoef = hfTrainingAuxCoef(r.cfg)
+	res, err := m.ForwardBackward(r.tokens, 1, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +142,9 @@ func compareTorchref[T float32 | float64](res Result, params []Param, got [][]T,
 
 // TestTorchref compares the reference implementation with the independent
 // PyTorch model of testdata/torchref (float64 autograd from the same stored
-// weights) on six configurations: dense, MoE, shared experts, sigmoid
-// routing with bias and grouped top-k, sliding window, and aux loss on.
+// weights) on seven configurations: dense, MoE, shared experts, sigmoid
+// routing with bias and grouped top-k, sliding window, aux loss on, and
+// grouped-query attention with 4 query heads on 2 KV heads.
 // Float32 must be within the bounds (loss relative 1e-5, every
 // gradient's max abs difference ≤ 1e-4 × its max abs value) under every
 // checkpointing policy; float64 must agree to the rounding of the stored
@@ -165,12 +167,15 @@ func TestTorchref(t *testing.T) {
 				t.Logf("%-16s loss rel %.2e  aux rel %.2e  worst grad %.2e × max (%s)", label, d.lossRel, d.auxRel, d.worstGrad, d.worstName)
 			}
 			for _, ac := range policies {
-				check(fmt.Sprintf("float32 %s", ac), runTorchref[float32](t, r, ac), 1e-5, 1e-4)
+				check(fmt.Sprintf("float32 %s", ac), runTorchref[float32](t, r, Options{AC: ac}), 1e-5, 1e-4)
 			}
+			// Small, uneven attention tiles: many tiles per sequence, partly
+			// and fully masked ones (causal and windowed) skipped or clipped.
+			check("float32 tiles 3×2", runTorchref[float32](t, r, Options{AC: AC{Mode: ACSelective}, TileQ: 3, TileK: 2}), 1e-5, 1e-4)
 			// Float64 from the same weights: the only error left is the
 			// references' own rounding to float32 (relative 2⁻²⁴ ≈ 6e-8 of
 			// each element, so ≤ 6e-8 × the max); the loss is stored in float64.
-			check("float64 selective", runTorchref[float64](t, r, AC{Mode: ACSelective}), 1e-12, 1e-7)
+			check("float64 selective", runTorchref[float64](t, r, Options{AC: AC{Mode: ACSelective}}), 1e-12, 1e-7)
 		})
 	}
 }

@@ -35,6 +35,7 @@ import sys
 import torch
 
 torch.set_default_dtype(torch.float64)
+torch.set_num_threads(1)  # deterministic reductions: regenerating gives identical files
 
 # ---------------------------------------------------------------------------------------------
 # Configurations: HF config.json contents. Sizes are tiny so the committed files stay small.
@@ -85,6 +86,12 @@ CONFIGS = {
     "aux": dict(BASE, model_type="olmoe", intermediate_size=8, num_experts=4, num_experts_per_tok=2,
                 norm_topk_prob=False, output_router_logits=True, router_aux_loss_coef=0.05,
                 rms_norm_eps=1e-5, attention_bias=False, _dtype="F32"),
+    # Grouped-query attention with 4 query heads on 2 KV heads (head h reads KV head h // 2), longer
+    # and more sequences, Qwen3-MoE without renormalization and with the aux loss on.
+    "gqa": dict(BASE, model_type="qwen3_moe", num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                intermediate_size=20, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2,
+                norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1, output_router_logits=True,
+                router_aux_loss_coef=0.01, attention_bias=False, _dtype="F32", _seq=12, _batch=3),
 }
 
 BATCH, SEQ = 2, 8
@@ -423,11 +430,11 @@ def write_json(path, obj):
 def build(name, cfg, out):
     hf = {k: v for k, v in cfg.items() if not k.startswith("_")}
     a = Arch(hf)
-    dtype, shards, seq = cfg["_dtype"], cfg.get("_shards", 1), cfg.get("_seq", SEQ)
+    dtype, shards, seq, batch = cfg["_dtype"], cfg.get("_shards", 1), cfg.get("_seq", SEQ), cfg.get("_batch", BATCH)
     for seed in range(1000, 1100):
         P = init_params(a, seed, dtype)
         g = torch.Generator().manual_seed(seed + 7)
-        tokens = torch.randint(0, a.V, (BATCH, seq), generator=g)
+        tokens = torch.randint(0, a.V, (batch, seq), generator=g)
         for v in P.values():
             v.requires_grad_(True)
         ce, aux, total, margin = forward(a, P, tokens)
