@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/moescope/moescope/flops"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/parallel"
+)
+
+func init() {
+	register(command{"train", "train on synthetic data with goroutine ranks (FSDP/HSDP/EP), checkpoint and resume", runTrain})
+}
+
+// trainReport is the JSON output of `moescope train`.
+type trainReport struct {
+	Model     string     `json:"model"`
+	Layout    moe.Layout `json:"layout"`
+	AC        moe.AC     `json:"ac"`
+	LBS       int        `json:"lbs"`
+	Seq       int        `json:"seq"`
+	GradAccum int        `json:"grad_accum"`
+	StartStep int        `json:"start_step"` // optimizer steps already taken (resume)
+	Losses    []float64  `json:"losses"`     // cross-entropy, one per step of this run
+	AuxLosses []float64  `json:"aux_losses"` // HF load-balancing loss per step (0 when off)
+	// TPS is a rank's own tokens per second (torchtitan's definition).
+	TPS float64 `json:"tps"`
+	// MFU is the model-convention FLOPs per second of all ranks together ÷
+	// the all-core measured float32 FMA peak of this CPU (a fraction).
+	MFU              float64          `json:"mfu"`
+	ModelFLOPsStep   int64            `json:"model_flops_per_step"`
+	PeakGFLOPS       float64          `json:"peak_gflops"`
+	PeakBytesPerRank []int64          `json:"peak_bytes_per_rank"` // max over the run, at the modelled dtypes
+	CommBytes        map[string]int64 `json:"comm_bytes"`          // bytes sent, by collective kind, summed over ranks and steps
+	CommIntraBytes   int64            `json:"comm_intra_node_bytes"`
+	CommInterBytes   int64            `json:"comm_inter_node_bytes"`
+	Seconds          float64          `json:"seconds"`
+}
+
+func runTrain(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("train", stderr)
+	model := fs.String("model", "", "built-in model name or config.json path (required)")
+	lf := addLayoutFlags(fs)
+	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
+	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
+	seq := fs.Int("seq", 0, "tokens per sequence (required)")
+	steps := fs.Int("steps", 0, "optimizer steps to run (required)")
+	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
+	seed := fs.Uint64("seed", 0, "seed of the initialization and of the synthetic data")
+	lr := fs.Float64("lr", 8e-4, "AdamW learning rate (torchtitan's default)")
+	wd := fs.Float64("weight-decay", 0.1, "AdamW weight decay (torchtitan's default)")
+	auxCoef := fs.Float64("aux-coef", -1, "load-balancing loss coefficient (default: the config's router_aux_loss_coef)")
+	biasRate := fs.Float64("bias-update-rate", 1e-3, "selection-bias update rate γ (sigmoid routers with a bias)")
+	jsonOut := fs.Bool("json", false, "print one JSON object at the end (progress lines go to stderr)")
+	ckpt := fs.String("checkpoint", "", "write a checkpoint directory here at the end")
+	resume := fs.String("resume", "", "continue from this checkpoint directory (any layout; same global batch)")
+	force := fs.Bool("force", false, "overwrite an existing --checkpoint directory")
+	peakFlag := fs.Float64("peak-gflops", 0, "CPU peak for MFU in GFLOP/s (default: measured, all cores)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR]")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *model == "":
+		return fmt.Errorf("%w: --model is required", errUsage)
+	case *lbs < 1 || *lbs > 1<<16:
+		return fmt.Errorf("%w: --lbs = %d: must be in [1, 65536]", errUsage, *lbs)
+	case *seq < 1 || *seq > 1<<20:
+		return fmt.Errorf("%w: --seq = %d: must be in [1, 1048576]", errUsage, *seq)
+	case *steps < 1 || *steps > 1<<20:
+		return fmt.Errorf("%w: --steps = %d: must be in [1, 1048576]", errUsage, *steps)
+	case *accum < 1 || *accum > 1<<16:
+		return fmt.Errorf("%w: --grad-accum = %d: must be in [1, 65536]", errUsage, *accum)
+	case !(*lr > 0) || *lr > 1:
+		return fmt.Errorf("%w: --lr = %g: must be in (0, 1]", errUsage, *lr)
+	case !(*wd >= 0) || *wd > 1:
+		return fmt.Errorf("%w: --weight-decay = %g: must be in [0, 1]", errUsage, *wd)
+	case !(*biasRate >= 0) || *biasRate > 1:
+		return fmt.Errorf("%w: --bias-update-rate = %g: must be in [0, 1]", errUsage, *biasRate)
+	case *peakFlag < 0:
+		return fmt.Errorf("%w: --peak-gflops = %g: must be > 0", errUsage, *peakFlag)
+	}
+	ac, err := moe.ParseAC(*acFlag)
+	if err != nil {
+		return fmt.Errorf("%w: --ac: %v", errUsage, err)
+	}
+	cfg, err := moe.Load(*model)
+	if err != nil {
+		return err
+	}
+	if lf.gpus == 0 && lf.dpShard == 0 {
+		return fmt.Errorf("%w: --gpus is required", errUsage)
+	}
+	layout, err := lf.layout(cfg)
+	if err != nil {
+		return err
+	}
+	gpn := layout.GPUsPerNode
+	if gpn == 0 {
+		cl, err := parallel.LoadCluster("hgx")
+		if err != nil {
+			return err
+		}
+		gpn = cl.GPUsPerNode
+	}
+	mesh, err := parallel.NewMesh(layout, cfg, gpn)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	coef := *auxCoef
+	if coef < 0 {
+		coef = cfg.AuxLossCoef
+	}
+	if coef != 0 && cfg.ModelType == "deepseek" {
+		return fmt.Errorf("%w: --aux-coef: DeepSeek-MoE's own aux loss is remote code, not HF's formula; pass --aux-coef 0", errUsage)
+	}
+	batch := parallel.Batch{LBS: *lbs, Seq: *seq, Micro: *accum, DP: layout.DP()}
+	if err := batch.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	adam := moe.AdamW{LR: *lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: *wd}
+	state := parallel.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,
+		GlobalBatch: batch.Global(), DataSeed: *seed, AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}
+	if *ckpt != "" && *ckpt == *resume {
+		return fmt.Errorf("%w: --checkpoint and --resume name the same directory %s", errUsage, *ckpt)
+	}
+
+	var init [][]float32
+	var loaded *parallel.TrainCheckpoint
+	if *resume != "" {
+		loaded, err = parallel.LoadTrainCheckpoint(*resume, cfg)
+		if err != nil {
+			return err
+		}
+		if err := loaded.CheckResume(state); err != nil {
+			return err
+		}
+		init = loaded.Params
+		state.Losses = loaded.State.Losses
+	} else {
+		m, err := moe.NewModel[float32](cfg)
+		if err != nil {
+			return err
+		}
+		m.InitRandom(*seed)
+		init = m.Tensors()
+	}
+	num, err := parallel.NewNumeric(parallel.NumericSpec{Config: cfg, Mesh: mesh, AC: ac, Batch: batch, DataSeed: *seed,
+		AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}, init)
+	if err != nil {
+		return err
+	}
+	if loaded != nil {
+		if err := num.SetOptimizerState(loaded.M, loaded.V, int64(loaded.State.Step)); err != nil {
+			return err
+		}
+	}
+
+	peak := *peakFlag
+	if peak == 0 {
+		peak = kernel.MeasurePeak(0).AllCoreGFLOPS
+	}
+	flopsStep, err := flops.ModelPerStep(cfg, flops.Shape{Seq: *seq, Batch: int(batch.Global())})
+	if err != nil {
+		return err
+	}
+	progress := stdout
+	if *jsonOut {
+		progress = stderr
+	}
+	fmt.Fprintf(progress, "train %s: %s; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
+		cfg.Name, mesh, ac, *lbs, *seq, *accum, batch.Global())
+	rep := trainReport{Model: cfg.Name, Layout: layout, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum, StartStep: num.StepIndex(),
+		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, PeakBytesPerRank: make([]int64, mesh.World())}
+	var total time.Duration
+	ctx := context.Background()
+	for s := 0; s < *steps; s++ {
+		before := num.Comm().Stats.Total()
+		t0 := time.Now()
+		res, err := num.Step(ctx)
+		if err != nil {
+			return err
+		}
+		dt := time.Since(t0)
+		total += dt
+		after := num.Comm().Stats.Total()
+		var intra, inter int64
+		for k, b := range after {
+			intra += b.SentIntra - before[k].SentIntra
+			inter += b.SentInter - before[k].SentInter
+		}
+		var maxPeak int64
+		for r, p := range res.PeakBytes {
+			rep.PeakBytesPerRank[r] = max(rep.PeakBytesPerRank[r], p)
+			maxPeak = max(maxPeak, p)
+		}
+		rep.Losses = append(rep.Losses, res.Loss)
+		rep.AuxLosses = append(rep.AuxLosses, res.Aux)
+		state.Losses = append(state.Losses, res.Loss)
+		tps := float64(res.Tokens) / dt.Seconds()
+		mfu := float64(flopsStep) / dt.Seconds() / (peak * 1e9)
+		fmt.Fprintf(progress, "step %d  loss %.6f  aux %.6f  tps %.0f  mfu %.2f%%  peak/rank %s  comm intra %s inter %s  %.3fs\n",
+			res.Step+1, res.Loss, res.Aux, tps, 100*mfu, fmtBytes(maxPeak), fmtBytes(intra), fmtBytes(inter), dt.Seconds())
+	}
+	rep.Seconds = total.Seconds()
+	rep.TPS = float64(int64(*steps)*int64(*lbs)*int64(*seq)*int64(*accum)) / total.Seconds()
+	rep.MFU = float64(flopsStep) * float64(*steps) / total.Seconds() / (peak * 1e9)
+	rep.CommBytes = map[string]int64{}
+	for k, b := range num.Comm().Stats.Total() {
+		rep.CommBytes[string(k)] = b.Sent()
+		rep.CommIntraBytes += b.SentIntra
+		rep.CommInterBytes += b.SentInter
+	}
+	if *ckpt != "" {
+		if err := parallel.SaveTrainCheckpoint(*ckpt, *force, num, state); err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "checkpoint: %s (step %d)\n", *ckpt, num.StepIndex())
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return nil
+}
+
+// fmtBytes prints a byte count with a binary unit.
+func fmtBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

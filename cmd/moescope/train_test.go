@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func trainJSON(t *testing.T, args ...string) trainReport {
+	t.Helper()
+	var out, errb bytes.Buffer
+	args = append([]string{"train", "--model", "tiny", "--seq", "8", "--json", "--peak-gflops", "100"}, args...)
+	if err := run(&out, &errb, args); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, errb.String())
+	}
+	var rep trainReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out.String())
+	}
+	return rep
+}
+
+func TestTrainJSON(t *testing.T) {
+	rep := trainJSON(t, "--gpus", "4", "--ep", "2", "--dp-replicate", "2", "--lbs", "2", "--steps", "2", "--grad-accum", "2")
+	if len(rep.Losses) != 2 || len(rep.PeakBytesPerRank) != 4 {
+		t.Fatalf("losses %v, peak_bytes_per_rank %v: want 2 and 4 entries", rep.Losses, rep.PeakBytesPerRank)
+	}
+	for _, l := range rep.Losses {
+		// A fresh model predicts about uniformly over the 64-token vocabulary: ln 64 ≈ 4.16.
+		if l < 3 || l > 5 {
+			t.Errorf("loss %g far from ln 64", l)
+		}
+	}
+	for _, k := range []string{"all_gather", "reduce_scatter", "all_reduce", "all_to_all"} {
+		if rep.CommBytes[k] <= 0 {
+			t.Errorf("comm_bytes[%s] = %d, want > 0 (HSDP with EP uses it)", k, rep.CommBytes[k])
+		}
+	}
+	if !(rep.MFU > 0 && rep.MFU < 1) || !(rep.TPS > 0) {
+		t.Errorf("mfu %g tps %g", rep.MFU, rep.TPS)
+	}
+	for r, b := range rep.PeakBytesPerRank {
+		if b <= 0 {
+			t.Errorf("rank %d peak %d bytes", r, b)
+		}
+	}
+}
+
+// TestTrainResume: 2 steps, a checkpoint, then 2 more steps from it in
+// another layout of the same global batch give the losses of 4 uninterrupted
+// steps. Both layouts are single-replica FSDP without EP, whose reduction
+// order is one rank's, so the losses agree bit for bit.
+func TestTrainResume(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	full := trainJSON(t, "--gpus", "2", "--lbs", "1", "--grad-accum", "2", "--steps", "4")
+	first := trainJSON(t, "--gpus", "2", "--lbs", "1", "--grad-accum", "2", "--steps", "2", "--checkpoint", dir)
+	rest := trainJSON(t, "--gpus", "4", "--lbs", "1", "--steps", "2", "--resume", dir)
+	got := append(first.Losses, rest.Losses...)
+	if rest.StartStep != 2 {
+		t.Errorf("resumed at step %d, want 2", rest.StartStep)
+	}
+	for i := range full.Losses {
+		if got[i] != full.Losses[i] {
+			t.Errorf("step %d: loss %.17g after resume, %.17g uninterrupted", i+1, got[i], full.Losses[i])
+		}
+	}
+	// Refusals: overwriting without --force, and a different global batch.
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, []string{"train", "--model", "tiny", "--seq", "8", "--gpus", "1", "--lbs", "1", "--steps", "1",
+		"--peak-gflops", "100", "--checkpoint", dir})
+	if err == nil || !strings.Contains(err.Error(), "exists") {
+		t.Errorf("overwrite: err = %v", err)
+	}
+	err = run(&out, &errb, []string{"train", "--model", "tiny", "--seq", "8", "--gpus", "1", "--lbs", "1", "--steps", "1",
+		"--peak-gflops", "100", "--resume", dir})
+	if err == nil || !strings.Contains(err.Error(), "global batch 4") {
+		t.Errorf("other global batch: err = %v", err)
+	}
+}
+
+func TestTrainBadInput(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gpus", "2", "--lbs", "0", "--seq", "8", "--steps", "1"}, "--lbs = 0"},
+		{[]string{"--gpus", "2", "--lbs", "1", "--seq", "8", "--steps", "0"}, "--steps = 0"},
+		{[]string{"--gpus", "6", "--ep", "4", "--lbs", "1", "--seq", "8", "--steps", "1"}, "ep = 4 does not divide dp_shard = 6"},
+		{[]string{"--gpus", "8", "--ep", "8", "--lbs", "1", "--seq", "8", "--steps", "1"}, "ep = 8 does not divide experts = 4"},
+		{[]string{"--lbs", "1", "--seq", "8", "--steps", "1"}, "--gpus is required"},
+		{[]string{"--gpus", "2", "--lbs", "1", "--seq", "8", "--steps", "1", "--ac", "layer:0"}, "layer:N"},
+	}
+	for _, tc := range cases {
+		var out, errb bytes.Buffer
+		err := run(&out, &errb, append([]string{"train", "--model", "tiny", "--peak-gflops", "100"}, tc.args...))
+		if err == nil || !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err = %v, want a usage error containing %q", tc.args, err, tc.want)
+		}
+	}
+}

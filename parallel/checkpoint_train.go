@@ -1,0 +1,217 @@
+package parallel
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// A training checkpoint is a directory:
+//
+//	model.safetensors.index.json         weights by Hugging Face name (F32), as
+//	model-0000i-of-0000n.safetensors     transformers shards them (moe.LoadParams reads it)
+//	optimizer-0000i-of-0000n.safetensors AdamW moments, "<name>.exp_avg" and "<name>.exp_avg_sq"
+//	train_state.json                     TrainState
+//
+// Shard file i holds the tensors owned by rank i's share of the parameter
+// list (the list cut into n = min(world, tensors) contiguous runs), so each
+// file is what one rank would write. Tensors are whole: a checkpoint loads
+// into any layout (resharded on load). The directory is written under a
+// temporary name in the same parent and renamed into place, so a reader
+// never sees a partial checkpoint.
+
+// TrainState is what a run needs besides tensors to continue exactly.
+type TrainState struct {
+	Model     string     `json:"model"`
+	Step      int        `json:"step"` // optimizer steps taken
+	Layout    moe.Layout `json:"layout"`
+	AC        string     `json:"ac"`
+	LBS       int        `json:"lbs"`
+	Seq       int        `json:"seq"`
+	GradAccum int        `json:"grad_accum"`
+	// GlobalBatch = lbs × dp × grad_accum sequences; a resumed run must use
+	// the same, so that step t reads the same sequences.
+	GlobalBatch int64     `json:"global_batch"`
+	DataSeed    uint64    `json:"data_seed"`
+	AdamW       moe.AdamW `json:"adamw"`
+	AuxCoef     float64   `json:"aux_coef"`
+	BiasRate    float64   `json:"bias_rate"`
+	Losses      []float64 `json:"losses"` // one per step so far
+}
+
+const trainStateFile = "train_state.json"
+
+// SaveTrainCheckpoint writes n's parameters, optimizer state and st into
+// dir, which must not exist unless force.
+func SaveTrainCheckpoint(dir string, force bool, n *Numeric, st TrainState) error {
+	if _, err := os.Lstat(dir); err == nil && !force {
+		return fmt.Errorf("%s: %w", dir, moe.ErrExists)
+	}
+	parent := filepath.Dir(filepath.Clean(dir))
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	cfg := n.spec.Config
+	ps := cfg.Params()
+	params := n.Params()
+	m, v, step := n.OptimizerState()
+	st.Step = int(step)
+	files := min(len(n.ranks), len(ps))
+	weightMap := map[string]string{}
+	for f := 0; f < files; f++ {
+		lo, hi := f*len(ps)/files, (f+1)*len(ps)/files
+		var wts, opt []moe.NamedTensor
+		for i := lo; i < hi; i++ {
+			wts = append(wts, moe.NamedTensor{Name: ps[i].Name, Shape: ps[i].Shape, Data: params[i]})
+			if !ps[i].Buffer {
+				opt = append(opt, moe.NamedTensor{Name: ps[i].Name + ".exp_avg", Shape: ps[i].Shape, Data: m[i]},
+					moe.NamedTensor{Name: ps[i].Name + ".exp_avg_sq", Shape: ps[i].Shape, Data: v[i]})
+			}
+		}
+		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", f+1, files)
+		for _, t := range wts {
+			weightMap[t.Name] = name
+		}
+		if err := writeTensors(filepath.Join(tmp, name), wts); err != nil {
+			return err
+		}
+		if err := writeTensors(filepath.Join(tmp, fmt.Sprintf("optimizer-%05d-of-%05d.safetensors", f+1, files)), opt); err != nil {
+			return err
+		}
+	}
+	idx, err := json.MarshalIndent(map[string]any{"metadata": map[string]any{"format": "pt"}, "weight_map": weightMap}, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := writeBytes(filepath.Join(tmp, moe.IndexFile), idx); err != nil {
+		return err
+	}
+	sb, err := json.MarshalIndent(st, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := writeBytes(filepath.Join(tmp, trainStateFile), sb); err != nil {
+		return err
+	}
+	if force {
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+	}
+	return os.Rename(tmp, dir)
+}
+
+func writeTensors(path string, ts []moe.NamedTensor) error {
+	return moe.WriteFileAtomic(path, false, func(w io.Writer) error { return moe.WriteSafetensors(w, ts, moe.F32) })
+}
+
+func writeBytes(path string, b []byte) error {
+	return moe.WriteFileAtomic(path, false, func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// TrainCheckpoint is a loaded checkpoint: whole tensors in Params order.
+type TrainCheckpoint struct {
+	State  TrainState
+	Params [][]float32
+	M, V   [][]float32
+}
+
+// LoadTrainCheckpoint reads a checkpoint written by SaveTrainCheckpoint for cfg.
+func LoadTrainCheckpoint(dir string, cfg *moe.Config) (*TrainCheckpoint, error) {
+	b, err := os.ReadFile(filepath.Join(dir, trainStateFile))
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	var st TrainState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("resume: %s: %w", trainStateFile, err)
+	}
+	params, err := moe.LoadParams[float32](filepath.Join(dir, moe.IndexFile), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	ps := cfg.Params()
+	m, v := make([][]float32, len(ps)), make([][]float32, len(ps))
+	want := map[string]int{}
+	for i, p := range ps {
+		if !p.Buffer {
+			want[p.Name+".exp_avg"] = i
+			want[p.Name+".exp_avg_sq"] = i
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "optimizer-*.safetensors"))
+	for _, f := range files {
+		sf, err := moe.OpenSafetensors(f)
+		if err != nil {
+			return nil, fmt.Errorf("resume: %w", err)
+		}
+		for _, t := range sf.Tensors() {
+			i, ok := want[t.Name]
+			if !ok {
+				sf.Close()
+				return nil, fmt.Errorf("resume: %s holds %q, not an optimizer moment of this model", f, t.Name)
+			}
+			data, err := sf.ReadFloat32(t.Name)
+			if err != nil {
+				sf.Close()
+				return nil, fmt.Errorf("resume: %w", err)
+			}
+			if int64(len(data)) != ps[i].Elements() {
+				sf.Close()
+				return nil, fmt.Errorf("resume: %s: %q has %d elements, want %d", f, t.Name, len(data), ps[i].Elements())
+			}
+			if strings.HasSuffix(t.Name, ".exp_avg_sq") {
+				v[i] = data
+			} else {
+				m[i] = data
+			}
+		}
+		sf.Close()
+	}
+	for i, p := range ps {
+		if !p.Buffer && (m[i] == nil || v[i] == nil) {
+			return nil, fmt.Errorf("resume: optimizer state of %s is missing", p.Name)
+		}
+	}
+	return &TrainCheckpoint{State: st, Params: params, M: m, V: v}, nil
+}
+
+// CheckResume reports why a checkpoint cannot continue a run with state
+// want (model, sequence length, global batch, data seed and optimizer must
+// agree; the layout may differ: tensors are resharded on load).
+func (c *TrainCheckpoint) CheckResume(want TrainState) error {
+	got := c.State
+	var errs []error
+	if got.Model != want.Model {
+		errs = append(errs, fmt.Errorf("model %q, this run %q", got.Model, want.Model))
+	}
+	if got.Seq != want.Seq {
+		errs = append(errs, fmt.Errorf("seq %d, this run %d", got.Seq, want.Seq))
+	}
+	if got.GlobalBatch != want.GlobalBatch {
+		errs = append(errs, fmt.Errorf("global batch %d sequences (lbs %d × dp %d × grad-accum %d), this run %d (lbs %d × dp %d × grad-accum %d)",
+			got.GlobalBatch, got.LBS, got.Layout.DP(), got.GradAccum, want.GlobalBatch, want.LBS, want.Layout.DP(), want.GradAccum))
+	}
+	if got.DataSeed != want.DataSeed {
+		errs = append(errs, fmt.Errorf("seed %d, this run %d", got.DataSeed, want.DataSeed))
+	}
+	if got.AdamW != want.AdamW || got.AuxCoef != want.AuxCoef || got.BiasRate != want.BiasRate {
+		errs = append(errs, fmt.Errorf("optimizer/loss settings differ (%+v aux %g bias %g; this run %+v aux %g bias %g)",
+			got.AdamW, got.AuxCoef, got.BiasRate, want.AdamW, want.AuxCoef, want.BiasRate))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("resume: the checkpoint cannot continue this run: %w", errors.Join(errs...))
+	}
+	return nil
+}
