@@ -17,17 +17,26 @@
 //
 // # Event order of one step (the contract replayed by parallel's virtual-time backend)
 //
-// Setup: parameters, optimizer state, and (keep-gathered) every unit's
-// gathered weights. Then for each micro-step m:
+// Every event names its stream: FSDP2 all-gather outputs are allocated on
+// the all-gather stream, reduce-scatter outputs (which become the
+// gradients) on the reduce-scatter stream, everything else on the compute
+// stream. Saved and recomputed activations are one event per tensor
+// (label "saved <op> <tensor>" / "recompute <op> <tensor>").
+//
+// Setup, per unit: stored parameters; then per unit the optimizer state;
+// with keep-gathered, every unit's gathered weights. Then for each
+// micro-step m:
 //
 // Forward, units in order (embedding, blocks 0..L-1, head), for unit u:
-//  1. fsdp: the all-gather buffer of u (first unit only; others were
-//     prefetched), the copy-out into u's unsharded weights, the free of the
-//     buffer, and the prefetch of unit u+1's all-gather buffer;
-//     non-fsdp with compute ≠ storage type: u's cast weights;
-//  2. u's saved activations (Saved under the policy); for the head, the
-//     logits, their fp32 copy and the saved log-probabilities (freed logits
-//     afterwards, torchtitan's `del pred`);
+//  1. fsdp: the all-gather buffer of u (first unit only; the others were
+//     prefetched), the copy-out into u's unsharded weights (compute
+//     stream), the free of the buffer, and the prefetch of unit u+1's
+//     all-gather buffer; non-fsdp with compute ≠ storage type: u's cast
+//     weights;
+//  2. u's saved tensors (Saved under the policy); for the head, the bf16
+//     logits, their fp32 copy and the saved log-probabilities, then the
+//     frees of the fp32 copy and the logits (torchtitan's `del pred`);
+//     chunked: per chunk logits, fp32 copy and log-probabilities, all freed;
 //  3. a block's forward workspace (its largest intermediate) and, with
 //     ep > 1 on MoE blocks, the dispatch and combine all-to-all buffers;
 //  4. resharding (free u's weights) when reshard-after-forward is on,
@@ -36,28 +45,34 @@
 // Backward, units in reverse, for unit u:
 //  1. re-gather of u if it was resharded (its buffer was prefetched), and
 //     the prefetch of the next unit's all-gather buffer;
-//  2. recomputed activations (none-set − saved set), the backward
-//     workspace (2 × largest intermediate), all-to-all buffers; for the
-//     head, the loss gradients (T×V fp32 twice, then the activation type);
+//  2. a block's recomputed tensors (those of the none policy that the
+//     policy did not keep), the backward workspace (2 × largest
+//     intermediate), all-to-all buffers; for the head, the loss gradients
+//     (nll_loss's and log_softmax's T×V fp32 gradients, then the
+//     activation-type cast; chunked: per chunk, after recomputing it);
 //  3. the input gradient of u (T×D), freeing the previous one;
-//  4. u's unsharded weight gradients (compute type), then the free of
-//     workspace, recompute and saved activations;
-//  5. the free of the previous unit's reduce-scatter buffer (its collective
+//  4. u's unsharded weight gradients (compute type), then the frees of
+//     workspace, recomputed and saved tensors;
+//  5. the free of the previous unit's reduce-scatter input (its collective
 //     overlapped this unit's compute), u's reduce-scatter input (grad type,
-//     Ψ_local of u), the free of the unsharded gradients, and on the first
-//     micro-step u's reduced gradient (sharded under fsdp and zero2);
+//     Ψ_local of u, compute stream, as torch ≥ 2.6's foreach_reduce
+//     allocates it), the free of the unsharded gradients, and on the first
+//     micro-step u's reduced gradient (reduce-scatter stream; sharded under
+//     fsdp and zero2);
 //  6. the free of u's weights (FSDP2 reshards after backward) unless
 //     keep-gathered.
 //
-// After the last unit, the last reduce-scatter buffer is freed. Optimizer:
-// the foreach AdamW temporary sqrt(v) over every local optimizer element,
-// then zero_grad(set_to_none) frees the gradients. With
-// allreduce-last-only, dp_replicate > 1 and grad-accum > 1, a partial
-// reduce buffer (the sharded gradients' size) lives from the first
-// micro-step's backward to the last's end.
+// After the last unit, the last reduce-scatter input is freed. Optimizer:
+// with foreach AdamW the temporary sqrt(v) of every unit, then their frees
+// (fused AdamW, torchtitan's default, has none); then zero_grad(set_to_none)
+// frees the gradients. With allreduce-last-only, dp_replicate > 1 and
+// grad-accum > 1, a partial reduce buffer (the sharded gradients' size,
+// reduce-scatter stream) lives from the first micro-step's backward to the
+// last's end.
 //
 // Replay walks the events: peak allocated is the maximum of live bytes
-// (each request rounded to 512 B); peak reserved comes from Allocator.
+// (each request rounded to 512 B); peak reserved comes from simulating
+// PyTorch's caching allocator over the same events (Allocator).
 //
 // # Saved activations
 //
