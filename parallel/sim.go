@@ -29,10 +29,11 @@ type SimInput struct {
 	// balanced routing.
 	ExpertSkew float64
 	// ExpertCounts, when set, are the rows each routed expert receives in
-	// one micro-step from one EP group (len = experts), as a numeric run
-	// records them; the same counts are used for every MoE layer. They
-	// override ExpertSkew.
-	ExpertCounts []int64
+	// one micro-step from one EP group, as a numeric run records them: one
+	// row of len = experts per MoE layer in layer order, or a single row
+	// used for every MoE layer; every micro-step uses the same counts.
+	// They override ExpertSkew.
+	ExpertCounts [][]int64
 	// SingleCommStream runs the schedule's communication stream as one
 	// stream (no FSDP2 side streams; all-to-alls stay on it).
 	SingleCommStream bool
@@ -86,6 +87,7 @@ type SimResult struct {
 	streams   []simStream
 	memEvents []memory.Event
 	memTimes  []float64
+	collBytes []float64 // per schedule op: the collective size modelled (0 for compute)
 }
 
 // simulated holds the per-op costs of a schedule.
@@ -93,6 +95,7 @@ type simulated struct {
 	ops       []simOp
 	recompute []float64 // recompute seconds inside each compute op
 	comm      []CommCost
+	bytes     []float64 // collectives: the size S modelled (after expert load)
 }
 
 // Simulate predicts step time, TPS, MFU, HFU and memory of one layout by
@@ -127,8 +130,7 @@ type simPrep struct {
 	sched  *Schedule
 	mem    memory.Report
 	recs   []moe.OpRecord
-	load   float64
-	groups []float64
+	loads  map[int]expertShare // by MoE layer; absent = balanced
 	exact  string
 	convs  map[string]float64 // FLOPs per token by convention
 	hwFLOP float64            // hardware FLOPs per token
@@ -156,8 +158,20 @@ func prepareSim(in SimInput) (*simPrep, error) {
 	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
 		return nil, fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
 	}
-	if in.ExpertCounts != nil && len(in.ExpertCounts) != cfg.Experts {
-		return nil, fmt.Errorf("simulate: %d expert counts for %d experts", len(in.ExpertCounts), cfg.Experts)
+	if n := len(in.ExpertCounts); n > 0 {
+		if n != 1 && n != cfg.MoELayers() {
+			return nil, fmt.Errorf("simulate: expert counts for %d layers; want 1 or one per MoE layer (%d)", n, cfg.MoELayers())
+		}
+		for i, row := range in.ExpertCounts {
+			if len(row) != cfg.Experts {
+				return nil, fmt.Errorf("simulate: expert counts row %d has %d entries for %d experts", i, len(row), cfg.Experts)
+			}
+			for _, c := range row {
+				if c < 0 {
+					return nil, fmt.Errorf("simulate: expert counts row %d: negative count %d", i, c)
+				}
+			}
+		}
 	}
 	p := &simPrep{in: in, cfg: cfg, dev: in.Device}
 	if p.dev.Name == "" {
@@ -194,7 +208,7 @@ func prepareSim(in SimInput) (*simPrep, error) {
 	if p.convs, p.hwFLOP, err = flopsPerToken(cfg, in); err != nil {
 		return nil, err
 	}
-	p.load, p.groups, p.exact = expertLoad(cfg, p.l, in)
+	p.loads, p.exact = expertLoads(cfg, p.l, in)
 	p.params = float64(p.mem.State.Params / moe.DefaultPrecision.Param.Bytes())
 	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum)
 	return p, nil
@@ -208,9 +222,9 @@ func (p *simPrep) run(cal *Calibration) (SimResult, error) {
 	}
 	in := p.in
 	in.Calibration = cal
-	costs := opCosts(p.cfg, p.l, in, spec, p.recs, p.load, p.groups)
+	costs := opCosts(p.cfg, p.l, in, spec, p.recs, p.loads)
 	optS := spec.MemorySeconds(p.params * bytesPerElement(moe.OpOptimizer, moe.Forward))
-	sim, err := simOps(p.sched, p.cl, p.mesh, in, costs, optS, p.load)
+	sim, err := simOps(p.sched, p.cl, p.mesh, in, costs, optS, p.loads)
 	if err != nil {
 		return SimResult{}, err
 	}
@@ -252,51 +266,74 @@ func (p *simPrep) run(cal *Calibration) (SimResult, error) {
 		for i, o := range sim.ops {
 			res.streams[i] = o.stream
 		}
+		res.collBytes = sim.bytes
 		res.memEvents = p.mem.Events
 		res.memTimes = memEventTimes(p.sched, spans, p.mem.Events)
 	}
 	return res, nil
 }
 
-// expertLoad returns the simulated rank's routed rows relative to the
-// balanced mean, the relative sizes of its local expert groups, and the
-// exactness statement.
-func expertLoad(cfg *moe.Config, l moe.Layout, in SimInput) (float64, []float64, string) {
+// expertShare is the simulated rank's routed rows in one MoE layer
+// relative to the balanced mean (T·K), and the relative sizes of its local
+// expert groups (nil: even).
+type expertShare struct {
+	load   float64
+	groups []float64
+}
+
+// expertLoads returns the simulated rank's share per MoE layer (absent:
+// balanced) and the exactness statement.
+func expertLoads(cfg *moe.Config, l moe.Layout, in SimInput) (map[int]expertShare, string) {
 	const sym = "one rank simulated: all ranks run the same program on same-shaped groups with balanced routing"
 	if !cfg.IsMoE() {
-		return 1, nil, sym
+		return nil, sym
 	}
+	loads := map[int]expertShare{}
 	local := cfg.Experts / l.EP
-	if len(in.ExpertCounts) == cfg.Experts {
-		var total int64
-		for _, c := range in.ExpertCounts {
-			total += c
-		}
-		best, bestRows := 0, int64(-1)
-		for r := 0; r < l.EP; r++ {
-			var rows int64
-			for _, c := range in.ExpertCounts[r*local : (r+1)*local] {
-				rows += c
+	if len(in.ExpertCounts) > 0 {
+		k, worst := 0, 1.0
+		for layer := 0; layer < cfg.Layers; layer++ {
+			if !cfg.MoELayer[layer] {
+				continue
 			}
-			if rows > bestRows {
-				best, bestRows = r, rows
+			row := in.ExpertCounts[min(k, len(in.ExpertCounts)-1)]
+			k++
+			var total int64
+			for _, c := range row {
+				total += c
 			}
+			best, bestRows := 0, int64(-1)
+			for r := 0; r < l.EP; r++ {
+				var rows int64
+				for _, c := range row[r*local : (r+1)*local] {
+					rows += c
+				}
+				if rows > bestRows {
+					best, bestRows = r, rows
+				}
+			}
+			w := make([]float64, local)
+			for i, c := range row[best*local : (best+1)*local] {
+				w[i] = float64(c)
+			}
+			sh := expertShare{load: 1, groups: w}
+			if mean := float64(total) / float64(l.EP); mean > 0 {
+				sh.load = float64(bestRows) / mean
+			}
+			worst = math.Max(worst, sh.load)
+			loads[layer] = sh
 		}
-		w := make([]float64, local)
-		for i, c := range in.ExpertCounts[best*local : (best+1)*local] {
-			w[i] = float64(c)
-		}
-		mean := float64(total) / float64(l.EP)
-		f := 1.0
-		if mean > 0 {
-			f = float64(bestRows) / mean
-		}
-		return f, w, fmt.Sprintf("one rank simulated: EP rank %d, the most loaded under the given counts (%.3f× the mean); exact because every all-to-all waits for it and the counts apply to every layer", best, f)
+		return loads, fmt.Sprintf("one rank simulated: in each MoE layer the EP rank receiving the most rows under the given counts (up to %.3f× the mean); exact because every all-to-all waits for it", worst)
 	}
 	if in.ExpertSkew > 1 && l.EP > 1 {
-		return in.ExpertSkew, nil, fmt.Sprintf("one rank simulated: the most loaded EP rank (%.3g× the mean rows); exact when it is the most loaded in every MoE layer", in.ExpertSkew)
+		for layer := 0; layer < cfg.Layers; layer++ {
+			if cfg.MoELayer[layer] {
+				loads[layer] = expertShare{load: in.ExpertSkew}
+			}
+		}
+		return loads, fmt.Sprintf("one rank simulated: the most loaded EP rank (%.3g× the mean rows); exact when it is the most loaded in every MoE layer", in.ExpertSkew)
 	}
-	return 1, nil, sym
+	return nil, sym
 }
 
 // segKey names one compute op of a schedule.
@@ -311,7 +348,7 @@ type segCost struct{ total, recompute float64 }
 // opCosts sums modelled op times per (layer, segment, phase) for one
 // micro-step of the simulated rank. Counts come from flops.Ops with a GPU
 // flash-attention tile (flops.DefaultTile): the work the GPU executes.
-func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs []moe.OpRecord, load float64, groups []float64) map[segKey]segCost {
+func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) map[segKey]segCost {
 	type opKey struct {
 		layer int
 		op    moe.Op
@@ -336,8 +373,13 @@ func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs 
 	for _, r := range recs {
 		block := r.Layer >= 0 && r.Layer < cfg.Layers
 		seg := SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
-		if r.Op.Kind() == moe.KindGrouped && load != 1 {
-			r.Count = int64(math.Round(float64(r.Count) * load))
+		share, skewed := loads[r.Layer]
+		if !skewed {
+			share = expertShare{load: 1}
+		}
+		groups := share.groups
+		if r.Op.Kind() == moe.KindGrouped && share.load != 1 {
+			r.Count = int64(math.Round(float64(r.Count) * share.load))
 		}
 		t := spec.OpSeconds(cfg, r, local, groups)
 		switch r.Pass {
@@ -384,8 +426,8 @@ func streamOf(o ScheduleOp, single bool) simStream {
 }
 
 // simOps turns the schedule into engine ops with modelled costs.
-func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS, load float64) (*simulated, error) {
-	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops))}
+func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
+	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)), bytes: make([]float64, len(s.Ops))}
 	shapes := map[Axis]GroupShape{}
 	for i, o := range s.Ops {
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
@@ -407,7 +449,9 @@ func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]
 		}
 		bytes := float64(o.Bytes())
 		if o.Coll == CollAllToAll && o.Purpose != PurposeCounts {
-			bytes *= load
+			if sh, ok := loads[o.Layer]; ok {
+				bytes *= sh.load
+			}
 		}
 		kind := CommKind(o.Coll)
 		switch o.Coll {
@@ -425,6 +469,7 @@ func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]
 		}
 		cc.Kind = CommKind(o.Coll)
 		sim.comm[i] = cc
+		sim.bytes[i] = bytes
 		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link
 		sim.ops[i] = so
 	}

@@ -82,7 +82,7 @@ func TestSimulateSkew(t *testing.T) {
 	}
 	// Counts equal for every expert are the balanced case.
 	in.ExpertSkew = 0
-	in.ExpertCounts = []int64{256, 256, 256, 256}
+	in.ExpertCounts = [][]int64{{256, 256, 256, 256}}
 	even, err := Simulate(in)
 	if err != nil {
 		t.Fatal(err)

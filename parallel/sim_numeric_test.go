@@ -1,0 +1,142 @@
+package parallel
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// One schedule, two executions: the numeric backend runs a step on small
+// meshes and records its collectives and each rank's routing; the
+// virtual-time backend, fed the per-expert counts the numeric run recorded,
+// walks the same schedule. They agree on the ops (every schedule op runs
+// once), on every collective (kind, axis, dtype, size in the same order as
+// each numeric rank issued them) and on the bytes at the modelled dtype;
+// for all-to-alls, whose per-rank size depends on routing, the simulated
+// rank's size equals the largest any rank of the EP group sent or received
+// in that layer (the rank every all-to-all waits for).
+func TestScheduleAgreesWithNumeric(t *testing.T) {
+	cfg, err := moe.Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		gpus, rep, ep int
+		ac            moe.AC
+	}{
+		{2, 1, 2, moe.AC{Mode: moe.ACNone}},
+		{4, 1, 4, moe.AC{Mode: moe.ACFull}},
+		{4, 1, 2, moe.AC{Mode: moe.ACSelective}},
+		{4, 2, 2, moe.AC{Mode: moe.ACNone}},
+	}
+	const lbs, seq = 2, 16
+	skewed := 0
+	for _, tc := range cases {
+		l := moe.Layout{GPUs: tc.gpus, DPReplicate: tc.rep, DPShard: tc.gpus / tc.rep, EP: tc.ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+		name := fmt.Sprintf("%d×%d ep %d %s", tc.rep, tc.gpus/tc.rep, tc.ep, tc.ac)
+		m, err := NewMesh(l, cfg, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		init, err := moe.NewModel[float32](cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		init.InitRandom(5)
+		n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, AC: tc.ac, Batch: Batch{LBS: lbs, Seq: seq, Micro: 1, DP: l.DP()},
+			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Comm().Trace = true
+		if _, err := n.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		traces := n.Comm().Traces()
+		// The per-expert counts the numeric run recorded, summed over EP
+		// group 0 (rank 0's), per MoE layer.
+		group := m.Group(AxisEP, 0).Ranks
+		var counts [][]int64
+		for li := 0; li < cfg.Layers; li++ {
+			if !cfg.MoELayer[li] {
+				continue
+			}
+			row := make([]int64, cfg.Experts)
+			for _, r := range group {
+				c := n.ranks[r].blocks[li].ExpertCounts()
+				if len(c) != cfg.Experts {
+					t.Fatalf("%s: rank %d layer %d recorded %d expert counts", name, r, li, len(c))
+				}
+				for e, c := range c {
+					row[e] += int64(c)
+				}
+			}
+			counts = append(counts, row)
+		}
+		res, err := Simulate(SimInput{Config: cfg, Layout: l, AC: tc.ac, LBS: lbs, Seq: seq, GradAccum: 1,
+			ExpertCounts: counts, KeepTimeline: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := res.Schedule
+		if len(res.spans) != len(s.Ops) {
+			t.Fatalf("%s: %d spans for %d ops", name, len(res.spans), len(s.Ops))
+		}
+		for i, sp := range res.spans {
+			if !(sp.end >= sp.start && sp.end <= res.StepTimeS) {
+				t.Errorf("%s: op %d ran %+v outside the step", name, i, sp)
+			}
+		}
+		var collIdx []int
+		for i, o := range s.Ops {
+			if o.Type == OpCollective {
+				collIdx = append(collIdx, i)
+			}
+		}
+		// The largest all-to-all size any rank of group 0 moved, per layer.
+		maxA2A := map[int]int64{}
+		for _, r := range group {
+			for k, g := range traces[r] {
+				if k < len(collIdx) && g.Kind == CollAllToAll && s.Ops[collIdx[k]].Purpose != PurposeCounts {
+					maxA2A[s.Ops[collIdx[k]].Layer] = max(maxA2A[s.Ops[collIdx[k]].Layer], g.Elements)
+				}
+			}
+		}
+		uniform := int64(lbs*seq*cfg.TopK) * int64(cfg.Hidden)
+		for _, v := range maxA2A {
+			if v > uniform {
+				skewed++
+			}
+		}
+		for r, got := range traces {
+			if len(got) != len(collIdx) {
+				t.Fatalf("%s rank %d: numeric ran %d collectives, the simulated schedule has %d", name, r, len(got), len(collIdx))
+			}
+			for k, g := range got {
+				o := s.Ops[collIdx[k]]
+				if g.Kind != o.Coll || g.Axis != o.Axis || g.DType != o.DType {
+					t.Fatalf("%s rank %d collective %d: numeric %+v, simulated %s", name, r, k, g, o)
+				}
+				if g.Kind != CollAllToAll && g.Elements != o.Elements {
+					t.Errorf("%s rank %d collective %d: numeric %d elements, simulated %d", name, r, k, g.Elements, o.Elements)
+				}
+			}
+		}
+		for _, i := range collIdx {
+			o := s.Ops[i]
+			want := float64(o.Bytes())
+			if o.Coll == CollAllToAll && o.Purpose != PurposeCounts {
+				want = float64(maxA2A[o.Layer] * o.DType.Bytes())
+			}
+			if math.Abs(res.collBytes[i]-want) > 1e-9*want {
+				t.Errorf("%s: op %d (%s) simulated %g bytes, numeric run %g", name, i, o, res.collBytes[i], want)
+			}
+		}
+	}
+	if skewed == 0 {
+		t.Error("routing was balanced in every case: the all-to-all check compared nothing routing-dependent")
+	}
+}
