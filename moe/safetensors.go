@@ -287,8 +287,7 @@ func rawShape(s []json.RawMessage) string {
 
 // ReadFloat32 reads a floating-point tensor (F32, BF16, F16 or F64) as float32.
 func (s *SafetensorsFile) ReadFloat32(name string) ([]float32, error) {
-	out, err := readAs[float32](s, name)
-	return out, err
+	return readAs[float32](s, name)
 }
 
 // ReadFloat64 reads a floating-point tensor (F32, BF16, F16 or F64) as float64.

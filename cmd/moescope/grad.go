@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -73,6 +75,9 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: --save and --out name the same file %s", errUsage, *save)
 	}
 
+	if err := checkGradMemory(cfg, availableMemory()); err != nil {
+		return err
+	}
 	m, err := moe.NewModel[float32](cfg)
 	if err != nil {
 		return err
@@ -240,4 +245,54 @@ func parseTokens(b []byte, vocab int) ([][]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// gradParamBytes is the memory grad needs for the parameters alone: float32
+// values and gradients in the model (8 bytes each) plus the float32 copy
+// LoadParams returns (4 bytes), activations not included.
+func gradParamBytes(cfg *moe.Config) (uint64, error) {
+	var n uint64
+	for _, p := range cfg.Params() {
+		n += uint64(p.Elements())
+	}
+	hi, b := bits.Mul64(n, 12)
+	if hi != 0 {
+		return 0, fmt.Errorf("%s: parameter count %d overflows a byte count", cfg.Name, n)
+	}
+	return b, nil
+}
+
+// checkGradMemory refuses a model whose parameters alone exceed the
+// available memory (0: unknown, no check), instead of dying in the
+// allocator: grad is a reference tool for small models.
+func checkGradMemory(cfg *moe.Config, avail uint64) error {
+	need, err := gradParamBytes(cfg)
+	if err != nil {
+		return err
+	}
+	if avail > 0 && need > avail {
+		return fmt.Errorf("%s: parameters and their gradients need %.1f GiB in float32, only %.1f GiB of memory is available (grad runs the reference model on the CPU; use a smaller config)",
+			cfg.Name, float64(need)/(1<<30), float64(avail)/(1<<30))
+	}
+	return nil
+}
+
+// availableMemory is MemAvailable from /proc/meminfo in bytes, or 0 where
+// that file does not exist.
+func availableMemory() uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 2 && f[1] == "kB" {
+				if kb, err := strconv.ParseUint(f[0], 10, 64); err == nil && kb < 1<<50 {
+					return kb << 10
+				}
+			}
+		}
+	}
+	return 0
 }

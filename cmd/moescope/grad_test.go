@@ -304,3 +304,33 @@ func TestGradPoliciesBitwise(t *testing.T) {
 		}
 	}
 }
+
+// TestGradMemoryGuard: a built-in 30B model is refused with a message
+// instead of an out-of-memory crash when memory is short, and the byte
+// count is 12 per parameter (float32 values, gradients and the loaded copy).
+func TestGradMemoryGuard(t *testing.T) {
+	cfg, err := moe.Load("qwen3-30b-a3b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	need, err := gradParamBytes(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, p := range cfg.Params() {
+		n += uint64(p.Elements())
+	}
+	if need != 12*n {
+		t.Errorf("need %d bytes for %d parameters, want 12 each", need, n)
+	}
+	if err := checkGradMemory(cfg, 64<<30); err == nil || !strings.Contains(err.Error(), "GiB of memory is available") {
+		t.Errorf("30B model with 64 GiB: %v", err)
+	}
+	if err := checkGradMemory(cfg, 0); err != nil {
+		t.Errorf("unknown memory must not refuse: %v", err)
+	}
+	if availableMemory() == 0 {
+		t.Log("no /proc/meminfo here: the guard is off")
+	}
+}
