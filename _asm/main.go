@@ -14,5 +14,6 @@ func main() {
 	ConstraintExpr("!purego")
 	peak()
 	gemmKernels()
+	transposes()
 	Generate()
 }

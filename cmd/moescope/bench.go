@@ -360,7 +360,7 @@ func printBench(w io.Writer, r *benchReport) {
 		c.Brand, c.Vendor, c.Family, c.Model, c.PhysicalCores, strings.Join(c.Features, " "),
 		c.L1DBytes>>10, c.L2Bytes>>10, c.L3Bytes>>10, c.Kernel)
 	p := r.Peak
-	fmt.Fprintf(w, "peak (float32 FMA loop, measured, best of 5): clock %.2f GHz, %.1f FLOP/cycle, %.1f GFLOP/s per core, %.1f GFLOP/s on %d threads\n",
+	fmt.Fprintf(w, "peak (float32 FMA loop, measured, best of 20 runs): clock %.2f GHz, %.1f FLOP/cycle, %.1f GFLOP/s per core, %.1f GFLOP/s on %d threads\n",
 		p.ClockGHz, p.FLOPPerCycle, p.PerCoreGFLOPS, p.AllCoreGFLOPS, p.Threads)
 	if len(r.GEMM) > 0 {
 		fmt.Fprintf(w, "\n%-24s %-6s %6s %6s %6s %7s %9s %6s\n", "gemm", "layout", "m", "n", "k", "threads", "GFLOP/s", "%peak")

@@ -40,6 +40,17 @@ func boolInt(b bool) int {
 	return 0
 }
 
+func init() {
+	if cpuid.CPU.Supports(cpuid.AVX) {
+		asmTranspose8 = func(dst []float32, ldd int, src []float32, lds, n int, alpha float32) {
+			transpose8(unsafe.SliceData(dst), ldd, unsafe.SliceData(src), lds, n, alpha)
+		}
+		asmTranspose4 = func(dst []float32, ldd int, src []float32, lds, n int, alpha float32) {
+			transpose4(unsafe.SliceData(dst), ldd, unsafe.SliceData(src), lds, n, alpha)
+		}
+	}
+}
+
 // measureClock returns the core clock in GHz from a chain of dependent
 // 1-cycle adds: 16 adds per iteration, one cycle each.
 func measureClock() float64 {

@@ -171,3 +171,14 @@ func FuzzSgemm(f *testing.F) {
 		}
 	})
 }
+
+// TestSgemmPackGo runs the Go packing loops that the assembly transposes
+// replace (the purego path's packing) through every layout.
+func TestSgemmPackGo(t *testing.T) {
+	usePackAsm = false
+	defer func() { usePackAsm = true }()
+	r := rand.New(rand.NewPCG(8, 9))
+	for j, tr := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
+		gemmCase(t, r, tr[0], tr[1], 50, 70, 300+j, j%2, 1, 0.5)
+	}
+}

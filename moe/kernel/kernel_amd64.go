@@ -22,3 +22,13 @@ func gemmKernel6x16AVX2(kc int, a *float32, b *float32, c *float32, ldc int, acc
 //
 //go:noescape
 func gemmKernel12x32AVX512(kc int, a *float32, b *float32, c *float32, ldc int, accumulate int)
+
+// transpose8 writes dst[(8b+c)·ldd+r] = alpha·src[r·lds+8b+c] for r, c < 8, b < n.
+//
+//go:noescape
+func transpose8(dst *float32, ldd int, src *float32, lds int, n int, alpha float32)
+
+// transpose4 writes dst[(8b+c)·ldd+r] = alpha·src[r·lds+8b+c] for r < 4, c < 8, b < n.
+//
+//go:noescape
+func transpose4(dst *float32, ldd int, src *float32, lds int, n int, alpha float32)

@@ -6,6 +6,15 @@ package kernel
 // (nr values per p). Slivers are zero-padded to a full mr or nr, so the
 // micro-kernel never sees a ragged edge.
 
+// Block transposes in assembly, nil where unavailable; usePackAsm switches
+// them off in tests. asmTranspose8(dst, ldd, src, lds, n, alpha) writes
+// dst[(8b+c)·ldd+r] = alpha·src[r·lds+8b+c] for r, c < 8, b < n;
+// asmTranspose4 the same for r < 4. The caller guarantees the extents.
+var (
+	asmTranspose8, asmTranspose4 func(dst []float32, ldd int, src []float32, lds, n int, alpha float32)
+	usePackAsm                   = true
+)
+
 // packA writes alpha·op(A)[i0:i0+mc, p0:p0+kc] into ap as ⌈mc/mr⌉ slivers of
 // kc·mr values. op(A)[i][p] is a[i·lda+p], or a[p·lda+i] when trans.
 func packA(ap []float32, trans bool, a []float32, lda, i0, p0, mc, kc, mr int, alpha float32) {
@@ -16,17 +25,40 @@ func packA(ap []float32, trans bool, a []float32, lda, i0, p0, mc, kc, mr int, a
 			for p := 0; p < kc; p++ {
 				src := a[(p0+p)*lda+i0+s*mr : (p0+p)*lda+i0+s*mr+rows]
 				d := dst[p*mr : p*mr+mr]
-				for i, v := range src {
-					d[i] = alpha * v
+				if alpha == 1 {
+					copy(d, src)
+				} else {
+					for i, v := range src {
+						d[i] = alpha * v
+					}
 				}
 				clear(d[rows:])
 			}
 			continue
 		}
+		first := 0 // rows [0, first) and steps [0, done) packed by the transposes
+		done := 0
+		if usePackAsm && asmTranspose4 != nil && rows == mr && kc >= 8 && mr%4 == 0 {
+			done = kc &^ 7
+			row := (i0+s*mr)*lda + p0
+			for first < mr {
+				if mr-first >= 8 {
+					asmTranspose8(dst[first:], mr, a[row+first*lda:], lda, done/8, alpha)
+					first += 8
+				} else {
+					asmTranspose4(dst[first:], mr, a[row+first*lda:], lda, done/8, alpha)
+					first += 4
+				}
+			}
+		}
 		for i := 0; i < rows; i++ {
+			start := done
+			if i >= first {
+				start = 0
+			}
 			src := a[(i0+s*mr+i)*lda+p0 : (i0+s*mr+i)*lda+p0+kc]
-			for p, v := range src {
-				dst[p*mr+i] = alpha * v
+			for p := start; p < kc; p++ {
+				dst[p*mr+i] = alpha * src[p]
 			}
 		}
 		for i := rows; i < mr; i++ {
@@ -52,10 +84,28 @@ func packB(bp []float32, trans bool, b []float32, ldb, p0, j0, kc, nc, nr int) {
 			}
 			continue
 		}
+		first, done := 0, 0 // columns [0, first) and steps [0, done) packed by the transposes
+		if usePackAsm && asmTranspose4 != nil && cols == nr && kc >= 8 && nr%4 == 0 {
+			done = kc &^ 7
+			col := (j0+s*nr)*ldb + p0
+			for first < nr {
+				if nr-first >= 8 {
+					asmTranspose8(dst[first:], nr, b[col+first*ldb:], ldb, done/8, 1)
+					first += 8
+				} else {
+					asmTranspose4(dst[first:], nr, b[col+first*ldb:], ldb, done/8, 1)
+					first += 4
+				}
+			}
+		}
 		for j := 0; j < cols; j++ {
+			start := done
+			if j >= first {
+				start = 0
+			}
 			src := b[(j0+s*nr+j)*ldb+p0 : (j0+s*nr+j)*ldb+p0+kc]
-			for p, v := range src {
-				dst[p*nr+j] = v
+			for p := start; p < kc; p++ {
+				dst[p*nr+j] = src[p]
 			}
 		}
 		for j := cols; j < nr; j++ {
