@@ -301,11 +301,11 @@ func splitRows(rows int64, n int, weights []float64) []int64 {
 // Default efficiencies of the compute model. They are the uncalibrated
 // starting point; `moescope calibrate` fits multipliers per class.
 const (
-	// defaultLaunchS: a CUDA kernel launch costs a few microseconds of
-	// host and device latency; 4 µs is in the range NVIDIA's CUDA Graphs
-	// post gives (developer.nvidia.com/blog/cuda-graphs, "kernel launch
-	// overheads ... of the order of microseconds") and covers PyTorch
-	// eager dispatch gaps between kernels.
+	// defaultLaunchS is used for devices whose registry entry gives no
+	// launch_overhead_s: a kernel launch costs microseconds of host and
+	// device latency (NVIDIA, "Getting Started with CUDA Graphs",
+	// developer.nvidia.com/blog/cuda-graphs); 4 µs also covers PyTorch
+	// eager dispatch gaps between kernels. Assumed; calibrate.
 	defaultLaunchS = 4e-6
 	// defaultGEMMEff: large BF16 cuBLAS GEMMs reach about 70–80% of the
 	// dense peak on H100 and B200 (torchtitan's H100 runs reach 33–39% MFU
@@ -335,7 +335,11 @@ func ComputeSpecOf(d Device) ComputeSpec {
 	if sms == 0 {
 		sms = fallbackSMs
 	}
-	return ComputeSpec{PeakFLOPs: d.BF16FLOPs, HBMBytesPerS: d.HBMBytesPerS, SMs: sms, LaunchS: defaultLaunchS,
+	launch := d.LaunchOverheadS
+	if launch == 0 {
+		launch = defaultLaunchS
+	}
+	return ComputeSpec{PeakFLOPs: d.BF16FLOPs, HBMBytesPerS: d.HBMBytesPerS, SMs: sms, LaunchS: launch,
 		GEMMEff: defaultGEMMEff, GroupedEff: defaultGroupedEff, AttnFwdEff: defaultAttnFwdEff,
 		AttnBwdEff: defaultAttnBwdEff, MemEff: defaultMemEff}
 }

@@ -34,6 +34,9 @@ type Device struct {
 	// SMs is the number of streaming multiprocessors (compute units on AMD)
 	// a kernel can occupy; 0 when no published figure was found.
 	SMs int `json:"sms"`
+	// LaunchOverheadS is the time one kernel launch adds to a kernel on
+	// the critical path, seconds; 0 = the compute model's default.
+	LaunchOverheadS float64 `json:"launch_overhead_s,omitempty"`
 	// Sources gives the origin of each number, keyed by its JSON field.
 	Sources map[string]string `json:"sources"`
 }
@@ -134,6 +137,9 @@ func (d Device) Validate() error {
 	}
 	if d.MemoryBytes <= 0 {
 		bad("memory_bytes", d.MemoryBytes, "must be > 0")
+	}
+	if !(d.LaunchOverheadS >= 0 && d.LaunchOverheadS < 1) {
+		bad("launch_overhead_s", d.LaunchOverheadS, "must be in [0, 1) seconds (0 = model default)")
 	}
 	if d.SMs < 0 || d.SMs > 1<<16 {
 		bad("sms", d.SMs, "must be in [0, 65536] (0 = unknown)")
