@@ -35,9 +35,11 @@ type memoryReport struct {
 	// SavedBytesPerLayer is each decoder block's saved activations.
 	SavedBytesPerLayer []int64 `json:"saved_bytes_per_layer"`
 	PeakEvent          string  `json:"peak_event"`
-	Allocator          string  `json:"allocator"`
-	MaxLBS             *int    `json:"max_lbs,omitempty"`
-	MemoryTarget       float64 `json:"memory_target,omitempty"`
+	// ReservedByStream is the simulated cache of each CUDA stream.
+	ReservedByStream map[memory.Stream]int64 `json:"reserved_by_stream"`
+	Allocator        string                  `json:"allocator"`
+	MaxLBS           *int                    `json:"max_lbs,omitempty"`
+	MemoryTarget     float64                 `json:"memory_target,omitempty"`
 }
 
 func runMemory(stdout, stderr io.Writer, args []string) error {
@@ -53,6 +55,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	chunks := fs.Int("loss-chunks", 0, "chunked cross-entropy over this many token chunks (0 = unchunked)")
 	gradT := fs.String("grad-dtype", "f32", "gradient storage type: f32|bf16")
 	optT := fs.String("optimizer-dtype", "f32", "AdamW moment storage type: f32|bf16")
+	optImpl := fs.String("optimizer-impl", memory.Fused, "AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)")
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")
 	target := fs.Float64("memory-target", 0.92, "fraction of device memory --max-lbs may use, in (0, 1]")
@@ -102,7 +105,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	o := memory.Options{Precision: prec, AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks}
+	o := memory.Options{Precision: prec, AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
 	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: ac, Attention: *attn, LossChunks: *chunks,
 		LBS: *lbs, Seq: *seq, GradAccum: *accum, DeviceBytes: dev.MemoryBytes}
 	var r memory.Report
@@ -133,6 +136,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if r.Peak.Index >= 0 {
 		rep.PeakEvent = r.Events[r.Peak.Index].String()
 	}
+	rep.ReservedByStream = r.Peak.ReservedByStream
 	rep.Allocator = memory.DefaultAllocator.Source
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
@@ -162,6 +166,11 @@ func printMemory(w io.Writer, r memoryReport) {
 	fmt.Fprintf(w, "state per rank: parameters %.2f GiB, gradients %.2f GiB, optimizer %.2f GiB\n",
 		gib(r.State.Params), gib(r.State.Grads), gib(r.State.Optimizer))
 	fmt.Fprintf(w, "peak at: %s\n", r.PeakEvent)
+	fmt.Fprint(w, "reserved by stream:")
+	for _, st := range memory.Streams {
+		fmt.Fprintf(w, " %s %.2f GiB", st, gib(r.ReservedByStream[st]))
+	}
+	fmt.Fprintln(w)
 	if r.MaxLBS != nil {
 		fmt.Fprintf(w, "max lbs within %.0f%% of device memory: %d\n", 100*r.MemoryTarget, *r.MaxLBS)
 	}

@@ -84,6 +84,7 @@ func TestMemoryBadInput(t *testing.T) {
 		{[]string{"--gpus", "8", "--lbs", "1", "--max-lbs", "--memory-target", "1.5"}, "memory-target"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--grad-dtype", "f8"}, "grad-dtype"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--attention", "sparse"}, "attention"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--optimizer-impl", "lion"}, "optimizer"},
 	} {
 		out, err := runMem(t, append(append([]string{}, base...), c.args...)...)
 		if err == nil || exitCode(err) == 0 {
