@@ -270,6 +270,17 @@ func checkTokens(c *Config, tokens [][]int) (batch, seq int, err error) {
 // scale·∂(Loss + AuxCoef·Aux)/∂θ into Grad (pass scale = 1/micro-batches
 // for gradient accumulation) and the routing counts into Load.
 func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Result, error) {
+	return m.run(tokens, scale, o, true)
+}
+
+// Evaluate runs forward only and returns the losses; gradients and loads
+// are untouched, nothing is kept.
+func (m *Model[T]) Evaluate(tokens [][]int, o Options) (Result, error) {
+	o.AC = AC{Mode: ACFull} // keep nothing but block inputs
+	return m.run(tokens, 1, o, false)
+}
+
+func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) (Result, error) {
 	c := m.Cfg
 	batch, seq, err := checkTokens(c, tokens)
 	if err != nil {
@@ -314,8 +325,10 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 		b.x = ex
 		blocks[l] = b
 		x = b.Forward(&w.layers[l], x)
-		for e, n := range b.ExpertCounts() {
-			m.Load[l][e] += int64(n)
+		if backward {
+			for e, n := range b.ExpertCounts() {
+				m.Load[l][e] += int64(n)
+			}
 		}
 	}
 	head := NewHead[T](c, o)
@@ -327,6 +340,9 @@ func (m *Model[T]) ForwardBackward(tokens [][]int, scale float64, o Options) (Re
 		res.Aux, auxGrad = AuxLoss(c, blocks, scale*o.AuxCoef)
 	}
 	res.Total = res.Loss + o.AuxCoef*res.Aux
+	if !backward {
+		return res, nil
+	}
 
 	dx := head.Backward(&w.global, &g.global, scale)
 	for l := c.Layers - 1; l >= 0; l-- {

@@ -102,6 +102,9 @@ func policyEqual[T Float](t *testing.T, c *Config, tokens [][]int, o Options) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if ev, err := m.Evaluate(tokens, o); err != nil || ev.Total != res.Total {
+			t.Errorf("%T %s: Evaluate gives %v (%v), ForwardBackward %v", T(0), ac, ev.Total, err, res.Total)
+		}
 		if ref == nil {
 			ref, refLoss = m.Grad, res.Total
 			continue
