@@ -174,7 +174,7 @@ type PlanInfeasibleError struct {
 func (e *PlanInfeasibleError) Error() string {
 	s := fmt.Sprintf("no feasible plan on %d GPUs: %s", e.GPUs, e.Reason)
 	if e.Closest != nil {
-		s += fmt.Sprintf("; closest: %s at memory fraction %.3f", e.Closest.Point, e.Closest.Score.MemoryFraction)
+		s += fmt.Sprintf("; closest: %s at memory fraction %.4g", e.Closest.Point, e.Closest.Score.MemoryFraction)
 	}
 	if e.Needed != "" {
 		s += "; needed: " + e.Needed
@@ -537,6 +537,9 @@ func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStag
 		}
 		choices := planLBSChoices(maxLBS, s.perRank, s.all, s.keep)
 		for _, c := range choices {
+			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly) {
+				continue // without accumulation these options change nothing
+			}
 			p := PlanPoint{f.layout, f.ac, c[0], c[1]}
 			st.Candidates++
 			if q.Admit != nil && q.Admit(p) != nil {
@@ -734,9 +737,13 @@ func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
 			// is usable at the target, so earlier stages do not rank by it.
 			sq.MaxLBS = perRank
 		}
-		run := &planStageRun{q: &sq, ev: ev, stage: i + 1, perRank: pr}
-		if i > 0 {
-			run.keep = 2 // the largest fitting local batches
+		// TPS grows with the local batch (larger GEMMs, communication
+		// amortized over more tokens), so a family is ranked at its
+		// largest fitting lbs; the last stage also tries the next one
+		// down, and the exhaustive mode every one.
+		run := &planStageRun{q: &sq, ev: ev, stage: i + 1, perRank: pr, keep: 1}
+		if last {
+			run.keep = 2
 		}
 		res, st, closest, err := run.run(fams)
 		if err != nil {
@@ -844,8 +851,9 @@ func (q *PlanRequest) planGrow(carried []PlanResult, n int, accum bool) ([]planF
 }
 
 // planSweeps evaluates, for the best stage-1 family of each checkpointing
-// policy, every local batch from 1 to its memory limit (at most 64 points,
-// evenly spread), for the TPS-and-memory-against-local-batch picture.
+// policy, local batches from 1 to its memory limit (every one up to 16,
+// else 16 evenly spread and the limit), for the TPS-and-memory-against-
+// local-batch picture.
 func (q *PlanRequest) planSweeps(ev PlanEvaluator, best []PlanResult) ([]PlanSweep, int, error) {
 	var sweeps []PlanSweep
 	sim := 0
@@ -865,7 +873,7 @@ func (q *PlanRequest) planSweeps(ev PlanEvaluator, best []PlanResult) ([]PlanSwe
 		if err != nil {
 			return nil, sim, err
 		}
-		step := (max + 63) / 64
+		step := (max + 15) / 16
 		var pts []PlanPoint
 		for lbs := 1; lbs <= max; lbs += step {
 			pts = append(pts, PlanPoint{f.layout, ac, lbs, 1})
@@ -899,7 +907,7 @@ func (q *PlanRequest) planExplain(ev PlanEvaluator, n int, closest *PlanResult) 
 		}
 		return e
 	}
-	e.Reason = fmt.Sprintf("even local batch 1 exceeds the memory target %.2f", q.MemoryTarget)
+	e.Reason = fmt.Sprintf("even local batch 1 exceeds the memory target %g", q.MemoryTarget)
 	for mult := 2; mult <= 64 && n*mult <= 1<<20; mult *= 2 {
 		m := n * mult
 		for _, f := range q.planFamilies(m, false) {
@@ -923,7 +931,7 @@ func (q *PlanRequest) planExplain(ev PlanEvaluator, n int, closest *PlanResult) 
 // else a device with frac/target times the memory.
 func planMoreMemory(frac, target float64) string {
 	if frac <= 1 {
-		return fmt.Sprintf("a memory target ≥ %.3f", frac)
+		return fmt.Sprintf("a memory target ≥ %.4g", frac)
 	}
 	return fmt.Sprintf("a device with ≥ %.2f× this one's memory", frac/target)
 }

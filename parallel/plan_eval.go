@@ -3,6 +3,7 @@ package parallel
 import (
 	"fmt"
 	"sort"
+	"sync"
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
@@ -21,6 +22,43 @@ type PlanSim struct {
 	// Memory carries the memory options besides AC (precision, attention
 	// kernel, loss chunks, allocator); AC comes from each point.
 	Memory memory.Options
+
+	// Results are cached per point: the search asks for some points more
+	// than once (sizing, stages, sweeps).
+	mu     sync.Mutex
+	mems   map[PlanPoint]float64
+	scores map[PlanPoint]PlanScore
+}
+
+func (e *PlanSim) cachedMemory(p PlanPoint) (float64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m, ok := e.mems[p]
+	return m, ok
+}
+
+func (e *PlanSim) cachedScore(p PlanPoint) (PlanScore, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, ok := e.scores[p]
+	return s, ok
+}
+
+func (e *PlanSim) store(p PlanPoint, m *float64, s *PlanScore) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if m != nil {
+		if e.mems == nil {
+			e.mems = map[PlanPoint]float64{}
+		}
+		e.mems[p] = *m
+	}
+	if s != nil {
+		if e.scores == nil {
+			e.scores = map[PlanPoint]PlanScore{}
+		}
+		e.scores[p] = *s
+	}
 }
 
 // memoryOptions returns the memory options for p: its AC, and the
@@ -44,6 +82,9 @@ func (e *PlanSim) MemoryFraction(p PlanPoint) (float64, error) {
 	if e.Device.MemoryBytes <= 0 {
 		return 0, fmt.Errorf("device %q: memory_bytes = %d", e.Device.Name, e.Device.MemoryBytes)
 	}
+	if m, ok := e.cachedMemory(p); ok {
+		return m, nil
+	}
 	l := p.Layout
 	if l.GPUsPerNode == 0 && e.Cluster != nil {
 		l.GPUsPerNode = e.Cluster.GPUsPerNode
@@ -52,18 +93,25 @@ func (e *PlanSim) MemoryFraction(p PlanPoint) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return float64(r.Peak.Reserved) / float64(e.Device.MemoryBytes), nil
+	m := float64(r.Peak.Reserved) / float64(e.Device.MemoryBytes)
+	e.store(p, &m, nil)
+	return m, nil
 }
 
 // Evaluate simulates p on the virtual-time backend.
 func (e *PlanSim) Evaluate(p PlanPoint) (PlanScore, error) {
+	if s, ok := e.cachedScore(p); ok {
+		return s, nil
+	}
 	r, err := Simulate(SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
 		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration})
 	if err != nil {
 		return PlanScore{}, err
 	}
-	return PlanScore{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, StepTimeS: r.StepTimeS,
-		Bottleneck: r.Bottleneck, Breakdown: planBreakdown(r.Breakdown)}, nil
+	s := PlanScore{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, StepTimeS: r.StepTimeS,
+		Bottleneck: r.Bottleneck, Breakdown: planBreakdown(r.Breakdown)}
+	e.store(p, nil, &s)
+	return s, nil
 }
 
 // planBreakdown lists the step's critical-path seconds: compute,

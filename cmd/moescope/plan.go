@@ -1,0 +1,447 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+func init() {
+	register(command{"plan", "search layouts, checkpointing and local batch for the most TPS within a memory target; export to torchtitan", runPlan})
+}
+
+// planEvaluator turns the real evaluator into the one the search uses;
+// tests replace it to make goldens independent of the performance model.
+var planEvaluator = func(sim *parallel.PlanSim) parallel.PlanEvaluator { return sim }
+
+// planJSON is one plan in --json output (DESIGN's layout keys and units).
+type planJSON struct {
+	GPUs                int                 `json:"gpus"`
+	DPShard             int                 `json:"dp_shard"`
+	DPReplicate         int                 `json:"dp_replicate"`
+	EP                  int                 `json:"ep"`
+	Sharding            moe.Sharding        `json:"sharding"`
+	ReshardAfterForward bool                `json:"reshard_after_forward"`
+	KeepGathered        bool                `json:"keep_gathered"`
+	AllreduceLastOnly   bool                `json:"allreduce_last_only"`
+	AC                  moe.AC              `json:"ac"`
+	LBS                 int                 `json:"lbs"`
+	GradAccum           int                 `json:"grad_accum"`
+	GlobalBatch         int                 `json:"global_batch"`
+	TPS                 float64             `json:"tps"`
+	MFU                 float64             `json:"mfu"`
+	MemoryFraction      float64             `json:"memory_fraction"`
+	StepTimeS           float64             `json:"step_time_s"`
+	Bottleneck          string              `json:"bottleneck"`
+	Breakdown           []parallel.PlanTime `json:"breakdown,omitempty"`
+}
+
+type planStageJSON struct {
+	GPUs              int        `json:"gpus"`
+	Candidates        int        `json:"candidates"`
+	Pruned            int        `json:"pruned"`
+	Simulated         int        `json:"simulated"`
+	BestTPS           float64    `json:"best_tps"`
+	ScalingEfficiency float64    `json:"scaling_efficiency"`
+	Grew              string     `json:"grew,omitempty"`
+	Survivors         []planJSON `json:"survivors"`
+}
+
+type planReportJSON struct {
+	Model        string          `json:"model"`
+	GPU          string          `json:"gpu"`
+	Cluster      string          `json:"cluster"`
+	GPUs         int             `json:"gpus"`
+	Seq          int             `json:"seq"`
+	MemoryTarget float64         `json:"memory_target"`
+	GlobalBatch  int             `json:"global_batch,omitempty"`
+	Exhaustive   bool            `json:"exhaustive"`
+	Simulated    int             `json:"simulated"`
+	Stages       []planStageJSON `json:"stages"`
+	Plans        []planJSON      `json:"plans"`
+	Best         planJSON        `json:"best"`
+}
+
+func planToJSON(r parallel.PlanResult, breakdown bool) planJSON {
+	p, l := r.Point, r.Point.Layout
+	j := planJSON{GPUs: l.GPUs, DPShard: l.DPShard, DPReplicate: l.DPReplicate, EP: l.EP, Sharding: l.Sharding,
+		ReshardAfterForward: l.ReshardAfterForward, KeepGathered: l.KeepGathered, AllreduceLastOnly: l.AllreduceLastOnly,
+		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(),
+		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
+		Bottleneck: r.Score.Bottleneck}
+	if breakdown {
+		j.Breakdown = r.Score.Breakdown
+	}
+	return j
+}
+
+// planOptions names the FSDP options of a layout for the table.
+func planOptions(l moe.Layout) string {
+	var o []string
+	if l.Sharding == moe.ShardFSDP && l.DPShard > 1 {
+		if l.ReshardAfterForward {
+			o = append(o, "reshard")
+		} else {
+			o = append(o, "no-reshard")
+		}
+	}
+	if l.KeepGathered {
+		o = append(o, "keep-gathered")
+	}
+	if l.AllreduceLastOnly {
+		o = append(o, "ar-last")
+	}
+	if len(o) == 0 {
+		return "-"
+	}
+	return strings.Join(o, ",")
+}
+
+type planArgs struct {
+	model, gpu, cluster, calibration   string
+	gpus, gpusPerNode, seq             int
+	target                             float64
+	globalBatch, top, carry, maxLBS    int
+	jsonOut, exhaustive, force         bool
+	tomlPath, pyPath, tracePath, plotD string
+}
+
+func runPlan(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("plan", stderr)
+	var a planArgs
+	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
+	fs.StringVar(&a.gpu, "gpu", parallel.DefaultDeviceName, "device from the registry")
+	fs.StringVar(&a.cluster, "cluster", "", "cluster name or JSON path (default: the GPU's usual cluster)")
+	fs.IntVar(&a.gpus, "gpus", 0, "GPUs in the job, the target scale (required)")
+	fs.IntVar(&a.gpusPerNode, "gpus-per-node", 0, "GPUs per host (default from the cluster)")
+	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
+	fs.Float64Var(&a.target, "memory-target", 0.92, "largest memory fraction (peak reserved / device memory) a plan may use, in (0, 1]")
+	fs.IntVar(&a.globalBatch, "global-batch", 0, "sequences per optimizer step at the target scale (0 = free: no accumulation)")
+	fs.StringVar(&a.calibration, "calibration", "", "calibration JSON from moescope calibrate")
+	fs.IntVar(&a.top, "top", 10, "plans shown in the table and in --json")
+	fs.IntVar(&a.carry, "carry", 8, "layout families each stage carries to the next")
+	fs.IntVar(&a.maxLBS, "max-lbs", 256, "largest local batch searched")
+	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object instead of the table")
+	fs.BoolVar(&a.exhaustive, "exhaustive", false, "search the whole space at the target scale (slow; checks the hierarchical search)")
+	fs.StringVar(&a.tomlPath, "torchtitan-toml", "", "write the best plan as a torchtitan "+parallel.TorchtitanTOMLTag+" TOML job config")
+	fs.StringVar(&a.pyPath, "torchtitan-py", "", "write the best plan as a config-registry function for current torchtitan")
+	fs.StringVar(&a.tracePath, "trace", "", "write a Chrome trace of the best plan's step")
+	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
+	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var errs []error
+	if a.model == "" {
+		errs = append(errs, fmt.Errorf("--model is required (built-in: %s, or a config.json path)", strings.Join(moe.Builtins(), ", ")))
+	}
+	if a.gpus < 1 || a.gpus > 1<<20 {
+		errs = append(errs, fmt.Errorf("--gpus = %d: must be in [1, 1048576]", a.gpus))
+	}
+	if a.seq < 1 || a.seq > 1<<24 {
+		errs = append(errs, fmt.Errorf("--seq = %d: must be in [1, 16777216]", a.seq))
+	}
+	if !(a.target > 0 && a.target <= 1) {
+		errs = append(errs, fmt.Errorf("--memory-target = %v: must be in (0, 1] (a fraction of device memory)", a.target))
+	}
+	if a.globalBatch < 0 {
+		errs = append(errs, fmt.Errorf("--global-batch = %d: must be ≥ 1 sequence (0 = free)", a.globalBatch))
+	}
+	if a.top < 1 {
+		errs = append(errs, fmt.Errorf("--top = %d: must be ≥ 1", a.top))
+	}
+	if a.carry < 1 {
+		errs = append(errs, fmt.Errorf("--carry = %d: must be ≥ 1", a.carry))
+	}
+	if a.maxLBS < 1 || a.maxLBS > 1<<16 {
+		errs = append(errs, fmt.Errorf("--max-lbs = %d: must be in [1, 65536]", a.maxLBS))
+	}
+	if a.gpusPerNode < 0 {
+		errs = append(errs, fmt.Errorf("--gpus-per-node = %d: must be ≥ 1 (0 = from the cluster)", a.gpusPerNode))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %v", errUsage, errors.Join(errs...))
+	}
+	// Refuse before searching, not after.
+	for _, p := range []string{a.tomlPath, a.pyPath, a.tracePath} {
+		if p != "" && !a.force {
+			if _, err := os.Lstat(p); err == nil {
+				return fmt.Errorf("%s: %w", p, moe.ErrExists)
+			}
+		}
+	}
+	cfg, err := moe.Load(a.model)
+	if err != nil {
+		return fmt.Errorf("%w: --model: %v", errUsage, err)
+	}
+	dev, err := parallel.LookupDevice(a.gpu)
+	if err != nil {
+		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
+	}
+	clName := a.cluster
+	if clName == "" {
+		clName = parallel.ClusterForGPU(dev.Name)
+	}
+	cl, err := parallel.LoadCluster(clName)
+	if err != nil {
+		return fmt.Errorf("%w: --cluster: %v", errUsage, err)
+	}
+	if a.gpusPerNode > 0 {
+		c := cl.WithGPUsPerNode(a.gpusPerNode)
+		cl = &c
+	}
+	var cal *parallel.Calibration
+	if a.calibration != "" {
+		if cal, err = planReadCalibration(a.calibration); err != nil {
+			return err
+		}
+	}
+	sim := &parallel.PlanSim{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
+	ev := planEvaluator(sim)
+
+	req := parallel.PlanRequest{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
+		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive}
+	if cfg.IsMoE() {
+		req.Experts = cfg.Experts
+	}
+	var targets []parallel.TorchtitanTarget
+	if a.tomlPath != "" {
+		targets = append(targets, parallel.TorchtitanTOML)
+	}
+	if a.pyPath != "" {
+		targets = append(targets, parallel.TorchtitanPy)
+	}
+	if len(targets) > 0 {
+		req.Admit = func(p parallel.PlanPoint) error {
+			for _, t := range targets {
+				if err := parallel.TorchtitanAdmit(t, p); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	bar := newProgressBar(stderr)
+	if bar != nil {
+		req.Progress = bar.update
+	}
+	rep, err := parallel.SearchPlans(req, ev)
+	bar.finish()
+	if err != nil {
+		return err // a PlanInfeasibleError explains itself; exit status 1
+	}
+
+	title := fmt.Sprintf("%s on %d × %s (%s, %d GPUs per host), seq %d, memory target %.2f", cfg.Name, a.gpus, dev.Name, cl.Name, cl.GPUsPerNode, a.seq, a.target)
+	if a.globalBatch > 0 {
+		title += fmt.Sprintf(", global batch %d sequences", a.globalBatch)
+	}
+	if a.jsonOut {
+		if err := planWriteJSON(stdout, &a, cfg.Name, dev.Name, cl.Name, rep); err != nil {
+			return err
+		}
+	} else {
+		planWriteTable(stdout, title, rep, a.top, dev)
+	}
+
+	header := []string{"moescope plan: " + title,
+		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
+			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
+	export := parallel.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header}
+	for _, x := range []struct {
+		path  string
+		write func(io.Writer) ([]string, error)
+	}{{a.tomlPath, export.TOML}, {a.pyPath, export.Python}} {
+		if x.path == "" {
+			continue
+		}
+		var skipped []string
+		err := moe.WriteFileAtomic(x.path, a.force, func(w io.Writer) error {
+			var err error
+			skipped, err = x.write(w)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if len(skipped) > 0 {
+			fmt.Fprintf(stderr, "moescope plan: %s: not exported: %s (see the comment in the file)\n", x.path, strings.Join(skipped, ", "))
+		}
+	}
+	if a.tracePath != "" {
+		tr, ok := any(sim).(planTracer)
+		if !ok {
+			return errors.New("--trace: the virtual-time backend in this build cannot write traces")
+		}
+		if err := moe.WriteFileAtomic(a.tracePath, a.force, func(w io.Writer) error {
+			return tr.Trace(w, rep.Best.Point)
+		}); err != nil {
+			return err
+		}
+	}
+	if a.plotD != "" {
+		if err := planWritePlots(a.plotD, a.force, rep, cfg.Name, dev.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planTracer is an evaluator that can write a Chrome trace of one point's step.
+type planTracer interface {
+	Trace(w io.Writer, p parallel.PlanPoint) error
+}
+
+// planReadCalibration reads a calibration file; unknown fields are errors.
+func planReadCalibration(path string) (*parallel.Calibration, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--calibration: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var c parallel.Calibration
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("%w: --calibration %s: %v", errUsage, path, err)
+	}
+	return &c, nil
+}
+
+func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *parallel.PlanReport) error {
+	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, MemoryTarget: a.target,
+		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, true)}
+	for _, st := range rep.Stages {
+		s := planStageJSON{GPUs: st.GPUs, Candidates: st.Candidates, Pruned: st.Pruned, Simulated: st.Simulated,
+			BestTPS: st.BestTPS, ScalingEfficiency: st.ScalingEfficiency, Grew: st.Grew, Survivors: []planJSON{}}
+		for i, r := range st.Survivors {
+			if i == a.top {
+				break
+			}
+			s.Survivors = append(s.Survivors, planToJSON(r, false))
+		}
+		out.Stages = append(out.Stages, s)
+	}
+	for i, r := range rep.Plans {
+		if i == a.top {
+			break
+		}
+		out.Plans = append(out.Plans, planToJSON(r, false))
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+func planWriteTable(w io.Writer, title string, rep *parallel.PlanReport, top int, dev parallel.Device) {
+	mode := "hierarchical search"
+	if rep.Exhaustive {
+		mode = "exhaustive search"
+	}
+	fmt.Fprintf(w, "moescope plan: %s\n%s, %d candidates simulated\n\n", title, mode, rep.Simulated)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "stage\tGPUs\tcandidates\tpruned\tsimulated\tbest TPS\tscaling eff.\tgrew\t")
+	for i, st := range rep.Stages {
+		grew := st.Grew
+		if grew == "" {
+			grew = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%.0f\t%.1f%%\t%s\t\n", i+1, st.GPUs, st.Candidates, st.Pruned, st.Simulated, st.BestTPS, 100*st.ScalingEfficiency, grew)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "rank\tdp_shard\tdp_rep\tep\tsharding\toptions\tac\tlbs\taccum\tTPS\tMFU\tmemory\tstep s\tbottleneck\t")
+	for i, r := range rep.Plans {
+		if i == top {
+			break
+		}
+		l := r.Point.Layout
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%.0f\t%.1f%%\t%.1f%%\t%.3f\t%s\t\n", i+1, l.DPShard, l.DPReplicate, l.EP,
+			l.Sharding, planOptions(l), r.Point.AC, r.Point.LBS, r.Point.GradAccum, r.Score.TPS, 100*r.Score.MFU,
+			100*r.Score.MemoryFraction, r.Score.StepTimeS, r.Score.Bottleneck)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, line := range planExplain(rep, dev) {
+		fmt.Fprintln(w, line)
+	}
+}
+
+// planExplain is the two-line explanation of the best plan: what it is and
+// what it predicts, then where its step time goes and what it beat.
+func planExplain(rep *parallel.PlanReport, dev parallel.Device) [2]string {
+	b := rep.Best
+	l, p := b.Point.Layout, b.Point
+	var shape string
+	switch {
+	case l.DPShard == 1:
+		shape = fmt.Sprintf("pure data parallelism over %d replicas", l.DPReplicate)
+	case l.DPReplicate == 1:
+		shape = fmt.Sprintf("%s over all %d GPUs", l.Sharding, l.DPShard)
+	default:
+		shape = fmt.Sprintf("%s groups of %d GPUs × %d replicas", l.Sharding, l.DPShard, l.DPReplicate)
+	}
+	if l.EP > 1 {
+		shape += fmt.Sprintf(", experts over ep %d", l.EP)
+	}
+	if o := planOptions(l); o != "-" {
+		shape += " (" + o + ")"
+	}
+	batch := fmt.Sprintf("lbs %d", p.LBS)
+	if p.GradAccum > 1 {
+		batch += fmt.Sprintf(" × %d micro-steps", p.GradAccum)
+	}
+	line1 := fmt.Sprintf("best: %s, %s, %s: %.0f TPS per GPU, MFU %.1f%%, memory %.1f%% of %.2f GiB.",
+		shape, planACProse(p.AC), batch, b.Score.TPS, 100*b.Score.MFU, 100*b.Score.MemoryFraction, dev.MemoryGiB())
+	var parts []string
+	for _, t := range b.Score.Breakdown {
+		if t.Seconds > 0 && b.Score.StepTimeS > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Kind, 100*t.Seconds/b.Score.StepTimeS))
+		}
+	}
+	line2 := fmt.Sprintf("why: step %.3f s", b.Score.StepTimeS)
+	if len(parts) > 0 {
+		line2 += " = " + strings.Join(parts, " + ")
+	}
+	line2 += "; bottleneck " + b.Score.Bottleneck
+	if len(rep.Plans) > 1 {
+		next := rep.Plans[1]
+		if gap := 1 - next.Score.TPS/math.Max(b.Score.TPS, 1e-300); gap < 0.0005 {
+			line2 += fmt.Sprintf("; it ties with %s (lower memory breaks the tie)", planShort(next.Point))
+		} else {
+			line2 += fmt.Sprintf("; the runner-up (%s) is %.1f%% slower", planShort(next.Point), 100*gap)
+		}
+	}
+	return [2]string{line1, line2 + "."}
+}
+
+// planACProse names a checkpointing policy in a sentence.
+func planACProse(ac moe.AC) string {
+	switch ac.Mode {
+	case moe.ACNone:
+		return "no activation checkpointing"
+	case moe.ACSelective:
+		return "per-op selective activation checkpointing"
+	case moe.ACFull:
+		return "full activation checkpointing"
+	}
+	return fmt.Sprintf("full checkpointing of every %d-th block", ac.Every)
+}
+
+// planShort is a compact name of a point for prose.
+func planShort(p parallel.PlanPoint) string {
+	l := p.Layout
+	s := fmt.Sprintf("%s %d×%d ep %d", l.Sharding, l.DPShard, l.DPReplicate, l.EP)
+	if o := planOptions(l); o != "-" {
+		s += " " + o
+	}
+	return s + fmt.Sprintf(", %s, lbs %d", p.AC, p.LBS)
+}

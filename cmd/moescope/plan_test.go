@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+func init() {
+	// -update rewrites golden files; registered once whichever test file defines it.
+	if flag.Lookup("update") == nil {
+		flag.Bool("update", false, "rewrite golden files")
+	}
+}
+
+func planUpdate() bool {
+	f := flag.Lookup("update")
+	return f != nil && f.Value.String() == "true"
+}
+
+func planGolden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("..", "..", "testdata", "golden", name)
+	if planUpdate() {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test -update creates it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file (go test -update rewrites it)\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+// planFake is a closed-form evaluator for the command's golden tests, so
+// they test the command (flags, table, JSON, exports, errors), not the
+// performance model. Memory: 16 bytes per parameter sharded over dp_shard
+// (ZeRO modes keep 6 or 10 bytes unsharded, DDP 18), plus activations of
+// 2·4096·hidden·layers bytes per sequence scaled by the policy (none 1,
+// selective 0.5, full 0.1), over the device's memory. TPS: 40,000 · lbs /
+// (lbs + 2) per GPU, less 3% per doubling of dp_shard beyond 8, 1% per
+// doubling of replicas and 2% per doubling of ep, times 0.9 under full and
+// 0.97 under selective checkpointing.
+type planFake struct {
+	params, perSeqBytes, capacity float64
+}
+
+func newPlanFake(sim *parallel.PlanSim) parallel.PlanEvaluator {
+	c := sim.Model
+	n := 0.0
+	for _, p := range c.Params() {
+		k := 1.0
+		for _, d := range p.Shape {
+			k *= float64(d)
+		}
+		n += k
+	}
+	return &planFake{params: n, perSeqBytes: 2 * 4096 * float64(c.Hidden*c.Layers), capacity: float64(sim.Device.MemoryBytes)}
+}
+
+func planLog2(n int) float64 {
+	k := 0.0
+	for n > 1 {
+		n /= 2
+		k++
+	}
+	return k
+}
+
+func (f *planFake) MemoryFraction(p parallel.PlanPoint) (float64, error) {
+	l := p.Layout
+	s := float64(l.DPShard)
+	state := map[moe.Sharding]float64{moe.ShardFSDP: 16 / s, moe.ShardZeRO2: 6 + 10/s, moe.ShardZeRO1: 10 + 6/s, moe.ShardDDP: 18}[l.Sharding] * f.params
+	if !l.ReshardAfterForward || l.KeepGathered {
+		state += 2 * f.params / float64(l.EP)
+	}
+	act := map[moe.ACMode]float64{moe.ACNone: 1, moe.ACSelective: 0.5, moe.ACFull: 0.1}[p.AC.Mode] * f.perSeqBytes * float64(p.LBS)
+	return (state + act) / f.capacity, nil
+}
+
+func (f *planFake) Evaluate(p parallel.PlanPoint) (parallel.PlanScore, error) {
+	m, _ := f.MemoryFraction(p)
+	l := p.Layout
+	tps := 40000 * float64(p.LBS) / float64(p.LBS+2)
+	tps *= 1 - 0.03*max(0, planLog2(l.DPShard)-3) - 0.01*planLog2(l.DPReplicate) - 0.02*planLog2(l.EP)
+	tps *= map[moe.ACMode]float64{moe.ACNone: 1, moe.ACSelective: 0.97, moe.ACFull: 0.9}[p.AC.Mode]
+	if !l.ReshardAfterForward {
+		tps *= 1.01
+	}
+	step := float64(p.LBS*p.GradAccum*4096) / tps
+	return parallel.PlanScore{TPS: tps, MFU: tps / 100000, MemoryFraction: m, StepTimeS: step, Bottleneck: "compute",
+		Breakdown: []parallel.PlanTime{{Kind: "compute", Seconds: 0.8 * step}, {Kind: "exposed all_gather", Seconds: 0.2 * step}}}, nil
+}
+
+func planRun(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	old := planEvaluator
+	planEvaluator = newPlanFake
+	defer func() { planEvaluator = old }()
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, append([]string{"plan"}, args...))
+	return out.String(), errb.String(), err
+}
+
+func TestPlanCommandGolden(t *testing.T) {
+	args := []string{"--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--top", "5"}
+	out, _, err := planRun(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planGolden(t, "plan_table.txt", []byte(out))
+
+	js, _, err := planRun(t, append(args, "--json")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planGolden(t, "plan.json", []byte(js))
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(js), &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"stages", "plans", "best"} {
+		if _, ok := rep[k]; !ok {
+			t.Errorf("JSON lacks %q", k)
+		}
+	}
+	best := rep["best"].(map[string]any)
+	for _, k := range []string{"gpus", "dp_shard", "dp_replicate", "ep", "sharding", "reshard_after_forward", "keep_gathered",
+		"allreduce_last_only", "ac", "lbs", "grad_accum", "tps", "mfu", "memory_fraction", "step_time_s"} {
+		if _, ok := best[k]; !ok {
+			t.Errorf("best plan lacks %q", k)
+		}
+	}
+	// global batch = lbs × dp_replicate × dp_shard × grad_accum (DESIGN).
+	if g := best["lbs"].(float64) * best["dp_replicate"].(float64) * best["dp_shard"].(float64) * best["grad_accum"].(float64); g != 512 {
+		t.Errorf("best plan's global batch %v, want 512", g)
+	}
+}
+
+func TestPlanCommandExports(t *testing.T) {
+	dir := t.TempDir()
+	tomlPath, pyPath, plotDir := filepath.Join(dir, "job.toml"), filepath.Join(dir, "job.py"), filepath.Join(dir, "plots")
+	args := []string{"--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--global-batch", "512",
+		"--torchtitan-toml", tomlPath, "--torchtitan-py", pyPath, "--plot", plotDir}
+	out, _, err := planRun(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(tomlPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planGolden(t, "plan_cli.toml", b)
+	var doc struct {
+		Parallelism struct {
+			Rep     int    `toml:"data_parallel_replicate_degree"`
+			Shard   int    `toml:"data_parallel_shard_degree"`
+			EP      int    `toml:"expert_parallel_degree"`
+			Reshard string `toml:"fsdp_reshard_after_forward"`
+		} `toml:"parallelism"`
+		Training struct {
+			LBS    int `toml:"local_batch_size"`
+			Global int `toml:"global_batch_size"`
+			Seq    int `toml:"seq_len"`
+		} `toml:"training"`
+	}
+	if _, err := toml.Decode(string(b), &doc); err != nil {
+		t.Fatalf("exported TOML does not parse: %v", err)
+	}
+	// The table's first row is the best plan: its degrees must round-trip.
+	var row []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 3 && f[0] == "1" {
+			row = f
+		}
+	}
+	if row == nil {
+		t.Fatalf("no rank-1 row in\n%s", out)
+	}
+	want := strings.Join(row[1:4], " ")
+	got := strings.Join([]string{strconv.Itoa(doc.Parallelism.Shard), strconv.Itoa(doc.Parallelism.Rep), strconv.Itoa(doc.Parallelism.EP)}, " ")
+	if got != want || doc.Training.Global != 512 || doc.Training.Seq != 4096 {
+		t.Errorf("TOML degrees %s (global %d, seq %d), table's best %s", got, doc.Training.Global, doc.Training.Seq, want)
+	}
+	for _, n := range []string{"plan_lbs_tps", "plan_lbs_memory", "plan_scaling", "plan_breakdown"} {
+		for _, ext := range []string{".png", ".svg"} {
+			if fi, err := os.Stat(filepath.Join(plotDir, n+ext)); err != nil || fi.Size() == 0 {
+				t.Errorf("plot %s%s: %v", n, ext, err)
+			}
+		}
+	}
+	// A second run refuses to overwrite, before searching; --force overwrites.
+	if _, _, err := planRun(t, args...); !errors.Is(err, moe.ErrExists) {
+		t.Errorf("second run: err = %v, want ErrExists", err)
+	}
+	if _, _, err := planRun(t, append(args, "--force")...); err != nil {
+		t.Errorf("--force: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, ".*tmp*")); len(m) > 0 {
+		t.Errorf("temporary files left: %v", m)
+	}
+}
+
+func TestPlanCommandBadInput(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+		code int
+	}{
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--memory-target", "0"}, []string{"--memory-target = 0", "(0, 1]"}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--memory-target", "1.2"}, []string{"--memory-target = 1.2"}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--seq", "4096"}, []string{"--gpus = 0"}, 2},
+		{[]string{"--gpus", "8", "--seq", "4096"}, []string{"--model is required"}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--gpu", "tpu9"}, []string{"--gpu"}, 2},
+		// 30.5e9 parameters × 16 B = 488 GB of state on one GPU: nothing fits
+		// at 0.92 of 178.35 GiB; the fake's FSDP state needs 16 × 30.5e9 /
+		// (0.92 × 191.5e9 − activations) ≈ 2.8 GPUs → 4.
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "1", "--seq", "4096"}, []string{"no feasible plan on 1 GPUs", "closest", "at least 4 GPUs"}, 1},
+		// 100 sequences cannot be split over 64 data-parallel ranks.
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--global-batch", "100"}, []string{"not a multiple", "128"}, 1},
+	} {
+		_, _, err := planRun(t, c.args...)
+		if err == nil {
+			t.Errorf("%v: no error", c.args)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %q lacks %q", c.args, err, w)
+			}
+		}
+		if exitCode(err) != c.code {
+			t.Errorf("%v: exit code %d, want %d", c.args, exitCode(err), c.code)
+		}
+	}
+}
+
+// TestPlanCommandRealModelInfeasible runs the real evaluator (memory only:
+// nothing fits, so nothing is simulated) on the tiny built-in model with a
+// memory target no layout meets.
+func TestPlanCommandRealModelInfeasible(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "1", "--seq", "64", "--memory-target", "1e-9"})
+	var inf *parallel.PlanInfeasibleError
+	if !errors.As(err, &inf) || inf.Closest == nil || inf.Needed == "" {
+		t.Fatalf("err = %v, want a PlanInfeasibleError with the closest point and what is needed", err)
+	}
+	if exitCode(err) == 0 {
+		t.Error("exit code 0")
+	}
+	t.Log(err)
+}
