@@ -382,7 +382,13 @@ func (m *Model[T]) Accumulate(micro [][][]int, o Options) (Result, error) {
 
 // Step applies one AdamW step to every trained parameter (buffers such as
 // the selection bias excluded) from Grad.
-func (m *Model[T]) Step(a AdamW) {
+func (m *Model[T]) Step(a AdamW) { m.StepRecorded(a, nil) }
+
+// StepRecorded is Step reporting, per layer, an optimizer record (pass
+// Forward) whose count is the number of parameters updated: decoder layers
+// by index, the embedding as LayerEmbed, final norm and LM head as
+// LayerHead.
+func (m *Model[T]) StepRecorded(a AdamW, rec Recorder) {
 	if m.opt.M == nil {
 		m.opt.M, m.opt.V = make([]T, len(m.Data)), make([]T, len(m.Data))
 	}
@@ -394,6 +400,16 @@ func (m *Model[T]) Step(a AdamW) {
 		lo, hi := m.offs[i], m.offs[i+1]
 		st := AdamState[T]{Step: step, M: m.opt.M[lo:hi], V: m.opt.V[lo:hi]}
 		AdamWStep(a, &st, m.Data[lo:hi], m.Grad[lo:hi])
+		if rec != nil {
+			l := p.Layer
+			switch {
+			case p.Group == GroupEmbedding:
+				l = LayerEmbed
+			case l < 0:
+				l = m.Cfg.LayerHead()
+			}
+			rec.RecordOp(OpRecord{Layer: l, Op: OpOptimizer, Pass: Forward, Count: int64(hi - lo)})
+		}
 	}
 	m.opt.Step++
 }
