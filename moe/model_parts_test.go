@@ -135,6 +135,22 @@ func TestAttentionArea(t *testing.T) {
 	}
 }
 
+// TestAreaMatchesKernel checks that the area recorded (attnShape.area)
+// is the area moe/kernel's float32 attention executes (its Area), so the
+// float32 path records what it runs.
+func TestAreaMatchesKernel(t *testing.T) {
+	for s := 1; s <= 20; s++ {
+		for _, w := range []int{0, 1, 2, 5, 19} {
+			for _, tile := range [][2]int{{1, 1}, {2, 3}, {4, 4}, {7, 2}, {64, 64}} {
+				a := attnShape{seq: s, window: w, tileQ: tile[0], tileK: tile[1]}
+				if got, want := a.area(), a.kernelShape().Area(); got != want {
+					t.Errorf("s=%d w=%d tile %v: area %d, kernel %d", s, w, tile, got, want)
+				}
+			}
+		}
+	}
+}
+
 // TestFloat32AgreesWithFloat64 runs the same model in both precisions.
 func TestFloat32AgreesWithFloat64(t *testing.T) {
 	for name, c := range tinyVariants() {
