@@ -15,9 +15,9 @@ func BenchmarkPlanSimMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := &PlanSim{Model: cfg, Device: dev, Seq: 4096}
 	p := PlanPoint{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
 	for b.Loop() {
+		e := &PlanSim{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
 		if _, err := e.MemoryFraction(p); err != nil {
 			b.Fatal(err)
 		}
@@ -33,9 +33,9 @@ func BenchmarkPlanSimEvaluate(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	e := &PlanSim{Model: cfg, Device: dev, Seq: 4096}
 	p := PlanPoint{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
 	for b.Loop() {
+		e := &PlanSim{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
 		if _, err := e.Evaluate(p); err != nil {
 			b.Fatal(err)
 		}
