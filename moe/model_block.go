@@ -1,6 +1,9 @@
 package moe
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // LayerWeights holds the tensors of one decoder layer as flat row-major
 // slices in Hugging Face's shapes ([out, in] for linear weights). Absent
@@ -109,7 +112,7 @@ func (b *Block[T]) tokens() int { return b.batch * b.seq }
 func (b *Block[T]) attnShape() attnShape {
 	c := b.cfg
 	return attnShape{batch: b.batch, seq: b.seq, heads: c.Heads, kv: c.KVHeads, d: c.HeadDim,
-		window: c.Window[b.layer], tileQ: b.x.tileQ, tileK: b.x.tileK, scale: 1 / sqrtF(float64(c.HeadDim))}
+		window: c.Window[b.layer], tileQ: b.x.tileQ, tileK: b.x.tileK, scale: 1 / math.Sqrt(float64(c.HeadDim))}
 }
 
 // lin runs a linear op unless the selective cache holds its output.
@@ -127,6 +130,9 @@ func (b *Block[T]) lin(op Op, pass Pass, useCache bool, in, w, bias []T, m, n, k
 // Forward runs the block on x [T,D] (T = batch·seq tokens) and returns its
 // output; it keeps for backward what the checkpointing policy says.
 func (b *Block[T]) Forward(w *LayerWeights[T], x []T) []T {
+	if len(x) != b.tokens()*b.cfg.Hidden {
+		panic("moe: Block.Forward needs x of batch·seq·hidden elements")
+	}
 	b.st = blockState[T]{x: x}
 	b.local.w = w
 	out := b.forward(w, Forward, false)

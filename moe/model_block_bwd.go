@@ -1,9 +1,5 @@
 package moe
 
-import "math"
-
-func sqrtF(x float64) float64 { return math.Sqrt(x) }
-
 // Backward takes dy [T,D], the gradient of the block's output, recomputes
 // what the checkpointing policy dropped (recorded as Recompute), accumulates
 // the layer's weight gradients into g and returns the gradient of the
@@ -13,6 +9,9 @@ func sqrtF(x float64) float64 { return math.Sqrt(x) }
 // The block's kept state is released.
 func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	c, ex, L := b.cfg, b.x, b.layer
+	if len(dy) != b.tokens()*c.Hidden || b.st.x == nil {
+		panic("moe: Block.Backward needs a preceding Forward and dy of batch·seq·hidden elements")
+	}
 	if !b.st.complete {
 		b.local.w = w
 		b.forward(w, Recompute, b.st.cache != nil)

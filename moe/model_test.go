@@ -108,8 +108,6 @@ func newTestModel(t testing.TB, c *Config, seed uint64) *Model[float64] {
 // valid only when perturbations stay far below it.
 func routingMargin(c *Config, m *Model[float64], tokens [][]int) float64 {
 	margin := math.Inf(1)
-	rec := &marginProbe{}
-	_ = rec
 	w, _ := layerViews(c, m.Params, m.Tensors())
 	batch, seq := len(tokens), len(tokens[0])-1
 	// run forward block by block to inspect routing
@@ -150,8 +148,6 @@ func routingMargin(c *Config, m *Model[float64], tokens [][]int) float64 {
 	}
 	return margin
 }
-
-type marginProbe struct{}
 
 // TestGradientsFiniteDifferences checks every parameter element's analytic
 // gradient against the central difference (f(θ+h) − f(θ−h))/2h of the
