@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -21,8 +22,9 @@ import (
 //   - ops of one stream start in list order, each after the previous op of
 //     that stream has finished;
 //   - an op also waits for every op in Deps to finish;
-//   - MemAlloc events take effect when the op starts, MemFree events when it
-//     finishes; live bytes at any moment are the running sum.
+//   - memory follows the memory package's timeline, the one source of peak
+//     memory: Setup, then each op's Mem in op order, is that timeline
+//     event for event (memory.Replay gives Peak).
 type Schedule struct {
 	Layout moe.Layout
 	AC     moe.AC
@@ -30,6 +32,18 @@ type Schedule struct {
 	Seq    int // tokens per sequence
 	Micro  int // micro-steps per optimizer step (grad-accum)
 	Ops    []ScheduleOp
+	Setup  []memory.Event // what is live when the step begins
+	Peak   memory.Peak    // memory.Replay of the timeline
+}
+
+// Timeline returns the step's memory events in order: Setup, then every
+// op's Mem.
+func (s *Schedule) Timeline() []memory.Event {
+	out := append([]memory.Event(nil), s.Setup...)
+	for _, o := range s.Ops {
+		out = append(out, o.Mem...)
+	}
+	return out
 }
 
 // Stream is the queue an op runs on.
@@ -165,25 +179,6 @@ const (
 	OpCollective
 )
 
-// MemKind names what a memory event allocates or frees.
-type MemKind string
-
-// Memory event kinds.
-const (
-	MemGathered    MemKind = "gathered_weights" // unsharded compute-dtype weights of a unit
-	MemGradFull    MemKind = "unsharded_grads"  // a unit's full gradient before reduction (grad dtype)
-	MemActivations MemKind = "activations"      // tensors a segment saves for backward
-	MemA2A         MemKind = "a2a_buffer"       // all-to-all receive buffer
-)
-
-// MemEvent is one allocation or free of a schedule op.
-type MemEvent struct {
-	Kind  MemKind
-	Unit  Unit // for weights and gradients
-	Bytes int64
-	Free  bool // false: allocated at the op's start; true: freed at its finish
-}
-
 // ScheduleOp is one entry of the program.
 type ScheduleOp struct {
 	ID     int
@@ -210,7 +205,9 @@ type ScheduleOp struct {
 	DType    moe.DType
 	Elements int64
 
-	Mem []MemEvent
+	// Mem are the memory package's timeline events that happen at this op
+	// (see Schedule.Setup).
+	Mem []memory.Event
 }
 
 // Bytes is Elements × DType size.
@@ -232,11 +229,11 @@ func (o ScheduleOp) String() string {
 		fmt.Fprintf(&b, " after %v", o.Deps)
 	}
 	for _, e := range o.Mem {
-		sign := "+"
-		if e.Free {
-			sign = "-"
+		sign := "-"
+		if e.Alloc {
+			sign = "+"
 		}
-		fmt.Fprintf(&b, " %s%s:%d", sign, e.Kind, e.Bytes)
+		fmt.Fprintf(&b, " %s%s:%d", sign, e.Label, e.Bytes)
 	}
 	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -16,10 +17,9 @@ type ScheduleSpec struct {
 	Seq       int // tokens per sequence
 	Micro     int // gradient-accumulation micro-steps (≥ 1)
 	Precision moe.Precision
-	// Activations, when set, gives the bytes a compute segment saves for
-	// backward (from the memory package's tables); the schedule then
-	// allocates them at the forward op and frees them at the backward op.
-	Activations func(layer int, seg Segment) int64
+	// Memory are the memory package's options besides AC and Precision
+	// (attention kind, loss chunks, optimizer implementation, allocator).
+	Memory memory.Options
 }
 
 // BuildSchedule builds one rank's program of one training step (every rank
@@ -59,7 +59,58 @@ func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 		b.prec = moe.DefaultPrecision
 	}
 	b.build()
+	mo := sp.Memory
+	mo.AC, mo.Precision = sp.AC, b.prec
+	rep, err := memory.Estimate(cfg, m.Layout, memory.Batch{LBS: sp.LBS, Seq: sp.Seq, GradAccum: sp.Micro}, mo)
+	if err != nil {
+		return nil, fmt.Errorf("schedule: memory timeline: %w", err)
+	}
+	b.s.Peak = rep.Peak
+	b.attachMemory(rep.Events)
 	return b.s, nil
+}
+
+// attachMemory hands the memory package's timeline of the step to the ops:
+// setup events to Schedule.Setup, and each run of events of one (phase,
+// micro-step, unit layer) to the first compute op of that phase,
+// micro-step and layer at or after the op that took the previous run
+// (recompute ops count as backward, as the memory timeline places
+// checkpoint recomputation there). The order is never changed, so Setup
+// followed by every op's Mem in op order is the timeline itself, and
+// memory.Replay of it gives the peak Schedule.Peak records.
+func (b *schedBuilder) attachMemory(evs []memory.Event) {
+	ops := b.s.Ops
+	phaseOf := func(o ScheduleOp) memory.Phase {
+		switch o.Phase {
+		case PhaseForward:
+			return memory.Forward
+		case PhaseOptimizer:
+			return memory.Optimizer
+		}
+		return memory.Backward
+	}
+	at := 0
+	for i := 0; i < len(evs); {
+		e := evs[i]
+		j := i
+		for j < len(evs) && evs[j].Phase == e.Phase && evs[j].Micro == e.Micro && evs[j].Layer == e.Layer {
+			j++
+		}
+		if e.Phase == memory.Setup {
+			b.s.Setup = append(b.s.Setup, evs[i:j]...)
+			i = j
+			continue
+		}
+		for k := at; k < len(ops); k++ {
+			o := ops[k]
+			if o.Type == OpCompute && phaseOf(o) == e.Phase && (o.Phase == PhaseOptimizer || o.Micro == e.Micro && o.Layer == e.Layer) {
+				at = k
+				break
+			}
+		}
+		ops[at].Mem = append(ops[at].Mem, evs[i:j]...)
+		i = j
+	}
 }
 
 type schedBuilder struct {
@@ -141,8 +192,7 @@ func (b *schedBuilder) gather(u Unit, micro int) int {
 		deps = []int{b.computes[k-2]}
 	}
 	id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: deps,
-		Coll: CollAllGather, Axis: b.shardAxis(u), Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded,
-		Mem: []MemEvent{{Kind: MemGathered, Unit: u, Bytes: padded * b.prec.Compute.Bytes()}}})
+		Coll: CollAllGather, Axis: b.shardAxis(u), Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded})
 	b.gatherOp[u] = id
 	return id
 }
@@ -159,17 +209,12 @@ func (b *schedBuilder) gatherDep(u Unit, micro int) int {
 	return -1
 }
 
-// free releases u's gathered weights at the end of op id.
-func (b *schedBuilder) free(u Unit, id int) {
+// free releases u's gathered weights after op id.
+func (b *schedBuilder) free(u Unit) {
 	if !b.fsdp() || !b.gathered[u] {
 		return
 	}
 	b.gathered[u] = false
-	if b.axisSize(b.shardAxis(u)) == 1 {
-		return
-	}
-	_, padded, _ := b.sizes(u)
-	b.s.Ops[id].Mem = append(b.s.Ops[id].Mem, MemEvent{Kind: MemGathered, Unit: u, Bytes: padded * b.prec.Compute.Bytes(), Free: true})
 }
 
 func (b *schedBuilder) compute(micro, layer int, ph Phase, seg Segment, deps ...int) int {
@@ -180,20 +225,6 @@ func (b *schedBuilder) compute(micro, layer int, ph Phase, seg Segment, deps ...
 		}
 	}
 	o := ScheduleOp{Type: OpCompute, Stream: StreamCompute, Micro: micro, Layer: layer, Phase: ph, Segment: seg, Deps: ds}
-	if b.sp.Activations != nil && seg != SegUpdate {
-		if by := b.sp.Activations(layer, seg); by > 0 {
-			switch ph {
-			case PhaseForward:
-				if !b.sp.AC.FullyCheckpointed(layer) || layer < 0 || layer >= b.cfg.Layers {
-					o.Mem = append(o.Mem, MemEvent{Kind: MemActivations, Bytes: by})
-				}
-			case PhaseRecompute:
-				o.Mem = append(o.Mem, MemEvent{Kind: MemActivations, Bytes: by})
-			case PhaseBackward:
-				o.Mem = append(o.Mem, MemEvent{Kind: MemActivations, Bytes: by, Free: true})
-			}
-		}
-	}
 	id := b.add(o)
 	b.computes = append(b.computes, id)
 	return id
@@ -213,8 +244,7 @@ func (b *schedBuilder) a2a(micro, layer int, p Purpose, dep int) int {
 	}
 	el := rows * int64(b.cfg.Hidden)
 	return b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: []int{dep},
-		Coll: CollAllToAll, Axis: AxisEP, Purpose: p, DType: b.prec.Activation, Elements: el,
-		Mem: []MemEvent{{Kind: MemA2A, Bytes: el * b.prec.Activation.Bytes()}}})
+		Coll: CollAllToAll, Axis: AxisEP, Purpose: p, DType: b.prec.Activation, Elements: el})
 }
 
 // forwardBlock emits a block's forward (or recompute) segments and returns
@@ -233,21 +263,7 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 	c := b.a2a(micro, layer, PurposeCombine, e)
 	post := b.compute(micro, layer, ph, SegPost, c)
 	b.unitLast[ex] = e
-	if c != e {
-		// The a2a buffers of dispatch and combine are freed once consumed.
-		b.freeA2A(d, e)
-		b.freeA2A(c, post)
-	}
 	return post
-}
-
-// freeA2A frees the receive buffer of all-to-all a at the end of op at.
-func (b *schedBuilder) freeA2A(a, at int) {
-	for _, e := range b.s.Ops[a].Mem {
-		if e.Kind == MemA2A && !e.Free {
-			b.s.Ops[at].Mem = append(b.s.Ops[at].Mem, MemEvent{Kind: MemA2A, Bytes: e.Bytes, Free: true})
-		}
-	}
 }
 
 // reduce emits the gradient collectives of u after op dep.
@@ -293,14 +309,14 @@ func (b *schedBuilder) build() {
 		g := b.gather(emb, micro)
 		id := b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
 		if ra && !b.cfg.TiedEmbeddings { // tied: the head reads the embedding's weights
-			b.free(emb, id)
+			b.free(emb)
 		}
 		for l := 0; l < b.cfg.Layers; l++ {
 			id = b.forwardBlock(micro, l, PhaseForward)
 			if ra && l != b.cfg.Layers-1 {
-				b.free(Unit{Layer: l}, id)
+				b.free(Unit{Layer: l})
 				if b.cfg.MoELayer[l] {
-					b.free(Unit{Layer: l, Experts: true}, b.unitLast[Unit{Layer: l, Experts: true}])
+					b.free(Unit{Layer: l, Experts: true})
 				}
 			}
 		}
@@ -312,7 +328,7 @@ func (b *schedBuilder) build() {
 		id = b.compute(micro, head, PhaseBackward, SegHead)
 		b.reduce(hu, micro, id)
 		if !keep || lastMicro {
-			b.free(hu, id)
+			b.free(hu)
 		}
 		for l := b.cfg.Layers - 1; l >= 0; l-- {
 			dense, ex := Unit{Layer: l}, Unit{Layer: l, Experts: true}
@@ -324,7 +340,7 @@ func (b *schedBuilder) build() {
 				id = b.compute(micro, l, PhaseBackward, SegBlock, gd)
 				b.reduce(dense, micro, id)
 				if !keep || lastMicro {
-					b.free(dense, id)
+					b.free(dense)
 				}
 				continue
 			}
@@ -334,24 +350,20 @@ func (b *schedBuilder) build() {
 			e := b.compute(micro, l, PhaseBackward, SegExperts, c, ge)
 			b.reduce(ex, micro, e)
 			if !keep || lastMicro {
-				b.free(ex, e)
+				b.free(ex)
 			}
 			d := b.a2a(micro, l, PurposeDispatchBwd, e)
 			pre := b.compute(micro, l, PhaseBackward, SegPre, d)
-			if d != e {
-				b.freeA2A(c, e)
-				b.freeA2A(d, pre)
-			}
 			b.reduce(dense, micro, pre)
 			if !keep || lastMicro {
-				b.free(dense, pre)
+				b.free(dense)
 			}
 		}
 		g = b.gather(emb, micro)
 		id = b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
 		b.reduce(emb, micro, id)
 		if !keep || lastMicro {
-			b.free(emb, id)
+			b.free(emb)
 		}
 	}
 	// Step end.
