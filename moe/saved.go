@@ -117,8 +117,12 @@ func linearOut(c *Config, op Op) int {
 // a decoder layer, or c.LayerHead()) for a micro-batch of tokens tokens
 // under policy ac, with activations stored as p.Activation (DefaultPrecision
 // when p is zero). The table above states it; a test checks that execution
-// records exactly this.
+// records exactly this. A layer outside [LayerEmbed, c.LayerHead()] keeps
+// nothing.
 func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecord {
+	if layer < LayerEmbed || layer > c.LayerHead() || len(c.MoELayer) != c.Layers {
+		return nil
+	}
 	if p == (Precision{}) {
 		p = DefaultPrecision
 	}
