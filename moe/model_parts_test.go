@@ -377,3 +377,35 @@ func TestStepRecorded(t *testing.T) {
 		t.Errorf("optimizer records count %d parameters, model trains %d", n, want)
 	}
 }
+
+// TestAccumulateIsMean checks gradient accumulation: Accumulate over two
+// micro-batches gives the mean of their losses and of their gradients.
+func TestAccumulateIsMean(t *testing.T) {
+	c := tinyVariants()["qwen2_moe"]
+	m := newTestModel(t, c, 4)
+	r := rand.New(rand.NewPCG(8, 8))
+	mb := [][][]int{randomTokens(r, c, 2, 4), randomTokens(r, c, 2, 4)}
+	o := Options{AuxCoef: 0.1}
+	var g [2][]float64
+	var l [2]float64
+	for i := range mb {
+		m.ZeroGrad()
+		res, err := m.ForwardBackward(mb[i], 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g[i], l[i] = append([]float64(nil), m.Grad...), res.Total
+	}
+	res, err := m.Accumulate(mb, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(res.Total-(l[0]+l[1])/2) > 1e-14 {
+		t.Errorf("mean loss %v, want %v", res.Total, (l[0]+l[1])/2)
+	}
+	for i, v := range m.Grad {
+		if want := (g[0][i] + g[1][i]) / 2; math.Abs(v-want) > 1e-14*(1+math.Abs(want)) {
+			t.Fatalf("grad[%d] = %v, mean of micro-batches %v", i, v, want)
+		}
+	}
+}
