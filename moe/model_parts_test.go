@@ -409,3 +409,25 @@ func TestAccumulateIsMean(t *testing.T) {
 		}
 	}
 }
+
+// TestUpdateSelectionBias checks torchtitan's rule by hand: loads
+// [1, 1, 10] (mean 4) give δ = γ·sign(4 − load) = [γ, γ, −γ], centred by
+// mean(δ) = γ/3 to [2γ/3, 2γ/3, −4γ/3].
+func TestUpdateSelectionBias(t *testing.T) {
+	c := tinyVariants()["glm4_moe"]
+	c2 := *c
+	c2.Experts, c2.Groups, c2.TopKGroups, c2.TopK = 3, 1, 1, 2
+	m, err := NewModel[float64](&c2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const g = 0.003
+	m.UpdateSelectionBias([][]int64{nil, {1, 1, 10}}, g)
+	w, _ := m.Layer(1)
+	want := []float64{2 * g / 3, 2 * g / 3, -4 * g / 3}
+	for e, v := range w.SelBias {
+		if math.Abs(v-want[e]) > 1e-18 {
+			t.Errorf("bias[%d] = %v, want %v", e, v, want[e])
+		}
+	}
+}
