@@ -353,6 +353,9 @@ func (q *PlanRequest) planFamilies(n int, accum bool) []planFamily {
 			}
 			base := moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}
 			for _, l := range q.planShardVariants(base, accum) {
+				if l.Sharding == moe.ShardDDP && l.EP == 1 && l.DPReplicate < n {
+					continue // the same as dp_replicate = n (dp_shard 1), enumerated once
+				}
 				for _, ac := range q.ACs {
 					fams = append(fams, planFamily{l, ac})
 				}

@@ -41,3 +41,48 @@ func BenchmarkPlanSimEvaluate(b *testing.B) {
 		}
 	}
 }
+
+// planSmallDevice is a B200 with its memory cut so that the tiny model's
+// memory limit binds inside the searched local batches.
+func planSmallDevice(t testing.TB, bytes int64) Device {
+	dev, err := LookupDevice("b200")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev.Name, dev.MemoryBytes = "b200-small", bytes
+	return dev
+}
+
+// TestPlanSimHierarchicalNearExhaustive is the check on the real
+// evaluator (memory timeline + virtual-time backend): the hierarchical best
+// is within 2% (TPS) of the exhaustive optimum, for each model and GPU
+// count tried, with the number of candidates each simulated.
+func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
+	cfg, err := moe.Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		gpus, gb int
+		mem      int64
+	}{{8, 0, 12 << 20}, {32, 128, 12 << 20}} { // 12 MiB: none fits lbs ≈ 5, full ≈ 12 (of 16 searched)
+		ev := &PlanSim{Model: cfg, Device: planSmallDevice(t, c.mem), Seq: 256}
+		req := PlanRequest{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 16}
+		hier, err := SearchPlans(req, ev)
+		if err != nil {
+			t.Fatalf("gpus %d: %v", c.gpus, err)
+		}
+		planCheckReport(t, req, hier)
+		req.Exhaustive = true
+		exh, err := SearchPlans(req, ev)
+		if err != nil {
+			t.Fatalf("gpus %d exhaustive: %v", c.gpus, err)
+		}
+		ratio := hier.Best.Score.TPS / exh.Best.Score.TPS
+		t.Logf("tiny gpus=%d gb=%d: hierarchical %.0f TPS (%d simulated: %s), exhaustive %.0f TPS (%d simulated: %s), ratio %.4f",
+			c.gpus, c.gb, hier.Best.Score.TPS, hier.Simulated, hier.Best.Point, exh.Best.Score.TPS, exh.Simulated, exh.Best.Point, ratio)
+		if ratio < 0.98 {
+			t.Errorf("gpus %d: hierarchical/exhaustive = %.4f < 0.98", c.gpus, ratio)
+		}
+	}
+}
