@@ -15,5 +15,6 @@ func main() {
 	peak()
 	gemmKernels()
 	transposes()
+	vecOps()
 	Generate()
 }

@@ -7,8 +7,10 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +83,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	skipLayer := fs.Bool("no-layer", false, "skip the layer benchmark")
 	torch := fs.String("torch", "", "also run this PyTorch script (testdata/torchref/bench_layer.py) on the same layer and print the ratio")
 	python := fs.String("python", "/usr/bin/python3", "Python interpreter for --torch")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the layer benchmark to this file (go tool pprof)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: moescope bench [--json] [--model M] [--tokens N] [--threads N] [--experts E] [--top-k K] [--torch SCRIPT]")
 		fs.PrintDefaults()
@@ -125,7 +128,21 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		rep.GEMM = benchGEMMs(lc, squares, *tokens, *threads, rep.Peak)
 	}
 	if !*skipLayer {
-		if rep.Layer, err = benchLayer(lc, *model, *tokens, *threads, *iters, rep.Peak); err != nil {
+		if *cpuProfile != "" {
+			f, err := os.Create(*cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+		}
+		rep.Layer, err = benchLayer(lc, *model, *tokens, *threads, *iters, rep.Peak)
+		if *cpuProfile != "" {
+			pprof.StopCPUProfile()
+		}
+		if err != nil {
 			return err
 		}
 	}

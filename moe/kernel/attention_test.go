@@ -165,15 +165,15 @@ func TestAttnRefGradient(t *testing.T) {
 }
 
 func TestAttentionArea(t *testing.T) {
-	// Hand-derived: full causal, s = 128 = 2 tiles: the three tiles on or
-	// below the diagonal, 3·64·64 = 12288. s = 100: tiles clipped to 64 and
-	// 36: 64·64 + 36·64 + 36·36 = 7696. Window 1 (only j = i): the two
-	// diagonal tiles, 2·64·64 = 8192.
+	// Hand-derived with 64×64 tiles: full causal, s = 128 = 2 tiles: the
+	// three tiles on or below the diagonal, 3·64·64 = 12288. s = 100: tiles
+	// clipped to 64 and 36: 64·64 + 36·64 + 36·36 = 7696. Window 1 (only
+	// j = i): the two diagonal tiles, 2·64·64 = 8192.
 	for _, c := range []struct {
 		seq, window int
 		want        int64
 	}{{128, 0, 12288}, {100, 0, 7696}, {128, 1, 8192}, {64, 0, 4096}} {
-		if got := (AttnShape{Seq: c.seq, Window: c.window}).Area(); got != c.want {
+		if got := (AttnShape{Seq: c.seq, Window: c.window, TileQ: 64, TileK: 64}).Area(); got != c.want {
 			t.Errorf("Area(seq %d, window %d) = %d, want %d", c.seq, c.window, got, c.want)
 		}
 	}

@@ -41,6 +41,9 @@ func boolInt(b bool) int {
 }
 
 func init() {
+	if cpuid.CPU.Supports(cpuid.AVX2, cpuid.FMA3) {
+		useAsmRows(true)
+	}
 	if cpuid.CPU.Supports(cpuid.AVX) {
 		asmTranspose8 = func(dst []float32, ldd int, src []float32, lds, n int, alpha float32) {
 			transpose8(unsafe.SliceData(dst), ldd, unsafe.SliceData(src), lds, n, alpha)
@@ -48,6 +51,54 @@ func init() {
 		asmTranspose4 = func(dst []float32, ldd int, src []float32, lds, n int, alpha float32) {
 			transpose4(unsafe.SliceData(dst), ldd, unsafe.SliceData(src), lds, n, alpha)
 		}
+	}
+}
+
+// useAsmRows switches the attention row operations between the assembly
+// (on) and the plain Go versions (off, for tests).
+func useAsmRows(on bool) {
+	if !on {
+		expSubSumRow, maxRow, scaleRow, dsRow, dotRow = expSubSumGo, maxGo, scaleGo, dsGo, dotGo
+		return
+	}
+	expSubSumRow = func(x []float32, m float32) float32 {
+		n := len(x) &^ 7
+		var s float32
+		if n > 0 {
+			s = expSubSum(&x[0], n, m)
+		}
+		return s + expSubSumGo(x[n:], m)
+	}
+	maxRow = func(x []float32, m float32) float32 {
+		n := len(x) &^ 7
+		if n > 0 {
+			m = rowMax(&x[0], n, m)
+		}
+		return maxGo(x[n:], m)
+	}
+	scaleRow = func(x []float32, a float32) {
+		n := len(x) &^ 7
+		if n > 0 {
+			rowScale(&x[0], n, a)
+		}
+		scaleGo(x[n:], a)
+	}
+	dsRow = func(ds, p []float32, d, c float32) {
+		n := len(ds) &^ 7
+		p = p[:len(ds)]
+		if n > 0 {
+			rowDS(&ds[0], &p[0], n, d, c)
+		}
+		dsGo(ds[n:], p[n:], d, c)
+	}
+	dotRow = func(x, y []float32) float32 {
+		n := len(x) &^ 7
+		y = y[:len(x)]
+		var s float32
+		if n > 0 {
+			s = rowDot(&x[0], &y[0], n)
+		}
+		return s + dotGo(x[n:], y[n:])
 	}
 }
 

@@ -32,3 +32,28 @@ func transpose8(dst *float32, ldd int, src *float32, lds int, n int, alpha float
 //
 //go:noescape
 func transpose4(dst *float32, ldd int, src *float32, lds int, n int, alpha float32)
+
+// expSubSum sets x[j] = exp(x[j] − m) for j < n (n a multiple of 8; 0 where x[j] − m < −87.3) and returns their sum.
+//
+//go:noescape
+func expSubSum(x *float32, n int, m float32) float32
+
+// rowMax returns the maximum of m and x[j], j < n (n a multiple of 8).
+//
+//go:noescape
+func rowMax(x *float32, n int, m float32) float32
+
+// rowScale sets x[j] *= a for j < n (n a multiple of 8).
+//
+//go:noescape
+func rowScale(x *float32, n int, a float32)
+
+// rowDS sets ds[j] = p[j]·(ds[j] − d)·c for j < n (n a multiple of 8).
+//
+//go:noescape
+func rowDS(ds *float32, p *float32, n int, d float32, c float32)
+
+// rowDot returns Σ x[j]·y[j] over j < n (n a multiple of 8).
+//
+//go:noescape
+func rowDot(x *float32, y *float32, n int) float32

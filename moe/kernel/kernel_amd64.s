@@ -882,3 +882,257 @@ transpose4_loop:
 transpose4_done:
 	VZEROUPPER
 	RET
+
+DATA expConsts<>+0(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+4(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+8(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+12(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+16(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+20(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+24(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+28(SB)/4, $0x3fb8aa3b
+DATA expConsts<>+32(SB)/4, $0x3f000000
+DATA expConsts<>+36(SB)/4, $0x3f000000
+DATA expConsts<>+40(SB)/4, $0x3f000000
+DATA expConsts<>+44(SB)/4, $0x3f000000
+DATA expConsts<>+48(SB)/4, $0x3f000000
+DATA expConsts<>+52(SB)/4, $0x3f000000
+DATA expConsts<>+56(SB)/4, $0x3f000000
+DATA expConsts<>+60(SB)/4, $0x3f000000
+DATA expConsts<>+64(SB)/4, $0x3f318000
+DATA expConsts<>+68(SB)/4, $0x3f318000
+DATA expConsts<>+72(SB)/4, $0x3f318000
+DATA expConsts<>+76(SB)/4, $0x3f318000
+DATA expConsts<>+80(SB)/4, $0x3f318000
+DATA expConsts<>+84(SB)/4, $0x3f318000
+DATA expConsts<>+88(SB)/4, $0x3f318000
+DATA expConsts<>+92(SB)/4, $0x3f318000
+DATA expConsts<>+96(SB)/4, $0xb95e8083
+DATA expConsts<>+100(SB)/4, $0xb95e8083
+DATA expConsts<>+104(SB)/4, $0xb95e8083
+DATA expConsts<>+108(SB)/4, $0xb95e8083
+DATA expConsts<>+112(SB)/4, $0xb95e8083
+DATA expConsts<>+116(SB)/4, $0xb95e8083
+DATA expConsts<>+120(SB)/4, $0xb95e8083
+DATA expConsts<>+124(SB)/4, $0xb95e8083
+DATA expConsts<>+128(SB)/4, $0x39506967
+DATA expConsts<>+132(SB)/4, $0x39506967
+DATA expConsts<>+136(SB)/4, $0x39506967
+DATA expConsts<>+140(SB)/4, $0x39506967
+DATA expConsts<>+144(SB)/4, $0x39506967
+DATA expConsts<>+148(SB)/4, $0x39506967
+DATA expConsts<>+152(SB)/4, $0x39506967
+DATA expConsts<>+156(SB)/4, $0x39506967
+DATA expConsts<>+160(SB)/4, $0x3ab743ce
+DATA expConsts<>+164(SB)/4, $0x3ab743ce
+DATA expConsts<>+168(SB)/4, $0x3ab743ce
+DATA expConsts<>+172(SB)/4, $0x3ab743ce
+DATA expConsts<>+176(SB)/4, $0x3ab743ce
+DATA expConsts<>+180(SB)/4, $0x3ab743ce
+DATA expConsts<>+184(SB)/4, $0x3ab743ce
+DATA expConsts<>+188(SB)/4, $0x3ab743ce
+DATA expConsts<>+192(SB)/4, $0x3c088908
+DATA expConsts<>+196(SB)/4, $0x3c088908
+DATA expConsts<>+200(SB)/4, $0x3c088908
+DATA expConsts<>+204(SB)/4, $0x3c088908
+DATA expConsts<>+208(SB)/4, $0x3c088908
+DATA expConsts<>+212(SB)/4, $0x3c088908
+DATA expConsts<>+216(SB)/4, $0x3c088908
+DATA expConsts<>+220(SB)/4, $0x3c088908
+DATA expConsts<>+224(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+228(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+232(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+236(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+240(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+244(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+248(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+252(SB)/4, $0x3d2aa9c1
+DATA expConsts<>+256(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+260(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+264(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+268(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+272(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+276(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+280(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+284(SB)/4, $0x3e2aaaaa
+DATA expConsts<>+288(SB)/4, $0x3f000000
+DATA expConsts<>+292(SB)/4, $0x3f000000
+DATA expConsts<>+296(SB)/4, $0x3f000000
+DATA expConsts<>+300(SB)/4, $0x3f000000
+DATA expConsts<>+304(SB)/4, $0x3f000000
+DATA expConsts<>+308(SB)/4, $0x3f000000
+DATA expConsts<>+312(SB)/4, $0x3f000000
+DATA expConsts<>+316(SB)/4, $0x3f000000
+DATA expConsts<>+320(SB)/4, $0x3f800000
+DATA expConsts<>+324(SB)/4, $0x3f800000
+DATA expConsts<>+328(SB)/4, $0x3f800000
+DATA expConsts<>+332(SB)/4, $0x3f800000
+DATA expConsts<>+336(SB)/4, $0x3f800000
+DATA expConsts<>+340(SB)/4, $0x3f800000
+DATA expConsts<>+344(SB)/4, $0x3f800000
+DATA expConsts<>+348(SB)/4, $0x3f800000
+DATA expConsts<>+352(SB)/4, $0x42b0c0a5
+DATA expConsts<>+356(SB)/4, $0x42b0c0a5
+DATA expConsts<>+360(SB)/4, $0x42b0c0a5
+DATA expConsts<>+364(SB)/4, $0x42b0c0a5
+DATA expConsts<>+368(SB)/4, $0x42b0c0a5
+DATA expConsts<>+372(SB)/4, $0x42b0c0a5
+DATA expConsts<>+376(SB)/4, $0x42b0c0a5
+DATA expConsts<>+380(SB)/4, $0x42b0c0a5
+DATA expConsts<>+384(SB)/4, $0xc2aeac50
+DATA expConsts<>+388(SB)/4, $0xc2aeac50
+DATA expConsts<>+392(SB)/4, $0xc2aeac50
+DATA expConsts<>+396(SB)/4, $0xc2aeac50
+DATA expConsts<>+400(SB)/4, $0xc2aeac50
+DATA expConsts<>+404(SB)/4, $0xc2aeac50
+DATA expConsts<>+408(SB)/4, $0xc2aeac50
+DATA expConsts<>+412(SB)/4, $0xc2aeac50
+GLOBL expConsts<>(SB), RODATA|NOPTR, $416
+
+// func expSubSum(x *float32, n int, m float32) float32
+// Requires: AVX, AVX2, FMA3, SSE
+TEXT ·expSubSum(SB), NOSPLIT, $0-28
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS m+16(FP), Y0
+	VXORPS       Y1, Y1, Y1
+	SHRQ         $0x03, CX
+	JZ           expSubSum_done
+
+expSubSum_loop:
+	VMOVUPS      (AX), Y2
+	VSUBPS       Y0, Y2, Y2
+	VCMPPS       $0x01, expConsts<>+384(SB), Y2, Y4
+	VMINPS       expConsts<>+352(SB), Y2, Y2
+	VMOVUPS      expConsts<>+32(SB), Y5
+	VFMADD231PS  expConsts<>+0(SB), Y2, Y5
+	VROUNDPS     $0x01, Y5, Y5
+	VFNMADD231PS expConsts<>+64(SB), Y5, Y2
+	VFNMADD231PS expConsts<>+96(SB), Y5, Y2
+	VMOVUPS      expConsts<>+128(SB), Y3
+	VFMADD213PS  expConsts<>+160(SB), Y2, Y3
+	VFMADD213PS  expConsts<>+192(SB), Y2, Y3
+	VFMADD213PS  expConsts<>+224(SB), Y2, Y3
+	VFMADD213PS  expConsts<>+256(SB), Y2, Y3
+	VFMADD213PS  expConsts<>+288(SB), Y2, Y3
+	VMULPS       Y2, Y2, Y6
+	VFMADD213PS  Y2, Y6, Y3
+	VADDPS       expConsts<>+320(SB), Y3, Y3
+	VCVTTPS2DQ   Y5, Y2
+	VPSLLD       $0x17, Y2, Y2
+	VPADDD       expConsts<>+320(SB), Y2, Y2
+	VMULPS       Y2, Y3, Y3
+	VANDNPS      Y3, Y4, Y3
+	VMOVUPS      Y3, (AX)
+	VADDPS       Y3, Y1, Y1
+	ADDQ         $0x20, AX
+	DECQ         CX
+	JNZ          expSubSum_loop
+
+expSubSum_done:
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X1
+	VHADDPS      X1, X1, X1
+	VHADDPS      X1, X1, X1
+	VZEROUPPER
+	MOVSS        X1, ret+24(FP)
+	RET
+
+// func rowMax(x *float32, n int, m float32) float32
+// Requires: AVX, SSE
+TEXT ·rowMax(SB), NOSPLIT, $0-28
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS m+16(FP), Y0
+	SHRQ         $0x03, CX
+	JZ           rowMax_done
+
+rowMax_loop:
+	VMAXPS (AX), Y0, Y0
+	ADDQ   $0x20, AX
+	DECQ   CX
+	JNZ    rowMax_loop
+
+rowMax_done:
+	VEXTRACTF128 $0x01, Y0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0x4e, X0, X1
+	VMAXPS       X1, X0, X0
+	VPERMILPS    $0xb1, X0, X1
+	VMAXPS       X1, X0, X0
+	VZEROUPPER
+	MOVSS        X0, ret+24(FP)
+	RET
+
+// func rowScale(x *float32, n int, a float32)
+// Requires: AVX
+TEXT ·rowScale(SB), NOSPLIT, $0-20
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS a+16(FP), Y0
+	SHRQ         $0x03, CX
+	JZ           rowScale_done
+
+rowScale_loop:
+	VMULPS  (AX), Y0, Y1
+	VMOVUPS Y1, (AX)
+	ADDQ    $0x20, AX
+	DECQ    CX
+	JNZ     rowScale_loop
+
+rowScale_done:
+	VZEROUPPER
+	RET
+
+// func rowDS(ds *float32, p *float32, n int, d float32, c float32)
+// Requires: AVX
+TEXT ·rowDS(SB), NOSPLIT, $0-32
+	MOVQ         ds+0(FP), AX
+	MOVQ         p+8(FP), CX
+	MOVQ         n+16(FP), DX
+	VBROADCASTSS d+24(FP), Y0
+	VBROADCASTSS c+28(FP), Y1
+	SHRQ         $0x03, DX
+	JZ           rowDS_done
+
+rowDS_loop:
+	VMOVUPS (AX), Y2
+	VSUBPS  Y0, Y2, Y2
+	VMULPS  (CX), Y1, Y3
+	VMULPS  Y3, Y2, Y2
+	VMOVUPS Y2, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	DECQ    DX
+	JNZ     rowDS_loop
+
+rowDS_done:
+	VZEROUPPER
+	RET
+
+// func rowDot(x *float32, y *float32, n int) float32
+// Requires: AVX, FMA3, SSE
+TEXT ·rowDot(SB), NOSPLIT, $0-28
+	MOVQ   x+0(FP), AX
+	MOVQ   y+8(FP), CX
+	MOVQ   n+16(FP), DX
+	VXORPS Y0, Y0, Y0
+	SHRQ   $0x03, DX
+	JZ     rowDot_done
+
+rowDot_loop:
+	VMOVUPS     (AX), Y1
+	VFMADD231PS (CX), Y1, Y0
+	ADDQ        $0x20, AX
+	ADDQ        $0x20, CX
+	DECQ        DX
+	JNZ         rowDot_loop
+
+rowDot_done:
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+	VZEROUPPER
+	MOVSS        X0, ret+24(FP)
+	RET
