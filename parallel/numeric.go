@@ -49,6 +49,12 @@ type Numeric struct {
 	comm  *Comm
 	ranks []*numRank
 	step  int
+
+	// failAt, when set (tests), is called at the start of every micro-step
+	// of every rank; an error stops that rank there.
+	failAt func(rank, micro int) error
+	// rankErrs holds each rank's error of the last Step.
+	rankErrs []error
 }
 
 // NumericStep is the outcome of one optimizer step.
@@ -115,10 +121,13 @@ func (n *Numeric) StepIndex() int { return n.step }
 func (n *Numeric) Step(ctx context.Context) (NumericStep, error) {
 	res := NumericStep{Step: n.step}
 	losses := make([][]float64, len(n.ranks))
+	n.rankErrs = make([]error, len(n.ranks))
 	err := n.comm.Run(ctx, func(ctx context.Context, ep *Endpoint) error {
 		r := n.ranks[ep.Rank()]
+		r.failAt = n.failAt
 		ls, err := r.trainStep(ctx, ep, n.step)
 		losses[ep.Rank()] = ls
+		n.rankErrs[ep.Rank()] = err
 		return err
 	})
 	if err != nil {

@@ -45,6 +45,7 @@ type numRank struct {
 	optStep int64
 	mem     memAccount
 	rec     *rankRecorder
+	failAt  func(rank, micro int) error // see Numeric.failAt
 }
 
 // unitParamIndex lists the Config.Params indices of a dense unit's tensors.

@@ -35,6 +35,11 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		if r.stage != nil {
 			r.stage.micro = m
 		}
+		if r.failAt != nil {
+			if err := r.failAt(r.rank, m); err != nil {
+				return nil, err
+			}
+		}
 		loss, aux, err := r.microStep(ctx, ep, seqs, m, scale, loads)
 		if err != nil {
 			return nil, err
@@ -145,10 +150,8 @@ func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, m
 		if err := r.stageErr(); err != nil {
 			return 0, 0, err
 		}
-		if rt := blk.Routing(); rt != nil {
-			for e, n := range rt.Counts {
-				loads[li][e] += int64(n)
-			}
+		for e, n := range blk.ExpertCounts() {
+			loads[li][e] += int64(n)
 		}
 		if ra && li != cfg.Layers-1 {
 			r.releaseLayer(li)

@@ -2,8 +2,10 @@ package parallel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/moescope/moescope/moe"
@@ -269,6 +271,75 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		for i, w := range want {
 			if w.Kind == CollAllToAll && sum[i] != int64(len(traces))*w.Elements {
 				t.Errorf("%s collective %d: all ranks sent %d elements, schedule %d × %d", name, i, sum[i], len(traces), w.Elements)
+			}
+		}
+	}
+}
+
+// TestNumericRankFailure kills rank 2 at the start of its second
+// micro-step, while the others are in that micro-step's collectives: Step
+// returns rank 2's error and every rank returns an error (none hangs).
+func TestNumericRankFailure(t *testing.T) {
+	cfg := tinyMoEConfig()
+	l := meshLayout(t, 4, 2, 2)
+	m, err := NewMesh(l, cfg, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	init, _ := moe.NewModel[float32](cfg)
+	init.InitRandom(1)
+	n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective},
+		Batch: Batch{LBS: 1, Seq: 4, Micro: 2, DP: 4}, AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("injected failure")
+	n.failAt = func(rank, micro int) error {
+		if rank == 2 && micro == 1 {
+			return boom
+		}
+		return nil
+	}
+	_, err = n.Step(context.Background())
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "rank 2") {
+		t.Fatalf("Step = %v, want rank 2's injected failure", err)
+	}
+	for r, e := range n.rankErrs {
+		if e == nil {
+			t.Errorf("rank %d finished without error after rank 2 died", r)
+		}
+	}
+}
+
+// TestNumericSelectionBias: a sigmoid router with a selection bias updated
+// once per step from loads summed over micro-batches and all-reduced over
+// data-parallel ranks (torchtitan's rule) trains as one rank does.
+func TestNumericSelectionBias(t *testing.T) {
+	cfg := tinyMoEConfig()
+	cfg.Score, cfg.SelectionBias, cfg.RoutedScale = moe.Sigmoid, true, 2.5
+	cfg.AuxLossCoef, cfg.OutputRouterLogits = 0, false
+	cfg.Groups, cfg.TopKGroups = 2, 1
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ac := moe.AC{Mode: moe.ACSelective}
+	ra, pa, _ := numericRun(t, cfg, meshLayout(t, 1, 1, 1), ac, 1, 4, 3)
+	for _, tc := range []struct {
+		gpus, rep, ep, micro int
+		exact                bool
+	}{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}, {4, 1, 4, 1, false}} {
+		rb, pb, _ := numericRun(t, cfg, meshLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
+		compareRuns(t, fmt.Sprintf("sigmoid+bias %d×%d ep %d", tc.rep, tc.gpus/tc.rep, tc.ep), ra, rb, pa, pb, tc.exact, 1e-5)
+	}
+	// The bias moved (else the check above would be vacuous for it).
+	for i, p := range cfg.Params() {
+		if p.Buffer {
+			moved := false
+			for _, v := range pa[i] {
+				moved = moved || v != 0
+			}
+			if !moved {
+				t.Errorf("%s stayed zero", p.Name)
 			}
 		}
 	}
