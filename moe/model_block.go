@@ -379,7 +379,7 @@ func (b *Block[T]) keep() {
 		*st = blockState[T]{x: st.x, cache: cache}
 	default:
 		// none: drop what no backward formula reads
-		st.ao, st.vals = nil, nil
+		st.ao, st.vals = nil, nil // vals stays held by the routing when renormalized
 		if b.cfg.QKNorm == QKNormNone {
 			st.qRaw, st.kRaw = nil, nil
 		}
@@ -441,6 +441,8 @@ func (b *Block[T]) recordKept() {
 		rt := st.rt
 		rec(OpRouterTopK, "scores", rt.Scores, F32)
 		b.x.saved(L, OpRouterTopK, "indices", len(rt.Indices), I64)
+		rec(OpRouterTopK, "values", rt.Values, F32)
+		rec(OpRouterTopK, "denominator", rt.Denom, F32)
 		b.x.saved(L, OpDispatch, "order", len(rt.Order), I64)
 		rec(OpCombine, "expert_output", st.ye, act)
 		rec(OpCombine, "weights", rt.Weights, F32)

@@ -27,6 +27,9 @@ type Routing[T Float] struct {
 	// Counts[e] is the number of (token, slot) pairs routed to expert e;
 	// Σ Counts = T·K (dropless).
 	Counts []int
+	// Values [T,K] are the selected scores and Denom [T] their sum + ε,
+	// which the renormalization's backward reads (nil without NormTopK).
+	Values, Denom []T
 	// Order lists the T·K (token, slot) pairs t·K+k in expert order (stable):
 	// row r of the dispatched matrix is token Order[r]/K.
 	Order []int32
@@ -162,6 +165,10 @@ func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 	eps := T(e64)
 	scale := T(c.RoutedScale)
 	clear(r.Counts)
+	r.Values, r.Denom = nil, nil
+	if norm {
+		r.Values, r.Denom = vals, make([]T, r.Tokens)
+	}
 	for t := 0; t < r.Tokens; t++ {
 		w := r.Weights[t*K : t*K+K]
 		var sum T
@@ -169,6 +176,9 @@ func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 			w[k] = vals[t*K+k]
 			sum += w[k]
 			r.Counts[e]++
+		}
+		if norm {
+			r.Denom[t] = sum + eps
 		}
 		for k := range w {
 			if norm {
@@ -193,8 +203,7 @@ func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 // gradient) into the logit gradient dz [T,E], overwriting dz.
 func routeBwd[T Float](c *Config, r *Routing[T], dz, dS, dW []T) {
 	E, K := r.Experts, r.K
-	norm, e64 := renorm(c)
-	eps := T(e64)
+	norm, _ := renorm(c)
 	scale := T(c.RoutedScale)
 	for t := 0; t < r.Tokens; t++ {
 		idx := r.Indices[t*K : t*K+K]
@@ -203,13 +212,10 @@ func routeBwd[T Float](c *Config, r *Routing[T], dz, dS, dW []T) {
 		st := r.Scores[t*E : t*E+E]
 		if norm {
 			// w_k = a·u_k/(U+ε), U = Σ u: ∂/∂u_j = a·(dw_j/(U+ε) − Σ_k dw_k·u_k/(U+ε)²)
-			var U, dot T
-			for _, e := range idx {
-				U += st[e]
-			}
-			U += eps
-			for k, e := range idx {
-				dot += dw[k] * st[e]
+			U, vals := r.Denom[t], r.Values[t*K:t*K+K]
+			var dot T
+			for k, v := range vals {
+				dot += dw[k] * v
 			}
 			for k, e := range idx {
 				ds[e] += scale * (dw[k]/U - dot/(U*U))

@@ -8,14 +8,10 @@ package moe
 //   - plain ops, as torch 1.13's torch.autograd.graph.saved_tensors_hooks
 //     report them (run on Debian's python3-torch 1.13.0a0): linear keeps its
 //     input and weight (a parameter, not counted here); silu its input; mul
-//     both operands; softmax and sigmoid their output; topk its indices;
-//     gather its input and index; embedding the weight and ids;
+//     and div both operands; softmax and sigmoid their output; topk its
+//     indices; gather its input and index; embedding the weight and ids;
 //     cross_entropy the log-softmax output and the targets; index_select
 //     (dispatch) its index; scatter_add (torchtitan's combine) its index.
-//     Not listed below: the renormalization's division also keeps the
-//     selected values (T·K f32) and their sum (T f32); this implementation
-//     re-reads them from the kept scores instead (an under-count of
-//     T·(K+1)·4 bytes per renormalized MoE layer).
 //   - fused ops, from PyTorch's tools/autograd/derivatives.yaml:
 //     _fused_rms_norm keeps input and rstd (result1, float32);
 //     _scaled_dot_product_flash_attention keeps query, key, value, output
@@ -42,6 +38,7 @@ package moe
 //	l      ffn_norm        input, rstd     T·D, T           act, f32
 //	l      router          input           T·D              act   (mlp_gate_proj in dense layers)
 //	l      router_topk     scores, indices T·E, T·K         f32, i64
+//	l      router_topk     values, denominator  T·K, T      f32   (renormalized routers only)
 //	l      dispatch        order           T·K              i64
 //	l      expert_gate     input           T·K·D            act
 //	l      expert_act      gate, silu_gate, up   T·K·F each act
@@ -195,6 +192,10 @@ func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecor
 	add(OpRouter, "input", T*D, act)
 	add(OpRouterTopK, "scores", T*E, F32)
 	add(OpRouterTopK, "indices", T*K, I64)
+	if norm, _ := renorm(c); norm {
+		add(OpRouterTopK, "values", T*K, F32)
+		add(OpRouterTopK, "denominator", T, F32)
+	}
 	add(OpDispatch, "order", T*K, I64)
 	add(OpExpertGate, "input", T*K*D, act)
 	add(OpExpertAct, "gate", F, act)
