@@ -2,6 +2,7 @@ package parallel
 
 import (
 	"fmt"
+	"io"
 	"sort"
 	"sync"
 
@@ -127,4 +128,15 @@ func planBreakdown(b SimBreakdown) []PlanTime {
 		out = append(out, PlanTime{"exposed " + k, b.ExposedCommS[k]})
 	}
 	return out
+}
+
+// Trace simulates p keeping its timeline and writes the step as a Chrome
+// trace (rank 0; every rank runs the same program, see Simulate).
+func (e *PlanSim) Trace(w io.Writer, p PlanPoint) error {
+	r, err := Simulate(SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, KeepTimeline: true})
+	if err != nil {
+		return err
+	}
+	return r.WriteTrace(w, []int{0})
 }

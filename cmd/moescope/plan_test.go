@@ -264,3 +264,30 @@ func TestPlanCommandRealModelInfeasible(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestPlanCommandTrace plans the tiny model with the real evaluator and
+// writes the best plan's Chrome trace.
+func TestPlanCommandTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.json")
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "2", "--seq", "64", "--max-lbs", "4", "--trace", path}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []map[string]any
+	if err := json.Unmarshal(b, &events); err != nil {
+		var obj struct {
+			TraceEvents []map[string]any `json:"traceEvents"`
+		}
+		if err2 := json.Unmarshal(b, &obj); err2 != nil {
+			t.Fatalf("trace is not Chrome trace JSON: %v", err)
+		}
+		events = obj.TraceEvents
+	}
+	if len(events) == 0 {
+		t.Error("trace has no events")
+	}
+}

@@ -1,0 +1,77 @@
+package parallel
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/memory"
+)
+
+// TestPlanPublishedReport prints, for every published run in
+// testdata/published/, the measured TPS of the published layout next to
+// the modelled TPS of that layout and of the plan the search prefers on the
+// same model, GPU type, GPU count and sequence length. It is a report, not
+// a pass/fail check, and a slow one (a full search per run), so it runs
+// only when MOESCOPE_PLAN_PUBLISHED=1:
+//
+//	MOESCOPE_PLAN_PUBLISHED=1 go test ./parallel -run PlanPublishedReport -v
+func TestPlanPublishedReport(t *testing.T) {
+	if os.Getenv("MOESCOPE_PLAN_PUBLISHED") != "1" {
+		t.Skip("set MOESCOPE_PLAN_PUBLISHED=1 to print the published-runs report (one full search per run)")
+	}
+	runs, err := memory.LoadPublished("../testdata/published")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-16s %-5s %4s %5s %-28s %9s %9s | %-52s %9s %6s %5s\n", "model", "gpu", "gpus", "seq", "published layout", "measured", "modelled",
+		"preferred plan", "modelled", "vs pub", "sims")
+	for _, r := range runs {
+		in, err := SimInputForRun(r)
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		pub, err := Simulate(in)
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		cl := in.Cluster
+		if r.GPUsPerNode > 0 {
+			c := cl.WithGPUsPerNode(r.GPUsPerNode)
+			cl = &c
+		}
+		ev := &PlanSim{Model: in.Config, Device: in.Device, Cluster: cl, Seq: r.Seq}
+		req := PlanRequest{GPUs: r.GPUs, GPUsPerNode: cl.GPUsPerNode, MemoryTarget: 0.92}
+		if in.Config.IsMoE() {
+			req.Experts = in.Config.Experts
+		}
+		pref := "no feasible plan"
+		var tps float64
+		sims := 0
+		if rep, err := SearchPlans(req, ev); err == nil {
+			p := rep.Best.Point
+			l := p.Layout
+			pref = fmt.Sprintf("%s %d×%d ep%d %s lbs%d", l.Sharding, l.DPShard, l.DPReplicate, l.EP, p.AC, p.LBS)
+			if !l.ReshardAfterForward {
+				pref += " no-reshard"
+			}
+			tps, sims = rep.Best.Score.TPS, rep.Simulated
+		} else {
+			t.Logf("%s: %v", r.File, err)
+		}
+		name := r.Model
+		if i := strings.LastIndex(name, "/"); i >= 0 {
+			name = name[i+1:]
+		}
+		pl := in.Layout
+		pubDesc := fmt.Sprintf("%d×%d ep%d %s lbs%d", pl.DPShard, pl.DPReplicate, pl.EP, r.AC, r.LBS)
+		if r.Compiled() {
+			pubDesc += " compiled"
+		}
+		fmt.Fprintf(&b, "%-16s %-5s %4d %5d %-28s %9.0f %9.0f | %-52s %9.0f %+5.0f%% %5d\n", name, r.GPU, r.GPUs, r.Seq, pubDesc, r.TPS, pub.TPS,
+			pref, tps, 100*(tps/r.TPS-1), sims)
+	}
+	t.Log(b.String())
+}
