@@ -58,7 +58,13 @@ func perLayerBytes(c *moe.Config, b, s int64, ac moe.AC, attn Attention, ep int,
 	// dispatched rows 2KD, gate, silu(gate), up, product 8KF, expert
 	// outputs 2KD, weights 4K (the renormalized top-k weights are the
 	// combine weights: kept once).
-	return n + T*(2*D+4*E+8*K+8*K+2*K*D+8*K*F+2*K*D+4*K)
+	n += T * (2*D + 4*E + 8*K + 8*K + 2*K*D + 8*K*F + 2*K*D + 4*K)
+	if c.NormTopK {
+		// The renormalizing division keeps both operands: the selected
+		// values 4K and their sum 4 (torch 1.13 saved-tensor hooks on div).
+		n += T * (4*K + 4)
+	}
+	return n
 }
 
 func TestSavedMatchesHandFormula(t *testing.T) {
