@@ -477,35 +477,52 @@ func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]
 }
 
 // breakdown charges the compute stream's time: busy spans to compute,
-// recompute or optimizer; gaps to the collective that ended last among the
-// next compute op's dependencies (or the previous op of its stream).
+// recompute or optimizer (all-to-alls that run inline are exposed in
+// full); idle gaps to the collectives in flight during the gap, in
+// proportion to how long each overlaps it (a gap with none in flight is
+// charged to "other"). The parts sum to the step time.
 func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimBreakdown, string) {
 	b := SimBreakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}}
-	var order []int
+	var order, colls []int
 	for i, o := range sim.ops {
 		if o.stream == simCompute {
 			order = append(order, i)
+		} else if o.coll {
+			colls = append(colls, i)
 		}
 		if o.coll {
 			b.CommS[string(sim.comm[i].Kind)] += spans[i].end - spans[i].start
 		}
 	}
 	sort.SliceStable(order, func(a, c int) bool { return spans[order[a]].start < spans[order[c]].start })
-	lastCollKind := func(i int) string {
-		best, kind := -1.0, "other"
-		for _, d := range sim.ops[i].deps {
-			if sim.ops[d].coll && spans[d].end > best {
-				best, kind = spans[d].end, string(sim.comm[d].Kind)
+	sort.SliceStable(colls, func(a, c int) bool { return spans[colls[a]].start < spans[colls[c]].start })
+	charge := func(from, to float64) {
+		if to <= from {
+			return
+		}
+		share := map[string]float64{}
+		total := 0.0
+		for _, i := range colls {
+			if spans[i].start >= to {
+				break
+			}
+			if ov := math.Min(to, spans[i].end) - math.Max(from, spans[i].start); ov > 0 {
+				share[string(sim.comm[i].Kind)] += ov
+				total += ov
 			}
 		}
-		return kind
+		if total == 0 {
+			b.ExposedCommS["other"] += to - from
+			return
+		}
+		for k, v := range share {
+			b.ExposedCommS[k] += (to - from) * v / total
+		}
 	}
 	prevEnd := 0.0
 	for _, i := range order {
 		o := sim.ops[i]
-		if gap := spans[i].start - prevEnd; gap > 0 {
-			b.ExposedCommS[lastCollKind(i)] += gap
-		}
+		charge(prevEnd, spans[i].start)
 		d := spans[i].end - spans[i].start
 		switch {
 		case o.coll:
@@ -516,19 +533,11 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 			b.RecomputeS += sim.recompute[i]
 			b.ComputeS += d - sim.recompute[i]
 		}
-		prevEnd = spans[i].end
+		prevEnd = math.Max(prevEnd, spans[i].end)
 	}
-	if tail := step - prevEnd; tail > 0 {
-		// Collectives still running after the last compute op (ZeRO
-		// re-gathers, trailing reductions).
-		best, kind := -1.0, "other"
-		for i, o := range sim.ops {
-			if o.coll && spans[i].end > best {
-				best, kind = spans[i].end, string(sim.comm[i].Kind)
-			}
-		}
-		b.ExposedCommS[kind] += tail
-	}
+	// Collectives still running after the last compute op (ZeRO
+	// re-gathers, trailing reductions).
+	charge(prevEnd, step)
 	// Bottleneck: compute (with recompute and optimizer) against each kind
 	// of exposed communication.
 	name, top := "compute", b.ComputeS+b.RecomputeS+b.OptimizerS

@@ -80,3 +80,38 @@ func TestEngineDeadlock(t *testing.T) {
 		t.Errorf("want deadlock error, got %v", err)
 	}
 }
+
+// The breakdown charges idle compute time to the collectives in flight, in
+// proportion to their overlap with the idle gap: compute A (1 s) overlaps a
+// 3 s gather and, from t = 1, a 1 s all-reduce; B waits for the gather
+// until t = 3. The 2 s gap [1, 3] sees the gather for 2 s and the
+// all-reduce for 1 s: 4/3 s gather, 2/3 s all-reduce.
+func TestBreakdownAttribution(t *testing.T) {
+	sched := &Schedule{Ops: []ScheduleOp{
+		{Type: OpCompute, Phase: PhaseForward},
+		{Type: OpCollective, Coll: CollAllGather},
+		{Type: OpCollective, Coll: CollAllReduce},
+		{Type: OpCompute, Phase: PhaseBackward},
+	}}
+	sim := &simulated{
+		ops: []simOp{
+			{stream: simCompute, compute: 1},
+			{stream: simGather, coll: true, work: 3, link: LinkNVLink},
+			{stream: simReduce, coll: true, work: 1, link: LinkNet, deps: []int{0}},
+			{stream: simCompute, compute: 1, deps: []int{1}},
+		},
+		recompute: make([]float64, 4),
+		comm:      []CommCost{{}, {Kind: CommAllGather}, {Kind: CommAllReduce}, {}},
+	}
+	spans, err := runEngine(sim.ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, bottleneck := breakdown(sched, sim, spans, 4)
+	if !near(b.ComputeS, 2, 1e-12) || !near(b.ExposedCommS["all_gather"], 4.0/3, 1e-12) || !near(b.ExposedCommS["all_reduce"], 2.0/3, 1e-12) {
+		t.Errorf("breakdown %+v", b)
+	}
+	if bottleneck != "compute" {
+		t.Errorf("bottleneck %q", bottleneck)
+	}
+}
