@@ -54,3 +54,22 @@ func benchRun(b *testing.B, gpus int) {
 
 func BenchmarkSimulateRun512(b *testing.B)  { benchRun(b, 512) }
 func BenchmarkSimulateRun4096(b *testing.B) { benchRun(b, 4096) }
+
+// BenchmarkSimulateDense512: Llama-3 8B on 512 ranks (dp_shard 64 ×
+// dp_replicate 8), selective AC, lbs 2, seq 8192, whole Simulate.
+func BenchmarkSimulateDense512(b *testing.B) {
+	cfg, err := moe.Load("llama3-8b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := moe.Layout{GPUs: 512, DPShard: 64, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	if err := l.Resolve(); err != nil {
+		b.Fatal(err)
+	}
+	in := SimInput{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 8192, GradAccum: 2}
+	for b.Loop() {
+		if _, err := Simulate(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
