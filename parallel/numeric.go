@@ -63,9 +63,13 @@ type NumericStep struct {
 	Loss, Aux float64 // means over the step's micro-batches (all ranks), as one rank would compute them
 	// Losses holds each micro-batch's cross-entropy in the order one rank
 	// with grad-accum DP·Micro would run them (micro-step m, then rank r).
-	Losses    []float64
-	Tokens    int64   // tokens one rank processed in the step (LBS·Seq·Micro)
-	PeakBytes []int64 // per rank, the peak of live bytes at the modelled dtypes during the step
+	Losses []float64
+	Tokens int64 // tokens one rank processed in the step (LBS·Seq·Micro)
+	// ExpertCounts[m][r][l][e] is how many (token, slot) pairs of rank r's
+	// micro-batch m layer l routed to expert e (nil for dense layers):
+	// what Schedule.WithCounts needs to size this step's all-to-alls.
+	ExpertCounts [][][][]int
+	PeakBytes    []int64 // per rank, the peak of live bytes at the modelled dtypes during the step
 }
 
 // NewNumeric places every rank's shards of the initial parameters init
@@ -148,6 +152,12 @@ func (n *Numeric) Step(ctx context.Context) (NumericStep, error) {
 	res.Tokens = int64(b.LBS) * int64(b.Seq) * int64(b.Micro)
 	for _, r := range n.ranks {
 		res.PeakBytes = append(res.PeakBytes, r.mem.peak)
+	}
+	res.ExpertCounts = make([][][][]int, b.Micro)
+	for m := range res.ExpertCounts {
+		for _, r := range n.ranks {
+			res.ExpertCounts[m] = append(res.ExpertCounts[m], r.counts[m])
+		}
 	}
 	n.step++
 	return res, nil

@@ -46,6 +46,7 @@ type numRank struct {
 	mem     memAccount
 	rec     *rankRecorder
 	failAt  func(rank, micro int) error // see Numeric.failAt
+	counts  [][][]int                   // this step's per-expert counts [micro][layer][expert]
 }
 
 // unitParamIndex lists the Config.Params indices of a dense unit's tensors.

@@ -16,6 +16,7 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 	cfg, sp := r.cfg, r.spec
 	b := sp.Batch
 	r.mem.resetPeak()
+	r.counts = nil
 	if r.stage != nil {
 		r.stage.bind(ctx, ep)
 		r.stage.afterBackward = func(layer, micro int) error {
@@ -44,6 +45,11 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		if err != nil {
 			return nil, err
 		}
+		counts := make([][]int, cfg.Layers)
+		for li, blk := range r.blocks {
+			counts[li] = append([]int(nil), blk.ExpertCounts()...)
+		}
+		r.counts = append(r.counts, counts)
 		local = append(local, f64Words(loss)...)
 		local = append(local, f64Words(aux)...)
 	}

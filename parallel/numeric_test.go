@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -241,8 +242,26 @@ func TestNumericFollowsSchedule(t *testing.T) {
 			t.Fatal(err)
 		}
 		n.Comm().Trace = true
-		if _, err := n.Step(context.Background()); err != nil {
+		res, err := n.Step(context.Background())
+		if err != nil {
 			t.Fatal(err)
+		}
+		// Sized by the recorded routing, the schedule predicts every rank's
+		// all-to-alls exactly.
+		for r, got := range n.Comm().Traces() {
+			sr, err := s.WithCounts(m, r, res.ExpertCounts, cfg.Experts, cfg.Hidden)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var w []CollRecord
+			for _, o := range sr.Ops {
+				if o.Type == OpCollective {
+					w = append(w, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+				}
+			}
+			if !reflect.DeepEqual(got, w) {
+				t.Errorf("%s rank %d: collectives differ from the schedule sized by the recorded counts", name, r)
+			}
 		}
 		// The schedule sizes all-to-alls for uniform routing (T·K rows out
 		// per rank). Dispatch (and the combine gradient) do send exactly
