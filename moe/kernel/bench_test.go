@@ -53,3 +53,87 @@ func BenchmarkSgemm(b *testing.B) {
 		}
 	}
 }
+
+// noopTasks is a parallel call that does nothing: its cost is the pool's.
+type noopTasks struct{}
+
+func (noopTasks) task(*arena, int) {}
+
+// BenchmarkPool measures one fork/join of the worker pool over Threads()
+// goroutines with empty tasks: what a parallel kernel call pays before any
+// work.
+func BenchmarkPool(b *testing.B) {
+	prev := SetThreads(2)
+	defer SetThreads(prev)
+	for b.Loop() {
+		parallel(2, noopTasks{})
+	}
+}
+
+// BenchmarkGrouped runs the three grouped GEMMs of an expert layer with
+// Qwen3-30B-A3B widths (D = 2048, F = 768), 16 experts, 2048 tokens, top-4:
+// 512 rows per expert.
+func BenchmarkGrouped(b *testing.B) {
+	const E, rows, D, F = 16, 512, 2048, 768
+	r := rand.New(rand.NewPCG(2, 2))
+	offsets := make([]int, E+1)
+	w, dw := make([][]float32, E), make([][]float32, E)
+	for e := range E {
+		offsets[e+1] = offsets[e] + rows
+		w[e], dw[e] = randSlice(r, F*D), make([]float32, F*D)
+	}
+	x, y, dy, dx := randSlice(r, E*rows*D), make([]float32, E*rows*F), randSlice(r, E*rows*F), make([]float32, E*rows*D)
+	flop := 2 * float64(E*rows) * F * D
+	for _, threads := range []int{1, 2} {
+		prev := SetThreads(threads)
+		b.Run(fmt.Sprintf("forward/threads=%d", threads), func(b *testing.B) {
+			for b.Loop() {
+				GroupedLinear(y, x, w, offsets, F, D)
+			}
+			reportGFLOPS(b, flop, threads)
+		})
+		b.Run(fmt.Sprintf("backward_data/threads=%d", threads), func(b *testing.B) {
+			for b.Loop() {
+				GroupedLinearBackwardData(dx, dy, w, offsets, F, D)
+			}
+			reportGFLOPS(b, flop, threads)
+		})
+		b.Run(fmt.Sprintf("backward_weight/threads=%d", threads), func(b *testing.B) {
+			for b.Loop() {
+				GroupedLinearBackwardWeight(dw, dy, x, offsets, F, D)
+			}
+			reportGFLOPS(b, flop, threads)
+		})
+		SetThreads(prev)
+	}
+}
+
+// BenchmarkAttention runs causal attention on one sequence of 2048 with 32
+// query and 4 KV heads of 128 (Qwen3-30B-A3B), reporting model FLOPs:
+// forward 4·n·d·H, backward 8·n·d·H, n = s(s+1)/2.
+func BenchmarkAttention(b *testing.B) {
+	a := AttnShape{Batch: 1, Seq: 2048, Heads: 32, KVHeads: 4, HeadDim: 128}
+	r := rand.New(rand.NewPCG(3, 3))
+	T := a.Seq
+	q, k, v := randSlice(r, T*a.Heads*a.HeadDim), randSlice(r, T*a.KVHeads*a.HeadDim), randSlice(r, T*a.KVHeads*a.HeadDim)
+	do := randSlice(r, len(q))
+	o, lse := make([]float32, len(q)), make([]float32, T*a.Heads)
+	dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+	n := float64(AttnShape{Seq: a.Seq, TileQ: 1, TileK: 1}.Area()) * float64(a.HeadDim*a.Heads)
+	for _, threads := range []int{1, 2} {
+		prev := SetThreads(threads)
+		b.Run(fmt.Sprintf("forward/threads=%d", threads), func(b *testing.B) {
+			for b.Loop() {
+				AttentionForward(o, lse, q, k, v, a)
+			}
+			reportGFLOPS(b, 4*n, threads)
+		})
+		b.Run(fmt.Sprintf("backward/threads=%d", threads), func(b *testing.B) {
+			for b.Loop() {
+				AttentionBackward(dq, dk, dv, do, q, k, v, o, lse, a)
+			}
+			reportGFLOPS(b, 8*n, threads)
+		})
+		SetThreads(prev)
+	}
+}
