@@ -854,8 +854,8 @@ func (q *PlanRequest) planGrow(carried []PlanResult, n int, accum bool) ([]planF
 }
 
 // planSweeps evaluates, for the best stage-1 family of each checkpointing
-// policy, local batches from 1 to its memory limit (every one up to 16,
-// else 16 evenly spread and the limit), for the TPS-and-memory-against-
+// policy, local batches from 1 to its memory limit (every one up to 8,
+// else 8 evenly spread and the limit), for the TPS-and-memory-against-
 // local-batch picture.
 func (q *PlanRequest) planSweeps(ev PlanEvaluator, best []PlanResult) ([]PlanSweep, int, error) {
 	var sweeps []PlanSweep
@@ -876,7 +876,7 @@ func (q *PlanRequest) planSweeps(ev PlanEvaluator, best []PlanResult) ([]PlanSwe
 		if err != nil {
 			return nil, sim, err
 		}
-		step := (max + 15) / 16
+		step := (max + 7) / 8
 		var pts []PlanPoint
 		for lbs := 1; lbs <= max; lbs += step {
 			pts = append(pts, PlanPoint{f.layout, ac, lbs, 1})

@@ -86,3 +86,31 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSearchPlans is the speed check: the default search for
+// Qwen3-30B-A3B on 512 B200s at seq 4096 with the real evaluator. It
+// reports the points simulated per search.
+func BenchmarkSearchPlans(b *testing.B) {
+	cfg, err := moe.Load("qwen3-30b-a3b")
+	if err != nil {
+		b.Fatal(err)
+	}
+	dev, err := LookupDevice("b200")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cl, err := LoadCluster(ClusterForGPU(dev.Name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sims int
+	for b.Loop() {
+		ev := &PlanSim{Model: cfg, Device: dev, Cluster: cl, Seq: 4096} // fresh cache each search
+		rep, err := SearchPlans(PlanRequest{GPUs: 512, GPUsPerNode: cl.GPUsPerNode, Experts: cfg.Experts, MemoryTarget: 0.92}, ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sims = rep.Simulated
+	}
+	b.ReportMetric(float64(sims), "simulated/op")
+}

@@ -249,8 +249,8 @@ func TestPlanStagesReport(t *testing.T) {
 	for _, sw := range rep.Sweeps {
 		last := sw.Points[len(sw.Points)-1].Point.LBS
 		for i, p := range sw.Points {
-			// up to 16 the sweep takes every local batch
-			if last <= 16 && p.Point.LBS != i+1 {
+			// up to 8 the sweep takes every local batch
+			if last <= 8 && p.Point.LBS != i+1 {
 				t.Errorf("sweep %s point %d has lbs %d", sw.AC, i, p.Point.LBS)
 			}
 		}
