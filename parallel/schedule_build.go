@@ -125,7 +125,6 @@ type schedBuilder struct {
 	gatherOp map[Unit]int  // id of the gather that made them so, or -1
 	lastRS   []int         // grad collectives of the current micro-step
 	computes []int         // compute op ids in issue order, for prefetch deps
-	unitLast map[Unit]int  // last forward compute op of each unit
 }
 
 func (b *schedBuilder) add(o ScheduleOp) int {
@@ -262,7 +261,6 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 	e := b.compute(micro, layer, ph, SegExperts, d, ge)
 	c := b.a2a(micro, layer, PurposeCombine, e)
 	post := b.compute(micro, layer, ph, SegPost, c)
-	b.unitLast[ex] = e
 	return post
 }
 
@@ -298,7 +296,6 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 func (b *schedBuilder) build() {
 	b.gathered = map[Unit]bool{}
 	b.gatherOp = map[Unit]int{}
-	b.unitLast = map[Unit]int{}
 	head := b.cfg.LayerHead()
 	ra := b.l.ReshardAfterForward
 	keep := b.l.KeepGathered

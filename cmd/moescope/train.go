@@ -61,6 +61,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	resume := fs.String("resume", "", "continue from this checkpoint directory (any layout; same global batch)")
 	force := fs.Bool("force", false, "overwrite an existing --checkpoint directory")
 	peakFlag := fs.Float64("peak-gflops", 0, "CPU peak for MFU in GFLOP/s (default: measured, all cores)")
+	printSched := fs.Bool("schedule", false, "print one rank's program of one step (the schedule) and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR]")
 		fs.PrintDefaults()
@@ -125,6 +126,13 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	batch := parallel.Batch{LBS: *lbs, Seq: *seq, Micro: *accum, DP: layout.DP()}
 	if err := batch.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *printSched {
+		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: mesh, AC: ac, LBS: *lbs, Seq: *seq, Micro: *accum})
+		if err != nil {
+			return err
+		}
+		return sched.Print(stdout)
 	}
 	adam := moe.AdamW{LR: *lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: *wd}
 	state := parallel.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,

@@ -101,3 +101,16 @@ func TestTrainBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestTrainSchedule(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, []string{"train", "--model", "tiny", "--gpus", "4", "--ep", "2", "--lbs", "1", "--seq", "8", "--steps", "1", "--schedule"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"all_gather param_gather on dp_shard", "all_to_all dispatch on ep", "reduce_scatter grad_reduce on efsdp", "optimizer update"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("schedule lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -1,0 +1,56 @@
+package parallel_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+// Eight ranks as 2 replicas × 4 shards with expert parallelism 2, four GPUs
+// per node: the groups rank 6 belongs to.
+func ExampleNewMesh() {
+	l := moe.Layout{GPUs: 8, DPReplicate: 2, EP: 2, Sharding: moe.ShardFSDP}
+	if err := l.Resolve(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	m, err := parallel.NewMesh(l, nil, 4)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(m)
+	for _, a := range parallel.MeshAxes {
+		g := m.Group(a, 6)
+		fmt.Println(g.Name(), g.Ranks)
+	}
+	// Output:
+	// world 8 = dp_replicate 2 × dp_shard 4; dp_shard 4 = efsdp 2 × ep 2; 2 node(s) of 4 GPUs; sharding fsdp
+	// dp_replicate[2] [2 6]
+	// dp_shard[1] [4 5 6 7]
+	// ep[3] [6 7]
+	// efsdp[2] [4 6]
+	// dp[0] [0 1 2 3 4 5 6 7]
+}
+
+// Four goroutine ranks all-reduce their rank numbers; the bytes each sent
+// follow the ring algorithm: 2·(n−1)/n·S = 2·3/4·(1 × 4 B) = 6 B.
+func ExampleComm_Run() {
+	l := moe.Layout{GPUs: 4, Sharding: moe.ShardFSDP}
+	_ = l.Resolve()
+	m, _ := parallel.NewMesh(l, nil, 8)
+	c := parallel.NewComm(m)
+	sums := make([]float32, 4)
+	err := c.Run(context.Background(), func(ctx context.Context, ep *parallel.Endpoint) error {
+		buf := []float32{float32(ep.Rank())}
+		if err := ep.AllReduce(ctx, m.Group(parallel.AxisShard, ep.Rank()), moe.F32, buf); err != nil {
+			return err
+		}
+		sums[ep.Rank()] = buf[0]
+		return nil
+	})
+	fmt.Println(sums, err, c.Stats.Rank(0)[parallel.CollAllReduce].Sent())
+	// Output: [6 6 6 6] <nil> 6
+}
