@@ -75,7 +75,9 @@ func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 // micro-step, unit layer) to the first compute op of that phase,
 // micro-step and layer at or after the op that took the previous run
 // (recompute ops count as backward, as the memory timeline places
-// checkpoint recomputation there). The order is never changed, so Setup
+// checkpoint recomputation there); a run of communication buffers only (the
+// prefetch of the next unit's all-gather, the free of the previous unit's
+// reduce-scatter buffer) stays with the op that took the previous run. The order is never changed, so Setup
 // followed by every op's Mem in op order is the timeline itself, and
 // memory.Replay of it gives the peak Schedule.Peak records.
 func (b *schedBuilder) attachMemory(evs []memory.Event) {
@@ -101,7 +103,11 @@ func (b *schedBuilder) attachMemory(evs []memory.Event) {
 			i = j
 			continue
 		}
-		for k := at; k < len(ops); k++ {
+		comm := true // communication buffers (a prefetch, a previous unit's reduce-scatter) stay with the current op
+		for _, x := range evs[i:j] {
+			comm = comm && x.Category == memory.CatComm
+		}
+		for k := at; k < len(ops) && !comm; k++ {
 			o := ops[k]
 			if o.Type == OpCompute && phaseOf(o) == e.Phase && (o.Phase == PhaseOptimizer || o.Micro == e.Micro && o.Layer == e.Layer) {
 				at = k
