@@ -74,7 +74,10 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if *lbs < 0 {
 		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
 	}
-	if *maxLBS && !(*target > 0 && *target <= 1) {
+	if *accum < 1 {
+		return fmt.Errorf("%w: --grad-accum = %d: must be ≥ 1", errUsage, *accum)
+	}
+	if !(*target > 0 && *target <= 1) {
 		return fmt.Errorf("%w: --memory-target = %v: must be in (0, 1]", errUsage, *target)
 	}
 	ac, err := moe.ParseAC(*acFlag)

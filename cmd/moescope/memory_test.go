@@ -82,6 +82,13 @@ func TestMemoryBadInput(t *testing.T) {
 		{[]string{"--gpus", "16", "--ep", "16", "--lbs", "1", "--model", "mixtral-8x7b"}, "experts"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--ac", "some"}, "--ac"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--max-lbs", "--memory-target", "1.5"}, "memory-target"},
+		// --memory-target is checked with or without --max-lbs, and NaN
+		// fails every comparison, so it must be rejected explicitly.
+		{[]string{"--gpus", "8", "--lbs", "1", "--memory-target", "5"}, "memory-target"},
+		{[]string{"--gpus", "8", "--max-lbs", "--memory-target", "NaN"}, "memory-target"},
+		{[]string{"--gpus", "8", "--max-lbs", "--memory-target", "0"}, "memory-target"},
+		// 0 is not "the default": the report would print grad-accum 0.
+		{[]string{"--gpus", "8", "--lbs", "1", "--grad-accum", "0"}, "--grad-accum"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--grad-dtype", "f8"}, "grad-dtype"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--attention", "sparse"}, "attention"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--optimizer-impl", "lion"}, "optimizer"},
