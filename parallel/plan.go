@@ -172,7 +172,11 @@ type PlanInfeasibleError struct {
 }
 
 func (e *PlanInfeasibleError) Error() string {
-	s := fmt.Sprintf("no feasible plan on %d GPUs: %s", e.GPUs, e.Reason)
+	gpus := "GPUs"
+	if e.GPUs == 1 {
+		gpus = "GPU"
+	}
+	s := fmt.Sprintf("no feasible plan on %d %s: %s", e.GPUs, gpus, e.Reason)
 	if e.Closest != nil {
 		s += fmt.Sprintf("; closest: %s at memory fraction %.4g", e.Closest.Point, e.Closest.Score.MemoryFraction)
 	}

@@ -347,13 +347,17 @@ func planWriteTable(w io.Writer, title string, rep *parallel.PlanReport, top int
 	}
 	fmt.Fprintf(w, "moescope plan: %s\n%s, %d candidates simulated\n\n", title, mode, rep.Simulated)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "stage\tGPUs\tcandidates\tpruned\tsimulated\tbest TPS\tscaling eff.\tgrew\t")
+	fmt.Fprintln(tw, "stage\tGPUs\tcandidates\tpruned\tsimulated\tcarried\tbest TPS\tscaling eff.\tgrew\t")
 	for i, st := range rep.Stages {
 		grew := st.Grew
 		if grew == "" {
 			grew = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%.0f\t%.1f%%\t%s\t\n", i+1, st.GPUs, st.Candidates, st.Pruned, st.Simulated, st.BestTPS, 100*st.ScalingEfficiency, grew)
+		carried := "-"
+		if i < len(rep.Stages)-1 {
+			carried = fmt.Sprint(len(st.Survivors))
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%.0f\t%.1f%%\t%s\t\n", i+1, st.GPUs, st.Candidates, st.Pruned, st.Simulated, carried, st.BestTPS, 100*st.ScalingEfficiency, grew)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

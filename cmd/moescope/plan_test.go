@@ -229,7 +229,7 @@ func TestPlanCommandBadInput(t *testing.T) {
 		// 30.5e9 parameters × 16 B = 488 GB of state on one GPU: nothing fits
 		// at 0.92 of 178.35 GiB; the fake's FSDP state needs 16 × 30.5e9 /
 		// (0.92 × 191.5e9 − activations) ≈ 2.8 GPUs → 4.
-		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "1", "--seq", "4096"}, []string{"no feasible plan on 1 GPUs", "closest", "at least 4 GPUs"}, 1},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "1", "--seq", "4096"}, []string{"no feasible plan on 1 GPU:", "closest", "at least 4 GPUs"}, 1},
 		// 100 sequences cannot be split over 64 data-parallel ranks.
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--global-batch", "100"}, []string{"not a multiple", "128"}, 1},
 	} {
@@ -289,5 +289,25 @@ func TestPlanCommandTrace(t *testing.T) {
 	}
 	if len(events) == 0 {
 		t.Error("trace has no events")
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	var buf bytes.Buffer
+	if newProgressBar(&buf) != nil {
+		t.Error("a progress bar on a buffer (not a terminal)")
+	}
+	var nilBar *progressBar
+	nilBar.update(1, 1, 2) // no-ops on a nil bar
+	nilBar.finish()
+	b := &progressBar{w: &buf}
+	b.update(2, 5, 10)
+	b.update(2, 10, 10)
+	b.finish()
+	out := buf.String()
+	// 30 cells, 5/10 done → 15 filled; then 10/10 → 30 filled.
+	if !strings.Contains(out, "stage 2 ["+strings.Repeat("#", 15)+strings.Repeat(".", 15)+"] 5/10") ||
+		!strings.Contains(out, "["+strings.Repeat("#", 30)+"] 10/10") || !strings.HasSuffix(out, "\r") {
+		t.Errorf("bar output %q", out)
 	}
 }
