@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"os"
 	"strconv"
@@ -94,6 +95,9 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		if err != nil {
 			return err
 		}
+		if err := checkFinite(cfg, ps); err != nil {
+			return fmt.Errorf("%s: %w", *weights, err)
+		}
 		if err := m.SetTensors(ps); err != nil {
 			return err
 		}
@@ -108,6 +112,9 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	res, err := hfGradients(m, tokens, ac, coef)
 	if err != nil {
 		return err
+	}
+	if math.IsNaN(res.Total) || math.IsInf(res.Total, 0) {
+		return fmt.Errorf("loss = %v, aux_loss = %v: not finite (float32 overflow in the forward pass); no gradient written", res.Loss, res.Aux)
 	}
 	if *out != "" {
 		if err := moe.SaveParams(*out, cfg, m.Grads(), moe.F32, *force); err != nil {
@@ -180,6 +187,20 @@ func hfAuxCoef(cfg *moe.Config) (float64, error) {
 	return cfg.AuxLossCoef, nil
 }
 
+// checkFinite refuses a checkpoint holding NaN or ±Inf: its loss and every
+// gradient would be NaN, and JSON cannot even print the loss. ps is in
+// cfg.Params() order (moe.LoadParams).
+func checkFinite(cfg *moe.Config, ps [][]float32) error {
+	for i, p := range cfg.Params() {
+		for j, v := range ps[i] {
+			if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
+				return fmt.Errorf("tensor %s holds %v at element %d: weights must be finite", p.Name, f, j)
+			}
+		}
+	}
+	return nil
+}
+
 // gradReport is the JSON object grad prints.
 type gradReport struct {
 	Loss      float64 `json:"loss"`       // mean cross-entropy over the predicted positions
@@ -219,6 +240,13 @@ func parseTokens(b []byte, vocab int) ([][]int, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	var raw [][]json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.Is(err, io.EOF):
+			err = errors.New("the file is empty")
+		case errors.As(err, &typ):
+			err = fmt.Errorf("found a JSON %s at byte %d", typ.Value, typ.Offset)
+		}
 		return nil, fmt.Errorf("want a JSON array of arrays of token ids: %w", err)
 	}
 	if dec.More() {

@@ -31,7 +31,9 @@ func TestParseTokens(t *testing.T) {
 		{`[[1]]`, "need at least 2"},
 		{`[]`, "no sequences"},
 		{`[[1,2]] [[3,4]]`, "trailing data"},
-		{`{"a":1}`, "JSON array of arrays"},
+		{`{"a":1}`, "JSON array of arrays of token ids: found a JSON object at byte 1"},
+		{`[1,2]`, "found a JSON number at byte 2"},
+		{``, "the file is empty"},
 		{`[["1",2]]`, `token id "1" is not an integer`},
 	} {
 		_, err := parseTokens([]byte(c.in), 24)
@@ -332,5 +334,57 @@ func TestGradMemoryGuard(t *testing.T) {
 	}
 	if availableMemory() == 0 {
 		t.Log("no /proc/meminfo here: the guard is off")
+	}
+}
+
+// TestGradNonFinite: a checkpoint holding NaN is refused naming the tensor,
+// and finite weights whose forward pass overflows float32 give an error,
+// not a JSON encoder failure ("json: unsupported value: NaN").
+func TestGradNonFinite(t *testing.T) {
+	cfg, err := moe.Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := moe.NewModel[float32](cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.InitRandom(1)
+	tmp := t.TempDir()
+	tokens := filepath.Join(tmp, "t.json")
+	os.WriteFile(tokens, []byte(`[[1,2,3]]`), 0o644)
+	for _, c := range []struct {
+		name string
+		v    float32
+		want string
+	}{
+		{"nan", float32(math.NaN()), "tensor lm_head.weight holds NaN at element 5"},
+		{"inf", float32(math.Inf(-1)), "tensor lm_head.weight holds -Inf at element 5"},
+		// Every LM-head weight 3e38: each logit sums 32 products of about
+		// that size and overflows float32.
+		{"huge", 3e38, "not finite"},
+	} {
+		ts := m.Tensors()
+		head := ts[len(ts)-1]
+		if cfg.Params()[len(ts)-1].Name != "lm_head.weight" {
+			t.Fatalf("last parameter is %s", cfg.Params()[len(ts)-1].Name)
+		}
+		if c.name == "huge" {
+			for i := range head {
+				head[i] = c.v
+			}
+		} else {
+			head[5] = c.v
+		}
+		w := filepath.Join(tmp, c.name+".safetensors")
+		if err := moe.SaveParams(w, cfg, ts, moe.F32, false); err != nil {
+			t.Fatal(err)
+		}
+		m.InitRandom(1)
+		var out, errb bytes.Buffer
+		err := run(&out, &errb, []string{"grad", "--model", "tiny", "--weights", w, "--tokens", tokens})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q; stdout %q", c.name, err, c.want, out.String())
+		}
 	}
 }
