@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"sort"
 	"strings"
 )
@@ -136,6 +137,26 @@ func jsonPosition(data []byte, off int64) (line, col int) {
 	return line, col
 }
 
+// jsonKind names the JSON value a Go type decodes from, for errors that
+// speak of the file rather than of Go.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return "an integer"
+	case reflect.Float64, reflect.Float32:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return t.String()
+}
+
 // decodeHF unmarshals data, turning JSON errors into ones that say where.
 func decodeHF(data []byte) (*hfConfig, error) {
 	var h hfConfig
@@ -154,9 +175,11 @@ func decodeHF(data []byte) (*hfConfig, error) {
 	case errors.As(err, &syn):
 		line, col := jsonPosition(data, syn.Offset)
 		return nil, fmt.Errorf("malformed JSON at line %d, column %d: %v", line, col, syn)
+	case errors.As(err, &typ) && typ.Field == "":
+		return nil, fmt.Errorf("a config.json must be a JSON object, found a JSON %s", typ.Value)
 	case errors.As(err, &typ):
 		line, col := jsonPosition(data, typ.Offset)
-		return nil, fmt.Errorf("line %d, column %d: key %q holds a JSON %s, want %s", line, col, typ.Field, typ.Value, typ.Type)
+		return nil, fmt.Errorf("line %d, column %d: key %q holds a JSON %s, want %s", line, col, typ.Field, typ.Value, jsonKind(typ.Type))
 	}
 	return nil, fmt.Errorf("malformed JSON: %v", err)
 }

@@ -80,6 +80,10 @@ func TestParseHFErrors(t *testing.T) {
 		{"{\n \"model_type\": \"qwen3_moe\",\n \"vocab_size\": \"big\"\n}", []string{"line 3", "vocab_size", "string"}},
 		{`{"model_type": "deepseek_v3"}`, []string{`"deepseek_v3" is not supported`, "glm4_moe", "qwen3_moe", "llama"}},
 		{`{"vocab_size": 3}`, []string{"model_type is missing"}},
+		// Errors speak of JSON, not of the Go types it decodes into.
+		{`[{"model_type": "llama"}]`, []string{"must be a JSON object, found a JSON array"}},
+		{"{\n \"model_type\": \"qwen3_moe\",\n \"hidden_size\": 32.5\n}", []string{"line 3", `key "hidden_size" holds a JSON number 32.5, want an integer`}},
+		{"{\n \"model_type\": \"qwen3_moe\",\n \"norm_topk_prob\": 1\n}", []string{"line 3", `key "norm_topk_prob" holds a JSON number, want true or false`}},
 		{`{"model_type": "llama"}`, []string{"vocab_size: required", "hidden_size: required", "num_hidden_layers: required", "intermediate_size: required"}},
 		{strings.Replace(minimal, `"num_experts_per_tok": 2`, `"num_experts_per_tok": 5`, 1), []string{"top_k = 5"}},
 		{strings.Replace(minimal, `"num_key_value_heads": 2`, `"num_key_value_heads": 3`, 1), []string{"kv_heads = 3", "must divide heads = 4"}},

@@ -192,7 +192,7 @@ func parseSafetensorsHeader(header []byte, dataLen int64) ([]TensorInfo, map[str
 		}
 		if name == "__metadata__" {
 			if err := json.Unmarshal(raw, &meta); err != nil {
-				return nil, nil, fmt.Errorf("safetensors: __metadata__ must map strings to strings: %w", err)
+				return nil, nil, fmt.Errorf("safetensors: __metadata__ must map strings to strings, found %s", raw)
 			}
 			continue
 		}
@@ -237,7 +237,7 @@ func parseSafetensorsHeader(header []byte, dataLen int64) ([]TensorInfo, map[str
 func parseEntry(name string, raw json.RawMessage, dataLen int64) (TensorInfo, error) {
 	var e rawEntry
 	if err := json.Unmarshal(raw, &e); err != nil {
-		return TensorInfo{}, fmt.Errorf("safetensors: tensor %q: %w", name, err)
+		return TensorInfo{}, fmt.Errorf(`safetensors: tensor %q: entry must be {"dtype": string, "shape": [integers], "data_offsets": [begin, end]}, found %.80s`, name, raw)
 	}
 	size, ok := stDTypeSize[e.DType]
 	if !ok {

@@ -174,7 +174,9 @@ func TestSafetensorsRejects(t *testing.T) {
 		{"uncovered tail", stImage(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`, f32x2), "cover 4 bytes of a 8-byte"},
 		{"duplicate name", stImage(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, f32x2), "twice"},
 		{"empty name", stImage(`{"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, f32x2), "empty name"},
-		{"bad metadata", stImage(`{"__metadata__":{"x":1}}`, nil), "__metadata__"},
+		{"bad metadata", stImage(`{"__metadata__":{"x":1}}`, nil), `__metadata__ must map strings to strings, found {"x":1}`},
+		{"entry not an object", stImage(`{"a":5}`, nil), `tensor "a": entry must be {"dtype": string`},
+		{"dtype not a string", stImage(`{"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}}`, f32x2), `entry must be`},
 		{"trailing bytes", stImage(`{} {}`, nil), "after the header"},
 	} {
 		_, err := ParseSafetensors(c.file)

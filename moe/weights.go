@@ -88,6 +88,10 @@ func openIndex(path string) (*Checkpoint, error) {
 	}
 	var idx checkpointIndex
 	if err := json.Unmarshal(b, &idx); err != nil {
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) {
+			err = fmt.Errorf(`want {"metadata": {...}, "weight_map": {"tensor name": "shard file name", ...}}, found a JSON %s at byte %d`, typ.Value, typ.Offset)
+		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if len(idx.WeightMap) == 0 {

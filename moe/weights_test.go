@@ -84,7 +84,8 @@ func TestCheckpointSharded(t *testing.T) {
 		{`{"weight_map":{"x":"a.safetensors","y":"b.safetensors","z":"b.safetensors"}}`, "does not hold it"},
 		{`{"weight_map":{"x":"a.safetensors","y":"a.safetensors","z":"c.safetensors"}}`, "no such file"},
 		{`{"weight_map":{}}`, "missing or empty"},
-		{`{"weight_map":[1]}`, "cannot unmarshal"},
+		{`{"weight_map":[1]}`, `want {"metadata": {...}, "weight_map": {"tensor name": "shard file name", ...}}, found a JSON array`},
+		{`[]`, "found a JSON array"},
 	} {
 		_, err := OpenCheckpoint(index(bad.index))
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
