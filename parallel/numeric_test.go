@@ -363,3 +363,43 @@ func TestNumericSelectionBias(t *testing.T) {
 		}
 	}
 }
+
+// TestNumericTiedEmbeddings: with tied embeddings the LM head reads the
+// embedding's gathered weights (the schedule keeps them gathered from the
+// embedding's forward to its backward) and its gradient joins the
+// embedding's; training equals one rank.
+func TestNumericTiedEmbeddings(t *testing.T) {
+	cfg := tinyMoEConfig()
+	cfg.TiedEmbeddings = true
+	ac := moe.AC{Mode: moe.ACFull}
+	ra, pa, _ := numericRun(t, cfg, meshLayout(t, 1, 1, 1), ac, 1, 4, 3)
+	rb, pb, _ := numericRun(t, cfg, meshLayout(t, 4, 1, 1), ac, 1, 1, 3)
+	compareRuns(t, "tied 1×4", ra, rb, pa, pb, true, 1e-5)
+	rc, pc, n := numericRun(t, cfg, meshLayout(t, 4, 2, 2), ac, 1, 1, 3)
+	compareRuns(t, "tied 2×2 ep 2", ra, rc, pa, pc, false, 1e-5)
+	// The executed collectives are the schedule's.
+	s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: 1, Seq: 4, Micro: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Comm().Trace = true
+	res, err := n.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, got := range n.Comm().Traces() {
+		sr, err := s.WithCounts(n.spec.Mesh, r, res.ExpertCounts, cfg.Experts, cfg.Hidden)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []CollRecord
+		for _, o := range sr.Ops {
+			if o.Type == OpCollective {
+				want = append(want, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+			}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("rank %d: executed collectives differ from the schedule", r)
+		}
+	}
+}
