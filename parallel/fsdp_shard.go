@@ -93,7 +93,9 @@ func unitTensors(cfg *moe.Config, m *Mesh, u Unit, n int) []FSDPShard {
 		}
 		return out
 	}
-	for _, p := range unitParams(cfg, u) {
+	ps := cfg.Params()
+	for _, i := range unitParamIndex(cfg, u) {
+		p := ps[i]
 		inner := 1
 		for _, d := range p.Shape[1:] {
 			inner *= d
@@ -103,28 +105,29 @@ func unitTensors(cfg *moe.Config, m *Mesh, u Unit, n int) []FSDPShard {
 	return out
 }
 
-// unitParams lists the parameters of a dense unit (never routed experts or
-// buffers), in Config.Params order.
-func unitParams(cfg *moe.Config, u Unit) []moe.Param {
-	var ps []moe.Param
+// unitParamIndex lists the Config.Params indices of a dense unit's tensors:
+// its layer's trainable parameters other than routed experts (the
+// embedding for LayerEmbed; final norm and an untied LM head for
+// LayerHead), in Params order.
+func unitParamIndex(cfg *moe.Config, u Unit) []int {
+	var out []int
 	head := cfg.LayerHead()
-	for _, p := range cfg.Params() {
+	for i, p := range cfg.Params() {
 		if p.Buffer || p.Group == moe.GroupRouted {
 			continue
 		}
 		layer := p.Layer
 		if layer == -1 {
+			layer = head
 			if p.Group == moe.GroupEmbedding {
 				layer = moe.LayerEmbed
-			} else {
-				layer = head
 			}
 		}
 		if layer == u.Layer {
-			ps = append(ps, p)
+			out = append(out, i)
 		}
 	}
-	return ps
+	return out
 }
 
 // unitSizes sums a unit's tensors: unsharded, padded (S of the gather) and

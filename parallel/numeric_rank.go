@@ -49,28 +49,6 @@ type numRank struct {
 	counts  [][][]int                   // this step's per-expert counts [micro][layer][expert]
 }
 
-// unitParamIndex lists the Config.Params indices of a dense unit's tensors.
-func unitParamIndex(cfg *moe.Config, u Unit) []int {
-	var out []int
-	head := cfg.LayerHead()
-	for i, p := range cfg.Params() {
-		if p.Buffer || p.Group == moe.GroupRouted {
-			continue
-		}
-		layer := p.Layer
-		if layer == -1 {
-			layer = head
-			if p.Group == moe.GroupEmbedding {
-				layer = moe.LayerEmbed
-			}
-		}
-		if layer == u.Layer {
-			out = append(out, i)
-		}
-	}
-	return out
-}
-
 // expertParamIndex returns, per projection (gate, up, down), the Params
 // indices of the routed experts [lo, hi) of layer l.
 func expertParamIndex(cfg *moe.Config, l, lo, hi int) [3][]int {
