@@ -120,6 +120,10 @@ func TestCollectiveBytes(t *testing.T) {
 		if err := ep.AllReduce(ctx, g, moe.F32, make([]float32, 16)); err != nil {
 			return err
 		}
+		// broadcast of 10 f32 from member 5.
+		if err := ep.Broadcast(ctx, g, moe.F32, 5, make([]float32, 10)); err != nil {
+			return err
+		}
 		// all-to-all: rank r sends (r + j) mod 3 rows of width 5 to rank j.
 		counts := make([]int, 8)
 		total := 0
@@ -162,6 +166,21 @@ func TestCollectiveBytes(t *testing.T) {
 			} else {
 				inter += b
 			}
+		}
+		// Pipelined ring broadcast from rank 5 (S = 40 B): every rank but
+		// the root's predecessor (4) sends S to its successor, every rank
+		// but the root receives S. Rank 7 sends to 0 and rank 3 to 4 across
+		// nodes; rank 0 and 4 receive across nodes.
+		bc := st[CollBroadcast]
+		wantSent, wantRecv := int64(40), int64(40)
+		if r == 4 {
+			wantSent = 0
+		}
+		if r == 5 {
+			wantRecv = 0
+		}
+		if bc.Sent() != wantSent || bc.Recv() != wantRecv || (r == 7 || r == 3) != (bc.SentInter == 40) {
+			t.Errorf("rank %d broadcast %+v, want %d sent, %d received", r, bc, wantSent, wantRecv)
 		}
 		a := st[CollAllToAll]
 		if a.SentIntra != intra || a.SentInter != inter || a.RecvIntra != intra || a.RecvInter != inter {
