@@ -388,3 +388,28 @@ func TestGradNonFinite(t *testing.T) {
 		}
 	}
 }
+
+// TestGradActivationGuard: a token file whose activations cannot fit is
+// refused before running. Lower bound by hand for the tiny model (D = 32,
+// V = 64): the float32 logits alone are 4·V = 256 bytes per token, so
+// 3000 × 3000 tokens need more than 2.3 GB, above a 2 GiB machine.
+func TestGradActivationGuard(t *testing.T) {
+	cfg, err := moe.Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := moe.AC{Mode: moe.ACNone}
+	if err := checkGradActivations(cfg, 3000, 3000, none, 2<<30); err == nil || !strings.Contains(err.Error(), "3000 sequences × 3000 tokens need about") {
+		t.Errorf("9M tokens with 2 GiB: %v", err)
+	}
+	if err := checkGradActivations(cfg, 3000, 3000, none, 0); err != nil {
+		t.Errorf("unknown memory must not refuse: %v", err)
+	}
+	if err := checkGradActivations(cfg, 2, 3, none, 2<<30); err != nil {
+		t.Errorf("6 tokens with 2 GiB: %v", err)
+	}
+	// Token counts past what byte counts can hold are an error, not a wrap.
+	if err := checkGradActivations(cfg, 1<<30, 1<<30, none, 0); err == nil || !strings.Contains(err.Error(), "overflow") {
+		t.Errorf("2^60 tokens: %v", err)
+	}
+}
