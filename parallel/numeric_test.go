@@ -114,11 +114,15 @@ func TestNumericEqualsOneRank(t *testing.T) {
 		}{r, p}
 		return r, p
 	}
+	// Per mesh k, every sharding mode once, rotated against the policies
+	// and accumulation so that across meshes every mode meets every policy
+	// with and without accumulation.
 	i := 0
-	for _, ms := range meshes {
-		for _, sh := range shardings {
-			ac := acs[i%len(acs)]
-			accum := 1 + i%2
+	for k, ms := range meshes {
+		for j := range shardings {
+			sh := shardings[(j+k)%len(shardings)]
+			ac := acs[j]
+			accum := 1 + (j+k/len(shardings))%2
 			i++
 			l := meshLayout(t, ms.gpus, ms.rep, ms.ep)
 			l.Sharding = sh
