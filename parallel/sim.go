@@ -102,13 +102,16 @@ type simulated struct {
 // walking its schedule (BuildSchedule) in virtual time.
 //
 // Exactness: every rank runs the same program on groups of the same shape,
-// so one rank is simulated and stands for all when routing is balanced.
-// With skew or recorded counts the simulated rank is the most loaded
-// expert-parallel rank: every all-to-all waits for it, so the step time is
-// its time — exact when the same rank is the most loaded in every MoE layer
-// (as with counts applied to every layer). Group shapes are those of rank
-// 0's groups; layouts whose groups straddle NVLink domains unevenly are
-// approximated by rank 0's.
+// so one rank is simulated and stands for all when routing is balanced
+// (exact). With skew or recorded counts the ranks differ only between an
+// MoE layer's dispatch and combine (their expert GEMMs) and in the
+// all-to-all volumes; both all-to-alls are barriers of the EP group, so in
+// each layer the group advances at the pace of its most loaded rank, and
+// the simulated rank takes, layer by layer, the load of the rank receiving
+// the most rows: exact as long as that rank is also the slowest through
+// its grouped GEMMs. Group shapes are those of rank 0's groups; layouts
+// whose groups straddle NVLink domains unevenly are approximated by
+// rank 0's.
 func Simulate(in SimInput) (SimResult, error) {
 	p, err := prepareSim(in)
 	if err != nil {
