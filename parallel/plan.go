@@ -346,6 +346,14 @@ func (q *PlanRequest) planShardVariants(base moe.Layout, accum bool) []moe.Layou
 	return out
 }
 
+// planRedundant reports a layout that is another one under a second name:
+// DDP without expert parallelism shards nothing along dp_shard, so every
+// split of the GPUs is the layout with dp_shard 1 and dp_replicate = gpus,
+// which the search enumerates as such.
+func planRedundant(l moe.Layout) bool {
+	return l.Sharding == moe.ShardDDP && l.EP == 1 && l.DPShard > 1
+}
+
 // planFamilies enumerates every family at n GPUs.
 func (q *PlanRequest) planFamilies(n int, accum bool) []planFamily {
 	var fams []planFamily
@@ -357,8 +365,8 @@ func (q *PlanRequest) planFamilies(n int, accum bool) []planFamily {
 			}
 			base := moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}
 			for _, l := range q.planShardVariants(base, accum) {
-				if l.Sharding == moe.ShardDDP && l.EP == 1 && l.DPReplicate < n {
-					continue // the same as dp_replicate = n (dp_shard 1), enumerated once
+				if planRedundant(l) {
+					continue
 				}
 				for _, ac := range q.ACs {
 					fams = append(fams, planFamily{l, ac})
@@ -839,7 +847,7 @@ func (q *PlanRequest) planGrow(carried []PlanResult, n int, accum bool) ([]planF
 				// layout that had nothing to shard gains every mode.
 				var vars []moe.Layout
 				for _, l := range q.planShardVariants(base, accum) {
-					if l.Sharding == old.Sharding || old.DPShard == 1 {
+					if (l.Sharding == old.Sharding || old.DPShard == 1) && !planRedundant(l) {
 						vars = append(vars, l)
 					}
 				}

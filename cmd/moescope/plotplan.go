@@ -91,7 +91,8 @@ func planPlotSweeps(rep *parallel.PlanReport, model, gpu string) (tps, mem *plot
 		}
 		label := sw.AC.String()
 		if len(sw.Points) > 0 {
-			label += " (" + planShort(sw.Points[0].Point) + ")"
+			l := sw.Points[0].Point.Layout
+			label += fmt.Sprintf(" (%s %d×%d ep %d %s)", l.Sharding, l.DPShard, l.DPReplicate, l.EP, planOptions(l))
 		}
 		tpsArgs = append(tpsArgs, label, t)
 		memArgs = append(memArgs, sw.AC.String(), m)
@@ -114,13 +115,15 @@ func planPlotScaling(rep *parallel.PlanReport, model, gpu string) (*plot.Plot, e
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s on %s: best plan per stage", model, gpu)
 	p.X.Label.Text, p.Y.Label.Text = "GPUs", "tokens/s per GPU"
-	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{}
 	xy := make(plotter.XYs, len(rep.Stages))
 	labels := make([]string, len(rep.Stages))
+	var ticks plot.ConstantTicks
 	for i, st := range rep.Stages {
 		xy[i] = plotter.XY{X: float64(st.GPUs), Y: st.BestTPS}
 		labels[i] = fmt.Sprintf("%.0f%%", 100*st.ScalingEfficiency)
+		ticks = append(ticks, plot.Tick{Value: float64(st.GPUs), Label: fmt.Sprint(st.GPUs)})
 	}
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, ticks
 	if err := plotutil.AddLinePoints(p, "best TPS per GPU (label: scaling efficiency vs stage 1)", xy); err != nil {
 		return nil, err
 	}
