@@ -41,8 +41,6 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	switch {
-	case *model == "":
-		return fmt.Errorf("%w: --model is required", errUsage)
 	case (*weights == "") == (*initSeed < 0):
 		return fmt.Errorf("%w: give exactly one of --weights and --init (got --weights %q, --init %d)", errUsage, *weights, *initSeed)
 	case *save != "" && *initSeed < 0:
@@ -56,7 +54,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
 	}
-	cfg, err := moe.Load(*model)
+	cfg, err := loadModel(*model)
 	if err != nil {
 		return err
 	}

@@ -62,9 +62,6 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *model == "" {
-		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, moe.Builtins())
-	}
 	if *seq < 1 {
 		return fmt.Errorf("%w: --seq = %d: must be ≥ 1", errUsage, *seq)
 	}
@@ -100,9 +97,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
 	}
-	cfg, err := moe.Load(*model)
+	cfg, err := loadModel(*model)
 	if err != nil {
-		return fmt.Errorf("--model: %w", err)
+		return err
 	}
 	l, err := lf.layout(cfg)
 	if err != nil {

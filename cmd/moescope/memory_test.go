@@ -90,6 +90,8 @@ func TestMemoryBadInput(t *testing.T) {
 		// 0 is not "the default": the report would print grad-accum 0.
 		{[]string{"--gpus", "8", "--lbs", "1", "--grad-accum", "0"}, "--grad-accum"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--grad-dtype", "f8"}, "grad-dtype"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--model", ""}, "--model is required (a config.json path or one of: deepseek-moe-16b"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--model", "gpt5"}, `--model: model "gpt5" is neither a built-in`},
 		{[]string{"--gpus", "8", "--lbs", "1", "--attention", "sparse"}, "attention"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--optimizer-impl", "lion"}, "optimizer"},
 	} {
