@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
@@ -499,27 +500,35 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 	}
 	sort.SliceStable(order, func(a, c int) bool { return spans[order[a]].start < spans[order[c]].start })
 	sort.SliceStable(colls, func(a, c int) bool { return spans[colls[a]].start < spans[colls[c]].start })
+	// detail refines the exposed time by kind, axis and link class, to
+	// name the bottleneck.
+	detail := map[string]float64{}
+	label := func(i int) string {
+		return fmt.Sprintf("%s (%s, %s)", sim.comm[i].Kind, s.Ops[i].Axis, sim.comm[i].Link)
+	}
 	charge := func(from, to float64) {
 		if to <= from {
 			return
 		}
-		share := map[string]float64{}
+		share := map[int]float64{}
 		total := 0.0
 		for _, i := range colls {
 			if spans[i].start >= to {
 				break
 			}
 			if ov := math.Min(to, spans[i].end) - math.Max(from, spans[i].start); ov > 0 {
-				share[string(sim.comm[i].Kind)] += ov
+				share[i] += ov
 				total += ov
 			}
 		}
 		if total == 0 {
 			b.ExposedCommS["other"] += to - from
+			detail["other"] += to - from
 			return
 		}
-		for k, v := range share {
-			b.ExposedCommS[k] += (to - from) * v / total
+		for i, v := range share {
+			b.ExposedCommS[string(sim.comm[i].Kind)] += (to - from) * v / total
+			detail[label(i)] += (to - from) * v / total
 		}
 	}
 	prevEnd := 0.0
@@ -530,6 +539,7 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 		switch {
 		case o.coll:
 			b.ExposedCommS[string(sim.comm[i].Kind)] += d
+			detail[label(i)] += d
 		case s.Ops[i].Phase == PhaseOptimizer:
 			b.OptimizerS += d
 		default:
@@ -542,7 +552,8 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 	// re-gathers, trailing reductions).
 	charge(prevEnd, step)
 	// Bottleneck: compute (with recompute and optimizer) against each kind
-	// of exposed communication.
+	// of exposed communication; a communication bottleneck is named with
+	// the axis and link class that expose most of it.
 	name, top := "compute", b.ComputeS+b.RecomputeS+b.OptimizerS
 	kinds := make([]string, 0, len(b.ExposedCommS))
 	for k := range b.ExposedCommS {
@@ -551,10 +562,24 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 	sort.Strings(kinds)
 	for _, k := range kinds {
 		if v := b.ExposedCommS[k]; v > top {
-			name, top = "exposed "+k, v
+			name, top = k, v
 		}
 	}
-	return b, name
+	if name == "compute" {
+		return b, name
+	}
+	best, bestV := name, -1.0
+	keys := make([]string, 0, len(detail))
+	for k := range detail {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if strings.HasPrefix(k, name) && detail[k] > bestV {
+			best, bestV = k, detail[k]
+		}
+	}
+	return b, "exposed " + best
 }
 
 // memEventTimes stamps each memory-timeline event with the virtual time of
