@@ -115,3 +115,27 @@ func TestBreakdownAttribution(t *testing.T) {
 		t.Errorf("bottleneck %q", bottleneck)
 	}
 }
+
+// A step dominated by a gather names it with its axis and link class.
+func TestBottleneckNamesAxisAndLink(t *testing.T) {
+	sched := &Schedule{Ops: []ScheduleOp{
+		{Type: OpCollective, Coll: CollAllGather, Axis: AxisEFSDP},
+		{Type: OpCompute, Phase: PhaseForward},
+	}}
+	sim := &simulated{
+		ops: []simOp{
+			{stream: simGather, coll: true, work: 3, link: LinkNet},
+			{stream: simCompute, compute: 1, deps: []int{0}},
+		},
+		recompute: make([]float64, 2),
+		comm:      []CommCost{{Kind: CommAllGather, Link: LinkNet}, {}},
+	}
+	spans, err := runEngine(sim.ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, name := breakdown(sched, sim, spans, 4)
+	if name != "exposed all_gather (efsdp, network)" || !near(b.ExposedCommS["all_gather"], 3, 1e-12) {
+		t.Errorf("bottleneck %q, breakdown %+v", name, b)
+	}
+}
