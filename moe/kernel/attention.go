@@ -117,7 +117,8 @@ func (a AttnShape) visibleKeys(i, j0, j1 int) (lo, hi int) {
 func (a AttnShape) visible(i, j int) bool { return j <= i && (a.Window == 0 || j > i-a.Window) }
 
 // AttentionForward writes o and lse from q, k, v (layout in the file
-// comment). Query tiles of every head run in parallel over Threads() cores.
+// comment). Query tiles of every KV head run in parallel over Threads()
+// cores.
 func AttentionForward(o, lse, q, k, v []float32, a AttnShape) {
 	a.check(q, k, v, o, lse)
 	if a.Batch*a.Seq == 0 {
@@ -127,7 +128,7 @@ func AttentionForward(o, lse, q, k, v []float32, a AttnShape) {
 	*c = attnCall{shape: a, q: q, k: k, v: v, o: o, lse: lse}
 	tq, _ := a.tiles()
 	tiles := (a.Seq + tq - 1) / tq
-	parallel(a.Batch*a.Heads*tiles, c)
+	parallel(a.Batch*a.KVHeads*tiles, c)
 	*c = attnCall{}
 	attnCalls.Put(c)
 }
@@ -169,105 +170,160 @@ func (c *attnCall) task(ar *arena, t int) {
 const (
 	slotS    = iota // Br×Bc scores / probabilities
 	slotDP          // Br×Bc dP / dS
-	slotO           // Br×d output accumulator
-	slotStat        // 2·Br running max and sum, or the D vector
+	slotO           // output accumulators
+	slotStat        // running max and sum
+	slotD           // D_i = Σ dO·O per query
+	slotQ           // packed Q (A panels)
+	slotDO          // packed dO (A panels)
+	slotK           // packed K_j (B panel of Kᵀ)
+	slotV           // packed V_j (B panel)
+	slotKn          // packed K_j as B (for dQ = dS·K)
+	slotAp          // packed P or dS as A
+	slotBp          // packed dO_i or Q_i as B
 )
 
-// fwd runs query tile t = ((b·H)+h)·tiles + it.
+// fwd runs query tile it of KV head g of sequence b, t = (b·G + g)·tiles +
+// it, for all H/G query heads sharing the head: K_j and V_j are packed once
+// per key tile for all of them, each head's Q tile once per task.
 func (c *attnCall) fwd(ar *arena, t int) {
 	a := c.shape
 	H, G, d, s := a.Heads, a.KVHeads, a.HeadDim, a.Seq
 	tq, tk := a.tiles()
+	mk := active()
+	mr, nr := mk.mr, mk.nr
 	tiles := (s + tq - 1) / tq
-	it, bh := t%tiles, t/tiles
-	b, h := bh/H, bh%H
-	g := h / (H / G)
+	it, bg := t%tiles, t/tiles
+	b, g := bg/G, bg%G
+	rep := H / G
 	i0, i1 := it*tq, min((it+1)*tq, s)
-	br := i1 - i0
+	br, brp := i1-i0, roundUp(i1-i0, mr)
 	scale := float32(1 / math.Sqrt(float64(d)))
 	ldq, ldk := H*d, G*d
-	qt := c.q[((b*s+i0)*H+h)*d:]
-	S := ar.scratch(slotS, tq*tk)
-	O := ar.scratch(slotO, tq*d)
-	stat := ar.scratch(slotStat, 2*tq)
-	mx, l := stat[:br], stat[tq:tq+br]
-	clear(O[:br*d])
+	kv := (b*s*G + g) * d // K, V rows of this sequence and head: kv + j·ldk
+
+	Qp := ar.scratch(slotQ, rep*brp*d)
+	for r := range rep {
+		packA(Qp[r*brp*d:], false, c.q[(b*s*H+g*rep+r)*d:], ldq, i0, 0, br, d, mr, scale)
+	}
+	O := ar.scratch(slotO, rep*br*d)
+	clear(O)
+	stat := ar.scratch(slotStat, 2*rep*br)
+	mx, l := stat[:rep*br], stat[rep*br:]
 	for i := range mx {
 		mx[i], l[i] = float32(math.Inf(-1)), 0
 	}
+	S := ar.scratch(slotS, br*tk)
+	Pp := ar.scratch(slotAp, brp*tk)
+	Kp := ar.scratch(slotK, roundUp(tk, nr)*d)
+	Vp := ar.scratch(slotV, tk*roundUp(d, nr))
 	jStart, jEnd := a.keyTiles(i0, i1)
 	for j0 := jStart; j0 < jEnd; j0 += tk {
 		j1 := min(j0+tk, s)
 		bc := j1 - j0
-		kt := c.k[((b*s+j0)*G+g)*d:]
-		vt := c.v[((b*s+j0)*G+g)*d:]
-		sgemmSeq(ar, false, true, br, bc, d, scale, qt, ldq, kt, ldk, 0, S, bc)
-		for i := 0; i < br; i++ {
-			row := S[i*bc : i*bc+bc]
-			lo, hi := a.visibleKeys(i0+i, j0, j1)
-			if lo >= hi { // nothing visible to query i0+i in this tile
-				clear(row)
-				continue
+		packB(Kp, true, c.k[kv:], ldk, 0, j0, d, bc, nr)  // Kᵀ: d × bc
+		packB(Vp, false, c.v[kv:], ldk, j0, 0, bc, d, nr) // V: bc × d
+		for r := range rep {
+			macro(ar, mk, d, br, bc, Qp[r*brp*d:], Kp, S, bc, false) // S = c·Q·Kᵀ
+			for i := 0; i < br; i++ {
+				row := S[i*bc : i*bc+bc]
+				lo, hi := a.visibleKeys(i0+i, j0, j1)
+				if lo >= hi { // nothing visible to query i0+i in this tile
+					clear(row)
+					continue
+				}
+				for j := j0; j < lo; j++ {
+					row[j-j0] = float32(math.Inf(-1))
+				}
+				for j := hi; j < j1; j++ {
+					row[j-j0] = float32(math.Inf(-1))
+				}
+				q := r*br + i
+				m := maxRow(row[lo-j0:hi-j0], mx[q])
+				alpha := expf(mx[q] - m) // 0 while mx[q] is still −∞
+				sum := expSubSumRow(row, m)
+				mx[q], l[q] = m, l[q]*alpha+sum
+				if alpha != 1 {
+					scaleRow(O[q*d:q*d+d], alpha)
+				}
 			}
-			for j := j0; j < lo; j++ {
-				row[j-j0] = float32(math.Inf(-1))
-			}
-			for j := hi; j < j1; j++ {
-				row[j-j0] = float32(math.Inf(-1))
-			}
-			m := maxRow(row[lo-j0:hi-j0], mx[i])
-			alpha := expf(mx[i] - m) // 0 while mx[i] is still −∞
-			sum := expSubSumRow(row, m)
-			mx[i], l[i] = m, l[i]*alpha+sum
-			if alpha != 1 {
-				scaleRow(O[i*d:i*d+d], alpha)
-			}
+			packA(Pp, false, S, bc, 0, 0, br, bc, mr, 1)
+			macro(ar, mk, bc, br, d, Pp, Vp, O[r*br*d:], d, true) // O += P·V
 		}
-		sgemmSeq(ar, false, false, br, d, bc, 1, S, bc, vt, ldk, 1, O, d)
 	}
-	for i := 0; i < br; i++ {
-		oi := c.o[((b*s+i0+i)*H+h)*d:][:d]
-		inv := 1 / l[i]
-		for e, x := range O[i*d : i*d+d] {
-			oi[e] = x * inv
+	for r := range rep {
+		h := g*rep + r
+		for i := 0; i < br; i++ {
+			q := r*br + i
+			oi := c.o[((b*s+i0+i)*H+h)*d:][:d]
+			inv := 1 / l[q]
+			for e, x := range O[q*d : q*d+d] {
+				oi[e] = x * inv
+			}
+			c.lse[(b*s+i0+i)*H+h] = mx[q] + float32(math.Log(float64(l[q])))
 		}
-		c.lse[(b*s+i0+i)*H+h] = mx[i] + float32(math.Log(float64(l[i])))
 	}
 }
 
-// bwd runs the backward of KV head t%G of sequence t/G: every query head of
-// the group, every query tile, every key tile it visits.
+// bwd runs the backward of KV head t%G of sequence t/G: for every key tile
+// (K_j, V_j packed once), every query head of the group and every query tile
+// that sees it. Q and dO of the group are packed once per task; dK_j, dV_j
+// and dQ_i accumulate in place (the task owns them).
 func (c *attnCall) bwd(ar *arena, t int) {
 	a := c.shape
 	H, G, d, s := a.Heads, a.KVHeads, a.HeadDim, a.Seq
 	b, g := t/G, t%G
 	rep := H / G
 	tq, tk := a.tiles()
+	mk := active()
+	mr, nr := mk.mr, mk.nr
+	tiles := (s + tq - 1) / tq
+	brp := roundUp(tq, mr)
 	scale := float32(1 / math.Sqrt(float64(d)))
 	ldq, ldk := H*d, G*d
+	kv := (b*s*G + g) * d
+
+	D := ar.scratch(slotD, rep*s)
+	Qa := ar.scratch(slotQ, rep*tiles*brp*d)
+	dOa := ar.scratch(slotDO, rep*tiles*brp*d)
+	for r := range rep {
+		h := g*rep + r
+		for i := 0; i < s; i++ {
+			o := ((b*s+i)*H + h) * d
+			D[r*s+i] = dotRow(c.o[o:o+d], c.do[o:o+d])
+		}
+		for it := range tiles {
+			i0, i1 := it*tq, min((it+1)*tq, s)
+			off := (r*tiles + it) * brp * d
+			packA(Qa[off:], false, c.q[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, scale)
+			packA(dOa[off:], false, c.do[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, 1)
+		}
+	}
 	P := ar.scratch(slotS, tq*tk)
 	dS := ar.scratch(slotDP, tq*tk)
-	D := ar.scratch(slotStat, s)
-	for h := g * rep; h < (g+1)*rep; h++ {
-		for i := 0; i < s; i++ {
-			r := ((b*s+i)*H + h) * d
-			D[i] = dotRow(c.o[r:r+d], c.do[r:r+d])
-		}
-		for i0 := 0; i0 < s; i0 += tq {
-			i1 := min(i0+tq, s)
-			br := i1 - i0
-			qt := c.q[((b*s+i0)*H+h)*d:]
-			dot := c.do[((b*s+i0)*H+h)*d:]
-			dqt := c.dq[((b*s+i0)*H+h)*d:]
-			jStart, jEnd := a.keyTiles(i0, i1)
-			for j0 := jStart; j0 < jEnd; j0 += tk {
-				j1 := min(j0+tk, s)
-				bc := j1 - j0
-				off := ((b*s+j0)*G + g) * d
-				kt, vt := c.k[off:], c.v[off:]
-				dkt, dvt := c.dk[off:], c.dv[off:]
-				sgemmSeq(ar, false, true, br, bc, d, scale, qt, ldq, kt, ldk, 0, P, bc)
-				sgemmSeq(ar, false, true, br, bc, d, 1, dot, ldq, vt, ldk, 0, dS, bc)
+	Kt := ar.scratch(slotK, roundUp(tk, nr)*d)
+	Vt := ar.scratch(slotV, roundUp(tk, nr)*d)
+	Kn := ar.scratch(slotKn, tk*roundUp(d, nr))
+	Ap := ar.scratch(slotAp, max(roundUp(tk, mr)*tq, roundUp(tq, mr)*tk))
+	Bp := ar.scratch(slotBp, tq*roundUp(d, nr))
+	for j0 := 0; j0 < s; j0 += tk {
+		j1 := min(j0+tk, s)
+		bc := j1 - j0
+		packB(Kt, true, c.k[kv:], ldk, 0, j0, d, bc, nr)  // Kᵀ: d × bc
+		packB(Vt, true, c.v[kv:], ldk, 0, j0, d, bc, nr)  // Vᵀ: d × bc
+		packB(Kn, false, c.k[kv:], ldk, j0, 0, bc, d, nr) // K: bc × d
+		dkt, dvt := c.dk[kv+j0*ldk:], c.dv[kv+j0*ldk:]
+		for r := range rep {
+			h := g*rep + r
+			qh := (b*s*H + h) * d // Q, dO, dQ rows of this head: qh + i·ldq
+			for it := range tiles {
+				i0, i1 := it*tq, min((it+1)*tq, s)
+				if js, je := a.keyTiles(i0, i1); j0 < js || j0 >= je {
+					continue
+				}
+				br := i1 - i0
+				off := (r*tiles + it) * brp * d
+				macro(ar, mk, d, br, bc, Qa[off:], Kt, P, bc, false)   // S = c·Q·Kᵀ
+				macro(ar, mk, d, br, bc, dOa[off:], Vt, dS, bc, false) // dP = dO·Vᵀ
 				for i := 0; i < br; i++ {
 					row := P[i*bc : i*bc+bc]
 					lo, hi := a.visibleKeys(i0+i, j0, j1)
@@ -276,11 +332,16 @@ func (c *attnCall) bwd(ar *arena, t int) {
 					expSubSumRow(row[lo:hi], c.lse[(b*s+i0+i)*H+h])
 					clear(row[:lo])
 					clear(row[hi:])
-					dsRow(dS[i*bc:i*bc+bc], row, D[i0+i], scale)
+					dsRow(dS[i*bc:i*bc+bc], row, D[r*s+i0+i], scale) // dS·c
 				}
-				sgemmSeq(ar, true, false, bc, d, br, 1, P, bc, dot, ldq, 1, dvt, ldk)
-				sgemmSeq(ar, false, false, br, d, bc, 1, dS, bc, kt, ldk, 1, dqt, ldq)
-				sgemmSeq(ar, true, false, bc, d, br, 1, dS, bc, qt, ldq, 1, dkt, ldk)
+				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1) // Pᵀ: bc × br
+				packB(Bp, false, c.do[qh:], ldq, i0, 0, br, d, nr)
+				macro(ar, mk, br, bc, d, Ap, Bp, dvt, ldk, true) // dV_j += Pᵀ·dO_i
+				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1) // dSᵀ
+				packB(Bp, false, c.q[qh:], ldq, i0, 0, br, d, nr)
+				macro(ar, mk, br, bc, d, Ap, Bp, dkt, ldk, true) // dK_j += c·dSᵀ·Q_i
+				packA(Ap, false, dS, bc, 0, 0, br, bc, mr, 1)
+				macro(ar, mk, bc, br, d, Ap, Kn, c.dq[qh+i0*ldq:], ldq, true) // dQ_i += c·dS·K_j
 			}
 		}
 	}

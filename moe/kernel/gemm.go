@@ -164,9 +164,6 @@ func (g *gemmCall) block(ar *arena, i0, i1, j0, j1 int) {
 	kcMax := min(bs.kc, g.k)
 	ar.bp = grow(ar.bp, kcMax*roundUp(min(bs.nc, j1-j0), nr))
 	ar.ap = grow(ar.ap, kcMax*roundUp(min(bs.mc, i1-i0), mr))
-	ar.tile = grow(ar.tile, mr*nr)
-	tile := ar.tile
-	c, ldc := g.c, g.ldc
 	for jc := j0; jc < j1; jc += bs.nc {
 		nc := min(bs.nc, j1-jc)
 		for pc := 0; pc < g.k; pc += bs.kc {
@@ -176,30 +173,41 @@ func (g *gemmCall) block(ar *arena, i0, i1, j0, j1 int) {
 			for ic := i0; ic < i1; ic += bs.mc {
 				mc := min(bs.mc, i1-ic)
 				packA(ar.ap, g.transA, g.a, g.lda, ic, pc, mc, kc, mr, g.alpha)
-				for jr := 0; jr < nc; jr += nr {
-					nj := min(nr, nc-jr)
-					bsl := ar.bp[jr*kc:]
-					for ir := 0; ir < mc; ir += mr {
-						mi := min(mr, mc-ir)
-						asl := ar.ap[ir*kc:]
-						co := (ic+ir)*ldc + jc + jr
-						if mi == mr && nj == nr {
-							mk.tile(kc, asl, bsl, c[co:], ldc, acc)
-							continue
-						}
-						mk.tile(kc, asl, bsl, tile, nr, false)
-						for i := 0; i < mi; i++ {
-							dst := c[co+i*ldc : co+i*ldc+nj]
-							src := tile[i*nr : i*nr+nj]
-							if acc {
-								for j, v := range src {
-									dst[j] += v
-								}
-							} else {
-								copy(dst, src)
-							}
-						}
+				macro(ar, mk, kc, mc, nc, ar.ap, ar.bp, g.c[ic*g.ldc+jc:], g.ldc, acc)
+			}
+		}
+	}
+}
+
+// macro computes C (+)= A·B for an m×n block of C from packed panels: ap
+// holds ⌈m/mr⌉ slivers of kc·mr values (packA's layout), bp ⌈n/nr⌉ slivers
+// of kc·nr (packB's), c starts at the block's first element. acc false
+// overwrites C. Edge tiles go through the arena's tile buffer.
+func macro(ar *arena, mk *microKernel, kc, m, n int, ap, bp, c []float32, ldc int, acc bool) {
+	mr, nr := mk.mr, mk.nr
+	ar.tile = grow(ar.tile, mr*nr)
+	tile := ar.tile
+	for jr := 0; jr < n; jr += nr {
+		nj := min(nr, n-jr)
+		bsl := bp[jr*kc:]
+		for ir := 0; ir < m; ir += mr {
+			mi := min(mr, m-ir)
+			asl := ap[ir*kc:]
+			co := ir*ldc + jr
+			if mi == mr && nj == nr {
+				mk.tile(kc, asl, bsl, c[co:], ldc, acc)
+				continue
+			}
+			mk.tile(kc, asl, bsl, tile, nr, false)
+			for i := 0; i < mi; i++ {
+				dst := c[co+i*ldc : co+i*ldc+nj]
+				src := tile[i*nr : i*nr+nj]
+				if acc {
+					for j, v := range src {
+						dst[j] += v
 					}
+				} else {
+					copy(dst, src)
 				}
 			}
 		}
