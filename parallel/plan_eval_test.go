@@ -65,9 +65,9 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 	for _, c := range []struct {
 		gpus, gb int
 		mem      int64
-	}{{8, 0, 12 << 20}, {32, 128, 12 << 20}} { // 12 MiB: none fits lbs ≈ 5, full ≈ 12 (of 16 searched)
+	}{{16, 64, 12 << 20}} { // 12 MiB: none fits lbs ≈ 5, selective more, full ≈ 12 (8 searched)
 		ev := &PlanSim{Model: cfg, Device: planSmallDevice(t, c.mem), Seq: 256}
-		req := PlanRequest{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 16}
+		req := PlanRequest{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 8}
 		hier, err := SearchPlans(req, ev)
 		if err != nil {
 			t.Fatalf("gpus %d: %v", c.gpus, err)
