@@ -16,7 +16,8 @@ type Model[T Float] struct {
 	Data   []T     // every parameter, flat, in Params order
 	Grad   []T     // gradients, same layout (zero for buffers)
 	// Load[l][e] counts the (token, slot) pairs routed to expert e of layer
-	// l since the last ResetLoad (nil for dense layers).
+	// l by ForwardBackward (Evaluate does not count) since the last
+	// ResetLoad (nil for dense layers).
 	Load [][]int64
 
 	offs []int // Params[i] is Data[offs[i]:offs[i+1]]
