@@ -121,7 +121,8 @@ func (n *Numeric) Comm() *Comm { return n.comm }
 // StepIndex is the number of optimizer steps taken.
 func (n *Numeric) StepIndex() int { return n.step }
 
-// Step runs one optimizer step on every rank.
+// Step runs one optimizer step on every rank. After an error the ranks'
+// states may be partly updated: the Numeric must not be stepped again.
 func (n *Numeric) Step(ctx context.Context) (NumericStep, error) {
 	res := NumericStep{Step: n.step}
 	losses := make([][]float64, len(n.ranks))

@@ -62,6 +62,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	force := fs.Bool("force", false, "overwrite an existing --checkpoint directory")
 	peakFlag := fs.Float64("peak-gflops", 0, "CPU peak for MFU in GFLOP/s (default: measured, all cores)")
 	printSched := fs.Bool("schedule", false, "print one rank's program of one step (the schedule) and exit")
+	hostGiB := fs.Float64("host-memory-gib", 16, "refuse runs whose float32 tensors would need more host memory than this")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR]")
 		fs.PrintDefaults()
@@ -133,6 +134,18 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		return sched.Print(stdout)
+	}
+	// Every rank holds a float32 copy of the model and its gradients to run
+	// its blocks on (the memory accounting models the GPU, not this), plus
+	// its shards of parameters, gradients and two moments.
+	var elems int64
+	for _, p := range cfg.Params() {
+		elems += p.Elements()
+	}
+	need := float64(elems) * 4 * float64(2*mesh.World()+6)
+	if *hostGiB <= 0 || need > *hostGiB*(1<<30) {
+		return fmt.Errorf("%w: train runs on this CPU: %s (%d parameters) on %d ranks needs about %.1f GiB of host memory, over --host-memory-gib %g; use a small model such as tiny",
+			errUsage, cfg.Name, elems, mesh.World(), need/(1<<30), *hostGiB)
 	}
 	adam := moe.AdamW{LR: *lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: *wd}
 	state := parallel.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,

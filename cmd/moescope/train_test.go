@@ -92,6 +92,7 @@ func TestTrainBadInput(t *testing.T) {
 		{[]string{"--gpus", "8", "--ep", "8", "--lbs", "1", "--seq", "8", "--steps", "1"}, "ep = 8 does not divide experts = 4"},
 		{[]string{"--lbs", "1", "--seq", "8", "--steps", "1"}, "--gpus is required"},
 		{[]string{"--gpus", "2", "--lbs", "1", "--seq", "8", "--steps", "1", "--ac", "layer:0"}, "layer:N"},
+		{[]string{"--gpus", "2", "--lbs", "1", "--seq", "8", "--steps", "1", "--host-memory-gib", "0.0001"}, "host memory"},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
