@@ -31,7 +31,6 @@ func ExampleSimulate() {
 	// Output: b200 hgx true true true
 }
 
-
 // Fit the model to a measured run of your own stack, then predict with it.
 func ExampleCalibrate() {
 	measured := memory.Run{Model: "tiny-dense", GPU: "b200", GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1,
