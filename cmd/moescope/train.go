@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/moescope/moescope/flops"
@@ -228,8 +229,16 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		state.Losses = append(state.Losses, res.Loss)
 		tps := float64(res.Tokens) / dt.Seconds()
 		mfu := float64(flopsStep) / dt.Seconds() / (peak * 1e9)
-		fmt.Fprintf(progress, "step %d  loss %.6f  aux %.6f  tps %.0f  mfu %.2f%%  peak/rank %s  comm intra %s inter %s  %.3fs\n",
-			res.Step+1, res.Loss, res.Aux, tps, 100*mfu, fmtBytes(maxPeak), fmtBytes(intra), fmtBytes(inter), dt.Seconds())
+		peaks := "max " + fmtBytes(maxPeak)
+		if len(res.PeakBytes) <= 8 {
+			var ps []string
+			for _, p := range res.PeakBytes {
+				ps = append(ps, fmtBytes(p))
+			}
+			peaks = strings.Join(ps, ", ")
+		}
+		fmt.Fprintf(progress, "step %d  loss %.6f  aux %.6f  tps %.0f  mfu %.2f%%  peak/rank [%s]  comm intra %s inter %s  %.3fs\n",
+			res.Step+1, res.Loss, res.Aux, tps, 100*mfu, peaks, fmtBytes(intra), fmtBytes(inter), dt.Seconds())
 	}
 	rep.Seconds = total.Seconds()
 	rep.TPS = float64(int64(*steps)*int64(*lbs)*int64(*seq)*int64(*accum)) / total.Seconds()
