@@ -112,6 +112,9 @@ func ParseDevice(data []byte, where string) (Device, error) {
 	if err := dec.Decode(&d); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
 	}
+	if dec.More() {
+		return Device{}, fmt.Errorf("device %s: data after the JSON object", where)
+	}
 	if err := d.Validate(); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
 	}

@@ -12,7 +12,11 @@ func TestDeviceRegistry(t *testing.T) {
 	if got := DeviceNames(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("DeviceNames() = %v, want %v", got, want)
 	}
-	for _, d := range Devices() {
+	for i, d := range Devices() {
+		// A file's name is the device's name (LookupDevice finds it by file).
+		if d.Name != want[i] {
+			t.Errorf("devices/%s.json names itself %q", want[i], d.Name)
+		}
 		// Every number has a source.
 		for _, f := range []string{"bf16_flops", "fp8_flops", "memory_bytes", "hbm_bytes_per_s", "sms"} {
 			if strings.TrimSpace(d.Sources[f]) == "" {
@@ -60,6 +64,13 @@ func TestParseDeviceErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("error %v lacks %q", err, w)
 		}
+	}
+	ok := `{"name":"x","bf16_flops":1,"fp8_flops":1,"memory_bytes":1,"hbm_bytes_per_s":1}`
+	if _, err := ParseDevice([]byte(ok), "t"); err != nil {
+		t.Errorf("minimal device rejected: %v", err)
+	}
+	if _, err := ParseDevice([]byte(ok+` {"name":"y"}`), "t"); err == nil || !strings.Contains(err.Error(), "data after") {
+		t.Errorf("trailing document accepted: %v", err)
 	}
 	if _, err := ParseDevice([]byte(`{"name":"x","bf16_flop":1}`), "t"); err == nil || !strings.Contains(err.Error(), "bf16_flop") {
 		t.Errorf("unknown field not rejected: %v", err)
