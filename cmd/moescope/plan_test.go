@@ -311,3 +311,17 @@ func TestProgressBar(t *testing.T) {
 		t.Errorf("bar output %q", out)
 	}
 }
+
+func TestPlanCommandCalibration(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.json"), filepath.Join(dir, "bad.json")
+	os.WriteFile(good, []byte(`{"gemm_scale": 0.9, "allocator_overhead": 0.08}`), 0o644)
+	os.WriteFile(bad, []byte(`{"gemm_scael": 0.9}`), 0o644)
+	if _, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--calibration", good); err != nil {
+		t.Errorf("good calibration: %v", err)
+	}
+	_, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--calibration", bad)
+	if err == nil || !strings.Contains(err.Error(), "gemm_scael") || exitCode(err) != 2 {
+		t.Errorf("misspelt calibration field: err = %v", err)
+	}
+}
