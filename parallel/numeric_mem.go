@@ -23,18 +23,12 @@ func (m *memAccount) resetPeak() { m.peak = m.live }
 // tensor kept for backward is allocated in the rank's account under the
 // layer being run, and released when that layer's backward finishes.
 type rankRecorder struct {
-	mem   *memAccount
-	kept  map[int]int64 // layer → bytes kept
-	ops   []moe.OpRecord
-	store bool // keep op records (tests)
+	mem  *memAccount
+	kept map[int]int64 // layer → bytes kept
 }
 
-// RecordOp implements moe.Recorder.
-func (r *rankRecorder) RecordOp(o moe.OpRecord) {
-	if r.store {
-		r.ops = append(r.ops, o)
-	}
-}
+// RecordOp implements moe.Recorder; op counts are the flops package's business.
+func (r *rankRecorder) RecordOp(moe.OpRecord) {}
 
 // RecordSaved implements moe.Recorder.
 func (r *rankRecorder) RecordSaved(s moe.SavedRecord) {

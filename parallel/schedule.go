@@ -250,15 +250,3 @@ func (s *Schedule) Print(w io.Writer) error {
 	}
 	return nil
 }
-
-// CollectiveBytes sums, per collective kind, the bytes of the schedule's
-// collectives as sized (S per call, not per-rank traffic).
-func (s *Schedule) CollectiveBytes() map[CollKind]int64 {
-	m := map[CollKind]int64{}
-	for _, o := range s.Ops {
-		if o.Type == OpCollective {
-			m[o.Coll] += o.Bytes()
-		}
-	}
-	return m
-}

@@ -244,6 +244,9 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	rep.TPS = float64(int64(*steps)*int64(*lbs)*int64(*seq)*int64(*accum)) / total.Seconds()
 	rep.MFU = float64(flopsStep) * float64(*steps) / total.Seconds() / (peak * 1e9)
 	rep.CommBytes = map[string]int64{}
+	for _, k := range parallel.CollKinds {
+		rep.CommBytes[string(k)] = 0
+	}
 	for k, b := range num.Comm().Stats.Total() {
 		rep.CommBytes[string(k)] = b.Sent()
 		rep.CommIntraBytes += b.SentIntra
