@@ -407,3 +407,15 @@ func TestNumericTiedEmbeddings(t *testing.T) {
 		}
 	}
 }
+
+// TestNumericReproducible: reductions in fixed order make two runs of the
+// same layout (goroutines scheduled differently) agree bit for bit, even
+// with replicas and expert parallelism.
+func TestNumericReproducible(t *testing.T) {
+	cfg := tinyMoEConfig()
+	l := meshLayout(t, 8, 2, 2)
+	ac := moe.AC{Mode: moe.ACSelective}
+	ra, pa, _ := numericRun(t, cfg, l, ac, 1, 2, 2)
+	rb, pb, _ := numericRun(t, cfg, l, ac, 1, 2, 2)
+	compareRuns(t, "2×4 ep 2 twice", ra, rb, pa, pb, true, 0)
+}
