@@ -266,14 +266,21 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass))
 }
 
-// splitRows divides rows over n groups in proportion to weights (even when
-// weights is nil), rounding so that the parts sum to rows.
+// splitRows divides rows over n groups in proportion to weights (evenly
+// when weights is nil, of the wrong length or sums to zero; negative
+// weights count as zero), rounding so that the parts sum to rows.
 func splitRows(rows int64, n int, weights []float64) []int64 {
 	if n < 1 {
 		n = 1
 	}
 	out := make([]int64, n)
-	if len(weights) != n {
+	var sum float64
+	for _, w := range weights {
+		if w > 0 {
+			sum += w
+		}
+	}
+	if len(weights) != n || !(sum > 0) || math.IsInf(sum, 0) {
 		for i := range out {
 			out[i] = rows / int64(n)
 			if int64(i) < rows%int64(n) {
@@ -282,13 +289,11 @@ func splitRows(rows int64, n int, weights []float64) []int64 {
 		}
 		return out
 	}
-	var sum float64
-	for _, w := range weights {
-		sum += w
-	}
 	var used int64
 	for i, w := range weights {
-		out[i] = int64(math.Floor(float64(rows) * w / sum))
+		if w > 0 {
+			out[i] = int64(math.Floor(float64(rows) * w / sum))
+		}
 		used += out[i]
 	}
 	for i := 0; used < rows; i = (i + 1) % n {

@@ -95,6 +95,11 @@ func TestSplitRows(t *testing.T) {
 	if got[0] != 75 || got[1] != 25 {
 		t.Errorf("weighted split: %v", got)
 	}
+	// All-zero weights (an EP rank that received nothing) split evenly.
+	got = splitRows(10, 2, []float64{0, 0})
+	if got[0] != 5 || got[1] != 5 {
+		t.Errorf("zero weights: %v", got)
+	}
 }
 
 func TestComputeSpecCalibrated(t *testing.T) {

@@ -1,6 +1,7 @@
 package parallel
 
 import (
+	"math"
 	"testing"
 
 	"github.com/moescope/moescope/memory"
@@ -167,4 +168,32 @@ func TestSimulateAllreduceLastOnly(t *testing.T) {
 		t.Errorf("allreduce-last-only: step %g (all-reduce %g) vs every micro-step %g (%g)",
 			last.StepTimeS, last.Breakdown.CommS["all_reduce"], every.StepTimeS, every.Breakdown.CommS["all_reduce"])
 	}
+}
+
+// FuzzSimulateCounts: any per-expert counts either are rejected or give a
+// finite positive step whose breakdown sums to it.
+func FuzzSimulateCounts(f *testing.F) {
+	f.Add(int64(256), int64(256), int64(256), int64(256), 1.0)
+	f.Add(int64(0), int64(0), int64(0), int64(1024), 0.0)
+	f.Add(int64(0), int64(0), int64(0), int64(0), 3.0)
+	base := simTestInput(f, "tiny", 8, 4, 2, 64, 1, "selective")
+	f.Fuzz(func(t *testing.T, a, b, c, d int64, skew float64) {
+		in := base
+		if a > 1<<30 || b > 1<<30 || c > 1<<30 || d > 1<<30 {
+			return
+		}
+		in.ExpertCounts = [][]int64{{a, b, c, d}}
+		in.ExpertSkew = skew
+		r, err := Simulate(in)
+		if err != nil {
+			return
+		}
+		sum := r.Breakdown.ComputeS + r.Breakdown.RecomputeS + r.Breakdown.OptimizerS
+		for _, v := range r.Breakdown.ExposedCommS {
+			sum += v
+		}
+		if !(r.StepTimeS > 0) || math.IsInf(r.StepTimeS, 0) || !near(sum, r.StepTimeS, 1e-9) {
+			t.Fatalf("counts %v skew %v: step %g, breakdown sum %g", in.ExpertCounts, skew, r.StepTimeS, sum)
+		}
+	})
 }
