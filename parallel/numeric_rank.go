@@ -203,12 +203,18 @@ func (u *numUnit) unshardFlat(gathered []float32) [][]float32 {
 }
 
 // stateBytes is the persistent training state at the modelled dtypes:
-// parameters, accumulated gradients and two AdamW moments.
+// parameters as this rank stores them (shard or whole) and the replicated
+// fp32 buffers, accumulated gradients, and two AdamW moments.
 func (r *numRank) stateBytes() int64 {
 	p := r.spec.Precision
 	var b int64
 	for _, u := range r.units {
 		b += int64(len(u.data))*p.Param.Bytes() + int64(len(u.grad))*p.Grad.Bytes() + 2*int64(len(u.m))*p.Optimizer.Bytes()
+	}
+	for _, q := range r.cfg.Params() {
+		if q.Buffer {
+			b += q.Elements() * moe.F32.Bytes()
+		}
 	}
 	return b
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -418,4 +419,40 @@ func TestNumericReproducible(t *testing.T) {
 	ra, pa, _ := numericRun(t, cfg, l, ac, 1, 2, 2)
 	rb, pb, _ := numericRun(t, cfg, l, ac, 1, 2, 2)
 	compareRuns(t, "2×4 ep 2 twice", ra, rb, pa, pb, true, 0)
+}
+
+// TestNumericStateEqualsMemory: the training state a numeric rank really
+// stores (its shards or whole tensors of parameters and buffers, gradients
+// and AdamW moments, at the modelled dtypes) equals the memory package's
+// analytic State exactly, for every sharding mode on meshes with replicas,
+// expert parallelism, dim-0 and dim-1 expert sharding and padding.
+func TestNumericStateEqualsMemory(t *testing.T) {
+	bias := tinyMoEConfig()
+	bias.Score, bias.SelectionBias, bias.AuxLossCoef = moe.Sigmoid, true, 0
+	for _, cfg := range []*moe.Config{tinyMoEConfig(), bias} {
+		for _, c := range [][3]int{{1, 1, 1}, {2, 1, 2}, {4, 2, 1}, {8, 1, 1}, {8, 2, 4}, {8, 1, 4}} {
+			for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
+				l := meshLayout(t, c[0], c[1], c[2])
+				l.Sharding = sh
+				m, err := NewMesh(l, cfg, 8)
+				if err != nil {
+					t.Fatal(err)
+				}
+				init, _ := moe.NewModel[float32](cfg)
+				n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, Batch: Batch{LBS: 1, Seq: 4, Micro: 1, DP: l.DP()}}, init.Tensors())
+				if err != nil {
+					t.Fatal(err)
+				}
+				rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: 1, Seq: 4, GradAccum: 1}, memory.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range n.ranks {
+					if got := r.stateBytes(); got != rep.State.Total() {
+						t.Errorf("%s bias %v %v %s rank %d: stores %d B, memory says %d (%+v)", cfg.Name, cfg.SelectionBias, c, sh, r.rank, got, rep.State.Total(), rep.State)
+					}
+				}
+			}
+		}
+	}
 }
