@@ -71,16 +71,16 @@ func (c *Calibration) Validate() error {
 		name string
 		v    float64
 	}{{CalGEMM, c.GEMMScale}, {CalGrouped, c.GroupedScale}, {CalAttention, c.AttentionScale}, {CalMemoryBound, c.MemoryBoundScale}} {
-		if f.v < 0 || math.IsNaN(f.v) || f.v > 100 {
-			errs = append(errs, fmt.Errorf("%s = %v: must be in (0, 100] (0 = default)", f.name, f.v))
+		if !(f.v == 0 || f.v >= 0.01 && f.v <= 100) {
+			errs = append(errs, fmt.Errorf("%s = %v: must be in [0.01, 100] (0 = default)", f.name, f.v))
 		}
 	}
 	for _, f := range []struct {
 		name string
 		v    float64
 	}{{CalNVLink, c.NVLinkEfficiency}, {CalNet, c.NetEfficiency}} {
-		if f.v < 0 || f.v > 1 || math.IsNaN(f.v) {
-			errs = append(errs, fmt.Errorf("%s = %v: must be in (0, 1] (0 = default)", f.name, f.v))
+		if !(f.v == 0 || f.v >= 0.01 && f.v <= 1) {
+			errs = append(errs, fmt.Errorf("%s = %v: must be in [0.01, 1] (0 = default)", f.name, f.v))
 		}
 	}
 	if c.AllocatorOverhead < 0 || c.AllocatorOverhead >= 1 || math.IsNaN(c.AllocatorOverhead) {
@@ -95,14 +95,20 @@ func ReadCalibration(path string) (*Calibration, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseCalibration(data, path)
+}
+
+// ParseCalibration decodes and validates a calibration JSON document;
+// unknown fields are errors. where labels errors.
+func ParseCalibration(data []byte, where string) (*Calibration, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var c Calibration
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	return &c, nil
 }
@@ -159,7 +165,8 @@ type calState struct {
 func (s calState) calibration(x []float64, base Calibration) *Calibration {
 	c := base
 	for i, n := range s.names {
-		v := math.Exp(x[i])
+		// Multipliers stay within [0.01, 100] (Validate's range).
+		v := math.Max(0.01, math.Min(100, math.Exp(x[i])))
 		switch n {
 		case CalGEMM:
 			c.GEMMScale = v
@@ -170,9 +177,9 @@ func (s calState) calibration(x []float64, base Calibration) *Calibration {
 		case CalMemoryBound:
 			c.MemoryBoundScale = v
 		case CalNVLink:
-			c.NVLinkEfficiency = math.Min(1, s.defaults[n]*v)
+			c.NVLinkEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
 		case CalNet:
-			c.NetEfficiency = math.Min(1, s.defaults[n]*v)
+			c.NetEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
 		}
 	}
 	return &c

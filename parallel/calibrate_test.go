@@ -80,3 +80,32 @@ func TestCalibrationValidate(t *testing.T) {
 		t.Error("no runs accepted")
 	}
 }
+
+// FuzzParseCalibration: any document is rejected or gives a calibration
+// that yields a valid compute spec and finite collective costs.
+func FuzzParseCalibration(f *testing.F) {
+	f.Add([]byte(`{"gemm_scale":0.8,"nvlink_efficiency":0.7,"allocator_overhead":0.1}`))
+	f.Add([]byte(`{"net_efficiency":1,"fitted":["net_efficiency"],"residuals":[0.01]}`))
+	f.Add([]byte(`{}`))
+	dev, err := LookupDevice("h100")
+	if err != nil {
+		f.Fatal(err)
+	}
+	hgx, err := LoadCluster("hgx-h100")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseCalibration(data, "fuzz")
+		if err != nil {
+			return
+		}
+		if err := ComputeSpecOf(dev).Calibrated(c).Validate(); err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		cc, err := CollectiveCost(hgx, c, CommAllReduce, GroupShape{16, 2, 8}, 1e9)
+		if err != nil || !(cc.Seconds() > 0) || math.IsInf(cc.Seconds(), 0) {
+			t.Fatalf("%+v: %+v %v", c, cc, err)
+		}
+	})
+}

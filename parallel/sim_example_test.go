@@ -34,7 +34,7 @@ func ExampleSimulate() {
 // Fit the model to a measured run of your own stack, then predict with it.
 func ExampleCalibrate() {
 	measured := memory.Run{Model: "tiny-dense", GPU: "b200", GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1,
-		AC: "none", LBS: 2, Seq: 128, Precision: "bf16", TPS: 20000}
+		AC: "none", LBS: 2, Seq: 128, Precision: "bf16", TPS: 400000}
 	cal, err := parallel.Calibrate([]memory.Run{measured})
 	if err != nil {
 		panic(err)
@@ -48,6 +48,6 @@ func ExampleCalibrate() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("gemm_scale fitted: %v; predicted TPS within 1%%: %v\n", slices.Contains(cal.Fitted, parallel.CalGEMM), math.Abs(r.TPS/20000-1) < 0.01)
+	fmt.Printf("gemm_scale fitted: %v; predicted TPS within 1%%: %v\n", slices.Contains(cal.Fitted, parallel.CalGEMM), math.Abs(r.TPS/400000-1) < 0.01)
 	// Output: gemm_scale fitted: true; predicted TPS within 1%: true
 }

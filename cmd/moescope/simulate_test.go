@@ -90,7 +90,7 @@ func TestSimulateBadInput(t *testing.T) {
 func TestCalibrateCommand(t *testing.T) {
 	dir := t.TempDir()
 	runs := filepath.Join(dir, "runs.json")
-	if err := os.WriteFile(runs, []byte(`[{"model":"tiny-dense","gpu":"b200","gpus":4,"dp_shard":4,"dp_replicate":1,"ep":1,"ac":"none","lbs":2,"seq":128,"precision":"bf16","tps":20000}]`), 0o644); err != nil {
+	if err := os.WriteFile(runs, []byte(`[{"model":"tiny-dense","gpu":"b200","gpus":4,"dp_shard":4,"dp_replicate":1,"ep":1,"ac":"none","lbs":2,"seq":128,"precision":"bf16","tps":400000}]`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cal := filepath.Join(dir, "cal.json")
@@ -114,8 +114,8 @@ func TestCalibrateCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatal(err)
 	}
-	if r.TPS < 19000 || r.TPS > 21000 {
-		t.Errorf("calibrated TPS %.0f, fitted to 20000", r.TPS)
+	if r.TPS < 396000 || r.TPS > 404000 {
+		t.Errorf("calibrated TPS %.0f, fitted to 400000", r.TPS)
 	}
 	if _, err := runSimCmd(t, "calibrate", "--runs", filepath.Join(dir, "missing.json"), "--out", filepath.Join(dir, "c2.json")); err == nil {
 		t.Error("missing runs file accepted")
