@@ -42,9 +42,30 @@ type gemmBench struct {
 	N            int     `json:"n"`
 	K            int     `json:"k"`
 	Threads      int     `json:"threads"`
-	Seconds      float64 `json:"seconds"` // best of repeated calls
+	Seconds      float64 `json:"seconds"` // best wall time of repeated calls
 	GFLOPS       float64 `json:"gflops"`  // 2·m·n·k / seconds / 1e9
 	PeakFraction float64 `json:"peak_fraction"`
+	cpuRates
+}
+
+// cpuRates is the same work over the process's CPU time divided by the
+// threads (best of the runs): on a machine shared with other processes, the
+// speed the cores delivered while this process held them. It hides load
+// imbalance (a waiting thread uses no CPU), so it bounds the wall-time
+// figure from above; equal when the cores are free and the work balanced.
+// Absent where the OS does not report process CPU time.
+type cpuRates struct {
+	CPUSeconds      float64 `json:"cpu_seconds,omitempty"` // process CPU time of the best run
+	CPUGFLOPS       float64 `json:"gflops_cpu,omitempty"`
+	CPUPeakFraction float64 `json:"peak_fraction_cpu,omitempty"`
+}
+
+func newCPURates(flop float64, cpu time.Duration, threads int, peak float64) cpuRates {
+	if cpu <= 0 {
+		return cpuRates{}
+	}
+	gf := flop * float64(threads) / cpu.Seconds() / 1e9
+	return cpuRates{CPUSeconds: cpu.Seconds(), CPUGFLOPS: gf, CPUPeakFraction: gf / peak}
 }
 
 type layerBench struct {
@@ -59,6 +80,7 @@ type layerBench struct {
 	ModelFLOPs   int64   `json:"model_flops"` // forward + backward matmul FLOPs, attention exact under the mask, no recompute
 	GFLOPS       float64 `json:"gflops"`
 	PeakFraction float64 `json:"peak_fraction"`
+	cpuRates
 }
 
 type torchBench struct {
@@ -208,16 +230,24 @@ func parseSizes(s string) ([]int, error) {
 }
 
 // bestTime runs f until it has run at least min times and for at least
-// budget, and returns the shortest run.
-func bestTime(minRuns int, budget time.Duration, f func()) time.Duration {
-	best := time.Duration(math.MaxInt64)
+// budget, and returns the shortest wall time and the shortest process CPU
+// time (0 where unknown) of a run.
+func bestTime(minRuns int, budget time.Duration, f func()) (wall, cpu time.Duration) {
+	wall, cpu = time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
 	start := time.Now()
 	for i := 0; i < minRuns || time.Since(start) < budget; i++ {
+		c0, ok := kernel.ProcessCPUTime()
 		t := time.Now()
 		f()
-		best = min(best, time.Since(t))
+		wall = min(wall, time.Since(t))
+		c1, _ := kernel.ProcessCPUTime()
+		if ok {
+			cpu = min(cpu, c1-c0)
+		} else {
+			cpu = 0
+		}
 	}
-	return best
+	return wall, cpu
 }
 
 // benchGEMMs times square products (NN) and the expert GEMMs of the layer
@@ -266,13 +296,15 @@ func benchGEMMs(c *moe.Config, squares []int, tokens, threads int, p kernel.Peak
 		}
 		for _, t := range counts {
 			prev := kernel.SetThreads(t)
-			d := bestTime(3, 300*time.Millisecond, func() {
+			d, cpu := bestTime(3, 300*time.Millisecond, func() {
 				kernel.Sgemm(ta, tb, s.m, s.n, s.k, 1, a, lda, b, ldb, 0, cc, s.n)
 			})
 			kernel.SetThreads(prev)
-			gf := 2 * float64(s.m) * float64(s.n) * float64(s.k) / d.Seconds() / 1e9
+			flop := 2 * float64(s.m) * float64(s.n) * float64(s.k)
+			gf := flop / d.Seconds() / 1e9
 			out = append(out, gemmBench{Op: s.op, Layout: s.layout, M: s.m, N: s.n, K: s.k, Threads: t,
-				Seconds: d.Seconds(), GFLOPS: gf, PeakFraction: gf / peakFor(p, t)})
+				Seconds: d.Seconds(), GFLOPS: gf, PeakFraction: gf / peakFor(p, t),
+				cpuRates: newCPURates(flop, cpu, t, peakFor(p, t))})
 		}
 	}
 	return out
@@ -327,19 +359,18 @@ func benchLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel
 	attn := 6 * n * int64(c.HeadDim) * int64(c.Heads)
 	flops := 2 * (matmul + attn)
 
-	best, bestFwd := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
-	for range iters {
+	bestFwd := time.Duration(math.MaxInt64)
+	best, cpu := bestTime(iters, 0, func() {
 		t0 := time.Now()
 		blk.Forward(&w, x)
-		t1 := time.Now()
+		bestFwd = min(bestFwd, time.Since(t0))
 		blk.Backward(&w, &g, dy, nil)
-		t2 := time.Now()
-		best, bestFwd = min(best, t2.Sub(t0)), min(bestFwd, t1.Sub(t0))
-	}
+	})
 	gf := float64(flops) / best.Seconds() / 1e9
 	return &layerBench{Model: name, Experts: c.Experts, TopK: c.TopK, Seq: tokens, Threads: threads,
 		Seconds: best.Seconds(), Forward: bestFwd.Seconds(), TokensPerS: float64(tokens) / best.Seconds(),
-		ModelFLOPs: flops, GFLOPS: gf, PeakFraction: gf / peakFor(p, threads)}, nil
+		ModelFLOPs: flops, GFLOPS: gf, PeakFraction: gf / peakFor(p, threads),
+		cpuRates: newCPURates(float64(flops), cpu, threads, peakFor(p, threads))}, nil
 }
 
 // runTorch runs the PyTorch side-by-side script on the same layer and reads
@@ -380,16 +411,18 @@ func printBench(w io.Writer, r *benchReport) {
 	fmt.Fprintf(w, "peak (float32 FMA loop, measured, best of 20 runs): clock %.2f GHz, %.1f FLOP/cycle, %.1f GFLOP/s per core, %.1f GFLOP/s on %d threads\n",
 		p.ClockGHz, p.FLOPPerCycle, p.PerCoreGFLOPS, p.AllCoreGFLOPS, p.Threads)
 	if len(r.GEMM) > 0 {
-		fmt.Fprintf(w, "\n%-24s %-6s %6s %6s %6s %7s %9s %6s\n", "gemm", "layout", "m", "n", "k", "threads", "GFLOP/s", "%peak")
+		fmt.Fprintf(w, "\n%-24s %-6s %6s %6s %6s %7s %9s %6s %11s %9s\n", "gemm", "layout", "m", "n", "k", "threads", "GFLOP/s", "%peak", "GFLOP/s cpu", "%peak cpu")
 		for _, g := range r.GEMM {
-			fmt.Fprintf(w, "%-24s %-6s %6d %6d %6d %7d %9.1f %5.1f%%\n", g.Op, g.Layout, g.M, g.N, g.K, g.Threads, g.GFLOPS, 100*g.PeakFraction)
+			fmt.Fprintf(w, "%-24s %-6s %6d %6d %6d %7d %9.1f %5.1f%% %11.1f %8.1f%%\n", g.Op, g.Layout, g.M, g.N, g.K, g.Threads,
+				g.GFLOPS, 100*g.PeakFraction, g.CPUGFLOPS, 100*g.CPUPeakFraction)
 		}
+		fmt.Fprintln(w, "(GFLOP/s: best wall time; cpu: the same work over process CPU time ÷ threads, what the cores delivered while this process held them)")
 	}
 	if l := r.Layer; l != nil {
 		fmt.Fprintf(w, "\nlayer %s (%d experts, top-%d), one sequence of %d tokens, %d threads, forward+backward (best of runs):\n",
 			l.Model, l.Experts, l.TopK, l.Seq, l.Threads)
-		fmt.Fprintf(w, "  %.3f s (forward %.3f s), %.0f tokens/s, %.1f GFLOP model FLOPs, %.1f GFLOP/s, %.1f%% of peak\n",
-			l.Seconds, l.Forward, l.TokensPerS, float64(l.ModelFLOPs)/1e9, l.GFLOPS, 100*l.PeakFraction)
+		fmt.Fprintf(w, "  %.3f s (forward %.3f s), %.0f tokens/s, %.1f GFLOP model FLOPs, %.1f GFLOP/s, %.1f%% of peak; cpu time %.3f s: %.1f GFLOP/s, %.1f%%\n",
+			l.Seconds, l.Forward, l.TokensPerS, float64(l.ModelFLOPs)/1e9, l.GFLOPS, 100*l.PeakFraction, l.CPUSeconds, l.CPUGFLOPS, 100*l.CPUPeakFraction)
 	}
 	if t := r.Torch; t != nil {
 		fmt.Fprintf(w, "pytorch %s, %d threads, same layer (HF eager attention, per-expert loop): %.3f s, %.0f tokens/s\n",
