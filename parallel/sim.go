@@ -56,6 +56,9 @@ type SimBreakdown struct {
 	ExposedCommS map[string]float64 `json:"exposed_comm_s"`
 	// CommS is the total time collectives ran (overlapped or not), by kind.
 	CommS map[string]float64 `json:"comm_s"`
+	// ComputeByClassS splits compute + recompute by op class (gemm,
+	// grouped_gemm, attention, memory_bound; launch overheads included).
+	ComputeByClassS map[string]float64 `json:"compute_by_class_s"`
 }
 
 // SimResult is the prediction for one layout.
@@ -97,6 +100,7 @@ type simulated struct {
 	recompute []float64 // recompute seconds inside each compute op
 	comm      []CommCost
 	bytes     []float64 // collectives: the size S modelled (after expert load)
+	byClass   [][numOpClasses]float64
 }
 
 // Simulate predicts step time, TPS, MFU, HFU and memory of one layout by
@@ -347,7 +351,24 @@ type segKey struct {
 	phase Phase
 }
 
-type segCost struct{ total, recompute float64 }
+type segCost struct {
+	total, recompute float64
+	byClass          [numOpClasses]float64 // total split by op class
+}
+
+// opClasses indexes the op classes for per-class sums.
+var opClasses = [...]OpClass{ClassGEMM, ClassGrouped, ClassAttention, ClassMemoryBound}
+
+const numOpClasses = len(opClasses)
+
+func classIndex(c OpClass) int {
+	for i, x := range opClasses {
+		if x == c {
+			return i
+		}
+	}
+	return numOpClasses - 1
+}
 
 // opCosts sums modelled op times per (layer, segment, phase) for one
 // micro-step of the simulated rank. Counts come from flops.Ops with a GPU
@@ -368,10 +389,12 @@ func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs 
 		local = cfg.Experts / l.EP
 	}
 	costs := map[segKey]segCost{}
+	var cls int
 	addCost := func(k segKey, t, rec float64) {
 		c := costs[k]
 		c.total += t
 		c.recompute += rec
+		c.byClass[cls] += t
 		costs[k] = c
 	}
 	for _, r := range recs {
@@ -386,6 +409,7 @@ func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs 
 			r.Count = int64(math.Round(float64(r.Count) * share.load))
 		}
 		t := spec.OpSeconds(cfg, r, local, groups)
+		cls = classIndex(OpClassOf(r.Op))
 		switch r.Pass {
 		case moe.Forward:
 			addCost(segKey{r.Layer, seg, PhaseForward}, t, 0)
@@ -431,7 +455,8 @@ func streamOf(o ScheduleOp, single bool) simStream {
 
 // simOps turns the schedule into engine ops with modelled costs.
 func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
-	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)), bytes: make([]float64, len(s.Ops))}
+	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
+		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
 	shapes := map[Axis]GroupShape{}
 	for i, o := range s.Ops {
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
@@ -442,6 +467,7 @@ func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
 				so.compute = c.total
 				sim.recompute[i] = c.recompute
+				sim.byClass[i] = c.byClass
 			}
 			sim.ops[i] = so
 			continue
@@ -486,7 +512,7 @@ func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]
 // proportion to how long each overlaps it (a gap with none in flight is
 // charged to "other"). The parts sum to the step time.
 func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimBreakdown, string) {
-	b := SimBreakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}}
+	b := SimBreakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}}
 	var order, colls []int
 	for i, o := range sim.ops {
 		if o.stream == simCompute {
@@ -545,6 +571,11 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 		default:
 			b.RecomputeS += sim.recompute[i]
 			b.ComputeS += d - sim.recompute[i]
+			if sim.byClass != nil {
+				for c, v := range sim.byClass[i] {
+					b.ComputeByClassS[string(opClasses[c])] += v
+				}
+			}
 		}
 		prevEnd = math.Max(prevEnd, spans[i].end)
 	}

@@ -197,3 +197,23 @@ func FuzzSimulateCounts(f *testing.F) {
 		}
 	})
 }
+
+// Compute by op class adds up to compute + recompute.
+func TestSimulateComputeByClass(t *testing.T) {
+	r, err := Simulate(simTestInput(t, "tiny", 8, 2, 2, 128, 2, "full"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, v := range r.Breakdown.ComputeByClassS {
+		sum += v
+	}
+	if want := r.Breakdown.ComputeS + r.Breakdown.RecomputeS; !near(sum, want, 1e-9) {
+		t.Errorf("by class %v sums to %g, compute + recompute %g", r.Breakdown.ComputeByClassS, sum, want)
+	}
+	for _, c := range []OpClass{ClassGEMM, ClassGrouped, ClassAttention, ClassMemoryBound} {
+		if r.Breakdown.ComputeByClassS[string(c)] <= 0 {
+			t.Errorf("no %s time: %v", c, r.Breakdown.ComputeByClassS)
+		}
+	}
+}

@@ -212,6 +212,16 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintln(w, "\ncompute + recompute by op class:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, c := range []string{"gemm", "grouped_gemm", "attention", "memory_bound"} {
+		if v, ok := b.ComputeByClassS[c]; ok {
+			row(c, v)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	_, err := fmt.Fprintf(w, "bottleneck: %s\n%s\n", r.Bottleneck, r.Exactness)
 	return err
 }
