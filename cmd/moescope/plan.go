@@ -407,7 +407,7 @@ func planExplain(rep *parallel.PlanReport, dev parallel.Device) [2]string {
 		shape, planACProse(p.AC), batch, b.Score.TPS, 100*b.Score.MFU, 100*b.Score.MemoryFraction, dev.MemoryGiB())
 	var parts []string
 	for _, t := range b.Score.Breakdown {
-		if t.Seconds > 0 && b.Score.StepTimeS > 0 {
+		if b.Score.StepTimeS > 0 && t.Seconds/b.Score.StepTimeS >= 0.005 { // parts that round to 0% are left out
 			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Kind, 100*t.Seconds/b.Score.StepTimeS))
 		}
 	}
