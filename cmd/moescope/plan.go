@@ -288,7 +288,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if a.plotD != "" {
-		if err := planWritePlots(a.plotD, a.force, rep, cfg.Name, dev.Name); err != nil {
+		if err := planWritePlots(a.plotD, a.force, rep, cfg.Name, dev.Name, a.target); err != nil {
 			return err
 		}
 	}

@@ -25,7 +25,7 @@ var planPlotNames = []string{"plan_lbs_tps", "plan_lbs_memory", "plan_scaling", 
 // policy, best per-GPU TPS and scaling efficiency against GPU count, and
 // the best plan's step-time breakdown. Existing files are refused unless
 // force; every file is written atomically.
-func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu string) error {
+func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu string, target float64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
@@ -41,7 +41,7 @@ func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu
 	}
 	plots := map[string]*plot.Plot{}
 	var err error
-	if plots["plan_lbs_tps"], plots["plan_lbs_memory"], err = planPlotSweeps(rep, model, gpu); err != nil {
+	if plots["plan_lbs_tps"], plots["plan_lbs_memory"], err = planPlotSweeps(rep, model, gpu, target); err != nil {
 		return err
 	}
 	if plots["plan_scaling"], err = planPlotScaling(rep, model, gpu); err != nil {
@@ -72,7 +72,7 @@ func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu
 	return nil
 }
 
-func planPlotSweeps(rep *parallel.PlanReport, model, gpu string) (tps, mem *plot.Plot, err error) {
+func planPlotSweeps(rep *parallel.PlanReport, model, gpu string, target float64) (tps, mem *plot.Plot, err error) {
 	tps, mem = plot.New(), plot.New()
 	gpus := 0
 	if len(rep.Stages) > 0 {
@@ -106,7 +106,21 @@ func planPlotSweeps(rep *parallel.PlanReport, model, gpu string) (tps, mem *plot
 	if err := plotutil.AddLinePoints(mem, memArgs...); err != nil {
 		return nil, nil, err
 	}
-	tps.Legend.Top, mem.Legend.Top = false, true
+	// The memory target, across the swept range.
+	maxLBS := 1.0
+	for _, sw := range rep.Sweeps {
+		for _, r := range sw.Points {
+			maxLBS = max(maxLBS, float64(r.Point.LBS))
+		}
+	}
+	line, err := plotter.NewLine(plotter.XYs{{X: 1, Y: target}, {X: maxLBS, Y: target}})
+	if err != nil {
+		return nil, nil, err
+	}
+	line.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
+	mem.Add(line)
+	mem.Legend.Add(fmt.Sprintf("memory target %.2f", target), line)
+	tps.Legend.Top, mem.Legend.Top, mem.Legend.Left = false, true, true
 	tps.Y.Min, mem.Y.Min = 0, 0
 	return tps, mem, nil
 }
