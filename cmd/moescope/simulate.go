@@ -60,7 +60,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	var hw hardwareFlags
 	fs.StringVar(&hw.gpu, "gpu", parallel.DefaultDeviceName, "device from the registry: "+strings.Join(parallel.DeviceNames(), ", "))
 	fs.StringVar(&hw.cluster, "cluster", "", "built-in cluster ("+strings.Join(parallel.ClusterNames(), ", ")+") or a cluster JSON path (default: hgx, hgx-h100 for H100/H200, gb200-nvl72 for GB200)")
-	fs.StringVar(&hw.calibration, "calibration", "", "calibration JSON written by `moescope calibrate`")
+	fs.StringVar(&hw.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
