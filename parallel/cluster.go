@@ -88,15 +88,21 @@ func ClusterNames() []string {
 }
 
 // ClusterForGPU names the built-in cluster a GPU is usually sold in: Hopper
-// parts in an HGX H100/H200 host, GB200 in an NVL72 rack, everything else in
-// the default hgx (B200). Used when the user gives --gpu but no --cluster.
+// parts in an HGX H100/H200 host, B300 in an HGX B300 host, GB200 and GB300
+// in their NVL72 racks, everything else (B200, and GPUs with no built-in
+// cluster of their own) in the default hgx. Used when the user gives --gpu
+// but no --cluster.
 func ClusterForGPU(gpu string) string {
 	g := strings.ToLower(gpu)
 	switch {
 	case strings.HasPrefix(g, "h100"), strings.HasPrefix(g, "h200"):
 		return "hgx-h100"
-	case strings.HasPrefix(g, "gb200"), strings.HasPrefix(g, "gb300"):
+	case strings.HasPrefix(g, "b300"):
+		return "hgx-b300"
+	case strings.HasPrefix(g, "gb200"):
 		return "gb200-nvl72"
+	case strings.HasPrefix(g, "gb300"):
+		return "gb300-nvl72"
 	}
 	return DefaultClusterName
 }

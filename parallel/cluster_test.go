@@ -10,7 +10,7 @@ import (
 
 func TestBuiltinClusters(t *testing.T) {
 	names := ClusterNames()
-	for _, want := range []string{"hgx", "hgx-h100", "gb200-nvl72"} {
+	for _, want := range []string{"hgx", "hgx-h100", "hgx-b300", "gb200-nvl72", "gb300-nvl72"} {
 		found := false
 		for _, n := range names {
 			found = found || n == want
@@ -45,8 +45,19 @@ func TestBuiltinClusters(t *testing.T) {
 	if nvl.Link(0, 71) != LinkNVLink || nvl.Link(71, 72) != LinkNet || hgx.Link(7, 8) != LinkNet {
 		t.Error("link classes")
 	}
-	if ClusterForGPU("H200") != "hgx-h100" || ClusterForGPU("gb200") != "gb200-nvl72" || ClusterForGPU("b200") != "hgx" {
+	if ClusterForGPU("H200") != "hgx-h100" || ClusterForGPU("gb200") != "gb200-nvl72" || ClusterForGPU("b200") != "hgx" ||
+		ClusterForGPU("b300") != "hgx-b300" || ClusterForGPU("gb300") != "gb300-nvl72" {
 		t.Error("ClusterForGPU")
+	}
+	// Every device of the registry has a cluster.
+	for _, d := range DeviceNames() {
+		if _, err := LoadCluster(ClusterForGPU(d)); err != nil {
+			t.Errorf("%s: %v", d, err)
+		}
+	}
+	// 800 Gb/s per GPU on the B300 generation: 100 GB/s before efficiency.
+	if b3 := mustCluster(t, "hgx-b300"); b3.NetBytesPerSPerGPU() != 100e9 {
+		t.Errorf("hgx-b300 network %g B/s per GPU", b3.NetBytesPerSPerGPU())
 	}
 }
 

@@ -59,7 +59,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
 	var hw hardwareFlags
 	fs.StringVar(&hw.gpu, "gpu", parallel.DefaultDeviceName, "device from the registry: "+strings.Join(parallel.DeviceNames(), ", "))
-	fs.StringVar(&hw.cluster, "cluster", "", "built-in cluster ("+strings.Join(parallel.ClusterNames(), ", ")+") or a cluster JSON path (default: hgx, hgx-h100 for H100/H200, gb200-nvl72 for GB200)")
+	fs.StringVar(&hw.cluster, "cluster", "", "built-in cluster ("+strings.Join(parallel.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one, parallel.ClusterForGPU)")
 	fs.StringVar(&hw.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
