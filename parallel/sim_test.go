@@ -217,3 +217,27 @@ func TestSimulateComputeByClass(t *testing.T) {
 		}
 	}
 }
+
+// SingleCommStream runs the schedule's streams literally: every collective
+// on one stream, so no two collectives overlap.
+func TestSimulateSingleCommStream(t *testing.T) {
+	in := simTestInput(t, "tiny", 8, 2, 2, 64, 2, "none")
+	in.SingleCommStream, in.KeepTimeline = true, true
+	r, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prevEnd float64
+	for i, o := range r.Schedule.Ops {
+		if o.Type != OpCollective {
+			continue
+		}
+		if r.streams[i] != simGather {
+			t.Fatalf("op %d on stream %s", i, r.streams[i])
+		}
+		if r.spans[i].start < prevEnd-1e-15 {
+			t.Fatalf("collective %d starts at %g before the previous ends at %g", i, r.spans[i].start, prevEnd)
+		}
+		prevEnd = r.spans[i].end
+	}
+}
