@@ -19,7 +19,7 @@ type traceEvent struct {
 	Cat  string         `json:"cat,omitempty"`
 	Ph   string         `json:"ph"`
 	TS   float64        `json:"ts"`
-	Dur  float64        `json:"dur,omitempty"`
+	Dur  float64        `json:"dur"`
 	PID  int            `json:"pid"`
 	TID  int            `json:"tid"`
 	Args map[string]any `json:"args,omitempty"`
