@@ -754,12 +754,9 @@ func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
 		}
 		// TPS grows with the local batch (larger GEMMs, communication
 		// amortized over more tokens), so a family is ranked at its
-		// largest fitting lbs; the last stage also tries the next one
-		// down, and the exhaustive mode every one.
+		// largest fitting lbs; the exhaustive mode tries every one (and
+		// the checks compare the two).
 		run := &planStageRun{q: &sq, ev: ev, stage: i + 1, perRank: pr, keep: 1}
-		if last {
-			run.keep = 2
-		}
 		res, st, closest, err := run.run(fams)
 		if err != nil {
 			return nil, err
