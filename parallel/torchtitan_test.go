@@ -349,3 +349,43 @@ func TestTorchtitanAdmit(t *testing.T) {
 		t.Errorf("layer:2 for TOML: %v", err)
 	}
 }
+
+// FuzzTorchtitanTOML checks that every expressible point exports to TOML a
+// real parser reads back with the same degrees, batch and policy.
+func FuzzTorchtitanTOML(f *testing.F) {
+	f.Add(uint16(8), uint16(64), uint16(8), uint16(2), uint16(4), uint8(1), true)
+	f.Add(uint16(1), uint16(1), uint16(1), uint16(1), uint16(1), uint8(0), false)
+	f.Add(uint16(3), uint16(6), uint16(3), uint16(7), uint16(5), uint8(3), true)
+	f.Fuzz(func(t *testing.T, rep, shard, ep, lbs, ga uint16, acIdx uint8, reshard bool) {
+		r, s, e := int(rep%64)+1, int(shard%256)+1, int(ep%16)+1
+		if s%e != 0 {
+			return
+		}
+		acs := []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: int(acIdx%5) + 1}}
+		p := torchtitanPoint(r, s, e, acs[int(acIdx)%len(acs)], int(lbs%64)+1, int(ga%64)+1, reshard)
+		ex := TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: p}
+		var buf bytes.Buffer
+		if _, err := ex.TOML(&buf); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		var doc struct {
+			Parallelism struct {
+				Rep   int `toml:"data_parallel_replicate_degree"`
+				Shard int `toml:"data_parallel_shard_degree"`
+				EP    int `toml:"expert_parallel_degree"`
+			} `toml:"parallelism"`
+			Training struct {
+				LBS    int `toml:"local_batch_size"`
+				Global int `toml:"global_batch_size"`
+			} `toml:"training"`
+		}
+		if _, err := toml.Decode(buf.String(), &doc); err != nil {
+			t.Fatalf("%s: %v\n%s", p, err, buf.String())
+		}
+		pp := doc.Parallelism
+		if pp.Rep*pp.Shard != p.Layout.GPUs || pp.EP != e || doc.Training.LBS != p.LBS ||
+			doc.Training.Global != p.LBS*p.Layout.GPUs*p.GradAccum {
+			t.Fatalf("%s: read back %+v", p, doc)
+		}
+	})
+}
