@@ -10,14 +10,16 @@ import (
 	"github.com/moescope/moescope/memory"
 )
 
-// seriesKey groups published runs that differ only in scale: same file
-// (one table of one source), model, GPU, precision, compile, policy and
-// batch geometry. A single-GPU run is a series of its own: it runs no
-// collective and no sharding wrapper (KempnerForge's table lists its
-// parallelism as "—"), so it cannot stand for the distributed runs; it is
-// still predicted uncalibrated.
+// seriesKey groups published runs that differ only in scale (GPU count,
+// with dp_shard growing with it) or local batch: same file (one table of
+// one source), model, GPU, precision, compile, policy, sequence length,
+// accumulation, replica count and ep. A single-GPU run is a series of its
+// own: it runs no collective and no sharding wrapper (KempnerForge's table
+// lists its parallelism as "—"), so it cannot stand for the distributed
+// runs; it is still predicted uncalibrated.
 func seriesKey(r memory.Run) string {
-	return fmt.Sprintf("%s|%s|%s|%s|compile=%v|%s|lbs=%d|seq=%d|ga=%d|single=%v", r.File, r.Model, r.GPU, r.Precision, r.Compiled(), r.AC, r.LBS, r.Seq, max(1, r.GradAccum), r.GPUs == 1)
+	return fmt.Sprintf("%s|%s|%s|%s|compile=%v|%s|seq=%d|ga=%d|rep=%d|ep=%d|single=%v", r.File, r.Model, r.GPU, r.Precision,
+		r.Compiled(), r.AC, r.Seq, max(1, r.GradAccum), r.DPReplicate, r.EP, r.GPUs == 1)
 }
 
 // TestPublishedTPS prints the TPS error of every published run,
@@ -40,12 +42,18 @@ func TestPublishedTPS(t *testing.T) {
 		series[k] = append(series[k], r)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-40s %-6s %5s %-10s %9s %9s %8s %9s %8s\n", "run", "gpu", "gpus", "ac", "measured", "uncal", "err", "cal", "err")
+	fmt.Fprintf(&b, "\n%-32s %-6s %5s %-7s %4s %-10s %9s %9s %8s %9s %8s\n", "run", "gpu", "gpus", "rep×shd", "lbs", "ac", "measured", "uncal", "err", "cal", "err")
 	var absUncal []float64
 	bf16Series, sources := 0, map[string]bool{}
 	for _, k := range keys {
 		rs := series[k]
-		sort.SliceStable(rs, func(i, j int) bool { return rs[i].GPUs < rs[j].GPUs })
+		// The smallest run: fewest GPUs, then smallest local batch.
+		sort.SliceStable(rs, func(i, j int) bool {
+			if rs[i].GPUs != rs[j].GPUs {
+				return rs[i].GPUs < rs[j].GPUs
+			}
+			return rs[i].LBS < rs[j].LBS
+		})
 		var cal *Calibration
 		if len(rs) >= 2 {
 			if cal, err = Calibrate(rs[:1]); err != nil {
@@ -78,7 +86,8 @@ func TestPublishedTPS(t *testing.T) {
 			if r.Compiled() {
 				name += " (compiled)"
 			}
-			line := fmt.Sprintf("%-40s %-6s %5d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs, r.AC, r.TPS, un.TPS, 100*eu)
+			line := fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
+				fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
 			if cal != nil {
 				c, err := p.run(cal)
 				if err != nil {
