@@ -325,3 +325,31 @@ func TestPlanCommandCalibration(t *testing.T) {
 		t.Errorf("misspelt calibration field: err = %v", err)
 	}
 }
+
+// TestPlanCommandExhaustive: the exhaustive mode reports one stage at the
+// target and a best plan at least as fast as the hierarchical one.
+func TestPlanCommandExhaustive(t *testing.T) {
+	args := []string{"--model", "qwen3-30b-a3b", "--gpus", "32", "--seq", "4096", "--json"}
+	h, _, err := planRun(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _, err := planRun(t, append(args, "--exhaustive")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hr, er planReportJSON
+	if err := json.Unmarshal([]byte(h), &hr); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(e), &er); err != nil {
+		t.Fatal(err)
+	}
+	if !er.Exhaustive || len(er.Stages) != 1 || er.Stages[0].GPUs != 32 || hr.Exhaustive || len(hr.Stages) < 2 {
+		t.Errorf("exhaustive %v with %d stages; hierarchical %v with %d", er.Exhaustive, len(er.Stages), hr.Exhaustive, len(hr.Stages))
+	}
+	if er.Best.TPS < hr.Best.TPS || hr.Best.TPS < 0.98*er.Best.TPS {
+		t.Errorf("hierarchical best %.0f, exhaustive %.0f", hr.Best.TPS, er.Best.TPS)
+	}
+	t.Logf("hierarchical %.0f TPS (%d simulated), exhaustive %.0f TPS (%d simulated)", hr.Best.TPS, hr.Simulated, er.Best.TPS, er.Simulated)
+}
