@@ -52,6 +52,7 @@ func ExampleSearchPlans() {
 	// ·0.98^log2(s) = 8000, 8400, 8403.5, 8366, 8199 TPS; full checkpointing
 	// peaks at s = 4, lbs 15: 10000·15/16·0.9604·0.9 = 8103. So dp_shard 4
 	// at lbs 7 wins at every scale, and the rest of the GPUs are replicas.
+
 	// Output:
 	// stage at 8 GPUs: best 8404 TPS (100.0% of stage 1)
 	// stage at 32 GPUs: best 8404 TPS (100.0% of stage 1)
