@@ -172,7 +172,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, errors.Join(errs...))
 	}
 	// Refuse before searching, not after.
-	for _, p := range []string{a.tomlPath, a.pyPath, a.tracePath} {
+	outs := []string{a.tomlPath, a.pyPath, a.tracePath}
+	if a.plotD != "" {
+		outs = append(outs, planPlotPaths(a.plotD)...)
+	}
+	for _, p := range outs {
 		if p != "" && !a.force {
 			if _, err := os.Lstat(p); err == nil {
 				return fmt.Errorf("%s: %w", p, moe.ErrExists)

@@ -207,6 +207,9 @@ func TestPlanCommandExports(t *testing.T) {
 	if _, _, err := planRun(t, args...); !errors.Is(err, moe.ErrExists) {
 		t.Errorf("second run: err = %v, want ErrExists", err)
 	}
+	if _, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--plot", plotDir); !errors.Is(err, moe.ErrExists) {
+		t.Errorf("second --plot run: err = %v, want ErrExists", err)
+	}
 	if _, _, err := planRun(t, append(args, "--force")...); err != nil {
 		t.Errorf("--force: %v", err)
 	}

@@ -20,6 +20,17 @@ import (
 // .png and .svg.
 var planPlotNames = []string{"plan_lbs_tps", "plan_lbs_memory", "plan_scaling", "plan_breakdown"}
 
+// planPlotPaths lists the files planWritePlots writes into dir.
+func planPlotPaths(dir string) []string {
+	var out []string
+	for _, n := range planPlotNames {
+		for _, ext := range []string{".png", ".svg"} {
+			out = append(out, filepath.Join(dir, n+ext))
+		}
+	}
+	return out
+}
+
 // planWritePlots renders the search's pictures into dir: TPS and memory
 // against local batch for the best stage-1 family of each checkpointing
 // policy, best per-GPU TPS and scaling efficiency against GPU count, and
@@ -30,12 +41,9 @@ func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu
 		return fmt.Errorf("--plot: %w", err)
 	}
 	if !force {
-		for _, n := range planPlotNames {
-			for _, ext := range []string{".png", ".svg"} {
-				p := filepath.Join(dir, n+ext)
-				if _, err := os.Lstat(p); err == nil {
-					return fmt.Errorf("%s: %w", p, moe.ErrExists)
-				}
+		for _, p := range planPlotPaths(dir) {
+			if _, err := os.Lstat(p); err == nil {
+				return fmt.Errorf("%s: %w", p, moe.ErrExists)
 			}
 		}
 	}
