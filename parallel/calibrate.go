@@ -262,9 +262,9 @@ func Calibrate(runs []memory.Run) (*Calibration, error) {
 			return f
 		}
 		// Stop when the objective (squared log errors) has not moved by
-		// 1e-8 for 20 iterations: TPS errors then agree to ~0.01%.
+		// 1e-6 for 10 iterations: TPS errors then agree to ~0.1%.
 		res, err := optimize.Minimize(optimize.Problem{Func: obj}, make([]float64, len(st.names)),
-			&optimize.Settings{FuncEvaluations: 600, Converger: &optimize.FunctionConverge{Absolute: 1e-8, Iterations: 20}},
+			&optimize.Settings{FuncEvaluations: 600, Converger: &optimize.FunctionConverge{Absolute: 1e-6, Iterations: 10}},
 			&optimize.NelderMead{})
 		if fitErr != nil {
 			return nil, fmt.Errorf("calibrate: %w", fitErr)
