@@ -75,6 +75,11 @@ func TestPlanPublishedReport(t *testing.T) {
 		if r.Compiled() {
 			pubDesc += " compiled"
 		}
+		if tps == 0 {
+			fmt.Fprintf(&b, "%-16s %-5s %4d %5d %-34s %9.0f %9.0f | %-44s %9s %7s %8s %5d\n", name, r.GPU, r.GPUs, r.Seq, pubDesc, r.TPS, pub.TPS,
+				pref, "-", "-", "-", sims)
+			continue
+		}
 		fmt.Fprintf(&b, "%-16s %-5s %4d %5d %-34s %9.0f %9.0f | %-44s %9.0f %+6.0f%% %+7.1f%% %5d\n", name, r.GPU, r.GPUs, r.Seq, pubDesc, r.TPS, pub.TPS,
 			pref, tps, 100*(tps/r.TPS-1), 100*(tps/pub.TPS-1), sims)
 	}
