@@ -163,8 +163,14 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 
 // MaxLBS returns the largest local batch whose peak reserved memory is at
 // most target·deviceBytes, with its report; 0 and the report at lbs 1 when
-// even one sequence does not fit. Peak memory grows with lbs, so a binary
-// search finds it.
+// even one sequence does not fit. The search ends at the largest lbs that
+// Estimate accepts (lbs·seq ≤ 2³² and byte counts far from overflow).
+//
+// Peak memory grows with lbs, so the answer is the boundary between lbs
+// that fit and lbs that do not. Peak reserved is close to affine in lbs:
+// secant steps (the line through the last two estimates, aimed at the
+// limit) land near the boundary, steps doubling away from the last estimate
+// bracket it, and bisection finishes.
 func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, deviceBytes int64, target float64) (int, Report, error) {
 	if deviceBytes < 1 {
 		return 0, Report{}, fmt.Errorf("device_bytes = %d: must be ≥ 1", deviceBytes)
@@ -181,27 +187,54 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 	if err != nil || !ok {
 		return 0, r1, err
 	}
-	lo, best := 1, r1
-	hi := 2
-	for {
-		r, ok, err := at(hi)
-		if err != nil || !ok {
-			break // hi does not fit (or would overflow)
+	// lo fits and hi does not; top+1 stands for "none known", an lbs whose
+	// estimate fails (overflow) counts as not fitting.
+	top := max(1, maxTokens/seq)
+	lo, best, hi := 1, r1, top+1
+	// probe estimates lbs n, narrows [lo, hi) and returns n's peak
+	// reserved bytes, or -1 when the estimate fails.
+	probe := func(n int) int64 {
+		r, ok, err := at(n)
+		if ok {
+			lo, best = n, r
+		} else {
+			hi = n
 		}
-		lo, best = hi, r
-		if hi > maxTokens/2/seq {
-			return lo, best, nil
+		if err != nil {
+			return -1
 		}
-		hi *= 2
+		return r.Peak.Reserved
+	}
+	pa, ma := 1, r1.Peak.Reserved // the previous estimate
+	pb, mb := 1, ma               // the last estimate
+	for n, i := 2, 0; i < 8 && lo < n && n < hi; i++ {
+		m := probe(n)
+		if m < 0 {
+			pb = n
+			break
+		}
+		pa, ma, pb, mb = pb, mb, n, m
+		if mb <= ma {
+			break // no slope to follow
+		}
+		next := float64(pb) + float64(limit-mb)*float64(pb-pa)/float64(mb-ma)
+		n = int(min(max(next, float64(lo+1)), float64(hi-1)))
+	}
+	// pb is lo or hi: gallop away from it until the other side is found.
+	up := pb == lo
+	for step := 1; hi-lo > 1; step *= 2 {
+		n := hi - step
+		if up {
+			n = lo + step
+		}
+		n = min(max(n, lo+1), hi-1)
+		probe(n)
+		if (n == lo) != up {
+			break
+		}
 	}
 	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		r, ok, _ := at(mid)
-		if ok {
-			lo, best = mid, r
-		} else {
-			hi = mid
-		}
+		probe(lo + (hi-lo)/2)
 	}
 	return lo, best, nil
 }

@@ -242,6 +242,38 @@ func TestMaxLBS(t *testing.T) {
 	}
 }
 
+// TestMaxLBSLinearScan compares the guided search with the plainest
+// oracle: lbs 1, 2, 3, … until the first that does not fit. Device sizes
+// put the boundary exactly on, and one byte either side of, several lbs.
+func TestMaxLBSLinearScan(t *testing.T) {
+	cfg := moeCfg()
+	l := layout(8, 8, 2, moe.ShardFSDP)
+	o := Options{AC: moe.AC{Mode: moe.ACFull}}
+	reserved := func(lbs int) int64 {
+		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: 32}, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Peak.Reserved
+	}
+	for _, k := range []int{1, 2, 3, 5, 17, 40} {
+		for _, delta := range []int64{-1, 0, 1} {
+			device := reserved(k) + delta // target 1: the limit is the device
+			want := 0
+			for want < 200 && reserved(want+1) <= device {
+				want++
+			}
+			got, r, err := MaxLBS(cfg, l, 32, 1, o, device, 1)
+			if err != nil || got != want {
+				t.Errorf("device %d (lbs %d %+d B): max lbs %d, %v; linear scan %d", device, k, delta, got, err, want)
+			}
+			if got > 0 && r.Peak.Reserved != reserved(got) {
+				t.Errorf("device %d: report is not lbs %d's", device, got)
+			}
+		}
+	}
+}
+
 func TestEstimateBadInput(t *testing.T) {
 	cfg := moeCfg()
 	l := layout(8, 8, 1, moe.ShardFSDP)
