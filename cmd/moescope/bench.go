@@ -89,6 +89,9 @@ type torchBench struct {
 	Seconds    float64 `json:"seconds"`
 	TokensPerS float64 `json:"tokens_per_s"`
 	Ratio      float64 `json:"ratio"` // moescope tokens/s ÷ PyTorch tokens/s
+	// CPUSeconds is the process CPU time of each timed run (the script's
+	// time.process_time; spinning OpenMP/OpenBLAS threads count too).
+	CPUSeconds []float64 `json:"cpu_seconds,omitempty"`
 }
 
 func runBench(stdout, stderr io.Writer, args []string) error {
@@ -229,23 +232,28 @@ func parseSizes(s string) ([]int, error) {
 	return out, nil
 }
 
-// bestTime runs f until it has run at least min times and for at least
-// budget, and returns the shortest wall time and the shortest process CPU
-// time (0 where unknown) of a run.
-func bestTime(minRuns int, budget time.Duration, f func()) (wall, cpu time.Duration) {
+// bestTime runs f in at least minBatches batches of at least batchLen
+// each (one run per batch if a run is longer) and returns the shortest wall
+// time of a single run and the shortest per-run process CPU time of a batch
+// (0 where unknown). CPU time is taken over batches because Linux updates a
+// thread's CPU time on other cores only at scheduler ticks.
+func bestTime(minBatches int, batchLen time.Duration, f func()) (wall, cpu time.Duration) {
 	wall, cpu = time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
-	start := time.Now()
-	for i := 0; i < minRuns || time.Since(start) < budget; i++ {
+	for range minBatches {
 		c0, ok := kernel.ProcessCPUTime()
-		t := time.Now()
-		f()
-		wall = min(wall, time.Since(t))
-		c1, _ := kernel.ProcessCPUTime()
-		if ok {
-			cpu = min(cpu, c1-c0)
-		} else {
-			cpu = 0
+		start, n := time.Now(), 0
+		for n == 0 || time.Since(start) < batchLen {
+			t := time.Now()
+			f()
+			wall = min(wall, time.Since(t))
+			n++
 		}
+		c1, _ := kernel.ProcessCPUTime()
+		if !ok {
+			cpu = 0
+			continue
+		}
+		cpu = min(cpu, (c1-c0)/time.Duration(n))
 	}
 	return wall, cpu
 }
@@ -296,7 +304,7 @@ func benchGEMMs(c *moe.Config, squares []int, tokens, threads int, p kernel.Peak
 		}
 		for _, t := range counts {
 			prev := kernel.SetThreads(t)
-			d, cpu := bestTime(3, 300*time.Millisecond, func() {
+			d, cpu := bestTime(3, 150*time.Millisecond, func() {
 				kernel.Sgemm(ta, tb, s.m, s.n, s.k, 1, a, lda, b, ldb, 0, cc, s.n)
 			})
 			kernel.SetThreads(prev)
