@@ -162,6 +162,17 @@ func (e FieldError) Error() string {
 // int64 overflow before the checked arithmetic of the flops package even runs.
 const maxDim = 1 << 24
 
+// maxTensors bounds the number of parameter tensors, which Params and every
+// consumer of it (memory, grad, the parallel schedules) enumerate one by one.
+// Published models have tens of thousands: DeepSeek-V3 61 layers with 256
+// experts of 3 matrices each, about 47,000; Qwen3-235B-A22B about 36,000.
+const maxTensors = 1 << 20
+
+// maxTensorsPerLayer is the most non-expert tensors a layer has in Params:
+// two norms, q/k/v/o with three biases, two QK-norms, router and selection
+// bias, three FFN or shared-expert matrices and the shared-expert gate.
+const maxTensorsPerLayer = 17
+
 // Validate returns every violated constraint at once, joined with
 // errors.Join; each is a FieldError naming the field, the value and what is
 // allowed. A nil result means the config can be accounted and executed.
@@ -226,6 +237,16 @@ func (c *Config) Validate() error {
 		}
 		if !(c.RoutedScale > 0) || math.IsInf(c.RoutedScale, 0) {
 			bad("routed_scale", c.RoutedScale, "must be a finite number > 0")
+		}
+	}
+	if c.Layers > 0 && c.Layers <= maxDim && c.Experts >= 0 && c.Experts <= maxDim {
+		// Embedding, final norm and LM head, each layer's own tensors, and
+		// three matrices per routed expert of each MoE layer (an upper bound).
+		n := 3 + maxTensorsPerLayer*int64(c.Layers) + 3*int64(c.Experts)*int64(moeLayers)
+		if n > maxTensors {
+			bad("layers, experts", fmt.Sprintf("%d, %d (%d MoE layers)", c.Layers, c.Experts, moeLayers),
+				fmt.Sprintf("up to %d parameter tensors; at most %d are supported (3 per routed expert per MoE layer, ≤ %d more per layer)",
+					n, maxTensors, maxTensorsPerLayer))
 		}
 	}
 	if c.SharedExperts < 0 || c.SharedExperts > maxDim {

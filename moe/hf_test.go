@@ -90,6 +90,11 @@ func TestParseHFErrors(t *testing.T) {
 		// Several violations are all reported.
 		{strings.Replace(strings.Replace(minimal, `"hidden_size": 32`, `"hidden_size": -1`, 1), `"vocab_size": 64`, `"vocab_size": 0`, 1), []string{"vocab = 0", "hidden = -1"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 9999999999`, 1), []string{"layers = 9999999999"}},
+		// Params would list up to 3 + 17·4 + 3·87382·4 = 1,048,655 tensors,
+		// past 2^20 = 1,048,576 (TestTensorCap pins the boundary); 70000
+		// layers of 4 experts: 3 + 17·70000 + 12·70000 = 2,030,003.
+		{strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 87382`, 1), []string{"layers, experts = 4, 87382 (4 MoE layers)", "up to 1048655 parameter tensors; at most 1048576"}},
+		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 70000`, 1), []string{"layers, experts = 70000, 4", "up to 2030003 parameter tensors"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "mlp_only_layers": [7]`, 1), []string{"mlp_only_layers = 7"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "attention_bias": true`, 1), []string{"attention_bias = true", "o_proj"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "hidden_act": "gelu"`, 1), []string{"hidden_act = gelu"}},
@@ -217,5 +222,30 @@ func TestParseHFModelTypes(t *testing.T) {
 	if _, err := ParseHF([]byte(`{"model_type":"olmoe","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
 		"num_attention_heads":4,"intermediate_size":16,"num_experts":4,"num_experts_per_tok":2,"clip_qkv":8}`), "ol"); err == nil || !strings.Contains(err.Error(), "clip_qkv") {
 		t.Errorf("olmoe clip_qkv: %v", err)
+	}
+}
+
+// TestTensorCap: the largest expert count under the 2^20-tensor bound for
+// four MoE layers is 87375 (3 + 17·4 + 12·87375 = 1,048,571 ≤ 1,048,576;
+// 87376 gives 1,048,583), and published shapes are far below it
+// (DeepSeek-V3-like 61 layers of 256 experts: 3 + 17·61 + 3·256·61 = 47,888).
+func TestTensorCap(t *testing.T) {
+	for _, tc := range []struct {
+		layers, experts int
+		ok              bool
+	}{{4, 87375, true}, {4, 87376, false}, {61, 256, true}} {
+		c, err := ParseHF([]byte(minimal), "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Layers, c.Experts = tc.layers, tc.experts
+		c.MoELayer, c.Window = make([]bool, tc.layers), make([]int, tc.layers)
+		for l := range c.MoELayer {
+			c.MoELayer[l] = true
+		}
+		err = c.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("%d layers × %d experts: %v, want ok = %v", tc.layers, tc.experts, err, tc.ok)
+		}
 	}
 }
