@@ -88,11 +88,14 @@ func scaleC(m, n int, beta float32, c []float32, ldc int) {
 type blocking struct{ mc, kc, nc int }
 
 // blockSizes derives the blocking for micro-kernel mk from the cache sizes
-// cpuid reports (half of L1 for the B sliver, half of L2 for the A block,
-// the BLIS analytic rule), with common sizes where cpuid does not say.
+// cpuid reports (two thirds of L1 for the B sliver, half of L2 for the A
+// block, after the BLIS analytic rule), with common sizes where cpuid does
+// not say. On Zen 5 (48 KiB L1) this gives kc = 256 for the 12×32 kernel:
+// 2048³ on one core measured 82% of peak against 79% with half of L1
+// (kc = 192), 1024³ the same within noise.
 func blockSizes(mk *microKernel) blocking {
 	l1, l2 := cacheL1, cacheL2
-	kc := min(max(l1/2/(4*mk.nr), 64), 512) &^ 7
+	kc := min(max(l1*2/3/(4*mk.nr), 64), 512) &^ 7
 	mc := min(max(l2/2/(4*kc), mk.mr), 1024) / mk.mr * mk.mr
 	return blocking{mc: mc, kc: kc, nc: 4096 / mk.nr * mk.nr}
 }
