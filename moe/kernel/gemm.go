@@ -27,11 +27,14 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc}
 	g.bs = blockSizes(g.mk)
 	g.split(Threads())
-	if g.parts == 1 {
+	switch {
+	case g.parts == 1:
 		ar := arenas.Get().(*arena)
 		g.task(ar, 0)
 		arenas.Put(ar)
-	} else {
+	case g.splitRows:
+		g.sharedB()
+	default:
 		parallel(g.parts, g)
 	}
 	*g = gemmCall{}
@@ -113,6 +116,11 @@ type gemmCall struct {
 	parts          int
 	splitRows      bool // parts split C's rows (else its columns)
 	chunk          int  // rows or columns per part
+	// The shared-B panel being multiplied (sharedB): phase, panel origin
+	// and size, packed panel.
+	phase          int
+	jc, nc, pc, kc int
+	sharedBP       []float32
 }
 
 var gemmCalls = sync.Pool{New: func() any { return new(gemmCall) }}
@@ -141,8 +149,63 @@ func (g *gemmCall) split(threads int) {
 	g.parts = (dim + g.chunk - 1) / g.chunk
 }
 
+// Phases of a shared-B call (gemmCall.phase).
+const (
+	phaseParts = iota // independent parts (task runs block)
+	phasePackB        // task t packs its share of the B panel
+	phaseRows         // task t multiplies its rows by the packed panel
+)
+
+// sharedB runs a row-split call BLIS-style: for every kc×nc panel of op(B),
+// the cores first pack a share of it each into one buffer, then each
+// multiplies its own rows by the whole panel, so op(B) is packed once, not
+// once per core (two fork/joins per panel, about a microsecond each).
+func (g *gemmCall) sharedB() {
+	mk, bs := g.mk, g.bs
+	if g.beta != 0 && g.beta != 1 {
+		scaleC(g.m, g.n, g.beta, g.c, g.ldc)
+	}
+	ar := arenas.Get().(*arena)
+	bp := ar.scratch(0, min(bs.kc, g.k)*roundUp(min(bs.nc, g.n), mk.nr))
+	g.sharedBP = bp
+	for jc := 0; jc < g.n; jc += bs.nc {
+		for pc := 0; pc < g.k; pc += bs.kc {
+			g.jc, g.nc = jc, min(bs.nc, g.n-jc)
+			g.pc, g.kc = pc, min(bs.kc, g.k-pc)
+			g.phase = phasePackB
+			parallel(g.parts, g)
+			g.phase = phaseRows
+			parallel(g.parts, g)
+		}
+	}
+	g.phase, g.sharedBP = phaseParts, nil
+	arenas.Put(ar)
+}
+
 // task runs part t of the call.
 func (g *gemmCall) task(ar *arena, t int) {
+	switch g.phase {
+	case phasePackB:
+		nr := g.mk.nr
+		slivers := (g.nc + nr - 1) / nr
+		per := (slivers + g.parts - 1) / g.parts
+		s0, s1 := t*per, min((t+1)*per, slivers)
+		if s0 < s1 {
+			packB(g.sharedBP[s0*g.kc*nr:], g.transB, g.b, g.ldb, g.pc, g.jc+s0*nr, g.kc, min(s1*nr, g.nc)-s0*nr, nr)
+		}
+		return
+	case phaseRows:
+		mr := g.mk.mr
+		i0, i1 := t*g.chunk, min((t+1)*g.chunk, g.m)
+		ar.ap = grow(ar.ap, g.kc*roundUp(min(g.bs.mc, i1-i0), mr))
+		acc := g.beta != 0 || g.pc > 0
+		for ic := i0; ic < i1; ic += g.bs.mc {
+			mc := min(g.bs.mc, i1-ic)
+			packA(ar.ap, g.transA, g.a, g.lda, ic, g.pc, mc, g.kc, mr, g.alpha)
+			macro(ar, g.mk, g.kc, mc, g.nc, ar.ap, g.sharedBP, g.c[ic*g.ldc+g.jc:], g.ldc, acc)
+		}
+		return
+	}
 	i0, i1, j0, j1 := 0, g.m, 0, g.n
 	if g.splitRows {
 		i0, i1 = t*g.chunk, min((t+1)*g.chunk, g.m)

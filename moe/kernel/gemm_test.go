@@ -99,7 +99,9 @@ func TestSgemmBlocks(t *testing.T) {
 		// 300 crosses the parallel split, for every kernel's blocking.
 		r := rand.New(rand.NewPCG(3, 4))
 		ab := [][2]float32{{0.5, 0}, {-1.5, 0.75}, {1, 1}}
-		for i, s := range [][3]int{{97, 130, 600}, {700, 20, 40}, {40, 300, 1030}, {130, 97, 7}} {
+		// {300, 97, 600} and {250, 250, 530} split rows over threads and
+		// share the packed B panels.
+		for i, s := range [][3]int{{97, 130, 600}, {700, 20, 40}, {40, 300, 1030}, {130, 97, 7}, {300, 97, 600}, {250, 250, 530}} {
 			for j, tr := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
 				c := ab[(i+j)%len(ab)]
 				gemmCase(t, r, tr[0], tr[1], s[0], s[1], s[2], (i+j)%3, c[0], c[1])
