@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"sort"
@@ -476,7 +477,7 @@ func Load(nameOrPath string) (*Config, error) {
 	if data, ok := builtinJSON(nameOrPath); ok {
 		return ParseHF(data, nameOrPath)
 	}
-	data, err := os.ReadFile(nameOrPath)
+	data, err := readConfigFile(nameOrPath)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("model %q is neither a built-in (%s) nor an existing config.json file", nameOrPath, strings.Join(Builtins(), ", "))
@@ -484,4 +485,24 @@ func Load(nameOrPath string) (*Config, error) {
 		return nil, fmt.Errorf("model %q: %w", nameOrPath, err)
 	}
 	return ParseHF(data, nameOrPath)
+}
+
+// maxConfigBytes bounds a config.json read from disk: real ones are a few
+// KiB; a device or pipe (/dev/zero) must not be read forever.
+const maxConfigBytes = 1 << 20
+
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigBytes {
+		return nil, fmt.Errorf("larger than %d bytes: not a config.json", maxConfigBytes)
+	}
+	return data, nil
 }

@@ -133,6 +133,17 @@ func TestLoad(t *testing.T) {
 	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Errorf("malformed file: %v", err)
 	}
+	// An endless file (a device, a pipe) is cut off, not read forever.
+	big := filepath.Join(dir, "big.json")
+	if err := os.WriteFile(big, make([]byte, maxConfigBytes+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(big); err == nil || !strings.Contains(err.Error(), "larger than 1048576 bytes") {
+		t.Errorf("oversized file: %v", err)
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("directory: %v", err)
+	}
 }
 
 // FuzzParseHF: no input panics or hangs; an accepted config validates and
