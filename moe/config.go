@@ -117,6 +117,11 @@ type Config struct {
 	QKVBias        bool    `json:"qkv_bias"`        // biases on q, k and v projections
 	RotaryFraction float64 `json:"rotary_fraction"` // fraction of d rotated by RoPE (partial_rotary_factor)
 	RopeTheta      float64 `json:"rope_theta"`
+	// RopeScaling is the rope_type of HF's rope_scaling (or
+	// rope_parameters) when it is not "default" (llama3, yarn, linear, …):
+	// it changes RoPE's frequencies, which the accounting does not see and
+	// the reference implementation does not execute (NewModel refuses it).
+	RopeScaling    string  `json:"rope_scaling,omitempty"`
 	TiedEmbeddings bool    `json:"tied_embeddings"`
 	NormEps        float64 `json:"norm_eps"`
 

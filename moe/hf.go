@@ -102,11 +102,10 @@ type hfConfig struct {
 	ClipQKV             *float64 `json:"clip_qkv"`
 	PartialRotaryFactor *float64 `json:"partial_rotary_factor"`
 	RopeTheta           *float64 `json:"rope_theta"`
-	RopeParameters      *struct {
-		RopeTheta *float64 `json:"rope_theta"`
-	} `json:"rope_parameters"`
-	RMSNormEps        *float64 `json:"rms_norm_eps"`
-	TieWordEmbeddings *bool    `json:"tie_word_embeddings"`
+	RopeParameters      *hfRope  `json:"rope_parameters"` // transformers ≥ 5
+	RopeScaling         *hfRope  `json:"rope_scaling"`
+	RMSNormEps          *float64 `json:"rms_norm_eps"`
+	TieWordEmbeddings   *bool    `json:"tie_word_embeddings"`
 
 	SlidingWindow    *int     `json:"sliding_window"`
 	UseSlidingWindow *bool    `json:"use_sliding_window"`
@@ -119,6 +118,29 @@ type hfConfig struct {
 	InitializerRange   *float64 `json:"initializer_range"`
 
 	slidingWindowSet bool // "sliding_window" present, even as null
+}
+
+// hfRope is rope_parameters or rope_scaling; older configs name the type
+// "type" instead of "rope_type".
+type hfRope struct {
+	RopeTheta *float64 `json:"rope_theta"`
+	RopeType  string   `json:"rope_type"`
+	Type      string   `json:"type"`
+}
+
+// scaling returns the rope type when it rescales frequencies, else "".
+func (r *hfRope) scaling() string {
+	if r == nil {
+		return ""
+	}
+	t := r.RopeType
+	if t == "" {
+		t = r.Type
+	}
+	if t == "default" {
+		return ""
+	}
+	return t
 }
 
 // jsonPosition turns a byte offset into a 1-based line and column.
@@ -271,6 +293,10 @@ func (h *hfConfig) normalize() (*Config, error) {
 	}
 	if h.RopeTheta != nil {
 		c.RopeTheta = *h.RopeTheta
+	}
+	c.RopeScaling = h.RopeScaling.scaling()
+	if t := h.RopeParameters.scaling(); t != "" {
+		c.RopeScaling = t
 	}
 	if h.HiddenAct != nil && *h.HiddenAct != "silu" {
 		unsupported("hidden_act", *h.HiddenAct, `only "silu" (SwiGLU) is modelled`)

@@ -260,3 +260,32 @@ func TestTensorCap(t *testing.T) {
 		}
 	}
 }
+
+// TestRopeScaling: rope_scaling (older "type" or "rope_type") and
+// transformers-5 rope_parameters are recorded; the reference model refuses
+// them (it rotates with plain frequencies), while parsing, and so the
+// accounting, accepts the config.
+func TestRopeScaling(t *testing.T) {
+	for _, tc := range []struct{ extra, want string }{
+		{`"rope_scaling": null`, ""},
+		{`"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}`, "llama3"},
+		{`"rope_scaling": {"type": "linear", "factor": 2.0}`, "linear"},
+		{`"rope_parameters": {"rope_type": "default", "rope_theta": 500000}`, ""},
+		{`"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000, "factor": 4}`, "yarn"},
+	} {
+		c, err := ParseHF([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 4, `+tc.extra, 1)), "m")
+		if err != nil {
+			t.Fatalf("%s: %v", tc.extra, err)
+		}
+		if c.RopeScaling != tc.want {
+			t.Errorf("%s: rope scaling %q, want %q", tc.extra, c.RopeScaling, tc.want)
+		}
+		_, err = NewModel[float32](c)
+		if tc.want == "" && err != nil {
+			t.Errorf("%s: NewModel: %v", tc.extra, err)
+		}
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), `rope_type "`+tc.want+`" is not implemented`)) {
+			t.Errorf("%s: NewModel error %v", tc.extra, err)
+		}
+	}
+}
