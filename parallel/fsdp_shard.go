@@ -79,7 +79,7 @@ func (s FSDPShard) Pad(full []float32) []float32 {
 // LayerHead); expert units hold the block's routed experts stacked per
 // projection on this EP rank, [experts/ep, rows, cols], sharded on dim 0 or,
 // when dim 0 would pad (efsdp·ep > experts), on dim 1.
-func unitTensors(cfg *moe.Config, m *Mesh, u Unit, n int) []FSDPShard {
+func unitTensors(cfg *moe.Config, x *unitIndex, m *Mesh, u Unit, n int) []FSDPShard {
 	var out []FSDPShard
 	if u.Experts {
 		el := cfg.Experts / m.Layout.EP
@@ -93,9 +93,8 @@ func unitTensors(cfg *moe.Config, m *Mesh, u Unit, n int) []FSDPShard {
 		}
 		return out
 	}
-	ps := cfg.Params()
-	for _, i := range unitParamIndex(cfg, u) {
-		p := ps[i]
+	for _, i := range x.byLayer[u.Layer] {
+		p := x.params[i]
 		inner := 1
 		for _, d := range p.Shape[1:] {
 			inner *= d
@@ -105,14 +104,21 @@ func unitTensors(cfg *moe.Config, m *Mesh, u Unit, n int) []FSDPShard {
 	return out
 }
 
-// unitParamIndex lists the Config.Params indices of a dense unit's tensors:
-// its layer's trainable parameters other than routed experts (the
-// embedding for LayerEmbed; final norm and an untied LM head for
-// LayerHead), in Params order.
-func unitParamIndex(cfg *moe.Config, u Unit) []int {
-	var out []int
+// unitIndex maps each dense FSDP unit's layer to its tensors' indices in
+// Config.Params order: its layer's trainable parameters other than routed
+// experts (the embedding for LayerEmbed; final norm and an untied LM head
+// for LayerHead). It is built once per schedule or rank because Params has
+// an entry per expert tensor (about 18,000 for Qwen3-30B-A3B), too many to
+// rebuild for every op.
+type unitIndex struct {
+	params  []moe.Param
+	byLayer map[int][]int
+}
+
+func newUnitIndex(cfg *moe.Config) *unitIndex {
+	x := &unitIndex{params: cfg.Params(), byLayer: map[int][]int{}}
 	head := cfg.LayerHead()
-	for i, p := range cfg.Params() {
+	for i, p := range x.params {
 		if p.Buffer || p.Group == moe.GroupRouted {
 			continue
 		}
@@ -123,11 +129,9 @@ func unitParamIndex(cfg *moe.Config, u Unit) []int {
 				layer = moe.LayerEmbed
 			}
 		}
-		if layer == u.Layer {
-			out = append(out, i)
-		}
+		x.byLayer[layer] = append(x.byLayer[layer], i)
 	}
-	return out
+	return x
 }
 
 // unitSizes sums a unit's tensors: unsharded, padded (S of the gather) and

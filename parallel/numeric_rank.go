@@ -86,13 +86,14 @@ func newNumRank(spec *NumericSpec, rank int, init [][]float32) (*numRank, error)
 		}
 	}
 	units = append(units, Unit{Layer: cfg.LayerHead()})
+	ux := newUnitIndex(cfg)
 	for _, u := range units {
 		axis := AxisShard
 		if u.Experts {
 			axis = AxisEFSDP
 		}
 		g := m.Group(axis, rank)
-		nu := &numUnit{u: u, group: g, idx: g.IndexOf(rank), shards: unitTensors(cfg, m, u, g.Size())}
+		nu := &numUnit{u: u, group: g, idx: g.IndexOf(rank), shards: unitTensors(cfg, ux, m, u, g.Size())}
 		nu.fullData = sh != moe.ShardFSDP
 		nu.shardGrad = sh == moe.ShardFSDP || sh == moe.ShardZeRO2
 		nu.shardOpt = sh != moe.ShardDDP
@@ -102,7 +103,7 @@ func newNumRank(spec *NumericSpec, rank int, init [][]float32) (*numRank, error)
 			ix := expertParamIndex(cfg, u.Layer, lo, lo+el)
 			nu.params = [][]int{ix[0], ix[1], ix[2]}
 		} else {
-			for _, i := range unitParamIndex(cfg, u) {
+			for _, i := range ux.byLayer[u.Layer] {
 				nu.params = append(nu.params, []int{i})
 			}
 		}
