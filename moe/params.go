@@ -1,6 +1,6 @@
 package moe
 
-import "fmt"
+import "strconv"
 
 // ParamGroup classifies a parameter for counting and reporting.
 type ParamGroup string
@@ -79,13 +79,20 @@ func namesFor(modelType string) naming {
 func (c *Config) Params() []Param {
 	n := namesFor(c.ModelType)
 	D, V, H, G, d := c.Hidden, c.Vocab, c.Heads, c.KVHeads, c.HeadDim
-	var ps []Param
+	// One allocation for the entries and one for their shapes: models with
+	// many experts have tens of thousands of tensors, and callers such as the
+	// planner list them for every candidate.
+	count := 3 + 16*c.Layers + 3*c.Experts*c.MoELayers()
+	ps := make([]Param, 0, count)
+	dims := make([]int, 0, 2*count)
 	add := func(name string, g ParamGroup, layer, expert int, shape ...int) {
-		ps = append(ps, Param{Name: name, Shape: shape, Group: g, Layer: layer, Expert: expert})
+		start := len(dims)
+		dims = append(dims, shape...)
+		ps = append(ps, Param{Name: name, Shape: dims[start:len(dims):len(dims)], Group: g, Layer: layer, Expert: expert})
 	}
 	add("model.embed_tokens.weight", GroupEmbedding, -1, -1, V, D)
 	for l := 0; l < c.Layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
+		p := "model.layers." + strconv.Itoa(l) + "."
 		add(p+"input_layernorm.weight", GroupNorm, l, -1, D)
 		a := p + n.attnPrefix + "."
 		add(a+"q_proj.weight", GroupAttention, l, -1, H*d, D)
@@ -127,7 +134,7 @@ func (c *Config) Params() []Param {
 			ps = append(ps, Param{Name: m + name, Shape: []int{c.Experts}, Group: GroupRouter, Layer: l, Expert: -1, Buffer: true})
 		}
 		for e := 0; e < c.Experts; e++ {
-			x := fmt.Sprintf("%sexperts.%d.", m, e)
+			x := m + "experts." + strconv.Itoa(e) + "."
 			add(x+n.gate+".weight", GroupRouted, l, e, c.ExpertFFN, D)
 			add(x+n.up+".weight", GroupRouted, l, e, c.ExpertFFN, D)
 			add(x+n.down+".weight", GroupRouted, l, e, D, c.ExpertFFN)
