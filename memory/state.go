@@ -55,13 +55,15 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 	}
 	unitOf(head)
 
-	// Stacked routed-expert tensors: key (layer, position of the tensor
-	// within its expert) → rows, cols of one expert's slice.
-	type stackKey struct{ layer, pos int }
-	stacks := map[stackKey][2]int64{}
-	var stackOrder []stackKey
-	pos := map[int]int{} // expert index → position counter (reset per expert)
-	lastExpert := map[int]int{}
+	// Stacked routed-expert tensors, one per (layer, projection), in
+	// Params order, with the rows and cols of one expert's slice. Every
+	// expert of a layer has expert 0's shapes, so only expert 0 is read:
+	// the others are most of Params' entries in large MoE models.
+	type stack struct {
+		layer      int
+		rows, cols int64
+	}
+	var stacks []stack
 	for _, p := range cfg.Params() {
 		layer := p.Layer
 		if layer < 0 {
@@ -77,20 +79,10 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 			continue
 		}
 		if p.Group == moe.GroupRouted {
-			if e, ok := lastExpert[layer]; !ok || e != p.Expert {
-				lastExpert[layer] = p.Expert
-				pos[layer] = 0
+			if p.Expert == 0 {
+				rows := int64(p.Shape[0])
+				stacks = append(stacks, stack{layer, rows, p.Elements() / rows})
 			}
-			k := stackKey{layer, pos[layer]}
-			pos[layer]++
-			rest := int64(1)
-			for _, s := range p.Shape[1:] {
-				rest *= int64(s)
-			}
-			if _, seen := stacks[k]; !seen {
-				stackOrder = append(stackOrder, k)
-			}
-			stacks[k] = [2]int64{int64(p.Shape[0]), rest}
 			continue
 		}
 		n := p.Elements()
@@ -99,14 +91,13 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 	}
 	ep, efsdp := int64(l.EP), int64(l.ExpertShard())
 	localE := int64(cfg.Experts) / ep
-	for _, k := range stackOrder {
-		rc := stacks[k]
+	for _, k := range stacks {
 		u := unitOf(k.layer)
-		u.Local += localE * rc[0] * rc[1]
+		u.Local += localE * k.rows * k.cols
 		if efsdp*ep <= int64(cfg.Experts) {
-			u.Shard += chunk(localE, efsdp) * rc[0] * rc[1]
+			u.Shard += chunk(localE, efsdp) * k.rows * k.cols
 		} else {
-			u.Shard += localE * chunk(rc[0], efsdp) * rc[1]
+			u.Shard += localE * chunk(k.rows, efsdp) * k.cols
 		}
 	}
 	return units, nil
