@@ -180,6 +180,8 @@ const (
 	slotKn          // packed K_j as B (for dQ = dS·K)
 	slotAp          // packed P or dS as A
 	slotBp          // packed dO_i or Q_i as B
+	slotDQ          // dQ accumulators of the task
+	slotDKV         // dK_j, dV_j accumulators of one key tile
 )
 
 // fwd runs query tile it of KV head g of sequence b, t = (b·G + g)·tiles +
@@ -266,8 +268,9 @@ func (c *attnCall) fwd(ar *arena, t int) {
 
 // bwd runs the backward of KV head t%G of sequence t/G: for every key tile
 // (K_j, V_j packed once), every query head of the group and every query tile
-// that sees it. Q and dO of the group are packed once per task; dK_j, dV_j
-// and dQ_i accumulate in place (the task owns them).
+// that sees it. Q and dO of the group are packed once per task. dQ, dK_j and
+// dV_j accumulate in contiguous buffers (rows d apart: the strided rows of
+// dq, H·d apart, alias in L1) and are added to dq, dk, dv once.
 func (c *attnCall) bwd(ar *arena, t int) {
 	a := c.shape
 	H, G, d, s := a.Heads, a.KVHeads, a.HeadDim, a.Seq
@@ -305,13 +308,17 @@ func (c *attnCall) bwd(ar *arena, t int) {
 	Kn := ar.scratch(slotKn, tk*roundUp(d, nr))
 	Ap := ar.scratch(slotAp, max(roundUp(tk, mr)*tq, roundUp(tq, mr)*tk))
 	Bp := ar.scratch(slotBp, tq*roundUp(d, nr))
+	dQ := ar.scratch(slotDQ, rep*tiles*tq*d) // head r, query tile it at (r·tiles+it)·tq·d
+	clear(dQ)
+	dKV := ar.scratch(slotDKV, 2*tk*d)
+	dkt, dvt := dKV[:tk*d], dKV[tk*d:]
 	for j0 := 0; j0 < s; j0 += tk {
 		j1 := min(j0+tk, s)
 		bc := j1 - j0
 		packB(Kt, true, c.k[kv:], ldk, 0, j0, d, bc, nr)  // Kᵀ: d × bc
 		packB(Vt, true, c.v[kv:], ldk, 0, j0, d, bc, nr)  // Vᵀ: d × bc
 		packB(Kn, false, c.k[kv:], ldk, j0, 0, bc, d, nr) // K: bc × d
-		dkt, dvt := c.dk[kv+j0*ldk:], c.dv[kv+j0*ldk:]
+		clear(dKV)
 		for r := range rep {
 			h := g*rep + r
 			qh := (b*s*H + h) * d // Q, dO, dQ rows of this head: qh + i·ldq
@@ -336,13 +343,32 @@ func (c *attnCall) bwd(ar *arena, t int) {
 				}
 				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1) // Pᵀ: bc × br
 				packB(Bp, false, c.do[qh:], ldq, i0, 0, br, d, nr)
-				macro(ar, mk, br, bc, d, Ap, Bp, dvt, ldk, true) // dV_j += Pᵀ·dO_i
+				macro(ar, mk, br, bc, d, Ap, Bp, dvt, d, true) // dV_j += Pᵀ·dO_i
 				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1) // dSᵀ
 				packB(Bp, false, c.q[qh:], ldq, i0, 0, br, d, nr)
-				macro(ar, mk, br, bc, d, Ap, Bp, dkt, ldk, true) // dK_j += c·dSᵀ·Q_i
+				macro(ar, mk, br, bc, d, Ap, Bp, dkt, d, true) // dK_j += c·dSᵀ·Q_i
 				packA(Ap, false, dS, bc, 0, 0, br, bc, mr, 1)
-				macro(ar, mk, bc, br, d, Ap, Kn, c.dq[qh+i0*ldq:], ldq, true) // dQ_i += c·dS·K_j
+				macro(ar, mk, bc, br, d, Ap, Kn, dQ[(r*tiles+it)*tq*d:], d, true) // dQ_i += c·dS·K_j
 			}
 		}
+		for j := 0; j < bc; j++ {
+			addRow(c.dk[kv+(j0+j)*ldk:][:d], dkt[j*d:j*d+d])
+			addRow(c.dv[kv+(j0+j)*ldk:][:d], dvt[j*d:j*d+d])
+		}
+	}
+	for r := range rep {
+		qh := (b*s*H + g*rep + r) * d
+		for i := 0; i < s; i++ {
+			it := i / tq
+			addRow(c.dq[qh+i*ldq:][:d], dQ[((r*tiles+it)*tq+i-it*tq)*d:][:d])
+		}
+	}
+}
+
+// addRow sets dst[j] += src[j].
+func addRow(dst, src []float32) {
+	src = src[:len(dst)]
+	for j, v := range src {
+		dst[j] += v
 	}
 }
