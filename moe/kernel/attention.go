@@ -344,7 +344,7 @@ func (c *attnCall) bwd(ar *arena, t int) {
 				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1) // Pᵀ: bc × br
 				packB(Bp, false, c.do[qh:], ldq, i0, 0, br, d, nr)
 				macro(ar, mk, br, bc, d, Ap, Bp, dvt, d, true) // dV_j += Pᵀ·dO_i
-				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1) // dSᵀ
+				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1)   // dSᵀ
 				packB(Bp, false, c.q[qh:], ldq, i0, 0, br, d, nr)
 				macro(ar, mk, br, bc, d, Ap, Bp, dkt, d, true) // dK_j += c·dSᵀ·Q_i
 				packA(Ap, false, dS, bc, 0, 0, br, bc, mr, 1)
