@@ -213,3 +213,30 @@ func TestAttentionArea(t *testing.T) {
 		}
 	}
 }
+
+// FuzzAttention compares forward and backward with attnRef on small random
+// shapes, windows and tile sizes.
+func FuzzAttention(f *testing.F) {
+	f.Add(uint8(9), uint8(2), uint8(1), uint8(3), uint8(0), uint8(4), uint8(3), uint64(1))
+	f.Add(uint8(33), uint8(4), uint8(2), uint8(8), uint8(5), uint8(0), uint8(0), uint64(2))
+	f.Add(uint8(1), uint8(1), uint8(1), uint8(1), uint8(1), uint8(1), uint8(1), uint64(3))
+	f.Fuzz(func(t *testing.T, seq, heads, kvHeads, d, window, tq, tk uint8, seed uint64) {
+		g := int(kvHeads)%3 + 1
+		a := AttnShape{Batch: 1, Seq: int(seq)%40 + 1, Heads: g * (int(heads)%3 + 1), KVHeads: g, HeadDim: int(d)%9 + 1,
+			Window: int(window) % 12, TileQ: int(tq) % 20, TileK: int(tk) % 20}
+		r := rand.New(rand.NewPCG(seed, 5))
+		T := a.Seq
+		q, k, v := randSlice(r, T*a.Heads*a.HeadDim), randSlice(r, T*a.KVHeads*a.HeadDim), randSlice(r, T*a.KVHeads*a.HeadDim)
+		do := randSlice(r, len(q))
+		o, lse := make([]float32, len(q)), make([]float32, T*a.Heads)
+		AttentionForward(o, lse, q, k, v, a)
+		dq, dk, dv := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v))
+		AttentionBackward(dq, dk, dv, do, q, k, v, o, lse, a)
+		wo, wlse, wdq, wdk, wdv := attnRef(a, q, k, v, do)
+		closeTo(t, "o", o, wo, 1e-5)
+		closeTo(t, "lse", lse, wlse, 1e-5)
+		closeTo(t, "dq", dq, wdq, 3e-5)
+		closeTo(t, "dk", dk, wdk, 3e-5)
+		closeTo(t, "dv", dv, wdv, 3e-5)
+	})
+}
