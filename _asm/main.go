@@ -16,5 +16,6 @@ func main() {
 	gemmKernels()
 	transposes()
 	vecOps()
+	copyRowsKernels()
 	Generate()
 }

@@ -45,6 +45,22 @@ func init() {
 		useAsmRows(true)
 	}
 	if cpuid.CPU.Supports(cpuid.AVX) {
+		asmCopyRows = func(dst, src []float32, ld, kc, w int) bool {
+			d, s := unsafe.SliceData(dst), unsafe.SliceData(src)
+			switch w {
+			case 32:
+				copyRows32(d, s, ld, kc)
+			case 16:
+				copyRows16(d, s, ld, kc)
+			case 12:
+				copyRows12(d, s, ld, kc)
+			case 4:
+				copyRows4(d, s, ld, kc)
+			default:
+				return false
+			}
+			return true
+		}
 		asmTranspose8 = func(dst []float32, ldd int, src []float32, lds, n int, alpha float32) {
 			transpose8(unsafe.SliceData(dst), ldd, unsafe.SliceData(src), lds, n, alpha)
 		}

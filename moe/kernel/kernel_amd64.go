@@ -57,3 +57,23 @@ func rowDS(ds *float32, p *float32, n int, d float32, c float32)
 //
 //go:noescape
 func rowDot(x *float32, y *float32, n int) float32
+
+// copyRows32 sets dst[p·32+j] = src[p·ld+j] for j < 32, p < kc.
+//
+//go:noescape
+func copyRows32(dst *float32, src *float32, ld int, kc int)
+
+// copyRows16 sets dst[p·16+j] = src[p·ld+j] for j < 16, p < kc.
+//
+//go:noescape
+func copyRows16(dst *float32, src *float32, ld int, kc int)
+
+// copyRows12 sets dst[p·12+j] = src[p·ld+j] for j < 12, p < kc.
+//
+//go:noescape
+func copyRows12(dst *float32, src *float32, ld int, kc int)
+
+// copyRows4 sets dst[p·4+j] = src[p·ld+j] for j < 4, p < kc.
+//
+//go:noescape
+func copyRows4(dst *float32, src *float32, ld int, kc int)

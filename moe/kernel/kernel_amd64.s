@@ -1136,3 +1136,105 @@ rowDot_done:
 	VZEROUPPER
 	MOVSS        X0, ret+24(FP)
 	RET
+
+// func copyRows32(dst *float32, src *float32, ld int, kc int)
+// Requires: AVX
+TEXT ·copyRows32(SB), NOSPLIT, $0-32
+	MOVQ  dst+0(FP), AX
+	MOVQ  src+8(FP), CX
+	MOVQ  ld+16(FP), DX
+	MOVQ  kc+24(FP), BX
+	SHLQ  $0x02, DX
+	TESTQ BX, BX
+	JZ    copyRows32_done
+
+copyRows32_loop:
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), Y1
+	VMOVUPS 64(CX), Y2
+	VMOVUPS 96(CX), Y3
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	VMOVUPS Y2, 64(AX)
+	VMOVUPS Y3, 96(AX)
+	ADDQ    DX, CX
+	ADDQ    $0x00000080, AX
+	DECQ    BX
+	JNZ     copyRows32_loop
+
+copyRows32_done:
+	VZEROUPPER
+	RET
+
+// func copyRows16(dst *float32, src *float32, ld int, kc int)
+// Requires: AVX
+TEXT ·copyRows16(SB), NOSPLIT, $0-32
+	MOVQ  dst+0(FP), AX
+	MOVQ  src+8(FP), CX
+	MOVQ  ld+16(FP), DX
+	MOVQ  kc+24(FP), BX
+	SHLQ  $0x02, DX
+	TESTQ BX, BX
+	JZ    copyRows16_done
+
+copyRows16_loop:
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), Y1
+	VMOVUPS Y0, (AX)
+	VMOVUPS Y1, 32(AX)
+	ADDQ    DX, CX
+	ADDQ    $0x00000040, AX
+	DECQ    BX
+	JNZ     copyRows16_loop
+
+copyRows16_done:
+	VZEROUPPER
+	RET
+
+// func copyRows12(dst *float32, src *float32, ld int, kc int)
+// Requires: AVX
+TEXT ·copyRows12(SB), NOSPLIT, $0-32
+	MOVQ  dst+0(FP), AX
+	MOVQ  src+8(FP), CX
+	MOVQ  ld+16(FP), DX
+	MOVQ  kc+24(FP), BX
+	SHLQ  $0x02, DX
+	TESTQ BX, BX
+	JZ    copyRows12_done
+
+copyRows12_loop:
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), X1
+	VMOVUPS Y0, (AX)
+	VMOVUPS X1, 32(AX)
+	ADDQ    DX, CX
+	ADDQ    $0x00000030, AX
+	DECQ    BX
+	JNZ     copyRows12_loop
+
+copyRows12_done:
+	VZEROUPPER
+	RET
+
+// func copyRows4(dst *float32, src *float32, ld int, kc int)
+// Requires: AVX
+TEXT ·copyRows4(SB), NOSPLIT, $0-32
+	MOVQ  dst+0(FP), AX
+	MOVQ  src+8(FP), CX
+	MOVQ  ld+16(FP), DX
+	MOVQ  kc+24(FP), BX
+	SHLQ  $0x02, DX
+	TESTQ BX, BX
+	JZ    copyRows4_done
+
+copyRows4_loop:
+	VMOVUPS (CX), X0
+	VMOVUPS X0, (AX)
+	ADDQ    DX, CX
+	ADDQ    $0x00000010, AX
+	DECQ    BX
+	JNZ     copyRows4_loop
+
+copyRows4_done:
+	VZEROUPPER
+	RET

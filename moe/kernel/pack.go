@@ -12,7 +12,10 @@ package kernel
 // asmTranspose4 the same for r < 4. The caller guarantees the extents.
 var (
 	asmTranspose8, asmTranspose4 func(dst []float32, ldd int, src []float32, lds, n int, alpha float32)
-	usePackAsm                   = true
+	// asmCopyRows(dst, src, ld, kc, w) does copyRows for w in {4, 12, 16,
+	// 32} and returns false otherwise.
+	asmCopyRows func(dst, src []float32, ld, kc, w int) bool
+	usePackAsm  = true
 )
 
 // packA writes alpha·op(A)[i0:i0+mc, p0:p0+kc] into ap as ⌈mc/mr⌉ slivers of
@@ -123,10 +126,21 @@ func packB(bp []float32, trans bool, b []float32, ldb, p0, j0, kc, nc, nr int) {
 }
 
 // copyRows copies rows p < kc of w values, src[off+p·ld:][:w], to
-// dst[p·w:][:w], for the widths of the micro-kernels, as fixed-size array
-// copies (inline vector moves; a copy call per 48 or 128 bytes cost a
-// third of attention's backward). It returns false for other widths.
+// dst[p·w:][:w], for the widths of the micro-kernels: in assembly where
+// available (asmCopyRows), else as fixed-size array copies (a copy call per
+// 48 or 128 bytes cost a third of attention's backward). It returns false
+// for other widths.
 func copyRows(dst, src []float32, off, ld, kc, w int) bool {
+	if kc == 0 {
+		return true
+	}
+	if usePackAsm && asmCopyRows != nil {
+		_ = dst[(kc-1)*w+w-1]      // bounds, once
+		_ = src[off+(kc-1)*ld+w-1] // bounds, once
+		if asmCopyRows(dst, src[off:], ld, kc, w) {
+			return true
+		}
+	}
 	switch w {
 	case 32:
 		for p := 0; p < kc; p++ {
