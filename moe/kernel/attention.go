@@ -215,6 +215,8 @@ func (c *attnCall) fwd(ar *arena, t int) {
 		mx[i], l[i] = float32(math.Inf(-1)), 0
 	}
 	S := ar.scratch(slotS, br*tk)
+	rows := ar.scratch(slotDP, 2*br)
+	mNew, alpha := rows[:br], rows[br:]
 	Pp := ar.scratch(slotAp, brp*tk)
 	Kp := ar.scratch(slotK, roundUp(tk, nr)*d)
 	Vp := ar.scratch(slotV, tk*roundUp(d, nr))
@@ -226,11 +228,15 @@ func (c *attnCall) fwd(ar *arena, t int) {
 		packB(Vp, false, c.v[kv:], ldk, j0, 0, bc, d, nr) // V: bc × d
 		for r := range rep {
 			macro(ar, mk, d, br, bc, Qp[r*brp*d:], Kp, S, bc, false) // S = c·Q·Kᵀ
+			// Per row: new running max m, rescale factor exp(old − m) (one
+			// vector exp over the rows), probabilities exp(S − m).
 			for i := 0; i < br; i++ {
 				row := S[i*bc : i*bc+bc]
+				q := r*br + i
 				lo, hi := a.visibleKeys(i0+i, j0, j1)
 				if lo >= hi { // nothing visible to query i0+i in this tile
 					clear(row)
+					mNew[i], alpha[i] = mx[q], 0 // exp(0) = 1: unchanged
 					continue
 				}
 				for j := j0; j < lo; j++ {
@@ -239,13 +245,20 @@ func (c *attnCall) fwd(ar *arena, t int) {
 				for j := hi; j < j1; j++ {
 					row[j-j0] = float32(math.Inf(-1))
 				}
+				mNew[i] = maxRow(row[lo-j0:hi-j0], mx[q])
+				alpha[i] = mx[q] - mNew[i] // −∞ while mx[q] is: exp gives 0
+			}
+			expSubSumRow(alpha, 0)
+			for i := 0; i < br; i++ {
 				q := r*br + i
-				m := maxRow(row[lo-j0:hi-j0], mx[q])
-				alpha := expf(mx[q] - m) // 0 while mx[q] is still −∞
-				sum := expSubSumRow(row, m)
-				mx[q], l[q] = m, l[q]*alpha+sum
-				if alpha != 1 {
-					scaleRow(O[q*d:q*d+d], alpha)
+				if lo, hi := a.visibleKeys(i0+i, j0, j1); lo >= hi {
+					continue // row cleared above, state unchanged
+				}
+				row := S[i*bc : i*bc+bc]
+				sum := expSubSumRow(row, mNew[i])
+				mx[q], l[q] = mNew[i], l[q]*alpha[i]+sum
+				if alpha[i] != 1 {
+					scaleRow(O[q*d:q*d+d], alpha[i])
 				}
 			}
 			packA(Pp, false, S, bc, 0, 0, br, bc, mr, 1)
