@@ -103,7 +103,7 @@ func FuzzParseCalibration(f *testing.F) {
 		if err := ComputeSpecOf(dev).Calibrated(c).Validate(); err != nil {
 			t.Fatalf("%+v: %v", c, err)
 		}
-		cc, err := CollectiveCost(hgx, c, CommAllReduce, GroupShape{16, 2, 8}, 1e9)
+		cc, err := CollectiveCost(hgx, c, CollAllReduce, GroupShape{16, 2, 8}, 1e9)
 		if err != nil || !(cc.Seconds() > 0) || math.IsInf(cc.Seconds(), 0) {
 			t.Fatalf("%+v: %+v %v", c, cc, err)
 		}

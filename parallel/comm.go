@@ -36,20 +36,6 @@ import (
 // interSteps·lat_net with steps = n−1 (2(n−1) for all-reduce) and
 // interSteps = m−1 (2(m−1)); tree: base + 2·((k−1)·lat_nv + ⌈log₂ m⌉·lat_net).
 
-// CommKind is a collective operation.
-type CommKind string
-
-// Collectives the schedules use.
-const (
-	CommAllGather     CommKind = "all_gather"
-	CommReduceScatter CommKind = "reduce_scatter"
-	CommAllReduce     CommKind = "all_reduce"
-	CommAllToAll      CommKind = "all_to_all"
-)
-
-// CommKinds lists the collectives in report order.
-var CommKinds = []CommKind{CommAllGather, CommReduceScatter, CommAllReduce, CommAllToAll}
-
 // GroupShape is how a communicator's ranks sit on the cluster.
 type GroupShape struct {
 	Ranks     int // n
@@ -71,7 +57,7 @@ func ShapeOf(c *Cluster, ranks []int) GroupShape {
 
 // CommCost is the modelled time of one collective on one rank.
 type CommCost struct {
-	Kind      CommKind
+	Kind      CollKind
 	Algorithm string    // "ring", "tree", "hierarchical", "direct" (all-to-all) or "none" (one rank)
 	Link      LinkClass // the link class whose bandwidth bounds the transfer
 	LatencyS  float64   // latency term, seconds
@@ -110,7 +96,14 @@ func ratesOf(c *Cluster, cal *Calibration) commRates {
 // CollectiveCost models one collective of kind moving S bytes on a group of
 // the given shape (S as in the package notes: the full tensor). It returns
 // the cheapest of NCCL's algorithms by the model.
-func CollectiveCost(c *Cluster, cal *Calibration, kind CommKind, g GroupShape, bytes float64) (CommCost, error) {
+func CollectiveCost(c *Cluster, cal *Calibration, kind CollKind, g GroupShape, bytes float64) (CommCost, error) {
+	switch kind {
+	case CollAllGather, CollReduceScatter, CollAllReduce, CollAllToAll:
+	default:
+		// Schedules never emit broadcast or barrier; pricing them as a ring
+		// all-gather would be a silent guess.
+		return CommCost{}, fmt.Errorf("collective %s: no time model (all_gather, reduce_scatter, all_reduce, all_to_all)", kind)
+	}
 	if g.Ranks < 1 || g.Domains < 1 || g.PerDomain < 1 || g.Domains*g.PerDomain < g.Ranks {
 		return CommCost{}, fmt.Errorf("collective %s: bad group shape %+v", kind, g)
 	}
@@ -121,13 +114,13 @@ func CollectiveCost(c *Cluster, cal *Calibration, kind CommKind, g GroupShape, b
 		return CommCost{Kind: kind, Algorithm: "none"}, nil
 	}
 	r := ratesOf(c, cal)
-	if kind == CommAllToAll {
+	if kind == CollAllToAll {
 		n, k := float64(g.Ranks), float64(g.PerDomain)
 		return allToAll(r, kind, g, (k-1)/n*bytes, (n-k)/n*bytes), nil
 	}
 	best := ringCost(r, kind, g, bytes)
 	if g.Domains > 1 {
-		if kind == CommAllReduce {
+		if kind == CollAllReduce {
 			if t := treeCost(r, g, bytes); t.Seconds() < best.Seconds() {
 				best = t
 			}
@@ -146,12 +139,12 @@ func CollectiveCost(c *Cluster, cal *Calibration, kind CommKind, g GroupShape, b
 // across the network (the larger of its send and receive volumes per class).
 func AllToAllCost(c *Cluster, cal *Calibration, g GroupShape, intraBytes, interBytes float64) CommCost {
 	if g.Ranks <= 1 || intraBytes+interBytes <= 0 {
-		return CommCost{Kind: CommAllToAll, Algorithm: "none"}
+		return CommCost{Kind: CollAllToAll, Algorithm: "none"}
 	}
-	return allToAll(ratesOf(c, cal), CommAllToAll, g, intraBytes, interBytes)
+	return allToAll(ratesOf(c, cal), CollAllToAll, g, intraBytes, interBytes)
 }
 
-func allToAll(r commRates, kind CommKind, g GroupShape, intra, inter float64) CommCost {
+func allToAll(r commRates, kind CollKind, g GroupShape, intra, inter float64) CommCost {
 	tNV, tNet := intra/r.nv, inter/r.net
 	cc := CommCost{Kind: kind, Algorithm: "direct", Link: LinkNVLink, BandwidthS: tNV, WireBytes: intra + inter,
 		LatencyS: r.base + r.latNV}
@@ -165,22 +158,22 @@ func allToAll(r commRates, kind CommKind, g GroupShape, intra, inter float64) Co
 }
 
 // steps returns NCCL's ring step counts (all steps, network steps).
-func ringSteps(kind CommKind, n, m int) (int, int) {
-	if kind == CommAllReduce {
+func ringSteps(kind CollKind, n, m int) (int, int) {
+	if kind == CollAllReduce {
 		return 2 * (n - 1), 2 * (m - 1)
 	}
 	return n - 1, m - 1
 }
 
-func volumeFactor(kind CommKind, n int) float64 {
+func volumeFactor(kind CollKind, n int) float64 {
 	f := float64(n-1) / float64(n)
-	if kind == CommAllReduce {
+	if kind == CollAllReduce {
 		return 2 * f
 	}
 	return f
 }
 
-func ringCost(r commRates, kind CommKind, g GroupShape, bytes float64) CommCost {
+func ringCost(r commRates, kind CollKind, g GroupShape, bytes float64) CommCost {
 	n, m := g.Ranks, g.Domains
 	vol := volumeFactor(kind, n) * bytes
 	bw, link := r.nv, LinkNVLink
@@ -200,20 +193,20 @@ func treeCost(r commRates, g GroupShape, bytes float64) CommCost {
 		bw, link = netBW, LinkNet
 	}
 	lat := r.base + 2*(float64(g.PerDomain-1)*r.latNV+math.Ceil(math.Log2(float64(g.Domains)))*r.latNt)
-	return CommCost{Kind: CommAllReduce, Algorithm: "tree", Link: link, LatencyS: lat,
+	return CommCost{Kind: CollAllReduce, Algorithm: "tree", Link: link, LatencyS: lat,
 		BandwidthS: bytes / (0.46 * bw), WireBytes: 2 * bytes}
 }
 
-func hierCost(r commRates, kind CommKind, g GroupShape, bytes float64) CommCost {
+func hierCost(r commRates, kind CollKind, g GroupShape, bytes float64) CommCost {
 	k, m := g.PerDomain, g.Domains
 	// Intra-domain phases over k ranks on the full tensor; inter-domain
 	// phase over m ranks on a 1/k slice, k rings in parallel.
 	var intraVol, interVol float64
 	var intraSteps, interSteps int
 	switch kind {
-	case CommAllReduce:
+	case CollAllReduce:
 		intraVol = 2 * float64(k-1) / float64(k) * bytes // reduce-scatter + all-gather
-		interVol = volumeFactor(CommAllReduce, m) * bytes / float64(k)
+		interVol = volumeFactor(CollAllReduce, m) * bytes / float64(k)
 		intraSteps, interSteps = 2*(k-1), 2*(m-1)
 	default:
 		intraVol = float64(k-1) / float64(k) * bytes

@@ -483,12 +483,12 @@ func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]
 				bytes *= sh.load
 			}
 		}
-		kind := CommKind(o.Coll)
+		kind := CollKind(o.Coll)
 		switch o.Coll {
 		case CollBroadcast:
-			kind = CommAllGather // a ring broadcast moves (n−1)/n·S per rank like an all-gather
+			kind = CollAllGather // a ring broadcast moves (n−1)/n·S per rank like an all-gather
 		case CollBarrier:
-			kind, bytes = CommAllReduce, 0
+			kind, bytes = CollAllReduce, 0
 		}
 		cc, err := CollectiveCost(cl, in.Calibration, kind, g, bytes)
 		if err != nil {
@@ -497,7 +497,7 @@ func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]
 		if o.Coll == CollBarrier && g.Ranks > 1 {
 			cc.LatencyS = cl.BaseLatencyUS * 1e-6
 		}
-		cc.Kind = CommKind(o.Coll)
+		cc.Kind = CollKind(o.Coll)
 		sim.comm[i] = cc
 		sim.bytes[i] = bytes
 		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link

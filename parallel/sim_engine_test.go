@@ -101,7 +101,7 @@ func TestBreakdownAttribution(t *testing.T) {
 			{stream: simCompute, compute: 1, deps: []int{1}},
 		},
 		recompute: make([]float64, 4),
-		comm:      []CommCost{{}, {Kind: CommAllGather}, {Kind: CommAllReduce}, {}},
+		comm:      []CommCost{{}, {Kind: CollAllGather}, {Kind: CollAllReduce}, {}},
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {
@@ -128,7 +128,7 @@ func TestBottleneckNamesAxisAndLink(t *testing.T) {
 			{stream: simCompute, compute: 1, deps: []int{0}},
 		},
 		recompute: make([]float64, 2),
-		comm:      []CommCost{{Kind: CommAllGather, Link: LinkNet}, {}},
+		comm:      []CommCost{{Kind: CollAllGather, Link: LinkNet}, {}},
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {
