@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
@@ -109,6 +108,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	torch := fs.String("torch", "", "also run this PyTorch script (testdata/torchref/bench_layer.py) on the same layer and print the ratio")
 	python := fs.String("python", "/usr/bin/python3", "Python interpreter for --torch")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the layer benchmark to this file (go tool pprof)")
+	force := fs.Bool("force", false, "overwrite an existing --cpuprofile file")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: moescope bench [--json] [--model M] [--tokens N] [--threads N] [--experts E] [--top-k K] [--torch SCRIPT]")
 		fs.PrintDefaults()
@@ -127,6 +127,12 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: --top-k %d: want 0 (the model's) or 1..experts", errUsage, *topK)
 	case *iters < 1 || *iters > 1000:
 		return fmt.Errorf("%w: --iters %d: want 1..1000", errUsage, *iters)
+	}
+	if *cpuProfile != "" && *skipLayer {
+		return fmt.Errorf("%w: --cpuprofile profiles the layer benchmark, which --no-layer skips", errUsage)
+	}
+	if err := checkOutputs(*force, output{"--cpuprofile", *cpuProfile}); err != nil {
+		return err
 	}
 	squares, err := parseSizes(*sizes)
 	if err != nil {
@@ -153,13 +159,11 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		rep.GEMM = benchGEMMs(lc, squares, *tokens, *threads, rep.Peak)
 	}
 	if !*skipLayer {
+		// The profile is collected in memory and written atomically
+		// (DESIGN.md, "Files").
+		var prof bytes.Buffer
 		if *cpuProfile != "" {
-			f, err := os.Create(*cpuProfile)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
+			if err := pprof.StartCPUProfile(&prof); err != nil {
 				return err
 			}
 		}
@@ -169,6 +173,14 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		}
 		if err != nil {
 			return err
+		}
+		if *cpuProfile != "" {
+			if err := moe.WriteFileAtomic(*cpuProfile, *force, func(w io.Writer) error {
+				_, err := prof.WriteTo(w)
+				return err
+			}); err != nil {
+				return err
+			}
 		}
 	}
 	if *torch != "" {

@@ -31,10 +31,8 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if *runsPath == "" || *out == "" {
 		return fmt.Errorf("%w: --runs and --out are required", errUsage)
 	}
-	if !*force {
-		if _, err := os.Lstat(*out); err == nil {
-			return fmt.Errorf("%s: %w", *out, moe.ErrExists)
-		}
+	if err := checkOutputs(*force, output{"--out", *out}); err != nil {
+		return err
 	}
 	f, err := os.Open(*runsPath)
 	if err != nil {

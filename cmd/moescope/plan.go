@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -172,13 +173,23 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, errors.Join(errs...))
 	}
 	// Refuse before searching, not after.
-	outs := []string{a.tomlPath, a.pyPath, a.tracePath}
-	if a.plotD != "" {
-		outs = append(outs, planPlotPaths(a.plotD)...)
+	if err := checkOutputs(a.force, output{"--torchtitan-toml", a.tomlPath}, output{"--torchtitan-py", a.pyPath}, output{"--trace", a.tracePath}); err != nil {
+		return err
 	}
-	for _, p := range outs {
-		if p != "" && !a.force {
-			if _, err := os.Lstat(p); err == nil {
+	if a.plotD != "" {
+		// The directory is made at the end (MkdirAll): its nearest
+		// existing ancestor (or itself) must be a directory.
+		for d := filepath.Clean(a.plotD); ; d = filepath.Dir(d) {
+			st, err := os.Stat(d)
+			if err == nil && !st.IsDir() {
+				return fmt.Errorf("--plot %s: %s is not a directory", a.plotD, d)
+			}
+			if err == nil || d == filepath.Dir(d) {
+				break
+			}
+		}
+		for _, p := range planPlotPaths(a.plotD) {
+			if _, err := os.Lstat(p); err == nil && !a.force {
 				return fmt.Errorf("%s: %w", p, moe.ErrExists)
 			}
 		}

@@ -89,6 +89,12 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if *skew != 0 && !(*skew >= 1) {
 		return fmt.Errorf("%w: --expert-skew = %v: must be ≥ 1 (0 = balanced)", errUsage, *skew)
 	}
+	if *traceRanks != "" && *tracePath == "" {
+		return fmt.Errorf("%w: --trace-ranks needs --trace", errUsage)
+	}
+	if err := checkOutputs(*force, output{"--trace", *tracePath}); err != nil {
+		return err
+	}
 	ac, err := moe.ParseAC(*acFlag)
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -88,8 +89,18 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: --weight-decay = %g: must be in [0, 1]", errUsage, *wd)
 	case !(*biasRate >= 0) || *biasRate > 1:
 		return fmt.Errorf("%w: --bias-update-rate = %g: must be in [0, 1]", errUsage, *biasRate)
-	case *peakFlag < 0:
-		return fmt.Errorf("%w: --peak-gflops = %g: must be > 0", errUsage, *peakFlag)
+	case !(*peakFlag >= 0) || math.IsInf(*peakFlag, 0):
+		return fmt.Errorf("%w: --peak-gflops = %g: must be a finite number > 0 (0 = measure)", errUsage, *peakFlag)
+	case math.IsNaN(*auxCoef) || *auxCoef > 1:
+		return fmt.Errorf("%w: --aux-coef = %g: must be in [0, 1] (negative = the config's)", errUsage, *auxCoef)
+	case !(*hostGiB > 0) || math.IsInf(*hostGiB, 0):
+		return fmt.Errorf("%w: --host-memory-gib = %g: must be a finite number > 0", errUsage, *hostGiB)
+	}
+	if *ckpt != "" && *ckpt == *resume {
+		return fmt.Errorf("%w: --checkpoint and --resume name the same directory %s", errUsage, *ckpt)
+	}
+	if err := checkOutputs(*force, output{"--checkpoint", *ckpt}); err != nil {
+		return err
 	}
 	ac, err := moe.ParseAC(*acFlag)
 	if err != nil {
@@ -144,16 +155,13 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		elems += p.Elements()
 	}
 	need := float64(elems) * 4 * float64(2*mesh.World()+6)
-	if *hostGiB <= 0 || need > *hostGiB*(1<<30) {
+	if need > *hostGiB*(1<<30) {
 		return fmt.Errorf("%w: train runs on this CPU: %s (%d parameters) on %d ranks needs about %.1f GiB of host memory, over --host-memory-gib %g; use a small model such as tiny",
 			errUsage, cfg.Name, elems, mesh.World(), need/(1<<30), *hostGiB)
 	}
 	adam := moe.AdamW{LR: *lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: *wd}
 	state := parallel.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,
 		GlobalBatch: batch.Global(), DataSeed: *seed, AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}
-	if *ckpt != "" && *ckpt == *resume {
-		return fmt.Errorf("%w: --checkpoint and --resume name the same directory %s", errUsage, *ckpt)
-	}
 
 	var init [][]float32
 	var loaded *parallel.TrainCheckpoint

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
 )
 
 func trainJSON(t *testing.T, args ...string) trainReport {
@@ -93,6 +96,13 @@ func TestTrainBadInput(t *testing.T) {
 		{[]string{"--lbs", "1", "--seq", "8", "--steps", "1"}, "--gpus is required"},
 		{[]string{"--gpus", "2", "--lbs", "1", "--seq", "8", "--steps", "1", "--ac", "layer:0"}, "layer:N"},
 		{[]string{"--gpus", "2", "--lbs", "1", "--seq", "8", "--steps", "1", "--host-memory-gib", "0.0001"}, "host memory"},
+		// Non-finite or out-of-range floats once trained to NaN losses or
+		// printed a NaN MFU (or, for host memory, disabled the guard).
+		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--aux-coef", "NaN"}, "--aux-coef = NaN"},
+		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--aux-coef", "1e300"}, "--aux-coef = 1e+300"},
+		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--peak-gflops", "NaN"}, "--peak-gflops = NaN"},
+		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--peak-gflops", "Inf"}, "--peak-gflops = +Inf"},
+		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--host-memory-gib", "NaN"}, "--host-memory-gib = NaN"},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
@@ -113,5 +123,37 @@ func TestTrainSchedule(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("schedule lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestTrainCheckpointRefusedFirst: a --checkpoint that exists (without
+// --force) or whose directory is missing is refused before any step runs,
+// and the existing directory is left as it was.
+func TestTrainCheckpointRefusedFirst(t *testing.T) {
+	dir := t.TempDir()
+	ck := filepath.Join(dir, "ck")
+	if err := os.Mkdir(ck, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(ck, "keep")
+	if err := os.WriteFile(marker, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"train", "--model", "tiny", "--peak-gflops", "100", "--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1"}
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, append(base, "--checkpoint", ck))
+	if !errors.Is(err, moe.ErrExists) {
+		t.Errorf("existing --checkpoint: err = %v, want ErrExists", err)
+	}
+	if strings.Contains(out.String(), "step 1") {
+		t.Errorf("trained before refusing:\n%s", out.String())
+	}
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "x" {
+		t.Errorf("existing checkpoint directory touched: %q, %v", b, err)
+	}
+	out.Reset()
+	err = run(&out, &errb, append(base, "--checkpoint", filepath.Join(dir, "missing", "ck")))
+	if err == nil || !strings.Contains(err.Error(), "does not exist") || strings.Contains(out.String(), "step 1") {
+		t.Errorf("--checkpoint in a missing directory: err = %v, output %q; want a refusal before training", err, out.String())
 	}
 }
