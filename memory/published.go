@@ -138,12 +138,20 @@ func (r Run) Validate(requireSource bool) error {
 	return errors.Join(errs...)
 }
 
+// maxRunsBytes bounds what ReadRuns reads: a table of measured runs is a
+// few KiB per run; a device or pipe (/dev/zero) must not be read forever.
+const maxRunsBytes = 16 << 20
+
 // ReadRuns decodes a JSON array of runs, rejecting unknown fields, and
 // validates each (source required when requireSource). name labels errors.
+// At most 16 MiB are read.
 func ReadRuns(rd io.Reader, name string, requireSource bool) ([]Run, error) {
-	data, err := io.ReadAll(rd)
+	data, err := io.ReadAll(io.LimitReader(rd, maxRunsBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(data) > maxRunsBytes {
+		return nil, fmt.Errorf("%s: larger than %d bytes: not a runs file", name, maxRunsBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

@@ -95,3 +95,20 @@ func TestReadRunsRejects(t *testing.T) {
 		t.Errorf("run without source rejected for calibration: %v", err)
 	}
 }
+
+// endless is a reader that never ends (like /dev/zero, which calibrate
+// --runs once read until memory ran out).
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = ' '
+	}
+	return len(p), nil
+}
+
+func TestReadRunsBounded(t *testing.T) {
+	if _, err := ReadRuns(endless{}, "endless", false); err == nil || !strings.Contains(err.Error(), "larger than 16777216 bytes") {
+		t.Errorf("endless input: %v", err)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 
 	"gonum.org/v1/gonum/optimize"
 
@@ -91,7 +90,7 @@ func (c *Calibration) Validate() error {
 
 // ReadCalibration reads and validates a calibration JSON file.
 func ReadCalibration(path string) (*Calibration, error) {
-	data, err := os.ReadFile(path)
+	data, err := readJSONFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +105,9 @@ func ParseCalibration(data []byte, where string) (*Calibration, error) {
 	var c Calibration
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%s: data after the JSON object", where)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)

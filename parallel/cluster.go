@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"path"
 	"sort"
 	"strings"
@@ -117,7 +116,7 @@ func LoadCluster(nameOrPath string) (*Cluster, error) {
 	var data []byte
 	var err error
 	if strings.ContainsAny(nameOrPath, `/\`) || strings.HasSuffix(nameOrPath, ".json") {
-		data, err = os.ReadFile(nameOrPath)
+		data, err = readJSONFile(nameOrPath)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
@@ -139,6 +138,9 @@ func ParseCluster(data []byte, where string) (*Cluster, error) {
 	var c Cluster
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", where, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("cluster %s: data after the JSON object", where)
 	}
 	if c.NVLinkDomain == 0 {
 		c.NVLinkDomain = c.GPUsPerNode

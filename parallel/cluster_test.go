@@ -1,6 +1,7 @@
 package parallel
 
 import (
+	"bytes"
 	"math"
 	"os"
 	"path/filepath"
@@ -84,6 +85,7 @@ func TestClusterFromFile(t *testing.T) {
 		"efficiency > 1":  strings.Replace(good, `"net_efficiency":0.9`, `"net_efficiency":1.5`, 1),
 		"negative lat":    strings.Replace(good, `"net_latency_us":10`, `"net_latency_us":-1`, 1),
 		"not json":        `{`,
+		"trailing data":   good + `{}`,
 	} {
 		if _, err := ParseCluster([]byte(doc), name); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -94,6 +96,25 @@ func TestClusterFromFile(t *testing.T) {
 	}
 	if _, err := LoadCluster(filepath.Join(dir, "missing.json")); err == nil {
 		t.Error("missing file accepted")
+	}
+}
+
+// TestJSONFilesBounded: a cluster or calibration path that is not a small
+// file (here 1 MiB + 1 byte of spaces, standing in for /dev/zero, which
+// was once read until memory ran out) is refused by size, not parsed.
+func TestJSONFilesBounded(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "big.json")
+	if err := os.WriteFile(p, bytes.Repeat([]byte(" "), maxJSONFileBytes+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadCluster(p); err == nil || !strings.Contains(err.Error(), "larger than 1048576 bytes") {
+		t.Errorf("LoadCluster: %v", err)
+	}
+	if _, err := ReadCalibration(p); err == nil || !strings.Contains(err.Error(), "larger than 1048576 bytes") {
+		t.Errorf("ReadCalibration: %v", err)
+	}
+	if _, err := ParseCalibration([]byte(`{} {}`), "two objects"); err == nil {
+		t.Error("calibration with trailing data accepted")
 	}
 }
 
