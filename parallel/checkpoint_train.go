@@ -47,6 +47,10 @@ type TrainState struct {
 
 const trainStateFile = "train_state.json"
 
+// maxCheckpointStep bounds a checkpoint's step count: with a global batch
+// of at most 2^40 sequences (Batch.Validate), step·B stays below 2^62.
+const maxCheckpointStep = 1 << 22
+
 // SaveTrainCheckpoint writes n's parameters, optimizer state and st into
 // dir, which must not exist unless force.
 func SaveTrainCheckpoint(dir string, force bool, n *Numeric, st TrainState) error {
@@ -136,6 +140,14 @@ func LoadTrainCheckpoint(dir string, cfg *moe.Config) (*TrainCheckpoint, error) 
 	var st TrainState
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("resume: %s: %w", trainStateFile, err)
+	}
+	// The step indexes the data (step t reads sequences from t·B) and the
+	// optimizer's bias correction; the losses are one per step taken.
+	if st.Step < 0 || st.Step > maxCheckpointStep {
+		return nil, fmt.Errorf("resume: %s: step = %d: must be in [0, %d]", trainStateFile, st.Step, maxCheckpointStep)
+	}
+	if len(st.Losses) != st.Step {
+		return nil, fmt.Errorf("resume: %s: %d losses for step = %d: want one per step taken", trainStateFile, len(st.Losses), st.Step)
 	}
 	params, err := moe.LoadParams[float32](filepath.Join(dir, moe.IndexFile), cfg)
 	if err != nil {

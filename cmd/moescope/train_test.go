@@ -157,3 +157,45 @@ func TestTrainCheckpointRefusedFirst(t *testing.T) {
 		t.Errorf("--checkpoint in a missing directory: err = %v, output %q; want a refusal before training", err, out.String())
 	}
 }
+
+// TestTrainResumeCorrupt: a checkpoint whose train_state.json holds a
+// negative or enormous step (which indexes the data and AdamW's bias
+// correction) or not one loss per step is refused, naming the field; these
+// once resumed at "step -4" or "step 4611686018427387905".
+func TestTrainResumeCorrupt(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	trainJSON(t, "--gpus", "1", "--lbs", "1", "--steps", "2", "--checkpoint", dir)
+	statePath := filepath.Join(dir, "train_state.json")
+	orig, err := os.ReadFile(statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		step   int64
+		losses []float64
+		want   string
+	}{
+		{-5, nil, "step = -5: must be in [0, 4194304]"},
+		{1 << 62, nil, "step = 4611686018427387904: must be in [0, 4194304]"},
+		{2, []float64{4}, "1 losses for step = 2"},
+	} {
+		var st map[string]any
+		if err := json.Unmarshal(orig, &st); err != nil {
+			t.Fatal(err)
+		}
+		st["step"] = c.step
+		if c.losses != nil {
+			st["losses"] = c.losses
+		}
+		b, _ := json.Marshal(st)
+		if err := os.WriteFile(statePath, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		err := run(&out, &errb, []string{"train", "--model", "tiny", "--seq", "8", "--gpus", "1", "--lbs", "1", "--steps", "1",
+			"--peak-gflops", "100", "--resume", dir})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("step %d, losses %v: err = %v, want one containing %q", c.step, c.losses, err, c.want)
+		}
+	}
+}
