@@ -204,6 +204,20 @@ func prepareSim(in SimInput) (*simPrep, error) {
 	if p.mesh, err = NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
+	if in.ExpertSkew > 1 {
+		// A token sends one row to each expert it selects, so the EP rank
+		// holding E/ep experts receives at most min(K, E/ep) rows per token,
+		// of a mean of K/ep: the skew is at most ep·min(K, E/ep)/K (1
+		// without EP or routed experts).
+		maxSkew := 1.0
+		if cfg.IsMoE() {
+			maxSkew = float64(p.l.EP*min(cfg.TopK, cfg.Experts/p.l.EP)) / float64(cfg.TopK)
+		}
+		if in.ExpertSkew > maxSkew {
+			return nil, fmt.Errorf("simulate: expert skew = %v: must be in [1, %v] for ep = %d, top-k %d of %d experts (the most loaded EP rank receives at most min(top-k, experts/ep) rows per token)",
+				in.ExpertSkew, maxSkew, p.l.EP, cfg.TopK, cfg.Experts)
+		}
+	}
 	if p.sched, err = BuildSchedule(ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}

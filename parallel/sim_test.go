@@ -1,7 +1,9 @@
 package parallel
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/moescope/moescope/memory"
@@ -102,6 +104,26 @@ func TestSimulateBadInput(t *testing.T) {
 	in.LBS, in.ExpertSkew = 1, 0.5
 	if _, err := Simulate(in); err == nil {
 		t.Error("skew 0.5 accepted")
+	}
+	// The largest skew, by hand for tiny (E = 4 experts, K = 2): a token
+	// sends at most min(K, E/ep) rows to one EP rank, of a mean of K/ep, so
+	// skew ≤ ep·min(K, E/ep)/K: ep 4 → 4·1/2 = 2, ep 2 → 2·2/2 = 2, ep 1
+	// → 1 (one rank always holds the mean).
+	for _, c := range []struct {
+		gpus, ep int
+		max      float64
+	}{{8, 4, 2}, {8, 2, 2}, {2, 1, 1}} {
+		in := simTestInput(t, "tiny", c.gpus, c.ep, 1, 64, 1, "none")
+		if c.max > 1 {
+			in.ExpertSkew = c.max
+			if _, err := Simulate(in); err != nil {
+				t.Errorf("ep %d: skew %v (the largest) refused: %v", c.ep, c.max, err)
+			}
+		}
+		in.ExpertSkew = c.max + 0.01
+		if _, err := Simulate(in); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("must be in [1, %v]", c.max)) {
+			t.Errorf("ep %d: skew %v: err = %v, want one naming [1, %v]", c.ep, in.ExpertSkew, err, c.max)
+		}
 	}
 }
 
