@@ -134,16 +134,6 @@ func CollectiveCost(c *Cluster, cal *Calibration, kind CollKind, g GroupShape, b
 	return best, nil
 }
 
-// AllToAllCost models an uneven all-to-all for one rank that must send or
-// receive intraBytes to or from peers in its NVLink domain and interBytes
-// across the network (the larger of its send and receive volumes per class).
-func AllToAllCost(c *Cluster, cal *Calibration, g GroupShape, intraBytes, interBytes float64) CommCost {
-	if g.Ranks <= 1 || intraBytes+interBytes <= 0 {
-		return CommCost{Kind: CollAllToAll, Algorithm: "none"}
-	}
-	return allToAll(ratesOf(c, cal), CollAllToAll, g, intraBytes, interBytes)
-}
-
 func allToAll(r commRates, kind CollKind, g GroupShape, intra, inter float64) CommCost {
 	tNV, tNet := intra/r.nv, inter/r.net
 	cc := CommCost{Kind: kind, Algorithm: "direct", Link: LinkNVLink, BandwidthS: tNV, WireBytes: intra + inter,
