@@ -103,6 +103,11 @@ func TestTrainBadInput(t *testing.T) {
 		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--peak-gflops", "NaN"}, "--peak-gflops = NaN"},
 		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--peak-gflops", "Inf"}, "--peak-gflops = +Inf"},
 		{[]string{"--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--host-memory-gib", "NaN"}, "--host-memory-gib = NaN"},
+		// Activations once went unguarded (the run was killed for memory):
+		// 1024 × 65536 = 2^26 tokens of tiny's D = 32 make one [T, D]
+		// float32 tensor 2^26·32·4 B = 8 GiB, and a block saves at least two
+		// (its two norms' inputs): over the default 16 GiB.
+		{[]string{"--gpus", "1", "--lbs", "1024", "--seq", "65536", "--steps", "1"}, "for activations"},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
