@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/kernel"
 )
@@ -146,6 +147,11 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	if !*skipLayer {
+		if err := checkBenchMemory(lc, *tokens, availableMemory()); err != nil {
+			return err
+		}
+	}
 
 	prevProcs := runtime.GOMAXPROCS(*threads)
 	defer runtime.GOMAXPROCS(prevProcs)
@@ -226,6 +232,34 @@ func benchLayerConfig(cfg *moe.Config, experts, topK int) (*moe.Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// benchHeapFactor scales memory.Estimate's float32 peak allocated bytes of
+// the benchmarked layer (no checkpointing) to the process's resident
+// memory, erring high. Measured with qwen3-30b-a3b widths, 16 experts, top-4
+// (maximum resident set from /usr/bin/time ÷ the estimate): 2048 tokens,
+// 1.97 GiB ÷ 1.94 GiB; 8192 tokens, 5.58 GiB ÷ 3.52 GiB.
+const benchHeapFactor = 2.0
+
+// checkBenchMemory refuses a layer benchmark whose tokens would not fit in
+// avail bytes (0: unknown, no check), instead of being killed by the
+// kernel.
+func checkBenchMemory(c *moe.Config, tokens int, avail uint64) error {
+	l := moe.Layout{GPUs: 1, Sharding: moe.ShardDDP}
+	if err := l.Resolve(); err != nil {
+		return err
+	}
+	f32 := moe.Precision{Param: moe.F32, Compute: moe.F32, Grad: moe.F32, Optimizer: moe.F32, Activation: moe.F32}
+	r, err := memory.Estimate(c, l, memory.Batch{LBS: 1, Seq: tokens}, memory.Options{Precision: f32, AC: moe.AC{Mode: moe.ACNone}})
+	if err != nil {
+		return fmt.Errorf("%w: --tokens %d: %v", errUsage, tokens, err)
+	}
+	need := benchHeapFactor * float64(r.Peak.Allocated)
+	if avail > 0 && need > float64(avail) {
+		return fmt.Errorf("%w: --tokens %d: the layer benchmark needs about %.1f GiB, only %.1f GiB of memory is available; use fewer --tokens",
+			errUsage, tokens, need/(1<<30), float64(avail)/(1<<30))
+	}
+	return nil
 }
 
 // parseSizes reads --sizes: positive sizes up to 16384, comma-separated.
