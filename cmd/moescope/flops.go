@@ -34,7 +34,10 @@ type flopsReport struct {
 	FLOPsPerStep  map[flops.Convention]int64   `json:"flops_per_step"`
 	Conventions   map[flops.Convention]string  `json:"conventions"`
 	NonMatmul     map[moe.Op]int64             `json:"non_matmul_elements"`
-	Layers        []flops.LayerRow             `json:"layers"`
+	// NonMatmulFLOPs is NonMatmul × flops.ElementCost, per op (moescope's
+	// per-element costs; no published convention counts this work).
+	NonMatmulFLOPs map[moe.Op]int64 `json:"non_matmul_flops"`
+	Layers         []flops.LayerRow `json:"layers"`
 	// Set only with --tps.
 	GPU             string                       `json:"gpu,omitempty"`
 	PeakFLOPs       float64                      `json:"peak_flops,omitempty"`
@@ -150,12 +153,16 @@ func buildFlopsReport(cfg *moe.Config, s flops.Shape, ac moe.AC, tile flops.Tile
 	if err != nil {
 		return nil, err
 	}
+	nmFLOPs, err := flops.NonMatmulFLOPs(cfg, recs)
+	if err != nil {
+		return nil, err
+	}
 	rep := &flopsReport{
 		Model: cfg.Name, ModelType: cfg.ModelType, Source: cfg.Source,
 		Seq: s.Seq, Batch: s.Batch, Tokens: s.Tokens(), AC: ac, Tile: [2]int{tile.Rows, tile.Cols},
 		Params:        flopsPars{Total: p.Total, Active: p.Active, ByGroup: map[moe.ParamGroup]parGroup{}},
 		FLOPsPerToken: tot.PerToken, FLOPsPerStep: tot.PerStep,
-		Conventions: map[flops.Convention]string{}, NonMatmul: nm, Layers: layers,
+		Conventions: map[flops.Convention]string{}, NonMatmul: nm, NonMatmulFLOPs: nmFLOPs, Layers: layers,
 	}
 	for _, g := range moe.Groups {
 		if p.ByGroup[g] > 0 {
@@ -246,7 +253,7 @@ func printFlops(w io.Writer, r *flopsReport) error {
 	}
 	tw.Flush()
 
-	fmt.Fprintln(w, "\nnon-matmul work of the step (elements processed, all passes; no convention counts it)")
+	fmt.Fprintln(w, "\nnon-matmul work of the step, all passes (no convention counts it; FLOPs at moescope's per-element costs, flops.ElementCost)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	var nmOrder []moe.Op
 	seen := map[moe.Op]bool{}
@@ -259,7 +266,7 @@ func printFlops(w io.Writer, r *flopsReport) error {
 		}
 	}
 	for _, op := range nmOrder {
-		fmt.Fprintf(tw, "%s\t%s\t\n", op, fmtInt(r.NonMatmul[op]))
+		fmt.Fprintf(tw, "%s\t%s elements\t%s FLOPs\t\n", op, fmtInt(r.NonMatmul[op]), fmtInt(r.NonMatmulFLOPs[op]))
 	}
 	tw.Flush()
 
