@@ -166,9 +166,20 @@ func runEngine(ops []simOp) ([]simSpan, error) {
 				finish(i)
 			}
 		}
+		// A flow is done when its work is spent, or when what is left
+		// cannot move the clock: below half an ulp of now, now + left
+		// rounds to now (late in a long step, 1e-15 s of work is such a
+		// remainder), and it would be retried forever.
+		var shareNow [numLinkClasses]int
+		for _, f := range flows {
+			if now >= f.latEnd {
+				shareNow[ops[f.op].link]++
+			}
+		}
 		kept := flows[:0]
 		for _, f := range flows {
-			if now >= f.latEnd && f.remaining <= 1e-15*math.Max(1, ops[f.op].work) {
+			if now >= f.latEnd && (f.remaining <= 1e-15*math.Max(1, ops[f.op].work) ||
+				now+f.remaining*float64(shareNow[ops[f.op].link]) == now) {
 				finish(f.op)
 				continue
 			}

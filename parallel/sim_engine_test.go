@@ -3,6 +3,7 @@ package parallel
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // Schedules whose answers are known by construction.
@@ -137,5 +138,40 @@ func TestBottleneckNamesAxisAndLink(t *testing.T) {
 	b, name := breakdown(sched, sim, spans, 4)
 	if name != "exposed all_gather (efsdp, network)" || !near(b.ExposedCommS["all_gather"], 3, 1e-12) {
 		t.Errorf("bottleneck %q, breakdown %+v", name, b)
+	}
+}
+
+// TestEngineTinyFlowLateInStep: a collective whose bandwidth work is below
+// half an ulp of the clock cannot move it (float64), so it must end where
+// it starts instead of being retried forever. At t = 100 s the ulp is
+// 2^-46 s ≈ 1.42e-14 s; a work of 1.5e-15 s rounds away. (Simulate hung on
+// 16384 GPUs, whose step passes 16 s, where the ulp exceeds twice the
+// old absolute 1e-15 s threshold.)
+func TestEngineTinyFlowLateInStep(t *testing.T) {
+	ops := []simOp{
+		{stream: simCompute, compute: 100},
+		{stream: simGather, coll: true, work: 1.5e-15, deps: []int{0}},
+		{stream: simCompute, compute: 1, deps: []int{1}},
+	}
+	done := make(chan struct{})
+	var spans []simSpan
+	var err error
+	go func() {
+		spans, err = runEngine(ops)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("runEngine did not return: a flow too small to advance the clock was retried forever")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []simSpan{{0, 100}, {100, 100}, {100, 101}}
+	for i := range want {
+		if spans[i] != want[i] {
+			t.Errorf("op %d: %+v, want %+v", i, spans[i], want[i])
+		}
 	}
 }
