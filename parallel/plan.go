@@ -206,7 +206,7 @@ func (r *PlanRequest) withDefaults() (PlanRequest, error) {
 		errs = append(errs, moe.FieldError{Field: "memory_target", Value: q.MemoryTarget, Allowed: "must be in (0, 1]"})
 	}
 	if q.GlobalBatch < 0 || q.GlobalBatch > 1<<40 {
-		errs = append(errs, moe.FieldError{Field: "global_batch", Value: q.GlobalBatch, Allowed: "must be ≥ 1 sequence (0 = free)"})
+		errs = append(errs, moe.FieldError{Field: "global_batch", Value: q.GlobalBatch, Allowed: "must be in [1, 1099511627776] sequences (0 = free)"})
 	}
 	if q.Experts < 0 {
 		errs = append(errs, moe.FieldError{Field: "experts", Value: q.Experts, Allowed: "must be ≥ 0"})

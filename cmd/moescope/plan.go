@@ -154,8 +154,8 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if !(a.target > 0 && a.target <= 1) {
 		errs = append(errs, fmt.Errorf("--memory-target = %v: must be in (0, 1] (a fraction of device memory)", a.target))
 	}
-	if a.globalBatch < 0 {
-		errs = append(errs, fmt.Errorf("--global-batch = %d: must be ≥ 1 sequence (0 = free)", a.globalBatch))
+	if a.globalBatch < 0 || a.globalBatch > 1<<40 {
+		errs = append(errs, fmt.Errorf("--global-batch = %d: must be in [1, 1099511627776] sequences (0 = free)", a.globalBatch))
 	}
 	if a.top < 1 {
 		errs = append(errs, fmt.Errorf("--top = %d: must be ≥ 1", a.top))

@@ -228,6 +228,8 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--memory-target", "1.2"}, []string{"--memory-target = 1.2"}, 2},
 		{[]string{"--model", "qwen3-30b-a3b", "--seq", "4096"}, []string{"--gpus = 0"}, 2},
 		{[]string{"--gpus", "8", "--seq", "4096"}, []string{"--model is required"}, 2},
+		// A global batch above 2^40 sequences once drew "must be ≥ 1 sequence", naming the wrong bound.
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--global-batch", "99999999999999"}, []string{"--global-batch = 99999999999999", "[1, 1099511627776]"}, 2},
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--gpu", "tpu9"}, []string{"--gpu"}, 2},
 		// 30.5e9 parameters × 16 B = 488 GB of state on one GPU: nothing fits
 		// at 0.92 of 178.35 GiB; the fake's FSDP state needs 16 × 30.5e9 /
