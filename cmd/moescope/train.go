@@ -173,6 +173,20 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: train runs on this CPU: lbs %d × seq %d on %d ranks need about %.1f GiB of host memory for activations (plus %.1f GiB for parameters), over --host-memory-gib %g; use a smaller --lbs or --seq",
 			errUsage, *lbs, *seq, mesh.World(), act/(1<<30), need/(1<<30), *hostGiB)
 	}
+	// Gathered weights, and the gradients reduce-scattered from them, are
+	// padded as FSDP2 pads them: a tensor of r rows on n ranks takes
+	// ⌈r/n⌉·n rows, so with more ranks than rows every rank's float32
+	// buffers grow with the world (total ∝ world²). Σ shard × dp_shard
+	// bounds a rank's padded elements (experts shard over dp_shard/ep).
+	var padded int64
+	for _, u := range est.Units {
+		padded += u.Shard * int64(layout.DPShard)
+	}
+	pad := trainPaddedCopies * 4 * float64(padded) * float64(mesh.World())
+	if need+act+pad > *hostGiB*(1<<30) {
+		return fmt.Errorf("%w: train runs on this CPU: %d ranks need about %.1f GiB of host memory for padded gathered weights and gradients (FSDP pads each tensor to a multiple of dp_shard = %d rows on every rank), over --host-memory-gib %g; use fewer --gpus",
+			errUsage, mesh.World(), (need+act+pad)/(1<<30), layout.DPShard, *hostGiB)
+	}
 	adam := moe.AdamW{LR: *lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: *wd}
 	state := parallel.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,
 		GlobalBatch: batch.Global(), DataSeed: *seed, AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}
@@ -296,6 +310,15 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 // ranks): 2 ranks at lbs 64 × seq 2048, 2.03 GiB ÷ 1.00 GiB; 1 rank at
 // lbs 256 × seq 1024 with --ac full, 1.46 GiB ÷ 0.73 GiB.
 const trainHeapFactor = 2.0
+
+// trainPaddedCopies is how many padded float32 copies of the model a
+// numeric rank holds besides what the other terms of the host-memory guard
+// count (gathered weights, reduce-scatter inputs, collective buffers).
+// Measured on the tiny model at lbs 1 × seq 8, whose padding dominates at
+// many ranks (maximum resident set from /usr/bin/time against the guard's
+// total with one copy): 256 ranks 0.38 GiB vs 0.31; 512 ranks 0.99 vs 1.01;
+// 1024 ranks 3.40 vs 3.58 (4096 ranks were killed for memory at 24 GiB).
+const trainPaddedCopies = 1.0
 
 // fmtBytes prints a byte count with a binary unit.
 func fmtBytes(n int64) string {

@@ -108,6 +108,13 @@ func TestTrainBadInput(t *testing.T) {
 		// float32 tensor 2^26·32·4 B = 8 GiB, and a block saves at least two
 		// (its two norms' inputs): over the default 16 GiB.
 		{[]string{"--gpus", "1", "--lbs", "1024", "--seq", "65536", "--steps", "1"}, "for activations"},
+		// FSDP padding grows with the world: at dp_shard 4096 a tensor of
+		// fewer than 4096 rows is padded to 4096 rows on every rank, so
+		// tiny's [64, 32] embedding alone takes 4096·32·4 B = 512 KiB per
+		// rank, 2 GiB over 4096 ranks, and its 2 blocks' eight attention
+		// projections (inner dim ≥ 32) as much again each: ≥ 18 GiB, over
+		// the default 16 GiB (such a run was killed for memory at 24 GiB).
+		{[]string{"--gpus", "4096", "--lbs", "1", "--seq", "8", "--steps", "1"}, "padded gathered weights"},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
