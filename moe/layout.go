@@ -44,10 +44,13 @@ func (l *Layout) Resolve() error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"ep", l.EP}} {
+	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}} {
 		if f.v < 0 {
 			errs = append(errs, FieldError{f.name, f.v, "must be ≥ 1 (0 = derive from the others)"})
 		}
+	}
+	if l.EP < 0 {
+		errs = append(errs, FieldError{"ep", l.EP, "must be ≥ 1 (0 = 1)"})
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)

@@ -62,17 +62,10 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err != nil && *tokensPath != "" {
 		return err
 	}
-	// Refuse before computing anything if an output would be overwritten.
-	for _, p := range []string{*save, *out} {
-		if p == "" || *force {
-			continue
-		}
-		if _, err := os.Lstat(p); err == nil {
-			return fmt.Errorf("%s: %w", p, moe.ErrExists)
-		}
-	}
-	if *save != "" && *save == *out {
-		return fmt.Errorf("%w: --save and --out name the same file %s", errUsage, *save)
+	// Refuse before computing anything: an output that exists (without
+	// --force), one in a missing directory, or one path named twice.
+	if err := checkOutputs(*force, output{"--save", *save}, output{"--out", *out}); err != nil {
+		return err
 	}
 
 	if err := checkGradMemory(cfg, availableMemory()); err != nil {

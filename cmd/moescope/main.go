@@ -4,12 +4,18 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 )
 
 func main() {
-	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
+	err := run(os.Stdout, os.Stderr, os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the flag set has printed its usage
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "moescope:", err)
 		os.Exit(exitCode(err))
 	}
