@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 // IndexFile is the name transformers gives the index of a sharded checkpoint.
@@ -330,5 +332,5 @@ func SaveParams[T float32 | float64](path string, cfg *Config, data [][]T, dtype
 		}
 		ts[i] = NamedTensor{Name: p.Name, Shape: p.Shape, Data: v}
 	}
-	return WriteFileAtomic(path, force, func(w io.Writer) error { return WriteSafetensors(w, ts, dtype) })
+	return fileio.WriteFileAtomic(path, force, func(w io.Writer) error { return WriteSafetensors(w, ts, dtype) })
 }

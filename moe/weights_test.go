@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 // torchrefDir is where testdata/torchref/torchref.py writes its references.
@@ -135,7 +137,7 @@ func TestSaveLoadParams(t *testing.T) {
 			}
 		}
 	}
-	if err := SaveParams(path, cfg, data, F32, false); !errors.Is(err, ErrExists) {
+	if err := SaveParams(path, cfg, data, F32, false); !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("overwrite without force: %v", err)
 	}
 
@@ -216,7 +218,7 @@ func TestCheckParamsMTPLayer(t *testing.T) {
 			ts = append(ts, NamedTensor{Name: p.Name, Shape: p.Shape, Data: make([]float32, p.Elements())})
 		}
 		path := filepath.Join(t.TempDir(), "w.safetensors")
-		if err := WriteFileAtomic(path, false, func(w io.Writer) error { return WriteSafetensors(w, ts, F32) }); err != nil {
+		if err := fileio.WriteFileAtomic(path, false, func(w io.Writer) error { return WriteSafetensors(w, ts, F32) }); err != nil {
 			t.Fatal(err)
 		}
 		_, err := LoadParams[float32](path, c.cfg)

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"math"
 
-	"gonum.org/v1/gonum/optimize"
-
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"gonum.org/v1/gonum/optimize"
 )
 
 // Calibration holds named model parameters fitted to measured runs. A zero
@@ -90,7 +90,7 @@ func (c *Calibration) Validate() error {
 
 // ReadCalibration reads and validates a calibration JSON file.
 func ReadCalibration(path string) (*Calibration, error) {
-	data, err := readJSONFile(path)
+	data, err := fileio.ReadJSONFile(path)
 	if err != nil {
 		return nil, err
 	}

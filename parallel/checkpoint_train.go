@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -55,7 +56,7 @@ const maxCheckpointStep = 1 << 22
 // dir, which must not exist unless force.
 func SaveTrainCheckpoint(dir string, force bool, n *Numeric, st TrainState) error {
 	if _, err := os.Lstat(dir); err == nil && !force {
-		return fmt.Errorf("%s: %w", dir, moe.ErrExists)
+		return fmt.Errorf("%s: %w", dir, fileio.ErrExists)
 	}
 	parent := filepath.Dir(filepath.Clean(dir))
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-")
@@ -114,11 +115,11 @@ func SaveTrainCheckpoint(dir string, force bool, n *Numeric, st TrainState) erro
 }
 
 func writeTensors(path string, ts []moe.NamedTensor) error {
-	return moe.WriteFileAtomic(path, false, func(w io.Writer) error { return moe.WriteSafetensors(w, ts, moe.F32) })
+	return fileio.WriteFileAtomic(path, false, func(w io.Writer) error { return moe.WriteSafetensors(w, ts, moe.F32) })
 }
 
 func writeBytes(path string, b []byte) error {
-	return moe.WriteFileAtomic(path, false, func(w io.Writer) error {
+	return fileio.WriteFileAtomic(path, false, func(w io.Writer) error {
 		_, err := w.Write(append(b, '\n'))
 		return err
 	})

@@ -10,6 +10,8 @@ import (
 	"path"
 	"sort"
 	"strings"
+
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 // Cluster describes the hosts and links a job runs on, never the GPU (that
@@ -116,7 +118,7 @@ func LoadCluster(nameOrPath string) (*Cluster, error) {
 	var data []byte
 	var err error
 	if strings.ContainsAny(nameOrPath, `/\`) || strings.HasSuffix(nameOrPath, ".json") {
-		data, err = readJSONFile(nameOrPath)
+		data, err = fileio.ReadJSONFile(nameOrPath)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 func TestBuiltinClusters(t *testing.T) {
@@ -104,7 +106,7 @@ func TestClusterFromFile(t *testing.T) {
 // was once read until memory ran out) is refused by size, not parsed.
 func TestJSONFilesBounded(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "big.json")
-	if err := os.WriteFile(p, bytes.Repeat([]byte(" "), maxJSONFileBytes+1), 0o644); err != nil {
+	if err := os.WriteFile(p, bytes.Repeat([]byte(" "), fileio.MaxJSONFileBytes+1), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := LoadCluster(p); err == nil || !strings.Contains(err.Error(), "larger than 1048576 bytes") {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/kernel"
@@ -181,7 +182,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		if *cpuProfile != "" {
-			if err := moe.WriteFileAtomic(*cpuProfile, *force, func(w io.Writer) error {
+			if err := fileio.WriteFileAtomic(*cpuProfile, *force, func(w io.Writer) error {
 				_, err := prof.WriteTo(w)
 				return err
 			}); err != nil {

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
 )
 
@@ -54,7 +54,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	cal.Source = fmt.Sprintf("moescope calibrate --runs %s (%d run(s))", *runsPath, len(runs))
-	if err := moe.WriteFileAtomic(*out, *force, func(w io.Writer) error {
+	if err := fileio.WriteFileAtomic(*out, *force, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(cal)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -53,7 +54,7 @@ func TestGradInitSave(t *testing.T) {
 	}
 	first, _ := os.ReadFile(w)
 	err := run(&out, &errb, []string{"grad", "--model", model, "--init", "3", "--save", w})
-	if !errors.Is(err, moe.ErrExists) {
+	if !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("second --save without --force: %v", err)
 	}
 	if err := run(&out, &errb, []string{"grad", "--model", model, "--init", "3", "--save", w, "--force"}); err != nil {

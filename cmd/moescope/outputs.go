@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 // output is a file or directory a command will write, named by the flag
@@ -17,7 +17,7 @@ type output struct{ flag, path string }
 // checkOutputs refuses, before any work is done, every output a command
 // could not write once its work is over: a path named by two flags, a path
 // that exists while force is off (DESIGN.md, "Files": the error wraps
-// moe.ErrExists and nothing is touched), and a path whose parent directory
+// fileio.ErrExists and nothing is touched), and a path whose parent directory
 // is missing or is not a directory (the atomic write creates its temporary
 // file there). Outputs with an empty path are not asked for and skipped.
 func checkOutputs(force bool, outs ...output) error {
@@ -35,7 +35,7 @@ func checkOutputs(force bool, outs ...output) error {
 		}
 		seen[abs] = o.flag
 		if _, err := os.Lstat(o.path); err == nil && !force {
-			return fmt.Errorf("%s: %w", o.path, moe.ErrExists)
+			return fmt.Errorf("%s: %w", o.path, fileio.ErrExists)
 		}
 		dir := filepath.Dir(abs)
 		st, err := os.Stat(dir)

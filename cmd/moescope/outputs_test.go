@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 func TestCheckOutputs(t *testing.T) {
@@ -21,7 +21,7 @@ func TestCheckOutputs(t *testing.T) {
 	if err := checkOutputs(false, output{"--a", fresh}, output{"--b", ""}, output{"--c", ""}); err != nil {
 		t.Errorf("a new file in an existing directory, two unset flags: %v", err)
 	}
-	if err := checkOutputs(false, output{"--a", exists}); !errors.Is(err, moe.ErrExists) {
+	if err := checkOutputs(false, output{"--a", exists}); !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("existing file without force: %v, want ErrExists", err)
 	}
 	if err := checkOutputs(true, output{"--a", exists}); err != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
 )
@@ -190,7 +191,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		}
 		for _, p := range planPlotPaths(a.plotD) {
 			if _, err := os.Lstat(p); err == nil && !a.force {
-				return fmt.Errorf("%s: %w", p, moe.ErrExists)
+				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
 			}
 		}
 	}
@@ -279,7 +280,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			continue
 		}
 		var skipped []string
-		err := moe.WriteFileAtomic(x.path, a.force, func(w io.Writer) error {
+		err := fileio.WriteFileAtomic(x.path, a.force, func(w io.Writer) error {
 			var err error
 			skipped, err = x.write(w)
 			return err
@@ -296,7 +297,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		if !ok {
 			return errors.New("--trace: the virtual-time backend in this build cannot write traces")
 		}
-		if err := moe.WriteFileAtomic(a.tracePath, a.force, func(w io.Writer) error {
+		if err := fileio.WriteFileAtomic(a.tracePath, a.force, func(w io.Writer) error {
 			return tr.Trace(w, rep.Best.Point)
 		}); err != nil {
 			return err

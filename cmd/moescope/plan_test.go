@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/BurntSushi/toml"
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
 )
@@ -204,10 +205,10 @@ func TestPlanCommandExports(t *testing.T) {
 		}
 	}
 	// A second run refuses to overwrite, before searching; --force overwrites.
-	if _, _, err := planRun(t, args...); !errors.Is(err, moe.ErrExists) {
+	if _, _, err := planRun(t, args...); !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("second run: err = %v, want ErrExists", err)
 	}
-	if _, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--plot", plotDir); !errors.Is(err, moe.ErrExists) {
+	if _, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--plot", plotDir); !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("second --plot run: err = %v, want ErrExists", err)
 	}
 	if _, _, err := planRun(t, append(args, "--force")...); err != nil {

@@ -7,13 +7,12 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/parallel"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
-
-	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
 )
 
 // planPlotNames are the pictures `moescope plan --plot DIR` writes, each as
@@ -43,7 +42,7 @@ func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu
 	if !force {
 		for _, p := range planPlotPaths(dir) {
 			if _, err := os.Lstat(p); err == nil {
-				return fmt.Errorf("%s: %w", p, moe.ErrExists)
+				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
 			}
 		}
 	}
@@ -69,7 +68,7 @@ func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu
 				return fmt.Errorf("--plot %s.%s: %w", n, ext, err)
 			}
 			path := filepath.Join(dir, n+"."+ext)
-			if err := moe.WriteFileAtomic(path, force, func(w io.Writer) error {
+			if err := fileio.WriteFileAtomic(path, force, func(w io.Writer) error {
 				_, err := w.Write(buf.Bytes())
 				return err
 			}); err != nil {

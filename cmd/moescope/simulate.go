@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
 )
@@ -125,7 +126,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := moe.WriteFileAtomic(*tracePath, *force, func(w io.Writer) error { return res.WriteTrace(w, ranks) }); err != nil {
+		if err := fileio.WriteFileAtomic(*tracePath, *force, func(w io.Writer) error { return res.WriteTrace(w, ranks) }); err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "trace of %d rank(s) written to %s (open in https://ui.perfetto.dev)\n", len(ranks), *tracePath)

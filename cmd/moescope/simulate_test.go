@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 func runSimCmd(t *testing.T, args ...string) (string, error) {
@@ -57,7 +57,7 @@ func TestSimulateTextAndTrace(t *testing.T) {
 	}
 	// No overwrite without --force.
 	_, err = runSimCmd(t, "simulate", "--model", "tiny", "--gpus", "4", "--lbs", "1", "--seq", "64", "--trace", trace)
-	if !errors.Is(err, moe.ErrExists) {
+	if !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("overwrote the trace: %v", err)
 	}
 	if _, err := runSimCmd(t, "simulate", "--model", "tiny", "--gpus", "4", "--lbs", "1", "--seq", "64", "--trace", trace, "--force"); err != nil {
@@ -103,7 +103,7 @@ func TestCalibrateCommand(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	if _, err := runSimCmd(t, "calibrate", "--runs", runs, "--out", cal); !errors.Is(err, moe.ErrExists) {
+	if _, err := runSimCmd(t, "calibrate", "--runs", runs, "--out", cal); !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("overwrote %s: %v", cal, err)
 	}
 	out, err = runSimCmd(t, "simulate", "--model", "tiny-dense", "--gpus", "4", "--lbs", "2", "--seq", "128", "--ac", "none", "--calibration", cal, "--json")

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 func trainJSON(t *testing.T, args ...string) trainReport {
@@ -154,7 +154,7 @@ func TestTrainCheckpointRefusedFirst(t *testing.T) {
 	base := []string{"train", "--model", "tiny", "--peak-gflops", "100", "--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1"}
 	var out, errb bytes.Buffer
 	err := run(&out, &errb, append(base, "--checkpoint", ck))
-	if !errors.Is(err, moe.ErrExists) {
+	if !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("existing --checkpoint: err = %v, want ErrExists", err)
 	}
 	if strings.Contains(out.String(), "step 1") {

@@ -1,4 +1,4 @@
-package moe
+package fileio
 
 import (
 	"errors"
