@@ -4,6 +4,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/safetensors"
 )
 
 // Float is the element type of the reference implementation: float32 for
@@ -91,7 +92,7 @@ func linearBwdW[T Float](dw, dy, x []T, m, n, k int) {
 // a GPU stores bf16 parameters and activations.
 func roundBF16[T Float](x []T) {
 	for i, v := range x {
-		x[i] = T(BF16ToFloat32(Float32ToBF16(float32(v))))
+		x[i] = T(safetensors.BF16ToFloat32(safetensors.Float32ToBF16(float32(v))))
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/moe/safetensors"
 )
 
 // TestAdamWMatchesTorch compares three AdamW steps with torch.optim.AdamW
@@ -196,11 +198,11 @@ func TestBF16Rounding(t *testing.T) {
 	w, _ := layerViews(c, m.Params, m.Tensors())
 	x := make([]float64, 10*c.Hidden)
 	for i := range x {
-		x[i] = float64(BF16ToFloat32(Float32ToBF16(float32(math.Sin(float64(i))))))
+		x[i] = float64(safetensors.BF16ToFloat32(safetensors.Float32ToBF16(float32(math.Sin(float64(i))))))
 	}
 	out := b.Forward(&w.layers[0], x)
 	for _, v := range append(append([]float64(nil), out...), b.st.h2...) {
-		if float64(BF16ToFloat32(Float32ToBF16(float32(v)))) != v {
+		if float64(safetensors.BF16ToFloat32(safetensors.Float32ToBF16(float32(v)))) != v {
 			t.Fatalf("bf16 run produced %v, not a bf16 value", v)
 		}
 	}

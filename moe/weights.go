@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/moe/safetensors"
 )
 
 // IndexFile is the name transformers gives the index of a sharded checkpoint.
@@ -24,9 +25,9 @@ const maxIndexBytes = 256 << 20
 // Checkpoint is a set of tensors spread over one or more safetensors files:
 // a single file, or the shards a model.safetensors.index.json names.
 type Checkpoint struct {
-	Path   string                      // what was opened
-	files  []*SafetensorsFile          // open shards
-	byName map[string]*SafetensorsFile // tensor name → its shard
+	Path   string                       // what was opened
+	files  []*safetensors.File          // open shards
+	byName map[string]*safetensors.File // tensor name → its shard
 }
 
 // OpenCheckpoint opens path: a .safetensors file, a
@@ -58,11 +59,11 @@ func OpenCheckpoint(path string) (*Checkpoint, error) {
 }
 
 func openSingle(path string) (*Checkpoint, error) {
-	f, err := OpenSafetensors(path)
+	f, err := safetensors.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	c := &Checkpoint{Path: path, files: []*SafetensorsFile{f}, byName: map[string]*SafetensorsFile{}}
+	c := &Checkpoint{Path: path, files: []*safetensors.File{f}, byName: map[string]*safetensors.File{}}
 	for _, t := range f.Tensors() {
 		c.byName[t.Name] = f
 	}
@@ -100,8 +101,8 @@ func openIndex(path string) (*Checkpoint, error) {
 		return nil, fmt.Errorf("%s: weight_map is missing or empty", path)
 	}
 	dir := filepath.Dir(path)
-	c := &Checkpoint{Path: path, byName: map[string]*SafetensorsFile{}}
-	shards := map[string]*SafetensorsFile{}
+	c := &Checkpoint{Path: path, byName: map[string]*safetensors.File{}}
+	shards := map[string]*safetensors.File{}
 	names := make([]string, 0, len(idx.WeightMap))
 	for n := range idx.WeightMap {
 		names = append(names, n)
@@ -115,7 +116,7 @@ func openIndex(path string) (*Checkpoint, error) {
 		}
 		sf, ok := shards[shard]
 		if !ok {
-			if sf, err = OpenSafetensors(filepath.Join(dir, shard)); err != nil {
+			if sf, err = safetensors.Open(filepath.Join(dir, shard)); err != nil {
 				c.Close()
 				return nil, fmt.Errorf("%s: %w", path, err)
 			}
@@ -159,10 +160,10 @@ func (c *Checkpoint) Names() []string {
 }
 
 // Info returns the header entry of a tensor.
-func (c *Checkpoint) Info(name string) (TensorInfo, bool) {
+func (c *Checkpoint) Info(name string) (safetensors.TensorInfo, bool) {
 	f, ok := c.byName[name]
 	if !ok {
-		return TensorInfo{}, false
+		return safetensors.TensorInfo{}, false
 	}
 	return f.Info(name)
 }
@@ -315,7 +316,7 @@ func SaveParams[T float32 | float64](path string, cfg *Config, data [][]T, dtype
 	if len(data) != len(ps) {
 		return fmt.Errorf("save %s: %d tensors given, the model (%s) has %d", path, len(data), cfg.ModelType, len(ps))
 	}
-	ts := make([]NamedTensor, len(ps))
+	ts := make([]safetensors.NamedTensor, len(ps))
 	for i, p := range ps {
 		if int64(len(data[i])) != p.Elements() {
 			return fmt.Errorf("save %s: tensor %s has %d elements, shape %v needs %d", path, p.Name, len(data[i]), p.Shape, p.Elements())
@@ -330,7 +331,16 @@ func SaveParams[T float32 | float64](path string, cfg *Config, data [][]T, dtype
 				v[j] = float32(x)
 			}
 		}
-		ts[i] = NamedTensor{Name: p.Name, Shape: p.Shape, Data: v}
+		ts[i] = safetensors.NamedTensor{Name: p.Name, Shape: p.Shape, Data: v}
 	}
-	return fileio.WriteFileAtomic(path, force, func(w io.Writer) error { return WriteSafetensors(w, ts, dtype) })
+	var name string
+	switch dtype {
+	case F32:
+		name = "F32"
+	case BF16:
+		name = "BF16"
+	default:
+		return fmt.Errorf("save %s: cannot write dtype %q (f32 or bf16)", path, dtype)
+	}
+	return fileio.WriteFileAtomic(path, force, func(w io.Writer) error { return safetensors.Write(w, ts, name) })
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/moe/safetensors"
 )
 
 // torchrefDir is where testdata/torchref/torchref.py writes its references.
@@ -49,9 +50,9 @@ func TestTorchrefCheckpointsLoad(t *testing.T) {
 
 func TestCheckpointSharded(t *testing.T) {
 	dir := t.TempDir()
-	write := func(name string, ts ...NamedTensor) {
+	write := func(name string, ts ...safetensors.NamedTensor) {
 		var b bytes.Buffer
-		if err := WriteSafetensors(&b, ts, F32); err != nil {
+		if err := safetensors.Write(&b, ts, "F32"); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, name), b.Bytes(), 0o644); err != nil {
@@ -65,8 +66,8 @@ func TestCheckpointSharded(t *testing.T) {
 		}
 		return p
 	}
-	write("a.safetensors", NamedTensor{Name: "x", Shape: []int{2}, Data: []float32{1, 2}}, NamedTensor{Name: "y", Shape: []int{1}, Data: []float32{3}})
-	write("b.safetensors", NamedTensor{Name: "z", Shape: []int{1}, Data: []float32{4}})
+	write("a.safetensors", safetensors.NamedTensor{Name: "x", Shape: []int{2}, Data: []float32{1, 2}}, safetensors.NamedTensor{Name: "y", Shape: []int{1}, Data: []float32{3}})
+	write("b.safetensors", safetensors.NamedTensor{Name: "z", Shape: []int{1}, Data: []float32{4}})
 	index(`{"metadata":{"total_size":16},"weight_map":{"x":"a.safetensors","y":"a.safetensors","z":"b.safetensors"}}`)
 	c, err := OpenCheckpoint(dir) // the directory: the index wins
 	if err != nil {
@@ -170,14 +171,14 @@ func TestSaveParamsLoadsInOrder(t *testing.T) {
 		data[i] = make([]float32, p.Elements())
 	}
 	var b bytes.Buffer
-	ts := make([]NamedTensor, len(ps))
+	ts := make([]safetensors.NamedTensor, len(ps))
 	for i, p := range ps {
-		ts[i] = NamedTensor{Name: p.Name, Shape: p.Shape, Data: data[i]}
+		ts[i] = safetensors.NamedTensor{Name: p.Name, Shape: p.Shape, Data: data[i]}
 	}
-	if err := WriteSafetensors(&b, ts, F32); err != nil {
+	if err := safetensors.Write(&b, ts, "F32"); err != nil {
 		t.Fatal(err)
 	}
-	sf, err := ParseSafetensors(b.Bytes())
+	sf, err := safetensors.Parse(b.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,12 +214,12 @@ func TestCheckParamsMTPLayer(t *testing.T) {
 		{stTinyConfig(), "model.layers.2.eh_proj.weight", false},
 	} {
 		ps := c.cfg.Params()
-		ts := []NamedTensor{{Name: c.extra, Shape: []int{1}, Data: []float32{1}}}
+		ts := []safetensors.NamedTensor{{Name: c.extra, Shape: []int{1}, Data: []float32{1}}}
 		for _, p := range ps {
-			ts = append(ts, NamedTensor{Name: p.Name, Shape: p.Shape, Data: make([]float32, p.Elements())})
+			ts = append(ts, safetensors.NamedTensor{Name: p.Name, Shape: p.Shape, Data: make([]float32, p.Elements())})
 		}
 		path := filepath.Join(t.TempDir(), "w.safetensors")
-		if err := fileio.WriteFileAtomic(path, false, func(w io.Writer) error { return WriteSafetensors(w, ts, F32) }); err != nil {
+		if err := fileio.WriteFileAtomic(path, false, func(w io.Writer) error { return safetensors.Write(w, ts, "F32") }); err != nil {
 			t.Fatal(err)
 		}
 		_, err := LoadParams[float32](path, c.cfg)
@@ -230,12 +231,12 @@ func TestCheckParamsMTPLayer(t *testing.T) {
 
 func FuzzOpenIndex(f *testing.F) {
 	dir := f.TempDir()
-	for name, ts := range map[string][]NamedTensor{
+	for name, ts := range map[string][]safetensors.NamedTensor{
 		"a.safetensors": {{Name: "x", Shape: []int{2}, Data: []float32{1, 2}}, {Name: "y", Shape: []int{1}, Data: []float32{3}}},
 		"b.safetensors": {{Name: "z", Shape: []int{1}, Data: []float32{4}}},
 	} {
 		var b bytes.Buffer
-		if err := WriteSafetensors(&b, ts, F32); err != nil {
+		if err := safetensors.Write(&b, ts, "F32"); err != nil {
 			f.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, name), b.Bytes(), 0o644); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/safetensors"
 )
 
 // A training checkpoint is a directory:
@@ -73,12 +74,12 @@ func SaveTrainCheckpoint(dir string, force bool, n *Numeric, st TrainState) erro
 	weightMap := map[string]string{}
 	for f := 0; f < files; f++ {
 		lo, hi := f*len(ps)/files, (f+1)*len(ps)/files
-		var wts, opt []moe.NamedTensor
+		var wts, opt []safetensors.NamedTensor
 		for i := lo; i < hi; i++ {
-			wts = append(wts, moe.NamedTensor{Name: ps[i].Name, Shape: ps[i].Shape, Data: params[i]})
+			wts = append(wts, safetensors.NamedTensor{Name: ps[i].Name, Shape: ps[i].Shape, Data: params[i]})
 			if !ps[i].Buffer {
-				opt = append(opt, moe.NamedTensor{Name: ps[i].Name + ".exp_avg", Shape: ps[i].Shape, Data: m[i]},
-					moe.NamedTensor{Name: ps[i].Name + ".exp_avg_sq", Shape: ps[i].Shape, Data: v[i]})
+				opt = append(opt, safetensors.NamedTensor{Name: ps[i].Name + ".exp_avg", Shape: ps[i].Shape, Data: m[i]},
+					safetensors.NamedTensor{Name: ps[i].Name + ".exp_avg_sq", Shape: ps[i].Shape, Data: v[i]})
 			}
 		}
 		name := fmt.Sprintf("model-%05d-of-%05d.safetensors", f+1, files)
@@ -114,8 +115,8 @@ func SaveTrainCheckpoint(dir string, force bool, n *Numeric, st TrainState) erro
 	return os.Rename(tmp, dir)
 }
 
-func writeTensors(path string, ts []moe.NamedTensor) error {
-	return fileio.WriteFileAtomic(path, false, func(w io.Writer) error { return moe.WriteSafetensors(w, ts, moe.F32) })
+func writeTensors(path string, ts []safetensors.NamedTensor) error {
+	return fileio.WriteFileAtomic(path, false, func(w io.Writer) error { return safetensors.Write(w, ts, "F32") })
 }
 
 func writeBytes(path string, b []byte) error {
@@ -165,7 +166,7 @@ func LoadTrainCheckpoint(dir string, cfg *moe.Config) (*TrainCheckpoint, error) 
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "optimizer-*.safetensors"))
 	for _, f := range files {
-		sf, err := moe.OpenSafetensors(f)
+		sf, err := safetensors.Open(f)
 		if err != nil {
 			return nil, fmt.Errorf("resume: %w", err)
 		}

@@ -1,9 +1,10 @@
-package moe
+package safetensors
 
 import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -32,7 +33,7 @@ func TestSafetensorsReadHandBuilt(t *testing.T) {
 	binary.Write(&data, binary.LittleEndian, bf16)
 	hdr := `{"__metadata__":{"format":"pt"},"b":{"dtype":"F16","shape":[2,3],"data_offsets":[8,20]},` +
 		`"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"c":{"dtype":"BF16","shape":[3],"data_offsets":[20,26]}}  `
-	sf, err := ParseSafetensors(stImage(hdr, data.Bytes()))
+	sf, err := Parse(stImage(hdr, data.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,21 +95,21 @@ func TestSafetensorsRoundTrip(t *testing.T) {
 		{Name: "empty", Shape: []int{0, 4}, Data: nil},
 		{Name: "s", Shape: []int{}, Data: []float32{3.25}},
 	}
-	for _, dt := range []DType{F32, BF16} {
+	for _, dt := range []string{"F32", "BF16"} {
 		var b bytes.Buffer
-		if err := WriteSafetensors(&b, ts, dt); err != nil {
+		if err := Write(&b, ts, dt); err != nil {
 			t.Fatal(err)
 		}
 		if hl := binary.LittleEndian.Uint64(b.Bytes()); hl%8 != 0 {
 			t.Errorf("%s: header length %d not a multiple of 8", dt, hl)
 		}
-		sf, err := ParseSafetensors(b.Bytes())
+		sf, err := Parse(b.Bytes())
 		if err != nil {
 			t.Fatalf("%s: %v", dt, err)
 		}
 		for _, want := range ts {
 			info, ok := sf.Info(want.Name)
-			if !ok || !equalShape(info.Shape, want.Shape) || info.DType != stName(dt) {
+			if !ok || !slices.Equal(info.Shape, want.Shape) || info.DType != dt {
 				t.Errorf("%s: %q header %+v", dt, want.Name, info)
 			}
 			got, err := sf.ReadFloat32(want.Name)
@@ -117,7 +118,7 @@ func TestSafetensorsRoundTrip(t *testing.T) {
 			}
 			for i := range want.Data {
 				w := want.Data[i]
-				if dt == BF16 {
+				if dt == "BF16" {
 					w = BF16ToFloat32(Float32ToBF16(w))
 				}
 				if got[i] != w {
@@ -132,11 +133,11 @@ func TestSafetensorsRoundTrip(t *testing.T) {
 		{{Name: "x", Shape: []int{1}, Data: []float32{1}}, {Name: "x", Shape: []int{1}, Data: []float32{1}}},
 		{{Name: "__metadata__", Shape: []int{1}, Data: []float32{1}}},
 	} {
-		if err := WriteSafetensors(&b, bad, F32); err == nil {
-			t.Errorf("WriteSafetensors(%v) succeeded", bad)
+		if err := Write(&b, bad, "F32"); err == nil {
+			t.Errorf("Write(%v) succeeded", bad)
 		}
 	}
-	if err := WriteSafetensors(&b, ts, F16); err == nil {
+	if err := Write(&b, ts, "F16"); err == nil {
 		t.Error("writing F16 succeeded")
 	}
 }
@@ -175,13 +176,13 @@ func TestSafetensorsRejects(t *testing.T) {
 		{"dtype not a string", stImage(`{"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}}`, f32x2), `entry must be`},
 		{"trailing bytes", stImage(`{} {}`, nil), "after the header"},
 	} {
-		_, err := ParseSafetensors(c.file)
+		_, err := Parse(c.file)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
 		}
 	}
 	// A well-formed file with a non-float dtype parses, but does not read as floats.
-	sf, err := ParseSafetensors(stImage(`{"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}`, f32x2))
+	sf, err := Parse(stImage(`{"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}`, f32x2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,13 +193,13 @@ func TestSafetensorsRejects(t *testing.T) {
 
 func FuzzParseSafetensors(f *testing.F) {
 	var good bytes.Buffer
-	WriteSafetensors(&good, []NamedTensor{{Name: "a", Shape: []int{2, 2}, Data: []float32{1, 2, 3, 4}}, {Name: "b", Shape: []int{1}, Data: []float32{5}}}, BF16)
+	Write(&good, []NamedTensor{{Name: "a", Shape: []int{2, 2}, Data: []float32{1, 2, 3, 4}}, {Name: "b", Shape: []int{1}, Data: []float32{5}}}, "BF16")
 	f.Add(good.Bytes())
 	f.Add(stImage(`{"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}}`, []byte{0, 0x3c, 0, 0x7c}))
 	f.Add(stImage(`{"a":{"dtype":"F32","shape":[2147483647,2],"data_offsets":[0,8]}}`, make([]byte, 8)))
 	f.Add([]byte{255, 255, 255, 255, 255, 255, 255, 255, '{'})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		sf, err := ParseSafetensors(b)
+		sf, err := Parse(b)
 		if err != nil {
 			return
 		}
@@ -232,7 +233,7 @@ func FuzzParseSafetensors(f *testing.F) {
 // little-endian float32 (0x3f800000, 0xc0000000).
 func TestWriteSafetensorsBytes(t *testing.T) {
 	var b bytes.Buffer
-	if err := WriteSafetensors(&b, []NamedTensor{{Name: "a", Shape: []int{2}, Data: []float32{1, -2}}}, F32); err != nil {
+	if err := Write(&b, []NamedTensor{{Name: "a", Shape: []int{2}, Data: []float32{1, -2}}}, "F32"); err != nil {
 		t.Fatal(err)
 	}
 	hdr := `{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`

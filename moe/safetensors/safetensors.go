@@ -1,4 +1,12 @@
-package moe
+// Package safetensors reads and writes the safetensors file format
+// (Hugging Face's tensor container): header parsing and validation as the
+// reference implementation does it, typed reads that widen BF16, F16 and F64
+// to float, and writes of F32 or BF16. It knows no model: names, shapes and
+// which tensors a model needs are package moe's.
+//
+// It imports only internal/fileio of moescope; moe and everything above it
+// import it.
+package safetensors
 
 import (
 	"bufio"
@@ -60,9 +68,9 @@ func (t TensorInfo) Elements() int64 {
 	return n
 }
 
-// SafetensorsFile is an open, validated safetensors file. Tensors are read
+// File is an open, validated safetensors file. Tensors are read
 // on demand with ReadAt, so opening a file allocates only its header.
-type SafetensorsFile struct {
+type File struct {
 	Path     string
 	Metadata map[string]string
 	f        io.ReaderAt
@@ -72,8 +80,8 @@ type SafetensorsFile struct {
 	index    map[string]int
 }
 
-// OpenSafetensors opens and validates path. The caller closes it.
-func OpenSafetensors(path string) (*SafetensorsFile, error) {
+// Open opens and validates path. The caller closes it.
+func Open(path string) (*File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -83,7 +91,7 @@ func OpenSafetensors(path string) (*SafetensorsFile, error) {
 		f.Close()
 		return nil, err
 	}
-	sf, err := newSafetensors(f, st.Size())
+	sf, err := newFile(f, st.Size())
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -92,12 +100,12 @@ func OpenSafetensors(path string) (*SafetensorsFile, error) {
 	return sf, nil
 }
 
-// ParseSafetensors validates a safetensors image held in memory.
-func ParseSafetensors(b []byte) (*SafetensorsFile, error) {
-	return newSafetensors(bytes.NewReader(b), int64(len(b)))
+// Parse validates a safetensors image held in memory.
+func Parse(b []byte) (*File, error) {
+	return newFile(bytes.NewReader(b), int64(len(b)))
 }
 
-func newSafetensors(r io.ReaderAt, size int64) (*SafetensorsFile, error) {
+func newFile(r io.ReaderAt, size int64) (*File, error) {
 	var lenBuf [8]byte
 	if size < 8 {
 		return nil, fmt.Errorf("safetensors: file of %d bytes is shorter than the 8-byte header length", size)
@@ -117,11 +125,11 @@ func newSafetensors(r io.ReaderAt, size int64) (*SafetensorsFile, error) {
 		return nil, fmt.Errorf("safetensors: reading %d-byte header: %w", n, err)
 	}
 	dataLen := size - 8 - int64(n)
-	tensors, meta, err := parseSafetensorsHeader(header, dataLen)
+	tensors, meta, err := parseHeader(header, dataLen)
 	if err != nil {
 		return nil, err
 	}
-	sf := &SafetensorsFile{Metadata: meta, f: r, data: 8 + int64(n), tensors: tensors, index: make(map[string]int, len(tensors))}
+	sf := &File{Metadata: meta, f: r, data: 8 + int64(n), tensors: tensors, index: make(map[string]int, len(tensors))}
 	for i, t := range tensors {
 		sf.index[t.Name] = i
 	}
@@ -129,7 +137,7 @@ func newSafetensors(r io.ReaderAt, size int64) (*SafetensorsFile, error) {
 }
 
 // Close releases the file.
-func (s *SafetensorsFile) Close() error {
+func (s *File) Close() error {
 	if s.closer == nil {
 		return nil
 	}
@@ -137,10 +145,10 @@ func (s *SafetensorsFile) Close() error {
 }
 
 // Tensors lists the header entries in data-section order.
-func (s *SafetensorsFile) Tensors() []TensorInfo { return s.tensors }
+func (s *File) Tensors() []TensorInfo { return s.tensors }
 
 // Info returns the header entry of name.
-func (s *SafetensorsFile) Info(name string) (TensorInfo, bool) {
+func (s *File) Info(name string) (TensorInfo, bool) {
 	i, ok := s.index[name]
 	if !ok {
 		return TensorInfo{}, false
@@ -164,9 +172,9 @@ func parseNonNeg(raw json.RawMessage, max int64) (int64, error) {
 	return v, nil
 }
 
-// parseSafetensorsHeader validates a JSON header against a data section of
+// parseHeader validates a JSON header against a data section of
 // dataLen bytes and returns the tensors sorted by offset.
-func parseSafetensorsHeader(header []byte, dataLen int64) ([]TensorInfo, map[string]string, error) {
+func parseHeader(header []byte, dataLen int64) ([]TensorInfo, map[string]string, error) {
 	dec := json.NewDecoder(bytes.NewReader(header))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil, nil, errors.New("safetensors: header is not a JSON object")
@@ -286,19 +294,19 @@ func rawShape(s []json.RawMessage) string {
 }
 
 // ReadFloat32 reads a floating-point tensor (F32, BF16, F16 or F64) as float32.
-func (s *SafetensorsFile) ReadFloat32(name string) ([]float32, error) {
+func (s *File) ReadFloat32(name string) ([]float32, error) {
 	return readAs[float32](s, name)
 }
 
 // ReadFloat64 reads a floating-point tensor (F32, BF16, F16 or F64) as float64.
-func (s *SafetensorsFile) ReadFloat64(name string) ([]float64, error) {
+func (s *File) ReadFloat64(name string) ([]float64, error) {
 	return readAs[float64](s, name)
 }
 
 // readChunk is how many bytes are converted at a time.
 const readChunk = 1 << 20
 
-func readAs[T float32 | float64](s *SafetensorsFile, name string) ([]T, error) {
+func readAs[T float32 | float64](s *File, name string) ([]T, error) {
 	t, ok := s.Info(name)
 	if !ok {
 		return nil, fmt.Errorf("safetensors %s: no tensor %q", s.Path, name)
@@ -375,16 +383,16 @@ type NamedTensor struct {
 	Data  []float32 // row-major, len = product(Shape)
 }
 
-// WriteSafetensors writes tensors in the given order as dtype F32 or BF16
-// (BF16 rounds to nearest even). The header is padded with spaces to a
+// Write writes tensors in the given order as dtype "F32" or
+// "BF16", the format's names (BF16 rounds to nearest even). The header is padded with spaces to a
 // multiple of 8 bytes and carries {"format": "pt"} metadata, which
 // transformers requires to load a file.
-func WriteSafetensors(w io.Writer, tensors []NamedTensor, dtype DType) error {
+func Write(w io.Writer, tensors []NamedTensor, dtype string) error {
 	var size int64
 	switch dtype {
-	case F32:
+	case "F32":
 		size = 4
-	case BF16:
+	case "BF16":
 		size = 2
 	default:
 		return fmt.Errorf("safetensors: cannot write dtype %q (F32 or BF16)", dtype)
@@ -410,7 +418,7 @@ func WriteSafetensors(w io.Writer, tensors []NamedTensor, dtype DType) error {
 		}
 		name, _ := json.Marshal(t.Name)
 		shape, _ := json.Marshal(append([]int{}, t.Shape...))
-		fmt.Fprintf(&hdr, `,%s:{"dtype":%q,"shape":%s,"data_offsets":[%d,%d]}`, name, stName(dtype), shape, at, at+n*size)
+		fmt.Fprintf(&hdr, `,%s:{"dtype":%q,"shape":%s,"data_offsets":[%d,%d]}`, name, dtype, shape, at, at+n*size)
 		at += n * size
 	}
 	hdr.WriteByte('}')
@@ -425,7 +433,7 @@ func WriteSafetensors(w io.Writer, tensors []NamedTensor, dtype DType) error {
 	var el [4]byte
 	for _, t := range tensors {
 		for _, v := range t.Data {
-			if dtype == F32 {
+			if dtype == "F32" {
 				binary.LittleEndian.PutUint32(el[:], math.Float32bits(v))
 			} else {
 				binary.LittleEndian.PutUint16(el[:], Float32ToBF16(v))
@@ -434,16 +442,4 @@ func WriteSafetensors(w io.Writer, tensors []NamedTensor, dtype DType) error {
 		}
 	}
 	return bw.Flush()
-}
-
-func stName(d DType) string {
-	switch d {
-	case F32:
-		return "F32"
-	case BF16:
-		return "BF16"
-	case F16:
-		return "F16"
-	}
-	return string(d)
 }
