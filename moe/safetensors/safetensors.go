@@ -4,8 +4,7 @@
 // to float, and writes of F32 or BF16. It knows no model: names, shapes and
 // which tensors a model needs are package moe's.
 //
-// It imports only internal/fileio of moescope; moe and everything above it
-// import it.
+// It imports nothing of moescope; moe and everything above it import it.
 package safetensors
 
 import (
