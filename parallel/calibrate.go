@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/hw"
 	"gonum.org/v1/gonum/optimize"
 )
 
@@ -123,15 +124,15 @@ func SimInputForRun(r memory.Run) (SimInput, error) {
 	if err != nil {
 		return SimInput{}, err
 	}
-	dev, err := LookupDevice(r.GPU)
+	dev, err := hw.LookupDevice(r.GPU)
 	if err != nil {
 		return SimInput{}, err
 	}
 	cname := r.Cluster
 	if cname == "" {
-		cname = ClusterForGPU(dev.Name)
+		cname = hw.ClusterForGPU(dev.Name)
 	}
-	cl, err := LoadCluster(cname)
+	cl, err := hw.LoadCluster(cname)
 	if err != nil {
 		return SimInput{}, err
 	}
@@ -147,7 +148,7 @@ func SimInputForRun(r memory.Run) (SimInput, error) {
 }
 
 // measuredReserved returns the run's measured peak reserved bytes, if any.
-func measuredReserved(r memory.Run, dev Device) (float64, bool) {
+func measuredReserved(r memory.Run, dev hw.Device) (float64, bool) {
 	if r.PeakReservedBytes != nil {
 		return float64(*r.PeakReservedBytes), true
 	}

@@ -3,6 +3,8 @@ package parallel
 import (
 	"fmt"
 	"math"
+
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // The collective time model. It follows NCCL's own cost model
@@ -44,7 +46,7 @@ type GroupShape struct {
 }
 
 // ShapeOf places a group's ranks on the cluster.
-func ShapeOf(c *Cluster, ranks []int) GroupShape {
+func ShapeOf(c *hw.Cluster, ranks []int) GroupShape {
 	per := map[int]int{}
 	k := 0
 	for _, r := range ranks {
@@ -58,9 +60,9 @@ func ShapeOf(c *Cluster, ranks []int) GroupShape {
 // CommCost is the modelled time of one collective on one rank.
 type CommCost struct {
 	Kind      CollKind
-	Algorithm string    // "ring", "tree", "hierarchical", "direct" (all-to-all) or "none" (one rank)
-	Link      LinkClass // the link class whose bandwidth bounds the transfer
-	LatencyS  float64   // latency term, seconds
+	Algorithm string       // "ring", "tree", "hierarchical", "direct" (all-to-all) or "none" (one rank)
+	Link      hw.LinkClass // the link class whose bandwidth bounds the transfer
+	LatencyS  float64      // latency term, seconds
 	// BandwidthS is the bandwidth term at the full bus bandwidth of Link:
 	// what stretches when concurrent collectives share that link.
 	BandwidthS float64
@@ -77,7 +79,7 @@ type commRates struct {
 	base, latNV, latNt float64 // seconds
 }
 
-func ratesOf(c *Cluster, cal *Calibration) commRates {
+func ratesOf(c *hw.Cluster, cal *Calibration) commRates {
 	effNV, effNet := c.NVLinkEfficiency, c.NetEfficiency
 	if cal != nil {
 		if cal.NVLinkEfficiency > 0 {
@@ -96,7 +98,7 @@ func ratesOf(c *Cluster, cal *Calibration) commRates {
 // CollectiveCost models one collective of kind moving S bytes on a group of
 // the given shape (S as in the package notes: the full tensor). It returns
 // the cheapest of NCCL's algorithms by the model.
-func CollectiveCost(c *Cluster, cal *Calibration, kind CollKind, g GroupShape, bytes float64) (CommCost, error) {
+func CollectiveCost(c *hw.Cluster, cal *Calibration, kind CollKind, g GroupShape, bytes float64) (CommCost, error) {
 	switch kind {
 	case CollAllGather, CollReduceScatter, CollAllReduce, CollAllToAll:
 	default:
@@ -136,13 +138,13 @@ func CollectiveCost(c *Cluster, cal *Calibration, kind CollKind, g GroupShape, b
 
 func allToAll(r commRates, kind CollKind, g GroupShape, intra, inter float64) CommCost {
 	tNV, tNet := intra/r.nv, inter/r.net
-	cc := CommCost{Kind: kind, Algorithm: "direct", Link: LinkNVLink, BandwidthS: tNV, WireBytes: intra + inter,
+	cc := CommCost{Kind: kind, Algorithm: "direct", Link: hw.LinkNVLink, BandwidthS: tNV, WireBytes: intra + inter,
 		LatencyS: r.base + r.latNV}
 	if g.Domains > 1 {
 		cc.LatencyS = r.base + r.latNt
 	}
 	if tNet > tNV {
-		cc.Link, cc.BandwidthS = LinkNet, tNet
+		cc.Link, cc.BandwidthS = hw.LinkNet, tNet
 	}
 	return cc
 }
@@ -166,10 +168,10 @@ func volumeFactor(kind CollKind, n int) float64 {
 func ringCost(r commRates, kind CollKind, g GroupShape, bytes float64) CommCost {
 	n, m := g.Ranks, g.Domains
 	vol := volumeFactor(kind, n) * bytes
-	bw, link := r.nv, LinkNVLink
+	bw, link := r.nv, hw.LinkNVLink
 	if m > 1 {
 		if netBW := float64(g.PerDomain) * r.net; netBW < bw {
-			bw, link = netBW, LinkNet
+			bw, link = netBW, hw.LinkNet
 		}
 	}
 	steps, inter := ringSteps(kind, n, m)
@@ -178,9 +180,9 @@ func ringCost(r commRates, kind CollKind, g GroupShape, bytes float64) CommCost 
 }
 
 func treeCost(r commRates, g GroupShape, bytes float64) CommCost {
-	bw, link := r.nv, LinkNVLink
+	bw, link := r.nv, hw.LinkNVLink
 	if netBW := float64(g.PerDomain) * r.net; netBW < bw {
-		bw, link = netBW, LinkNet
+		bw, link = netBW, hw.LinkNet
 	}
 	lat := r.base + 2*(float64(g.PerDomain-1)*r.latNV+math.Ceil(math.Log2(float64(g.Domains)))*r.latNt)
 	return CommCost{Kind: CollAllReduce, Algorithm: "tree", Link: link, LatencyS: lat,
@@ -204,9 +206,9 @@ func hierCost(r commRates, kind CollKind, g GroupShape, bytes float64) CommCost 
 		intraSteps, interSteps = k-1, m-1
 	}
 	tNV, tNet := intraVol/r.nv, interVol/r.net
-	link := LinkNVLink
+	link := hw.LinkNVLink
 	if tNet > tNV {
-		link = LinkNet
+		link = hw.LinkNet
 	}
 	lat := 2*r.base + float64(intraSteps)*r.latNV + float64(interSteps)*r.latNt
 	return CommCost{Kind: kind, Algorithm: "hierarchical", Link: link, LatencyS: lat,

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // The per-op GPU time model. An op record of the vocabulary (moe.OpRecord:
@@ -335,7 +336,7 @@ const (
 
 // ComputeSpecOf returns the compute model of a registry device with the
 // default efficiencies.
-func ComputeSpecOf(d Device) ComputeSpec {
+func ComputeSpecOf(d hw.Device) ComputeSpec {
 	sms := d.SMs
 	if sms == 0 {
 		sms = fallbackSMs

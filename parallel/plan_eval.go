@@ -8,6 +8,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // PlanSim is the planner's real evaluator: peak memory from the memory
@@ -16,8 +17,8 @@ import (
 // goroutines share it.
 type PlanSim struct {
 	Model       *moe.Config
-	Device      Device
-	Cluster     *Cluster
+	Device      hw.Device
+	Cluster     *hw.Cluster
 	Calibration *Calibration // nil: uncalibrated defaults
 	Seq         int          // tokens per sequence
 	// Memory carries the memory options besides AC (precision, attention

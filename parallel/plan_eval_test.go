@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 func BenchmarkPlanSimMemory(b *testing.B) {
@@ -11,7 +12,7 @@ func BenchmarkPlanSimMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dev, err := LookupDevice("b200")
+	dev, err := hw.LookupDevice("b200")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func BenchmarkPlanSimEvaluate(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dev, err := LookupDevice("b200")
+	dev, err := hw.LookupDevice("b200")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -44,8 +45,8 @@ func BenchmarkPlanSimEvaluate(b *testing.B) {
 
 // planSmallDevice is a B200 with its memory cut so that the tiny model's
 // memory limit binds inside the searched local batches.
-func planSmallDevice(t testing.TB, bytes int64) Device {
-	dev, err := LookupDevice("b200")
+func planSmallDevice(t testing.TB, bytes int64) hw.Device {
+	dev, err := hw.LookupDevice("b200")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,11 +96,11 @@ func BenchmarkSearchPlans(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dev, err := LookupDevice("b200")
+	dev, err := hw.LookupDevice("b200")
 	if err != nil {
 		b.Fatal(err)
 	}
-	cl, err := LoadCluster(ClusterForGPU(dev.Name))
+	cl, err := hw.LoadCluster(hw.ClusterForGPU(dev.Name))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // SimInput is one layout to predict: model, layout, checkpointing, batch,
@@ -21,9 +22,9 @@ type SimInput struct {
 	LBS       int // sequences per rank per micro-step
 	Seq       int // tokens per sequence
 	GradAccum int // micro-steps per optimizer step; 0 means 1
-	Device    Device
+	Device    hw.Device
 	// Cluster describes hosts and links; nil means ClusterForGPU(Device.Name).
-	Cluster     *Cluster
+	Cluster     *hw.Cluster
 	Calibration *Calibration
 	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
 	// ExpertSkew × the mean rows (balanced within the rank); 0 or 1 is
@@ -132,8 +133,8 @@ type simPrep struct {
 	in     SimInput
 	cfg    *moe.Config
 	l      moe.Layout
-	dev    Device
-	cl     *Cluster
+	dev    hw.Device
+	cl     *hw.Cluster
 	mesh   *Mesh
 	sched  *Schedule
 	mem    memory.Report
@@ -184,14 +185,14 @@ func prepareSim(in SimInput) (*simPrep, error) {
 	p := &simPrep{in: in, cfg: cfg, dev: in.Device}
 	if p.dev.Name == "" {
 		var err error
-		if p.dev, err = LookupDevice(DefaultDeviceName); err != nil {
+		if p.dev, err = hw.LookupDevice(hw.DefaultDeviceName); err != nil {
 			return nil, err
 		}
 	}
 	p.cl = in.Cluster
 	if p.cl == nil {
 		var err error
-		if p.cl, err = LoadCluster(ClusterForGPU(p.dev.Name)); err != nil {
+		if p.cl, err = hw.LoadCluster(hw.ClusterForGPU(p.dev.Name)); err != nil {
 			return nil, err
 		}
 	}
@@ -468,7 +469,7 @@ func streamOf(o ScheduleOp, single bool) simStream {
 }
 
 // simOps turns the schedule into engine ops with modelled costs.
-func simOps(s *Schedule, cl *Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
+func simOps(s *Schedule, cl *hw.Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
 	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
 	shapes := map[Axis]GroupShape{}

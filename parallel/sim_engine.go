@@ -3,6 +3,8 @@ package parallel
 import (
 	"fmt"
 	"math"
+
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // The virtual-time engine: one rank's schedule walked against modelled
@@ -43,9 +45,9 @@ type simOp struct {
 	deps    []int
 	compute float64 // seconds, compute ops
 	coll    bool
-	lat     float64   // collectives: latency term, seconds
-	work    float64   // collectives: bandwidth term at full link rate, seconds
-	link    LinkClass // collectives: bottleneck link class
+	lat     float64      // collectives: latency term, seconds
+	work    float64      // collectives: bandwidth term at full link rate, seconds
+	link    hw.LinkClass // collectives: bottleneck link class
 }
 
 // simSpan is when an op ran.
@@ -130,7 +132,7 @@ func runEngine(ops []simOp) ([]simSpan, error) {
 		}
 		// Next event: a compute op ending, a latency phase ending, or a
 		// flow draining at its current share.
-		var share [numLinkClasses]int
+		var share [hw.NumLinkClasses]int
 		for _, f := range flows {
 			if now >= f.latEnd {
 				share[ops[f.op].link]++
@@ -170,7 +172,7 @@ func runEngine(ops []simOp) ([]simSpan, error) {
 		// cannot move the clock: below half an ulp of now, now + left
 		// rounds to now (late in a long step, 1e-15 s of work is such a
 		// remainder), and it would be retried forever.
-		var shareNow [numLinkClasses]int
+		var shareNow [hw.NumLinkClasses]int
 		for _, f := range flows {
 			if now >= f.latEnd {
 				shareNow[ops[f.op].link]++

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // Schedules whose answers are known by construction.
@@ -25,16 +27,16 @@ func TestEngineOverlap(t *testing.T) {
 		{
 			// Two transfers of 1 s and 3 s on one link from two streams share it: 2 s and 4 s.
 			"shared-link", []simOp{
-				{stream: simGather, coll: true, work: 1, link: LinkNVLink},
-				{stream: simReduce, coll: true, work: 3, link: LinkNVLink},
+				{stream: simGather, coll: true, work: 1, link: hw.LinkNVLink},
+				{stream: simReduce, coll: true, work: 3, link: hw.LinkNVLink},
 			},
 			[]simSpan{{0, 2}, {0, 4}},
 		},
 		{
 			// On different links they do not interfere.
 			"two-links", []simOp{
-				{stream: simGather, coll: true, work: 1, link: LinkNVLink},
-				{stream: simReduce, coll: true, work: 3, link: LinkNet},
+				{stream: simGather, coll: true, work: 1, link: hw.LinkNVLink},
+				{stream: simReduce, coll: true, work: 3, link: hw.LinkNet},
 			},
 			[]simSpan{{0, 1}, {0, 3}},
 		},
@@ -97,8 +99,8 @@ func TestBreakdownAttribution(t *testing.T) {
 	sim := &simulated{
 		ops: []simOp{
 			{stream: simCompute, compute: 1},
-			{stream: simGather, coll: true, work: 3, link: LinkNVLink},
-			{stream: simReduce, coll: true, work: 1, link: LinkNet, deps: []int{0}},
+			{stream: simGather, coll: true, work: 3, link: hw.LinkNVLink},
+			{stream: simReduce, coll: true, work: 1, link: hw.LinkNet, deps: []int{0}},
 			{stream: simCompute, compute: 1, deps: []int{1}},
 		},
 		recompute: make([]float64, 4),
@@ -125,11 +127,11 @@ func TestBottleneckNamesAxisAndLink(t *testing.T) {
 	}}
 	sim := &simulated{
 		ops: []simOp{
-			{stream: simGather, coll: true, work: 3, link: LinkNet},
+			{stream: simGather, coll: true, work: 3, link: hw.LinkNet},
 			{stream: simCompute, compute: 1, deps: []int{0}},
 		},
 		recompute: make([]float64, 2),
-		comm:      []CommCost{{Kind: CollAllGather, Link: LinkNet}, {}},
+		comm:      []CommCost{{Kind: CollAllGather, Link: hw.LinkNet}, {}},
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {

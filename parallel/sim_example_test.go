@@ -8,6 +8,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // Predict one layout: a small MoE on 16 B200s (two hgx hosts), FSDP over
@@ -21,7 +22,7 @@ func ExampleSimulate() {
 	if err := l.Resolve(); err != nil {
 		panic(err)
 	}
-	dev, _ := parallel.LookupDevice("b200")
+	dev, _ := hw.LookupDevice("b200")
 	r, err := parallel.Simulate(parallel.SimInput{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective},
 		LBS: 2, Seq: 256, GradAccum: 1, Device: dev})
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // Chrome trace export of a simulated step (the Trace Event Format that
@@ -97,7 +99,7 @@ func (r *SimResult) WriteTrace(w io.Writer, ranks []int) error {
 				continue // one sample per instant
 			}
 			if err := emit(traceEvent{Name: "allocated", Ph: "C", PID: rk, TS: r.memTimes[i] * 1e6,
-				Args: map[string]any{"GiB": float64(live) / GiB}}); err != nil {
+				Args: map[string]any{"GiB": float64(live) / hw.GiB}}); err != nil {
 				return err
 			}
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 func init() {
@@ -82,7 +82,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	batch := fs.Int("batch", 1, "sequences per step (per-step totals only)")
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N (hardware convention)")
 	tileFlag := fs.String("tile", "128x128", "flash-attention tile ROWSxCOLS for the hardware convention")
-	gpu := fs.String("gpu", parallel.DefaultDeviceName, "device whose BF16 dense peak MFU divides by")
+	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose BF16 dense peak MFU divides by")
 	tps := fs.Float64("tps", 0, "measured tokens per second per GPU; prints MFU per convention and HFU")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := parseFlags(fs, args); err != nil {
@@ -103,7 +103,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	if math.IsNaN(*tps) || math.IsInf(*tps, 0) || *tps < 0 {
 		return fmt.Errorf("%w: --tps = %v: must be a finite number ≥ 0", errUsage, *tps)
 	}
-	dev, err := parallel.LookupDevice(*gpu)
+	dev, err := hw.LookupDevice(*gpu)
 	if err != nil {
 		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
 	}

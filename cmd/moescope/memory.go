@@ -8,7 +8,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 func init() {
@@ -45,7 +45,7 @@ type memoryReport struct {
 func runMemory(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("memory", stderr)
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
-	gpu := fs.String("gpu", parallel.DefaultDeviceName, "device from the registry (its capacity as PyTorch reports it)")
+	gpu := fs.String("gpu", hw.DefaultDeviceName, "device from the registry (its capacity as PyTorch reports it)")
 	lf := addLayoutFlags(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required unless --max-lbs)")
@@ -93,7 +93,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("%w: --%s = %q: must be f32 or bf16", errUsage, f.name, f.v)
 		}
 	}
-	dev, err := parallel.LookupDevice(*gpu)
+	dev, err := hw.LookupDevice(*gpu)
 	if err != nil {
 		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 func runMem(t *testing.T, args ...string) (string, error) {
@@ -36,7 +36,7 @@ func TestMemoryJSON(t *testing.T) {
 	if r.PeakAllocated == nil || r.PeakReserved == nil || r.Device == nil || r.Fraction == nil || r.MaxLBS == nil || len(r.Breakdown) == 0 {
 		t.Fatalf("missing fields:\n%s", out)
 	}
-	dev, _ := parallel.LookupDevice("b200")
+	dev, _ := hw.LookupDevice("b200")
 	if *r.Device != dev.MemoryBytes {
 		t.Errorf("device_bytes %d, registry says %d", *r.Device, dev.MemoryBytes)
 	}

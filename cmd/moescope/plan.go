@@ -15,6 +15,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 func init() {
@@ -121,7 +122,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("plan", stderr)
 	var a planArgs
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
-	fs.StringVar(&a.gpu, "gpu", parallel.DefaultDeviceName, "device from the registry")
+	fs.StringVar(&a.gpu, "gpu", hw.DefaultDeviceName, "device from the registry")
 	fs.StringVar(&a.cluster, "cluster", "", "cluster name or JSON path (default: the GPU's usual cluster)")
 	fs.IntVar(&a.gpus, "gpus", 0, "GPUs in the job, the target scale (required)")
 	fs.IntVar(&a.gpusPerNode, "gpus-per-node", 0, "GPUs per host (default from the cluster)")
@@ -199,15 +200,15 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --model: %v", errUsage, err)
 	}
-	dev, err := parallel.LookupDevice(a.gpu)
+	dev, err := hw.LookupDevice(a.gpu)
 	if err != nil {
 		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
 	}
 	clName := a.cluster
 	if clName == "" {
-		clName = parallel.ClusterForGPU(dev.Name)
+		clName = hw.ClusterForGPU(dev.Name)
 	}
-	cl, err := parallel.LoadCluster(clName)
+	cl, err := hw.LoadCluster(clName)
 	if err != nil {
 		return fmt.Errorf("%w: --cluster: %v", errUsage, err)
 	}
@@ -356,7 +357,7 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *pa
 	return enc.Encode(out)
 }
 
-func planWriteTable(w io.Writer, title string, rep *parallel.PlanReport, top int, dev parallel.Device) {
+func planWriteTable(w io.Writer, title string, rep *parallel.PlanReport, top int, dev hw.Device) {
 	mode := "hierarchical search"
 	if rep.Exhaustive {
 		mode = "exhaustive search"
@@ -397,7 +398,7 @@ func planWriteTable(w io.Writer, title string, rep *parallel.PlanReport, top int
 
 // planExplain is the two-line explanation of the best plan: what it is and
 // what it predicts, then where its step time goes and what it beat.
-func planExplain(rep *parallel.PlanReport, dev parallel.Device) [2]string {
+func planExplain(rep *parallel.PlanReport, dev hw.Device) [2]string {
 	b := rep.Best
 	l, p := b.Point.Layout, b.Point
 	var shape string

@@ -12,6 +12,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 func init() {
@@ -33,16 +34,16 @@ type simulateReport struct {
 // hardwareFlags are --gpu, --cluster and --calibration, shared with calibrate.
 type hardwareFlags struct{ gpu, cluster, calibration string }
 
-func (h *hardwareFlags) load() (parallel.Device, *parallel.Cluster, *parallel.Calibration, error) {
-	dev, err := parallel.LookupDevice(h.gpu)
+func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *parallel.Calibration, error) {
+	dev, err := hw.LookupDevice(h.gpu)
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
 	}
 	name := h.cluster
 	if name == "" {
-		name = parallel.ClusterForGPU(dev.Name)
+		name = hw.ClusterForGPU(dev.Name)
 	}
-	cl, err := parallel.LoadCluster(name)
+	cl, err := hw.LoadCluster(name)
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
 	}
@@ -58,10 +59,10 @@ func (h *hardwareFlags) load() (parallel.Device, *parallel.Cluster, *parallel.Ca
 func runSimulate(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("simulate", stderr)
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
-	var hw hardwareFlags
-	fs.StringVar(&hw.gpu, "gpu", parallel.DefaultDeviceName, "device from the registry: "+strings.Join(parallel.DeviceNames(), ", "))
-	fs.StringVar(&hw.cluster, "cluster", "", "built-in cluster ("+strings.Join(parallel.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one, parallel.ClusterForGPU)")
-	fs.StringVar(&hw.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
+	var hwf hardwareFlags
+	fs.StringVar(&hwf.gpu, "gpu", hw.DefaultDeviceName, "device from the registry: "+strings.Join(hw.DeviceNames(), ", "))
+	fs.StringVar(&hwf.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one, parallel.ClusterForGPU)")
+	fs.StringVar(&hwf.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
@@ -104,7 +105,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	dev, cl, cal, err := hw.load()
+	dev, cl, cal, err := hwf.load()
 	if err != nil {
 		return err
 	}
@@ -133,7 +134,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	}
 	rep := simulateReport{Model: cfg.Name, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum, SimResult: res}
 	if cal != nil {
-		rep.Calibration = hw.calibration
+		rep.Calibration = hwf.calibration
 	}
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
@@ -194,7 +195,7 @@ func printSimulate(w io.Writer, r simulateReport) error {
 		}
 	}
 	fmt.Fprintf(tw, "HFU (hardware, recompute included)\t%.1f%%\t\n", 100*r.HFU)
-	fmt.Fprintf(tw, "peak reserved\t%.2f GiB\t\n", float64(r.PeakReservedBytes)/parallel.GiB)
+	fmt.Fprintf(tw, "peak reserved\t%.2f GiB\t\n", float64(r.PeakReservedBytes)/hw.GiB)
 	fmt.Fprintf(tw, "memory fraction\t%.1f%%\t\n", 100*r.MemoryFraction)
 	if err := tw.Flush(); err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 func init() {
@@ -120,7 +121,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	}
 	gpn := layout.GPUsPerNode
 	if gpn == 0 {
-		cl, err := parallel.LoadCluster("hgx")
+		cl, err := hw.LoadCluster("hgx")
 		if err != nil {
 			return err
 		}

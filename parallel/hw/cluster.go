@@ -1,14 +1,9 @@
-package parallel
+package hw
 
 import (
-	"bytes"
-	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"path"
-	"sort"
 	"strings"
 
 	"github.com/moescope/moescope/internal/fileio"
@@ -58,7 +53,7 @@ type LinkClass uint8
 const (
 	LinkNVLink LinkClass = iota
 	LinkNet
-	numLinkClasses
+	NumLinkClasses
 )
 
 func (l LinkClass) String() string {
@@ -71,22 +66,8 @@ func (l LinkClass) String() string {
 // DefaultClusterName is the cluster used when none is given (DESIGN: hgx).
 const DefaultClusterName = "hgx"
 
-//go:embed clusters/*.json
-var clusterFS embed.FS
-
 // ClusterNames lists the built-in clusters, sorted.
-func ClusterNames() []string {
-	ents, err := clusterFS.ReadDir("clusters")
-	if err != nil {
-		panic("parallel: embedded clusters unreadable: " + err.Error())
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, strings.TrimSuffix(e.Name(), ".json"))
-	}
-	sort.Strings(names)
-	return names
-}
+func ClusterNames() []string { return registryNames("clusters") }
 
 // ClusterForGPU names the built-in cluster a GPU is usually sold in: Hopper
 // parts in an HGX H100/H200 host, B300 in an HGX B300 host, GB200 and GB300
@@ -123,8 +104,8 @@ func LoadCluster(nameOrPath string) (*Cluster, error) {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
 	} else {
-		data, err = clusterFS.ReadFile(path.Join("clusters", strings.ToLower(nameOrPath)+".json"))
-		if err != nil {
+		var ok bool
+		if data, ok = registryEntry("clusters", nameOrPath); !ok {
 			return nil, fmt.Errorf("cluster %q: unknown (built-in: %s; or give a JSON file path)",
 				nameOrPath, strings.Join(ClusterNames(), ", "))
 		}
@@ -135,14 +116,9 @@ func LoadCluster(nameOrPath string) (*Cluster, error) {
 // ParseCluster decodes and validates a cluster JSON document; unknown fields
 // are errors (a misspelt field would otherwise silently keep a zero).
 func ParseCluster(data []byte, where string) (*Cluster, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var c Cluster
-	if err := dec.Decode(&c); err != nil {
+	if err := decodeStrict(data, &c); err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", where, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("cluster %s: data after the JSON object", where)
 	}
 	if c.NVLinkDomain == 0 {
 		c.NVLinkDomain = c.GPUsPerNode

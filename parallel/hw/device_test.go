@@ -1,4 +1,4 @@
-package parallel
+package hw
 
 import (
 	"math"
@@ -80,7 +80,7 @@ func TestParseDeviceErrors(t *testing.T) {
 // FuzzParseDevice: no input panics; an accepted device validates.
 func FuzzParseDevice(f *testing.F) {
 	for _, n := range DeviceNames() {
-		data, _ := deviceFS.ReadFile("devices/" + n + ".json")
+		data, _ := registryEntry("devices", n)
 		f.Add(data)
 	}
 	f.Add([]byte(`{"name":"x","bf16_flops":1e400}`))

@@ -1,13 +1,9 @@
-package parallel
+package hw
 
 import (
-	"bytes"
-	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"sort"
 	"strings"
 )
 
@@ -50,24 +46,8 @@ const GiB = 1 << 30
 // MemoryGiB is MemoryBytes in GiB (2^30 bytes).
 func (d Device) MemoryGiB() float64 { return float64(d.MemoryBytes) / GiB }
 
-//go:embed devices/*.json
-var deviceFS embed.FS
-
 // DeviceNames lists the registry's device names, sorted.
-func DeviceNames() []string {
-	ents, err := deviceFS.ReadDir("devices")
-	if err != nil {
-		panic("parallel: embedded devices unreadable: " + err.Error())
-	}
-	var names []string
-	for _, e := range ents {
-		if n, ok := strings.CutSuffix(e.Name(), ".json"); ok {
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
-	return names
-}
+func DeviceNames() []string { return registryNames("devices") }
 
 // Devices returns every device of the registry, sorted by name.
 func Devices() []Device {
@@ -75,7 +55,7 @@ func Devices() []Device {
 	for _, n := range DeviceNames() {
 		d, err := LookupDevice(n)
 		if err != nil {
-			panic("parallel: embedded device " + n + ": " + err.Error())
+			panic("hw: embedded device " + n + ": " + err.Error())
 		}
 		ds = append(ds, d)
 	}
@@ -88,15 +68,11 @@ func LookupDevice(name string) (Device, error) {
 	if name == "" {
 		name = DefaultDeviceName
 	}
-	key := strings.ToLower(name)
-	if strings.ContainsAny(key, `/\`) {
+	data, ok := registryEntry("devices", name)
+	if !ok {
 		return Device{}, unknownDevice(name)
 	}
-	data, err := deviceFS.ReadFile("devices/" + key + ".json")
-	if err != nil {
-		return Device{}, unknownDevice(name)
-	}
-	return ParseDevice(data, key)
+	return ParseDevice(data, strings.ToLower(name))
 }
 
 func unknownDevice(name string) error {
@@ -106,14 +82,9 @@ func unknownDevice(name string) error {
 // ParseDevice decodes and validates one device JSON document; unknown
 // fields are errors.
 func ParseDevice(data []byte, where string) (Device, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var d Device
-	if err := dec.Decode(&d); err != nil {
+	if err := decodeStrict(data, &d); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
-	}
-	if dec.More() {
-		return Device{}, fmt.Errorf("device %s: data after the JSON object", where)
 	}
 	if err := d.Validate(); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
