@@ -72,14 +72,14 @@ func (s FSDPShard) Pad(full []float32) []float32 {
 	return out
 }
 
-// unitTensors returns the shard geometry of every tensor of unit u on a
+// UnitTensors returns the shard geometry of every tensor of unit u on a
 // group of n ranks (the shard axis size for dense units, efsdp for experts).
 // Dense units hold the non-routed trainable parameters of their layer (the
 // embedding for LayerEmbed; the final norm and an untied LM head for
 // LayerHead); expert units hold the block's routed experts stacked per
 // projection on this EP rank, [experts/ep, rows, cols], sharded on dim 0 or,
 // when dim 0 would pad (efsdp·ep > experts), on dim 1.
-func unitTensors(cfg *moe.Config, x *unitIndex, m *Mesh, u Unit, n int) []FSDPShard {
+func UnitTensors(cfg *moe.Config, x *UnitIndex, m *Mesh, u Unit, n int) []FSDPShard {
 	var out []FSDPShard
 	if u.Experts {
 		el := cfg.Experts / m.Layout.EP
@@ -93,7 +93,7 @@ func unitTensors(cfg *moe.Config, x *unitIndex, m *Mesh, u Unit, n int) []FSDPSh
 		}
 		return out
 	}
-	for _, i := range x.byLayer[u.Layer] {
+	for _, i := range x.ByLayer[u.Layer] {
 		p := x.params[i]
 		inner := 1
 		for _, d := range p.Shape[1:] {
@@ -104,19 +104,19 @@ func unitTensors(cfg *moe.Config, x *unitIndex, m *Mesh, u Unit, n int) []FSDPSh
 	return out
 }
 
-// unitIndex maps each dense FSDP unit's layer to its tensors' indices in
+// UnitIndex maps each dense FSDP unit's layer to its tensors' indices in
 // Config.Params order: its layer's trainable parameters other than routed
 // experts (the embedding for LayerEmbed; final norm and an untied LM head
 // for LayerHead). It is built once per schedule or rank because Params has
 // an entry per expert tensor (about 18,000 for Qwen3-30B-A3B), too many to
 // rebuild for every op.
-type unitIndex struct {
+type UnitIndex struct {
 	params  []moe.Param
-	byLayer map[int][]int
+	ByLayer map[int][]int
 }
 
-func newUnitIndex(cfg *moe.Config) *unitIndex {
-	x := &unitIndex{params: cfg.Params(), byLayer: map[int][]int{}}
+func NewUnitIndex(cfg *moe.Config) *UnitIndex {
+	x := &UnitIndex{params: cfg.Params(), ByLayer: map[int][]int{}}
 	head := cfg.LayerHead()
 	for i, p := range x.params {
 		if p.Buffer || p.Group == moe.GroupRouted {
@@ -129,7 +129,7 @@ func newUnitIndex(cfg *moe.Config) *unitIndex {
 				layer = moe.LayerEmbed
 			}
 		}
-		x.byLayer[layer] = append(x.byLayer[layer], i)
+		x.ByLayer[layer] = append(x.ByLayer[layer], i)
 	}
 	return x
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric"
 )
 
 // Eight ranks as 2 replicas × 4 shards with expert parallelism 2, four GPUs
@@ -41,9 +42,9 @@ func ExampleComm_Run() {
 	l := moe.Layout{GPUs: 4, Sharding: moe.ShardFSDP}
 	_ = l.Resolve()
 	m, _ := parallel.NewMesh(l, nil, 8)
-	c := parallel.NewComm(m)
+	c := numeric.NewComm(m)
 	sums := make([]float32, 4)
-	err := c.Run(context.Background(), func(ctx context.Context, ep *parallel.Endpoint) error {
+	err := c.Run(context.Background(), func(ctx context.Context, ep *numeric.Endpoint) error {
 		buf := []float32{float32(ep.Rank())}
 		if err := ep.AllReduce(ctx, m.Group(parallel.AxisShard, ep.Rank()), moe.F32, buf); err != nil {
 			return err

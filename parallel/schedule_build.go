@@ -53,7 +53,7 @@ func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, fmt.Errorf("schedule: %w", err)
 	}
-	b := &schedBuilder{sp: sp, cfg: cfg, paramIx: newUnitIndex(cfg), m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, Micro: sp.Micro}}
+	b := &schedBuilder{sp: sp, cfg: cfg, paramIx: NewUnitIndex(cfg), m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, Micro: sp.Micro}}
 	b.prec = sp.Precision
 	if b.prec == (moe.Precision{}) {
 		b.prec = moe.DefaultPrecision
@@ -122,7 +122,7 @@ func (b *schedBuilder) attachMemory(evs []memory.Event) {
 type schedBuilder struct {
 	sp      ScheduleSpec
 	cfg     *moe.Config
-	paramIx *unitIndex
+	paramIx *UnitIndex
 	m       *Mesh
 	l       moe.Layout
 	prec    moe.Precision
@@ -176,7 +176,7 @@ func (b *schedBuilder) axisSize(a Axis) int {
 
 func (b *schedBuilder) sizes(u Unit) (full, padded, shard int64) {
 	a := b.shardAxis(u)
-	return unitSizes(unitTensors(b.cfg, b.paramIx, b.m, u, b.axisSize(a)))
+	return unitSizes(UnitTensors(b.cfg, b.paramIx, b.m, u, b.axisSize(a)))
 }
 
 func (b *schedBuilder) fsdp() bool { return b.l.Sharding == moe.ShardFSDP }

@@ -95,6 +95,23 @@ type SimResult struct {
 	collBytes []float64 // per schedule op: the collective size modelled (0 for compute)
 }
 
+// OpTiming is one schedule op as the simulator ran it.
+type OpTiming struct {
+	StartS, EndS float64
+	Bytes        float64 // the collective size modelled (0 for compute)
+}
+
+// OpTimings returns, for each op of r.Schedule in order, when it ran on the
+// simulated rank and, for a collective, the bytes it was priced at (the
+// most loaded rank's share for an all-to-all with recorded counts).
+func (r *SimResult) OpTimings() []OpTiming {
+	out := make([]OpTiming, len(r.spans))
+	for i, sp := range r.spans {
+		out[i] = OpTiming{StartS: sp.start, EndS: sp.end, Bytes: r.collBytes[i]}
+	}
+	return out
+}
+
 // simulated holds the per-op costs of a schedule.
 type simulated struct {
 	ops       []simOp

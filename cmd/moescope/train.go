@@ -15,6 +15,7 @@ import (
 	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/numeric"
 )
 
 func init() {
@@ -189,13 +190,13 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 			errUsage, mesh.World(), (need+act+pad)/(1<<30), layout.DPShard, *hostGiB)
 	}
 	adam := moe.AdamW{LR: *lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: *wd}
-	state := parallel.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,
+	state := numeric.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,
 		GlobalBatch: batch.Global(), DataSeed: *seed, AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}
 
 	var init [][]float32
-	var loaded *parallel.TrainCheckpoint
+	var loaded *numeric.TrainCheckpoint
 	if *resume != "" {
-		loaded, err = parallel.LoadTrainCheckpoint(*resume, cfg)
+		loaded, err = numeric.LoadTrainCheckpoint(*resume, cfg)
 		if err != nil {
 			return err
 		}
@@ -212,7 +213,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		m.InitRandom(*seed)
 		init = m.Tensors()
 	}
-	num, err := parallel.NewNumeric(parallel.NumericSpec{Config: cfg, Mesh: mesh, AC: ac, Batch: batch, DataSeed: *seed,
+	num, err := numeric.New(numeric.Spec{Config: cfg, Mesh: mesh, AC: ac, Batch: batch, DataSeed: *seed,
 		AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}, init)
 	if err != nil {
 		return err
@@ -290,7 +291,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		rep.CommInterBytes += b.SentInter
 	}
 	if *ckpt != "" {
-		if err := parallel.SaveTrainCheckpoint(*ckpt, *force, num, state); err != nil {
+		if err := numeric.SaveTrainCheckpoint(*ckpt, *force, num, state); err != nil {
 			return err
 		}
 		fmt.Fprintf(progress, "checkpoint: %s (step %d)\n", *ckpt, num.StepIndex())

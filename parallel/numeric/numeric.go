@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import (
 	"context"
@@ -7,14 +7,15 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
-// NumericSpec describes a numeric (goroutine-rank) training run.
-type NumericSpec struct {
+// Spec describes a numeric (goroutine-rank) training run.
+type Spec struct {
 	Config    *moe.Config
-	Mesh      *Mesh
+	Mesh      *parallel.Mesh
 	AC        moe.AC
-	Batch     Batch // Batch.DP must equal the mesh's dp_replicate × dp_shard
+	Batch     parallel.Batch // Batch.DP must equal the mesh's dp_replicate × dp_shard
 	DataSeed  uint64
 	AdamW     moe.AdamW
 	AuxCoef   float64 // coefficient of HF's load-balancing loss; 0 neither computes nor adds it
@@ -23,7 +24,7 @@ type NumericSpec struct {
 	Timeout   time.Duration // per collective wait; 0 means DefaultCollectiveTimeout
 }
 
-// Numeric trains the reference model with one goroutine per rank, each
+// Trainer trains the reference model with one goroutine per rank, each
 // holding its own shards, optimizer state and memory account, and moving
 // data only through the collectives of Comm. It runs the program
 // BuildSchedule describes (the same collectives, in the same order, on the
@@ -44,8 +45,8 @@ type NumericSpec struct {
 // group, accumulated as acc + g_0 + g_1 + … in group order; then over
 // replicas: all-reduce of each micro-step's reduced gradient, or, with
 // allreduce-last-only, of the accumulated one on the last micro-step.
-type Numeric struct {
-	spec  NumericSpec
+type Trainer struct {
+	spec  Spec
 	comm  *Comm
 	ranks []*numRank
 	step  int
@@ -57,8 +58,8 @@ type Numeric struct {
 	rankErrs []error
 }
 
-// NumericStep is the outcome of one optimizer step.
-type NumericStep struct {
+// StepResult is the outcome of one optimizer step.
+type StepResult struct {
 	Step      int
 	Loss, Aux float64 // means over the step's micro-batches (all ranks), as one rank would compute them
 	// Losses holds each micro-batch's cross-entropy in the order one rank
@@ -72,9 +73,9 @@ type NumericStep struct {
 	PeakBytes    []int64 // per rank, the peak of live bytes at the modelled dtypes during the step
 }
 
-// NewNumeric places every rank's shards of the initial parameters init
+// New places every rank's shards of the initial parameters init
 // (moe.Config.Params order, as moe.LoadParams returns them).
-func NewNumeric(spec NumericSpec, init [][]float32) (*Numeric, error) {
+func New(spec Spec, init [][]float32) (*Trainer, error) {
 	cfg, m := spec.Config, spec.Mesh
 	if cfg == nil || m == nil {
 		return nil, errors.New("numeric: config and mesh are required")
@@ -103,7 +104,7 @@ func NewNumeric(spec NumericSpec, init [][]float32) (*Numeric, error) {
 	if spec.Precision == (moe.Precision{}) {
 		spec.Precision = moe.DefaultPrecision
 	}
-	n := &Numeric{spec: spec, comm: NewComm(m)}
+	n := &Trainer{spec: spec, comm: NewComm(m)}
 	n.comm.Timeout = spec.Timeout
 	for r := 0; r < m.World(); r++ {
 		nr, err := newNumRank(&n.spec, r, init)
@@ -116,15 +117,15 @@ func NewNumeric(spec NumericSpec, init [][]float32) (*Numeric, error) {
 }
 
 // Comm returns the communicator (its Stats hold every byte moved).
-func (n *Numeric) Comm() *Comm { return n.comm }
+func (n *Trainer) Comm() *Comm { return n.comm }
 
 // StepIndex is the number of optimizer steps taken.
-func (n *Numeric) StepIndex() int { return n.step }
+func (n *Trainer) StepIndex() int { return n.step }
 
 // Step runs one optimizer step on every rank. After an error the ranks'
-// states may be partly updated: the Numeric must not be stepped again.
-func (n *Numeric) Step(ctx context.Context) (NumericStep, error) {
-	res := NumericStep{Step: n.step}
+// states may be partly updated: the Trainer must not be stepped again.
+func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
+	res := StepResult{Step: n.step}
 	losses := make([][]float64, len(n.ranks))
 	n.rankErrs = make([]error, len(n.ranks))
 	err := n.comm.Run(ctx, func(ctx context.Context, ep *Endpoint) error {
@@ -166,7 +167,7 @@ func (n *Numeric) Step(ctx context.Context) (NumericStep, error) {
 
 // Params reassembles the full parameters (Config.Params order) from the
 // ranks' shards.
-func (n *Numeric) Params() [][]float32 {
+func (n *Trainer) Params() [][]float32 {
 	ps := n.spec.Config.Params()
 	out := make([][]float32, len(ps))
 	for _, r := range n.ranks {
@@ -181,7 +182,7 @@ func (n *Numeric) Params() [][]float32 {
 
 // OptimizerState reassembles the AdamW moments (Params order; nil for
 // buffers) and returns the optimizer step count.
-func (n *Numeric) OptimizerState() (m, v [][]float32, step int64) {
+func (n *Trainer) OptimizerState() (m, v [][]float32, step int64) {
 	ps := n.spec.Config.Params()
 	m, v = make([][]float32, len(ps)), make([][]float32, len(ps))
 	for _, r := range n.ranks {
@@ -195,7 +196,7 @@ func (n *Numeric) OptimizerState() (m, v [][]float32, step int64) {
 // SetOptimizerState loads AdamW moments (Params order, as OptimizerState
 // returns them) into every rank's shards and sets the step count and the
 // number of optimizer steps taken.
-func (n *Numeric) SetOptimizerState(m, v [][]float32, step int64) error {
+func (n *Trainer) SetOptimizerState(m, v [][]float32, step int64) error {
 	ps := n.spec.Config.Params()
 	if len(m) != len(ps) || len(v) != len(ps) {
 		return fmt.Errorf("optimizer state: %d/%d tensors, model has %d", len(m), len(v), len(ps))

@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import (
 	"context"
@@ -11,13 +11,14 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
 // numericRun trains steps optimizer steps of cfg under layout l and returns
 // the per-step losses and the final parameters.
-func numericRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, micro, steps int) ([]NumericStep, [][]float32, *Numeric) {
+func numericRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, micro, steps int) ([]StepResult, [][]float32, *Trainer) {
 	t.Helper()
-	m, err := NewMesh(l, cfg, 4)
+	m, err := parallel.NewMesh(l, cfg, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,14 +27,14 @@ func numericRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, mic
 		t.Fatal(err)
 	}
 	init.InitRandom(7)
-	spec := NumericSpec{Config: cfg, Mesh: m, AC: ac, Batch: Batch{LBS: lbs, Seq: 4, Micro: micro, DP: l.DP()},
+	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: lbs, Seq: 4, Micro: micro, DP: l.DP()},
 		DataSeed: 11, AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1},
 		AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
-	n, err := NewNumeric(spec, init.Tensors())
+	n, err := New(spec, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res []NumericStep
+	var res []StepResult
 	for s := 0; s < steps; s++ {
 		r, err := n.Step(context.Background())
 		if err != nil {
@@ -47,7 +48,7 @@ func numericRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, mic
 // compareRuns checks losses and parameters of run b against reference a:
 // bitwise when exact, else within tol relative (per tensor, max |Δ| over
 // max |a|).
-func compareRuns(t *testing.T, name string, a, b []NumericStep, pa, pb [][]float32, exact bool, tol float64) {
+func compareRuns(t *testing.T, name string, a, b []StepResult, pa, pb [][]float32, exact bool, tol float64) {
 	t.Helper()
 	for s := range a {
 		if len(a[s].Losses) != len(b[s].Losses) {
@@ -100,17 +101,17 @@ func TestNumericEqualsOneRank(t *testing.T) {
 		micro int
 	}
 	refs := map[refKey]struct {
-		r []NumericStep
+		r []StepResult
 		p [][]float32
 	}{}
-	ref := func(ac moe.AC, micro int) ([]NumericStep, [][]float32) {
+	ref := func(ac moe.AC, micro int) ([]StepResult, [][]float32) {
 		k := refKey{ac.String(), micro}
 		if v, ok := refs[k]; ok {
 			return v.r, v.p
 		}
 		r, p, _ := numericRun(t, cfg, meshLayout(t, 1, 1, 1), ac, 1, micro, steps)
 		refs[k] = struct {
-			r []NumericStep
+			r []StepResult
 			p [][]float32
 		}{r, p}
 		return r, p
@@ -225,23 +226,23 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		l := meshLayout(t, tc.gpus, tc.rep, tc.ep)
 		l.Sharding, l.KeepGathered, l.AllreduceLastOnly = tc.sh, tc.keep, tc.last
 		name := fmt.Sprintf("%d×%d ep %d %s %s micro %d", tc.rep, tc.gpus/tc.rep, tc.ep, tc.sh, tc.ac, tc.micro)
-		m, err := NewMesh(l, cfg, 4)
+		m, err := parallel.NewMesh(l, cfg, 4)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: m, AC: tc.ac, LBS: 1, Seq: 4, Micro: tc.micro})
+		s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: m, AC: tc.ac, LBS: 1, Seq: 4, Micro: tc.micro})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var want []CollRecord
 		for _, o := range s.Ops {
-			if o.Type == OpCollective {
+			if o.Type == parallel.OpCollective {
 				want = append(want, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 			}
 		}
 		init, _ := moe.NewModel[float32](cfg)
 		init.InitRandom(3)
-		n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, AC: tc.ac, Batch: Batch{LBS: 1, Seq: 4, Micro: tc.micro, DP: l.DP()},
+		n, err := New(Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: tc.micro, DP: l.DP()},
 			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
@@ -260,7 +261,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 			}
 			var w []CollRecord
 			for _, o := range sr.Ops {
-				if o.Type == OpCollective {
+				if o.Type == parallel.OpCollective {
 					w = append(w, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 				}
 			}
@@ -283,7 +284,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 			for i := range got {
 				g, w := got[i], want[i]
 				sum[i] += g.Elements
-				if g.Kind == CollAllToAll {
+				if g.Kind == parallel.CollAllToAll {
 					g.Elements, w.Elements = 0, 0
 				}
 				if g != w {
@@ -293,7 +294,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 			}
 		}
 		for i, w := range want {
-			if w.Kind == CollAllToAll && sum[i] != int64(len(traces))*w.Elements {
+			if w.Kind == parallel.CollAllToAll && sum[i] != int64(len(traces))*w.Elements {
 				t.Errorf("%s collective %d: all ranks sent %d elements, schedule %d × %d", name, i, sum[i], len(traces), w.Elements)
 			}
 		}
@@ -306,14 +307,14 @@ func TestNumericFollowsSchedule(t *testing.T) {
 func TestNumericRankFailure(t *testing.T) {
 	cfg := tinyMoEConfig()
 	l := meshLayout(t, 4, 2, 2)
-	m, err := NewMesh(l, cfg, 2)
+	m, err := parallel.NewMesh(l, cfg, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	init, _ := moe.NewModel[float32](cfg)
 	init.InitRandom(1)
-	n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective},
-		Batch: Batch{LBS: 1, Seq: 4, Micro: 2, DP: 4}, AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+	n, err := New(Spec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective},
+		Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 2, DP: 4}, AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -383,7 +384,7 @@ func TestNumericTiedEmbeddings(t *testing.T) {
 	rc, pc, n := numericRun(t, cfg, meshLayout(t, 4, 2, 2), ac, 1, 1, 3)
 	compareRuns(t, "tied 2×2 ep 2", ra, rc, pa, pc, false, 1e-5)
 	// The executed collectives are the schedule's.
-	s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: 1, Seq: 4, Micro: 1})
+	s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: 1, Seq: 4, Micro: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +400,7 @@ func TestNumericTiedEmbeddings(t *testing.T) {
 		}
 		var want []CollRecord
 		for _, o := range sr.Ops {
-			if o.Type == OpCollective {
+			if o.Type == parallel.OpCollective {
 				want = append(want, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 			}
 		}
@@ -434,12 +435,12 @@ func TestNumericStateEqualsMemory(t *testing.T) {
 			for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
 				l := meshLayout(t, c[0], c[1], c[2])
 				l.Sharding = sh
-				m, err := NewMesh(l, cfg, 8)
+				m, err := parallel.NewMesh(l, cfg, 8)
 				if err != nil {
 					t.Fatal(err)
 				}
 				init, _ := moe.NewModel[float32](cfg)
-				n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, Batch: Batch{LBS: 1, Seq: 4, Micro: 1, DP: l.DP()}}, init.Tensors())
+				n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 1, DP: l.DP()}}, init.Tensors())
 				if err != nil {
 					t.Fatal(err)
 				}

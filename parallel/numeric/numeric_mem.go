@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import "github.com/moescope/moescope/moe"
 

@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/parallel"
 )
 
 // epStage runs one rank's routed experts under expert parallelism; it is
@@ -30,7 +31,7 @@ import (
 type epStage struct {
 	ctx   context.Context
 	ep    *Endpoint
-	group Group
+	group parallel.Group
 	cfg   *moe.Config
 	dtype moe.DType // all-to-all payload type (activation dtype)
 	rec   moe.Recorder
@@ -69,7 +70,7 @@ type epComm struct {
 // bind attaches the stage to a step's context and endpoint.
 func (s *epStage) bind(ctx context.Context, ep *Endpoint) {
 	s.ctx, s.ep, s.err = ctx, ep, nil
-	s.group = ep.Comm().Mesh().Group(AxisEP, ep.Rank())
+	s.group = ep.Comm().Mesh().Group(parallel.AxisEP, ep.Rank())
 	s.saved = map[int]*epSaved{}
 	s.comm = map[int]*epComm{}
 }

@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import (
 	"context"
@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+	"golang.org/x/sync/errgroup"
 )
 
 // Comm connects the goroutine ranks of one mesh. Collectives are matched by
@@ -26,7 +26,7 @@ import (
 // rank's pending call; a member that waits longer than Timeout fails with
 // the ranks that arrived and those that did not.
 type Comm struct {
-	mesh    *Mesh
+	mesh    *parallel.Mesh
 	Timeout time.Duration // per collective wait; 0 means DefaultCollectiveTimeout
 	Stats   *CommStats
 
@@ -45,13 +45,13 @@ type Comm struct {
 const DefaultCollectiveTimeout = 2 * time.Minute
 
 // NewComm makes the communicator of a mesh.
-func NewComm(m *Mesh) *Comm {
+func NewComm(m *parallel.Mesh) *Comm {
 	return &Comm{mesh: m, Stats: NewCommStats(m.World()), slots: map[slotKey]*slot{},
 		waiting: make([]*slot, m.World()), exited: make([]bool, m.World())}
 }
 
 // Mesh returns the communicator's mesh.
-func (c *Comm) Mesh() *Mesh { return c.mesh }
+func (c *Comm) Mesh() *parallel.Mesh { return c.mesh }
 
 // Run starts one goroutine per rank running fn with that rank's endpoint and
 // waits for all. The first error cancels ctx for every rank and is returned
@@ -83,8 +83,8 @@ func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoin
 // input of a reduce-scatter, the buffer of an all-reduce or broadcast, the
 // rows sent × width of an all-to-all.
 type CollRecord struct {
-	Kind     CollKind
-	Axis     Axis
+	Kind     parallel.CollKind
+	Axis     parallel.Axis
 	DType    moe.DType
 	Elements int64
 }
@@ -118,7 +118,7 @@ type slotKey struct {
 // call is one member's side of a collective.
 type call struct {
 	rank   int
-	kind   CollKind
+	kind   parallel.CollKind
 	dtype  moe.DType
 	size   int   // elements of in (per-member size for all-gather)
 	root   int   // broadcast root, as a group index
@@ -134,9 +134,9 @@ type call struct {
 
 func (cl *call) String() string {
 	switch cl.kind {
-	case CollAllToAll:
+	case parallel.CollAllToAll:
 		return fmt.Sprintf("rank %d: %s %s rows %v × width %d", cl.rank, cl.kind, cl.dtype, cl.counts, cl.width)
-	case CollBroadcast:
+	case parallel.CollBroadcast:
 		return fmt.Sprintf("rank %d: %s %s × %d from member %d", cl.rank, cl.kind, cl.dtype, cl.size, cl.root)
 	}
 	return fmt.Sprintf("rank %d: %s %s × %d", cl.rank, cl.kind, cl.dtype, cl.size)
@@ -144,7 +144,7 @@ func (cl *call) String() string {
 
 type slot struct {
 	key     slotKey
-	group   Group
+	group   parallel.Group
 	calls   []*call // by member index
 	arrived int
 	done    chan struct{}
@@ -174,7 +174,7 @@ func (e *CollectiveError) Error() string {
 }
 
 // do joins collective cl on group g and waits for its completion.
-func (e *Endpoint) do(ctx context.Context, g Group, cl *call) error {
+func (e *Endpoint) do(ctx context.Context, g parallel.Group, cl *call) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -186,7 +186,7 @@ func (e *Endpoint) do(ctx context.Context, g Group, cl *call) error {
 	name := g.Name()
 	if e.c.Trace {
 		el := int64(cl.size)
-		if cl.kind == CollAllGather {
+		if cl.kind == parallel.CollAllGather {
 			el *= int64(g.Size())
 		}
 		e.c.mu.Lock()
@@ -325,7 +325,7 @@ func (c *Comm) complete(s *slot) error {
 	first := s.calls[0]
 	for _, cl := range s.calls[1:] {
 		same := cl.kind == first.kind && cl.dtype == first.dtype && cl.width == first.width && cl.root == first.root
-		if same && cl.kind != CollAllToAll {
+		if same && cl.kind != parallel.CollAllToAll {
 			same = cl.size == first.size
 		}
 		if !same {
@@ -335,7 +335,7 @@ func (c *Comm) complete(s *slot) error {
 	n := len(s.calls)
 	g := s.group
 	switch first.kind {
-	case CollAllGather:
+	case parallel.CollAllGather:
 		for _, cl := range s.calls {
 			out := make([]float32, 0, n*first.size)
 			for _, src := range s.calls {
@@ -343,7 +343,7 @@ func (c *Comm) complete(s *slot) error {
 			}
 			cl.out = out
 		}
-	case CollReduceScatter:
+	case parallel.CollReduceScatter:
 		ch := first.size / n
 		for i, cl := range s.calls {
 			out := cl.out
@@ -362,7 +362,7 @@ func (c *Comm) complete(s *slot) error {
 				out[k] = v
 			}
 		}
-	case CollAllReduce:
+	case parallel.CollAllReduce:
 		sum := make([]float32, first.size)
 		copy(sum, s.calls[0].in)
 		for _, src := range s.calls[1:] {
@@ -388,14 +388,14 @@ func (c *Comm) complete(s *slot) error {
 				copy(cl.in, sum) // in place, after every input was read
 			}
 		}
-	case CollBroadcast:
+	case parallel.CollBroadcast:
 		root := s.calls[first.root].in
 		for i, cl := range s.calls {
 			if i != first.root {
 				copy(cl.in, root)
 			}
 		}
-	case CollAllToAll:
+	case parallel.CollAllToAll:
 		for _, cl := range s.calls {
 			if len(cl.counts) != n {
 				return &CollectiveError{Group: s.key.group, Seq: s.key.seq, Reason: "mismatch",
@@ -416,7 +416,7 @@ func (c *Comm) complete(s *slot) error {
 			}
 			cl.out = out
 		}
-	case CollBarrier:
+	case parallel.CollBarrier:
 	}
 	c.Stats.record(c.mesh, g, s.calls)
 	return nil
@@ -424,8 +424,8 @@ func (c *Comm) complete(s *slot) error {
 
 // AllGather returns the concatenation of every member's in, in group order;
 // all members must give the same length.
-func (e *Endpoint) AllGather(ctx context.Context, g Group, dt moe.DType, in []float32) ([]float32, error) {
-	cl := &call{kind: CollAllGather, dtype: dt, size: len(in), in: in}
+func (e *Endpoint) AllGather(ctx context.Context, g parallel.Group, dt moe.DType, in []float32) ([]float32, error) {
+	cl := &call{kind: parallel.CollAllGather, dtype: dt, size: len(in), in: in}
 	if err := e.do(ctx, g, cl); err != nil {
 		return nil, err
 	}
@@ -435,59 +435,59 @@ func (e *Endpoint) AllGather(ctx context.Context, g Group, dt moe.DType, in []fl
 // ReduceScatter sets out (len(in)/n elements) to the sum over members j, in
 // group order, of chunk i of member j's in, where i is this rank's index:
 // out = in_0[i] + in_1[i] + … evaluated left to right in float32.
-func (e *Endpoint) ReduceScatter(ctx context.Context, g Group, dt moe.DType, in, out []float32) error {
+func (e *Endpoint) ReduceScatter(ctx context.Context, g parallel.Group, dt moe.DType, in, out []float32) error {
 	return e.reduceScatter(ctx, g, dt, in, out, false)
 }
 
 // ReduceScatterAdd is ReduceScatter accumulating into out:
 // out = ((out + in_0[i]) + in_1[i]) + …, the order in which one rank would
 // accumulate the same gradients micro-batch by micro-batch.
-func (e *Endpoint) ReduceScatterAdd(ctx context.Context, g Group, dt moe.DType, in, out []float32) error {
+func (e *Endpoint) ReduceScatterAdd(ctx context.Context, g parallel.Group, dt moe.DType, in, out []float32) error {
 	return e.reduceScatter(ctx, g, dt, in, out, true)
 }
 
-func (e *Endpoint) reduceScatter(ctx context.Context, g Group, dt moe.DType, in, out []float32, add bool) error {
+func (e *Endpoint) reduceScatter(ctx context.Context, g parallel.Group, dt moe.DType, in, out []float32, add bool) error {
 	if n := g.Size(); len(in)%n != 0 || len(out) != len(in)/n {
 		return fmt.Errorf("reduce_scatter on %s: input of %d elements does not split into %d chunks of len(out) = %d", g.Name(), len(in), n, len(out))
 	}
-	return e.do(ctx, g, &call{kind: CollReduceScatter, dtype: dt, size: len(in), in: in, out: out, add: add})
+	return e.do(ctx, g, &call{kind: parallel.CollReduceScatter, dtype: dt, size: len(in), in: in, out: out, add: add})
 }
 
 // AllReduce replaces buf on every member with buf_0 + buf_1 + … (group order,
 // left to right in float32).
-func (e *Endpoint) AllReduce(ctx context.Context, g Group, dt moe.DType, buf []float32) error {
-	return e.do(ctx, g, &call{kind: CollAllReduce, dtype: dt, size: len(buf), in: buf})
+func (e *Endpoint) AllReduce(ctx context.Context, g parallel.Group, dt moe.DType, buf []float32) error {
+	return e.do(ctx, g, &call{kind: parallel.CollAllReduce, dtype: dt, size: len(buf), in: buf})
 }
 
 // AllReduceAdd adds the sum of every member's in to out, left to right from
 // out: out = ((out + in_0) + in_1) + …, the order in which one rank would
 // accumulate the same gradients; in is left unchanged.
-func (e *Endpoint) AllReduceAdd(ctx context.Context, g Group, dt moe.DType, in, out []float32) error {
+func (e *Endpoint) AllReduceAdd(ctx context.Context, g parallel.Group, dt moe.DType, in, out []float32) error {
 	if len(out) != len(in) {
 		return fmt.Errorf("all_reduce on %s: len(in) = %d ≠ len(out) = %d", g.Name(), len(in), len(out))
 	}
-	return e.do(ctx, g, &call{kind: CollAllReduce, dtype: dt, size: len(in), in: in, out: out})
+	return e.do(ctx, g, &call{kind: parallel.CollAllReduce, dtype: dt, size: len(in), in: in, out: out})
 }
 
 // Broadcast copies member root's buf (root is a group index) into every
 // member's buf.
-func (e *Endpoint) Broadcast(ctx context.Context, g Group, dt moe.DType, root int, buf []float32) error {
+func (e *Endpoint) Broadcast(ctx context.Context, g parallel.Group, dt moe.DType, root int, buf []float32) error {
 	if root < 0 || root >= g.Size() {
 		return fmt.Errorf("broadcast on %s: root %d not in [0, %d)", g.Name(), root, g.Size())
 	}
-	return e.do(ctx, g, &call{kind: CollBroadcast, dtype: dt, size: len(buf), root: root, in: buf})
+	return e.do(ctx, g, &call{kind: parallel.CollBroadcast, dtype: dt, size: len(buf), root: root, in: buf})
 }
 
 // Barrier returns once every member has entered it.
-func (e *Endpoint) Barrier(ctx context.Context, g Group) error {
-	return e.do(ctx, g, &call{kind: CollBarrier, dtype: moe.F32})
+func (e *Endpoint) Barrier(ctx context.Context, g parallel.Group) error {
+	return e.do(ctx, g, &call{kind: parallel.CollBarrier, dtype: moe.F32})
 }
 
 // AllToAll sends rows of width elements: the first counts[0] rows of send to
 // member 0, the next counts[1] to member 1, and so on. It returns the rows
 // received, member 0's first, and how many came from each member. Counts may
 // differ freely (uneven splits).
-func (e *Endpoint) AllToAll(ctx context.Context, g Group, dt moe.DType, send []float32, counts []int, width int) ([]float32, []int, error) {
+func (e *Endpoint) AllToAll(ctx context.Context, g parallel.Group, dt moe.DType, send []float32, counts []int, width int) ([]float32, []int, error) {
 	total := 0
 	for _, n := range counts {
 		if n < 0 {
@@ -498,7 +498,7 @@ func (e *Endpoint) AllToAll(ctx context.Context, g Group, dt moe.DType, send []f
 	if width < 1 || total*width != len(send) {
 		return nil, nil, fmt.Errorf("all_to_all on %s: counts %v × width %d ≠ %d sent elements", g.Name(), counts, width, len(send))
 	}
-	cl := &call{kind: CollAllToAll, dtype: dt, size: len(send), counts: counts, width: width, in: send}
+	cl := &call{kind: parallel.CollAllToAll, dtype: dt, size: len(send), counts: counts, width: width, in: send}
 	if err := e.do(ctx, g, cl); err != nil {
 		return nil, nil, err
 	}

@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
 func testComm(t testing.TB, gpus, rep, gpn int) *Comm {
@@ -20,7 +21,7 @@ func testComm(t testing.TB, gpus, rep, gpn int) *Comm {
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewMesh(l, nil, gpn)
+	m, err := parallel.NewMesh(l, nil, gpn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +32,7 @@ func TestCollectiveResults(t *testing.T) {
 	c := testComm(t, 4, 1, 8)
 	err := c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
 		r := ep.Rank()
-		g := c.Mesh().Group(AxisShard, r)
+		g := c.Mesh().Group(parallel.AxisShard, r)
 		// all-gather: rank r contributes [r, 10r].
 		got, err := ep.AllGather(ctx, g, moe.F32, []float32{float32(r), float32(10 * r)})
 		if err != nil {
@@ -113,7 +114,7 @@ func TestCollectiveBytes(t *testing.T) {
 	c := testComm(t, 8, 1, 4)
 	err := c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
 		r := ep.Rank()
-		g := c.Mesh().Group(AxisShard, r)
+		g := c.Mesh().Group(parallel.AxisShard, r)
 		if _, err := ep.AllGather(ctx, g, moe.BF16, make([]float32, 3)); err != nil {
 			return err
 		}
@@ -141,7 +142,7 @@ func TestCollectiveBytes(t *testing.T) {
 		st := c.Stats.Rank(r)
 		// Ring all-gather: S = 8 members × 3 elements × 2 B = 48; each rank
 		// sends (n−1)/n·S = 42 B to its successor. Ranks 3 and 7 send across nodes.
-		ag := st[CollAllGather]
+		ag := st[parallel.CollAllGather]
 		wantInter := int64(0)
 		if r == 3 || r == 7 {
 			wantInter = 42
@@ -150,7 +151,7 @@ func TestCollectiveBytes(t *testing.T) {
 			t.Errorf("rank %d all-gather %+v, want 42 sent (%d inter) and 42 received", r, ag, wantInter)
 		}
 		// Ring all-reduce: 2(n−1)/n·S = 2·7/8·64 B = 112.
-		if ar := st[CollAllReduce]; ar.Sent() != 112 || ar.Recv() != 112 {
+		if ar := st[parallel.CollAllReduce]; ar.Sent() != 112 || ar.Recv() != 112 {
 			t.Errorf("rank %d all-reduce %+v, want 112 each way", r, ar)
 		}
 		// All-to-all by real counts: sent Σ_{j≠r} ((r+j) mod 3)·5·2 B, split
@@ -171,7 +172,7 @@ func TestCollectiveBytes(t *testing.T) {
 		// the root's predecessor (4) sends S to its successor, every rank
 		// but the root receives S. Rank 7 sends to 0 and rank 3 to 4 across
 		// nodes; rank 0 and 4 receive across nodes.
-		bc := st[CollBroadcast]
+		bc := st[parallel.CollBroadcast]
 		wantSent, wantRecv := int64(40), int64(40)
 		if r == 4 {
 			wantSent = 0
@@ -182,12 +183,12 @@ func TestCollectiveBytes(t *testing.T) {
 		if bc.Sent() != wantSent || bc.Recv() != wantRecv || (r == 7 || r == 3) != (bc.SentInter == 40) {
 			t.Errorf("rank %d broadcast %+v, want %d sent, %d received", r, bc, wantSent, wantRecv)
 		}
-		a := st[CollAllToAll]
+		a := st[parallel.CollAllToAll]
 		if a.SentIntra != intra || a.SentInter != inter || a.RecvIntra != intra || a.RecvInter != inter {
 			t.Errorf("rank %d all-to-all %+v, want intra %d inter %d each way", r, a, intra, inter)
 		}
 	}
-	if tot := c.Stats.Total()[CollAllGather]; tot.Sent() != 8*42 || tot.Calls != 8 {
+	if tot := c.Stats.Total()[parallel.CollAllGather]; tot.Sent() != 8*42 || tot.Calls != 8 {
 		t.Errorf("total all-gather %+v, want %d bytes in 8 calls", tot, 8*42)
 	}
 }
@@ -195,7 +196,7 @@ func TestCollectiveBytes(t *testing.T) {
 func TestCollectiveMismatch(t *testing.T) {
 	c := testComm(t, 2, 1, 8)
 	err := c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
-		g := c.Mesh().Group(AxisShard, ep.Rank())
+		g := c.Mesh().Group(parallel.AxisShard, ep.Rank())
 		_, err := ep.AllGather(ctx, g, moe.F32, make([]float32, 3+ep.Rank()))
 		return err
 	})
@@ -205,7 +206,7 @@ func TestCollectiveMismatch(t *testing.T) {
 		t.Errorf("size mismatch: %v", err)
 	}
 	err = c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
-		g := c.Mesh().Group(AxisShard, ep.Rank())
+		g := c.Mesh().Group(parallel.AxisShard, ep.Rank())
 		if ep.Rank() == 0 {
 			return ep.AllReduce(ctx, g, moe.F32, make([]float32, 3))
 		}
@@ -218,8 +219,8 @@ func TestCollectiveMismatch(t *testing.T) {
 	// Different groups: rank 0 enters dp_shard[0], rank 1 dp[0]; both groups
 	// hold both ranks, so neither can complete: reported, not hung.
 	err = c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
-		a := c.Mesh().Group(AxisShard, ep.Rank())
-		b := c.Mesh().Group(AxisDP, ep.Rank())
+		a := c.Mesh().Group(parallel.AxisShard, ep.Rank())
+		b := c.Mesh().Group(parallel.AxisDP, ep.Rank())
 		if ep.Rank() == 1 {
 			a, b = b, a
 		}
@@ -246,7 +247,7 @@ func TestCollectiveTimeout(t *testing.T) {
 					return ctx.Err()
 				}
 			}
-			return ep.Barrier(ctx, c.Mesh().Group(AxisShard, ep.Rank()))
+			return ep.Barrier(ctx, c.Mesh().Group(parallel.AxisShard, ep.Rank()))
 		})
 		var ce *CollectiveError
 		if !errors.As(err, &ce) || ce.Reason != "timeout" || !strings.Contains(err.Error(), "missing ranks [1]") {
@@ -262,7 +263,7 @@ func TestCollectiveRankFailure(t *testing.T) {
 	errs := make([]error, 4)
 	err := c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) (err error) {
 		defer func() { errs[ep.Rank()] = err; returned.Add(1) }()
-		g := c.Mesh().Group(AxisDP, ep.Rank())
+		g := c.Mesh().Group(parallel.AxisDP, ep.Rank())
 		buf := make([]float32, 4)
 		for step := 0; step < 10; step++ {
 			if ep.Rank() == 2 && step == 3 {
@@ -305,7 +306,7 @@ func FuzzAllGatherReduceScatter(f *testing.F) {
 		}
 		err := c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
 			r := ep.Rank()
-			g := c.Mesh().Group(AxisShard, r)
+			g := c.Mesh().Group(parallel.AxisShard, r)
 			x := make([]float32, n*ch)
 			for k := range x {
 				x[k] = val(r, k)
@@ -347,7 +348,7 @@ func FuzzDispatchCombine(f *testing.F) {
 		const width = 3
 		err := c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
 			r := ep.Rank()
-			g := c.Mesh().Group(AxisShard, r)
+			g := c.Mesh().Group(parallel.AxisShard, r)
 			counts := make([]int, n)
 			total := 0
 			for j := range counts {

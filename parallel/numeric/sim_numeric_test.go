@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
 // One schedule, two executions: the numeric backend runs a step on small
@@ -37,7 +38,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 	for _, tc := range cases {
 		l := moe.Layout{GPUs: tc.gpus, DPReplicate: tc.rep, DPShard: tc.gpus / tc.rep, EP: tc.ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
 		name := fmt.Sprintf("%d×%d ep %d %s", tc.rep, tc.gpus/tc.rep, tc.ep, tc.ac)
-		m, err := NewMesh(l, cfg, 8)
+		m, err := parallel.NewMesh(l, cfg, 8)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,19 +47,20 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			t.Fatal(err)
 		}
 		init.InitRandom(5)
-		n, err := NewNumeric(NumericSpec{Config: cfg, Mesh: m, AC: tc.ac, Batch: Batch{LBS: lbs, Seq: seq, Micro: 1, DP: l.DP()},
+		n, err := New(Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: 1, DP: l.DP()},
 			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}
 		n.Comm().Trace = true
-		if _, err := n.Step(context.Background()); err != nil {
+		step, err := n.Step(context.Background())
+		if err != nil {
 			t.Fatal(err)
 		}
 		traces := n.Comm().Traces()
 		// The per-expert counts the numeric run recorded, summed over EP
 		// group 0 (rank 0's), per MoE layer.
-		group := m.Group(AxisEP, 0).Ranks
+		group := m.Group(parallel.AxisEP, 0).Ranks
 		var counts [][]int64
 		for li := 0; li < cfg.Layers; li++ {
 			if !cfg.MoELayer[li] {
@@ -66,7 +68,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			}
 			row := make([]int64, cfg.Experts)
 			for _, r := range group {
-				c := n.ranks[r].blocks[li].ExpertCounts()
+				c := step.ExpertCounts[0][r][li]
 				if len(c) != cfg.Experts {
 					t.Fatalf("%s: rank %d layer %d recorded %d expert counts", name, r, li, len(c))
 				}
@@ -76,23 +78,24 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			}
 			counts = append(counts, row)
 		}
-		res, err := Simulate(SimInput{Config: cfg, Layout: l, AC: tc.ac, LBS: lbs, Seq: seq, GradAccum: 1,
+		res, err := parallel.Simulate(parallel.SimInput{Config: cfg, Layout: l, AC: tc.ac, LBS: lbs, Seq: seq, GradAccum: 1,
 			ExpertCounts: counts, KeepTimeline: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		s := res.Schedule
-		if len(res.spans) != len(s.Ops) {
-			t.Fatalf("%s: %d spans for %d ops", name, len(res.spans), len(s.Ops))
+		timings := res.OpTimings()
+		if len(timings) != len(s.Ops) {
+			t.Fatalf("%s: %d timings for %d ops", name, len(timings), len(s.Ops))
 		}
-		for i, sp := range res.spans {
-			if !(sp.end >= sp.start && sp.end <= res.StepTimeS) {
+		for i, sp := range timings {
+			if !(sp.EndS >= sp.StartS && sp.EndS <= res.StepTimeS) {
 				t.Errorf("%s: op %d ran %+v outside the step", name, i, sp)
 			}
 		}
 		var collIdx []int
 		for i, o := range s.Ops {
-			if o.Type == OpCollective {
+			if o.Type == parallel.OpCollective {
 				collIdx = append(collIdx, i)
 			}
 		}
@@ -100,7 +103,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 		maxA2A := map[int]int64{}
 		for _, r := range group {
 			for k, g := range traces[r] {
-				if k < len(collIdx) && g.Kind == CollAllToAll && s.Ops[collIdx[k]].Purpose != PurposeCounts {
+				if k < len(collIdx) && g.Kind == parallel.CollAllToAll && s.Ops[collIdx[k]].Purpose != parallel.PurposeCounts {
 					maxA2A[s.Ops[collIdx[k]].Layer] = max(maxA2A[s.Ops[collIdx[k]].Layer], g.Elements)
 				}
 			}
@@ -120,7 +123,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 				if g.Kind != o.Coll || g.Axis != o.Axis || g.DType != o.DType {
 					t.Fatalf("%s rank %d collective %d: numeric %+v, simulated %s", name, r, k, g, o)
 				}
-				if g.Kind != CollAllToAll && g.Elements != o.Elements {
+				if g.Kind != parallel.CollAllToAll && g.Elements != o.Elements {
 					t.Errorf("%s rank %d collective %d: numeric %d elements, simulated %d", name, r, k, g.Elements, o.Elements)
 				}
 			}
@@ -128,11 +131,11 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 		for _, i := range collIdx {
 			o := s.Ops[i]
 			want := float64(o.Bytes())
-			if o.Coll == CollAllToAll && o.Purpose != PurposeCounts {
+			if o.Coll == parallel.CollAllToAll && o.Purpose != parallel.PurposeCounts {
 				want = float64(maxA2A[o.Layer] * o.DType.Bytes())
 			}
-			if math.Abs(res.collBytes[i]-want) > 1e-9*want {
-				t.Errorf("%s: op %d (%s) simulated %g bytes, numeric run %g", name, i, o, res.collBytes[i], want)
+			if math.Abs(timings[i].Bytes-want) > 1e-9*want {
+				t.Errorf("%s: op %d (%s) simulated %g bytes, numeric run %g", name, i, o, timings[i].Bytes, want)
 			}
 		}
 	}

@@ -1,9 +1,10 @@
-package parallel
+package numeric
 
 import (
 	"context"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
 // numUnit is one rank's state of one FSDP unit. Its tensors (FSDPShard
@@ -11,10 +12,10 @@ import (
 // and v concatenate the per-tensor pieces, each piece the tensor's shard
 // (ShardElements) or the whole tensor (Elements) as the sharding mode says.
 type numUnit struct {
-	u      Unit
-	group  Group // the shard group (dp_shard or efsdp)
-	idx    int   // this rank's index in group
-	shards []FSDPShard
+	u      parallel.Unit
+	group  parallel.Group // the shard group (dp_shard or efsdp)
+	idx    int            // this rank's index in group
+	shards []parallel.FSDPShard
 	// params[k] lists the Config.Params indices tensor k is made of: one
 	// for a dense tensor, the local experts' tensors (stacked) for experts.
 	params [][]int
@@ -29,12 +30,12 @@ type numUnit struct {
 
 // numRank is one goroutine rank.
 type numRank struct {
-	spec  *NumericSpec
+	spec  *Spec
 	cfg   *moe.Config
 	rank  int
-	coord Coord
+	coord parallel.Coord
 	units []*numUnit
-	byKey map[Unit]*numUnit
+	byKey map[parallel.Unit]*numUnit
 
 	scratch *moe.Model[float32] // views the block runners read weights from and write gradients to
 	blocks  []*moe.Block[float32]
@@ -45,7 +46,7 @@ type numRank struct {
 	optStep int64
 	mem     memAccount
 	rec     *rankRecorder
-	failAt  func(rank, micro int) error // see Numeric.failAt
+	failAt  func(rank, micro int) error // see Trainer.failAt
 	counts  [][][]int                   // this step's per-expert counts [micro][layer][expert]
 }
 
@@ -64,13 +65,13 @@ func expertParamIndex(cfg *moe.Config, l, lo, hi int) [3][]int {
 	return out
 }
 
-func newNumRank(spec *NumericSpec, rank int, init [][]float32) (*numRank, error) {
+func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	cfg, m := spec.Config, spec.Mesh
 	sc, err := moe.NewModel[float32](cfg)
 	if err != nil {
 		return nil, err
 	}
-	r := &numRank{spec: spec, cfg: cfg, rank: rank, coord: m.Coord(rank), byKey: map[Unit]*numUnit{}, scratch: sc}
+	r := &numRank{spec: spec, cfg: cfg, rank: rank, coord: m.Coord(rank), byKey: map[parallel.Unit]*numUnit{}, scratch: sc}
 	// Buffers (the selection bias) are replicated and live in the scratch model.
 	for i, p := range cfg.Params() {
 		if p.Buffer {
@@ -78,22 +79,22 @@ func newNumRank(spec *NumericSpec, rank int, init [][]float32) (*numRank, error)
 		}
 	}
 	sh := m.Layout.Sharding
-	units := []Unit{{Layer: moe.LayerEmbed}}
+	units := []parallel.Unit{{Layer: moe.LayerEmbed}}
 	for l := 0; l < cfg.Layers; l++ {
-		units = append(units, Unit{Layer: l})
+		units = append(units, parallel.Unit{Layer: l})
 		if cfg.MoELayer[l] {
-			units = append(units, Unit{Layer: l, Experts: true})
+			units = append(units, parallel.Unit{Layer: l, Experts: true})
 		}
 	}
-	units = append(units, Unit{Layer: cfg.LayerHead()})
-	ux := newUnitIndex(cfg)
+	units = append(units, parallel.Unit{Layer: cfg.LayerHead()})
+	ux := parallel.NewUnitIndex(cfg)
 	for _, u := range units {
-		axis := AxisShard
+		axis := parallel.AxisShard
 		if u.Experts {
-			axis = AxisEFSDP
+			axis = parallel.AxisEFSDP
 		}
 		g := m.Group(axis, rank)
-		nu := &numUnit{u: u, group: g, idx: g.IndexOf(rank), shards: unitTensors(cfg, ux, m, u, g.Size())}
+		nu := &numUnit{u: u, group: g, idx: g.IndexOf(rank), shards: parallel.UnitTensors(cfg, ux, m, u, g.Size())}
 		nu.fullData = sh != moe.ShardFSDP
 		nu.shardGrad = sh == moe.ShardFSDP || sh == moe.ShardZeRO2
 		nu.shardOpt = sh != moe.ShardDDP
@@ -103,7 +104,7 @@ func newNumRank(spec *NumericSpec, rank int, init [][]float32) (*numRank, error)
 			ix := expertParamIndex(cfg, u.Layer, lo, lo+el)
 			nu.params = [][]int{ix[0], ix[1], ix[2]}
 		} else {
-			for _, i := range ux.byLayer[u.Layer] {
+			for _, i := range ux.ByLayer[u.Layer] {
 				nu.params = append(nu.params, []int{i})
 			}
 		}
@@ -303,7 +304,7 @@ func (r *numRank) takeGrads(u *numUnit) [][]float32 {
 // expertWeights returns the whole weights of layer l's local experts (the
 // EP stage's view), per local expert.
 func (r *numRank) expertWeights(l int) (gate, up, down [][]float32) {
-	u := r.byKey[Unit{Layer: l, Experts: true}]
+	u := r.byKey[parallel.Unit{Layer: l, Experts: true}]
 	ts := r.scratch.Tensors()
 	pick := func(ix []int) [][]float32 {
 		out := make([][]float32, len(ix))
@@ -317,7 +318,7 @@ func (r *numRank) expertWeights(l int) (gate, up, down [][]float32) {
 
 // expertGrads returns the gradient accumulators of layer l's local experts.
 func (r *numRank) expertGrads(l int) (gate, up, down [][]float32) {
-	u := r.byKey[Unit{Layer: l, Experts: true}]
+	u := r.byKey[parallel.Unit{Layer: l, Experts: true}]
 	gs := r.scratch.Grads()
 	pick := func(ix []int) [][]float32 {
 		out := make([][]float32, len(ix))
@@ -337,7 +338,7 @@ func addLocal(acc, in []float32) {
 }
 
 // reduce reduces u's micro-step gradients (whole, per tensor) into its
-// accumulated gradient, as the type comment of Numeric describes.
+// accumulated gradient, as the type comment of Trainer describes.
 func (r *numRank) reduce(ctx context.Context, ep *Endpoint, u *numUnit, g [][]float32, micro int) error {
 	l := r.spec.Mesh.Layout
 	dt := r.spec.Precision.Grad
@@ -350,7 +351,7 @@ func (r *numRank) reduce(ctx context.Context, ep *Endpoint, u *numUnit, g [][]fl
 			in = append(in, t...)
 		}
 	}
-	rep := ep.Comm().Mesh().Group(AxisReplicate, r.rank)
+	rep := ep.Comm().Mesh().Group(parallel.AxisReplicate, r.rank)
 	perMicro := rep.Size() > 1 && !l.AllreduceLastOnly
 	acc := u.grad
 	if perMicro {

@@ -1,4 +1,4 @@
-package parallel
+package numeric
 
 import (
 	"encoding/json"
@@ -55,7 +55,7 @@ const maxCheckpointStep = 1 << 22
 
 // SaveTrainCheckpoint writes n's parameters, optimizer state and st into
 // dir, which must not exist unless force.
-func SaveTrainCheckpoint(dir string, force bool, n *Numeric, st TrainState) error {
+func SaveTrainCheckpoint(dir string, force bool, n *Trainer, st TrainState) error {
 	if _, err := os.Lstat(dir); err == nil && !force {
 		return fmt.Errorf("%s: %w", dir, fileio.ErrExists)
 	}

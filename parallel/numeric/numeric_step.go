@@ -1,10 +1,11 @@
-package parallel
+package numeric
 
 import (
 	"context"
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
 // trainStep runs one optimizer step of this rank: every micro-step's
@@ -20,7 +21,7 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 	if r.stage != nil {
 		r.stage.bind(ctx, ep)
 		r.stage.afterBackward = func(layer, micro int) error {
-			return r.reduceUnit(ctx, ep, r.byKey[Unit{Layer: layer, Experts: true}], micro)
+			return r.reduceUnit(ctx, ep, r.byKey[parallel.Unit{Layer: layer, Experts: true}], micro)
 		}
 	}
 	scale := 1 / float64(b.DP*b.Micro)
@@ -54,7 +55,7 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		local = append(local, f64Words(aux)...)
 	}
 	all := local
-	dp := ep.Comm().Mesh().Group(AxisDP, r.rank)
+	dp := ep.Comm().Mesh().Group(parallel.AxisDP, r.rank)
 	if dp.Size() > 1 {
 		g, err := ep.AllGather(ctx, dp, moe.F32, local)
 		if err != nil {
@@ -136,8 +137,8 @@ func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, m
 			ids[i*S+j], labels[i*S+j] = int(s[j]), int(s[j+1])
 		}
 	}
-	emb := r.byKey[Unit{Layer: moe.LayerEmbed}]
-	head := r.byKey[Unit{Layer: cfg.LayerHead()}]
+	emb := r.byKey[parallel.Unit{Layer: moe.LayerEmbed}]
+	head := r.byKey[parallel.Unit{Layer: cfg.LayerHead()}]
 
 	// Forward.
 	if err := r.gather(ctx, ep, emb); err != nil {
@@ -192,8 +193,8 @@ func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, m
 		if err := r.gatherLayer(ctx, ep, li); err != nil {
 			return 0, 0, err
 		}
-		dense := r.byKey[Unit{Layer: li}]
-		ex := r.byKey[Unit{Layer: li, Experts: true}]
+		dense := r.byKey[parallel.Unit{Layer: li}]
+		ex := r.byKey[parallel.Unit{Layer: li, Experts: true}]
 		r.zeroGrads(dense)
 		if ex != nil {
 			r.zeroGrads(ex)
@@ -251,18 +252,18 @@ func (r *numRank) stageErr() error {
 
 // gatherLayer makes layer li's dense and expert units live.
 func (r *numRank) gatherLayer(ctx context.Context, ep *Endpoint, li int) error {
-	if err := r.gather(ctx, ep, r.byKey[Unit{Layer: li}]); err != nil {
+	if err := r.gather(ctx, ep, r.byKey[parallel.Unit{Layer: li}]); err != nil {
 		return err
 	}
-	if ex := r.byKey[Unit{Layer: li, Experts: true}]; ex != nil {
+	if ex := r.byKey[parallel.Unit{Layer: li, Experts: true}]; ex != nil {
 		return r.gather(ctx, ep, ex)
 	}
 	return nil
 }
 
 func (r *numRank) releaseLayer(li int) {
-	r.release(r.byKey[Unit{Layer: li}])
-	if ex := r.byKey[Unit{Layer: li, Experts: true}]; ex != nil {
+	r.release(r.byKey[parallel.Unit{Layer: li}])
+	if ex := r.byKey[parallel.Unit{Layer: li, Experts: true}]; ex != nil {
 		r.release(ex)
 	}
 }

@@ -1,6 +1,10 @@
-package parallel
+package numeric
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/moescope/moescope/parallel"
+)
 
 // CommBytes is what one rank moved in one kind of collective, split by
 // whether the peer sits on another node.
@@ -41,23 +45,23 @@ func (b *CommBytes) add(o CommBytes) {
 //	barrier:                        no bytes
 type CommStats struct {
 	mu     sync.Mutex
-	byRank []map[CollKind]*CommBytes
+	byRank []map[parallel.CollKind]*CommBytes
 }
 
 // NewCommStats makes empty statistics for world ranks.
 func NewCommStats(world int) *CommStats {
-	s := &CommStats{byRank: make([]map[CollKind]*CommBytes, world)}
+	s := &CommStats{byRank: make([]map[parallel.CollKind]*CommBytes, world)}
 	for r := range s.byRank {
-		s.byRank[r] = map[CollKind]*CommBytes{}
+		s.byRank[r] = map[parallel.CollKind]*CommBytes{}
 	}
 	return s
 }
 
 // Rank returns rank's totals per kind.
-func (s *CommStats) Rank(rank int) map[CollKind]CommBytes {
+func (s *CommStats) Rank(rank int) map[parallel.CollKind]CommBytes {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[CollKind]CommBytes{}
+	out := map[parallel.CollKind]CommBytes{}
 	for k, b := range s.byRank[rank] {
 		out[k] = *b
 	}
@@ -65,10 +69,10 @@ func (s *CommStats) Rank(rank int) map[CollKind]CommBytes {
 }
 
 // Total sums every rank's bytes per kind.
-func (s *CommStats) Total() map[CollKind]CommBytes {
+func (s *CommStats) Total() map[parallel.CollKind]CommBytes {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[CollKind]CommBytes{}
+	out := map[parallel.CollKind]CommBytes{}
 	for _, m := range s.byRank {
 		for k, b := range m {
 			t := out[k]
@@ -84,12 +88,12 @@ func (s *CommStats) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for r := range s.byRank {
-		s.byRank[r] = map[CollKind]*CommBytes{}
+		s.byRank[r] = map[parallel.CollKind]*CommBytes{}
 	}
 }
 
 // record adds one completed collective.
-func (s *CommStats) record(m *Mesh, g Group, calls []*call) {
+func (s *CommStats) record(m *parallel.Mesh, g parallel.Group, calls []*call) {
 	n := len(calls)
 	first := calls[0]
 	b := first.dtype.Bytes()
@@ -113,19 +117,19 @@ func (s *CommStats) record(m *Mesh, g Group, calls []*call) {
 	}
 	if n > 1 {
 		switch first.kind {
-		case CollAllGather:
+		case parallel.CollAllGather:
 			for i := range per {
 				ring(i, int64(n-1)*int64(first.size)*b)
 			}
-		case CollReduceScatter:
+		case parallel.CollReduceScatter:
 			for i := range per {
 				ring(i, int64(n-1)*int64(first.size/n)*b)
 			}
-		case CollAllReduce:
+		case parallel.CollAllReduce:
 			for i := range per {
 				ring(i, 2*int64(n-1)*int64(first.size)*b/int64(n))
 			}
-		case CollBroadcast:
+		case parallel.CollBroadcast:
 			S := int64(first.size) * b
 			for i := range per {
 				me, succ, pred := g.Ranks[i], g.Ranks[(i+1)%n], g.Ranks[(i+n-1)%n]
@@ -144,7 +148,7 @@ func (s *CommStats) record(m *Mesh, g Group, calls []*call) {
 					}
 				}
 			}
-		case CollAllToAll:
+		case parallel.CollAllToAll:
 			w := int64(first.width) * b
 			for i, cl := range calls {
 				for j, rows := range cl.counts {

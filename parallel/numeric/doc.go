@@ -1,0 +1,13 @@
+// Package numeric executes the per-rank program of a training step for real:
+// one goroutine per rank, each holding its own FSDP shards, optimizer state
+// and memory account, moving data only through the collectives of Comm
+// (all-gather, reduce-scatter, all-reduce, all-to-all, broadcast, barrier,
+// with deadlock detection and per-call timeouts), with expert parallelism's
+// dispatch and combine, training checkpoints, and a guard on host memory.
+// N ranks produce what one rank produces: that proves the schedule of
+// package parallel correct.
+//
+// It imports parallel, parallel/hw, memory, flops and moe; only
+// cmd/moescope and parallel/plan-level code import it. It never imports
+// parallel/sim, nor sim it: the two backends of one schedule stay apart.
+package numeric

@@ -1,0 +1,28 @@
+package numeric
+
+import (
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// tinyMoEConfig is a 2-layer MoE model small enough for -race tests: both
+// layers MoE with 4 experts, top-2.
+func tinyMoEConfig() *moe.Config {
+	return &moe.Config{
+		Name: "tiny", ModelType: "qwen3_moe", Vocab: 32, Hidden: 8, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 4,
+		MoELayer: []bool{true, true}, Window: []int{0, 0},
+		Experts: 4, TopK: 2, ExpertFFN: 6, Score: moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, NormTopK: true,
+		QKNorm: moe.QKNormHead, RotaryFraction: 1, RopeTheta: 10000, NormEps: 1e-6,
+		AuxLossCoef: 0.01, OutputRouterLogits: true, InitRange: 0.1,
+	}
+}
+
+func meshLayout(t *testing.T, gpus, rep, ep int) moe.Layout {
+	t.Helper()
+	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
