@@ -16,6 +16,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/plan"
 )
 
 func init() {
@@ -24,28 +25,28 @@ func init() {
 
 // planEvaluator turns the real evaluator into the one the search uses;
 // tests replace it to make goldens independent of the performance model.
-var planEvaluator = func(sim *parallel.PlanSim) parallel.PlanEvaluator { return sim }
+var planEvaluator = func(sim *plan.SimEvaluator) plan.Evaluator { return sim }
 
 // planJSON is one plan in --json output (DESIGN's layout keys and units).
 type planJSON struct {
-	GPUs                int                 `json:"gpus"`
-	DPShard             int                 `json:"dp_shard"`
-	DPReplicate         int                 `json:"dp_replicate"`
-	EP                  int                 `json:"ep"`
-	Sharding            moe.Sharding        `json:"sharding"`
-	ReshardAfterForward bool                `json:"reshard_after_forward"`
-	KeepGathered        bool                `json:"keep_gathered"`
-	AllreduceLastOnly   bool                `json:"allreduce_last_only"`
-	AC                  moe.AC              `json:"ac"`
-	LBS                 int                 `json:"lbs"`
-	GradAccum           int                 `json:"grad_accum"`
-	GlobalBatch         int                 `json:"global_batch"`
-	TPS                 float64             `json:"tps"`
-	MFU                 float64             `json:"mfu"`
-	MemoryFraction      float64             `json:"memory_fraction"`
-	StepTimeS           float64             `json:"step_time_s"`
-	Bottleneck          string              `json:"bottleneck"`
-	Breakdown           []parallel.PlanTime `json:"breakdown,omitempty"`
+	GPUs                int             `json:"gpus"`
+	DPShard             int             `json:"dp_shard"`
+	DPReplicate         int             `json:"dp_replicate"`
+	EP                  int             `json:"ep"`
+	Sharding            moe.Sharding    `json:"sharding"`
+	ReshardAfterForward bool            `json:"reshard_after_forward"`
+	KeepGathered        bool            `json:"keep_gathered"`
+	AllreduceLastOnly   bool            `json:"allreduce_last_only"`
+	AC                  moe.AC          `json:"ac"`
+	LBS                 int             `json:"lbs"`
+	GradAccum           int             `json:"grad_accum"`
+	GlobalBatch         int             `json:"global_batch"`
+	TPS                 float64         `json:"tps"`
+	MFU                 float64         `json:"mfu"`
+	MemoryFraction      float64         `json:"memory_fraction"`
+	StepTimeS           float64         `json:"step_time_s"`
+	Bottleneck          string          `json:"bottleneck"`
+	Breakdown           []plan.TimePart `json:"breakdown,omitempty"`
 }
 
 type planStageJSON struct {
@@ -74,7 +75,7 @@ type planReportJSON struct {
 	Best         planJSON        `json:"best"`
 }
 
-func planToJSON(r parallel.PlanResult, breakdown bool) planJSON {
+func planToJSON(r plan.Result, breakdown bool) planJSON {
 	p, l := r.Point, r.Point.Layout
 	j := planJSON{GPUs: l.GPUs, DPShard: l.DPShard, DPReplicate: l.DPReplicate, EP: l.EP, Sharding: l.Sharding,
 		ReshardAfterForward: l.ReshardAfterForward, KeepGathered: l.KeepGathered, AllreduceLastOnly: l.AllreduceLastOnly,
@@ -135,7 +136,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	fs.IntVar(&a.maxLBS, "max-lbs", 256, "largest local batch searched")
 	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object instead of the table")
 	fs.BoolVar(&a.exhaustive, "exhaustive", false, "search the whole space at the target scale (slow; checks the hierarchical search)")
-	fs.StringVar(&a.tomlPath, "torchtitan-toml", "", "write the best plan as a torchtitan "+parallel.TorchtitanTOMLTag+" TOML job config")
+	fs.StringVar(&a.tomlPath, "torchtitan-toml", "", "write the best plan as a torchtitan "+plan.TorchtitanTOMLTag+" TOML job config")
 	fs.StringVar(&a.pyPath, "torchtitan-py", "", "write the best plan as a config-registry function for current torchtitan")
 	fs.StringVar(&a.tracePath, "trace", "", "write a Chrome trace of the best plan's step")
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
@@ -222,25 +223,25 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	sim := &parallel.PlanSim{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
+	sim := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
 	ev := planEvaluator(sim)
 
-	req := parallel.PlanRequest{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
+	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
 		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
-	var targets []parallel.TorchtitanTarget
+	var targets []plan.TorchtitanTarget
 	if a.tomlPath != "" {
-		targets = append(targets, parallel.TorchtitanTOML)
+		targets = append(targets, plan.TorchtitanTOML)
 	}
 	if a.pyPath != "" {
-		targets = append(targets, parallel.TorchtitanPy)
+		targets = append(targets, plan.TorchtitanPy)
 	}
 	if len(targets) > 0 {
-		req.Admit = func(p parallel.PlanPoint) error {
+		req.Admit = func(p plan.Point) error {
 			for _, t := range targets {
-				if err := parallel.TorchtitanAdmit(t, p); err != nil {
+				if err := plan.TorchtitanAdmit(t, p); err != nil {
 					return err
 				}
 			}
@@ -251,7 +252,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if bar != nil {
 		req.Progress = bar.update
 	}
-	rep, err := parallel.SearchPlans(req, ev)
+	rep, err := plan.Search(req, ev)
 	bar.finish()
 	if err != nil {
 		return err // a PlanInfeasibleError explains itself; exit status 1
@@ -272,7 +273,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
-	export := parallel.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header}
+	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header}
 	for _, x := range []struct {
 		path  string
 		write func(io.Writer) ([]string, error)
@@ -314,7 +315,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 
 // planTracer is an evaluator that can write a Chrome trace of one point's step.
 type planTracer interface {
-	Trace(w io.Writer, p parallel.PlanPoint) error
+	Trace(w io.Writer, p plan.Point) error
 }
 
 // planReadCalibration reads a calibration file; unknown fields are errors.
@@ -332,7 +333,7 @@ func planReadCalibration(path string) (*parallel.Calibration, error) {
 	return &c, nil
 }
 
-func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *parallel.PlanReport) error {
+func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {
 	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, MemoryTarget: a.target,
 		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, true)}
 	for _, st := range rep.Stages {
@@ -357,7 +358,7 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *pa
 	return enc.Encode(out)
 }
 
-func planWriteTable(w io.Writer, title string, rep *parallel.PlanReport, top int, dev hw.Device) {
+func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device) {
 	mode := "hierarchical search"
 	if rep.Exhaustive {
 		mode = "exhaustive search"
@@ -398,7 +399,7 @@ func planWriteTable(w io.Writer, title string, rep *parallel.PlanReport, top int
 
 // planExplain is the two-line explanation of the best plan: what it is and
 // what it predicts, then where its step time goes and what it beat.
-func planExplain(rep *parallel.PlanReport, dev hw.Device) [2]string {
+func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	b := rep.Best
 	l, p := b.Point.Layout, b.Point
 	var shape string
@@ -458,7 +459,7 @@ func planACProse(ac moe.AC) string {
 }
 
 // planShort is a compact name of a point for prose.
-func planShort(p parallel.PlanPoint) string {
+func planShort(p plan.Point) string {
 	l := p.Layout
 	s := fmt.Sprintf("%s %d×%d ep %d", l.Sharding, l.DPShard, l.DPReplicate, l.EP)
 	if o := planOptions(l); o != "-" {

@@ -4,48 +4,19 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/internal/golden"
+
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/plan"
 )
-
-func init() {
-	// -update rewrites golden files; registered once whichever test file defines it.
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files")
-	}
-}
-
-func planUpdate() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
-
-func planGolden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("..", "..", "testdata", "golden", name)
-	if planUpdate() {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (go test -update creates it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (go test -update rewrites it)\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
-}
 
 // planFake is a closed-form evaluator for the command's golden tests, so
 // they test the command (flags, table, JSON, exports, errors), not the
@@ -60,7 +31,7 @@ type planFake struct {
 	params, perSeqBytes, capacity float64
 }
 
-func newPlanFake(sim *parallel.PlanSim) parallel.PlanEvaluator {
+func newPlanFake(sim *plan.SimEvaluator) plan.Evaluator {
 	c := sim.Model
 	n := 0.0
 	for _, p := range c.Params() {
@@ -82,7 +53,7 @@ func planLog2(n int) float64 {
 	return k
 }
 
-func (f *planFake) MemoryFraction(p parallel.PlanPoint) (float64, error) {
+func (f *planFake) MemoryFraction(p plan.Point) (float64, error) {
 	l := p.Layout
 	s := float64(l.DPShard)
 	state := map[moe.Sharding]float64{moe.ShardFSDP: 16 / s, moe.ShardZeRO2: 6 + 10/s, moe.ShardZeRO1: 10 + 6/s, moe.ShardDDP: 18}[l.Sharding] * f.params
@@ -93,7 +64,7 @@ func (f *planFake) MemoryFraction(p parallel.PlanPoint) (float64, error) {
 	return (state + act) / f.capacity, nil
 }
 
-func (f *planFake) Evaluate(p parallel.PlanPoint) (parallel.PlanScore, error) {
+func (f *planFake) Evaluate(p plan.Point) (plan.Score, error) {
 	m, _ := f.MemoryFraction(p)
 	l := p.Layout
 	tps := 40000 * float64(p.LBS) / float64(p.LBS+2)
@@ -103,8 +74,8 @@ func (f *planFake) Evaluate(p parallel.PlanPoint) (parallel.PlanScore, error) {
 		tps *= 1.01
 	}
 	step := float64(p.LBS*p.GradAccum*4096) / tps
-	return parallel.PlanScore{TPS: tps, MFU: tps / 100000, MemoryFraction: m, StepTimeS: step, Bottleneck: "compute",
-		Breakdown: []parallel.PlanTime{{Kind: "compute", Seconds: 0.8 * step}, {Kind: "exposed all_gather", Seconds: 0.2 * step}}}, nil
+	return plan.Score{TPS: tps, MFU: tps / 100000, MemoryFraction: m, StepTimeS: step, Bottleneck: "compute",
+		Breakdown: []plan.TimePart{{Kind: "compute", Seconds: 0.8 * step}, {Kind: "exposed all_gather", Seconds: 0.2 * step}}}, nil
 }
 
 func planRun(t *testing.T, args ...string) (string, string, error) {
@@ -123,13 +94,13 @@ func TestPlanCommandGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	planGolden(t, "plan_table.txt", []byte(out))
+	golden.Check(t, "plan_table.txt", []byte(out))
 
 	js, _, err := planRun(t, append(args, "--json")...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	planGolden(t, "plan.json", []byte(js))
+	golden.Check(t, "plan.json", []byte(js))
 	var rep map[string]any
 	if err := json.Unmarshal([]byte(js), &rep); err != nil {
 		t.Fatal(err)
@@ -165,7 +136,7 @@ func TestPlanCommandExports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	planGolden(t, "plan_cli.toml", b)
+	golden.Check(t, "plan_cli.toml", b)
 	var doc struct {
 		Parallelism struct {
 			Rep     int    `toml:"data_parallel_replicate_degree"`
@@ -261,7 +232,7 @@ func TestPlanCommandBadInput(t *testing.T) {
 func TestPlanCommandRealModelInfeasible(t *testing.T) {
 	var out, errb bytes.Buffer
 	err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "1", "--seq", "64", "--memory-target", "1e-9"})
-	var inf *parallel.PlanInfeasibleError
+	var inf *plan.InfeasibleError
 	if !errors.As(err, &inf) || inf.Closest == nil || inf.Needed == "" {
 		t.Fatalf("err = %v, want a PlanInfeasibleError with the closest point and what is needed", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/plan"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -35,7 +35,7 @@ func planPlotPaths(dir string) []string {
 // policy, best per-GPU TPS and scaling efficiency against GPU count, and
 // the best plan's step-time breakdown. Existing files are refused unless
 // force; every file is written atomically.
-func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu string, target float64) error {
+func planWritePlots(dir string, force bool, rep *plan.Report, model, gpu string, target float64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
@@ -79,7 +79,7 @@ func planWritePlots(dir string, force bool, rep *parallel.PlanReport, model, gpu
 	return nil
 }
 
-func planPlotSweeps(rep *parallel.PlanReport, model, gpu string, target float64) (tps, mem *plot.Plot, err error) {
+func planPlotSweeps(rep *plan.Report, model, gpu string, target float64) (tps, mem *plot.Plot, err error) {
 	tps, mem = plot.New(), plot.New()
 	gpus := 0
 	if len(rep.Stages) > 0 {
@@ -132,7 +132,7 @@ func planPlotSweeps(rep *parallel.PlanReport, model, gpu string, target float64)
 	return tps, mem, nil
 }
 
-func planPlotScaling(rep *parallel.PlanReport, model, gpu string) (*plot.Plot, error) {
+func planPlotScaling(rep *plan.Report, model, gpu string) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s on %s: best plan per stage", model, gpu)
 	p.X.Label.Text, p.Y.Label.Text = "GPUs", "tokens/s per GPU"
@@ -158,7 +158,7 @@ func planPlotScaling(rep *parallel.PlanReport, model, gpu string) (*plot.Plot, e
 	return p, nil
 }
 
-func planPlotBreakdown(rep *parallel.PlanReport, model, gpu string) (*plot.Plot, error) {
+func planPlotBreakdown(rep *plan.Report, model, gpu string) (*plot.Plot, error) {
 	p := plot.New()
 	b := rep.Best
 	p.Title.Text = fmt.Sprintf("%s on %d × %s: step time of the best plan (%.3f s)", model, b.Point.Layout.GPUs, gpu, b.Score.StepTimeS)

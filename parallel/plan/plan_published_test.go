@@ -1,4 +1,4 @@
-package parallel
+package plan
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/parallel"
 )
 
 // TestPlanPublishedReport prints, for every published run in
@@ -21,7 +22,7 @@ func TestPlanPublishedReport(t *testing.T) {
 	if os.Getenv("MOESCOPE_PLAN_PUBLISHED") != "1" {
 		t.Skip("set MOESCOPE_PLAN_PUBLISHED=1 to print the published-runs report (one full search per run)")
 	}
-	runs, err := memory.LoadPublished("../testdata/published")
+	runs, err := memory.LoadPublished("../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,12 +33,12 @@ func TestPlanPublishedReport(t *testing.T) {
 	fmt.Fprintf(&b, "\nmemory target 0.92, uncalibrated\n%-16s %-5s %4s %5s %-34s %9s %9s | %-44s %9s %7s %8s %5s\n", "model", "gpu", "gpus", "seq", "published layout", "measured", "modelled",
 		"preferred plan", "modelled", "vs meas", "vs model", "sims")
 	for _, r := range runs {
-		in, err := SimInputForRun(r)
+		in, err := parallel.SimInputForRun(r)
 		if err != nil {
 			t.Errorf("%s: %v", r.File, err)
 			continue
 		}
-		pub, err := Simulate(in)
+		pub, err := parallel.Simulate(in)
 		if err != nil {
 			t.Errorf("%s: %v", r.File, err)
 			continue
@@ -47,15 +48,15 @@ func TestPlanPublishedReport(t *testing.T) {
 			c := cl.WithGPUsPerNode(r.GPUsPerNode)
 			cl = &c
 		}
-		ev := &PlanSim{Model: in.Config, Device: in.Device, Cluster: cl, Seq: r.Seq}
-		req := PlanRequest{GPUs: r.GPUs, GPUsPerNode: cl.GPUsPerNode, MemoryTarget: 0.92}
+		ev := &SimEvaluator{Model: in.Config, Device: in.Device, Cluster: cl, Seq: r.Seq}
+		req := Request{GPUs: r.GPUs, GPUsPerNode: cl.GPUsPerNode, MemoryTarget: 0.92}
 		if in.Config.IsMoE() {
 			req.Experts = in.Config.Experts
 		}
 		pref := "no feasible plan"
 		var tps float64
 		sims := 0
-		if rep, err := SearchPlans(req, ev); err == nil {
+		if rep, err := Search(req, ev); err == nil {
 			p := rep.Best.Point
 			l := p.Layout
 			pref = fmt.Sprintf("%s %d×%d ep%d %s lbs%d", l.Sharding, l.DPShard, l.DPReplicate, l.EP, p.AC, p.LBS)

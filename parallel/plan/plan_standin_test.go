@@ -1,4 +1,4 @@
-package parallel
+package plan
 
 import (
 	"fmt"
@@ -40,7 +40,7 @@ func (m *planStandIn) perGPUParams(l moe.Layout) float64 {
 	return m.denseParams + m.expertParams/float64(l.EP)
 }
 
-func (m *planStandIn) MemoryFraction(p PlanPoint) (float64, error) {
+func (m *planStandIn) MemoryFraction(p Point) (float64, error) {
 	l := p.Layout
 	if err := l.Validate(); err != nil {
 		return 0, err
@@ -73,10 +73,10 @@ func (m *planStandIn) MemoryFraction(p PlanPoint) (float64, error) {
 	return (state + act + logits) * 1.05 / m.capacityBytes, nil
 }
 
-func (m *planStandIn) Evaluate(p PlanPoint) (PlanScore, error) {
+func (m *planStandIn) Evaluate(p Point) (Score, error) {
 	mem, err := m.MemoryFraction(p)
 	if err != nil {
-		return PlanScore{}, err
+		return Score{}, err
 	}
 	l := p.Layout
 	perNode := l.GPUsPerNode
@@ -135,8 +135,8 @@ func (m *planStandIn) Evaluate(p PlanPoint) (PlanScore, error) {
 	} else if fsdp > 0.7*compute {
 		bott = "fsdp"
 	}
-	return PlanScore{TPS: tps, MFU: 6 * m.activeParams * tps / m.peakFLOPs, MemoryFraction: mem, StepTimeS: step,
-		Bottleneck: bott, Breakdown: []PlanTime{{"compute", ga * compute}, {"fsdp", step - ga*compute}}}, nil
+	return Score{TPS: tps, MFU: 6 * m.activeParams * tps / m.peakFLOPs, MemoryFraction: mem, StepTimeS: step,
+		Bottleneck: bott, Breakdown: []TimePart{{"compute", ga * compute}, {"fsdp", step - ga*compute}}}, nil
 }
 
 // String names the stand-in in test logs.

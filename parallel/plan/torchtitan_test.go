@@ -1,9 +1,8 @@
-package parallel
+package plan
 
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,45 +10,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/internal/golden"
+
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/moe"
 )
-
-func init() {
-	// -update rewrites golden files; registered only once per test binary
-	// whichever test file of the package defines it.
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files")
-	}
-}
-
-// planUpdate reports whether -update was given.
-func planUpdate() bool {
-	f := flag.Lookup("update")
-	return f != nil && f.Value.String() == "true"
-}
-
-// planGolden compares got with the golden file, or rewrites it with -update.
-func planGolden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("..", "testdata", "golden", name)
-	if planUpdate() {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from golden (go test -update rewrites it)\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
-}
 
 // torchtitanTOMLSchema is testdata/torchtitan/v0.2.2-job_config.json.
 type torchtitanTOMLSchema struct {
@@ -67,7 +32,7 @@ type torchtitanPySchema struct {
 
 func torchtitanLoad(t *testing.T, name string, v any) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "testdata", "torchtitan", name))
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "torchtitan", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,8 +73,8 @@ func torchtitanCheckValue(t *testing.T, key string, v, typ any) {
 	}
 }
 
-func torchtitanPoint(rep, shard, ep int, ac moe.AC, lbs, ga int, reshard bool) PlanPoint {
-	return PlanPoint{Layout: moe.Layout{GPUs: rep * shard, DPShard: shard, DPReplicate: rep, EP: ep,
+func torchtitanPoint(rep, shard, ep int, ac moe.AC, lbs, ga int, reshard bool) Point {
+	return Point{Layout: moe.Layout{GPUs: rep * shard, DPShard: shard, DPReplicate: rep, EP: ep,
 		Sharding: moe.ShardFSDP, ReshardAfterForward: reshard}, AC: ac, LBS: lbs, GradAccum: ga}
 }
 
@@ -121,7 +86,7 @@ func TestTorchtitanTOML(t *testing.T) {
 	}
 	cases := []struct {
 		model   string
-		p       PlanPoint
+		p       Point
 		skipped int
 	}{
 		{"qwen3-30b-a3b", torchtitanPoint(8, 64, 8, moe.AC{Mode: moe.ACSelective}, 2, 4, true), 0},
@@ -142,7 +107,7 @@ func TestTorchtitanTOML(t *testing.T) {
 			t.Errorf("%s: skipped %v", c.model, skipped)
 		}
 		if i == 0 {
-			planGolden(t, "plan_torchtitan.toml", buf.Bytes())
+			golden.Check(t, "plan_torchtitan.toml", buf.Bytes())
 		}
 		var doc map[string]map[string]any
 		if _, err := toml.Decode(buf.String(), &doc); err != nil {
@@ -235,7 +200,7 @@ func TestTorchtitanPython(t *testing.T) {
 	acRE := regexp.MustCompile(`^    config\.activation_checkpoint = (.+)$`)
 	for i, c := range []struct {
 		model string
-		p     PlanPoint
+		p     Point
 		skip  int
 	}{
 		{"qwen3-30b-a3b", torchtitanPoint(8, 64, 8, moe.AC{Mode: moe.ACSelective}, 2, 4, true), 0},
@@ -252,7 +217,7 @@ func TestTorchtitanPython(t *testing.T) {
 			t.Errorf("%s: skipped %v", c.model, skipped)
 		}
 		if i == 0 {
-			planGolden(t, "plan_torchtitan.py", buf.Bytes())
+			golden.Check(t, "plan_torchtitan.py", buf.Bytes())
 		}
 		got := map[string]string{}
 		for _, line := range strings.Split(buf.String(), "\n") {
@@ -313,16 +278,16 @@ func TestTorchtitanAdmit(t *testing.T) {
 		t.Errorf("plain FSDP rejected: %v", err)
 	}
 	for _, c := range []struct {
-		edit   func(p *PlanPoint)
+		edit   func(p *Point)
 		target TorchtitanTarget
 		field  string
 	}{
-		{func(p *PlanPoint) { p.Layout.Sharding = moe.ShardZeRO2 }, TorchtitanTOML, "sharding = zero2"},
-		{func(p *PlanPoint) { p.Layout.Sharding = moe.ShardZeRO1 }, TorchtitanPy, "sharding = zero1"},
-		{func(p *PlanPoint) { p.Layout.Sharding = moe.ShardDDP }, TorchtitanTOML, "sharding = ddp"},
-		{func(p *PlanPoint) { p.Layout.KeepGathered = true }, TorchtitanTOML, "keep_gathered"},
-		{func(p *PlanPoint) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
-		{func(p *PlanPoint) { p.AC = moe.AC{Mode: moe.ACLayer, Every: 2} }, TorchtitanPy, "ac = layer:2"},
+		{func(p *Point) { p.Layout.Sharding = moe.ShardZeRO2 }, TorchtitanTOML, "sharding = zero2"},
+		{func(p *Point) { p.Layout.Sharding = moe.ShardZeRO1 }, TorchtitanPy, "sharding = zero1"},
+		{func(p *Point) { p.Layout.Sharding = moe.ShardDDP }, TorchtitanTOML, "sharding = ddp"},
+		{func(p *Point) { p.Layout.KeepGathered = true }, TorchtitanTOML, "keep_gathered"},
+		{func(p *Point) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
+		{func(p *Point) { p.AC = moe.AC{Mode: moe.ACLayer, Every: 2} }, TorchtitanPy, "ac = layer:2"},
 	} {
 		p := base
 		c.edit(&p)

@@ -1,4 +1,4 @@
-package parallel
+package plan
 
 import (
 	"testing"
@@ -16,9 +16,9 @@ func BenchmarkPlanSimMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := PlanPoint{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
+	p := Point{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
 	for b.Loop() {
-		e := &PlanSim{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
+		e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
 		if _, err := e.MemoryFraction(p); err != nil {
 			b.Fatal(err)
 		}
@@ -34,9 +34,9 @@ func BenchmarkPlanSimEvaluate(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := PlanPoint{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
+	p := Point{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
 	for b.Loop() {
-		e := &PlanSim{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
+		e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
 		if _, err := e.Evaluate(p); err != nil {
 			b.Fatal(err)
 		}
@@ -67,15 +67,15 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 		gpus, gb int
 		mem      int64
 	}{{16, 64, 12 << 20}} { // 12 MiB: none fits lbs ≈ 5, selective more, full ≈ 12 (8 searched)
-		ev := &PlanSim{Model: cfg, Device: planSmallDevice(t, c.mem), Seq: 256}
-		req := PlanRequest{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 8}
-		hier, err := SearchPlans(req, ev)
+		ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, c.mem), Seq: 256}
+		req := Request{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 8}
+		hier, err := Search(req, ev)
 		if err != nil {
 			t.Fatalf("gpus %d: %v", c.gpus, err)
 		}
 		planCheckReport(t, req, hier)
 		req.Exhaustive = true
-		exh, err := SearchPlans(req, ev)
+		exh, err := Search(req, ev)
 		if err != nil {
 			t.Fatalf("gpus %d exhaustive: %v", c.gpus, err)
 		}
@@ -106,8 +106,8 @@ func BenchmarkSearchPlans(b *testing.B) {
 	}
 	var sims int
 	for b.Loop() {
-		ev := &PlanSim{Model: cfg, Device: dev, Cluster: cl, Seq: 4096} // fresh cache each search
-		rep, err := SearchPlans(PlanRequest{GPUs: 512, GPUsPerNode: cl.GPUsPerNode, Experts: cfg.Experts, MemoryTarget: 0.92}, ev)
+		ev := &SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Seq: 4096} // fresh cache each search
+		rep, err := Search(Request{GPUs: 512, GPUsPerNode: cl.GPUsPerNode, Experts: cfg.Experts, MemoryTarget: 0.92}, ev)
 		if err != nil {
 			b.Fatal(err)
 		}

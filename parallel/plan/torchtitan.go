@@ -1,4 +1,4 @@
-package parallel
+package plan
 
 import (
 	"errors"
@@ -67,7 +67,7 @@ var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryF
 
 // TorchtitanAdmit returns nil when target can express p, else an error
 // naming the field it cannot export.
-func TorchtitanAdmit(target TorchtitanTarget, p PlanPoint) error {
+func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
 	l := p.Layout
 	var errs []error
 	switch {
@@ -92,7 +92,7 @@ func TorchtitanAdmit(target TorchtitanTarget, p PlanPoint) error {
 type TorchtitanExport struct {
 	Model  string // moescope model name (a built-in name, or a path)
 	Seq    int    // tokens per sequence
-	Point  PlanPoint
+	Point  Point
 	Header []string // comment lines written first (what was modelled)
 }
 

@@ -1,4 +1,4 @@
-package parallel
+package plan
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 
 func TestPlanDivisors(t *testing.T) {
 	for n, want := range map[int][]int{1: {1}, 12: {1, 2, 3, 4, 6, 12}, 16: {1, 2, 4, 8, 16}, 49: {1, 7, 49}} {
-		if got := planDivisors(n); !reflect.DeepEqual(got, want) {
+		if got := divisorsOf(n); !reflect.DeepEqual(got, want) {
 			t.Errorf("planDivisors(%d) = %v, want %v", n, got, want)
 		}
 	}
@@ -39,7 +39,7 @@ func TestPlanScales(t *testing.T) {
 		// 12 is not a multiple of a host: one stage.
 		{12, 8, always, []int{12}},
 	} {
-		if got := planScales(c.gpus, c.perNode, c.fits); !reflect.DeepEqual(got, c.want) {
+		if got := stageScales(c.gpus, c.perNode, c.fits); !reflect.DeepEqual(got, c.want) {
 			t.Errorf("planScales(%d, %d) = %v, want %v", c.gpus, c.perNode, got, c.want)
 		}
 	}
@@ -64,7 +64,7 @@ func TestPlanLBSChoices(t *testing.T) {
 		{100, 6, true, 0, [][2]int{{1, 6}, {2, 3}, {3, 2}, {6, 1}}},
 		{0, 0, false, 0, nil},
 	} {
-		got := planLBSChoices(c.max, c.perRank, c.all, c.keep)
+		got := lbsChoices(c.max, c.perRank, c.all, c.keep)
 		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("planLBSChoices(%d, %d, %v, %d) = %v, want %v", c.max, c.perRank, c.all, c.keep, got, c.want)
 		}
@@ -72,7 +72,7 @@ func TestPlanLBSChoices(t *testing.T) {
 }
 
 func TestPlanShardVariants(t *testing.T) {
-	q, err := (&PlanRequest{GPUs: 8, MemoryTarget: 0.9}).withDefaults()
+	q, err := (&Request{GPUs: 8, MemoryTarget: 0.9}).withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestPlanShardVariants(t *testing.T) {
 		{1, 8, true, 2},
 	} {
 		base := moe.Layout{GPUs: c.shard * c.rep, DPShard: c.shard, DPReplicate: c.rep, EP: 1}
-		got := q.planShardVariants(base, c.accum)
+		got := q.shardVariants(base, c.accum)
 		if len(got) != c.want {
 			t.Errorf("shard %d rep %d accum %v: %d variants, want %d: %v", c.shard, c.rep, c.accum, len(got), c.want, got)
 		}
@@ -115,18 +115,18 @@ func TestPlanMaxLBS(t *testing.T) {
 	m := planStandInModel(30, 48, 2048)
 	for _, target := range []float64{0.3, 0.5, 0.92, 1} {
 		for _, maxLBS := range []int{1, 5, 64} {
-			q, err := (&PlanRequest{GPUs: 64, Experts: 128, MemoryTarget: target, MaxLBS: maxLBS}).withDefaults()
+			q, err := (&Request{GPUs: 64, Experts: 128, MemoryTarget: target, MaxLBS: maxLBS}).withDefaults()
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, f := range q.planFamilies(64, false) {
-				got, _, err := q.planMaxLBS(m, f, 0)
+			for _, f := range q.enumerateFamilies(64, false) {
+				got, _, err := q.sizeByMemory(m, f, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
 				want := 0
 				for lbs := 1; lbs <= maxLBS; lbs++ {
-					fr, _ := m.MemoryFraction(PlanPoint{f.layout, f.ac, lbs, 1})
+					fr, _ := m.MemoryFraction(Point{f.layout, f.ac, lbs, 1})
 					if fr <= target {
 						want = lbs
 					}
@@ -140,7 +140,7 @@ func TestPlanMaxLBS(t *testing.T) {
 }
 
 // planCheckReport asserts the invariants every report must satisfy.
-func planCheckReport(t *testing.T, req PlanRequest, rep *PlanReport) {
+func planCheckReport(t *testing.T, req Request, rep *Report) {
 	t.Helper()
 	if len(rep.Plans) == 0 || !reflect.DeepEqual(rep.Best, rep.Plans[0]) {
 		t.Fatalf("report has %d plans, best %+v", len(rep.Plans), rep.Best)
@@ -199,14 +199,14 @@ func TestHierarchicalNearExhaustive(t *testing.T) {
 	for _, mc := range models {
 		for _, n := range mc.counts {
 			for _, gb := range []int{0, 4 * n} {
-				req := PlanRequest{GPUs: n, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92, GlobalBatch: gb, MaxLBS: 64}
-				hier, err := SearchPlans(req, mc.m)
+				req := Request{GPUs: n, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92, GlobalBatch: gb, MaxLBS: 64}
+				hier, err := Search(req, mc.m)
 				if err != nil {
 					t.Fatalf("%s on %d (gb %d): %v", mc.name, n, gb, err)
 				}
 				planCheckReport(t, req, hier)
 				req.Exhaustive = true
-				exh, err := SearchPlans(req, mc.m)
+				exh, err := Search(req, mc.m)
 				if err != nil {
 					t.Fatalf("%s on %d exhaustive: %v", mc.name, n, err)
 				}
@@ -225,8 +225,8 @@ func TestHierarchicalNearExhaustive(t *testing.T) {
 
 func TestPlanStagesReport(t *testing.T) {
 	m := planStandInModel(30.5, 48, 2048)
-	req := PlanRequest{GPUs: 512, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92}
-	rep, err := SearchPlans(req, m)
+	req := Request{GPUs: 512, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92}
+	rep, err := Search(req, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,19 +265,19 @@ func TestPlanStagesReport(t *testing.T) {
 func TestPlanBadInput(t *testing.T) {
 	m := planStandInModel(30.5, 48, 2048)
 	for _, target := range []float64{0, -0.5, 1.5} {
-		_, err := SearchPlans(PlanRequest{GPUs: 8, Experts: 128, MemoryTarget: target}, m)
+		_, err := Search(Request{GPUs: 8, Experts: 128, MemoryTarget: target}, m)
 		if err == nil || !strings.Contains(err.Error(), "memory_target") || !strings.Contains(err.Error(), "(0, 1]") {
 			t.Errorf("target %v: err = %v, want one naming memory_target and (0, 1]", target, err)
 		}
 	}
-	_, err := SearchPlans(PlanRequest{GPUs: 0, MemoryTarget: 0.9}, m)
+	_, err := Search(Request{GPUs: 0, MemoryTarget: 0.9}, m)
 	if err == nil || !strings.Contains(err.Error(), "gpus") {
 		t.Errorf("gpus 0: %v", err)
 	}
 	// A global batch of 100 sequences cannot be split over 64 data-parallel
 	// ranks; the next multiple of 64 is 128.
-	_, err = SearchPlans(PlanRequest{GPUs: 64, Experts: 128, MemoryTarget: 0.92, GlobalBatch: 100}, m)
-	var inf *PlanInfeasibleError
+	_, err = Search(Request{GPUs: 64, Experts: 128, MemoryTarget: 0.92, GlobalBatch: 100}, m)
+	var inf *InfeasibleError
 	if !errors.As(err, &inf) || !strings.Contains(err.Error(), "128") {
 		t.Errorf("global batch 100 on 64: %v", err)
 	}
@@ -290,7 +290,7 @@ func TestPlanBadInput(t *testing.T) {
 	// fp32 logits with their gradient 4096 × 151936 × 8 B = 5.0 GB: 139 GB
 	// × 1.05 = 146 GB = 0.76 of 178.35 GiB. So the answer is 256 GPUs.
 	big := planStandInModel(2000, 94, 4096)
-	_, err = SearchPlans(PlanRequest{GPUs: 8, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92}, big)
+	_, err = Search(Request{GPUs: 8, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92}, big)
 	if !errors.As(err, &inf) {
 		t.Fatalf("2T on 8 GPUs: err = %v, want a PlanInfeasibleError", err)
 	}
@@ -306,14 +306,14 @@ func TestPlanBadInput(t *testing.T) {
 // TestPlanAdmit checks that a filter keeps rejected points out of every stage.
 func TestPlanAdmit(t *testing.T) {
 	m := planStandInModel(30.5, 48, 2048)
-	req := PlanRequest{GPUs: 64, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92, GlobalBatch: 512,
-		Admit: func(p PlanPoint) error {
+	req := Request{GPUs: 64, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92, GlobalBatch: 512,
+		Admit: func(p Point) error {
 			if p.Layout.Sharding != moe.ShardFSDP || p.Layout.KeepGathered || p.Layout.AllreduceLastOnly {
 				return fmt.Errorf("not expressible")
 			}
 			return nil
 		}}
-	rep, err := SearchPlans(req, m)
+	rep, err := Search(req, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,8 +335,8 @@ func FuzzPlanSearch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, gpuExp, targetPct, gbMult uint8) {
 		n := 1 << (gpuExp % 7)
 		target := float64(targetPct%101) / 100
-		req := PlanRequest{GPUs: n, GPUsPerNode: 8, Experts: 64, MemoryTarget: target, GlobalBatch: n * int(gbMult%9), MaxLBS: 16}
-		rep, err := SearchPlans(req, m)
+		req := Request{GPUs: n, GPUsPerNode: 8, Experts: 64, MemoryTarget: target, GlobalBatch: n * int(gbMult%9), MaxLBS: 16}
+		rep, err := Search(req, m)
 		if target == 0 {
 			if err == nil {
 				t.Fatal("target 0 accepted")
@@ -344,7 +344,7 @@ func FuzzPlanSearch(f *testing.F) {
 			return
 		}
 		if err != nil {
-			var inf *PlanInfeasibleError
+			var inf *InfeasibleError
 			if !errors.As(err, &inf) {
 				t.Fatalf("unexpected error kind: %v", err)
 			}

@@ -1,4 +1,4 @@
-package parallel
+package plan
 
 import (
 	"fmt"
@@ -8,19 +8,20 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
-// PlanSim is the planner's real evaluator: peak memory from the memory
+// SimEvaluator is the planner's real evaluator: peak memory from the memory
 // package's step timeline and allocator model, step time, TPS and MFU from
 // the virtual-time backend. It holds no mutable state, so the planner's
 // goroutines share it.
-type PlanSim struct {
+type SimEvaluator struct {
 	Model       *moe.Config
 	Device      hw.Device
 	Cluster     *hw.Cluster
-	Calibration *Calibration // nil: uncalibrated defaults
-	Seq         int          // tokens per sequence
+	Calibration *parallel.Calibration // nil: uncalibrated defaults
+	Seq         int                   // tokens per sequence
 	// Memory carries the memory options besides AC (precision, attention
 	// kernel, loss chunks, allocator); AC comes from each point.
 	Memory memory.Options
@@ -28,36 +29,36 @@ type PlanSim struct {
 	// Results are cached per point: the search asks for some points more
 	// than once (sizing, stages, sweeps).
 	mu     sync.Mutex
-	mems   map[PlanPoint]float64
-	scores map[PlanPoint]PlanScore
+	mems   map[Point]float64
+	scores map[Point]Score
 }
 
-func (e *PlanSim) cachedMemory(p PlanPoint) (float64, bool) {
+func (e *SimEvaluator) cachedMemory(p Point) (float64, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m, ok := e.mems[p]
 	return m, ok
 }
 
-func (e *PlanSim) cachedScore(p PlanPoint) (PlanScore, bool) {
+func (e *SimEvaluator) cachedScore(p Point) (Score, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s, ok := e.scores[p]
 	return s, ok
 }
 
-func (e *PlanSim) store(p PlanPoint, m *float64, s *PlanScore) {
+func (e *SimEvaluator) store(p Point, m *float64, s *Score) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if m != nil {
 		if e.mems == nil {
-			e.mems = map[PlanPoint]float64{}
+			e.mems = map[Point]float64{}
 		}
 		e.mems[p] = *m
 	}
 	if s != nil {
 		if e.scores == nil {
-			e.scores = map[PlanPoint]PlanScore{}
+			e.scores = map[Point]Score{}
 		}
 		e.scores[p] = *s
 	}
@@ -65,7 +66,7 @@ func (e *PlanSim) store(p PlanPoint, m *float64, s *PlanScore) {
 
 // memoryOptions returns the memory options for p: its AC, and the
 // calibrated allocator overhead when the calibration has one.
-func (e *PlanSim) memoryOptions(p PlanPoint) memory.Options {
+func (e *SimEvaluator) memoryOptions(p Point) memory.Options {
 	o := e.Memory
 	o.AC = p.AC
 	if e.Calibration != nil && e.Calibration.AllocatorOverhead > 0 {
@@ -80,7 +81,7 @@ func (e *PlanSim) memoryOptions(p PlanPoint) memory.Options {
 }
 
 // MemoryFraction is peak reserved bytes / device memory (as PyTorch reports it).
-func (e *PlanSim) MemoryFraction(p PlanPoint) (float64, error) {
+func (e *SimEvaluator) MemoryFraction(p Point) (float64, error) {
 	if e.Device.MemoryBytes <= 0 {
 		return 0, fmt.Errorf("device %q: memory_bytes = %d", e.Device.Name, e.Device.MemoryBytes)
 	}
@@ -101,40 +102,40 @@ func (e *PlanSim) MemoryFraction(p PlanPoint) (float64, error) {
 }
 
 // Evaluate simulates p on the virtual-time backend.
-func (e *PlanSim) Evaluate(p PlanPoint) (PlanScore, error) {
+func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 	if s, ok := e.cachedScore(p); ok {
 		return s, nil
 	}
-	r, err := Simulate(SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+	r, err := parallel.Simulate(parallel.SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
 		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration})
 	if err != nil {
-		return PlanScore{}, err
+		return Score{}, err
 	}
-	s := PlanScore{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, StepTimeS: r.StepTimeS,
-		Bottleneck: r.Bottleneck, Breakdown: planBreakdown(r.Breakdown)}
+	s := Score{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, StepTimeS: r.StepTimeS,
+		Bottleneck: r.Bottleneck, Breakdown: breakdownTimes(r.Breakdown)}
 	e.store(p, nil, &s)
 	return s, nil
 }
 
-// planBreakdown lists the step's critical-path seconds: compute,
+// breakdownTimes lists the step's critical-path seconds: compute,
 // recompute, optimizer, then exposed communication by kind (sorted).
-func planBreakdown(b SimBreakdown) []PlanTime {
-	out := []PlanTime{{"compute", b.ComputeS}, {"recompute", b.RecomputeS}, {"optimizer", b.OptimizerS}}
+func breakdownTimes(b parallel.SimBreakdown) []TimePart {
+	out := []TimePart{{"compute", b.ComputeS}, {"recompute", b.RecomputeS}, {"optimizer", b.OptimizerS}}
 	kinds := make([]string, 0, len(b.ExposedCommS))
 	for k := range b.ExposedCommS {
 		kinds = append(kinds, k)
 	}
 	sort.Strings(kinds)
 	for _, k := range kinds {
-		out = append(out, PlanTime{"exposed " + k, b.ExposedCommS[k]})
+		out = append(out, TimePart{"exposed " + k, b.ExposedCommS[k]})
 	}
 	return out
 }
 
 // Trace simulates p keeping its timeline and writes the step as a Chrome
 // trace (rank 0; every rank runs the same program, see Simulate).
-func (e *PlanSim) Trace(w io.Writer, p PlanPoint) error {
-	r, err := Simulate(SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+func (e *SimEvaluator) Trace(w io.Writer, p Point) error {
+	r, err := parallel.Simulate(parallel.SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
 		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, KeepTimeline: true})
 	if err != nil {
 		return err

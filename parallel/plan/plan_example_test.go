@@ -1,19 +1,19 @@
-package parallel_test
+package plan_test
 
 import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/plan"
 )
 
-// toyEvaluator stands in for parallel.PlanSim in this example: memory is
+// toyEvaluator stands in for parallel.SimEvaluator in this example: memory is
 // 0.5 of the device for the model state over dp_shard plus 0.1 per
 // sequence (halved under full checkpointing); TPS grows with the local
 // batch, loses 2% per doubling of dp_shard and 10% under full checkpointing.
 type toyEvaluator struct{}
 
-func (toyEvaluator) MemoryFraction(p parallel.PlanPoint) (float64, error) {
+func (toyEvaluator) MemoryFraction(p plan.Point) (float64, error) {
 	act := 0.1
 	if p.AC.Mode == moe.ACFull {
 		act = 0.05
@@ -21,7 +21,7 @@ func (toyEvaluator) MemoryFraction(p parallel.PlanPoint) (float64, error) {
 	return 0.5/float64(p.Layout.DPShard) + act*float64(p.LBS), nil
 }
 
-func (e toyEvaluator) Evaluate(p parallel.PlanPoint) (parallel.PlanScore, error) {
+func (e toyEvaluator) Evaluate(p plan.Point) (plan.Score, error) {
 	m, _ := e.MemoryFraction(p)
 	tps := 10000 * float64(p.LBS) / float64(p.LBS+1)
 	for s := p.Layout.DPShard; s > 1; s /= 2 {
@@ -30,11 +30,11 @@ func (e toyEvaluator) Evaluate(p parallel.PlanPoint) (parallel.PlanScore, error)
 	if p.AC.Mode == moe.ACFull {
 		tps *= 0.9
 	}
-	return parallel.PlanScore{TPS: tps, MemoryFraction: m, StepTimeS: float64(p.LBS*4096) / tps, Bottleneck: "compute"}, nil
+	return plan.Score{TPS: tps, MemoryFraction: m, StepTimeS: float64(p.LBS*4096) / tps, Bottleneck: "compute"}, nil
 }
 
-func ExampleSearchPlans() {
-	rep, err := parallel.SearchPlans(parallel.PlanRequest{
+func ExampleSearch() {
+	rep, err := plan.Search(plan.Request{
 		GPUs: 64, GPUsPerNode: 8, Experts: 0, MemoryTarget: 0.92,
 		ACs:       []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACFull}},
 		Shardings: []moe.Sharding{moe.ShardFSDP},

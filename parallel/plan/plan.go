@@ -1,4 +1,4 @@
-package parallel
+package plan
 
 import (
 	"errors"
@@ -18,14 +18,14 @@ import (
 // candidates, then multiply the GPU count, growing the FSDP group or the
 // replica count (whichever pays), until the target count.
 //
-// It is written against PlanEvaluator, so the same search runs on the
+// It is written against Evaluator, so the same search runs on the
 // virtual-time backend (the real evaluator) and on analytic stand-ins in
 // tests.
 
-// PlanPoint is one point of the search space: a layout, a checkpointing
+// Point is one point of the search space: a layout, a checkpointing
 // policy, a local batch (sequences per data-parallel rank per micro-step)
 // and the gradient-accumulation micro-steps per optimizer step.
-type PlanPoint struct {
+type Point struct {
 	Layout    moe.Layout
 	AC        moe.AC
 	LBS       int
@@ -34,9 +34,9 @@ type PlanPoint struct {
 
 // GlobalBatch is the sequences one optimizer step consumes:
 // lbs × dp_replicate × dp_shard × grad_accum.
-func (p PlanPoint) GlobalBatch() int { return p.LBS * p.Layout.DP() * p.GradAccum }
+func (p Point) GlobalBatch() int { return p.LBS * p.Layout.DP() * p.GradAccum }
 
-func (p PlanPoint) String() string {
+func (p Point) String() string {
 	l := p.Layout
 	s := fmt.Sprintf("gpus=%d dp_shard=%d dp_replicate=%d ep=%d sharding=%s", l.GPUs, l.DPShard, l.DPReplicate, l.EP, l.Sharding)
 	if !l.ReshardAfterForward {
@@ -51,38 +51,38 @@ func (p PlanPoint) String() string {
 	return s + fmt.Sprintf(" ac=%s lbs=%d grad_accum=%d", p.AC, p.LBS, p.GradAccum)
 }
 
-// PlanTime is one entry of a step-time breakdown: seconds a kind of work
+// TimePart is one entry of a step-time breakdown: seconds a kind of work
 // spends on the critical path of the slowest rank.
-type PlanTime struct {
+type TimePart struct {
 	Kind    string  `json:"kind"`
 	Seconds float64 `json:"seconds"`
 }
 
-// PlanScore is what an evaluator predicts for a point. TPS is a rank's own
+// Score is what an evaluator predicts for a point. TPS is a rank's own
 // tokens per second (torchtitan's definition); MFU is a fraction under the
 // torchtitan FLOP convention; MemoryFraction = peak reserved / device memory.
-type PlanScore struct {
+type Score struct {
 	TPS            float64
 	MFU            float64
 	MemoryFraction float64
 	StepTimeS      float64
 	Bottleneck     string
-	Breakdown      []PlanTime
+	Breakdown      []TimePart
 }
 
-// PlanEvaluator predicts points for the planner. Implementations must be
+// Evaluator predicts points for the planner. Implementations must be
 // safe for concurrent use: the planner calls them from several goroutines.
-type PlanEvaluator interface {
+type Evaluator interface {
 	// MemoryFraction is the peak reserved memory of p over the device's
 	// memory; it must be cheap (the planner prunes with it before
 	// simulating) and non-decreasing in p.LBS.
-	MemoryFraction(p PlanPoint) (float64, error)
+	MemoryFraction(p Point) (float64, error)
 	// Evaluate predicts step time, TPS, MFU and memory of p.
-	Evaluate(p PlanPoint) (PlanScore, error)
+	Evaluate(p Point) (Score, error)
 }
 
-// PlanRequest describes a search.
-type PlanRequest struct {
+// Request describes a search.
+type Request struct {
 	GPUs        int // target world size
 	GPUsPerNode int // GPUs per host; stage 1 runs at one or two hosts
 	// Experts is the routed-expert count (0 for a dense model): ep ranges
@@ -107,7 +107,7 @@ type PlanRequest struct {
 	Exhaustive bool
 	// Admit, when set, rejects points the caller cannot use (an export
 	// target that cannot express them); a non-nil error names the reason.
-	Admit func(PlanPoint) error
+	Admit func(Point) error
 	// Workers evaluating in parallel (default GOMAXPROCS).
 	Workers int
 	// Progress, when set, is called after each evaluation with the stage
@@ -115,14 +115,14 @@ type PlanRequest struct {
 	Progress func(stage, done, total int)
 }
 
-// PlanResult is an evaluated point.
-type PlanResult struct {
-	Point PlanPoint
-	Score PlanScore
+// Result is an evaluated point.
+type Result struct {
+	Point Point
+	Score Score
 }
 
-// PlanStage reports one stage of the search.
-type PlanStage struct {
+// Stage reports one stage of the search.
+type Stage struct {
 	GPUs int
 	// Candidates is the number of points enumerated; Pruned of them failed
 	// the memory target (or Admit) before simulation; Simulated were
@@ -130,7 +130,7 @@ type PlanStage struct {
 	Candidates, Pruned, Simulated int
 	// Survivors are the best results of the stage, one per family, best
 	// first; at the last stage they are the plans.
-	Survivors []PlanResult
+	Survivors []Result
 	// BestTPS is the best per-GPU TPS of the stage; ScalingEfficiency =
 	// BestTPS / stage 1's BestTPS.
 	BestTPS           float64
@@ -140,38 +140,38 @@ type PlanStage struct {
 	Grew string
 }
 
-// PlanReport is the outcome of a search.
-type PlanReport struct {
-	Stages []PlanStage
+// Report is the outcome of a search.
+type Report struct {
+	Stages []Stage
 	// Plans are the evaluated points at the target scale, best first
 	// (highest TPS; ties broken by lower memory fraction).
-	Plans []PlanResult
-	Best  PlanResult
+	Plans []Result
+	Best  Result
 	// Simulated counts evaluations over all stages (sweeps included).
 	Simulated int
 	// Sweeps are, at stage 1, every local batch up to the memory limit of
 	// the best family of each checkpointing policy.
-	Sweeps []PlanSweep
+	Sweeps []Sweep
 	// Exhaustive says the report comes from the exhaustive search.
 	Exhaustive bool
 }
 
-// PlanSweep is one family's TPS and memory against local batch.
-type PlanSweep struct {
+// Sweep is one family's TPS and memory against local batch.
+type Sweep struct {
 	AC     moe.AC
-	Points []PlanResult
+	Points []Result
 }
 
-// PlanInfeasibleError explains why no plan exists: what came closest and
+// InfeasibleError explains why no plan exists: what came closest and
 // what would be needed.
-type PlanInfeasibleError struct {
+type InfeasibleError struct {
 	GPUs    int
 	Reason  string
-	Closest *PlanResult // lowest memory fraction seen, when one was evaluated
+	Closest *Result // lowest memory fraction seen, when one was evaluated
 	Needed  string
 }
 
-func (e *PlanInfeasibleError) Error() string {
+func (e *InfeasibleError) Error() string {
 	gpus := "GPUs"
 	if e.GPUs == 1 {
 		gpus = "GPU"
@@ -186,14 +186,14 @@ func (e *PlanInfeasibleError) Error() string {
 	return s
 }
 
-// planFamily is a point without its local batch and accumulation: the unit
+// family is a point without its local batch and accumulation: the unit
 // the stages carry forward.
-type planFamily struct {
+type family struct {
 	layout moe.Layout
 	ac     moe.AC
 }
 
-func (r *PlanRequest) withDefaults() (PlanRequest, error) {
+func (r *Request) withDefaults() (Request, error) {
 	q := *r
 	var errs []error
 	if q.GPUs < 1 || q.GPUs > 1<<20 {
@@ -240,24 +240,24 @@ func (r *PlanRequest) withDefaults() (PlanRequest, error) {
 	}
 	if q.GlobalBatch > 0 {
 		if q.GlobalBatch < q.GPUs || q.GlobalBatch%q.GPUs != 0 {
-			return q, &PlanInfeasibleError{GPUs: q.GPUs,
+			return q, &InfeasibleError{GPUs: q.GPUs,
 				Reason: fmt.Sprintf("global batch %d sequences is not a multiple of the data-parallel degree %d (every layout here has dp = gpus)", q.GlobalBatch, q.GPUs),
-				Needed: fmt.Sprintf("a global batch that is a positive multiple of %d, e.g. %d", q.GPUs, planRoundUp(q.GlobalBatch, q.GPUs))}
+				Needed: fmt.Sprintf("a global batch that is a positive multiple of %d, e.g. %d", q.GPUs, roundUp(q.GlobalBatch, q.GPUs))}
 		}
 	}
 	return q, nil
 }
 
-// planRoundUp rounds x up to a positive multiple of m.
-func planRoundUp(x, m int) int {
+// roundUp rounds x up to a positive multiple of m.
+func roundUp(x, m int) int {
 	if x <= 0 {
 		return m
 	}
 	return (x + m - 1) / m * m
 }
 
-// planDivisors lists the divisors of n in increasing order.
-func planDivisors(n int) []int {
+// divisorsOf lists the divisors of n in increasing order.
+func divisorsOf(n int) []int {
 	var small, large []int
 	for d := 1; d*d <= n; d++ {
 		if n%d == 0 {
@@ -273,12 +273,12 @@ func planDivisors(n int) []int {
 	return small
 }
 
-// planScales returns the GPU counts of the stages: the first is the
+// stageScales returns the GPU counts of the stages: the first is the
 // smallest of one host, two hosts, four hosts… (a divisor of the target)
 // at which feasible reports a fit; each later one multiplies the previous
 // by the product of the target's remaining prime factors taken until it
 // reaches at least 4 (×4 per stage for powers of two), ending at the target.
-func planScales(gpus, perNode int, feasible func(n int) bool) []int {
+func stageScales(gpus, perNode int, feasible func(n int) bool) []int {
 	first := gpus
 	for n := perNode; n < gpus; n *= 2 {
 		if gpus%n == 0 && feasible(n) {
@@ -313,11 +313,11 @@ func planScales(gpus, perNode int, feasible func(n int) bool) []int {
 	return scales
 }
 
-// planShardVariants are the sharding modes and FSDP options tried for a
+// shardVariants are the sharding modes and FSDP options tried for a
 // layout. Options only exist where they change something: reshard-after-
 // forward for fsdp with dp_shard > 1; keep-gathered (fsdp) and all-reduce on
 // the last micro-step only (dp_replicate > 1) only with accumulation.
-func (q *PlanRequest) planShardVariants(base moe.Layout, accum bool) []moe.Layout {
+func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
 	var out []moe.Layout
 	if base.DPShard == 1 {
 		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, true
@@ -346,30 +346,30 @@ func (q *PlanRequest) planShardVariants(base moe.Layout, accum bool) []moe.Layou
 	return out
 }
 
-// planRedundant reports a layout that is another one under a second name:
+// redundant reports a layout that is another one under a second name:
 // DDP without expert parallelism shards nothing along dp_shard, so every
 // split of the GPUs is the layout with dp_shard 1 and dp_replicate = gpus,
 // which the search enumerates as such.
-func planRedundant(l moe.Layout) bool {
+func redundant(l moe.Layout) bool {
 	return l.Sharding == moe.ShardDDP && l.EP == 1 && l.DPShard > 1
 }
 
-// planFamilies enumerates every family at n GPUs.
-func (q *PlanRequest) planFamilies(n int, accum bool) []planFamily {
-	var fams []planFamily
-	for _, r := range planDivisors(n) {
+// enumerateFamilies enumerates every family at n GPUs.
+func (q *Request) enumerateFamilies(n int, accum bool) []family {
+	var fams []family
+	for _, r := range divisorsOf(n) {
 		s := n / r
-		for _, ep := range planDivisors(s) {
+		for _, ep := range divisorsOf(s) {
 			if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
 				continue
 			}
 			base := moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}
-			for _, l := range q.planShardVariants(base, accum) {
-				if planRedundant(l) {
+			for _, l := range q.shardVariants(base, accum) {
+				if redundant(l) {
 					continue
 				}
 				for _, ac := range q.ACs {
-					fams = append(fams, planFamily{l, ac})
+					fams = append(fams, family{l, ac})
 				}
 			}
 		}
@@ -377,15 +377,15 @@ func (q *PlanRequest) planFamilies(n int, accum bool) []planFamily {
 	return fams
 }
 
-// planPlace is what the search knows about a family at one scale before
+// place is what the search knows about a family at one scale before
 // simulating: its largest local batch within the memory target.
-type planPlace struct {
-	fam     planFamily
+type place struct {
+	fam     family
 	maxLBS  int
 	minFrac float64 // memory fraction at lbs 1 (for explanations)
 }
 
-// planMaxLBS finds the largest lbs ≤ q.MaxLBS whose memory fraction is
+// sizeByMemory finds the largest lbs ≤ q.MaxLBS whose memory fraction is
 // within the target; 0 when even lbs 1 does not fit. MemoryFraction is
 // non-decreasing in lbs and close to affine (state + activations ∝ lbs), so
 // the limit is first guessed from the slope between lbs 1 and 2 and the
@@ -393,13 +393,13 @@ type planPlace struct {
 // any remaining bracket is closed by doubling and bisection, which needs
 // monotonicity only. perRank > 0 (sequences per rank per step) sets
 // grad_accum = ⌈perRank / lbs⌉, else 1.
-func (q *PlanRequest) planMaxLBS(ev PlanEvaluator, f planFamily, perRank int) (int, float64, error) {
+func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float64, error) {
 	fits := func(lbs int) (bool, float64, error) {
 		ga := 1
 		if perRank > 0 {
 			ga = (perRank + lbs - 1) / lbs
 		}
-		m, err := ev.MemoryFraction(PlanPoint{f.layout, f.ac, lbs, ga})
+		m, err := ev.MemoryFraction(Point{f.layout, f.ac, lbs, ga})
 		return err == nil && m <= q.MemoryTarget, m, err
 	}
 	ok, m1, err := fits(1)
@@ -449,12 +449,12 @@ func (q *PlanRequest) planMaxLBS(ev PlanEvaluator, f planFamily, perRank int) (i
 	return lo, m1, nil
 }
 
-// planLBSChoices are the local batches simulated for a family whose memory
+// lbsChoices are the local batches simulated for a family whose memory
 // limit is max: every power of two below max and max itself (all of 1..max
 // when all is set). With a global batch, only divisors of perRank (the
 // sequences each rank must consume per step) qualify, grad_accum =
 // perRank / lbs; keep limits the choice to the largest ones.
-func planLBSChoices(max, perRank int, all bool, keep int) [][2]int {
+func lbsChoices(max, perRank int, all bool, keep int) [][2]int {
 	var out [][2]int
 	add := func(lbs int) {
 		if perRank > 0 {
@@ -478,7 +478,7 @@ func planLBSChoices(max, perRank int, all bool, keep int) [][2]int {
 		// With a global batch, the powers-of-two rule becomes: the
 		// largest divisors, plus halvings, bounded like the free case.
 		var sel [][2]int
-		for i := len(out) - 1; i >= 0 && len(sel) < 1+planLog2(max); i-- {
+		for i := len(out) - 1; i >= 0 && len(sel) < 1+floorLog2(max); i-- {
 			sel = append(sel, out[i])
 		}
 		out = sel
@@ -490,7 +490,7 @@ func planLBSChoices(max, perRank int, all bool, keep int) [][2]int {
 	return out
 }
 
-func planLog2(n int) int {
+func floorLog2(n int) int {
 	k := 0
 	for n > 1 {
 		n >>= 1
@@ -499,26 +499,26 @@ func planLog2(n int) int {
 	return k
 }
 
-// planStageRun evaluates families at one scale: it sizes each by memory,
+// stageRun evaluates families at one scale: it sizes each by memory,
 // prunes those that do not fit, and simulates the chosen local batches.
-type planStageRun struct {
-	q       *PlanRequest
-	ev      PlanEvaluator
+type stageRun struct {
+	q       *Request
+	ev      Evaluator
 	stage   int
 	perRank int // sequences per rank per step at this scale (0 = free)
 	all     bool
 	keep    int
 }
 
-func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStage, closest *PlanResult, err error) {
+func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Result, err error) {
 	q := s.q
 	ga1 := max(1, s.perRank) // grad_accum at lbs 1
 	// Families the caller cannot use are dropped before anything is
 	// evaluated (Admit does not depend on the local batch).
-	var usable []planFamily
+	var usable []family
 	for _, f := range fams {
 		st.GPUs = f.layout.GPUs
-		if q.Admit != nil && q.Admit(PlanPoint{f.layout, f.ac, 1, ga1}) != nil {
+		if q.Admit != nil && q.Admit(Point{f.layout, f.ac, 1, ga1}) != nil {
 			st.Candidates++
 			st.Pruned++
 			continue
@@ -531,31 +531,31 @@ func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStag
 		m1     float64
 	}
 	sizes := make([]sized, len(usable))
-	err = planParallel(len(usable), q.Workers, func(i int) error {
+	err = parallelDo(len(usable), q.Workers, func(i int) error {
 		var err error
-		sizes[i].maxLBS, sizes[i].m1, err = q.planMaxLBS(s.ev, usable[i], s.perRank)
+		sizes[i].maxLBS, sizes[i].m1, err = q.sizeByMemory(s.ev, usable[i], s.perRank)
 		return err
 	})
 	if err != nil {
 		return nil, st, nil, err
 	}
-	var points []PlanPoint
+	var points []Point
 	for i, f := range usable {
 		maxLBS, m1 := sizes[i].maxLBS, sizes[i].m1
 		if maxLBS == 0 {
 			st.Candidates++
 			st.Pruned++
 			if closest == nil || m1 < closest.Score.MemoryFraction {
-				closest = &PlanResult{PlanPoint{f.layout, f.ac, 1, ga1}, PlanScore{MemoryFraction: m1}}
+				closest = &Result{Point{f.layout, f.ac, 1, ga1}, Score{MemoryFraction: m1}}
 			}
 			continue
 		}
-		choices := planLBSChoices(maxLBS, s.perRank, s.all, s.keep)
+		choices := lbsChoices(maxLBS, s.perRank, s.all, s.keep)
 		for _, c := range choices {
 			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly) {
 				continue // without accumulation these options change nothing
 			}
-			p := PlanPoint{f.layout, f.ac, c[0], c[1]}
+			p := Point{f.layout, f.ac, c[0], c[1]}
 			st.Candidates++
 			if q.Admit != nil && q.Admit(p) != nil {
 				st.Pruned++
@@ -568,7 +568,7 @@ func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStag
 			st.Pruned++
 		}
 	}
-	results, err = planEvaluateAll(s.ev, points, q.Workers, func(done int) {
+	results, err = evaluateAll(s.ev, points, q.Workers, func(done int) {
 		if q.Progress != nil {
 			q.Progress(s.stage, done, len(points))
 		}
@@ -586,13 +586,13 @@ func (s *planStageRun) run(fams []planFamily) (results []PlanResult, st PlanStag
 			closest = &c
 		}
 	}
-	planSort(kept)
+	sortResults(kept)
 	return kept, st, closest, nil
 }
 
-// planParallel runs do(0..n-1) on up to workers goroutines and returns
+// parallelDo runs do(0..n-1) on up to workers goroutines and returns
 // the error of the lowest index that failed.
-func planParallel(n, workers int, do func(i int) error) error {
+func parallelDo(n, workers int, do func(i int) error) error {
 	errs := make([]error, n)
 	var mu sync.Mutex
 	next := 0
@@ -622,18 +622,18 @@ func planParallel(n, workers int, do func(i int) error) error {
 	return nil
 }
 
-// planEvaluateAll evaluates points on workers goroutines, keeping order;
+// evaluateAll evaluates points on workers goroutines, keeping order;
 // progress gets the number done after each.
-func planEvaluateAll(ev PlanEvaluator, points []PlanPoint, workers int, progress func(done int)) ([]PlanResult, error) {
-	out := make([]PlanResult, len(points))
+func evaluateAll(ev Evaluator, points []Point, workers int, progress func(done int)) ([]Result, error) {
+	out := make([]Result, len(points))
 	var mu sync.Mutex
 	done := 0
-	err := planParallel(len(points), workers, func(i int) error {
+	err := parallelDo(len(points), workers, func(i int) error {
 		sc, err := ev.Evaluate(points[i])
 		if err != nil {
 			return fmt.Errorf("evaluating %s: %w", points[i], err)
 		}
-		out[i] = PlanResult{points[i], sc}
+		out[i] = Result{points[i], sc}
 		mu.Lock()
 		done++
 		if progress != nil {
@@ -648,10 +648,10 @@ func planEvaluateAll(ev PlanEvaluator, points []PlanPoint, workers int, progress
 	return out, nil
 }
 
-// planSort orders results best first: higher TPS, then lower memory
+// sortResults orders results best first: higher TPS, then lower memory
 // fraction, then fewer replicas, smaller ep, smaller lbs (a deterministic
 // total order on distinct points).
-func planSort(rs []PlanResult) {
+func sortResults(rs []Result) {
 	sort.SliceStable(rs, func(i, j int) bool {
 		a, b := rs[i], rs[j]
 		if a.Score.TPS != b.Score.TPS {
@@ -670,12 +670,12 @@ func planSort(rs []PlanResult) {
 	})
 }
 
-// planBestPerFamily keeps the best result of each family, best first.
-func planBestPerFamily(rs []PlanResult) []PlanResult {
-	seen := map[planFamily]bool{}
-	var out []PlanResult
+// bestPerFamily keeps the best result of each family, best first.
+func bestPerFamily(rs []Result) []Result {
+	seen := map[family]bool{}
+	var out []Result
 	for _, r := range rs {
-		f := planFamily{r.Point.Layout, r.Point.AC}
+		f := family{r.Point.Layout, r.Point.AC}
 		if !seen[f] {
 			seen[f] = true
 			out = append(out, r)
@@ -684,9 +684,9 @@ func planBestPerFamily(rs []PlanResult) []PlanResult {
 	return out
 }
 
-// SearchPlans runs the planner: hierarchical stages by default, or one
+// Search runs the planner: hierarchical stages by default, or one
 // exhaustive stage at the target scale when req.Exhaustive is set.
-func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
+func Search(req Request, ev Evaluator) (*Report, error) {
 	q, err := req.withDefaults()
 	if err != nil {
 		return nil, err
@@ -695,30 +695,30 @@ func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
 	if q.GlobalBatch > 0 {
 		perRank = q.GlobalBatch / q.GPUs
 	}
-	rep := &PlanReport{Exhaustive: q.Exhaustive}
+	rep := &Report{Exhaustive: q.Exhaustive}
 	if q.Exhaustive {
-		run := &planStageRun{q: &q, ev: ev, stage: 1, perRank: perRank, all: true}
-		res, st, closest, err := run.run(q.planFamilies(q.GPUs, perRank > 0))
+		run := &stageRun{q: &q, ev: ev, stage: 1, perRank: perRank, all: true}
+		res, st, closest, err := run.run(q.enumerateFamilies(q.GPUs, perRank > 0))
 		if err != nil {
 			return nil, err
 		}
 		st.GPUs = q.GPUs
 		rep.Simulated += st.Simulated
 		if len(res) == 0 {
-			return nil, q.planExplain(ev, q.GPUs, closest)
+			return nil, q.explain(ev, q.GPUs, closest)
 		}
-		st.Survivors = planBestPerFamily(res)
+		st.Survivors = bestPerFamily(res)
 		st.BestTPS, st.ScalingEfficiency = res[0].Score.TPS, 1
-		rep.Stages = []PlanStage{st}
+		rep.Stages = []Stage{st}
 		rep.Plans, rep.Best = res, res[0]
 		return rep, nil
 	}
 
 	// Stage 1 scale: the smallest host multiple at which anything fits.
 	var probeErr error
-	scales := planScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
-		for _, f := range q.planFamilies(n, false) {
-			m, err := ev.MemoryFraction(PlanPoint{f.layout, f.ac, 1, 1})
+	scales := stageScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
+		for _, f := range q.enumerateFamilies(n, false) {
+			m, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
 			if err != nil {
 				probeErr = err
 				return false
@@ -732,19 +732,19 @@ func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
 	if probeErr != nil {
 		return nil, probeErr
 	}
-	var carried []PlanResult // best per family at the previous stage
+	var carried []Result // best per family at the previous stage
 	for i, n := range scales {
 		last := i == len(scales)-1
 		pr := 0
 		if last {
 			pr = perRank
 		}
-		var fams []planFamily
-		ancestor := map[planFamily]moe.Layout{}
+		var fams []family
+		ancestor := map[family]moe.Layout{}
 		if i == 0 {
-			fams = q.planFamilies(n, pr > 0)
+			fams = q.enumerateFamilies(n, pr > 0)
 		} else {
-			fams, ancestor = q.planGrow(carried, n, pr > 0)
+			fams, ancestor = q.growFamilies(carried, n, pr > 0)
 		}
 		sq := q
 		if !last && perRank > 0 && perRank < sq.MaxLBS {
@@ -756,7 +756,7 @@ func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
 		// amortized over more tokens), so a family is ranked at its
 		// largest fitting lbs; the exhaustive mode tries every one (and
 		// the checks compare the two).
-		run := &planStageRun{q: &sq, ev: ev, stage: i + 1, perRank: pr, keep: 1}
+		run := &stageRun{q: &sq, ev: ev, stage: i + 1, perRank: pr, keep: 1}
 		res, st, closest, err := run.run(fams)
 		if err != nil {
 			return nil, err
@@ -764,21 +764,21 @@ func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
 		st.GPUs = n
 		rep.Simulated += st.Simulated
 		if len(res) == 0 {
-			return nil, q.planExplain(ev, n, closest)
+			return nil, q.explain(ev, n, closest)
 		}
-		best := planBestPerFamily(res)
+		best := bestPerFamily(res)
 		st.BestTPS = res[0].Score.TPS
 		if i == 0 {
 			st.ScalingEfficiency = 1
-			sw, nsim, err := sq.planSweeps(ev, best)
+			sw, nsim, err := sq.lbsSweeps(ev, best)
 			if err != nil {
 				return nil, err
 			}
 			rep.Sweeps, rep.Simulated = sw, rep.Simulated+nsim
 		} else {
 			st.ScalingEfficiency = st.BestTPS / rep.Stages[0].BestTPS
-			if a, ok := ancestor[planFamily{res[0].Point.Layout, res[0].Point.AC}]; ok {
-				st.Grew = planGrowth(a, res[0].Point.Layout)
+			if a, ok := ancestor[family{res[0].Point.Layout, res[0].Point.AC}]; ok {
+				st.Grew = growth(a, res[0].Point.Layout)
 			}
 		}
 		if last {
@@ -796,8 +796,8 @@ func SearchPlans(req PlanRequest, ev PlanEvaluator) (*PlanReport, error) {
 	return rep, nil
 }
 
-// planGrowth names how layout b grew from a.
-func planGrowth(a, b moe.Layout) string {
+// growth names how layout b grew from a.
+func growth(a, b moe.Layout) string {
 	var parts []string
 	if b.DPShard != a.DPShard {
 		parts = append(parts, fmt.Sprintf("dp_shard ×%d", b.DPShard/a.DPShard))
@@ -818,18 +818,18 @@ func planGrowth(a, b moe.Layout) string {
 	return s
 }
 
-// planGrow multiplies carried families to n GPUs: every split of the factor
+// growFamilies multiplies carried families to n GPUs: every split of the factor
 // f = n / previous into a·b grows dp_replicate by a and dp_shard by b (b = f
 // is growing FSDP alone, a = f DP alone); ep stays or grows with dp_shard by
 // b; the FSDP options are tried afresh. ancestor maps each new family to the carried layout it came from.
-func (q *PlanRequest) planGrow(carried []PlanResult, n int, accum bool) ([]planFamily, map[planFamily]moe.Layout) {
-	seen := map[planFamily]bool{}
-	ancestor := map[planFamily]moe.Layout{}
-	var out []planFamily
+func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, map[family]moe.Layout) {
+	seen := map[family]bool{}
+	ancestor := map[family]moe.Layout{}
+	var out []family
 	for _, c := range carried {
 		old := c.Point.Layout
 		f := n / old.GPUs
-		for _, b := range planDivisors(f) {
+		for _, b := range divisorsOf(f) {
 			a := f / b
 			s, r := old.DPShard*b, old.DPReplicate*a
 			for _, ep := range []int{old.EP, old.EP * b} {
@@ -843,13 +843,13 @@ func (q *PlanRequest) planGrow(carried []PlanResult, n int, accum bool) ([]planF
 				// option that did not fit on fewer GPUs may fit now); a
 				// layout that had nothing to shard gains every mode.
 				var vars []moe.Layout
-				for _, l := range q.planShardVariants(base, accum) {
-					if (l.Sharding == old.Sharding || old.DPShard == 1) && !planRedundant(l) {
+				for _, l := range q.shardVariants(base, accum) {
+					if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {
 						vars = append(vars, l)
 					}
 				}
 				for _, l := range vars {
-					fam := planFamily{l, c.Point.AC}
+					fam := family{l, c.Point.AC}
 					if !seen[fam] {
 						seen[fam] = true
 						ancestor[fam] = old
@@ -862,15 +862,15 @@ func (q *PlanRequest) planGrow(carried []PlanResult, n int, accum bool) ([]planF
 	return out, ancestor
 }
 
-// planSweeps evaluates, for the best stage-1 family of each checkpointing
+// lbsSweeps evaluates, for the best stage-1 family of each checkpointing
 // policy, local batches from 1 to its memory limit (every one up to 8,
 // else 8 evenly spread and the limit), for the TPS-and-memory-against-
 // local-batch picture.
-func (q *PlanRequest) planSweeps(ev PlanEvaluator, best []PlanResult) ([]PlanSweep, int, error) {
-	var sweeps []PlanSweep
+func (q *Request) lbsSweeps(ev Evaluator, best []Result) ([]Sweep, int, error) {
+	var sweeps []Sweep
 	sim := 0
 	for _, ac := range q.ACs {
-		var fam *PlanResult
+		var fam *Result
 		for i := range best {
 			if best[i].Point.AC == ac {
 				fam = &best[i]
@@ -880,34 +880,34 @@ func (q *PlanRequest) planSweeps(ev PlanEvaluator, best []PlanResult) ([]PlanSwe
 		if fam == nil {
 			continue
 		}
-		f := planFamily{fam.Point.Layout, ac}
-		max, _, err := q.planMaxLBS(ev, f, 0)
+		f := family{fam.Point.Layout, ac}
+		max, _, err := q.sizeByMemory(ev, f, 0)
 		if err != nil {
 			return nil, sim, err
 		}
 		step := (max + 7) / 8
-		var pts []PlanPoint
+		var pts []Point
 		for lbs := 1; lbs <= max; lbs += step {
-			pts = append(pts, PlanPoint{f.layout, ac, lbs, 1})
+			pts = append(pts, Point{f.layout, ac, lbs, 1})
 		}
 		if len(pts) > 0 && pts[len(pts)-1].LBS != max {
-			pts = append(pts, PlanPoint{f.layout, ac, max, 1})
+			pts = append(pts, Point{f.layout, ac, max, 1})
 		}
-		res, err := planEvaluateAll(ev, pts, q.Workers, nil)
+		res, err := evaluateAll(ev, pts, q.Workers, nil)
 		if err != nil {
 			return nil, sim, err
 		}
 		sim += len(pts)
-		sweeps = append(sweeps, PlanSweep{AC: ac, Points: res})
+		sweeps = append(sweeps, Sweep{AC: ac, Points: res})
 	}
 	return sweeps, sim, nil
 }
 
-// planExplain builds the infeasibility explanation at n GPUs: the closest
+// explain builds the infeasibility explanation at n GPUs: the closest
 // point and, by memory alone, the smallest multiple of the GPU count (up to
 // 64×) at which a layout would fit, or the memory target that would be needed.
-func (q *PlanRequest) planExplain(ev PlanEvaluator, n int, closest *PlanResult) error {
-	e := &PlanInfeasibleError{GPUs: n, Closest: closest}
+func (q *Request) explain(ev Evaluator, n int, closest *Result) error {
+	e := &InfeasibleError{GPUs: n, Closest: closest}
 	if closest == nil {
 		e.Reason = "no layout passes the filters"
 		return e
@@ -922,26 +922,26 @@ func (q *PlanRequest) planExplain(ev PlanEvaluator, n int, closest *PlanResult) 
 	e.Reason = fmt.Sprintf("even local batch 1 exceeds the memory target %g", q.MemoryTarget)
 	for mult := 2; mult <= 64 && n*mult <= 1<<20; mult *= 2 {
 		m := n * mult
-		for _, f := range q.planFamilies(m, false) {
+		for _, f := range q.enumerateFamilies(m, false) {
 			if f.layout.DPReplicate != 1 {
 				continue
 			}
-			fr, err := ev.MemoryFraction(PlanPoint{f.layout, f.ac, 1, 1})
+			fr, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
 			if err == nil && fr <= q.MemoryTarget {
 				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",
-					m, PlanPoint{f.layout, f.ac, 1, 1}, fr, planMoreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+					m, Point{f.layout, f.ac, 1, 1}, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
 				return e
 			}
 		}
 	}
-	e.Needed = fmt.Sprintf("more than %d GPUs, or %s", 64*n, planMoreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+	e.Needed = fmt.Sprintf("more than %d GPUs, or %s", 64*n, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
 	return e
 }
 
-// planMoreMemory says what memory the closest point (at fraction frac of
+// moreMemory says what memory the closest point (at fraction frac of
 // the device) would need under target: a higher target when frac ≤ 1,
 // else a device with frac/target times the memory.
-func planMoreMemory(frac, target float64) string {
+func moreMemory(frac, target float64) string {
 	if frac <= 1 {
 		return fmt.Sprintf("a memory target ≥ %.4g", frac)
 	}

@@ -1,0 +1,12 @@
+// Package plan is the hierarchical search of the seed study made a program:
+// measure (here: evaluate) at the smallest scale first, narrow the layout
+// families, then grow the survivors to the target GPU count. Search walks
+// layouts (FSDP degree, replicas, EP, sharding options), checkpointing
+// policies and local batches against an Evaluator, sizing each family's
+// largest local batch by memory; SimEvaluator is the evaluator backed by
+// the virtual-time simulator. The chosen plan exports as a torchtitan job
+// (TOML and Python config) for the pinned torchtitan versions.
+//
+// It imports parallel/sim, parallel, parallel/hw, memory, flops and moe;
+// only cmd/moescope imports it.
+package plan
