@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"bytes"
 	"testing"
 
 	"github.com/moescope/moescope/moe"
@@ -44,26 +43,6 @@ func FuzzEstimate(f *testing.F) {
 		}
 		if live != r.Peak.Allocated {
 			t.Fatalf("breakdown %d ≠ peak %d", live, r.Peak.Allocated)
-		}
-	})
-}
-
-// FuzzReadRuns: the published-runs parser never panics, and what it
-// accepts validates.
-func FuzzReadRuns(f *testing.F) {
-	f.Add([]byte(`[{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x"}]`))
-	f.Add([]byte(`[{"model":"m","gpu":"h100","gpus":16,"dp_shard":8,"dp_replicate":2,"ep":4,"ac":"layer:2","lbs":2,"seq":8,"precision":"bf16","tps":1,"source":"s","peak_reserved_bytes":5,"compile":true}]`))
-	f.Add([]byte(`[]`))
-	f.Add([]byte(`{`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		runs, err := ReadRuns(bytes.NewReader(data), "fuzz", true)
-		if err != nil {
-			return
-		}
-		for _, r := range runs {
-			if err := r.Validate(true); err != nil {
-				t.Fatalf("accepted an invalid run: %v", err)
-			}
 		}
 	})
 }

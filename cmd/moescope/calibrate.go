@@ -11,8 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 func init() {
@@ -38,7 +37,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	runs, err := memory.ReadRuns(f, *runsPath, false)
+	runs, err := sim.ReadRuns(f, *runsPath, false)
 	f.Close()
 	if err != nil {
 		return err
@@ -49,7 +48,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 			runs[i].Model = filepath.Join(dir, runs[i].Model)
 		}
 	}
-	cal, err := parallel.Calibrate(runs)
+	cal, err := sim.Calibrate(runs)
 	if err != nil {
 		return err
 	}
@@ -70,9 +69,9 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "parameter\tvalue\tstatus")
 	val := map[string]float64{
-		parallel.CalGEMM: cal.GEMMScale, parallel.CalGrouped: cal.GroupedScale, parallel.CalAttention: cal.AttentionScale,
-		parallel.CalMemoryBound: cal.MemoryBoundScale, parallel.CalNVLink: cal.NVLinkEfficiency, parallel.CalNet: cal.NetEfficiency,
-		parallel.CalAllocator: cal.AllocatorOverhead,
+		sim.CalGEMM: cal.GEMMScale, sim.CalGrouped: cal.GroupedScale, sim.CalAttention: cal.AttentionScale,
+		sim.CalMemoryBound: cal.MemoryBoundScale, sim.CalNVLink: cal.NVLinkEfficiency, sim.CalNet: cal.NetEfficiency,
+		sim.CalAllocator: cal.AllocatorOverhead,
 	}
 	for _, n := range cal.Fitted {
 		fmt.Fprintf(tw, "%s\t%.4g\tfitted\n", n, val[n])

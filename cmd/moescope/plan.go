@@ -14,9 +14,9 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 func init() {
@@ -217,7 +217,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		c := cl.WithGPUsPerNode(a.gpusPerNode)
 		cl = &c
 	}
-	var cal *parallel.Calibration
+	var cal *sim.Calibration
 	if a.calibration != "" {
 		if cal, err = planReadCalibration(a.calibration); err != nil {
 			return err
@@ -319,14 +319,14 @@ type planTracer interface {
 }
 
 // planReadCalibration reads a calibration file; unknown fields are errors.
-func planReadCalibration(path string) (*parallel.Calibration, error) {
+func planReadCalibration(path string) (*sim.Calibration, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--calibration: %w", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	var c parallel.Calibration
+	var c sim.Calibration
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("%w: --calibration %s: %v", errUsage, path, err)
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 func init() {
@@ -28,13 +28,13 @@ type simulateReport struct {
 	Seq         int        `json:"seq"`
 	GradAccum   int        `json:"grad_accum"`
 	Calibration string     `json:"calibration,omitempty"`
-	parallel.SimResult
+	sim.Result
 }
 
 // hardwareFlags are --gpu, --cluster and --calibration, shared with calibrate.
 type hardwareFlags struct{ gpu, cluster, calibration string }
 
-func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *parallel.Calibration, error) {
+func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error) {
 	dev, err := hw.LookupDevice(h.gpu)
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
@@ -47,9 +47,9 @@ func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *parallel.Calibration, e
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
 	}
-	var cal *parallel.Calibration
+	var cal *sim.Calibration
 	if h.calibration != "" {
-		if cal, err = parallel.ReadCalibration(h.calibration); err != nil {
+		if cal, err = sim.ReadCalibration(h.calibration); err != nil {
 			return dev, nil, nil, fmt.Errorf("--calibration: %w", err)
 		}
 	}
@@ -116,9 +116,9 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	in := parallel.SimInput{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
+	in := sim.Input{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
 		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != ""}
-	res, err := parallel.Simulate(in)
+	res, err := sim.Simulate(in)
 	if err != nil {
 		return err
 	}
@@ -132,7 +132,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		}
 		fmt.Fprintf(stderr, "trace of %d rank(s) written to %s (open in https://ui.perfetto.dev)\n", len(ranks), *tracePath)
 	}
-	rep := simulateReport{Model: cfg.Name, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum, SimResult: res}
+	rep := simulateReport{Model: cfg.Name, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum, Result: res}
 	if cal != nil {
 		rep.Calibration = hwf.calibration
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // SimEvaluator is the planner's real evaluator: peak memory from the memory
@@ -20,8 +20,8 @@ type SimEvaluator struct {
 	Model       *moe.Config
 	Device      hw.Device
 	Cluster     *hw.Cluster
-	Calibration *parallel.Calibration // nil: uncalibrated defaults
-	Seq         int                   // tokens per sequence
+	Calibration *sim.Calibration // nil: uncalibrated defaults
+	Seq         int              // tokens per sequence
 	// Memory carries the memory options besides AC (precision, attention
 	// kernel, loss chunks, allocator); AC comes from each point.
 	Memory memory.Options
@@ -106,7 +106,7 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 	if s, ok := e.cachedScore(p); ok {
 		return s, nil
 	}
-	r, err := parallel.Simulate(parallel.SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
 		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration})
 	if err != nil {
 		return Score{}, err
@@ -119,7 +119,7 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 
 // breakdownTimes lists the step's critical-path seconds: compute,
 // recompute, optimizer, then exposed communication by kind (sorted).
-func breakdownTimes(b parallel.SimBreakdown) []TimePart {
+func breakdownTimes(b sim.Breakdown) []TimePart {
 	out := []TimePart{{"compute", b.ComputeS}, {"recompute", b.RecomputeS}, {"optimizer", b.OptimizerS}}
 	kinds := make([]string, 0, len(b.ExposedCommS))
 	for k := range b.ExposedCommS {
@@ -135,7 +135,7 @@ func breakdownTimes(b parallel.SimBreakdown) []TimePart {
 // Trace simulates p keeping its timeline and writes the step as a Chrome
 // trace (rank 0; every rank runs the same program, see Simulate).
 func (e *SimEvaluator) Trace(w io.Writer, p Point) error {
-	r, err := parallel.Simulate(parallel.SimInput{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
 		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, KeepTimeline: true})
 	if err != nil {
 		return err

@@ -6,8 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // TestPlanPublishedReport prints, for every published run in
@@ -22,7 +21,7 @@ func TestPlanPublishedReport(t *testing.T) {
 	if os.Getenv("MOESCOPE_PLAN_PUBLISHED") != "1" {
 		t.Skip("set MOESCOPE_PLAN_PUBLISHED=1 to print the published-runs report (one full search per run)")
 	}
-	runs, err := memory.LoadPublished("../../testdata/published")
+	runs, err := sim.LoadPublished("../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,12 +32,12 @@ func TestPlanPublishedReport(t *testing.T) {
 	fmt.Fprintf(&b, "\nmemory target 0.92, uncalibrated\n%-16s %-5s %4s %5s %-34s %9s %9s | %-44s %9s %7s %8s %5s\n", "model", "gpu", "gpus", "seq", "published layout", "measured", "modelled",
 		"preferred plan", "modelled", "vs meas", "vs model", "sims")
 	for _, r := range runs {
-		in, err := parallel.SimInputForRun(r)
+		in, err := sim.InputForRun(r)
 		if err != nil {
 			t.Errorf("%s: %v", r.File, err)
 			continue
 		}
-		pub, err := parallel.Simulate(in)
+		pub, err := sim.Simulate(in)
 		if err != nil {
 			t.Errorf("%s: %v", r.File, err)
 			continue

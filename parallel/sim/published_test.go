@@ -1,11 +1,13 @@
-package memory
+package sim
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -16,7 +18,7 @@ import (
 // kernels save memory this eager model does not know about) are printed
 // and flagged, not failed.
 func TestPublishedRuns(t *testing.T) {
-	runs, err := LoadPublished("../testdata/published")
+	runs, err := LoadPublished("../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +38,7 @@ func TestPublishedRuns(t *testing.T) {
 			t.Fatalf("%s: %v", r.File, err)
 		}
 		ac, _ := moe.ParseAC(r.AC)
-		rep, err := Estimate(cfg, l, Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, Options{AC: ac, LossChunks: r.LossChunks, OptimizerImpl: r.Optimizer})
+		rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, memory.Options{AC: ac, LossChunks: r.LossChunks, OptimizerImpl: r.Optimizer})
 		if err != nil {
 			t.Fatalf("%s: %v", r.File, err)
 		}
@@ -111,4 +113,24 @@ func TestReadRunsBounded(t *testing.T) {
 	if _, err := ReadRuns(endless{}, "endless", false); err == nil || !strings.Contains(err.Error(), "larger than 16777216 bytes") {
 		t.Errorf("endless input: %v", err)
 	}
+}
+
+// FuzzReadRuns: the published-runs parser never panics, and what it
+// accepts validates.
+func FuzzReadRuns(f *testing.F) {
+	f.Add([]byte(`[{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x"}]`))
+	f.Add([]byte(`[{"model":"m","gpu":"h100","gpus":16,"dp_shard":8,"dp_replicate":2,"ep":4,"ac":"layer:2","lbs":2,"seq":8,"precision":"bf16","tps":1,"source":"s","peak_reserved_bytes":5,"compile":true}]`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`{`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runs, err := ReadRuns(bytes.NewReader(data), "fuzz", true)
+		if err != nil {
+			return
+		}
+		for _, r := range runs {
+			if err := r.Validate(true); err != nil {
+				t.Fatalf("accepted an invalid run: %v", err)
+			}
+		}
+	})
 }

@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"errors"
@@ -10,12 +10,13 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
-// SimInput is one layout to predict: model, layout, checkpointing, batch,
+// Input is one layout to predict: model, layout, checkpointing, batch,
 // hardware and an optional calibration.
-type SimInput struct {
+type Input struct {
 	Config    *moe.Config
 	Layout    moe.Layout // resolved (moe.Layout.Resolve); GPUsPerNode 0 = the cluster's
 	AC        moe.AC
@@ -43,12 +44,12 @@ type SimInput struct {
 	KeepTimeline bool
 }
 
-// SimBreakdown splits the step time of the simulated (slowest) rank along
+// Breakdown splits the step time of the simulated (slowest) rank along
 // its critical path, the compute stream: busy time is compute, recompute
 // or optimizer; idle time is exposed communication, charged to the
 // collective the next compute op waited for (all-to-alls that run inline on
 // the compute stream are exposed in full). The parts sum to the step time.
-type SimBreakdown struct {
+type Breakdown struct {
 	ComputeS   float64 `json:"compute_s"`
 	RecomputeS float64 `json:"recompute_s"`
 	OptimizerS float64 `json:"optimizer_s"`
@@ -62,8 +63,8 @@ type SimBreakdown struct {
 	ComputeByClassS map[string]float64 `json:"compute_by_class_s"`
 }
 
-// SimResult is the prediction for one layout.
-type SimResult struct {
+// Result is the prediction for one layout.
+type Result struct {
 	Device  string `json:"gpu"`
 	Cluster string `json:"cluster"`
 	// StepTimeS is one optimizer step (all micro-steps), seconds.
@@ -77,17 +78,17 @@ type SimResult struct {
 	MFUByConvention map[string]float64 `json:"mfu_by_convention"`
 	// Memory: the memory package's step timeline replayed through its
 	// allocator model (the calibrated one when a calibration sets it).
-	PeakAllocatedBytes int64        `json:"peak_allocated_bytes"`
-	PeakReservedBytes  int64        `json:"peak_reserved_bytes"`
-	DeviceBytes        int64        `json:"device_bytes"`
-	MemoryFraction     float64      `json:"memory_fraction"`
-	Breakdown          SimBreakdown `json:"breakdown"`
+	PeakAllocatedBytes int64     `json:"peak_allocated_bytes"`
+	PeakReservedBytes  int64     `json:"peak_reserved_bytes"`
+	DeviceBytes        int64     `json:"device_bytes"`
+	MemoryFraction     float64   `json:"memory_fraction"`
+	Breakdown          Breakdown `json:"breakdown"`
 	// Bottleneck names the largest part of the breakdown.
 	Bottleneck string `json:"bottleneck"`
 	// Exactness says which ranks were simulated and why that is exact.
 	Exactness string `json:"exactness"`
 
-	Schedule  *Schedule `json:"-"`
+	Schedule  *parallel.Schedule `json:"-"`
 	spans     []simSpan
 	streams   []simStream
 	memEvents []memory.Event
@@ -104,7 +105,7 @@ type OpTiming struct {
 // OpTimings returns, for each op of r.Schedule in order, when it ran on the
 // simulated rank and, for a collective, the bytes it was priced at (the
 // most loaded rank's share for an all-to-all with recorded counts).
-func (r *SimResult) OpTimings() []OpTiming {
+func (r *Result) OpTimings() []OpTiming {
 	out := make([]OpTiming, len(r.spans))
 	for i, sp := range r.spans {
 		out[i] = OpTiming{StartS: sp.start, EndS: sp.end, Bytes: r.collBytes[i]}
@@ -135,10 +136,10 @@ type simulated struct {
 // its grouped GEMMs. Group shapes are those of rank 0's groups; layouts
 // whose groups straddle NVLink domains unevenly are approximated by
 // rank 0's.
-func Simulate(in SimInput) (SimResult, error) {
+func Simulate(in Input) (Result, error) {
 	p, err := prepareSim(in)
 	if err != nil {
-		return SimResult{}, err
+		return Result{}, err
 	}
 	return p.run(in.Calibration)
 }
@@ -147,13 +148,13 @@ func Simulate(in SimInput) (SimResult, error) {
 // change: the schedule, the op counts, the memory timeline, the group
 // shapes. Calibration evaluates one prepared run many times.
 type simPrep struct {
-	in     SimInput
+	in     Input
 	cfg    *moe.Config
 	l      moe.Layout
 	dev    hw.Device
 	cl     *hw.Cluster
-	mesh   *Mesh
-	sched  *Schedule
+	mesh   *parallel.Mesh
+	sched  *parallel.Schedule
 	mem    memory.Report
 	recs   []moe.OpRecord
 	loads  map[int]expertShare // by MoE layer; absent = balanced
@@ -164,7 +165,7 @@ type simPrep struct {
 	tokens float64            // per rank per step
 }
 
-func prepareSim(in SimInput) (*simPrep, error) {
+func prepareSim(in Input) (*simPrep, error) {
 	cfg := in.Config
 	if cfg == nil {
 		return nil, errors.New("simulate: no model config")
@@ -219,7 +220,7 @@ func prepareSim(in SimInput) (*simPrep, error) {
 		p.cl = &c
 	}
 	var err error
-	if p.mesh, err = NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
+	if p.mesh, err = parallel.NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	if in.ExpertSkew > 1 {
@@ -236,7 +237,7 @@ func prepareSim(in SimInput) (*simPrep, error) {
 				in.ExpertSkew, maxSkew, p.l.EP, cfg.TopK, cfg.Experts)
 		}
 	}
-	if p.sched, err = BuildSchedule(ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
+	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC}); err != nil {
@@ -255,10 +256,10 @@ func prepareSim(in SimInput) (*simPrep, error) {
 }
 
 // run simulates the prepared layout under a calibration (nil: defaults).
-func (p *simPrep) run(cal *Calibration) (SimResult, error) {
+func (p *simPrep) run(cal *Calibration) (Result, error) {
 	spec := ComputeSpecOf(p.dev).Calibrated(cal)
 	if err := spec.Validate(); err != nil {
-		return SimResult{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
+		return Result{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
 	}
 	in := p.in
 	in.Calibration = cal
@@ -266,18 +267,18 @@ func (p *simPrep) run(cal *Calibration) (SimResult, error) {
 	optS := spec.MemorySeconds(p.params * bytesPerElement(moe.OpOptimizer, moe.Forward))
 	sim, err := simOps(p.sched, p.cl, p.mesh, in, costs, optS, p.loads)
 	if err != nil {
-		return SimResult{}, err
+		return Result{}, err
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {
-		return SimResult{}, err
+		return Result{}, err
 	}
-	res := SimResult{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes}
+	res := Result{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes}
 	for _, sp := range spans {
 		res.StepTimeS = math.Max(res.StepTimeS, sp.end)
 	}
 	if !(res.StepTimeS > 0) {
-		return SimResult{}, errors.New("simulate: zero step time")
+		return Result{}, errors.New("simulate: zero step time")
 	}
 	res.Breakdown, res.Bottleneck = breakdown(p.sched, sim, spans, res.StepTimeS)
 	res.TPS = p.tokens / res.StepTimeS
@@ -296,7 +297,7 @@ func (p *simPrep) run(cal *Calibration) (SimResult, error) {
 	}
 	peak, err := memory.Replay(p.mem.Events, alloc)
 	if err != nil {
-		return SimResult{}, fmt.Errorf("simulate: memory replay: %w", err)
+		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
 	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
 	res.MemoryFraction = float64(peak.Reserved) / float64(p.dev.MemoryBytes)
@@ -323,7 +324,7 @@ type expertShare struct {
 
 // expertLoads returns the simulated rank's share per MoE layer (absent:
 // balanced) and the exactness statement.
-func expertLoads(cfg *moe.Config, l moe.Layout, in SimInput) (map[int]expertShare, string) {
+func expertLoads(cfg *moe.Config, l moe.Layout, in Input) (map[int]expertShare, string) {
 	const sym = "one rank simulated: all ranks run the same program on same-shaped groups with balanced routing"
 	if !cfg.IsMoE() {
 		return nil, sym
@@ -379,8 +380,8 @@ func expertLoads(cfg *moe.Config, l moe.Layout, in SimInput) (map[int]expertShar
 // segKey names one compute op of a schedule.
 type segKey struct {
 	layer int
-	seg   Segment
-	phase Phase
+	seg   parallel.Segment
+	phase parallel.Phase
 }
 
 type segCost struct {
@@ -405,7 +406,7 @@ func classIndex(c OpClass) int {
 // opCosts sums modelled op times per (layer, segment, phase) for one
 // micro-step of the simulated rank. Counts come from flops.Ops with a GPU
 // flash-attention tile (flops.DefaultTile): the work the GPU executes.
-func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) map[segKey]segCost {
+func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) map[segKey]segCost {
 	type opKey struct {
 		layer int
 		op    moe.Op
@@ -431,7 +432,7 @@ func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs 
 	}
 	for _, r := range recs {
 		block := r.Layer >= 0 && r.Layer < cfg.Layers
-		seg := SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
+		seg := parallel.SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
 		share, skewed := loads[r.Layer]
 		if !skewed {
 			share = expertShare{load: 1}
@@ -444,12 +445,12 @@ func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs 
 		cls = classIndex(OpClassOf(r.Op))
 		switch r.Pass {
 		case moe.Forward:
-			addCost(segKey{r.Layer, seg, PhaseForward}, t, 0)
+			addCost(segKey{r.Layer, seg, parallel.PhaseForward}, t, 0)
 			if block && in.AC.FullyCheckpointed(r.Layer) {
-				addCost(segKey{r.Layer, seg, PhaseRecompute}, t, t)
+				addCost(segKey{r.Layer, seg, parallel.PhaseRecompute}, t, t)
 			}
 		case moe.BackwardData, moe.BackwardWeight:
-			addCost(segKey{r.Layer, seg, PhaseBackward}, t, 0)
+			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, 0)
 		case moe.Recompute:
 			if block && in.AC.FullyCheckpointed(r.Layer) {
 				// The block's forward repeat is the PhaseRecompute op; what
@@ -462,38 +463,38 @@ func opCosts(cfg *moe.Config, l moe.Layout, in SimInput, spec ComputeSpec, recs 
 				r.Count = extra
 				t = spec.OpSeconds(cfg, r, local, groups)
 			}
-			addCost(segKey{r.Layer, seg, PhaseBackward}, t, t)
+			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, t)
 		}
 	}
 	return costs
 }
 
 // streamOf maps a schedule op to an engine stream.
-func streamOf(o ScheduleOp, single bool) simStream {
-	if o.Type == OpCompute {
+func streamOf(o parallel.ScheduleOp, single bool) simStream {
+	if o.Type == parallel.OpCompute {
 		return simCompute
 	}
 	if single {
 		return simGather
 	}
 	switch {
-	case o.Coll == CollAllToAll:
+	case o.Coll == parallel.CollAllToAll:
 		return simCompute
-	case o.Purpose == PurposeGather || o.Purpose == PurposeRegather:
+	case o.Purpose == parallel.PurposeGather || o.Purpose == parallel.PurposeRegather:
 		return simGather
 	}
 	return simReduce
 }
 
 // simOps turns the schedule into engine ops with modelled costs.
-func simOps(s *Schedule, cl *hw.Cluster, mesh *Mesh, in SimInput, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
 	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
-	shapes := map[Axis]GroupShape{}
+	shapes := map[parallel.Axis]GroupShape{}
 	for i, o := range s.Ops {
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
-		if o.Type == OpCompute {
-			if o.Phase == PhaseOptimizer {
+		if o.Type == parallel.OpCompute {
+			if o.Phase == parallel.PhaseOptimizer {
 				so.compute = optS
 			} else {
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
@@ -510,26 +511,26 @@ func simOps(s *Schedule, cl *hw.Cluster, mesh *Mesh, in SimInput, costs map[segK
 			shapes[o.Axis] = g
 		}
 		bytes := float64(o.Bytes())
-		if o.Coll == CollAllToAll && o.Purpose != PurposeCounts {
+		if o.Coll == parallel.CollAllToAll && o.Purpose != parallel.PurposeCounts {
 			if sh, ok := loads[o.Layer]; ok {
 				bytes *= sh.load
 			}
 		}
-		kind := CollKind(o.Coll)
+		kind := parallel.CollKind(o.Coll)
 		switch o.Coll {
-		case CollBroadcast:
-			kind = CollAllGather // a ring broadcast moves (n−1)/n·S per rank like an all-gather
-		case CollBarrier:
-			kind, bytes = CollAllReduce, 0
+		case parallel.CollBroadcast:
+			kind = parallel.CollAllGather // a ring broadcast moves (n−1)/n·S per rank like an all-gather
+		case parallel.CollBarrier:
+			kind, bytes = parallel.CollAllReduce, 0
 		}
 		cc, err := CollectiveCost(cl, in.Calibration, kind, g, bytes)
 		if err != nil {
 			return nil, fmt.Errorf("simulate: op %d: %w", i, err)
 		}
-		if o.Coll == CollBarrier && g.Ranks > 1 {
+		if o.Coll == parallel.CollBarrier && g.Ranks > 1 {
 			cc.LatencyS = cl.BaseLatencyUS * 1e-6
 		}
-		cc.Kind = CollKind(o.Coll)
+		cc.Kind = parallel.CollKind(o.Coll)
 		sim.comm[i] = cc
 		sim.bytes[i] = bytes
 		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link
@@ -543,8 +544,8 @@ func simOps(s *Schedule, cl *hw.Cluster, mesh *Mesh, in SimInput, costs map[segK
 // full); idle gaps to the collectives in flight during the gap, in
 // proportion to how long each overlaps it (a gap with none in flight is
 // charged to "other"). The parts sum to the step time.
-func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimBreakdown, string) {
-	b := SimBreakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}}
+func breakdown(s *parallel.Schedule, sim *simulated, spans []simSpan, step float64) (Breakdown, string) {
+	b := Breakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}}
 	var order, colls []int
 	for i, o := range sim.ops {
 		if o.stream == simCompute {
@@ -598,7 +599,7 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 		case o.coll:
 			b.ExposedCommS[string(sim.comm[i].Kind)] += d
 			detail[label(i)] += d
-		case s.Ops[i].Phase == PhaseOptimizer:
+		case s.Ops[i].Phase == parallel.PhaseOptimizer:
 			b.OptimizerS += d
 		default:
 			b.RecomputeS += sim.recompute[i]
@@ -649,25 +650,25 @@ func breakdown(s *Schedule, sim *simulated, spans []simSpan, step float64) (SimB
 // the schedule op of the same micro-step, layer and phase (its start for an
 // allocation, its end for a free); setup events at 0, optimizer events at
 // the optimizer op.
-func memEventTimes(s *Schedule, spans []simSpan, evs []memory.Event) []float64 {
+func memEventTimes(s *parallel.Schedule, spans []simSpan, evs []memory.Event) []float64 {
 	type key struct {
 		micro, layer int
-		phase        Phase
+		phase        parallel.Phase
 	}
 	first := map[key]float64{}
 	last := map[key]float64{}
 	var optStart, optEnd float64
 	for i, o := range s.Ops {
-		if o.Type != OpCompute {
+		if o.Type != parallel.OpCompute {
 			continue
 		}
-		if o.Phase == PhaseOptimizer {
+		if o.Phase == parallel.PhaseOptimizer {
 			optStart, optEnd = spans[i].start, spans[i].end
 			continue
 		}
 		ph := o.Phase
-		if ph == PhaseRecompute {
-			ph = PhaseBackward
+		if ph == parallel.PhaseRecompute {
+			ph = parallel.PhaseBackward
 		}
 		k := key{o.Micro, o.Layer, ph}
 		if t, ok := first[k]; !ok || spans[i].start < t {
@@ -688,9 +689,9 @@ func memEventTimes(s *Schedule, spans []simSpan, evs []memory.Event) []float64 {
 				t = optEnd
 			}
 		default:
-			ph := PhaseForward
+			ph := parallel.PhaseForward
 			if e.Phase == memory.Backward {
-				ph = PhaseBackward
+				ph = parallel.PhaseBackward
 			}
 			k := key{e.Micro, e.Layer, ph}
 			if v, ok := first[k]; ok {

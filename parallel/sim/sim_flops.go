@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 // flopsPerToken returns FLOPs per token under every convention of the flops
 // package, and the hardware count (recompute under in.AC and the GPU
 // flash-attention tile) for HFU.
-func flopsPerToken(cfg *moe.Config, in SimInput) (map[string]float64, float64, error) {
+func flopsPerToken(cfg *moe.Config, in Input) (map[string]float64, float64, error) {
 	t, err := flops.Count(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile)
 	if err != nil {
 		return nil, 0, fmt.Errorf("simulate: flops: %w", err)

@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -93,4 +94,4 @@ func FuzzCollectiveMonotone(f *testing.F) {
 
 // timedCollKinds are the collectives the time model prices; schedules emit
 // no broadcast or barrier.
-var timedCollKinds = []CollKind{CollAllGather, CollReduceScatter, CollAllReduce, CollAllToAll}
+var timedCollKinds = []parallel.CollKind{parallel.CollAllGather, parallel.CollReduceScatter, parallel.CollAllReduce, parallel.CollAllToAll}

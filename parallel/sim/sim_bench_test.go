@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"testing"
@@ -15,7 +15,7 @@ func benchSimulate(b *testing.B, gpus int) {
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
-	in := SimInput{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2}
+	in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2}
 	for b.Loop() {
 		if _, err := Simulate(in); err != nil {
 			b.Fatal(err)
@@ -40,7 +40,7 @@ func benchRun(b *testing.B, gpus int) {
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
-	p, err := prepareSim(SimInput{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2})
+	p, err := prepareSim(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func BenchmarkSimulateDense512(b *testing.B) {
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
-	in := SimInput{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 8192, GradAccum: 2}
+	in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 8192, GradAccum: 2}
 	for b.Loop() {
 		if _, err := Simulate(in); err != nil {
 			b.Fatal(err)

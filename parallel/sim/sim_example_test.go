@@ -1,14 +1,13 @@
-package parallel_test
+package sim_test
 
 import (
 	"fmt"
 	"math"
 	"slices"
 
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // Predict one layout: a small MoE on 16 B200s (two hgx hosts), FSDP over
@@ -23,7 +22,7 @@ func ExampleSimulate() {
 		panic(err)
 	}
 	dev, _ := hw.LookupDevice("b200")
-	r, err := parallel.Simulate(parallel.SimInput{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective},
+	r, err := sim.Simulate(sim.Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective},
 		LBS: 2, Seq: 256, GradAccum: 1, Device: dev})
 	if err != nil {
 		panic(err)
@@ -34,21 +33,21 @@ func ExampleSimulate() {
 
 // Fit the model to a measured run of your own stack, then predict with it.
 func ExampleCalibrate() {
-	measured := memory.Run{Model: "tiny-dense", GPU: "b200", GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1,
+	measured := sim.Run{Model: "tiny-dense", GPU: "b200", GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1,
 		AC: "none", LBS: 2, Seq: 128, Precision: "bf16", TPS: 400000}
-	cal, err := parallel.Calibrate([]memory.Run{measured})
+	cal, err := sim.Calibrate([]sim.Run{measured})
 	if err != nil {
 		panic(err)
 	}
-	in, err := parallel.SimInputForRun(measured)
+	in, err := sim.InputForRun(measured)
 	if err != nil {
 		panic(err)
 	}
 	in.Calibration = cal
-	r, err := parallel.Simulate(in)
+	r, err := sim.Simulate(in)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("gemm_scale fitted: %v; predicted TPS within 1%%: %v\n", slices.Contains(cal.Fitted, parallel.CalGEMM), math.Abs(r.TPS/400000-1) < 0.01)
+	fmt.Printf("gemm_scale fitted: %v; predicted TPS within 1%%: %v\n", slices.Contains(cal.Fitted, sim.CalGEMM), math.Abs(r.TPS/400000-1) < 0.01)
 	// Output: gemm_scale fitted: true; predicted TPS within 1%: true
 }

@@ -1,4 +1,4 @@
-package numeric
+package crosscheck
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // One schedule, two executions: the numeric backend runs a step on small
@@ -47,7 +49,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			t.Fatal(err)
 		}
 		init.InitRandom(5)
-		n, err := New(Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: 1, DP: l.DP()},
+		n, err := numeric.New(numeric.Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: 1, DP: l.DP()},
 			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
@@ -78,7 +80,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			}
 			counts = append(counts, row)
 		}
-		res, err := parallel.Simulate(parallel.SimInput{Config: cfg, Layout: l, AC: tc.ac, LBS: lbs, Seq: seq, GradAccum: 1,
+		res, err := sim.Simulate(sim.Input{Config: cfg, Layout: l, AC: tc.ac, LBS: lbs, Seq: seq, GradAccum: 1,
 			ExpertCounts: counts, KeepTimeline: true})
 		if err != nil {
 			t.Fatal(err)

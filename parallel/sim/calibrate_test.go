@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"bytes"
@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -16,15 +16,15 @@ import (
 // their defaults, and say so.
 func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
 	truth := &Calibration{GEMMScale: 0.7, AttentionScale: 0.8, AllocatorOverhead: 0.2}
-	var runs []memory.Run
+	var runs []Run
 	for _, g := range []struct{ gpus, lbs int }{{4, 1}, {8, 2}} {
-		r := memory.Run{Model: "tiny-dense", GPU: "b200", GPUs: g.gpus, DPShard: g.gpus, DPReplicate: 1, EP: 1,
+		r := Run{Model: "tiny-dense", GPU: "b200", GPUs: g.gpus, DPShard: g.gpus, DPReplicate: 1, EP: 1,
 			AC: "selective", LBS: g.lbs, Seq: 256, Precision: "bf16", TPS: 1}
-		in, err := SimInputForRun(r)
+		in, err := InputForRun(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := Simulate(SimInput{Config: in.Config, Layout: in.Layout, AC: in.AC, LBS: in.LBS, Seq: in.Seq,
+		res, err := Simulate(Input{Config: in.Config, Layout: in.Layout, AC: in.AC, LBS: in.LBS, Seq: in.Seq,
 			Device: in.Device, Cluster: in.Cluster, Calibration: truth})
 		if err != nil {
 			t.Fatal(err)
@@ -104,7 +104,7 @@ func FuzzParseCalibration(f *testing.F) {
 		if err := ComputeSpecOf(dev).Calibrated(c).Validate(); err != nil {
 			t.Fatalf("%+v: %v", c, err)
 		}
-		cc, err := CollectiveCost(hgx, c, CollAllReduce, GroupShape{16, 2, 8}, 1e9)
+		cc, err := CollectiveCost(hgx, c, parallel.CollAllReduce, GroupShape{16, 2, 8}, 1e9)
 		if err != nil || !(cc.Seconds() > 0) || math.IsInf(cc.Seconds(), 0) {
 			t.Fatalf("%+v: %+v %v", c, cc, err)
 		}

@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"bytes"
@@ -116,17 +116,17 @@ func ParseCalibration(data []byte, where string) (*Calibration, error) {
 	return &c, nil
 }
 
-// SimInputForRun turns a measured run into the layout to simulate: its
+// InputForRun turns a measured run into the layout to simulate: its
 // model (built-in name or path), device, cluster (the run's, else the
 // GPU's usual one), layout, checkpointing and batch.
-func SimInputForRun(r memory.Run) (SimInput, error) {
+func InputForRun(r Run) (Input, error) {
 	cfg, err := moe.Load(r.Model)
 	if err != nil {
-		return SimInput{}, err
+		return Input{}, err
 	}
 	dev, err := hw.LookupDevice(r.GPU)
 	if err != nil {
-		return SimInput{}, err
+		return Input{}, err
 	}
 	cname := r.Cluster
 	if cname == "" {
@@ -134,21 +134,21 @@ func SimInputForRun(r memory.Run) (SimInput, error) {
 	}
 	cl, err := hw.LoadCluster(cname)
 	if err != nil {
-		return SimInput{}, err
+		return Input{}, err
 	}
 	l, err := r.Layout()
 	if err != nil {
-		return SimInput{}, err
+		return Input{}, err
 	}
 	ac, err := moe.ParseAC(r.AC)
 	if err != nil {
-		return SimInput{}, err
+		return Input{}, err
 	}
-	return SimInput{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl}, nil
+	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl}, nil
 }
 
 // measuredReserved returns the run's measured peak reserved bytes, if any.
-func measuredReserved(r memory.Run, dev hw.Device) (float64, bool) {
+func measuredReserved(r Run, dev hw.Device) (float64, bool) {
 	if r.PeakReservedBytes != nil {
 		return float64(*r.PeakReservedBytes), true
 	}
@@ -197,13 +197,13 @@ func (s calState) calibration(x []float64, base Calibration) *Calibration {
 // leaves grouped_scale alone, single-node runs leave net_efficiency alone).
 // The allocator overhead is then fitted alone to the runs that report peak
 // reserved memory: minimize Σ ln²(predicted/measured reserved).
-func Calibrate(runs []memory.Run) (*Calibration, error) {
+func Calibrate(runs []Run) (*Calibration, error) {
 	if len(runs) == 0 {
 		return nil, errors.New("calibrate: no runs")
 	}
 	preps := make([]*simPrep, len(runs))
 	for i, r := range runs {
-		in, err := SimInputForRun(r)
+		in, err := InputForRun(r)
 		if err != nil {
 			return nil, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}

@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"fmt"
@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/memory"
 )
 
 // seriesKey groups published runs that differ only in scale (GPU count,
@@ -17,7 +16,7 @@ import (
 // own: it runs no collective and no sharding wrapper (KempnerForge's table
 // lists its parallelism as "—"), so it cannot stand for the distributed
 // runs; it is still predicted uncalibrated.
-func seriesKey(r memory.Run) string {
+func seriesKey(r Run) string {
 	return fmt.Sprintf("%s|%s|%s|%s|compile=%v|%s|seq=%d|ga=%d|rep=%d|ep=%d|single=%v", r.File, r.Model, r.GPU, r.Precision,
 		r.Compiled(), r.AC, r.Seq, max(1, r.GradAccum), r.DPReplicate, r.EP, r.GPUs == 1)
 }
@@ -28,11 +27,11 @@ func seriesKey(r memory.Run) string {
 // by more than 10%. It also checks the table holds at least 3 series of at
 // least 2 BF16 runs from at least 2 sources.
 func TestPublishedTPS(t *testing.T) {
-	runs, err := memory.LoadPublished("../testdata/published")
+	runs, err := LoadPublished("../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
-	series := map[string][]memory.Run{}
+	series := map[string][]Run{}
 	var keys []string
 	for _, r := range runs {
 		k := seriesKey(r)
@@ -65,7 +64,7 @@ func TestPublishedTPS(t *testing.T) {
 			}
 		}
 		for i, r := range rs {
-			in, err := SimInputForRun(r)
+			in, err := InputForRun(r)
 			if err != nil {
 				t.Fatalf("%s: %v", k, err)
 			}

@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"bufio"
@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -31,7 +32,7 @@ type traceEvent struct {
 // result must come from Simulate with KeepTimeline. Ranks run the same
 // program (see Simulate's exactness note), so each listed rank shows the
 // simulated rank's timeline.
-func (r *SimResult) WriteTrace(w io.Writer, ranks []int) error {
+func (r *Result) WriteTrace(w io.Writer, ranks []int) error {
 	if r.spans == nil || r.Schedule == nil {
 		return errors.New("trace: simulate with KeepTimeline to write a trace")
 	}
@@ -72,7 +73,7 @@ func (r *SimResult) WriteTrace(w io.Writer, ranks []int) error {
 		for i, o := range r.Schedule.Ops {
 			sp := r.spans[i]
 			e := traceEvent{Ph: "X", PID: rk, TID: int(r.streams[i]), TS: sp.start * 1e6, Dur: (sp.end - sp.start) * 1e6}
-			if o.Type == OpCompute {
+			if o.Type == parallel.OpCompute {
 				e.Cat = "compute"
 				e.Name = fmt.Sprintf("L%d %s %s", o.Layer, o.Phase, o.Segment)
 				e.Args = map[string]any{"micro": o.Micro}
@@ -80,7 +81,7 @@ func (r *SimResult) WriteTrace(w io.Writer, ranks []int) error {
 				e.Cat = "comm"
 				e.Name = fmt.Sprintf("%s %s", o.Coll, o.Purpose)
 				e.Args = map[string]any{"micro": o.Micro, "layer": o.Layer, "axis": string(o.Axis), "bytes": o.Bytes()}
-				if o.Purpose == PurposeGather || o.Purpose == PurposeGradReduce || o.Purpose == PurposeGradReplica || o.Purpose == PurposeRegather {
+				if o.Purpose == parallel.PurposeGather || o.Purpose == parallel.PurposeGradReduce || o.Purpose == parallel.PurposeGradReplica || o.Purpose == parallel.PurposeRegather {
 					e.Args["unit"] = o.Unit.String()
 				}
 			}

@@ -1,4 +1,4 @@
-package memory
+package sim
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -115,7 +116,7 @@ func (r Run) Validate(requireSource bool) error {
 	if r.GradAccum < 0 {
 		bad("grad_accum", r.GradAccum, "must be ≥ 1 (0 = 1)")
 	}
-	if r.Optimizer != "" && r.Optimizer != Fused && r.Optimizer != Foreach {
+	if r.Optimizer != "" && r.Optimizer != memory.Fused && r.Optimizer != memory.Foreach {
 		bad("optimizer", r.Optimizer, "must be fused or foreach")
 	}
 	if r.LossChunks < 0 {

@@ -1,4 +1,4 @@
-package parallel
+package sim
 
 import (
 	"fmt"
@@ -8,9 +8,10 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
-func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac string) SimInput {
+func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac string) Input {
 	t.Helper()
 	cfg, err := moe.Load(model)
 	if err != nil {
@@ -24,13 +25,13 @@ func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return SimInput{Config: cfg, Layout: l, AC: a, LBS: lbs, Seq: seq, GradAccum: accum}
+	return Input{Config: cfg, Layout: l, AC: a, LBS: lbs, Seq: seq, GradAccum: accum}
 }
 
 // The breakdown partitions the step; TPS is tokens over step time; the
 // memory peak is the memory package's own, exactly.
 func TestSimulateInvariants(t *testing.T) {
-	for _, in := range []SimInput{
+	for _, in := range []Input{
 		simTestInput(t, "tiny", 16, 2, 2, 64, 1, "selective"),
 		simTestInput(t, "tiny", 8, 4, 1, 128, 3, "full"),
 		simTestInput(t, "tiny-dense", 4, 1, 2, 64, 2, "none"),
@@ -138,7 +139,7 @@ func TestSimulateOneGPUIsSumOfCompute(t *testing.T) {
 	}
 	sum := 0.0
 	for i, o := range r.Schedule.Ops {
-		if o.Type != OpCompute {
+		if o.Type != parallel.OpCompute {
 			t.Fatalf("op %d is a collective on one GPU: %s", i, o)
 		}
 		sum += r.spans[i].end - r.spans[i].start
@@ -251,7 +252,7 @@ func TestSimulateSingleCommStream(t *testing.T) {
 	}
 	var prevEnd float64
 	for i, o := range r.Schedule.Ops {
-		if o.Type != OpCollective {
+		if o.Type != parallel.OpCollective {
 			continue
 		}
 		if r.streams[i] != simGather {

@@ -1,10 +1,11 @@
-package parallel
+package sim
 
 import (
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -90,11 +91,11 @@ func TestEngineDeadlock(t *testing.T) {
 // until t = 3. The 2 s gap [1, 3] sees the gather for 2 s and the
 // all-reduce for 1 s: 4/3 s gather, 2/3 s all-reduce.
 func TestBreakdownAttribution(t *testing.T) {
-	sched := &Schedule{Ops: []ScheduleOp{
-		{Type: OpCompute, Phase: PhaseForward},
-		{Type: OpCollective, Coll: CollAllGather},
-		{Type: OpCollective, Coll: CollAllReduce},
-		{Type: OpCompute, Phase: PhaseBackward},
+	sched := &parallel.Schedule{Ops: []parallel.ScheduleOp{
+		{Type: parallel.OpCompute, Phase: parallel.PhaseForward},
+		{Type: parallel.OpCollective, Coll: parallel.CollAllGather},
+		{Type: parallel.OpCollective, Coll: parallel.CollAllReduce},
+		{Type: parallel.OpCompute, Phase: parallel.PhaseBackward},
 	}}
 	sim := &simulated{
 		ops: []simOp{
@@ -104,7 +105,7 @@ func TestBreakdownAttribution(t *testing.T) {
 			{stream: simCompute, compute: 1, deps: []int{1}},
 		},
 		recompute: make([]float64, 4),
-		comm:      []CommCost{{}, {Kind: CollAllGather}, {Kind: CollAllReduce}, {}},
+		comm:      []CommCost{{}, {Kind: parallel.CollAllGather}, {Kind: parallel.CollAllReduce}, {}},
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {
@@ -121,9 +122,9 @@ func TestBreakdownAttribution(t *testing.T) {
 
 // A step dominated by a gather names it with its axis and link class.
 func TestBottleneckNamesAxisAndLink(t *testing.T) {
-	sched := &Schedule{Ops: []ScheduleOp{
-		{Type: OpCollective, Coll: CollAllGather, Axis: AxisEFSDP},
-		{Type: OpCompute, Phase: PhaseForward},
+	sched := &parallel.Schedule{Ops: []parallel.ScheduleOp{
+		{Type: parallel.OpCollective, Coll: parallel.CollAllGather, Axis: parallel.AxisEFSDP},
+		{Type: parallel.OpCompute, Phase: parallel.PhaseForward},
 	}}
 	sim := &simulated{
 		ops: []simOp{
@@ -131,7 +132,7 @@ func TestBottleneckNamesAxisAndLink(t *testing.T) {
 			{stream: simCompute, compute: 1, deps: []int{0}},
 		},
 		recompute: make([]float64, 2),
-		comm:      []CommCost{{Kind: CollAllGather, Link: hw.LinkNet}, {}},
+		comm:      []CommCost{{Kind: parallel.CollAllGather, Link: hw.LinkNet}, {}},
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {

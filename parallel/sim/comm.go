@@ -1,9 +1,10 @@
-package parallel
+package sim
 
 import (
 	"fmt"
 	"math"
 
+	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -59,7 +60,7 @@ func ShapeOf(c *hw.Cluster, ranks []int) GroupShape {
 
 // CommCost is the modelled time of one collective on one rank.
 type CommCost struct {
-	Kind      CollKind
+	Kind      parallel.CollKind
 	Algorithm string       // "ring", "tree", "hierarchical", "direct" (all-to-all) or "none" (one rank)
 	Link      hw.LinkClass // the link class whose bandwidth bounds the transfer
 	LatencyS  float64      // latency term, seconds
@@ -98,9 +99,9 @@ func ratesOf(c *hw.Cluster, cal *Calibration) commRates {
 // CollectiveCost models one collective of kind moving S bytes on a group of
 // the given shape (S as in the package notes: the full tensor). It returns
 // the cheapest of NCCL's algorithms by the model.
-func CollectiveCost(c *hw.Cluster, cal *Calibration, kind CollKind, g GroupShape, bytes float64) (CommCost, error) {
+func CollectiveCost(c *hw.Cluster, cal *Calibration, kind parallel.CollKind, g GroupShape, bytes float64) (CommCost, error) {
 	switch kind {
-	case CollAllGather, CollReduceScatter, CollAllReduce, CollAllToAll:
+	case parallel.CollAllGather, parallel.CollReduceScatter, parallel.CollAllReduce, parallel.CollAllToAll:
 	default:
 		// Schedules never emit broadcast or barrier; pricing them as a ring
 		// all-gather would be a silent guess.
@@ -116,13 +117,13 @@ func CollectiveCost(c *hw.Cluster, cal *Calibration, kind CollKind, g GroupShape
 		return CommCost{Kind: kind, Algorithm: "none"}, nil
 	}
 	r := ratesOf(c, cal)
-	if kind == CollAllToAll {
+	if kind == parallel.CollAllToAll {
 		n, k := float64(g.Ranks), float64(g.PerDomain)
 		return allToAll(r, kind, g, (k-1)/n*bytes, (n-k)/n*bytes), nil
 	}
 	best := ringCost(r, kind, g, bytes)
 	if g.Domains > 1 {
-		if kind == CollAllReduce {
+		if kind == parallel.CollAllReduce {
 			if t := treeCost(r, g, bytes); t.Seconds() < best.Seconds() {
 				best = t
 			}
@@ -136,7 +137,7 @@ func CollectiveCost(c *hw.Cluster, cal *Calibration, kind CollKind, g GroupShape
 	return best, nil
 }
 
-func allToAll(r commRates, kind CollKind, g GroupShape, intra, inter float64) CommCost {
+func allToAll(r commRates, kind parallel.CollKind, g GroupShape, intra, inter float64) CommCost {
 	tNV, tNet := intra/r.nv, inter/r.net
 	cc := CommCost{Kind: kind, Algorithm: "direct", Link: hw.LinkNVLink, BandwidthS: tNV, WireBytes: intra + inter,
 		LatencyS: r.base + r.latNV}
@@ -150,22 +151,22 @@ func allToAll(r commRates, kind CollKind, g GroupShape, intra, inter float64) Co
 }
 
 // steps returns NCCL's ring step counts (all steps, network steps).
-func ringSteps(kind CollKind, n, m int) (int, int) {
-	if kind == CollAllReduce {
+func ringSteps(kind parallel.CollKind, n, m int) (int, int) {
+	if kind == parallel.CollAllReduce {
 		return 2 * (n - 1), 2 * (m - 1)
 	}
 	return n - 1, m - 1
 }
 
-func volumeFactor(kind CollKind, n int) float64 {
+func volumeFactor(kind parallel.CollKind, n int) float64 {
 	f := float64(n-1) / float64(n)
-	if kind == CollAllReduce {
+	if kind == parallel.CollAllReduce {
 		return 2 * f
 	}
 	return f
 }
 
-func ringCost(r commRates, kind CollKind, g GroupShape, bytes float64) CommCost {
+func ringCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) CommCost {
 	n, m := g.Ranks, g.Domains
 	vol := volumeFactor(kind, n) * bytes
 	bw, link := r.nv, hw.LinkNVLink
@@ -185,20 +186,20 @@ func treeCost(r commRates, g GroupShape, bytes float64) CommCost {
 		bw, link = netBW, hw.LinkNet
 	}
 	lat := r.base + 2*(float64(g.PerDomain-1)*r.latNV+math.Ceil(math.Log2(float64(g.Domains)))*r.latNt)
-	return CommCost{Kind: CollAllReduce, Algorithm: "tree", Link: link, LatencyS: lat,
+	return CommCost{Kind: parallel.CollAllReduce, Algorithm: "tree", Link: link, LatencyS: lat,
 		BandwidthS: bytes / (0.46 * bw), WireBytes: 2 * bytes}
 }
 
-func hierCost(r commRates, kind CollKind, g GroupShape, bytes float64) CommCost {
+func hierCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) CommCost {
 	k, m := g.PerDomain, g.Domains
 	// Intra-domain phases over k ranks on the full tensor; inter-domain
 	// phase over m ranks on a 1/k slice, k rings in parallel.
 	var intraVol, interVol float64
 	var intraSteps, interSteps int
 	switch kind {
-	case CollAllReduce:
+	case parallel.CollAllReduce:
 		intraVol = 2 * float64(k-1) / float64(k) * bytes // reduce-scatter + all-gather
-		interVol = volumeFactor(CollAllReduce, m) * bytes / float64(k)
+		interVol = volumeFactor(parallel.CollAllReduce, m) * bytes / float64(k)
 		intraSteps, interSteps = 2*(k-1), 2*(m-1)
 	default:
 		intraVol = float64(k-1) / float64(k) * bytes

@@ -1,0 +1,9 @@
+// Package crosscheck holds the tests that run both backends of one schedule
+// side by side: the goroutine ranks of parallel/numeric and the virtual time
+// of parallel/sim. Neither backend may import the other, so the test that
+// proves they execute the same collectives, in the same order, of the same
+// sizes, lives above both. It has no API.
+//
+// It imports parallel/numeric, parallel/sim, parallel and moe; nothing
+// imports it.
+package crosscheck

@@ -1,0 +1,15 @@
+// Package sim walks the per-rank program of a training step (package
+// parallel's Schedule) in virtual time on a modelled cluster: compute ops
+// priced from their exact FLOP and byte counts (tile- and wave-quantized
+// GEMMs, grouped expert GEMMs, flash attention, memory-bound ops, launch
+// overheads), collectives from NCCL's cost model on the cluster's link
+// classes, streams that overlap as scheduled, and memory as package
+// memory's allocation timeline replayed through its caching-allocator
+// model. It also holds calibration (fitting efficiencies to measured runs),
+// the published-runs schema and the validation of predictions against them,
+// and Chrome traces of a simulated step.
+//
+// It imports parallel, parallel/hw, memory, flops, moe and internal/fileio;
+// parallel/plan and cmd/moescope import it. It never imports
+// parallel/numeric, nor numeric it.
+package sim
