@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-
 )
 
 // seriesKey groups published runs that differ only in scale (GPU count,
