@@ -27,7 +27,7 @@ var layers = [][]string{
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},
 	{"parallel"},
-	{"parallel/hw"},
+	{"parallel/hw", "moe/bench"},
 	{"flops", "memory"},
 	{"moe"},
 	{"moe/kernel", "moe/safetensors"},
