@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -219,7 +218,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	var cal *sim.Calibration
 	if a.calibration != "" {
-		if cal, err = planReadCalibration(a.calibration); err != nil {
+		if cal, err = readCalibration(a.calibration); err != nil {
 			return err
 		}
 	}
@@ -316,21 +315,6 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 // planTracer is an evaluator that can write a Chrome trace of one point's step.
 type planTracer interface {
 	Trace(w io.Writer, p plan.Point) error
-}
-
-// planReadCalibration reads a calibration file; unknown fields are errors.
-func planReadCalibration(path string) (*sim.Calibration, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--calibration: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	var c sim.Calibration
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: --calibration %s: %v", errUsage, path, err)
-	}
-	return &c, nil
 }
 
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {

@@ -303,6 +303,34 @@ func TestPlanCommandCalibration(t *testing.T) {
 	}
 }
 
+// TestPlanCalibrationOneReader: plan reads --calibration through the reader
+// simulate uses (it had its own copy, which skipped validation, the 1 MiB
+// bound and the trailing-data check): each bad file is refused by both, as a
+// usage error naming the flag.
+func TestPlanCalibrationOneReader(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string][]byte{
+		"trailing.json": []byte(`{"gemm_scale": 0.9} {}`),
+		"range.json":    []byte(`{"gemm_scale": -1}`),
+		"big.json":      append([]byte(`{"gemm_scale": 0.9}`), bytes.Repeat([]byte(" "), 1<<20)...),
+	}
+	for name, b := range files {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--calibration", p)
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--calibration") {
+			t.Errorf("plan with %s: err = %v, want a usage error naming --calibration", name, err)
+		}
+		var stdout, stderr bytes.Buffer
+		err = run(&stdout, &stderr, []string{"simulate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--lbs", "1", "--calibration", p})
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--calibration") {
+			t.Errorf("simulate with %s: err = %v, want a usage error naming --calibration", name, err)
+		}
+	}
+}
+
 // TestPlanCommandExhaustive: the exhaustive mode reports one stage at the
 // target and a best plan at least as fast as the hierarchical one.
 func TestPlanCommandExhaustive(t *testing.T) {

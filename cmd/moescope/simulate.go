@@ -49,11 +49,23 @@ func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error)
 	}
 	var cal *sim.Calibration
 	if h.calibration != "" {
-		if cal, err = sim.ReadCalibration(h.calibration); err != nil {
-			return dev, nil, nil, fmt.Errorf("--calibration: %w", err)
+		if cal, err = readCalibration(h.calibration); err != nil {
+			return dev, nil, nil, err
 		}
 	}
 	return dev, cl, cal, nil
+}
+
+// readCalibration is the one reader of --calibration for every command:
+// sim.ReadCalibration bounds the read, refuses unknown fields and trailing
+// data, and validates every value. Like a bad --gpu or --cluster, a bad
+// file is a usage error.
+func readCalibration(path string) (*sim.Calibration, error) {
+	cal, err := sim.ReadCalibration(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --calibration: %v", errUsage, err)
+	}
+	return cal, nil
 }
 
 func runSimulate(stdout, stderr io.Writer, args []string) error {
