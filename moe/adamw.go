@@ -18,6 +18,11 @@ type AdamW struct {
 // 0.999), eps 1e-8, weight_decay 1e-2.
 var DefaultAdamW = AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 1e-2}
 
+// TorchtitanAdamW is torchtitan's default optimizer (job_config.py, class
+// Optimizer, at commit 000204a4a8bf): AdamW with lr 8e-4, betas (0.9, 0.95),
+// eps 1e-8, weight_decay 0.1.
+var TorchtitanAdamW = AdamW{LR: 8e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
+
 // AdamState is the optimizer state of a set of parameters.
 type AdamState[T Float] struct {
 	Step int64 // steps taken

@@ -57,8 +57,8 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	steps := fs.Int("steps", 0, "optimizer steps to run (required)")
 	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
 	seed := fs.Uint64("seed", 0, "seed of the initialization and of the synthetic data")
-	lr := fs.Float64("lr", 8e-4, "AdamW learning rate (torchtitan's default)")
-	wd := fs.Float64("weight-decay", 0.1, "AdamW weight decay (torchtitan's default)")
+	lr := fs.Float64("lr", moe.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
+	wd := fs.Float64("weight-decay", moe.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
 	auxCoef := fs.Float64("aux-coef", -1, "load-balancing loss coefficient (default: the config's router_aux_loss_coef)")
 	biasRate := fs.Float64("bias-update-rate", 1e-3, "selection-bias update rate γ (sigmoid routers with a bias)")
 	jsonOut := fs.Bool("json", false, "print one JSON object at the end (progress lines go to stderr)")
@@ -122,7 +122,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	}
 	gpn := layout.GPUsPerNode
 	if gpn == 0 {
-		cl, err := hw.LoadCluster("hgx")
+		cl, err := hw.LoadCluster(hw.DefaultClusterName)
 		if err != nil {
 			return err
 		}
@@ -150,46 +150,11 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		}
 		return sched.Print(stdout)
 	}
-	// Every rank holds a float32 copy of the model and its gradients to run
-	// its blocks on (the memory accounting models the GPU, not this), plus
-	// its shards of parameters, gradients and two moments.
-	var elems int64
-	for _, p := range cfg.Params() {
-		elems += p.Elements()
+	if err := checkHostMemory(cfg, layout, memory.Batch{LBS: *lbs, Seq: *seq, GradAccum: *accum}, ac, *hostGiB); err != nil {
+		return err
 	}
-	need := float64(elems) * 4 * float64(2*mesh.World()+6)
-	if need > *hostGiB*(1<<30) {
-		return fmt.Errorf("%w: train runs on this CPU: %s (%d parameters) on %d ranks needs about %.1f GiB of host memory, over --host-memory-gib %g; use a small model such as tiny",
-			errUsage, cfg.Name, elems, mesh.World(), need/(1<<30), *hostGiB)
-	}
-	// Each rank's activations grow with lbs·seq: memory.Estimate's peak
-	// allocated bytes of one rank with every tensor in float32 (the
-	// reference's storage type), times trainHeapFactor, on every rank.
-	f32 := moe.Precision{Param: moe.F32, Compute: moe.F32, Grad: moe.F32, Optimizer: moe.F32, Activation: moe.F32}
-	est, err := memory.Estimate(cfg, layout, memory.Batch{LBS: *lbs, Seq: *seq, GradAccum: *accum}, memory.Options{Precision: f32, AC: ac})
-	if err != nil {
-		return fmt.Errorf("%w: lbs %d × seq %d: %v", errUsage, *lbs, *seq, err)
-	}
-	act := trainHeapFactor * float64(est.Peak.Allocated) * float64(mesh.World())
-	if need+act > *hostGiB*(1<<30) {
-		return fmt.Errorf("%w: train runs on this CPU: lbs %d × seq %d on %d ranks need about %.1f GiB of host memory for activations (plus %.1f GiB for parameters), over --host-memory-gib %g; use a smaller --lbs or --seq",
-			errUsage, *lbs, *seq, mesh.World(), act/(1<<30), need/(1<<30), *hostGiB)
-	}
-	// Gathered weights, and the gradients reduce-scattered from them, are
-	// padded as FSDP2 pads them: a tensor of r rows on n ranks takes
-	// ⌈r/n⌉·n rows, so with more ranks than rows every rank's float32
-	// buffers grow with the world (total ∝ world²). Σ shard × dp_shard
-	// bounds a rank's padded elements (experts shard over dp_shard/ep).
-	var padded int64
-	for _, u := range est.Units {
-		padded += u.Shard * int64(layout.DPShard)
-	}
-	pad := trainPaddedCopies * 4 * float64(padded) * float64(mesh.World())
-	if need+act+pad > *hostGiB*(1<<30) {
-		return fmt.Errorf("%w: train runs on this CPU: %d ranks need about %.1f GiB of host memory for padded gathered weights and gradients (FSDP pads each tensor to a multiple of dp_shard = %d rows on every rank), over --host-memory-gib %g; use fewer --gpus",
-			errUsage, mesh.World(), (need+act+pad)/(1<<30), layout.DPShard, *hostGiB)
-	}
-	adam := moe.AdamW{LR: *lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: *wd}
+	adam := moe.TorchtitanAdamW
+	adam.LR, adam.WeightDecay = *lr, *wd
 	state := numeric.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,
 		GlobalBatch: batch.Global(), DataSeed: *seed, AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}
 
@@ -266,7 +231,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		rep.AuxLosses = append(rep.AuxLosses, res.Aux)
 		state.Losses = append(state.Losses, res.Loss)
 		tps := float64(res.Tokens) / dt.Seconds()
-		mfu := float64(flopsStep) / dt.Seconds() / (peak * 1e9)
+		mfu := flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(*seq)), float64(batch.Global()*int64(*seq))/dt.Seconds(), peak*1e9)
 		peaks := "max " + fmtBytes(maxPeak)
 		if len(res.PeakBytes) <= 8 {
 			var ps []string
@@ -280,7 +245,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	}
 	rep.Seconds = total.Seconds()
 	rep.TPS = float64(int64(*steps)*int64(*lbs)*int64(*seq)*int64(*accum)) / total.Seconds()
-	rep.MFU = float64(flopsStep) * float64(*steps) / total.Seconds() / (peak * 1e9)
+	rep.MFU = flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(*seq)), float64(int64(*steps)*batch.Global()*int64(*seq))/total.Seconds(), peak*1e9)
 	rep.CommBytes = map[string]int64{}
 	for _, k := range parallel.CollKinds {
 		rep.CommBytes[string(k)] = 0
@@ -304,23 +269,27 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	return nil
 }
 
-// trainHeapFactor scales memory.Estimate's float32 peak allocated bytes of
-// one rank to the process's resident memory per rank: the reference keeps
-// working buffers the GPU accounting does not count, and Go's collector
-// (GOGC=100) lets the heap grow past the live bytes. Measured on the tiny
-// model (maximum resident set from /usr/bin/time ÷ the estimate for all
-// ranks): 2 ranks at lbs 64 × seq 2048, 2.03 GiB ÷ 1.00 GiB; 1 rank at
-// lbs 256 × seq 1024 with --ac full, 1.46 GiB ÷ 0.73 GiB.
-const trainHeapFactor = 2.0
-
-// trainPaddedCopies is how many padded float32 copies of the model a
-// numeric rank holds besides what the other terms of the host-memory guard
-// count (gathered weights, reduce-scatter inputs, collective buffers).
-// Measured on the tiny model at lbs 1 × seq 8, whose padding dominates at
-// many ranks (maximum resident set from /usr/bin/time against the guard's
-// total with one copy): 256 ranks 0.38 GiB vs 0.31; 512 ranks 0.99 vs 1.01;
-// 1024 ranks 3.40 vs 3.58 (4096 ranks were killed for memory at 24 GiB).
-const trainPaddedCopies = 1.0
+// checkHostMemory refuses a run whose float32 tensors would need more host
+// memory than --host-memory-gib, naming the term that does not fit
+// (numeric.EstimateHostMemory).
+func checkHostMemory(cfg *moe.Config, l moe.Layout, b memory.Batch, ac moe.AC, limitGiB float64) error {
+	h, err := numeric.EstimateHostMemory(cfg, l, b, ac)
+	limit := limitGiB * (1 << 30)
+	switch {
+	case h.Params > limit:
+		return fmt.Errorf("%w: train runs on this CPU: %s (%d parameters) on %d ranks needs about %.1f GiB of host memory, over --host-memory-gib %g; use a small model such as tiny",
+			errUsage, cfg.Name, h.Parameters, l.GPUs, h.Params/(1<<30), limitGiB)
+	case err != nil:
+		return fmt.Errorf("%w: lbs %d × seq %d: %v", errUsage, b.LBS, b.Seq, err)
+	case h.Params+h.Activations > limit:
+		return fmt.Errorf("%w: train runs on this CPU: lbs %d × seq %d on %d ranks need about %.1f GiB of host memory for activations (plus %.1f GiB for parameters), over --host-memory-gib %g; use a smaller --lbs or --seq",
+			errUsage, b.LBS, b.Seq, l.GPUs, h.Activations/(1<<30), h.Params/(1<<30), limitGiB)
+	case h.Total() > limit:
+		return fmt.Errorf("%w: train runs on this CPU: %d ranks need about %.1f GiB of host memory for padded gathered weights and gradients (FSDP pads each tensor to a multiple of dp_shard = %d rows on every rank), over --host-memory-gib %g; use fewer --gpus",
+			errUsage, l.GPUs, h.Total()/(1<<30), l.DPShard, limitGiB)
+	}
+	return nil
+}
 
 // fmtBytes prints a byte count with a binary unit.
 func fmtBytes(n int64) string {

@@ -142,8 +142,7 @@ func CheckMemory(c *moe.Config, tokens int, avail uint64) error {
 	if err := l.Resolve(); err != nil {
 		return err
 	}
-	f32 := moe.Precision{Param: moe.F32, Compute: moe.F32, Grad: moe.F32, Optimizer: moe.F32, Activation: moe.F32}
-	r, err := memory.Estimate(c, l, memory.Batch{LBS: 1, Seq: tokens}, memory.Options{Precision: f32, AC: moe.AC{Mode: moe.ACNone}})
+	r, err := memory.Estimate(c, l, memory.Batch{LBS: 1, Seq: tokens}, memory.Options{Precision: moe.ReferencePrecision, AC: moe.AC{Mode: moe.ACNone}})
 	if err != nil {
 		return fmt.Errorf("--tokens %d: %v", tokens, err)
 	}
