@@ -32,7 +32,7 @@ const (
 )
 
 // MeshAxes lists the axes in report order.
-var MeshAxes = []Axis{AxisReplicate, AxisShard, AxisEP, AxisEFSDP, AxisDP}
+func MeshAxes() [5]Axis { return [...]Axis{AxisReplicate, AxisShard, AxisEP, AxisEFSDP, AxisDP} }
 
 // Mesh places world = dp_replicate × dp_shard ranks. Rank r has replica
 // r / dp_shard and shard s = r mod dp_shard; in the expert mesh s = f·ep + e

@@ -21,7 +21,7 @@ func ExampleNewMesh() {
 		return
 	}
 	fmt.Println(m)
-	for _, a := range parallel.MeshAxes {
+	for _, a := range parallel.MeshAxes() {
 		g := m.Group(a, 6)
 		fmt.Println(g.Name(), g.Ranks)
 	}

@@ -46,7 +46,7 @@ func TestMeshGroups(t *testing.T) {
 		}
 	}
 	// Every axis partitions the world.
-	for _, a := range MeshAxes {
+	for _, a := range MeshAxes() {
 		seen := map[int]int{}
 		for _, g := range m.Groups(a) {
 			for _, r := range g.Ranks {

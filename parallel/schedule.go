@@ -135,7 +135,9 @@ const (
 )
 
 // CollKinds lists the collectives in report order.
-var CollKinds = []CollKind{CollAllGather, CollReduceScatter, CollAllReduce, CollAllToAll, CollBroadcast, CollBarrier}
+func CollKinds() [6]CollKind {
+	return [...]CollKind{CollAllGather, CollReduceScatter, CollAllReduce, CollAllToAll, CollBroadcast, CollBarrier}
+}
 
 // Unit is a set of parameters gathered, reduced and freed together (an FSDP
 // unit in torchtitan's wrapping: the embedding; per block its dense part and,

@@ -234,9 +234,9 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	}
 	fmt.Fprintln(w, "\ncompute + recompute by op class:")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	for _, c := range []string{"gemm", "grouped_gemm", "attention", "memory_bound"} {
-		if v, ok := b.ComputeByClassS[c]; ok {
-			row(c, v)
+	for _, c := range sim.OpClasses() {
+		if v, ok := b.ComputeByClassS[c.String()]; ok {
+			row(c.String(), v)
 		}
 	}
 	if err := tw.Flush(); err != nil {

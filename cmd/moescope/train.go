@@ -247,7 +247,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	rep.TPS = float64(int64(*steps)*int64(*lbs)*int64(*seq)*int64(*accum)) / total.Seconds()
 	rep.MFU = flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(*seq)), float64(int64(*steps)*batch.Global()*int64(*seq))/total.Seconds(), peak*1e9)
 	rep.CommBytes = map[string]int64{}
-	for _, k := range parallel.CollKinds {
+	for _, k := range parallel.CollKinds() {
 		rep.CommBytes[string(k)] = 0
 	}
 	for k, b := range num.Comm().Stats.Total() {

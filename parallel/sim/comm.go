@@ -215,31 +215,3 @@ func hierCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) 
 	return CommCost{Kind: kind, Algorithm: "hierarchical", Link: link, LatencyS: lat,
 		BandwidthS: tNV + tNet, WireBytes: intraVol + interVol}
 }
-
-// SharedFinish returns when each of a set of transfers, all started at time
-// zero on one link, finishes when active transfers share the link equally
-// (processor sharing): with works w₁ ≤ w₂ ≤ … (seconds at full bandwidth)
-// the i-th finishes at Σ_{j<i} w_j + (N−i+1)·w_i in sorted order. This is
-// the rule the virtual-time engine applies event by event.
-func SharedFinish(works []float64) []float64 {
-	n := len(works)
-	idx := make([]int, n)
-	for i := range idx {
-		idx[i] = i
-	}
-	// insertion sort by work; n is small
-	for i := 1; i < n; i++ {
-		for j := i; j > 0 && works[idx[j]] < works[idx[j-1]]; j-- {
-			idx[j], idx[j-1] = idx[j-1], idx[j]
-		}
-	}
-	out := make([]float64, n)
-	done, prev := 0.0, 0.0
-	for pos, i := range idx {
-		active := float64(n - pos)
-		done += (works[i] - prev) * active
-		prev = works[i]
-		out[i] = done
-	}
-	return out
-}

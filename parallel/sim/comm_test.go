@@ -82,26 +82,6 @@ func TestShapeOf(t *testing.T) {
 	}
 }
 
-// Processor sharing worked by hand: two transfers of 1 s and 3 s share a link
-// at half rate until the first ends at 2 s; the second then has 2 s left at
-// full rate: 4 s.
-func TestSharedFinish(t *testing.T) {
-	for _, tc := range []struct{ in, want []float64 }{
-		{[]float64{1, 3}, []float64{2, 4}},
-		{[]float64{2, 2, 2}, []float64{6, 6, 6}},
-		{[]float64{3, 1, 2}, []float64{6, 3, 5}},
-		{[]float64{5}, []float64{5}},
-	} {
-		got := SharedFinish(tc.in)
-		for i := range got {
-			if !near(got[i], tc.want[i], 1e-12) {
-				t.Errorf("SharedFinish(%v) = %v, want %v", tc.in, got, tc.want)
-				break
-			}
-		}
-	}
-}
-
 func TestCollectiveCostBadInput(t *testing.T) {
 	hgx := mustCluster(t, "hgx")
 	if _, err := CollectiveCost(hgx, nil, parallel.CollAllGather, GroupShape{0, 1, 1}, 1); err == nil {

@@ -31,27 +31,46 @@ import (
 
 // OpClass groups ops by the efficiency that governs them (and that
 // calibration scales).
-type OpClass string
+type OpClass uint8
 
-// Op classes.
+// Op classes, in report order.
 const (
-	ClassGEMM        OpClass = "gemm"
-	ClassGrouped     OpClass = "grouped_gemm"
-	ClassAttention   OpClass = "attention"
-	ClassMemoryBound OpClass = "memory_bound"
+	ClassGEMM OpClass = iota
+	ClassGrouped
+	ClassAttention
+	ClassMemoryBound
+	numOpClasses
 )
 
-// OpClassOf returns the class of op.
-func OpClassOf(op moe.Op) OpClass {
+var opClassNames = [numOpClasses]string{"gemm", "grouped_gemm", "attention", "memory_bound"}
+
+// String is the class's name in reports and JSON keys.
+func (c OpClass) String() string {
+	if c < numOpClasses {
+		return opClassNames[c]
+	}
+	return fmt.Sprintf("OpClass(%d)", uint8(c))
+}
+
+// OpClasses lists every class in report order.
+func OpClasses() [numOpClasses]OpClass {
+	return [numOpClasses]OpClass{ClassGEMM, ClassGrouped, ClassAttention, ClassMemoryBound}
+}
+
+// OpClassOf returns the class of op. An op of a kind the time model has no
+// efficiency for is an error, not silently priced as memory-bound.
+func OpClassOf(op moe.Op) (OpClass, error) {
 	switch op.Kind() {
 	case moe.KindMatmul:
-		return ClassGEMM
+		return ClassGEMM, nil
 	case moe.KindGrouped:
-		return ClassGrouped
+		return ClassGrouped, nil
 	case moe.KindAttention:
-		return ClassAttention
+		return ClassAttention, nil
+	case moe.KindElementwise:
+		return ClassMemoryBound, nil
 	}
-	return ClassMemoryBound
+	return 0, fmt.Errorf("op %s: kind %d has no op class: the time model cannot price it", op, op.Kind())
 }
 
 // ComputeSpec is what the compute model needs of a GPU, with the
@@ -234,37 +253,39 @@ func bytesPerElement(op moe.Op, pass moe.Pass) float64 {
 
 // OpSeconds models one op record on one GPU. groups gives the relative
 // row counts of the local expert groups for grouped GEMMs (nil: the record's
-// rows spread evenly over localExperts groups).
-func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts int, groups []float64) float64 {
-	if rec.Count <= 0 {
-		return 0
+// rows spread evenly over localExperts groups). An op of no known class
+// (OpClassOf) is an error.
+func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts int, groups []float64) (float64, error) {
+	cls, err := OpClassOf(rec.Op)
+	if err != nil || rec.Count <= 0 {
+		return 0, err
 	}
-	switch rec.Op.Kind() {
-	case moe.KindMatmul:
+	switch cls {
+	case ClassGEMM:
 		out, in, ok := weightShape(cfg, rec.Op)
 		if !ok || out*in == 0 {
-			return 2 * float64(rec.Count) / (c.PeakFLOPs * c.GEMMEff)
+			return 2 * float64(rec.Count) / (c.PeakFLOPs * c.GEMMEff), nil
 		}
 		rows := rec.Count / (out * in)
 		switch rec.Pass {
 		case moe.BackwardData:
-			return c.GEMMSeconds(rows, in, out)
+			return c.GEMMSeconds(rows, in, out), nil
 		case moe.BackwardWeight:
-			return c.GEMMSeconds(out, in, rows)
+			return c.GEMMSeconds(out, in, rows), nil
 		}
-		return c.GEMMSeconds(rows, out, in)
-	case moe.KindGrouped:
+		return c.GEMMSeconds(rows, out, in), nil
+	case ClassGrouped:
 		out, in, _ := weightShape(cfg, rec.Op)
 		rows := rec.Count / (out * in)
-		return c.GroupedSeconds(splitRows(rows, localExperts, groups), out, in, rec.Pass)
-	case moe.KindAttention:
+		return c.GroupedSeconds(splitRows(rows, localExperts, groups), out, in, rec.Pass), nil
+	case ClassAttention:
 		eff := c.AttnFwdEff
 		if rec.Pass != moe.Forward {
 			eff = c.AttnBwdEff
 		}
-		return 2*float64(rec.Count)/(c.PeakFLOPs*eff) + c.LaunchS
+		return 2*float64(rec.Count)/(c.PeakFLOPs*eff) + c.LaunchS, nil
 	}
-	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass))
+	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass)), nil
 }
 
 // splitRows divides rows over n groups in proportion to weights (evenly

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/moescope/moescope/moe"
@@ -56,32 +57,32 @@ func TestOpSecondsClasses(t *testing.T) {
 	s := testSpec
 	// q_proj forward over 4096 tokens: M = 4096, N = 1024, K = 1024: 32·8 = 256 tiles → 2 waves.
 	rec := moe.OpRecord{Op: moe.OpQProj, Pass: moe.Forward, Count: 4096 * 1024 * 1024}
-	if got, want := s.OpSeconds(cfg, rec, 1, nil), s.GEMMSeconds(4096, 1024, 1024); got != want {
+	if got, want := opSeconds(t, s, cfg, rec, 1), s.GEMMSeconds(4096, 1024, 1024); got != want {
 		t.Errorf("q_proj: %g, want %g", got, want)
 	}
 	// backward_weight of k_proj (out 256, in 1024) over 4096 tokens: M = 256, N = 1024, K = 4096.
 	rec = moe.OpRecord{Op: moe.OpKProj, Pass: moe.BackwardWeight, Count: 4096 * 256 * 1024}
-	if got, want := s.OpSeconds(cfg, rec, 1, nil), s.GEMMSeconds(256, 1024, 4096); got != want {
+	if got, want := opSeconds(t, s, cfg, rec, 1), s.GEMMSeconds(256, 1024, 4096); got != want {
 		t.Errorf("k_proj dW: %g, want %g", got, want)
 	}
 	// Attention: 1e12 multiply-adds = 2e12 FLOPs at 500 (forward) or 250 (backward) TFLOP/s.
 	rec = moe.OpRecord{Op: moe.OpAttn, Pass: moe.Forward, Count: 1e12}
-	if got := s.OpSeconds(cfg, rec, 1, nil); !near(got, 2e12/500e12+5e-6, 1e-12) {
+	if got := opSeconds(t, s, cfg, rec, 1); !near(got, 2e12/500e12+5e-6, 1e-12) {
 		t.Errorf("attention fwd: %g", got)
 	}
 	rec.Pass = moe.BackwardData
-	if got := s.OpSeconds(cfg, rec, 1, nil); !near(got, 2e12/250e12+5e-6, 1e-12) {
+	if got := opSeconds(t, s, cfg, rec, 1); !near(got, 2e12/250e12+5e-6, 1e-12) {
 		t.Errorf("attention bwd: %g", got)
 	}
 	// AdamW on 1e9 parameters: 28e9 bytes at 2 TB/s.
 	rec = moe.OpRecord{Op: moe.OpOptimizer, Pass: moe.Forward, Count: 1e9}
-	if got := s.OpSeconds(cfg, rec, 1, nil); !near(got, 28e9/2e12+5e-6, 1e-12) {
+	if got := opSeconds(t, s, cfg, rec, 1); !near(got, 28e9/2e12+5e-6, 1e-12) {
 		t.Errorf("optimizer: %g", got)
 	}
 	// Grouped expert_up forward with 4096·2 rows over 8 local experts = 1024 rows each.
 	rec = moe.OpRecord{Op: moe.OpExpertUp, Pass: moe.Forward, Count: 8192 * 1024 * 1024}
 	want := s.GroupedSeconds([]int64{1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, 1024, 1024, moe.Forward)
-	if got := s.OpSeconds(cfg, rec, 8, nil); got != want {
+	if got := opSeconds(t, s, cfg, rec, 8); got != want {
 		t.Errorf("expert_up: %g, want %g", got, want)
 	}
 }
@@ -106,5 +107,36 @@ func TestComputeSpecCalibrated(t *testing.T) {
 	c := testSpec.Calibrated(&Calibration{GEMMScale: 1.1, MemoryBoundScale: 3})
 	if !near(c.GEMMEff, 0.88, 1e-12) || c.MemEff != 1 || c.GroupedEff != 0.5 {
 		t.Errorf("calibrated: %+v", c)
+	}
+}
+
+func opSeconds(t *testing.T, s ComputeSpec, cfg *moe.Config, rec moe.OpRecord, local int) float64 {
+	t.Helper()
+	v, err := s.OpSeconds(cfg, rec, local, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestOpClassOf: every kind of the op vocabulary has its class (moe/ops.go:
+// projections are GEMMs, expert projections grouped GEMMs, score and value
+// products attention, everything else memory-bound), named as the JSON keys
+// of compute_by_class_s are.
+func TestOpClassOf(t *testing.T) {
+	for op, want := range map[moe.Op]OpClass{
+		moe.OpQProj: ClassGEMM, moe.OpLMHead: ClassGEMM, moe.OpExpertUp: ClassGrouped,
+		moe.OpAttn: ClassAttention, moe.OpLoss: ClassMemoryBound, moe.OpOptimizer: ClassMemoryBound,
+	} {
+		if got, err := OpClassOf(op); err != nil || got != want {
+			t.Errorf("OpClassOf(%s) = %v, %v; want %v", op, got, err, want)
+		}
+	}
+	var names []string
+	for _, c := range OpClasses() {
+		names = append(names, c.String())
+	}
+	if got := strings.Join(names, " "); got != "gemm grouped_gemm attention memory_bound" {
+		t.Errorf("classes %s", got)
 	}
 }

@@ -263,7 +263,10 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	}
 	in := p.in
 	in.Calibration = cal
-	costs := opCosts(p.cfg, p.l, in, spec, p.recs, p.loads)
+	costs, err := opCosts(p.cfg, p.l, in, spec, p.recs, p.loads)
+	if err != nil {
+		return Result{}, err
+	}
 	optS := spec.MemorySeconds(p.params * bytesPerElement(moe.OpOptimizer, moe.Forward))
 	sim, err := simOps(p.sched, p.cl, p.mesh, in, costs, optS, p.loads)
 	if err != nil {
@@ -389,24 +392,10 @@ type segCost struct {
 	byClass          [numOpClasses]float64 // total split by op class
 }
 
-// opClasses indexes the op classes for per-class sums.
-var opClasses = [...]OpClass{ClassGEMM, ClassGrouped, ClassAttention, ClassMemoryBound}
-
-const numOpClasses = len(opClasses)
-
-func classIndex(c OpClass) int {
-	for i, x := range opClasses {
-		if x == c {
-			return i
-		}
-	}
-	return numOpClasses - 1
-}
-
 // opCosts sums modelled op times per (layer, segment, phase) for one
 // micro-step of the simulated rank. Counts come from flops.Ops with a GPU
 // flash-attention tile (flops.DefaultTile): the work the GPU executes.
-func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) map[segKey]segCost {
+func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) (map[segKey]segCost, error) {
 	type opKey struct {
 		layer int
 		op    moe.Op
@@ -441,8 +430,12 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 		if r.Op.Kind() == moe.KindGrouped && share.load != 1 {
 			r.Count = int64(math.Round(float64(r.Count) * share.load))
 		}
-		t := spec.OpSeconds(cfg, r, local, groups)
-		cls = classIndex(OpClassOf(r.Op))
+		t, err := spec.OpSeconds(cfg, r, local, groups)
+		if err != nil {
+			return nil, err
+		}
+		c, _ := OpClassOf(r.Op) // OpSeconds has checked it
+		cls = int(c)
 		switch r.Pass {
 		case moe.Forward:
 			addCost(segKey{r.Layer, seg, parallel.PhaseForward}, t, 0)
@@ -461,12 +454,14 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 					continue
 				}
 				r.Count = extra
-				t = spec.OpSeconds(cfg, r, local, groups)
+				if t, err = spec.OpSeconds(cfg, r, local, groups); err != nil {
+					return nil, err
+				}
 			}
 			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, t)
 		}
 	}
-	return costs
+	return costs, nil
 }
 
 // streamOf maps a schedule op to an engine stream.
@@ -606,7 +601,7 @@ func breakdown(s *parallel.Schedule, sim *simulated, spans []simSpan, step float
 			b.ComputeS += d - sim.recompute[i]
 			if sim.byClass != nil {
 				for c, v := range sim.byClass[i] {
-					b.ComputeByClassS[string(opClasses[c])] += v
+					b.ComputeByClassS[OpClass(c).String()] += v
 				}
 			}
 		}

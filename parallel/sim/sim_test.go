@@ -234,8 +234,8 @@ func TestSimulateComputeByClass(t *testing.T) {
 	if want := r.Breakdown.ComputeS + r.Breakdown.RecomputeS; !near(sum, want, 1e-9) {
 		t.Errorf("by class %v sums to %g, compute + recompute %g", r.Breakdown.ComputeByClassS, sum, want)
 	}
-	for _, c := range []OpClass{ClassGEMM, ClassGrouped, ClassAttention, ClassMemoryBound} {
-		if r.Breakdown.ComputeByClassS[string(c)] <= 0 {
+	for _, c := range OpClasses() {
+		if r.Breakdown.ComputeByClassS[c.String()] <= 0 {
 			t.Errorf("no %s time: %v", c, r.Breakdown.ComputeByClassS)
 		}
 	}
