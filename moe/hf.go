@@ -114,6 +114,7 @@ type hfConfig struct {
 
 	RouterAuxLossCoef  *float64 `json:"router_aux_loss_coef"`
 	AuxLossAlpha       *float64 `json:"aux_loss_alpha"`
+	SeqAux             *bool    `json:"seq_aux"` // deepseek
 	OutputRouterLogits *bool    `json:"output_router_logits"`
 	InitializerRange   *float64 `json:"initializer_range"`
 
@@ -385,19 +386,28 @@ func (h *hfConfig) normalizeMoE(c *Config, def hfDefault, layersOK bool,
 			if s := req("shared_expert_intermediate_size", h.SharedIntermediate); s > 0 {
 				c.SharedExperts, c.SharedFFN, c.SharedGated = 1, s, true
 			}
+			// Qwen2MoeSparseMoeBlock.shared_expert (singular; modeling_qwen2_moe.py,
+			// transformers commit 1c351314).
+			c.Names.Shared = "shared_expert"
 		}
 	case "mixtral":
 		c.Experts = req("num_local_experts", h.NumLocalExperts)
 		c.ExpertFFN = req("intermediate_size", h.IntermediateSize)
 		c.NormTopK = true // softmax over the top-k logits is the renormalized top-k
+		// MixtralDecoderLayer.block_sparse_moe holds MixtralBlockSparseTop2MLP
+		// experts with w2(silu(w1(x))·w3(x)) (modeling_mixtral.py,
+		// transformers commit 00d4b3d2).
+		c.Names = TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	case "olmoe":
 		c.Experts = req("num_experts", h.NumExperts)
 		c.ExpertFFN = req("intermediate_size", h.IntermediateSize)
 	case "deepseek":
 		// modeling_deepseek.py: DeepseekMoE when n_routed_experts is set and
 		// i ≥ first_k_dense_replace and i % moe_layer_freq == 0; shared
-		// experts are one DeepseekMLP of moe_intermediate_size·n_shared_experts;
-		// its MoEGate adds aux_loss_alpha·aux whenever training.
+		// experts are one DeepseekMLP of moe_intermediate_size·n_shared_experts.
+		// Its MoEGate renormalizes the top-k weights only when top_k > 1,
+		// adding 1e-20 to their sum, and adds aux_loss_alpha·aux whenever
+		// training, per sequence when seq_aux (the default).
 		c.Experts = req("n_routed_experts", h.NRoutedExperts)
 		c.ExpertFFN = req("moe_intermediate_size", h.MoEIntermediateSize)
 		if s := optI(h.NSharedExperts, 0); s > 0 {
@@ -406,8 +416,14 @@ func (h *hfConfig) normalizeMoE(c *Config, def hfDefault, layersOK bool,
 		if sf := h.ScoringFunc; sf != nil && *sf != "softmax" {
 			unsupported("scoring_func", *sf, `DeepSeek-MoE's MoEGate implements only "softmax"`)
 		}
+		c.NormTopK = c.NormTopK && c.TopK > 1
+		c.NormTopKEps = 1e-20
 		c.AuxLossCoef = optF(h.AuxLossAlpha, def.auxCoef)
 		c.OutputRouterLogits = c.AuxLossCoef > 0
+		c.SeqAuxLoss = true
+		if !optB(h.SeqAux, true) && c.AuxLossCoef > 0 {
+			unsupported("seq_aux", false, "MoEGate's batch-level aux loss is not modelled; with aux_loss_alpha > 0 only seq_aux = true is")
+		}
 		first := optI(h.FirstKDenseReplace, def.firstKDense)
 		freq := optI(h.MoELayerFreq, 1)
 		if freq <= 0 {
@@ -426,6 +442,8 @@ func (h *hfConfig) normalizeMoE(c *Config, def hfDefault, layersOK bool,
 			c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
 		}
 		c.Score, c.SelectionBias = Sigmoid, true
+		c.NormTopKEps = 1e-20      // Glm4MoeMoE.route_tokens_to_experts
+		c.IgnoreExtraLayers = true // the MTP block (skippedByHF in weights.go)
 		c.RoutedScale = optF(h.RoutedScalingFactor, 1)
 		c.Groups = optI(h.NGroup, 1)
 		c.TopKGroups = optI(h.TopKGroup, 1)

@@ -142,6 +142,7 @@ func TestSaveLoadParams(t *testing.T) {
 	// The same file read against a different model: every problem at once.
 	other := stTinyConfig()
 	other.ModelType = "mixtral" // expert names w1/w2/w3, router under block_sparse_moe
+	other.Names = TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	other.Hidden = 6
 	other.HeadDim = 3
 	_, err := LoadParams[float32](path, other)

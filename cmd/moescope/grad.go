@@ -174,7 +174,7 @@ func hfAuxCoef(cfg *moe.Config) (float64, error) {
 	if !cfg.OutputRouterLogits || !cfg.IsMoE() || cfg.Score != moe.Softmax || cfg.AuxLossCoef == 0 {
 		return 0, nil
 	}
-	if cfg.ModelType == "deepseek" {
+	if cfg.SeqAuxLoss {
 		return 0, fmt.Errorf("model_type deepseek: modeling_deepseek.py adds its own auxiliary loss (aux_loss_alpha = %g, "+
 			"per layer and per sequence with seq_aux), which moescope does not implement; set aux_loss_alpha to 0 "+
 			"in config.json for the gradient of the cross-entropy alone", cfg.AuxLossCoef)

@@ -134,7 +134,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	if coef < 0 {
 		coef = cfg.AuxLossCoef
 	}
-	if coef != 0 && cfg.ModelType == "deepseek" {
+	if coef != 0 && cfg.SeqAuxLoss {
 		return fmt.Errorf("%w: --aux-coef: DeepSeek-MoE's own aux loss is remote code, not HF's formula; pass --aux-coef 0", errUsage)
 	}
 	batch := parallel.Batch{LBS: *lbs, Seq: *seq, Micro: *accum, DP: layout.DP()}
