@@ -8,7 +8,9 @@
 //
 // Shape legend used in identifiers: T tokens, D model (hidden) dim, F expert
 // FFN dim, E routed experts, K top-k, H query heads, G KV heads, d head dim,
-// V vocabulary, L layers.
+// V vocabulary, L layers, B sequences of a micro-batch. Letters are the
+// dimensions of a row-major buffer, outermost first, and adjacent letters
+// may be one flattened dimension: xTKD is [T·K, D], the dispatched rows.
 //
 // # Reference implementation
 //
