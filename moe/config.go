@@ -18,7 +18,9 @@
 // and runs ForwardBackward on a micro-batch of token ids (Options: AC,
 // Recorder, BF16, AuxCoef, attention tile), accumulating gradients (scale
 // 1/micro-batches for accumulation; Accumulate does it) and per-expert
-// loads; Step applies torch.optim.AdamW. Its semantics are Hugging Face's
+// loads; ForwardBackwardHF takes Hugging Face's input convention instead
+// (every id an input) for the loss HF trains on (HFAuxCoef); Step applies
+// torch.optim.AdamW. Its semantics are Hugging Face's
 // Qwen3MoeForCausalLM and the variants Config allows (see Routing, RMSNorm
 // in norm.go, RoPE in rope.go, flash attention in attention.go).
 //
