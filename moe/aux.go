@@ -11,9 +11,9 @@ package moe
 //	aux = E·Σ_{k,e} f_{k,e}·P_e = E/N²·Σ_e c_e·Σ_rows s_{row,e},  ∂aux/∂s_{l,t,e} = E·c_e/N²
 //
 // where c_e counts e over all layers, tokens and slots (the attention-mask
-// branch does not apply: there is no padding). DeepSeek-MoE's MoEGate
-// (modeling_deepseek.py, seq_aux = True, its configuration's default) adds
-// one loss per layer, per sequence b:
+// branch does not apply: there is no padding). With Config.SeqAuxLoss,
+// DeepSeek-MoE's MoEGate (modeling_deepseek.py, seq_aux = True, its
+// configuration's default) adds one loss per layer, per sequence b:
 //
 //	ce_{b,e} = c_{b,e}·E/(S·K),  aux_l = (1/B)·Σ_b Σ_e ce_{b,e}·(1/S)·Σ_{t∈b} s_{t,e}
 //	∂aux_l/∂s_{t,e} = ce_{b,e}/(B·S) for t in sequence b
@@ -34,7 +34,7 @@ func AuxLoss[T Float](c *Config, blocks []*Block[T], coef float64) (aux float64,
 		return 0, grad
 	}
 	B, S := blocks[0].batch, blocks[0].seq
-	if c.ModelType == "deepseek" {
+	if c.SeqAuxLoss {
 		for l, b := range blocks {
 			if b.seqCounts == nil {
 				continue

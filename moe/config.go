@@ -8,7 +8,9 @@
 //
 // Shape legend used in identifiers: T tokens, D model (hidden) dim, F expert
 // FFN dim, E routed experts, K top-k, H query heads, G KV heads, d head dim,
-// V vocabulary, L layers.
+// V vocabulary, L layers, B sequences of a micro-batch. Letters are the
+// dimensions of a row-major buffer, outermost first, and adjacent letters
+// may be one flattened dimension: xTKD is [T·K, D], the dispatched rows.
 //
 // # Reference implementation
 //
@@ -16,7 +18,9 @@
 // and runs ForwardBackward on a micro-batch of token ids (Options: AC,
 // Recorder, BF16, AuxCoef, attention tile), accumulating gradients (scale
 // 1/micro-batches for accumulation; Accumulate does it) and per-expert
-// loads; Step applies torch.optim.AdamW. Its semantics are Hugging Face's
+// loads; ForwardBackwardHF takes Hugging Face's input convention instead
+// (every id an input) for the loss HF trains on (HFAuxCoef); Step applies
+// torch.optim.AdamW. Its semantics are Hugging Face's
 // Qwen3MoeForCausalLM and the variants Config allows (see Routing, RMSNorm
 // in norm.go, RoPE in rope.go, flash attention in attention.go).
 //
@@ -110,8 +114,14 @@ type Config struct {
 	// Groups == 1 disables grouping.
 	Groups     int `json:"groups"`
 	TopKGroups int `json:"topk_groups"`
-	// NormTopK renormalizes the K selected weights to sum to one.
+	// NormTopK renormalizes the K selected weights to sum to one,
+	// w_k ← w_k/(Σ_j w_j + NormTopKEps). DeepSeek-MoE's MoEGate renormalizes
+	// only when K > 1, so its loader sets NormTopK = norm_topk_prob && K > 1.
 	NormTopK bool `json:"norm_topk"`
+	// NormTopKEps is the ε of that sum: 1e-20 where the modeling code adds it
+	// (glm4_moe's Glm4MoeMoE.route_tokens_to_experts, DeepSeek-MoE's
+	// MoEGate), 0 where it does not (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE).
+	NormTopKEps float64 `json:"norm_topk_eps"`
 
 	QKNorm         QKNorm  `json:"qk_norm"`
 	QKVBias        bool    `json:"qkv_bias"`        // biases on q, k and v projections
@@ -129,7 +139,31 @@ type Config struct {
 	// when OutputRouterLogits is true.
 	AuxLossCoef        float64 `json:"aux_loss_coef"`
 	OutputRouterLogits bool    `json:"output_router_logits"`
-	InitRange          float64 `json:"init_range"` // std of the normal initialization
+	// SeqAuxLoss selects DeepSeek-MoE's aux loss (MoEGate with seq_aux):
+	// one loss per MoE layer and per sequence, summed over the layers,
+	// instead of HF's load_balancing_loss_func over every layer's tokens at
+	// once (both in aux.go).
+	SeqAuxLoss bool    `json:"seq_aux_loss"`
+	InitRange  float64 `json:"init_range"` // std of the normal initialization
+
+	// Names are the checkpoint's module names where they differ between
+	// model types.
+	Names TensorNames `json:"names"`
+	// IgnoreExtraLayers skips, when loading a checkpoint, the tensors of
+	// layers numbered ≥ Layers (GLM-4.5's multi-token-prediction block), as
+	// transformers does for that model type; otherwise they are an error.
+	IgnoreExtraLayers bool `json:"ignore_extra_layers"`
+}
+
+// TensorNames are the Hugging Face module names that differ between model
+// types. An empty field means the name in its comment (Qwen3-MoE's, which
+// DeepSeek-MoE, OLMoE and GLM-4.5 share).
+type TensorNames struct {
+	MoE        string `json:"moe,omitempty"`         // module of the router and routed experts: "mlp"
+	ExpertGate string `json:"expert_gate,omitempty"` // routed expert's gate projection: "gate_proj"
+	ExpertUp   string `json:"expert_up,omitempty"`   // routed expert's up projection: "up_proj"
+	ExpertDown string `json:"expert_down,omitempty"` // routed expert's down projection: "down_proj"
+	Shared     string `json:"shared,omitempty"`      // shared-experts module: "shared_experts"
 }
 
 // MoELayers counts the MoE layers.
@@ -278,6 +312,9 @@ func (c *Config) Validate() error {
 	}
 	if !(c.NormEps > 0 && c.NormEps < 1) {
 		bad("norm_eps", c.NormEps, "must be in (0, 1)")
+	}
+	if !(c.NormTopKEps >= 0) || math.IsInf(c.NormTopKEps, 0) {
+		bad("norm_topk_eps", c.NormTopKEps, "must be a finite number ≥ 0")
 	}
 	if !(c.AuxLossCoef >= 0) || math.IsInf(c.AuxLossCoef, 0) {
 		bad("aux_loss_coef", c.AuxLossCoef, "must be a finite number ≥ 0")

@@ -49,8 +49,8 @@ func swigluActBwd[T Float](dg, du, da []T, s ffnActs[T]) {
 type localExperts[T Float] struct {
 	b      *Block[T]
 	w, g   *LayerWeights[T] // weights and gradients of the current call
-	xe     []T              // kept input rows [R, D]
-	acts   ffnActs[T]       // kept intermediates [R, F]
+	xTKD   []T              // kept input rows [T·K, D]
+	acts   ffnActs[T]       // kept intermediates [T·K, F]
 	counts []int
 }
 
@@ -120,63 +120,65 @@ func offsets(counts []int) []int {
 }
 
 // ExpertsForward implements ExpertStage.
-func (l *localExperts[T]) ExpertsForward(layer int, xe []T, counts []int, pass Pass, keep bool) []T {
+func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass Pass, keep bool) []T {
 	c, ex := l.b.cfg, l.b.x
 	D, F := c.Hidden, c.ExpertFFN
-	R := len(xe) / D
-	s := newFFNActs[T](R, F)
-	ye := make([]T, R*D)
+	wGateEFD, wUpEFD, wDownEDF := l.w.ExpGate, l.w.ExpUp, l.w.ExpDown
+	rows := len(xTKD) / D
+	s := newFFNActs[T](rows, F)
+	yTKD := make([]T, rows*D)
 	off := offsets(counts)
-	groupedFwd(s.g, xe, l.w.ExpGate, off, F, D)
-	groupedFwd(s.u, xe, l.w.ExpUp, off, F, D)
+	groupedFwd(s.g, xTKD, wGateEFD, off, F, D)
+	groupedFwd(s.u, xTKD, wUpEFD, off, F, D)
 	ex.round(s.g)
 	ex.round(s.u)
 	swigluAct(s)
 	ex.round(s.sg)
 	ex.round(s.a)
-	groupedFwd(ye, s.a, l.w.ExpDown, off, D, F)
-	ex.round(ye)
-	rfd := int64(R) * int64(F) * int64(D)
+	groupedFwd(yTKD, s.a, wDownEDF, off, D, F)
+	ex.round(yTKD)
+	rfd := int64(rows) * int64(F) * int64(D)
 	ex.op(layer, OpExpertGate, pass, rfd)
 	ex.op(layer, OpExpertUp, pass, rfd)
-	ex.op(layer, OpExpertAct, pass, int64(R)*int64(F))
+	ex.op(layer, OpExpertAct, pass, int64(rows)*int64(F))
 	ex.op(layer, OpExpertDown, pass, rfd)
-	l.xe, l.acts, l.counts = nil, ffnActs[T]{}, nil
+	l.xTKD, l.acts, l.counts = nil, ffnActs[T]{}, nil
 	if keep {
-		l.xe, l.acts, l.counts = xe, s, counts
+		l.xTKD, l.acts, l.counts = xTKD, s, counts
 		if pass == Forward {
-			ex.saved(layer, OpExpertGate, "input", len(xe), ex.act)
+			ex.saved(layer, OpExpertGate, "input", len(xTKD), ex.act)
 			ex.saved(layer, OpExpertAct, "gate", len(s.g), ex.act)
 			ex.saved(layer, OpExpertAct, "silu_gate", len(s.sg), ex.act)
 			ex.saved(layer, OpExpertAct, "up", len(s.u), ex.act)
 			ex.saved(layer, OpExpertDown, "input", len(s.a), ex.act)
 		}
 	}
-	return ye
+	return yTKD
 }
 
 // ExpertsBackward implements ExpertStage.
-func (l *localExperts[T]) ExpertsBackward(layer int, dye []T) []T {
+func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 	c, ex := l.b.cfg, l.b.x
 	D, F := c.Hidden, c.ExpertFFN
-	R := len(dye) / D
+	wGateEFD, wUpEFD, wDownEDF := l.w.ExpGate, l.w.ExpUp, l.w.ExpDown
+	rows := len(dyTKD) / D
 	off := offsets(l.counts)
-	da := make([]T, R*F)
-	dg, du := make([]T, R*F), make([]T, R*F)
-	dxe := make([]T, R*D)
-	groupedBwdX(da, dye, l.w.ExpDown, off, D, F)
-	groupedBwdW(l.g.ExpDown, dye, l.acts.a, off, D, F)
+	da := make([]T, rows*F)
+	dg, du := make([]T, rows*F), make([]T, rows*F)
+	dxTKD := make([]T, rows*D)
+	groupedBwdX(da, dyTKD, wDownEDF, off, D, F)
+	groupedBwdW(l.g.ExpDown, dyTKD, l.acts.a, off, D, F)
 	swigluActBwd(dg, du, da, l.acts)
-	groupedBwdX(dxe, dg, l.w.ExpGate, off, F, D)
-	groupedBwdX(dxe, du, l.w.ExpUp, off, F, D)
-	groupedBwdW(l.g.ExpGate, dg, l.xe, off, F, D)
-	groupedBwdW(l.g.ExpUp, du, l.xe, off, F, D)
-	rfd := int64(R) * int64(F) * int64(D)
+	groupedBwdX(dxTKD, dg, wGateEFD, off, F, D)
+	groupedBwdX(dxTKD, du, wUpEFD, off, F, D)
+	groupedBwdW(l.g.ExpGate, dg, l.xTKD, off, F, D)
+	groupedBwdW(l.g.ExpUp, du, l.xTKD, off, F, D)
+	rfd := int64(rows) * int64(F) * int64(D)
 	for _, op := range []Op{OpExpertDown, OpExpertGate, OpExpertUp} {
 		ex.op(layer, op, BackwardData, rfd)
 		ex.op(layer, op, BackwardWeight, rfd)
 	}
-	ex.op(layer, OpExpertAct, BackwardData, int64(R)*int64(F))
-	l.xe, l.acts, l.counts = nil, ffnActs[T]{}, nil
-	return dxe
+	ex.op(layer, OpExpertAct, BackwardData, int64(rows)*int64(F))
+	l.xTKD, l.acts, l.counts = nil, ffnActs[T]{}, nil
+	return dxTKD
 }

@@ -114,6 +114,7 @@ type hfConfig struct {
 
 	RouterAuxLossCoef  *float64 `json:"router_aux_loss_coef"`
 	AuxLossAlpha       *float64 `json:"aux_loss_alpha"`
+	SeqAux             *bool    `json:"seq_aux"` // deepseek
 	OutputRouterLogits *bool    `json:"output_router_logits"`
 	InitializerRange   *float64 `json:"initializer_range"`
 
@@ -225,7 +226,34 @@ func ParseHF(data []byte, name string) (*Config, error) {
 	return c, nil
 }
 
-// normalize maps HF keys onto Config following the model type's modeling code.
+// hfErrors collects every problem of one config.json, reported together in
+// the order found.
+type hfErrors []error
+
+// req returns a required integer key, recording it as missing when absent.
+func (e *hfErrors) req(key string, p *int) int {
+	if p == nil {
+		*e = append(*e, fmt.Errorf("%s: required key is missing", key))
+		return 0
+	}
+	return *p
+}
+
+// unsupported records a key whose value the reference does not model.
+func (e *hfErrors) unsupported(key string, v any, why string) {
+	*e = append(*e, fmt.Errorf("%s = %v: not supported (%s)", key, v, why))
+}
+
+// opt returns an optional key's value, or the default d when it is absent.
+func opt[V any](p *V, d V) V {
+	if p == nil {
+		return d
+	}
+	return *p
+}
+
+// normalize maps HF keys onto Config following the model type's modeling
+// code: sizes and norms here, then each concern in its own function.
 func (h *hfConfig) normalize() (*Config, error) {
 	def, ok := hfDefaults[h.ModelType]
 	if !ok {
@@ -234,59 +262,48 @@ func (h *hfConfig) normalize() (*Config, error) {
 		}
 		return nil, fmt.Errorf("model_type = %q is not supported (supported: %s)", h.ModelType, strings.Join(SupportedModelTypes(), ", "))
 	}
-	var errs []error
-	missing := func(key string) { errs = append(errs, fmt.Errorf("%s: required key is missing", key)) }
-	req := func(key string, p *int) int {
-		if p == nil {
-			missing(key)
-			return 0
-		}
-		return *p
-	}
-	optF := func(p *float64, d float64) float64 {
-		if p == nil {
-			return d
-		}
-		return *p
-	}
-	optB := func(p *bool, d bool) bool {
-		if p == nil {
-			return d
-		}
-		return *p
-	}
-	optI := func(p *int, d int) int {
-		if p == nil {
-			return d
-		}
-		return *p
-	}
-	unsupported := func(key string, v any, why string) {
-		errs = append(errs, fmt.Errorf("%s = %v: not supported (%s)", key, v, why))
-	}
-
+	var e hfErrors
 	c := &Config{
 		ModelType: h.ModelType,
 		Source:    h.Source,
-		Vocab:     req("vocab_size", h.VocabSize),
-		Hidden:    req("hidden_size", h.HiddenSize),
-		Layers:    req("num_hidden_layers", h.NumHiddenLayers),
-		Heads:     req("num_attention_heads", h.NumAttentionHeads),
+		Vocab:     e.req("vocab_size", h.VocabSize),
+		Hidden:    e.req("hidden_size", h.HiddenSize),
+		Layers:    e.req("num_hidden_layers", h.NumHiddenLayers),
+		Heads:     e.req("num_attention_heads", h.NumAttentionHeads),
 		Score:     Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1,
-		QKNorm:         def.qkNorm,
-		QKVBias:        def.qkvBias,
-		RotaryFraction: optF(h.PartialRotaryFactor, def.rotary),
-		NormEps:        optF(h.RMSNormEps, def.normEps),
-		TiedEmbeddings: optB(h.TieWordEmbeddings, false),
-		InitRange:      optF(h.InitializerRange, 0.02),
+		NormEps:        opt(h.RMSNormEps, def.normEps),
+		TiedEmbeddings: opt(h.TieWordEmbeddings, false),
+		InitRange:      opt(h.InitializerRange, 0.02),
 	}
-	c.KVHeads = optI(h.NumKeyValueHeads, c.Heads)
-	switch {
-	case h.HeadDim != nil:
-		c.HeadDim = *h.HeadDim
-	case c.Heads > 0:
-		c.HeadDim = c.Hidden / c.Heads
+	h.rope(c, def)
+	if h.HiddenAct != nil && *h.HiddenAct != "silu" {
+		e.unsupported("hidden_act", *h.HiddenAct, `only "silu" (SwiGLU) is modelled`)
 	}
+	if h.MLPBias != nil && *h.MLPBias {
+		e.unsupported("mlp_bias", true, "FFN biases are not modelled")
+	}
+	h.attention(c, def, &e)
+
+	layersOK := c.Layers > 0 && c.Layers <= maxDim
+	if layersOK {
+		c.MoELayer = make([]bool, c.Layers)
+		c.Window = make([]int, c.Layers)
+	}
+	h.denseFFN(c, &e)
+	if def.moe {
+		h.experts(c, def, layersOK, &e)
+	}
+	if layersOK {
+		if err := h.windows(c); err != nil {
+			e = append(e, err)
+		}
+	}
+	return c, errors.Join(e...)
+}
+
+// rope fills RoPE's base, scaling type and rotated fraction.
+func (h *hfConfig) rope(c *Config, def hfDefault) {
+	c.RotaryFraction = opt(h.PartialRotaryFactor, def.rotary)
 	c.RopeTheta = def.ropeTheta
 	if h.RopeParameters != nil && h.RopeParameters.RopeTheta != nil {
 		c.RopeTheta = *h.RopeParameters.RopeTheta
@@ -298,19 +315,25 @@ func (h *hfConfig) normalize() (*Config, error) {
 	if t := h.RopeParameters.scaling(); t != "" {
 		c.RopeScaling = t
 	}
-	if h.HiddenAct != nil && *h.HiddenAct != "silu" {
-		unsupported("hidden_act", *h.HiddenAct, `only "silu" (SwiGLU) is modelled`)
+}
+
+// attention fills KV heads, head dim, projection biases and QK-norm.
+func (h *hfConfig) attention(c *Config, def hfDefault, e *hfErrors) {
+	c.KVHeads = opt(h.NumKeyValueHeads, c.Heads)
+	switch {
+	case h.HeadDim != nil:
+		c.HeadDim = *h.HeadDim
+	case c.Heads > 0:
+		c.HeadDim = c.Hidden / c.Heads
 	}
-	if h.MLPBias != nil && *h.MLPBias {
-		unsupported("mlp_bias", true, "FFN biases are not modelled")
-	}
+	c.QKNorm, c.QKVBias = def.qkNorm, def.qkvBias
 	if h.ClipQKV != nil {
-		unsupported("clip_qkv", *h.ClipQKV, "QKV clipping is not modelled")
+		e.unsupported("clip_qkv", *h.ClipQKV, "QKV clipping is not modelled")
 	}
-	if bias := optB(h.AttentionBias, false); bias {
+	if bias := opt(h.AttentionBias, false); bias {
 		switch {
 		case def.oProjHasBias:
-			unsupported("attention_bias", true, h.ModelType+" then also puts a bias on o_proj, which is not modelled")
+			e.unsupported("attention_bias", true, h.ModelType+" then also puts a bias on o_proj, which is not modelled")
 		case h.ModelType == "glm4_moe":
 			c.QKVBias = true // q, k, v biases; o_proj has none
 		}
@@ -319,125 +342,145 @@ func (h *hfConfig) normalize() (*Config, error) {
 	if h.ModelType == "qwen2_moe" && h.QKVBias != nil {
 		c.QKVBias = *h.QKVBias
 	}
-	if h.ModelType == "glm4_moe" && optB(h.UseQKNorm, false) {
+	if h.ModelType == "glm4_moe" && opt(h.UseQKNorm, false) {
 		c.QKNorm = QKNormHead
 	}
+}
 
-	layersOK := c.Layers > 0 && c.Layers <= maxDim
-	if layersOK {
-		c.MoELayer = make([]bool, c.Layers)
-		c.Window = make([]int, c.Layers)
-	}
-
-	// Dense FFN width: every type but mixtral and olmoe (whose
-	// intermediate_size is the expert width) reads intermediate_size.
+// denseFFN fills the dense layers' FFN width: every type but mixtral and
+// olmoe (whose intermediate_size is the expert width) reads
+// intermediate_size.
+func (h *hfConfig) denseFFN(c *Config, e *hfErrors) {
 	switch h.ModelType {
 	case "mixtral", "olmoe":
 	default:
-		c.DenseFFN = req("intermediate_size", h.IntermediateSize)
+		c.DenseFFN = e.req("intermediate_size", h.IntermediateSize)
 	}
-
-	if def.moe {
-		h.normalizeMoE(c, def, layersOK, req, optI, optF, optB, unsupported)
-		if c.MoELayers() == c.Layers && (h.ModelType == "mixtral" || h.ModelType == "olmoe") {
-			c.DenseFFN = 0
-		}
-	}
-	if layersOK {
-		if err := h.windows(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return c, errors.Join(errs...)
 }
 
-// normalizeMoE fills experts, routing and the MoE/dense layer pattern.
-func (h *hfConfig) normalizeMoE(c *Config, def hfDefault, layersOK bool,
-	req func(string, *int) int, optI func(*int, int) int, optF func(*float64, float64) float64,
-	optB func(*bool, bool) bool, unsupported func(string, any, string)) {
-	c.NormTopK = optB(h.NormTopKProb, def.normTopK)
-	c.AuxLossCoef = optF(h.RouterAuxLossCoef, def.auxCoef)
-	c.OutputRouterLogits = optB(h.OutputRouterLogits, false)
-	c.TopK = req("num_experts_per_tok", h.NumExpertsPerTok)
+// experts fills experts, routing, the aux loss and the MoE/dense layer pattern.
+func (h *hfConfig) experts(c *Config, def hfDefault, layersOK bool, e *hfErrors) {
+	c.NormTopK = opt(h.NormTopKProb, def.normTopK)
+	c.AuxLossCoef = opt(h.RouterAuxLossCoef, def.auxCoef)
+	c.OutputRouterLogits = opt(h.OutputRouterLogits, false)
+	c.TopK = e.req("num_experts_per_tok", h.NumExpertsPerTok)
 	isMoE := func(int) bool { return true }
 	switch h.ModelType {
 	case "qwen3_moe", "qwen2_moe":
-		// Qwen*MoeDecoderLayer: MoE when the layer is not in mlp_only_layers
-		// and num_experts > 0 and (i+1) % decoder_sparse_step == 0.
-		c.Experts = req("num_experts", h.NumExperts)
-		c.ExpertFFN = req("moe_intermediate_size", h.MoEIntermediateSize)
-		step := optI(h.DecoderSparseStep, 1)
-		if step <= 0 {
-			unsupported("decoder_sparse_step", step, "must be ≥ 1")
-			step = 1
-		}
-		dense := map[int]bool{}
-		for _, i := range h.MLPOnlyLayers {
-			if i < 0 || (layersOK && i >= c.Layers) {
-				unsupported("mlp_only_layers", i, fmt.Sprintf("layer index must be in [0, %d)", c.Layers))
-			}
-			dense[i] = true
-		}
-		isMoE = func(i int) bool { return !dense[i] && c.Experts > 0 && (i+1)%step == 0 }
-		if h.ModelType == "qwen2_moe" {
-			// One shared expert of shared_expert_intermediate_size, scaled by
-			// σ(x·w_g) (Qwen2MoeSparseMoeBlock.shared_expert_gate).
-			if s := req("shared_expert_intermediate_size", h.SharedIntermediate); s > 0 {
-				c.SharedExperts, c.SharedFFN, c.SharedGated = 1, s, true
-			}
-		}
+		isMoE = h.moeQwen(c, layersOK, e)
 	case "mixtral":
-		c.Experts = req("num_local_experts", h.NumLocalExperts)
-		c.ExpertFFN = req("intermediate_size", h.IntermediateSize)
+		c.Experts = e.req("num_local_experts", h.NumLocalExperts)
+		c.ExpertFFN = e.req("intermediate_size", h.IntermediateSize)
 		c.NormTopK = true // softmax over the top-k logits is the renormalized top-k
+		// MixtralDecoderLayer.block_sparse_moe holds MixtralBlockSparseTop2MLP
+		// experts with w2(silu(w1(x))·w3(x)) (modeling_mixtral.py,
+		// transformers commit 00d4b3d2).
+		c.Names = TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	case "olmoe":
-		c.Experts = req("num_experts", h.NumExperts)
-		c.ExpertFFN = req("intermediate_size", h.IntermediateSize)
+		c.Experts = e.req("num_experts", h.NumExperts)
+		c.ExpertFFN = e.req("intermediate_size", h.IntermediateSize)
 	case "deepseek":
-		// modeling_deepseek.py: DeepseekMoE when n_routed_experts is set and
-		// i ≥ first_k_dense_replace and i % moe_layer_freq == 0; shared
-		// experts are one DeepseekMLP of moe_intermediate_size·n_shared_experts;
-		// its MoEGate adds aux_loss_alpha·aux whenever training.
-		c.Experts = req("n_routed_experts", h.NRoutedExperts)
-		c.ExpertFFN = req("moe_intermediate_size", h.MoEIntermediateSize)
-		if s := optI(h.NSharedExperts, 0); s > 0 {
-			c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
-		}
-		if sf := h.ScoringFunc; sf != nil && *sf != "softmax" {
-			unsupported("scoring_func", *sf, `DeepSeek-MoE's MoEGate implements only "softmax"`)
-		}
-		c.AuxLossCoef = optF(h.AuxLossAlpha, def.auxCoef)
-		c.OutputRouterLogits = c.AuxLossCoef > 0
-		first := optI(h.FirstKDenseReplace, def.firstKDense)
-		freq := optI(h.MoELayerFreq, 1)
-		if freq <= 0 {
-			unsupported("moe_layer_freq", freq, "must be ≥ 1")
-			freq = 1
-		}
-		isMoE = func(i int) bool { return i >= first && i%freq == 0 }
+		isMoE = h.moeDeepseek(c, def, e)
 	case "glm4_moe":
-		// Glm4MoeDecoderLayer: MoE from first_k_dense_replace on; a sigmoid
-		// Glm4MoeTopkRouter with e_score_correction_bias, grouped top-k and
-		// routed_scaling_factor; shared experts as one MLP of
-		// moe_intermediate_size·n_shared_experts.
-		c.Experts = req("n_routed_experts", h.NRoutedExperts)
-		c.ExpertFFN = req("moe_intermediate_size", h.MoEIntermediateSize)
-		if s := optI(h.NSharedExperts, 1); s > 0 {
-			c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
-		}
-		c.Score, c.SelectionBias = Sigmoid, true
-		c.RoutedScale = optF(h.RoutedScalingFactor, 1)
-		c.Groups = optI(h.NGroup, 1)
-		c.TopKGroups = optI(h.TopKGroup, 1)
-		c.AuxLossCoef = optF(h.RouterAuxLossCoef, 0)
-		first := optI(h.FirstKDenseReplace, def.firstKDense)
-		isMoE = func(i int) bool { return i >= first }
+		isMoE = h.moeGLM(c, def, e)
 	}
 	if layersOK {
 		for i := range c.MoELayer {
 			c.MoELayer[i] = isMoE(i)
 		}
 	}
+	if c.MoELayers() == c.Layers && (h.ModelType == "mixtral" || h.ModelType == "olmoe") {
+		c.DenseFFN = 0
+	}
+}
+
+// moeQwen fills Qwen3-MoE's and Qwen2-MoE's experts; the result says which
+// layers are MoE.
+func (h *hfConfig) moeQwen(c *Config, layersOK bool, e *hfErrors) func(int) bool {
+	// Qwen*MoeDecoderLayer: MoE when the layer is not in mlp_only_layers
+	// and num_experts > 0 and (i+1) % decoder_sparse_step == 0.
+	c.Experts = e.req("num_experts", h.NumExperts)
+	c.ExpertFFN = e.req("moe_intermediate_size", h.MoEIntermediateSize)
+	step := opt(h.DecoderSparseStep, 1)
+	if step <= 0 {
+		e.unsupported("decoder_sparse_step", step, "must be ≥ 1")
+		step = 1
+	}
+	dense := map[int]bool{}
+	for _, i := range h.MLPOnlyLayers {
+		if i < 0 || (layersOK && i >= c.Layers) {
+			e.unsupported("mlp_only_layers", i, fmt.Sprintf("layer index must be in [0, %d)", c.Layers))
+		}
+		dense[i] = true
+	}
+	if h.ModelType == "qwen2_moe" {
+		// One shared expert of shared_expert_intermediate_size, scaled by
+		// σ(x·w_g) (Qwen2MoeSparseMoeBlock.shared_expert_gate).
+		if s := e.req("shared_expert_intermediate_size", h.SharedIntermediate); s > 0 {
+			c.SharedExperts, c.SharedFFN, c.SharedGated = 1, s, true
+		}
+		// Qwen2MoeSparseMoeBlock.shared_expert (singular; modeling_qwen2_moe.py,
+		// transformers commit 1c351314).
+		c.Names.Shared = "shared_expert"
+	}
+	return func(i int) bool { return !dense[i] && c.Experts > 0 && (i+1)%step == 0 }
+}
+
+// moeDeepseek fills DeepSeek-MoE's experts, routing and aux loss; the
+// result says which layers are MoE.
+func (h *hfConfig) moeDeepseek(c *Config, def hfDefault, e *hfErrors) func(int) bool {
+	// modeling_deepseek.py: DeepseekMoE when n_routed_experts is set and
+	// i ≥ first_k_dense_replace and i % moe_layer_freq == 0; shared
+	// experts are one DeepseekMLP of moe_intermediate_size·n_shared_experts.
+	// Its MoEGate renormalizes the top-k weights only when top_k > 1,
+	// adding 1e-20 to their sum, and adds aux_loss_alpha·aux whenever
+	// training, per sequence when seq_aux (the default).
+	c.Experts = e.req("n_routed_experts", h.NRoutedExperts)
+	c.ExpertFFN = e.req("moe_intermediate_size", h.MoEIntermediateSize)
+	if s := opt(h.NSharedExperts, 0); s > 0 {
+		c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
+	}
+	if sf := h.ScoringFunc; sf != nil && *sf != "softmax" {
+		e.unsupported("scoring_func", *sf, `DeepSeek-MoE's MoEGate implements only "softmax"`)
+	}
+	c.NormTopK = c.NormTopK && c.TopK > 1
+	c.NormTopKEps = 1e-20
+	c.AuxLossCoef = opt(h.AuxLossAlpha, def.auxCoef)
+	c.OutputRouterLogits = c.AuxLossCoef > 0
+	c.SeqAuxLoss = true
+	if !opt(h.SeqAux, true) && c.AuxLossCoef > 0 {
+		e.unsupported("seq_aux", false, "MoEGate's batch-level aux loss is not modelled; with aux_loss_alpha > 0 only seq_aux = true is")
+	}
+	first := opt(h.FirstKDenseReplace, def.firstKDense)
+	freq := opt(h.MoELayerFreq, 1)
+	if freq <= 0 {
+		e.unsupported("moe_layer_freq", freq, "must be ≥ 1")
+		freq = 1
+	}
+	return func(i int) bool { return i >= first && i%freq == 0 }
+}
+
+// moeGLM fills GLM-4.5's experts and routing; the result says which layers
+// are MoE.
+func (h *hfConfig) moeGLM(c *Config, def hfDefault, e *hfErrors) func(int) bool {
+	// Glm4MoeDecoderLayer: MoE from first_k_dense_replace on; a sigmoid
+	// Glm4MoeTopkRouter with e_score_correction_bias, grouped top-k and
+	// routed_scaling_factor; shared experts as one MLP of
+	// moe_intermediate_size·n_shared_experts.
+	c.Experts = e.req("n_routed_experts", h.NRoutedExperts)
+	c.ExpertFFN = e.req("moe_intermediate_size", h.MoEIntermediateSize)
+	if s := opt(h.NSharedExperts, 1); s > 0 {
+		c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
+	}
+	c.Score, c.SelectionBias = Sigmoid, true
+	c.NormTopKEps = 1e-20      // Glm4MoeMoE.route_tokens_to_experts
+	c.IgnoreExtraLayers = true // the MTP block (skippedByHF in weights.go)
+	c.RoutedScale = opt(h.RoutedScalingFactor, 1)
+	c.Groups = opt(h.NGroup, 1)
+	c.TopKGroups = opt(h.TopKGroup, 1)
+	c.AuxLossCoef = opt(h.RouterAuxLossCoef, 0)
+	first := opt(h.FirstKDenseReplace, def.firstKDense)
+	return func(i int) bool { return i >= first }
 }
 
 // windows fills the per-layer attention window: layer_types when given

@@ -1,6 +1,7 @@
 package moe
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -286,6 +287,130 @@ func TestRopeScaling(t *testing.T) {
 		}
 		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), `rope_type "`+tc.want+`" is not implemented`)) {
 			t.Errorf("%s: NewModel error %v", tc.extra, err)
+		}
+	}
+}
+
+// TestParseHFBehaviourFields: behaviour that differs between model types
+// is normalized into Config fields at load, as each modeling file implies:
+//   - NormTopKEps: the 1e-20 added to the top-k sum in glm4_moe's
+//     Glm4MoeMoE.route_tokens_to_experts (modeling_glm4_moe.py, transformers
+//     commit 000c33fd) and DeepSeek-MoE's MoEGate (modeling_deepseek.py);
+//     Qwen3-MoE, Qwen2-MoE, Mixtral and OLMoE divide by the plain sum.
+//   - SeqAuxLoss: MoEGate's per-sequence aux loss (seq_aux, default true).
+//   - Names: Mixtral's block_sparse_moe with w1/w3/w2 experts
+//     (modeling_mixtral.py, commit 00d4b3d2), Qwen2-MoE's shared_expert
+//     (modeling_qwen2_moe.py, commit 1c351314).
+//   - IgnoreExtraLayers: Glm4MoeModel._keys_to_ignore_on_load_unexpected.
+//
+// One config.json body serves every type: each reads only its own keys.
+func TestParseHFBehaviourFields(t *testing.T) {
+	mixtral := TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
+	want := map[string]struct {
+		eps    float64
+		seqAux bool
+		names  TensorNames
+		ignore bool
+		expert string // layer 1's first routed-expert tensor ("" for dense models)
+	}{
+		"qwen3_moe": {expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
+		"qwen2_moe": {names: TensorNames{Shared: "shared_expert"}, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
+		"mixtral":   {names: mixtral, expert: "model.layers.1.block_sparse_moe.experts.0.w1.weight"},
+		"olmoe":     {expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
+		"deepseek":  {eps: 1e-20, seqAux: true, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
+		"glm4_moe":  {eps: 1e-20, ignore: true, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
+		"qwen3":     {},
+		"llama":     {},
+	}
+	const body = `"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+		"intermediate_size": 48, "moe_intermediate_size": 16, "num_experts": 4, "num_local_experts": 4,
+		"n_routed_experts": 4, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 2,
+		"shared_expert_intermediate_size": 40, "norm_topk_prob": true`
+	for _, mt := range SupportedModelTypes() {
+		w, ok := want[mt]
+		if !ok {
+			t.Errorf("model_type %s has no expectation here", mt)
+			continue
+		}
+		c, err := ParseHF([]byte(`{"model_type": "`+mt+`", `+body+`}`), mt)
+		if err != nil {
+			t.Errorf("%s: %v", mt, err)
+			continue
+		}
+		if c.NormTopKEps != w.eps || c.SeqAuxLoss != w.seqAux || c.Names != w.names || c.IgnoreExtraLayers != w.ignore {
+			t.Errorf("%s: norm_topk_eps %g, seq_aux_loss %v, names %+v, ignore_extra_layers %v; want %g, %v, %+v, %v",
+				mt, c.NormTopKEps, c.SeqAuxLoss, c.Names, c.IgnoreExtraLayers, w.eps, w.seqAux, w.names, w.ignore)
+		}
+		var expert string
+		for _, p := range c.Params() {
+			if p.Layer == 1 && p.Expert == 0 {
+				expert = p.Name
+				break
+			}
+		}
+		if expert != w.expert {
+			t.Errorf("%s: first expert tensor %q, want %q", mt, expert, w.expert)
+		}
+	}
+	names := map[string]bool{}
+	q2, err := ParseHF([]byte(`{"model_type": "qwen2_moe", `+body+`}`), "q2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range q2.Params() {
+		names[p.Name] = true
+	}
+	for _, n := range []string{"model.layers.0.mlp.shared_expert.gate_proj.weight", "model.layers.0.mlp.shared_expert_gate.weight"} {
+		if !names[n] {
+			t.Errorf("qwen2_moe lacks %s", n)
+		}
+	}
+}
+
+// TestParseHFDeepseekRouting: MoEGate renormalizes only when top_k > 1
+// (`if self.top_k > 1 and self.norm_topk_prob`), so NormTopK is false for
+// top_k = 1 whatever norm_topk_prob says; its batch-level aux loss
+// (seq_aux = false) is refused only when it would be added.
+func TestParseHFDeepseekRouting(t *testing.T) {
+	ds := func(extra string) (*Config, error) {
+		return ParseHF([]byte(`{"model_type": "deepseek", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+			"num_attention_heads": 4, "intermediate_size": 48, "moe_intermediate_size": 16, "n_routed_experts": 4, `+extra+`}`), "ds")
+	}
+	for _, tc := range []struct {
+		extra string
+		norm  bool
+	}{
+		{`"num_experts_per_tok": 1, "norm_topk_prob": true`, false},
+		{`"num_experts_per_tok": 2, "norm_topk_prob": true`, true},
+		{`"num_experts_per_tok": 2, "norm_topk_prob": false`, false},
+		{`"num_experts_per_tok": 2`, false}, // DeepseekConfig default norm_topk_prob = False
+	} {
+		c, err := ds(tc.extra)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.extra, err)
+		}
+		if c.NormTopK != tc.norm {
+			t.Errorf("%s: norm_topk %v, want %v", tc.extra, c.NormTopK, tc.norm)
+		}
+	}
+	if _, err := ds(`"num_experts_per_tok": 2, "seq_aux": false`); err == nil || !strings.Contains(err.Error(), "seq_aux = false") {
+		t.Errorf("seq_aux false with the default aux_loss_alpha 0.001: %v", err)
+	}
+	if _, err := ds(`"num_experts_per_tok": 2, "seq_aux": false, "aux_loss_alpha": 0`); err != nil {
+		t.Errorf("seq_aux false without an aux loss: %v", err)
+	}
+}
+
+// TestValidateNormTopKEps: the renormalization ε must be a finite number ≥ 0.
+func TestValidateNormTopKEps(t *testing.T) {
+	for _, eps := range []float64{-1e-20, math.NaN(), math.Inf(1)} {
+		c, err := ParseHF([]byte(minimal), "m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.NormTopKEps = eps
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "norm_topk_eps") {
+			t.Errorf("norm_topk_eps %v: %v", eps, err)
 		}
 	}
 }

@@ -244,7 +244,7 @@ func Views[T Float](c *Config, tensors [][]T) ([]LayerWeights[T], GlobalWeights[
 // Result is the outcome of one micro-batch (or the mean over micro-batches).
 type Result struct {
 	Loss   float64 // cross-entropy, mean over predicted positions
-	Aux    float64 // HF load-balancing loss (0 when not computed)
+	Aux    float64 // aux loss, AuxLoss's formula (0 when not computed)
 	Total  float64 // Loss + AuxCoef·Aux: what the gradient is of
 	Tokens int     // predicted positions
 }

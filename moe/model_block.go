@@ -31,19 +31,19 @@ type LayerWeights[T Float] struct {
 
 // ExpertStage runs the routed experts of one MoE layer: the seam between
 // dispatch and combine where expert parallelism exchanges rows by
-// all-to-all. xe holds Σ counts rows of D elements in expert order (counts[e]
-// rows for global expert e, e ascending, dropless); the result holds the
-// expert outputs for the same rows in the same order. keep says whether
-// Forward must keep what ExpertsBackward will read (false when the block is
-// checkpointed and will call Forward again with pass Recompute before
-// backward). ExpertsBackward receives the gradient of the rows of the last
-// kept Forward of that layer, returns the gradient of xe and accumulates
-// the experts' weight gradients. An implementation records its grouped
-// GEMMs (expert_gate, expert_up, expert_down), expert_act and what it keeps,
-// as the local one does.
+// all-to-all. xTKD holds Σ counts = T·K rows of D elements in expert order
+// (counts[e] rows for global expert e, e ascending, dropless); the result
+// holds the expert outputs for the same rows in the same order. keep says
+// whether Forward must keep what ExpertsBackward will read (false when the
+// block is checkpointed and will call Forward again with pass Recompute
+// before backward). ExpertsBackward receives the gradient of the rows of
+// the last kept Forward of that layer, returns the gradient of xTKD and
+// accumulates the experts' weight gradients. An implementation records its
+// grouped GEMMs (expert_gate, expert_up, expert_down), expert_act and what
+// it keeps, as the local one does.
 type ExpertStage[T Float] interface {
-	ExpertsForward(layer int, xe []T, counts []int, pass Pass, keep bool) []T
-	ExpertsBackward(layer int, dye []T) []T
+	ExpertsForward(layer int, xTKD []T, counts []int, pass Pass, keep bool) []T
+	ExpertsBackward(layer int, dyTKD []T) []T
 }
 
 // blockState is what one block holds between its forward and backward.
@@ -57,8 +57,8 @@ type blockState[T Float] struct {
 	o, lse                   []T // attention output [T,q], log-sum-exp [T,H]
 	x2, rstd2, h2            []T // mid residual, ffn_norm rstd, normed [T,D]
 	rt                       *Routing[T]
-	vals                     []T // top-k values [T,K] (before renormalization)
-	ye                       []T // routed expert outputs [T·K, D]
+	topValTK                 []T // top-k values [T,K] (before renormalization)
+	expertOutTKD             []T // routed expert outputs [T·K, D], in expert order
 	ffn                      ffnActs[T]
 	gl, sGate                []T // shared_expert_gate logits and σ [T]
 	fOut                     []T // shared or dense FFN output [T,D]
@@ -233,98 +233,157 @@ func (b *Block[T]) swiglu(s *ffnActs[T], pass Pass, useCache bool, opG, opU, opA
 	return b.lin(opD, pass, useCache, s.a, wd, nil, T_, D, f)
 }
 
-// moeForward adds the routed (and shared) experts' output to y.
-func (b *Block[T]) moeForward(w *LayerWeights[T], y []T, pass Pass, useCache bool) {
-	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
-	T_, D, E, K := b.tokens(), c.Hidden, c.Experts, c.TopK
-	t64 := int64(T_)
+// moeForward adds the MoE layer's output to yTD [T,D]: the routed experts
+// as router → dispatch → experts → combine, then the shared experts.
+func (b *Block[T]) moeForward(w *LayerWeights[T], yTD []T, pass Pass, useCache bool) {
+	rt := b.routerForward(w, pass, useCache)
+	xTKD, meta := b.dispatchForward(rt, pass)
+	b.st.expertOutTKD = b.expertsForward(xTKD, meta, pass)
+	b.combineForward(yTD, b.st.expertOutTKD, meta, pass)
+	if b.cfg.SharedExperts > 0 {
+		b.sharedForward(w, yTD, pass, useCache)
+	}
+}
 
-	z := make([]T, T_*E)
-	linear(ex, L, OpRouter, pass, z, st.h2, w.Router, nil, T_, E, D)
-	rt := newRouting[T](T_, E, K)
-	routeScores(c, rt, z)
-	if idx, ok := st.cache[opTopKIdx]; useCache && ok {
-		for i, v := range idx {
-			rt.Indices[i] = int32(v)
+// routerForward scores the normed tokens h2 [T,D] against every expert
+// and picks each token's K experts and weights (Routing). The first forward
+// also keeps the expert counts and, with the aux loss on, its statistics;
+// a selective recompute takes the saved top-k instead of selecting again.
+func (b *Block[T]) routerForward(w *LayerWeights[T], pass Pass, useCache bool) *Routing[T] {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	nTok, D, E, K := b.tokens(), c.Hidden, c.Experts, c.TopK
+	hTD := st.h2
+
+	logitsTE := make([]T, nTok*E)
+	linear(ex, L, OpRouter, pass, logitsTE, hTD, w.Router, nil, nTok, E, D)
+	rt := newRouting[T](nTok, E, K)
+	routeScores(c, rt, logitsTE)
+	if idxTK, ok := st.cache[opTopKIdx]; useCache && ok {
+		for i, e := range idxTK {
+			rt.Indices[i] = int32(e)
 		}
-		st.vals = st.cache[OpRouterTopK]
+		st.topValTK = st.cache[OpRouterTopK]
 	} else {
 		routeSelect(c, rt, w.SelBias)
-		st.vals = make([]T, T_*K)
-		for t := 0; t < T_; t++ {
+		st.topValTK = make([]T, nTok*K)
+		for t := 0; t < nTok; t++ {
 			for k, e := range rt.Indices[t*K : t*K+K] {
-				st.vals[t*K+k] = rt.Scores[t*E+int(e)]
+				st.topValTK[t*K+k] = rt.Scores[t*E+int(e)]
 			}
 		}
 	}
-	routeWeights(c, rt, st.vals)
+	routeWeights(c, rt, st.topValTK)
 	st.rt = rt
-	ex.op(L, OpRouterTopK, pass, t64*int64(E))
+	ex.op(L, OpRouterTopK, pass, int64(nTok)*int64(E))
 	if pass == Forward {
 		b.counts = append([]int(nil), rt.Counts...)
 	}
 	if pass == Forward && b.aux {
-		b.seqCounts, b.seqScores = make([]int, b.batch*E), make([]T, b.batch*E)
-		for t := 0; t < T_; t++ {
-			sq := t / b.seq * E
-			for e, s := range rt.Scores[t*E : t*E+E] {
-				b.seqScores[sq+e] += s
-			}
-			for _, e := range rt.Indices[t*K : t*K+K] {
-				b.seqCounts[sq+int(e)]++
-			}
-		}
-		ex.op(L, OpAuxLoss, Forward, t64*int64(E))
+		b.auxStats(rt)
 	}
+	return rt
+}
 
-	rows := T_ * K
-	xe := make([]T, rows*D)
-	for r, p := range rt.Order {
-		t := int(p) / K
-		copy(xe[r*D:r*D+D], st.h2[t*D:t*D+D])
+// auxStats keeps, per sequence, the aux loss's statistics of the routing:
+// seqCounts [B,E] (token, slot) pairs and seqScores [B,E] summed scores.
+func (b *Block[T]) auxStats(rt *Routing[T]) {
+	nTok, E, K := rt.Tokens, rt.Experts, rt.K
+	b.seqCounts, b.seqScores = make([]int, b.batch*E), make([]T, b.batch*E)
+	for t := 0; t < nTok; t++ {
+		sq := t / b.seq * E
+		for e, s := range rt.Scores[t*E : t*E+E] {
+			b.seqScores[sq+e] += s
+		}
+		for _, e := range rt.Indices[t*K : t*K+K] {
+			b.seqCounts[sq+int(e)]++
+		}
 	}
-	ex.op(L, OpDispatch, pass, int64(rows)*int64(D))
+	b.x.op(b.layer, OpAuxLoss, Forward, int64(nTok)*int64(E))
+}
+
+// dispatchMeta is what dispatchForward hands on with the rows: the experts
+// read the per-expert row counts, combine (and the backward pass) where
+// each row came from and its weight.
+type dispatchMeta[T Float] struct {
+	countsE   []int   // [E] rows of each expert, e ascending (dropless: Σ = T·K)
+	orderTK   []int32 // [T·K] row r holds the (token, slot) pair orderTK[r] = t·K+k
+	weightsTK []T     // [T,K] routing weights
+}
+
+// metaOf views a routing as dispatch metadata.
+func metaOf[T Float](rt *Routing[T]) dispatchMeta[T] {
+	return dispatchMeta[T]{countsE: rt.Counts, orderTK: rt.Order, weightsTK: rt.Weights}
+}
+
+// dispatchForward copies each token's normed row h2 once per selected
+// expert into xTKD [T·K, D], in expert order.
+func (b *Block[T]) dispatchForward(rt *Routing[T], pass Pass) (xTKD []T, meta dispatchMeta[T]) {
+	D, K := b.cfg.Hidden, rt.K
+	hTD := b.st.h2
+	meta = metaOf(rt)
+	rows := len(meta.orderTK)
+	xTKD = make([]T, rows*D)
+	for r, tk := range meta.orderTK {
+		t := int(tk) / K
+		copy(xTKD[r*D:r*D+D], hTD[t*D:t*D+D])
+	}
+	b.x.op(b.layer, OpDispatch, pass, int64(rows)*int64(D))
+	return xTKD, meta
+}
+
+// expertsForward runs the routed experts on the dispatched rows (locally,
+// or through Block.Experts) and returns their outputs [T·K, D], same order.
+func (b *Block[T]) expertsForward(xTKD []T, meta dispatchMeta[T], pass Pass) []T {
 	keep := pass == Recompute || !b.checkpointed()
 	if b.Experts != nil {
-		st.ye = b.Experts.ExpertsForward(L, xe, rt.Counts, pass, keep)
-	} else {
-		st.ye = b.local.ExpertsForward(L, xe, rt.Counts, pass, keep)
+		return b.Experts.ExpertsForward(b.layer, xTKD, meta.countsE, pass, keep)
 	}
-	for r, p := range rt.Order {
-		t, wt := int(p)/K, rt.Weights[p]
-		yt, yr := y[t*D:t*D+D], st.ye[r*D:r*D+D]
-		for j := range yt {
-			yt[j] += wt * yr[j]
-		}
-	}
-	ex.round(y)
-	ex.op(L, OpCombine, pass, int64(rows)*int64(D))
+	return b.local.ExpertsForward(b.layer, xTKD, meta.countsE, pass, keep)
+}
 
-	if c.SharedExperts > 0 {
-		S := c.SharedExperts * c.SharedFFN
-		st.ffn = newFFNActs[T](T_, S)
-		st.fOut = b.swiglu(&st.ffn, pass, useCache, OpSharedGate, OpSharedUp, OpSharedAct, OpSharedDown,
-			w.SharedGate, w.SharedUp, w.SharedDown, S)
-		if c.SharedGated {
-			st.gl = b.lin(OpSharedExpGate, pass, useCache, st.h2, w.SharedExpGate, nil, T_, 1, D)
-			st.sGate = make([]T, T_)
-			for t, v := range st.gl {
-				st.sGate[t] = sigmoid(v)
-			}
-			ex.round(st.sGate)
-			for t := 0; t < T_; t++ {
-				g := st.sGate[t]
-				for j := 0; j < D; j++ {
-					y[t*D+j] += g * st.fOut[t*D+j]
-				}
-			}
-			ex.op(L, OpSharedScale, pass, t64*int64(D))
-		} else {
-			for i, v := range st.fOut {
-				y[i] += v
-			}
+// combineForward adds each expert-output row, times its routing weight, to
+// its token's row of yTD [T,D].
+func (b *Block[T]) combineForward(yTD, expertOutTKD []T, meta dispatchMeta[T], pass Pass) {
+	D, K := b.cfg.Hidden, b.cfg.TopK
+	for r, tk := range meta.orderTK {
+		t, wt := int(tk)/K, meta.weightsTK[tk]
+		yD, outD := yTD[t*D:t*D+D], expertOutTKD[r*D:r*D+D]
+		for j := range yD {
+			yD[j] += wt * outD[j]
 		}
 	}
+	b.x.round(yTD)
+	b.x.op(b.layer, OpCombine, pass, int64(len(meta.orderTK))*int64(D))
+}
+
+// sharedForward adds the shared experts' output (σ-gated with SharedGated)
+// to yTD [T,D].
+func (b *Block[T]) sharedForward(w *LayerWeights[T], yTD []T, pass Pass, useCache bool) {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	nTok, D := b.tokens(), c.Hidden
+	S := c.SharedExperts * c.SharedFFN
+	st.ffn = newFFNActs[T](nTok, S)
+	st.fOut = b.swiglu(&st.ffn, pass, useCache, OpSharedGate, OpSharedUp, OpSharedAct, OpSharedDown,
+		w.SharedGate, w.SharedUp, w.SharedDown, S)
+	if !c.SharedGated {
+		for i, v := range st.fOut {
+			yTD[i] += v
+		}
+		return
+	}
+	st.gl = b.lin(OpSharedExpGate, pass, useCache, st.h2, w.SharedExpGate, nil, nTok, 1, D)
+	st.sGate = make([]T, nTok)
+	for t, v := range st.gl {
+		st.sGate[t] = sigmoid(v)
+	}
+	ex.round(st.sGate)
+	for t := 0; t < nTok; t++ {
+		g := st.sGate[t]
+		for j := 0; j < D; j++ {
+			yTD[t*D+j] += g * st.fOut[t*D+j]
+		}
+	}
+	ex.op(L, OpSharedScale, pass, int64(nTok)*int64(D))
 }
 
 // checkpointed reports whether this block recomputes in backward.
@@ -374,12 +433,12 @@ func (b *Block[T]) keep() {
 			for i, e := range st.rt.Indices {
 				idx[i] = T(e)
 			}
-			cache[OpRouterTopK], cache[opTopKIdx] = st.vals, idx
+			cache[OpRouterTopK], cache[opTopKIdx] = st.topValTK, idx
 		}
 		*st = blockState[T]{x: st.x, cache: cache}
 	default:
 		// none: drop what no backward formula reads
-		st.ao, st.vals = nil, nil // vals stays held by the routing when renormalized
+		st.ao, st.topValTK = nil, nil // the routing keeps the values when it renormalizes
 		if b.cfg.QKNorm == QKNormNone {
 			st.qRaw, st.kRaw = nil, nil
 		}
@@ -444,7 +503,7 @@ func (b *Block[T]) recordKept() {
 		rec(OpRouterTopK, "values", rt.Values, F32)
 		rec(OpRouterTopK, "denominator", rt.Denom, F32)
 		b.x.saved(L, OpDispatch, "order", len(rt.Order), I64)
-		rec(OpCombine, "expert_output", st.ye, act)
+		rec(OpCombine, "expert_output", st.expertOutTKD, act)
 		rec(OpCombine, "weights", rt.Weights, F32)
 		ops = [4]Op{OpSharedAct, OpSharedAct, OpSharedAct, OpSharedDown}
 	}

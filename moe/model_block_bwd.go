@@ -86,75 +86,107 @@ func (b *Block[T]) swigluBack(s *ffnActs[T], opG, opU, opA, opD Op, wg, wu, wd, 
 	linearBack(ex, L, opU, dh2, gu, nil, du, b.st.h2, wu, T_, f, D)
 }
 
-// moeBackward accumulates dh2 from dy through shared experts, combine,
-// routed experts, dispatch and the router.
-func (b *Block[T]) moeBackward(w, g *LayerWeights[T], dh2, dy, auxGrad []T) {
+// moeBackward accumulates into dhTD the gradient of the normed input h2
+// [T,D] from dyTD, moeForward in reverse: the shared experts, then
+// combine → experts → dispatch → router.
+func (b *Block[T]) moeBackward(w, g *LayerWeights[T], dhTD, dyTD, auxGrad []T) {
+	if b.cfg.SharedExperts > 0 {
+		b.sharedBackward(w, g, dhTD, dyTD)
+	}
+	meta := metaOf(b.st.rt)
+	dExpertOutTKD, dWeightsTK := b.combineBackward(dyTD, meta)
+	dxTKD := b.expertsBackward(dExpertOutTKD)
+	b.dispatchBackward(dhTD, dxTKD, meta)
+	b.routerBackward(w, g, dhTD, dWeightsTK, auxGrad)
+}
+
+// sharedBackward back-propagates dyTD through the (σ-gated) shared
+// experts, accumulating dhTD.
+func (b *Block[T]) sharedBackward(w, g *LayerWeights[T], dhTD, dyTD []T) {
 	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
-	T_, D, E, K := b.tokens(), c.Hidden, c.Experts, c.TopK
-	t64 := int64(T_)
-	rt := st.rt
-
-	if c.SharedExperts > 0 {
-		S := c.SharedExperts * c.SharedFFN
-		ds := dy
-		if c.SharedGated {
-			ds = make([]T, T_*D)
-			dgl := make([]T, T_)
-			for t := 0; t < T_; t++ {
-				sg := st.sGate[t]
-				var dot T
-				for j := 0; j < D; j++ {
-					ds[t*D+j] = sg * dy[t*D+j]
-					dot += dy[t*D+j] * st.fOut[t*D+j]
-				}
-				dgl[t] = dot * sg * (1 - sg)
+	nTok, D := b.tokens(), c.Hidden
+	S := c.SharedExperts * c.SharedFFN
+	dSharedTD := dyTD
+	if c.SharedGated {
+		dSharedTD = make([]T, nTok*D)
+		dGateLogitT := make([]T, nTok)
+		for t := 0; t < nTok; t++ {
+			sg := st.sGate[t]
+			var dot T
+			for j := 0; j < D; j++ {
+				dSharedTD[t*D+j] = sg * dyTD[t*D+j]
+				dot += dyTD[t*D+j] * st.fOut[t*D+j]
 			}
-			ex.op(L, OpSharedScale, BackwardData, t64*int64(D))
-			linearBack(ex, L, OpSharedExpGate, dh2, g.SharedExpGate, nil, dgl, st.h2, w.SharedExpGate, T_, 1, D)
+			dGateLogitT[t] = dot * sg * (1 - sg)
 		}
-		b.swigluBack(&st.ffn, OpSharedGate, OpSharedUp, OpSharedAct, OpSharedDown,
-			w.SharedGate, w.SharedUp, w.SharedDown, g.SharedGate, g.SharedUp, g.SharedDown, S, dh2, ds)
+		ex.op(L, OpSharedScale, BackwardData, int64(nTok)*int64(D))
+		linearBack(ex, L, OpSharedExpGate, dhTD, g.SharedExpGate, nil, dGateLogitT, st.h2, w.SharedExpGate, nTok, 1, D)
 	}
+	b.swigluBack(&st.ffn, OpSharedGate, OpSharedUp, OpSharedAct, OpSharedDown,
+		w.SharedGate, w.SharedUp, w.SharedDown, g.SharedGate, g.SharedUp, g.SharedDown, S, dhTD, dSharedTD)
+}
 
-	rows := T_ * K
-	dye := make([]T, rows*D)
-	dW := make([]T, T_*K)
-	for r, p := range rt.Order {
-		t, wt := int(p)/K, rt.Weights[p]
-		dyt, dyr, yr := dy[t*D:t*D+D], dye[r*D:r*D+D], st.ye[r*D:r*D+D]
+// combineBackward returns the gradients of the expert outputs [T·K, D]
+// (each token's gradient times the row's weight) and of the routing
+// weights [T,K] (the gradient's dot product with the row).
+func (b *Block[T]) combineBackward(dyTD []T, meta dispatchMeta[T]) (dExpertOutTKD, dWeightsTK []T) {
+	D, K := b.cfg.Hidden, b.cfg.TopK
+	rows := len(meta.orderTK)
+	dExpertOutTKD, dWeightsTK = make([]T, rows*D), make([]T, rows)
+	for r, tk := range meta.orderTK {
+		t, wt := int(tk)/K, meta.weightsTK[tk]
+		dyD, dOutD, outD := dyTD[t*D:t*D+D], dExpertOutTKD[r*D:r*D+D], b.st.expertOutTKD[r*D:r*D+D]
 		var dot T
-		for j := range dyt {
-			dyr[j] = wt * dyt[j]
-			dot += dyt[j] * yr[j]
+		for j := range dyD {
+			dOutD[j] = wt * dyD[j]
+			dot += dyD[j] * outD[j]
 		}
-		dW[p] = dot
+		dWeightsTK[tk] = dot
 	}
-	ex.op(L, OpCombine, BackwardData, int64(rows)*int64(D))
-	var dxe []T
-	if b.Experts != nil {
-		dxe = b.Experts.ExpertsBackward(L, dye)
-	} else {
-		dxe = b.local.ExpertsBackward(L, dye)
-	}
-	for r, p := range rt.Order {
-		t := int(p) / K
-		dst, src := dh2[t*D:t*D+D], dxe[r*D:r*D+D]
-		for j := range dst {
-			dst[j] += src[j]
-		}
-	}
-	ex.op(L, OpDispatch, BackwardData, int64(rows)*int64(D))
+	b.x.op(b.layer, OpCombine, BackwardData, int64(rows)*int64(D))
+	return dExpertOutTKD, dWeightsTK
+}
 
-	dS := make([]T, T_*E)
-	if auxGrad != nil {
-		for t := 0; t < T_; t++ {
-			sq := t / b.seq * E
-			copy(dS[t*E:t*E+E], auxGrad[sq:sq+E])
-		}
-		ex.op(L, OpAuxLoss, BackwardData, t64*int64(E))
+// expertsBackward returns the gradient of the dispatched rows [T·K, D]
+// and accumulates the experts' weight gradients (locally, or through
+// Block.Experts).
+func (b *Block[T]) expertsBackward(dExpertOutTKD []T) []T {
+	if b.Experts != nil {
+		return b.Experts.ExpertsBackward(b.layer, dExpertOutTKD)
 	}
-	dz := make([]T, T_*E)
-	routeBwd(c, rt, dz, dS, dW)
-	ex.op(L, OpRouterTopK, BackwardData, t64*int64(E))
-	linearBack(ex, L, OpRouter, dh2, g.Router, nil, dz, st.h2, w.Router, T_, E, D)
+	return b.local.ExpertsBackward(b.layer, dExpertOutTKD)
+}
+
+// dispatchBackward adds each dispatched row's gradient to its token's row
+// of dhTD.
+func (b *Block[T]) dispatchBackward(dhTD, dxTKD []T, meta dispatchMeta[T]) {
+	D, K := b.cfg.Hidden, b.cfg.TopK
+	for r, tk := range meta.orderTK {
+		t := int(tk) / K
+		dstD, srcD := dhTD[t*D:t*D+D], dxTKD[r*D:r*D+D]
+		for j := range dstD {
+			dstD[j] += srcD[j]
+		}
+	}
+	b.x.op(b.layer, OpDispatch, BackwardData, int64(len(meta.orderTK))*int64(D))
+}
+
+// routerBackward turns the weights' gradient [T,K] and the aux loss's
+// gradient of the scores (auxGrad [B,E], nil when off) into the logits'
+// gradient, accumulating dhTD and the router weight's gradient.
+func (b *Block[T]) routerBackward(w, g *LayerWeights[T], dhTD, dWeightsTK, auxGrad []T) {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	nTok, D, E := b.tokens(), c.Hidden, c.Experts
+	dScoresTE := make([]T, nTok*E)
+	if auxGrad != nil {
+		for t := 0; t < nTok; t++ {
+			sq := t / b.seq * E
+			copy(dScoresTE[t*E:t*E+E], auxGrad[sq:sq+E])
+		}
+		ex.op(L, OpAuxLoss, BackwardData, int64(nTok)*int64(E))
+	}
+	dLogitsTE := make([]T, nTok*E)
+	routeBwd(c, st.rt, dLogitsTE, dScoresTE, dWeightsTK)
+	ex.op(L, OpRouterTopK, BackwardData, int64(nTok)*int64(E))
+	linearBack(ex, L, OpRouter, dhTD, g.Router, nil, dLogitsTE, st.h2, w.Router, nTok, E, D)
 }

@@ -15,9 +15,10 @@ type Options struct {
 	// precision stores them (router scores, weights, log-sum-exp and the
 	// loss stay in float32 arithmetic, as there). Gradients are not rounded.
 	BF16 bool
-	// AuxCoef multiplies HF's load-balancing loss added to the training loss;
-	// 0 neither computes nor records it. moescope grad passes
-	// Config.AuxLossCoef when Config.OutputRouterLogits, as HF does.
+	// AuxCoef multiplies the aux loss added to the training loss (AuxLoss:
+	// HF's load_balancing_loss_func, or DeepSeek-MoE's with
+	// Config.SeqAuxLoss); 0 neither computes nor records it. HFAuxCoef is
+	// the coefficient HF trains with.
 	AuxCoef float64
 	// TileQ×TileK is the attention block (Br×Bc); 0 means 128 (a GPU
 	// flash-attention block). 1×1 executes exactly the unmasked entries.

@@ -24,13 +24,15 @@ func tinyVariants() map[string]*Config {
 	q2.ModelType = "qwen2_moe"
 	q2.QKNorm, q2.QKVBias, q2.NormTopK = QKNormNone, true, false
 	q2.SharedExperts, q2.SharedFFN, q2.SharedGated = 1, 7, true
+	q2.Names.Shared = "shared_expert"
 	q2.Layers, q2.MoELayer, q2.Window = 3, []bool{true, false, true}, []int{0, 0, 0}
 	vs["qwen2_moe"] = q2
 
 	glm := base()
 	glm.ModelType = "glm4_moe"
 	glm.QKNorm = QKNormNone
-	glm.Score, glm.SelectionBias, glm.RoutedScale = Sigmoid, true, 2.5
+	glm.Score, glm.SelectionBias, glm.RoutedScale, glm.NormTopKEps = Sigmoid, true, 2.5, 1e-20
+	glm.IgnoreExtraLayers = true
 	glm.Experts, glm.Groups, glm.TopKGroups, glm.TopK = 6, 3, 2, 3
 	glm.RotaryFraction = 0.5
 	glm.SharedExperts, glm.SharedFFN = 2, 3
@@ -50,6 +52,7 @@ func tinyVariants() map[string]*Config {
 	mx.QKNorm = QKNormNone
 	mx.Heads, mx.KVHeads = 2, 1
 	mx.Window = []int{2, 2}
+	mx.Names = TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	vs["mixtral"] = mx
 
 	ds := base()
@@ -57,6 +60,7 @@ func tinyVariants() map[string]*Config {
 	ds.QKNorm, ds.NormTopK = QKNormNone, false
 	ds.SharedExperts, ds.SharedFFN = 2, 3
 	ds.Experts, ds.TopK = 5, 3
+	ds.NormTopKEps, ds.SeqAuxLoss = 1e-20, true
 	vs["deepseek"] = ds
 
 	dn := base()

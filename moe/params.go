@@ -40,35 +40,16 @@ func (p Param) Elements() int64 {
 	return n
 }
 
-// naming holds the HF tensor-name pieces that differ between model types.
-type naming struct {
-	mlp                   string // module holding router and experts in MoE layers
-	gate, up, down        string // expert projections (SwiGLU: down(silu(gate(x))·up(x)))
-	router                string
-	selectionBias         string
-	shared                string // shared-experts module
-	sharedGate            string
-	denseMLP              string
-	denseGate, denseUp    string
-	denseDown, attnPrefix string
-}
-
-var qwenNames = naming{
-	mlp: "mlp", gate: "gate_proj", up: "up_proj", down: "down_proj", router: "gate",
-	shared: "shared_experts", denseMLP: "mlp", denseGate: "gate_proj", denseUp: "up_proj", denseDown: "down_proj",
-	attnPrefix: "self_attn",
-}
-
-// namesFor returns the tensor naming of a supported model type.
-func namesFor(modelType string) naming {
-	n := qwenNames
-	switch modelType {
-	case "mixtral":
-		n.mlp, n.gate, n.up, n.down = "block_sparse_moe", "w1", "w3", "w2"
-	case "qwen2_moe":
-		n.shared, n.sharedGate = "shared_expert", "shared_expert_gate"
-	case "glm4_moe":
-		n.selectionBias = "gate.e_score_correction_bias"
+// withDefaults fills the empty names with Qwen3-MoE's.
+func (n TensorNames) withDefaults() TensorNames {
+	for _, f := range []struct {
+		name *string
+		def  string
+	}{{&n.MoE, "mlp"}, {&n.ExpertGate, "gate_proj"}, {&n.ExpertUp, "up_proj"}, {&n.ExpertDown, "down_proj"},
+		{&n.Shared, "shared_experts"}} {
+		if *f.name == "" {
+			*f.name = f.def
+		}
 	}
 	return n
 }
@@ -77,7 +58,7 @@ func namesFor(modelType string) naming {
 // fixed order: embedding, then each layer, then final norm and LM head (absent
 // when embeddings are tied). The config must be valid.
 func (c *Config) Params() []Param {
-	n := namesFor(c.ModelType)
+	n := c.Names.withDefaults()
 	D, V, H, G, d := c.Hidden, c.Vocab, c.Heads, c.KVHeads, c.HeadDim
 	// One allocation for the entries and one for their shapes: models with
 	// many experts have tens of thousands of tensors, and callers such as the
@@ -94,7 +75,7 @@ func (c *Config) Params() []Param {
 	for l := 0; l < c.Layers; l++ {
 		p := "model.layers." + strconv.Itoa(l) + "."
 		add(p+"input_layernorm.weight", GroupNorm, l, -1, D)
-		a := p + n.attnPrefix + "."
+		a := p + "self_attn."
 		add(a+"q_proj.weight", GroupAttention, l, -1, H*d, D)
 		if c.QKVBias {
 			add(a+"q_proj.bias", GroupAttention, l, -1, H*d)
@@ -118,39 +99,31 @@ func (c *Config) Params() []Param {
 		}
 		add(p+"post_attention_layernorm.weight", GroupNorm, l, -1, D)
 		if !c.MoELayer[l] {
-			m := p + n.denseMLP + "."
-			add(m+n.denseGate+".weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
-			add(m+n.denseUp+".weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
-			add(m+n.denseDown+".weight", GroupDenseFFN, l, -1, D, c.DenseFFN)
+			m := p + "mlp."
+			add(m+"gate_proj.weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
+			add(m+"up_proj.weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
+			add(m+"down_proj.weight", GroupDenseFFN, l, -1, D, c.DenseFFN)
 			continue
 		}
-		m := p + n.mlp + "."
-		add(m+n.router+".weight", GroupRouter, l, -1, c.Experts, D)
+		m := p + n.MoE + "."
+		add(m+"gate.weight", GroupRouter, l, -1, c.Experts, D)
 		if c.SelectionBias {
-			name := n.selectionBias
-			if name == "" {
-				name = "gate.e_score_correction_bias"
-			}
-			ps = append(ps, Param{Name: m + name, Shape: []int{c.Experts}, Group: GroupRouter, Layer: l, Expert: -1, Buffer: true})
+			ps = append(ps, Param{Name: m + "gate.e_score_correction_bias", Shape: []int{c.Experts}, Group: GroupRouter, Layer: l, Expert: -1, Buffer: true})
 		}
 		for e := 0; e < c.Experts; e++ {
 			x := m + "experts." + strconv.Itoa(e) + "."
-			add(x+n.gate+".weight", GroupRouted, l, e, c.ExpertFFN, D)
-			add(x+n.up+".weight", GroupRouted, l, e, c.ExpertFFN, D)
-			add(x+n.down+".weight", GroupRouted, l, e, D, c.ExpertFFN)
+			add(x+n.ExpertGate+".weight", GroupRouted, l, e, c.ExpertFFN, D)
+			add(x+n.ExpertUp+".weight", GroupRouted, l, e, c.ExpertFFN, D)
+			add(x+n.ExpertDown+".weight", GroupRouted, l, e, D, c.ExpertFFN)
 		}
 		if c.SharedExperts > 0 {
-			s := m + n.shared + "."
+			s := m + n.Shared + "."
 			w := c.SharedExperts * c.SharedFFN
 			add(s+"gate_proj.weight", GroupShared, l, -1, w, D)
 			add(s+"up_proj.weight", GroupShared, l, -1, w, D)
 			add(s+"down_proj.weight", GroupShared, l, -1, D, w)
 			if c.SharedGated {
-				g := n.sharedGate
-				if g == "" {
-					g = "shared_expert_gate"
-				}
-				add(m+g+".weight", GroupShared, l, -1, 1, D)
+				add(m+"shared_expert_gate.weight", GroupShared, l, -1, 1, D)
 			}
 		}
 	}

@@ -17,8 +17,8 @@ import (
 // stay eligible and every other c is set to 0 (HF's masked_fill(…, 0.0)).
 // The K largest c give the indices (ties to the lower expert index); the
 // weights are the scores at those indices, w_k = s_{i_k}, renormalized when
-// Config.NormTopK, w_k ← w_k/(Σ_j w_j + ε) (renorm gives ε and DeepSeek's
-// K > 1 condition), then multiplied by Config.RoutedScale.
+// Config.NormTopK, w_k ← w_k/(Σ_j w_j + ε) with ε = Config.NormTopKEps,
+// then multiplied by Config.RoutedScale.
 type Routing[T Float] struct {
 	Tokens, Experts, K int
 	Scores             []T     // s [T,E]
@@ -143,26 +143,11 @@ func routeSelect[T Float](c *Config, r *Routing[T], bias []T) {
 	}
 }
 
-// renorm says whether the top-k weights are renormalized and the ε added
-// to their sum: glm4_moe's Glm4MoeTopkRouter and DeepSeek-MoE's MoEGate add
-// 1e-20 (the latter only renormalizes when K > 1); Qwen3-MoE, Qwen2-MoE,
-// Mixtral and OLMoE add nothing.
-func renorm(c *Config) (bool, float64) {
-	switch {
-	case c.Score == Sigmoid:
-		return c.NormTopK, 1e-20
-	case c.ModelType == "deepseek":
-		return c.NormTopK && c.TopK > 1, 1e-20
-	}
-	return c.NormTopK, 0
-}
-
 // routeWeights fills Weights, Counts and Order from Indices and the
 // selected scores vals [T,K] (vals[t·K+k] = Scores at Indices[t·K+k]).
 func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 	E, K := r.Experts, r.K
-	norm, e64 := renorm(c)
-	eps := T(e64)
+	norm, eps := c.NormTopK, T(c.NormTopKEps)
 	scale := T(c.RoutedScale)
 	clear(r.Counts)
 	r.Values, r.Denom = nil, nil
@@ -203,7 +188,7 @@ func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 // gradient) into the logit gradient dz [T,E], overwriting dz.
 func routeBwd[T Float](c *Config, r *Routing[T], dz, dS, dW []T) {
 	E, K := r.Experts, r.K
-	norm, _ := renorm(c)
+	norm := c.NormTopK
 	scale := T(c.RoutedScale)
 	for t := 0; t < r.Tokens; t++ {
 		idx := r.Indices[t*K : t*K+K]

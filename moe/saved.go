@@ -192,7 +192,7 @@ func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecor
 	add(OpRouter, "input", T*D, act)
 	add(OpRouterTopK, "scores", T*E, F32)
 	add(OpRouterTopK, "indices", T*K, I64)
-	if norm, _ := renorm(c); norm {
+	if c.NormTopK {
 		add(OpRouterTopK, "values", T*K, F32)
 		add(OpRouterTopK, "denominator", T, F32)
 	}

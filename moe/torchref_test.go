@@ -12,7 +12,7 @@ import (
 // torchrefExpected is expected.json as testdata/torchref/torchref.py writes it.
 type torchrefExpected struct {
 	Loss      float64 `json:"loss"`       // mean cross-entropy over predicted positions
-	AuxLoss   float64 `json:"aux_loss"`   // HF load_balancing_loss_func (computed even when not added)
+	AuxLoss   float64 `json:"aux_loss"`   // HF load_balancing_loss_func, or DeepSeek-MoE's seq_aux loss summed over layers (computed even when not added)
 	TotalLoss float64 `json:"total_loss"` // what grads.safetensors is the gradient of
 	AuxAdded  bool    `json:"aux_added"`
 	AuxCoef   float64 `json:"aux_coef"`
@@ -63,16 +63,6 @@ func loadTorchref(t *testing.T, name string) torchref {
 	return r
 }
 
-// hfTrainingAuxCoef is the coefficient HF's *ForCausalLM puts on the
-// load-balancing loss: router_aux_loss_coef when output_router_logits on a
-// softmax-routed MoE model (Glm4MoeForCausalLM has no such loss).
-func hfTrainingAuxCoef(c *Config) float64 {
-	if c.OutputRouterLogits && c.IsMoE() && c.Score == Softmax {
-		return c.AuxLossCoef
-	}
-	return 0
-}
-
 // torchrefDiff is how far a run is from the PyTorch reference.
 type torchrefDiff struct {
 	lossRel, auxRel, totalRel float64
@@ -85,7 +75,9 @@ type torchrefDiff struct {
 // runTorchref runs ForwardBackward, whose sequences are s+1 ids of which
 // the first s are inputs (torchtitan's convention), and compares it with the
 // matching reference: the shifted one where the aux loss makes them differ.
-func runTorchref[T float32 | float64](t *testing.T, r torchref, o Options) torchrefDiff {
+// With hf it runs ForwardBackwardHF (every id an input) and compares with
+// the reference under HF's convention.
+func runTorchref[T float32 | float64](t *testing.T, r torchref, o Options, hf bool) torchrefDiff {
 	t.Helper()
 	m, err := NewModel[T](r.cfg)
 	if err != nil {
@@ -99,7 +91,14 @@ func runTorchref[T float32 | float64](t *testing.T, r torchref, o Options) torch
 		t.Fatal(err)
 	}
 	m.ZeroGrad()
-	o.AuxCoef = hfTrainingAuxCoef(r.cfg)
+	o.AuxCoef = HFAuxCoef(r.cfg)
+	if hf {
+		res, err := m.ForwardBackwardHF(r.tokens, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return compareTorchref(res, m.Params, m.Grads(), r.exp, r.grads)
+	}
 	res, err := m.ForwardBackward(r.tokens, 1, o)
 	if err != nil {
 		t.Fatal(err)
@@ -142,19 +141,22 @@ func compareTorchref[T float32 | float64](res Result, params []Param, got [][]T,
 
 // TestTorchref compares the reference implementation with the independent
 // PyTorch model of testdata/torchref (float64 autograd from the same stored
-// weights) on seven configurations: dense, MoE, shared experts, sigmoid
-// routing with bias and grouped top-k, sliding window, aux loss on, and
-// grouped-query attention with 4 query heads on 2 KV heads.
-// Float32 must be within the issue's bounds (loss relative 1e-5, every
-// gradient's max abs difference ≤ 1e-4 × its max abs value) under every
-// checkpointing policy; float64 must agree to the rounding of the stored
-// float32 gradients.
+// weights) on eight configurations: dense, MoE, shared experts, sigmoid
+// routing with bias and grouped top-k, sliding window, aux loss on,
+// grouped-query attention with 4 query heads on 2 KV heads, and
+// DeepSeek-MoE with its per-sequence aux loss.
+// Both conventions are checked: torchtitan's (ForwardBackward; the
+// script's "shifted" reference where the aux loss tells them apart) and
+// HF's (ForwardBackwardHF). Float32 must be within the issue's bounds (loss
+// relative 1e-5, every gradient's max abs difference ≤ 1e-4 × its max abs
+// value) under every checkpointing policy; float64 must agree to the
+// rounding of the stored float32 gradients.
 func TestTorchref(t *testing.T) {
 	policies := []AC{{Mode: ACNone}, {Mode: ACSelective}, {Mode: ACFull}, {Mode: ACLayer, Every: 2}}
 	for _, name := range torchrefConfigs {
 		t.Run(name, func(t *testing.T) {
 			r := loadTorchref(t, name)
-			if got := hfTrainingAuxCoef(r.cfg); got != r.exp.AuxCoef {
+			if got := HFAuxCoef(r.cfg); got != r.exp.AuxCoef {
 				t.Errorf("aux coefficient %v from config.json, the PyTorch model used %v", got, r.exp.AuxCoef)
 			}
 			check := func(label string, d torchrefDiff, lossTol, gradTol float64) {
@@ -167,15 +169,51 @@ func TestTorchref(t *testing.T) {
 				t.Logf("%-16s loss rel %.2e  aux rel %.2e  worst grad %.2e × max (%s)", label, d.lossRel, d.auxRel, d.worstGrad, d.worstName)
 			}
 			for _, ac := range policies {
-				check(fmt.Sprintf("float32 %s", ac), runTorchref[float32](t, r, Options{AC: ac}), 1e-5, 1e-4)
+				check(fmt.Sprintf("float32 %s", ac), runTorchref[float32](t, r, Options{AC: ac}, false), 1e-5, 1e-4)
 			}
 			// Small, uneven attention tiles: many tiles per sequence, partly
 			// and fully masked ones (causal and windowed) skipped or clipped.
-			check("float32 tiles 3×2", runTorchref[float32](t, r, Options{AC: AC{Mode: ACSelective}, TileQ: 3, TileK: 2}), 1e-5, 1e-4)
+			check("float32 tiles 3×2", runTorchref[float32](t, r, Options{AC: AC{Mode: ACSelective}, TileQ: 3, TileK: 2}, false), 1e-5, 1e-4)
 			// Float64 from the same weights: the only error left is the
 			// references' own rounding to float32 (relative 2⁻²⁴ ≈ 6e-8 of
 			// each element, so ≤ 6e-8 × the max); the loss is stored in float64.
-			check("float64 selective", runTorchref[float64](t, r, Options{AC: AC{Mode: ACSelective}}), 1e-12, 1e-7)
+			check("float64 selective", runTorchref[float64](t, r, Options{AC: AC{Mode: ACSelective}}, false), 1e-12, 1e-7)
+			// HF's convention (input_ids = labels = tokens), the loss
+			// `moescope grad` reports: ForwardBackwardHF's three passes when
+			// the aux loss is on.
+			check("float32 HF", runTorchref[float32](t, r, Options{AC: AC{Mode: ACSelective}}, true), 1e-5, 1e-4)
+			check("float64 HF", runTorchref[float64](t, r, Options{AC: AC{Mode: ACNone}}, true), 1e-12, 1e-7)
 		})
+	}
+}
+
+// TestForwardBackwardHFScale: ForwardBackwardHF accumulates scale times the
+// gradient into Grad, as ForwardBackward does. Scaling by 2⁻¹ is exact in
+// binary floating point and commutes with every rounding, so scale ½ gives
+// bit for bit half the gradient of scale 1 (the aux-loss passes included).
+func TestForwardBackwardHFScale(t *testing.T) {
+	r := loadTorchref(t, "deepseek")
+	grad := func(scale float64) []float64 {
+		m, err := NewModel[float64](r.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := LoadParams[float64](r.dir, r.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SetTensors(ps); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.ForwardBackwardHF(r.tokens, scale, Options{AuxCoef: HFAuxCoef(r.cfg)}); err != nil {
+			t.Fatal(err)
+		}
+		return m.Grad
+	}
+	one, half := grad(1), grad(0.5)
+	for i := range one {
+		if one[i]/2 != half[i] {
+			t.Fatalf("gradient element %d: %v at scale 1, %v at scale ½", i, one[i], half[i])
+		}
 	}
 }

@@ -246,10 +246,11 @@ func (c *Checkpoint) CheckParams(cfg *Config) error {
 // num_hidden_layers, which Glm4MoeModel._keys_to_ignore_on_load_unexpected
 // skips (r"model\.layers\.92.*" and r"model\.layers\.46.*", the
 // 92-layer GLM-4.5 and the 46-layer Air; modeling_glm4_moe.py, transformers
-// commit 000c33fd). Here any layer index ≥ num_hidden_layers is skipped for
-// glm4_moe. Every other tensor outside the model is an error.
+// commit 000c33fd). Here any layer index ≥ num_hidden_layers is skipped
+// when cfg.IgnoreExtraLayers (set for glm4_moe). Every other tensor outside
+// the model is an error.
 func skippedByHF(cfg *Config, name string) bool {
-	if cfg.ModelType != "glm4_moe" {
+	if !cfg.IgnoreExtraLayers {
 		return false
 	}
 	rest, ok := strings.CutPrefix(name, "model.layers.")

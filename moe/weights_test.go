@@ -17,7 +17,7 @@ import (
 const torchrefDir = "../testdata/torchref"
 
 // torchrefConfigs lists the reference configurations the script writes.
-var torchrefConfigs = []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa"}
+var torchrefConfigs = []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "deepseek"}
 
 // TestTorchrefCheckpointsLoad opens every PyTorch-written checkpoint (BF16,
 // F16, F32, single and sharded) with its config.json and checks that the
@@ -145,6 +145,7 @@ func TestSaveLoadParams(t *testing.T) {
 	// The same file read against a different model: every problem at once.
 	other := stTinyConfig()
 	other.ModelType = "mixtral" // expert names w1/w2/w3, router under block_sparse_moe
+	other.Names = TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	other.Hidden = 6
 	other.HeadDim = 3
 	_, err := LoadParams[float32](path, other)

@@ -58,10 +58,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	coef, err := hfAuxCoef(cfg)
-	if err != nil && *tokensPath != "" {
-		return err
-	}
+	coef := moe.HFAuxCoef(cfg)
 	// Refuse before computing anything: an output that exists (without
 	// --force), one in a missing directory, or one path named twice.
 	if err := checkOutputs(*force, output{"--save", *save}, output{"--out", *out}); err != nil {
@@ -104,7 +101,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err := checkGradActivations(cfg, len(tokens), len(tokens[0]), ac, availableMemory()); err != nil {
 		return fmt.Errorf("%s: %w", *tokensPath, err)
 	}
-	res, err := hfGradients(m, tokens, ac, coef)
+	res, err := m.ForwardBackwardHF(tokens, 1, moe.Options{AC: ac, AuxCoef: coef})
 	if err != nil {
 		return err
 	}
@@ -121,65 +118,6 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		Loss: res.Loss, AuxLoss: res.Aux, TotalLoss: res.Total, AuxAdded: coef != 0,
 		AuxCoef: coef, Sequences: len(tokens), SeqLen: len(tokens[0]), AC: ac.String(),
 	})
-}
-
-// hfGradients leaves in m.Grad the gradient of the loss HF trains on when
-// given input_ids = labels = tokens: the mean cross-entropy of predicting
-// tokens[:, 1:] plus, when coef ≠ 0, coef·aux with HF's
-// load_balancing_loss_func over the routing of *every* token, the last one
-// included. moe.Model.ForwardBackward takes sequences of s+1 ids of which
-// the first s are inputs (torchtitan's convention), so the last token is
-// not routed there. Gradients are linear, so with ext = tokens plus one
-// arbitrary label id per sequence (inputs = all of tokens):
-//
-//	∇(CE + coef·aux_HF) = ∇CE(tokens) + ∇(CE(ext) + coef·aux(ext)) − ∇CE(ext)
-//
-// three passes instead of one, only when the aux loss is added. The
-// cross-entropy does not depend on the last input token (causal attention,
-// per-token routing and FFN), so the first pass alone is exact otherwise.
-func hfGradients(m *moe.Model[float32], tokens [][]int, ac moe.AC, coef float64) (moe.Result, error) {
-	m.ZeroGrad()
-	res, err := m.ForwardBackward(tokens, 1, moe.Options{AC: ac})
-	if err != nil || coef == 0 {
-		return res, err
-	}
-	ext := make([][]int, len(tokens))
-	for i, s := range tokens {
-		ext[i] = append(append(make([]int, 0, len(s)+1), s...), 0)
-	}
-	withAux, err := m.ForwardBackward(ext, 1, moe.Options{AC: ac, AuxCoef: coef})
-	if err != nil {
-		return res, err
-	}
-	if _, err := m.ForwardBackward(ext, -1, moe.Options{AC: ac}); err != nil {
-		return res, err
-	}
-	res.Aux = withAux.Aux
-	res.Total = res.Loss + coef*res.Aux
-	return res, nil
-}
-
-// hfAuxCoef is the coefficient of the load-balancing loss in the loss HF
-// trains on (DESIGN.md, "Losses"): router_aux_loss_coef when
-// output_router_logits is set on a model with softmax-routed MoE layers
-// (Qwen*MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM add it only
-// then; Glm4MoeForCausalLM, the sigmoid router, has no such loss), else 0.
-// DeepSeek-MoE is remote code whose own modeling_deepseek.py rules: its
-// MoEGate adds aux_loss_alpha·Σ_i f_i·P_i per layer, per sequence when
-// seq_aux, with f_i = E/(K·T)·(tokens choosing i) (the expert-level balance
-// loss of the DeepSeekMoE paper, arXiv:2401.06066) — not HF's formula and
-// not implemented here, so a DeepSeek config with aux_loss_alpha > 0 is
-// refused rather than given the wrong gradient.
-func hfAuxCoef(cfg *moe.Config) (float64, error) {
-	if !cfg.OutputRouterLogits || !cfg.IsMoE() || cfg.Score != moe.Softmax || cfg.AuxLossCoef == 0 {
-		return 0, nil
-	}
-	if cfg.ModelType == "deepseek" {
-		return 0, fmt.Errorf("model_type deepseek: modeling_deepseek.py adds its own auxiliary loss (aux_loss_alpha = %g, "+
-			"per layer and per sequence with seq_aux), which moescope does not implement; set aux_loss_alpha to 0 "+
-			"in config.json for the gradient of the cross-entropy alone", cfg.AuxLossCoef)
-	}
-	return cfg.AuxLossCoef, nil
 }
 
 // checkFinite refuses a checkpoint holding NaN or ±Inf: its loss and every
@@ -199,10 +137,10 @@ func checkFinite(cfg *moe.Config, ps [][]float32) error {
 // gradReport is the JSON object grad prints.
 type gradReport struct {
 	Loss      float64 `json:"loss"`       // mean cross-entropy over the predicted positions
-	AuxLoss   float64 `json:"aux_loss"`   // HF load_balancing_loss_func over all MoE layers; 0 when not added (HF computes it only then)
+	AuxLoss   float64 `json:"aux_loss"`   // the model's aux loss (moe.AuxLoss) over all MoE layers; 0 when not added (HF computes it only then)
 	TotalLoss float64 `json:"total_loss"` // the loss differentiated: loss + aux_coef·aux_loss when aux_added
-	AuxAdded  bool    `json:"aux_added"`  // output_router_logits: HF adds the aux loss only then
-	AuxCoef   float64 `json:"aux_coef"`   // router_aux_loss_coef applied (0 when not added)
+	AuxAdded  bool    `json:"aux_added"`  // moe.HFAuxCoef ≠ 0: output_router_logits (DeepSeek-MoE: aux_loss_alpha > 0)
+	AuxCoef   float64 `json:"aux_coef"`   // router_aux_loss_coef (DeepSeek-MoE: aux_loss_alpha) applied; 0 when not added
 	Sequences int     `json:"sequences"`
 	SeqLen    int     `json:"seq_len"`
 	AC        string  `json:"ac"`
@@ -319,7 +257,7 @@ func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, ava
 		return err
 	}
 	f32 := moe.Precision{Param: moe.F32, Compute: moe.F32, Grad: moe.F32, Optimizer: moe.F32, Activation: moe.F32}
-	// hfGradients runs sequences of seqLen inputs (the aux-loss passes add a label).
+	// ForwardBackwardHF runs sequences of seqLen inputs (the aux-loss passes add a label).
 	r, err := memory.Estimate(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, memory.Options{Precision: f32, AC: ac})
 	if err != nil {
 		return fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)

@@ -247,31 +247,73 @@ func FuzzParseTokens(f *testing.F) {
 	})
 }
 
-// TestGradDeepseekAux: DeepSeek-MoE's own aux loss is not HF's formula, so
-// grad refuses to add it, and works once aux_loss_alpha is 0.
+// TestGradDeepseekAux: DeepSeek-MoE's own aux loss (MoEGate, seq_aux,
+// aux_loss_alpha) is added as its modeling_deepseek.py trains on it: loss,
+// aux loss and gradient file equal those of the PyTorch reference
+// testdata/torchref/deepseek (torchref.py's DeepSeek-MoE transcription) to
+// TestGradMatchesTorch's bounds; with aux_loss_alpha 0 nothing is added.
 func TestGradDeepseekAux(t *testing.T) {
-	dir := t.TempDir()
-	conf := func(alpha float64) string {
-		p := filepath.Join(dir, fmt.Sprintf("ds%v.json", alpha))
-		os.WriteFile(p, []byte(fmt.Sprintf(`{"model_type": "deepseek", "vocab_size": 16, "hidden_size": 8,
-			"intermediate_size": 12, "moe_intermediate_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2,
-			"num_key_value_heads": 2, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
-			"first_k_dense_replace": 1, "aux_loss_alpha": %v}`, alpha)), 0o644)
-		return p
-	}
-	tok := filepath.Join(dir, "t.json")
-	os.WriteFile(tok, []byte(`[[1,2,3,4]]`), 0o644)
+	dir := filepath.Join("..", "..", "testdata", "torchref", "deepseek")
+	model := filepath.Join(dir, "config.json")
+	g := filepath.Join(t.TempDir(), "g.safetensors")
 	var out, errb bytes.Buffer
-	err := run(&out, &errb, []string{"grad", "--model", conf(0.001), "--init", "1", "--tokens", tok})
-	if err == nil || !strings.Contains(err.Error(), "aux_loss_alpha") {
-		t.Errorf("deepseek with aux_loss_alpha 0.001: %v", err)
+	if err := run(&out, &errb, []string{"grad", "--model", model, "--weights", dir,
+		"--tokens", filepath.Join(dir, "tokens.json"), "--out", g}); err != nil {
+		t.Fatal(err, errb.String())
 	}
-	// Initializing and saving needs no loss, so it is not refused.
-	if err := run(&out, &errb, []string{"grad", "--model", conf(0.001), "--init", "1", "--save", filepath.Join(dir, "w.safetensors")}); err != nil {
-		t.Errorf("--init --save: %v", err)
+	var got gradReport
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("output %q: %v", out.String(), err)
 	}
+	var exp struct {
+		Loss      float64 `json:"loss"`
+		AuxLoss   float64 `json:"aux_loss"`
+		TotalLoss float64 `json:"total_loss"`
+		AuxCoef   float64 `json:"aux_coef"`
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "expected.json"))
+	if err := json.Unmarshal(b, &exp); err != nil {
+		t.Fatal(err)
+	}
+	rel := func(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+	if !got.AuxAdded || got.AuxCoef != exp.AuxCoef || rel(got.Loss, exp.Loss) > 1e-5 ||
+		rel(got.AuxLoss, exp.AuxLoss) > 1e-5 || rel(got.TotalLoss, exp.TotalLoss) > 1e-5 {
+		t.Errorf("got %+v, want loss %v, aux_loss %v, total %v, aux_coef %v added", got, exp.Loss, exp.AuxLoss, exp.TotalLoss, exp.AuxCoef)
+	}
+	cfg, err := moe.Load(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gg, err := moe.LoadParams[float64](g, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := moe.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range cfg.Params() {
+		var maxRef, maxDiff float64
+		for j, v := range ref[i] {
+			maxRef = math.Max(maxRef, math.Abs(v))
+			maxDiff = math.Max(maxDiff, math.Abs(gg[i][j]-v))
+		}
+		if maxDiff > 1e-4*maxRef {
+			t.Errorf("gradient of %s: max abs diff %.3g, its max abs value %.3g; want ≤ 1e-4 of it", p.Name, maxDiff, maxRef)
+		}
+	}
+
+	// aux_loss_alpha 0: MoEGate computes no aux loss.
+	tmp := t.TempDir()
+	conf := filepath.Join(tmp, "ds.json")
+	os.WriteFile(conf, []byte(`{"model_type": "deepseek", "vocab_size": 16, "hidden_size": 8,
+		"intermediate_size": 12, "moe_intermediate_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2,
+		"num_key_value_heads": 2, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+		"first_k_dense_replace": 1, "aux_loss_alpha": 0}`), 0o644)
+	tok := filepath.Join(tmp, "t.json")
+	os.WriteFile(tok, []byte(`[[1,2,3,4]]`), 0o644)
 	out.Reset()
-	if err := run(&out, &errb, []string{"grad", "--model", conf(0), "--init", "1", "--tokens", tok}); err != nil {
+	if err := run(&out, &errb, []string{"grad", "--model", conf, "--init", "1", "--tokens", tok}); err != nil {
 		t.Fatalf("deepseek with aux_loss_alpha 0: %v", err)
 	}
 	var r gradReport

@@ -32,7 +32,7 @@ type trainReport struct {
 	GradAccum int        `json:"grad_accum"`
 	StartStep int        `json:"start_step"` // optimizer steps already taken (resume)
 	Losses    []float64  `json:"losses"`     // cross-entropy, one per step of this run
-	AuxLosses []float64  `json:"aux_losses"` // HF load-balancing loss per step (0 when off)
+	AuxLosses []float64  `json:"aux_losses"` // aux loss per step, moe.AuxLoss's formula for the model (0 when off)
 	// TPS is a rank's own tokens per second (torchtitan's definition).
 	TPS float64 `json:"tps"`
 	// MFU is the model-convention FLOPs per second of all ranks together ÷
@@ -59,7 +59,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	seed := fs.Uint64("seed", 0, "seed of the initialization and of the synthetic data")
 	lr := fs.Float64("lr", moe.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
 	wd := fs.Float64("weight-decay", moe.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
-	auxCoef := fs.Float64("aux-coef", -1, "load-balancing loss coefficient (default: the config's router_aux_loss_coef)")
+	auxCoef := fs.Float64("aux-coef", -1, "aux-loss coefficient (default: the config's router_aux_loss_coef, or DeepSeek-MoE's aux_loss_alpha)")
 	biasRate := fs.Float64("bias-update-rate", 1e-3, "selection-bias update rate γ (sigmoid routers with a bias)")
 	jsonOut := fs.Bool("json", false, "print one JSON object at the end (progress lines go to stderr)")
 	ckpt := fs.String("checkpoint", "", "write a checkpoint directory here at the end")
@@ -135,9 +135,6 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	coef := *auxCoef
 	if coef < 0 {
 		coef = cfg.AuxLossCoef
-	}
-	if coef != 0 && cfg.ModelType == "deepseek" {
-		return fmt.Errorf("%w: --aux-coef: DeepSeek-MoE's own aux loss is remote code, not HF's formula; pass --aux-coef 0", errUsage)
 	}
 	batch := parallel.Batch{LBS: *lbs, Seq: *seq, Micro: *accum, DP: layout.DP()}
 	if err := batch.Validate(); err != nil {

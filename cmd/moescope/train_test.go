@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
 )
 
 func trainJSON(t *testing.T, args ...string) trainReport {
@@ -208,6 +211,57 @@ func TestTrainResumeCorrupt(t *testing.T) {
 			"--peak-gflops", "100", "--resume", dir})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("step %d, losses %v: err = %v, want one containing %q", c.step, c.losses, err, c.want)
+		}
+	}
+}
+
+// TestTrainDeepseekAux: train adds DeepSeek-MoE's per-sequence aux loss
+// (aux_loss_alpha of testdata/torchref/deepseek, the config checked against
+// PyTorch in package moe). A step's aux loss is the mean over its
+// micro-batches of each one's loss (DESIGN.md, "Losses"), so 2 ranks at
+// lbs 2 and 1 rank with grad-accum 2 report the aux loss that moe.Model's
+// Accumulate gives on the same four sequences (parallel.Batch.Sequences)
+// from the same initialization.
+func TestTrainDeepseekAux(t *testing.T) {
+	model := filepath.Join("..", "..", "testdata", "torchref", "deepseek", "config.json")
+	cfg, err := moe.Load(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := moe.NewModel[float32](cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.InitRandom(0)
+	b := parallel.Batch{LBS: 2, Seq: 8, Micro: 1, DP: 2}
+	var micro [][][]int
+	for r := 0; r < b.DP; r++ {
+		var mb [][]int
+		for _, s := range b.Sequences(0, cfg.Vocab, 0, 0, r) {
+			ids := make([]int, len(s))
+			for i, id := range s {
+				ids[i] = int(id)
+			}
+			mb = append(mb, ids)
+		}
+		micro = append(micro, mb)
+	}
+	want, err := m.Accumulate(micro, moe.Options{AuxCoef: cfg.AuxLossCoef})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, layout := range [][]string{{"--gpus", "2", "--lbs", "2"}, {"--gpus", "1", "--lbs", "2", "--grad-accum", "2"}} {
+		var out, errb bytes.Buffer
+		args := append([]string{"train", "--model", model, "--seq", "8", "--steps", "1", "--json", "--peak-gflops", "100"}, layout...)
+		if err := run(&out, &errb, args); err != nil {
+			t.Fatalf("%v: %v\n%s", layout, err, errb.String())
+		}
+		var rep trainReport
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+			t.Fatalf("%v: %v", layout, err)
+		}
+		if len(rep.AuxLosses) != 1 || math.Abs(rep.AuxLosses[0]-want.Aux) > 1e-6*want.Aux || want.Aux == 0 {
+			t.Errorf("%v: aux losses %v, want [%v] (moe.Model.Accumulate)", layout, rep.AuxLosses, want.Aux)
 		}
 	}
 }

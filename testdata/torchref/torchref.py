@@ -21,9 +21,14 @@ For each tiny configuration below it writes OUTDIR/<name>/:
                          as e_score_correction_bias take no gradient and are written as zeros)
 
 The model follows transformers' modeling files (modeling_qwen3_moe.py, modeling_qwen2_moe.py,
-modeling_mixtral.py, modeling_olmoe.py, modeling_glm4_moe.py, modeling_qwen3.py) as read in 2026;
-it is our own code. Arithmetic is float64 from the stored (float32/bf16/f16-rounded) weights, so the
-references are exact to float64 rounding. Seeds are fixed; routing margins are checked so that
+modeling_mixtral.py, modeling_olmoe.py, modeling_glm4_moe.py, modeling_qwen3.py) as read in 2026,
+and DeepSeek-MoE's remote code modeling_deepseek.py (huggingface.co/deepseek-ai/deepseek-moe-16b-base,
+revision d99310132b6997599a6f8111f23395642ae71469), whose MoEGate adds its own aux loss (aux_loss_alpha
+times a per-layer, per-sequence loss with seq_aux) through AddAuxiliaryLoss: its gradient is trained on
+while the returned loss stays the cross-entropy, so for it expected.json's aux_loss is that sum over
+layers and total_loss = loss + aux_loss_alpha·aux_loss, what the gradients are of. It is our own
+code. Arithmetic is float64 from the stored (float32/bf16/f16-rounded) weights, so the references
+are exact to float64 rounding. Seeds are fixed; routing margins are checked so that
 float32 implementations select the same experts.
 """
 import json
@@ -92,6 +97,15 @@ CONFIGS = {
                 intermediate_size=20, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2,
                 norm_topk_prob=False, mlp_only_layers=[], decoder_sparse_step=1, output_router_logits=True,
                 router_aux_loss_coef=0.01, attention_bias=False, _dtype="F32", _seq=12, _batch=3),
+    # DeepSeek-MoE: a dense first layer then two MoE layers (top-2 of 6, renormalized with MoEGate's
+    # 1e-20), two shared experts fused into one MLP, and MoEGate's per-sequence aux loss over three
+    # sequences (aux_loss_alpha large enough to move the gradients). Its attention has no head_dim key
+    # (DeepseekAttention uses hidden_size // num_attention_heads).
+    "deepseek": dict({k: v for k, v in BASE.items() if k != "head_dim"}, model_type="deepseek",
+                     num_hidden_layers=3, intermediate_size=20, moe_intermediate_size=6, n_routed_experts=6,
+                     num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1, moe_layer_freq=1,
+                     norm_topk_prob=True, scoring_func="softmax", aux_loss_alpha=0.1, seq_aux=True,
+                     attention_bias=False, _dtype="F32", _batch=3),
 }
 
 BATCH, SEQ = 2, 8
@@ -122,6 +136,7 @@ class Arch:
         self.shared_ffn, self.shared_gated = 0, False
         self.aux_on = bool(c.get("output_router_logits", False))
         self.aux_coef = c.get("router_aux_loss_coef", 0.0)
+        self.seq_aux = False  # DeepSeek-MoE's MoEGate loss instead of HF's load_balancing_loss_func
         if t in ("qwen3", "llama"):
             self.moe_layers = [False] * self.L
             return
@@ -147,6 +162,20 @@ class Arch:
             self.scale = c.get("routed_scaling_factor", 1.0)
             self.groups, self.topk_groups = c.get("n_group", 1), c.get("topk_group", 1)
             self.aux_on = False  # Glm4MoeForCausalLM has no load-balancing loss
+        elif t == "deepseek":
+            # DeepseekDecoderLayer: DeepseekMoE when n_routed_experts is set, i >= first_k_dense_replace
+            # and i % moe_layer_freq == 0; DeepseekMoE.shared_experts is one DeepseekMLP of
+            # moe_intermediate_size * n_shared_experts. MoEGate: softmax scores, greedy top-k, weights
+            # renormalized (+1e-20) only when top_k > 1 and norm_topk_prob; while training with
+            # aux_loss_alpha > 0 it returns alpha * the seq_aux loss (DeepseekConfig defaults: alpha 0.001,
+            # seq_aux True, first_k_dense_replace 0, moe_layer_freq 1, norm_topk_prob False).
+            assert c.get("scoring_func", "softmax") == "softmax" and c.get("seq_aux", True)
+            self.E, self.F = c["n_routed_experts"], c["moe_intermediate_size"]
+            first, freq = c.get("first_k_dense_replace", 0), c.get("moe_layer_freq", 1)
+            self.moe_layers = [i >= first and i % freq == 0 for i in range(self.L)]
+            self.shared_ffn = c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0)
+            self.aux_coef = c.get("aux_loss_alpha", 0.001)
+            self.aux_on, self.seq_aux = self.aux_coef > 0, True
         else:
             raise ValueError(t)
 
@@ -270,7 +299,10 @@ def route(a, logits, bias):
         w, idx = torch.topk(probs, K, dim=-1)
         srt = torch.sort(probs.detach(), dim=-1, descending=True)[0]
         margin = (srt[:, K - 1] - srt[:, K]).min().item() if K < E else 1.0
-        if a.norm_topk:
+        if a.type == "deepseek":
+            if a.K > 1 and a.norm_topk:  # MoEGate
+                w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        elif a.norm_topk:
             w = w / w.sum(-1, keepdim=True)
         return w, idx, margin
     s = torch.sigmoid(logits)
@@ -329,6 +361,19 @@ def load_balancing(a, router_logits):
     return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * a.E
 
 
+def deepseek_seq_aux(a, router_logits, B, S):
+    """DeepSeek-MoE's MoEGate aux loss with seq_aux, summed over the MoE layers (without alpha): per
+    layer, ce[b, e] = (# of sequence b's top-k slots choosing e) / (S·K/E) and
+    aux = mean_b Σ_e ce[b, e] · mean_t scores[b, t, e]."""
+    total = torch.zeros(())
+    for logits in router_logits:
+        scores = torch.softmax(logits, dim=-1)
+        idx = torch.topk(scores, a.K, dim=-1)[1]
+        ce = torch.zeros(B, a.E).scatter_add_(1, idx.view(B, -1), torch.ones(B, S * a.K)).div_(S * a.K / a.E)
+        total = total + (ce * scores.view(B, S, -1).mean(dim=1)).sum(dim=1).mean()
+    return total
+
+
 def forward(a, P, tokens, shifted=False):
     """HF semantics: every token is an input, labels are the next tokens (the last position has
     none, HF's -100 padding). shifted=True is torchtitan's convention instead: inputs
@@ -357,7 +402,10 @@ def forward(a, P, tokens, shifted=False):
     logits = x @ head.T
     V = logits.shape[-1]
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
-    aux = load_balancing(a, router) if a.score == "softmax" else torch.zeros(())
+    if a.seq_aux:
+        aux = deepseek_seq_aux(a, router, inputs.shape[0], inputs.shape[1])
+    else:
+        aux = load_balancing(a, router) if a.score == "softmax" else torch.zeros(())
     total = ce + a.aux_coef * aux if a.aux_on else ce
     return ce, aux, total, margin
 
