@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // handConfig is the built-in "tiny" written out: V 64, D 32, L 2, H 4, G 2,
@@ -114,8 +115,8 @@ func TestCountParamsHand(t *testing.T) {
 // tensor list of moe.Config.Params for every built-in and variants.
 func TestCountParamsMatchesParamList(t *testing.T) {
 	var cfgs []*moe.Config
-	for _, n := range moe.Builtins() {
-		c, err := moe.Load(n)
+	for _, n := range hf.Builtins() {
+		c, err := hf.Load(n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -327,7 +328,7 @@ func TestOpsAuxLossAndElementwise(t *testing.T) {
 // TestQwen3WorkedExample derives shared/REFERENCES.md's Qwen3-30B-A3B
 // figures at s = 4096 independently of the code's formulas.
 func TestQwen3WorkedExample(t *testing.T) {
-	c, err := moe.Load("qwen3-30b-a3b")
+	c, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +486,7 @@ func TestMegatronBridgePublished(t *testing.T) {
 		{"llama3-8b", 8192, "DGX-B200", 29994, 1544},
 		{"llama3-8b", 8192, "DGX-H100", 14079, 725},
 	} {
-		c, err := moe.Load(tc.model)
+		c, err := hf.Load(tc.model)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // TestNonMatmulFLOPsTiny works the built-in tiny model by hand: D 32, two
@@ -13,7 +14,7 @@ import (
 // element costs the ElementCost table (forward + backward_data +
 // backward_weight).
 func TestNonMatmulFLOPsTiny(t *testing.T) {
-	cfg, err := moe.Load("tiny")
+	cfg, err := hf.Load("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // Estimate sizes one rank of Qwen3-30B-A3B on 64 GPUs (FSDP over 64,
@@ -15,7 +16,7 @@ import (
 // = 0.67 GiB; with 48 blocks, the loss (≈ 4·T·V·4 B = 18.5 GiB at its
 // peak) and buffers, well under 0.92 × 178.35 GiB.
 func ExampleEstimate() {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		panic(err)
 	}

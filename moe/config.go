@@ -197,9 +197,9 @@ func (e FieldError) Error() string {
 	return fmt.Sprintf("%s = %v: %s", e.Field, e.Value, e.Allowed)
 }
 
-// maxDim bounds every size so that products used in accounting stay far from
+// MaxDim bounds every size so that products used in accounting stay far from
 // int64 overflow before the checked arithmetic of the flops package even runs.
-const maxDim = 1 << 24
+const MaxDim = 1 << 24
 
 // maxTensors bounds the number of parameter tensors, which Params and every
 // consumer of it (memory, grad, the parallel schedules) enumerate one by one.
@@ -221,8 +221,8 @@ func (c *Config) Validate() error {
 		errs = append(errs, FieldError{field, v, allowed})
 	}
 	pos := func(field string, v int) {
-		if v <= 0 || v > maxDim {
-			bad(field, v, fmt.Sprintf("must be in [1, %d]", maxDim))
+		if v <= 0 || v > MaxDim {
+			bad(field, v, fmt.Sprintf("must be in [1, %d]", MaxDim))
 		}
 	}
 	pos("vocab", c.Vocab)
@@ -234,7 +234,7 @@ func (c *Config) Validate() error {
 	if c.Heads > 0 && c.KVHeads > 0 && c.Heads%c.KVHeads != 0 {
 		bad("kv_heads", c.KVHeads, fmt.Sprintf("must divide heads = %d", c.Heads))
 	}
-	if c.Layers > 0 && c.Layers <= maxDim {
+	if c.Layers > 0 && c.Layers <= MaxDim {
 		if len(c.MoELayer) != c.Layers {
 			bad("moe_layer", len(c.MoELayer), fmt.Sprintf("needs one entry per layer (%d)", c.Layers))
 		}
@@ -243,15 +243,15 @@ func (c *Config) Validate() error {
 		}
 	}
 	for i, w := range c.Window {
-		if w < 0 || w > maxDim {
-			bad(fmt.Sprintf("window[%d]", i), w, fmt.Sprintf("must be 0 (full) or in [1, %d]", maxDim))
+		if w < 0 || w > MaxDim {
+			bad(fmt.Sprintf("window[%d]", i), w, fmt.Sprintf("must be 0 (full) or in [1, %d]", MaxDim))
 		}
 	}
 	moeLayers := c.MoELayers()
 	if moeLayers < len(c.MoELayer) {
 		pos("dense_ffn", c.DenseFFN)
-	} else if c.DenseFFN < 0 || c.DenseFFN > maxDim {
-		bad("dense_ffn", c.DenseFFN, fmt.Sprintf("must be in [0, %d]", maxDim))
+	} else if c.DenseFFN < 0 || c.DenseFFN > MaxDim {
+		bad("dense_ffn", c.DenseFFN, fmt.Sprintf("must be in [0, %d]", MaxDim))
 	}
 	if moeLayers > 0 {
 		pos("experts", c.Experts)
@@ -278,7 +278,7 @@ func (c *Config) Validate() error {
 			bad("routed_scale", c.RoutedScale, "must be a finite number > 0")
 		}
 	}
-	if c.Layers > 0 && c.Layers <= maxDim && c.Experts >= 0 && c.Experts <= maxDim {
+	if c.Layers > 0 && c.Layers <= MaxDim && c.Experts >= 0 && c.Experts <= MaxDim {
 		// Embedding, final norm and LM head, each layer's own tensors, and
 		// three matrices per routed expert of each MoE layer (an upper bound).
 		n := 3 + maxTensorsPerLayer*int64(c.Layers) + 3*int64(c.Experts)*int64(moeLayers)
@@ -288,8 +288,8 @@ func (c *Config) Validate() error {
 					n, maxTensors, maxTensorsPerLayer))
 		}
 	}
-	if c.SharedExperts < 0 || c.SharedExperts > maxDim {
-		bad("shared_experts", c.SharedExperts, fmt.Sprintf("must be in [0, %d]", maxDim))
+	if c.SharedExperts < 0 || c.SharedExperts > MaxDim {
+		bad("shared_experts", c.SharedExperts, fmt.Sprintf("must be in [0, %d]", MaxDim))
 	}
 	if c.SharedExperts > 0 {
 		pos("shared_ffn", c.SharedFFN)

@@ -14,7 +14,7 @@ package moe
 // router_aux_loss_coef·load_balancing_loss_func only with
 // output_router_logits; Glm4MoeForCausalLM (the sigmoid router) has no aux
 // loss; DeepSeek-MoE's MoEGate adds aux_loss_alpha times its per-sequence
-// loss (Config.SeqAuxLoss) whenever training, which ParseHF records as
+// loss (Config.SeqAuxLoss) whenever training, which hf.ParseConfig records as
 // OutputRouterLogits = aux_loss_alpha > 0.
 func HFAuxCoef(c *Config) float64 {
 	if !c.OutputRouterLogits || !c.IsMoE() || c.Score != Softmax {

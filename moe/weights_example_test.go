@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // Load a sharded Hugging Face checkpoint (model.safetensors.index.json plus
@@ -12,12 +12,12 @@ import (
 // back in Config.Params() order, ready for Model.SetTensors.
 func ExampleLoadParams() {
 	dir := filepath.Join("..", "testdata", "torchref", "moe")
-	cfg, err := moe.Load(filepath.Join(dir, "config.json"))
+	cfg, err := hf.Load(filepath.Join(dir, "config.json"))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	ts, err := moe.LoadParams[float32](dir, cfg)
+	ts, err := hf.LoadParams[float32](dir, cfg)
 	if err != nil {
 		fmt.Println(err)
 		return

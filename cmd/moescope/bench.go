@@ -10,8 +10,8 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/bench"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 func init() {
@@ -63,7 +63,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := moe.Load(*model)
+	cfg, err := hf.Load(*model)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 func init() {
@@ -75,12 +76,12 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if *initSeed >= 0 {
 		m.InitRandom(uint64(*initSeed))
 		if *save != "" {
-			if err := moe.SaveParams(*save, cfg, m.Tensors(), moe.F32, *force); err != nil {
+			if err := hf.SaveParams(*save, cfg, m.Tensors(), moe.F32, *force); err != nil {
 				return err
 			}
 		}
 	} else {
-		ps, err := moe.LoadParams[float32](*weights, cfg)
+		ps, err := hf.LoadParams[float32](*weights, cfg)
 		if err != nil {
 			return err
 		}
@@ -109,7 +110,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("loss = %v, aux_loss = %v: not finite (float32 overflow in the forward pass); no gradient written", res.Loss, res.Aux)
 	}
 	if *out != "" {
-		if err := moe.SaveParams(*out, cfg, m.Grads(), moe.F32, *force); err != nil {
+		if err := hf.SaveParams(*out, cfg, m.Grads(), moe.F32, *force); err != nil {
 			return err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -64,8 +65,8 @@ func TestGradInitSave(t *testing.T) {
 	if !bytes.Equal(first, second) {
 		t.Error("--init 3 wrote different files")
 	}
-	cfg, _ := moe.Load(model)
-	ps, err := moe.LoadParams[float64](w, cfg)
+	cfg, _ := hf.Load(model)
+	ps, err := hf.LoadParams[float64](w, cfg)
 	if err != nil {
 		t.Fatalf("saved init does not load: %v", err)
 	}
@@ -148,15 +149,15 @@ func TestGradMatchesTorch(t *testing.T) {
 			if exp.AuxAdded && rel(got.AuxLoss, exp.AuxLoss) > 1e-5 {
 				t.Errorf("aux_loss %v, want %v", got.AuxLoss, exp.AuxLoss)
 			}
-			cfg, err := moe.Load(model)
+			cfg, err := hf.Load(model)
 			if err != nil {
 				t.Fatal(err)
 			}
-			gg, err := moe.LoadParams[float64](g, cfg)
+			gg, err := hf.LoadParams[float64](g, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ref, err := moe.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
+			ref, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -280,15 +281,15 @@ func TestGradDeepseekAux(t *testing.T) {
 		rel(got.AuxLoss, exp.AuxLoss) > 1e-5 || rel(got.TotalLoss, exp.TotalLoss) > 1e-5 {
 		t.Errorf("got %+v, want loss %v, aux_loss %v, total %v, aux_coef %v added", got, exp.Loss, exp.AuxLoss, exp.TotalLoss, exp.AuxCoef)
 	}
-	cfg, err := moe.Load(model)
+	cfg, err := hf.Load(model)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gg, err := moe.LoadParams[float64](g, cfg)
+	gg, err := hf.LoadParams[float64](g, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := moe.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
+	ref, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +355,7 @@ func TestGradPoliciesBitwise(t *testing.T) {
 // instead of an out-of-memory crash when memory is short, and the byte
 // count is 12 per parameter (float32 values, gradients and the loaded copy).
 func TestGradMemoryGuard(t *testing.T) {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +385,7 @@ func TestGradMemoryGuard(t *testing.T) {
 // and finite weights whose forward pass overflows float32 give an error,
 // not a JSON encoder failure ("json: unsupported value: NaN").
 func TestGradNonFinite(t *testing.T) {
-	cfg, err := moe.Load("tiny")
+	cfg, err := hf.Load("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,7 +421,7 @@ func TestGradNonFinite(t *testing.T) {
 			head[5] = c.v
 		}
 		w := filepath.Join(tmp, c.name+".safetensors")
-		if err := moe.SaveParams(w, cfg, ts, moe.F32, false); err != nil {
+		if err := hf.SaveParams(w, cfg, ts, moe.F32, false); err != nil {
 			t.Fatal(err)
 		}
 		m.InitRandom(1)
@@ -437,7 +438,7 @@ func TestGradNonFinite(t *testing.T) {
 // V = 64): the float32 logits alone are 4·V = 256 bytes per token, so
 // 3000 × 3000 tokens need more than 2.3 GB, above a 2 GiB machine.
 func TestGradActivationGuard(t *testing.T) {
-	cfg, err := moe.Load("tiny")
+	cfg, err := hf.Load("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

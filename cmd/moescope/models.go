@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/flops"
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 func init() {
@@ -34,8 +34,8 @@ func runModels(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	var rows []modelInfo
-	for _, n := range moe.Builtins() {
-		c, err := moe.Load(n)
+	for _, n := range hf.Builtins() {
+		c, err := hf.Load(n)
 		if err != nil {
 			return err
 		}

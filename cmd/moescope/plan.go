@@ -13,6 +13,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
@@ -145,7 +146,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	var errs []error
 	if a.model == "" {
-		errs = append(errs, fmt.Errorf("--model is required (built-in: %s, or a config.json path)", strings.Join(moe.Builtins(), ", ")))
+		errs = append(errs, fmt.Errorf("--model is required (built-in: %s, or a config.json path)", strings.Join(hf.Builtins(), ", ")))
 	}
 	if a.gpus < 1 || a.gpus > 1<<20 {
 		errs = append(errs, fmt.Errorf("--gpus = %d: must be in [1, 1048576]", a.gpus))
@@ -196,7 +197,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
-	cfg, err := moe.Load(a.model)
+	cfg, err := hf.Load(a.model)
 	if err != nil {
 		return fmt.Errorf("%w: --model: %v", errUsage, err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -89,7 +90,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	if *model == "" {
-		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, moe.Builtins())
+		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, hf.Builtins())
 	}
 	if *lbs < 1 {
 		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
@@ -113,7 +114,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
 	}
-	cfg, err := moe.Load(*model)
+	cfg, err := hf.Load(*model)
 	if err != nil {
 		return err
 	}

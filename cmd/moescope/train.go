@@ -12,6 +12,7 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
@@ -109,7 +110,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
 	}
-	cfg, err := moe.Load(*model)
+	cfg, err := hf.Load(*model)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel"
 )
 
@@ -224,7 +225,7 @@ func TestTrainResumeCorrupt(t *testing.T) {
 // from the same initialization.
 func TestTrainDeepseekAux(t *testing.T) {
 	model := filepath.Join("..", "..", "testdata", "torchref", "deepseek", "config.json")
-	cfg, err := moe.Load(model)
+	cfg, err := hf.Load(model)
 	if err != nil {
 		t.Fatal(err)
 	}

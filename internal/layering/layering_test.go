@@ -29,6 +29,7 @@ var layers = [][]string{
 	{"parallel"},
 	{"parallel/hw", "moe/bench"},
 	{"flops", "memory"},
+	{"moe/hf"},
 	{"moe"},
 	{"moe/kernel", "moe/safetensors"},
 	{"internal/fileio", "internal/golden", "internal/layering"},
@@ -197,7 +198,7 @@ func TestCheckCatchesViolations(t *testing.T) {
 	}
 	want := []string{
 		"parallel/numeric imports parallel/sim: same layer (parallel/numeric, parallel/sim): never import each other",
-		"moe imports flops: upward: flops layer 6 (flops, memory) from layer 7; imports only point down",
+		"moe imports flops: upward: flops layer 6 (flops, memory) from layer 8; imports only point down",
 		"flops imports memory: same layer (flops, memory): never import each other",
 		"memory imports internal/golden: test support, for tests only",
 	}

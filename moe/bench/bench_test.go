@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // TestBenchMemoryGuard: a layer benchmark that cannot fit is refused before
@@ -15,7 +15,7 @@ import (
 // parameters with gradients and two moments take 4·4·94M B ≈ 1.4 GiB and
 // the activations a few hundred MiB, so even doubled it fits 16 GiB.
 func TestBenchMemoryGuard(t *testing.T) {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		t.Fatal(err)
 	}

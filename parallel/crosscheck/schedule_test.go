@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric"
 	"github.com/moescope/moescope/parallel/sim"
@@ -22,7 +23,7 @@ import (
 // rank's size equals the largest any rank of the EP group sent or received
 // in that layer (the rank every all-to-all waits for).
 func TestScheduleAgreesWithNumeric(t *testing.T) {
-	cfg, err := moe.Load("tiny")
+	cfg, err := hf.Load("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

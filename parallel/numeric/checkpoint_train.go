@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/safetensors"
 )
 
@@ -97,7 +98,7 @@ func SaveTrainCheckpoint(dir string, force bool, n *Trainer, st TrainState) erro
 	if err != nil {
 		return err
 	}
-	if err := writeBytes(filepath.Join(tmp, moe.IndexFile), idx); err != nil {
+	if err := writeBytes(filepath.Join(tmp, hf.IndexFile), idx); err != nil {
 		return err
 	}
 	sb, err := json.MarshalIndent(st, "", " ")
@@ -151,7 +152,7 @@ func LoadTrainCheckpoint(dir string, cfg *moe.Config) (*TrainCheckpoint, error) 
 	if len(st.Losses) != st.Step {
 		return nil, fmt.Errorf("resume: %s: %d losses for step = %d: want one per step taken", trainStateFile, len(st.Losses), st.Step)
 	}
-	params, err := moe.LoadParams[float32](filepath.Join(dir, moe.IndexFile), cfg)
+	params, err := hf.LoadParams[float32](filepath.Join(dir, hf.IndexFile), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}

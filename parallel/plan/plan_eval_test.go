@@ -4,11 +4,12 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
 func BenchmarkPlanSimMemory(b *testing.B) {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -26,7 +27,7 @@ func BenchmarkPlanSimMemory(b *testing.B) {
 }
 
 func BenchmarkPlanSimEvaluate(b *testing.B) {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func planSmallDevice(t testing.TB, bytes int64) hw.Device {
 // is within 2% (TPS) of the exhaustive optimum, for each model and GPU
 // count tried, with the number of candidates each simulated.
 func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
-	cfg, err := moe.Load("tiny")
+	cfg, err := hf.Load("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 // Qwen3-30B-A3B on 512 B200s at seq 4096 with the real evaluator. It
 // reports the points simulated per search.
 func BenchmarkSearchPlans(b *testing.B) {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"gonum.org/v1/gonum/optimize"
 )
@@ -120,7 +121,7 @@ func ParseCalibration(data []byte, where string) (*Calibration, error) {
 // model (built-in name or path), device, cluster (the run's, else the
 // GPU's usual one), layout, checkpointing and batch.
 func InputForRun(r Run) (Input, error) {
-	cfg, err := moe.Load(r.Model)
+	cfg, err := hf.Load(r.Model)
 	if err != nil {
 		return Input{}, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // TestPublishedRuns predicts the peak reserved memory of every published
@@ -29,7 +30,7 @@ func TestPublishedRuns(t *testing.T) {
 		if r.PeakReservedBytes == nil {
 			continue
 		}
-		cfg, err := moe.Load(r.Model)
+		cfg, err := hf.Load(r.Model)
 		if err != nil {
 			t.Fatalf("%s: %v", r.File, err)
 		}

@@ -4,10 +4,11 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 func benchSimulate(b *testing.B, gpus int) {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -32,7 +33,7 @@ func BenchmarkSimulate4096(b *testing.B) { benchSimulate(b, 4096) }
 // costs, engine, breakdown, memory replay) on a prepared schedule: what
 // each calibration evaluation costs.
 func benchRun(b *testing.B, gpus int) {
-	cfg, err := moe.Load("qwen3-30b-a3b")
+	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func BenchmarkSimulateRun4096(b *testing.B) { benchRun(b, 4096) }
 // BenchmarkSimulateDense512: Llama-3 8B on 512 ranks (dp_shard 64 ×
 // dp_replicate 8), selective AC, lbs 2, seq 8192, whole Simulate.
 func BenchmarkSimulateDense512(b *testing.B) {
-	cfg, err := moe.Load("llama3-8b")
+	cfg, err := hf.Load("llama3-8b")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -13,7 +14,7 @@ import (
 // Predict one layout: a small MoE on 16 B200s (two hgx hosts), FSDP over
 // all 16 with expert parallelism 4, per-op selective checkpointing.
 func ExampleSimulate() {
-	cfg, err := moe.Load("tiny")
+	cfg, err := hf.Load("tiny")
 	if err != nil {
 		panic(err)
 	}

@@ -8,12 +8,13 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel"
 )
 
 func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac string) Input {
 	t.Helper()
-	cfg, err := moe.Load(model)
+	cfg, err := hf.Load(model)
 	if err != nil {
 		t.Fatal(err)
 	}

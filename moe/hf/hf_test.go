@@ -1,4 +1,4 @@
-package moe
+package hf
 
 import (
 	"math"
@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // minimal is a valid qwen3_moe config.json used as the base of edits below.
@@ -19,7 +21,7 @@ const minimal = `{
 }`
 
 func TestParseHFDefaults(t *testing.T) {
-	c, err := ParseHF([]byte(minimal), "m")
+	c, err := ParseConfig([]byte(minimal), "m")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +30,7 @@ func TestParseHFDefaults(t *testing.T) {
 	if c.NormEps != 1e-6 || c.RopeTheta != 10000 || c.NormTopK || c.AuxLossCoef != 0.001 || c.InitRange != 0.02 {
 		t.Errorf("defaults: eps %g theta %g normtopk %v aux %g init %g", c.NormEps, c.RopeTheta, c.NormTopK, c.AuxLossCoef, c.InitRange)
 	}
-	if c.QKNorm != QKNormHead || c.Score != Softmax || c.RoutedScale != 1 || c.Groups != 1 || c.RotaryFraction != 1 {
+	if c.QKNorm != moe.QKNormHead || c.Score != moe.Softmax || c.RoutedScale != 1 || c.Groups != 1 || c.RotaryFraction != 1 {
 		t.Errorf("qk %v score %v scale %g groups %d rot %g", c.QKNorm, c.Score, c.RoutedScale, c.Groups, c.RotaryFraction)
 	}
 	if !reflect.DeepEqual(c.MoELayer, []bool{true, true, true, true}) || !reflect.DeepEqual(c.Window, []int{0, 0, 0, 0}) {
@@ -36,10 +38,10 @@ func TestParseHFDefaults(t *testing.T) {
 	}
 }
 
-func edit(t *testing.T, extra string) (*Config, error) {
+func edit(t *testing.T, extra string) (*moe.Config, error) {
 	t.Helper()
 	s := strings.TrimSuffix(strings.TrimSpace(minimal), "}") + "," + extra + "}"
-	return ParseHF([]byte(s), "m")
+	return ParseConfig([]byte(s), "m")
 }
 
 func TestParseHFLayerPattern(t *testing.T) {
@@ -101,7 +103,7 @@ func TestParseHFErrors(t *testing.T) {
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "hidden_act": "gelu"`, 1), []string{"hidden_act = gelu"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "layer_types": ["full_attention"]`, 1), []string{"layer_types has 1 entries"}},
 	} {
-		_, err := ParseHF([]byte(tc.json), "m")
+		_, err := ParseConfig([]byte(tc.json), "m")
 		if err == nil {
 			t.Errorf("%s: no error", tc.json)
 			continue
@@ -159,7 +161,7 @@ func FuzzParseHF(f *testing.F) {
 	f.Add([]byte(`{"model_type":"glm4_moe","n_group":0}`))
 	f.Add([]byte(`[1,2`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := ParseHF(data, "fuzz")
+		c, err := ParseConfig(data, "fuzz")
 		if err != nil {
 			if c != nil {
 				t.Fatal("config returned with an error")
@@ -178,31 +180,31 @@ func FuzzParseHF(f *testing.F) {
 
 func TestParseHFModelTypes(t *testing.T) {
 	// qwen2_moe: one gated shared expert, q/k/v biases, no QK-norm.
-	c, err := ParseHF([]byte(`{"model_type":"qwen2_moe","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+	c, err := ParseConfig([]byte(`{"model_type":"qwen2_moe","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
 		"num_attention_heads":4,"intermediate_size":48,"moe_intermediate_size":16,"num_experts":4,
 		"num_experts_per_tok":2,"shared_expert_intermediate_size":40}`), "q2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.SharedExperts != 1 || c.SharedFFN != 40 || !c.SharedGated || !c.QKVBias || c.QKNorm != QKNormNone || c.KVHeads != 4 || c.HeadDim != 8 {
+	if c.SharedExperts != 1 || c.SharedFFN != 40 || !c.SharedGated || !c.QKVBias || c.QKNorm != moe.QKNormNone || c.KVHeads != 4 || c.HeadDim != 8 {
 		t.Errorf("qwen2_moe: %+v", c)
 	}
 	// glm4_moe: sigmoid + bias, grouped top-k, scaling, QK-norm when asked,
 	// dense first layers, partial rotary default 0.5, q/k/v bias only.
-	c, err = ParseHF([]byte(`{"model_type":"glm4_moe","vocab_size":64,"hidden_size":32,"num_hidden_layers":4,
+	c, err = ParseConfig([]byte(`{"model_type":"glm4_moe","vocab_size":64,"hidden_size":32,"num_hidden_layers":4,
 		"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"intermediate_size":48,"moe_intermediate_size":16,
 		"n_routed_experts":8,"num_experts_per_tok":2,"n_shared_experts":2,"first_k_dense_replace":2,
 		"n_group":4,"topk_group":2,"routed_scaling_factor":2.5,"use_qk_norm":true,"attention_bias":true}`), "glm")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(c.MoELayer, []bool{false, false, true, true}) || c.Score != Sigmoid || !c.SelectionBias ||
-		c.Groups != 4 || c.TopKGroups != 2 || c.RoutedScale != 2.5 || c.QKNorm != QKNormHead || c.RotaryFraction != 0.5 ||
+	if !reflect.DeepEqual(c.MoELayer, []bool{false, false, true, true}) || c.Score != moe.Sigmoid || !c.SelectionBias ||
+		c.Groups != 4 || c.TopKGroups != 2 || c.RoutedScale != 2.5 || c.QKNorm != moe.QKNormHead || c.RotaryFraction != 0.5 ||
 		!c.QKVBias || c.SharedExperts != 2 || c.SharedFFN != 16 || !c.NormTopK {
 		t.Errorf("glm4_moe: %+v", c)
 	}
 	// deepseek: moe_layer_freq 2 from first_k_dense_replace 1 -> MoE at 2, 4.
-	c, err = ParseHF([]byte(`{"model_type":"deepseek","vocab_size":64,"hidden_size":32,"num_hidden_layers":5,
+	c, err = ParseConfig([]byte(`{"model_type":"deepseek","vocab_size":64,"hidden_size":32,"num_hidden_layers":5,
 		"num_attention_heads":4,"intermediate_size":48,"moe_intermediate_size":16,"n_routed_experts":4,
 		"num_experts_per_tok":2,"n_shared_experts":1,"first_k_dense_replace":1,"moe_layer_freq":2,"aux_loss_alpha":0}`), "ds")
 	if err != nil {
@@ -212,7 +214,7 @@ func TestParseHFModelTypes(t *testing.T) {
 		t.Errorf("deepseek: %+v", c)
 	}
 	// mixtral: sliding_window applies to every layer.
-	c, err = ParseHF([]byte(`{"model_type":"mixtral","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+	c, err = ParseConfig([]byte(`{"model_type":"mixtral","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
 		"num_attention_heads":4,"num_key_value_heads":2,"intermediate_size":16,"num_local_experts":4,
 		"num_experts_per_tok":2,"sliding_window":5,"rope_parameters":{"rope_theta":123.0}}`), "mx")
 	if err != nil {
@@ -222,16 +224,16 @@ func TestParseHFModelTypes(t *testing.T) {
 		t.Errorf("mixtral: %+v", c)
 	}
 	// llama: dense, head_dim = hidden / heads, tied embeddings honoured.
-	c, err = ParseHF([]byte(`{"model_type":"llama","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+	c, err = ParseConfig([]byte(`{"model_type":"llama","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
 		"num_attention_heads":4,"intermediate_size":48,"tie_word_embeddings":true}`), "ll")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.IsMoE() || c.HeadDim != 8 || !c.TiedEmbeddings || c.QKNorm != QKNormNone {
+	if c.IsMoE() || c.HeadDim != 8 || !c.TiedEmbeddings || c.QKNorm != moe.QKNormNone {
 		t.Errorf("llama: %+v", c)
 	}
 	// olmoe with clip_qkv is refused rather than silently mis-modelled.
-	if _, err := ParseHF([]byte(`{"model_type":"olmoe","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
+	if _, err := ParseConfig([]byte(`{"model_type":"olmoe","vocab_size":64,"hidden_size":32,"num_hidden_layers":2,
 		"num_attention_heads":4,"intermediate_size":16,"num_experts":4,"num_experts_per_tok":2,"clip_qkv":8}`), "ol"); err == nil || !strings.Contains(err.Error(), "clip_qkv") {
 		t.Errorf("olmoe clip_qkv: %v", err)
 	}
@@ -246,7 +248,7 @@ func TestTensorCap(t *testing.T) {
 		layers, experts int
 		ok              bool
 	}{{4, 87375, true}, {4, 87376, false}, {61, 256, true}} {
-		c, err := ParseHF([]byte(minimal), "m")
+		c, err := ParseConfig([]byte(minimal), "m")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -274,14 +276,14 @@ func TestRopeScaling(t *testing.T) {
 		{`"rope_parameters": {"rope_type": "default", "rope_theta": 500000}`, ""},
 		{`"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000, "factor": 4}`, "yarn"},
 	} {
-		c, err := ParseHF([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 4, `+tc.extra, 1)), "m")
+		c, err := ParseConfig([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 4, `+tc.extra, 1)), "m")
 		if err != nil {
 			t.Fatalf("%s: %v", tc.extra, err)
 		}
 		if c.RopeScaling != tc.want {
 			t.Errorf("%s: rope scaling %q, want %q", tc.extra, c.RopeScaling, tc.want)
 		}
-		_, err = NewModel[float32](c)
+		_, err = moe.NewModel[float32](c)
 		if tc.want == "" && err != nil {
 			t.Errorf("%s: NewModel: %v", tc.extra, err)
 		}
@@ -305,16 +307,16 @@ func TestRopeScaling(t *testing.T) {
 //
 // One config.json body serves every type: each reads only its own keys.
 func TestParseHFBehaviourFields(t *testing.T) {
-	mixtral := TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
+	mixtral := moe.TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	want := map[string]struct {
 		eps    float64
 		seqAux bool
-		names  TensorNames
+		names  moe.TensorNames
 		ignore bool
 		expert string // layer 1's first routed-expert tensor ("" for dense models)
 	}{
 		"qwen3_moe": {expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
-		"qwen2_moe": {names: TensorNames{Shared: "shared_expert"}, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
+		"qwen2_moe": {names: moe.TensorNames{Shared: "shared_expert"}, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
 		"mixtral":   {names: mixtral, expert: "model.layers.1.block_sparse_moe.experts.0.w1.weight"},
 		"olmoe":     {expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
 		"deepseek":  {eps: 1e-20, seqAux: true, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
@@ -332,7 +334,7 @@ func TestParseHFBehaviourFields(t *testing.T) {
 			t.Errorf("model_type %s has no expectation here", mt)
 			continue
 		}
-		c, err := ParseHF([]byte(`{"model_type": "`+mt+`", `+body+`}`), mt)
+		c, err := ParseConfig([]byte(`{"model_type": "`+mt+`", `+body+`}`), mt)
 		if err != nil {
 			t.Errorf("%s: %v", mt, err)
 			continue
@@ -353,7 +355,7 @@ func TestParseHFBehaviourFields(t *testing.T) {
 		}
 	}
 	names := map[string]bool{}
-	q2, err := ParseHF([]byte(`{"model_type": "qwen2_moe", `+body+`}`), "q2")
+	q2, err := ParseConfig([]byte(`{"model_type": "qwen2_moe", `+body+`}`), "q2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,8 +374,8 @@ func TestParseHFBehaviourFields(t *testing.T) {
 // top_k = 1 whatever norm_topk_prob says; its batch-level aux loss
 // (seq_aux = false) is refused only when it would be added.
 func TestParseHFDeepseekRouting(t *testing.T) {
-	ds := func(extra string) (*Config, error) {
-		return ParseHF([]byte(`{"model_type": "deepseek", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+	ds := func(extra string) (*moe.Config, error) {
+		return ParseConfig([]byte(`{"model_type": "deepseek", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
 			"num_attention_heads": 4, "intermediate_size": 48, "moe_intermediate_size": 16, "n_routed_experts": 4, `+extra+`}`), "ds")
 	}
 	for _, tc := range []struct {
@@ -404,7 +406,7 @@ func TestParseHFDeepseekRouting(t *testing.T) {
 // TestValidateNormTopKEps: the renormalization ε must be a finite number ≥ 0.
 func TestValidateNormTopKEps(t *testing.T) {
 	for _, eps := range []float64{-1e-20, math.NaN(), math.Inf(1)} {
-		c, err := ParseHF([]byte(minimal), "m")
+		c, err := ParseConfig([]byte(minimal), "m")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package moe
+package hf
 
 import (
 	"bytes"
@@ -10,11 +10,13 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // Reading Hugging Face config.json files.
 //
-// ParseHF normalizes a config.json into a Config following the modeling code
+// ParseConfig normalizes a config.json into a Config following the modeling code
 // of each supported model_type (transformers' Qwen3Moe, Qwen2Moe, Mixtral,
 // OLMoE, Glm4Moe, Qwen3 and Llama; DeepSeek-MoE's remote-code
 // modeling_deepseek.py). Keys the model code does not read are ignored, as
@@ -24,7 +26,7 @@ import (
 // (vocabulary, hidden, layers, heads, FFN widths, experts), which are
 // required.
 
-// SupportedModelTypes lists the HF model_type values ParseHF reads.
+// SupportedModelTypes lists the HF model_type values ParseConfig reads.
 func SupportedModelTypes() []string {
 	ts := make([]string, 0, len(hfDefaults))
 	for t := range hfDefaults {
@@ -41,7 +43,7 @@ type hfDefault struct {
 	normTopK     bool
 	auxCoef      float64
 	rotary       float64
-	qkNorm       QKNorm
+	qkNorm       moe.QKNorm
 	moe          bool // has routed experts
 	firstKDense  int  // default first_k_dense_replace
 	qkvBias      bool // q, k, v biases are unconditional (Qwen2-MoE)
@@ -51,19 +53,19 @@ type hfDefault struct {
 // Defaults from each transformers configuration class and, for
 // deepseek, DeepSeek-MoE's configuration_deepseek.py.
 var hfDefaults = map[string]hfDefault{
-	"qwen3_moe": {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: QKNormHead, moe: true, oProjHasBias: true},
-	"qwen2_moe": {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: QKNormNone, moe: true, qkvBias: true},
-	"mixtral":   {normEps: 1e-5, ropeTheta: 1e6, normTopK: true, auxCoef: 0.001, rotary: 1, qkNorm: QKNormNone, moe: true},
-	"olmoe":     {normEps: 1e-5, ropeTheta: 10000, auxCoef: 0.01, rotary: 1, qkNorm: QKNormFull, moe: true, oProjHasBias: true},
-	"deepseek":  {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: QKNormNone, moe: true, oProjHasBias: true},
-	"glm4_moe":  {normEps: 1e-5, ropeTheta: 10000, normTopK: true, rotary: 0.5, qkNorm: QKNormNone, moe: true, firstKDense: 1},
-	"qwen3":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: QKNormHead, oProjHasBias: true},
-	"llama":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: QKNormNone, oProjHasBias: true},
+	"qwen3_moe": {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: moe.QKNormHead, moe: true, oProjHasBias: true},
+	"qwen2_moe": {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: moe.QKNormNone, moe: true, qkvBias: true},
+	"mixtral":   {normEps: 1e-5, ropeTheta: 1e6, normTopK: true, auxCoef: 0.001, rotary: 1, qkNorm: moe.QKNormNone, moe: true},
+	"olmoe":     {normEps: 1e-5, ropeTheta: 10000, auxCoef: 0.01, rotary: 1, qkNorm: moe.QKNormFull, moe: true, oProjHasBias: true},
+	"deepseek":  {normEps: 1e-6, ropeTheta: 10000, auxCoef: 0.001, rotary: 1, qkNorm: moe.QKNormNone, moe: true, oProjHasBias: true},
+	"glm4_moe":  {normEps: 1e-5, ropeTheta: 10000, normTopK: true, rotary: 0.5, qkNorm: moe.QKNormNone, moe: true, firstKDense: 1},
+	"qwen3":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: moe.QKNormHead, oProjHasBias: true},
+	"llama":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: moe.QKNormNone, oProjHasBias: true},
 }
 
-// hfConfig is the union of the config.json keys moescope reads. Pointers
+// configJSON is the union of the config.json keys moescope reads. Pointers
 // distinguish an absent key from a zero value.
-type hfConfig struct {
+type configJSON struct {
 	Source    string `json:"_source"`
 	ModelType string `json:"model_type"`
 
@@ -182,8 +184,8 @@ func jsonKind(t reflect.Type) string {
 }
 
 // decodeHF unmarshals data, turning JSON errors into ones that say where.
-func decodeHF(data []byte) (*hfConfig, error) {
-	var h hfConfig
+func decodeHF(data []byte) (*configJSON, error) {
+	var h configJSON
 	err := json.Unmarshal(data, &h)
 	if err == nil {
 		var keys map[string]json.RawMessage
@@ -208,9 +210,9 @@ func decodeHF(data []byte) (*hfConfig, error) {
 	return nil, fmt.Errorf("malformed JSON: %v", err)
 }
 
-// ParseHF reads a Hugging Face config.json into a validated Config. name is
+// ParseConfig reads a Hugging Face config.json into a validated Config. name is
 // recorded as Config.Name and used in errors.
-func ParseHF(data []byte, name string) (*Config, error) {
+func ParseConfig(data []byte, name string) (*moe.Config, error) {
 	h, err := decodeHF(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -254,7 +256,7 @@ func opt[V any](p *V, d V) V {
 
 // normalize maps HF keys onto Config following the model type's modeling
 // code: sizes and norms here, then each concern in its own function.
-func (h *hfConfig) normalize() (*Config, error) {
+func (h *configJSON) normalize() (*moe.Config, error) {
 	def, ok := hfDefaults[h.ModelType]
 	if !ok {
 		if h.ModelType == "" {
@@ -263,14 +265,14 @@ func (h *hfConfig) normalize() (*Config, error) {
 		return nil, fmt.Errorf("model_type = %q is not supported (supported: %s)", h.ModelType, strings.Join(SupportedModelTypes(), ", "))
 	}
 	var e hfErrors
-	c := &Config{
+	c := &moe.Config{
 		ModelType: h.ModelType,
 		Source:    h.Source,
 		Vocab:     e.req("vocab_size", h.VocabSize),
 		Hidden:    e.req("hidden_size", h.HiddenSize),
 		Layers:    e.req("num_hidden_layers", h.NumHiddenLayers),
 		Heads:     e.req("num_attention_heads", h.NumAttentionHeads),
-		Score:     Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1,
+		Score:     moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1,
 		NormEps:        opt(h.RMSNormEps, def.normEps),
 		TiedEmbeddings: opt(h.TieWordEmbeddings, false),
 		InitRange:      opt(h.InitializerRange, 0.02),
@@ -284,7 +286,7 @@ func (h *hfConfig) normalize() (*Config, error) {
 	}
 	h.attention(c, def, &e)
 
-	layersOK := c.Layers > 0 && c.Layers <= maxDim
+	layersOK := c.Layers > 0 && c.Layers <= moe.MaxDim
 	if layersOK {
 		c.MoELayer = make([]bool, c.Layers)
 		c.Window = make([]int, c.Layers)
@@ -302,7 +304,7 @@ func (h *hfConfig) normalize() (*Config, error) {
 }
 
 // rope fills RoPE's base, scaling type and rotated fraction.
-func (h *hfConfig) rope(c *Config, def hfDefault) {
+func (h *configJSON) rope(c *moe.Config, def hfDefault) {
 	c.RotaryFraction = opt(h.PartialRotaryFactor, def.rotary)
 	c.RopeTheta = def.ropeTheta
 	if h.RopeParameters != nil && h.RopeParameters.RopeTheta != nil {
@@ -318,7 +320,7 @@ func (h *hfConfig) rope(c *Config, def hfDefault) {
 }
 
 // attention fills KV heads, head dim, projection biases and QK-norm.
-func (h *hfConfig) attention(c *Config, def hfDefault, e *hfErrors) {
+func (h *configJSON) attention(c *moe.Config, def hfDefault, e *hfErrors) {
 	c.KVHeads = opt(h.NumKeyValueHeads, c.Heads)
 	switch {
 	case h.HeadDim != nil:
@@ -343,14 +345,14 @@ func (h *hfConfig) attention(c *Config, def hfDefault, e *hfErrors) {
 		c.QKVBias = *h.QKVBias
 	}
 	if h.ModelType == "glm4_moe" && opt(h.UseQKNorm, false) {
-		c.QKNorm = QKNormHead
+		c.QKNorm = moe.QKNormHead
 	}
 }
 
 // denseFFN fills the dense layers' FFN width: every type but mixtral and
 // olmoe (whose intermediate_size is the expert width) reads
 // intermediate_size.
-func (h *hfConfig) denseFFN(c *Config, e *hfErrors) {
+func (h *configJSON) denseFFN(c *moe.Config, e *hfErrors) {
 	switch h.ModelType {
 	case "mixtral", "olmoe":
 	default:
@@ -359,7 +361,7 @@ func (h *hfConfig) denseFFN(c *Config, e *hfErrors) {
 }
 
 // experts fills experts, routing, the aux loss and the MoE/dense layer pattern.
-func (h *hfConfig) experts(c *Config, def hfDefault, layersOK bool, e *hfErrors) {
+func (h *configJSON) experts(c *moe.Config, def hfDefault, layersOK bool, e *hfErrors) {
 	c.NormTopK = opt(h.NormTopKProb, def.normTopK)
 	c.AuxLossCoef = opt(h.RouterAuxLossCoef, def.auxCoef)
 	c.OutputRouterLogits = opt(h.OutputRouterLogits, false)
@@ -375,7 +377,7 @@ func (h *hfConfig) experts(c *Config, def hfDefault, layersOK bool, e *hfErrors)
 		// MixtralDecoderLayer.block_sparse_moe holds MixtralBlockSparseTop2MLP
 		// experts with w2(silu(w1(x))·w3(x)) (modeling_mixtral.py,
 		// transformers commit 00d4b3d2).
-		c.Names = TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
+		c.Names = moe.TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	case "olmoe":
 		c.Experts = e.req("num_experts", h.NumExperts)
 		c.ExpertFFN = e.req("intermediate_size", h.IntermediateSize)
@@ -396,7 +398,7 @@ func (h *hfConfig) experts(c *Config, def hfDefault, layersOK bool, e *hfErrors)
 
 // moeQwen fills Qwen3-MoE's and Qwen2-MoE's experts; the result says which
 // layers are MoE.
-func (h *hfConfig) moeQwen(c *Config, layersOK bool, e *hfErrors) func(int) bool {
+func (h *configJSON) moeQwen(c *moe.Config, layersOK bool, e *hfErrors) func(int) bool {
 	// Qwen*MoeDecoderLayer: MoE when the layer is not in mlp_only_layers
 	// and num_experts > 0 and (i+1) % decoder_sparse_step == 0.
 	c.Experts = e.req("num_experts", h.NumExperts)
@@ -428,7 +430,7 @@ func (h *hfConfig) moeQwen(c *Config, layersOK bool, e *hfErrors) func(int) bool
 
 // moeDeepseek fills DeepSeek-MoE's experts, routing and aux loss; the
 // result says which layers are MoE.
-func (h *hfConfig) moeDeepseek(c *Config, def hfDefault, e *hfErrors) func(int) bool {
+func (h *configJSON) moeDeepseek(c *moe.Config, def hfDefault, e *hfErrors) func(int) bool {
 	// modeling_deepseek.py: DeepseekMoE when n_routed_experts is set and
 	// i ≥ first_k_dense_replace and i % moe_layer_freq == 0; shared
 	// experts are one DeepseekMLP of moe_intermediate_size·n_shared_experts.
@@ -462,7 +464,7 @@ func (h *hfConfig) moeDeepseek(c *Config, def hfDefault, e *hfErrors) func(int) 
 
 // moeGLM fills GLM-4.5's experts and routing; the result says which layers
 // are MoE.
-func (h *hfConfig) moeGLM(c *Config, def hfDefault, e *hfErrors) func(int) bool {
+func (h *configJSON) moeGLM(c *moe.Config, def hfDefault, e *hfErrors) func(int) bool {
 	// Glm4MoeDecoderLayer: MoE from first_k_dense_replace on; a sigmoid
 	// Glm4MoeTopkRouter with e_score_correction_bias, grouped top-k and
 	// routed_scaling_factor; shared experts as one MLP of
@@ -472,7 +474,7 @@ func (h *hfConfig) moeGLM(c *Config, def hfDefault, e *hfErrors) func(int) bool 
 	if s := opt(h.NSharedExperts, 1); s > 0 {
 		c.SharedExperts, c.SharedFFN = s, c.ExpertFFN
 	}
-	c.Score, c.SelectionBias = Sigmoid, true
+	c.Score, c.SelectionBias = moe.Sigmoid, true
 	c.NormTopKEps = 1e-20      // Glm4MoeMoE.route_tokens_to_experts
 	c.IgnoreExtraLayers = true // the MTP block (skippedByHF in weights.go)
 	c.RoutedScale = opt(h.RoutedScalingFactor, 1)
@@ -486,7 +488,7 @@ func (h *hfConfig) moeGLM(c *Config, def hfDefault, e *hfErrors) func(int) bool 
 // windows fills the per-layer attention window: layer_types when given
 // (transformers ≥ 4.53), else Qwen's use_sliding_window with layers from
 // max_window_layers on sliding, else Mixtral's sliding_window on every layer.
-func (h *hfConfig) windows(c *Config) error {
+func (h *configJSON) windows(c *moe.Config) error {
 	w := 0
 	if h.SlidingWindow != nil {
 		w = *h.SlidingWindow
@@ -542,9 +544,9 @@ func (h *hfConfig) windows(c *Config) error {
 // Load returns a built-in model by name (see Builtins) or reads a
 // config.json from a path. An unknown name that is no readable file is an
 // error listing the built-ins.
-func Load(nameOrPath string) (*Config, error) {
+func Load(nameOrPath string) (*moe.Config, error) {
 	if data, ok := builtinJSON(nameOrPath); ok {
-		return ParseHF(data, nameOrPath)
+		return ParseConfig(data, nameOrPath)
 	}
 	data, err := readConfigFile(nameOrPath)
 	if err != nil {
@@ -553,7 +555,7 @@ func Load(nameOrPath string) (*Config, error) {
 		}
 		return nil, fmt.Errorf("model %q: %w", nameOrPath, err)
 	}
-	return ParseHF(data, nameOrPath)
+	return ParseConfig(data, nameOrPath)
 }
 
 // maxConfigBytes bounds a config.json read from disk: real ones are a few

@@ -1,4 +1,4 @@
-package moe
+package hf
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/safetensors"
 )
 
@@ -200,7 +201,7 @@ func listNames(names []string) string {
 // tensor missing, none extra (except those transformers itself skips, see
 // skippedByHF), every shape equal, every dtype floating point. All problems
 // are reported at once.
-func (c *Checkpoint) CheckParams(cfg *Config) error {
+func (c *Checkpoint) CheckParams(cfg *moe.Config) error {
 	ps := cfg.Params()
 	want := make(map[string]bool, len(ps))
 	var missing, extra []string
@@ -249,7 +250,7 @@ func (c *Checkpoint) CheckParams(cfg *Config) error {
 // commit 000c33fd). Here any layer index ≥ num_hidden_layers is skipped
 // when cfg.IgnoreExtraLayers (set for glm4_moe). Every other tensor outside
 // the model is an error.
-func skippedByHF(cfg *Config, name string) bool {
+func skippedByHF(cfg *moe.Config, name string) bool {
 	if !cfg.IgnoreExtraLayers {
 		return false
 	}
@@ -278,7 +279,7 @@ func equalShape(a, b []int) bool {
 // converted to T, in cfg.Params() order: out[i] is the row-major data of
 // cfg.Params()[i]. The checkpoint must hold exactly those tensors
 // (CheckParams).
-func LoadParams[T float32 | float64](path string, cfg *Config) ([][]T, error) {
+func LoadParams[T float32 | float64](path string, cfg *moe.Config) ([][]T, error) {
 	c, err := OpenCheckpoint(path)
 	if err != nil {
 		return nil, err
@@ -312,7 +313,7 @@ func LoadParams[T float32 | float64](path string, cfg *Config) ([][]T, error) {
 // SaveParams writes tensors in cfg.Params() order (data[i] belongs to
 // cfg.Params()[i]) to a single safetensors file at path, as F32 or BF16,
 // atomically; an existing file is replaced only when force is set.
-func SaveParams[T float32 | float64](path string, cfg *Config, data [][]T, dtype DType, force bool) error {
+func SaveParams[T float32 | float64](path string, cfg *moe.Config, data [][]T, dtype moe.DType, force bool) error {
 	ps := cfg.Params()
 	if len(data) != len(ps) {
 		return fmt.Errorf("save %s: %d tensors given, the model (%s) has %d", path, len(data), cfg.ModelType, len(ps))
@@ -336,9 +337,9 @@ func SaveParams[T float32 | float64](path string, cfg *Config, data [][]T, dtype
 	}
 	var name string
 	switch dtype {
-	case F32:
+	case moe.F32:
 		name = "F32"
-	case BF16:
+	case moe.BF16:
 		name = "BF16"
 	default:
 		return fmt.Errorf("save %s: cannot write dtype %q (f32 or bf16)", path, dtype)

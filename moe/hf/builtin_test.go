@@ -1,20 +1,22 @@
-package moe
+package hf
 
 import (
 	"math"
 	"reflect"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // countParams sums the trained tensors of c.Params(): total, and active
 // with only TopK experts of each MoE layer.
-func countParams(c *Config) (total, active int64) {
+func countParams(c *moe.Config) (total, active int64) {
 	for _, p := range c.Params() {
 		if p.Buffer {
 			continue
 		}
 		total += p.Elements()
-		if p.Group != GroupRouted || p.Expert < c.TopK {
+		if p.Group != moe.GroupRouted || p.Expert < c.TopK {
 			active += p.Elements()
 		}
 	}
@@ -105,8 +107,8 @@ func TestBuiltinStructure(t *testing.T) {
 		}
 	}
 	glm, _ := Load("glm-4.5-air")
-	if glm.MoELayer[0] || !glm.MoELayer[1] || glm.MoELayers() != 45 || glm.Score != Sigmoid || !glm.SelectionBias ||
-		glm.RotaryDim() != 64 || !glm.QKVBias || glm.QKNorm != QKNormNone || glm.SharedExperts != 1 || glm.SharedFFN != 1408 || glm.SharedGated {
+	if glm.MoELayer[0] || !glm.MoELayer[1] || glm.MoELayers() != 45 || glm.Score != moe.Sigmoid || !glm.SelectionBias ||
+		glm.RotaryDim() != 64 || !glm.QKVBias || glm.QKNorm != moe.QKNormNone || glm.SharedExperts != 1 || glm.SharedFFN != 1408 || glm.SharedGated {
 		t.Errorf("glm-4.5-air normalized wrongly: %+v", glm)
 	}
 	ds, _ := Load("deepseek-moe-16b")
@@ -119,11 +121,11 @@ func TestBuiltinStructure(t *testing.T) {
 		t.Errorf("mixtral normalized wrongly: %+v", mx)
 	}
 	ol, _ := Load("olmoe-1b-7b")
-	if ol.QKNorm != QKNormFull || ol.NormTopK || ol.AuxLossCoef != 0.01 {
+	if ol.QKNorm != moe.QKNormFull || ol.NormTopK || ol.AuxLossCoef != 0.01 {
 		t.Errorf("olmoe normalized wrongly: %+v", ol)
 	}
 	q, _ := Load("qwen3-30b-a3b")
-	if q.QKNorm != QKNormHead || !q.NormTopK || q.NormEps != 1e-6 || q.OutputRouterLogits {
+	if q.QKNorm != moe.QKNormHead || !q.NormTopK || q.NormEps != 1e-6 || q.OutputRouterLogits {
 		t.Errorf("qwen3 normalized wrongly: %+v", q)
 	}
 	tiny, _ := Load("tiny")

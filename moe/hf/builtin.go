@@ -1,4 +1,4 @@
-package moe
+package hf
 
 import (
 	"embed"

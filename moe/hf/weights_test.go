@@ -1,4 +1,4 @@
-package moe
+package hf
 
 import (
 	"bytes"
@@ -10,11 +10,12 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/safetensors"
 )
 
 // torchrefDir is where testdata/torchref/torchref.py writes its references.
-const torchrefDir = "../testdata/torchref"
+const torchrefDir = "../../testdata/torchref"
 
 // torchrefConfigs lists the reference configurations the script writes.
 var torchrefConfigs = []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "deepseek"}
@@ -98,11 +99,11 @@ func TestCheckpointSharded(t *testing.T) {
 }
 
 // stTinyConfig is a small valid qwen3_moe config built by hand.
-func stTinyConfig() *Config {
-	return &Config{
+func stTinyConfig() *moe.Config {
+	return &moe.Config{
 		ModelType: "qwen3_moe", Vocab: 8, Hidden: 4, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 2,
 		DenseFFN: 6, MoELayer: []bool{false, true}, Window: []int{0, 0}, Experts: 2, TopK: 1, ExpertFFN: 3,
-		Score: Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, QKNorm: QKNormHead, RotaryFraction: 1,
+		Score: moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, QKNorm: moe.QKNormHead, RotaryFraction: 1,
 		RopeTheta: 10000, NormEps: 1e-6, InitRange: 0.02,
 	}
 }
@@ -122,7 +123,7 @@ func TestSaveLoadParams(t *testing.T) {
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "w.safetensors")
-	for _, dt := range []DType{F32, BF16} {
+	for _, dt := range []moe.DType{moe.F32, moe.BF16} {
 		if err := SaveParams(path, cfg, data, dt, true); err != nil {
 			t.Fatal(err)
 		}
@@ -138,14 +139,14 @@ func TestSaveLoadParams(t *testing.T) {
 			}
 		}
 	}
-	if err := SaveParams(path, cfg, data, F32, false); !errors.Is(err, fileio.ErrExists) {
+	if err := SaveParams(path, cfg, data, moe.F32, false); !errors.Is(err, fileio.ErrExists) {
 		t.Errorf("overwrite without force: %v", err)
 	}
 
 	// The same file read against a different model: every problem at once.
 	other := stTinyConfig()
 	other.ModelType = "mixtral" // expert names w1/w2/w3, router under block_sparse_moe
-	other.Names = TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
+	other.Names = moe.TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
 	other.Hidden = 6
 	other.HeadDim = 3
 	_, err := LoadParams[float32](path, other)
@@ -157,7 +158,7 @@ func TestSaveLoadParams(t *testing.T) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
 	}
-	if err := SaveParams(path, cfg, data[:3], F32, true); err == nil {
+	if err := SaveParams(path, cfg, data[:3], moe.F32, true); err == nil {
 		t.Error("saving too few tensors succeeded")
 	}
 }
@@ -204,7 +205,7 @@ func TestCheckParamsMTPLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		cfg   *Config
+		cfg   *moe.Config
 		extra string
 		ok    bool
 	}{
