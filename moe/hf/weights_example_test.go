@@ -1,4 +1,4 @@
-package moe_test
+package hf_test
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 // shards, as transformers writes it) for its config.json; the tensors come
 // back in Config.Params() order, ready for Model.SetTensors.
 func ExampleLoadParams() {
-	dir := filepath.Join("..", "testdata", "torchref", "moe")
+	dir := filepath.Join("..", "..", "testdata", "torchref", "moe")
 	cfg, err := hf.Load(filepath.Join(dir, "config.json"))
 	if err != nil {
 		fmt.Println(err)
