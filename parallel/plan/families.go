@@ -1,0 +1,266 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// family is a point without its local batch and accumulation: the unit
+// the stages carry forward.
+type family struct {
+	layout moe.Layout
+	ac     moe.AC
+}
+
+func (r *Request) withDefaults() (Request, error) {
+	q := *r
+	var errs []error
+	if q.GPUs < 1 || q.GPUs > 1<<20 {
+		errs = append(errs, moe.FieldError{Field: "gpus", Value: q.GPUs, Allowed: "must be in [1, 1048576]"})
+	}
+	if q.GPUsPerNode < 0 || q.GPUsPerNode > 1<<20 {
+		errs = append(errs, moe.FieldError{Field: "gpus_per_node", Value: q.GPUsPerNode, Allowed: "must be in [1, 1048576] (0 = 8)"})
+	}
+	if !(q.MemoryTarget > 0 && q.MemoryTarget <= 1) {
+		errs = append(errs, moe.FieldError{Field: "memory_target", Value: q.MemoryTarget, Allowed: "must be in (0, 1]"})
+	}
+	if q.GlobalBatch < 0 || q.GlobalBatch > 1<<40 {
+		errs = append(errs, moe.FieldError{Field: "global_batch", Value: q.GlobalBatch, Allowed: "must be in [1, 1099511627776] sequences (0 = free)"})
+	}
+	if q.Experts < 0 {
+		errs = append(errs, moe.FieldError{Field: "experts", Value: q.Experts, Allowed: "must be ≥ 0"})
+	}
+	if q.MaxLBS < 0 || q.MaxLBS > 1<<16 {
+		errs = append(errs, moe.FieldError{Field: "max_lbs", Value: q.MaxLBS, Allowed: "must be in [1, 65536] (0 = 256)"})
+	}
+	if q.Carry < 0 {
+		errs = append(errs, moe.FieldError{Field: "carry", Value: q.Carry, Allowed: "must be ≥ 1 (0 = 8)"})
+	}
+	if len(errs) > 0 {
+		return q, errors.Join(errs...)
+	}
+	if q.GPUsPerNode == 0 {
+		q.GPUsPerNode = 8
+	}
+	if q.MaxLBS == 0 {
+		q.MaxLBS = 256
+	}
+	if q.Carry == 0 {
+		q.Carry = 8
+	}
+	if q.Workers <= 0 {
+		q.Workers = runtime.GOMAXPROCS(0)
+	}
+	if len(q.ACs) == 0 {
+		q.ACs = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
+	}
+	if len(q.Shardings) == 0 {
+		q.Shardings = []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
+	}
+	if q.GlobalBatch > 0 {
+		if q.GlobalBatch < q.GPUs || q.GlobalBatch%q.GPUs != 0 {
+			return q, &InfeasibleError{GPUs: q.GPUs,
+				Reason: fmt.Sprintf("global batch %d sequences is not a multiple of the data-parallel degree %d (every layout here has dp = gpus)", q.GlobalBatch, q.GPUs),
+				Needed: fmt.Sprintf("a global batch that is a positive multiple of %d, e.g. %d", q.GPUs, roundUp(q.GlobalBatch, q.GPUs))}
+		}
+	}
+	return q, nil
+}
+
+// roundUp rounds x up to a positive multiple of m.
+func roundUp(x, m int) int {
+	if x <= 0 {
+		return m
+	}
+	return (x + m - 1) / m * m
+}
+
+// divisorsOf lists the divisors of n in increasing order.
+func divisorsOf(n int) []int {
+	var small, large []int
+	for d := 1; d*d <= n; d++ {
+		if n%d == 0 {
+			small = append(small, d)
+			if d*d != n {
+				large = append(large, n/d)
+			}
+		}
+	}
+	for i := len(large) - 1; i >= 0; i-- {
+		small = append(small, large[i])
+	}
+	return small
+}
+
+// stageScales returns the GPU counts of the stages: the first is the
+// smallest of one host, two hosts, four hosts… (a divisor of the target)
+// at which feasible reports a fit; each later one multiplies the previous
+// by the product of the target's remaining prime factors taken until it
+// reaches at least 4 (×4 per stage for powers of two), ending at the target.
+func stageScales(gpus, perNode int, feasible func(n int) bool) []int {
+	first := gpus
+	for n := perNode; n < gpus; n *= 2 {
+		if gpus%n == 0 && feasible(n) {
+			first = n
+			break
+		}
+	}
+	if gpus < perNode {
+		first = gpus
+	}
+	scales := []int{first}
+	rest := gpus / first
+	var primes []int
+	for p := 2; p*p <= rest; p++ {
+		for rest%p == 0 {
+			primes = append(primes, p)
+			rest /= p
+		}
+	}
+	if rest > 1 {
+		primes = append(primes, rest)
+	}
+	n, f := first, 1
+	for i, p := range primes {
+		f *= p
+		if f >= 4 || i == len(primes)-1 {
+			n *= f
+			scales = append(scales, n)
+			f = 1
+		}
+	}
+	return scales
+}
+
+// shardVariants are the sharding modes and FSDP options tried for a
+// layout. Options only exist where they change something: reshard-after-
+// forward for fsdp with dp_shard > 1; keep-gathered (fsdp) and all-reduce on
+// the last micro-step only (dp_replicate > 1) only with accumulation.
+func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
+	var out []moe.Layout
+	if base.DPShard == 1 {
+		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, true
+		out = append(out, base)
+	} else {
+		for _, s := range q.Shardings {
+			l := base
+			l.Sharding, l.ReshardAfterForward = s, true
+			out = append(out, l)
+			if s == moe.ShardFSDP {
+				l.ReshardAfterForward = false
+				out = append(out, l)
+				if accum {
+					l.ReshardAfterForward, l.KeepGathered = true, true
+					out = append(out, l)
+				}
+			}
+		}
+	}
+	if accum && base.DPReplicate > 1 {
+		for _, l := range out {
+			l.AllreduceLastOnly = true
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// redundant reports a layout that is another one under a second name:
+// DDP without expert parallelism shards nothing along dp_shard, so every
+// split of the GPUs is the layout with dp_shard 1 and dp_replicate = gpus,
+// which the search enumerates as such.
+func redundant(l moe.Layout) bool {
+	return l.Sharding == moe.ShardDDP && l.EP == 1 && l.DPShard > 1
+}
+
+// enumerateFamilies enumerates every family at n GPUs.
+func (q *Request) enumerateFamilies(n int, accum bool) []family {
+	var fams []family
+	for _, r := range divisorsOf(n) {
+		s := n / r
+		for _, ep := range divisorsOf(s) {
+			if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
+				continue
+			}
+			base := moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}
+			for _, l := range q.shardVariants(base, accum) {
+				if redundant(l) {
+					continue
+				}
+				for _, ac := range q.ACs {
+					fams = append(fams, family{l, ac})
+				}
+			}
+		}
+	}
+	return fams
+}
+
+// growth names how layout b grew from a.
+func growth(a, b moe.Layout) string {
+	var parts []string
+	if b.DPShard != a.DPShard {
+		parts = append(parts, fmt.Sprintf("dp_shard ×%d", b.DPShard/a.DPShard))
+	}
+	if b.DPReplicate != a.DPReplicate {
+		parts = append(parts, fmt.Sprintf("dp_replicate ×%d", b.DPReplicate/a.DPReplicate))
+	}
+	if b.EP != a.EP {
+		parts = append(parts, fmt.Sprintf("ep ×%d", b.EP/a.EP))
+	}
+	if len(parts) == 0 {
+		return "unchanged"
+	}
+	s := parts[0]
+	for _, p := range parts[1:] {
+		s += ", " + p
+	}
+	return s
+}
+
+// growFamilies multiplies carried families to n GPUs: every split of the factor
+// f = n / previous into a·b grows dp_replicate by a and dp_shard by b (b = f
+// is growing FSDP alone, a = f DP alone); ep stays or grows with dp_shard by
+// b; the FSDP options are tried afresh. ancestor maps each new family to the carried layout it came from.
+func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, map[family]moe.Layout) {
+	seen := map[family]bool{}
+	ancestor := map[family]moe.Layout{}
+	var out []family
+	for _, c := range carried {
+		old := c.Point.Layout
+		f := n / old.GPUs
+		for _, b := range divisorsOf(f) {
+			a := f / b
+			s, r := old.DPShard*b, old.DPReplicate*a
+			for _, ep := range []int{old.EP, old.EP * b} {
+				if s%ep != 0 || (ep > 1 && (q.Experts == 0 || q.Experts%ep != 0)) {
+					continue
+				}
+				base := old
+				base.GPUs, base.DPShard, base.DPReplicate, base.EP = n, s, r, ep
+				base.KeepGathered, base.AllreduceLastOnly = false, false
+				// The carried sharding mode with every FSDP option (an
+				// option that did not fit on fewer GPUs may fit now); a
+				// layout that had nothing to shard gains every mode.
+				var vars []moe.Layout
+				for _, l := range q.shardVariants(base, accum) {
+					if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {
+						vars = append(vars, l)
+					}
+				}
+				for _, l := range vars {
+					fam := family{l, c.Point.AC}
+					if !seen[fam] {
+						seen[fam] = true
+						ancestor[fam] = old
+						out = append(out, fam)
+					}
+				}
+			}
+		}
+	}
+	return out, ancestor
+}

@@ -1,0 +1,224 @@
+package plan
+
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Search runs the planner: hierarchical stages by default, or one
+// exhaustive stage at the target scale when req.Exhaustive is set.
+func Search(req Request, ev Evaluator) (*Report, error) {
+	q, err := req.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	perRank := 0
+	if q.GlobalBatch > 0 {
+		perRank = q.GlobalBatch / q.GPUs
+	}
+	if q.Exhaustive {
+		return q.exhaustive(ev, perRank)
+	}
+	return q.hierarchical(ev, perRank)
+}
+
+// exhaustive evaluates every family and local batch at the target scale in
+// one stage.
+func (q *Request) exhaustive(ev Evaluator, perRank int) (*Report, error) {
+	rep := &Report{Exhaustive: true}
+	run := &stageRun{q: q, ev: ev, stage: 1, perRank: perRank, all: true}
+	res, st, closest, err := run.run(q.enumerateFamilies(q.GPUs, perRank > 0))
+	if err != nil {
+		return nil, err
+	}
+	st.GPUs = q.GPUs
+	rep.Simulated += st.Simulated
+	if len(res) == 0 {
+		return nil, q.explain(ev, q.GPUs, closest)
+	}
+	st.Survivors = bestPerFamily(res)
+	st.BestTPS, st.ScalingEfficiency = res[0].Score.TPS, 1
+	rep.Stages = []Stage{st}
+	rep.Plans, rep.Best = res, res[0]
+	return rep, nil
+}
+
+// hierarchical is the seed study's method: evaluate at the smallest scale
+// at which anything fits, carry the best families, grow them stage by stage
+// to the target.
+func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
+	scales, err := q.probeScales(ev)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{}
+	var carried []Result // best per family at the previous stage
+	for i, n := range scales {
+		last := i == len(scales)-1
+		pr := 0
+		if last {
+			pr = perRank
+		}
+		var fams []family
+		ancestor := map[family]moe.Layout{}
+		if i == 0 {
+			fams = q.enumerateFamilies(n, pr > 0)
+		} else {
+			fams, ancestor = q.growFamilies(carried, n, pr > 0)
+		}
+		sq := *q
+		if !last && perRank > 0 && perRank < sq.MaxLBS {
+			// No local batch above the per-rank share of the global batch
+			// is usable at the target, so earlier stages do not rank by it.
+			sq.MaxLBS = perRank
+		}
+		// TPS grows with the local batch (larger GEMMs, communication
+		// amortized over more tokens), so a family is ranked at its
+		// largest fitting lbs; the exhaustive mode tries every one (and
+		// the checks compare the two).
+		run := &stageRun{q: &sq, ev: ev, stage: i + 1, perRank: pr, keep: 1}
+		res, st, closest, err := run.run(fams)
+		if err != nil {
+			return nil, err
+		}
+		st.GPUs = n
+		rep.Simulated += st.Simulated
+		if len(res) == 0 {
+			return nil, q.explain(ev, n, closest)
+		}
+		best := bestPerFamily(res)
+		st.BestTPS = res[0].Score.TPS
+		if i == 0 {
+			st.ScalingEfficiency = 1
+			sw, nsim, err := sq.lbsSweeps(ev, best)
+			if err != nil {
+				return nil, err
+			}
+			rep.Sweeps, rep.Simulated = sw, rep.Simulated+nsim
+		} else {
+			st.ScalingEfficiency = st.BestTPS / rep.Stages[0].BestTPS
+			if a, ok := ancestor[family{res[0].Point.Layout, res[0].Point.AC}]; ok {
+				st.Grew = growth(a, res[0].Point.Layout)
+			}
+		}
+		if last {
+			st.Survivors = best
+			rep.Plans, rep.Best = res, res[0]
+		} else {
+			if len(best) > q.Carry {
+				best = best[:q.Carry]
+			}
+			st.Survivors = best
+			carried = best
+		}
+		rep.Stages = append(rep.Stages, st)
+	}
+	return rep, nil
+}
+
+// probeScales lists the stage scales: the first is the smallest host
+// multiple at which some family fits at local batch 1.
+func (q *Request) probeScales(ev Evaluator) ([]int, error) {
+	var probeErr error
+	scales := stageScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
+		for _, f := range q.enumerateFamilies(n, false) {
+			m, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
+			if err != nil {
+				probeErr = err
+				return false
+			}
+			if m <= q.MemoryTarget {
+				return true
+			}
+		}
+		return false
+	})
+	return scales, probeErr
+}
+
+// lbsSweeps evaluates, for the best stage-1 family of each checkpointing
+// policy, local batches from 1 to its memory limit (every one up to 8,
+// else 8 evenly spread and the limit), for the TPS-and-memory-against-
+// local-batch picture.
+func (q *Request) lbsSweeps(ev Evaluator, best []Result) ([]Sweep, int, error) {
+	var sweeps []Sweep
+	sim := 0
+	for _, ac := range q.ACs {
+		var fam *Result
+		for i := range best {
+			if best[i].Point.AC == ac {
+				fam = &best[i]
+				break
+			}
+		}
+		if fam == nil {
+			continue
+		}
+		f := family{fam.Point.Layout, ac}
+		max, _, err := q.sizeByMemory(ev, f, 0)
+		if err != nil {
+			return nil, sim, err
+		}
+		step := (max + 7) / 8
+		var pts []Point
+		for lbs := 1; lbs <= max; lbs += step {
+			pts = append(pts, Point{f.layout, ac, lbs, 1})
+		}
+		if len(pts) > 0 && pts[len(pts)-1].LBS != max {
+			pts = append(pts, Point{f.layout, ac, max, 1})
+		}
+		res, err := evaluateAll(ev, pts, q.Workers, nil)
+		if err != nil {
+			return nil, sim, err
+		}
+		sim += len(pts)
+		sweeps = append(sweeps, Sweep{AC: ac, Points: res})
+	}
+	return sweeps, sim, nil
+}
+
+// explain builds the infeasibility explanation at n GPUs: the closest
+// point and, by memory alone, the smallest multiple of the GPU count (up to
+// 64×) at which a layout would fit, or the memory target that would be needed.
+func (q *Request) explain(ev Evaluator, n int, closest *Result) error {
+	e := &InfeasibleError{GPUs: n, Closest: closest}
+	if closest == nil {
+		e.Reason = "no layout passes the filters"
+		return e
+	}
+	if closest.Score.MemoryFraction <= q.MemoryTarget {
+		e.Reason = "no fitting layout can reach the global batch or be exported"
+		if q.GlobalBatch > 0 {
+			e.Needed = fmt.Sprintf("a global batch whose per-GPU share (%d sequences) a fitting local batch divides, or no export restriction", q.GlobalBatch/q.GPUs)
+		}
+		return e
+	}
+	e.Reason = fmt.Sprintf("even local batch 1 exceeds the memory target %g", q.MemoryTarget)
+	for mult := 2; mult <= 64 && n*mult <= 1<<20; mult *= 2 {
+		m := n * mult
+		for _, f := range q.enumerateFamilies(m, false) {
+			if f.layout.DPReplicate != 1 {
+				continue
+			}
+			fr, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
+			if err == nil && fr <= q.MemoryTarget {
+				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",
+					m, Point{f.layout, f.ac, 1, 1}, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+				return e
+			}
+		}
+	}
+	e.Needed = fmt.Sprintf("more than %d GPUs, or %s", 64*n, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+	return e
+}
+
+// moreMemory says what memory the closest point (at fraction frac of
+// the device) would need under target: a higher target when frac ≤ 1,
+// else a device with frac/target times the memory.
+func moreMemory(frac, target float64) string {
+	if frac <= 1 {
+		return fmt.Sprintf("a memory target ≥ %.4g", frac)
+	}
+	return fmt.Sprintf("a device with ≥ %.2f× this one's memory", frac/target)
+}

@@ -1,0 +1,315 @@
+package plan
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+)
+
+// place is what the search knows about a family at one scale before
+// simulating: its largest local batch within the memory target.
+type place struct {
+	fam     family
+	maxLBS  int
+	minFrac float64 // memory fraction at lbs 1 (for explanations)
+}
+
+// sizeByMemory finds the largest lbs ≤ q.MaxLBS whose memory fraction is
+// within the target; 0 when even lbs 1 does not fit. MemoryFraction is
+// non-decreasing in lbs and close to affine (state + activations ∝ lbs), so
+// the limit is first guessed from the slope between lbs 1 and 2 and the
+// guess and its neighbour checked (four evaluations when memory is affine);
+// any remaining bracket is closed by doubling and bisection, which needs
+// monotonicity only. perRank > 0 (sequences per rank per step) sets
+// grad_accum = ⌈perRank / lbs⌉, else 1.
+func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float64, error) {
+	fits := func(lbs int) (bool, float64, error) {
+		ga := 1
+		if perRank > 0 {
+			ga = (perRank + lbs - 1) / lbs
+		}
+		m, err := ev.MemoryFraction(Point{f.layout, f.ac, lbs, ga})
+		return err == nil && m <= q.MemoryTarget, m, err
+	}
+	ok, m1, err := fits(1)
+	if err != nil || !ok || q.MaxLBS == 1 {
+		return map[bool]int{true: 1, false: 0}[ok && err == nil], m1, err
+	}
+	ok, m2, err := fits(2)
+	if err != nil || !ok {
+		return 1, m1, err
+	}
+	// lo fits; hi does not, or is MaxLBS+1 (nothing known above MaxLBS).
+	lo, hi := 2, q.MaxLBS+1
+	probe := func(lbs int) error {
+		ok, _, err := fits(lbs)
+		if ok {
+			lo = lbs
+		} else {
+			hi = lbs
+		}
+		return err
+	}
+	if slope := m2 - m1; slope > 0 {
+		g := 2 + int((q.MemoryTarget-m2)/slope)
+		if g > lo && g < hi {
+			if err := probe(g); err != nil {
+				return 0, m1, err
+			}
+			if lo == g && g+1 < hi {
+				err = probe(g + 1)
+			} else if hi == g && g-1 > lo {
+				err = probe(g - 1)
+			}
+			if err != nil {
+				return 0, m1, err
+			}
+		}
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if hi == q.MaxLBS+1 {
+			mid = min(2*lo, q.MaxLBS) // gallop: no upper bound known yet
+		}
+		if err := probe(mid); err != nil {
+			return 0, m1, err
+		}
+	}
+	return lo, m1, nil
+}
+
+// lbsChoices are the local batches simulated for a family whose memory
+// limit is max: every power of two below max and max itself (all of 1..max
+// when all is set). With a global batch, only divisors of perRank (the
+// sequences each rank must consume per step) qualify, grad_accum =
+// perRank / lbs; keep limits the choice to the largest ones.
+func lbsChoices(max, perRank int, all bool, keep int) [][2]int {
+	var out [][2]int
+	add := func(lbs int) {
+		if perRank > 0 {
+			if perRank%lbs != 0 {
+				return
+			}
+			out = append(out, [2]int{lbs, perRank / lbs})
+			return
+		}
+		out = append(out, [2]int{lbs, 1})
+	}
+	if perRank > 0 && max > perRank {
+		max = perRank
+	}
+	for lbs := 1; lbs <= max; lbs++ {
+		if all || perRank > 0 || lbs&(lbs-1) == 0 || lbs == max {
+			add(lbs)
+		}
+	}
+	if perRank > 0 && !all && len(out) > 0 {
+		// With a global batch, the powers-of-two rule becomes: the
+		// largest divisors, plus halvings, bounded like the free case.
+		var sel [][2]int
+		for i := len(out) - 1; i >= 0 && len(sel) < 1+floorLog2(max); i-- {
+			sel = append(sel, out[i])
+		}
+		out = sel
+		sort.Slice(out, func(i, j int) bool { return out[i][0] < out[j][0] })
+	}
+	if keep > 0 && len(out) > keep {
+		out = out[len(out)-keep:]
+	}
+	return out
+}
+
+func floorLog2(n int) int {
+	k := 0
+	for n > 1 {
+		n >>= 1
+		k++
+	}
+	return k
+}
+
+// stageRun evaluates families at one scale: it sizes each by memory,
+// prunes those that do not fit, and simulates the chosen local batches.
+type stageRun struct {
+	q       *Request
+	ev      Evaluator
+	stage   int
+	perRank int // sequences per rank per step at this scale (0 = free)
+	all     bool
+	keep    int
+}
+
+func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Result, err error) {
+	q := s.q
+	ga1 := max(1, s.perRank) // grad_accum at lbs 1
+	// Families the caller cannot use are dropped before anything is
+	// evaluated (Admit does not depend on the local batch).
+	var usable []family
+	for _, f := range fams {
+		st.GPUs = f.layout.GPUs
+		if q.Admit != nil && q.Admit(Point{f.layout, f.ac, 1, ga1}) != nil {
+			st.Candidates++
+			st.Pruned++
+			continue
+		}
+		usable = append(usable, f)
+	}
+	// Size every family by memory, in parallel.
+	type sized struct {
+		maxLBS int
+		m1     float64
+	}
+	sizes := make([]sized, len(usable))
+	err = parallelDo(len(usable), q.Workers, func(i int) error {
+		var err error
+		sizes[i].maxLBS, sizes[i].m1, err = q.sizeByMemory(s.ev, usable[i], s.perRank)
+		return err
+	})
+	if err != nil {
+		return nil, st, nil, err
+	}
+	var points []Point
+	for i, f := range usable {
+		maxLBS, m1 := sizes[i].maxLBS, sizes[i].m1
+		if maxLBS == 0 {
+			st.Candidates++
+			st.Pruned++
+			if closest == nil || m1 < closest.Score.MemoryFraction {
+				closest = &Result{Point{f.layout, f.ac, 1, ga1}, Score{MemoryFraction: m1}}
+			}
+			continue
+		}
+		choices := lbsChoices(maxLBS, s.perRank, s.all, s.keep)
+		for _, c := range choices {
+			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly) {
+				continue // without accumulation these options change nothing
+			}
+			p := Point{f.layout, f.ac, c[0], c[1]}
+			st.Candidates++
+			if q.Admit != nil && q.Admit(p) != nil {
+				st.Pruned++
+				continue
+			}
+			points = append(points, p)
+		}
+		if len(choices) == 0 { // a global batch no fitting lbs divides
+			st.Candidates++
+			st.Pruned++
+		}
+	}
+	results, err = evaluateAll(s.ev, points, q.Workers, func(done int) {
+		if q.Progress != nil {
+			q.Progress(s.stage, done, len(points))
+		}
+	})
+	if err != nil {
+		return nil, st, closest, err
+	}
+	st.Simulated = len(points)
+	kept := results[:0]
+	for _, r := range results {
+		if r.Score.MemoryFraction <= q.MemoryTarget && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
+			kept = append(kept, r)
+		} else if closest == nil || r.Score.MemoryFraction < closest.Score.MemoryFraction {
+			c := r
+			closest = &c
+		}
+	}
+	sortResults(kept)
+	return kept, st, closest, nil
+}
+
+// parallelDo runs do(0..n-1) on up to workers goroutines and returns
+// the error of the lowest index that failed.
+func parallelDo(n, workers int, do func(i int) error) error {
+	errs := make([]error, n)
+	var mu sync.Mutex
+	next := 0
+	var wg sync.WaitGroup
+	for w := 0; w < min(workers, n); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= n {
+					return
+				}
+				errs[i] = do(i)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evaluateAll evaluates points on workers goroutines, keeping order;
+// progress gets the number done after each.
+func evaluateAll(ev Evaluator, points []Point, workers int, progress func(done int)) ([]Result, error) {
+	out := make([]Result, len(points))
+	var mu sync.Mutex
+	done := 0
+	err := parallelDo(len(points), workers, func(i int) error {
+		sc, err := ev.Evaluate(points[i])
+		if err != nil {
+			return fmt.Errorf("evaluating %s: %w", points[i], err)
+		}
+		out[i] = Result{points[i], sc}
+		mu.Lock()
+		done++
+		if progress != nil {
+			progress(done)
+		}
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// sortResults orders results best first: higher TPS, then lower memory
+// fraction, then fewer replicas, smaller ep, smaller lbs (a deterministic
+// total order on distinct points).
+func sortResults(rs []Result) {
+	sort.SliceStable(rs, func(i, j int) bool {
+		a, b := rs[i], rs[j]
+		if a.Score.TPS != b.Score.TPS {
+			return a.Score.TPS > b.Score.TPS
+		}
+		if a.Score.MemoryFraction != b.Score.MemoryFraction {
+			return a.Score.MemoryFraction < b.Score.MemoryFraction
+		}
+		if a.Point.Layout.DPReplicate != b.Point.Layout.DPReplicate {
+			return a.Point.Layout.DPReplicate < b.Point.Layout.DPReplicate
+		}
+		if a.Point.Layout.EP != b.Point.Layout.EP {
+			return a.Point.Layout.EP < b.Point.Layout.EP
+		}
+		return a.Point.LBS < b.Point.LBS
+	})
+}
+
+// bestPerFamily keeps the best result of each family, best first.
+func bestPerFamily(rs []Result) []Result {
+	seen := map[family]bool{}
+	var out []Result
+	for _, r := range rs {
+		f := family{r.Point.Layout, r.Point.AC}
+		if !seen[f] {
+			seen[f] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
