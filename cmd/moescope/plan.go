@@ -120,8 +120,47 @@ type planArgs struct {
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
+	a, err := parsePlanArgs(stderr, args)
+	if err != nil {
+		return err
+	}
+	if err := a.checkOutputs(); err != nil {
+		return err
+	}
+	cfg, dev, cl, cal, err := a.load()
+	if err != nil {
+		return err
+	}
+	simEv := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
+	req := a.request(cfg, cl)
+	bar := newProgressBar(stderr)
+	if bar != nil {
+		req.Progress = bar.update
+	}
+	rep, err := plan.Search(req, planEvaluator(simEv))
+	bar.finish()
+	if err != nil {
+		return err // a plan.InfeasibleError explains itself; exit status 1
+	}
+
+	title := fmt.Sprintf("%s on %d × %s (%s, %d GPUs per host), seq %d, memory target %.2f", cfg.Name, a.gpus, dev.Name, cl.Name, cl.GPUsPerNode, a.seq, a.target)
+	if a.globalBatch > 0 {
+		title += fmt.Sprintf(", global batch %d sequences", a.globalBatch)
+	}
+	if a.jsonOut {
+		if err := planWriteJSON(stdout, a, cfg.Name, dev.Name, cl.Name, rep); err != nil {
+			return err
+		}
+	} else {
+		planWriteTable(stdout, title, rep, a.top, dev)
+	}
+	return a.writeFiles(stderr, title, rep, cfg, dev, simEv)
+}
+
+// parsePlanArgs reads and checks plan's flags.
+func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs := newFlags("plan", stderr)
-	var a planArgs
+	a := &planArgs{}
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
 	fs.StringVar(&a.gpu, "gpu", hw.DefaultDeviceName, "device from the registry")
 	fs.StringVar(&a.cluster, "cluster", "", "cluster name or JSON path (default: the GPU's usual cluster)")
@@ -142,8 +181,13 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
+	return a, a.validate()
+}
+
+// validate reports every out-of-range flag at once, as a usage error.
+func (a *planArgs) validate() error {
 	var errs []error
 	if a.model == "" {
 		errs = append(errs, fmt.Errorf("--model is required (built-in: %s, or a config.json path)", strings.Join(hf.Builtins(), ", ")))
@@ -175,7 +219,12 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %v", errUsage, errors.Join(errs...))
 	}
-	// Refuse before searching, not after.
+	return nil
+}
+
+// checkOutputs refuses, before searching, every output that could not be
+// written once the search is over.
+func (a *planArgs) checkOutputs() error {
 	if err := checkOutputs(a.force, output{"--torchtitan-toml", a.tomlPath}, output{"--torchtitan-py", a.pyPath}, output{"--trace", a.tracePath}); err != nil {
 		return err
 	}
@@ -197,35 +246,39 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
-	cfg, err := hf.Load(a.model)
-	if err != nil {
-		return fmt.Errorf("%w: --model: %v", errUsage, err)
+	return nil
+}
+
+// load resolves the model, device, cluster and calibration the flags name.
+func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *sim.Calibration, err error) {
+	if cfg, err = hf.Load(a.model); err != nil {
+		return nil, dev, nil, nil, fmt.Errorf("%w: --model: %v", errUsage, err)
 	}
-	dev, err := hw.LookupDevice(a.gpu)
-	if err != nil {
-		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
+	if dev, err = hw.LookupDevice(a.gpu); err != nil {
+		return nil, dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
 	}
 	clName := a.cluster
 	if clName == "" {
 		clName = hw.ClusterForGPU(dev.Name)
 	}
-	cl, err := hw.LoadCluster(clName)
-	if err != nil {
-		return fmt.Errorf("%w: --cluster: %v", errUsage, err)
+	if cl, err = hw.LoadCluster(clName); err != nil {
+		return nil, dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
 	}
 	if a.gpusPerNode > 0 {
 		c := cl.WithGPUsPerNode(a.gpusPerNode)
 		cl = &c
 	}
-	var cal *sim.Calibration
 	if a.calibration != "" {
 		if cal, err = readCalibration(a.calibration); err != nil {
-			return err
+			return nil, dev, nil, nil, err
 		}
 	}
-	sim := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
-	ev := planEvaluator(sim)
+	return cfg, dev, cl, cal, nil
+}
 
+// request is the search the flags ask for; an export narrows it to the
+// points torchtitan can run.
+func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
 		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive}
 	if cfg.IsMoE() {
@@ -248,28 +301,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			return nil
 		}
 	}
-	bar := newProgressBar(stderr)
-	if bar != nil {
-		req.Progress = bar.update
-	}
-	rep, err := plan.Search(req, ev)
-	bar.finish()
-	if err != nil {
-		return err // a PlanInfeasibleError explains itself; exit status 1
-	}
+	return req
+}
 
-	title := fmt.Sprintf("%s on %d × %s (%s, %d GPUs per host), seq %d, memory target %.2f", cfg.Name, a.gpus, dev.Name, cl.Name, cl.GPUsPerNode, a.seq, a.target)
-	if a.globalBatch > 0 {
-		title += fmt.Sprintf(", global batch %d sequences", a.globalBatch)
-	}
-	if a.jsonOut {
-		if err := planWriteJSON(stdout, &a, cfg.Name, dev.Name, cl.Name, rep); err != nil {
-			return err
-		}
-	} else {
-		planWriteTable(stdout, title, rep, a.top, dev)
-	}
-
+// writeFiles writes the exports, the trace and the plots the flags ask for.
+func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) error {
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
@@ -295,12 +331,8 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if a.tracePath != "" {
-		tr, ok := any(sim).(planTracer)
-		if !ok {
-			return errors.New("--trace: the virtual-time backend in this build cannot write traces")
-		}
 		if err := fileio.WriteFileAtomic(a.tracePath, a.force, func(w io.Writer) error {
-			return tr.Trace(w, rep.Best.Point)
+			return simEv.Trace(w, rep.Best.Point)
 		}); err != nil {
 			return err
 		}
@@ -311,11 +343,6 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	return nil
-}
-
-// planTracer is an evaluator that can write a Chrome trace of one point's step.
-type planTracer interface {
-	Trace(w io.Writer, p plan.Point) error
 }
 
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {
