@@ -48,169 +48,241 @@ type trainReport struct {
 	Seconds          float64          `json:"seconds"`
 }
 
+// trainArgs are train's flags.
+type trainArgs struct {
+	model, acFlag, ckpt, resume                  string
+	lbs, seq, steps, accum                       int
+	seed                                         uint64
+	lr, wd, auxCoef, biasRate, peakFlag, hostGiB float64
+	jsonOut, force, printSched                   bool
+	lf                                           *layoutFlags
+}
+
+// trainRun is what a run of train is built from.
+type trainRun struct {
+	cfg    *moe.Config
+	layout moe.Layout
+	mesh   *parallel.Mesh
+	ac     moe.AC
+	batch  parallel.Batch
+	coef   float64 // the aux-loss coefficient in force
+}
+
 func runTrain(stdout, stderr io.Writer, args []string) error {
-	fs := newFlags("train", stderr)
-	model := fs.String("model", "", "built-in model name or config.json path (required)")
-	lf := addLayoutFlags(fs)
-	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
-	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
-	seq := fs.Int("seq", 0, "tokens per sequence (required)")
-	steps := fs.Int("steps", 0, "optimizer steps to run (required)")
-	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
-	seed := fs.Uint64("seed", 0, "seed of the initialization and of the synthetic data")
-	lr := fs.Float64("lr", moe.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
-	wd := fs.Float64("weight-decay", moe.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
-	auxCoef := fs.Float64("aux-coef", -1, "aux-loss coefficient (default: the config's router_aux_loss_coef, or DeepSeek-MoE's aux_loss_alpha)")
-	biasRate := fs.Float64("bias-update-rate", 1e-3, "selection-bias update rate γ (sigmoid routers with a bias)")
-	jsonOut := fs.Bool("json", false, "print one JSON object at the end (progress lines go to stderr)")
-	ckpt := fs.String("checkpoint", "", "write a checkpoint directory here at the end")
-	resume := fs.String("resume", "", "continue from this checkpoint directory (any layout; same global batch)")
-	force := fs.Bool("force", false, "overwrite an existing --checkpoint directory")
-	peakFlag := fs.Float64("peak-gflops", 0, "CPU peak for MFU in GFLOP/s (default: measured, all cores)")
-	printSched := fs.Bool("schedule", false, "print one rank's program of one step (the schedule) and exit")
-	hostGiB := fs.Float64("host-memory-gib", 16, "refuse runs whose float32 tensors would need more host memory than this")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR]")
-		fs.PrintDefaults()
-	}
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	switch {
-	case *model == "":
-		return fmt.Errorf("%w: --model is required", errUsage)
-	case *lbs < 1 || *lbs > 1<<16:
-		return fmt.Errorf("%w: --lbs = %d: must be in [1, 65536]", errUsage, *lbs)
-	case *seq < 1 || *seq > 1<<20:
-		return fmt.Errorf("%w: --seq = %d: must be in [1, 1048576]", errUsage, *seq)
-	case *steps < 1 || *steps > 1<<20:
-		return fmt.Errorf("%w: --steps = %d: must be in [1, 1048576]", errUsage, *steps)
-	case *accum < 1 || *accum > 1<<16:
-		return fmt.Errorf("%w: --grad-accum = %d: must be in [1, 65536]", errUsage, *accum)
-	case !(*lr > 0) || *lr > 1:
-		return fmt.Errorf("%w: --lr = %g: must be in (0, 1]", errUsage, *lr)
-	case !(*wd >= 0) || *wd > 1:
-		return fmt.Errorf("%w: --weight-decay = %g: must be in [0, 1]", errUsage, *wd)
-	case !(*biasRate >= 0) || *biasRate > 1:
-		return fmt.Errorf("%w: --bias-update-rate = %g: must be in [0, 1]", errUsage, *biasRate)
-	case !(*peakFlag >= 0) || math.IsInf(*peakFlag, 0):
-		return fmt.Errorf("%w: --peak-gflops = %g: must be a finite number > 0 (0 = measure)", errUsage, *peakFlag)
-	case math.IsNaN(*auxCoef) || *auxCoef > 1:
-		return fmt.Errorf("%w: --aux-coef = %g: must be in [0, 1] (negative = the config's)", errUsage, *auxCoef)
-	case !(*hostGiB > 0) || math.IsInf(*hostGiB, 0):
-		return fmt.Errorf("%w: --host-memory-gib = %g: must be a finite number > 0", errUsage, *hostGiB)
-	}
-	if *ckpt != "" && *ckpt == *resume {
-		return fmt.Errorf("%w: --checkpoint and --resume name the same directory %s", errUsage, *ckpt)
-	}
-	if err := checkOutputs(*force, output{"--checkpoint", *ckpt}); err != nil {
-		return err
-	}
-	ac, err := moe.ParseAC(*acFlag)
-	if err != nil {
-		return fmt.Errorf("%w: --ac: %v", errUsage, err)
-	}
-	cfg, err := hf.Load(*model)
+	a, err := parseTrainArgs(stderr, args)
 	if err != nil {
 		return err
 	}
-	if lf.gpus == 0 && lf.dpShard == 0 {
-		return fmt.Errorf("%w: --gpus is required", errUsage)
+	if err := checkOutputs(a.force, output{"--checkpoint", a.ckpt}); err != nil {
+		return err
 	}
-	layout, err := lf.layout(cfg)
+	r, err := a.setup()
 	if err != nil {
 		return err
 	}
-	gpn := layout.GPUsPerNode
-	if gpn == 0 {
-		cl, err := hw.LoadCluster(hw.DefaultClusterName)
-		if err != nil {
-			return err
-		}
-		gpn = cl.GPUsPerNode
-	}
-	mesh, err := parallel.NewMesh(layout, cfg, gpn)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	coef := *auxCoef
-	if coef < 0 {
-		coef = cfg.AuxLossCoef
-	}
-	batch := parallel.Batch{LBS: *lbs, Seq: *seq, Micro: *accum, DP: layout.DP()}
-	if err := batch.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if *printSched {
-		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: mesh, AC: ac, LBS: *lbs, Seq: *seq, Micro: *accum})
+	if a.printSched {
+		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: r.cfg, Mesh: r.mesh, AC: r.ac, LBS: a.lbs, Seq: a.seq, Micro: a.accum})
 		if err != nil {
 			return err
 		}
 		return sched.Print(stdout)
 	}
-	if err := checkHostMemory(cfg, layout, memory.Batch{LBS: *lbs, Seq: *seq, GradAccum: *accum}, ac, *hostGiB); err != nil {
+	if err := checkHostMemory(r.cfg, r.layout, memory.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum}, r.ac, a.hostGiB); err != nil {
 		return err
 	}
-	adam := moe.TorchtitanAdamW
-	adam.LR, adam.WeightDecay = *lr, *wd
-	state := numeric.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: *lbs, Seq: *seq, GradAccum: *accum,
-		GlobalBatch: batch.Global(), DataSeed: *seed, AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}
-
-	var init [][]float32
-	var loaded *numeric.TrainCheckpoint
-	if *resume != "" {
-		loaded, err = numeric.LoadTrainCheckpoint(*resume, cfg)
-		if err != nil {
+	num, state, err := a.trainer(r)
+	if err != nil {
+		return err
+	}
+	progress := stdout
+	if a.jsonOut {
+		progress = stderr
+	}
+	rep, err := a.run(progress, r, num, &state)
+	if err != nil {
+		return err
+	}
+	if a.ckpt != "" {
+		if err := numeric.SaveTrainCheckpoint(a.ckpt, a.force, num, state); err != nil {
 			return err
 		}
+		fmt.Fprintf(progress, "checkpoint: %s (step %d)\n", a.ckpt, num.StepIndex())
+	}
+	if a.jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	return nil
+}
+
+// parseTrainArgs reads and checks train's flags.
+func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
+	a := &trainArgs{}
+	fs := newFlags("train", stderr)
+	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
+	a.lf = addLayoutFlags(fs)
+	fs.StringVar(&a.acFlag, "ac", "selective", "activation checkpointing: none|selective|full|layer:N")
+	fs.IntVar(&a.lbs, "lbs", 0, "sequences per data-parallel rank per micro-step (required)")
+	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
+	fs.IntVar(&a.steps, "steps", 0, "optimizer steps to run (required)")
+	fs.IntVar(&a.accum, "grad-accum", 1, "micro-steps per optimizer step")
+	fs.Uint64Var(&a.seed, "seed", 0, "seed of the initialization and of the synthetic data")
+	fs.Float64Var(&a.lr, "lr", moe.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
+	fs.Float64Var(&a.wd, "weight-decay", moe.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
+	fs.Float64Var(&a.auxCoef, "aux-coef", -1, "aux-loss coefficient (default: the config's router_aux_loss_coef, or DeepSeek-MoE's aux_loss_alpha)")
+	fs.Float64Var(&a.biasRate, "bias-update-rate", 1e-3, "selection-bias update rate γ (sigmoid routers with a bias)")
+	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object at the end (progress lines go to stderr)")
+	fs.StringVar(&a.ckpt, "checkpoint", "", "write a checkpoint directory here at the end")
+	fs.StringVar(&a.resume, "resume", "", "continue from this checkpoint directory (any layout; same global batch)")
+	fs.BoolVar(&a.force, "force", false, "overwrite an existing --checkpoint directory")
+	fs.Float64Var(&a.peakFlag, "peak-gflops", 0, "CPU peak for MFU in GFLOP/s (default: measured, all cores)")
+	fs.BoolVar(&a.printSched, "schedule", false, "print one rank's program of one step (the schedule) and exit")
+	fs.Float64Var(&a.hostGiB, "host-memory-gib", 16, "refuse runs whose float32 tensors would need more host memory than this")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR]")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	switch {
+	case a.model == "":
+		return nil, fmt.Errorf("%w: --model is required", errUsage)
+	case a.lbs < 1 || a.lbs > 1<<16:
+		return nil, fmt.Errorf("%w: --lbs = %d: must be in [1, 65536]", errUsage, a.lbs)
+	case a.seq < 1 || a.seq > 1<<20:
+		return nil, fmt.Errorf("%w: --seq = %d: must be in [1, 1048576]", errUsage, a.seq)
+	case a.steps < 1 || a.steps > 1<<20:
+		return nil, fmt.Errorf("%w: --steps = %d: must be in [1, 1048576]", errUsage, a.steps)
+	case a.accum < 1 || a.accum > 1<<16:
+		return nil, fmt.Errorf("%w: --grad-accum = %d: must be in [1, 65536]", errUsage, a.accum)
+	case !(a.lr > 0) || a.lr > 1:
+		return nil, fmt.Errorf("%w: --lr = %g: must be in (0, 1]", errUsage, a.lr)
+	case !(a.wd >= 0) || a.wd > 1:
+		return nil, fmt.Errorf("%w: --weight-decay = %g: must be in [0, 1]", errUsage, a.wd)
+	case !(a.biasRate >= 0) || a.biasRate > 1:
+		return nil, fmt.Errorf("%w: --bias-update-rate = %g: must be in [0, 1]", errUsage, a.biasRate)
+	case !(a.peakFlag >= 0) || math.IsInf(a.peakFlag, 0):
+		return nil, fmt.Errorf("%w: --peak-gflops = %g: must be a finite number > 0 (0 = measure)", errUsage, a.peakFlag)
+	case math.IsNaN(a.auxCoef) || a.auxCoef > 1:
+		return nil, fmt.Errorf("%w: --aux-coef = %g: must be in [0, 1] (negative = the config's)", errUsage, a.auxCoef)
+	case !(a.hostGiB > 0) || math.IsInf(a.hostGiB, 0):
+		return nil, fmt.Errorf("%w: --host-memory-gib = %g: must be a finite number > 0", errUsage, a.hostGiB)
+	}
+	if a.ckpt != "" && a.ckpt == a.resume {
+		return nil, fmt.Errorf("%w: --checkpoint and --resume name the same directory %s", errUsage, a.ckpt)
+	}
+	return a, nil
+}
+
+// setup loads the model and resolves the layout, mesh and batch.
+func (a *trainArgs) setup() (*trainRun, error) {
+	ac, err := moe.ParseAC(a.acFlag)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --ac: %v", errUsage, err)
+	}
+	cfg, err := hf.Load(a.model)
+	if err != nil {
+		return nil, err
+	}
+	if a.lf.gpus == 0 && a.lf.dpShard == 0 {
+		return nil, fmt.Errorf("%w: --gpus is required", errUsage)
+	}
+	layout, err := a.lf.layout(cfg)
+	if err != nil {
+		return nil, err
+	}
+	gpn := layout.GPUsPerNode
+	if gpn == 0 {
+		cl, err := hw.LoadCluster(hw.DefaultClusterName)
+		if err != nil {
+			return nil, err
+		}
+		gpn = cl.GPUsPerNode
+	}
+	mesh, err := parallel.NewMesh(layout, cfg, gpn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	coef := a.auxCoef
+	if coef < 0 {
+		coef = cfg.AuxLossCoef
+	}
+	batch := parallel.Batch{LBS: a.lbs, Seq: a.seq, Micro: a.accum, DP: layout.DP()}
+	if err := batch.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return &trainRun{cfg: cfg, layout: layout, mesh: mesh, ac: ac, batch: batch, coef: coef}, nil
+}
+
+// trainer builds the goroutine ranks from a fresh initialization or from
+// the --resume checkpoint, and the state a checkpoint of this run records.
+func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, error) {
+	cfg, layout, mesh, ac, batch, coef := r.cfg, r.layout, r.mesh, r.ac, r.batch, r.coef
+	adam := moe.TorchtitanAdamW
+	adam.LR, adam.WeightDecay = a.lr, a.wd
+	state := numeric.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
+		GlobalBatch: batch.Global(), DataSeed: a.seed, AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate}
+	var init [][]float32
+	var err error
+	var loaded *numeric.TrainCheckpoint
+	if a.resume != "" {
+		loaded, err = numeric.LoadTrainCheckpoint(a.resume, cfg)
+		if err != nil {
+			return nil, numeric.TrainState{}, err
+		}
 		if err := loaded.CheckResume(state); err != nil {
-			return err
+			return nil, numeric.TrainState{}, err
 		}
 		init = loaded.Params
 		state.Losses = loaded.State.Losses
 	} else {
 		m, err := moe.NewModel[float32](cfg)
 		if err != nil {
-			return err
+			return nil, numeric.TrainState{}, err
 		}
-		m.InitRandom(*seed)
+		m.InitRandom(a.seed)
 		init = m.Tensors()
 	}
-	num, err := numeric.New(numeric.Spec{Config: cfg, Mesh: mesh, AC: ac, Batch: batch, DataSeed: *seed,
-		AdamW: adam, AuxCoef: coef, BiasRate: *biasRate}, init)
+	num, err := numeric.New(numeric.Spec{Config: cfg, Mesh: mesh, AC: ac, Batch: batch, DataSeed: a.seed,
+		AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate}, init)
 	if err != nil {
-		return err
+		return nil, numeric.TrainState{}, err
 	}
 	if loaded != nil {
 		if err := num.SetOptimizerState(loaded.M, loaded.V, int64(loaded.State.Step)); err != nil {
-			return err
+			return nil, numeric.TrainState{}, err
 		}
 	}
 
-	peak := *peakFlag
+	return num, state, nil
+}
+
+// run runs the optimizer steps, printing a line per step, and reports
+// the run.
+func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, state *numeric.TrainState) (*trainReport, error) {
+	cfg, layout, mesh, ac, batch := r.cfg, r.layout, r.mesh, r.ac, r.batch
+	peak := a.peakFlag
 	if peak == 0 {
 		peak = kernel.MeasurePeak(0).AllCoreGFLOPS
 	}
-	flopsStep, err := flops.ModelPerStep(cfg, flops.Shape{Seq: *seq, Batch: int(batch.Global())})
+	flopsStep, err := flops.ModelPerStep(cfg, flops.Shape{Seq: a.seq, Batch: int(batch.Global())})
 	if err != nil {
-		return err
-	}
-	progress := stdout
-	if *jsonOut {
-		progress = stderr
+		return nil, err
 	}
 	fmt.Fprintf(progress, "train %s: %s; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
-		cfg.Name, mesh, ac, *lbs, *seq, *accum, batch.Global())
-	rep := trainReport{Model: cfg.Name, Layout: layout, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum, StartStep: num.StepIndex(),
+		cfg.Name, mesh, ac, a.lbs, a.seq, a.accum, batch.Global())
+	rep := trainReport{Model: cfg.Name, Layout: layout, AC: ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum, StartStep: num.StepIndex(),
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, PeakBytesPerRank: make([]int64, mesh.World())}
 	var total time.Duration
 	ctx := context.Background()
-	for s := 0; s < *steps; s++ {
+	for s := 0; s < a.steps; s++ {
 		before := num.Comm().Stats.Total()
 		t0 := time.Now()
 		res, err := num.Step(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		dt := time.Since(t0)
 		total += dt
@@ -229,7 +301,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		rep.AuxLosses = append(rep.AuxLosses, res.Aux)
 		state.Losses = append(state.Losses, res.Loss)
 		tps := float64(res.Tokens) / dt.Seconds()
-		mfu := flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(*seq)), float64(batch.Global()*int64(*seq))/dt.Seconds(), peak*1e9)
+		mfu := flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(a.seq)), float64(batch.Global()*int64(a.seq))/dt.Seconds(), peak*1e9)
 		peaks := "max " + fmtBytes(maxPeak)
 		if len(res.PeakBytes) <= 8 {
 			var ps []string
@@ -242,8 +314,8 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 			res.Step+1, res.Loss, res.Aux, tps, 100*mfu, peaks, fmtBytes(intra), fmtBytes(inter), dt.Seconds())
 	}
 	rep.Seconds = total.Seconds()
-	rep.TPS = float64(int64(*steps)*int64(*lbs)*int64(*seq)*int64(*accum)) / total.Seconds()
-	rep.MFU = flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(*seq)), float64(int64(*steps)*batch.Global()*int64(*seq))/total.Seconds(), peak*1e9)
+	rep.TPS = float64(int64(a.steps)*int64(a.lbs)*int64(a.seq)*int64(a.accum)) / total.Seconds()
+	rep.MFU = flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(a.seq)), float64(int64(a.steps)*batch.Global()*int64(a.seq))/total.Seconds(), peak*1e9)
 	rep.CommBytes = map[string]int64{}
 	for _, k := range parallel.CollKinds() {
 		rep.CommBytes[string(k)] = 0
@@ -253,18 +325,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		rep.CommIntraBytes += b.SentIntra
 		rep.CommInterBytes += b.SentInter
 	}
-	if *ckpt != "" {
-		if err := numeric.SaveTrainCheckpoint(*ckpt, *force, num, state); err != nil {
-			return err
-		}
-		fmt.Fprintf(progress, "checkpoint: %s (step %d)\n", *ckpt, num.StepIndex())
-	}
-	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	return nil
+	return &rep, nil
 }
 
 // checkHostMemory refuses a run whose float32 tensors would need more host
