@@ -216,111 +216,145 @@ const maxTensorsPerLayer = 17
 // errors.Join; each is a FieldError naming the field, the value and what is
 // allowed. A nil result means the config can be accounted and executed.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field string, v any, allowed string) {
-		errs = append(errs, FieldError{field, v, allowed})
+	var e fieldErrors
+	c.validateShape(&e)
+	c.validateMoE(&e)
+	c.validateTensorCount(&e)
+	c.validateShared(&e)
+	c.validateNumerics(&e)
+	return errors.Join(e...)
+}
+
+// fieldErrors collects Validate's FieldErrors in the order found.
+type fieldErrors []error
+
+func (e *fieldErrors) bad(field string, v any, allowed string) {
+	*e = append(*e, FieldError{field, v, allowed})
+}
+
+// pos requires a size in [1, MaxDim].
+func (e *fieldErrors) pos(field string, v int) {
+	if v <= 0 || v > MaxDim {
+		e.bad(field, v, fmt.Sprintf("must be in [1, %d]", MaxDim))
 	}
-	pos := func(field string, v int) {
-		if v <= 0 || v > MaxDim {
-			bad(field, v, fmt.Sprintf("must be in [1, %d]", MaxDim))
-		}
-	}
-	pos("vocab", c.Vocab)
-	pos("hidden", c.Hidden)
-	pos("layers", c.Layers)
-	pos("heads", c.Heads)
-	pos("kv_heads", c.KVHeads)
-	pos("head_dim", c.HeadDim)
+}
+
+// validateShape checks the sizes every model has and the per-layer lists.
+func (c *Config) validateShape(e *fieldErrors) {
+	e.pos("vocab", c.Vocab)
+	e.pos("hidden", c.Hidden)
+	e.pos("layers", c.Layers)
+	e.pos("heads", c.Heads)
+	e.pos("kv_heads", c.KVHeads)
+	e.pos("head_dim", c.HeadDim)
 	if c.Heads > 0 && c.KVHeads > 0 && c.Heads%c.KVHeads != 0 {
-		bad("kv_heads", c.KVHeads, fmt.Sprintf("must divide heads = %d", c.Heads))
+		e.bad("kv_heads", c.KVHeads, fmt.Sprintf("must divide heads = %d", c.Heads))
 	}
 	if c.Layers > 0 && c.Layers <= MaxDim {
 		if len(c.MoELayer) != c.Layers {
-			bad("moe_layer", len(c.MoELayer), fmt.Sprintf("needs one entry per layer (%d)", c.Layers))
+			e.bad("moe_layer", len(c.MoELayer), fmt.Sprintf("needs one entry per layer (%d)", c.Layers))
 		}
 		if len(c.Window) != c.Layers {
-			bad("window", len(c.Window), fmt.Sprintf("needs one entry per layer (%d)", c.Layers))
+			e.bad("window", len(c.Window), fmt.Sprintf("needs one entry per layer (%d)", c.Layers))
 		}
 	}
 	for i, w := range c.Window {
 		if w < 0 || w > MaxDim {
-			bad(fmt.Sprintf("window[%d]", i), w, fmt.Sprintf("must be 0 (full) or in [1, %d]", MaxDim))
+			e.bad(fmt.Sprintf("window[%d]", i), w, fmt.Sprintf("must be 0 (full) or in [1, %d]", MaxDim))
 		}
 	}
+}
+
+// validateMoE checks the FFN widths and the routing of the MoE layers.
+func (c *Config) validateMoE(e *fieldErrors) {
 	moeLayers := c.MoELayers()
 	if moeLayers < len(c.MoELayer) {
-		pos("dense_ffn", c.DenseFFN)
+		e.pos("dense_ffn", c.DenseFFN)
 	} else if c.DenseFFN < 0 || c.DenseFFN > MaxDim {
-		bad("dense_ffn", c.DenseFFN, fmt.Sprintf("must be in [0, %d]", MaxDim))
+		e.bad("dense_ffn", c.DenseFFN, fmt.Sprintf("must be in [0, %d]", MaxDim))
 	}
 	if moeLayers > 0 {
-		pos("experts", c.Experts)
-		pos("expert_ffn", c.ExpertFFN)
+		e.pos("experts", c.Experts)
+		e.pos("expert_ffn", c.ExpertFFN)
 		if c.TopK <= 0 || (c.Experts > 0 && c.TopK > c.Experts) {
-			bad("top_k", c.TopK, fmt.Sprintf("must be in [1, experts = %d]", c.Experts))
+			e.bad("top_k", c.TopK, fmt.Sprintf("must be in [1, experts = %d]", c.Experts))
 		}
 		switch c.Score {
 		case Softmax, Sigmoid:
 		default:
-			bad("score", c.Score, `must be "softmax" or "sigmoid"`)
+			e.bad("score", c.Score, `must be "softmax" or "sigmoid"`)
 		}
 		if c.SelectionBias && c.Score != Sigmoid {
-			bad("selection_bias", c.SelectionBias, `only with score = "sigmoid"`)
+			e.bad("selection_bias", c.SelectionBias, `only with score = "sigmoid"`)
 		}
 		if c.Groups <= 0 || (c.Experts > 0 && c.Experts%c.Groups != 0) {
-			bad("groups", c.Groups, fmt.Sprintf("must be ≥ 1 and divide experts = %d", c.Experts))
+			e.bad("groups", c.Groups, fmt.Sprintf("must be ≥ 1 and divide experts = %d", c.Experts))
 		} else if c.TopKGroups <= 0 || c.TopKGroups > c.Groups {
-			bad("topk_groups", c.TopKGroups, fmt.Sprintf("must be in [1, groups = %d]", c.Groups))
+			e.bad("topk_groups", c.TopKGroups, fmt.Sprintf("must be in [1, groups = %d]", c.Groups))
 		} else if c.Groups > 1 && c.TopK > c.TopKGroups*(c.Experts/c.Groups) {
-			bad("top_k", c.TopK, fmt.Sprintf("must be ≤ topk_groups·experts/groups = %d", c.TopKGroups*(c.Experts/c.Groups)))
+			e.bad("top_k", c.TopK, fmt.Sprintf("must be ≤ topk_groups·experts/groups = %d", c.TopKGroups*(c.Experts/c.Groups)))
 		}
 		if !(c.RoutedScale > 0) || math.IsInf(c.RoutedScale, 0) {
-			bad("routed_scale", c.RoutedScale, "must be a finite number > 0")
+			e.bad("routed_scale", c.RoutedScale, "must be a finite number > 0")
 		}
 	}
+}
+
+// validateTensorCount bounds the parameter tensors, so that a config cannot
+// ask for more than a checkpoint index or the accounting can hold.
+func (c *Config) validateTensorCount(e *fieldErrors) {
+	moeLayers := c.MoELayers()
 	if c.Layers > 0 && c.Layers <= MaxDim && c.Experts >= 0 && c.Experts <= MaxDim {
 		// Embedding, final norm and LM head, each layer's own tensors, and
 		// three matrices per routed expert of each MoE layer (an upper bound).
 		n := 3 + maxTensorsPerLayer*int64(c.Layers) + 3*int64(c.Experts)*int64(moeLayers)
 		if n > maxTensors {
-			bad("layers, experts", fmt.Sprintf("%d, %d (%d MoE layers)", c.Layers, c.Experts, moeLayers),
+			e.bad("layers, experts", fmt.Sprintf("%d, %d (%d MoE layers)", c.Layers, c.Experts, moeLayers),
 				fmt.Sprintf("up to %d parameter tensors; at most %d are supported (3 per routed expert per MoE layer, ≤ %d more per layer)",
 					n, maxTensors, maxTensorsPerLayer))
 		}
 	}
+}
+
+// validateShared checks the shared experts.
+func (c *Config) validateShared(e *fieldErrors) {
 	if c.SharedExperts < 0 || c.SharedExperts > MaxDim {
-		bad("shared_experts", c.SharedExperts, fmt.Sprintf("must be in [0, %d]", MaxDim))
+		e.bad("shared_experts", c.SharedExperts, fmt.Sprintf("must be in [0, %d]", MaxDim))
 	}
 	if c.SharedExperts > 0 {
-		pos("shared_ffn", c.SharedFFN)
+		e.pos("shared_ffn", c.SharedFFN)
 	}
 	if c.SharedGated && c.SharedExperts == 0 {
-		bad("shared_gated", c.SharedGated, "needs shared_experts ≥ 1")
+		e.bad("shared_gated", c.SharedGated, "needs shared_experts ≥ 1")
 	}
+}
+
+// validateNumerics checks the attention, RoPE, normalization, loss and
+// initialization constants.
+func (c *Config) validateNumerics(e *fieldErrors) {
 	switch c.QKNorm {
 	case QKNormNone, QKNormHead, QKNormFull:
 	default:
-		bad("qk_norm", c.QKNorm, `must be "none", "head" or "full"`)
+		e.bad("qk_norm", c.QKNorm, `must be "none", "head" or "full"`)
 	}
 	if !(c.RotaryFraction > 0 && c.RotaryFraction <= 1) {
-		bad("rotary_fraction", c.RotaryFraction, "must be in (0, 1]")
+		e.bad("rotary_fraction", c.RotaryFraction, "must be in (0, 1]")
 	} else if c.HeadDim > 0 && c.RotaryDim() == 0 {
-		bad("rotary_fraction", c.RotaryFraction, fmt.Sprintf("rotates no dimension of head_dim = %d", c.HeadDim))
+		e.bad("rotary_fraction", c.RotaryFraction, fmt.Sprintf("rotates no dimension of head_dim = %d", c.HeadDim))
 	}
 	if !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0) {
-		bad("rope_theta", c.RopeTheta, "must be a finite number > 0")
+		e.bad("rope_theta", c.RopeTheta, "must be a finite number > 0")
 	}
 	if !(c.NormEps > 0 && c.NormEps < 1) {
-		bad("norm_eps", c.NormEps, "must be in (0, 1)")
+		e.bad("norm_eps", c.NormEps, "must be in (0, 1)")
 	}
 	if !(c.NormTopKEps >= 0) || math.IsInf(c.NormTopKEps, 0) {
-		bad("norm_topk_eps", c.NormTopKEps, "must be a finite number ≥ 0")
+		e.bad("norm_topk_eps", c.NormTopKEps, "must be a finite number ≥ 0")
 	}
 	if !(c.AuxLossCoef >= 0) || math.IsInf(c.AuxLossCoef, 0) {
-		bad("aux_loss_coef", c.AuxLossCoef, "must be a finite number ≥ 0")
+		e.bad("aux_loss_coef", c.AuxLossCoef, "must be a finite number ≥ 0")
 	}
 	if !(c.InitRange > 0) || math.IsInf(c.InitRange, 0) {
-		bad("init_range", c.InitRange, "must be a finite number > 0")
+		e.bad("init_range", c.InitRange, "must be a finite number > 0")
 	}
-	return errors.Join(errs...)
 }
