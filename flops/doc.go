@@ -12,4 +12,7 @@
 //
 // Units: counts are multiply-adds (Count) or elements; FLOPs are 2 per
 // multiply-add; per-step figures are integers, per-token ones float64.
+//
+// It imports only moe, and never memory (the two accountings stay
+// independent); parallel and everything above import it.
 package flops

@@ -79,4 +79,7 @@
 // Saved lists, per layer and policy, the tensors kept for backward (see its
 // doc for the table). The reference implementation in package moe records
 // what it saves through moe.Recorder; the exactness test compares the two.
+//
+// It imports only moe, and never flops (the two accountings stay
+// independent); parallel and everything above import it.
 package memory

@@ -1,7 +1,7 @@
 // Package moe describes Mixture-of-Experts transformers and executes them.
 //
-// It holds the normalized architecture (Config, read from a Hugging Face
-// config.json), the training layout as a plain value (Layout), the op
+// It holds the normalized architecture (Config, which moe/hf reads from a
+// Hugging Face config.json), the training layout as a plain value (Layout), the op
 // vocabulary shared with the flops and memory packages (Op, Pass, Recorder),
 // the parameter list with Hugging Face tensor names (Params), and the
 // reference implementation that runs forward, backward and AdamW on the CPU.
@@ -37,6 +37,9 @@
 // under the rules of ops.go, and every tensor kept for backward as a
 // SavedRecord; SavedTensors gives the same list analytically (its table, op
 // × policy, is documented in saved.go).
+//
+// It imports moe/kernel and moe/safetensors (for bfloat16 rounding); every
+// other package of moescope builds on it.
 package moe
 
 import (

@@ -30,4 +30,6 @@
 //
 // Programming errors (slices shorter than their shapes) panic with a
 // constant message at the exported entry.
+//
+// It imports nothing of moescope; moe and moe/bench import it.
 package kernel
