@@ -30,7 +30,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if *runsPath == "" || *out == "" {
 		return fmt.Errorf("%w: --runs and --out are required", errUsage)
 	}
-	if err := checkOutputs(*force, output{"--out", *out}); err != nil {
+	if err := checkOutputs(*force, output{Flag: "--out", Path: *out}); err != nil {
 		return err
 	}
 	f, err := os.Open(*runsPath)

@@ -62,7 +62,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	coef := moe.HFAuxCoef(cfg)
 	// Refuse before computing anything: an output that exists (without
 	// --force), one in a missing directory, or one path named twice.
-	if err := checkOutputs(*force, output{"--save", *save}, output{"--out", *out}); err != nil {
+	if err := checkOutputs(*force, output{Flag: "--save", Path: *save}, output{Flag: "--out", Path: *out}); err != nil {
 		return err
 	}
 

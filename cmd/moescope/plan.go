@@ -225,7 +225,7 @@ func (a *planArgs) validate() error {
 // checkOutputs refuses, before searching, every output that could not be
 // written once the search is over.
 func (a *planArgs) checkOutputs() error {
-	if err := checkOutputs(a.force, output{"--torchtitan-toml", a.tomlPath}, output{"--torchtitan-py", a.pyPath}, output{"--trace", a.tracePath}); err != nil {
+	if err := checkOutputs(a.force, output{Flag: "--torchtitan-toml", Path: a.tomlPath}, output{Flag: "--torchtitan-py", Path: a.pyPath}, output{Flag: "--trace", Path: a.tracePath}); err != nil {
 		return err
 	}
 	if a.plotD != "" {

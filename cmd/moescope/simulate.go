@@ -107,7 +107,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if *traceRanks != "" && *tracePath == "" {
 		return fmt.Errorf("%w: --trace-ranks needs --trace", errUsage)
 	}
-	if err := checkOutputs(*force, output{"--trace", *tracePath}); err != nil {
+	if err := checkOutputs(*force, output{Flag: "--trace", Path: *tracePath}); err != nil {
 		return err
 	}
 	ac, err := moe.ParseAC(*acFlag)

@@ -73,7 +73,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkOutputs(a.force, output{"--checkpoint", a.ckpt}); err != nil {
+	if err := checkOutputs(a.force, output{Flag: "--checkpoint", Path: a.ckpt}); err != nil {
 		return err
 	}
 	r, err := a.setup()
