@@ -55,8 +55,9 @@ type Report struct {
 // live bytes of each category at the peak, plus the allocator overhead
 // (peak reserved − peak allocated).
 func (r Report) Breakdown() map[string]int64 {
-	b := make(map[string]int64, len(Categories)+1)
-	for _, c := range Categories {
+	cats := Categories()
+	b := make(map[string]int64, len(cats)+1)
+	for _, c := range cats {
 		b[string(c)] = r.Peak.Live[c]
 	}
 	b["allocator_overhead"] = r.Peak.Reserved - r.Peak.Allocated

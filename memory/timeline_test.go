@@ -61,7 +61,7 @@ func TestTimelineBalanced(t *testing.T) {
 				kept += 2 * u.Local
 			}
 		}
-		for _, c := range Categories {
+		for _, c := range Categories() {
 			want := map[Category]int64{CatParams: r.State.Params, CatOptimizer: r.State.Optimizer, CatWeights: kept}[c]
 			if live[c] != want {
 				t.Errorf("%s: %s live at the end = %d, want %d", name, c, live[c], want)
