@@ -19,7 +19,9 @@ type Options struct {
 	AC        moe.AC    // checkpointing; zero value means none
 	Attention Attention // "" means Flash
 	// LossChunks > 1 computes logits, loss and their gradients chunk by chunk
-	// over tokens (each chunk checkpointed), keeping only the LM-head input.
+	// over tokens (each chunk checkpointed): the head keeps no
+	// log-probabilities, only the final norm's tensors, the LM-head input and
+	// the labels (the chunks' checkpoint inputs).
 	LossChunks int
 	// OptimizerImpl is the AdamW implementation: "fused" (torchtitan's
 	// default since 2025: no temporaries) or "foreach" (torch's

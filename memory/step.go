@@ -86,7 +86,7 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 			return nil, nil, err
 		}
 		if u.Layer == cfg.LayerHead() && o.LossChunks > 1 {
-			rs = rs[:3] // chunked loss keeps no vocabulary-sized tensor
+			rs = withoutLogProbs(rs)
 		}
 		rn, err := Saved(cfg, u.Layer, noneShape)
 		if err != nil {
@@ -149,8 +149,17 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 	act := p.Activation.Bytes()
 	D := int64(cfg.Hidden)
 	V := int64(cfg.Vocab)
-	// The head's saved tensors without the loss's (allocated by lossForward).
-	headSaved, lossSaved := s.saved[last][:3], s.saved[last][3:]
+	// Unchunked, the loss's own saved tensors are allocated by lossForward
+	// inside the logits' lifetime; the rest of the head's (and, chunked,
+	// the labels the chunks' checkpoints hold) with the head's forward.
+	var headSaved, lossSaved []moe.SavedRecord
+	for _, r := range s.saved[last] {
+		if r.Op == moe.OpLoss && o.LossChunks <= 1 {
+			lossSaved = append(lossSaved, r)
+		} else {
+			headSaved = append(headSaved, r)
+		}
+	}
 	AG, RS := AllGatherStream, ReduceScatterStream
 	a2a := int64(0)
 	if l.EP > 1 {
@@ -292,6 +301,20 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 		s.emit(false, u.Layer, "gradients", gradShard(u), CatGrads, RS)
 	}
 	return s.events, savedBytes, nil
+}
+
+// withoutLogProbs drops the loss's log-probabilities, the one
+// vocabulary-sized tensor the head keeps: a chunked loss checkpoints each
+// chunk and recomputes them in backward. The labels stay, held by the
+// chunks' checkpoints as their inputs as nll_loss holds them unchunked.
+func withoutLogProbs(rs []moe.SavedRecord) []moe.SavedRecord {
+	var out []moe.SavedRecord
+	for _, r := range rs {
+		if r.Op != moe.OpLoss || r.Tensor != "log_probs" {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // lossForward emits the LM head's logits and the cross-entropy: bf16
