@@ -321,45 +321,6 @@ func TestBadTokens(t *testing.T) {
 	}
 }
 
-// TestStepRecorded checks the optimizer records cover every trained
-// parameter once (buffers excluded) and that Step matches AdamWStep.
-func TestStepRecorded(t *testing.T) {
-	c := tinyVariants()["glm4_moe"] // has a selection-bias buffer
-	m := newTestModel(t, c, 3)
-	if _, err := m.ForwardBackward(randomTokens(rand.New(rand.NewPCG(1, 2)), c, 1, 4), 1, Options{}); err != nil {
-		t.Fatal(err)
-	}
-	before := append([]float64(nil), m.Data...)
-	rec := &collector{}
-	m.StepRecorded(DefaultAdamW, rec)
-	var n, want int64
-	for _, r := range rec.ops {
-		n += r.Count
-	}
-	for i, p := range m.Params {
-		if p.Buffer {
-			for j := m.offs[i]; j < m.offs[i+1]; j++ {
-				if m.Data[j] != before[j] {
-					t.Fatalf("buffer %s changed", p.Name)
-				}
-			}
-			continue
-		}
-		want += p.Elements()
-		var st AdamState[float64]
-		p0 := append([]float64(nil), before[m.offs[i]:m.offs[i+1]]...)
-		AdamWStep(DefaultAdamW, &st, p0, m.Grad[m.offs[i]:m.offs[i+1]])
-		for j, v := range p0 {
-			if m.Data[m.offs[i]+j] != v {
-				t.Fatalf("%s[%d] = %v, AdamWStep gives %v", p.Name, j, m.Data[m.offs[i]+j], v)
-			}
-		}
-	}
-	if n != want {
-		t.Errorf("optimizer records count %d parameters, model trains %d", n, want)
-	}
-}
-
 // TestAccumulateIsMean checks gradient accumulation: Accumulate over two
 // micro-batches gives the mean of their losses and of their gradients.
 func TestAccumulateIsMean(t *testing.T) {
