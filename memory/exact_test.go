@@ -16,7 +16,7 @@ import (
 // backward.
 func TestSavedEqualsReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 11))
-	for i := 0; i < 80; i++ {
+	for i := 0; i < 60; i++ {
 		cfg := moetest.Config(r)
 		m, err := moe.NewModel[float32](cfg)
 		if err != nil {

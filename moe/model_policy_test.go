@@ -17,7 +17,7 @@ import (
 // float32 and float64, with and without bf16 rounding.
 func TestPoliciesBitwiseEqual(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
-	for i := 0; i < 12; i++ {
+	for i := 0; i < 10; i++ {
 		c := moetest.Config(r)
 		tokens := moetest.Tokens(r, c, 1+r.IntN(2), 2+r.IntN(5))
 		o := moe.Options{TileQ: 1 + r.IntN(3), TileK: 1 + r.IntN(3), BF16: i%3 == 0}
@@ -110,7 +110,7 @@ func TestSavedMatchesTable(t *testing.T) {
 func TestRecomputeRepeatsForward(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
 	selective := moe.AC{Mode: moe.ACSelective}
-	for i := 0; i < 20; i++ {
+	for i := 0; i < 17; i++ {
 		c := moetest.Config(r)
 		batch, seq := 1+r.IntN(2), 2+r.IntN(5)
 		tokens := moetest.Tokens(r, c, batch, seq)
