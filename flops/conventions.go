@@ -18,9 +18,9 @@ const (
 	Hardware   Convention = "hardware"
 )
 
-// AllConventions lists the conventions in report order; Torchtitan is the
-// default MFU convention.
-var AllConventions = []Convention{Torchtitan, Megatron, PaLM, Model, Hardware}
+// AllConventions returns the conventions in report order (a new slice each
+// call); Torchtitan is the default MFU convention.
+func AllConventions() []Convention { return []Convention{Torchtitan, Megatron, PaLM, Model, Hardware} }
 
 // Explain says in one line how the convention differs from the others.
 func (c Convention) Explain() string {
@@ -234,7 +234,7 @@ func checkShape(cfg *moe.Config, s Shape) error {
 // ParseConvention reads a convention name; an unknown one is an error
 // listing the known names.
 func ParseConvention(s string) (Convention, error) {
-	for _, c := range AllConventions {
+	for _, c := range AllConventions() {
 		if string(c) == s {
 			return c, nil
 		}

@@ -452,7 +452,7 @@ func FuzzOpsInvariants(f *testing.F) {
 }
 
 func TestParseConvention(t *testing.T) {
-	for _, c := range AllConventions {
+	for _, c := range AllConventions() {
 		if got, err := ParseConvention(string(c)); err != nil || got != c || c.Explain() == "" {
 			t.Errorf("%s: %v %v", c, got, err)
 		}

@@ -1,14 +1,5 @@
 package flops
 
-// TPS is tokens per second of one rank (torchtitan's definition: the
-// rank's own tokens over wall-clock seconds); 0 when seconds ≤ 0.
-func TPS(tokens int64, seconds float64) float64 {
-	if seconds <= 0 {
-		return 0
-	}
-	return float64(tokens) / seconds
-}
-
 // MFU is model FLOPs utilization as a fraction: flopsPerToken·tps/peak,
 // with flopsPerToken under any convention and peak the device's dense
 // FLOP/s (torchtitan: BF16 dense peak); 0 when peak ≤ 0. It is not

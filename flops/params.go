@@ -75,7 +75,7 @@ func CountParams(cfg *moe.Config) (Params, error) {
 		}
 	}
 	p := Params{ByGroup: g, ActiveByGroup: act}
-	for _, grp := range moe.Groups {
+	for _, grp := range moe.Groups() {
 		p.Total = c.add(p.Total, g[grp])
 		p.Active = c.add(p.Active, act[grp])
 	}

@@ -33,7 +33,8 @@
 //     stream), the free of the buffer, and the prefetch of unit u+1's
 //     all-gather buffer; non-fsdp with compute ≠ storage type: u's cast
 //     weights;
-//  2. u's saved tensors (Saved under the policy); for the head, the bf16
+//  2. u's saved tensors (Saved under the policy, the head's without the
+//     log-probabilities when the loss is chunked); for the head, the bf16
 //     logits, their fp32 copy and the saved log-probabilities, then the
 //     frees of the fp32 copy and the logits (torchtitan's `del pred`);
 //     chunked: per chunk logits, fp32 copy and log-probabilities, all freed;

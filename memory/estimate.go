@@ -19,7 +19,9 @@ type Options struct {
 	AC        moe.AC    // checkpointing; zero value means none
 	Attention Attention // "" means Flash
 	// LossChunks > 1 computes logits, loss and their gradients chunk by chunk
-	// over tokens (each chunk checkpointed), keeping only the LM-head input.
+	// over tokens (each chunk checkpointed): the head keeps no
+	// log-probabilities, only the final norm's tensors, the LM-head input and
+	// the labels (the chunks' checkpoint inputs).
 	LossChunks int
 	// OptimizerImpl is the AdamW implementation: "fused" (torchtitan's
 	// default since 2025: no temporaries) or "foreach" (torch's
@@ -55,8 +57,9 @@ type Report struct {
 // live bytes of each category at the peak, plus the allocator overhead
 // (peak reserved − peak allocated).
 func (r Report) Breakdown() map[string]int64 {
-	b := make(map[string]int64, len(Categories)+1)
-	for _, c := range Categories {
+	cats := Categories()
+	b := make(map[string]int64, len(cats)+1)
+	for _, c := range cats {
 		b[string(c)] = r.Peak.Live[c]
 	}
 	b["allocator_overhead"] = r.Peak.Reserved - r.Peak.Allocated

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"iter"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -86,7 +87,7 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 			return nil, nil, err
 		}
 		if u.Layer == cfg.LayerHead() && o.LossChunks > 1 {
-			rs = rs[:3] // chunked loss keeps no vocabulary-sized tensor
+			rs = withoutLogProbs(rs)
 		}
 		rn, err := Saved(cfg, u.Layer, noneShape)
 		if err != nil {
@@ -149,8 +150,17 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 	act := p.Activation.Bytes()
 	D := int64(cfg.Hidden)
 	V := int64(cfg.Vocab)
-	// The head's saved tensors without the loss's (allocated by lossForward).
-	headSaved, lossSaved := s.saved[last][:3], s.saved[last][3:]
+	// Unchunked, the loss's own saved tensors are allocated by lossForward
+	// inside the logits' lifetime; the rest of the head's (and, chunked,
+	// the labels the chunks' checkpoints hold) with the head's forward.
+	var headSaved, lossSaved []moe.SavedRecord
+	for _, r := range s.saved[last] {
+		if r.Op == moe.OpLoss && o.LossChunks <= 1 {
+			lossSaved = append(lossSaved, r)
+		} else {
+			headSaved = append(headSaved, r)
+		}
+	}
 	AG, RS := AllGatherStream, ReduceScatterStream
 	a2a := int64(0)
 	if l.EP > 1 {
@@ -294,62 +304,89 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 	return s.events, savedBytes, nil
 }
 
-// lossForward emits the LM head's logits and the cross-entropy: bf16
-// logits (freed before backward, as torchtitan's `del pred`), their fp32
-// copy, and the fp32 log-probabilities (saved). With LossChunks = c > 1,
-// each chunk of ⌈T/c⌉ tokens does the same and frees everything (the chunk
-// is checkpointed and recomputed in backward).
-func (s *stepBuilder) lossForward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
-	act := s.o.Precision.Activation.Bytes()
-	if c := int64(s.o.LossChunks); c > 1 {
-		tc := (T + c - 1) / c
-		for k := int64(0); k < c && k*tc < T; k++ {
-			n := min(tc, T-k*tc) * V
-			l := fmt.Sprintf(" chunk %d", k)
-			s.alloc(layer, "logits"+l, n*act, CatLoss)
-			s.alloc(layer, "logits_f32"+l, n*4, CatLoss)
-			s.alloc(layer, "log_probs"+l, n*4, CatLoss)
-			s.free(layer, "logits_f32"+l, n*4, CatLoss)
-			s.free(layer, "logits"+l, n*act, CatLoss)
-			s.free(layer, "log_probs"+l, n*4, CatLoss)
+// withoutLogProbs drops the loss's log-probabilities, the one
+// vocabulary-sized tensor the head keeps: a chunked loss checkpoints each
+// chunk and recomputes them in backward. The labels stay, held by the
+// chunks' checkpoints as their inputs as nll_loss holds them unchunked.
+func withoutLogProbs(rs []moe.SavedRecord) []moe.SavedRecord {
+	var out []moe.SavedRecord
+	for _, r := range rs {
+		if r.Op != moe.OpLoss || r.Tensor != "log_probs" {
+			out = append(out, r)
 		}
-		return
 	}
-	s.alloc(layer, "logits", T*V*act, CatLoss)
-	s.alloc(layer, "logits_f32", T*V*4, CatLoss)
-	s.allocRecords("saved", lossSaved, CatActivations)
-	s.free(layer, "logits_f32", T*V*4, CatLoss)
-	s.free(layer, "logits", T*V*act, CatLoss)
+	return out
 }
 
-// lossBackward emits the gradients of the loss: nll_loss's T×V fp32
-// gradient, log_softmax's fp32 input gradient, and its cast to the
-// activation type for the LM head. Chunked, each chunk first recomputes its
-// logits and log-probabilities.
-func (s *stepBuilder) lossBackward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
-	act := s.o.Precision.Activation.Bytes()
-	grads := func(l string, n int64, free func()) {
-		s.alloc(layer, "grad_log_probs"+l, n*4, CatLoss)
-		s.alloc(layer, "grad_logits_f32"+l, n*4, CatLoss)
-		s.free(layer, "grad_log_probs"+l, n*4, CatLoss)
-		free()
-		s.alloc(layer, "grad_logits"+l, n*act, CatLoss)
-		s.free(layer, "grad_logits_f32"+l, n*4, CatLoss)
-		s.free(layer, "grad_logits"+l, n*act, CatLoss)
-	}
-	if c := int64(s.o.LossChunks); c > 1 {
+// lossChunks yields the label suffix and token count of each chunk of the
+// chunked loss: ⌈T/c⌉ tokens each, the last one shorter (torch.chunk's
+// split, which may give fewer than c chunks).
+func (s *stepBuilder) lossChunks(T int64) iter.Seq2[string, int64] {
+	return func(yield func(string, int64) bool) {
+		c := int64(s.o.LossChunks)
 		tc := (T + c - 1) / c
 		for k := int64(0); k < c && k*tc < T; k++ {
-			n := min(tc, T-k*tc) * V
-			l := fmt.Sprintf(" chunk %d", k)
-			s.alloc(layer, "logits_bwd"+l, n*act, CatLoss)
-			s.alloc(layer, "logits_f32_bwd"+l, n*4, CatLoss)
-			s.alloc(layer, "log_probs_bwd"+l, n*4, CatLoss)
-			s.free(layer, "logits_f32_bwd"+l, n*4, CatLoss)
-			s.free(layer, "logits_bwd"+l, n*act, CatLoss)
-			grads(l, n, func() { s.free(layer, "log_probs_bwd"+l, n*4, CatLoss) })
+			if !yield(fmt.Sprintf(" chunk %d", k), min(tc, T-k*tc)) {
+				return
+			}
 		}
+	}
+}
+
+// logProbs emits the LM head's logits of n = tokens × V elements (in the
+// activation type), their fp32 copy and the fp32 log-probabilities
+// computed from it (keep allocates them), then the frees of the copy and
+// of the logits (torchtitan's `del pred`). suffix ends each label.
+func (s *stepBuilder) logProbs(layer int, suffix string, n int64, keep func()) {
+	act := s.o.Precision.Activation.Bytes()
+	s.alloc(layer, "logits"+suffix, n*act, CatLoss)
+	s.alloc(layer, "logits_f32"+suffix, n*4, CatLoss)
+	keep()
+	s.free(layer, "logits_f32"+suffix, n*4, CatLoss)
+	s.free(layer, "logits"+suffix, n*act, CatLoss)
+}
+
+// lossForward emits the head's logits and cross-entropy (logProbs), the
+// log-probabilities being saved. With LossChunks > 1 each chunk does the
+// same and frees its log-probabilities too (the chunk is checkpointed and
+// recomputed in backward).
+func (s *stepBuilder) lossForward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
+	if s.o.LossChunks <= 1 {
+		s.logProbs(layer, "", T*V, func() { s.allocRecords("saved", lossSaved, CatActivations) })
 		return
 	}
-	grads("", T*V, func() { s.freeRecords("saved", lossSaved, CatActivations) })
+	for l, tokens := range s.lossChunks(T) {
+		n := tokens * V
+		s.logProbs(layer, l, n, func() { s.alloc(layer, "log_probs"+l, n*4, CatLoss) })
+		s.free(layer, "log_probs"+l, n*4, CatLoss)
+	}
+}
+
+// lossBackward emits the gradients of the loss (lossGrads). Chunked, each
+// chunk first recomputes its logits and log-probabilities.
+func (s *stepBuilder) lossBackward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
+	if s.o.LossChunks <= 1 {
+		s.lossGrads(layer, "", T*V, func() { s.freeRecords("saved", lossSaved, CatActivations) })
+		return
+	}
+	for l, tokens := range s.lossChunks(T) {
+		n := tokens * V
+		s.logProbs(layer, "_bwd"+l, n, func() { s.alloc(layer, "log_probs_bwd"+l, n*4, CatLoss) })
+		s.lossGrads(layer, l, n, func() { s.free(layer, "log_probs_bwd"+l, n*4, CatLoss) })
+	}
+}
+
+// lossGrads emits, for n = tokens × V elements, nll_loss's fp32 gradient,
+// log_softmax's fp32 input gradient, the free of the log-probabilities
+// (freeLogProbs: backward has read them) and the cast of the gradient to the
+// activation type for the LM head.
+func (s *stepBuilder) lossGrads(layer int, suffix string, n int64, freeLogProbs func()) {
+	act := s.o.Precision.Activation.Bytes()
+	s.alloc(layer, "grad_log_probs"+suffix, n*4, CatLoss)
+	s.alloc(layer, "grad_logits_f32"+suffix, n*4, CatLoss)
+	s.free(layer, "grad_log_probs"+suffix, n*4, CatLoss)
+	freeLogProbs()
+	s.alloc(layer, "grad_logits"+suffix, n*act, CatLoss)
+	s.free(layer, "grad_logits_f32"+suffix, n*4, CatLoss)
+	s.free(layer, "grad_logits"+suffix, n*act, CatLoss)
 }

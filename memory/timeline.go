@@ -31,9 +31,11 @@ const (
 	CatOptTemp     Category = "optimizer_temps"  // temporaries of the foreach AdamW step
 )
 
-// Categories lists the categories in report order.
-var Categories = []Category{CatParams, CatGrads, CatOptimizer, CatWeights, CatActivations, CatRecompute,
-	CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp}
+// Categories returns the categories in report order (a new slice each call).
+func Categories() []Category {
+	return []Category{CatParams, CatGrads, CatOptimizer, CatWeights, CatActivations, CatRecompute,
+		CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp}
+}
 
 // Stream is the CUDA stream a buffer is allocated on. The caching
 // allocator keeps freed blocks per stream, so a stream's cache serves only
@@ -49,8 +51,8 @@ const (
 	ReduceScatterStream Stream = "reduce_scatter"
 )
 
-// Streams lists the streams in report order.
-var Streams = []Stream{ComputeStream, AllGatherStream, ReduceScatterStream}
+// Streams returns the streams in report order (a new slice each call).
+func Streams() []Stream { return []Stream{ComputeStream, AllGatherStream, ReduceScatterStream} }
 
 // Event is one allocation or free of a step's timeline. A Free names the
 // same Label, Layer, Micro and Bytes as the Alloc it releases.

@@ -2,6 +2,8 @@ package memory
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/moescope/moescope/moe"
@@ -61,7 +63,7 @@ func TestTimelineBalanced(t *testing.T) {
 				kept += 2 * u.Local
 			}
 		}
-		for _, c := range Categories {
+		for _, c := range Categories() {
 			want := map[Category]int64{CatParams: r.State.Params, CatOptimizer: r.State.Optimizer, CatWeights: kept}[c]
 			if live[c] != want {
 				t.Errorf("%s: %s live at the end = %d, want %d", name, c, live[c], want)
@@ -337,4 +339,72 @@ func TestPeakByHand(t *testing.T) {
 		}
 	}
 	t.Error("no grad_logits_f32 event")
+}
+
+// TestChunkedLossEvents derives the head's events by hand for T = 5 tokens
+// (lbs 1, seq 5), V = 64, D = 32, in two loss chunks of ⌈5/2⌉ = 3 and 2
+// tokens. The head keeps final-norm input 2TD = 320 B, rstd 4T = 20 B,
+// LM-head input 320 B and the labels 8T = 40 B (held by the chunks'
+// checkpoints): 700 B; unchunked it also keeps the log-probabilities
+// 4TV = 1280 B. Per chunk of t tokens: bf16 logits 2tV, fp32 copies and
+// log-probabilities 4tV (3 tokens: 384 and 768 B; 2 tokens: 256 and 512 B).
+func TestChunkedLossEvents(t *testing.T) {
+	cfg := denseCfg()
+	b := Batch{LBS: 1, Seq: 5}
+	for _, tc := range []struct {
+		chunks int
+		saved  int64
+		events []string
+	}{
+		{0, 1980, []string{
+			"forward +saved final_norm input 320", "forward +saved final_norm rstd 20", "forward +saved lm_head input 320",
+			"forward +logits 640", "forward +logits_f32 1280", "forward +saved loss log_probs 1280", "forward +saved loss labels 40",
+			"forward -logits_f32 1280", "forward -logits 640",
+			"backward +grad_log_probs 1280", "backward +grad_logits_f32 1280", "backward -grad_log_probs 1280",
+			"backward -saved loss log_probs 1280", "backward -saved loss labels 40",
+			"backward +grad_logits 640", "backward -grad_logits_f32 1280", "backward -grad_logits 640",
+			"backward -saved final_norm input 320", "backward -saved final_norm rstd 20", "backward -saved lm_head input 320",
+		}},
+		{2, 700, []string{
+			"forward +saved final_norm input 320", "forward +saved final_norm rstd 20", "forward +saved lm_head input 320",
+			"forward +saved loss labels 40",
+			"forward +logits chunk 0 384", "forward +logits_f32 chunk 0 768", "forward +log_probs chunk 0 768",
+			"forward -logits_f32 chunk 0 768", "forward -logits chunk 0 384", "forward -log_probs chunk 0 768",
+			"forward +logits chunk 1 256", "forward +logits_f32 chunk 1 512", "forward +log_probs chunk 1 512",
+			"forward -logits_f32 chunk 1 512", "forward -logits chunk 1 256", "forward -log_probs chunk 1 512",
+			"backward +logits_bwd chunk 0 384", "backward +logits_f32_bwd chunk 0 768", "backward +log_probs_bwd chunk 0 768",
+			"backward -logits_f32_bwd chunk 0 768", "backward -logits_bwd chunk 0 384",
+			"backward +grad_log_probs chunk 0 768", "backward +grad_logits_f32 chunk 0 768", "backward -grad_log_probs chunk 0 768",
+			"backward -log_probs_bwd chunk 0 768",
+			"backward +grad_logits chunk 0 384", "backward -grad_logits_f32 chunk 0 768", "backward -grad_logits chunk 0 384",
+			"backward +logits_bwd chunk 1 256", "backward +logits_f32_bwd chunk 1 512", "backward +log_probs_bwd chunk 1 512",
+			"backward -logits_f32_bwd chunk 1 512", "backward -logits_bwd chunk 1 256",
+			"backward +grad_log_probs chunk 1 512", "backward +grad_logits_f32 chunk 1 512", "backward -grad_log_probs chunk 1 512",
+			"backward -log_probs_bwd chunk 1 512",
+			"backward +grad_logits chunk 1 256", "backward -grad_logits_f32 chunk 1 512", "backward -grad_logits chunk 1 256",
+			"backward -saved final_norm input 320", "backward -saved final_norm rstd 20", "backward -saved lm_head input 320",
+			"backward -saved loss labels 40",
+		}},
+	} {
+		r, err := Estimate(cfg, moe.DefaultLayout(), b, Options{LossChunks: tc.chunks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Saved[len(r.Saved)-1]; got != tc.saved {
+			t.Errorf("chunks %d: the head keeps %d B, by hand %d", tc.chunks, got, tc.saved)
+		}
+		var got []string
+		for _, e := range r.Events {
+			if e.Layer == cfg.LayerHead() && (e.Category == CatLoss || e.Category == CatActivations) {
+				sign := "-"
+				if e.Alloc {
+					sign = "+"
+				}
+				got = append(got, fmt.Sprintf("%s %s%s %d", e.Phase, sign, e.Label, e.Bytes))
+			}
+		}
+		if !slices.Equal(got, tc.events) {
+			t.Errorf("chunks %d: the head's loss and saved events\n%s\nby hand\n%s", tc.chunks, strings.Join(got, "\n"), strings.Join(tc.events, "\n"))
+		}
+	}
 }

@@ -65,13 +65,6 @@ func (a attnShape) area() int64 {
 	return n
 }
 
-// attentionArea is the number of score entries executed per sequence and
-// query head by Br×Bc tiles (1×1 gives the exact unmasked count, s(s+1)/2
-// for full causal attention).
-func attentionArea(seq, window, tileQ, tileK int) int64 {
-	return attnShape{seq: seq, window: window, tileQ: tileQ, tileK: tileK}.area()
-}
-
 // attnFwd writes o [T, H·d] and lse [T, H] from q [T, H·d], k, v [T, G·d].
 func attnFwd[T Float](o, lse, q, k, v []T, a attnShape) {
 	H, G, d, s := a.heads, a.kv, a.d, a.seq

@@ -1,84 +1,27 @@
-package moe
+package moe_test
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
 )
-
-// randomConfig draws a small valid config mixing every option.
-func randomConfig(r *rand.Rand) *Config {
-	c := &Config{Name: "rand", ModelType: "qwen3_moe", RoutedScale: 1, Groups: 1, TopKGroups: 1,
-		RopeTheta: 10000, NormEps: 1e-6, InitRange: 0.3, RotaryFraction: 1}
-	c.Vocab = 5 + r.IntN(12)
-	c.Hidden = 4 + r.IntN(6)
-	c.Layers = 1 + r.IntN(3)
-	c.KVHeads = 1 + r.IntN(2)
-	c.Heads = c.KVHeads * (1 + r.IntN(2))
-	c.HeadDim = 2 * (1 + r.IntN(3))
-	c.DenseFFN = 2 + r.IntN(5)
-	c.MoELayer, c.Window = make([]bool, c.Layers), make([]int, c.Layers)
-	for l := range c.MoELayer {
-		c.MoELayer[l] = r.IntN(4) != 0
-		if r.IntN(3) == 0 {
-			c.Window[l] = 1 + r.IntN(4)
-		}
-	}
-	if c.MoELayers() > 0 {
-		c.Experts = 2 + r.IntN(5)
-		c.TopK = 1 + r.IntN(c.Experts)
-		c.ExpertFFN = 2 + r.IntN(4)
-		c.Score = Softmax
-		c.NormTopK = r.IntN(2) == 0
-		if r.IntN(3) == 0 {
-			c.Score, c.SelectionBias = Sigmoid, r.IntN(2) == 0
-			c.RoutedScale = 0.5 + r.Float64()*2
-			if c.Experts%2 == 0 && r.IntN(2) == 0 {
-				c.Groups, c.TopKGroups = 2, 1+r.IntN(2)
-				c.TopK = 1 + r.IntN(c.TopKGroups*c.Experts/2)
-			}
-		}
-		if r.IntN(2) == 0 {
-			c.SharedExperts, c.SharedFFN = 1+r.IntN(2), 2+r.IntN(3)
-			c.SharedGated = r.IntN(2) == 0
-		}
-	}
-	c.QKNorm = []QKNorm{QKNormNone, QKNormHead, QKNormFull}[r.IntN(3)]
-	c.QKVBias = r.IntN(2) == 0
-	if c.HeadDim >= 4 && r.IntN(2) == 0 {
-		c.RotaryFraction = 0.5
-	}
-	c.TiedEmbeddings = r.IntN(2) == 0
-	return c
-}
-
-var testPolicies = []AC{{Mode: ACNone}, {Mode: ACSelective}, {Mode: ACFull}, {Mode: ACLayer, Every: 1}, {Mode: ACLayer, Every: 2}}
-
-// collector is a Recorder that keeps everything.
-type collector struct {
-	ops   []OpRecord
-	saved []SavedRecord
-}
-
-func (c *collector) RecordOp(r OpRecord)       { c.ops = append(c.ops, r) }
-func (c *collector) RecordSaved(r SavedRecord) { c.saved = append(c.saved, r) }
-
-func savedKey(s SavedRecord) string {
-	return fmt.Sprintf("%d/%s/%s/%d/%s", s.Layer, s.Op, s.Tensor, s.Elements, s.DType)
-}
 
 // TestPoliciesBitwiseEqual runs the same micro-batches under every
 // checkpointing policy and demands bit-identical losses and gradients, in
 // float32 and float64, with and without bf16 rounding.
 func TestPoliciesBitwiseEqual(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
-	for i := 0; i < 12; i++ {
-		c := randomConfig(r)
-		tokens := randomTokens(r, c, 1+r.IntN(2), 2+r.IntN(5))
-		o := Options{TileQ: 1 + r.IntN(3), TileK: 1 + r.IntN(3), BF16: i%3 == 0}
-		if c.IsMoE() && c.Score == Softmax {
+	for i := 0; i < 10; i++ {
+		c := moetest.Config(r)
+		tokens := moetest.Tokens(r, c, 1+r.IntN(2), 2+r.IntN(5))
+		o := moe.Options{TileQ: 1 + r.IntN(3), TileK: 1 + r.IntN(3), BF16: i%3 == 0}
+		if c.IsMoE() && c.Score == moe.Softmax {
 			o.AuxCoef = 0.01
 		}
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
@@ -88,11 +31,11 @@ func TestPoliciesBitwiseEqual(t *testing.T) {
 	}
 }
 
-func policyEqual[T Float](t *testing.T, c *Config, tokens [][]int, o Options) {
+func policyEqual[T moe.Float](t *testing.T, c *moe.Config, tokens [][]int, o moe.Options) {
 	var ref []T
 	var refLoss float64
-	for _, ac := range testPolicies {
-		m, err := NewModel[T](c)
+	for _, ac := range moetest.Policies() {
+		m, err := moe.NewModel[T](c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,22 +46,28 @@ func policyEqual[T Float](t *testing.T, c *Config, tokens [][]int, o Options) {
 			t.Fatal(err)
 		}
 		if ev, err := m.Evaluate(tokens, o); err != nil || ev.Total != res.Total {
-			t.Errorf("%T %s: Evaluate gives %v (%v), ForwardBackward %v", T(0), ac, ev.Total, err, res.Total)
+			t.Errorf("%s %T %s: Evaluate gives %v (%v), ForwardBackward %v", c.ModelType, T(0), ac, ev.Total, err, res.Total)
 		}
 		if ref == nil {
 			ref, refLoss = m.Grad, res.Total
 			continue
 		}
 		if res.Total != refLoss {
-			t.Errorf("%T %s: loss %v, none gives %v", T(0), ac, res.Total, refLoss)
+			t.Errorf("%s %T %s: loss %v, none gives %v", c.ModelType, T(0), ac, res.Total, refLoss)
 		}
 		for i := range ref {
 			if math.Float64bits(float64(m.Grad[i])) != math.Float64bits(float64(ref[i])) {
-				t.Errorf("%T %s: grad[%d] = %v, none gives %v", T(0), ac, i, m.Grad[i], ref[i])
+				t.Errorf("%s %T %s: grad[%d] = %v, none gives %v", c.ModelType, T(0), ac, i, m.Grad[i], ref[i])
 				break
 			}
 		}
 	}
+}
+
+// compareSaved orders saved records by every field.
+func compareSaved(a, b moe.SavedRecord) int {
+	return cmp.Or(cmp.Compare(a.Layer, b.Layer), cmp.Compare(a.Op, b.Op), cmp.Compare(a.Tensor, b.Tensor),
+		cmp.Compare(a.Elements, b.Elements), cmp.Compare(a.DType, b.DType))
 }
 
 // TestSavedMatchesTable checks that what execution keeps is exactly
@@ -126,32 +75,28 @@ func policyEqual[T Float](t *testing.T, c *Config, tokens [][]int, o Options) {
 func TestSavedMatchesTable(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	for i := 0; i < 25; i++ {
-		c := randomConfig(r)
+		c := moetest.Config(r)
 		batch, seq := 1+r.IntN(2), 2+r.IntN(5)
-		tokens := randomTokens(r, c, batch, seq)
-		for _, ac := range testPolicies {
-			m, err := NewModel[float32](c)
+		tokens := moetest.Tokens(r, c, batch, seq)
+		for _, ac := range moetest.Policies() {
+			m, err := moe.NewModel[float32](c)
 			if err != nil {
 				t.Fatal(err)
 			}
 			m.InitRandom(1)
-			rec := &collector{}
-			if _, err := m.ForwardBackward(tokens, 1, Options{AC: ac, Recorder: rec}); err != nil {
+			rec := &moetest.Recorder{}
+			if _, err := m.ForwardBackward(tokens, 1, moe.Options{AC: ac, Recorder: rec}); err != nil {
 				t.Fatal(err)
 			}
-			var got, want []string
-			for _, s := range rec.saved {
-				got = append(got, savedKey(s))
+			got := rec.Saved
+			var want []moe.SavedRecord
+			for l := moe.LayerEmbed; l <= c.LayerHead(); l++ {
+				want = append(want, moe.SavedTensors(c, l, batch*seq, ac, moe.Precision{})...)
 			}
-			for l := LayerEmbed; l <= c.LayerHead(); l++ {
-				for _, s := range SavedTensors(c, l, batch*seq, ac, Precision{}) {
-					want = append(want, savedKey(s))
-				}
-			}
-			slices.Sort(got)
-			slices.Sort(want)
+			slices.SortFunc(got, compareSaved)
+			slices.SortFunc(want, compareSaved)
 			if !slices.Equal(got, want) {
-				t.Fatalf("config %d %s: recorded saved tensors\n%v\nwant\n%v", i, ac, got, want)
+				t.Fatalf("config %d (%s) %s: recorded saved tensors\n%v\nwant\n%v", i, c.ModelType, ac, got, want)
 			}
 		}
 	}
@@ -159,56 +104,112 @@ func TestSavedMatchesTable(t *testing.T) {
 
 // TestRecomputeRepeatsForward checks the recompute records against the
 // forward ones: full checkpointing repeats every forward op of the block,
-// selective every one but the saved linears and attention; every policy
-// adds the flash backward's n·d.
+// selective every one but the saved linears (those whose output
+// SavedTensors lists) and attention; every policy adds the flash
+// backward's n·d.
 func TestRecomputeRepeatsForward(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	for i := 0; i < 20; i++ {
-		c := randomConfig(r)
+	selective := moe.AC{Mode: moe.ACSelective}
+	for i := 0; i < 17; i++ {
+		c := moetest.Config(r)
 		batch, seq := 1+r.IntN(2), 2+r.IntN(5)
-		tokens := randomTokens(r, c, batch, seq)
-		o := Options{TileQ: 1 + r.IntN(3), TileK: 1 + r.IntN(3)}
-		if c.IsMoE() && c.Score == Softmax && r.IntN(2) == 0 {
+		tokens := moetest.Tokens(r, c, batch, seq)
+		o := moe.Options{TileQ: 1 + r.IntN(3), TileK: 1 + r.IntN(3)}
+		if c.IsMoE() && c.Score == moe.Softmax && r.IntN(2) == 0 {
 			o.AuxCoef = 0.1
 		}
-		for _, ac := range testPolicies {
-			m, err := NewModel[float32](c)
+		savedLinear := map[moetest.OpKey]bool{}
+		for l := range c.Layers {
+			for _, s := range moe.SavedTensors(c, l, batch*seq, selective, moe.Precision{}) {
+				if s.Tensor == "output" && s.Op.Kind() == moe.KindMatmul {
+					savedLinear[moetest.OpKey{Layer: l, Op: s.Op, Pass: moe.Forward}] = true
+				}
+			}
+		}
+		for _, ac := range moetest.Policies() {
+			m, err := moe.NewModel[float32](c)
 			if err != nil {
 				t.Fatal(err)
 			}
 			m.InitRandom(1)
-			rec := &collector{}
+			rec := &moetest.Recorder{}
 			o.AC, o.Recorder = ac, rec
 			if _, err := m.ForwardBackward(tokens, 1, o); err != nil {
 				t.Fatal(err)
 			}
-			type key struct {
-				l  int
-				op Op
-				p  Pass
-			}
-			sum := map[key]int64{}
-			for _, x := range rec.ops {
-				sum[key{x.Layer, x.Op, x.Pass}] += x.Count
-			}
+			sum := moetest.OpSums(rec.Ops)
 			for k, fwd := range sum {
-				if k.p != Forward || k.l < 0 || k.l >= c.Layers || k.op == OpAuxLoss {
+				if k.Pass != moe.Forward || k.Layer < 0 || k.Layer >= c.Layers || k.Op == moe.OpAuxLoss {
 					continue
 				}
 				want := int64(0)
 				switch {
-				case ac.FullyCheckpointed(k.l):
+				case ac.FullyCheckpointed(k.Layer):
 					want = fwd
-				case ac.Mode == ACSelective && k.op != OpAttn && !slices.Contains(selectiveSaved(c, k.l), k.op):
+				case ac.Mode == moe.ACSelective && k.Op != moe.OpAttn && !savedLinear[k]:
 					want = fwd
 				}
-				if k.op == OpAttn {
+				if k.Op == moe.OpAttn {
 					want += fwd / 2 // flash backward's QKᵀ
 				}
-				if got := sum[key{k.l, k.op, Recompute}]; got != want {
-					t.Errorf("config %d %s layer %d %s: recompute %d, want %d", i, ac, k.l, k.op, got, want)
+				rk := k
+				rk.Pass = moe.Recompute
+				if got := sum[rk]; got != want {
+					t.Errorf("config %d (%s) %s layer %d %s: recompute %d, want %d", i, c.ModelType, ac, k.Layer, k.Op, got, want)
 				}
 			}
 		}
+	}
+}
+
+// TestStepRecorded checks the optimizer records cover every trained
+// parameter once (buffers excluded) and that Step matches AdamWStep.
+func TestStepRecorded(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	c := moetest.ConfigOf(r, "glm4_moe") // has a selection-bias buffer
+	m, err := moe.NewModel[float64](c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.InitRandom(3)
+	for i, p := range m.Params {
+		if p.Buffer {
+			for j := range m.Tensors()[i] {
+				m.Tensors()[i][j] = 0.3 * r.NormFloat64()
+			}
+		}
+	}
+	if _, err := m.ForwardBackward(moetest.Tokens(r, c, 1, 4), 1, moe.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	ts, gs := m.Tensors(), m.Grads() // views of Data and Grad, in Params order
+	before := make([][]float64, len(ts))
+	for i := range ts {
+		before[i] = slices.Clone(ts[i])
+	}
+	rec := &moetest.Recorder{}
+	m.StepRecorded(moe.DefaultAdamW, rec)
+	var n, want int64
+	for _, x := range rec.Ops {
+		n += x.Count
+	}
+	for i, p := range m.Params {
+		if p.Buffer {
+			if !slices.Equal(ts[i], before[i]) {
+				t.Fatalf("buffer %s changed", p.Name)
+			}
+			continue
+		}
+		want += p.Elements()
+		var st moe.AdamState[float64]
+		moe.AdamWStep(moe.DefaultAdamW, &st, before[i], gs[i])
+		for j, v := range before[i] {
+			if ts[i][j] != v {
+				t.Fatalf("%s[%d] = %v, AdamWStep gives %v", p.Name, j, ts[i][j], v)
+			}
+		}
+	}
+	if n != want {
+		t.Errorf("optimizer records count %d parameters, model trains %d", n, want)
 	}
 }

@@ -233,7 +233,7 @@ func TestGradientGroupsCovered(t *testing.T) {
 			}
 		}
 	}
-	for _, g := range Groups {
+	for _, g := range Groups() {
 		if !seen[g] {
 			t.Errorf("no variant gives group %s a gradient", g)
 		}

@@ -17,8 +17,11 @@ const (
 	GroupLMHead    ParamGroup = "lm_head"
 )
 
-// Groups lists the parameter groups in report order.
-var Groups = []ParamGroup{GroupEmbedding, GroupAttention, GroupNorm, GroupRouter, GroupRouted, GroupShared, GroupDenseFFN, GroupLMHead}
+// Groups returns the parameter groups in report order (a new slice each
+// call, so no caller can reorder another's).
+func Groups() []ParamGroup {
+	return []ParamGroup{GroupEmbedding, GroupAttention, GroupNorm, GroupRouter, GroupRouted, GroupShared, GroupDenseFFN, GroupLMHead}
+}
 
 // Param is one tensor of the model as Hugging Face names and shapes it
 // (row-major, PyTorch's [out, in] for linear weights).

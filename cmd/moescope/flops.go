@@ -118,7 +118,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	if *tps > 0 {
 		rep.GPU, rep.PeakFLOPs, rep.TPS = dev.Name, dev.BF16FLOPs, *tps
 		rep.MFUByConvention = map[flops.Convention]float64{}
-		for _, c := range flops.AllConventions {
+		for _, c := range flops.AllConventions() {
 			rep.MFUByConvention[c] = flops.MFU(rep.FLOPsPerToken[c], *tps, dev.BF16FLOPs)
 		}
 		h := flops.HFU(rep.FLOPsPerToken[flops.Hardware], *tps, dev.BF16FLOPs)
@@ -164,12 +164,12 @@ func buildFlopsReport(cfg *moe.Config, s flops.Shape, ac moe.AC, tile flops.Tile
 		FLOPsPerToken: tot.PerToken, FLOPsPerStep: tot.PerStep,
 		Conventions: map[flops.Convention]string{}, NonMatmul: nm, NonMatmulFLOPs: nmFLOPs, Layers: layers,
 	}
-	for _, g := range moe.Groups {
+	for _, g := range moe.Groups() {
 		if p.ByGroup[g] > 0 {
 			rep.Params.ByGroup[g] = parGroup{p.ByGroup[g], p.ActiveByGroup[g]}
 		}
 	}
-	for _, c := range flops.AllConventions {
+	for _, c := range flops.AllConventions() {
 		rep.Conventions[c] = c.Explain()
 	}
 	return rep, nil
@@ -187,7 +187,7 @@ func printFlops(w io.Writer, r *flopsReport) error {
 		fmtInt(r.Params.Active), fmtBillions(r.Params.Active))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "group\ttotal\tactive\t")
-	for _, g := range moe.Groups {
+	for _, g := range moe.Groups() {
 		if pg, ok := r.Params.ByGroup[g]; ok {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", g, fmtInt(pg.Total), fmtInt(pg.Active))
 		}
@@ -277,7 +277,7 @@ func printFlops(w io.Writer, r *flopsReport) error {
 		head += fmt.Sprintf("\tMFU (%s, %s tok/s)", r.GPU, strconv.FormatFloat(r.TPS, 'f', -1, 64))
 	}
 	fmt.Fprintln(tw, head+"\thow it counts")
-	for _, c := range flops.AllConventions {
+	for _, c := range flops.AllConventions() {
 		line := fmt.Sprintf("%s\t%s\t%s", c, fmtFLOPs(r.FLOPsPerToken[c]), fmtInt(r.FLOPsPerStep[c]))
 		if r.MFUByConvention != nil {
 			line += fmt.Sprintf("\t%.2f%%", 100*r.MFUByConvention[c])

@@ -154,7 +154,7 @@ func printMemory(w io.Writer, r memoryReport) {
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "live at peak\tGiB\tbytes\t")
-	for _, c := range memory.Categories {
+	for _, c := range memory.Categories() {
 		fmt.Fprintf(tw, "%s\t%.2f\t%d\t\n", c, gib(r.Breakdown[string(c)]), r.Breakdown[string(c)])
 	}
 	fmt.Fprintf(tw, "allocator_overhead\t%.2f\t%d\t\n", gib(r.Breakdown["allocator_overhead"]), r.Breakdown["allocator_overhead"])
@@ -167,7 +167,7 @@ func printMemory(w io.Writer, r memoryReport) {
 		gib(r.State.Params), gib(r.State.Grads), gib(r.State.Optimizer))
 	fmt.Fprintf(w, "peak at: %s\n", r.PeakEvent)
 	fmt.Fprint(w, "reserved by stream:")
-	for _, st := range memory.Streams {
+	for _, st := range memory.Streams() {
 		fmt.Fprintf(w, " %s %.2f GiB", st, gib(r.ReservedByStream[st]))
 	}
 	fmt.Fprintln(w)

@@ -113,9 +113,6 @@ func (a AttnShape) visibleKeys(i, j0, j1 int) (lo, hi int) {
 	return lo, hi
 }
 
-// visible reports M(i, j).
-func (a AttnShape) visible(i, j int) bool { return j <= i && (a.Window == 0 || j > i-a.Window) }
-
 // AttentionForward writes o and lse from q, k, v (layout in the file
 // comment). Query tiles of every KV head run in parallel over Threads()
 // cores.

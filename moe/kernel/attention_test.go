@@ -7,6 +7,11 @@ import (
 	"testing"
 )
 
+// visible is the mask M(i, j) stated directly (causal, and within the
+// window when there is one), the oracle the kernel's tile logic is checked
+// against.
+func visible(a AttnShape, i, j int) bool { return j <= i && (a.Window == 0 || j > i-a.Window) }
+
 // attnRef is an independent float64 attention: the whole score matrix of
 // each (sequence, head), a row softmax, and the textbook backward
 // (dV = Pᵀ·dO, dP = dO·Vᵀ, dS_ij = P_ij·(dP_ij − Σ_l P_il·dP_il), dQ = c·dS·K,
@@ -27,7 +32,7 @@ func attnRef(a AttnShape, q, k, v, do []float32) (o, lse, dq, dk, dv []float64) 
 				P[i] = make([]float64, s)
 				mx := math.Inf(-1)
 				for j := 0; j < s; j++ {
-					if !a.visible(i, j) {
+					if !visible(a, i, j) {
 						continue
 					}
 					var x float64
@@ -39,7 +44,7 @@ func attnRef(a AttnShape, q, k, v, do []float32) (o, lse, dq, dk, dv []float64) 
 				}
 				var z float64
 				for j := 0; j < s; j++ {
-					if a.visible(i, j) {
+					if visible(a, i, j) {
 						P[i][j] = math.Exp(P[i][j] - mx)
 						z += P[i][j]
 					}
@@ -198,7 +203,7 @@ func TestAttentionArea(t *testing.T) {
 						live := false
 						for i := i0; i < i1; i++ {
 							for j := j0; j < j1; j++ {
-								live = live || a.visible(i, j)
+								live = live || visible(a, i, j)
 							}
 						}
 						if live {
