@@ -4,7 +4,7 @@
 // of models.
 //
 // Config draws a config.json of a random supported model type and loads it
-// with moe.ParseHF, the loader of real checkpoints: every config drawn is
+// with hf.ParseConfig, the loader of real checkpoints: every config drawn is
 // one Hugging Face's config class of that type could load, normalized the
 // way a real one is, and its options are only those the type has (a
 // sigmoid router only where glm4_moe has one, a shared-expert gate only
@@ -19,6 +19,7 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // drawers holds, per model type, what writes the keys of a random small
@@ -105,7 +106,7 @@ var drawers = map[string]func(d *draw){
 var headDimKey = map[string]bool{"qwen3_moe": true, "mixtral": true, "glm4_moe": true, "qwen3": true, "llama": true}
 
 // ModelTypes returns the model types Config draws, sorted; a test checks
-// that they are moe.SupportedModelTypes.
+// that they are hf.SupportedModelTypes.
 func ModelTypes() []string {
 	ts := make([]string, 0, len(drawers))
 	for t := range drawers {
@@ -179,7 +180,7 @@ func (d *draw) qwenWindows() {
 }
 
 // Config draws a small config of a random model type (ModelTypes) through
-// moe.ParseHF; the same r state gives the same config. It panics when the
+// hf.ParseConfig; the same r state gives the same config. It panics when the
 // loader refuses a draw: that is a bug of the generator, and the message
 // holds the config.json.
 func Config(r *rand.Rand) *moe.Config {
@@ -216,7 +217,7 @@ func ConfigOf(r *rand.Rand, modelType string) *moe.Config {
 	if err != nil {
 		panic(err)
 	}
-	c, err := moe.ParseHF(data, "moetest "+modelType)
+	c, err := hf.ParseConfig(data, "moetest "+modelType)
 	if err != nil {
 		panic(fmt.Sprintf("moetest: the loader refuses a drawn config %s: %v", data, err))
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 )
 
 // draws is how many configs the coverage test draws: every model type and
@@ -15,7 +16,7 @@ import (
 const draws = 300
 
 func TestModelTypesAreSupported(t *testing.T) {
-	if got, want := ModelTypes(), moe.SupportedModelTypes(); !slices.Equal(got, want) {
+	if got, want := ModelTypes(), hf.SupportedModelTypes(); !slices.Equal(got, want) {
 		t.Errorf("Config draws model types %v; the loader supports %v", got, want)
 	}
 }
@@ -89,7 +90,7 @@ func TestCoverage(t *testing.T) {
 			fieldValues[name][fmt.Sprint(v.Field(f).Interface())] = true
 		}
 	}
-	for _, mt := range moe.SupportedModelTypes() {
+	for _, mt := range hf.SupportedModelTypes() {
 		if types[mt] == 0 {
 			t.Errorf("model_type %s: not drawn in %d configs", mt, draws)
 		}

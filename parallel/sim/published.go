@@ -81,7 +81,7 @@ func (r Run) Layout() (moe.Layout, error) {
 	return l, l.Resolve()
 }
 
-// Validate checks the run's fields (not the model name, which needs moe.Load).
+// Validate checks the run's fields (not the model name, which needs hf.Load).
 func (r Run) Validate(requireSource bool) error {
 	var errs []error
 	bad := func(field string, v any, allowed string) {
