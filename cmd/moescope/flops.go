@@ -178,22 +178,9 @@ func buildFlopsReport(cfg *moe.Config, s flops.Shape, ac moe.AC, tile flops.Tile
 // fmtFLOPs writes a FLOP count in engineering form: 2.791e+10.
 func fmtFLOPs(v float64) string { return strconv.FormatFloat(v, 'e', 4, 64) }
 
-func printFlops(w io.Writer, r *flopsReport) error {
-	fmt.Fprintf(w, "model %s (%s)\n  source: %s\n", r.Model, r.ModelType, r.Source)
-	fmt.Fprintf(w, "step: %d sequence(s) x %d tokens = %s tokens; --ac %s; attention tile %dx%d\n\n",
-		r.Batch, r.Seq, fmtInt(r.Tokens), r.AC, r.Tile[0], r.Tile[1])
-
-	fmt.Fprintf(w, "parameters: total %s (%s), active per token %s (%s)\n", fmtInt(r.Params.Total), fmtBillions(r.Params.Total),
-		fmtInt(r.Params.Active), fmtBillions(r.Params.Active))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "group\ttotal\tactive\t")
-	for _, g := range moe.Groups() {
-		if pg, ok := r.Params.ByGroup[g]; ok {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", g, fmtInt(pg.Total), fmtInt(pg.Active))
-		}
-	}
-	tw.Flush()
-
+// printFlopsByOp prints the matmul FLOPs of each op summed over layers, by
+// pass.
+func printFlopsByOp(w io.Writer, r *flopsReport) {
 	fmt.Fprintf(w, "\nper-op matmul FLOPs of the step, all layers (hardware count: --ac %s, tile %dx%d)\n", r.AC, r.Tile[0], r.Tile[1])
 	type agg struct{ f, bd, bw, rec int64 }
 	var order []moe.Op
@@ -215,16 +202,20 @@ func printFlops(w io.Writer, r *flopsReport) error {
 			a.rec += o.Recompute
 		}
 	}
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tforward\tbackward_data\tbackward_weight\trecompute\t")
 	for _, op := range order {
 		a := byOp[op]
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", op, fmtFLOPs(float64(a.f)), fmtFLOPs(float64(a.bd)), fmtFLOPs(float64(a.bw)), fmtFLOPs(float64(a.rec)))
 	}
 	tw.Flush()
+}
 
+// printFlopsByLayer prints the matmul FLOPs of each layer, runs of
+// identical layers on one line.
+func printFlopsByLayer(w io.Writer, r *flopsReport) {
 	fmt.Fprintln(w, "\nper-layer matmul FLOPs of the step (runs of identical layers on one line, values per layer)")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "layers\tkind\tforward\tbackward_data\tbackward_weight\trecompute\t")
 	type lrow struct {
 		first, last int
@@ -252,6 +243,26 @@ func printFlops(w io.Writer, r *flopsReport) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", name, x.kind, fmtFLOPs(float64(x.v[0])), fmtFLOPs(float64(x.v[1])), fmtFLOPs(float64(x.v[2])), fmtFLOPs(float64(x.v[3])))
 	}
 	tw.Flush()
+}
+
+func printFlops(w io.Writer, r *flopsReport) error {
+	fmt.Fprintf(w, "model %s (%s)\n  source: %s\n", r.Model, r.ModelType, r.Source)
+	fmt.Fprintf(w, "step: %d sequence(s) x %d tokens = %s tokens; --ac %s; attention tile %dx%d\n\n",
+		r.Batch, r.Seq, fmtInt(r.Tokens), r.AC, r.Tile[0], r.Tile[1])
+
+	fmt.Fprintf(w, "parameters: total %s (%s), active per token %s (%s)\n", fmtInt(r.Params.Total), fmtBillions(r.Params.Total),
+		fmtInt(r.Params.Active), fmtBillions(r.Params.Active))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "group\ttotal\tactive\t")
+	for _, g := range moe.Groups() {
+		if pg, ok := r.Params.ByGroup[g]; ok {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\n", g, fmtInt(pg.Total), fmtInt(pg.Active))
+		}
+	}
+	tw.Flush()
+
+	printFlopsByOp(w, r)
+	printFlopsByLayer(w, r)
 
 	fmt.Fprintln(w, "\nnon-matmul work of the step, all passes (no convention counts it; FLOPs at moescope's per-element costs, flops.ElementCost)")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -81,17 +81,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
 	}
-	prec := moe.DefaultPrecision
-	for _, f := range []struct {
-		name, v string
-		dst     *moe.DType
-	}{{"grad-dtype", *gradT, &prec.Grad}, {"optimizer-dtype", *optT, &prec.Optimizer}} {
-		switch moe.DType(f.v) {
-		case moe.F32, moe.BF16:
-			*f.dst = moe.DType(f.v)
-		default:
-			return fmt.Errorf("%w: --%s = %q: must be f32 or bf16", errUsage, f.name, f.v)
-		}
+	prec, err := memoryPrecision(*gradT, *optT)
+	if err != nil {
+		return err
 	}
 	dev, err := hw.LookupDevice(*gpu)
 	if err != nil {
@@ -125,6 +117,36 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
+	rep.fill(cfg, dev, r)
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printMemory(stdout, rep)
+	return nil
+}
+
+// memoryPrecision is torchtitan's default mixed precision with the
+// gradient and AdamW-moment storage types the flags ask for.
+func memoryPrecision(gradT, optT string) (moe.Precision, error) {
+	prec := moe.DefaultPrecision
+	for _, f := range []struct {
+		name, v string
+		dst     *moe.DType
+	}{{"grad-dtype", gradT, &prec.Grad}, {"optimizer-dtype", optT, &prec.Optimizer}} {
+		switch moe.DType(f.v) {
+		case moe.F32, moe.BF16:
+			*f.dst = moe.DType(f.v)
+		default:
+			return prec, fmt.Errorf("%w: --%s = %q: must be f32 or bf16", errUsage, f.name, f.v)
+		}
+	}
+	return prec, nil
+}
+
+// fill copies the estimate r into the report.
+func (rep *memoryReport) fill(cfg *moe.Config, dev hw.Device, r memory.Report) {
 	rep.PeakAllocatedBytes, rep.PeakReservedBytes = r.Peak.Allocated, r.Peak.Reserved
 	rep.MemoryFraction = float64(r.Peak.Reserved) / float64(dev.MemoryBytes)
 	rep.Breakdown, rep.State = r.Breakdown(), r.State
@@ -138,13 +160,6 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	}
 	rep.ReservedByStream = r.Peak.ReservedByStream
 	rep.Allocator = memory.DefaultAllocator.Source
-	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	printMemory(stdout, rep)
-	return nil
 }
 
 func printMemory(w io.Writer, r memoryReport) {
