@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
@@ -151,17 +152,9 @@ type gradReport struct {
 // [0, vocab). Each sequence needs at least two tokens (one predicted
 // position).
 func readTokens(path string, vocab int) ([][]int, error) {
-	f, err := os.Open(path)
+	b, err := fileio.ReadBounded(path, maxTokensBytes)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxTokensBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxTokensBytes {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxTokensBytes)
 	}
 	toks, err := parseTokens(b, vocab)
 	if err != nil {
@@ -257,9 +250,8 @@ func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, ava
 	if err := l.Resolve(); err != nil {
 		return err
 	}
-	f32 := moe.Precision{Param: moe.F32, Compute: moe.F32, Grad: moe.F32, Optimizer: moe.F32, Activation: moe.F32}
 	// ForwardBackwardHF runs sequences of seqLen inputs (the aux-loss passes add a label).
-	r, err := memory.Estimate(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, memory.Options{Precision: f32, AC: ac})
+	r, err := memory.Estimate(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, memory.Options{Precision: moe.ReferencePrecision, AC: ac})
 	if err != nil {
 		return fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)
 	}

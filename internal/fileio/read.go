@@ -1,30 +1,50 @@
 package fileio
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 )
 
-// MaxJSONFileBytes bounds a cluster or calibration JSON read from disk:
-// real ones are a few KiB; a device or pipe (/dev/zero) must not be read
-// forever.
-const MaxJSONFileBytes = 1 << 20
+// TooLargeError reports an input longer than its bound.
+type TooLargeError struct {
+	Path string
+	Max  int64
+}
 
-// ReadJSONFile reads at most MaxJSONFileBytes of path, and refuses a longer
-// file.
-func ReadJSONFile(path string) ([]byte, error) {
+func (e *TooLargeError) Error() string { return fmt.Sprintf("%s: larger than %d bytes", e.Path, e.Max) }
+
+// ReadBounded reads the whole of path if it holds at most max bytes. A
+// longer input is refused after max+1 bytes with a *TooLargeError, so a
+// device or a pipe (/dev/zero) named as an input is never read forever.
+func ReadBounded(path string, max int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxJSONFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > MaxJSONFileBytes {
-		return nil, fmt.Errorf("%s: larger than %d bytes: not a moescope JSON file", path, MaxJSONFileBytes)
+	if int64(len(data)) > max {
+		return nil, &TooLargeError{Path: path, Max: max}
 	}
 	return data, nil
+}
+
+// MaxJSONFileBytes bounds a cluster or calibration JSON read from disk:
+// real ones are a few KiB.
+const MaxJSONFileBytes = 1 << 20
+
+// ReadJSONFile reads at most MaxJSONFileBytes of path, and refuses a longer
+// file.
+func ReadJSONFile(path string) ([]byte, error) {
+	data, err := ReadBounded(path, MaxJSONFileBytes)
+	var big *TooLargeError
+	if errors.As(err, &big) {
+		return nil, fmt.Errorf("%w: not a moescope JSON file", err)
+	}
+	return data, err
 }

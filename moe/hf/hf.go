@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"reflect"
 	"sort"
 	"strings"
 
+	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -563,17 +563,10 @@ func Load(nameOrPath string) (*moe.Config, error) {
 const maxConfigBytes = 1 << 20
 
 func readConfigFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxConfigBytes {
+	data, err := fileio.ReadBounded(path, maxConfigBytes)
+	var big *fileio.TooLargeError
+	if errors.As(err, &big) {
 		return nil, fmt.Errorf("larger than %d bytes: not a config.json", maxConfigBytes)
 	}
-	return data, nil
+	return data, err
 }

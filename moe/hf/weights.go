@@ -78,17 +78,13 @@ type checkpointIndex struct {
 }
 
 func openIndex(path string) (*Checkpoint, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxIndexBytes+1))
-	f.Close()
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxIndexBytes {
+	b, err := fileio.ReadBounded(path, maxIndexBytes)
+	var big *fileio.TooLargeError
+	if errors.As(err, &big) {
 		return nil, fmt.Errorf("%s: index larger than %d bytes", path, maxIndexBytes)
+	}
+	if err != nil {
+		return nil, err
 	}
 	var idx checkpointIndex
 	if err := json.Unmarshal(b, &idx); err != nil {
