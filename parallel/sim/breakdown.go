@@ -34,79 +34,114 @@ type Breakdown struct {
 // proportion to how long each overlaps it (a gap with none in flight is
 // charged to "other"). The parts sum to the step time.
 func breakdown(s *parallel.Schedule, sim *simulated, spans []simSpan, step float64) (Breakdown, string) {
-	b := Breakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}}
-	var order, colls []int
-	for i, o := range sim.ops {
-		if o.stream == simCompute {
-			order = append(order, i)
-		} else if o.coll {
-			colls = append(colls, i)
-		}
-		if o.coll {
-			b.CommS[string(sim.comm[i].Kind)] += spans[i].end - spans[i].start
-		}
-	}
-	sort.SliceStable(order, func(a, c int) bool { return spans[order[a]].start < spans[order[c]].start })
-	sort.SliceStable(colls, func(a, c int) bool { return spans[colls[a]].start < spans[colls[c]].start })
-	// detail refines the exposed time by kind, axis and link class, to
-	// name the bottleneck.
-	detail := map[string]float64{}
-	label := func(i int) string {
-		return fmt.Sprintf("%s (%s, %s)", sim.comm[i].Kind, s.Ops[i].Axis, sim.comm[i].Link)
-	}
-	charge := func(from, to float64) {
-		if to <= from {
-			return
-		}
-		share := map[int]float64{}
-		total := 0.0
-		for _, i := range colls {
-			if spans[i].start >= to {
-				break
-			}
-			if ov := math.Min(to, spans[i].end) - math.Max(from, spans[i].start); ov > 0 {
-				share[i] += ov
-				total += ov
-			}
-		}
-		if total == 0 {
-			b.ExposedCommS["other"] += to - from
-			detail["other"] += to - from
-			return
-		}
-		for i, v := range share {
-			b.ExposedCommS[string(sim.comm[i].Kind)] += (to - from) * v / total
-			detail[label(i)] += (to - from) * v / total
-		}
-	}
+	c := newStepCharges(s, sim, spans)
 	prevEnd := 0.0
-	for _, i := range order {
-		o := sim.ops[i]
-		charge(prevEnd, spans[i].start)
-		d := spans[i].end - spans[i].start
-		switch {
-		case o.coll:
-			b.ExposedCommS[string(sim.comm[i].Kind)] += d
-			detail[label(i)] += d
-		case s.Ops[i].Phase == parallel.PhaseOptimizer:
-			b.OptimizerS += d
-		default:
-			b.RecomputeS += sim.recompute[i]
-			b.ComputeS += d - sim.recompute[i]
-			if sim.byClass != nil {
-				for c, v := range sim.byClass[i] {
-					b.ComputeByClassS[OpClass(c).String()] += v
-				}
-			}
-		}
+	for _, i := range c.order {
+		c.chargeGap(prevEnd, spans[i].start)
+		c.chargeBusy(i)
 		prevEnd = math.Max(prevEnd, spans[i].end)
 	}
 	// Collectives still running after the last compute op (ZeRO
 	// re-gathers, trailing reductions).
-	charge(prevEnd, step)
-	// Bottleneck: compute (with recompute and optimizer) against each kind
-	// of exposed communication; a communication bottleneck is named with
-	// the axis and link class that expose most of it.
+	c.chargeGap(prevEnd, step)
+	return c.b, bottleneck(c.b, c.detail)
+}
+
+// stepCharges is a breakdown being accumulated along the compute stream.
+type stepCharges struct {
+	s     *parallel.Schedule
+	sim   *simulated
+	spans []simSpan
+	order []int // compute-stream ops, by start
+	colls []int // collectives on the side streams, by start
+	b     Breakdown
+	// detail refines the exposed time by kind, axis and link class, to
+	// name the bottleneck.
+	detail map[string]float64
+}
+
+// newStepCharges orders the ops by start, compute stream and side streams
+// apart, and totals each kind's collective time (overlapped or not).
+func newStepCharges(s *parallel.Schedule, sim *simulated, spans []simSpan) *stepCharges {
+	c := &stepCharges{s: s, sim: sim, spans: spans, detail: map[string]float64{},
+		b: Breakdown{ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}}}
+	for i, o := range sim.ops {
+		if o.stream == simCompute {
+			c.order = append(c.order, i)
+		} else if o.coll {
+			c.colls = append(c.colls, i)
+		}
+		if o.coll {
+			c.b.CommS[string(sim.comm[i].Kind)] += spans[i].end - spans[i].start
+		}
+	}
+	sort.SliceStable(c.order, func(a, b int) bool { return spans[c.order[a]].start < spans[c.order[b]].start })
+	sort.SliceStable(c.colls, func(a, b int) bool { return spans[c.colls[a]].start < spans[c.colls[b]].start })
+	return c
+}
+
+// label names collective i by kind, axis and link class.
+func (c *stepCharges) label(i int) string {
+	return fmt.Sprintf("%s (%s, %s)", c.sim.comm[i].Kind, c.s.Ops[i].Axis, c.sim.comm[i].Link)
+}
+
+// chargeGap charges the compute stream's idle time [from, to) to the
+// side-stream collectives in flight, in proportion to their overlap with
+// it, or to "other" when none is.
+func (c *stepCharges) chargeGap(from, to float64) {
+	if to <= from {
+		return
+	}
+	share := map[int]float64{}
+	total := 0.0
+	for _, i := range c.colls {
+		if c.spans[i].start >= to {
+			break
+		}
+		if ov := math.Min(to, c.spans[i].end) - math.Max(from, c.spans[i].start); ov > 0 {
+			share[i] += ov
+			total += ov
+		}
+	}
+	if total == 0 {
+		c.b.ExposedCommS["other"] += to - from
+		c.detail["other"] += to - from
+		return
+	}
+	for i, v := range share {
+		c.b.ExposedCommS[string(c.sim.comm[i].Kind)] += (to - from) * v / total
+		c.detail[c.label(i)] += (to - from) * v / total
+	}
+}
+
+// chargeBusy charges compute-stream op i's span: an inline collective is
+// exposed in full; a compute op splits into its recompute and the rest,
+// and by op class.
+func (c *stepCharges) chargeBusy(i int) {
+	d := c.spans[i].end - c.spans[i].start
+	switch {
+	case c.sim.ops[i].coll:
+		c.b.ExposedCommS[string(c.sim.comm[i].Kind)] += d
+		c.detail[c.label(i)] += d
+	case c.s.Ops[i].Phase == parallel.PhaseOptimizer:
+		c.b.OptimizerS += d
+	default:
+		c.b.RecomputeS += c.sim.recompute[i]
+		c.b.ComputeS += d - c.sim.recompute[i]
+		if c.sim.byClass != nil {
+			for k, v := range c.sim.byClass[i] {
+				c.b.ComputeByClassS[OpClass(k).String()] += v
+			}
+		}
+	}
+}
+
+// bottleneck names the largest part of b: compute (with recompute and
+// optimizer) against each kind of exposed communication; a communication
+// bottleneck is named with the axis and link class that expose most of it
+// (detail, by label). Keys are visited sorted so that ties always resolve
+// the same way.
+func bottleneck(b Breakdown, detail map[string]float64) string {
 	name, top := "compute", b.ComputeS+b.RecomputeS+b.OptimizerS
 	kinds := make([]string, 0, len(b.ExposedCommS))
 	for k := range b.ExposedCommS {
@@ -119,7 +154,7 @@ func breakdown(s *parallel.Schedule, sim *simulated, spans []simSpan, step float
 		}
 	}
 	if name == "compute" {
-		return b, name
+		return name
 	}
 	best, bestV := name, -1.0
 	keys := make([]string, 0, len(detail))
@@ -132,5 +167,5 @@ func breakdown(s *parallel.Schedule, sim *simulated, spans []simSpan, step float
 			best, bestV = k, detail[k]
 		}
 	}
-	return b, "exposed " + best
+	return "exposed " + best
 }
