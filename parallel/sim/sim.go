@@ -135,77 +135,27 @@ type simPrep struct {
 	tokens float64            // per rank per step
 }
 
+// prepareSim checks in, resolves its device and cluster and builds what
+// every run of it shares (simPrep).
 func prepareSim(in Input) (*simPrep, error) {
-	cfg := in.Config
-	if cfg == nil {
-		return nil, errors.New("simulate: no model config")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("simulate: %w", err)
-	}
-	if in.LBS < 1 || in.Seq < 1 {
-		return nil, fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
-	}
 	if in.GradAccum == 0 {
 		in.GradAccum = 1
 	}
-	if in.GradAccum < 0 || in.GradAccum > 1<<16 {
-		return nil, fmt.Errorf("simulate: grad_accum = %d: must be in [1, 65536]", in.GradAccum)
+	if err := checkInput(in); err != nil {
+		return nil, err
 	}
-	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
-		return nil, fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
-	}
-	if n := len(in.ExpertCounts); n > 0 {
-		if n != 1 && n != cfg.MoELayers() {
-			return nil, fmt.Errorf("simulate: expert counts for %d layers; want 1 or one per MoE layer (%d)", n, cfg.MoELayers())
-		}
-		for i, row := range in.ExpertCounts {
-			if len(row) != cfg.Experts {
-				return nil, fmt.Errorf("simulate: expert counts row %d has %d entries for %d experts", i, len(row), cfg.Experts)
-			}
-			for _, c := range row {
-				if c < 0 {
-					return nil, fmt.Errorf("simulate: expert counts row %d: negative count %d", i, c)
-				}
-			}
-		}
-	}
-	p := &simPrep{in: in, cfg: cfg, dev: in.Device}
-	if p.dev.Name == "" {
-		var err error
-		if p.dev, err = hw.LookupDevice(hw.DefaultDeviceName); err != nil {
-			return nil, err
-		}
-	}
-	p.cl = in.Cluster
-	if p.cl == nil {
-		var err error
-		if p.cl, err = hw.LoadCluster(hw.ClusterForGPU(p.dev.Name)); err != nil {
-			return nil, err
-		}
+	cfg := in.Config
+	p := &simPrep{in: in, cfg: cfg}
+	var err error
+	if p.dev, p.cl, err = resolveHardware(in); err != nil {
+		return nil, err
 	}
 	p.l = in.Layout
-	if p.l.GPUsPerNode > 0 {
-		c := p.cl.WithGPUsPerNode(p.l.GPUsPerNode)
-		p.cl = &c
-	}
-	var err error
 	if p.mesh, err = parallel.NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if in.ExpertSkew > 1 {
-		// A token sends one row to each expert it selects, so the EP rank
-		// holding E/ep experts receives at most min(K, E/ep) rows per token,
-		// of a mean of K/ep: the skew is at most ep·min(K, E/ep)/K (1
-		// without EP or routed experts).
-		maxSkew := 1.0
-		if cfg.IsMoE() {
-			maxSkew = float64(p.l.EP*min(cfg.TopK, cfg.Experts/p.l.EP)) / float64(cfg.TopK)
-		}
-		if in.ExpertSkew > maxSkew {
-			return nil, fmt.Errorf("simulate: expert skew = %v: must be in [1, %v] for ep = %d, top-k %d of %d experts (the most loaded EP rank receives at most min(top-k, experts/ep) rows per token)",
-				in.ExpertSkew, maxSkew, p.l.EP, cfg.TopK, cfg.Experts)
-		}
+	if err := checkSkewBound(cfg, p.l, in.ExpertSkew); err != nil {
+		return nil, err
 	}
 	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
@@ -223,6 +173,89 @@ func prepareSim(in Input) (*simPrep, error) {
 	p.params = float64(p.mem.State.Params / moe.DefaultPrecision.Param.Bytes())
 	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum)
 	return p, nil
+}
+
+// checkInput checks the fields of in that need no hardware: the model, the
+// batch, the grad accumulation (already defaulted) and the routing skew or
+// counts.
+func checkInput(in Input) error {
+	cfg := in.Config
+	if cfg == nil {
+		return errors.New("simulate: no model config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	if in.LBS < 1 || in.Seq < 1 {
+		return fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
+	}
+	if in.GradAccum < 0 || in.GradAccum > 1<<16 {
+		return fmt.Errorf("simulate: grad_accum = %d: must be in [1, 65536]", in.GradAccum)
+	}
+	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
+		return fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
+	}
+	if n := len(in.ExpertCounts); n > 0 {
+		if n != 1 && n != cfg.MoELayers() {
+			return fmt.Errorf("simulate: expert counts for %d layers; want 1 or one per MoE layer (%d)", n, cfg.MoELayers())
+		}
+		for i, row := range in.ExpertCounts {
+			if len(row) != cfg.Experts {
+				return fmt.Errorf("simulate: expert counts row %d has %d entries for %d experts", i, len(row), cfg.Experts)
+			}
+			for _, c := range row {
+				if c < 0 {
+					return fmt.Errorf("simulate: expert counts row %d: negative count %d", i, c)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// resolveHardware returns in's device (hw.DefaultDeviceName when unnamed)
+// and cluster (the device's usual one when nil), the cluster resized when
+// the layout sets GPUs per node.
+func resolveHardware(in Input) (hw.Device, *hw.Cluster, error) {
+	dev := in.Device
+	if dev.Name == "" {
+		var err error
+		if dev, err = hw.LookupDevice(hw.DefaultDeviceName); err != nil {
+			return hw.Device{}, nil, err
+		}
+	}
+	cl := in.Cluster
+	if cl == nil {
+		var err error
+		if cl, err = hw.LoadCluster(hw.ClusterForGPU(dev.Name)); err != nil {
+			return hw.Device{}, nil, err
+		}
+	}
+	if in.Layout.GPUsPerNode > 0 {
+		c := cl.WithGPUsPerNode(in.Layout.GPUsPerNode)
+		cl = &c
+	}
+	return dev, cl, nil
+}
+
+// checkSkewBound checks an expert skew against the most it can be on
+// layout l. A token sends one row to each expert it selects, so the EP
+// rank holding E/ep experts receives at most min(K, E/ep) rows per token,
+// of a mean of K/ep: the skew is at most ep·min(K, E/ep)/K (1 without EP
+// or routed experts).
+func checkSkewBound(cfg *moe.Config, l moe.Layout, skew float64) error {
+	if !(skew > 1) {
+		return nil
+	}
+	maxSkew := 1.0
+	if cfg.IsMoE() {
+		maxSkew = float64(l.EP*min(cfg.TopK, cfg.Experts/l.EP)) / float64(cfg.TopK)
+	}
+	if skew > maxSkew {
+		return fmt.Errorf("simulate: expert skew = %v: must be in [1, %v] for ep = %d, top-k %d of %d experts (the most loaded EP rank receives at most min(top-k, experts/ep) rows per token)",
+			skew, maxSkew, l.EP, cfg.TopK, cfg.Experts)
+	}
+	return nil
 }
 
 // run simulates the prepared layout under a calibration (nil: defaults).
