@@ -72,30 +72,40 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		}
 	}
 	if cfg.SelectionBias && cfg.IsMoE() {
-		var flat []float32
-		for _, ld := range loads {
-			for _, n := range ld {
-				flat = append(flat, float32(n))
-			}
+		if err := r.updateSelectionBias(ctx, ep, dp, loads); err != nil {
+			return nil, err
 		}
-		if dp.Size() > 1 {
-			if err := ep.AllReduce(ctx, dp, moe.F32, flat); err != nil {
-				return nil, err
-			}
-		}
-		k := 0
-		for li := range loads {
-			for e := range loads[li] {
-				loads[li][e] = int64(flat[k])
-				k++
-			}
-		}
-		r.scratch.UpdateSelectionBias(loads, sp.BiasRate)
 	}
 	if err := r.optimize(ctx, ep); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// updateSelectionBias sums the step's routed rows per expert, loads
+// [layer][expert], over the data-parallel group dp, so that every replica
+// moves its selection biases by the same global load, and moves them.
+func (r *numRank) updateSelectionBias(ctx context.Context, ep *Endpoint, dp parallel.Group, loads [][]int64) error {
+	var flat []float32
+	for _, ld := range loads {
+		for _, n := range ld {
+			flat = append(flat, float32(n))
+		}
+	}
+	if dp.Size() > 1 {
+		if err := ep.AllReduce(ctx, dp, moe.F32, flat); err != nil {
+			return err
+		}
+	}
+	k := 0
+	for li := range loads {
+		for e := range loads[li] {
+			loads[li][e] = int64(flat[k])
+			k++
+		}
+	}
+	r.scratch.UpdateSelectionBias(loads, r.spec.BiasRate)
+	return nil
 }
 
 // f64Words splits a float64's bits into two float32 words (exact transport).
