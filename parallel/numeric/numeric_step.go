@@ -72,30 +72,40 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		}
 	}
 	if cfg.SelectionBias && cfg.IsMoE() {
-		var flat []float32
-		for _, ld := range loads {
-			for _, n := range ld {
-				flat = append(flat, float32(n))
-			}
+		if err := r.updateSelectionBias(ctx, ep, dp, loads); err != nil {
+			return nil, err
 		}
-		if dp.Size() > 1 {
-			if err := ep.AllReduce(ctx, dp, moe.F32, flat); err != nil {
-				return nil, err
-			}
-		}
-		k := 0
-		for li := range loads {
-			for e := range loads[li] {
-				loads[li][e] = int64(flat[k])
-				k++
-			}
-		}
-		r.scratch.UpdateSelectionBias(loads, sp.BiasRate)
 	}
 	if err := r.optimize(ctx, ep); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// updateSelectionBias sums the step's routed rows per expert, loads
+// [layer][expert], over the data-parallel group dp, so that every replica
+// moves its selection biases by the same global load, and moves them.
+func (r *numRank) updateSelectionBias(ctx context.Context, ep *Endpoint, dp parallel.Group, loads [][]int64) error {
+	var flat []float32
+	for _, ld := range loads {
+		for _, n := range ld {
+			flat = append(flat, float32(n))
+		}
+	}
+	if dp.Size() > 1 {
+		if err := ep.AllReduce(ctx, dp, moe.F32, flat); err != nil {
+			return err
+		}
+	}
+	k := 0
+	for li := range loads {
+		for e := range loads[li] {
+			loads[li][e] = int64(flat[k])
+			k++
+		}
+	}
+	r.scratch.UpdateSelectionBias(loads, r.spec.BiasRate)
+	return nil
 }
 
 // f64Words splits a float64's bits into two float32 words (exact transport).
@@ -123,26 +133,61 @@ func (r *numRank) reduceUnit(ctx context.Context, ep *Endpoint, u *numUnit, micr
 	return err
 }
 
-// microStep runs one micro-batch's forward and backward.
+// microStep runs one micro-batch's forward and backward: the embedding
+// and blocks forward, the loss and its gradient at the head, then backward
+// through the blocks and the embedding, each unit's gradients reduced as
+// its backward ends. loads accumulates each MoE layer's routed rows per
+// expert.
 func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, micro int, scale float64, loads [][]int64) (loss, aux float64, err error) {
-	cfg, sp := r.cfg, r.spec
-	l := sp.Mesh.Layout
-	ra, keep := l.ReshardAfterForward, l.KeepGathered
-	last := micro == sp.Batch.Micro-1
-	S := sp.Batch.Seq
+	ids, labels := nextTokenPairs(seqs, r.spec.Batch.Seq)
+	x, err := r.forward(ctx, ep, ids, loads)
+	if err != nil {
+		return 0, 0, err
+	}
+	// HF's load-balancing loss of this micro-batch (computed locally, as
+	// Megatron does) and its gradient per layer, from the blocks' routing.
+	var auxGrad [][]float32
+	if r.spec.AuxCoef != 0 && r.cfg.IsMoE() {
+		aux, auxGrad = moe.AuxLoss(r.cfg, r.blocks, scale*r.spec.AuxCoef)
+	}
+	loss, dx, err := r.headStep(ctx, ep, x, labels, scale, micro)
+	if err != nil {
+		return 0, 0, err
+	}
+	if dx, err = r.backwardBlocks(ctx, ep, dx, auxGrad, micro); err != nil {
+		return 0, 0, err
+	}
+	if err := r.backwardEmbed(ctx, ep, dx, micro); err != nil {
+		return 0, 0, err
+	}
+	return loss, aux, nil
+}
+
+// nextTokenPairs flattens sequences of S+1 tokens into the inputs ids [T]
+// and their next-token labels [T], T = len(seqs)·S.
+func nextTokenPairs(seqs [][]int32, S int) (ids, labels []int) {
 	T := len(seqs) * S
-	ids, labels := make([]int, T), make([]int, T)
+	ids, labels = make([]int, T), make([]int, T)
 	for i, s := range seqs {
 		for j := 0; j < S; j++ {
 			ids[i*S+j], labels[i*S+j] = int(s[j]), int(s[j+1])
 		}
 	}
-	emb := r.byKey[parallel.Unit{Layer: moe.LayerEmbed}]
-	head := r.byKey[parallel.Unit{Layer: cfg.LayerHead()}]
+	return ids, labels
+}
 
-	// Forward.
+// forward runs the embedding and every block on ids, gathering each unit
+// before it runs and releasing it after when the layout reshards after
+// forward (a tied embedding stays, the head reads it; so does the last
+// layer, backward starts with it), and gathers the head. It returns the
+// last block's output x [T,D] and adds each MoE layer's routed rows to
+// loads.
+func (r *numRank) forward(ctx context.Context, ep *Endpoint, ids []int, loads [][]int64) ([]float32, error) {
+	cfg := r.cfg
+	ra := r.spec.Mesh.Layout.ReshardAfterForward
+	emb := r.byKey[parallel.Unit{Layer: moe.LayerEmbed}]
 	if err := r.gather(ctx, ep, emb); err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	gw, _ := r.scratch.Globals()
 	x := r.embed.Forward(gw.Embed, ids)
@@ -151,11 +196,11 @@ func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, m
 	}
 	for li, blk := range r.blocks {
 		if err := r.gatherLayer(ctx, ep, li); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		x = blk.Forward(r.layerWeights(li), x)
 		if err := r.stageErr(); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		for e, n := range blk.ExpertCounts() {
 			loads[li][e] += int64(n)
@@ -164,34 +209,46 @@ func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, m
 			r.releaseLayer(li)
 		}
 	}
-	if err := r.gather(ctx, ep, head); err != nil {
-		return 0, 0, err
+	if err := r.gather(ctx, ep, r.byKey[parallel.Unit{Layer: cfg.LayerHead()}]); err != nil {
+		return nil, err
 	}
-	// HF's load-balancing loss of this micro-batch (computed locally, as
-	// Megatron does) and its gradient per layer, from the blocks' routing.
-	var auxGrad [][]float32
-	if sp.AuxCoef != 0 && cfg.IsMoE() {
-		aux, auxGrad = moe.AuxLoss(cfg, r.blocks, scale*sp.AuxCoef)
-	}
-	// Head forward and backward (the loss's gradient starts here).
+	return x, nil
+}
+
+// headStep runs the head's forward and backward on x [T,D] (the loss's
+// gradient starts here, scaled by scale) and reduces the head's gradients.
+// It returns the loss and the gradient dx [T,D] of the head's input.
+func (r *numRank) headStep(ctx context.Context, ep *Endpoint, x []float32, labels []int, scale float64, micro int) (float64, []float32, error) {
+	cfg := r.cfg
+	head := r.byKey[parallel.Unit{Layer: cfg.LayerHead()}]
 	r.zeroGrads(head)
 	if cfg.TiedEmbeddings {
-		r.zeroGrads(emb)
+		// The tied table's gradient starts at the head and is completed
+		// by the embedding's backward.
+		r.zeroGrads(r.byKey[parallel.Unit{Layer: moe.LayerEmbed}])
 	}
 	gw, gg := r.scratch.Globals()
-	loss = r.headRun.Forward(&gw, x, labels)
+	loss := r.headRun.Forward(&gw, x, labels)
 	dx := r.headRun.Backward(&gw, &gg, scale)
 	r.rec.release(cfg.LayerHead())
 	if err := r.reduceUnit(ctx, ep, head, micro); err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
-	if !keep || last {
+	if r.releaseAfterBackward(micro) {
 		r.release(head)
 	}
-	// Backward through the blocks.
-	for li := cfg.Layers - 1; li >= 0; li-- {
+	return loss, dx, nil
+}
+
+// backwardBlocks runs every block's backward, last to first, on dy [T,D]
+// (auxGrad, when set, adds each layer's load-balancing gradient), and
+// reduces each layer's gradients as its backward ends. It returns the
+// gradient of the first block's input.
+func (r *numRank) backwardBlocks(ctx context.Context, ep *Endpoint, dy []float32, auxGrad [][]float32, micro int) ([]float32, error) {
+	dx := dy
+	for li := r.cfg.Layers - 1; li >= 0; li-- {
 		if err := r.gatherLayer(ctx, ep, li); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		dense := r.byKey[parallel.Unit{Layer: li}]
 		ex := r.byKey[parallel.Unit{Layer: li, Experts: true}]
@@ -207,40 +264,53 @@ func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, m
 		g := r.layerGrads(li)
 		dx = r.blocks[li].Backward(w, g, dx, ag)
 		if err := r.stageErr(); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
 		r.rec.release(li)
 		// Without expert parallelism the expert gradients are reduced here
 		// (with it, the EP stage reduced them between its two all-to-alls).
 		if ex != nil && r.stage == nil {
 			if err := r.reduceUnit(ctx, ep, ex, micro); err != nil {
-				return 0, 0, err
+				return nil, err
 			}
 		}
 		if err := r.reduceUnit(ctx, ep, dense, micro); err != nil {
-			return 0, 0, err
+			return nil, err
 		}
-		if !keep || last {
+		if r.releaseAfterBackward(micro) {
 			r.releaseLayer(li)
 		}
 	}
-	// Embedding backward: scatter-add the input gradient into the rows read.
+	return dx, nil
+}
+
+// backwardEmbed scatter-adds the input gradient dx [T,D] into the
+// embedding rows read and reduces the embedding's gradients.
+func (r *numRank) backwardEmbed(ctx context.Context, ep *Endpoint, dx []float32, micro int) error {
+	emb := r.byKey[parallel.Unit{Layer: moe.LayerEmbed}]
 	if err := r.gather(ctx, ep, emb); err != nil {
-		return 0, 0, err
+		return err
 	}
-	if !cfg.TiedEmbeddings {
+	if !r.cfg.TiedEmbeddings {
 		r.zeroGrads(emb)
 	}
-	_, gg = r.scratch.Globals()
+	_, gg := r.scratch.Globals()
 	r.embed.Backward(gg.Embed, dx)
 	r.rec.release(moe.LayerEmbed)
 	if err := r.reduceUnit(ctx, ep, emb, micro); err != nil {
-		return 0, 0, err
+		return err
 	}
-	if !keep || last {
+	if r.releaseAfterBackward(micro) {
 		r.release(emb)
 	}
-	return loss, aux, nil
+	return nil
+}
+
+// releaseAfterBackward reports whether units are released once their
+// backward is done in micro-step micro: always, unless the layout keeps
+// them gathered across micro-steps; then only after the last.
+func (r *numRank) releaseAfterBackward(micro int) bool {
+	return !r.spec.Mesh.Layout.KeepGathered || micro == r.spec.Batch.Micro-1
 }
 
 func (r *numRank) stageErr() error {

@@ -202,136 +202,208 @@ func Calibrate(runs []Run) (*Calibration, error) {
 	if len(runs) == 0 {
 		return nil, errors.New("calibrate: no runs")
 	}
-	preps := make([]*simPrep, len(runs))
+	f, err := prepareFit(runs)
+	if err != nil {
+		return nil, err
+	}
+	cl0 := f.preps[0].cl
+	st := calState{defaults: map[string]float64{CalNVLink: cl0.NVLinkEfficiency, CalNet: cl0.NetEfficiency}}
+	cal := &Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs))}
+	if st.names, cal.Kept, err = f.identifiable(st.defaults); err != nil {
+		return nil, err
+	}
+	if len(st.names) > 0 {
+		x, err := f.fitTPS(st)
+		if err != nil {
+			return nil, err
+		}
+		cal = st.calibration(x, *cal)
+		cal.Fitted = append(cal.Fitted, st.names...)
+	}
+	frag, measured, err := f.fitAllocator()
+	switch {
+	case err != nil:
+		return nil, err
+	case measured:
+		cal.AllocatorOverhead = frag
+		cal.Fitted = append(cal.Fitted, CalAllocator)
+	default:
+		cal.Kept = append(cal.Kept, CalAllocator)
+	}
+	if err := f.recordResiduals(cal); err != nil {
+		return nil, err
+	}
+	return cal, cal.Validate()
+}
+
+// calFit is what a calibration fits to: the measured runs and their
+// prepared simulations, in the same order.
+type calFit struct {
+	runs  []Run
+	preps []*simPrep
+}
+
+// prepareFit prepares every run's simulation once; the fit then only
+// re-runs them under trial calibrations.
+func prepareFit(runs []Run) (calFit, error) {
+	f := calFit{runs: runs, preps: make([]*simPrep, len(runs))}
 	for i, r := range runs {
 		in, err := InputForRun(r)
 		if err != nil {
-			return nil, fmt.Errorf("calibrate: run %d: %w", i, err)
+			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}
-		if preps[i], err = prepareSim(in); err != nil {
-			return nil, fmt.Errorf("calibrate: run %d: %w", i, err)
+		if f.preps[i], err = prepareSim(in); err != nil {
+			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}
 	}
-	cl0 := preps[0].cl
-	st := calState{defaults: map[string]float64{CalNVLink: cl0.NVLinkEfficiency, CalNet: cl0.NetEfficiency}}
-	predict := func(c *Calibration) ([]float64, error) {
-		out := make([]float64, len(preps))
-		for i, p := range preps {
-			r, err := p.run(c)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = r.TPS
-		}
-		return out, nil
-	}
-	base, err := predict(nil)
-	if err != nil {
-		return nil, fmt.Errorf("calibrate: %w", err)
-	}
-	cal := &Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs))}
-	// Identifiability by sensitivity.
-	for _, n := range tpsParams {
-		probe := calState{names: []string{n}, defaults: st.defaults}
-		moved, err := predict(probe.calibration([]float64{math.Log(1.1)}, Calibration{}))
+	return f, nil
+}
+
+// predictTPS returns every run's predicted TPS under c (nil: defaults).
+func (f calFit) predictTPS(c *Calibration) ([]float64, error) {
+	out := make([]float64, len(f.preps))
+	for i, p := range f.preps {
+		r, err := p.run(c)
 		if err != nil {
-			return nil, fmt.Errorf("calibrate: %w", err)
+			return nil, err
+		}
+		out[i] = r.TPS
+	}
+	return out, nil
+}
+
+// identifiable splits the TPS parameters, in fit order, into those the
+// runs can identify (moving one by 10% moves some run's predicted TPS by
+// at least 0.2%) and those kept at their defaults.
+func (f calFit) identifiable(defaults map[string]float64) (fit, kept []string, err error) {
+	base, err := f.predictTPS(nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("calibrate: %w", err)
+	}
+	for _, n := range tpsParams {
+		probe := calState{names: []string{n}, defaults: defaults}
+		moved, err := f.predictTPS(probe.calibration([]float64{math.Log(1.1)}, Calibration{}))
+		if err != nil {
+			return nil, nil, fmt.Errorf("calibrate: %w", err)
 		}
 		sens := 0.0
 		for i := range moved {
 			sens = math.Max(sens, math.Abs(math.Log(moved[i]/base[i])))
 		}
 		if sens >= 0.002 {
-			st.names = append(st.names, n)
+			fit = append(fit, n)
 		} else {
-			cal.Kept = append(cal.Kept, n)
+			kept = append(kept, n)
 		}
 	}
-	var fitErr error
-	if len(st.names) > 0 {
-		obj := func(x []float64) float64 {
-			pred, err := predict(st.calibration(x, Calibration{}))
+	return fit, kept, nil
+}
+
+// tpsObjective is the TPS fit's objective at x (st's log-multipliers):
+// Σ_runs ln²(predicted/measured TPS) + 1e-3·Σ x².
+func (f calFit) tpsObjective(st calState, x []float64) (float64, error) {
+	pred, err := f.predictTPS(st.calibration(x, Calibration{}))
+	if err != nil {
+		return 0, err
+	}
+	v := 0.0
+	for i, r := range f.runs {
+		d := math.Log(pred[i] / r.TPS)
+		v += d * d
+	}
+	for _, xi := range x {
+		v += 1e-3 * xi * xi
+	}
+	return v, nil
+}
+
+// fitTPS fits st's parameters from the defaults (x = 0) and returns their
+// log-multipliers.
+func (f calFit) fitTPS(st calState) ([]float64, error) {
+	obj := func(x []float64) (float64, error) { return f.tpsObjective(st, x) }
+	// Stop when the objective (squared log errors) has not moved by
+	// 1e-6 for 10 iterations: TPS errors then agree to ~0.1%.
+	return nelderMead(obj, make([]float64, len(st.names)),
+		&optimize.Settings{FuncEvaluations: 600, Converger: &optimize.FunctionConverge{Absolute: 1e-6, Iterations: 10}})
+}
+
+// fitAllocator fits the allocator's fragmentation to the runs that report
+// peak reserved memory, minimizing Σ ln²(predicted/measured reserved); ok
+// is false when none does.
+func (f calFit) fitAllocator() (frag float64, ok bool, err error) {
+	var idx []int
+	var meas []float64
+	for i, r := range f.runs {
+		if m, ok := measuredReserved(r, f.preps[i].dev); ok {
+			idx, meas = append(idx, i), append(meas, m)
+		}
+	}
+	if len(idx) == 0 {
+		return 0, false, nil
+	}
+	fragOf := func(x float64) float64 { return 0.95 / (1 + math.Exp(-x)) } // (0, 0.95)
+	obj := func(x []float64) (float64, error) {
+		a := memory.DefaultAllocator
+		a.Fragmentation = fragOf(x[0])
+		v := 0.0
+		for k, i := range idx {
+			p, err := memory.Replay(f.preps[i].mem.Events, a)
 			if err != nil {
-				fitErr = err
-				return math.Inf(1)
+				return 0, err
 			}
-			f := 0.0
-			for i, r := range runs {
-				d := math.Log(pred[i] / r.TPS)
-				f += d * d
-			}
-			for _, v := range x {
-				f += 1e-3 * v * v
-			}
-			return f
+			d := math.Log(float64(p.Reserved) / meas[k])
+			v += d * d
 		}
-		// Stop when the objective (squared log errors) has not moved by
-		// 1e-6 for 10 iterations: TPS errors then agree to ~0.1%.
-		res, err := optimize.Minimize(optimize.Problem{Func: obj}, make([]float64, len(st.names)),
-			&optimize.Settings{FuncEvaluations: 600, Converger: &optimize.FunctionConverge{Absolute: 1e-6, Iterations: 10}},
-			&optimize.NelderMead{})
-		if fitErr != nil {
-			return nil, fmt.Errorf("calibrate: %w", fitErr)
-		}
-		if err != nil && res == nil {
-			return nil, fmt.Errorf("calibrate: %w", err)
-		}
-		cal = st.calibration(res.X, *cal)
-		cal.Fitted = append(cal.Fitted, st.names...)
+		return v, nil
 	}
-	// Allocator overhead from measured memory.
-	var memIdx []int
-	var memMeas []float64
-	for i, r := range runs {
-		if m, ok := measuredReserved(r, preps[i].dev); ok {
-			memIdx, memMeas = append(memIdx, i), append(memMeas, m)
-		}
+	x0 := math.Log(memory.DefaultAllocator.Fragmentation / (0.95 - memory.DefaultAllocator.Fragmentation))
+	x, err := nelderMead(obj, []float64{x0},
+		&optimize.Settings{FuncEvaluations: 200, Converger: &optimize.FunctionConverge{Absolute: 1e-10, Iterations: 20}})
+	if err != nil {
+		return 0, false, err
 	}
-	if len(memIdx) > 0 {
-		frag := func(x float64) float64 { return 0.95 / (1 + math.Exp(-x)) } // (0, 0.95)
-		obj := func(x []float64) float64 {
-			a := memory.DefaultAllocator
-			a.Fragmentation = frag(x[0])
-			f := 0.0
-			for k, i := range memIdx {
-				p, err := memory.Replay(preps[i].mem.Events, a)
-				if err != nil {
-					fitErr = err
-					return math.Inf(1)
-				}
-				d := math.Log(float64(p.Reserved) / memMeas[k])
-				f += d * d
-			}
-			return f
+	return fragOf(x[0]), true, nil
+}
+
+// nelderMead minimizes obj from x0 under settings with gonum's Nelder–Mead.
+// An evaluation that fails counts as +Inf to the optimizer and fails the
+// fit with its error; an optimizer error fails it only when no result came
+// back (the problem could not be set up), else the best point found stands.
+func nelderMead(obj func([]float64) (float64, error), x0 []float64, settings *optimize.Settings) ([]float64, error) {
+	var objErr error
+	fn := func(x []float64) float64 {
+		v, err := obj(x)
+		if err != nil {
+			objErr = err
+			return math.Inf(1)
 		}
-		x0 := math.Log(memory.DefaultAllocator.Fragmentation / (0.95 - memory.DefaultAllocator.Fragmentation))
-		res, err := optimize.Minimize(optimize.Problem{Func: obj}, []float64{x0},
-			&optimize.Settings{FuncEvaluations: 200, Converger: &optimize.FunctionConverge{Absolute: 1e-10, Iterations: 20}},
-			&optimize.NelderMead{})
-		if fitErr != nil {
-			return nil, fmt.Errorf("calibrate: %w", fitErr)
-		}
-		if err != nil && res == nil {
-			return nil, fmt.Errorf("calibrate: %w", err)
-		}
-		cal.AllocatorOverhead = frag(res.X[0])
-		cal.Fitted = append(cal.Fitted, CalAllocator)
-	} else {
-		cal.Kept = append(cal.Kept, CalAllocator)
+		return v
 	}
-	// Residuals.
-	for i, p := range preps {
+	res, err := optimize.Minimize(optimize.Problem{Func: fn}, x0, settings, &optimize.NelderMead{})
+	if objErr != nil {
+		return nil, fmt.Errorf("calibrate: %w", objErr)
+	}
+	if err != nil && res == nil {
+		return nil, fmt.Errorf("calibrate: %w", err)
+	}
+	return res.X, nil
+}
+
+// recordResiduals sets cal's relative TPS and peak-reserved errors, run by
+// run, as the report of the fit.
+func (f calFit) recordResiduals(cal *Calibration) error {
+	for i, p := range f.preps {
 		r, err := p.run(cal)
 		if err != nil {
-			return nil, fmt.Errorf("calibrate: %w", err)
+			return fmt.Errorf("calibrate: %w", err)
 		}
-		cal.Residuals = append(cal.Residuals, r.TPS/runs[i].TPS-1)
-		if m, ok := measuredReserved(runs[i], p.dev); ok {
+		cal.Residuals = append(cal.Residuals, r.TPS/f.runs[i].TPS-1)
+		if m, ok := measuredReserved(f.runs[i], p.dev); ok {
 			v := float64(r.PeakReservedBytes)/m - 1
 			cal.MemoryResiduals = append(cal.MemoryResiduals, &v)
 		} else {
 			cal.MemoryResiduals = append(cal.MemoryResiduals, nil)
 		}
 	}
-	return cal, cal.Validate()
+	return nil
 }

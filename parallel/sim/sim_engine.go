@@ -57,11 +57,53 @@ type simSpan struct{ start, end float64 }
 // dependency cycle or a dependency on a later op of the same stream that
 // can never run (a malformed schedule).
 func runEngine(ops []simOp) ([]simSpan, error) {
+	e, err := newEngine(ops)
+	if err != nil {
+		return nil, err
+	}
 	n := len(ops)
-	spans := make([]simSpan, n)
-	done := make([]bool, n)
-	started := make([]bool, n)
-	queues := [numSimStreams][]int{}
+	for e.finished < n {
+		e.startReady()
+		if e.finished == n {
+			break
+		}
+		share := e.bandwidthShares()
+		next := e.nextEvent(share)
+		if math.IsInf(next, 1) {
+			return nil, fmt.Errorf("sim: deadlock at t = %g s with %d of %d ops done (a dependency cycle in the schedule)", e.now, e.finished, n)
+		}
+		e.advanceTo(next, share)
+		e.retireCompute()
+		e.retireFlows()
+	}
+	return e.spans, nil
+}
+
+// flow is a collective in flight.
+type flow struct {
+	op        int
+	latEnd    float64 // when the latency phase ends
+	remaining float64 // bandwidth work left, seconds at full rate
+}
+
+// engine is the state of one runEngine walk.
+type engine struct {
+	ops      []simOp
+	spans    []simSpan
+	done     []bool
+	queues   [numSimStreams][]int // each stream's ops, in list order
+	head     [numSimStreams]int   // each stream's next op to start, in queues
+	busy     [numSimStreams]int   // each stream's running op; -1 when idle
+	flows    []flow
+	now      float64
+	finished int
+}
+
+// newEngine checks every op's stream and dependencies and queues the ops
+// by stream.
+func newEngine(ops []simOp) (*engine, error) {
+	n := len(ops)
+	e := &engine{ops: ops, spans: make([]simSpan, n), done: make([]bool, n), busy: [numSimStreams]int{-1, -1, -1}}
 	for i, o := range ops {
 		if int(o.stream) >= int(numSimStreams) {
 			return nil, fmt.Errorf("sim: op %d on unknown stream %d", i, o.stream)
@@ -71,123 +113,131 @@ func runEngine(ops []simOp) ([]simSpan, error) {
 				return nil, fmt.Errorf("sim: op %d depends on %d (out of range)", i, d)
 			}
 		}
-		queues[o.stream] = append(queues[o.stream], i)
+		e.queues[o.stream] = append(e.queues[o.stream], i)
 	}
-	var head [numSimStreams]int
-	busy := [numSimStreams]int{-1, -1, -1}
-	// Active collective state.
-	type flow struct {
-		op        int
-		latEnd    float64 // when the latency phase ends
-		remaining float64 // bandwidth work left, seconds at full rate
+	return e, nil
+}
+
+// ready reports whether every dependency of op i is done.
+func (e *engine) ready(i int) bool {
+	for _, d := range e.ops[i].deps {
+		if !e.done[d] {
+			return false
+		}
 	}
-	var flows []flow
-	now := 0.0
-	finished := 0
-	ready := func(i int) bool {
-		for _, d := range ops[i].deps {
-			if !done[d] {
-				return false
-			}
-		}
-		return true
-	}
-	finish := func(i int) {
-		done[i] = true
-		spans[i].end = now
-		busy[ops[i].stream] = -1
-		finished++
-	}
-	for finished < n {
-		// Start every op that can start now.
-		for progress := true; progress; {
-			progress = false
-			for s := range numSimStreams {
-				if busy[s] >= 0 || head[s] >= len(queues[s]) {
-					continue
-				}
-				i := queues[s][head[s]]
-				if !ready(i) {
-					continue
-				}
-				head[s]++
-				busy[s] = i
-				started[i] = true
-				spans[i].start = now
-				if ops[i].coll {
-					if ops[i].lat == 0 && ops[i].work == 0 {
-						finish(i)
-						progress = true
-						continue
-					}
-					flows = append(flows, flow{op: i, latEnd: now + ops[i].lat, remaining: ops[i].work})
-				} else if ops[i].compute <= 0 {
-					finish(i)
-					progress = true
-				}
-			}
-		}
-		if finished == n {
-			break
-		}
-		// Next event: a compute op ending, a latency phase ending, or a
-		// flow draining at its current share.
-		var share [hw.NumLinkClasses]int
-		for _, f := range flows {
-			if now >= f.latEnd {
-				share[ops[f.op].link]++
-			}
-		}
-		next := math.Inf(1)
+	return true
+}
+
+// finish ends op i now and frees its stream.
+func (e *engine) finish(i int) {
+	e.done[i] = true
+	e.spans[i].end = e.now
+	e.busy[e.ops[i].stream] = -1
+	e.finished++
+}
+
+// startReady starts every op that can start now: the next op of each idle
+// stream once its dependencies are done. An op with nothing to do finishes
+// as it starts, which may free another, so it repeats until none starts.
+func (e *engine) startReady() {
+	for progress := true; progress; {
+		progress = false
 		for s := range numSimStreams {
-			if i := busy[s]; i >= 0 && !ops[i].coll {
-				next = math.Min(next, spans[i].start+ops[i].compute)
-			}
-		}
-		for _, f := range flows {
-			if now < f.latEnd {
-				next = math.Min(next, f.latEnd)
-			} else {
-				next = math.Min(next, now+f.remaining*float64(share[ops[f.op].link]))
-			}
-		}
-		if math.IsInf(next, 1) {
-			return nil, fmt.Errorf("sim: deadlock at t = %g s with %d of %d ops done (a dependency cycle in the schedule)", now, finished, n)
-		}
-		dt := next - now
-		for k := range flows {
-			f := &flows[k]
-			if now >= f.latEnd {
-				f.remaining -= dt / float64(share[ops[f.op].link])
-			}
-		}
-		now = next
-		// Retire what ended.
-		for s := range numSimStreams {
-			if i := busy[s]; i >= 0 && !ops[i].coll && spans[i].start+ops[i].compute <= now {
-				finish(i)
-			}
-		}
-		// A flow is done when its work is spent, or when what is left
-		// cannot move the clock: below half an ulp of now, now + left
-		// rounds to now (late in a long step, 1e-15 s of work is such a
-		// remainder), and it would be retried forever.
-		var shareNow [hw.NumLinkClasses]int
-		for _, f := range flows {
-			if now >= f.latEnd {
-				shareNow[ops[f.op].link]++
-			}
-		}
-		kept := flows[:0]
-		for _, f := range flows {
-			if now >= f.latEnd && (f.remaining <= 1e-15*math.Max(1, ops[f.op].work) ||
-				now+f.remaining*float64(shareNow[ops[f.op].link]) == now) {
-				finish(f.op)
+			if e.busy[s] >= 0 || e.head[s] >= len(e.queues[s]) {
 				continue
 			}
-			kept = append(kept, f)
+			i := e.queues[s][e.head[s]]
+			if !e.ready(i) {
+				continue
+			}
+			e.head[s]++
+			e.busy[s] = i
+			e.spans[i].start = e.now
+			o := e.ops[i]
+			if o.coll {
+				if o.lat == 0 && o.work == 0 {
+					e.finish(i)
+					progress = true
+					continue
+				}
+				e.flows = append(e.flows, flow{op: i, latEnd: e.now + o.lat, remaining: o.work})
+			} else if o.compute <= 0 {
+				e.finish(i)
+				progress = true
+			}
 		}
-		flows = kept
 	}
-	return spans, nil
+}
+
+// bandwidthShares counts, per link class, the flows past their latency
+// phase now: each of them moves at 1/count of the link's rate.
+func (e *engine) bandwidthShares() [hw.NumLinkClasses]int {
+	var share [hw.NumLinkClasses]int
+	for _, f := range e.flows {
+		if e.now >= f.latEnd {
+			share[e.ops[f.op].link]++
+		}
+	}
+	return share
+}
+
+// nextEvent returns the time of the next event: a compute op ending, a
+// latency phase ending, or a flow draining at its current share.
+func (e *engine) nextEvent(share [hw.NumLinkClasses]int) float64 {
+	next := math.Inf(1)
+	for s := range numSimStreams {
+		if i := e.busy[s]; i >= 0 && !e.ops[i].coll {
+			next = math.Min(next, e.spans[i].start+e.ops[i].compute)
+		}
+	}
+	for _, f := range e.flows {
+		if e.now < f.latEnd {
+			next = math.Min(next, f.latEnd)
+		} else {
+			next = math.Min(next, e.now+f.remaining*float64(share[e.ops[f.op].link]))
+		}
+	}
+	return next
+}
+
+// advanceTo moves the clock to next, draining each flow in its bandwidth
+// phase by its share of the link over the interval.
+func (e *engine) advanceTo(next float64, share [hw.NumLinkClasses]int) {
+	dt := next - e.now
+	for k := range e.flows {
+		f := &e.flows[k]
+		if e.now >= f.latEnd {
+			f.remaining -= dt / float64(share[e.ops[f.op].link])
+		}
+	}
+	e.now = next
+}
+
+// retireCompute finishes the compute ops that have ended by now.
+func (e *engine) retireCompute() {
+	for s := range numSimStreams {
+		if i := e.busy[s]; i >= 0 && !e.ops[i].coll && e.spans[i].start+e.ops[i].compute <= e.now {
+			e.finish(i)
+		}
+	}
+}
+
+// retireFlows finishes the flows that are done. A flow is done when its
+// work is spent, or when what is left cannot move the clock: below half an
+// ulp of now, now + left rounds to now (late in a long step, 1e-15 s of
+// work is such a remainder), and it would be retried forever. Shares are
+// counted at the new time, so a flow whose latency phase has just ended
+// counts.
+func (e *engine) retireFlows() {
+	share := e.bandwidthShares()
+	kept := e.flows[:0]
+	for _, f := range e.flows {
+		if e.now >= f.latEnd && (f.remaining <= 1e-15*math.Max(1, e.ops[f.op].work) ||
+			e.now+f.remaining*float64(share[e.ops[f.op].link]) == e.now) {
+			e.finish(f.op)
+			continue
+		}
+		kept = append(kept, f)
+	}
+	e.flows = kept
 }

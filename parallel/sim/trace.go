@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
@@ -109,4 +111,66 @@ func (r *Result) WriteTrace(w io.Writer, ranks []int) error {
 		return err
 	}
 	return bw.Flush()
+}
+
+// memEventTimes stamps each memory-timeline event with the virtual time of
+// the schedule op of the same micro-step, layer and phase (its start for an
+// allocation, its end for a free); setup events at 0, optimizer events at
+// the optimizer op.
+func memEventTimes(s *parallel.Schedule, spans []simSpan, evs []memory.Event) []float64 {
+	type key struct {
+		micro, layer int
+		phase        parallel.Phase
+	}
+	first := map[key]float64{}
+	last := map[key]float64{}
+	var optStart, optEnd float64
+	for i, o := range s.Ops {
+		if o.Type != parallel.OpCompute {
+			continue
+		}
+		if o.Phase == parallel.PhaseOptimizer {
+			optStart, optEnd = spans[i].start, spans[i].end
+			continue
+		}
+		ph := o.Phase
+		if ph == parallel.PhaseRecompute {
+			ph = parallel.PhaseBackward
+		}
+		k := key{o.Micro, o.Layer, ph}
+		if t, ok := first[k]; !ok || spans[i].start < t {
+			first[k] = spans[i].start
+		}
+		last[k] = math.Max(last[k], spans[i].end)
+	}
+	out := make([]float64, len(evs))
+	prev := 0.0
+	for i, e := range evs {
+		t := prev
+		switch e.Phase {
+		case memory.Setup:
+			t = 0
+		case memory.Optimizer:
+			t = optStart
+			if !e.Alloc {
+				t = optEnd
+			}
+		default:
+			ph := parallel.PhaseForward
+			if e.Phase == memory.Backward {
+				ph = parallel.PhaseBackward
+			}
+			k := key{e.Micro, e.Layer, ph}
+			if v, ok := first[k]; ok {
+				t = v
+				if !e.Alloc {
+					t = last[k]
+				}
+			}
+		}
+		t = math.Max(t, prev) // the timeline's order is kept
+		out[i] = t
+		prev = t
+	}
+	return out
 }

@@ -1,0 +1,177 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
+)
+
+// From the cost models to the engine: compute ops priced per (layer,
+// segment, phase) from their exact counts, collectives from CollectiveCost on
+// their group's shape, each placed on the stream it runs on.
+
+// simulated holds the per-op costs of a schedule.
+type simulated struct {
+	ops       []simOp
+	recompute []float64 // recompute seconds inside each compute op
+	comm      []CommCost
+	bytes     []float64 // collectives: the size S modelled (after expert load)
+	byClass   [][numOpClasses]float64
+}
+
+// segKey names one compute op of a schedule.
+type segKey struct {
+	layer int
+	seg   parallel.Segment
+	phase parallel.Phase
+}
+
+type segCost struct {
+	total, recompute float64
+	byClass          [numOpClasses]float64 // total split by op class
+}
+
+// opCosts sums modelled op times per (layer, segment, phase) for one
+// micro-step of the simulated rank. Counts come from flops.Ops with a GPU
+// flash-attention tile (flops.DefaultTile): the work the GPU executes.
+func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) (map[segKey]segCost, error) {
+	type opKey struct {
+		layer int
+		op    moe.Op
+	}
+	fwd := map[opKey]int64{}
+	for _, r := range recs {
+		if r.Pass == moe.Forward {
+			fwd[opKey{r.Layer, r.Op}] = r.Count
+		}
+	}
+	local := 1
+	if cfg.IsMoE() {
+		local = cfg.Experts / l.EP
+	}
+	costs := map[segKey]segCost{}
+	var cls int
+	addCost := func(k segKey, t, rec float64) {
+		c := costs[k]
+		c.total += t
+		c.recompute += rec
+		c.byClass[cls] += t
+		costs[k] = c
+	}
+	for _, r := range recs {
+		block := r.Layer >= 0 && r.Layer < cfg.Layers
+		seg := parallel.SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
+		share, skewed := loads[r.Layer]
+		if !skewed {
+			share = expertShare{load: 1}
+		}
+		groups := share.groups
+		if r.Op.Kind() == moe.KindGrouped && share.load != 1 {
+			r.Count = int64(math.Round(float64(r.Count) * share.load))
+		}
+		t, err := spec.OpSeconds(cfg, r, local, groups)
+		if err != nil {
+			return nil, err
+		}
+		c, _ := OpClassOf(r.Op) // OpSeconds has checked it
+		cls = int(c)
+		switch r.Pass {
+		case moe.Forward:
+			addCost(segKey{r.Layer, seg, parallel.PhaseForward}, t, 0)
+			if block && in.AC.FullyCheckpointed(r.Layer) {
+				addCost(segKey{r.Layer, seg, parallel.PhaseRecompute}, t, t)
+			}
+		case moe.BackwardData, moe.BackwardWeight:
+			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, 0)
+		case moe.Recompute:
+			if block && in.AC.FullyCheckpointed(r.Layer) {
+				// The block's forward repeat is the PhaseRecompute op; what
+				// the record holds beyond it (flash attention's own QKᵀ)
+				// runs inside backward.
+				extra := r.Count - fwd[opKey{r.Layer, r.Op}]
+				if extra <= 0 {
+					continue
+				}
+				r.Count = extra
+				if t, err = spec.OpSeconds(cfg, r, local, groups); err != nil {
+					return nil, err
+				}
+			}
+			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, t)
+		}
+	}
+	return costs, nil
+}
+
+// streamOf maps a schedule op to an engine stream.
+func streamOf(o parallel.ScheduleOp, single bool) simStream {
+	if o.Type == parallel.OpCompute {
+		return simCompute
+	}
+	if single {
+		return simGather
+	}
+	switch {
+	case o.Coll == parallel.CollAllToAll:
+		return simCompute
+	case o.Purpose == parallel.PurposeGather || o.Purpose == parallel.PurposeRegather:
+		return simGather
+	}
+	return simReduce
+}
+
+// simOps turns the schedule into engine ops with modelled costs.
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
+	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
+		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
+	shapes := map[parallel.Axis]GroupShape{}
+	for i, o := range s.Ops {
+		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
+		if o.Type == parallel.OpCompute {
+			if o.Phase == parallel.PhaseOptimizer {
+				so.compute = optS
+			} else {
+				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
+				so.compute = c.total
+				sim.recompute[i] = c.recompute
+				sim.byClass[i] = c.byClass
+			}
+			sim.ops[i] = so
+			continue
+		}
+		g, ok := shapes[o.Axis]
+		if !ok {
+			g = ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
+			shapes[o.Axis] = g
+		}
+		bytes := float64(o.Bytes())
+		if o.Coll == parallel.CollAllToAll && o.Purpose != parallel.PurposeCounts {
+			if sh, ok := loads[o.Layer]; ok {
+				bytes *= sh.load
+			}
+		}
+		kind := parallel.CollKind(o.Coll)
+		switch o.Coll {
+		case parallel.CollBroadcast:
+			kind = parallel.CollAllGather // a ring broadcast moves (n−1)/n·S per rank like an all-gather
+		case parallel.CollBarrier:
+			kind, bytes = parallel.CollAllReduce, 0
+		}
+		cc, err := CollectiveCost(cl, in.Calibration, kind, g, bytes)
+		if err != nil {
+			return nil, fmt.Errorf("simulate: op %d: %w", i, err)
+		}
+		if o.Coll == parallel.CollBarrier && g.Ranks > 1 {
+			cc.LatencyS = cl.BaseLatencyUS * 1e-6
+		}
+		cc.Kind = parallel.CollKind(o.Coll)
+		sim.comm[i] = cc
+		sim.bytes[i] = bytes
+		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link
+		sim.ops[i] = so
+	}
+	return sim, nil
+}
