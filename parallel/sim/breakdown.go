@@ -12,7 +12,8 @@ import (
 // Breakdown splits the step time of the simulated (slowest) rank along
 // its critical path, the compute stream: busy time is compute, recompute
 // or optimizer; idle time is exposed communication, charged to the
-// collective the next compute op waited for (all-to-alls that run inline on
+// collectives in flight during the gap in proportion to how long each
+// overlaps it, or to "other" when none is (all-to-alls that run inline on
 // the compute stream are exposed in full). The parts sum to the step time.
 type Breakdown struct {
 	ComputeS   float64 `json:"compute_s"`
@@ -92,14 +93,20 @@ func (c *stepCharges) chargeGap(from, to float64) {
 	if to <= from {
 		return
 	}
-	share := map[int]float64{}
+	// In the collectives' start order, so that the sums below are the same
+	// on every run (a map's order is not).
+	type overlap struct {
+		op int
+		s  float64
+	}
+	var share []overlap
 	total := 0.0
 	for _, i := range c.colls {
 		if c.spans[i].start >= to {
 			break
 		}
 		if ov := math.Min(to, c.spans[i].end) - math.Max(from, c.spans[i].start); ov > 0 {
-			share[i] += ov
+			share = append(share, overlap{i, ov})
 			total += ov
 		}
 	}
@@ -108,9 +115,9 @@ func (c *stepCharges) chargeGap(from, to float64) {
 		c.detail["other"] += to - from
 		return
 	}
-	for i, v := range share {
-		c.b.ExposedCommS[string(c.sim.comm[i].Kind)] += (to - from) * v / total
-		c.detail[c.label(i)] += (to - from) * v / total
+	for _, o := range share {
+		c.b.ExposedCommS[string(c.sim.comm[o.op].Kind)] += (to - from) * o.s / total
+		c.detail[c.label(o.op)] += (to - from) * o.s / total
 	}
 }
 
