@@ -6,21 +6,13 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
 )
-
-func meshLayout(t *testing.T, gpus, rep, ep int) moe.Layout {
-	t.Helper()
-	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
-	if err := l.Resolve(); err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
 
 func TestMeshGroups(t *testing.T) {
 	// 8 ranks = dp_replicate 2 × dp_shard 4, ep 2, efsdp 2, 4 GPUs per node.
 	// Rank r: replica r/4, shard s = r%4, efsdp s/2, ep s%2 (hand-derived).
-	m, err := NewMesh(meshLayout(t, 8, 2, 2), nil, 4)
+	m, err := NewMesh(moetest.FSDPLayout(t, 8, 2, 2), nil, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,12 +61,12 @@ func TestMeshGroups(t *testing.T) {
 
 func TestMeshErrors(t *testing.T) {
 	cfg := &moe.Config{Experts: 6, MoELayer: []bool{true}}
-	l := meshLayout(t, 8, 1, 4)
+	l := moetest.FSDPLayout(t, 8, 1, 4)
 	_, err := NewMesh(l, cfg, 8)
 	if err == nil || !strings.Contains(err.Error(), "experts = 6") || !strings.Contains(err.Error(), "efsdp 2 × ep 4") {
 		t.Errorf("ep ∤ experts: err = %v", err)
 	}
-	_, err = NewMesh(meshLayout(t, 12, 1, 1), nil, 8)
+	_, err = NewMesh(moetest.FSDPLayout(t, 12, 1, 1), nil, 8)
 	if err == nil || !strings.Contains(err.Error(), "gpus_per_node = 8 does not divide gpus = 12") {
 		t.Errorf("gpn ∤ gpus: err = %v", err)
 	}
@@ -82,14 +74,14 @@ func TestMeshErrors(t *testing.T) {
 	if _, err := NewMesh(bad, nil, 8); err == nil || !strings.Contains(err.Error(), "ep = 3 does not divide dp_shard = 4") {
 		t.Errorf("ep ∤ dp_shard: err = %v", err)
 	}
-	if _, err := NewMesh(meshLayout(t, 2, 1, 1), nil, 0); err == nil || !strings.Contains(err.Error(), "gpus_per_node") {
+	if _, err := NewMesh(moetest.FSDPLayout(t, 2, 1, 1), nil, 0); err == nil || !strings.Contains(err.Error(), "gpus_per_node") {
 		t.Errorf("gpn 0: err = %v", err)
 	}
 }
 
 func TestExpertShardDim(t *testing.T) {
 	// efsdp·ep = 4·2 = 8: dim 0 for 8 experts, dim 1 for 4 (would pad).
-	m, _ := NewMesh(meshLayout(t, 8, 1, 2), nil, 8)
+	m, _ := NewMesh(moetest.FSDPLayout(t, 8, 1, 2), nil, 8)
 	if d := m.ExpertShardDim(8); d != 0 {
 		t.Errorf("8 experts: dim %d, want 0", d)
 	}

@@ -6,21 +6,10 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe/moetest"
 
 	"github.com/moescope/moescope/moe"
 )
-
-// tinyMoEConfig is a 2-layer MoE model small enough for -race tests: both
-// layers MoE with 4 experts, top-2.
-func tinyMoEConfig() *moe.Config {
-	return &moe.Config{
-		Name: "tiny", ModelType: "qwen3_moe", Vocab: 32, Hidden: 8, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 4,
-		MoELayer: []bool{true, true}, Window: []int{0, 0},
-		Experts: 4, TopK: 2, ExpertFFN: 6, Score: moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, NormTopK: true,
-		QKNorm: moe.QKNormHead, RotaryFraction: 1, RopeTheta: 10000, NormEps: 1e-6,
-		AuxLossCoef: 0.01, OutputRouterLogits: true, InitRange: 0.1,
-	}
-}
 
 func schedFor(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, micro int) *Schedule {
 	t.Helper()
@@ -46,7 +35,7 @@ func countColl(s *Schedule) map[Purpose]int {
 }
 
 func TestScheduleCollectiveCounts(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +46,7 @@ func TestScheduleCollectiveCounts(t *testing.T) {
 	// reduce-scatter per unit = 6; per MoE layer one count exchange and four
 	// token all-to-alls (dispatch, combine, and their gradients) = 5 × 2;
 	// one loss all-reduce.
-	l := meshLayout(t, 4, 1, 2)
+	l := moetest.FSDPLayout(t, 4, 1, 2)
 	s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 1)
 	got := countColl(s)
 	want := map[Purpose]int{PurposeGather: 9, PurposeGradReduce: 6, PurposeCounts: 2, PurposeDispatch: 2, PurposeCombine: 2,
@@ -77,7 +66,7 @@ func TestScheduleCollectiveCounts(t *testing.T) {
 	// HSDP 2×2 (ep 1, so efsdp = dp_shard = 2 and expert units are sharded
 	// too), grad-accum 3, allreduce-last-only: reduce-scatters every
 	// micro-step, 6 units × 3 = 18; replica all-reduces only in the last, 6.
-	l = meshLayout(t, 4, 2, 1)
+	l = moetest.FSDPLayout(t, 4, 2, 1)
 	l.AllreduceLastOnly = true
 	s = schedFor(t, cfg, l, moe.AC{Mode: moe.ACSelective}, 3)
 	got = countColl(s)
@@ -97,13 +86,13 @@ func TestScheduleCollectiveCounts(t *testing.T) {
 }
 
 func TestScheduleBytes(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	// dp_shard 2, ep 2 ⇒ efsdp 1: experts are not gathered. Dense unit of a
 	// layer (D=8, q=H·d=8, kv=G·d=4, E=4): input norm 8, q 8×8=64, k 4×8=32,
 	// v 32, o 8×8=64, q_norm 4, k_norm 4, post norm 8, router 4×8=32 → 248
 	// elements; padded over 2 ranks (every dim 0 even except none) = 248;
 	// all-gather S in bf16 = 496 bytes.
-	l := meshLayout(t, 2, 1, 2)
+	l := moetest.FSDPLayout(t, 2, 1, 2)
 	s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 1)
 	T := int64(2 * 4)
 	for _, o := range s.Ops {
@@ -128,9 +117,9 @@ func TestScheduleBytes(t *testing.T) {
 }
 
 func TestScheduleDepsAcyclic(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
-		l := meshLayout(t, 8, 2, 2)
+		l := moetest.FSDPLayout(t, 8, 2, 2)
 		l.Sharding = sh
 		s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACLayer, Every: 2}, 2)
 		for _, o := range s.Ops {

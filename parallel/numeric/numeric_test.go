@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 )
 
@@ -90,7 +91,7 @@ func compareRuns(t *testing.T, name string, a, b []StepResult, pa, pb [][]float3
 // partial sums, and expert parallelism runs one expert GEMM over the tokens
 // of several micro-batches at once.
 func TestNumericEqualsOneRank(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	acs := []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2}}
 	shardings := []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
 	type mesh struct{ gpus, rep, ep int }
@@ -109,7 +110,7 @@ func TestNumericEqualsOneRank(t *testing.T) {
 		if v, ok := refs[k]; ok {
 			return v.r, v.p
 		}
-		r, p, _ := numericRun(t, cfg, meshLayout(t, 1, 1, 1), ac, 1, micro, steps)
+		r, p, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, micro, steps)
 		refs[k] = struct {
 			r []StepResult
 			p [][]float32
@@ -126,7 +127,7 @@ func TestNumericEqualsOneRank(t *testing.T) {
 			ac := acs[j]
 			accum := 1 + (j+k/len(shardings))%2
 			i++
-			l := meshLayout(t, ms.gpus, ms.rep, ms.ep)
+			l := moetest.FSDPLayout(t, ms.gpus, ms.rep, ms.ep)
 			l.Sharding = sh
 			switch i % 3 { // FSDP options spread over the matrix
 			case 1:
@@ -146,7 +147,7 @@ func TestNumericEqualsOneRank(t *testing.T) {
 	// Every policy with and without accumulation on HSDP × EP.
 	for _, ac := range acs {
 		for accum := 1; accum <= 2; accum++ {
-			l := meshLayout(t, 4, 2, 2)
+			l := moetest.FSDPLayout(t, 4, 2, 2)
 			ra, pa := ref(ac, accum*4)
 			rb, pb, _ := numericRun(t, cfg, l, ac, 1, accum, steps)
 			compareRuns(t, fmt.Sprintf("2×2 ep 2 ac %s accum %d", ac, accum), ra, rb, pa, pb, false, 1e-5)
@@ -159,10 +160,10 @@ func TestNumericEqualsOneRank(t *testing.T) {
 // the same micro-batches within 1e-5 relative (different head code and
 // expert-gradient accumulation order; same formulas).
 func TestNumericMatchesReference(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	ac := moe.AC{Mode: moe.ACSelective}
 	const micro, steps = 2, 3
-	res, params, n := numericRun(t, cfg, meshLayout(t, 1, 1, 1), ac, 2, micro, steps)
+	res, params, n := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 2, micro, steps)
 	model, err := moe.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +209,7 @@ func TestNumericMatchesReference(t *testing.T) {
 // groups, dtypes and sizes, in the same order (all-to-all sizes are exact:
 // a rank sends all its T·K rows, its own included).
 func TestNumericFollowsSchedule(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	cases := []struct {
 		gpus, rep, ep int
 		sh            moe.Sharding
@@ -223,7 +224,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		{2, 2, 1, moe.ShardDDP, moe.AC{Mode: moe.ACSelective}, 3, false, true},
 	}
 	for _, tc := range cases {
-		l := meshLayout(t, tc.gpus, tc.rep, tc.ep)
+		l := moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep)
 		l.Sharding, l.KeepGathered, l.AllreduceLastOnly = tc.sh, tc.keep, tc.last
 		name := fmt.Sprintf("%d×%d ep %d %s %s micro %d", tc.rep, tc.gpus/tc.rep, tc.ep, tc.sh, tc.ac, tc.micro)
 		m, err := parallel.NewMesh(l, cfg, 4)
@@ -305,8 +306,8 @@ func TestNumericFollowsSchedule(t *testing.T) {
 // micro-step, while the others are in that micro-step's collectives: Step
 // returns rank 2's error and every rank returns an error (none hangs).
 func TestNumericRankFailure(t *testing.T) {
-	cfg := tinyMoEConfig()
-	l := meshLayout(t, 4, 2, 2)
+	cfg := moetest.TinyMoE()
+	l := moetest.FSDPLayout(t, 4, 2, 2)
 	m, err := parallel.NewMesh(l, cfg, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -340,7 +341,7 @@ func TestNumericRankFailure(t *testing.T) {
 // once per step from loads summed over micro-batches and all-reduced over
 // data-parallel ranks (torchtitan's rule) trains as one rank does.
 func TestNumericSelectionBias(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	cfg.Score, cfg.SelectionBias, cfg.RoutedScale = moe.Sigmoid, true, 2.5
 	cfg.AuxLossCoef, cfg.OutputRouterLogits = 0, false
 	cfg.Groups, cfg.TopKGroups = 2, 1
@@ -348,12 +349,12 @@ func TestNumericSelectionBias(t *testing.T) {
 		t.Fatal(err)
 	}
 	ac := moe.AC{Mode: moe.ACSelective}
-	ra, pa, _ := numericRun(t, cfg, meshLayout(t, 1, 1, 1), ac, 1, 4, 3)
+	ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 4, 3)
 	for _, tc := range []struct {
 		gpus, rep, ep, micro int
 		exact                bool
 	}{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}, {4, 1, 4, 1, false}} {
-		rb, pb, _ := numericRun(t, cfg, meshLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
+		rb, pb, _ := numericRun(t, cfg, moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
 		compareRuns(t, fmt.Sprintf("sigmoid+bias %d×%d ep %d", tc.rep, tc.gpus/tc.rep, tc.ep), ra, rb, pa, pb, tc.exact, 1e-5)
 	}
 	// The bias moved (else the check above would be vacuous for it).
@@ -375,13 +376,13 @@ func TestNumericSelectionBias(t *testing.T) {
 // embedding's forward to its backward) and its gradient joins the
 // embedding's; training equals one rank.
 func TestNumericTiedEmbeddings(t *testing.T) {
-	cfg := tinyMoEConfig()
+	cfg := moetest.TinyMoE()
 	cfg.TiedEmbeddings = true
 	ac := moe.AC{Mode: moe.ACFull}
-	ra, pa, _ := numericRun(t, cfg, meshLayout(t, 1, 1, 1), ac, 1, 4, 3)
-	rb, pb, _ := numericRun(t, cfg, meshLayout(t, 4, 1, 1), ac, 1, 1, 3)
+	ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 4, 3)
+	rb, pb, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 4, 1, 1), ac, 1, 1, 3)
 	compareRuns(t, "tied 1×4", ra, rb, pa, pb, true, 1e-5)
-	rc, pc, n := numericRun(t, cfg, meshLayout(t, 4, 2, 2), ac, 1, 1, 3)
+	rc, pc, n := numericRun(t, cfg, moetest.FSDPLayout(t, 4, 2, 2), ac, 1, 1, 3)
 	compareRuns(t, "tied 2×2 ep 2", ra, rc, pa, pc, false, 1e-5)
 	// The executed collectives are the schedule's.
 	s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: 1, Seq: 4, Micro: 1})
@@ -414,8 +415,8 @@ func TestNumericTiedEmbeddings(t *testing.T) {
 // same layout (goroutines scheduled differently) agree bit for bit, even
 // with replicas and expert parallelism.
 func TestNumericReproducible(t *testing.T) {
-	cfg := tinyMoEConfig()
-	l := meshLayout(t, 8, 2, 2)
+	cfg := moetest.TinyMoE()
+	l := moetest.FSDPLayout(t, 8, 2, 2)
 	ac := moe.AC{Mode: moe.ACSelective}
 	ra, pa, _ := numericRun(t, cfg, l, ac, 1, 2, 2)
 	rb, pb, _ := numericRun(t, cfg, l, ac, 1, 2, 2)
@@ -428,12 +429,12 @@ func TestNumericReproducible(t *testing.T) {
 // analytic State exactly, for every sharding mode on meshes with replicas,
 // expert parallelism, dim-0 and dim-1 expert sharding and padding.
 func TestNumericStateEqualsMemory(t *testing.T) {
-	bias := tinyMoEConfig()
+	bias := moetest.TinyMoE()
 	bias.Score, bias.SelectionBias, bias.AuxLossCoef = moe.Sigmoid, true, 0
-	for _, cfg := range []*moe.Config{tinyMoEConfig(), bias} {
+	for _, cfg := range []*moe.Config{moetest.TinyMoE(), bias} {
 		for _, c := range [][3]int{{1, 1, 1}, {2, 1, 2}, {4, 2, 1}, {8, 1, 1}, {8, 2, 4}, {8, 1, 4}} {
 			for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
-				l := meshLayout(t, c[0], c[1], c[2])
+				l := moetest.FSDPLayout(t, c[0], c[1], c[2])
 				l.Sharding = sh
 				m, err := parallel.NewMesh(l, cfg, 8)
 				if err != nil {

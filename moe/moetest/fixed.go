@@ -1,4 +1,4 @@
-package numeric
+package moetest
 
 import (
 	"testing"
@@ -6,9 +6,10 @@ import (
 	"github.com/moescope/moescope/moe"
 )
 
-// tinyMoEConfig is a 2-layer MoE model small enough for -race tests: both
-// layers MoE with 4 experts, top-2.
-func tinyMoEConfig() *moe.Config {
+// TinyMoE is a fixed 2-layer MoE model small enough for -race tests of
+// ranks and schedules: both layers MoE with 4 experts, top-2, HF's aux loss
+// on.
+func TinyMoE() *moe.Config {
 	return &moe.Config{
 		Name: "tiny", ModelType: "qwen3_moe", Vocab: 32, Hidden: 8, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 4,
 		MoELayer: []bool{true, true}, Window: []int{0, 0},
@@ -18,7 +19,9 @@ func tinyMoEConfig() *moe.Config {
 	}
 }
 
-func meshLayout(t *testing.T, gpus, rep, ep int) moe.Layout {
+// FSDPLayout is the resolved FSDP layout of gpus ranks in rep replicas with
+// expert parallelism ep, resharding after forward (torchtitan's default).
+func FSDPLayout(t testing.TB, gpus, rep, ep int) moe.Layout {
 	t.Helper()
 	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
