@@ -8,18 +8,39 @@ import (
 )
 
 // stepBuilder emits the events of one training step (see the package doc
-// for their order).
+// for their order). newStepBuilder derives, once, what the phases read.
 type stepBuilder struct {
-	cfg    *moe.Config
-	l      moe.Layout
-	o      Options
-	sh     Shape
-	units  []Unit
-	saved  [][]moe.SavedRecord // per unit, under the policy
-	none   [][]moe.SavedRecord // per unit, without checkpointing
-	events []Event
-	phase  Phase
-	micro  int
+	cfg   *moe.Config
+	l     moe.Layout
+	o     Options
+	sh    Shape
+	units []Unit
+	last  int // index of the head, the last unit
+	// saved holds per unit the tensors kept under the policy, the head's
+	// without those lossSaved holds (the unchunked loss's own, allocated
+	// inside the logits' lifetime); none the tensors kept without
+	// checkpointing, of which backward recomputes what saved lacks.
+	saved     [][]moe.SavedRecord
+	none      [][]moe.SavedRecord
+	lossSaved []moe.SavedRecord
+	fsdp      bool
+	// gathered: a unit's compute weights are a separate allocation (FSDP
+	// all-gather, or an autocast copy when compute and storage types differ).
+	gathered bool
+	keep     bool // FSDP with keep-gathered: weights live the whole step
+	// resharded holds per unit whether its weights are freed after its
+	// forward (reshard-after-forward, which torchtitan does not apply to
+	// the last block and the head).
+	resharded []bool
+	// partial is the bytes of the partial reduce buffer that
+	// allreduce-last-only keeps across micro-steps (0 when it keeps none).
+	partial int64
+	T, V    int64 // tokens per micro-step, vocabulary
+	dx      int64 // bytes of one input gradient (T×D, activation type)
+	a2a     int64 // bytes of one all-to-all buffer (0 without ep)
+	events  []Event
+	phase   Phase
+	micro   int
 }
 
 func (s *stepBuilder) emit(alloc bool, layer int, label string, bytes int64, c Category, st Stream) {
@@ -75,233 +96,326 @@ func missing(none, saved []moe.SavedRecord) []moe.SavedRecord {
 	return out
 }
 
-// buildTimeline returns the events of one step and the saved bytes per unit.
-func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, units []Unit) ([]Event, []int64, error) {
-	s := &stepBuilder{cfg: cfg, l: l, o: o, sh: sh, units: units}
-	savedBytes := make([]int64, len(units))
-	noneShape := sh
-	noneShape.AC = moe.AC{Mode: moe.ACNone}
+// newStepBuilder reads the saved tensors of every unit and derives the
+// layout's choices and the buffer sizes. It returns the saved bytes per unit
+// too.
+func newStepBuilder(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, units []Unit) (*stepBuilder, []int64, error) {
+	p := o.Precision
+	fsdp := l.Sharding == moe.ShardFSDP
+	s := &stepBuilder{cfg: cfg, l: l, o: o, sh: sh, units: units, last: len(units) - 1,
+		fsdp: fsdp, gathered: fsdp || p.Compute != p.Param, keep: fsdp && l.KeepGathered,
+		T: int64(sh.Batch) * int64(sh.Seq), V: int64(cfg.Vocab)}
+	savedBytes, err := s.loadSaved()
+	if err != nil {
+		return nil, nil, err
+	}
+	s.resharded = make([]bool, len(units))
 	for i, u := range units {
-		rs, err := Saved(cfg, u.Layer, sh)
-		if err != nil {
-			return nil, nil, err
+		s.resharded[i] = fsdp && !s.keep && l.ReshardAfterForward && u.Layer != cfg.LayerHead() && u.Layer != cfg.Layers-1
+	}
+	if l.AllreduceLastOnly && l.DPReplicate > 1 && b.GradAccum > 1 {
+		for _, u := range units {
+			s.partial += s.gradShard(u)
 		}
-		if u.Layer == cfg.LayerHead() && o.LossChunks > 1 {
+	}
+	act := p.Activation.Bytes()
+	D := int64(cfg.Hidden)
+	s.dx = s.T * D * act
+	if l.EP > 1 {
+		s.a2a = s.T * int64(cfg.TopK) * D * act
+	}
+	return s, savedBytes, nil
+}
+
+// loadSaved fills saved, none and lossSaved and returns the saved bytes per
+// unit.
+func (s *stepBuilder) loadSaved() ([]int64, error) {
+	savedBytes := make([]int64, len(s.units))
+	noneShape := s.sh
+	noneShape.AC = moe.AC{Mode: moe.ACNone}
+	for i, u := range s.units {
+		rs, err := Saved(s.cfg, u.Layer, s.sh)
+		if err != nil {
+			return nil, err
+		}
+		if u.Layer == s.cfg.LayerHead() && s.o.LossChunks > 1 {
 			rs = withoutLogProbs(rs)
 		}
-		rn, err := Saved(cfg, u.Layer, noneShape)
+		rn, err := Saved(s.cfg, u.Layer, noneShape)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		s.saved = append(s.saved, rs)
 		s.none = append(s.none, rn)
 		savedBytes[i] = SavedBytes(rs)
 	}
-	p := o.Precision
-	fsdp := l.Sharding == moe.ShardFSDP
-	// gathered: a unit's compute weights are a separate allocation (FSDP
-	// all-gather, or an autocast copy when compute and storage types differ).
-	gathered := fsdp || p.Compute != p.Param
-	keep := fsdp && l.KeepGathered
-	weights := func(u Unit) int64 { return u.Local * p.Compute.Bytes() }
-	gradShard := func(u Unit) int64 {
-		if l.Sharding == moe.ShardFSDP || l.Sharding == moe.ShardZeRO2 {
-			return u.Shard * p.Grad.Bytes()
-		}
-		return u.Local * p.Grad.Bytes()
-	}
-	n := len(units)
-	last := n - 1 // the head
-	// resharded[i]: unit i's weights are freed after its forward.
-	resharded := make([]bool, n)
-	for i, u := range units {
-		resharded[i] = fsdp && !keep && l.ReshardAfterForward && u.Layer != cfg.LayerHead() && u.Layer != cfg.Layers-1
-	}
-
-	s.phase, s.micro = Setup, -1
-	// Per unit, as StateOf sums them: stored parameters (and buffers), then
-	// each AdamW moment (and the master copy) per unit.
-	for _, u := range units {
-		us := StateOf([]Unit{u}, l.Sharding, o)
-		s.alloc(u.Layer, "parameters", us.Params, CatParams)
-	}
-	for _, u := range units {
-		us := StateOf([]Unit{u}, l.Sharding, o)
-		s.alloc(u.Layer, "optimizer_state", us.Optimizer, CatOptimizer)
-	}
-	if keep {
-		for _, u := range units {
-			s.alloc(u.Layer, "weights", weights(u), CatWeights)
-		}
-	}
-	partial := int64(0)
-	if l.AllreduceLastOnly && l.DPReplicate > 1 && b.GradAccum > 1 {
-		for _, u := range units {
-			partial += gradShard(u)
-		}
-	}
-	optTemp := func(u Unit) int64 {
-		if l.Sharding == moe.ShardDDP {
-			return u.Local * p.Optimizer.Bytes()
-		}
-		return u.Shard * p.Optimizer.Bytes()
-	}
-	T := int64(sh.Batch) * int64(sh.Seq)
-	act := p.Activation.Bytes()
-	D := int64(cfg.Hidden)
-	V := int64(cfg.Vocab)
 	// Unchunked, the loss's own saved tensors are allocated by lossForward
 	// inside the logits' lifetime; the rest of the head's (and, chunked,
 	// the labels the chunks' checkpoints hold) with the head's forward.
-	var headSaved, lossSaved []moe.SavedRecord
-	for _, r := range s.saved[last] {
-		if r.Op == moe.OpLoss && o.LossChunks <= 1 {
-			lossSaved = append(lossSaved, r)
+	var head []moe.SavedRecord
+	for _, r := range s.saved[s.last] {
+		if r.Op == moe.OpLoss && s.o.LossChunks <= 1 {
+			s.lossSaved = append(s.lossSaved, r)
 		} else {
-			headSaved = append(headSaved, r)
+			head = append(head, r)
 		}
 	}
-	AG, RS := AllGatherStream, ReduceScatterStream
-	a2a := int64(0)
-	if l.EP > 1 {
-		a2a = T * int64(cfg.TopK) * D * act
+	s.saved[s.last] = head
+	return savedBytes, nil
+}
+
+// weights is the bytes of unit u's compute weights.
+func (s *stepBuilder) weights(u Unit) int64 { return u.Local * s.o.Precision.Compute.Bytes() }
+
+// gradShard is the bytes of unit u's reduced gradient: sharded under fsdp
+// and zero2, whole otherwise.
+func (s *stepBuilder) gradShard(u Unit) int64 {
+	if s.l.Sharding == moe.ShardFSDP || s.l.Sharding == moe.ShardZeRO2 {
+		return u.Shard * s.o.Precision.Grad.Bytes()
 	}
+	return u.Local * s.o.Precision.Grad.Bytes()
+}
+
+// unshardedGrads is the bytes of unit u's weight gradients before their
+// reduction: its local elements in the compute type.
+func (s *stepBuilder) unshardedGrads(u Unit) int64 { return u.Local * s.o.Precision.Compute.Bytes() }
+
+// reduceScatterInput is the bytes of unit u's reduce-scatter input: its
+// whole local gradient in the gradient type.
+func (s *stepBuilder) reduceScatterInput(u Unit) int64 { return u.Local * s.o.Precision.Grad.Bytes() }
+
+// buildTimeline returns the events of one step and the saved bytes per unit.
+func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, units []Unit) ([]Event, []int64, error) {
+	s, savedBytes, err := newStepBuilder(cfg, l, b, o, sh, units)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.setup()
 	for m := 0; m < b.GradAccum; m++ {
 		s.micro = m
-		// Forward.
-		s.phase = Forward
-		for i, u := range units {
-			switch {
-			case fsdp && !keep:
-				if i == 0 {
-					s.allocOn(AG, u.Layer, "allgather", weights(u))
-				}
-				// Copy-out of the all-gather into the unsharded parameters.
-				s.alloc(u.Layer, "weights", weights(u), CatWeights)
-				s.freeOn(AG, u.Layer, "allgather", weights(u))
-				if i+1 < n {
-					s.allocOn(AG, units[i+1].Layer, "allgather", weights(units[i+1])) // prefetch
-				}
-			case !fsdp && gathered:
-				s.alloc(u.Layer, "weights", weights(u), CatWeights)
-			}
-			if i == last {
-				s.allocRecords("saved", headSaved, CatActivations)
-				s.lossForward(u.Layer, T, V, lossSaved)
-			} else {
-				s.allocRecords("saved", s.saved[i], CatActivations)
-			}
-			if u.Layer >= 0 && i != last {
-				ws := largest(s.none[i])
-				s.alloc(u.Layer, "workspace", ws, CatWorkspace)
-				if cfg.MoELayer[u.Layer] {
-					// All-to-all send buffers, on the compute stream
-					// (torchtitan's all_to_all_single runs there).
-					s.alloc(u.Layer, "a2a_dispatch", a2a, CatComm)
-					s.free(u.Layer, "a2a_dispatch", a2a, CatComm)
-					s.alloc(u.Layer, "a2a_combine", a2a, CatComm)
-					s.free(u.Layer, "a2a_combine", a2a, CatComm)
-				}
-				s.free(u.Layer, "workspace", ws, CatWorkspace)
-			}
-			if resharded[i] {
-				s.free(u.Layer, "weights", weights(u), CatWeights)
-			}
-		}
-		// Backward, units in reverse.
-		s.phase = Backward
-		if m == 0 && partial > 0 {
-			s.emit(true, moe.LayerEmbed, "partial_reduce", partial, CatGrads, RS)
-		}
-		prevRS, prevDX := -1, -1 // unit indices
-		dx := T * D * act
-		for i := last; i >= 0; i-- {
-			u := units[i]
-			wlabel := "weights"
-			if resharded[i] {
-				wlabel = "weights_bwd"
-				s.alloc(u.Layer, wlabel, weights(u), CatWeights)
-				s.freeOn(AG, u.Layer, "allgather_bwd", weights(u))
-			}
-			if i > 0 && resharded[i-1] {
-				s.allocOn(AG, units[i-1].Layer, "allgather_bwd", weights(units[i-1])) // prefetch
-			}
-			var rec []moe.SavedRecord
-			var ws int64
-			switch {
-			case i == last:
-				s.lossBackward(u.Layer, T, V, lossSaved)
-			case u.Layer >= 0:
-				rec = missing(s.none[i], s.saved[i])
-				s.allocRecords("recompute", rec, CatRecompute)
-				ws = 2 * largest(s.none[i])
-				s.alloc(u.Layer, "workspace_bwd", ws, CatWorkspace)
-				if cfg.MoELayer[u.Layer] {
-					s.alloc(u.Layer, "a2a_combine_bwd", a2a, CatComm)
-					s.free(u.Layer, "a2a_combine_bwd", a2a, CatComm)
-					s.alloc(u.Layer, "a2a_dispatch_bwd", a2a, CatComm)
-					s.free(u.Layer, "a2a_dispatch_bwd", a2a, CatComm)
-				}
-			}
-			if u.Layer != moe.LayerEmbed {
-				s.alloc(u.Layer, "grad_hidden", dx, CatWorkspace)
-			}
-			if prevDX >= 0 {
-				s.free(units[prevDX].Layer, "grad_hidden", dx, CatWorkspace)
-			}
-			prevDX = i
-			s.alloc(u.Layer, "unsharded_grads", u.Local*p.Compute.Bytes(), CatUnshardGrad)
-			s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
-			s.freeRecords("recompute", rec, CatRecompute)
-			if i == last {
-				s.freeRecords("saved", headSaved, CatActivations)
-			} else {
-				s.freeRecords("saved", s.saved[i], CatActivations)
-			}
-			// The previous unit's reduce-scatter ran while this unit
-			// computed. FSDP2 (torch ≥ 2.6 foreach_reduce) copies the
-			// gradients into the reduce-scatter input on the compute
-			// stream and allocates the output, which becomes the
-			// gradient, on the reduce-scatter stream.
-			if prevRS >= 0 {
-				s.free(units[prevRS].Layer, "reduce_scatter", units[prevRS].Local*p.Grad.Bytes(), CatComm)
-			}
-			s.alloc(u.Layer, "reduce_scatter", u.Local*p.Grad.Bytes(), CatComm)
-			prevRS = i
-			s.free(u.Layer, "unsharded_grads", u.Local*p.Compute.Bytes(), CatUnshardGrad)
-			if m == 0 {
-				// The reduce-scatter output becomes the gradient: it is
-				// allocated in the reduce-scatter stream's pool.
-				s.emit(true, u.Layer, "gradients", gradShard(u), CatGrads, RS)
-			}
-			if gathered && !keep {
-				s.free(u.Layer, wlabel, weights(u), CatWeights)
-			}
-		}
-		s.free(units[prevRS].Layer, "reduce_scatter", units[prevRS].Local*p.Grad.Bytes(), CatComm)
+		s.forward()
+		s.backward(m)
 	}
-	if partial > 0 {
+	if s.partial > 0 {
+		// The partial reduce buffer lives until the last micro-step's
+		// backward ends; it was allocated in the first one's.
 		s.phase, s.micro = Backward, 0
-		s.emit(false, moe.LayerEmbed, "partial_reduce", partial, CatGrads, RS)
+		s.emit(false, moe.LayerEmbed, "partial_reduce", s.partial, CatGrads, ReduceScatterStream)
 	}
-	// Optimizer: foreach AdamW materializes sqrt(v) for every local element
-	// at once, one tensor per parameter (here: per unit), then frees them.
-	// The fused implementation updates in place.
+	s.optimizerStep()
+	return s.events, savedBytes, nil
+}
+
+// setup emits what is live when the step begins. Per unit, as StateOf sums
+// them: stored parameters (and buffers), then each AdamW moment (and the
+// master copy) per unit; with keep-gathered, every unit's gathered weights.
+func (s *stepBuilder) setup() {
+	s.phase, s.micro = Setup, -1
+	for _, u := range s.units {
+		us := StateOf([]Unit{u}, s.l.Sharding, s.o)
+		s.alloc(u.Layer, "parameters", us.Params, CatParams)
+	}
+	for _, u := range s.units {
+		us := StateOf([]Unit{u}, s.l.Sharding, s.o)
+		s.alloc(u.Layer, "optimizer_state", us.Optimizer, CatOptimizer)
+	}
+	if s.keep {
+		for _, u := range s.units {
+			s.alloc(u.Layer, "weights", s.weights(u), CatWeights)
+		}
+	}
+}
+
+// forward emits one micro-step's forward, units in order: per unit its
+// weights (gatherForward), its saved tensors, the head's loss or a block's
+// transient buffers, and resharding.
+func (s *stepBuilder) forward() {
+	s.phase = Forward
+	for i, u := range s.units {
+		s.gatherForward(i)
+		s.allocRecords("saved", s.saved[i], CatActivations)
+		switch {
+		case i == s.last:
+			s.lossForward(u.Layer)
+		case u.Layer >= 0:
+			s.blockForward(i)
+		}
+		if s.resharded[i] {
+			s.free(u.Layer, "weights", s.weights(u), CatWeights)
+		}
+	}
+}
+
+// gatherForward emits unit i's compute weights for its forward. Under FSDP
+// (not keep-gathered): the copy-out of its all-gather, whose buffer the
+// previous unit prefetched (the first unit gathers its own), and the
+// prefetch of unit i+1's. Otherwise, when compute and storage types
+// differ, the cast copy.
+func (s *stepBuilder) gatherForward(i int) {
+	u := s.units[i]
+	w := s.weights(u)
+	switch {
+	case s.fsdp && !s.keep:
+		if i == 0 {
+			s.allocOn(AllGatherStream, u.Layer, "allgather", w)
+		}
+		// Copy-out of the all-gather into the unsharded parameters.
+		s.alloc(u.Layer, "weights", w, CatWeights)
+		s.freeOn(AllGatherStream, u.Layer, "allgather", w)
+		if i+1 < len(s.units) {
+			next := s.units[i+1]
+			s.allocOn(AllGatherStream, next.Layer, "allgather", s.weights(next)) // prefetch
+		}
+	case !s.fsdp && s.gathered:
+		s.alloc(u.Layer, "weights", w, CatWeights)
+	}
+}
+
+// blockForward emits the transient buffers of block unit i's forward: its
+// workspace (the largest intermediate) and, on MoE blocks, the all-to-all
+// buffers.
+func (s *stepBuilder) blockForward(i int) {
+	layer := s.units[i].Layer
+	ws := largest(s.none[i])
+	s.alloc(layer, "workspace", ws, CatWorkspace)
+	if s.cfg.MoELayer[layer] {
+		// All-to-all send buffers, on the compute stream
+		// (torchtitan's all_to_all_single runs there).
+		s.alloc(layer, "a2a_dispatch", s.a2a, CatComm)
+		s.free(layer, "a2a_dispatch", s.a2a, CatComm)
+		s.alloc(layer, "a2a_combine", s.a2a, CatComm)
+		s.free(layer, "a2a_combine", s.a2a, CatComm)
+	}
+	s.free(layer, "workspace", ws, CatWorkspace)
+}
+
+// backward emits micro-step m's backward, units in reverse (backwardUnit),
+// then the free of the last reduce-scatter input, that of the first unit.
+// The first micro-step also allocates the partial reduce buffer.
+func (s *stepBuilder) backward(m int) {
+	s.phase = Backward
+	if m == 0 && s.partial > 0 {
+		s.emit(true, moe.LayerEmbed, "partial_reduce", s.partial, CatGrads, ReduceScatterStream)
+	}
+	for i := s.last; i >= 0; i-- {
+		s.backwardUnit(i, m)
+	}
+	first := s.units[0]
+	s.free(first.Layer, "reduce_scatter", s.reduceScatterInput(first), CatComm)
+}
+
+// backwardUnit emits unit i's backward in micro-step m: its weights
+// (gatherBackward), its compute (backwardOps), its input gradient, which
+// replaces unit i+1's, its weight gradients, the frees of what the compute
+// read, the gradients' reduction (reduceGradients) and resharding.
+func (s *stepBuilder) backwardUnit(i, m int) {
+	u := s.units[i]
+	wlabel := s.gatherBackward(i)
+	rec, ws := s.backwardOps(i)
+	if u.Layer != moe.LayerEmbed {
+		s.alloc(u.Layer, "grad_hidden", s.dx, CatWorkspace)
+	}
+	if i < s.last {
+		s.free(s.units[i+1].Layer, "grad_hidden", s.dx, CatWorkspace)
+	}
+	s.alloc(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
+	s.freeRecords("recompute", rec, CatRecompute)
+	s.freeRecords("saved", s.saved[i], CatActivations)
+	s.reduceGradients(i, m)
+	if s.gathered && !s.keep {
+		s.free(u.Layer, wlabel, s.weights(u), CatWeights)
+	}
+}
+
+// gatherBackward emits the re-gather of unit i's weights when its forward
+// resharded them (the buffer was prefetched) and the prefetch of unit i-1's
+// when that one was resharded. It returns the label unit i's weights are
+// freed under.
+func (s *stepBuilder) gatherBackward(i int) string {
+	u := s.units[i]
+	wlabel := "weights"
+	if s.resharded[i] {
+		wlabel = "weights_bwd"
+		s.alloc(u.Layer, wlabel, s.weights(u), CatWeights)
+		s.freeOn(AllGatherStream, u.Layer, "allgather_bwd", s.weights(u))
+	}
+	if i > 0 && s.resharded[i-1] {
+		prev := s.units[i-1]
+		s.allocOn(AllGatherStream, prev.Layer, "allgather_bwd", s.weights(prev)) // prefetch
+	}
+	return wlabel
+}
+
+// backwardOps emits the compute of unit i's backward: the head's loss
+// gradients, or a block's recomputed tensors, its workspace (twice the
+// largest intermediate) and all-to-all buffers. It returns the recomputed
+// records and the workspace bytes, which backwardUnit frees once the
+// weight gradients exist.
+func (s *stepBuilder) backwardOps(i int) (rec []moe.SavedRecord, ws int64) {
+	u := s.units[i]
+	switch {
+	case i == s.last:
+		s.lossBackward(u.Layer)
+	case u.Layer >= 0:
+		rec = missing(s.none[i], s.saved[i])
+		s.allocRecords("recompute", rec, CatRecompute)
+		ws = 2 * largest(s.none[i])
+		s.alloc(u.Layer, "workspace_bwd", ws, CatWorkspace)
+		if s.cfg.MoELayer[u.Layer] {
+			s.alloc(u.Layer, "a2a_combine_bwd", s.a2a, CatComm)
+			s.free(u.Layer, "a2a_combine_bwd", s.a2a, CatComm)
+			s.alloc(u.Layer, "a2a_dispatch_bwd", s.a2a, CatComm)
+			s.free(u.Layer, "a2a_dispatch_bwd", s.a2a, CatComm)
+		}
+	}
+	return rec, ws
+}
+
+// reduceGradients emits the reduction of unit i's weight gradients in
+// micro-step m. Unit i+1's reduce-scatter ran while unit i computed, so its
+// input is freed first. FSDP2 (torch ≥ 2.6 foreach_reduce) copies the
+// gradients into the reduce-scatter input on the compute stream, which
+// frees the unsharded gradients, and allocates the output, which becomes
+// the gradient, on the reduce-scatter stream: once, in the first
+// micro-step, later ones accumulating into it.
+func (s *stepBuilder) reduceGradients(i, m int) {
+	u := s.units[i]
+	if i < s.last {
+		prev := s.units[i+1]
+		s.free(prev.Layer, "reduce_scatter", s.reduceScatterInput(prev), CatComm)
+	}
+	s.alloc(u.Layer, "reduce_scatter", s.reduceScatterInput(u), CatComm)
+	s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+	if m == 0 {
+		s.emit(true, u.Layer, "gradients", s.gradShard(u), CatGrads, ReduceScatterStream)
+	}
+}
+
+// optimizerStep emits the optimizer's events. Foreach AdamW materializes
+// sqrt(v) for every local element at once, one tensor per parameter (here:
+// per unit), then frees them; the fused implementation updates in place.
+// Then zero_grad(set_to_none=True) releases the gradients.
+func (s *stepBuilder) optimizerStep() {
 	s.phase, s.micro = Optimizer, -1
-	if o.OptimizerImpl == Foreach {
-		for _, u := range units {
+	optTemp := func(u Unit) int64 {
+		if s.l.Sharding == moe.ShardDDP {
+			return u.Local * s.o.Precision.Optimizer.Bytes()
+		}
+		return u.Shard * s.o.Precision.Optimizer.Bytes()
+	}
+	if s.o.OptimizerImpl == Foreach {
+		for _, u := range s.units {
 			s.alloc(u.Layer, "adamw_sqrt_v", optTemp(u), CatOptTemp)
 		}
-		for _, u := range units {
+		for _, u := range s.units {
 			s.free(u.Layer, "adamw_sqrt_v", optTemp(u), CatOptTemp)
 		}
 	}
-	// zero_grad(set_to_none=True) releases the gradients.
 	s.micro = 0
-	for _, u := range units {
-		s.emit(false, u.Layer, "gradients", gradShard(u), CatGrads, RS)
+	for _, u := range s.units {
+		s.emit(false, u.Layer, "gradients", s.gradShard(u), CatGrads, ReduceScatterStream)
 	}
-	return s.events, savedBytes, nil
 }
 
 // withoutLogProbs drops the loss's log-probabilities, the one
@@ -321,9 +435,9 @@ func withoutLogProbs(rs []moe.SavedRecord) []moe.SavedRecord {
 // lossChunks yields the label suffix and token count of each chunk of the
 // chunked loss: ⌈T/c⌉ tokens each, the last one shorter (torch.chunk's
 // split, which may give fewer than c chunks).
-func (s *stepBuilder) lossChunks(T int64) iter.Seq2[string, int64] {
+func (s *stepBuilder) lossChunks() iter.Seq2[string, int64] {
 	return func(yield func(string, int64) bool) {
-		c := int64(s.o.LossChunks)
+		T, c := s.T, int64(s.o.LossChunks)
 		tc := (T + c - 1) / c
 		for k := int64(0); k < c && k*tc < T; k++ {
 			if !yield(fmt.Sprintf(" chunk %d", k), min(tc, T-k*tc)) {
@@ -350,13 +464,13 @@ func (s *stepBuilder) logProbs(layer int, suffix string, n int64, keep func()) {
 // log-probabilities being saved. With LossChunks > 1 each chunk does the
 // same and frees its log-probabilities too (the chunk is checkpointed and
 // recomputed in backward).
-func (s *stepBuilder) lossForward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
+func (s *stepBuilder) lossForward(layer int) {
 	if s.o.LossChunks <= 1 {
-		s.logProbs(layer, "", T*V, func() { s.allocRecords("saved", lossSaved, CatActivations) })
+		s.logProbs(layer, "", s.T*s.V, func() { s.allocRecords("saved", s.lossSaved, CatActivations) })
 		return
 	}
-	for l, tokens := range s.lossChunks(T) {
-		n := tokens * V
+	for l, tokens := range s.lossChunks() {
+		n := tokens * s.V
 		s.logProbs(layer, l, n, func() { s.alloc(layer, "log_probs"+l, n*4, CatLoss) })
 		s.free(layer, "log_probs"+l, n*4, CatLoss)
 	}
@@ -364,13 +478,13 @@ func (s *stepBuilder) lossForward(layer int, T, V int64, lossSaved []moe.SavedRe
 
 // lossBackward emits the gradients of the loss (lossGrads). Chunked, each
 // chunk first recomputes its logits and log-probabilities.
-func (s *stepBuilder) lossBackward(layer int, T, V int64, lossSaved []moe.SavedRecord) {
+func (s *stepBuilder) lossBackward(layer int) {
 	if s.o.LossChunks <= 1 {
-		s.lossGrads(layer, "", T*V, func() { s.freeRecords("saved", lossSaved, CatActivations) })
+		s.lossGrads(layer, "", s.T*s.V, func() { s.freeRecords("saved", s.lossSaved, CatActivations) })
 		return
 	}
-	for l, tokens := range s.lossChunks(T) {
-		n := tokens * V
+	for l, tokens := range s.lossChunks() {
+		n := tokens * s.V
 		s.logProbs(layer, "_bwd"+l, n, func() { s.alloc(layer, "log_probs_bwd"+l, n*4, CatLoss) })
 		s.lossGrads(layer, l, n, func() { s.free(layer, "log_probs_bwd"+l, n*4, CatLoss) })
 	}

@@ -123,97 +123,153 @@ func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecor
 	if p == (Precision{}) {
 		p = DefaultPrecision
 	}
-	act := p.Activation
-	T := int64(tokens)
-	D, E, K := int64(c.Hidden), int64(c.Experts), int64(c.TopK)
-	q, kv := int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim)
-	var s []SavedRecord
-	add := func(op Op, tensor string, n int64, dt DType) {
-		s = append(s, SavedRecord{Layer: layer, Op: op, Tensor: tensor, Elements: n, DType: dt})
-	}
+	s := &savedList{c: c, layer: layer, T: int64(tokens), act: p.Activation}
 	switch {
 	case layer == LayerEmbed:
-		add(OpEmbed, "ids", T, I64)
-		return s
+		s.add(OpEmbed, "ids", s.T, I64)
 	case layer == c.LayerHead():
-		add(OpFinalNorm, "input", T*D, act)
-		add(OpFinalNorm, "rstd", T, F32)
-		add(OpLMHead, "input", T*D, act)
-		add(OpLoss, "log_probs", T*int64(c.Vocab), F32)
-		add(OpLoss, "labels", T, I64)
-		return s
-	}
-	add(OpAttnNorm, "input", T*D, act)
-	moe := c.MoELayer[layer]
-	switch {
-	case ac.FullyCheckpointed(layer):
-		return s
-	case ac.Mode == ACSelective:
-		for _, op := range selectiveSaved(c, layer) {
-			add(op, "output", T*int64(linearOut(c, op)), act)
+		s.head()
+	default:
+		// The block's input, which every policy keeps.
+		s.add(OpAttnNorm, "input", s.T*int64(c.Hidden), s.act)
+		switch {
+		case ac.FullyCheckpointed(layer):
+		case ac.Mode == ACSelective:
+			s.selective()
+		default:
+			s.attention()
+			s.ffn()
 		}
-		add(OpAttn, "output", T*q, act)
-		add(OpAttn, "lse", T*int64(c.Heads), F32)
-		if moe {
-			add(OpRouterTopK, "values", T*K, F32)
-			add(OpRouterTopK, "indices", T*K, I64)
-		}
-		return s
 	}
-	add(OpAttnNorm, "rstd", T, F32)
-	add(OpQProj, "input", T*D, act)
+	return s.rs
+}
+
+// savedList accumulates the records of one layer for SavedTensors: T
+// tokens, activations stored as act.
+type savedList struct {
+	c     *Config
+	layer int
+	T     int64
+	act   DType
+	rs    []SavedRecord
+}
+
+func (s *savedList) add(op Op, tensor string, n int64, dt DType) {
+	s.rs = append(s.rs, SavedRecord{Layer: s.layer, Op: op, Tensor: tensor, Elements: n, DType: dt})
+}
+
+// head adds the final norm's, the LM head's and the loss's tensors.
+func (s *savedList) head() {
+	T, D := s.T, int64(s.c.Hidden)
+	s.add(OpFinalNorm, "input", T*D, s.act)
+	s.add(OpFinalNorm, "rstd", T, F32)
+	s.add(OpLMHead, "input", T*D, s.act)
+	s.add(OpLoss, "log_probs", T*int64(s.c.Vocab), F32)
+	s.add(OpLoss, "labels", T, I64)
+}
+
+// selective adds what the selective policy keeps beyond the block's input:
+// the outputs of the linears selectiveSaved lists, the attention output
+// and lse, and in MoE blocks the router's top-k values and indices.
+func (s *savedList) selective() {
+	c, T, K := s.c, s.T, int64(s.c.TopK)
+	for _, op := range selectiveSaved(c, s.layer) {
+		s.add(op, "output", T*int64(linearOut(c, op)), s.act)
+	}
+	s.add(OpAttn, "output", T*int64(c.Heads*c.HeadDim), s.act)
+	s.add(OpAttn, "lse", T*int64(c.Heads), F32)
+	if c.MoELayer[s.layer] {
+		s.add(OpRouterTopK, "values", T*K, F32)
+		s.add(OpRouterTopK, "indices", T*K, I64)
+	}
+}
+
+// attention adds the attention half of a block under policy none, after
+// its input: the norm's rstd, the q_proj input, the q/k norms' tensors and
+// flash attention's q, k, v, output and lse.
+func (s *savedList) attention() {
+	c, T := s.c, s.T
+	q, kv := int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim)
+	s.add(OpAttnNorm, "rstd", T, F32)
+	s.add(OpQProj, "input", T*int64(c.Hidden), s.act)
 	if c.QKNorm != QKNormNone {
 		rq, rk := T*int64(c.Heads), T*int64(c.KVHeads)
 		if c.QKNorm == QKNormFull {
 			rq, rk = T, T
 		}
-		add(OpQNorm, "input", T*q, act)
-		add(OpQNorm, "rstd", rq, F32)
-		add(OpKNorm, "input", T*kv, act)
-		add(OpKNorm, "rstd", rk, F32)
+		s.add(OpQNorm, "input", T*q, s.act)
+		s.add(OpQNorm, "rstd", rq, F32)
+		s.add(OpKNorm, "input", T*kv, s.act)
+		s.add(OpKNorm, "rstd", rk, F32)
 	}
-	add(OpAttn, "q", T*q, act)
-	add(OpAttn, "k", T*kv, act)
-	add(OpAttn, "v", T*kv, act)
-	add(OpAttn, "output", T*q, act)
-	add(OpAttn, "lse", T*int64(c.Heads), F32)
-	add(OpFFNNorm, "input", T*D, act)
-	add(OpFFNNorm, "rstd", T, F32)
-	if !moe {
-		Fd := T * int64(c.DenseFFN)
-		add(OpDenseGate, "input", T*D, act)
-		add(OpDenseAct, "gate", Fd, act)
-		add(OpDenseAct, "silu_gate", Fd, act)
-		add(OpDenseAct, "up", Fd, act)
-		add(OpDenseDown, "input", Fd, act)
-		return s
+	s.add(OpAttn, "q", T*q, s.act)
+	s.add(OpAttn, "k", T*kv, s.act)
+	s.add(OpAttn, "v", T*kv, s.act)
+	s.add(OpAttn, "output", T*q, s.act)
+	s.add(OpAttn, "lse", T*int64(c.Heads), F32)
+}
+
+// ffn adds the FFN half of a block under policy none: the norm's tensors,
+// then the dense MLP's, or the routed experts' and the shared experts'.
+func (s *savedList) ffn() {
+	T, D := s.T, int64(s.c.Hidden)
+	s.add(OpFFNNorm, "input", T*D, s.act)
+	s.add(OpFFNNorm, "rstd", T, F32)
+	if !s.c.MoELayer[s.layer] {
+		s.dense()
+		return
 	}
+	s.routed()
+	if s.c.SharedExperts > 0 {
+		s.shared()
+	}
+}
+
+// dense adds the dense MLP's tensors (width DenseFFN).
+func (s *savedList) dense() {
+	T, Fd := s.T, s.T*int64(s.c.DenseFFN)
+	s.add(OpDenseGate, "input", T*int64(s.c.Hidden), s.act)
+	s.add(OpDenseAct, "gate", Fd, s.act)
+	s.add(OpDenseAct, "silu_gate", Fd, s.act)
+	s.add(OpDenseAct, "up", Fd, s.act)
+	s.add(OpDenseDown, "input", Fd, s.act)
+}
+
+// routed adds the router's, the dispatch's, the routed experts' and the
+// combine's tensors: T·K token copies, each through an expert of width
+// ExpertFFN.
+func (s *savedList) routed() {
+	c, T := s.c, s.T
+	D, E, K := int64(c.Hidden), int64(c.Experts), int64(c.TopK)
 	F := T * K * int64(c.ExpertFFN)
-	add(OpRouter, "input", T*D, act)
-	add(OpRouterTopK, "scores", T*E, F32)
-	add(OpRouterTopK, "indices", T*K, I64)
+	s.add(OpRouter, "input", T*D, s.act)
+	s.add(OpRouterTopK, "scores", T*E, F32)
+	s.add(OpRouterTopK, "indices", T*K, I64)
 	if c.NormTopK {
-		add(OpRouterTopK, "values", T*K, F32)
-		add(OpRouterTopK, "denominator", T, F32)
+		s.add(OpRouterTopK, "values", T*K, F32)
+		s.add(OpRouterTopK, "denominator", T, F32)
 	}
-	add(OpDispatch, "order", T*K, I64)
-	add(OpExpertGate, "input", T*K*D, act)
-	add(OpExpertAct, "gate", F, act)
-	add(OpExpertAct, "silu_gate", F, act)
-	add(OpExpertAct, "up", F, act)
-	add(OpExpertDown, "input", F, act)
-	add(OpCombine, "expert_output", T*K*D, act)
-	add(OpCombine, "weights", T*K, F32)
-	if c.SharedExperts > 0 {
-		S := T * int64(c.SharedExperts*c.SharedFFN)
-		add(OpSharedAct, "gate", S, act)
-		add(OpSharedAct, "silu_gate", S, act)
-		add(OpSharedAct, "up", S, act)
-		add(OpSharedDown, "input", S, act)
-		if c.SharedGated {
-			add(OpSharedScale, "gate", T, act)
-			add(OpSharedScale, "shared_output", T*D, act)
-		}
+	s.add(OpDispatch, "order", T*K, I64)
+	s.add(OpExpertGate, "input", T*K*D, s.act)
+	s.add(OpExpertAct, "gate", F, s.act)
+	s.add(OpExpertAct, "silu_gate", F, s.act)
+	s.add(OpExpertAct, "up", F, s.act)
+	s.add(OpExpertDown, "input", F, s.act)
+	s.add(OpCombine, "expert_output", T*K*D, s.act)
+	s.add(OpCombine, "weights", T*K, F32)
+}
+
+// shared adds the shared experts' tensors, and with Qwen2-MoE's gate its
+// input and the shared output it scales.
+func (s *savedList) shared() {
+	c, T := s.c, s.T
+	S := T * int64(c.SharedExperts*c.SharedFFN)
+	s.add(OpSharedAct, "gate", S, s.act)
+	s.add(OpSharedAct, "silu_gate", S, s.act)
+	s.add(OpSharedAct, "up", S, s.act)
+	s.add(OpSharedDown, "input", S, s.act)
+	if c.SharedGated {
+		s.add(OpSharedScale, "gate", T, s.act)
+		s.add(OpSharedScale, "shared_output", T*int64(c.Hidden), s.act)
 	}
-	return s
 }
