@@ -40,6 +40,9 @@ type memoryReport struct {
 	Allocator        string                  `json:"allocator"`
 	MaxLBS           *int                    `json:"max_lbs,omitempty"`
 	MemoryTarget     float64                 `json:"memory_target,omitempty"`
+	// Fit: whether the step fits the device and the memory target (JSON
+	// fits, headroom_bytes, within_target).
+	memory.Fit
 }
 
 func runMemory(stdout, stderr io.Writer, args []string) error {
@@ -58,7 +61,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	optImpl := fs.String("optimizer-impl", memory.Fused, "AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)")
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")
-	target := fs.Float64("memory-target", 0.92, "fraction of device memory --max-lbs may use, in (0, 1]")
+	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory a step may use to be within target (and --max-lbs's bound), in (0, 1]")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -118,6 +121,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	rep.fill(cfg, dev, r)
+	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, *target), *target
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -164,6 +168,9 @@ func (rep *memoryReport) fill(cfg *moe.Config, dev hw.Device, r memory.Report) {
 
 func printMemory(w io.Writer, r memoryReport) {
 	gib := func(n int64) float64 { return float64(n) / (1 << 30) }
+	if line := r.Fit.Line(); line != "" {
+		fmt.Fprintln(w, line)
+	}
 	fmt.Fprintf(w, "%s on %s: gpus %d = dp_replicate %d × dp_shard %d, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
 		r.Model, r.GPU, r.Layout.GPUs, r.Layout.DPReplicate, r.Layout.DPShard, r.Layout.EP, r.Layout.Sharding,
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)

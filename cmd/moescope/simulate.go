@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
@@ -74,7 +75,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
 	var hwf hardwareFlags
 	fs.StringVar(&hwf.gpu, "gpu", hw.DefaultDeviceName, "device from the registry: "+strings.Join(hw.DeviceNames(), ", "))
-	fs.StringVar(&hwf.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one, parallel.ClusterForGPU)")
+	fs.StringVar(&hwf.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one)")
 	fs.StringVar(&hwf.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
@@ -86,11 +87,15 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	traceRanks := fs.String("trace-ranks", "", "ranks in the trace: all, or a comma list (default: all up to 16 ranks, else the first host)")
 	force := fs.Bool("force", false, "overwrite an existing --trace file")
 	jsonOut := fs.Bool("json", false, "print one JSON object")
+	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory the layout may use to count as within target, in (0, 1]")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *model == "" {
 		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, hf.Builtins())
+	}
+	if !(*target > 0 && *target <= 1) {
+		return fmt.Errorf("%w: --memory-target = %v: must be in (0, 1]", errUsage, *target)
 	}
 	if *lbs < 1 {
 		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
@@ -130,7 +135,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	in := sim.Input{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
-		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != ""}
+		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target}
 	res, err := sim.Simulate(in)
 	if err != nil {
 		return err
@@ -187,6 +192,9 @@ func parseTraceRanks(s string, world, perNode int) ([]int, error) {
 }
 
 func printSimulate(w io.Writer, r simulateReport) error {
+	if line := r.Fit.Line(); line != "" {
+		fmt.Fprintln(w, line)
+	}
 	l := r.Layout
 	fmt.Fprintf(w, "%s on %d × %s (%s): dp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",
 		r.Model, l.GPUs, r.Device, r.Cluster, l.DPReplicate, l.DPShard, l.EP, l.Sharding, r.AC, r.LBS, r.Seq, r.GradAccum)

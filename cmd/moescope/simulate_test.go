@@ -121,3 +121,48 @@ func TestCalibrateCommand(t *testing.T) {
 		t.Error("missing runs file accepted")
 	}
 }
+
+// TestFitsVerdict: simulate and memory say whether a layout fits (DESIGN.md,
+// "Fits"). Qwen3-30B-A3B at 64 sequences of 4096 tokens per H100 without
+// checkpointing needs terabytes: the first line says it does not fit, the
+// times still follow, the JSON carries fits false and a negative headroom,
+// and the exit status is 0. The tiny model fits, and at a target of
+// 10⁻⁹ it is above the target yet still fits.
+func TestFitsVerdict(t *testing.T) {
+	huge := []string{"--model", "qwen3-30b-a3b", "--seq", "4096", "--gpu", "h100", "--gpus", "8", "--lbs", "64", "--ac", "none"}
+	for _, cmd := range []string{"simulate", "memory"} {
+		out, err := runSimCmd(t, append([]string{cmd}, huge...)...)
+		if err != nil {
+			t.Fatalf("%s: %v", cmd, err)
+		}
+		if first, _, _ := strings.Cut(out, "\n"); !strings.HasPrefix(first, "does not fit: needs ") || !strings.HasSuffix(first, " GiB of 79.11 GiB") {
+			t.Errorf("%s: first line %q", cmd, first)
+		}
+		if cmd == "simulate" && !strings.Contains(out, "step time") {
+			t.Errorf("simulate: no times after the verdict:\n%s", out)
+		}
+		var r struct {
+			Fits         *bool  `json:"fits"`
+			Headroom     *int64 `json:"headroom_bytes"`
+			WithinTarget *bool  `json:"within_target"`
+		}
+		js, err := runSimCmd(t, append([]string{cmd, "--json"}, huge...)...)
+		if err != nil || json.Unmarshal([]byte(js), &r) != nil || r.Fits == nil || *r.Fits || r.Headroom == nil || *r.Headroom >= 0 || r.WithinTarget == nil || *r.WithinTarget {
+			t.Errorf("%s --json: %v, fits/headroom/within_target %+v", cmd, err, r)
+		}
+	}
+	small := []string{"--model", "tiny", "--gpus", "4", "--lbs", "1", "--seq", "64"}
+	for _, cmd := range []string{"simulate", "memory"} {
+		out, err := runSimCmd(t, append([]string{cmd}, small...)...)
+		if err != nil || strings.HasPrefix(out, "does not fit") || strings.HasPrefix(out, "above the memory target") {
+			t.Errorf("%s tiny: %v\n%s", cmd, err, out)
+		}
+		out, err = runSimCmd(t, append([]string{cmd, "--memory-target", "1e-9"}, small...)...)
+		if err != nil || !strings.HasPrefix(out, "above the memory target: ") {
+			t.Errorf("%s tiny at target 1e-9: %v\n%s", cmd, err, out)
+		}
+		if _, err := runSimCmd(t, append([]string{cmd, "--memory-target", "1.5"}, small...)...); exitCode(err) != 2 || !strings.Contains(err.Error(), "--memory-target") {
+			t.Errorf("%s --memory-target 1.5: %v, want a usage error", cmd, err)
+		}
+	}
+}

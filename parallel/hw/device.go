@@ -30,6 +30,14 @@ type Device struct {
 	// SMs is the number of streaming multiprocessors (compute units on AMD)
 	// a kernel can occupy; 0 when no published figure was found.
 	SMs int `json:"sms"`
+	// OutsideBytes is the device memory an FSDP training process uses
+	// outside PyTorch's caching allocator (CUDA context and loaded kernels,
+	// the NCCL communicators of the world and the FSDP groups), which
+	// torch.cuda.max_memory_reserved does not count but an out-of-memory
+	// error does; OutsideEPBytes is what the expert-parallel all-to-all
+	// communicator adds. Estimates, each stated in Sources.
+	OutsideBytes   int64 `json:"outside_bytes"`
+	OutsideEPBytes int64 `json:"outside_ep_bytes"`
 	// LaunchOverheadS is the time one kernel launch adds to a kernel on
 	// the critical path, seconds; 0 = the compute model's default.
 	LaunchOverheadS float64 `json:"launch_overhead_s,omitempty"`
@@ -42,6 +50,15 @@ const DefaultDeviceName = "b200"
 
 // GiB is 2^30 bytes.
 const GiB = 1 << 30
+
+// Outside is the memory outside PyTorch's allocator of a rank whose layout
+// has expert-parallel degree ep.
+func (d Device) Outside(ep int) int64 {
+	if ep > 1 {
+		return d.OutsideBytes + d.OutsideEPBytes
+	}
+	return d.OutsideBytes
+}
 
 // MemoryGiB is MemoryBytes in GiB (2^30 bytes).
 func (d Device) MemoryGiB() float64 { return float64(d.MemoryBytes) / GiB }
@@ -111,6 +128,12 @@ func (d Device) Validate() error {
 	}
 	if d.MemoryBytes <= 0 {
 		bad("memory_bytes", d.MemoryBytes, "must be > 0")
+	}
+	if d.OutsideBytes < 0 || (d.MemoryBytes > 0 && d.OutsideBytes >= d.MemoryBytes) {
+		bad("outside_bytes", d.OutsideBytes, "must be in [0, memory_bytes)")
+	}
+	if d.OutsideEPBytes < 0 || (d.MemoryBytes > 0 && d.OutsideEPBytes >= d.MemoryBytes-d.OutsideBytes) {
+		bad("outside_ep_bytes", d.OutsideEPBytes, "must be in [0, memory_bytes − outside_bytes)")
 	}
 	if !(d.LaunchOverheadS >= 0 && d.LaunchOverheadS < 1) {
 		bad("launch_overhead_s", d.LaunchOverheadS, "must be in [0, 1) seconds (0 = model default)")

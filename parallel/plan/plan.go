@@ -60,9 +60,14 @@ type Score struct {
 	TPS            float64
 	MFU            float64
 	MemoryFraction float64
-	StepTimeS      float64
-	Bottleneck     string
-	Breakdown      []TimePart
+	// DoesNotFit: peak reserved plus the memory outside PyTorch's
+	// allocator exceeds the device (memory.Fit; an evaluator that does not
+	// model that memory leaves it false). The planner never returns such a
+	// point, whatever its target.
+	DoesNotFit bool
+	StepTimeS  float64
+	Bottleneck string
+	Breakdown  []TimePart
 }
 
 // Evaluator predicts points for the planner. Implementations must be

@@ -111,7 +111,7 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 	if err != nil {
 		return Score{}, err
 	}
-	s := Score{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, StepTimeS: r.StepTimeS,
+	s := Score{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, DoesNotFit: !r.Fits, StepTimeS: r.StepTimeS,
 		Bottleneck: r.Bottleneck, Breakdown: breakdownTimes(r.Breakdown)}
 	e.store(p, nil, &s)
 	return s, nil

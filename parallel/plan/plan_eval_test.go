@@ -45,13 +45,14 @@ func BenchmarkPlanSimEvaluate(b *testing.B) {
 }
 
 // planSmallDevice is a B200 with its memory cut so that the tiny model's
-// memory limit binds inside the searched local batches.
+// memory limit binds inside the searched local batches, and nothing
+// outside PyTorch's allocator (B200's gigabytes would fill it).
 func planSmallDevice(t testing.TB, bytes int64) hw.Device {
 	dev, err := hw.LookupDevice("b200")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev.Name, dev.MemoryBytes = "b200-small", bytes
+	dev.Name, dev.MemoryBytes, dev.OutsideBytes, dev.OutsideEPBytes = "b200-small", bytes, 0, 0
 	return dev
 }
 

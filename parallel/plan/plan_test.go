@@ -353,3 +353,30 @@ func FuzzPlanSearch(f *testing.F) {
 		planCheckReport(t, req, rep)
 	})
 }
+
+// outOfMemory marks every point above lbs 2 as not fitting its device (as
+// memory outside PyTorch's allocator would), whatever its memory fraction.
+type outOfMemory struct{ *planStandIn }
+
+func (o outOfMemory) Evaluate(p Point) (Score, error) {
+	s, err := o.planStandIn.Evaluate(p)
+	s.DoesNotFit = p.LBS > 2
+	return s, err
+}
+
+// TestSearchSkipsPointsThatDoNotFit: a point the evaluator says does not fit
+// is never a plan, even within the memory target.
+func TestSearchSkipsPointsThatDoNotFit(t *testing.T) {
+	ev := outOfMemory{planStandInModel(30.5, 48, 2048)}
+	for _, exhaustive := range []bool{false, true} {
+		rep, err := Search(Request{GPUs: 64, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92, MaxLBS: 64, Exhaustive: exhaustive}, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Plans {
+			if r.Point.LBS > 2 || r.Score.DoesNotFit {
+				t.Fatalf("exhaustive %v: plan %s does not fit", exhaustive, r.Point)
+			}
+		}
+	}
+}

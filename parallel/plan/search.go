@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -128,7 +129,7 @@ func (q *Request) probeScales(ev Evaluator) ([]int, error) {
 				probeErr = err
 				return false
 			}
-			if m <= q.MemoryTarget {
+			if memory.WithinTarget(m, q.MemoryTarget) {
 				return true
 			}
 		}
@@ -187,7 +188,7 @@ func (q *Request) explain(ev Evaluator, n int, closest *Result) error {
 		e.Reason = "no layout passes the filters"
 		return e
 	}
-	if closest.Score.MemoryFraction <= q.MemoryTarget {
+	if memory.WithinTarget(closest.Score.MemoryFraction, q.MemoryTarget) {
 		e.Reason = "no fitting layout can reach the global batch or be exported"
 		if q.GlobalBatch > 0 {
 			e.Needed = fmt.Sprintf("a global batch whose per-GPU share (%d sequences) a fitting local batch divides, or no export restriction", q.GlobalBatch/q.GPUs)
@@ -202,7 +203,7 @@ func (q *Request) explain(ev Evaluator, n int, closest *Result) error {
 				continue
 			}
 			fr, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
-			if err == nil && fr <= q.MemoryTarget {
+			if err == nil && memory.WithinTarget(fr, q.MemoryTarget) {
 				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",
 					m, Point{f.layout, f.ac, 1, 1}, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
 				return e

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sort"
 	"sync"
+
+	"github.com/moescope/moescope/memory"
 )
 
 // place is what the search knows about a family at one scale before
@@ -30,7 +32,7 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 			ga = (perRank + lbs - 1) / lbs
 		}
 		m, err := ev.MemoryFraction(Point{f.layout, f.ac, lbs, ga})
-		return err == nil && m <= q.MemoryTarget, m, err
+		return err == nil && memory.WithinTarget(m, q.MemoryTarget), m, err
 	}
 	ok, m1, err := fits(1)
 	if err != nil || !ok || q.MaxLBS == 1 {
@@ -209,7 +211,7 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 	st.Simulated = len(points)
 	kept := results[:0]
 	for _, r := range results {
-		if r.Score.MemoryFraction <= q.MemoryTarget && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
+		if memory.WithinTarget(r.Score.MemoryFraction, q.MemoryTarget) && !r.Score.DoesNotFit && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
 			kept = append(kept, r)
 		} else if closest == nil || r.Score.MemoryFraction < closest.Score.MemoryFraction {
 			c := r

@@ -40,6 +40,9 @@ type Input struct {
 	SingleCommStream bool
 	// KeepTimeline keeps per-op spans for traces.
 	KeepTimeline bool
+	// MemoryTarget is the fraction of device memory the verdict's
+	// WithinTarget allows; 0 means memory.DefaultMemoryTarget.
+	MemoryTarget float64
 }
 
 // Result is the prediction for one layout.
@@ -57,11 +60,14 @@ type Result struct {
 	MFUByConvention map[string]float64 `json:"mfu_by_convention"`
 	// Memory: the memory package's step timeline replayed through its
 	// allocator model (the calibrated one when a calibration sets it).
-	PeakAllocatedBytes int64     `json:"peak_allocated_bytes"`
-	PeakReservedBytes  int64     `json:"peak_reserved_bytes"`
-	DeviceBytes        int64     `json:"device_bytes"`
-	MemoryFraction     float64   `json:"memory_fraction"`
-	Breakdown          Breakdown `json:"breakdown"`
+	PeakAllocatedBytes int64   `json:"peak_allocated_bytes"`
+	PeakReservedBytes  int64   `json:"peak_reserved_bytes"`
+	DeviceBytes        int64   `json:"device_bytes"`
+	MemoryFraction     float64 `json:"memory_fraction"`
+	// Fit says whether the layout fits the device and its memory target
+	// (JSON fits, headroom_bytes, within_target).
+	memory.Fit
+	Breakdown Breakdown `json:"breakdown"`
 	// Bottleneck names the largest part of the breakdown.
 	Bottleneck string `json:"bottleneck"`
 	// Exactness says which ranks were simulated and why that is exact.
@@ -189,6 +195,9 @@ func checkInput(in Input) error {
 	if in.LBS < 1 || in.Seq < 1 {
 		return fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
 	}
+	if in.MemoryTarget != 0 && !(in.MemoryTarget > 0 && in.MemoryTarget <= 1) {
+		return fmt.Errorf("simulate: memory_target = %v: must be in (0, 1] (0 = %g)", in.MemoryTarget, memory.DefaultMemoryTarget)
+	}
 	if in.GradAccum < 0 || in.GradAccum > 1<<16 {
 		return fmt.Errorf("simulate: grad_accum = %d: must be in [1, 65536]", in.GradAccum)
 	}
@@ -307,6 +316,11 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	}
 	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
 	res.MemoryFraction = float64(peak.Reserved) / float64(p.dev.MemoryBytes)
+	target := in.MemoryTarget
+	if target == 0 {
+		target = memory.DefaultMemoryTarget
+	}
+	res.Fit = memory.Judge(peak.Reserved, p.dev.Outside(p.l.EP), p.dev.MemoryBytes, target)
 	if in.KeepTimeline {
 		res.spans = spans
 		res.streams = make([]simStream, len(sim.ops))
