@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -33,7 +32,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if err := checkOutputs(*force, output{Flag: "--out", Path: *out}); err != nil {
 		return err
 	}
-	f, err := os.Open(*runsPath)
+	f, err := fileio.OpenRegular(*runsPath)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 )
 
 // TooLargeError reports an input longer than its bound.
@@ -15,11 +14,12 @@ type TooLargeError struct {
 
 func (e *TooLargeError) Error() string { return fmt.Sprintf("%s: larger than %d bytes", e.Path, e.Max) }
 
-// ReadBounded reads the whole of path if it holds at most max bytes. A
-// longer input is refused after max+1 bytes with a *TooLargeError, so a
-// device or a pipe (/dev/zero) named as an input is never read forever.
+// ReadBounded reads the whole of path if it is a regular file
+// (OpenRegular: a device, FIFO or socket is refused, never read or waited
+// on) holding at most max bytes; a longer one is refused after max+1 bytes
+// with a *TooLargeError.
 func ReadBounded(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := OpenRegular(path)
 	if err != nil {
 		return nil, err
 	}

@@ -144,7 +144,7 @@ func TestLoad(t *testing.T) {
 	if _, err := Load(big); err == nil || !strings.Contains(err.Error(), "larger than 1048576 bytes") {
 		t.Errorf("oversized file: %v", err)
 	}
-	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "is a directory") {
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "a directory, not a regular file") {
 		t.Errorf("directory: %v", err)
 	}
 }

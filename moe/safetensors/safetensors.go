@@ -4,7 +4,7 @@
 // to float, and writes of F32 or BF16. It knows no model: names, shapes and
 // which tensors a model needs are package moe's.
 //
-// It imports nothing of moescope; moe and everything above it import it.
+// It imports only internal/fileio; moe and everything above it import it.
 package safetensors
 
 import (
@@ -17,9 +17,10 @@ import (
 	"io"
 	"math"
 	"math/bits"
-	"os"
 	"sort"
 	"strconv"
+
+	"github.com/moescope/moescope/internal/fileio"
 )
 
 // The safetensors format (github.com/huggingface/safetensors, README "Format"):
@@ -81,7 +82,7 @@ type File struct {
 
 // Open opens and validates path. The caller closes it.
 func Open(path string) (*File, error) {
-	f, err := os.Open(path)
+	f, err := fileio.OpenRegular(path)
 	if err != nil {
 		return nil, err
 	}

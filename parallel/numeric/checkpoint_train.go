@@ -50,6 +50,10 @@ type TrainState struct {
 
 const trainStateFile = "train_state.json"
 
+// maxTrainStateBytes bounds train_state.json: its losses, one per step up
+// to maxCheckpointStep, take about 25 bytes each.
+const maxTrainStateBytes = 256 << 20
+
 // maxCheckpointStep bounds a checkpoint's step count: with a global batch
 // of at most 2^40 sequences (Batch.Validate), step·B stays below 2^62.
 const maxCheckpointStep = 1 << 22
@@ -136,7 +140,7 @@ type TrainCheckpoint struct {
 
 // LoadTrainCheckpoint reads a checkpoint written by SaveTrainCheckpoint for cfg.
 func LoadTrainCheckpoint(dir string, cfg *moe.Config) (*TrainCheckpoint, error) {
-	b, err := os.ReadFile(filepath.Join(dir, trainStateFile))
+	b, err := fileio.ReadBounded(filepath.Join(dir, trainStateFile), maxTrainStateBytes)
 	if err != nil {
 		return nil, fmt.Errorf("resume: %w", err)
 	}
