@@ -56,7 +56,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	if *cpuProfile != "" && *skipLayer {
 		return fmt.Errorf("%w: --cpuprofile profiles the layer benchmark, which --no-layer skips", errUsage)
 	}
-	if err := checkOutputs(*force, output{Flag: "--cpuprofile", Path: *cpuProfile}); err != nil {
+	if err := checkIO(*force, []input{{Flag: "--model", Path: *model}}, output{Flag: "--cpuprofile", Path: *cpuProfile}); err != nil {
 		return err
 	}
 	squares, err := parseSizes(*sizes)

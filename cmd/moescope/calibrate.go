@@ -29,7 +29,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if *runsPath == "" || *out == "" {
 		return fmt.Errorf("%w: --runs and --out are required", errUsage)
 	}
-	if err := checkOutputs(*force, output{Flag: "--out", Path: *out}); err != nil {
+	if err := checkIO(*force, []input{{Flag: "--runs", Path: *runsPath}}, output{Flag: "--out", Path: *out}); err != nil {
 		return err
 	}
 	f, err := fileio.OpenRegular(*runsPath)

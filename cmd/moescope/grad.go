@@ -63,7 +63,8 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	coef := moe.HFAuxCoef(cfg)
 	// Refuse before computing anything: an output that exists (without
 	// --force), one in a missing directory, or one path named twice.
-	if err := checkOutputs(*force, output{Flag: "--save", Path: *save}, output{Flag: "--out", Path: *out}); err != nil {
+	ins := []input{{Flag: "--model", Path: *model}, {Flag: "--weights", Path: *weights}, {Flag: "--tokens", Path: *tokensPath}}
+	if err := checkIO(*force, ins, output{Flag: "--save", Path: *save}, output{Flag: "--out", Path: *out}); err != nil {
 		return err
 	}
 

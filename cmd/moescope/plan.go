@@ -225,7 +225,8 @@ func (a *planArgs) validate() error {
 // checkOutputs refuses, before searching, every output that could not be
 // written once the search is over.
 func (a *planArgs) checkOutputs() error {
-	if err := checkOutputs(a.force, output{Flag: "--torchtitan-toml", Path: a.tomlPath}, output{Flag: "--torchtitan-py", Path: a.pyPath}, output{Flag: "--trace", Path: a.tracePath}); err != nil {
+	ins := []input{{Flag: "--model", Path: a.model}, {Flag: "--cluster", Path: a.cluster}, {Flag: "--calibration", Path: a.calibration}}
+	if err := checkIO(a.force, ins, output{Flag: "--torchtitan-toml", Path: a.tomlPath}, output{Flag: "--torchtitan-py", Path: a.pyPath}, output{Flag: "--trace", Path: a.tracePath}); err != nil {
 		return err
 	}
 	if a.plotD != "" {

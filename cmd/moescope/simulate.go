@@ -112,7 +112,8 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if *traceRanks != "" && *tracePath == "" {
 		return fmt.Errorf("%w: --trace-ranks needs --trace", errUsage)
 	}
-	if err := checkOutputs(*force, output{Flag: "--trace", Path: *tracePath}); err != nil {
+	ins := []input{{Flag: "--model", Path: *model}, {Flag: "--cluster", Path: hwf.cluster}, {Flag: "--calibration", Path: hwf.calibration}}
+	if err := checkIO(*force, ins, output{Flag: "--trace", Path: *tracePath}); err != nil {
 		return err
 	}
 	ac, err := moe.ParseAC(*acFlag)

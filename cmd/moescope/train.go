@@ -73,7 +73,8 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkOutputs(a.force, output{Flag: "--checkpoint", Path: a.ckpt}); err != nil {
+	if err := checkIO(a.force, []input{{Flag: "--model", Path: a.model}, {Flag: "--resume", Path: a.resume}},
+		output{Flag: "--checkpoint", Path: a.ckpt, Marker: numeric.CheckpointMarker}); err != nil {
 		return err
 	}
 	r, err := a.setup()

@@ -41,3 +41,41 @@ func TestCheckOutputs(t *testing.T) {
 		t.Errorf("existing file changed: %q", b)
 	}
 }
+
+// TestReplaceDir: a marked directory is replaced by the new one and nothing
+// is left aside; an unmarked one is refused and kept; without force an
+// existing one is ErrExists.
+func TestReplaceDir(t *testing.T) {
+	root := t.TempDir()
+	mk := func(name, marker string) string {
+		d := filepath.Join(root, name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, marker), []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	old, fresh := mk("ck", ".mark"), mk("tmp", ".mark")
+	if err := ReplaceDir(fresh, old, ".mark", false); !errors.Is(err, ErrExists) {
+		t.Errorf("without force: %v", err)
+	}
+	if err := ReplaceDir(fresh, old, ".mark", true); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(old, ".mark")); string(b) != "tmp" {
+		t.Errorf("replaced directory holds %q", b)
+	}
+	if ents, _ := os.ReadDir(root); len(ents) != 1 {
+		t.Errorf("left beside it: %v", ents)
+	}
+	users := mk("users", "data.txt")
+	fresh = mk("tmp2", ".mark")
+	if err := ReplaceDir(fresh, users, ".mark", true); err == nil {
+		t.Error("an unmarked directory was replaced")
+	}
+	if _, err := os.Stat(filepath.Join(users, "data.txt")); err != nil {
+		t.Errorf("the unmarked directory lost its file: %v", err)
+	}
+}

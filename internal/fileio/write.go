@@ -52,6 +52,11 @@ func WriteFileAtomic(path string, force bool, write func(io.Writer) error) (err 
 		return err
 	}
 	if force {
+		// Rename replaces whatever path names: only a regular file (or a
+		// link, which rename replaces, not its target) may be replaced.
+		if st, err := os.Lstat(path); err == nil && !st.Mode().IsRegular() && st.Mode()&fs.ModeSymlink == 0 {
+			return fmt.Errorf("%s: %s: --force replaces only regular files", path, kind(st.Mode()))
+		}
 		return os.Rename(name, path)
 	}
 	if err = os.Link(name, path); err != nil {

@@ -21,13 +21,15 @@ import (
 //	model-0000i-of-0000n.safetensors     transformers shards them (moe.LoadParams reads it)
 //	optimizer-0000i-of-0000n.safetensors AdamW moments, "<name>.exp_avg" and "<name>.exp_avg_sq"
 //	train_state.json                     TrainState
+//	.moescope-checkpoint                 CheckpointMarker: moescope wrote this directory
 //
 // Shard file i holds the tensors owned by rank i's share of the parameter
 // list (the list cut into n = min(world, tensors) contiguous runs), so each
 // file is what one rank would write. Tensors are whole: a checkpoint loads
 // into any layout (resharded on load). The directory is written under a
 // temporary name in the same parent and renamed into place, so a reader
-// never sees a partial checkpoint.
+// never sees a partial checkpoint; --force replaces only a directory that
+// holds the marker (fileio.ReplaceDir), after the new one is complete.
 
 // TrainState is what a run needs besides tensors to continue exactly.
 type TrainState struct {
@@ -50,6 +52,10 @@ type TrainState struct {
 
 const trainStateFile = "train_state.json"
 
+// CheckpointMarker is the file that marks a directory as a checkpoint
+// moescope wrote, the only kind --force may replace.
+const CheckpointMarker = ".moescope-checkpoint"
+
 // maxTrainStateBytes bounds train_state.json: its losses, one per step up
 // to maxCheckpointStep, take about 25 bytes each.
 const maxTrainStateBytes = 256 << 20
@@ -61,8 +67,13 @@ const maxCheckpointStep = 1 << 22
 // SaveTrainCheckpoint writes n's parameters, optimizer state and st into
 // dir, which must not exist unless force.
 func SaveTrainCheckpoint(dir string, force bool, n *Trainer, st TrainState) error {
-	if _, err := os.Lstat(dir); err == nil && !force {
-		return fmt.Errorf("%s: %w", dir, fileio.ErrExists)
+	if _, err := os.Lstat(dir); err == nil {
+		if !force {
+			return fmt.Errorf("%s: %w", dir, fileio.ErrExists)
+		}
+		if err := fileio.CheckReplaceDir(dir, CheckpointMarker); err != nil {
+			return err
+		}
 	}
 	parent := filepath.Dir(filepath.Clean(dir))
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-")
@@ -112,12 +123,10 @@ func SaveTrainCheckpoint(dir string, force bool, n *Trainer, st TrainState) erro
 	if err := writeBytes(filepath.Join(tmp, trainStateFile), sb); err != nil {
 		return err
 	}
-	if force {
-		if err := os.RemoveAll(dir); err != nil {
-			return err
-		}
+	if err := writeBytes(filepath.Join(tmp, CheckpointMarker), []byte("written by moescope train")); err != nil {
+		return err
 	}
-	return os.Rename(tmp, dir)
+	return fileio.ReplaceDir(tmp, dir, CheckpointMarker, force)
 }
 
 func writeTensors(path string, ts []safetensors.NamedTensor) error {
