@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -211,8 +212,34 @@ func LoadTrainCheckpoint(dir string, cfg *moe.Config) (*TrainCheckpoint, error) 
 		if !p.Buffer && (m[i] == nil || v[i] == nil) {
 			return nil, fmt.Errorf("resume: optimizer state of %s is missing", p.Name)
 		}
+		if err := checkState(p.Name, params[i], m[i], v[i]); err != nil {
+			return nil, fmt.Errorf("resume: %w", err)
+		}
 	}
 	return &TrainCheckpoint{State: st, Params: params, M: m, V: v}, nil
+}
+
+// checkState refuses a tensor a run cannot continue from: a non-finite
+// weight or first moment, or a second moment (exp_avg_sq, a running mean
+// of squares) that is negative or non-finite. Such a checkpoint used to
+// resume into `loss NaN`, and then failed to print or save the result.
+func checkState(name string, w, m, v []float32) error {
+	for _, t := range []struct {
+		suffix string
+		x      []float32
+		minV   float64
+	}{{"", w, math.Inf(-1)}, {".exp_avg", m, math.Inf(-1)}, {".exp_avg_sq", v, 0}} {
+		for j, x := range t.x {
+			if f := float64(x); math.IsNaN(f) || math.IsInf(f, 0) || f < t.minV {
+				allowed := "must be finite"
+				if t.minV == 0 {
+					allowed = "must be finite and ≥ 0"
+				}
+				return fmt.Errorf("tensor %s%s holds %v at element %d: %s", name, t.suffix, f, j, allowed)
+			}
+		}
+	}
+	return nil
 }
 
 // CheckResume reports why a checkpoint cannot continue a run with state

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/moescope/moescope/moe"
@@ -162,6 +163,11 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 		}
 	}
 	n.step++
+	if math.IsNaN(res.Loss) || math.IsInf(res.Loss, 0) || math.IsNaN(res.Aux) || math.IsInf(res.Aux, 0) {
+		// The update has been applied with non-finite gradients: nothing
+		// after it (a checkpoint, a report) may be trusted.
+		return res, fmt.Errorf("step %d: loss %v, aux %v: training diverged; the weights are no longer finite and nothing of this run is saved", res.Step+1, res.Loss, res.Aux)
+	}
 	return res, nil
 }
 
