@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -106,9 +105,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "bench", rep)
 	}
 	printBench(stdout, rep)
 	return nil

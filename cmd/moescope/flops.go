@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -125,9 +124,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 		rep.HFU = &h
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "flops", rep)
 	}
 	return printFlops(stdout, rep)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -123,9 +122,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	rep.fill(cfg, dev, r)
 	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, *target), *target
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "memory", rep)
 	}
 	printMemory(stdout, rep)
 	return nil

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -366,9 +365,7 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *pl
 		}
 		out.Plans = append(out.Plans, planToJSON(r, false))
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(w, "plan", out)
 }
 
 func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device) {

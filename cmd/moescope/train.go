@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -110,9 +109,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprintf(progress, "checkpoint: %s (step %d)\n", a.ckpt, num.StepIndex())
 	}
 	if a.jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "train", rep)
 	}
 	return nil
 }
