@@ -172,3 +172,30 @@ func TestModels(t *testing.T) {
 		t.Errorf("models --json: %v %d rows", err, len(rows))
 	}
 }
+
+// TestFlopsAbsurdTPSRefused (issue 17, defect 10): --tps 1e300 printed an
+// MFU of 10^300 %; --tps must be in (0, 1e9] tokens/s per GPU when given
+// (an explicit 0 is refused too), so every MFU printed is finite.
+func TestFlopsAbsurdTPSRefused(t *testing.T) {
+	for _, v := range []string{"1e300", "1.0000001e9", "0", "-3", "NaN", "Inf"} {
+		for _, js := range []bool{false, true} {
+			args := []string{"flops", "--model", "tiny", "--tps", v}
+			if js {
+				args = append(args, "--json")
+			}
+			out, err := runCmd(t, args...)
+			if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--tps = ") ||
+				!strings.Contains(err.Error(), "must be in (0, 1e+09] tokens/s per GPU") {
+				t.Errorf("--tps %s: exit %d, error %v\n%s", v, exitCode(err), err, out)
+			}
+		}
+	}
+	out, err := runCmd(t, "flops", "--model", "qwen3-235b-a22b", "--tps", "1e9", "--json")
+	if err != nil {
+		t.Fatalf("--tps 1e9 (the bound): %v", err)
+	}
+	var r flopsReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.HFU == nil || !(*r.HFU > 0) || math.IsInf(*r.HFU, 0) {
+		t.Errorf("--tps 1e9: %v %+v", err, r.HFU)
+	}
+}
