@@ -127,7 +127,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if lf.gpusPerNode == 0 {
+	if !setFlags(fs)["gpus-per-node"] {
 		lf.gpusPerNode = cl.GPUsPerNode
 	}
 	l, err := lf.layout(cfg)
