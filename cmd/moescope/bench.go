@@ -52,6 +52,9 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	case *iters < 1 || *iters > 1000:
 		return fmt.Errorf("%w: --iters %d: want 1..1000", errUsage, *iters)
 	}
+	if setFlags(fs)["python"] && *torch == "" {
+		return fmt.Errorf("%w: --python = %s: used only with --torch (the interpreter of the PyTorch script); give --torch or leave --python out", errUsage, *python)
+	}
 	if *cpuProfile != "" && *skipLayer {
 		return fmt.Errorf("%w: --cpuprofile profiles the layer benchmark, which --no-layer skips", errUsage)
 	}

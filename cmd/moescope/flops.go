@@ -104,7 +104,11 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	if err := shape.Validate(); err != nil {
 		return fmt.Errorf("%w: --%v", errUsage, err)
 	}
-	if setFlags(fs)["tps"] && !(*tps > 0 && *tps <= maxTPS) {
+	set := setFlags(fs)
+	if set["gpu"] && !set["tps"] {
+		return fmt.Errorf("%w: --gpu = %s: used only with --tps (the peak MFU divides by); give --tps or leave --gpu out", errUsage, *gpu)
+	}
+	if set["tps"] && !(*tps > 0 && *tps <= maxTPS) {
 		return fmt.Errorf("%w: --tps = %v: must be in (0, %g] tokens/s per GPU", errUsage, *tps, maxTPS)
 	}
 	dev, err := hw.LookupDevice(*gpu)

@@ -141,7 +141,7 @@ func TestFlopsBadInput(t *testing.T) {
 		{[]string{"flops", "--model", "tiny", "--ac", "sometimes"}, "--ac", true},
 		{[]string{"flops", "--model", "tiny", "--tile", "0x4"}, "--tile", true},
 		{[]string{"flops", "--model", "tiny", "--tps", "-3"}, "--tps = -3", true},
-		{[]string{"flops", "--model", "tiny", "--gpu", "a100"}, "b200", true},
+		{[]string{"flops", "--model", "tiny", "--gpu", "a100", "--tps", "1000"}, "b200", true},
 		{[]string{"flops", "--model", "tiny", "extra"}, "unexpected argument", true},
 	} {
 		_, err := runCmd(t, tc.args...)
@@ -197,5 +197,23 @@ func TestFlopsAbsurdTPSRefused(t *testing.T) {
 	var r flopsReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil || r.HFU == nil || !(*r.HFU > 0) || math.IsInf(*r.HFU, 0) {
 		t.Errorf("--tps 1e9: %v %+v", err, r.HFU)
+	}
+}
+
+// TestIgnoredFlagsRefused (issue 17, defect 11): a flag accepted and then
+// ignored is refused, naming the flag it needs: flops --gpu without --tps
+// (no MFU is computed), bench --python without --torch.
+func TestIgnoredFlagsRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"flops", "--model", "tiny", "--gpu", "h100"}, "--gpu = h100: used only with --tps"},
+		{[]string{"bench", "--python", "/usr/bin/python3", "--no-layer", "--sizes", "8"}, "--python = /usr/bin/python3: used only with --torch"},
+	} {
+		_, err := runCmd(t, c.args...)
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: exit %d, error %v, want %q", c.args, exitCode(err), err, c.want)
+		}
 	}
 }
