@@ -31,6 +31,15 @@ type Layout struct {
 	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
 }
 
+// MaxDegree bounds every degree of a layout (2^20 GPUs, about 50 times
+// the largest training job published); MaxGPUsPerNode bounds GPUs per host
+// (an HGX host holds 8; the cluster registry's gpus_per_node has the same
+// bound).
+const (
+	MaxDegree      = 1 << 20
+	MaxGPUsPerNode = 1 << 16
+)
+
 // DefaultLayout is one GPU with torchtitan's defaults.
 func DefaultLayout() Layout {
 	return Layout{GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, Sharding: ShardFSDP, ReshardAfterForward: true}
@@ -93,8 +102,8 @@ func (l Layout) Validate() error {
 		name string
 		v    int
 	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"ep", l.EP}} {
-		if f.v < 1 || f.v > 1<<20 {
-			errs = append(errs, FieldError{f.name, f.v, "must be in [1, 1048576]"})
+		if f.v < 1 || f.v > MaxDegree {
+			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d]", MaxDegree)})
 		}
 	}
 	if len(errs) > 0 {
@@ -113,8 +122,8 @@ func (l Layout) Validate() error {
 	default:
 		errs = append(errs, FieldError{"sharding", l.Sharding, "must be fsdp, zero2, zero1 or ddp"})
 	}
-	if l.GPUsPerNode < 0 {
-		errs = append(errs, FieldError{"gpus_per_node", l.GPUsPerNode, "must be ≥ 1 (0 = from the cluster)"})
+	if l.GPUsPerNode < 0 || l.GPUsPerNode > MaxGPUsPerNode {
+		errs = append(errs, FieldError{"gpus_per_node", l.GPUsPerNode, fmt.Sprintf("must be in [1, %d] (0 = from the cluster)", MaxGPUsPerNode)})
 	}
 	return errors.Join(errs...)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -52,6 +51,9 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: --top-k %d: want 0 (the model's) or 1..experts", errUsage, *topK)
 	case *iters < 1 || *iters > 1000:
 		return fmt.Errorf("%w: --iters %d: want 1..1000", errUsage, *iters)
+	}
+	if setFlags(fs)["python"] && *torch == "" {
+		return fmt.Errorf("%w: --python = %s: used only with --torch (the interpreter of the PyTorch script); give --torch or leave --python out", errUsage, *python)
 	}
 	if *cpuProfile != "" && *skipLayer {
 		return fmt.Errorf("%w: --cpuprofile profiles the layer benchmark, which --no-layer skips", errUsage)
@@ -106,9 +108,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "bench", rep)
 	}
 	printBench(stdout, rep)
 	return nil

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -52,17 +51,21 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	cal.Source = fmt.Sprintf("moescope calibrate --runs %s (%d run(s))", *runsPath, len(runs))
+	// Marshalled before the file is written: a value JSON cannot hold
+	// leaves no file behind.
+	doc, err := marshalJSON("calibrate", cal, "  ")
+	if err != nil {
+		return err
+	}
 	if err := fileio.WriteFileAtomic(*out, *force, func(w io.Writer) error {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(cal)
+		_, err := w.Write(doc)
+		return err
 	}); err != nil {
 		return err
 	}
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(cal)
+		_, err := stdout.Write(doc)
+		return err
 	}
 	fmt.Fprintf(stdout, "calibration of %d run(s) written to %s\n", len(runs), *out)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -75,6 +73,12 @@ func parseTile(s string) (flops.Tile, error) {
 	return t, nil
 }
 
+// maxTPS bounds --tps, a measured per-GPU rate: the fastest published
+// training runs reach about 2e5 tokens/s per GPU (llm.c: GPT-2 124M, 10B
+// tokens in 90 minutes on 8 A100s); 1e9 is 5000 times that, so that every
+// MFU printed is finite and a typo (1e300) is refused.
+const maxTPS = 1e9
+
 func runFlops(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("flops", stderr)
 	model := fs.String("model", "", "built-in model name or config.json path (moescope models lists the built-ins)")
@@ -83,7 +87,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N (hardware convention)")
 	tileFlag := fs.String("tile", "128x128", "flash-attention tile ROWSxCOLS for the hardware convention")
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose BF16 dense peak MFU divides by")
-	tps := fs.Float64("tps", 0, "measured tokens per second per GPU; prints MFU per convention and HFU")
+	tps := fs.Float64("tps", 0, fmt.Sprintf("measured tokens per second per GPU, in (0, %g]; prints MFU per convention and HFU", maxTPS))
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -100,8 +104,12 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	if err := shape.Validate(); err != nil {
 		return fmt.Errorf("%w: --%v", errUsage, err)
 	}
-	if math.IsNaN(*tps) || math.IsInf(*tps, 0) || *tps < 0 {
-		return fmt.Errorf("%w: --tps = %v: must be a finite number ≥ 0", errUsage, *tps)
+	set := setFlags(fs)
+	if set["gpu"] && !set["tps"] {
+		return fmt.Errorf("%w: --gpu = %s: used only with --tps (the peak MFU divides by); give --tps or leave --gpu out", errUsage, *gpu)
+	}
+	if set["tps"] && !(*tps > 0 && *tps <= maxTPS) {
+		return fmt.Errorf("%w: --tps = %v: must be in (0, %g] tokens/s per GPU", errUsage, *tps, maxTPS)
 	}
 	dev, err := hw.LookupDevice(*gpu)
 	if err != nil {
@@ -125,9 +133,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 		rep.HFU = &h
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "flops", rep)
 	}
 	return printFlops(stdout, rep)
 }

@@ -141,7 +141,7 @@ func TestFlopsBadInput(t *testing.T) {
 		{[]string{"flops", "--model", "tiny", "--ac", "sometimes"}, "--ac", true},
 		{[]string{"flops", "--model", "tiny", "--tile", "0x4"}, "--tile", true},
 		{[]string{"flops", "--model", "tiny", "--tps", "-3"}, "--tps = -3", true},
-		{[]string{"flops", "--model", "tiny", "--gpu", "a100"}, "b200", true},
+		{[]string{"flops", "--model", "tiny", "--gpu", "a100", "--tps", "1000"}, "b200", true},
 		{[]string{"flops", "--model", "tiny", "extra"}, "unexpected argument", true},
 	} {
 		_, err := runCmd(t, tc.args...)
@@ -170,5 +170,50 @@ func TestModels(t *testing.T) {
 	var rows []modelInfo
 	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 9 || rows[0].Source == "" {
 		t.Errorf("models --json: %v %d rows", err, len(rows))
+	}
+}
+
+// TestFlopsAbsurdTPSRefused (issue 17, defect 10): --tps 1e300 printed an
+// MFU of 10^300 %; --tps must be in (0, 1e9] tokens/s per GPU when given
+// (an explicit 0 is refused too), so every MFU printed is finite.
+func TestFlopsAbsurdTPSRefused(t *testing.T) {
+	for _, v := range []string{"1e300", "1.0000001e9", "0", "-3", "NaN", "Inf"} {
+		for _, js := range []bool{false, true} {
+			args := []string{"flops", "--model", "tiny", "--tps", v}
+			if js {
+				args = append(args, "--json")
+			}
+			out, err := runCmd(t, args...)
+			if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--tps = ") ||
+				!strings.Contains(err.Error(), "must be in (0, 1e+09] tokens/s per GPU") {
+				t.Errorf("--tps %s: exit %d, error %v\n%s", v, exitCode(err), err, out)
+			}
+		}
+	}
+	out, err := runCmd(t, "flops", "--model", "qwen3-235b-a22b", "--tps", "1e9", "--json")
+	if err != nil {
+		t.Fatalf("--tps 1e9 (the bound): %v", err)
+	}
+	var r flopsReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.HFU == nil || !(*r.HFU > 0) || math.IsInf(*r.HFU, 0) {
+		t.Errorf("--tps 1e9: %v %+v", err, r.HFU)
+	}
+}
+
+// TestIgnoredFlagsRefused (issue 17, defect 11): a flag accepted and then
+// ignored is refused, naming the flag it needs: flops --gpu without --tps
+// (no MFU is computed), bench --python without --torch.
+func TestIgnoredFlagsRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"flops", "--model", "tiny", "--gpu", "h100"}, "--gpu = h100: used only with --tps"},
+		{[]string{"bench", "--python", "/usr/bin/python3", "--no-layer", "--sizes", "8"}, "--python = /usr/bin/python3: used only with --torch"},
+	} {
+		_, err := runCmd(t, c.args...)
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: exit %d, error %v, want %q", c.args, exitCode(err), err, c.want)
+		}
 	}
 }

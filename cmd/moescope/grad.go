@@ -116,8 +116,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	enc := json.NewEncoder(stdout)
-	return enc.Encode(gradReport{
+	return writeJSONLine(stdout, "grad", gradReport{
 		Loss: res.Loss, AuxLoss: res.Aux, TotalLoss: res.Total, AuxAdded: coef != 0,
 		AuxCoef: coef, Sequences: len(tokens), SeqLen: len(tokens[0]), AC: ac.String(),
 	})

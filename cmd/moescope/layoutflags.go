@@ -3,21 +3,25 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // layoutFlags are the layout flags of DESIGN's contract, shared by memory,
 // train, simulate and plan.
 type layoutFlags struct {
+	fs                                          *flag.FlagSet // to tell a flag given as 0 from one left out
 	gpus, dpShard, dpReplicate, ep, gpusPerNode int
 	sharding                                    string
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly                           bool
+	refused                                     [][2]string // flag name, why (refuse)
 }
 
 func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
-	f := &layoutFlags{}
+	f := &layoutFlags{fs: fs}
 	fs.IntVar(&f.gpus, "gpus", 0, "GPUs in the job (world size)")
 	fs.IntVar(&f.dpShard, "dp-shard", 0, "FSDP/ZeRO shard degree (default gpus/dp-replicate)")
 	fs.IntVar(&f.dpReplicate, "dp-replicate", 0, "data-parallel replicas (HSDP; default 1)")
@@ -26,12 +30,26 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward")
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
-	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, "GPUs per host (default from the cluster)")
+	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	return f
 }
 
-// layout resolves the flags into a validated layout for the model.
+// layout resolves the flags into a validated layout for the model. A
+// degree left out is derived from the others; one given must be ≥ 1 (an
+// explicit --gpus 0 once derived the world from --dp-shard and ran).
 func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
+	set := setFlags(f.fs)
+	for _, d := range []struct {
+		name string
+		v    int
+	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}} {
+		if set[d.name] && d.v < 1 {
+			return moe.Layout{}, fmt.Errorf("%w: --%s = %d: must be in [1, %d] (leave it out for its default)", errUsage, d.name, d.v, moe.MaxDegree)
+		}
+	}
+	if set["gpus-per-node"] && (f.gpusPerNode < 1 || f.gpusPerNode > hw.MaxGPUsPerNode) {
+		return moe.Layout{}, fmt.Errorf("%w: --gpus-per-node = %d: must be in [1, %d] (leave it out for the cluster's)", errUsage, f.gpusPerNode, hw.MaxGPUsPerNode)
+	}
 	l := moe.Layout{
 		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep,
 		Sharding: moe.Sharding(f.sharding), ReshardAfterForward: f.reshardAfterForward,
@@ -46,4 +64,24 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 		}
 	}
 	return l, nil
+}
+
+// refuse makes a layout flag the command does not use an error when given,
+// saying why in its help and in the error (a flag accepted and ignored
+// once let memory --gpus-per-node 9223372036854775807 pass).
+func (f *layoutFlags) refuse(name, why string) {
+	f.fs.Lookup(name).Usage = "not used here (refused): " + why
+	f.refused = append(f.refused, [2]string{name, why})
+}
+
+// checkRefused returns the error of the first refused flag the command line
+// gives.
+func (f *layoutFlags) checkRefused() error {
+	set := setFlags(f.fs)
+	for _, r := range f.refused {
+		if set[r[0]] {
+			return fmt.Errorf("%w: --%s = %s: not used by %s: %s", errUsage, r[0], f.fs.Lookup(r[0]).Value, strings.TrimPrefix(f.fs.Name(), "moescope "), r[1])
+		}
+	}
+	return nil
 }

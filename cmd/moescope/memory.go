@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -50,6 +49,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device from the registry (its capacity as PyTorch reports it)")
 	lf := addLayoutFlags(fs)
+	lf.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required unless --max-lbs)")
 	seq := fs.Int("seq", 0, "tokens per sequence (required)")
@@ -63,6 +63,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")
 	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory a step may use to be within target (and --max-lbs's bound), in (0, 1]")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := lf.checkRefused(); err != nil {
 		return err
 	}
 	if *seq < 1 {
@@ -123,9 +126,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	rep.fill(cfg, dev, r)
 	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, *target), *target
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "memory", rep)
 	}
 	printMemory(stdout, rep)
 	return nil

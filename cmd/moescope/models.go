@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -46,9 +45,7 @@ func runModels(stdout, stderr io.Writer, args []string) error {
 		rows = append(rows, modelInfo{n, c.ModelType, c.Layers, c.MoELayers(), c.Experts, c.TopK, p.Total, p.Active, c.Source})
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return writeJSON(stdout, "models", rows)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "name\tmodel_type\tlayers\tmoe layers\texperts\ttop-k\ttotal params\tactive params\t")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -116,6 +115,7 @@ type planArgs struct {
 	target                             float64
 	globalBatch, top, carry, maxLBS    int
 	jsonOut, exhaustive, force         bool
+	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
 }
 
@@ -165,7 +165,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.gpu, "gpu", hw.DefaultDeviceName, "device from the registry")
 	fs.StringVar(&a.cluster, "cluster", "", "cluster name or JSON path (default: the GPU's usual cluster)")
 	fs.IntVar(&a.gpus, "gpus", 0, "GPUs in the job, the target scale (required)")
-	fs.IntVar(&a.gpusPerNode, "gpus-per-node", 0, "GPUs per host (default from the cluster)")
+	fs.IntVar(&a.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
 	fs.Float64Var(&a.target, "memory-target", 0.92, "largest memory fraction (peak reserved / device memory) a plan may use, in (0, 1]")
 	fs.IntVar(&a.globalBatch, "global-batch", 0, "sequences per optimizer step at the target scale (0 = free: no accumulation)")
@@ -183,6 +183,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
+	a.gpusPerNodeSet = setFlags(fs)["gpus-per-node"]
 	return a, a.validate()
 }
 
@@ -213,8 +214,8 @@ func (a *planArgs) validate() error {
 	if a.maxLBS < 1 || a.maxLBS > 1<<16 {
 		errs = append(errs, fmt.Errorf("--max-lbs = %d: must be in [1, 65536]", a.maxLBS))
 	}
-	if a.gpusPerNode < 0 {
-		errs = append(errs, fmt.Errorf("--gpus-per-node = %d: must be ≥ 1 (0 = from the cluster)", a.gpusPerNode))
+	if a.gpusPerNode < 0 || a.gpusPerNode > hw.MaxGPUsPerNode || (a.gpusPerNodeSet && a.gpusPerNode == 0) {
+		errs = append(errs, fmt.Errorf("--gpus-per-node = %d: must be in [1, %d] (leave it out for the cluster's)", a.gpusPerNode, hw.MaxGPUsPerNode))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %v", errUsage, errors.Join(errs...))
@@ -366,9 +367,7 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *pl
 		}
 		out.Plans = append(out.Plans, planToJSON(r, false))
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return writeJSON(w, "plan", out)
 }
 
 func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device) {

@@ -90,3 +90,11 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	return nil
 }
+
+// setFlags names the flags the command line gave, whatever their value
+// (flag.FlagSet.Visit): an explicit 0 is not the same as leaving a flag out.
+func setFlags(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -128,7 +127,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if lf.gpusPerNode == 0 {
+	if !setFlags(fs)["gpus-per-node"] {
 		lf.gpusPerNode = cl.GPUsPerNode
 	}
 	l, err := lf.layout(cfg)
@@ -156,9 +155,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		rep.Calibration = hwf.calibration
 	}
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "simulate", rep)
 	}
 	return printSimulate(stdout, rep)
 }

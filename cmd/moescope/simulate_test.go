@@ -166,3 +166,37 @@ func TestFitsVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterAbsurdLatencyRefused (issue 17, defect 8): a cluster file with
+// base_latency_us 1e300 or nvlink_gbps 1e-300 printed a 300-digit step
+// time, "+Inf%" and exit status 0 (plan ranked every layout at TPS 0, and
+// --json failed to encode +Inf); one without net_latency_us was read as
+// 0 µs. simulate and plan now refuse each as a usage error naming the field.
+func TestClusterAbsurdLatencyRefused(t *testing.T) {
+	dir := t.TempDir()
+	good := `{"name":"mine","gpus_per_node":8,"nvlink_gbps":900,"nics_per_node":8,"nic_gbits":400,
+		"base_latency_us":8.4,"nvlink_latency_us":3.4,"net_latency_us":14,"nvlink_efficiency":0.8,"net_efficiency":0.9}`
+	for _, c := range []struct{ from, to, want string }{
+		{`"base_latency_us":8.4`, `"base_latency_us":1e300`, "base_latency_us = 1e+300: must be in [0, 1e+06] µs"},
+		{`"net_latency_us":14`, `"net_latency_us":1e300`, "net_latency_us = 1e+300"},
+		{`"nvlink_gbps":900`, `"nvlink_gbps":1e-300`, "nvlink_gbps = 1e-300: must be in [1, 10000] GB/s"},
+		{`"nic_gbits":400`, `"nic_gbits":1e-300`, "nic_gbits = 1e-300: must be in [1, 10000] Gb/s"},
+		{`"net_latency_us":14,`, ``, "net_latency_us: required"},
+		{`"base_latency_us":8.4,`, ``, "base_latency_us: required"},
+	} {
+		p := filepath.Join(dir, "c.json")
+		if err := os.WriteFile(p, []byte(strings.Replace(good, c.from, c.to, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{
+			{"simulate", "--model", "tiny", "--gpus", "8", "--lbs", "1", "--seq", "128", "--cluster", p},
+			{"simulate", "--model", "tiny", "--gpus", "8", "--lbs", "1", "--seq", "128", "--cluster", p, "--json"},
+			{"plan", "--model", "tiny", "--gpus", "8", "--seq", "128", "--cluster", p},
+		} {
+			out, err := runSimCmd(t, args...)
+			if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--cluster") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s with %s: exit %d, error %v, want %q\n%s", args[0], c.to, exitCode(err), err, c.want, out)
+			}
+		}
+	}
+}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -110,12 +109,18 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprintf(progress, "checkpoint: %s (step %d)\n", a.ckpt, num.StepIndex())
 	}
 	if a.jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(stdout, "train", rep)
 	}
 	return nil
 }
+
+// --peak-gflops bounds, so that the MFU printed is finite: an Intel 80486
+// (1989) did about 1 MFLOP/s = 1e-3 GFLOP/s; a two-socket AVX-512 server
+// peaks near 1e4 GFLOP/s in float32, and 1e7 is a thousand times that.
+const (
+	minPeakGFLOPS = 1e-3
+	maxPeakGFLOPS = 1e7
+)
 
 // parseTrainArgs reads and checks train's flags.
 func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
@@ -137,7 +142,7 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs.StringVar(&a.ckpt, "checkpoint", "", "write a checkpoint directory here at the end")
 	fs.StringVar(&a.resume, "resume", "", "continue from this checkpoint directory (any layout; same global batch)")
 	fs.BoolVar(&a.force, "force", false, "overwrite an existing --checkpoint directory")
-	fs.Float64Var(&a.peakFlag, "peak-gflops", 0, "CPU peak for MFU in GFLOP/s (default: measured, all cores)")
+	fs.Float64Var(&a.peakFlag, "peak-gflops", 0, fmt.Sprintf("CPU peak for MFU in GFLOP/s, in [%g, %g] (0 or unset: measured, all cores)", minPeakGFLOPS, maxPeakGFLOPS))
 	fs.BoolVar(&a.printSched, "schedule", false, "print one rank's program of one step (the schedule) and exit")
 	fs.Float64Var(&a.hostGiB, "host-memory-gib", 16, "refuse runs whose float32 tensors would need more host memory than this")
 	fs.Usage = func() {
@@ -164,8 +169,8 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 		return nil, fmt.Errorf("%w: --weight-decay = %g: must be in [0, 1]", errUsage, a.wd)
 	case !(a.biasRate >= 0) || a.biasRate > 1:
 		return nil, fmt.Errorf("%w: --bias-update-rate = %g: must be in [0, 1]", errUsage, a.biasRate)
-	case !(a.peakFlag >= 0) || math.IsInf(a.peakFlag, 0):
-		return nil, fmt.Errorf("%w: --peak-gflops = %g: must be a finite number > 0 (0 = measure)", errUsage, a.peakFlag)
+	case a.peakFlag != 0 && !(a.peakFlag >= minPeakGFLOPS && a.peakFlag <= maxPeakGFLOPS):
+		return nil, fmt.Errorf("%w: --peak-gflops = %g: must be in [%g, %g] GFLOP/s (0 = measure)", errUsage, a.peakFlag, minPeakGFLOPS, maxPeakGFLOPS)
 	case math.IsNaN(a.auxCoef) || a.auxCoef > 1:
 		return nil, fmt.Errorf("%w: --aux-coef = %g: must be in [0, 1] (negative = the config's)", errUsage, a.auxCoef)
 	case !(a.hostGiB > 0) || math.IsInf(a.hostGiB, 0):

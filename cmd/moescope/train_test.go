@@ -266,3 +266,23 @@ func TestTrainDeepseekAux(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainAbsurdPeakGFLOPSRefused (issue 17, defect 10): --peak-gflops
+// 1e-300 printed an MFU of 10^300 %; a given peak must be in [1e-3, 1e7]
+// GFLOP/s (0 = measure), so the MFU printed is finite.
+func TestTrainAbsurdPeakGFLOPSRefused(t *testing.T) {
+	for _, v := range []string{"1e-300", "1e-4", "1e300", "1.1e7", "-1", "NaN", "Inf"} {
+		var out, errb bytes.Buffer
+		err := run(&out, &errb, []string{"train", "--model", "tiny", "--gpus", "1", "--lbs", "1", "--seq", "8", "--steps", "1", "--peak-gflops", v})
+		if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--peak-gflops = ") ||
+			!strings.Contains(err.Error(), "must be in [0.001, 1e+07] GFLOP/s (0 = measure)") {
+			t.Errorf("--peak-gflops %s: exit %d, error %v", v, exitCode(err), err)
+		}
+	}
+	for _, v := range []string{"1e-3", "1e7"} {
+		rep := trainJSON(t, "--gpus", "1", "--lbs", "1", "--steps", "1", "--peak-gflops", v)
+		if !(rep.MFU > 0) || math.IsInf(rep.MFU, 0) || rep.PeakGFLOPS != map[string]float64{"1e-3": 1e-3, "1e7": 1e7}[v] {
+			t.Errorf("--peak-gflops %s (a bound): mfu %g peak %g", v, rep.MFU, rep.PeakGFLOPS)
+		}
+	}
+}

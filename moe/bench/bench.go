@@ -113,7 +113,7 @@ func LayerConfig(cfg *moe.Config, experts, topK int) (*moe.Config, error) {
 	c.Layers, c.MoELayer, c.Window = 1, []bool{true}, []int{cfg.Window[l]}
 	c.Vocab, c.TiedEmbeddings = 64, false
 	if experts > 0 && experts != c.Experts {
-		c.Experts, c.Groups, c.TopKGroups = experts, 1, 1
+		c = *withExperts(&c, experts)
 	}
 	if topK > 0 {
 		c.TopK = topK
@@ -136,22 +136,68 @@ const HeapFactor = 2.0
 
 // CheckMemory refuses a layer benchmark whose tokens would not fit in
 // avail bytes (0: unknown, no check), instead of being killed by the
-// kernel.
+// kernel. The refusal names the flag to change: --experts when the layer's
+// weights, gradients and AdamW moments alone (at one token) do not fit,
+// with the most experts that do; --tokens otherwise.
 func CheckMemory(c *moe.Config, tokens int, avail uint64) error {
-	l := moe.Layout{GPUs: 1, Sharding: moe.ShardDDP}
-	if err := l.Resolve(); err != nil {
-		return err
-	}
-	r, err := memory.Estimate(c, l, memory.Batch{LBS: 1, Seq: tokens}, memory.Options{Precision: moe.ReferencePrecision, AC: moe.AC{Mode: moe.ACNone}})
+	need, err := layerBytes(c, tokens)
 	if err != nil {
 		return fmt.Errorf("--tokens %d: %v", tokens, err)
 	}
-	need := HeapFactor * float64(r.Peak.Allocated)
-	if avail > 0 && need > float64(avail) {
-		return fmt.Errorf("--tokens %d: the layer benchmark needs about %.1f GiB, only %.1f GiB of memory is available; use fewer --tokens",
-			tokens, need/(1<<30), float64(avail)/(1<<30))
+	if avail == 0 || need <= float64(avail) {
+		return nil
 	}
-	return nil
+	gib := func(b float64) float64 { return b / (1 << 30) }
+	fixed, err := layerBytes(c, 1)
+	if err != nil {
+		return fmt.Errorf("--experts %d: %v", c.Experts, err)
+	}
+	if fixed <= float64(avail) {
+		return fmt.Errorf("--tokens %d: the layer benchmark needs about %.1f GiB, only %.1f GiB of memory is available; use fewer --tokens",
+			tokens, gib(need), gib(float64(avail)))
+	}
+	// Too many experts: the largest count in [top-k, experts) that fits at
+	// these tokens (the need grows with the experts).
+	fits := func(e int) bool {
+		b, err := layerBytes(withExperts(c, e), tokens)
+		return err == nil && b <= float64(avail)
+	}
+	lo, hi := c.TopK-1, c.Experts // fits(lo) is assumed, fits(hi) is false
+	for hi-lo > 1 {
+		if m := lo + (hi-lo)/2; fits(m) {
+			lo = m
+		} else {
+			hi = m
+		}
+	}
+	msg := fmt.Sprintf("--experts: the layer's %d experts need about %.1f GiB (weights, gradients and AdamW moments) at any --tokens, only %.1f GiB of memory is available",
+		c.Experts, gib(fixed), gib(float64(avail)))
+	if lo < c.TopK || !fits(lo) {
+		return fmt.Errorf("%s; even %d experts (the top-k) do not fit at --tokens %d: use a smaller --top-k, --experts and --tokens", msg, c.TopK, tokens)
+	}
+	return fmt.Errorf("%s; give --experts in [%d, %d] (at --tokens %d)", msg, c.TopK, lo, tokens)
+}
+
+// layerBytes is the resident memory of the layer benchmark at tokens: the
+// float32 peak allocated bytes (no checkpointing) × HeapFactor.
+func layerBytes(c *moe.Config, tokens int) (float64, error) {
+	l := moe.Layout{GPUs: 1, Sharding: moe.ShardDDP}
+	if err := l.Resolve(); err != nil {
+		return 0, err
+	}
+	r, err := memory.Estimate(c, l, memory.Batch{LBS: 1, Seq: tokens}, memory.Options{Precision: moe.ReferencePrecision, AC: moe.AC{Mode: moe.ACNone}})
+	if err != nil {
+		return 0, err
+	}
+	return HeapFactor * float64(r.Peak.Allocated), nil
+}
+
+// withExperts is c with e routed experts in one group, as LayerConfig
+// cuts it.
+func withExperts(c *moe.Config, e int) *moe.Config {
+	d := *c
+	d.Experts, d.Groups, d.TopKGroups = e, 1, 1
+	return &d
 }
 
 // bestTime runs f in at least minBatches batches of at least batchLen

@@ -217,13 +217,17 @@ func ParseConfig(data []byte, name string) (*moe.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	neg := h.negativeInts()
 	c, err := h.normalize()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", name, errors.Join(neg, err))
 	}
 	c.Name = name
 	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: invalid config:\n%w", name, err)
+		return nil, fmt.Errorf("%s: invalid config:\n%w", name, errors.Join(neg, err))
+	}
+	if neg != nil {
+		return nil, fmt.Errorf("%s: %w", name, neg)
 	}
 	return c, nil
 }
@@ -301,6 +305,30 @@ func (h *configJSON) normalize() (*moe.Config, error) {
 		}
 	}
 	return c, errors.Join(e...)
+}
+
+// negativeInts refuses every integer key below 0, naming it. Each integer
+// key is a size, a count, a layer index or a step, so none may be negative;
+// a negative num_experts once made a qwen3_moe config silently dense (its
+// layers are MoE only when num_experts > 0).
+func (h *configJSON) negativeInts() error {
+	var errs []error
+	v := reflect.ValueOf(h).Elem()
+	t := v.Type()
+	for i := range t.NumField() {
+		key, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		switch f := v.Field(i); {
+		case f.Type() == reflect.TypeFor[*int]() && !f.IsNil() && f.Elem().Int() < 0:
+			errs = append(errs, fmt.Errorf("%s = %d: must be ≥ 0 (a size, count or index)", key, f.Elem().Int()))
+		case f.Type() == reflect.TypeFor[[]int]():
+			for j := range f.Len() {
+				if n := f.Index(j).Int(); n < 0 {
+					errs = append(errs, fmt.Errorf("%s[%d] = %d: must be ≥ 0 (a layer index)", key, j, n))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // rope fills RoPE's base, scaling type and rotated fraction.

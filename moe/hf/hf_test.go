@@ -416,3 +416,42 @@ func TestValidateNormTopKEps(t *testing.T) {
 		}
 	}
 }
+
+// TestHFNegativeExpertsRefused (issue 17, defect 11): "num_experts": -1 in a
+// qwen3_moe config made every layer dense (MoE needs num_experts > 0) and
+// was accepted; every negative integer key is now an error naming it, even
+// where it would otherwise be ignored (a dense model_type's expert keys) or
+// read as "none" (n_shared_experts).
+func TestHFNegativeExpertsRefused(t *testing.T) {
+	for _, tc := range []struct{ from, to, want string }{
+		{`"num_experts": 4`, `"num_experts": -1`, "num_experts = -1: must be ≥ 0"},
+		{`"moe_intermediate_size": 16`, `"moe_intermediate_size": -16`, "moe_intermediate_size = -16: must be ≥ 0"},
+		{`"num_key_value_heads": 2`, `"num_key_value_heads": -2`, "num_key_value_heads = -2"},
+		{`"head_dim": 8`, `"head_dim": -8`, "head_dim = -8"},
+		{`"num_experts": 4`, `"num_experts": 4, "mlp_only_layers": [1, -1]`, "mlp_only_layers[1] = -1: must be ≥ 0"},
+		{`"num_experts": 4`, `"num_experts": 4, "max_window_layers": -3`, "max_window_layers = -3"},
+		{`"num_experts": 4`, `"num_experts": 4, "decoder_sparse_step": -1`, "decoder_sparse_step = -1: must be ≥ 0"},
+		{`"model_type": "qwen3_moe"`, `"model_type": "qwen3"`, "num_experts = -1"}, // a dense type ignores num_experts
+	} {
+		doc := strings.Replace(minimal, tc.from, tc.to, 1)
+		if strings.Contains(tc.to, `"qwen3"`) {
+			doc = strings.Replace(doc, `"num_experts": 4`, `"num_experts": -1`, 1)
+		}
+		if doc == minimal {
+			t.Fatalf("%s not in minimal", tc.from)
+		}
+		if _, err := ParseConfig([]byte(doc), "m"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.to, err, tc.want)
+		}
+	}
+	ds := `{"model_type": "deepseek", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+		"intermediate_size": 48, "moe_intermediate_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": -1}`
+	if _, err := ParseConfig([]byte(ds), "m"); err == nil || !strings.Contains(err.Error(), "n_shared_experts = -1") {
+		t.Errorf("deepseek n_shared_experts -1: %v", err)
+	}
+	// 0 keeps its meaning: no experts, a dense qwen3_moe (transformers').
+	c, err := ParseConfig([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 0`, 1)), "m")
+	if err != nil || c.IsMoE() {
+		t.Errorf("num_experts 0: %v, MoE %v", err, err == nil && c.IsMoE())
+	}
+}

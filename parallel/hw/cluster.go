@@ -24,7 +24,8 @@ type Cluster struct {
 	// GPUsPerNode is GPUs per host (DESIGN's gpus_per_node).
 	GPUsPerNode int `json:"gpus_per_node"`
 	// NVLinkDomain is GPUs per NVLink domain, a multiple of GPUsPerNode.
-	NVLinkDomain int `json:"nvlink_domain"`
+	// Optional in a file: 0 or absent = GPUsPerNode.
+	NVLinkDomain int `json:"nvlink_domain,omitempty"`
 	// NVLinkGBps is each GPU's NVLink bandwidth, GB/s each way.
 	NVLinkGBps float64 `json:"nvlink_gbps"`
 	// NICsPerNode and NICGbits: the scale-out NICs of a host and the line
@@ -62,6 +63,11 @@ func (l LinkClass) String() string {
 	}
 	return "network"
 }
+
+// MaxGPUsPerNode bounds gpus_per_node (and --gpus-per-node): an HGX host
+// holds 8 GPUs, a GB200 NVL72 compute tray 4; 65536 is far above any host.
+// moe.MaxGPUsPerNode, the layout's bound, is the same (hw imports no moe).
+const MaxGPUsPerNode = 1 << 16
 
 // DefaultClusterName is the cluster used when none is given (DESIGN: hgx).
 const DefaultClusterName = "hgx"
@@ -114,7 +120,9 @@ func LoadCluster(nameOrPath string) (*Cluster, error) {
 }
 
 // ParseCluster decodes and validates a cluster JSON document; unknown fields
-// are errors (a misspelt field would otherwise silently keep a zero).
+// are errors (a misspelt field would otherwise silently keep a zero), and so
+// are missing ones other than description, nvlink_domain and sources
+// (missingFields).
 func ParseCluster(data []byte, where string) (*Cluster, error) {
 	var c Cluster
 	if err := decodeStrict(data, &c); err != nil {
@@ -123,52 +131,53 @@ func ParseCluster(data []byte, where string) (*Cluster, error) {
 	if c.NVLinkDomain == 0 {
 		c.NVLinkDomain = c.GPUsPerNode
 	}
-	if err := c.Validate(); err != nil {
+	if err := errors.Join(missingFields(data, &c), c.Validate()); err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", where, err)
 	}
 	return &c, nil
 }
 
-// Validate reports every out-of-range field at once.
+// Validate reports every out-of-range field at once. Each range is physical,
+// with a margin over every system announced (bound).
 func (c *Cluster) Validate() error {
 	var errs []error
 	bad := func(field string, v any, allowed string) {
 		errs = append(errs, fmt.Errorf("%s = %v: %s", field, v, allowed))
 	}
-	if c.GPUsPerNode < 1 || c.GPUsPerNode > 1<<16 {
-		bad("gpus_per_node", c.GPUsPerNode, "must be in [1, 65536]")
+	// An HGX host holds 8 GPUs, an NVL72 rack 72 in one domain (NVL576
+	// announced): 65536 per host and 2^20 per domain have wide margins.
+	if c.GPUsPerNode < 1 || c.GPUsPerNode > MaxGPUsPerNode {
+		bad("gpus_per_node", c.GPUsPerNode, fmt.Sprintf("must be in [1, %d]", MaxGPUsPerNode))
 	}
 	if c.NVLinkDomain < 1 || c.NVLinkDomain > 1<<20 {
 		bad("nvlink_domain", c.NVLinkDomain, "must be in [1, 1048576]")
 	} else if c.GPUsPerNode >= 1 && c.NVLinkDomain%c.GPUsPerNode != 0 {
 		bad("nvlink_domain", c.NVLinkDomain, fmt.Sprintf("must be a multiple of gpus_per_node = %d", c.GPUsPerNode))
 	}
+	// A DGX host has 8 compute NICs; 1024 is 128 times that.
 	if c.NICsPerNode < 1 || c.NICsPerNode > 1<<10 {
 		bad("nics_per_node", c.NICsPerNode, "must be in [1, 1024]")
 	}
-	finitePos := func(field string, v float64) {
-		if !(v > 0) || math.IsInf(v, 0) {
-			bad(field, v, "must be a finite number > 0")
-		}
-	}
-	finitePos("nvlink_gbps", c.NVLinkGBps)
-	finitePos("nic_gbits", c.NICGbits)
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"base_latency_us", c.BaseLatencyUS}, {"nvlink_latency_us", c.NVLinkLatencyUS}, {"net_latency_us", c.NetLatencyUS}} {
-		if !(f.v >= 0) || math.IsInf(f.v, 0) {
-			bad(f.name, f.v, "must be a finite number ≥ 0")
-		}
-	}
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"nvlink_efficiency", c.NVLinkEfficiency}, {"net_efficiency", c.NetEfficiency}} {
-		if !(f.v > 0 && f.v <= 1) {
-			bad(f.name, f.v, "must be in (0, 1]")
-		}
-	}
+	errs = append(errs, checkBounds([]bound{
+		// NVLink 5 gives 900 GB/s each way per GPU (GB200 NVL72); 10 TB/s
+		// is 11 times that. PCIe 1.0 x16 gave 4 GB/s: no GPU link is
+		// under 1 GB/s.
+		{"nvlink_gbps", c.NVLinkGBps, 1, 10000, "GB/s each way"},
+		// ConnectX-8 gives 800 Gb/s, 1.6 Tb/s NICs are announced; 10 Tb/s
+		// is six times that. Gigabit Ethernet is the slowest NIC a host has.
+		{"nic_gbits", c.NICGbits, 1, 10000, "Gb/s each way"},
+		// NCCL's latencies are 0.6–14 µs (src/graph/tuning.cc baseLat,
+		// hwLat); one second per collective or per step is 70 000 times
+		// the largest.
+		{"base_latency_us", c.BaseLatencyUS, 0, 1e6, "µs (0 to 1 s)"},
+		{"nvlink_latency_us", c.NVLinkLatencyUS, 0, 1e6, "µs (0 to 1 s)"},
+		{"net_latency_us", c.NetLatencyUS, 0, 1e6, "µs (0 to 1 s)"},
+		// Bus bandwidth ÷ link rate: nccl-tests report 0.7–0.95; a ring
+		// under 1% of its links is a broken fabric (the same range as
+		// calibrate's fitted efficiencies, parallel/sim.Calibration).
+		{"nvlink_efficiency", c.NVLinkEfficiency, 0.01, 1, "(a fraction of the link rate)"},
+		{"net_efficiency", c.NetEfficiency, 0.01, 1, "(a fraction of the link rate)"},
+	})...)
 	return errors.Join(errs...)
 }
 

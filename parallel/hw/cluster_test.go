@@ -3,6 +3,7 @@ package hw
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -94,6 +95,68 @@ func TestClusterFromFile(t *testing.T) {
 	}
 	if _, err := LoadCluster(filepath.Join(dir, "missing.json")); err == nil {
 		t.Error("missing file accepted")
+	}
+}
+
+// goodCluster gives every required field of a cluster, each in range.
+const goodCluster = `{"name":"mine","gpus_per_node":8,"nvlink_gbps":900,"nics_per_node":8,"nic_gbits":400,
+	"base_latency_us":8.4,"nvlink_latency_us":3.4,"net_latency_us":14,"nvlink_efficiency":0.8,"net_efficiency":0.9}`
+
+// TestClusterAbsurdLatencyRefused (issue 17, defect 8): a latency of 1e300
+// µs printed a 300-digit step time and exited 0; now every latency outside
+// [0, 1 s] is refused naming its field, value and range.
+func TestClusterAbsurdLatencyRefused(t *testing.T) {
+	for _, f := range []string{"base_latency_us", "nvlink_latency_us", "net_latency_us"} {
+		for _, v := range []string{"1e300", "1e7", "-1e-300"} {
+			doc := regexp.MustCompile(`"`+f+`":[0-9.]+`).ReplaceAllString(goodCluster, `"`+f+`":`+v)
+			_, err := ParseCluster([]byte(doc), "t")
+			if err == nil || !strings.Contains(err.Error(), f+" = ") || !strings.Contains(err.Error(), "must be in [0, 1e+06] µs") {
+				t.Errorf("%s = %s: error %v", f, v, err)
+			}
+		}
+		doc := regexp.MustCompile(`"`+f+`":[0-9.]+`).ReplaceAllString(goodCluster, `"`+f+`":1e6`)
+		if _, err := ParseCluster([]byte(doc), "t"); err != nil {
+			t.Errorf("%s = 1e6 µs (the bound) refused: %v", f, err)
+		}
+	}
+}
+
+// TestClusterAbsurdBandwidthRefused (issue 17, defect 8): links of 1e-300
+// GB/s or Gb/s, efficiencies near 0, are refused with their range.
+func TestClusterAbsurdBandwidthRefused(t *testing.T) {
+	for _, c := range []struct{ field, v, want string }{
+		{"nvlink_gbps", "1e-300", "nvlink_gbps = 1e-300: must be in [1, 10000] GB/s"},
+		{"nvlink_gbps", "1e300", "nvlink_gbps = 1e+300: must be in [1, 10000] GB/s"},
+		{"nic_gbits", "1e-300", "nic_gbits = 1e-300: must be in [1, 10000] Gb/s"},
+		{"nic_gbits", "20000", "nic_gbits = 20000"},
+		{"nvlink_efficiency", "1e-300", "nvlink_efficiency = 1e-300: must be in [0.01, 1]"},
+		{"net_efficiency", "0.001", "net_efficiency = 0.001: must be in [0.01, 1]"},
+	} {
+		doc := regexp.MustCompile(`"`+c.field+`":[0-9.]+`).ReplaceAllString(goodCluster, `"`+c.field+`":`+c.v)
+		if _, err := ParseCluster([]byte(doc), "t"); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s = %s: error %v, want %q", c.field, c.v, err, c.want)
+		}
+	}
+}
+
+// TestClusterMissingLatencyRefused (issue 17, defect 8): a cluster file
+// without base_latency_us or net_latency_us (or any other required number)
+// was read as 0 µs; now it is an error naming the field. nvlink_domain,
+// description and sources may be left out.
+func TestClusterMissingLatencyRefused(t *testing.T) {
+	if _, err := ParseCluster([]byte(goodCluster), "t"); err != nil {
+		t.Fatalf("good cluster refused: %v", err)
+	}
+	for _, f := range []string{"name", "gpus_per_node", "nvlink_gbps", "nics_per_node", "nic_gbits", "base_latency_us",
+		"nvlink_latency_us", "net_latency_us", "nvlink_efficiency", "net_efficiency"} {
+		for _, repl := range []string{"", `"` + f + `":null,`} {
+			doc := regexp.MustCompile(`"`+f+`":[^,}]+,?`).ReplaceAllString(goodCluster, repl)
+			doc = strings.Replace(doc, ",}", "}", 1)
+			_, err := ParseCluster([]byte(doc), "t")
+			if err == nil || !strings.Contains(err.Error(), f+": required") {
+				t.Errorf("%s left out (%s): error %v", f, doc, err)
+			}
+		}
 	}
 }
 

@@ -3,7 +3,6 @@ package hw
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 )
 
@@ -16,7 +15,9 @@ import (
 //
 // The registry is data (devices/*.json, one file per device, a source per
 // number in Sources keyed by JSON field). New fields are added to the struct
-// and to every file together; unknown fields in a file are errors.
+// and to every file together; unknown fields in a file are errors, and so
+// is a missing field whose tag lacks omitempty (a missing number would
+// silently be 0). Validate gives every number a physical range.
 type Device struct {
 	Name        string `json:"name"`
 	Description string `json:"description,omitempty"`
@@ -97,19 +98,21 @@ func unknownDevice(name string) error {
 }
 
 // ParseDevice decodes and validates one device JSON document; unknown
-// fields are errors.
+// fields are errors, and so are missing ones other than description and
+// launch_overhead_s (missingFields).
 func ParseDevice(data []byte, where string) (Device, error) {
 	var d Device
 	if err := decodeStrict(data, &d); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
 	}
-	if err := d.Validate(); err != nil {
+	if err := errors.Join(missingFields(data, &d), d.Validate()); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
 	}
 	return d, nil
 }
 
-// Validate reports every out-of-range field at once.
+// Validate reports every out-of-range field at once. Each range is physical,
+// with a margin over every part announced (bound).
 func (d Device) Validate() error {
 	var errs []error
 	bad := func(field string, v any, allowed string) {
@@ -118,16 +121,24 @@ func (d Device) Validate() error {
 	if d.Name == "" {
 		bad("name", `""`, "must be non-empty")
 	}
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{{"bf16_flops", d.BF16FLOPs}, {"fp8_flops", d.FP8FLOPs}, {"hbm_bytes_per_s", d.HBMBytesPerS}} {
-		if !(f.v > 0) || math.IsInf(f.v, 0) {
-			bad(f.name, f.v, "must be a finite number > 0")
-		}
-	}
-	if d.MemoryBytes <= 0 {
-		bad("memory_bytes", d.MemoryBytes, "must be > 0")
+	errs = append(errs, checkBounds([]bound{
+		// The fastest dense rate in the registry is 5e15 FP8 (GB200,
+		// MI355X); 1e17 is 20 times that. A V100 (2017) gives 1.25e14 on
+		// its tensor cores: a part under 1e12 trains nothing.
+		{"bf16_flops", d.BF16FLOPs, 1e12, 1e17, "FLOP/s"},
+		{"fp8_flops", d.FP8FLOPs, 1e12, 1e17, "FLOP/s"},
+		// HBM3e gives 8e12 (B200, MI355X), HBM4 parts announce about
+		// 2e13; 1e14 has five times that as margin. GDDR parts (T4: 3.2e11)
+		// stay above 1e11.
+		{"hbm_bytes_per_s", d.HBMBytesPerS, 1e11, 1e14, "bytes/s"},
+		// A launch costs 2–10 µs (NVIDIA's CUDA Graphs blog, see the
+		// registry's sources); 1 ms is 100 times the most.
+		{"launch_overhead_s", d.LaunchOverheadS, 0, 1e-3, "seconds (0 = the compute model's default)"},
+	})...)
+	// The largest part holds 288 GB (MI355X, about 2^38 bytes); 2^45 (32
+	// TiB) is a hundred times that; no training part has under 1 GiB.
+	if d.MemoryBytes < GiB || d.MemoryBytes > 1<<45 {
+		bad("memory_bytes", d.MemoryBytes, fmt.Sprintf("must be in [%d, %d] bytes (1 GiB to 32 TiB)", GiB, int64(1)<<45))
 	}
 	if d.OutsideBytes < 0 || (d.MemoryBytes > 0 && d.OutsideBytes >= d.MemoryBytes) {
 		bad("outside_bytes", d.OutsideBytes, "must be in [0, memory_bytes)")
@@ -135,9 +146,7 @@ func (d Device) Validate() error {
 	if d.OutsideEPBytes < 0 || (d.MemoryBytes > 0 && d.OutsideEPBytes >= d.MemoryBytes-d.OutsideBytes) {
 		bad("outside_ep_bytes", d.OutsideEPBytes, "must be in [0, memory_bytes − outside_bytes)")
 	}
-	if !(d.LaunchOverheadS >= 0 && d.LaunchOverheadS < 1) {
-		bad("launch_overhead_s", d.LaunchOverheadS, "must be in [0, 1) seconds (0 = model default)")
-	}
+	// H100 has 132 SMs, MI300X 304 compute units; 65536 is 200 times that.
 	if d.SMs < 0 || d.SMs > 1<<16 {
 		bad("sms", d.SMs, "must be in [0, 65536] (0 = unknown)")
 	}

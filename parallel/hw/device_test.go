@@ -1,6 +1,7 @@
 package hw
 
 import (
+	"encoding/json"
 	"math"
 	"reflect"
 	"strings"
@@ -65,15 +66,72 @@ func TestParseDeviceErrors(t *testing.T) {
 			t.Errorf("error %v lacks %q", err, w)
 		}
 	}
-	ok := `{"name":"x","bf16_flops":1,"fp8_flops":1,"memory_bytes":1,"hbm_bytes_per_s":1}`
-	if _, err := ParseDevice([]byte(ok), "t"); err != nil {
+	if _, err := ParseDevice([]byte(minimalDevice), "t"); err != nil {
 		t.Errorf("minimal device rejected: %v", err)
 	}
-	if _, err := ParseDevice([]byte(ok+` {"name":"y"}`), "t"); err == nil || !strings.Contains(err.Error(), "data after") {
+	if _, err := ParseDevice([]byte(minimalDevice+` {"name":"y"}`), "t"); err == nil || !strings.Contains(err.Error(), "data after") {
 		t.Errorf("trailing document accepted: %v", err)
 	}
 	if _, err := ParseDevice([]byte(`{"name":"x","bf16_flop":1}`), "t"); err == nil || !strings.Contains(err.Error(), "bf16_flop") {
 		t.Errorf("unknown field not rejected: %v", err)
+	}
+}
+
+// minimalDevice gives every required field of a device, each in range.
+const minimalDevice = `{"name":"x","bf16_flops":1e15,"fp8_flops":2e15,"memory_bytes":85899345920,"hbm_bytes_per_s":3e12,
+	"sms":0,"outside_bytes":0,"outside_ep_bytes":0,"sources":{}}`
+
+// TestDeviceAbsurdValuesRefused (issue 17, defect 8): finite but absurd
+// numbers are refused, each naming its field, value and physical range; the
+// bounds themselves are accepted.
+func TestDeviceAbsurdValuesRefused(t *testing.T) {
+	for _, c := range []struct{ from, to, want string }{
+		{`"bf16_flops":1e15`, `"bf16_flops":1e-300`, "bf16_flops = 1e-300: must be in [1e+12, 1e+17] FLOP/s"},
+		{`"bf16_flops":1e15`, `"bf16_flops":1e300`, "bf16_flops = 1e+300: must be in [1e+12, 1e+17]"},
+		{`"fp8_flops":2e15`, `"fp8_flops":1e18`, "fp8_flops = 1e+18: must be in [1e+12, 1e+17]"},
+		{`"hbm_bytes_per_s":3e12`, `"hbm_bytes_per_s":1e-300`, "hbm_bytes_per_s = 1e-300: must be in [1e+11, 1e+14] bytes/s"},
+		{`"hbm_bytes_per_s":3e12`, `"hbm_bytes_per_s":1e15`, "hbm_bytes_per_s = 1e+15"},
+		{`"memory_bytes":85899345920`, `"memory_bytes":9223372036854775807`, "memory_bytes = 9223372036854775807: must be in [1073741824, 35184372088832] bytes"},
+		{`"memory_bytes":85899345920`, `"memory_bytes":1000`, "memory_bytes = 1000"},
+		{`"sms":0`, `"sms":0,"launch_overhead_s":1e300`, "launch_overhead_s = 1e+300: must be in [0, 0.001] seconds"},
+		{`"sms":0`, `"sms":100000`, "sms = 100000: must be in [0, 65536]"},
+	} {
+		doc := strings.Replace(minimalDevice, c.from, c.to, 1)
+		if _, err := ParseDevice([]byte(doc), "t"); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want %q", c.to, err, c.want)
+		}
+	}
+	for _, c := range []struct{ from, to string }{
+		{`"bf16_flops":1e15`, `"bf16_flops":1e12`}, {`"fp8_flops":2e15`, `"fp8_flops":1e17`},
+		{`"hbm_bytes_per_s":3e12`, `"hbm_bytes_per_s":1e14`}, {`"memory_bytes":85899345920`, `"memory_bytes":35184372088832`},
+		{`"sms":0`, `"sms":0,"launch_overhead_s":1e-3`},
+	} {
+		if _, err := ParseDevice([]byte(strings.Replace(minimalDevice, c.from, c.to, 1)), "t"); err != nil {
+			t.Errorf("%s (a bound) refused: %v", c.to, err)
+		}
+	}
+}
+
+// TestDeviceMissingFieldRefused (issue 17, defect 8): a required number
+// left out, or null, is an error naming it, not a silent 0; description and
+// launch_overhead_s may be left out.
+func TestDeviceMissingFieldRefused(t *testing.T) {
+	for _, f := range []string{"bf16_flops", "fp8_flops", "memory_bytes", "hbm_bytes_per_s", "sms", "outside_bytes", "outside_ep_bytes"} {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(minimalDevice), &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []any{"delete", nil} {
+			if v == "delete" {
+				delete(m, f)
+			} else {
+				m[f] = nil
+			}
+			doc, _ := json.Marshal(m)
+			if _, err := ParseDevice(doc, "t"); err == nil || !strings.Contains(err.Error(), f+": required") {
+				t.Errorf("%s %v: error %v", f, v, err)
+			}
+		}
 	}
 }
 

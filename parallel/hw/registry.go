@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 )
@@ -57,4 +59,23 @@ func decodeStrict(data []byte, v any) error {
 		return fmt.Errorf("data after the JSON object")
 	}
 	return nil
+}
+
+// missingFields reports the fields of the struct v points to that data
+// (one JSON object, already decoded into v) leaves out or gives as null,
+// among those whose JSON tag lacks omitempty (requiredFields): either would
+// silently keep a zero (a missing base_latency_us made every collective
+// free of latency).
+func missingFields(data []byte, v any) error {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range requiredFields(reflect.TypeOf(v).Elem()) {
+		if raw, ok := keys[name]; !ok || string(bytes.TrimSpace(raw)) == "null" {
+			errs = append(errs, fmt.Errorf("%s: required, missing or null", name))
+		}
+	}
+	return errors.Join(errs...)
 }
