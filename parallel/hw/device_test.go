@@ -9,7 +9,7 @@ import (
 )
 
 func TestDeviceRegistry(t *testing.T) {
-	want := []string{"b200", "b300", "gb200", "gb300", "h100", "h200", "mi300x", "mi355x"}
+	want := []string{"b200", "b300", "gb200", "gb300", "h100", "h100-96gb", "h200", "mi300x", "mi355x"}
 	if got := DeviceNames(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("DeviceNames() = %v, want %v", got, want)
 	}
@@ -46,6 +46,21 @@ func TestDeviceFacts(t *testing.T) {
 	h, err := LookupDevice("H100")
 	if err != nil || h.BF16FLOPs != 989e12 || h.SMs != 132 {
 		t.Errorf("h100: %+v %v", h, err)
+	}
+	// torchtitan's 96 GB H100: its logged "memory: X GiB(Y%)" (Y = 100 ×
+	// max reserved / total_memory) of pytorch/torchtitan PR #1690 must round
+	// to the logged percentages with this capacity.
+	g, err := LookupDevice("h100-96gb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct{ gib, pct float64 }{{81.85, 86.17}, {81.47, 85.76}, {89.33, 94.04}, {63.27, 66.60}} {
+		if got := 100 * l.gib / g.MemoryGiB(); math.Abs(got-l.pct) > 0.005+0.005*100/g.MemoryGiB() {
+			t.Errorf("h100-96gb: %.2f GiB is %.3f%% of %.3f GiB; torchtitan logged %.2f%%", l.gib, got, g.MemoryGiB(), l.pct)
+		}
+	}
+	if g.HBMBytesPerS != 2.4e12 || g.BF16FLOPs != h.BF16FLOPs {
+		t.Errorf("h100-96gb: hbm %g bf16 %g", g.HBMBytesPerS, g.BF16FLOPs)
 	}
 }
 

@@ -48,6 +48,15 @@ type Run struct {
 	MemoryFraction      *float64 `json:"memory_fraction,omitempty"`
 	PeakReservedBytes   *int64   `json:"peak_reserved_bytes,omitempty"`
 	MFU                 *float64 `json:"mfu,omitempty"`
+	// RunID names the run in the shared validation table of published runs
+	// (published_runs.csv: R170, ...) when it was copied from there; ""
+	// otherwise. No two published runs share one (CheckDuplicates).
+	RunID string `json:"run_id,omitempty"`
+	// PeakAllocatedBytes is a measured peak of allocated bytes
+	// (torch.cuda.max_memory_allocated), for a source that prints that
+	// rather than the peak reserved (an addition to DESIGN's schema:
+	// peak_reserved_bytes and memory_fraction always mean reserved memory).
+	PeakAllocatedBytes *int64 `json:"peak_allocated_bytes,omitempty"`
 	// Optimizer is the AdamW implementation, fused or foreach (an addition
 	// to DESIGN's schema; "" = fused, torchtitan's default since 2025).
 	Optimizer string `json:"optimizer,omitempty"`
@@ -125,6 +134,9 @@ func (r Run) Validate(requireSource bool) error {
 	if r.PeakReservedBytes != nil && *r.PeakReservedBytes < 1 {
 		bad("peak_reserved_bytes", *r.PeakReservedBytes, "must be ≥ 1")
 	}
+	if r.PeakAllocatedBytes != nil && *r.PeakAllocatedBytes < 1 {
+		bad("peak_allocated_bytes", *r.PeakAllocatedBytes, "must be ≥ 1")
+	}
 	if r.MemoryFraction != nil && !(*r.MemoryFraction > 0) {
 		bad("memory_fraction", *r.MemoryFraction, "must be > 0")
 	}
@@ -200,5 +212,73 @@ func LoadPublished(dir string) ([]Run, error) {
 		}
 		all = append(all, runs...)
 	}
+	if err := CheckDuplicates(all); err != nil {
+		return nil, err
+	}
 	return all, nil
+}
+
+// CheckDuplicates reports every run recorded twice: two runs with the same
+// run_id, or with the same configuration (every field but the measured
+// numbers — tps, mfu, memory_fraction, the peaks — the notes and the
+// run_id) from the same source. Sources are compared without their
+// parenthesised remark and with any commit in a /blob/<commit>/ URL
+// dropped, so that one document cited at two commits is one source.
+func CheckDuplicates(runs []Run) error {
+	var errs []error
+	byID := map[string]Run{}
+	byConfig := map[string]Run{}
+	for _, r := range runs {
+		if r.RunID != "" {
+			if p, ok := byID[r.RunID]; ok {
+				errs = append(errs, fmt.Errorf("run_id %s: in %s and in %s", r.RunID, p.File, r.File))
+			}
+			byID[r.RunID] = r
+		}
+		k, err := configKey(r)
+		if err != nil {
+			return err
+		}
+		if p, ok := byConfig[k]; ok {
+			errs = append(errs, fmt.Errorf("%s (%s) and %s (%s): the same configuration from the same source %s",
+				p.File, p.label(), r.File, r.label(), sourceKey(r.Source)))
+		}
+		byConfig[k] = r
+	}
+	return errors.Join(errs...)
+}
+
+// label names a run in messages: its run_id, else its model and scale.
+func (r Run) label() string {
+	if r.RunID != "" {
+		return r.RunID
+	}
+	return fmt.Sprintf("%s on %d %s", r.Model, r.GPUs, r.GPU)
+}
+
+// configKey is the run's configuration and source, measured numbers and
+// annotations left out.
+func configKey(r Run) (string, error) {
+	c := r
+	c.TPS, c.MFU, c.MemoryFraction, c.PeakReservedBytes, c.PeakAllocatedBytes = 0, nil, nil, nil, nil
+	c.Notes, c.RunID, c.File = "", "", ""
+	c.Source = sourceKey(r.Source)
+	b, err := json.Marshal(c)
+	return string(b), err
+}
+
+// sourceKey is a source without its parenthesised remark and without the
+// commit of a GitHub /blob/<commit>/ URL.
+func sourceKey(s string) string {
+	if i := strings.Index(s, " ("); i >= 0 {
+		s = s[:i]
+	}
+	s = strings.TrimSpace(s)
+	if i := strings.Index(s, "/blob/"); i >= 0 {
+		rest := s[i+len("/blob/"):]
+		if j := strings.IndexByte(rest, '/'); j > 0 {
+			s = s[:i] + "/blob/-/" + rest[j+1:]
+		}
+	}
+	return s
 }

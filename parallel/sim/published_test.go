@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -67,6 +69,58 @@ func TestPublishedRuns(t *testing.T) {
 	}
 }
 
+// TestPublishedNoDuplicates: no run is recorded twice across the files of
+// testdata/published/ (LoadPublished refuses them; this names them), and
+// CheckDuplicates catches both kinds.
+func TestPublishedNoDuplicates(t *testing.T) {
+	runs, err := LoadPublished("../../testdata/published")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDuplicates(runs); err != nil {
+		t.Fatal(err)
+	}
+	base := Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1, AC: "selective", LBS: 2, Seq: 8192,
+		Precision: "bf16", TPS: 5762, Source: "https://github.com/pytorch/torchtitan/blob/31a17bfdb70bab6f62a13d21816a5339b911d6e3/benchmarks/llama3_h100_202412_torchtitan.md (Table 1)",
+		RunID: "R170", File: "a.json"}
+	sameID := base
+	sameID.LBS, sameID.File = 4, "b.json"
+	// The same run cited at another commit, with other notes and a
+	// rounded measurement, under no run_id.
+	sameConfig := base
+	sameConfig.Source = "https://github.com/pytorch/torchtitan/blob/b5bcd76c6/benchmarks/llama3_h100_202412_torchtitan.md"
+	sameConfig.RunID, sameConfig.Notes, sameConfig.TPS, sameConfig.File = "", "again", 5760, "b.json"
+	otherRun := base
+	otherRun.RunID, otherRun.GPUs, otherRun.DPShard, otherRun.File = "R172", 128, 128, "b.json"
+	// LoadPublished refuses a run recorded in two files.
+	dir := t.TempDir()
+	doc := `[{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x","run_id":"R1"}]`
+	for _, f := range []string{"a.json", "b.json"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := LoadPublished(dir); err == nil || !strings.Contains(err.Error(), "run_id R1") {
+		t.Errorf("a run in two files: LoadPublished error %v", err)
+	}
+	for name, c := range map[string]struct {
+		runs []Run
+		want string
+	}{
+		"same run_id":                 {[]Run{base, sameID}, "run_id R170: in a.json and in b.json"},
+		"same configuration, source":  {[]Run{base, sameConfig}, "the same configuration from the same source"},
+		"different runs of one table": {[]Run{base, otherRun}, ""},
+	} {
+		err := CheckDuplicates(c.runs)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v", name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: error %v, want %q", name, err, c.want)
+		}
+	}
+}
+
 func TestReadRunsRejects(t *testing.T) {
 	good := `{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x"}`
 	if _, err := ReadRuns(strings.NewReader("["+good+"]"), "good", true); err != nil {
@@ -80,6 +134,7 @@ func TestReadRunsRejects(t *testing.T) {
 		"layout":         strings.Replace(good, `"dp_shard":8`, `"dp_shard":3`, 1),
 		"ep ∤ dp_shard":  strings.Replace(good, `"ep":1`, `"ep":3`, 1),
 		"mfu in percent": strings.Replace(good, `"tps":1000`, `"tps":1000,"mfu":39.4`, 1),
+		"allocated 0":    strings.Replace(good, `"tps":1000`, `"tps":1000,"peak_allocated_bytes":0`, 1),
 		"no precision":   strings.Replace(good, `"precision":"bf16",`, ``, 1),
 		"not an array":   good,
 	} {
