@@ -59,6 +59,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	gradT := fs.String("grad-dtype", "f32", "gradient storage type: f32|bf16")
 	optT := fs.String("optimizer-dtype", "f32", "AdamW moment storage type: f32|bf16")
 	optImpl := fs.String("optimizer-impl", memory.Fused, "AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)")
+	mf := addMemoryModelFlags(fs)
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")
 	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory a step may use to be within target (and --max-lbs's bound), in (0, 1]")
@@ -104,6 +105,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	o := memory.Options{Precision: prec, AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
+	if err := mf.apply(&o); err != nil {
+		return err
+	}
 	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: ac, Attention: *attn, LossChunks: *chunks,
 		LBS: *lbs, Seq: *seq, GradAccum: *accum, DeviceBytes: dev.MemoryBytes}
 	var r memory.Report

@@ -117,6 +117,7 @@ type planArgs struct {
 	jsonOut, exhaustive, force         bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
+	mem                                *memoryModelFlags
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
@@ -132,6 +133,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	simEv := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
+	if err := a.mem.apply(&simEv.Memory); err != nil {
+		return err
+	}
 	req := a.request(cfg, cl)
 	bar := newProgressBar(stderr)
 	if bar != nil {
@@ -180,6 +184,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.tracePath, "trace", "", "write a Chrome trace of the best plan's step")
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
+	a.mem = addMemoryModelFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}

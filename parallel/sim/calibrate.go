@@ -145,7 +145,12 @@ func InputForRun(r Run) (Input, error) {
 	if err != nil {
 		return Input{}, err
 	}
-	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl}, nil
+	mo, err := r.MemoryOptions()
+	if err != nil {
+		return Input{}, err
+	}
+	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl,
+		Memory: mo}, nil
 }
 
 // measuredReserved returns the run's measured peak reserved bytes, if any.
@@ -347,7 +352,7 @@ func (f calFit) fitAllocator() (frag float64, ok bool, err error) {
 		a.Fragmentation = fragOf(x[0])
 		v := 0.0
 		for k, i := range idx {
-			p, err := memory.Replay(f.preps[i].mem.Events, a)
+			p, err := memory.Replay(f.preps[i].mem.Events, a, f.preps[i].in.Memory.Segments)
 			if err != nil {
 				return 0, err
 			}
