@@ -148,10 +148,10 @@ type simKey struct {
 type allocSim struct {
 	a          Allocator
 	expandable bool
-	pools    map[[2]any]*simPool
-	live     map[simKey]*simBlock
-	reserved map[Stream]int64
-	segs     int
+	pools      map[[2]any]*simPool
+	live       map[simKey]*simBlock
+	reserved   map[Stream]int64
+	segs       int
 }
 
 func (s *allocSim) pool(st Stream, small bool) *simPool {
