@@ -15,10 +15,10 @@ type Compile struct {
 	// experts staying eager ("We don't compile token dispatch and token
 	// combine", the `continue` on "experts"). Embedding, final norm and LM
 	// head are never compiled.
-	Model bool
+	Model bool `json:"model"`
 	// Loss compiles the cross-entropy (torchtitan's build_cross_entropy_loss
 	// wraps it in torch.compile).
-	Loss bool
+	Loss bool `json:"loss"`
 }
 
 // Compiled is torchtitan's --compile: model and loss.

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
@@ -316,7 +317,12 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
-	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header}
+	if simEv.Memory.Segments == memory.Expandable {
+		header = append(header, "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets")
+	} else {
+		header = append(header, "memory assumed fixed allocator segments (no expandable_segments)")
+	}
+	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile}
 	for _, x := range []struct {
 		path  string
 		write func(io.Writer) ([]string, error)
