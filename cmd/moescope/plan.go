@@ -29,24 +29,24 @@ var planEvaluator = func(sim *plan.SimEvaluator) plan.Evaluator { return sim }
 
 // planJSON is one plan in --json output (DESIGN's layout keys and units).
 type planJSON struct {
-	GPUs                int             `json:"gpus"`
-	DPShard             int             `json:"dp_shard"`
-	DPReplicate         int             `json:"dp_replicate"`
-	EP                  int             `json:"ep"`
-	Sharding            moe.Sharding    `json:"sharding"`
-	ReshardAfterForward bool            `json:"reshard_after_forward"`
-	KeepGathered        bool            `json:"keep_gathered"`
-	AllreduceLastOnly   bool            `json:"allreduce_last_only"`
-	AC                  moe.AC          `json:"ac"`
-	LBS                 int             `json:"lbs"`
-	GradAccum           int             `json:"grad_accum"`
-	GlobalBatch         int             `json:"global_batch"`
-	TPS                 float64         `json:"tps"`
-	MFU                 float64         `json:"mfu"`
-	MemoryFraction      float64         `json:"memory_fraction"`
-	StepTimeS           float64         `json:"step_time_s"`
-	Bottleneck          string          `json:"bottleneck"`
-	Breakdown           []plan.TimePart `json:"breakdown,omitempty"`
+	GPUs                int            `json:"gpus"`
+	DPShard             int            `json:"dp_shard"`
+	DPReplicate         int            `json:"dp_replicate"`
+	EP                  int            `json:"ep"`
+	Sharding            moe.Sharding   `json:"sharding"`
+	ReshardAfterForward bool           `json:"reshard_after_forward"`
+	KeepGathered        bool           `json:"keep_gathered"`
+	AllreduceLastOnly   bool           `json:"allreduce_last_only"`
+	AC                  moe.AC         `json:"ac"`
+	LBS                 int            `json:"lbs"`
+	GradAccum           int            `json:"grad_accum"`
+	GlobalBatch         int            `json:"global_batch"`
+	TPS                 float64        `json:"tps"`
+	MFU                 float64        `json:"mfu"`
+	MemoryFraction      float64        `json:"memory_fraction"`
+	StepTimeS           float64        `json:"step_time_s"`
+	Bottleneck          string         `json:"bottleneck"`
+	Breakdown           *sim.Breakdown `json:"breakdown,omitempty"` // the best plan's only: simulate's shape
 }
 
 type planStageJSON struct {
@@ -83,7 +83,7 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
 		Bottleneck: r.Score.Bottleneck}
 	if breakdown {
-		j.Breakdown = r.Score.Breakdown
+		j.Breakdown = &r.Score.Breakdown
 	}
 	return j
 }
@@ -447,9 +447,9 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	line1 := fmt.Sprintf("best: %s, %s, %s: %.0f TPS per GPU, MFU %.1f%%, memory %.1f%% of %.2f GiB.",
 		shape, planACProse(p.AC), batch, b.Score.TPS, 100*b.Score.MFU, 100*b.Score.MemoryFraction, dev.MemoryGiB())
 	var parts []string
-	for _, t := range b.Score.Breakdown {
+	for _, t := range stepParts(b.Score.Breakdown) {
 		if b.Score.StepTimeS > 0 && t.Seconds/b.Score.StepTimeS >= 0.005 { // parts that round to 0% are left out
-			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Kind, 100*t.Seconds/b.Score.StepTimeS))
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Name, 100*t.Seconds/b.Score.StepTimeS))
 		}
 	}
 	line2 := fmt.Sprintf("why: step %.3f s", b.Score.StepTimeS)

@@ -16,6 +16,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/plan"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // planFake is a closed-form evaluator for the command's golden tests, so
@@ -75,7 +76,8 @@ func (f *planFake) Evaluate(p plan.Point) (plan.Score, error) {
 	}
 	step := float64(p.LBS*p.GradAccum*4096) / tps
 	return plan.Score{TPS: tps, MFU: tps / 100000, MemoryFraction: m, StepTimeS: step, Bottleneck: "compute",
-		Breakdown: []plan.TimePart{{Kind: "compute", Seconds: 0.8 * step}, {Kind: "exposed all_gather", Seconds: 0.2 * step}}}, nil
+		Breakdown: sim.Breakdown{ComputeS: 0.8 * step, ExposedCommS: map[string]float64{"all_gather": 0.2 * step},
+			CommS: map[string]float64{"all_gather": 0.5 * step}, ComputeByClassS: map[string]float64{"gemm": 0.8 * step}}}, nil
 }
 
 func planRun(t *testing.T, args ...string) (string, string, error) {

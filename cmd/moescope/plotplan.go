@@ -165,9 +165,9 @@ func planPlotBreakdown(rep *plan.Report, model, gpu string) (*plot.Plot, error) 
 	p.Y.Label.Text = "seconds on the critical path"
 	var vals plotter.Values
 	var names []string
-	for _, t := range b.Score.Breakdown {
+	for _, t := range stepParts(b.Score.Breakdown) {
 		vals = append(vals, t.Seconds)
-		names = append(names, t.Kind)
+		names = append(names, t.Name)
 	}
 	if len(vals) == 0 {
 		return p, nil

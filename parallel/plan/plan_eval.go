@@ -3,7 +3,6 @@ package plan
 import (
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 
 	"github.com/moescope/moescope/memory"
@@ -112,24 +111,9 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 		return Score{}, err
 	}
 	s := Score{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, DoesNotFit: !r.Fits, StepTimeS: r.StepTimeS,
-		Bottleneck: r.Bottleneck, Breakdown: breakdownTimes(r.Breakdown)}
+		Bottleneck: r.Bottleneck, Breakdown: r.Breakdown}
 	e.store(p, nil, &s)
 	return s, nil
-}
-
-// breakdownTimes lists the step's critical-path seconds: compute,
-// recompute, optimizer, then exposed communication by kind (sorted).
-func breakdownTimes(b sim.Breakdown) []TimePart {
-	out := []TimePart{{"compute", b.ComputeS}, {"recompute", b.RecomputeS}, {"optimizer", b.OptimizerS}}
-	kinds := make([]string, 0, len(b.ExposedCommS))
-	for k := range b.ExposedCommS {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
-	for _, k := range kinds {
-		out = append(out, TimePart{"exposed " + k, b.ExposedCommS[k]})
-	}
-	return out
 }
 
 // Trace simulates p keeping its timeline and writes the step as a Chrome
