@@ -119,6 +119,7 @@ type planArgs struct {
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
 	mem                                *memoryModelFlags
+	narrow                             *exportNarrowing // set by request when an export is asked for
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
@@ -146,6 +147,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	bar.finish()
 	if err != nil {
 		return err // a plan.InfeasibleError explains itself; exit status 1
+	}
+	if a.narrow != nil {
+		a.narrow.report(stderr, rep)
 	}
 
 	title := fmt.Sprintf("%s on %d × %s (%s, %d GPUs per host), seq %d, memory target %.2f", cfg.Name, a.gpus, dev.Name, cl.Name, cl.GPUsPerNode, a.seq, a.target)
@@ -292,22 +296,8 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
-	var targets []plan.TorchtitanTarget
-	if a.tomlPath != "" {
-		targets = append(targets, plan.TorchtitanTOML)
-	}
-	if a.pyPath != "" {
-		targets = append(targets, plan.TorchtitanPy)
-	}
-	if len(targets) > 0 {
-		req.Admit = func(p plan.Point) error {
-			for _, t := range targets {
-				if err := plan.TorchtitanAdmit(t, p); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
+	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath); a.narrow != nil {
+		req.Admit = a.narrow.admit
 	}
 	return req
 }
@@ -324,9 +314,9 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 	}
 	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile}
 	for _, x := range []struct {
-		path  string
-		write func(io.Writer) ([]string, error)
-	}{{a.tomlPath, export.TOML}, {a.pyPath, export.Python}} {
+		path, what string
+		write      func(io.Writer) ([]string, error)
+	}{{a.tomlPath, plan.TorchtitanTOML.String(), export.TOML}, {a.pyPath, plan.TorchtitanPy.String(), export.Python}} {
 		if x.path == "" {
 			continue
 		}
@@ -339,6 +329,7 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		if err != nil {
 			return err
 		}
+		fmt.Fprintf(stderr, "wrote %s (%s)\n", x.path, x.what)
 		if len(skipped) > 0 {
 			fmt.Fprintf(stderr, "moescope plan: %s: not exported: %s (see the comment in the file)\n", x.path, strings.Join(skipped, ", "))
 		}
@@ -349,9 +340,10 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		}); err != nil {
 			return err
 		}
+		fmt.Fprintf(stderr, "wrote %s (Chrome trace of the best plan's step; open in https://ui.perfetto.dev)\n", a.tracePath)
 	}
 	if a.plotD != "" {
-		if err := planWritePlots(a.plotD, a.force, rep, cfg.Name, dev.Name, a.target); err != nil {
+		if err := planWritePlots(stderr, a.plotD, a.force, rep, cfg.Name, dev.Name, a.target); err != nil {
 			return err
 		}
 	}

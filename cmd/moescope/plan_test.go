@@ -130,9 +130,24 @@ func TestPlanCommandExports(t *testing.T) {
 	tomlPath, pyPath, plotDir := filepath.Join(dir, "job.toml"), filepath.Join(dir, "job.py"), filepath.Join(dir, "plots")
 	args := []string{"--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--global-batch", "512",
 		"--torchtitan-toml", tomlPath, "--torchtitan-py", pyPath, "--plot", plotDir}
-	out, _, err := planRun(t, args...)
+	out, stderr, err := planRun(t, args...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// One "wrote FILE" line per file, and the narrowing said with its reasons.
+	wrote := append([]string{tomlPath, pyPath}, planPlotPaths(plotDir)...)
+	for _, p := range wrote {
+		if !strings.Contains(stderr, "wrote "+p+"\n") && !strings.Contains(stderr, "wrote "+p+" (") {
+			t.Errorf("stderr lacks \"wrote %s\":\n%s", p, stderr)
+		}
+	}
+	if n := strings.Count(stderr, "wrote "); n != len(wrote) {
+		t.Errorf("%d \"wrote\" lines, want %d:\n%s", n, len(wrote), stderr)
+	}
+	for _, w := range []string{"--torchtitan-toml and --torchtitan-py narrow the search", "× sharding = zero1: ", "× sharding = zero2: "} {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, stderr)
+		}
 	}
 	b, err := os.ReadFile(tomlPath)
 	if err != nil {

@@ -35,7 +35,7 @@ func planPlotPaths(dir string) []string {
 // policy, best per-GPU TPS and scaling efficiency against GPU count, and
 // the best plan's step-time breakdown. Existing files are refused unless
 // force; every file is written atomically.
-func planWritePlots(dir string, force bool, rep *plan.Report, model, gpu string, target float64) error {
+func planWritePlots(stderr io.Writer, dir string, force bool, rep *plan.Report, model, gpu string, target float64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
@@ -74,6 +74,7 @@ func planWritePlots(dir string, force bool, rep *plan.Report, model, gpu string,
 			}); err != nil {
 				return err
 			}
+			fmt.Fprintf(stderr, "wrote %s\n", path)
 		}
 	}
 	return nil
