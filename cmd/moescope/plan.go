@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -118,6 +119,7 @@ type planArgs struct {
 	jsonOut, exhaustive, force         bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
+	reportPath                         string
 	mem                                *memoryModelFlags
 	narrow                             *exportNarrowing // set by request when an export is asked for
 }
@@ -148,8 +150,10 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err // a plan.InfeasibleError explains itself; exit status 1
 	}
+	var narrowed bytes.Buffer
 	if a.narrow != nil {
-		a.narrow.report(stderr, rep)
+		a.narrow.report(&narrowed, rep)
+		stderr.Write(narrowed.Bytes())
 	}
 
 	title := fmt.Sprintf("%s on %d × %s (%s, %d GPUs per host), seq %d, memory target %.2f", cfg.Name, a.gpus, dev.Name, cl.Name, cl.GPUsPerNode, a.seq, a.target)
@@ -163,7 +167,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	} else {
 		planWriteTable(stdout, title, rep, a.top, dev)
 	}
-	return a.writeFiles(stderr, title, rep, cfg, dev, simEv)
+	return a.writeFiles(stderr, title, rep, cfg, dev, simEv, cal, narrowed.String())
 }
 
 // parsePlanArgs reads and checks plan's flags.
@@ -188,6 +192,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.pyPath, "torchtitan-py", "", "write the best plan as a config-registry function for current torchtitan")
 	fs.StringVar(&a.tracePath, "trace", "", "write a Chrome trace of the best plan's step")
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
+	fs.StringVar(&a.reportPath, "report", "", "write one self-contained HTML page: tables, plots, the best plan's breakdown and memory, the calibration")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	a.mem = addMemoryModelFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -237,7 +242,7 @@ func (a *planArgs) validate() error {
 // written once the search is over.
 func (a *planArgs) checkOutputs() error {
 	ins := []input{{Flag: "--model", Path: a.model}, {Flag: "--cluster", Path: a.cluster}, {Flag: "--calibration", Path: a.calibration}}
-	if err := checkIO(a.force, ins, output{Flag: "--torchtitan-toml", Path: a.tomlPath}, output{Flag: "--torchtitan-py", Path: a.pyPath}, output{Flag: "--trace", Path: a.tracePath}); err != nil {
+	if err := checkIO(a.force, ins, output{Flag: "--torchtitan-toml", Path: a.tomlPath}, output{Flag: "--torchtitan-py", Path: a.pyPath}, output{Flag: "--trace", Path: a.tracePath}, output{Flag: "--report", Path: a.reportPath}); err != nil {
 		return err
 	}
 	if a.plotD != "" {
@@ -303,7 +308,8 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 }
 
 // writeFiles writes the exports, the trace and the plots the flags ask for.
-func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) error {
+func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
+	cal *sim.Calibration, narrowed string) error {
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
@@ -342,12 +348,48 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		}
 		fmt.Fprintf(stderr, "wrote %s (Chrome trace of the best plan's step; open in https://ui.perfetto.dev)\n", a.tracePath)
 	}
+	if a.plotD == "" && a.reportPath == "" {
+		return nil
+	}
+	d, err := a.plotData(rep, cfg, dev, simEv)
+	if err != nil {
+		return err
+	}
 	if a.plotD != "" {
-		if err := planWritePlots(stderr, a.plotD, a.force, rep, cfg.Name, dev.Name, a.target); err != nil {
+		if err := planWritePlots(stderr, a.plotD, a.force, d); err != nil {
 			return err
 		}
 	}
+	if a.reportPath != "" {
+		var notes []string
+		if narrowed != "" {
+			notes = append(notes, strings.TrimPrefix(strings.TrimSpace(narrowed), "moescope plan: "))
+		}
+		notes = append(notes, header[2]+".")
+		if err := fileio.WriteFileAtomic(a.reportPath, a.force, func(w io.Writer) error {
+			return writePlanReport(w, title, a, rep, d, dev, cal, notes)
+		}); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "wrote %s (HTML report)\n", a.reportPath)
+	}
 	return nil
+}
+
+// plotData gathers what the pictures show beyond the search: local-batch
+// sweeps at the target scale (through the same evaluator as the search)
+// and the best plan's memory timeline (the memory model's, whatever the
+// evaluator).
+func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*planPlotData, error) {
+	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch)
+	if err != nil {
+		return nil, err
+	}
+	mem, err := simEv.MemoryReport(rep.Best.Point)
+	if err != nil {
+		return nil, err
+	}
+	return &planPlotData{rep: rep, model: cfg.Name, gpu: dev.Name, deviceGiB: dev.MemoryGiB(), target: a.target, sweeps: sweeps, memory: mem}, nil
 }
 
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {

@@ -87,17 +87,24 @@ func (e *SimEvaluator) MemoryFraction(p Point) (float64, error) {
 	if m, ok := e.cachedMemory(p); ok {
 		return m, nil
 	}
-	l := p.Layout
-	if l.GPUsPerNode == 0 && e.Cluster != nil {
-		l.GPUsPerNode = e.Cluster.GPUsPerNode
-	}
-	r, err := memory.Estimate(e.Model, l, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
+	r, err := e.MemoryReport(p)
 	if err != nil {
 		return 0, err
 	}
 	m := float64(r.Peak.Reserved) / float64(e.Device.MemoryBytes)
 	e.store(p, &m, nil)
 	return m, nil
+}
+
+// MemoryReport is the memory package's report of p as the evaluator models
+// it (p's AC, the calibrated allocator overhead); its Events are the step's
+// allocation timeline, which a report plots for the best plan.
+func (e *SimEvaluator) MemoryReport(p Point) (memory.Report, error) {
+	l := p.Layout
+	if l.GPUsPerNode == 0 && e.Cluster != nil {
+		l.GPUsPerNode = e.Cluster.GPUsPerNode
+	}
+	return memory.Estimate(e.Model, l, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
 }
 
 // Evaluate simulates p on the virtual-time backend.
