@@ -15,6 +15,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -374,4 +375,55 @@ func TestPlanCommandExhaustive(t *testing.T) {
 		t.Errorf("hierarchical best %.0f, exhaustive %.0f", hr.Best.TPS, er.Best.TPS)
 	}
 	t.Logf("hierarchical %.0f TPS (%d simulated), exhaustive %.0f TPS (%d simulated)", hr.Best.TPS, hr.Simulated, er.Best.TPS, er.Simulated)
+}
+
+// TestPlanTargetSweeps: the local-batch sweeps are at the target scale and
+// stop at the largest lbs within the memory target. With the fake's
+// memory, (state + policy·perSeq·lbs) / capacity, the last lbs L of each
+// sweep is within 0.92 and L+1 is not.
+func TestPlanTargetSweeps(t *testing.T) {
+	sim := &plan.SimEvaluator{}
+	cfg, err := hf.Load("qwen3-30b-a3b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim.Model, sim.Device.MemoryBytes = cfg, 24<<30 // small enough that the target, not --max-lbs, ends each sweep
+	ev := newPlanFake(sim)
+	l := moe.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1}}
+	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
+	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sweeps) != 3 {
+		t.Fatalf("%d sweeps, want one per policy (none, selective, full)", len(sweeps))
+	}
+	for _, sw := range sweeps {
+		last := sw.Points[len(sw.Points)-1].Point
+		for i, r := range sw.Points {
+			if r.Point.Layout.GPUs != 64 || r.Point.LBS != i+1 {
+				t.Errorf("%s point %d: %d GPUs lbs %d, want 64 GPUs lbs %d", sw.AC, i, r.Point.Layout.GPUs, r.Point.LBS, i+1)
+			}
+		}
+		in, _ := ev.MemoryFraction(last)
+		next := last
+		next.LBS++
+		out, _ := ev.MemoryFraction(next)
+		if in > 0.92 || out <= 0.92 {
+			t.Errorf("%s: sweep ends at lbs %d (memory %.3f), lbs %d has %.3f: want the last within 0.92", sw.AC, last.LBS, in, next.LBS, out)
+		}
+	}
+	// A global batch keeps only the local batches that divide it.
+	sweeps, err = planTargetSweeps(ev, rep, 0.92, 256, 64*6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sw := range sweeps {
+		for _, r := range sw.Points {
+			if p := r.Point; p.LBS*64*p.GradAccum != 384 {
+				t.Errorf("%s lbs %d × 64 × accum %d ≠ 384", sw.AC, p.LBS, p.GradAccum)
+			}
+		}
+	}
 }

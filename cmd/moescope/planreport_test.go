@@ -141,3 +141,35 @@ func colouredPixels(img image.Image) int {
 	}
 	return n
 }
+
+// TestPlanReportCalibration: with --calibration the page shows each
+// parameter's value and status, the notes and one residual row per run,
+// and says the calibration has no intervals.
+func TestPlanReportCalibration(t *testing.T) {
+	dir := t.TempDir()
+	cal := filepath.Join(dir, "cal.json")
+	if err := os.WriteFile(cal, []byte(`{"gemm_scale":0.9,"fitted":["gemm_scale"],"kept_default":["net_efficiency"],
+		"notes":["allocator_overhead kept: no run reports memory"],"residuals":[0.012,-0.034],"memory_residuals":[0.05,null]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "report.html")
+	if _, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--calibration", cal, "--report", path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	for _, w := range []string{`<table id="calibration">`, `<td class="n">gemm_scale</td><td class="n">0.9</td><td class="n">fitted</td>`,
+		`<td class="n">net_efficiency</td><td class="n">default</td><td class="n">kept at its default`,
+		"allocator_overhead kept: no run reports memory",
+		// html/template writes "+" as "&#43;".
+		`<td class="n">0</td><td class="n">&#43;1.2%</td><td class="n">&#43;5.0%</td>`,
+		`<td class="n">1</td><td class="n">-3.4%</td><td class="n">not measured</td>`,
+		"carries no prediction intervals"} {
+		if !strings.Contains(page, w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
+}
