@@ -145,7 +145,11 @@ func InputForRun(r Run) (Input, error) {
 	if err != nil {
 		return Input{}, err
 	}
-	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl}, nil
+	if err := CheckPrecision("precision", r.Precision); err != nil {
+		return Input{}, err
+	}
+	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl,
+		Compile: r.Compile, AttentionKernel: AttentionKernel(r.AttentionKernel), Precision: r.Precision}, nil
 }
 
 // measuredReserved returns the run's measured peak reserved bytes, if any.

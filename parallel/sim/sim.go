@@ -43,7 +43,18 @@ type Input struct {
 	// MemoryTarget is the fraction of device memory the verdict's
 	// WithinTarget allows; 0 means memory.DefaultMemoryTarget.
 	MemoryTarget float64
+	// Compile says whether the model runs under torch.compile; nil means
+	// compiled (DESIGN's default, `--compile`); false is eager PyTorch.
+	Compile *bool
+	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
+	AttentionKernel AttentionKernel
+	// Precision is the training recipe; "" = bf16, the only one priced
+	// (PricedPrecisions).
+	Precision string
 }
+
+// Compiled reports whether in runs compiled (Compile nil or true).
+func (in Input) Compiled() bool { return in.Compile == nil || *in.Compile }
 
 // Result is the prediction for one layout.
 type Result struct {
@@ -192,6 +203,9 @@ func checkInput(in Input) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
+	if err := CheckPrecision("simulate: precision", in.Precision); err != nil {
+		return err
+	}
 	if in.LBS < 1 || in.Seq < 1 {
 		return fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
 	}
@@ -269,7 +283,12 @@ func checkSkewBound(cfg *moe.Config, l moe.Layout, skew float64) error {
 
 // run simulates the prepared layout under a calibration (nil: defaults).
 func (p *simPrep) run(cal *Calibration) (Result, error) {
-	spec := ComputeSpecOf(p.dev).Calibrated(cal)
+	spec, err := ComputeSpecFor(p.dev, p.in.AttentionKernel)
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
+	spec = spec.Calibrated(cal)
+	spec.Compiled = p.in.Compiled()
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
 	}
@@ -279,15 +298,20 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	optS := spec.MemorySeconds(p.params * bytesPerElement(moe.OpOptimizer, moe.Forward))
-	sim, err := simOps(p.sched, p.cl, p.mesh, in, costs, optS, p.loads)
+	opt, err := p.optimizerCost(spec, cal)
 	if err != nil {
 		return Result{}, err
 	}
-	spans, err := runEngine(sim.ops)
+	sim, err := simOps(p.sched, p.cl, p.mesh, in, spec, costs, opt, p.loads)
 	if err != nil {
 		return Result{}, err
 	}
+	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
+	spans, err := runEngineShared(sim.ops, rate)
+	if err != nil {
+		return Result{}, err
+	}
+	sim.over[ohNCCLContention] = contention(sim, spans)
 	res := Result{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes}
 	for _, sp := range spans {
 		res.StepTimeS = math.Max(res.StepTimeS, sp.end)
@@ -296,6 +320,10 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 		return Result{}, errors.New("simulate: zero step time")
 	}
 	res.Breakdown, res.Bottleneck = breakdown(p.sched, sim, spans, res.StepTimeS)
+	res.Breakdown.OverheadS = map[string]float64{}
+	for i, name := range overheadNames {
+		res.Breakdown.OverheadS[name] = sim.over[i]
+	}
 	res.TPS = p.tokens / res.StepTimeS
 	res.MFUByConvention = map[string]float64{}
 	for name, f := range p.convs {
