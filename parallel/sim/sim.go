@@ -43,18 +43,17 @@ type Input struct {
 	// MemoryTarget is the fraction of device memory the verdict's
 	// WithinTarget allows; 0 means memory.DefaultMemoryTarget.
 	MemoryTarget float64
-	// Compile says whether the model runs under torch.compile; nil means
-	// compiled (DESIGN's default, `--compile`); false is eager PyTorch.
-	Compile *bool
+	// Memory holds the memory model's choices (precision, compile, loss
+	// type, allocator segments, optimizer, loss chunks); its AC is replaced
+	// by Input.AC. The zero value is eager torchtitan defaults with
+	// expandable segments.
+	Memory memory.Options
 	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
 	AttentionKernel AttentionKernel
 	// Precision is the training recipe; "" = bf16, the only one priced
 	// (PricedPrecisions).
 	Precision string
 }
-
-// Compiled reports whether in runs compiled (Compile nil or true).
-func (in Input) Compiled() bool { return in.Compile == nil || *in.Compile }
 
 // Result is the prediction for one layout.
 type Result struct {
@@ -177,7 +176,7 @@ func prepareSim(in Input) (*simPrep, error) {
 	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC}); err != nil {
+	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions()); err != nil {
 		return nil, fmt.Errorf("simulate: memory: %w", err)
 	}
 	if p.recs, err = flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile); err != nil {
@@ -187,7 +186,11 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
-	p.params = float64(p.mem.State.Params / moe.DefaultPrecision.Param.Bytes())
+	paramType := in.Memory.Precision.Param
+	if paramType == "" {
+		paramType = moe.DefaultPrecision.Param
+	}
+	p.params = float64(p.mem.State.Params / paramType.Bytes())
 	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum)
 	return p, nil
 }
@@ -288,7 +291,8 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
 	spec = spec.Calibrated(cal)
-	spec.Compiled = p.in.Compiled()
+	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
+	spec.Compiled = p.in.Memory.Compile.Model
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
 	}
@@ -334,11 +338,14 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	// Memory: replay the memory timeline (the one source of peak memory)
 	// through the allocator model, calibrated when asked.
 	alloc := memory.DefaultAllocator
+	if in.Memory.Allocator != nil {
+		alloc = *in.Memory.Allocator
+	}
 	if cal != nil && cal.AllocatorOverhead > 0 {
 		alloc.Fragmentation = cal.AllocatorOverhead
 		alloc.Source = "calibrated"
 	}
-	peak, err := memory.Replay(p.mem.Events, alloc)
+	peak, err := memory.Replay(p.mem.Events, alloc, in.Memory.Segments)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
@@ -360,4 +367,11 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 		res.memTimes = memEventTimes(p.sched, spans, p.mem.Events)
 	}
 	return res, nil
+}
+
+// memoryOptions is in.Memory with the input's checkpointing policy.
+func (in Input) memoryOptions() memory.Options {
+	o := in.Memory
+	o.AC = in.AC
+	return o
 }
