@@ -83,20 +83,7 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 		}
 		return t, nil
 	}
-	tokens := int64(in.LBS) * int64(in.Seq)
-	for layer := 0; layer < cfg.Layers; layer++ {
-		if !cfg.MoELayer[layer] {
-			continue
-		}
-		t := spec.routingSeconds(cfg, tokens)
-		over = [numOverheads]float64{}
-		over[ohRouting] = t
-		cls = int(ClassMemoryBound)
-		addCost(segKey{layer, parallel.SegPre, parallel.PhaseForward}, t, 0)
-		if in.AC.FullyCheckpointed(layer) {
-			addCost(segKey{layer, parallel.SegPre, parallel.PhaseRecompute}, t, t)
-		}
-	}
+	addRouting(costs, cfg, in, spec)
 	for _, r := range recs {
 		block := r.Layer >= 0 && r.Layer < cfg.Layers
 		seg := parallel.SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
@@ -232,3 +219,27 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 // optimizerCost is the optimizer phase: the AdamW update and the gradient
 // clipping before it (its norm all-reduce included).
 type optimizerCost struct{ update, clip float64 }
+
+// addRouting adds each MoE layer's token reorder (ComputeSpec.routingSeconds)
+// to its pre-expert segment, forward and, when the block is fully
+// checkpointed, recompute, as memory-bound time named routing.
+func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec ComputeSpec) {
+	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq))
+	add := func(k segKey, rec float64) {
+		c := costs[k]
+		c.total += t
+		c.recompute += rec
+		c.byClass[ClassMemoryBound] += t
+		c.over[ohRouting] += t
+		costs[k] = c
+	}
+	for layer := 0; layer < cfg.Layers; layer++ {
+		if !cfg.MoELayer[layer] {
+			continue
+		}
+		add(segKey{layer, parallel.SegPre, parallel.PhaseForward}, 0)
+		if in.AC.FullyCheckpointed(layer) {
+			add(segKey{layer, parallel.SegPre, parallel.PhaseRecompute}, t)
+		}
+	}
+}
