@@ -58,7 +58,7 @@ func TestBreakdownOneShape(t *testing.T) {
 	if !reflect.DeepEqual(fromPlan, fromSim) {
 		t.Errorf("breakdowns differ:\nplan     %s\nsimulate %s", b.Breakdown, s.Breakdown)
 	}
-	for _, k := range []string{"compute_s", "recompute_s", "optimizer_s", "exposed_comm_s", "comm_s", "compute_by_class_s"} {
+	for _, k := range []string{"compute_s", "recompute_s", "optimizer_s", "exposed_comm_s", "comm_s", "compute_by_class_s", "overhead_s"} {
 		if _, ok := fromPlan[k]; !ok {
 			t.Errorf("breakdown lacks %q: %s", k, b.Breakdown)
 		}

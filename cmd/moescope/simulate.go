@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,6 +78,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	fs.StringVar(&hwf.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one)")
 	fs.StringVar(&hwf.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
+	precision := addPrecisionFlag(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
 	mf := addMemoryModelFlags(fs)
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
@@ -89,6 +91,9 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory the layout may use to count as within target, in (0, 1]")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := checkPrecisionFlag(*precision); err != nil {
 		return err
 	}
 	if *model == "" {
@@ -136,7 +141,8 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	in := sim.Input{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
-		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target}
+		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target,
+		Precision: *precision}
 	if err := mf.apply(&in.Memory); err != nil {
 		return err
 	}
@@ -205,7 +211,15 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "step time\t%.4f s\t\n", r.StepTimeS)
-	fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f\t\n", r.TPS)
+	if iv := r.TPSInterval; iv != nil {
+		// The interval is asymmetric in TPS (symmetric in ln TPS); ± is
+		// its larger half-width.
+		pm := 100 * math.Max(iv[1]/r.TPS-1, 1-iv[0]/r.TPS)
+		fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f ± %.1f%%\t\n", r.TPS, pm)
+		fmt.Fprintf(tw, "TPS 90%% interval (calibration's fit)\t%.0f–%.0f\t\n", iv[0], iv[1])
+	} else {
+		fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f\t\n", r.TPS)
+	}
 	fmt.Fprintf(tw, "MFU (torchtitan)\t%.1f%%\t\n", 100*r.MFU)
 	convs := make([]string, 0, len(r.MFUByConvention))
 	for c := range r.MFUByConvention {

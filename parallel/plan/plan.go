@@ -65,6 +65,9 @@ type Score struct {
 	// rank, in the simulator's shape, so `plan --json` and `simulate
 	// --json` print one object; stand-in evaluators fill what they model.
 	Breakdown sim.Breakdown
+	// TPSInterval is TPS's 90% interval under a calibration, filled for
+	// the reported plans only (SimEvaluator.Interval); nil otherwise.
+	TPSInterval *[2]float64
 }
 
 // Evaluator predicts points for the planner. Implementations must be

@@ -84,15 +84,16 @@ func (e *SimEvaluator) MemoryFraction(p Point) (float64, error) {
 	if e.Device.MemoryBytes <= 0 {
 		return 0, fmt.Errorf("device %q: memory_bytes = %d", e.Device.Name, e.Device.MemoryBytes)
 	}
-	if m, ok := e.cachedMemory(p); ok {
+	key := memoryKey(p)
+	if m, ok := e.cachedMemory(key); ok {
 		return m, nil
 	}
-	r, err := e.MemoryReport(p)
+	r, err := memory.Estimate(e.Model, key.Layout, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
 	if err != nil {
 		return 0, err
 	}
 	m := float64(r.Peak.Reserved) / float64(e.Device.MemoryBytes)
-	e.store(p, &m, nil)
+	e.store(key, &m, nil)
 	return m, nil
 }
 
@@ -107,13 +108,29 @@ func (e *SimEvaluator) MemoryReport(p Point) (memory.Report, error) {
 	return memory.Estimate(e.Model, l, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
 }
 
+// memoryKey is p with what a rank's memory does not depend on made
+// canonical, so that layouts giving a rank the same shapes share one
+// estimate: the replica count (one replica) and the host size (memory
+// reads neither; memory.Estimate uses dp_replicate only for the partial
+// reduce buffer of allreduce-last-only with accumulation, kept).
+func memoryKey(p Point) Point {
+	l := p.Layout
+	l.GPUsPerNode = 0
+	if !(l.AllreduceLastOnly && l.DPReplicate > 1 && p.GradAccum > 1) {
+		l.GPUs, l.DPReplicate = l.DPShard, 1
+	}
+	p.Layout = l
+	return p
+}
+
 // Evaluate simulates p on the virtual-time backend.
 func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 	if s, ok := e.cachedScore(p); ok {
 		return s, nil
 	}
 	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
-		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory})
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory,
+		SkipInterval: true})
 	if err != nil {
 		return Score{}, err
 	}
@@ -121,6 +138,21 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 		Bottleneck: r.Bottleneck, Breakdown: r.Breakdown}
 	e.store(p, nil, &s)
 	return s, nil
+}
+
+// Interval is the 90% interval of p's TPS under the evaluator's
+// calibration (nil without one, or when it carries no fit covariance). The
+// search skips it; a caller asks for the plans it reports.
+func (e *SimEvaluator) Interval(p Point) (*[2]float64, error) {
+	if e.Calibration == nil {
+		return nil, nil
+	}
+	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory})
+	if err != nil {
+		return nil, err
+	}
+	return r.TPSInterval, nil
 }
 
 // Trace simulates p keeping its timeline and writes the step as a Chrome
