@@ -38,6 +38,7 @@ type planPage struct {
 	Plans         [][]string
 	Breakdown     [][]string
 	Comm, ByClass [][]string
+	Overheads     [][]string
 	Memory        [][]string
 	Figures       []planFigure
 	Calibration   *planCalibrationView
@@ -70,7 +71,7 @@ func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d
 	page.Settings = planReportSettings(a, rep, d, cal)
 	page.StageHead, page.Stages = planStageRows(rep)
 	page.PlanHead, page.Plans = planPlanRows(rep, a.top)
-	page.Breakdown, page.Comm, page.ByClass = planBreakdownRows(rep.Best.Score)
+	page.Breakdown, page.Comm, page.ByClass, page.Overheads = planBreakdownRows(rep.Best.Score)
 	page.Memory = planMemoryRows(d.memory)
 	figs, err := planFigures(d)
 	if err != nil {
@@ -138,7 +139,7 @@ func planStageRows(rep *plan.Report) ([]string, [][]string) {
 }
 
 func planPlanRows(rep *plan.Report, top int) ([]string, [][]string) {
-	head := []string{"rank", "dp_shard", "dp_rep", "ep", "sharding", "options", "ac", "lbs", "accum", "TPS per GPU", "MFU (torchtitan)", "memory", "step s", "bottleneck"}
+	head := []string{"rank", "dp_shard", "dp_rep", "ep", "sharding", "options", "ac", "lbs", "accum", "TPS per GPU", "90% interval", "MFU (torchtitan)", "memory", "step s", "bottleneck"}
 	var rows [][]string
 	for i, r := range rep.Plans {
 		if i == top {
@@ -147,7 +148,7 @@ func planPlanRows(rep *plan.Report, top int) ([]string, [][]string) {
 		l := r.Point.Layout
 		rows = append(rows, []string{fmt.Sprint(i + 1), fmt.Sprint(l.DPShard), fmt.Sprint(l.DPReplicate), fmt.Sprint(l.EP),
 			string(l.Sharding), planOptions(l), r.Point.AC.String(), fmt.Sprint(r.Point.LBS), fmt.Sprint(r.Point.GradAccum),
-			fmt.Sprintf("%.0f", r.Score.TPS), fmt.Sprintf("%.1f%%", 100*r.Score.MFU), fmt.Sprintf("%.1f%%", 100*r.Score.MemoryFraction),
+			fmt.Sprintf("%.0f", r.Score.TPS), intervalText(r.Score.TPSInterval), fmt.Sprintf("%.1f%%", 100*r.Score.MFU), fmt.Sprintf("%.1f%%", 100*r.Score.MemoryFraction),
 			fmt.Sprintf("%.3f", r.Score.StepTimeS), r.Score.Bottleneck})
 	}
 	return head, rows
@@ -155,7 +156,7 @@ func planPlanRows(rep *plan.Report, top int) ([]string, [][]string) {
 
 // planBreakdownRows are the critical-path parts with their share, the
 // collectives' total time by kind and compute by op class.
-func planBreakdownRows(s plan.Score) (parts, comm, byClass [][]string) {
+func planBreakdownRows(s plan.Score) (parts, comm, byClass, overheads [][]string) {
 	for _, t := range stepParts(s.Breakdown) {
 		parts = append(parts, []string{t.Name, fmt.Sprintf("%.4f", t.Seconds), fmt.Sprintf("%.1f%%", 100*t.Seconds/math.Max(s.StepTimeS, 1e-300))})
 	}
@@ -168,7 +169,10 @@ func planBreakdownRows(s plan.Score) (parts, comm, byClass [][]string) {
 			byClass = append(byClass, []string{c.String(), fmt.Sprintf("%.4f", v)})
 		}
 	}
-	return parts, comm, byClass
+	for _, k := range sortedKeys(s.Breakdown.OverheadS) {
+		overheads = append(overheads, []string{k, fmt.Sprintf("%.4f", s.Breakdown.OverheadS[k])})
+	}
+	return parts, comm, byClass, overheads
 }
 
 // planMemoryRows are the live bytes by category at the peak, the
@@ -202,7 +206,7 @@ func planCalibrationRows(cal *sim.Calibration) *planCalibrationView {
 	for _, p := range []struct {
 		name string
 		v    float64
-	}{{sim.CalGEMM, cal.GEMMScale}, {sim.CalGrouped, cal.GroupedScale}, {sim.CalAttention, cal.AttentionScale},
+	}{{sim.CalCompute, cal.ComputeScale}, {sim.CalGEMM, cal.GEMMScale}, {sim.CalGrouped, cal.GroupedScale}, {sim.CalAttention, cal.AttentionScale},
 		{sim.CalMemoryBound, cal.MemoryBoundScale}, {sim.CalNVLink, cal.NVLinkEfficiency}, {sim.CalNet, cal.NetEfficiency},
 		{sim.CalAllocator, cal.AllocatorOverhead}} {
 		val := "default"
@@ -222,8 +226,20 @@ func planCalibrationRows(cal *sim.Calibration) *planCalibrationView {
 		}
 		v.Residuals = append(v.Residuals, []string{fmt.Sprint(i), fmt.Sprintf("%+.1f%%", 100*r), mem})
 	}
-	v.Intervals = "This calibration carries no prediction intervals, so the plans above have none; the residuals are how far the calibrated model was from the runs it was fitted on."
+	v.Intervals = "This calibration carries no fit covariance, so the plans above have no interval; the residuals are how far the calibrated model was from the runs it was fitted on."
+	if len(cal.Covariance) > 0 {
+		v.Intervals = fmt.Sprintf("Intervals: the fit's covariance over %s and a residual spread of %.1f%% give each reported plan's TPS a 90%% interval (the plans table); a run outside it means the model or the calibration runs do not cover that layout.",
+			strings.Join(cal.CovarianceParams, ", "), 100*cal.ResidualSD)
+	}
 	return v
+}
+
+// intervalText is a TPS interval as "[low, high]", or "-" without one.
+func intervalText(iv *[2]float64) string {
+	if iv == nil {
+		return "-"
+	}
+	return fmt.Sprintf("[%.0f, %.0f]", iv[0], iv[1])
 }
 
 func sortedKeys(m map[string]float64) []string {

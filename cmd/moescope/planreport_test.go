@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // reportTables are the ids of the tables every report has.
@@ -167,9 +169,24 @@ func TestPlanReportCalibration(t *testing.T) {
 		// html/template writes "+" as "&#43;".
 		`<td class="n">0</td><td class="n">&#43;1.2%</td><td class="n">&#43;5.0%</td>`,
 		`<td class="n">1</td><td class="n">-3.4%</td><td class="n">not measured</td>`,
-		"carries no prediction intervals"} {
+		"carries no fit covariance", `<th>90% interval</th>`} {
 		if !strings.Contains(page, w) {
 			t.Errorf("report lacks %q", w)
 		}
+	}
+}
+
+func TestPlanCalibrationIntervalsNote(t *testing.T) {
+	cal := &sim.Calibration{GEMMScale: 0.9, Fitted: []string{sim.CalGEMM}, CovarianceParams: []string{sim.CalGEMM},
+		Covariance: [][]float64{{0.01}}, ResidualSD: 0.04, Residuals: []float64{0.01}}
+	v := planCalibrationRows(cal)
+	if !strings.Contains(v.Intervals, "over gemm_scale and a residual spread of 4.0% give each reported plan's TPS a 90% interval") {
+		t.Errorf("intervals note %q", v.Intervals)
+	}
+	if v.Params[1][0] != sim.CalGEMM || v.Params[1][1] != "0.9" || v.Params[1][2] != "fitted" || v.Params[0][1] != "default" {
+		t.Errorf("params %v", v.Params)
+	}
+	if got := intervalText(&[2]float64{31000.4, 35000.6}); got != "[31000, 35001]" {
+		t.Errorf("intervalText = %q", got)
 	}
 }
