@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
@@ -144,10 +146,39 @@ func newFigure(title, x, y string) *plot.Plot {
 	for _, a := range []*plot.Axis{&p.X, &p.Y} {
 		a.Label.TextStyle.Font.Size = 12
 		a.Tick.Label.Font.Size = 11
+		a.Tick.Marker = linearTicks{}
 	}
 	p.Legend.TextStyle.Font.Size = 12
 	p.Legend.ThumbnailWidth = 1.2 * vg.Centimeter
 	return p
+}
+
+// linearTicks labels about six round values (1, 2 or 5 × 10^k apart)
+// printed without trailing zeros; gonum's default can leave two labels,
+// both with two decimals ("0.00", "25000.00").
+type linearTicks struct{}
+
+func (linearTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: strconv.FormatFloat(lo, 'f', -1, 64)}}
+	}
+	raw := (hi - lo) / 6
+	step := math.Pow(10, math.Floor(math.Log10(raw)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*step >= raw {
+			step *= m
+			break
+		}
+	}
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step {
+		v = math.Round(v/step) * step // no accumulated rounding in labels
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
+		if mid := v + step/2; mid < hi {
+			ticks = append(ticks, plot.Tick{Value: mid}) // an unlabelled minor tick
+		}
+	}
+	return ticks
 }
 
 // labelFont is the font of labels drawn beside data.
