@@ -118,7 +118,8 @@ type UnitIndex struct {
 	ByLayer map[int][]int
 }
 
-// The index is shared by every caller with a config of the same content
+// NewUnitIndex returns cfg's index. It is shared by every caller with a
+// config of the same content
 // (memoized: the planner builds a schedule per candidate, and listing a
 // large MoE's named tensors dominated that), so it must be read only.
 func NewUnitIndex(cfg *moe.Config) *UnitIndex {
