@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
 )
 
@@ -140,9 +141,9 @@ func (j *Job) run(gpu string) (sim.Run, error) {
 
 func (j *Job) version() string {
 	if j.Form == FormTOML {
-		return "v0.2.2 (" + j.Where + " read as its schema)"
+		return plan.TorchtitanTOMLTag
 	}
-	return "main (" + j.Where + " read as b5bcd76's schema)"
+	return "main " + plan.TorchtitanPyCommit[:7]
 }
 
 // agree reports every field on which two job configs of one run differ.
