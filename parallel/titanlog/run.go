@@ -180,3 +180,15 @@ func (j *Job) globalBatch() int {
 	}
 	return j.GlobalBatch
 }
+
+// RunLayout is the simulator input of the job's layout on the device (the
+// log is not read): what a sweep's job is predicted to do.
+func (in Input) RunLayout() (sim.Input, sim.Run, error) {
+	r, err := in.Job.run(in.Device.Name)
+	if err != nil {
+		return sim.Input{}, sim.Run{}, err
+	}
+	r.Cluster = in.Cluster
+	si, err := sim.InputForRun(r)
+	return si, r, err
+}
