@@ -318,14 +318,14 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 // writeFiles writes the exports, the trace and the plots the flags ask for.
 func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
 	cal *sim.Calibration, narrowed string) error {
+	allocNote := "memory assumed fixed allocator segments (no expandable_segments)"
+	if simEv.Memory.Segments == memory.Expandable {
+		allocNote = "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets"
+	}
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
-			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
-	if simEv.Memory.Segments == memory.Expandable {
-		header = append(header, "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets")
-	} else {
-		header = append(header, "memory assumed fixed allocator segments (no expandable_segments)")
-	}
+			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS),
+		allocNote}
 	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile}
 	for _, x := range []struct {
 		path, what string
@@ -356,6 +356,17 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		}
 		fmt.Fprintf(stderr, "wrote %s (Chrome trace of the best plan's step; open in https://ui.perfetto.dev)\n", a.tracePath)
 	}
+	var notes []string
+	if narrowed != "" {
+		notes = append(notes, strings.TrimPrefix(strings.TrimSpace(narrowed), "moescope plan: "))
+	}
+	return a.writePictures(stderr, title, rep, cfg, dev, simEv, cal, append(notes, allocNote+"."))
+}
+
+// writePictures writes the plots and the HTML report the flags ask for;
+// notes are the report's remarks on what the search assumed.
+func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
+	cal *sim.Calibration, notes []string) error {
 	if a.plotD == "" && a.reportPath == "" {
 		return nil
 	}
@@ -368,19 +379,15 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 			return err
 		}
 	}
-	if a.reportPath != "" {
-		var notes []string
-		if narrowed != "" {
-			notes = append(notes, strings.TrimPrefix(strings.TrimSpace(narrowed), "moescope plan: "))
-		}
-		notes = append(notes, header[2]+".")
-		if err := fileio.WriteFileAtomic(a.reportPath, a.force, func(w io.Writer) error {
-			return writePlanReport(w, title, a, rep, d, dev, cal, notes)
-		}); err != nil {
-			return err
-		}
-		fmt.Fprintf(stderr, "wrote %s (HTML report)\n", a.reportPath)
+	if a.reportPath == "" {
+		return nil
 	}
+	if err := fileio.WriteFileAtomic(a.reportPath, a.force, func(w io.Writer) error {
+		return writePlanReport(w, title, a, rep, d, dev, cal, notes)
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s (HTML report)\n", a.reportPath)
 	return nil
 }
 
