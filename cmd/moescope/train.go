@@ -144,7 +144,7 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs.BoolVar(&a.force, "force", false, "overwrite an existing --checkpoint directory")
 	fs.Float64Var(&a.peakFlag, "peak-gflops", 0, fmt.Sprintf("CPU peak for MFU in GFLOP/s, in [%g, %g] (0 or unset: measured, all cores)", minPeakGFLOPS, maxPeakGFLOPS))
 	fs.BoolVar(&a.printSched, "schedule", false, "print one rank's program of one step (the schedule) and exit")
-	fs.Float64Var(&a.hostGiB, "host-memory-gib", 16, "refuse runs whose float32 tensors would need more host memory than this")
+	fs.Float64Var(&a.hostGiB, "host-memory-gib", defaultHostMemoryGiB, "refuse runs whose float32 tensors would need more host memory than this")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR]")
 		fs.PrintDefaults()
