@@ -28,7 +28,7 @@ type StallError struct {
 }
 
 func (e *StallError) Error() string {
-	return fmt.Sprintf("watchdog: rank %d stalled: no op finished and no collective joined for %v (the limit is half the collective timeout %v)", e.Rank, e.Silent, e.Timeout)
+	return fmt.Sprintf("watchdog: rank %d stalled: no op finished and no collective joined for %v (the limit is half the collective timeout %v)", e.Rank, e.Silent.Round(time.Millisecond), e.Timeout)
 }
 
 // timeout is the collective timeout in force.
