@@ -26,6 +26,11 @@ type Shape struct {
 	Attention Attention // kernel; "" means Flash
 	EP        int       // expert-parallel degree; > 1 adds the all-to-all outputs SAC keeps
 	Act       moe.DType // activation storage type
+	Compile   Compile   // what torch.compile compiles; zero value: eager
+	// LossDType is the type the eager cross-entropy computes and saves its
+	// log-probabilities in: F32 ("" too) for torchtitan's pred.float(), or
+	// the activation type for a loss that does not upcast.
+	LossDType moe.DType
 }
 
 // Saved returns the tensors layer keeps from forward for backward, one
@@ -41,7 +46,12 @@ type Shape struct {
 //     is kept (its bmm/softmax are not in torchtitan's SAC save list, so
 //     output and probabilities are recomputed);
 //   - expert parallelism: under selective, SAC keeps the dispatch and
-//     combine all-to-all outputs (T·K·D each, activation type) of MoE blocks.
+//     combine all-to-all outputs (T·K·D each, activation type) of MoE blocks;
+//   - torch.compile (sh.Compile): a compiled block keeps the eager table
+//     minus the fused intermediates compiledBlock names, a compiled loss
+//     its logits and log-sum-exp instead of the log-probabilities
+//     (compiledLoss); an eager loss that does not upcast keeps its
+//     log-probabilities in sh.LossDType.
 func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.Batch < 1 || sh.Seq < 1 {
 		return nil, fmt.Errorf("batch = %d, seq = %d: both must be ≥ 1", sh.Batch, sh.Seq)
@@ -60,11 +70,22 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	}
 	p := moe.DefaultPrecision
 	p.Activation = sh.Act
+	if sh.LossDType == "" {
+		sh.LossDType = moe.F32
+	}
+	switch sh.LossDType {
+	case moe.F32, moe.BF16, moe.F16:
+	default:
+		return nil, fmt.Errorf("loss dtype = %q: must be f32, bf16 or f16", sh.LossDType)
+	}
 	rs := moe.SavedTensors(cfg, layer, sh.Batch*sh.Seq, sh.AC, p)
-	if layer < 0 || layer >= cfg.Layers || sh.AC.FullyCheckpointed(layer) {
+	T := int64(sh.Batch) * int64(sh.Seq)
+	if layer == cfg.LayerHead() {
+		return headSaved(rs, T, sh), nil
+	}
+	if layer < 0 || sh.AC.FullyCheckpointed(layer) {
 		return rs, nil
 	}
-	T := int64(sh.Batch) * int64(sh.Seq)
 	selective := sh.AC.Mode == moe.ACSelective
 	if sh.Attention == Eager {
 		out := rs[:0:0]
@@ -87,7 +108,24 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 			moe.SavedRecord{Layer: layer, Op: moe.OpDispatch, Tensor: "all_to_all_output", Elements: n, DType: sh.Act},
 			moe.SavedRecord{Layer: layer, Op: moe.OpCombine, Tensor: "all_to_all_output", Elements: n, DType: sh.Act})
 	}
+	if sh.Compile.Model {
+		rs = compiledBlock(cfg, layer, sh.AC, rs)
+	}
 	return rs, nil
+}
+
+// headSaved is the head's table under sh: the loss's log-probabilities in
+// the loss type, or a compiled loss's tensors.
+func headSaved(rs []moe.SavedRecord, tokens int64, sh Shape) []moe.SavedRecord {
+	if sh.Compile.Loss {
+		return compiledLoss(rs, tokens, sh.Act)
+	}
+	for i, r := range rs {
+		if r.Op == moe.OpLoss && r.Tensor == "log_probs" {
+			rs[i].DType = sh.LossDType
+		}
+	}
+	return rs
 }
 
 // SavedBytes is the total size of records.

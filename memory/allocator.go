@@ -8,7 +8,7 @@ import "fmt"
 //
 // Simulate replays a step's events through the allocator's policy as
 // c10/cuda/CUDACachingAllocator.cpp implements it (PyTorch 2.x, default
-// settings, no expandable segments):
+// settings; Fixed segments):
 //   - a request is rounded up to a multiple of RoundBytes (kMinBlockSize, 512);
 //   - requests of at most SmallBytes (kSmallSize, 1 MiB) use the small pool,
 //     larger ones the large pool; each stream has its own pools, and a
@@ -22,6 +22,17 @@ import "fmt"
 //     the request rounded up to RoundLargeBytes (kRoundLarge, 2 MiB) above;
 //   - a freed block merges with free neighbours of its segment; segments
 //     are never released (no empty_cache), so reserved only grows.
+//
+// With expandable segments (PYTORCH_ALLOC_CONF=expandable_segments:True;
+// the Note and find_expandable_block / map_block /
+// try_allocate_expandable_block of the same file) each stream's pool is
+// one segment of reserved virtual addresses that is mapped page by page
+// (pages of SmallSegmentBytes in the small pool, LargeSegmentBytes in the
+// large one). Best fit among free blocks is unchanged; a request no free
+// block fits is served at the segment's end, taking the free block there if
+// the end is free and mapping only the shortfall, rounded up to pages. So a
+// freed block at the end grows in place instead of leaving a hole that a
+// larger request cannot use.
 //
 // Reserved memory is measured in steady state: the setup events once, then
 // the step's events twice (the second step starts from the first step's
@@ -98,7 +109,12 @@ type simBlock struct {
 	pool       *simPool
 }
 
-type simPool struct{ free []*simBlock }
+type simPool struct {
+	free []*simBlock
+	// tail is the last block of the pool's expandable segment (nil until
+	// its first mapping); Fixed segments do not use it.
+	tail *simBlock
+}
 
 func (p *simPool) remove(b *simBlock) {
 	for i, x := range p.free {
@@ -130,11 +146,12 @@ type simKey struct {
 }
 
 type allocSim struct {
-	a        Allocator
-	pools    map[[2]any]*simPool
-	live     map[simKey]*simBlock
-	reserved map[Stream]int64
-	segs     int
+	a          Allocator
+	expandable bool
+	pools      map[[2]any]*simPool
+	live       map[simKey]*simBlock
+	reserved   map[Stream]int64
+	segs       int
 }
 
 func (s *allocSim) pool(st Stream, small bool) *simPool {
@@ -152,7 +169,11 @@ func (s *allocSim) alloc(e Event) {
 	small := r <= s.a.SmallBytes
 	p := s.pool(e.Stream, small)
 	b := p.bestFit(r)
-	if b == nil {
+	switch {
+	case b != nil:
+	case s.expandable:
+		b = s.grow(p, e.Stream, r, small)
+	default:
 		size := s.a.SegmentSize(r)
 		s.segs++
 		b = &simBlock{seg: s.segs, size: size, free: true, pool: p}
@@ -170,8 +191,38 @@ func (s *allocSim) alloc(e Event) {
 		b.next = n
 		b.size = r
 		p.free = append(p.free, n)
+		if p.tail == b {
+			p.tail = n
+		}
 	}
 	s.live[simKey{e.Label, e.Layer, e.Micro}] = b
+}
+
+// grow maps pages at the end of pool p's expandable segment until its last
+// block is free and holds r bytes, and returns that block (still in the
+// free list).
+func (s *allocSim) grow(p *simPool, st Stream, r int64, small bool) *simBlock {
+	page := s.a.LargeSegmentBytes
+	if small {
+		page = s.a.SmallSegmentBytes
+	}
+	t := p.tail
+	if t == nil || !t.free {
+		var off int64
+		if t != nil {
+			off = t.off + t.size
+		}
+		n := &simBlock{seg: 0, off: off, free: true, prev: t, pool: p}
+		if t != nil {
+			t.next = n
+		}
+		p.free = append(p.free, n)
+		p.tail, t = n, n
+	}
+	mapped := roundUp(r-t.size, page)
+	t.size += mapped
+	s.reserved[st] += mapped
+	return t
 }
 
 func (s *allocSim) release(e Event) {
@@ -190,6 +241,9 @@ func (s *allocSim) release(e Event) {
 		if n.next != nil {
 			n.next.prev = b
 		}
+		if p.tail == n {
+			p.tail = b
+		}
 	}
 	if q := b.prev; q != nil && q.free {
 		p.remove(q)
@@ -198,16 +252,19 @@ func (s *allocSim) release(e Event) {
 		if b.next != nil {
 			b.next.prev = q
 		}
+		if p.tail == b {
+			p.tail = q
+		}
 		b = q
 	}
 	p.free = append(p.free, b)
 }
 
-// Simulate replays events (setup once, then the rest twice) and returns the
-// reserved bytes of each stream's pools at the end, which for a
-// never-releasing cache is their peak.
-func (a Allocator) Simulate(events []Event) map[Stream]int64 {
-	s := &allocSim{a: a, pools: map[[2]any]*simPool{}, live: map[simKey]*simBlock{}, reserved: map[Stream]int64{}}
+// Simulate replays events (setup once, then the rest twice) under segment
+// mode seg and returns the reserved bytes of each stream's pools at the
+// end, which for a never-releasing cache is their peak.
+func (a Allocator) Simulate(events []Event, seg Segments) map[Stream]int64 {
+	s := &allocSim{a: a, expandable: seg != Fixed, pools: map[[2]any]*simPool{}, live: map[simKey]*simBlock{}, reserved: map[Stream]int64{}}
 	apply := func(e Event) {
 		if e.Alloc {
 			s.alloc(e)

@@ -28,8 +28,28 @@ type Options struct {
 	// _multi_tensor_adamw, torchtitan's default before: sqrt(v) is
 	// materialized for every local element during the step). "" means fused.
 	OptimizerImpl string
-	Allocator     *Allocator // nil means DefaultAllocator
+	// Compile is what torch.compile compiles (the zero value is eager;
+	// torchtitan's --compile is Compiled).
+	Compile Compile
+	// LossDType is the type the eager cross-entropy computes in: "" or F32
+	// for torchtitan's pred.float(); the activation type for a loss that
+	// does not upcast. A compiled loss fuses the upcast either way.
+	LossDType moe.DType
+	// Segments is the caching allocator's segment mode: "" or Expandable
+	// (PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's
+	// run_train.sh sets), or Fixed (PyTorch's default without it).
+	Segments  Segments
+	Allocator *Allocator // nil means DefaultAllocator
 }
+
+// Segments is the caching allocator's segment mode.
+type Segments string
+
+// Segment modes.
+const (
+	Expandable Segments = "expandable"
+	Fixed      Segments = "fixed"
+)
 
 // AdamW implementations.
 const (
@@ -95,6 +115,20 @@ func (o Options) normalized() (Options, error) {
 	default:
 		return o, fmt.Errorf("optimizer implementation = %q: must be fused or foreach", o.OptimizerImpl)
 	}
+	switch o.Segments {
+	case "":
+		o.Segments = Expandable
+	case Expandable, Fixed:
+	default:
+		return o, fmt.Errorf("segments = %q: must be expandable or fixed", o.Segments)
+	}
+	switch o.LossDType {
+	case "":
+		o.LossDType = moe.F32
+	case moe.F32, moe.BF16, moe.F16:
+	default:
+		return o, fmt.Errorf("loss dtype = %q: must be f32, bf16 or f16", o.LossDType)
+	}
 	if o.Allocator == nil {
 		a := DefaultAllocator
 		o.Allocator = &a
@@ -154,13 +188,14 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
-	sh := Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation}
+	sh := Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
+		Compile: o.Compile, LossDType: o.LossDType}
 	r := Report{Units: units, State: StateOf(units, l.Sharding, o)}
 	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
 	if err != nil {
 		return Report{}, err
 	}
-	r.Peak, err = Replay(r.Events, *o.Allocator)
+	r.Peak, err = Replay(r.Events, *o.Allocator, o.Segments)
 	return r, err
 }
 

@@ -89,11 +89,18 @@ type Peak struct {
 }
 
 // Replay walks events in order, checks that every free matches a live
-// allocation, and returns the peaks. It is the one definition of peak
+// allocation, and returns the peaks, reserved memory under the allocator's
+// segment mode seg ("" is Expandable). It is the one definition of peak
 // memory: the virtual-time backend calls it on the events it emits.
-func Replay(events []Event, a Allocator) (Peak, error) {
+func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 	if err := a.Validate(); err != nil {
 		return Peak{}, err
+	}
+	if seg == "" {
+		seg = Expandable
+	}
+	if seg != Expandable && seg != Fixed {
+		return Peak{}, fmt.Errorf("segments = %q: must be expandable or fixed", seg)
 	}
 	type key struct {
 		label        string
@@ -142,7 +149,7 @@ func Replay(events []Event, a Allocator) (Peak, error) {
 			}
 		}
 	}
-	p.ReservedByStream = a.Simulate(events)
+	p.ReservedByStream = a.Simulate(events, seg)
 	var res int64
 	for _, n := range p.ReservedByStream {
 		res += n

@@ -157,7 +157,7 @@ func TestReplayRejectsUnbalanced(t *testing.T) {
 		{{Label: "x", Alloc: true, Bytes: -1}},
 		{{Label: "x", Alloc: true, Bytes: 1, Stream: "nccl"}},
 	} {
-		if _, err := Replay(ev, a); err == nil {
+		if _, err := Replay(ev, a, Fixed); err == nil {
 			t.Errorf("accepted %v", ev)
 		}
 	}
@@ -197,11 +197,11 @@ func TestAllocatorModel(t *testing.T) {
 		ev("s1", true, 1000, ComputeStream), ev("s2", true, 3000, ComputeStream),
 		ev("s1", false, 1000, ComputeStream), ev("s2", false, 3000, ComputeStream),
 	}
-	got := a.Simulate(events)
+	got := a.Simulate(events, Fixed)
 	if got[ComputeStream] != 28*MiB+100*MiB+2*MiB || got[ReduceScatterStream] != 100*MiB {
 		t.Errorf("reserved by stream %v, by hand compute %d, reduce_scatter %d", got, 130*MiB, 100*MiB)
 	}
-	p, err := Replay(events, a)
+	p, err := Replay(events, a, Fixed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ func TestScheduleDepsAcyclic(t *testing.T) {
 		if got := s.Timeline(); !reflect.DeepEqual(got, rep.Events) {
 			t.Errorf("%s: schedule timeline (%d events) differs from memory's (%d)", sh, len(got), len(rep.Events))
 		}
-		p, err := memory.Replay(s.Timeline(), memory.DefaultAllocator)
+		p, err := memory.Replay(s.Timeline(), memory.DefaultAllocator, memory.Expandable)
 		if err != nil || p.Allocated != rep.Peak.Allocated || s.Peak.Allocated != p.Allocated {
 			t.Errorf("%s: replayed peak %d (%v), memory %d, schedule %d", sh, p.Allocated, err, rep.Peak.Allocated, s.Peak.Allocated)
 		}

@@ -84,6 +84,9 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, n := range cal.Notes {
+		fmt.Fprintln(stdout, n)
+	}
 	fmt.Fprintln(stdout, "\nresiduals (predicted / measured − 1):")
 	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "run\tmodel\tgpu\tgpus\tTPS\tpeak reserved")

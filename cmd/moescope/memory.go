@@ -22,6 +22,9 @@ type memoryReport struct {
 	AC                 moe.AC           `json:"ac"`
 	Attention          string           `json:"attention"`
 	LossChunks         int              `json:"loss_chunks"`
+	Compile            memory.Compile   `json:"compile"`
+	ExpandableSegments bool             `json:"expandable_segments"`
+	LossDType          moe.DType        `json:"loss_dtype"`
 	LBS                int              `json:"lbs"`
 	Seq                int              `json:"seq"`
 	GradAccum          int              `json:"grad_accum"`
@@ -59,6 +62,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	gradT := fs.String("grad-dtype", "f32", "gradient storage type: f32|bf16")
 	optT := fs.String("optimizer-dtype", "f32", "AdamW moment storage type: f32|bf16")
 	optImpl := fs.String("optimizer-impl", memory.Fused, "AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)")
+	mf := addMemoryModelFlags(fs)
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")
 	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory a step may use to be within target (and --max-lbs's bound), in (0, 1]")
@@ -104,8 +108,12 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	o := memory.Options{Precision: prec, AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
+	if err := mf.apply(&o); err != nil {
+		return err
+	}
 	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: ac, Attention: *attn, LossChunks: *chunks,
-		LBS: *lbs, Seq: *seq, GradAccum: *accum, DeviceBytes: dev.MemoryBytes}
+		LBS: *lbs, Seq: *seq, GradAccum: *accum, DeviceBytes: dev.MemoryBytes,
+		Compile: o.Compile, ExpandableSegments: o.Segments == memory.Expandable, LossDType: o.LossDType}
 	var r memory.Report
 	if *maxLBS {
 		n, rm, err := memory.MaxLBS(cfg, l, *seq, *accum, o, dev.MemoryBytes, *target)
@@ -175,6 +183,12 @@ func printMemory(w io.Writer, r memoryReport) {
 	fmt.Fprintf(w, "%s on %s: gpus %d = dp_replicate %d × dp_shard %d, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
 		r.Model, r.GPU, r.Layout.GPUs, r.Layout.DPReplicate, r.Layout.DPShard, r.Layout.EP, r.Layout.Sharding,
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)
+	segments := "expandable"
+	if !r.ExpandableSegments {
+		segments = "fixed"
+	}
+	fmt.Fprintf(w, "torch.compile: blocks %s, loss %s; eager loss type %s; allocator segments %s\n",
+		onOff(r.Compile.Model), onOff(r.Compile.Loss), r.LossDType, segments)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "live at peak\tGiB\tbytes\t")
 	for _, c := range memory.Categories() {
@@ -198,4 +212,11 @@ func printMemory(w io.Writer, r memoryReport) {
 		fmt.Fprintf(w, "max lbs within %.0f%% of device memory: %d\n", 100*r.MemoryTarget, *r.MaxLBS)
 	}
 	fmt.Fprintf(w, "reserved = allocated + allocator model (%s)\n", r.Allocator)
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }

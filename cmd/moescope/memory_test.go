@@ -105,3 +105,42 @@ func TestMemoryBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryCompileFlags: --compile=false (eager) and fixed segments are
+// what they say, the JSON records the settings, and a bad --loss-dtype is
+// refused naming the flag.
+func TestMemoryCompileFlags(t *testing.T) {
+	peak := func(extra ...string) (reserved, allocated int64, compiled, expandable bool) {
+		t.Helper()
+		args := append([]string{"--model", "llama3-8b", "--gpus", "8", "--lbs", "2", "--seq", "4096", "--json"}, extra...)
+		out, err := runMem(t, args...)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		var r struct {
+			Reserved   int64           `json:"peak_reserved_bytes"`
+			Allocated  int64           `json:"peak_allocated_bytes"`
+			Compile    map[string]bool `json:"compile"`
+			Expandable bool            `json:"expandable_segments"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r.Reserved, r.Allocated, r.Compile["model"] && r.Compile["loss"], r.Expandable
+	}
+	_, aDef, cDef, eDef := peak()
+	_, aEager, cEager, _ := peak("--compile=false")
+	_, _, _, eFixed := peak("--expandable-segments=false")
+	if !cDef || !eDef || cEager || eFixed {
+		t.Errorf("settings: default compile %v expandable %v; --compile=false %v; --expandable-segments=false %v", cDef, eDef, cEager, eFixed)
+	}
+	// Eager, the loss holds 12 bytes per logit at its peak, compiled 4
+	// (memory's TestLossBytesPerLogit): 8 × 8192 tokens × 128256 more.
+	if want := int64(8) * 8192 * 128256; aEager-aDef < want {
+		t.Errorf("eager peak %d − compiled %d = %d, want ≥ %d (the loss alone)", aEager, aDef, aEager-aDef, want)
+	}
+	if out, err := runMem(t, "--model", "llama3-8b", "--gpus", "8", "--lbs", "2", "--seq", "4096", "--loss-dtype", "f8"); err == nil ||
+		!strings.Contains(out+err.Error(), "--loss-dtype") {
+		t.Errorf("--loss-dtype f8: err %v\n%s", err, out)
+	}
+}

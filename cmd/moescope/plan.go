@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
@@ -117,6 +118,7 @@ type planArgs struct {
 	jsonOut, exhaustive, force         bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
+	mem                                *memoryModelFlags
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
@@ -132,6 +134,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	simEv := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
+	if err := a.mem.apply(&simEv.Memory); err != nil {
+		return err
+	}
 	req := a.request(cfg, cl)
 	bar := newProgressBar(stderr)
 	if bar != nil {
@@ -180,6 +185,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.tracePath, "trace", "", "write a Chrome trace of the best plan's step")
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
+	a.mem = addMemoryModelFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -311,7 +317,12 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
-	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header}
+	if simEv.Memory.Segments == memory.Expandable {
+		header = append(header, "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets")
+	} else {
+		header = append(header, "memory assumed fixed allocator segments (no expandable_segments)")
+	}
+	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile}
 	for _, x := range []struct {
 		path  string
 		write func(io.Writer) ([]string, error)

@@ -78,6 +78,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	fs.StringVar(&hwf.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
+	mf := addMemoryModelFlags(fs)
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
 	seq := fs.Int("seq", 0, "tokens per sequence (required)")
 	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
@@ -136,6 +137,9 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	}
 	in := sim.Input{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
 		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target}
+	if err := mf.apply(&in.Memory); err != nil {
+		return err
+	}
 	res, err := sim.Simulate(in)
 	if err != nil {
 		return err

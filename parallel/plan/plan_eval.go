@@ -107,7 +107,7 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 		return s, nil
 	}
 	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
-		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration})
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory})
 	if err != nil {
 		return Score{}, err
 	}
@@ -136,7 +136,8 @@ func breakdownTimes(b sim.Breakdown) []TimePart {
 // trace (rank 0; every rank runs the same program, see Simulate).
 func (e *SimEvaluator) Trace(w io.Writer, p Point) error {
 	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
-		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, KeepTimeline: true})
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, KeepTimeline: true,
+		Memory: e.Memory})
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -94,6 +95,21 @@ type TorchtitanExport struct {
 	Seq    int    // tokens per sequence
 	Point  Point
 	Header []string // comment lines written first (what was modelled)
+	// Compile is what the plan's memory and time assumed torch.compile
+	// compiles; the export sets torchtitan's compile section to match.
+	Compile memory.Compile
+}
+
+// compileComponents is torchtitan's compile.components for c.
+func compileComponents(c memory.Compile) []string {
+	var out []string
+	if c.Model {
+		out = append(out, `"model"`)
+	}
+	if c.Loss {
+		out = append(out, `"loss"`)
+	}
+	return out
 }
 
 func (e *TorchtitanExport) check(target TorchtitanTarget) error {
@@ -160,6 +176,11 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	fmt.Fprintf(&b, "\n[parallelism]\ndata_parallel_replicate_degree = %d\ndata_parallel_shard_degree = %d\n", rep, shard)
 	fmt.Fprintf(&b, "fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
 	fmt.Fprintf(&b, "tensor_parallel_degree = 1\ncontext_parallel_degree = 1\npipeline_parallel_degree = 1\nexpert_parallel_degree = %d\n", p.Layout.EP)
+	if cc := compileComponents(e.Compile); len(cc) > 0 {
+		fmt.Fprintf(&b, "\n[compile]\nenable = true\ncomponents = [%s]\n", strings.Join(cc, ", "))
+	} else {
+		b.WriteString("\n[compile]\nenable = false\n")
+	}
 	b.WriteString("\n[activation_checkpoint]\n")
 	switch p.AC.Mode {
 	case moe.ACSelective:
@@ -239,6 +260,12 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	b.WriteString("    config.parallelism.context_parallel_degree = 1\n")
 	b.WriteString("    config.parallelism.pipeline_parallel_degree = 1\n")
 	fmt.Fprintf(&b, "    config.parallelism.expert_parallel_degree = %d\n", p.Layout.EP)
+	if cc := compileComponents(e.Compile); len(cc) > 0 {
+		b.WriteString("    config.compile.enable = True\n")
+		fmt.Fprintf(&b, "    config.compile.components = [%s]\n", strings.Join(cc, ", "))
+	} else {
+		b.WriteString("    config.compile.enable = False\n")
+	}
 	if acClass != "" {
 		fmt.Fprintf(&b, "    config.activation_checkpoint = %s.Config()\n", acClass)
 	} else {

@@ -13,6 +13,7 @@ import (
 	"github.com/moescope/moescope/internal/golden"
 
 	"github.com/BurntSushi/toml"
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -56,6 +57,10 @@ func torchtitanCheckValue(t *testing.T, key string, v, typ any) {
 			if _, ok := v.(string); !ok {
 				t.Errorf("%s = %v (%T), want a string", key, v, v)
 			}
+		case "bool":
+			if _, ok := v.(bool); !ok {
+				t.Errorf("%s = %v (%T), want a boolean", key, v, v)
+			}
 		default:
 			t.Fatalf("schema type %q unknown", ty)
 		}
@@ -67,6 +72,16 @@ func torchtitanCheckValue(t *testing.T, key string, v, typ any) {
 		}
 		if !found {
 			t.Errorf("%s = %v, want one of %v", key, v, ty)
+		}
+	case map[string]any: // {"list_of": [allowed strings]}
+		allowed, _ := ty["list_of"].([]any)
+		items, ok := v.([]any)
+		if !ok || len(allowed) == 0 {
+			t.Errorf("%s = %v (%T), want a list of %v", key, v, v, allowed)
+			return
+		}
+		for _, it := range items {
+			torchtitanCheckValue(t, key+"[]", it, allowed)
 		}
 	default:
 		t.Fatalf("schema for %s: %T", key, typ)
@@ -97,7 +112,7 @@ func TestTorchtitanTOML(t *testing.T) {
 		{"qwen3-235b-a22b", torchtitanPoint(16, 1, 1, moe.AC{Mode: moe.ACFull}, 1, 1, true), 0},
 	}
 	for i, c := range cases {
-		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Header: []string{"plan " + c.p.String()}}
+		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Header: []string{"plan " + c.p.String()}, Compile: exportCompile(i)}
 		var buf bytes.Buffer
 		skipped, err := e.TOML(&buf)
 		if err != nil {
@@ -138,8 +153,11 @@ func TestTorchtitanTOML(t *testing.T) {
 				t.Errorf("%s: flavor %s/%s not in torchtitan's registry %v", c.model, name, flavor, schema.Flavors[name])
 			}
 		}
-		// Round trip: the degrees, batch and policy read back.
+		// Round trip: the degrees, batch, policy and compile read back.
 		par, tr, ac := doc["parallelism"], doc["training"], doc["activation_checkpoint"]
+		if got := tomlCompile(doc["compile"]); got != e.Compile {
+			t.Errorf("%s: compile %+v written as %v", c.model, e.Compile, doc["compile"])
+		}
 		rep, shard := par["data_parallel_replicate_degree"].(int64), par["data_parallel_shard_degree"].(int64)
 		if int(rep*shard) != c.p.Layout.GPUs || int(par["expert_parallel_degree"].(int64)) != c.p.Layout.EP {
 			t.Errorf("%s: degrees %d × %d, ep %v do not give %+v", c.model, rep, shard, par["expert_parallel_degree"], c.p.Layout)
@@ -196,7 +214,7 @@ func TestTorchtitanPython(t *testing.T) {
 		fields[sec] = m
 	}
 	importRE := regexp.MustCompile(`^from ([\w.]+) import (\w+)$`)
-	setRE := regexp.MustCompile(`^    config\.(\w+)\.(\w+) = ("[^"]*"|\d+)(  #.*)?$`)
+	setRE := regexp.MustCompile(`^    config\.(\w+)\.(\w+) = ("[^"]*"|\d+|True|False|\[[^\]]*\])(  #.*)?$`)
 	acRE := regexp.MustCompile(`^    config\.activation_checkpoint = (.+)$`)
 	for i, c := range []struct {
 		model string
@@ -207,7 +225,7 @@ func TestTorchtitanPython(t *testing.T) {
 		{"deepseek-moe-16b", torchtitanPoint(1, 16, 4, moe.AC{Mode: moe.ACNone}, 8, 1, false), 0},
 		{"olmoe-1b-7b", torchtitanPoint(2, 8, 1, moe.AC{Mode: moe.ACFull}, 4, 1, true), 1},
 	} {
-		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p}
+		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i)}
 		var buf bytes.Buffer
 		skipped, err := e.Python(&buf)
 		if err != nil {
@@ -238,10 +256,7 @@ func TestTorchtitanPython(t *testing.T) {
 					t.Errorf("%s: config.%s.%s not in the pinned schema", c.model, m[1], m[2])
 					continue
 				}
-				var v any = strings.Trim(m[3], `"`)
-				if n, err := strconv.ParseInt(m[3], 10, 64); err == nil {
-					v = n
-				}
+				v := pythonLiteral(m[3])
 				torchtitanCheckValue(t, m[1]+"."+m[2], v, typ)
 				got[m[2]] = m[3]
 			} else if m := acRE.FindStringSubmatch(line); m != nil {
@@ -263,6 +278,10 @@ func TestTorchtitanPython(t *testing.T) {
 			"data_parallel_replicate_degree":        strconv.Itoa(l.DPReplicate),
 			"data_parallel_shard_degree":            strconv.Itoa(l.DPShard),
 			"expert_parallel_degree":                strconv.Itoa(l.EP),
+			"enable":                                map[bool]string{true: "True", false: "False"}[e.Compile != memory.Compile{}],
+		}
+		if cc := compileComponents(e.Compile); len(cc) > 0 {
+			want["components"] = "[" + strings.Join(cc, ", ") + "]"
 		}
 		for k, v := range want {
 			if got[k] != v {
@@ -353,4 +372,45 @@ func FuzzTorchtitanTOML(f *testing.F) {
 			t.Fatalf("%s: read back %+v", p, doc)
 		}
 	})
+}
+
+// pythonLiteral decodes the literals the Python export writes: an integer,
+// a string, True/False, or a list of strings.
+func pythonLiteral(lit string) any {
+	switch {
+	case lit == "True" || lit == "False":
+		return lit == "True"
+	case strings.HasPrefix(lit, "["):
+		var items []any
+		for _, it := range strings.Split(strings.Trim(lit, "[]"), ",") {
+			if it = strings.TrimSpace(it); it != "" {
+				items = append(items, strings.Trim(it, `"`))
+			}
+		}
+		return items
+	}
+	if n, err := strconv.ParseInt(lit, 10, 64); err == nil {
+		return n
+	}
+	return strings.Trim(lit, `"`)
+}
+
+// exportCompile varies the compile setting over the export cases: the
+// planner's default (model and loss) first, then eager, then model only.
+func exportCompile(i int) memory.Compile {
+	return []memory.Compile{memory.Compiled, {}, {Model: true}}[i%3]
+}
+
+// tomlCompile reads a [compile] section back.
+func tomlCompile(sec map[string]any) memory.Compile {
+	var c memory.Compile
+	if on, _ := sec["enable"].(bool); !on {
+		return c
+	}
+	items, _ := sec["components"].([]any)
+	for _, it := range items {
+		c.Model = c.Model || it == "model"
+		c.Loss = c.Loss || it == "loss"
+	}
+	return c
 }

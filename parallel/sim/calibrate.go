@@ -38,6 +38,9 @@ type Calibration struct {
 	// identify from the runs and left at their defaults.
 	Fitted []string `json:"fitted,omitempty"`
 	Kept   []string `json:"kept_default,omitempty"`
+	// Notes say why a parameter was kept when the reason is not the
+	// identifiability test's (the allocator overhead's fit).
+	Notes []string `json:"notes,omitempty"`
 	// Residuals are relative TPS errors (predicted/measured − 1) after the
 	// fit, one per run in input order; MemoryResiduals the same for peak
 	// reserved memory (null for runs that do not report it).
@@ -145,7 +148,12 @@ func InputForRun(r Run) (Input, error) {
 	if err != nil {
 		return Input{}, err
 	}
-	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl}, nil
+	mo, err := r.MemoryOptions()
+	if err != nil {
+		return Input{}, err
+	}
+	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl,
+		Memory: mo}, nil
 }
 
 // measuredReserved returns the run's measured peak reserved bytes, if any.
@@ -197,7 +205,8 @@ func (s calState) calibration(x []float64, base Calibration) *Calibration {
 // some run's predicted TPS by at least 0.2% (a dense-only set of runs
 // leaves grouped_scale alone, single-node runs leave net_efficiency alone).
 // The allocator overhead is then fitted alone to the runs that report peak
-// reserved memory: minimize Σ ln²(predicted/measured reserved).
+// reserved memory (fitAllocator: least Σ ln²(predicted/measured reserved),
+// in closed form, kept at its default with a note when not identified).
 func Calibrate(runs []Run) (*Calibration, error) {
 	if len(runs) == 0 {
 		return nil, errors.New("calibrate: no runs")
@@ -220,15 +229,16 @@ func Calibrate(runs []Run) (*Calibration, error) {
 		cal = st.calibration(x, *cal)
 		cal.Fitted = append(cal.Fitted, st.names...)
 	}
-	frag, measured, err := f.fitAllocator()
+	frag, ok, why, err := f.fitAllocator()
 	switch {
 	case err != nil:
 		return nil, err
-	case measured:
+	case ok:
 		cal.AllocatorOverhead = frag
 		cal.Fitted = append(cal.Fitted, CalAllocator)
 	default:
 		cal.Kept = append(cal.Kept, CalAllocator)
+		cal.Notes = append(cal.Notes, why)
 	}
 	if err := f.recordResiduals(cal); err != nil {
 		return nil, err
@@ -327,42 +337,44 @@ func (f calFit) fitTPS(st calState) ([]float64, error) {
 		&optimize.Settings{FuncEvaluations: 600, Converger: &optimize.FunctionConverge{Absolute: 1e-6, Iterations: 10}})
 }
 
-// fitAllocator fits the allocator's fragmentation to the runs that report
-// peak reserved memory, minimizing Σ ln²(predicted/measured reserved); ok
-// is false when none does.
-func (f calFit) fitAllocator() (frag float64, ok bool, err error) {
-	var idx []int
-	var meas []float64
+// fitAllocator fits the allocator's unmodelled fraction f to the runs that
+// report peak reserved memory. Predicted reserved is S·(1+f), S the
+// simulated pools, so Σ ln²(S_k·(1+f)/M_k) is least at
+// ln(1+f) = mean_k ln(M_k/S_k): the fit is that closed form. It is
+// identified only when f ≥ 0; a negative f would mean the runs hold less
+// than the simulated pools alone (the model over-predicts their memory, an
+// error no allocator overhead can repair), and the default is kept with
+// why. ok is false when no run reports reserved memory or f is not
+// identified.
+func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
+	a := memory.DefaultAllocator
+	a.Fragmentation = 0
+	sum, n := 0.0, 0
 	for i, r := range f.runs {
-		if m, ok := measuredReserved(r, f.preps[i].dev); ok {
-			idx, meas = append(idx, i), append(meas, m)
+		m, measured := measuredReserved(r, f.preps[i].dev)
+		if !measured {
+			continue
 		}
-	}
-	if len(idx) == 0 {
-		return 0, false, nil
-	}
-	fragOf := func(x float64) float64 { return 0.95 / (1 + math.Exp(-x)) } // (0, 0.95)
-	obj := func(x []float64) (float64, error) {
-		a := memory.DefaultAllocator
-		a.Fragmentation = fragOf(x[0])
-		v := 0.0
-		for k, i := range idx {
-			p, err := memory.Replay(f.preps[i].mem.Events, a)
-			if err != nil {
-				return 0, err
-			}
-			d := math.Log(float64(p.Reserved) / meas[k])
-			v += d * d
+		p, err := memory.Replay(f.preps[i].mem.Events, a, f.preps[i].in.Memory.Segments)
+		if err != nil {
+			return 0, false, "", err
 		}
-		return v, nil
+		sum += math.Log(m / float64(p.Reserved))
+		n++
 	}
-	x0 := math.Log(memory.DefaultAllocator.Fragmentation / (0.95 - memory.DefaultAllocator.Fragmentation))
-	x, err := nelderMead(obj, []float64{x0},
-		&optimize.Settings{FuncEvaluations: 200, Converger: &optimize.FunctionConverge{Absolute: 1e-10, Iterations: 20}})
-	if err != nil {
-		return 0, false, err
+	if n == 0 {
+		return 0, false, CalAllocator + ": no run reports peak reserved memory", nil
 	}
-	return fragOf(x[0]), true, nil
+	frag = math.Expm1(sum / float64(n))
+	if frag < 0 {
+		return 0, false, fmt.Sprintf("%s: not identified: the %d run(s) reporting reserved memory measure %.1f%% below the simulated pools alone "+
+			"(geometric mean), which no allocator overhead ≥ 0 repairs; the default is kept", CalAllocator, n, -100*frag), nil
+	}
+	if frag >= 0.95 {
+		return 0, false, fmt.Sprintf("%s: not identified: the runs measure %.0f%% above the simulated pools, beyond any allocator overhead (< 95%%); "+
+			"the default is kept", CalAllocator, 100*frag), nil
+	}
+	return frag, true, "", nil
 }
 
 // nelderMead minimizes obj from x0 under settings with gonum's Nelder–Mead.

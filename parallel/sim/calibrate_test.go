@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
@@ -25,7 +27,7 @@ func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 		res, err := Simulate(Input{Config: in.Config, Layout: in.Layout, AC: in.AC, LBS: in.LBS, Seq: in.Seq,
-			Device: in.Device, Cluster: in.Cluster, Calibration: truth})
+			Device: in.Device, Cluster: in.Cluster, Calibration: truth, Memory: in.Memory})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,4 +111,51 @@ func FuzzParseCalibration(f *testing.F) {
 			t.Fatalf("%+v: %+v %v", c, cc, err)
 		}
 	})
+}
+
+// TestCalibrateAllocatorNotIdentified: runs measured below the simulated
+// pools alone leave allocator_overhead at its default, with a note saying
+// why; runs 10% above the pools fit exactly 0.1 (exp(mean ln 1.1) − 1).
+func TestCalibrateAllocatorNotIdentified(t *testing.T) {
+	mk := func(ratio float64) []Run {
+		r := Run{Model: "tiny-dense", GPU: "b200", GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1,
+			AC: "full", LBS: 1, Seq: 256, Precision: "bf16", TPS: 1}
+		in, err := InputForRun(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := prepareSim(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := memory.DefaultAllocator
+		a.Fragmentation = 0
+		peak, err := memory.Replay(p.mem.Events, a, in.Memory.Segments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := int64(ratio * float64(peak.Reserved))
+		r.PeakReservedBytes = &m
+		res, err := Simulate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.TPS = res.TPS
+		return []Run{r}
+	}
+	cal, err := Calibrate(mk(0.8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cal.Kept, CalAllocator) || cal.AllocatorOverhead != 0 || len(cal.Notes) != 1 ||
+		!strings.Contains(cal.Notes[0], "not identified") || !strings.Contains(cal.Notes[0], "20.0% below") {
+		t.Errorf("measured 0.8 × the pools: kept %v, overhead %g, notes %q", cal.Kept, cal.AllocatorOverhead, cal.Notes)
+	}
+	cal, err = Calibrate(mk(1.1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cal.Fitted, CalAllocator) || math.Abs(cal.AllocatorOverhead-0.1) > 1e-6 {
+		t.Errorf("measured 1.1 × the pools: fitted %v, overhead %g, want 0.1", cal.Fitted, cal.AllocatorOverhead)
+	}
 }

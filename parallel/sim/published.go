@@ -63,6 +63,31 @@ type Run struct {
 	// LossChunks is the number of chunks of a chunked cross-entropy (an
 	// addition to DESIGN's schema; 0 = unchunked).
 	LossChunks int `json:"loss_chunks,omitempty"`
+	// ExpandableSegments is the run's PYTORCH_ALLOC_CONF
+	// expandable_segments setting (DESIGN's schema; absent = on, as
+	// torchtitan's run_train.sh sets it).
+	ExpandableSegments *bool `json:"expandable_segments,omitempty"`
+	// CompileComponents is torchtitan's compile.components when the run
+	// compiled only some parts ("model", "loss"; an addition to DESIGN's
+	// schema: absent = both when compile is on). torchtitan before
+	// bbb1b616e (2025-04-02) never compiled the loss.
+	CompileComponents []string `json:"compile_components,omitempty"`
+	// ParamDType, GradDType and OptimizerDType are storage types when the
+	// run's framework does not keep torchtitan's fp32 parameters,
+	// gradients and AdamW moments (an addition to DESIGN's schema: f32 or
+	// bf16; absent = f32).
+	ParamDType     string `json:"param_dtype,omitempty"`
+	GradDType      string `json:"grad_dtype,omitempty"`
+	OptimizerDType string `json:"optimizer_dtype,omitempty"`
+	// LossDType is the type the eager cross-entropy computes in (an
+	// addition to DESIGN's schema: absent = f32, torchtitan's
+	// pred.float(); bf16 for a loss on the bf16 logits).
+	LossDType string `json:"loss_dtype,omitempty"`
+	// Unmodelled names a difference of the run's framework that changes
+	// its memory or time and that moescope does not model (an addition to
+	// DESIGN's schema; "" = none known). Tables mark such rows and keep
+	// them in their medians and worst cases.
+	Unmodelled string `json:"unmodelled,omitempty"`
 	// Notes say what the numbers are and any deviation from the schema's
 	// assumptions (an addition to DESIGN's schema; free text).
 	Notes string `json:"notes,omitempty"`
@@ -71,8 +96,60 @@ type Run struct {
 	File string `json:"-"`
 }
 
-// Compiled reports whether the run used torch.compile.
-func (r Run) Compiled() bool { return r.Compile != nil && *r.Compile }
+// Compiled reports whether the run used torch.compile. A run that does not
+// say is taken as compiled, DESIGN's default (--compile) and what
+// torchtitan's performance configurations set.
+func (r Run) Compiled() bool { return r.Compile == nil || *r.Compile }
+
+// MemoryOptions are the memory model's choices the run states: its
+// checkpointing, compile components, allocator segments, storage and loss
+// types, optimizer implementation and loss chunks.
+func (r Run) MemoryOptions() (memory.Options, error) {
+	ac, err := moe.ParseAC(r.AC)
+	if err != nil {
+		return memory.Options{}, err
+	}
+	o := memory.Options{AC: ac, LossChunks: r.LossChunks, OptimizerImpl: r.Optimizer, Segments: memory.Expandable,
+		Precision: moe.DefaultPrecision, LossDType: moe.DType(r.LossDType)}
+	if r.ExpandableSegments != nil && !*r.ExpandableSegments {
+		o.Segments = memory.Fixed
+	}
+	if r.Compiled() {
+		o.Compile = memory.Compiled
+		if len(r.CompileComponents) > 0 {
+			o.Compile = memory.Compile{}
+			for _, c := range r.CompileComponents {
+				switch c {
+				case "model":
+					o.Compile.Model = true
+				case "loss":
+					o.Compile.Loss = true
+				default:
+					return memory.Options{}, moe.FieldError{Field: "compile_components", Value: c, Allowed: `"model" or "loss"`}
+				}
+			}
+		}
+	}
+	for _, f := range []struct {
+		name, v string
+		dst     *moe.DType
+	}{{"param_dtype", r.ParamDType, &o.Precision.Param}, {"grad_dtype", r.GradDType, &o.Precision.Grad},
+		{"optimizer_dtype", r.OptimizerDType, &o.Precision.Optimizer}} {
+		switch moe.DType(f.v) {
+		case "":
+		case moe.F32, moe.BF16:
+			*f.dst = moe.DType(f.v)
+		default:
+			return memory.Options{}, moe.FieldError{Field: f.name, Value: f.v, Allowed: "f32 or bf16"}
+		}
+	}
+	switch moe.DType(r.LossDType) {
+	case "", moe.F32, moe.BF16:
+	default:
+		return memory.Options{}, moe.FieldError{Field: "loss_dtype", Value: r.LossDType, Allowed: "f32 or bf16"}
+	}
+	return o, nil
+}
 
 // Layout returns the run's layout, resolved and validated.
 func (r Run) Layout() (moe.Layout, error) {
@@ -145,6 +222,9 @@ func (r Run) Validate(requireSource bool) error {
 	}
 	if len(errs) == 0 {
 		if _, err := r.Layout(); err != nil {
+			errs = append(errs, err)
+		}
+		if _, err := r.MemoryOptions(); err != nil {
 			errs = append(errs, err)
 		}
 	}

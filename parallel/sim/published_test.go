@@ -190,3 +190,51 @@ func FuzzReadRuns(f *testing.F) {
 		}
 	})
 }
+
+// TestRunMemoryOptions: what a run's optional memory fields mean (the
+// schema's documented defaults), and that bad values name their field.
+func TestRunMemoryOptions(t *testing.T) {
+	base := Run{Model: "tiny", GPU: "b200", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 8,
+		Precision: "bf16", TPS: 1, Source: "test"}
+	no, yes := false, true
+	cases := []struct {
+		name   string
+		edit   func(*Run)
+		want   func(memory.Options) bool
+		errSub string
+	}{
+		{"absent: compiled, expandable, f32 state", func(*Run) {}, func(o memory.Options) bool {
+			return o.Compile == memory.Compiled && o.Segments == memory.Expandable && o.Precision == moe.DefaultPrecision
+		}, ""},
+		{"compile false", func(r *Run) { r.Compile = &no }, func(o memory.Options) bool { return o.Compile == memory.Compile{} }, ""},
+		{"model only", func(r *Run) { r.Compile = &yes; r.CompileComponents = []string{"model"} },
+			func(o memory.Options) bool { return o.Compile == memory.Compile{Model: true} }, ""},
+		{"fixed segments", func(r *Run) { r.ExpandableSegments = &no }, func(o memory.Options) bool { return o.Segments == memory.Fixed }, ""},
+		{"bf16 state and loss", func(r *Run) {
+			r.ParamDType, r.GradDType, r.OptimizerDType, r.LossDType = "bf16", "bf16", "bf16", "bf16"
+		},
+			func(o memory.Options) bool {
+				return o.Precision.Param == moe.BF16 && o.Precision.Grad == moe.BF16 && o.Precision.Optimizer == moe.BF16 && o.LossDType == moe.BF16
+			}, ""},
+		{"bad component", func(r *Run) { r.CompileComponents = []string{"optimizer"} }, nil, "compile_components"},
+		{"bad param type", func(r *Run) { r.ParamDType = "fp8" }, nil, "param_dtype"},
+		{"bad loss type", func(r *Run) { r.LossDType = "i64" }, nil, "loss_dtype"},
+	}
+	for _, c := range cases {
+		r := base
+		c.edit(&r)
+		o, err := r.MemoryOptions()
+		if c.errSub != "" {
+			if err == nil || !strings.Contains(err.Error(), c.errSub) {
+				t.Errorf("%s: err = %v, want one naming %s", c.name, err, c.errSub)
+			}
+			if verr := r.Validate(true); verr == nil || !strings.Contains(verr.Error(), c.errSub) {
+				t.Errorf("%s: Validate = %v, want one naming %s", c.name, verr, c.errSub)
+			}
+			continue
+		}
+		if err != nil || !c.want(o) {
+			t.Errorf("%s: options %+v, err %v", c.name, o, err)
+		}
+	}
+}

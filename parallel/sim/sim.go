@@ -43,6 +43,11 @@ type Input struct {
 	// MemoryTarget is the fraction of device memory the verdict's
 	// WithinTarget allows; 0 means memory.DefaultMemoryTarget.
 	MemoryTarget float64
+	// Memory holds the memory model's choices (precision, compile, loss
+	// type, allocator segments, optimizer, loss chunks); its AC is replaced
+	// by Input.AC. The zero value is eager torchtitan defaults with
+	// expandable segments.
+	Memory memory.Options
 }
 
 // Result is the prediction for one layout.
@@ -166,7 +171,7 @@ func prepareSim(in Input) (*simPrep, error) {
 	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC}); err != nil {
+	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions()); err != nil {
 		return nil, fmt.Errorf("simulate: memory: %w", err)
 	}
 	if p.recs, err = flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile); err != nil {
@@ -176,7 +181,11 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
-	p.params = float64(p.mem.State.Params / moe.DefaultPrecision.Param.Bytes())
+	paramType := in.Memory.Precision.Param
+	if paramType == "" {
+		paramType = moe.DefaultPrecision.Param
+	}
+	p.params = float64(p.mem.State.Params / paramType.Bytes())
 	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum)
 	return p, nil
 }
@@ -306,11 +315,14 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	// Memory: replay the memory timeline (the one source of peak memory)
 	// through the allocator model, calibrated when asked.
 	alloc := memory.DefaultAllocator
+	if in.Memory.Allocator != nil {
+		alloc = *in.Memory.Allocator
+	}
 	if cal != nil && cal.AllocatorOverhead > 0 {
 		alloc.Fragmentation = cal.AllocatorOverhead
 		alloc.Source = "calibrated"
 	}
-	peak, err := memory.Replay(p.mem.Events, alloc)
+	peak, err := memory.Replay(p.mem.Events, alloc, in.Memory.Segments)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
@@ -332,4 +344,11 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 		res.memTimes = memEventTimes(p.sched, spans, p.mem.Events)
 	}
 	return res, nil
+}
+
+// memoryOptions is in.Memory with the input's checkpointing policy.
+func (in Input) memoryOptions() memory.Options {
+	o := in.Memory
+	o.AC = in.AC
+	return o
 }

@@ -18,5 +18,7 @@ def moescope_qwen3_30b_a3b_512gpu() -> Trainer.Config:
     config.parallelism.context_parallel_degree = 1
     config.parallelism.pipeline_parallel_degree = 1
     config.parallelism.expert_parallel_degree = 8
+    config.compile.enable = True
+    config.compile.components = ["model", "loss"]
     config.activation_checkpoint = SelectiveAC.Config()
     return config
