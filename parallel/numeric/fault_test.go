@@ -15,7 +15,7 @@ import (
 
 // faultTrainer is the tiny MoE on gpus ranks (rep replicas, ep) at lbs 1 ×
 // seq 4 with micro micro-steps and the given collective timeout.
-func faultTrainer(t *testing.T, gpus, rep, ep, micro int, timeout time.Duration) *Trainer {
+func faultTrainer(t testing.TB, gpus, rep, ep, micro int, timeout time.Duration) *Trainer {
 	t.Helper()
 	cfg := moetest.TinyMoE()
 	l := moetest.FSDPLayout(t, gpus, rep, ep)
