@@ -68,11 +68,12 @@ func (f *faultFlags) fault(start int) *numeric.Fault {
 	return &numeric.Fault{Rank: rank, Step: start + max(f.step, 1) - 1, Stall: stall}
 }
 
-// stepError explains a failed step: which step, the first error, how many
-// ranks it stopped, and that nothing of the run was saved, so that a
-// --checkpoint directory keeps the last good checkpoint it held.
+// stepError explains a failed step: which step (a rank's error does not
+// say), the first error, how many ranks it stopped, and that nothing of
+// the run was saved, so that a --checkpoint directory keeps the last good
+// checkpoint it held. A step that diverged names its step itself.
 func stepError(err error, step int, rankErrs []error, ckpt string) error {
-	msg := fmt.Sprintf("step %d: %%w", step)
+	msg := "%w"
 	stopped := 0
 	for _, e := range rankErrs {
 		if e != nil {
@@ -81,9 +82,9 @@ func stepError(err error, step int, rankErrs []error, ckpt string) error {
 	}
 	switch {
 	case stopped > 0 && stopped == len(rankErrs):
-		msg += fmt.Sprintf(" (all %d ranks stopped with it)", stopped)
+		msg = fmt.Sprintf("step %d: %%w (all %d ranks stopped with it)", step, stopped)
 	case stopped > 0:
-		msg += fmt.Sprintf(" (%d of %d ranks stopped with it)", stopped, len(rankErrs))
+		msg = fmt.Sprintf("step %d: %%w (%d of %d ranks stopped with it)", step, stopped, len(rankErrs))
 	}
 	if ckpt != "" {
 		msg += fmt.Sprintf("; nothing of this run was saved: --checkpoint %s keeps what it held", ckpt)
