@@ -12,7 +12,8 @@ import (
 // no collective and would let its peers time out one by one, or, with no
 // peer waiting for it (one rank, or the others finished), hang the run.
 // Each rank beats at every op the reference reports (rankRecorder.RecordOp)
-// and whenever it joins or leaves a collective; a computing rank silent for
+// and whenever it leaves a collective (while it waits in one it is not
+// watched); a computing rank silent for
 // half the collective timeout cancels the run with a StallError. Half, so
 // that the watchdog names the stalled rank before the collectives its
 // peers joined after its last progress time out (they would only say it
