@@ -33,11 +33,13 @@
 //     stream), the free of the buffer, and the prefetch of unit u+1's
 //     all-gather buffer; non-fsdp with compute ≠ storage type: u's cast
 //     weights;
-//  2. u's saved tensors (Saved under the policy, the head's without the
-//     log-probabilities when the loss is chunked); for the head, the bf16
-//     logits, their fp32 copy and the saved log-probabilities, then the
-//     frees of the fp32 copy and the logits (torchtitan's `del pred`);
-//     chunked: per chunk logits, fp32 copy and log-probabilities, all freed;
+//  2. u's saved tensors (Saved under the policy and compile setting, the
+//     head's without the vocabulary-sized ones when the loss is chunked);
+//     for the head with an eager loss, the bf16 logits, their copy in the
+//     loss type when it upcasts (fp32, torchtitan's pred.float()) and the
+//     saved log-probabilities, then the frees of the copy and the logits
+//     (torchtitan's `del pred`); with a compiled loss, the saved bf16 logits
+//     and log-sum-exp only; chunked: per chunk the same, all freed;
 //  3. a block's forward workspace (its largest intermediate) and, with
 //     ep > 1 on MoE blocks, the dispatch and combine all-to-all buffers;
 //  4. resharding (free u's weights) when reshard-after-forward is on,
@@ -49,8 +51,10 @@
 //  2. a block's recomputed tensors (those of the none policy that the
 //     policy did not keep), the backward workspace (2 × largest
 //     intermediate), all-to-all buffers; for the head, the loss gradients
-//     (nll_loss's and log_softmax's T×V fp32 gradients, then the
-//     activation-type cast; chunked: per chunk, after recomputing it);
+//     (eager: nll_loss's and log_softmax's T×V gradients in the loss type,
+//     then the activation-type cast when it upcast; compiled: the one bf16
+//     gradient its fused backward writes; chunked: per chunk, after
+//     recomputing it);
 //  3. the input gradient of u (T×D), freeing the previous one;
 //  4. u's unsharded weight gradients (compute type), then the frees of
 //     workspace, recomputed and saved tensors;
@@ -73,7 +77,8 @@
 //
 // Replay walks the events: peak allocated is the maximum of live bytes
 // (each request rounded to 512 B); peak reserved comes from simulating
-// PyTorch's caching allocator over the same events (Allocator).
+// PyTorch's caching allocator over the same events (Allocator), with
+// expandable or fixed segments (Segments).
 //
 // # Saved activations
 //

@@ -150,10 +150,18 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 		}
 	}
 	p.ReservedByStream = a.Simulate(events, seg)
+	p.Reserved = p.ReservedWith(a.Fragmentation)
+	return p, nil
+}
+
+// ReservedWith is the peak reserved bytes with unmodelled fraction frag on
+// top of the simulated pools: Σ ReservedByStream × (1 + frag). Replay
+// reports it for its allocator's Fragmentation; a caller that varies only
+// that fraction (calibration) replays once and asks again.
+func (p Peak) ReservedWith(frag float64) int64 {
 	var res int64
 	for _, n := range p.ReservedByStream {
 		res += n
 	}
-	p.Reserved = res + int64(float64(res)*a.Fragmentation)
-	return p, nil
+	return res + int64(float64(res)*frag)
 }

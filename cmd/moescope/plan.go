@@ -42,6 +42,7 @@ type planJSON struct {
 	GradAccum           int             `json:"grad_accum"`
 	GlobalBatch         int             `json:"global_batch"`
 	TPS                 float64         `json:"tps"`
+	TPSInterval         *[2]float64     `json:"tps_interval,omitempty"`
 	MFU                 float64         `json:"mfu"`
 	MemoryFraction      float64         `json:"memory_fraction"`
 	StepTimeS           float64         `json:"step_time_s"`
@@ -81,7 +82,7 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 		ReshardAfterForward: l.ReshardAfterForward, KeepGathered: l.KeepGathered, AllreduceLastOnly: l.AllreduceLastOnly,
 		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(),
 		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
-		Bottleneck: r.Score.Bottleneck}
+		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval}
 	if breakdown {
 		j.Breakdown = r.Score.Breakdown
 	}
@@ -146,6 +147,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	bar.finish()
 	if err != nil {
 		return err // a plan.InfeasibleError explains itself; exit status 1
+	}
+	if err := planIntervals(simEv, rep, a.top); err != nil {
+		return err
 	}
 
 	title := fmt.Sprintf("%s on %d × %s (%s, %d GPUs per host), seq %d, memory target %.2f", cfg.Name, a.gpus, dev.Name, cl.Name, cl.GPUsPerNode, a.seq, a.target)
@@ -409,8 +413,8 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 			break
 		}
 		l := r.Point.Layout
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%.0f\t%.1f%%\t%.1f%%\t%.3f\t%s\t\n", i+1, l.DPShard, l.DPReplicate, l.EP,
-			l.Sharding, planOptions(l), r.Point.AC, r.Point.LBS, r.Point.GradAccum, r.Score.TPS, 100*r.Score.MFU,
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t%.1f%%\t%.3f\t%s\t\n", i+1, l.DPShard, l.DPReplicate, l.EP,
+			l.Sharding, planOptions(l), r.Point.AC, r.Point.LBS, r.Point.GradAccum, tpsText(r.Score), 100*r.Score.MFU,
 			100*r.Score.MemoryFraction, r.Score.StepTimeS, r.Score.Bottleneck)
 	}
 	tw.Flush()
@@ -489,4 +493,31 @@ func planShort(p plan.Point) string {
 		s += " " + o
 	}
 	return s + fmt.Sprintf(", %s, lbs %d", p.AC, p.LBS)
+}
+
+// planIntervals fills the calibrated TPS interval of the best plan and the
+// top reported ones (nothing without a calibration).
+func planIntervals(e *plan.SimEvaluator, rep *plan.Report, top int) error {
+	if e.Calibration == nil {
+		return nil
+	}
+	var err error
+	if rep.Best.Score.TPSInterval, err = e.Interval(rep.Best.Point); err != nil {
+		return err
+	}
+	for i := range rep.Plans[:min(top, len(rep.Plans))] {
+		if rep.Plans[i].Score.TPSInterval, err = e.Interval(rep.Plans[i].Point); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tpsText is a plan's TPS for the table, with "± x%" (the interval's larger
+// half-width) under a calibration.
+func tpsText(s plan.Score) string {
+	if iv := s.TPSInterval; iv != nil {
+		return fmt.Sprintf("%.0f ±%.0f%%", s.TPS, 100*math.Max(iv[1]/s.TPS-1, 1-iv[0]/s.TPS))
+	}
+	return fmt.Sprintf("%.0f", s.TPS)
 }

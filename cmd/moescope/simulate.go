@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -205,7 +206,15 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "step time\t%.4f s\t\n", r.StepTimeS)
-	fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f\t\n", r.TPS)
+	if iv := r.TPSInterval; iv != nil {
+		// The interval is asymmetric in TPS (symmetric in ln TPS); ± is
+		// its larger half-width.
+		pm := 100 * math.Max(iv[1]/r.TPS-1, 1-iv[0]/r.TPS)
+		fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f ± %.1f%%\t\n", r.TPS, pm)
+		fmt.Fprintf(tw, "TPS 90%% interval (calibration's fit)\t%.0f–%.0f\t\n", iv[0], iv[1])
+	} else {
+		fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f\t\n", r.TPS)
+	}
 	fmt.Fprintf(tw, "MFU (torchtitan)\t%.1f%%\t\n", 100*r.MFU)
 	convs := make([]string, 0, len(r.MFUByConvention))
 	for c := range r.MFUByConvention {

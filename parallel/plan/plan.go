@@ -68,6 +68,9 @@ type Score struct {
 	StepTimeS  float64
 	Bottleneck string
 	Breakdown  []TimePart
+	// TPSInterval is TPS's 90% interval under a calibration, filled for
+	// the reported plans only (SimEvaluator.Interval); nil otherwise.
+	TPSInterval *[2]float64
 }
 
 // Evaluator predicts points for the planner. Implementations must be

@@ -107,7 +107,8 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 		return s, nil
 	}
 	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
-		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory})
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory,
+		SkipInterval: true})
 	if err != nil {
 		return Score{}, err
 	}
@@ -130,6 +131,21 @@ func breakdownTimes(b sim.Breakdown) []TimePart {
 		out = append(out, TimePart{"exposed " + k, b.ExposedCommS[k]})
 	}
 	return out
+}
+
+// Interval is the 90% interval of p's TPS under the evaluator's
+// calibration (nil without one, or when it carries no fit covariance). The
+// search skips it; a caller asks for the plans it reports.
+func (e *SimEvaluator) Interval(p Point) (*[2]float64, error) {
+	if e.Calibration == nil {
+		return nil, nil
+	}
+	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
+		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory})
+	if err != nil {
+		return nil, err
+	}
+	return r.TPSInterval, nil
 }
 
 // Trace simulates p keeping its timeline and writes the step as a Chrome

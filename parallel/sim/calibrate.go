@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
+	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
-	"gonum.org/v1/gonum/optimize"
+	"gonum.org/v1/gonum/mat"
 )
 
 // Calibration holds named model parameters fitted to measured runs. A zero
@@ -23,6 +26,9 @@ type Calibration struct {
 	// GEMMScale, GroupedScale, AttentionScale, MemoryBoundScale multiply the
 	// modelled efficiency of dense GEMMs, grouped expert GEMMs, flash
 	// attention and memory-bound ops.
+	// ComputeScale multiplies all four compute efficiencies at once: the
+	// one overall scale a single run can identify.
+	ComputeScale     float64 `json:"compute_scale,omitempty"`
 	GEMMScale        float64 `json:"gemm_scale,omitempty"`
 	GroupedScale     float64 `json:"grouped_scale,omitempty"`
 	AttentionScale   float64 `json:"attention_scale,omitempty"`
@@ -46,6 +52,13 @@ type Calibration struct {
 	// reserved memory (null for runs that do not report it).
 	Residuals       []float64  `json:"residuals,omitempty"`
 	MemoryResiduals []*float64 `json:"memory_residuals,omitempty"`
+	// Covariance is the fit's covariance of the log-multipliers of
+	// CovarianceParams (the fitted TPS parameters, in that order), and
+	// ResidualSD the spread of ln TPS a prediction carries besides it:
+	// together they give a calibrated prediction its 90% interval.
+	CovarianceParams []string    `json:"covariance_params,omitempty"`
+	Covariance       [][]float64 `json:"covariance,omitempty"`
+	ResidualSD       float64     `json:"residual_sd,omitempty"`
 }
 
 func scaleOr1(v float64) float64 {
@@ -57,6 +70,7 @@ func scaleOr1(v float64) float64 {
 
 // Calibration parameter names, in fit order.
 const (
+	CalCompute     = "compute_scale"
 	CalGEMM        = "gemm_scale"
 	CalGrouped     = "grouped_scale"
 	CalAttention   = "attention_scale"
@@ -74,7 +88,8 @@ func (c *Calibration) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{CalGEMM, c.GEMMScale}, {CalGrouped, c.GroupedScale}, {CalAttention, c.AttentionScale}, {CalMemoryBound, c.MemoryBoundScale}} {
+	}{{CalCompute, c.ComputeScale}, {CalGEMM, c.GEMMScale}, {CalGrouped, c.GroupedScale}, {CalAttention, c.AttentionScale},
+		{CalMemoryBound, c.MemoryBoundScale}} {
 		if !(f.v == 0 || f.v >= 0.01 && f.v <= 100) {
 			errs = append(errs, fmt.Errorf("%s = %v: must be in [0.01, 100] (0 = default)", f.name, f.v))
 		}
@@ -90,6 +105,7 @@ func (c *Calibration) Validate() error {
 	if c.AllocatorOverhead < 0 || c.AllocatorOverhead >= 1 || math.IsNaN(c.AllocatorOverhead) {
 		errs = append(errs, fmt.Errorf("%s = %v: must be in [0, 1)", CalAllocator, c.AllocatorOverhead))
 	}
+	errs = append(errs, c.validateCovariance())
 	return errors.Join(errs...)
 }
 
@@ -180,6 +196,8 @@ func (s calState) calibration(x []float64, base Calibration) *Calibration {
 		// Multipliers stay within [0.01, 100] (Validate's range).
 		v := math.Max(0.01, math.Min(100, math.Exp(x[i])))
 		switch n {
+		case CalCompute:
+			c.ComputeScale = v
 		case CalGEMM:
 			c.GEMMScale = v
 		case CalGrouped:
@@ -197,19 +215,26 @@ func (s calState) calibration(x []float64, base Calibration) *Calibration {
 	return &c
 }
 
-// Calibrate fits the named parameters to measured runs with gonum's
-// Nelder–Mead: minimize Σ_runs ln²(predicted TPS / measured TPS) +
-// 1e-3·Σ x², x the log-multipliers (a weak pull to the defaults that picks
-// the smallest change when the runs cannot separate the parameters). A
-// parameter is fitted only when it is identifiable: moving it by 10% moves
-// some run's predicted TPS by at least 0.2% (a dense-only set of runs
-// leaves grouped_scale alone, single-node runs leave net_efficiency alone).
+// maxCalRuns bounds how many runs one calibration reads: a sweep is a
+// handful, a table of published runs a few hundred; the fit's time grows
+// linearly with the count.
+const maxCalRuns = 1000
+
+// Calibrate fits the model's parameters to measured runs (calfit.go: a
+// Levenberg–Marquardt fit of ln TPS with the grounded defaults as prior).
+// Only what the runs can tell apart is fitted: one run fits one overall
+// compute scale; several runs fit the efficiencies whose effects on the
+// runs are distinct (identify), the others kept at their defaults and
+// named. The fit's covariance and residual spread are kept for intervals.
 // The allocator overhead is then fitted alone to the runs that report peak
 // reserved memory (fitAllocator: least Σ ln²(predicted/measured reserved),
 // in closed form, kept at its default with a note when not identified).
 func Calibrate(runs []Run) (*Calibration, error) {
 	if len(runs) == 0 {
 		return nil, errors.New("calibrate: no runs")
+	}
+	if len(runs) > maxCalRuns {
+		return nil, fmt.Errorf("calibrate: %d runs: at most %d", len(runs), maxCalRuns)
 	}
 	f, err := prepareFit(runs)
 	if err != nil {
@@ -218,16 +243,37 @@ func Calibrate(runs []Run) (*Calibration, error) {
 	cl0 := f.preps[0].cl
 	st := calState{defaults: map[string]float64{CalNVLink: cl0.NVLinkEfficiency, CalNet: cl0.NetEfficiency}}
 	cal := &Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs))}
-	if st.names, cal.Kept, err = f.identifiable(st.defaults); err != nil {
+	candidates := tpsParams
+	if len(runs) == 1 {
+		candidates = []string{CalCompute}
+	}
+	var J0 *mat.Dense
+	var lp0 []float64
+	if st.names, cal.Kept, J0, lp0, err = f.identify(candidates, st.defaults); err != nil {
 		return nil, err
 	}
+	if len(runs) == 1 {
+		cal.Kept = append(cal.Kept, tpsParams...)
+	}
 	if len(st.names) > 0 {
-		x, err := f.fitTPS(st)
+		measured := make([]float64, len(runs))
+		for i, r := range runs {
+			measured[i] = math.Log(r.TPS)
+		}
+		fr, err := f.fitTPS(st, J0, lp0, measured)
 		if err != nil {
 			return nil, err
 		}
-		cal = st.calibration(x, *cal)
+		cal = st.calibration(fr.x, *cal)
 		cal.Fitted = append(cal.Fitted, st.names...)
+		cal.CovarianceParams, cal.ResidualSD = st.names, fr.residualSD
+		for a := range st.names {
+			row := make([]float64, len(st.names))
+			for b := range row {
+				row[b] = fr.cov.At(a, b)
+			}
+			cal.Covariance = append(cal.Covariance, row)
+		}
 	}
 	frag, ok, why, err := f.fitAllocator()
 	switch {
@@ -265,8 +311,32 @@ func prepareFit(runs []Run) (calFit, error) {
 		if f.preps[i], err = prepareSim(in); err != nil {
 			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}
+		if err := checkMeasured(r, f.preps[i]); err != nil {
+			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
+		}
 	}
 	return f, nil
+}
+
+// PricedPrecisions are the recipes the time model prices; calibrate fits
+// a run only at a precision it prices.
+var PricedPrecisions = []string{"bf16"}
+
+// checkMeasured refuses a run the fit cannot use: a precision the model
+// does not price, or a TPS that is not physical, i.e. whose MFU by
+// torchtitan's FLOP count would exceed the device's BF16 dense peak.
+func checkMeasured(r Run, p *simPrep) error {
+	if !slices.Contains(PricedPrecisions, r.Precision) {
+		return moe.FieldError{Field: "precision", Value: r.Precision,
+			Allowed: "a precision the time model prices: " + strings.Join(PricedPrecisions, ", ")}
+	}
+	perToken := p.convs[string(flops.Torchtitan)]
+	if bound := p.dev.BF16FLOPs / perToken; !(r.TPS > 0 && r.TPS <= bound) {
+		return moe.FieldError{Field: "tps", Value: r.TPS,
+			Allowed: fmt.Sprintf("must be in (0, %.4g] tokens/s per GPU: above it the run would exceed %s's BF16 peak (%.3g FLOP/s at %.4g FLOPs per token)",
+				bound, p.dev.Name, p.dev.BF16FLOPs, perToken)}
+	}
+	return nil
 }
 
 // predictTPS returns every run's predicted TPS under c (nil: defaults).
@@ -280,61 +350,6 @@ func (f calFit) predictTPS(c *Calibration) ([]float64, error) {
 		out[i] = r.TPS
 	}
 	return out, nil
-}
-
-// identifiable splits the TPS parameters, in fit order, into those the
-// runs can identify (moving one by 10% moves some run's predicted TPS by
-// at least 0.2%) and those kept at their defaults.
-func (f calFit) identifiable(defaults map[string]float64) (fit, kept []string, err error) {
-	base, err := f.predictTPS(nil)
-	if err != nil {
-		return nil, nil, fmt.Errorf("calibrate: %w", err)
-	}
-	for _, n := range tpsParams {
-		probe := calState{names: []string{n}, defaults: defaults}
-		moved, err := f.predictTPS(probe.calibration([]float64{math.Log(1.1)}, Calibration{}))
-		if err != nil {
-			return nil, nil, fmt.Errorf("calibrate: %w", err)
-		}
-		sens := 0.0
-		for i := range moved {
-			sens = math.Max(sens, math.Abs(math.Log(moved[i]/base[i])))
-		}
-		if sens >= 0.002 {
-			fit = append(fit, n)
-		} else {
-			kept = append(kept, n)
-		}
-	}
-	return fit, kept, nil
-}
-
-// tpsObjective is the TPS fit's objective at x (st's log-multipliers):
-// Σ_runs ln²(predicted/measured TPS) + 1e-3·Σ x².
-func (f calFit) tpsObjective(st calState, x []float64) (float64, error) {
-	pred, err := f.predictTPS(st.calibration(x, Calibration{}))
-	if err != nil {
-		return 0, err
-	}
-	v := 0.0
-	for i, r := range f.runs {
-		d := math.Log(pred[i] / r.TPS)
-		v += d * d
-	}
-	for _, xi := range x {
-		v += 1e-3 * xi * xi
-	}
-	return v, nil
-}
-
-// fitTPS fits st's parameters from the defaults (x = 0) and returns their
-// log-multipliers.
-func (f calFit) fitTPS(st calState) ([]float64, error) {
-	obj := func(x []float64) (float64, error) { return f.tpsObjective(st, x) }
-	// Stop when the objective (squared log errors) has not moved by
-	// 1e-6 for 10 iterations: TPS errors then agree to ~0.1%.
-	return nelderMead(obj, make([]float64, len(st.names)),
-		&optimize.Settings{FuncEvaluations: 600, Converger: &optimize.FunctionConverge{Absolute: 1e-6, Iterations: 10}})
 }
 
 // fitAllocator fits the allocator's unmodelled fraction f to the runs that
@@ -375,30 +390,6 @@ func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
 			"the default is kept", CalAllocator, 100*frag), nil
 	}
 	return frag, true, "", nil
-}
-
-// nelderMead minimizes obj from x0 under settings with gonum's Nelder–Mead.
-// An evaluation that fails counts as +Inf to the optimizer and fails the
-// fit with its error; an optimizer error fails it only when no result came
-// back (the problem could not be set up), else the best point found stands.
-func nelderMead(obj func([]float64) (float64, error), x0 []float64, settings *optimize.Settings) ([]float64, error) {
-	var objErr error
-	fn := func(x []float64) float64 {
-		v, err := obj(x)
-		if err != nil {
-			objErr = err
-			return math.Inf(1)
-		}
-		return v
-	}
-	res, err := optimize.Minimize(optimize.Problem{Func: fn}, x0, settings, &optimize.NelderMead{})
-	if objErr != nil {
-		return nil, fmt.Errorf("calibrate: %w", objErr)
-	}
-	if err != nil && res == nil {
-		return nil, fmt.Errorf("calibrate: %w", err)
-	}
-	return res.X, nil
 }
 
 // recordResiduals sets cal's relative TPS and peak-reserved errors, run by

@@ -121,11 +121,12 @@ func (c ComputeSpec) Calibrated(cal *Calibration) ComputeSpec {
 	if cal == nil {
 		return c
 	}
-	c.GEMMEff = math.Min(1, c.GEMMEff*scaleOr1(cal.GEMMScale))
-	c.GroupedEff = math.Min(1, c.GroupedEff*scaleOr1(cal.GroupedScale))
-	c.AttnFwdEff = math.Min(1, c.AttnFwdEff*scaleOr1(cal.AttentionScale))
-	c.AttnBwdEff = math.Min(1, c.AttnBwdEff*scaleOr1(cal.AttentionScale))
-	c.MemEff = math.Min(1, c.MemEff*scaleOr1(cal.MemoryBoundScale))
+	all := scaleOr1(cal.ComputeScale)
+	c.GEMMEff = math.Min(1, c.GEMMEff*all*scaleOr1(cal.GEMMScale))
+	c.GroupedEff = math.Min(1, c.GroupedEff*all*scaleOr1(cal.GroupedScale))
+	c.AttnFwdEff = math.Min(1, c.AttnFwdEff*all*scaleOr1(cal.AttentionScale))
+	c.AttnBwdEff = math.Min(1, c.AttnBwdEff*all*scaleOr1(cal.AttentionScale))
+	c.MemEff = math.Min(1, c.MemEff*all*scaleOr1(cal.MemoryBoundScale))
 	return c
 }
 

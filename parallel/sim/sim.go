@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
@@ -48,6 +49,10 @@ type Input struct {
 	// by Input.AC. The zero value is eager torchtitan defaults with
 	// expandable segments.
 	Memory memory.Options
+	// SkipInterval leaves out the calibrated TPS interval, which costs one
+	// more simulation per fitted parameter (a search computes it for the
+	// plans it reports only).
+	SkipInterval bool
 }
 
 // Result is the prediction for one layout.
@@ -58,6 +63,10 @@ type Result struct {
 	StepTimeS float64 `json:"step_time_s"`
 	// TPS is a rank's own tokens per second (torchtitan's definition).
 	TPS float64 `json:"tps"`
+	// TPSInterval is TPS's 90% interval [low, high] under a calibration
+	// that carries the fit's covariance (absent otherwise, and when
+	// Input.SkipInterval).
+	TPSInterval *[2]float64 `json:"tps_interval,omitempty"`
 	// MFU uses the torchtitan FLOP convention; MFUByConvention holds every
 	// convention flops knows; HFU the hardware count (recompute included).
 	MFU             float64            `json:"mfu"`
@@ -122,7 +131,12 @@ func Simulate(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return p.run(in.Calibration)
+	res, err := p.run(in.Calibration)
+	if err != nil || in.SkipInterval {
+		return res, err
+	}
+	res.TPSInterval, err = p.tpsInterval(in.Calibration, res)
+	return res, err
 }
 
 // simPrep is everything of a simulation that a calibration does not
@@ -143,7 +157,12 @@ type simPrep struct {
 	convs  map[string]float64 // FLOPs per token by convention
 	hwFLOP float64            // hardware FLOPs per token
 	params float64            // parameters this rank's optimizer updates
-	tokens float64            // per rank per step
+	// peaks caches the memory replay by allocator with its Fragmentation
+	// zeroed: a calibration's trials change only that fraction, and the
+	// replay is most of a simulation's time.
+	peaksMu sync.Mutex
+	peaks   map[memory.Allocator]memory.Peak
+	tokens  float64 // per rank per step
 }
 
 // prepareSim checks in, resolves its device and cluster and builds what
@@ -322,7 +341,7 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 		alloc.Fragmentation = cal.AllocatorOverhead
 		alloc.Source = "calibrated"
 	}
-	peak, err := memory.Replay(p.mem.Events, alloc, in.Memory.Segments)
+	peak, err := p.replay(alloc)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
@@ -351,4 +370,26 @@ func (in Input) memoryOptions() memory.Options {
 	o := in.Memory
 	o.AC = in.AC
 	return o
+}
+
+// replay is memory.Replay of the prepared timeline under a, from the cache
+// when only a's Fragmentation differs from an earlier replay.
+func (p *simPrep) replay(a memory.Allocator) (memory.Peak, error) {
+	key := a
+	key.Fragmentation = 0
+	p.peaksMu.Lock()
+	defer p.peaksMu.Unlock()
+	peak, ok := p.peaks[key]
+	if !ok {
+		var err error
+		if peak, err = memory.Replay(p.mem.Events, key, p.in.Memory.Segments); err != nil {
+			return memory.Peak{}, err
+		}
+		if p.peaks == nil {
+			p.peaks = map[memory.Allocator]memory.Peak{}
+		}
+		p.peaks[key] = peak
+	}
+	peak.Reserved = peak.ReservedWith(a.Fragmentation)
+	return peak, nil
 }

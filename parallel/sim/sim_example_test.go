@@ -3,7 +3,6 @@ package sim_test
 import (
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
@@ -34,8 +33,10 @@ func ExampleSimulate() {
 
 // Fit the model to a measured run of your own stack, then predict with it.
 func ExampleCalibrate() {
-	measured := sim.Run{Model: "tiny-dense", GPU: "b200", GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1,
-		AC: "none", LBS: 2, Seq: 128, Precision: "bf16", TPS: 400000}
+	// torchtitan's Llama 3.1 8B on 8 H100 (96 GB), 2024-12 (R171 in
+	// testdata/published): one run, so one overall compute scale.
+	measured := sim.Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1,
+		AC: "selective", LBS: 2, Seq: 8192, Precision: "bf16", TPS: 6667}
 	cal, err := sim.Calibrate([]sim.Run{measured})
 	if err != nil {
 		panic(err)
@@ -49,6 +50,7 @@ func ExampleCalibrate() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("gemm_scale fitted: %v; predicted TPS within 1%%: %v\n", slices.Contains(cal.Fitted, sim.CalGEMM), math.Abs(r.TPS/400000-1) < 0.01)
-	// Output: gemm_scale fitted: true; predicted TPS within 1%: true
+	fmt.Printf("fitted %v; predicted TPS within 1%%: %v; interval given: %v\n", cal.Fitted[0], math.Abs(r.TPS/6667-1) < 0.01,
+		r.TPSInterval != nil && r.TPSInterval[0] < r.TPS && r.TPS < r.TPSInterval[1])
+	// Output: fitted compute_scale; predicted TPS within 1%: true; interval given: true
 }
