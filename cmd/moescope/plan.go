@@ -133,14 +133,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err := a.checkOutputs(); err != nil {
 		return err
 	}
-	cfg, dev, cl, cal, err := a.load()
+	simEv, err := a.evaluator()
 	if err != nil {
 		return err
 	}
-	simEv := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
-	if err := a.mem.apply(&simEv.Memory); err != nil {
-		return err
-	}
+	cfg, dev, cl := simEv.Model, simEv.Device, simEv.Cluster
 	req := a.request(cfg, cl)
 	bar := newProgressBar(stderr)
 	if bar != nil {
@@ -171,7 +168,21 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	} else {
 		planWriteTable(stdout, title, rep, a.top, dev)
 	}
-	return a.writeFiles(stderr, title, rep, cfg, dev, simEv, cal, narrowed.String())
+	return a.writeFiles(stderr, title, rep, cfg, dev, simEv, simEv.Calibration, narrowed.String())
+}
+
+// evaluator loads the model, hardware and calibration the flags name and
+// returns the planner's evaluator over them, with the memory-model flags.
+func (a *planArgs) evaluator() (*plan.SimEvaluator, error) {
+	cfg, dev, cl, cal, err := a.load()
+	if err != nil {
+		return nil, err
+	}
+	ev := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
+	if err := a.mem.apply(&ev.Memory); err != nil {
+		return nil, err
+	}
+	return ev, nil
 }
 
 // parsePlanArgs reads and checks plan's flags.

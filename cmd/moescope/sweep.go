@@ -78,14 +78,11 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if *maxJobs < 3 || *maxJobs > 32 || *steps < 3 || *steps > 100000 {
 		return fmt.Errorf("%w: --max-jobs = %d must be in [3, 32]; --steps = %d must be in [3, 100000]", errUsage, *maxJobs, *steps)
 	}
-	cfg, dev, cl, cal, err := a.load()
+	ev, err := a.evaluator()
 	if err != nil {
 		return err
 	}
-	ev := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
-	if err := a.mem.apply(&ev.Memory); err != nil {
-		return err
-	}
+	cfg, dev, cl := ev.Model, ev.Device, ev.Cluster
 	req := a.request(cfg, cl)
 	req.Admit = func(p plan.Point) error {
 		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p), plan.TorchtitanAdmit(plan.TorchtitanPy, p))

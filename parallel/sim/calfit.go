@@ -270,41 +270,10 @@ func broyden(J *mat.Dense, x, xt, r, rt []float64) {
 	}
 }
 
-// normalEquations returns the Gauss–Newton system of the objective at
-// (J, r, x): A = JᵀJ/σRun² + I/σPrior², g = Jᵀr/σRun² + x/σPrior².
-func normalEquations(J *mat.Dense, r, x []float64) (*mat.SymDense, []float64) {
+// information is JᵀJ/s² + I/σPrior²: what runs of spread s and the prior
+// know about the log-multipliers.
+func information(J *mat.Dense, s float64) *mat.SymDense {
 	n, k := J.Dims()
-	A := mat.NewSymDense(k, nil)
-	g := make([]float64, k)
-	for a := 0; a < k; a++ {
-		for b := a; b < k; b++ {
-			s := 0.0
-			for i := 0; i < n; i++ {
-				s += J.At(i, a) * J.At(i, b)
-			}
-			s /= sigmaRun * sigmaRun
-			if a == b {
-				s += 1 / (sigmaPrior * sigmaPrior)
-			}
-			A.SetSym(a, b, s)
-		}
-		for i := 0; i < n; i++ {
-			g[a] += J.At(i, a) * r[i] / (sigmaRun * sigmaRun)
-		}
-		g[a] += x[a] / (sigmaPrior * sigmaPrior)
-	}
-	return A, g
-}
-
-// uncertainty estimates the fit's residual spread (the RMS residual over
-// the degrees of freedom left, never below σRun; σRun when none is left)
-// and the covariance of x: (JᵀJ/s² + I/σPrior²)⁻¹.
-func (f calFit) uncertainty(st calState, J *mat.Dense, r, x []float64) (fitResult, error) {
-	n, k := len(r), len(x)
-	s := sigmaRun
-	if n > k {
-		s = math.Max(s, math.Sqrt(dot(r, r)/float64(n-k)))
-	}
 	A := mat.NewSymDense(k, nil)
 	for a := 0; a < k; a++ {
 		for b := a; b < k; b++ {
@@ -319,8 +288,34 @@ func (f calFit) uncertainty(st calState, J *mat.Dense, r, x []float64) (fitResul
 			A.SetSym(a, b, v)
 		}
 	}
+	return A
+}
+
+// normalEquations returns the Gauss–Newton system of the objective at
+// (J, r, x): A = information(J, σRun), g = Jᵀr/σRun² + x/σPrior².
+func normalEquations(J *mat.Dense, r, x []float64) (*mat.SymDense, []float64) {
+	n, k := J.Dims()
+	g := make([]float64, k)
+	for a := 0; a < k; a++ {
+		for i := 0; i < n; i++ {
+			g[a] += J.At(i, a) * r[i] / (sigmaRun * sigmaRun)
+		}
+		g[a] += x[a] / (sigmaPrior * sigmaPrior)
+	}
+	return information(J, sigmaRun), g
+}
+
+// uncertainty estimates the fit's residual spread (the RMS residual over
+// the degrees of freedom left, never below σRun; σRun when none is left)
+// and the covariance of x: (JᵀJ/s² + I/σPrior²)⁻¹.
+func (f calFit) uncertainty(st calState, J *mat.Dense, r, x []float64) (fitResult, error) {
+	n, k := len(r), len(x)
+	s := sigmaRun
+	if n > k {
+		s = math.Max(s, math.Sqrt(dot(r, r)/float64(n-k)))
+	}
 	var ch mat.Cholesky
-	if !ch.Factorize(A) {
+	if !ch.Factorize(information(J, s)) {
 		return fitResult{}, fmt.Errorf("calibrate: the fit's information matrix is not positive definite")
 	}
 	var cov mat.SymDense
