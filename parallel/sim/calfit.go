@@ -243,7 +243,7 @@ func (f calFit) fitTPS(st calState, J *mat.Dense, lp, measured []float64) (fitRe
 	if err != nil {
 		return fitResult{}, err
 	}
-	return f.uncertainty(st, J, resid(lpx), x)
+	return f.uncertainty(J, resid(lpx), x)
 }
 
 // broyden updates J after the step x → xt moved the residuals r → rt:
@@ -308,7 +308,7 @@ func normalEquations(J *mat.Dense, r, x []float64) (*mat.SymDense, []float64) {
 // uncertainty estimates the fit's residual spread (the RMS residual over
 // the degrees of freedom left, never below σRun; σRun when none is left)
 // and the covariance of x: (JᵀJ/s² + I/σPrior²)⁻¹.
-func (f calFit) uncertainty(st calState, J *mat.Dense, r, x []float64) (fitResult, error) {
+func (f calFit) uncertainty(J *mat.Dense, r, x []float64) (fitResult, error) {
 	n, k := len(r), len(x)
 	s := sigmaRun
 	if n > k {
