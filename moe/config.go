@@ -134,7 +134,14 @@ type Config struct {
 	// rope_parameters) when it is not "default" (llama3, yarn, linear, …):
 	// it changes RoPE's frequencies, which the accounting does not see and
 	// the reference implementation does not execute (NewModel refuses it).
-	RopeScaling    string  `json:"rope_scaling,omitempty"`
+	RopeScaling string `json:"rope_scaling,omitempty"`
+	// RopeInterleave rotates adjacent pairs (x₀,x₁), (x₂,x₃), … instead of
+	// the halves (x_i, x_{i+r/2}) (DeepSeek-V3's rope_interleave; DeepSeek-V2's
+	// complex-number RoPE is the same rotation).
+	RopeInterleave bool `json:"rope_interleave,omitempty"`
+	// AttnScale is the softmax scale of q·kᵀ; 0 means 1/√HeadDim. YaRN
+	// configs of DeepSeek-V3 set (1/√HeadDim)·mscale² (see moe/hf).
+	AttnScale      float64 `json:"attn_scale,omitempty"`
 	TiedEmbeddings bool    `json:"tied_embeddings"`
 	NormEps        float64 `json:"norm_eps"`
 
@@ -148,6 +155,13 @@ type Config struct {
 	// once (both in aux.go).
 	SeqAuxLoss bool    `json:"seq_aux_loss"`
 	InitRange  float64 `json:"init_range"` // std of the normal initialization
+
+	// MLA is multi-head latent attention (mla.go); zero for standard attention.
+	MLA MLA `json:"mla"`
+	// MTPLayers is num_nextn_predict_layers: multi-token-prediction modules
+	// in the checkpoint beyond Layers. Hugging Face's model ignores them and
+	// so does every count here unless a caller asks (flops.CountMTP).
+	MTPLayers int `json:"mtp_layers,omitempty"`
 
 	// Names are the checkpoint's module names where they differ between
 	// model types.
@@ -182,6 +196,9 @@ func (c *Config) MoELayers() int {
 
 // RotaryDim is the number of head dimensions RoPE rotates (even).
 func (c *Config) RotaryDim() int {
+	if c.IsMLA() {
+		return c.MLA.Rope
+	}
 	r := int(math.Round(float64(c.HeadDim) * c.RotaryFraction))
 	return r - r%2
 }
@@ -225,6 +242,7 @@ func (c *Config) Validate() error {
 	c.validateTensorCount(&e)
 	c.validateShared(&e)
 	c.validateNumerics(&e)
+	c.validateMLA(&e)
 	return errors.Join(e...)
 }
 
@@ -356,6 +374,12 @@ func (c *Config) validateNumerics(e *fieldErrors) {
 	}
 	if !(c.AuxLossCoef >= 0) || math.IsInf(c.AuxLossCoef, 0) {
 		e.bad("aux_loss_coef", c.AuxLossCoef, "must be a finite number ≥ 0")
+	}
+	if !(c.AttnScale >= 0) || math.IsInf(c.AttnScale, 0) {
+		e.bad("attn_scale", c.AttnScale, "must be 0 (1/√head_dim) or a finite number > 0")
+	}
+	if c.MTPLayers < 0 || c.MTPLayers > MaxDim {
+		e.bad("mtp_layers", c.MTPLayers, fmt.Sprintf("must be in [0, %d]", MaxDim))
 	}
 	if !(c.InitRange > 0) || math.IsInf(c.InitRange, 0) {
 		e.bad("init_range", c.InitRange, "must be a finite number > 0")

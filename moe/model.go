@@ -31,6 +31,9 @@ func NewModel[T Float](c *Config) (*Model[T], error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	if c.IsMLA() {
+		return nil, fmt.Errorf("%s: multi-head latent attention (kv_lora_rank = %d) is not executed by the reference model yet; FLOP, parameter and memory accounting support it", c.Name, c.MLA.KVRank)
+	}
 	if c.RopeScaling != "" {
 		return nil, fmt.Errorf("%s: rope_scaling with rope_type %q is not implemented by the reference model (only plain RoPE); FLOP and memory accounting do not depend on it", c.Name, c.RopeScaling)
 	}

@@ -68,6 +68,9 @@ package moe
 // router gate excluded (torchtitan's policy neither counts nor saves it).
 func blockLinears(c *Config, l int) []Op {
 	ops := []Op{OpQProj, OpKProj, OpVProj, OpOProj}
+	if c.IsMLA() {
+		ops = mlaLinears(c)
+	}
 	switch {
 	case !c.MoELayer[l]:
 		ops = append(ops, OpDenseGate, OpDenseUp, OpDenseDown)
@@ -95,8 +98,14 @@ func selectiveSaved(c *Config, l int) []Op {
 // linearOut is the output width of a block linear.
 func linearOut(c *Config, op Op) int {
 	switch op {
-	case OpQProj:
+	case OpQProj, OpQBProj:
 		return c.Heads * c.HeadDim
+	case OpQAProj:
+		return c.MLA.QRank
+	case OpKVAProj:
+		return c.MLA.KVRank + c.MLA.Rope
+	case OpKVBProj:
+		return c.Heads * (c.MLA.Nope + c.MLA.V)
 	case OpKProj, OpVProj:
 		return c.KVHeads * c.HeadDim
 	case OpSharedGate, OpSharedUp:
@@ -176,7 +185,7 @@ func (s *savedList) selective() {
 	for _, op := range selectiveSaved(c, s.layer) {
 		s.add(op, "output", T*int64(linearOut(c, op)), s.act)
 	}
-	s.add(OpAttn, "output", T*int64(c.Heads*c.HeadDim), s.act)
+	s.add(OpAttn, "output", T*int64(c.Heads*c.VHeadDim()), s.act)
 	s.add(OpAttn, "lse", T*int64(c.Heads), F32)
 	if c.MoELayer[s.layer] {
 		s.add(OpRouterTopK, "values", T*K, F32)
@@ -189,6 +198,10 @@ func (s *savedList) selective() {
 // flash attention's q, k, v, output and lse.
 func (s *savedList) attention() {
 	c, T := s.c, s.T
+	if c.IsMLA() {
+		s.mlaAttention()
+		return
+	}
 	q, kv := int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim)
 	s.add(OpAttnNorm, "rstd", T, F32)
 	s.add(OpQProj, "input", T*int64(c.Hidden), s.act)

@@ -192,6 +192,9 @@ func Config(r *rand.Rand) *moe.Config {
 func ConfigOf(r *rand.Rand, modelType string) *moe.Config {
 	drawer, ok := drawers[modelType]
 	if !ok {
+		drawer, ok = mlaDrawers[modelType]
+	}
+	if !ok {
 		panic(fmt.Sprintf("moetest: no drawer for model_type %q", modelType))
 	}
 	d := &draw{r: r, keys: map[string]any{"model_type": modelType}, layers: 1 + r.IntN(3), headDim: 2 * (1 + r.IntN(3))}
