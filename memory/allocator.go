@@ -140,31 +140,68 @@ func (p *simPool) bestFit(r int64) *simBlock {
 	return best
 }
 
-type simKey struct {
-	label        string
-	layer, micro int
-}
-
+// allocSim is one replay. Frees find their block through pairs (event
+// index of the allocation each free releases) rather than by label, and
+// pools are indexed by stream and size class: the replay runs for every
+// layout a planner sizes.
 type allocSim struct {
 	a          Allocator
 	expandable bool
-	pools      map[[2]any]*simPool
-	live       map[simKey]*simBlock
-	reserved   map[Stream]int64
+	pools      [2 * numStreams]*simPool
+	blocks     []*simBlock // by allocation event index: its live block
+	pairs      []int       // by free event index: its allocation's index (-1: none)
+	reserved   [numStreams]int64
 	segs       int
 }
 
-func (s *allocSim) pool(st Stream, small bool) *simPool {
-	k := [2]any{st, small}
-	p, ok := s.pools[k]
-	if !ok {
-		p = &simPool{}
-		s.pools[k] = p
+const numStreams = 3
+
+// streamIndex numbers the streams of Streams (others are refused by Replay).
+func streamIndex(st Stream) int {
+	switch st {
+	case AllGatherStream:
+		return 1
+	case ReduceScatterStream:
+		return 2
 	}
-	return p
+	return 0
 }
 
-func (s *allocSim) alloc(e Event) {
+func (s *allocSim) pool(st Stream, small bool) *simPool {
+	k := 2 * streamIndex(st)
+	if small {
+		k++
+	}
+	if s.pools[k] == nil {
+		s.pools[k] = &simPool{}
+	}
+	return s.pools[k]
+}
+
+// pairEvents returns, for each free event, the index of the allocation it
+// releases (label, layer and micro-step match), -1 for allocations and
+// for frees of nothing live.
+func pairEvents(events []Event) []int {
+	type key struct {
+		label        string
+		layer, micro int
+	}
+	live := make(map[key]int, len(events)/2)
+	pairs := make([]int, len(events))
+	for i, e := range events {
+		k := key{e.Label, e.Layer, e.Micro}
+		pairs[i] = -1
+		if e.Alloc {
+			live[k] = i
+		} else if j, ok := live[k]; ok {
+			pairs[i] = j
+			delete(live, k)
+		}
+	}
+	return pairs
+}
+
+func (s *allocSim) alloc(i int, e Event) {
 	r := s.a.Round(e.Bytes)
 	small := r <= s.a.SmallBytes
 	p := s.pool(e.Stream, small)
@@ -178,7 +215,7 @@ func (s *allocSim) alloc(e Event) {
 		s.segs++
 		b = &simBlock{seg: s.segs, size: size, free: true, pool: p}
 		p.free = append(p.free, b)
-		s.reserved[e.Stream] += size
+		s.reserved[streamIndex(e.Stream)] += size
 	}
 	p.remove(b)
 	b.free = false
@@ -195,7 +232,7 @@ func (s *allocSim) alloc(e Event) {
 			p.tail = n
 		}
 	}
-	s.live[simKey{e.Label, e.Layer, e.Micro}] = b
+	s.blocks[i] = b
 }
 
 // grow maps pages at the end of pool p's expandable segment until its last
@@ -221,17 +258,17 @@ func (s *allocSim) grow(p *simPool, st Stream, r int64, small bool) *simBlock {
 	}
 	mapped := roundUp(r-t.size, page)
 	t.size += mapped
-	s.reserved[st] += mapped
+	s.reserved[streamIndex(st)] += mapped
 	return t
 }
 
-func (s *allocSim) release(e Event) {
-	k := simKey{e.Label, e.Layer, e.Micro}
-	b := s.live[k]
-	if b == nil {
+func (s *allocSim) release(i int) {
+	j := s.pairs[i]
+	if j < 0 || s.blocks[j] == nil {
 		return // Replay reports unbalanced timelines
 	}
-	delete(s.live, k)
+	b := s.blocks[j]
+	s.blocks[j] = nil
 	p := b.pool
 	b.free = true
 	if n := b.next; n != nil && n.free {
@@ -264,25 +301,36 @@ func (s *allocSim) release(e Event) {
 // mode seg and returns the reserved bytes of each stream's pools at the
 // end, which for a never-releasing cache is their peak.
 func (a Allocator) Simulate(events []Event, seg Segments) map[Stream]int64 {
-	s := &allocSim{a: a, expandable: seg != Fixed, pools: map[[2]any]*simPool{}, live: map[simKey]*simBlock{}, reserved: map[Stream]int64{}}
-	apply := func(e Event) {
+	return a.simulate(events, pairEvents(events), seg)
+}
+
+// simulate is Simulate with the events' pairs already found.
+func (a Allocator) simulate(events []Event, pairs []int, seg Segments) map[Stream]int64 {
+	s := &allocSim{a: a, expandable: seg != Fixed, blocks: make([]*simBlock, len(events)), pairs: pairs}
+	apply := func(i int, e Event) {
 		if e.Alloc {
-			s.alloc(e)
+			s.alloc(i, e)
 		} else {
-			s.release(e)
+			s.release(i)
 		}
 	}
-	for _, e := range events {
+	for i, e := range events {
 		if e.Phase == Setup {
-			apply(e)
+			apply(i, e)
 		}
 	}
 	for pass := 0; pass < 2; pass++ {
-		for _, e := range events {
+		for i, e := range events {
 			if e.Phase != Setup {
-				apply(e)
+				apply(i, e)
 			}
 		}
 	}
-	return s.reserved
+	out := make(map[Stream]int64, numStreams)
+	for _, st := range Streams() {
+		if n := s.reserved[streamIndex(st)]; n > 0 {
+			out[st] = n
+		}
+	}
+	return out
 }

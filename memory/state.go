@@ -2,6 +2,8 @@ package memory
 
 import (
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -37,6 +39,29 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 	if err := l.CheckModel(cfg); err != nil {
 		return nil, err
 	}
+	key := unitsKey{cfg: fmt.Sprintf("%#v", *cfg), dpShard: l.DPShard, ep: l.EP}
+	if us, ok := unitsCache.Load(key); ok {
+		return slices.Clone(us.([]Unit)), nil
+	}
+	units := units(cfg, l)
+	unitsCache.Store(key, slices.Clone(units))
+	return units, nil
+}
+
+// unitsCache memoizes Units by the config's whole content and the two
+// layout fields Units reads: a planner sizes thousands of candidates of
+// one model, and listing a large MoE's tensors (moe.Config.Params, tens of
+// thousands of named entries) was a third of its time. Keys are few (one
+// per model and dp_shard × ep), so it is never evicted.
+var unitsCache sync.Map
+
+type unitsKey struct {
+	cfg         string // fmt %#v of the config: every field, slices included
+	dpShard, ep int
+}
+
+// units computes Units (the layout already checked).
+func units(cfg *moe.Config, l moe.Layout) []Unit {
 	head := cfg.LayerHead()
 	units := make([]Unit, 0, cfg.Layers+2)
 	index := map[int]int{}
@@ -100,7 +125,7 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 			u.Shard += localE * chunk(k.rows, efsdp) * k.cols
 		}
 	}
-	return units, nil
+	return units
 }
 
 // chunk is torch.chunk's chunk size: ⌈n/k⌉.

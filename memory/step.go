@@ -190,6 +190,7 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 	if err != nil {
 		return nil, nil, err
 	}
+	s.events = make([]Event, 0, s.eventsBound(b.GradAccum))
 	s.setup()
 	for m := 0; m < b.GradAccum; m++ {
 		s.micro = m
@@ -204,6 +205,19 @@ func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, 
 	}
 	s.optimizerStep()
 	return s.events, savedBytes, nil
+}
+
+// eventsBound is a generous count of the step's events, to size the slice
+// once: per micro-step each saved or recomputed record is allocated and
+// freed, each unit emits at most about 30 buffer events, plus the loss's
+// chunks; setup and optimizer a few per unit.
+func (s *stepBuilder) eventsBound(micro int) int {
+	records := 0
+	for i := range s.units {
+		records += len(s.saved[i]) + len(s.none[i])
+	}
+	perMicro := 2*records + 30*len(s.units) + 16*max(1, s.o.LossChunks)
+	return 8*len(s.units) + micro*perMicro
 }
 
 // setup emits what is live when the step begins. Per unit, as StateOf sums

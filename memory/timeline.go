@@ -106,7 +106,8 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 		label        string
 		layer, micro int
 	}
-	live := map[key]int64{}
+	live := make(map[key]int, len(events)/2) // the live allocation's event index
+	pairs := make([]int, len(events))
 	var cur int64
 	var p Peak
 	p.Index = -1
@@ -122,18 +123,20 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 		}
 		k := key{e.Label, e.Layer, e.Micro}
 		r := roundUp(max(e.Bytes, 1), a.RoundBytes)
+		pairs[i] = -1
 		if e.Alloc {
 			if _, dup := live[k]; dup {
 				return Peak{}, fmt.Errorf("event %d (%s): allocated twice", i, e)
 			}
-			live[k] = e.Bytes
+			live[k] = i
 			cur += r
 			byCat[e.Category] += r
 		} else {
-			n, ok := live[k]
-			if !ok || n != e.Bytes {
+			j, ok := live[k]
+			if !ok || events[j].Bytes != e.Bytes {
 				return Peak{}, fmt.Errorf("event %d (%s): frees nothing live of that size", i, e)
 			}
+			pairs[i] = j
 			delete(live, k)
 			cur -= r
 			byCat[e.Category] -= r
@@ -149,7 +152,7 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 			}
 		}
 	}
-	p.ReservedByStream = a.Simulate(events, seg)
+	p.ReservedByStream = a.simulate(events, pairs, seg)
 	p.Reserved = p.ReservedWith(a.Fragmentation)
 	return p, nil
 }

@@ -1,6 +1,9 @@
 package parallel
 
 import (
+	"fmt"
+	"sync"
+
 	"github.com/moescope/moescope/moe"
 )
 
@@ -115,7 +118,25 @@ type UnitIndex struct {
 	ByLayer map[int][]int
 }
 
+// NewUnitIndex returns cfg's index. It is shared by every caller with a
+// config of the same content
+// (memoized: the planner builds a schedule per candidate, and listing a
+// large MoE's named tensors dominated that), so it must be read only.
 func NewUnitIndex(cfg *moe.Config) *UnitIndex {
+	key := fmt.Sprintf("%#v", *cfg)
+	if x, ok := unitIndexes.Load(key); ok {
+		return x.(*UnitIndex)
+	}
+	x := newUnitIndex(cfg)
+	unitIndexes.Store(key, x)
+	return x
+}
+
+// unitIndexes memoizes NewUnitIndex by the config's whole content (fmt
+// %#v, slices included); there is one entry per model a process uses.
+var unitIndexes sync.Map
+
+func newUnitIndex(cfg *moe.Config) *UnitIndex {
 	x := &UnitIndex{params: cfg.Params(), ByLayer: map[int][]int{}}
 	head := cfg.LayerHead()
 	for i, p := range x.params {

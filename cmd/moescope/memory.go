@@ -52,6 +52,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device from the registry (its capacity as PyTorch reports it)")
 	lf := addLayoutFlags(fs)
+	precision := addPrecisionFlag(fs)
 	lf.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required unless --max-lbs)")
@@ -70,6 +71,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	if err := lf.checkRefused(); err != nil {
+		return err
+	}
+	if err := checkPrecisionFlag(*precision); err != nil {
 		return err
 	}
 	if *seq < 1 {

@@ -176,6 +176,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.IntVar(&a.gpus, "gpus", 0, "GPUs in the job, the target scale (required)")
 	fs.IntVar(&a.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
+	precision := addPrecisionFlag(fs)
 	fs.Float64Var(&a.target, "memory-target", 0.92, "largest memory fraction (peak reserved / device memory) a plan may use, in (0, 1]")
 	fs.IntVar(&a.globalBatch, "global-batch", 0, "sequences per optimizer step at the target scale (0 = free: no accumulation)")
 	fs.StringVar(&a.calibration, "calibration", "", "calibration JSON from moescope calibrate")
@@ -194,6 +195,9 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 		return nil, err
 	}
 	a.gpusPerNodeSet = setFlags(fs)["gpus-per-node"]
+	if err := checkPrecisionFlag(*precision); err != nil {
+		return nil, err
+	}
 	return a, a.validate()
 }
 

@@ -78,6 +78,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	fs.StringVar(&hwf.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one)")
 	fs.StringVar(&hwf.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
+	precision := addPrecisionFlag(fs)
 	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N")
 	mf := addMemoryModelFlags(fs)
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
@@ -90,6 +91,9 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory the layout may use to count as within target, in (0, 1]")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := checkPrecisionFlag(*precision); err != nil {
 		return err
 	}
 	if *model == "" {
@@ -137,7 +141,8 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	in := sim.Input{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
-		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target}
+		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target,
+		Precision: *precision}
 	if err := mf.apply(&in.Memory); err != nil {
 		return err
 	}

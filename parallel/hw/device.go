@@ -42,6 +42,9 @@ type Device struct {
 	// LaunchOverheadS is the time one kernel launch adds to a kernel on
 	// the critical path, seconds; 0 = the compute model's default.
 	LaunchOverheadS float64 `json:"launch_overhead_s,omitempty"`
+	// Kernels are the device's measured kernel rates; nil for a device
+	// file that gives none (the compute model then uses its fallbacks).
+	Kernels *Kernels `json:"kernels,omitempty"`
 	// Sources gives the origin of each number, keyed by its JSON field.
 	Sources map[string]string `json:"sources"`
 }
@@ -98,14 +101,15 @@ func unknownDevice(name string) error {
 }
 
 // ParseDevice decodes and validates one device JSON document; unknown
-// fields are errors, and so are missing ones other than description and
-// launch_overhead_s (missingFields).
+// fields are errors, and so are missing ones other than description,
+// launch_overhead_s and kernels (missingFields); a kernels object must give
+// every one of its fields.
 func ParseDevice(data []byte, where string) (Device, error) {
 	var d Device
 	if err := decodeStrict(data, &d); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
 	}
-	if err := errors.Join(missingFields(data, &d), d.Validate()); err != nil {
+	if err := errors.Join(missingFields(data, &d), missingKernelFields(data), d.Validate()); err != nil {
 		return Device{}, fmt.Errorf("device %s: %w", where, err)
 	}
 	return d, nil
@@ -149,6 +153,9 @@ func (d Device) Validate() error {
 	// H100 has 132 SMs, MI300X 304 compute units; 65536 is 200 times that.
 	if d.SMs < 0 || d.SMs > 1<<16 {
 		bad("sms", d.SMs, "must be in [0, 65536] (0 = unknown)")
+	}
+	if d.Kernels != nil {
+		errs = append(errs, d.Kernels.Validate())
 	}
 	return errors.Join(errs...)
 }

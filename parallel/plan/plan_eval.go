@@ -85,20 +85,32 @@ func (e *SimEvaluator) MemoryFraction(p Point) (float64, error) {
 	if e.Device.MemoryBytes <= 0 {
 		return 0, fmt.Errorf("device %q: memory_bytes = %d", e.Device.Name, e.Device.MemoryBytes)
 	}
-	if m, ok := e.cachedMemory(p); ok {
+	key := memoryKey(p)
+	if m, ok := e.cachedMemory(key); ok {
 		return m, nil
 	}
-	l := p.Layout
-	if l.GPUsPerNode == 0 && e.Cluster != nil {
-		l.GPUsPerNode = e.Cluster.GPUsPerNode
-	}
-	r, err := memory.Estimate(e.Model, l, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
+	r, err := memory.Estimate(e.Model, key.Layout, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
 	if err != nil {
 		return 0, err
 	}
 	m := float64(r.Peak.Reserved) / float64(e.Device.MemoryBytes)
-	e.store(p, &m, nil)
+	e.store(key, &m, nil)
 	return m, nil
+}
+
+// memoryKey is p with what a rank's memory does not depend on made
+// canonical, so that layouts giving a rank the same shapes share one
+// estimate: the replica count (one replica) and the host size (memory
+// reads neither; memory.Estimate uses dp_replicate only for the partial
+// reduce buffer of allreduce-last-only with accumulation, kept).
+func memoryKey(p Point) Point {
+	l := p.Layout
+	l.GPUsPerNode = 0
+	if !(l.AllreduceLastOnly && l.DPReplicate > 1 && p.GradAccum > 1) {
+		l.GPUs, l.DPReplicate = l.DPShard, 1
+	}
+	p.Layout = l
+	return p
 }
 
 // Evaluate simulates p on the virtual-time backend.

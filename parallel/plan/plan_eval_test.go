@@ -3,6 +3,7 @@ package plan
 import (
 	"testing"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
@@ -116,4 +117,37 @@ func BenchmarkSearchPlans(b *testing.B) {
 		sims = rep.Simulated
 	}
 	b.ReportMetric(float64(sims), "simulated/op")
+}
+
+// TestMemoryKeyExact: the shared estimate of a layout equals its own
+// memory.Estimate, for replica counts and host sizes that share a key.
+func TestMemoryKeyExact(t *testing.T) {
+	cfg, err := hf.Load("qwen3-30b-a3b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := hw.LookupDevice("b200")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096}
+	for _, c := range []struct {
+		rep, shard, ep, ga int
+		lastOnly           bool
+	}{{1, 8, 8, 1, false}, {4, 8, 8, 1, false}, {16, 8, 4, 2, false}, {4, 8, 8, 2, true}, {1, 8, 8, 2, true}} {
+		l := moe.Layout{GPUs: c.rep * c.shard, DPShard: c.shard, DPReplicate: c.rep, EP: c.ep, Sharding: moe.ShardFSDP,
+			ReshardAfterForward: true, AllreduceLastOnly: c.lastOnly, GPUsPerNode: 8}
+		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: c.ga}
+		got, err := e.MemoryFraction(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := memory.Estimate(cfg, l, memory.Batch{LBS: 2, Seq: 4096, GradAccum: c.ga}, memory.Options{AC: p.AC})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := float64(r.Peak.Reserved) / float64(dev.MemoryBytes); got != want {
+			t.Errorf("%+v: shared estimate %.6f, own %.6f", c, got, want)
+		}
+	}
 }

@@ -27,6 +27,11 @@ type Breakdown struct {
 	// ComputeByClassS splits compute + recompute by op class (gemm,
 	// grouped_gemm, attention, memory_bound; launch overheads included).
 	ComputeByClassS map[string]float64 `json:"compute_by_class_s"`
+	// OverheadS names the costs a real step pays beyond the model's ops
+	// (Overheads: routing, fsdp_copy, grad_clip, loss, launch, host_sync,
+	// nccl_contention), seconds each takes on whichever stream it runs;
+	// they are inside the parts above, not added to them.
+	OverheadS map[string]float64 `json:"overhead_s"`
 }
 
 // breakdown charges the compute stream's time: busy spans to compute,

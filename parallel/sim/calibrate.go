@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 
 	"github.com/moescope/moescope/flops"
@@ -164,12 +163,15 @@ func InputForRun(r Run) (Input, error) {
 	if err != nil {
 		return Input{}, err
 	}
+	if err := CheckPrecision("precision", r.Precision); err != nil {
+		return Input{}, err
+	}
 	mo, err := r.MemoryOptions()
 	if err != nil {
 		return Input{}, err
 	}
 	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl,
-		Memory: mo}, nil
+		Memory: mo, AttentionKernel: AttentionKernel(r.AttentionKernel), Precision: r.Precision}, nil
 }
 
 // measuredReserved returns the run's measured peak reserved bytes, if any.
@@ -318,15 +320,11 @@ func prepareFit(runs []Run) (calFit, error) {
 	return f, nil
 }
 
-// PricedPrecisions are the recipes the time model prices; calibrate fits
-// a run only at a precision it prices.
-var PricedPrecisions = []string{"bf16"}
-
 // checkMeasured refuses a run the fit cannot use: a precision the model
 // does not price, or a TPS that is not physical, i.e. whose MFU by
 // torchtitan's FLOP count would exceed the device's BF16 dense peak.
 func checkMeasured(r Run, p *simPrep) error {
-	if !slices.Contains(PricedPrecisions, r.Precision) {
+	if err := CheckPrecision("precision", r.Precision); err != nil || r.Precision == "" {
 		return moe.FieldError{Field: "precision", Value: r.Precision,
 			Allowed: "a precision the time model prices: " + strings.Join(PricedPrecisions, ", ")}
 	}

@@ -16,13 +16,18 @@ import (
 //	  Blackwell), waves = ⌈tiles/SMs⌉; the kernel runs waves·SMs tiles of
 //	  2·128·128·K FLOPs at peak·eff_gemm, or streams its operands
 //	  2·(MK + KN + MN) bytes at HBM rate·eff_mem, whichever is slower:
-//	  t = max(waves·SMs·2·128²·K / (peak·eff), bytes / (hbm·eff_mem)) + launch.
-//	grouped expert GEMM: the same per expert group with M_e rows, tiles
-//	  summed over experts before the wave count (one grouped launch).
+//	  t = max(waves·SMs·2·128²·K / (peak·eff), bytes / (hbm·eff_mem), launch).
+//	grouped expert GEMM: the same per expert group with m_e rows (tokens
+//	  per expert), at peak·eff_grouped·m_e/(m_e + m_half), tiles summed over
+//	  experts before the wave count (one grouped launch).
 //	flash attention: 2·count FLOPs at peak·eff_attn_fwd (forward) or
-//	  peak·eff_attn_bwd (backward and the flash backward's own recompute).
+//	  peak·eff_attn_bwd (backward and the flash backward's own recompute),
+//	  the rates of the SDPA backend that runs (AttentionKernel).
 //	memory-bound ops (norms, activations, RoPE, permutations, loss,
-//	  optimizer): elements × bytes moved per element ÷ (hbm·eff_mem) + launch.
+//	  optimizer): elements × bytes moved per element ÷ (hbm·eff_mem).
+//	every kernel takes at least the host's launch time (LaunchS): the CPU
+//	  runs ahead of the GPU while kernels are longer than it takes to issue
+//	  them, and the GPU waits for the CPU where they are shorter.
 //
 // M, N and K of a matmul record follow from its op's weight shape [out, in]
 // and its count: forward and recompute M = count/(out·in), N = out, K = in;
@@ -81,10 +86,19 @@ type ComputeSpec struct {
 	SMs          int
 	LaunchS      float64 // per kernel launch, seconds
 	GEMMEff      float64 // large dense GEMMs
-	GroupedEff   float64 // grouped expert GEMMs
-	AttnFwdEff   float64 // flash attention forward
-	AttnBwdEff   float64 // flash attention backward
-	MemEff       float64 // fraction of HBM bandwidth memory-bound kernels reach
+	GroupedEff   float64 // grouped expert GEMMs, the asymptote for many rows per expert
+	// GroupedHalfRows is the rows per expert at which a grouped GEMM runs
+	// at half of GroupedEff (0: the rate does not depend on them).
+	GroupedHalfRows float64
+	AttnFwdEff      float64 // flash attention forward
+	AttnBwdEff      float64 // flash attention backward
+	MemEff          float64 // fraction of HBM bandwidth memory-bound kernels reach
+	// NCCLCTAs is the SMs a running NCCL kernel takes from compute that
+	// overlaps it (0: none).
+	NCCLCTAs int
+	// Compiled says torch.compile fuses each chain of elementwise ops into
+	// one kernel (bytesPerElement); false is eager PyTorch.
+	Compiled bool
 }
 
 // Validate checks every field.
@@ -99,6 +113,12 @@ func (c ComputeSpec) Validate() error {
 	}
 	if c.SMs < 1 {
 		return fmt.Errorf("compute: sms = %d must be ≥ 1", c.SMs)
+	}
+	if !(c.GroupedHalfRows >= 0) || math.IsInf(c.GroupedHalfRows, 0) {
+		return fmt.Errorf("compute: grouped_half_rows = %v must be a finite number ≥ 0", c.GroupedHalfRows)
+	}
+	if c.NCCLCTAs < 0 || c.NCCLCTAs >= c.SMs {
+		return fmt.Errorf("compute: nccl_ctas = %d must be in [0, sms = %d)", c.NCCLCTAs, c.SMs)
 	}
 	if !(c.LaunchS >= 0) || math.IsInf(c.LaunchS, 0) {
 		return fmt.Errorf("compute: launch_s = %v must be a finite number ≥ 0", c.LaunchS)
@@ -145,7 +165,7 @@ func (c ComputeSpec) GEMMSeconds(M, N, K int64) float64 {
 // by K×N (forward and backward_data shapes), or with weightGrad the
 // per-expert weight gradient N_out×N by the group's rows (K = Ms[e]).
 func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) float64 {
-	var tileK float64 // Σ tiles·K
+	var tileK float64 // Σ tiles·K / (the group's efficiency relative to GroupedEff)
 	var tiles int64
 	var bytes float64
 	for _, m := range Ms {
@@ -163,7 +183,8 @@ func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) fl
 		}
 		t := ceilDiv(M, gemmTile) * ceilDiv(N, gemmTile)
 		tiles += t
-		tileK += float64(t) * float64(K)
+		// A group of m rows runs at m/(m + m_half) of the asymptotic rate.
+		tileK += float64(t) * float64(K) * (float64(m) + c.GroupedHalfRows) / float64(m)
 		bytes += 2 * float64(M*K+K*N+M*N)
 	}
 	if tiles == 0 {
@@ -180,7 +201,7 @@ func (c ComputeSpec) tiledSeconds(tileK float64, tiles int64, eff, bytes float64
 	flops := 2 * gemmTile * gemmTile * tileK * quant
 	tc := flops / (c.PeakFLOPs * eff)
 	tm := bytes / (c.HBMBytesPerS * c.MemEff)
-	return math.Max(tc, tm) + c.LaunchS
+	return math.Max(math.Max(tc, tm), c.LaunchS)
 }
 
 // MemorySeconds models a memory-bound kernel moving bytes.
@@ -188,7 +209,7 @@ func (c ComputeSpec) MemorySeconds(bytes float64) float64 {
 	if bytes <= 0 {
 		return 0
 	}
-	return bytes/(c.HBMBytesPerS*c.MemEff) + c.LaunchS
+	return math.Max(bytes/(c.HBMBytesPerS*c.MemEff), c.LaunchS)
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
@@ -237,17 +258,27 @@ func weightShape(cfg *moe.Config, op moe.Op) (out, in int64, ok bool) {
 }
 
 // bytesPerElement is the HBM traffic per counted element of a memory-bound
-// op: element size × accesses (reads + writes). Activations are bf16;
-// forward kernels of the vocabulary read one or two operands and write one
-// (3 accesses), backward kernels read the input, the output gradient (and
-// a saved statistic) and write the input gradient (4 accesses). The loss
+// op: element size × accesses (reads + writes). Activations are bf16. In
+// eager PyTorch each op is its own kernel: forward kernels of the
+// vocabulary read one or two operands and write one (3 accesses), backward
+// kernels read the input, the output gradient (and a saved statistic) and
+// write the input gradient (4 accesses). Compiled, Inductor fuses the
+// chain of elementwise ops between two matmuls into one kernel whose
+// intermediates stay in registers: per op of the chain one read and one
+// write (2 accesses) forward, and 3 backward (input and output gradient
+// read, input gradient written; the statistic recomputed in the kernel);
+// worked out from what the fused kernel must move, not measured. The loss
 // works on fp32 logits (torchtitan upcasts before cross-entropy); AdamW
 // reads parameter, gradient and both moments and writes parameter and
-// moments, all fp32: 7 × 4 = 28 bytes per parameter.
-func bytesPerElement(op moe.Op, pass moe.Pass) float64 {
+// moments, all fp32: 7 × 4 = 28 bytes per parameter (fused AdamW, one
+// pass, either way). Gathers and scatters read a row and write a row.
+func bytesPerElement(op moe.Op, pass moe.Pass, compiled bool) float64 {
 	acc := 3.0
 	if pass == moe.BackwardData || pass == moe.BackwardWeight {
 		acc = 4
+	}
+	if compiled {
+		acc--
 	}
 	switch op {
 	case moe.OpOptimizer:
@@ -255,7 +286,7 @@ func bytesPerElement(op moe.Op, pass moe.Pass) float64 {
 	case moe.OpLoss:
 		return 4 * acc
 	case moe.OpEmbed, moe.OpDispatch, moe.OpCombine:
-		return 2 * 2 // gather/scatter: read a row, write a row
+		return 2 * 2
 	}
 	return 2 * acc
 }
@@ -273,7 +304,7 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 	case ClassGEMM:
 		out, in, ok := weightShape(cfg, rec.Op)
 		if !ok || out*in == 0 {
-			return 2 * float64(rec.Count) / (c.PeakFLOPs * c.GEMMEff), nil
+			return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*c.GEMMEff), c.LaunchS), nil
 		}
 		rows := rec.Count / (out * in)
 		switch rec.Pass {
@@ -292,9 +323,9 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 		if rec.Pass != moe.Forward {
 			eff = c.AttnBwdEff
 		}
-		return 2*float64(rec.Count)/(c.PeakFLOPs*eff) + c.LaunchS, nil
+		return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*eff), c.LaunchS), nil
 	}
-	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass)), nil
+	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass, c.Compiled)), nil
 }
 
 // splitRows divides rows over n groups in proportion to weights (evenly
@@ -334,39 +365,50 @@ func splitRows(rows int64, n int, weights []float64) []int64 {
 	return out
 }
 
-// Default efficiencies of the compute model. They are the uncalibrated
-// starting point; `moescope calibrate` fits multipliers per class.
+// Fallbacks of the compute model for a device file without a kernels
+// object (the registry's devices all have one, each number sourced there):
+// the H100 SXM's measured rates (parallel/hw/devices/h100.json), which are
+// the most widely measured part's. The launch overhead is used for devices
+// whose entry gives no launch_overhead_s: a kernel launch costs microseconds
+// of host and device latency (NVIDIA, "Getting Started with CUDA Graphs",
+// developer.nvidia.com/blog/cuda-graphs); 4 µs also covers PyTorch eager
+// dispatch between kernels. Assumed; calibrate.
+var fallbackKernels = hw.Kernels{GEMMEff: 0.803, GroupedEff: 0.36, GroupedHalfRows: 406, CuDNNFwdEff: 0.61,
+	CuDNNBwdEff: 0.51, Flash2FwdEff: 0.37, Flash2BwdEff: 0.32, MemEff: 0.84, NCCLCTAs: 16}
+
 const (
-	// defaultLaunchS is used for devices whose registry entry gives no
-	// launch_overhead_s: a kernel launch costs microseconds of host and
-	// device latency (NVIDIA, "Getting Started with CUDA Graphs",
-	// developer.nvidia.com/blog/cuda-graphs); 4 µs also covers PyTorch
-	// eager dispatch gaps between kernels. Assumed; calibrate.
 	defaultLaunchS = 4e-6
-	// defaultGEMMEff: large BF16 cuBLAS GEMMs reach about 70–80% of the
-	// dense peak on H100 and B200 (torchtitan's H100 runs reach 33–39% MFU
-	// end to end, benchmarks/llama3_h100_202412_torchtitan.md, which bounds
-	// the GEMMs from below); assumed 0.75.
-	defaultGEMMEff = 0.75
-	// defaultGroupedEff: torch._grouped_mm runs below dense GEMMs (ragged
-	// groups, per-group epilogues); assumed 0.6.
-	defaultGroupedEff = 0.6
-	// Flash attention through PyTorch SDPA: FlashAttention-2 reaches
-	// 50–73% of A100 peak forward and less backward (Dao 2023,
-	// arXiv:2307.08691, fig. 5-6), and a lower share on Hopper/Blackwell
-	// without FA3/cuDNN kernels; assumed 0.5 forward, 0.4 backward.
-	defaultAttnFwdEff = 0.5
-	defaultAttnBwdEff = 0.4
-	// defaultMemEff: elementwise kernels stream at about 80–90% of HBM
-	// peak (STREAM-like copies on H100 reach ~3 of 3.35 TB/s); assumed 0.8.
-	defaultMemEff = 0.8
 	// fallbackSMs is used for devices without a published SM count.
 	fallbackSMs = 132
 )
 
-// ComputeSpecOf returns the compute model of a registry device with the
-// default efficiencies.
+// AttentionKernel names the SDPA backend that runs attention.
+type AttentionKernel string
+
+// SDPA backends the compute model prices.
+const (
+	// CuDNNAttention is cuDNN's fused attention, first in torchtitan's SDPA
+	// priority (torchtitan/models/attention.py at 0012170a,
+	// ScaledDotProductAttentionWrapper: CUDNN_ATTENTION, FLASH_ATTENTION,
+	// EFFICIENT_ATTENTION, MATH with set_priority=True): the default.
+	CuDNNAttention AttentionKernel = "cudnn"
+	// Flash2Attention is FlashAttention-2, PyTorch's own first SDPA choice
+	// (its default priority order puts flash first), which torchtitan ran
+	// before it set the priority.
+	Flash2Attention AttentionKernel = "flash2"
+)
+
+// ComputeSpecOf returns the compute model of a registry device with its
+// measured kernel rates (cuDNN attention; Device.Kernels, or the H100
+// fallbacks for a device file without them).
 func ComputeSpecOf(d hw.Device) ComputeSpec {
+	spec, _ := ComputeSpecFor(d, CuDNNAttention)
+	return spec
+}
+
+// ComputeSpecFor is ComputeSpecOf with the attention backend named; an
+// unknown backend is an error listing the known ones.
+func ComputeSpecFor(d hw.Device, attn AttentionKernel) (ComputeSpec, error) {
 	sms := d.SMs
 	if sms == 0 {
 		sms = fallbackSMs
@@ -375,7 +417,19 @@ func ComputeSpecOf(d hw.Device) ComputeSpec {
 	if launch == 0 {
 		launch = defaultLaunchS
 	}
-	return ComputeSpec{PeakFLOPs: d.BF16FLOPs, HBMBytesPerS: d.HBMBytesPerS, SMs: sms, LaunchS: launch,
-		GEMMEff: defaultGEMMEff, GroupedEff: defaultGroupedEff, AttnFwdEff: defaultAttnFwdEff,
-		AttnBwdEff: defaultAttnBwdEff, MemEff: defaultMemEff}
+	k := fallbackKernels
+	if d.Kernels != nil {
+		k = *d.Kernels
+	}
+	spec := ComputeSpec{PeakFLOPs: d.BF16FLOPs, HBMBytesPerS: d.HBMBytesPerS, SMs: sms, LaunchS: launch,
+		GEMMEff: k.GEMMEff, GroupedEff: k.GroupedEff, GroupedHalfRows: k.GroupedHalfRows,
+		AttnFwdEff: k.CuDNNFwdEff, AttnBwdEff: k.CuDNNBwdEff, MemEff: k.MemEff, NCCLCTAs: k.NCCLCTAs}
+	switch attn {
+	case CuDNNAttention, "":
+	case Flash2Attention:
+		spec.AttnFwdEff, spec.AttnBwdEff = k.Flash2FwdEff, k.Flash2BwdEff
+	default:
+		return ComputeSpec{}, fmt.Errorf("attention kernel %q: unknown (known: %s, %s)", attn, CuDNNAttention, Flash2Attention)
+	}
+	return spec, nil
 }

@@ -20,6 +20,7 @@ type simulated struct {
 	comm      []CommCost
 	bytes     []float64 // collectives: the size S modelled (after expert load)
 	byClass   [][numOpClasses]float64
+	over      [numOverheads]float64 // seconds of each overhead over the step
 }
 
 // segKey names one compute op of a schedule.
@@ -32,6 +33,7 @@ type segKey struct {
 type segCost struct {
 	total, recompute float64
 	byClass          [numOpClasses]float64 // total split by op class
+	over             [numOverheads]float64 // overheads inside total
 }
 
 // opCosts sums modelled op times per (layer, segment, phase) for one
@@ -54,13 +56,34 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 	}
 	costs := map[segKey]segCost{}
 	var cls int
+	var over [numOverheads]float64 // of the op being added
 	addCost := func(k segKey, t, rec float64) {
 		c := costs[k]
 		c.total += t
 		c.recompute += rec
 		c.byClass[cls] += t
+		for i, v := range over {
+			c.over[i] += v
+		}
 		costs[k] = c
 	}
+	noLaunch := spec
+	noLaunch.LaunchS = 0
+	// opSeconds prices r and sets over to its launch and loss shares.
+	opSeconds := func(r moe.OpRecord, groups []float64) (float64, error) {
+		t, err := spec.OpSeconds(cfg, r, local, groups)
+		if err != nil {
+			return 0, err
+		}
+		t0, _ := noLaunch.OpSeconds(cfg, r, local, groups)
+		over = [numOverheads]float64{}
+		over[ohLaunch] = t - t0
+		if r.Op == moe.OpLoss {
+			over[ohLoss] = t
+		}
+		return t, nil
+	}
+	addRouting(costs, cfg, in, spec)
 	for _, r := range recs {
 		block := r.Layer >= 0 && r.Layer < cfg.Layers
 		seg := parallel.SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
@@ -72,7 +95,7 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 		if r.Op.Kind() == moe.KindGrouped && share.load != 1 {
 			r.Count = int64(math.Round(float64(r.Count) * share.load))
 		}
-		t, err := spec.OpSeconds(cfg, r, local, groups)
+		t, err := opSeconds(r, groups)
 		if err != nil {
 			return nil, err
 		}
@@ -96,7 +119,7 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 					continue
 				}
 				r.Count = extra
-				if t, err = spec.OpSeconds(cfg, r, local, groups); err != nil {
+				if t, err = opSeconds(r, groups); err != nil {
 					return nil, err
 				}
 			}
@@ -124,7 +147,7 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 }
 
 // simOps turns the schedule into engine ops with modelled costs.
-func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input, costs map[segKey]segCost, optS float64, loads map[int]expertShare) (*simulated, error) {
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input, spec ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
 	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
 	shapes := map[parallel.Axis]GroupShape{}
@@ -132,12 +155,16 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
 		if o.Type == parallel.OpCompute {
 			if o.Phase == parallel.PhaseOptimizer {
-				so.compute = optS
+				so.compute = opt.update + opt.clip
+				sim.over[ohGradClip] += opt.clip
 			} else {
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
 				so.compute = c.total
 				sim.recompute[i] = c.recompute
 				sim.byClass[i] = c.byClass
+				for k, v := range c.over {
+					sim.over[k] += v
+				}
 			}
 			sim.ops[i] = so
 			continue
@@ -168,10 +195,51 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 			cc.LatencyS = cl.BaseLatencyUS * 1e-6
 		}
 		cc.Kind = parallel.CollKind(o.Coll)
+		// FSDP2's copies run on the collective's stream before and after it;
+		// the split-size copy to the host stalls the stream that waits on it.
+		var fixed float64
+		if cp := spec.fsdpCopySeconds(o, g.Ranks); cp > 0 {
+			fixed += cp
+			sim.over[ohFSDPCopy] += cp
+		}
+		if o.Purpose == parallel.PurposeCounts && g.Ranks > 1 {
+			fixed += spec.hostSyncSeconds()
+			sim.over[ohHostSync] += spec.hostSyncSeconds()
+		}
+		cc.LatencyS += fixed
 		sim.comm[i] = cc
 		sim.bytes[i] = bytes
 		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link
+		so.side = streamOf(o, in.SingleCommStream) != simCompute
 		sim.ops[i] = so
 	}
 	return sim, nil
+}
+
+// optimizerCost is the optimizer phase: the AdamW update and the gradient
+// clipping before it (its norm all-reduce included).
+type optimizerCost struct{ update, clip float64 }
+
+// addRouting adds each MoE layer's token reorder (ComputeSpec.routingSeconds)
+// to its pre-expert segment, forward and, when the block is fully
+// checkpointed, recompute, as memory-bound time named routing.
+func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec ComputeSpec) {
+	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq))
+	add := func(k segKey, rec float64) {
+		c := costs[k]
+		c.total += t
+		c.recompute += rec
+		c.byClass[ClassMemoryBound] += t
+		c.over[ohRouting] += t
+		costs[k] = c
+	}
+	for layer := 0; layer < cfg.Layers; layer++ {
+		if !cfg.MoELayer[layer] {
+			continue
+		}
+		add(segKey{layer, parallel.SegPre, parallel.PhaseForward}, 0)
+		if in.AC.FullyCheckpointed(layer) {
+			add(segKey{layer, parallel.SegPre, parallel.PhaseRecompute}, t)
+		}
+	}
 }

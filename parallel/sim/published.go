@@ -63,6 +63,10 @@ type Run struct {
 	// LossChunks is the number of chunks of a chunked cross-entropy (an
 	// addition to DESIGN's schema; 0 = unchunked).
 	LossChunks int `json:"loss_chunks,omitempty"`
+	// AttentionKernel is the SDPA backend the run's software chose, cudnn
+	// or flash2 (an addition to DESIGN's schema; "" = cudnn, torchtitan's
+	// choice since it sets the SDPA priority).
+	AttentionKernel string `json:"attention_kernel,omitempty"`
 	// ExpandableSegments is the run's PYTORCH_ALLOC_CONF
 	// expandable_segments setting (DESIGN's schema; absent = on, as
 	// torchtitan's run_train.sh sets it).
@@ -204,6 +208,9 @@ func (r Run) Validate(requireSource bool) error {
 	}
 	if r.Optimizer != "" && r.Optimizer != memory.Fused && r.Optimizer != memory.Foreach {
 		bad("optimizer", r.Optimizer, "must be fused or foreach")
+	}
+	if r.AttentionKernel != "" && r.AttentionKernel != string(CuDNNAttention) && r.AttentionKernel != string(Flash2Attention) {
+		bad("attention_kernel", r.AttentionKernel, "must be cudnn or flash2")
 	}
 	if r.LossChunks < 0 {
 		bad("loss_chunks", r.LossChunks, "must be ≥ 0")

@@ -53,6 +53,11 @@ type Input struct {
 	// more simulation per fitted parameter (a search computes it for the
 	// plans it reports only).
 	SkipInterval bool
+	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
+	AttentionKernel AttentionKernel
+	// Precision is the training recipe; "" = bf16, the only one priced
+	// (PricedPrecisions).
+	Precision string
 }
 
 // Result is the prediction for one layout.
@@ -220,6 +225,9 @@ func checkInput(in Input) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
+	if err := CheckPrecision("simulate: precision", in.Precision); err != nil {
+		return err
+	}
 	if in.LBS < 1 || in.Seq < 1 {
 		return fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
 	}
@@ -297,7 +305,13 @@ func checkSkewBound(cfg *moe.Config, l moe.Layout, skew float64) error {
 
 // run simulates the prepared layout under a calibration (nil: defaults).
 func (p *simPrep) run(cal *Calibration) (Result, error) {
-	spec := ComputeSpecOf(p.dev).Calibrated(cal)
+	spec, err := ComputeSpecFor(p.dev, p.in.AttentionKernel)
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
+	spec = spec.Calibrated(cal)
+	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
+	spec.Compiled = p.in.Memory.Compile.Model
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
 	}
@@ -307,15 +321,20 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	optS := spec.MemorySeconds(p.params * bytesPerElement(moe.OpOptimizer, moe.Forward))
-	sim, err := simOps(p.sched, p.cl, p.mesh, in, costs, optS, p.loads)
+	opt, err := p.optimizerCost(spec, cal)
 	if err != nil {
 		return Result{}, err
 	}
-	spans, err := runEngine(sim.ops)
+	sim, err := simOps(p.sched, p.cl, p.mesh, in, spec, costs, opt, p.loads)
 	if err != nil {
 		return Result{}, err
 	}
+	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
+	spans, err := runEngineShared(sim.ops, rate)
+	if err != nil {
+		return Result{}, err
+	}
+	sim.over[ohNCCLContention] = contention(sim, spans)
 	res := Result{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes}
 	for _, sp := range spans {
 		res.StepTimeS = math.Max(res.StepTimeS, sp.end)
@@ -324,6 +343,10 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 		return Result{}, errors.New("simulate: zero step time")
 	}
 	res.Breakdown, res.Bottleneck = breakdown(p.sched, sim, spans, res.StepTimeS)
+	res.Breakdown.OverheadS = map[string]float64{}
+	for i, name := range overheadNames {
+		res.Breakdown.OverheadS[name] = sim.over[i]
+	}
 	res.TPS = p.tokens / res.StepTimeS
 	res.MFUByConvention = map[string]float64{}
 	for name, f := range p.convs {

@@ -48,6 +48,7 @@ type simOp struct {
 	lat     float64      // collectives: latency term, seconds
 	work    float64      // collectives: bandwidth term at full link rate, seconds
 	link    hw.LinkClass // collectives: bottleneck link class
+	side    bool         // collectives: on a communication stream, beside compute
 }
 
 // simSpan is when an op ran.
@@ -56,8 +57,16 @@ type simSpan struct{ start, end float64 }
 // runEngine executes ops and returns each op's span. It fails on a
 // dependency cycle or a dependency on a later op of the same stream that
 // can never run (a malformed schedule).
-func runEngine(ops []simOp) ([]simSpan, error) {
+func runEngine(ops []simOp) ([]simSpan, error) { return runEngineShared(ops, 1) }
+
+// runEngineShared is runEngine where compute runs at rate (of its
+// modelled speed, in (0, 1]) while a side-stream collective moves bytes:
+// the SMs NCCL's kernel holds are not computing.
+func runEngineShared(ops []simOp, rate float64) ([]simSpan, error) {
 	e, err := newEngine(ops)
+	if err == nil && rate > 0 && rate < 1 {
+		e.rate = rate
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -97,13 +106,15 @@ type engine struct {
 	flows    []flow
 	now      float64
 	finished int
+	left     [numSimStreams]float64 // each stream's running compute op: work left, seconds at full rate
+	rate     float64                // compute rate while a side collective moves bytes
 }
 
 // newEngine checks every op's stream and dependencies and queues the ops
 // by stream.
 func newEngine(ops []simOp) (*engine, error) {
 	n := len(ops)
-	e := &engine{ops: ops, spans: make([]simSpan, n), done: make([]bool, n), busy: [numSimStreams]int{-1, -1, -1}}
+	e := &engine{ops: ops, spans: make([]simSpan, n), done: make([]bool, n), busy: [numSimStreams]int{-1, -1, -1}, rate: 1}
 	for i, o := range ops {
 		if int(o.stream) >= int(numSimStreams) {
 			return nil, fmt.Errorf("sim: op %d on unknown stream %d", i, o.stream)
@@ -164,6 +175,8 @@ func (e *engine) startReady() {
 			} else if o.compute <= 0 {
 				e.finish(i)
 				progress = true
+			} else {
+				e.left[s] = o.compute
 			}
 		}
 	}
@@ -187,7 +200,7 @@ func (e *engine) nextEvent(share [hw.NumLinkClasses]int) float64 {
 	next := math.Inf(1)
 	for s := range numSimStreams {
 		if i := e.busy[s]; i >= 0 && !e.ops[i].coll {
-			next = math.Min(next, e.spans[i].start+e.ops[i].compute)
+			next = math.Min(next, e.now+e.left[s]/e.computeRate())
 		}
 	}
 	for _, f := range e.flows {
@@ -204,6 +217,12 @@ func (e *engine) nextEvent(share [hw.NumLinkClasses]int) float64 {
 // phase by its share of the link over the interval.
 func (e *engine) advanceTo(next float64, share [hw.NumLinkClasses]int) {
 	dt := next - e.now
+	r := e.computeRate()
+	for s := range numSimStreams {
+		if i := e.busy[s]; i >= 0 && !e.ops[i].coll {
+			e.left[s] -= dt * r
+		}
+	}
 	for k := range e.flows {
 		f := &e.flows[k]
 		if e.now >= f.latEnd {
@@ -216,7 +235,8 @@ func (e *engine) advanceTo(next float64, share [hw.NumLinkClasses]int) {
 // retireCompute finishes the compute ops that have ended by now.
 func (e *engine) retireCompute() {
 	for s := range numSimStreams {
-		if i := e.busy[s]; i >= 0 && !e.ops[i].coll && e.spans[i].start+e.ops[i].compute <= e.now {
+		// Work too small to move the clock is done (as retireFlows does).
+		if i := e.busy[s]; i >= 0 && !e.ops[i].coll && (e.left[s] <= 1e-12*e.ops[i].compute || e.now+e.left[s]/e.computeRate() == e.now) {
 			e.finish(i)
 		}
 	}
@@ -240,4 +260,15 @@ func (e *engine) retireFlows() {
 		kept = append(kept, f)
 	}
 	e.flows = kept
+}
+
+// computeRate is the rate compute runs at now: e.rate while a side-stream
+// collective is in its bandwidth phase, else 1.
+func (e *engine) computeRate() float64 {
+	for _, f := range e.flows {
+		if e.ops[f.op].side && e.now >= f.latEnd {
+			return e.rate
+		}
+	}
+	return 1
 }

@@ -232,6 +232,8 @@ func TestSimulateComputeByClass(t *testing.T) {
 	for _, v := range r.Breakdown.ComputeByClassS {
 		sum += v
 	}
+	// Compute also holds the time NCCL's kernels took from it.
+	sum += r.Breakdown.OverheadS[OverheadNCCLContention]
 	if want := r.Breakdown.ComputeS + r.Breakdown.RecomputeS; !near(sum, want, 1e-9) {
 		t.Errorf("by class %v sums to %g, compute + recompute %g", r.Breakdown.ComputeByClassS, sum, want)
 	}

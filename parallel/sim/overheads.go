@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+// The costs a real training step pays beyond its model's ops, each priced
+// from what it moves at the device's measured rates and named in
+// Breakdown.OverheadS (seconds each cost takes, on whichever stream it
+// runs; the optimizer's own time is Breakdown.OptimizerS):
+//
+//	routing: per MoE layer and forward pass, the token reorder torchtitan's
+//	  MoE runs before its grouped GEMMs: a histogram of the T·k expert
+//	  choices and a stable argsort of them (int64 keys with int64 indices:
+//	  8 radix passes of 8 bits, each reading and writing both, 256 bytes per
+//	  choice), 4 kernels at least a launch each.
+//	fsdp_copy: FSDP2's copy-in before and copy-out after each collective,
+//	  on the collective's stream: all-gather reads the fp32 shard and writes
+//	  it in bf16 (6 bytes per shard element), then splits the gathered bf16
+//	  buffer into the parameters (4 bytes per element); reduce-scatter
+//	  copies the bf16 gradients into the fp32 reduce buffer (6 bytes per
+//	  element) and adds the reduced shard into the sharded gradient (12
+//	  bytes per shard element: two reads, one write).
+//	grad_clip: clip_grad_norm_ reads every gradient of the shard for its
+//	  norm and again to scale it, writing it back (12 bytes per fp32
+//	  parameter), and all-reduces the norm over the world (a latency).
+//	loss: the cross-entropy's vocabulary-sized elementwise work (the loss
+//	  op of the vocabulary, already in compute; named here).
+//	launch: what kernels shorter than a host launch lose waiting for the CPU.
+//	host_sync: with expert parallelism torchtitan copies the all-to-all
+//	  split sizes to the host (.tolist()) before each dispatch: the CPU waits
+//	  for the GPU to drain, then the GPU waits for the next launches: two
+//	  launch times idle per dispatch.
+//	nccl_contention: compute slowed while NCCL kernels hold NCCLCTAs of its
+//	  SMs (the engine runs overlapped compute at (SMs − CTAs)/SMs).
+
+// Overhead names, the keys of Breakdown.OverheadS.
+const (
+	OverheadRouting        = "routing"
+	OverheadFSDPCopy       = "fsdp_copy"
+	OverheadGradClip       = "grad_clip"
+	OverheadLoss           = "loss"
+	OverheadLaunch         = "launch"
+	OverheadHostSync       = "host_sync"
+	OverheadNCCLContention = "nccl_contention"
+)
+
+// Overheads lists the names in report order.
+func Overheads() []string { return overheadNames[:] }
+
+// overhead indexes the names in per-op accumulators.
+type overhead uint8
+
+const (
+	ohRouting overhead = iota
+	ohFSDPCopy
+	ohGradClip
+	ohLoss
+	ohLaunch
+	ohHostSync
+	ohNCCLContention
+	numOverheads
+)
+
+var overheadNames = [numOverheads]string{OverheadRouting, OverheadFSDPCopy, OverheadGradClip, OverheadLoss,
+	OverheadLaunch, OverheadHostSync, OverheadNCCLContention}
+
+const (
+	routingBytesPerChoice = 256 // 8 radix passes × (read + write) × (8-byte key + 8-byte index)
+	routingKernels        = 4   // histogram, sort (two kernels of a radix pass pair at least), index gather
+	gradClipBytesPerParam = 12  // norm: read 4; scale: read 4, write 4
+)
+
+// routingSeconds is one MoE layer's forward token reorder for tokens rows.
+func (c ComputeSpec) routingSeconds(cfg *moe.Config, tokens int64) float64 {
+	choices := float64(tokens) * float64(cfg.TopK)
+	return c.MemorySeconds(choices*routingBytesPerChoice) + float64(routingKernels-1)*c.LaunchS
+}
+
+// fsdpCopySeconds is the copy-in and copy-out of FSDP2 collective o over
+// a group of n ranks (0 for other collectives).
+func (c ComputeSpec) fsdpCopySeconds(o parallel.ScheduleOp, n int) float64 {
+	if n < 1 {
+		n = 1
+	}
+	full := float64(o.Elements)
+	shard := full / float64(n)
+	switch {
+	case o.Purpose == parallel.PurposeGather:
+		return c.MemorySeconds(6*shard) + c.MemorySeconds(4*full)
+	case o.Purpose == parallel.PurposeGradReduce && o.Coll == parallel.CollReduceScatter:
+		return c.MemorySeconds(6*full) + c.MemorySeconds(12*shard)
+	}
+	return 0
+}
+
+// gradClipSeconds is clip_grad_norm_ over params parameters of the shard.
+func (c ComputeSpec) gradClipSeconds(params float64) float64 {
+	return 2 * c.MemorySeconds(params*gradClipBytesPerParam/2)
+}
+
+// hostSyncSeconds is the idle time of one device-to-host copy of split sizes.
+func (c ComputeSpec) hostSyncSeconds() float64 { return 2 * c.LaunchS }
+
+// optimizerCost prices the optimizer phase of the prepared run: fused AdamW
+// over the rank's shard, and gradient clipping (clip_grad_norm_, torchtitan's
+// default max_norm 1.0) with its all-reduce of the norm over the world.
+func (p *simPrep) optimizerCost(spec ComputeSpec, cal *Calibration) (optimizerCost, error) {
+	oc := optimizerCost{update: spec.MemorySeconds(p.params * bytesPerElement(moe.OpOptimizer, moe.Forward, spec.Compiled))}
+	oc.clip = spec.gradClipSeconds(p.params)
+	if p.l.GPUs > 1 {
+		g := ShapeOf(p.cl, p.mesh.Group(parallel.AxisDP, 0).Ranks)
+		cc, err := CollectiveCost(p.cl, cal, parallel.CollAllReduce, g, 4)
+		if err != nil {
+			return optimizerCost{}, fmt.Errorf("simulate: grad-norm all-reduce: %w", err)
+		}
+		oc.clip += cc.LatencyS + cc.BandwidthS
+	}
+	return oc, nil
+}
+
+// contention is how much longer the compute ops ran than their modelled
+// durations: the time NCCL's kernels took from them.
+func contention(sim *simulated, spans []simSpan) float64 {
+	var t float64
+	for i, o := range sim.ops {
+		if !o.coll && o.compute > 0 {
+			t += (spans[i].end - spans[i].start) - o.compute
+		}
+	}
+	return t
+}
