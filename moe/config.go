@@ -22,7 +22,8 @@
 // (every id an input) for the loss HF trains on (HFAuxCoef); Step applies
 // torch.optim.AdamW. Its semantics are Hugging Face's
 // Qwen3MoeForCausalLM and the variants Config allows (see Routing, RMSNorm
-// in norm.go, RoPE in rope.go, flash attention in attention.go).
+// in norm.go, RoPE in rope.go, flash attention in package moe/attn, multi-head latent
+// attention in mla.go and mla_block.go).
 //
 // The execution seam for parallel ranks is the Block: one decoder layer
 // run by Forward(weights, x) and Backward(weights, grads, dy, auxGrad) with

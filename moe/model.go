@@ -31,9 +31,6 @@ func NewModel[T Float](c *Config) (*Model[T], error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	if c.IsMLA() {
-		return nil, fmt.Errorf("%s: multi-head latent attention (kv_lora_rank = %d) is not executed by the reference model yet; FLOP, parameter and memory accounting support it", c.Name, c.MLA.KVRank)
-	}
 	if c.RopeScaling != "" {
 		return nil, fmt.Errorf("%s: rope_scaling with rope_type %q is not implemented by the reference model (only plain RoPE); FLOP and memory accounting do not depend on it", c.Name, c.RopeScaling)
 	}
@@ -165,24 +162,28 @@ func layerViews[T Float](c *Config, ps []Param, ts [][]T) (*weights[T], error) {
 	for l := range w.layers {
 		lw := &w.layers[l]
 		lw.AttnNorm = next(D)
-		lw.Wq = next(q * D)
-		if c.QKVBias {
-			lw.Bq = next(q)
-		}
-		lw.Wk = next(kv * D)
-		if c.QKVBias {
-			lw.Bk = next(kv)
-		}
-		lw.Wv = next(kv * D)
-		if c.QKVBias {
-			lw.Bv = next(kv)
-		}
-		lw.Wo = next(D * q)
-		switch c.QKNorm {
-		case QKNormHead:
-			lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
-		case QKNormFull:
-			lw.QNorm, lw.KNorm = next(q), next(kv)
+		if c.IsMLA() {
+			mlaViews(c, lw, next)
+		} else {
+			lw.Wq = next(q * D)
+			if c.QKVBias {
+				lw.Bq = next(q)
+			}
+			lw.Wk = next(kv * D)
+			if c.QKVBias {
+				lw.Bk = next(kv)
+			}
+			lw.Wv = next(kv * D)
+			if c.QKVBias {
+				lw.Bv = next(kv)
+			}
+			lw.Wo = next(D * q)
+			switch c.QKNorm {
+			case QKNormHead:
+				lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
+			case QKNormFull:
+				lw.QNorm, lw.KNorm = next(q), next(kv)
+			}
 		}
 		lw.FFNNorm = next(D)
 		if !c.MoELayer[l] {

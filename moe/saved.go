@@ -51,6 +51,12 @@ package moe
 //	head   lm_head         input           T·D              act
 //	head   loss            log_probs, labels  T·V, T        f32, i64
 //
+// Under MLA (mla.go) the attention rows are: q_proj or q_a_proj input
+// T·D (the normed input, which kv_a_proj_with_mqa also reads); q_a_norm
+// input T·Rq, rstd T; q_b_proj input T·Rq; kv_a_norm input T·Rkv, rstd T;
+// kv_b_proj input T·Rkv; attention q and k T·H·(nope+rope), v and output
+// T·H·v, lse T·H. RoPE keeps nothing.
+//
 // Policy full, and the blocks layer:N checkpoints: the block keeps only
 // attn_norm/input (its input) and recomputes its whole forward in backward.
 //

@@ -108,10 +108,11 @@ var headDimKey = map[string]bool{"qwen3_moe": true, "mixtral": true, "glm4_moe":
 // ModelTypes returns the model types Config draws, sorted; a test checks
 // that they are hf.SupportedModelTypes.
 func ModelTypes() []string {
-	ts := make([]string, 0, len(drawers))
+	ts := make([]string, 0, len(drawers)+len(mlaDrawers))
 	for t := range drawers {
 		ts = append(ts, t)
 	}
+	ts = append(ts, MLAModelTypes()...)
 	slices.Sort(ts)
 	return ts
 }

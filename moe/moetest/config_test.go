@@ -16,9 +16,7 @@ import (
 const draws = 300
 
 func TestModelTypesAreSupported(t *testing.T) {
-	got := append(ModelTypes(), MLAModelTypes()...)
-	slices.Sort(got)
-	if want := hf.SupportedModelTypes(); !slices.Equal(got, want) {
+	if got, want := ModelTypes(), hf.SupportedModelTypes(); !slices.Equal(got, want) {
 		t.Errorf("Config draws model types %v; the loader supports %v", got, want)
 	}
 }
@@ -68,11 +66,7 @@ func TestCoverage(t *testing.T) {
 	constant := map[string]string{
 		"Source":      "no draw names a source",
 		"RopeScaling": "the reference refuses RoPE scaling (NewModel), which the accounting does not see",
-		// MLA and what only MLA types set: MLAConfig draws them (mla_test.go).
-		"MLA":            "MLA types are drawn by MLAConfig",
-		"RopeInterleave": "MLA types are drawn by MLAConfig",
-		"AttnScale":      "MLA types are drawn by MLAConfig",
-		"MTPLayers":      "MLA types are drawn by MLAConfig",
+		"AttnScale":   "only YaRN rope_scaling sets it, and the reference refuses RoPE scaling",
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	types := map[string]int{}
@@ -97,7 +91,7 @@ func TestCoverage(t *testing.T) {
 			fieldValues[name][fmt.Sprint(v.Field(f).Interface())] = true
 		}
 	}
-	for _, mt := range ModelTypes() {
+	for _, mt := range hf.SupportedModelTypes() {
 		if types[mt] == 0 {
 			t.Errorf("model_type %s: not drawn in %d configs", mt, draws)
 		}

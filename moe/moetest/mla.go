@@ -7,11 +7,8 @@ import (
 	"github.com/moescope/moescope/moe"
 )
 
-// mlaDrawers draw the multi-head-latent-attention model types. Config does
-// not draw them: the reference implementation does not execute MLA yet
-// (moe.NewModel refuses it), and the tests that Config feeds run every draw.
-// MLAConfig draws them for the accounting tests (flops, memory, parameter
-// counts), which need no execution.
+// mlaDrawers draw the multi-head-latent-attention model types; Config
+// draws them with the others, MLAConfig only them.
 var mlaDrawers = map[string]func(d *draw){
 	"deepseek_v3": func(d *draw) { d.mla(); d.mlaV3Routing() },
 	"kimi_k2":     func(d *draw) { d.mla(); d.mlaV3Routing() },
@@ -29,7 +26,7 @@ func MLAModelTypes() []string {
 }
 
 // MLAConfig draws a small config of a random MLA model type through
-// hf.ParseConfig, as Config does for the executed types.
+// hf.ParseConfig, as Config does for every type.
 func MLAConfig(r *rand.Rand) *moe.Config {
 	types := MLAModelTypes()
 	return ConfigOf(r, types[r.IntN(len(types))])
@@ -79,9 +76,6 @@ func (d *draw) mlaV3Routing() {
 	d.set("n_group", g)
 	d.set("topk_group", kg)
 	d.set("num_experts_per_tok", 1+d.r.IntN(kg*e/g))
-	if d.r.IntN(2) == 0 {
-		d.set("rope_scaling", map[string]any{"type": "yarn", "factor": 40, "mscale_all_dim": 1.0})
-	}
 }
 
 // mlaV2Routing writes DeepseekV2Moe's keys: greedy or group-limited

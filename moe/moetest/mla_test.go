@@ -21,7 +21,6 @@ func TestMLACoverage(t *testing.T) {
 		{"sigmoid grouped top-k", func(c *moe.Config) bool { return c.Score == moe.Sigmoid && c.TopKGroups < c.Groups }},
 		{"softmax grouped top-k", func(c *moe.Config) bool { return c.Score == moe.Softmax && c.TopKGroups < c.Groups }},
 		{"shared experts", func(c *moe.Config) bool { return c.SharedExperts > 0 }},
-		{"YaRN softmax scale", func(c *moe.Config) bool { return c.AttnScale > 0 }},
 		{"interleaved RoPE", func(c *moe.Config) bool { return c.RopeInterleave }},
 		{"MTP layers", func(c *moe.Config) bool { return c.MTPLayers > 0 }},
 	}
