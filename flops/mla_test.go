@@ -202,3 +202,31 @@ func TestMLASavedByHand(t *testing.T) {
 		t.Errorf("selective attention output %d elements, want T·H·v = %d", attnOut, T*128*128)
 	}
 }
+
+// TestMLANonMatmul: the latent norms cost what every RMSNorm costs per
+// element (4 + 6 + 3, ElementCost), over T·Rq and T·Rkv elements in each of
+// DeepSeek-V3's 61 layers; RoPE rotates H + 1 heads of 64 dims.
+func TestMLANonMatmul(t *testing.T) {
+	c, err := hf.Load("deepseek-v3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const T, L = 8, 61
+	recs, err := Ops(c, Shape{Seq: T, Batch: 1}, moe.AC{Mode: moe.ACNone}, ExactTile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := NonMatmulFLOPs(c, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for op, want := range map[moe.Op]int64{
+		moe.OpQANorm:  L * T * 1536 * 13,
+		moe.OpKVANorm: L * T * 512 * 13,
+		moe.OpRoPE:    L * T * 129 * 64 * 6,
+	} {
+		if got[op] != want {
+			t.Errorf("%s: %d FLOPs, hand count %d", op, got[op], want)
+		}
+	}
+}
