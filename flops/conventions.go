@@ -162,6 +162,14 @@ func PaLMPerStep(cfg *moe.Config, s Shape) (int64, error) {
 // (make_vocab_size_divisible_by × TP; 128 by default). Router, norms,
 // biases, softmax and windows are not counted.
 func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error) {
+	return megatron(cfg, s, vocabMultiple, 0)
+}
+
+// megatron is transformer_flops with mtp_num_layers = mtp: the MTP layers
+// count as more layers of the last layer's kind (dense or MoE), each with
+// its norms as 3·D and eh_proj as 2·D² matmul parameters, and the logits
+// once more per MTP layer.
+func megatron(cfg *moe.Config, s Shape, vocabMultiple, mtp int) (int64, error) {
 	if err := checkShape(cfg, s); err != nil {
 		return 0, err
 	}
@@ -172,6 +180,13 @@ func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error)
 	D, T := int64(cfg.Hidden), s.Tokens()
 	L, Lm := int64(cfg.Layers), int64(cfg.MoELayers())
 	Ld := L - Lm
+	M := int64(mtp)
+	if cfg.MoELayer[cfg.Layers-1] {
+		Lm += M
+	} else {
+		Ld += M
+	}
+	L += M
 	q := c.mul(int64(cfg.Heads), int64(cfg.HeadDim))
 	kv := c.mul(int64(cfg.KVHeads), int64(cfg.HeadDim))
 	S := c.mul(int64(cfg.SharedExperts), int64(cfg.SharedFFN))
@@ -185,12 +200,13 @@ func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error)
 	attnLin := c.mul(L, 6, c.add(c.mul(D, c.add(q, c.mul(2, kv))), c.mul(q, D)))
 	core := c.mul(int64(s.Batch), int64(s.Seq), int64(s.Seq), L, 6, q)
 	if cfg.IsMLA() {
-		attnLin, core = megatronMLA(&c, cfg, s)
+		attnLin, core = megatronMLA(&c, cfg, s, L)
 	}
 	vm := int64(vocabMultiple)
 	vpad := c.mul((int64(cfg.Vocab)+vm-1)/vm, vm)
-	logits := c.mul(6, D, vpad)
-	linear := c.mul(T, c.add(mlp, attnLin, logits))
+	logits := c.mul(6, D, vpad, M+1)
+	mtpTerm := c.mul(6, M, c.add(c.mul(3, D), c.mul(2, D, D)))
+	linear := c.mul(T, c.add(mlp, attnLin, logits, mtpTerm))
 	return c.add(linear, core), c.err
 }
 
@@ -213,9 +229,9 @@ func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error)
 //
 // The halves are exact here: 6·(x/2) = 3·x. Python evaluates the /2 in
 // float64, which agrees with this integer wherever the total is below 2⁵³.
-func megatronMLA(c *checked, cfg *moe.Config, s Shape) (attnLin, core int64) {
+func megatronMLA(c *checked, cfg *moe.Config, s Shape, L int64) (attnLin, core int64) {
 	m := cfg.MLA
-	D, H, L := int64(cfg.Hidden), int64(cfg.Heads), int64(cfg.Layers)
+	D, H := int64(cfg.Hidden), int64(cfg.Heads)
 	n, r, v := int64(m.Nope), int64(m.Rope), int64(m.V)
 	Rq, Rkv := int64(m.QRank), int64(m.KVRank)
 	q := c.mul(D, H, n+r)

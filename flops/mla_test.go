@@ -230,3 +230,47 @@ func TestMLANonMatmul(t *testing.T) {
 		}
 	}
 }
+
+// TestMTPByHand: DeepSeek-V3's one MTP module by hand — enorm, hnorm,
+// shared_head.norm 3·D, eh_proj 2·D², and a layer like its last (an MoE
+// layer: attention, two norms, router, 256 experts, one shared) — against
+// DeepSeek's README_WEIGHTS.md (11.5B unique parameters); and Megatron's
+// MTP terms by hand at s = 4096: one more MoE layer of attention and MLP,
+// 6·(3·D + 2·D²), and a second logits term.
+func TestMTPByHand(t *testing.T) {
+	c, err := hf.Load("deepseek-v3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		V, D, H, s = 129280, 7168, 128, 4096
+		attnLayer  = 2*D + 1536*D + 1536 + H*192*1536 + 576*D + 512 + H*256*512 + D*H*128
+		own        = 3*D + 2*D*D
+	)
+	total, active, err := MTPParams(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(own + attnLayer + 256*D + 256*3*2048*D + 3*2048*D); total != want {
+		t.Errorf("MTP params %d, hand %d", total, want)
+	}
+	if want := int64(own + attnLayer + 256*D + 8*3*2048*D + 3*2048*D); active != want {
+		t.Errorf("MTP active params %d, hand %d", active, want)
+	}
+	if got := float64(total) / 1e9; got < 11.4 || got > 11.7 {
+		t.Errorf("MTP params %.2fB; DeepSeek's README_WEIGHTS.md gives 11.5B", got)
+	}
+	sh := Shape{Seq: s, Batch: 1}
+	base, err := MegatronPerStep(c, sh, 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withMTP, err := MegatronMTPPerStep(c, sh, 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := int64(6*(1536*(D+H*192+1)+512*(D+H*256+1)+D*64+H*128*D) + 3*H*320*s + 6*D*(3*2048*8+3*2048))
+	if d, want := withMTP-base, s*(layer+6*own+6*D*V); d != want {
+		t.Errorf("Megatron MTP term %d, hand %d", d, want)
+	}
+}

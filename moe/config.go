@@ -161,7 +161,8 @@ type Config struct {
 	MLA MLA `json:"mla"`
 	// MTPLayers is num_nextn_predict_layers: multi-token-prediction modules
 	// in the checkpoint beyond Layers. Hugging Face's model ignores them and
-	// so does every count here unless a caller asks (flops.CountMTP).
+	// so does every count here unless a caller asks (flops.MTPParams,
+	// flops.MegatronMTPPerStep, moescope flops --mtp).
 	MTPLayers int `json:"mtp_layers,omitempty"`
 
 	// Names are the checkpoint's module names where they differ between
