@@ -18,39 +18,33 @@ func init() {
 
 func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("calibrate", stderr)
-	runsPath := fs.String("runs", "", "JSON array of measured runs in the published-runs schema (required; source optional)")
+	runsPath := fs.String("runs", "", "JSON array of measured runs in the published-runs schema (source optional); or --torchtitan-log")
 	out := fs.String("out", "", "calibration JSON to write (required)")
-	force := fs.Bool("force", false, "overwrite an existing --out file")
+	force := fs.Bool("force", false, "overwrite an existing --out (and --runs-out) file")
 	jsonOut := fs.Bool("json", false, "print the calibration as JSON instead of a table")
-	if err := parseFlags(fs, args); err != nil {
+	logs := addLogFlags(fs)
+	if err := parseCalibrateFlags(fs, logs, args); err != nil {
 		return err
 	}
-	if *runsPath == "" || *out == "" {
-		return fmt.Errorf("%w: --runs and --out are required", errUsage)
-	}
-	if err := checkIO(*force, []input{{Flag: "--runs", Path: *runsPath}}, output{Flag: "--out", Path: *out}); err != nil {
+	if err := logs.check(*runsPath); err != nil {
 		return err
 	}
-	f, err := fileio.OpenRegular(*runsPath)
+	if *out == "" {
+		return fmt.Errorf("%w: --out is required", errUsage)
+	}
+	ins := append([]input{{Flag: "--runs", Path: *runsPath}}, logs.inputs()...)
+	if err := checkIO(*force, ins, output{Flag: "--out", Path: *out}, output{Flag: "--runs-out", Path: logs.runsOut}); err != nil {
+		return err
+	}
+	runs, source, err := calibrateRuns(stderr, *runsPath, logs, *force)
 	if err != nil {
 		return err
-	}
-	runs, err := sim.ReadRuns(f, *runsPath, false)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	dir := filepath.Dir(*runsPath)
-	for i := range runs {
-		if strings.ContainsAny(runs[i].Model, `/\`) && !filepath.IsAbs(runs[i].Model) {
-			runs[i].Model = filepath.Join(dir, runs[i].Model)
-		}
 	}
 	cal, err := sim.Calibrate(runs)
 	if err != nil {
 		return err
 	}
-	cal.Source = fmt.Sprintf("moescope calibrate --runs %s (%d run(s))", *runsPath, len(runs))
+	cal.Source = source
 	// Marshalled before the file is written: a value JSON cannot hold
 	// leaves no file behind.
 	doc, err := marshalJSON("calibrate", cal, "  ")
@@ -98,4 +92,39 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%+.1f%%\t%s\n", i, r.Model, r.GPU, r.GPUs, 100*cal.Residuals[i], mem)
 	}
 	return tw.Flush()
+}
+
+// calibrateRuns reads the runs to fit: the runs file, or the torchtitan
+// logs (then written to --runs-out, and their notes printed to stderr).
+// source describes them for the calibration.
+func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool) (runs []sim.Run, source string, err error) {
+	if runsPath == "" {
+		runs, notes, err := logs.runs()
+		if err != nil {
+			return nil, "", err
+		}
+		for _, n := range notes {
+			fmt.Fprintln(stderr, "moescope calibrate: "+n)
+		}
+		if err := logs.writeRuns(runs, force); err != nil {
+			return nil, "", err
+		}
+		return runs, fmt.Sprintf("moescope calibrate --torchtitan-log %s (%d run(s); runs in %s)", strings.Join(logs.logs, " "), len(runs), logs.runsOut), nil
+	}
+	f, err := fileio.OpenRegular(runsPath)
+	if err != nil {
+		return nil, "", err
+	}
+	runs, err = sim.ReadRuns(f, runsPath, false)
+	f.Close()
+	if err != nil {
+		return nil, "", err
+	}
+	dir := filepath.Dir(runsPath)
+	for i := range runs {
+		if strings.ContainsAny(runs[i].Model, `/\`) && !filepath.IsAbs(runs[i].Model) {
+			runs[i].Model = filepath.Join(dir, runs[i].Model)
+		}
+	}
+	return runs, fmt.Sprintf("moescope calibrate --runs %s (%d run(s))", runsPath, len(runs)), nil
 }

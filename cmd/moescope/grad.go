@@ -35,8 +35,9 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	initSeed := fs.Int64("init", -1, "use a deterministic random initialization from this seed (≥ 0) instead of --weights")
 	save := fs.String("save", "", "with --init: write the initialized weights here (safetensors, F32)")
 	force := fs.Bool("force", false, "overwrite existing output files")
+	hostGiB := fs.Float64("host-memory-gib", defaultHostMemoryGiB, "refuse runs whose float32 tensors would need more host memory than this (or than MemAvailable, when smaller)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: moescope grad --model M (--weights W | --init SEED [--save W]) [--tokens T.json [--ac POLICY] [--out G.safetensors]] [--force]")
+		fmt.Fprintln(stderr, "usage: moescope grad --model M (--weights W | --init SEED [--save W]) [--tokens T.json [--ac POLICY] [--out G.safetensors]] [--force] [--host-memory-gib 16]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
@@ -51,7 +52,10 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: --out needs --tokens", errUsage)
 	case *tokensPath == "" && *save == "":
 		return fmt.Errorf("%w: nothing to do: give --tokens (and --out) or --init with --save", errUsage)
+	case !(*hostGiB > 0) || math.IsInf(*hostGiB, 0):
+		return fmt.Errorf("%w: --host-memory-gib = %g: must be a finite number > 0", errUsage, *hostGiB)
 	}
+	limit := hostLimit{flagGiB: *hostGiB, avail: availableMemory()}
 	ac, err := moe.ParseAC(*acFlag)
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
@@ -68,7 +72,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 
-	if err := checkGradMemory(cfg, availableMemory()); err != nil {
+	if err := checkGradMemory(cfg, limit); err != nil {
 		return err
 	}
 	m, err := moe.NewModel[float32](cfg)
@@ -101,7 +105,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkGradActivations(cfg, len(tokens), len(tokens[0]), ac, availableMemory()); err != nil {
+	if err := checkGradActivations(cfg, len(tokens), len(tokens[0]), ac, limit); err != nil {
 		return fmt.Errorf("%s: %w", *tokensPath, err)
 	}
 	res, err := m.ForwardBackwardHF(tokens, 1, moe.Options{AC: ac, AuxCoef: coef})
@@ -217,17 +221,17 @@ func gradParamBytes(cfg *moe.Config) (uint64, error) {
 	return b, nil
 }
 
-// checkGradMemory refuses a model whose parameters alone exceed the
-// available memory (0: unknown, no check), instead of dying in the
-// allocator: grad is a reference tool for small models.
-func checkGradMemory(cfg *moe.Config, avail uint64) error {
+// checkGradMemory refuses a model whose parameters alone exceed the host
+// memory limit, instead of dying in the allocator: grad is a reference
+// tool for small models.
+func checkGradMemory(cfg *moe.Config, limit hostLimit) error {
 	need, err := gradParamBytes(cfg)
 	if err != nil {
 		return err
 	}
-	if avail > 0 && need > avail {
-		return fmt.Errorf("%s: parameters and their gradients need %.1f GiB in float32, only %.1f GiB of memory is available (grad runs the reference model on the CPU; use a smaller config)",
-			cfg.Name, float64(need)/(1<<30), float64(avail)/(1<<30))
+	if float64(need) > limit.bytes() {
+		return fmt.Errorf("%w: %s: parameters and their gradients need about %.1f GiB in float32, over %s (grad runs the reference model on the CPU; use a smaller config)",
+			errUsage, cfg.Name, float64(need)/(1<<30), limit)
 	}
 	return nil
 }
@@ -240,12 +244,12 @@ func checkGradMemory(cfg *moe.Config, avail uint64) error {
 const gradHeapFactor = 1.5
 
 // checkGradActivations refuses a token file whose forward and backward pass
-// would not fit in the available memory (0: unknown, no check), instead of
-// being killed by the kernel: all sequences run as one micro-batch, and the
+// would not fit in the host memory limit, instead of growing until the
+// kernel kills it: all sequences run as one micro-batch, and the
 // activations grow with their tokens. The bytes are memory.Estimate's peak
 // allocated for one rank holding everything in float32, the reference's
 // storage type, times gradHeapFactor.
-func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, avail uint64) error {
+func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, limit hostLimit) error {
 	l := moe.Layout{GPUs: 1, Sharding: moe.ShardDDP}
 	if err := l.Resolve(); err != nil {
 		return err
@@ -256,11 +260,40 @@ func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, ava
 		return fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)
 	}
 	need := gradHeapFactor * float64(r.Peak.Allocated)
-	if avail > 0 && need > float64(avail) {
-		return fmt.Errorf("%d sequences × %d tokens need about %.1f GiB for activations in float32, only %.1f GiB of memory is available (grad runs them as one batch on the CPU; use fewer or shorter sequences)",
-			sequences, seqLen, need/(1<<30), float64(avail)/(1<<30))
+	if need > limit.bytes() {
+		return fmt.Errorf("%w: %d sequences × %d tokens need about %.1f GiB of host memory for activations in float32 (--ac %s), over %s (grad runs them as one batch on the CPU; use fewer or shorter sequences)",
+			errUsage, sequences, seqLen, need/(1<<30), ac, limit)
 	}
 	return nil
+}
+
+// defaultHostMemoryGiB is --host-memory-gib's default in grad and train:
+// the commands run the reference model on this CPU, and 16 GiB is what a
+// laptop or a CI runner can spare.
+const defaultHostMemoryGiB = 16
+
+// hostLimit is the host memory a CPU command may use: --host-memory-gib,
+// or MemAvailable when that is smaller (0: unknown).
+type hostLimit struct {
+	flagGiB float64
+	avail   uint64
+}
+
+// bytes is the limit in force.
+func (h hostLimit) bytes() float64 {
+	b := h.flagGiB * (1 << 30)
+	if h.avail > 0 && float64(h.avail) < b {
+		return float64(h.avail)
+	}
+	return b
+}
+
+// String names the limit in force and where it comes from.
+func (h hostLimit) String() string {
+	if h.avail > 0 && float64(h.avail) < h.flagGiB*(1<<30) {
+		return fmt.Sprintf("the %.1f GiB of memory available (MemAvailable; --host-memory-gib = %g)", float64(h.avail)/(1<<30), h.flagGiB)
+	}
+	return fmt.Sprintf("the limit --host-memory-gib = %g", h.flagGiB)
 }
 
 // availableMemory is MemAvailable from /proc/meminfo in bytes, or 0 where

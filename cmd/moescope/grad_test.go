@@ -8,6 +8,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -370,11 +372,14 @@ func TestGradMemoryGuard(t *testing.T) {
 	if need != 12*n {
 		t.Errorf("need %d bytes for %d parameters, want 12 each", need, n)
 	}
-	if err := checkGradMemory(cfg, 64<<30); err == nil || !strings.Contains(err.Error(), "GiB of memory is available") {
-		t.Errorf("30B model with 64 GiB: %v", err)
+	if err := checkGradMemory(cfg, hostLimit{flagGiB: 1 << 20, avail: 64 << 30}); err == nil || !strings.Contains(err.Error(), "64.0 GiB of memory available (MemAvailable") {
+		t.Errorf("30B model with 64 GiB available: %v", err)
 	}
-	if err := checkGradMemory(cfg, 0); err != nil {
-		t.Errorf("unknown memory must not refuse: %v", err)
+	if err := checkGradMemory(cfg, hostLimit{flagGiB: 64}); err == nil || !strings.Contains(err.Error(), "--host-memory-gib = 64") {
+		t.Errorf("30B model with --host-memory-gib 64: %v", err)
+	}
+	if err := checkGradMemory(cfg, hostLimit{flagGiB: float64(need)/(1<<30) + 1}); err != nil {
+		t.Errorf("a limit above the need must not refuse: %v", err)
 	}
 	if availableMemory() == 0 {
 		t.Log("no /proc/meminfo here: the guard is off")
@@ -443,17 +448,71 @@ func TestGradActivationGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	none := moe.AC{Mode: moe.ACNone}
-	if err := checkGradActivations(cfg, 3000, 3000, none, 2<<30); err == nil || !strings.Contains(err.Error(), "3000 sequences × 3000 tokens need about") {
+	if err := checkGradActivations(cfg, 3000, 3000, none, hostLimit{flagGiB: 2}); err == nil || !strings.Contains(err.Error(), "3000 sequences × 3000 tokens need about") {
 		t.Errorf("9M tokens with 2 GiB: %v", err)
 	}
-	if err := checkGradActivations(cfg, 3000, 3000, none, 0); err != nil {
-		t.Errorf("unknown memory must not refuse: %v", err)
-	}
-	if err := checkGradActivations(cfg, 2, 3, none, 2<<30); err != nil {
+	if err := checkGradActivations(cfg, 2, 3, none, hostLimit{flagGiB: 2}); err != nil {
 		t.Errorf("6 tokens with 2 GiB: %v", err)
 	}
 	// Token counts past what byte counts can hold are an error, not a wrap.
-	if err := checkGradActivations(cfg, 1<<30, 1<<30, none, 0); err == nil || !strings.Contains(err.Error(), "overflow") {
+	if err := checkGradActivations(cfg, 1<<30, 1<<30, none, hostLimit{flagGiB: 1 << 40}); err == nil || !strings.Contains(err.Error(), "overflow") {
 		t.Errorf("2^60 tokens: %v", err)
+	}
+}
+
+// TestGradHasMemoryGuard is issue 17's defect 6: 256 sequences × 4096
+// tokens on the tiny model grew past 5 GB with no guard. grad now refuses
+// them before running, as train does, naming the flag, the estimate and
+// the limit. Lower bound by hand for the estimate: the float32 logits and
+// their gradient, 2 · 4 B · V = 512 B per token for V = 64, are 0.5 GiB
+// of the 2^20 tokens; the refusal must quote more than the 0.25 GiB limit.
+func TestGradHasMemoryGuard(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "t.json")
+	var b strings.Builder
+	b.WriteString("[")
+	for i := 0; i < 256; i++ {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString("[")
+		for j := 0; j < 4096; j++ {
+			if j > 0 {
+				b.WriteString(",")
+			}
+			b.WriteString(strconv.Itoa((i + j) % 64))
+		}
+		b.WriteString("]")
+	}
+	b.WriteString("]")
+	if err := os.WriteFile(tokens, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, []string{"grad", "--model", "tiny", "--init", "1", "--tokens", tokens, "--host-memory-gib", "0.25"})
+	if err == nil || exitCode(err) != 2 {
+		t.Fatalf("grad ran 256 × 4096 tokens under a 0.25 GiB limit: %v", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"256 sequences × 4096 tokens need about", "--host-memory-gib = 0.25", "--ac selective"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q lacks %q", msg, want)
+		}
+	}
+	m := regexp.MustCompile(`need about ([0-9.]+) GiB`).FindStringSubmatch(msg)
+	if m == nil {
+		t.Fatalf("no estimate in %q", msg)
+	}
+	if gib, _ := strconv.ParseFloat(m[1], 64); gib < 0.5 {
+		t.Errorf("estimate %s GiB is below the logits' 0.5 GiB", m[1])
+	}
+	if out.Len() != 0 {
+		t.Errorf("refused run printed %q", out.String())
+	}
+	for _, bad := range []string{"0", "-1", "NaN", "+Inf"} {
+		err := run(&out, &errb, []string{"grad", "--model", "tiny", "--init", "1", "--tokens", tokens, "--host-memory-gib", bad})
+		if err == nil || !strings.Contains(err.Error(), "--host-memory-gib = ") {
+			t.Errorf("--host-memory-gib %s: %v", bad, err)
+		}
 	}
 }

@@ -55,6 +55,7 @@ type trainArgs struct {
 	lr, wd, auxCoef, biasRate, peakFlag, hostGiB float64
 	jsonOut, force, printSched                   bool
 	lf                                           *layoutFlags
+	faults                                       *faultFlags
 }
 
 // trainRun is what a run of train is built from.
@@ -144,9 +145,10 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs.BoolVar(&a.force, "force", false, "overwrite an existing --checkpoint directory")
 	fs.Float64Var(&a.peakFlag, "peak-gflops", 0, fmt.Sprintf("CPU peak for MFU in GFLOP/s, in [%g, %g] (0 or unset: measured, all cores)", minPeakGFLOPS, maxPeakGFLOPS))
 	fs.BoolVar(&a.printSched, "schedule", false, "print one rank's program of one step (the schedule) and exit")
-	fs.Float64Var(&a.hostGiB, "host-memory-gib", 16, "refuse runs whose float32 tensors would need more host memory than this")
+	fs.Float64Var(&a.hostGiB, "host-memory-gib", defaultHostMemoryGiB, "refuse runs whose float32 tensors would need more host memory than this")
+	a.faults = addFaultFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR]")
+		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR] [--fail-rank R | --stall-rank R] [--fail-step S] [--collective-timeout D]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
@@ -219,6 +221,9 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err := batch.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if err := a.faults.check(layout.GPUs, a.steps); err != nil {
+		return nil, err
+	}
 	return &trainRun{cfg: cfg, layout: layout, mesh: mesh, ac: ac, batch: batch, coef: coef}, nil
 }
 
@@ -252,8 +257,11 @@ func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, 
 		init = m.Tensors()
 	}
 	num, err := numeric.New(numeric.Spec{Config: cfg, Mesh: mesh, AC: ac, Batch: batch, DataSeed: a.seed,
-		AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate}, init)
+		AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate, Timeout: a.faults.timeout}, init)
 	if err != nil {
+		return nil, numeric.TrainState{}, err
+	}
+	if err := num.SetFault(a.faults.fault(num.StepIndex())); err != nil {
 		return nil, numeric.TrainState{}, err
 	}
 	if loaded != nil {
@@ -288,7 +296,7 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 		t0 := time.Now()
 		res, err := num.Step(ctx)
 		if err != nil {
-			return nil, err
+			return nil, stepError(err, rep.StartStep+s+1, num.RankErrors(), a.ckpt)
 		}
 		dt := time.Since(t0)
 		total += dt

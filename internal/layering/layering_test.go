@@ -23,7 +23,7 @@ const module = "github.com/moescope/moescope"
 // analytic accountings (flops, memory), and the leaves below moe.
 var layers = [][]string{
 	{"cmd/moescope"},
-	{"parallel/crosscheck"},
+	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},
 	{"parallel"},

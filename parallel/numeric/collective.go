@@ -2,9 +2,11 @@ package numeric
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moescope/moescope/moe"
@@ -24,7 +26,9 @@ import (
 // live rank waits in a collective that cannot complete (different groups,
 // a rank that finished early) the wait is reported as a deadlock with each
 // rank's pending call; a member that waits longer than Timeout fails with
-// the ranks that arrived and those that did not.
+// the ranks that arrived and those that did not; a rank that computes for
+// Timeout/2 without finishing an op is stopped by the watchdog
+// (StallError).
 type Comm struct {
 	mesh    *parallel.Mesh
 	Timeout time.Duration // per collective wait; 0 means DefaultCollectiveTimeout
@@ -39,6 +43,8 @@ type Comm struct {
 	slots   map[slotKey]*slot
 	waiting []*slot // per rank: the slot it waits in, or nil
 	exited  []bool
+	start   time.Time      // of the current Run
+	beats   []atomic.Int64 // per rank: time since start of its last progress, in ns (watchdog.go)
 }
 
 // DefaultCollectiveTimeout bounds one collective wait.
@@ -47,7 +53,7 @@ const DefaultCollectiveTimeout = 2 * time.Minute
 // NewComm makes the communicator of a mesh.
 func NewComm(m *parallel.Mesh) *Comm {
 	return &Comm{mesh: m, Stats: NewCommStats(m.World()), slots: map[slotKey]*slot{},
-		waiting: make([]*slot, m.World()), exited: make([]bool, m.World())}
+		waiting: make([]*slot, m.World()), exited: make([]bool, m.World()), beats: make([]atomic.Int64, m.World())}
 }
 
 // Mesh returns the communicator's mesh.
@@ -55,27 +61,48 @@ func (c *Comm) Mesh() *parallel.Mesh { return c.mesh }
 
 // Run starts one goroutine per rank running fn with that rank's endpoint and
 // waits for all. The first error cancels ctx for every rank and is returned
-// (errgroup semantics); Run returns only after every rank has returned.
+// (errgroup semantics; context.Cause of a rank's ctx is that error); a rank
+// the watchdog finds stalled cancels them with its StallError. Run returns
+// only after every rank has returned.
 func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoint) error) error {
 	c.mu.Lock()
 	c.slots = map[slotKey]*slot{}
 	c.traces = make([][]CollRecord, c.mesh.World())
+	c.start = time.Now()
 	for r := range c.exited {
 		c.exited[r], c.waiting[r] = false, nil
+		c.beats[r].Store(0)
 	}
 	c.mu.Unlock()
-	g, ctx := errgroup.WithContext(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	g, gctx := errgroup.WithContext(ctx)
+	stop := make(chan struct{})
+	var stall *StallError
+	var watcher sync.WaitGroup
+	watcher.Go(func() {
+		if stall = c.watch(gctx, stop); stall != nil {
+			cancel(stall)
+		}
+	})
 	for r := 0; r < c.mesh.World(); r++ {
 		ep := &Endpoint{c: c, rank: r, seq: map[string]uint64{}}
 		g.Go(func() error {
 			defer c.exit(r)
-			if err := fn(ctx, ep); err != nil {
+			if err := fn(gctx, ep); err != nil {
 				return fmt.Errorf("rank %d: %w", r, err)
 			}
 			return nil
 		})
 	}
-	return g.Wait()
+	err := g.Wait()
+	close(stop)
+	watcher.Wait()
+	if stall != nil && !errors.Is(err, stall) {
+		// fn returned ctx.Err() without its cause: keep the diagnosis.
+		err = errors.Join(stall, err)
+	}
+	return err
 }
 
 // CollRecord is one collective as a rank issued it, sized as a schedule
@@ -175,8 +202,8 @@ func (e *CollectiveError) Error() string {
 
 // do joins collective cl on group g and waits for its completion.
 func (e *Endpoint) do(ctx context.Context, g parallel.Group, cl *call) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
 	}
 	idx := g.IndexOf(e.rank)
 	if idx < 0 {
@@ -211,6 +238,7 @@ func (e *Endpoint) do(ctx context.Context, g parallel.Group, cl *call) error {
 			if c.waiting[r] == s {
 				c.waiting[r] = nil
 			}
+			c.beat(r) // leaving the collective is progress: the watchdog must not count its wait
 		}
 		c.mu.Unlock()
 		s.err = c.complete(s)
@@ -221,10 +249,7 @@ func (e *Endpoint) do(ctx context.Context, g parallel.Group, cl *call) error {
 	c.detectDeadlock()
 	c.mu.Unlock()
 
-	timeout := c.Timeout
-	if timeout <= 0 {
-		timeout = DefaultCollectiveTimeout
-	}
+	timeout := c.timeout()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
@@ -232,7 +257,7 @@ func (e *Endpoint) do(ctx context.Context, g parallel.Group, cl *call) error {
 		return s.err
 	case <-ctx.Done():
 		c.abandon(e.rank, s)
-		return fmt.Errorf("%s on %s: %w", cl.kind, name, ctx.Err())
+		return fmt.Errorf("%s on %s: %w", cl.kind, name, context.Cause(ctx))
 	case <-t.C:
 		c.mu.Lock()
 		var in, out []int
@@ -256,6 +281,7 @@ func (c *Comm) abandon(rank int, s *slot) {
 	if c.waiting[rank] == s {
 		c.waiting[rank] = nil
 	}
+	c.beat(rank) // it leaves with an error: not a stall
 	c.mu.Unlock()
 }
 
@@ -317,6 +343,7 @@ func (c *Comm) detectDeadlock() {
 	}
 	for _, r := range stuck {
 		c.waiting[r] = nil
+		c.beat(r) // it leaves with the error: not a stall
 	}
 }
 

@@ -240,11 +240,15 @@ func TestCollectiveTimeout(t *testing.T) {
 		c.Timeout = time.Second
 		err := c.Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
 			if ep.Rank() == 1 {
-				// Stuck in "compute" (fake clock): never reaches the collective in time.
-				select {
-				case <-time.After(time.Hour):
-				case <-ctx.Done():
-					return ctx.Err()
+				// Slow "compute" (fake clock) that keeps finishing ops, so
+				// not stalled, but never reaches the collective in time.
+				for range 3600 {
+					select {
+					case <-time.After(100 * time.Millisecond):
+						ep.beat()
+					case <-ctx.Done():
+						return ctx.Err()
+					}
 				}
 			}
 			return ep.Barrier(ctx, c.Mesh().Group(parallel.AxisShard, ep.Rank()))

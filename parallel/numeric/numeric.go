@@ -52,9 +52,7 @@ type Trainer struct {
 	ranks []*numRank
 	step  int
 
-	// failAt, when set (tests), is called at the start of every micro-step
-	// of every rank; an error stops that rank there.
-	failAt func(rank, micro int) error
+	fault *Fault // armed by SetFault
 	// rankErrs holds each rank's error of the last Step.
 	rankErrs []error
 }
@@ -131,8 +129,8 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 	n.rankErrs = make([]error, len(n.ranks))
 	err := n.comm.Run(ctx, func(ctx context.Context, ep *Endpoint) error {
 		r := n.ranks[ep.Rank()]
-		r.failAt = n.failAt
-		ls, err := r.trainStep(ctx, ep, n.step)
+		r.fault = n.fault
+		ls, err := r.runStep(ctx, ep, n.step)
 		losses[ep.Rank()] = ls
 		n.rankErrs[ep.Rank()] = err
 		return err
@@ -170,6 +168,10 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 	}
 	return res, nil
 }
+
+// RankErrors returns each rank's error of the last Step (nil for a rank
+// that finished it): after a failure, whether every rank stopped.
+func (n *Trainer) RankErrors() []error { return append([]error(nil), n.rankErrs...) }
 
 // Params reassembles the full parameters (Config.Params order) from the
 // ranks' shards.

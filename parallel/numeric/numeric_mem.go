@@ -1,6 +1,10 @@
 package numeric
 
-import "github.com/moescope/moescope/moe"
+import (
+	"context"
+
+	"github.com/moescope/moescope/moe"
+)
 
 // memAccount tracks one rank's live bytes at the modelled dtypes (what a GPU
 // would hold: fp32 sharded state, bf16 gathered weights and activations, …),
@@ -25,10 +29,13 @@ func (m *memAccount) resetPeak() { m.peak = m.live }
 type rankRecorder struct {
 	mem  *memAccount
 	kept map[int]int64 // layer → bytes kept
-}
 
-// RecordOp implements moe.Recorder; op counts are the flops package's business.
-func (r *rankRecorder) RecordOp(moe.OpRecord) {}
+	// During a step (bind, fault.go): the rank's context and endpoint,
+	// and whether an injected stall strikes at the next op.
+	ctx   context.Context
+	ep    *Endpoint
+	stall bool
+}
 
 // RecordSaved implements moe.Recorder.
 func (r *rankRecorder) RecordSaved(s moe.SavedRecord) {

@@ -46,8 +46,8 @@ type numRank struct {
 	optStep int64
 	mem     memAccount
 	rec     *rankRecorder
-	failAt  func(rank, micro int) error // see Trainer.failAt
-	counts  [][][]int                   // this step's per-expert counts [micro][layer][expert]
+	fault   *Fault    // see Trainer.SetFault
+	counts  [][][]int // this step's per-expert counts [micro][layer][expert]
 }
 
 // expertParamIndex returns, per projection (gate, up, down), the Params

@@ -2,6 +2,7 @@ package numeric
 
 import (
 	"context"
+	"fmt"
 	"math"
 
 	"github.com/moescope/moescope/moe"
@@ -37,10 +38,11 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		if r.stage != nil {
 			r.stage.micro = m
 		}
-		if r.failAt != nil {
-			if err := r.failAt(r.rank, m); err != nil {
-				return nil, err
+		if r.fault.strikes(r.rank, t, m) {
+			if !r.fault.Stall {
+				return nil, fmt.Errorf("step %d, micro-step %d: %w", t+1, m, ErrInjectedFault)
 			}
+			r.rec.stall = true
 		}
 		loss, aux, err := r.microStep(ctx, ep, seqs, m, scale, loads)
 		if err != nil {

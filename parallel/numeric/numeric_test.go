@@ -304,35 +304,20 @@ func TestNumericFollowsSchedule(t *testing.T) {
 
 // TestNumericRankFailure kills rank 2 at the start of its second
 // micro-step, while the others are in that micro-step's collectives: Step
-// returns rank 2's error and every rank returns an error (none hangs).
+// returns rank 2's error and every rank returns an error wrapping it (none
+// hangs, none finishes).
 func TestNumericRankFailure(t *testing.T) {
-	cfg := moetest.TinyMoE()
-	l := moetest.FSDPLayout(t, 4, 2, 2)
-	m, err := parallel.NewMesh(l, cfg, 2)
-	if err != nil {
+	n := faultTrainer(t, 4, 2, 2, 2, 0)
+	if err := n.SetFault(&Fault{Rank: 2, Step: 0, Micro: 1}); err != nil {
 		t.Fatal(err)
 	}
-	init, _ := moe.NewModel[float32](cfg)
-	init.InitRandom(1)
-	n, err := New(Spec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective},
-		Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 2, DP: 4}, AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
-	if err != nil {
-		t.Fatal(err)
-	}
-	boom := errors.New("injected failure")
-	n.failAt = func(rank, micro int) error {
-		if rank == 2 && micro == 1 {
-			return boom
-		}
-		return nil
-	}
-	_, err = n.Step(context.Background())
-	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "rank 2") {
+	_, err := n.Step(context.Background())
+	if !errors.Is(err, ErrInjectedFault) || !strings.Contains(err.Error(), "rank 2: step 1, micro-step 1: injected fault") {
 		t.Fatalf("Step = %v, want rank 2's injected failure", err)
 	}
-	for r, e := range n.rankErrs {
-		if e == nil {
-			t.Errorf("rank %d finished without error after rank 2 died", r)
+	for r, e := range n.RankErrors() {
+		if !errors.Is(e, ErrInjectedFault) {
+			t.Errorf("rank %d: %v, want the injected failure as its cause", r, e)
 		}
 	}
 }

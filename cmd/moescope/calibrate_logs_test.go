@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/parallel/sim"
+)
+
+const titanData = "../../parallel/titanlog/testdata/"
+
+// TestCalibrateLogEqualsRunsFile: a log in torchtitan's format (colours,
+// [rank0]: prefixes, logger headers) with its TOML job config calibrates
+// exactly as the runs file written by hand from the same numbers: tps
+// 31,057 (the median of steps 2–10, listed in the titanlog tests), peak
+// 141.27 GiB = 151,687,507,476 bytes, the layout of the TOML.
+func TestCalibrateLogEqualsRunsFile(t *testing.T) {
+	dir := t.TempDir()
+	runs := `[{"model": "qwen3-30b-a3b", "gpu": "b200", "gpus": 8, "dp_shard": 8, "dp_replicate": 1, "ep": 1, "ac": "selective",
+	  "lbs": 4, "seq": 4096, "precision": "bf16", "tps": 31057, "source": "by hand", "reshard_after_forward": true,
+	  "grad_accum": 1, "compile": true, "peak_reserved_bytes": 151687507476}]`
+	runsPath := filepath.Join(dir, "runs.json")
+	if err := os.WriteFile(runsPath, []byte(runs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(&out, &out, []string{"calibrate", "--runs", runsPath, "--out", filepath.Join(dir, "a.json")}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if err := run(&out, &out, []string{"calibrate", "--torchtitan-log", titanData + "rank0_colour.log", "--job-config", titanData + "rank0_colour.toml",
+		"--runs-out", filepath.Join(dir, "logruns.json"), "--out", filepath.Join(dir, "b.json")}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	a, err := sim.ReadCalibration(filepath.Join(dir, "a.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := sim.ReadCalibration(filepath.Join(dir, "b.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Source, b.Source = "", ""
+	ja, _ := marshalJSON("t", a, "")
+	jb, _ := marshalJSON("t", b, "")
+	if !bytes.Equal(ja, jb) {
+		t.Errorf("calibrations differ:\nruns file %s\nlog       %s", ja, jb)
+	}
+	if len(a.Fitted) == 0 {
+		t.Errorf("nothing fitted: the comparison is empty")
+	}
+}
+
+func TestCalibrateLogFlags(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "c.json")
+	existing := filepath.Join(dir, "mine.json")
+	os.WriteFile(existing, []byte("keep"), 0o644)
+	log, toml := titanData+"rank0_colour.log", titanData+"rank0_colour.toml"
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--out", out}, "--runs or --torchtitan-log is required"},
+		{[]string{"--torchtitan-log", log, "--out", out}, "--runs-out is required"},
+		{[]string{"--torchtitan-log", log, log, "--job-config", toml, "--runs-out", filepath.Join(dir, "r.json"), "--out", out}, "given 1 time(s) for 2 log(s)"},
+		{[]string{"--torchtitan-log", log, "--skip-steps", "-1", "--runs-out", filepath.Join(dir, "r.json"), "--out", out}, "--skip-steps = -1"},
+		{[]string{"--runs", existing, "--skip-steps", "2", "--out", out}, "go with --torchtitan-log"},
+		{[]string{"--torchtitan-log", log, "--job-config", toml, "--runs-out", existing, "--out", out}, "exists"},
+		{[]string{"--torchtitan-log", titanData + "no_steady.log", "--job-config", toml, "--runs-out", filepath.Join(dir, "r.json"), "--out", out}, "no steady steps"},
+		{[]string{"--torchtitan-log", titanData + "disagrees.log", "--job-config", toml, "--runs-out", filepath.Join(dir, "r.json"), "--out", out}, "disagree"},
+	}
+	for _, c := range cases {
+		var buf bytes.Buffer
+		err := run(&buf, &buf, append([]string{"calibrate"}, c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err = %v, want %q", c.args, err, c.want)
+		}
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "keep" {
+		t.Errorf("a refused run overwrote %s", existing)
+	}
+	for _, p := range []string{out, filepath.Join(dir, "r.json")} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s written by a run that failed", p)
+		}
+	}
+}

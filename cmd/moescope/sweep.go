@@ -1,0 +1,213 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/plan"
+)
+
+func init() {
+	register(command{"sweep", "choose the small torchtitan runs that best calibrate the simulator; write them and a manifest", runSweep})
+}
+
+// sweepJobJSON is one job in the manifest.
+type sweepJobJSON struct {
+	Name           string             `json:"name"`
+	TOML           string             `json:"toml"`
+	Python         string             `json:"python"`
+	Plan           planJSON           `json:"plan"`
+	PeakReserved   float64            `json:"peak_reserved_gib"`
+	Sensitivity    map[string]float64 `json:"sensitivity"` // ∂ ln TPS / ∂ ln parameter
+	Why            string             `json:"why"`
+	Command        string             `json:"command"`
+	CommandPython  string             `json:"command_python"`
+	CalibrateInput string             `json:"log"` // where the command tees its log
+}
+
+type sweepParamJSON struct {
+	Name       string  `json:"name"`
+	Std        float64 `json:"posterior_std"`
+	Identified bool    `json:"identified"`
+}
+
+type sweepManifest struct {
+	Model      string           `json:"model"`
+	GPU        string           `json:"gpu"`
+	Cluster    string           `json:"cluster"`
+	TargetGPUs int              `json:"target_gpus"`
+	Seq        int              `json:"seq"`
+	Scale      int              `json:"smallest_scale_gpus"`
+	Candidates int              `json:"candidates"`
+	Noise      float64          `json:"assumed_tps_noise"`
+	Jobs       []sweepJobJSON   `json:"jobs"`
+	Params     []sweepParamJSON `json:"parameters"`
+	Calibrate  string           `json:"calibrate_command"`
+}
+
+func runSweep(stdout, stderr io.Writer, args []string) error {
+	fs := newFlags("sweep", stderr)
+	a := &planArgs{}
+	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
+	fs.StringVar(&a.gpu, "gpu", hw.DefaultDeviceName, "device from the registry")
+	fs.StringVar(&a.cluster, "cluster", "", "cluster name or JSON path (default: the GPU's usual one)")
+	fs.IntVar(&a.gpus, "gpus", 0, "GPUs of the job to calibrate for (required); the sweep runs at its plan's smallest scale")
+	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
+	fs.Float64Var(&a.target, "memory-target", 0.92, "largest memory fraction a job may use, in (0, 1]")
+	fs.StringVar(&a.calibration, "calibration", "", "calibration JSON to start from (default: the uncalibrated model)")
+	out := fs.String("out", "sweep", "directory to write the jobs and the manifest into (made if missing)")
+	maxJobs := fs.Int("max-jobs", 6, "most jobs to pick, in [3, 32]")
+	steps := fs.Int("steps", 30, "training steps each job's command runs, in [3, 100000] (logged every step)")
+	fs.BoolVar(&a.force, "force", false, "replace the sweep's own files in --out (never any other file)")
+	a.mem = addMemoryModelFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	a.top, a.carry, a.maxLBS = 1, 8, 256
+	if err := a.validate(); err != nil {
+		return err
+	}
+	if *maxJobs < 3 || *maxJobs > 32 || *steps < 3 || *steps > 100000 {
+		return fmt.Errorf("%w: --max-jobs = %d must be in [3, 32]; --steps = %d must be in [3, 100000]", errUsage, *maxJobs, *steps)
+	}
+	cfg, dev, cl, cal, err := a.load()
+	if err != nil {
+		return err
+	}
+	ev := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
+	if err := a.mem.apply(&ev.Memory); err != nil {
+		return err
+	}
+	req := a.request(cfg, cl)
+	req.Admit = func(p plan.Point) error {
+		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p), plan.TorchtitanAdmit(plan.TorchtitanPy, p))
+	}
+	d, err := plan.DesignSweep(req, ev, *maxJobs)
+	if err != nil {
+		return err
+	}
+	m := sweepManifestFor(d, a, cfg.Name, dev, cl, *out, *steps)
+	return writeSweep(stdout, *out, a.force, m, d, cfg.Name, ev.Memory.Compile)
+}
+
+// sweepManifestFor lays the design out as the manifest, naming each job's
+// files and commands.
+func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Device, cl *hw.Cluster, dir string, steps int) sweepManifest {
+	m := sweepManifest{Model: model, GPU: dev.Name, Cluster: cl.Name, TargetGPUs: a.gpus, Seq: a.seq, Scale: d.Scale,
+		Candidates: d.Candidates, Noise: plan.SweepNoise}
+	var logs, tomls []string
+	for i, j := range d.Jobs {
+		l := j.Point.Layout
+		name := fmt.Sprintf("job%02d-%dgpu-%s-lbs%d", i+1, l.GPUs, strings.ReplaceAll(j.Point.AC.String(), ":", ""), j.Point.LBS)
+		toml, py, log := filepath.Join(dir, name+".toml"), filepath.Join(dir, name+".py"), name+".log"
+		overrides := fmt.Sprintf("--training.steps %d --metrics.log_freq 1", steps)
+		cmd := fmt.Sprintf("NGPU=%d CONFIG_FILE=%s ./run_train.sh %s 2>&1 | tee %s", l.GPUs, toml, overrides, log)
+		if nodes := l.GPUs / cl.GPUsPerNode; nodes > 1 {
+			// run_train.sh starts one host; a multi-host job is torchrun on
+			// each host with run_train.sh's settings (v0.2.2 run_train.sh).
+			cmd = fmt.Sprintf("on each of the %d hosts: PYTORCH_ALLOC_CONF=expandable_segments:True torchrun --nnodes %d --nproc_per_node %d "+
+				"--rdzv_backend c10d --rdzv_endpoint $HEAD_HOST:29500 --local-ranks-filter 0 --role rank --tee 3 -m torchtitan.train "+
+				"--job.config_file %s %s 2>&1 | tee %s (keep the log of the host with rank 0)", nodes, nodes, cl.GPUsPerNode, toml, overrides, log)
+		}
+		fn := fmt.Sprintf("moescope_%s_%dgpu", strings.NewReplacer("-", "_", ".", "_").Replace(model), l.GPUs)
+		m.Jobs = append(m.Jobs, sweepJobJSON{Name: name, TOML: toml, Python: py, Plan: planToJSON(j.Result, false),
+			PeakReserved: j.Score.MemoryFraction * dev.MemoryGiB(), Sensitivity: j.Sensitivity, Why: j.Why, Command: cmd,
+			CommandPython:  fmt.Sprintf("NGPU=%d MODULE=<module holding %s> CONFIG=%s ./run_train.sh %s", l.GPUs, py, fn, overrides),
+			CalibrateInput: log})
+		logs, tomls = append(logs, log), append(tomls, "--job-config "+toml)
+	}
+	for _, p := range d.Params {
+		m.Params = append(m.Params, sweepParamJSON{p.Name, p.Std, p.Identified})
+	}
+	m.Calibrate = fmt.Sprintf("moescope calibrate --gpu %s --torchtitan-log %s %s --runs-out %s --out %s",
+		dev.Name, strings.Join(logs, " "), strings.Join(tomls, " "), filepath.Join(dir, "runs.json"), filepath.Join(dir, "calibration.json"))
+	return m
+}
+
+// writeSweep writes every job's two exports, manifest.json and
+// manifest.txt into dir, after checking that none of them exists (unless
+// --force): a refused sweep writes nothing.
+func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, compile memory.Compile) error {
+	var outs []output
+	for _, j := range m.Jobs {
+		outs = append(outs, output{Flag: "--out", Path: j.TOML}, output{Flag: "--out", Path: j.Python})
+	}
+	jsonPath, txtPath := filepath.Join(dir, "manifest.json"), filepath.Join(dir, "manifest.txt")
+	outs = append(outs, output{Flag: "--out", Path: jsonPath}, output{Flag: "--out", Path: txtPath})
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return fmt.Errorf("--out %s: not a directory", dir)
+	}
+	// Made first: the checks need the directory; a refused sweep leaves
+	// at most an empty one.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--out: %w", err)
+	}
+	if err := checkOutputs(force, outs...); err != nil {
+		return err
+	}
+	for i, j := range d.Jobs {
+		header := []string{fmt.Sprintf("moescope sweep job %d of %d: %s", i+1, len(d.Jobs), m.Jobs[i].Name),
+			fmt.Sprintf("modelled: %.0f TPS per GPU, memory %.1f%% of %s", j.Score.TPS, 100*j.Score.MemoryFraction, m.GPU),
+			"why: " + j.Why}
+		e := plan.TorchtitanExport{Model: model, Seq: m.Seq, Point: j.Point, Header: header, Compile: compile}
+		for _, x := range []struct {
+			path  string
+			write func(io.Writer) ([]string, error)
+		}{{m.Jobs[i].TOML, e.TOML}, {m.Jobs[i].Python, e.Python}} {
+			if err := fileio.WriteFileAtomic(x.path, force, func(w io.Writer) error { _, err := x.write(w); return err }); err != nil {
+				return err
+			}
+		}
+	}
+	doc, err := marshalJSON("sweep", m, "  ")
+	if err != nil {
+		return err
+	}
+	if err := fileio.WriteFileAtomic(jsonPath, force, func(w io.Writer) error { _, err := w.Write(doc); return err }); err != nil {
+		return err
+	}
+	var table strings.Builder
+	sweepTable(&table, m)
+	if err := fileio.WriteFileAtomic(txtPath, force, func(w io.Writer) error { _, err := io.WriteString(w, table.String()); return err }); err != nil {
+		return err
+	}
+	_, err = io.WriteString(stdout, table.String())
+	return err
+}
+
+// sweepTable is the manifest as text: the jobs, why each, how to run it,
+// and what the sweep identifies.
+func sweepTable(w io.Writer, m sweepManifest) {
+	fmt.Fprintf(w, "moescope sweep: %s on %s, calibrating for %d GPUs at seq %d; smallest scale %d GPUs; %d jobs of %d candidates\n\n",
+		m.Model, m.GPU, m.TargetGPUs, m.Seq, m.Scale, len(m.Jobs), m.Candidates)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "job\tGPUs\tdp_shard\tdp_rep\tep\tac\tlbs\tTPS\tmemory\tpeak GiB")
+	for _, j := range m.Jobs {
+		p := j.Plan
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%.0f\t%.1f%%\t%.1f\n", j.Name, p.GPUs, p.DPShard, p.DPReplicate, p.EP, p.AC, p.LBS, p.TPS,
+			100*p.MemoryFraction, j.PeakReserved)
+	}
+	tw.Flush()
+	for _, j := range m.Jobs {
+		fmt.Fprintf(w, "\n%s: %s\n  run: %s\n", j.Name, j.Why, j.Command)
+	}
+	fmt.Fprintf(w, "\nparameters (posterior std of ln θ at %.1f%% TPS noise per run; identified ≤ %.2f%%):\n", 100*m.Noise, 100*plan.SweepIdentifiedStd)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, p := range m.Params {
+		status := "not identified by these runs: kept or fitted loosely"
+		if p.Identified {
+			status = "identified"
+		}
+		fmt.Fprintf(tw, "  %s\t%.2f%%\t%s\n", p.Name, 100*p.Std, status)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nthen: %s\n", m.Calibrate)
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/titanlog"
+)
+
+// writeTitanLog writes a console log of one run as torchtitan v0.2.2
+// prints it (components/metrics.py MetricsProcessor.log, tools/utils.py
+// Color, tools/logging.py header, torchrun's [rank0]: prefix): a slow
+// compiling first step, then steps at tps, memory peakGiB.
+func writeTitanLog(path string, tps, peakGiB, capGiB float64, steps int) error {
+	var b strings.Builder
+	const red, green, orange, turq, blue, cyan, magenta, reset = "\033[31m", "\033[32m", "\033[38;2;180;60;0m", "\033[38;2;54;234;195m",
+		"\033[34m", "\033[36m", "\033[35m", "\033[39m"
+	fmt.Fprintf(&b, "[rank0]:[titan] 2026-03-02 14:00:00,000 - root - INFO - CUDA capacity: NVIDIA B200 with %.2fGiB memory\n", capGiB)
+	for s := 1; s <= steps; s++ {
+		t := tps
+		if s == 1 {
+			t = tps / 4
+		}
+		fmt.Fprintf(&b, "[rank0]:[titan] 2026-03-02 14:00:%02d,%03d - root - INFO - %sstep: %2d  %sloss: %8.5f  %sgrad_norm: %7.4f  "+
+			"%smemory: %5.2fGiB(%.2f%%)  %stps: %s  %stflops: %.2f  %smfu: %.2f%%%s\n", s%60, s, red, s, green, 12-0.1*float64(s), orange, 1.5,
+			turq, peakGiB, 100*peakGiB/capGiB, blue, commas(int64(math.Round(t))), cyan, t*0.02, magenta, t*0.02/22.5, reset)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// commas formats n as Python's {:,} does.
+func commas(n int64) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// TestSweepRecoversPlantedCalibration is the loop: the sweep for
+// Qwen3-30B-A3B on 512 B200 picks its jobs; each is simulated with known
+// multipliers planted; its log is written in torchtitan's format;
+// calibrate reads the logs and TOMLs back. Every parameter the sweep
+// reports identified must come back within 2% of the planted value; the
+// others are listed as not identified.
+func TestSweepRecoversPlantedCalibration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("simulates the sweep's search and fit (about a minute)")
+	}
+	dir := t.TempDir()
+	var out bytes.Buffer
+	if err := run(&out, &out, []string{"sweep", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "512", "--seq", "4096", "--out", dir}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var m sweepManifest
+	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil || json.Unmarshal(data, &m) != nil {
+		t.Fatalf("manifest: %v", err)
+	}
+	if len(m.Jobs) < 3 {
+		t.Fatalf("%d jobs, want ≥ 3", len(m.Jobs))
+	}
+	cl, _ := hw.LoadCluster("hgx")
+	// Multipliers are planted on the parameters the sweep identifies; the
+	// others stay at their defaults: a planted error on a parameter the
+	// runs cannot separate is absorbed by the identified ones (at one
+	// sequence length the compute shares move together), which no fit
+	// can undo, so such a plant would test nothing about the sweep.
+	want := map[string]float64{sim.CalGEMM: 1, sim.CalGrouped: 1, sim.CalAttention: 1, sim.CalMemoryBound: 1,
+		sim.CalNVLink: cl.NVLinkEfficiency, sim.CalNet: cl.NetEfficiency}
+	plant := map[string]float64{sim.CalGEMM: 0.9, sim.CalGrouped: 0.85, sim.CalAttention: 1.1, sim.CalMemoryBound: 0.92,
+		sim.CalNVLink: 0.9 * cl.NVLinkEfficiency, sim.CalNet: 0.8 * cl.NetEfficiency}
+	for _, p := range m.Params {
+		if p.Identified {
+			want[p.Name] = plant[p.Name]
+		}
+	}
+	planted := &sim.Calibration{GEMMScale: want[sim.CalGEMM], GroupedScale: want[sim.CalGrouped], AttentionScale: want[sim.CalAttention],
+		MemoryBoundScale: want[sim.CalMemoryBound], NVLinkEfficiency: want[sim.CalNVLink], NetEfficiency: want[sim.CalNet]}
+	dev, _ := hw.LookupDevice("b200")
+	twoHost := false
+	args := []string{"calibrate", "--gpu", "b200", "--runs-out", filepath.Join(dir, "runs.json"), "--out", filepath.Join(dir, "cal.json")}
+	for _, j := range m.Jobs {
+		var doc map[string]any
+		if _, err := toml.DecodeFile(j.TOML, &doc); err != nil {
+			t.Fatalf("%s does not parse: %v", j.TOML, err)
+		}
+		job, err := titanlog.ReadJobConfig(j.TOML)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in, _, err := titanlog.Input{Log: &titanlog.Log{}, Job: job, Device: dev}.RunLayout()
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.Calibration = planted
+		res, err := sim.Simulate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		twoHost = twoHost || j.Plan.GPUs == 16
+		logPath := filepath.Join(dir, j.Name+".log")
+		if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--torchtitan-log", logPath, "--job-config", j.TOML)
+	}
+	if !twoHost {
+		t.Errorf("no 2-host (16 GPU) job in the sweep")
+	}
+	out.Reset()
+	if err := run(&out, &out, args); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	cal, err := sim.ReadCalibration(filepath.Join(dir, "cal.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{sim.CalGEMM: cal.GEMMScale, sim.CalGrouped: cal.GroupedScale, sim.CalAttention: cal.AttentionScale,
+		sim.CalMemoryBound: cal.MemoryBoundScale, sim.CalNVLink: cal.NVLinkEfficiency, sim.CalNet: cal.NetEfficiency}
+	for n, v := range got {
+		if v == 0 { // kept at its default
+			got[n] = map[string]float64{sim.CalNVLink: cl.NVLinkEfficiency, sim.CalNet: cl.NetEfficiency}[n]
+			if got[n] == 0 {
+				got[n] = 1
+			}
+		}
+	}
+	identified := 0
+	for _, p := range m.Params {
+		e := got[p.Name]/want[p.Name] - 1
+		t.Logf("%s: planted %.4g, calibrated %.4g (%+.2f%%), sweep posterior std %.2f%%, identified %v", p.Name, want[p.Name], got[p.Name], 100*e, 100*p.Std, p.Identified)
+		if p.Identified {
+			identified++
+			if math.Abs(e) > 0.02 {
+				t.Errorf("%s: identified by the sweep, but calibrated %.4g vs planted %.4g (%+.2f%%, beyond 2%%)", p.Name, got[p.Name], want[p.Name], 100*e)
+			}
+		}
+	}
+	if identified == 0 {
+		t.Errorf("the sweep identifies no parameter: the test would be empty")
+	}
+	if !strings.Contains(out.String(), "calibration of ") {
+		t.Errorf("calibrate output:\n%s", out.String())
+	}
+}

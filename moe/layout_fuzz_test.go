@@ -1,0 +1,61 @@
+package moe
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// FuzzLayoutJSON: any JSON layout (the published-runs and plan schema) is
+// either refused by Resolve or resolved to a layout whose degrees multiply
+// to the world, lie in [1, MaxDegree], with ep dividing dp_shard; resolving
+// again changes nothing.
+func FuzzLayoutJSON(f *testing.F) {
+	f.Add([]byte(`{"gpus": 8, "ep": 2}`))
+	f.Add([]byte(`{"dp_shard": 4, "dp_replicate": 2, "sharding": "zero2"}`))
+	f.Add([]byte(`{"gpus": 6, "dp_replicate": 4}`))
+	f.Add([]byte(`{"gpus": 4294967296, "dp_shard": 4294967296}`))
+	f.Add([]byte(`{"gpus": 0, "dp_shard": -1, "ep": -3, "gpus_per_node": 9223372036854775807}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var l Layout
+		if json.Unmarshal(b, &l) != nil {
+			return
+		}
+		if l.Resolve() != nil {
+			return
+		}
+		for name, v := range map[string]int{"gpus": l.GPUs, "dp_shard": l.DPShard, "dp_replicate": l.DPReplicate, "ep": l.EP} {
+			if v < 1 || v > MaxDegree {
+				t.Fatalf("%s resolved to %+v: %s = %d outside [1, %d]", b, l, name, v, MaxDegree)
+			}
+		}
+		if l.DPReplicate*l.DPShard != l.GPUs || l.DPShard%l.EP != 0 {
+			t.Fatalf("%s resolved to the inconsistent %+v", b, l)
+		}
+		again := l
+		if err := again.Resolve(); err != nil || again != l {
+			t.Fatalf("%s: resolving %+v again gave %+v, %v", b, l, again, err)
+		}
+	})
+}
+
+// FuzzParseAC: ParseAC accepts exactly what it prints: a policy it reads
+// prints as a string that reads back to the same policy, with N ≥ 1 for
+// layer:N.
+func FuzzParseAC(f *testing.F) {
+	for _, s := range []string{"none", "selective", "full", "layer:2", "layer:0", "layer:-1", "layer:+3", "layer:007", "layer:99999999999999999999", "Full", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := ParseAC(s)
+		if err != nil {
+			return
+		}
+		if a.Mode == ACLayer && a.Every < 1 {
+			t.Fatalf("%q parsed to layer:%d", s, a.Every)
+		}
+		b, err := ParseAC(a.String())
+		if err != nil || b != a {
+			t.Fatalf("%q → %v prints %q, which reads back as %v, %v", s, a, a.String(), b, err)
+		}
+	})
+}

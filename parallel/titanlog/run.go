@@ -1,0 +1,194 @@
+package titanlog
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/plan"
+	"github.com/moescope/moescope/parallel/sim"
+)
+
+// Input is one log to turn into a run: the log, the job config given
+// beside it (nil: the one the log printed), the device it ran on and the
+// logged steps to drop.
+type Input struct {
+	Log     *Log
+	Job     *Job // --job-config; nil to use Log.Config
+	Device  hw.Device
+	Cluster string // "" = the device's usual cluster
+	Skip    int
+}
+
+// Run returns the measured run a log records, in the published-runs
+// schema, and notes on what was skipped. The job config and the config the
+// log printed, when both are there, must agree on every field moescope
+// reads; the capacity the log reports must be the device's.
+func (in Input) Run() (sim.Run, []string, error) {
+	lg := in.Log
+	job := in.Job
+	if lg.Config != nil {
+		printed, err := FromPrinted(fmt.Sprintf("%s: the config printed at line %d", lg.Name, lg.ConfigLine), lg.Config)
+		switch {
+		case job == nil && err != nil:
+			return sim.Run{}, nil, err
+		case job == nil:
+			job = printed
+		case err == nil:
+			if err := agree(job, printed); err != nil {
+				return sim.Run{}, nil, err
+			}
+		}
+	}
+	if job == nil {
+		return sim.Run{}, nil, fmt.Errorf("%s: no job config: the log prints none (set job.print_config, or debug.print_config on main) and no --job-config was given for it", lg.Name)
+	}
+	if err := in.checkDevice(); err != nil {
+		return sim.Run{}, nil, err
+	}
+	st, err := lg.Steady(in.Skip)
+	if err != nil {
+		return sim.Run{}, nil, err
+	}
+	r, err := job.run(in.Device.Name)
+	if err != nil {
+		return sim.Run{}, nil, err
+	}
+	r.Cluster = in.Cluster
+	r.TPS = st.TPS
+	peak := int64(math.Round(st.PeakReservedGiB * hw.GiB))
+	if peak > 0 {
+		r.PeakReservedBytes = &peak
+	}
+	if st.MFU != nil && *st.MFU > 0 && *st.MFU <= 1 {
+		r.MFU = st.MFU
+	}
+	r.Source = fmt.Sprintf("torchtitan log %s (median tps of steps %d–%d, %d kept; first %d logged step(s) dropped); job config %s",
+		lg.Name, st.First, st.Last, st.Kept, in.Skip, job.Where)
+	if err := r.Validate(true); err != nil {
+		return sim.Run{}, nil, fmt.Errorf("%s: %w", lg.Name, err)
+	}
+	return r, lg.Notes, nil
+}
+
+// checkDevice compares the capacity the log reports, else the one its
+// memory percentages imply, with the device's.
+func (in Input) checkDevice() error {
+	lg := in.Log
+	capGiB, how := lg.CapacityGiB, "reports"
+	if capGiB == 0 {
+		for _, s := range lg.Steps {
+			if s.MemoryPct >= 1 {
+				capGiB, how = 100*s.MemoryGiB/s.MemoryPct, fmt.Sprintf("implies (memory %.2fGiB = %.2f%%, line %d)", s.MemoryGiB, s.MemoryPct, s.Line)
+				break
+			}
+		}
+	}
+	if capGiB == 0 {
+		return nil
+	}
+	dev := in.Device.MemoryGiB()
+	// Printed to two decimals: a percentage ≥ 1% gives the capacity to
+	// better than 0.5%; a different device differs by far more.
+	if math.Abs(capGiB/dev-1) > 0.005 {
+		return fmt.Errorf("%s: the log %s a device of %.2f GiB, but --gpu %s has %.2f GiB: name the GPU the run used", lg.Name, how, capGiB, in.Device.Name, dev)
+	}
+	return nil
+}
+
+// run is the job as a run of the published-runs schema on gpu (TPS and
+// source still to fill).
+func (j *Job) run(gpu string) (sim.Run, error) {
+	if j.DPShard == -1 {
+		return sim.Run{}, fmt.Errorf("%s: parallelism.data_parallel_shard_degree = -1 (the rest of the world): the GPU count is not in the config; set the degree", j.Where)
+	}
+	if j.DPShard < 1 || j.DPReplicate < 1 || j.EP < 1 || j.LBS < 1 || j.Seq < 1 {
+		return sim.Run{}, fmt.Errorf("%s: data_parallel_shard_degree %d, data_parallel_replicate_degree %d, expert_parallel_degree %d, local batch %d, seq %d: each must be ≥ 1",
+			j.Where, j.DPShard, j.DPReplicate, j.EP, j.LBS, j.Seq)
+	}
+	dp := j.DPShard * j.DPReplicate
+	accum := 1
+	if j.GlobalBatch > 0 {
+		if j.GlobalBatch%(j.LBS*dp) != 0 {
+			return sim.Run{}, fmt.Errorf("%s: global batch %d sequences: must be a multiple of local batch %d × data-parallel degree %d (torchtitan/train.py)",
+				j.Where, j.GlobalBatch, j.LBS, dp)
+		}
+		accum = j.GlobalBatch / (j.LBS * dp)
+	}
+	r := sim.Run{Model: j.Model, GPU: gpu, GPUs: dp, DPShard: j.DPShard, DPReplicate: j.DPReplicate, EP: j.EP, AC: j.AC,
+		LBS: j.LBS, Seq: j.Seq, Precision: j.Precision, GradAccum: accum, Framework: "torchtitan", FrameworkVersion: j.version()}
+	if j.DPShard == 1 {
+		r.Sharding = "ddp"
+	}
+	reshard, compile := j.ReshardAfterForward, j.Compile
+	r.ReshardAfterForward, r.Compile = &reshard, &compile
+	if compile && !(j.CompileModel && j.CompileLoss) {
+		if j.CompileModel {
+			r.CompileComponents = append(r.CompileComponents, "model")
+		}
+		if j.CompileLoss {
+			r.CompileComponents = append(r.CompileComponents, "loss")
+		}
+		if len(r.CompileComponents) == 0 {
+			f := false
+			r.Compile = &f
+		}
+	}
+	return r, nil
+}
+
+func (j *Job) version() string {
+	if j.Form == FormTOML {
+		return plan.TorchtitanTOMLTag
+	}
+	return "main " + plan.TorchtitanPyCommit[:7]
+}
+
+// agree reports every field on which two job configs of one run differ.
+func agree(a, b *Job) error {
+	fields := []struct {
+		name string
+		x, y any
+	}{
+		{"model", a.Model, b.Model}, {"local batch (sequences)", a.LBS, b.LBS}, {"global batch (sequences)", a.globalBatch(), b.globalBatch()},
+		{"seq", a.Seq, b.Seq}, {"data_parallel_replicate_degree", a.DPReplicate, b.DPReplicate},
+		{"data_parallel_shard_degree", a.DPShard, b.DPShard}, {"expert_parallel_degree", a.EP, b.EP},
+		{"fsdp_reshard_after_forward", a.ReshardAfterForward, b.ReshardAfterForward}, {"activation checkpointing", a.AC, b.AC},
+		{"compile.enable", a.Compile, b.Compile}, {"compile model", a.CompileModel, b.CompileModel}, {"compile loss", a.CompileLoss, b.CompileLoss},
+		{"precision", a.Precision, b.Precision},
+	}
+	var errs []error
+	for _, f := range fields {
+		if f.x != f.y {
+			errs = append(errs, fmt.Errorf("%s: %v in %s, %v in %s", f.name, f.x, a.Where, f.y, b.Where))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the job config and the config the log printed disagree (was the log made with another config?):\n  %s",
+		strings.ReplaceAll(errors.Join(errs...).Error(), "\n", "\n  "))
+}
+
+// globalBatch is the sequences per optimizer step, the default (-1 in
+// v0.2.2: local batch × data-parallel degree) made explicit.
+func (j *Job) globalBatch() int {
+	if j.GlobalBatch == 0 {
+		return j.LBS * j.DPShard * j.DPReplicate
+	}
+	return j.GlobalBatch
+}
+
+// RunLayout is the simulator input of the job's layout on the device (the
+// log is not read): what a sweep's job is predicted to do.
+func (in Input) RunLayout() (sim.Input, sim.Run, error) {
+	r, err := in.Job.run(in.Device.Name)
+	if err != nil {
+		return sim.Input{}, sim.Run{}, err
+	}
+	r.Cluster = in.Cluster
+	si, err := sim.InputForRun(r)
+	return si, r, err
+}
