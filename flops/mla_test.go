@@ -2,6 +2,7 @@ package flops
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -272,5 +273,43 @@ func TestMTPByHand(t *testing.T) {
 	layer := int64(6*(1536*(D+H*192+1)+512*(D+H*256+1)+D*64+H*128*D) + 3*H*320*s + 6*D*(3*2048*8+3*2048))
 	if d, want := withMTP-base, s*(layer+6*own+6*D*V); d != want {
 		t.Errorf("Megatron MTP term %d, hand %d", d, want)
+	}
+}
+
+// TestMegatronBridgeDeepSeekV3: Megatron-Bridge's performance summary
+// (docs/performance-summary-archive.md at Megatron-Bridge 067f987df, rows
+// R001, R003, R004 of testdata/validation/published_runs.csv: DeepSeek-V3
+// at seq 4096 on 256 B200, tp 1, with its MTP layer) publishes tokens/s
+// and model TFLOP/s per GPU; their ratio is the FLOPs per token its
+// releases count: 259.62, 260.40 and 260.04 GFLOP. Those disagree with each
+// other by 0.3% (far beyond the integer rounding, ≤ 0.06%), so no one
+// formula gives all three; Megatron-LM's with --mtp-num-layers 1
+// (MegatronMTPPerStep, 259.99) lies within 0.2% of each, and without the
+// MTP layer (249.81) 4% below all of them.
+func TestMegatronBridgeDeepSeekV3(t *testing.T) {
+	c, err := hf.Load("deepseek-v3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := Shape{Seq: 4096, Batch: 1}
+	n, err := MegatronMTPPerStep(c, sh, 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noMTP, err := MegatronPerStep(c, sh, 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		id          string
+		tps, tflops float64
+	}{{"R001", 3328, 864}, {"R003", 2139, 557}, {"R004", 2265, 589}} {
+		pub := r.tflops * 1e12 / r.tps
+		if d := math.Abs(float64(n)/4096/pub - 1); d > 0.002 {
+			t.Errorf("%s: %.4g FLOPs per token with MTP, Megatron-Bridge's ratio %.4g (%.2f%% apart)", r.id, float64(n)/4096, pub, 100*d)
+		}
+		if float64(noMTP)/4096 > 0.97*pub {
+			t.Errorf("%s: without the MTP layer %.4g FLOPs per token, within 3%% of the published %.4g", r.id, float64(noMTP)/4096, pub)
+		}
 	}
 }
