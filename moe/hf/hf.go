@@ -16,8 +16,9 @@ import (
 //
 // ParseConfig normalizes a config.json into a Config following the modeling code
 // of each supported model_type (transformers' Qwen3Moe, Qwen2Moe, Mixtral,
-// OLMoE, Glm4Moe, Qwen3 and Llama; DeepSeek-MoE's remote-code
-// modeling_deepseek.py). Keys the model code does not read are ignored, as
+// OLMoE, Glm4Moe, Qwen3, Llama, DeepseekV3 (also for kimi_k2) and DeepseekV2,
+// deepseek.go; DeepSeek-MoE's remote-code modeling_deepseek.py). Keys the
+// model code does not read are ignored, as
 // transformers ignores them; "_source" is moescope's own key naming where the
 // numbers come from. Absent keys take the default of that model type's
 // transformers config class, except the sizes that define the architecture
