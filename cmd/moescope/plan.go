@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -29,25 +30,25 @@ var planEvaluator = func(sim *plan.SimEvaluator) plan.Evaluator { return sim }
 
 // planJSON is one plan in --json output (DESIGN's layout keys and units).
 type planJSON struct {
-	GPUs                int             `json:"gpus"`
-	DPShard             int             `json:"dp_shard"`
-	DPReplicate         int             `json:"dp_replicate"`
-	EP                  int             `json:"ep"`
-	Sharding            moe.Sharding    `json:"sharding"`
-	ReshardAfterForward bool            `json:"reshard_after_forward"`
-	KeepGathered        bool            `json:"keep_gathered"`
-	AllreduceLastOnly   bool            `json:"allreduce_last_only"`
-	AC                  moe.AC          `json:"ac"`
-	LBS                 int             `json:"lbs"`
-	GradAccum           int             `json:"grad_accum"`
-	GlobalBatch         int             `json:"global_batch"`
-	TPS                 float64         `json:"tps"`
-	TPSInterval         *[2]float64     `json:"tps_interval,omitempty"`
-	MFU                 float64         `json:"mfu"`
-	MemoryFraction      float64         `json:"memory_fraction"`
-	StepTimeS           float64         `json:"step_time_s"`
-	Bottleneck          string          `json:"bottleneck"`
-	Breakdown           []plan.TimePart `json:"breakdown,omitempty"`
+	GPUs                int            `json:"gpus"`
+	DPShard             int            `json:"dp_shard"`
+	DPReplicate         int            `json:"dp_replicate"`
+	EP                  int            `json:"ep"`
+	Sharding            moe.Sharding   `json:"sharding"`
+	ReshardAfterForward bool           `json:"reshard_after_forward"`
+	KeepGathered        bool           `json:"keep_gathered"`
+	AllreduceLastOnly   bool           `json:"allreduce_last_only"`
+	AC                  moe.AC         `json:"ac"`
+	LBS                 int            `json:"lbs"`
+	GradAccum           int            `json:"grad_accum"`
+	GlobalBatch         int            `json:"global_batch"`
+	TPS                 float64        `json:"tps"`
+	TPSInterval         *[2]float64    `json:"tps_interval,omitempty"`
+	MFU                 float64        `json:"mfu"`
+	MemoryFraction      float64        `json:"memory_fraction"`
+	StepTimeS           float64        `json:"step_time_s"`
+	Bottleneck          string         `json:"bottleneck"`
+	Breakdown           *sim.Breakdown `json:"breakdown,omitempty"` // the best plan's only: simulate's shape
 }
 
 type planStageJSON struct {
@@ -84,7 +85,7 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
 		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval}
 	if breakdown {
-		j.Breakdown = r.Score.Breakdown
+		j.Breakdown = &r.Score.Breakdown
 	}
 	return j
 }
@@ -119,7 +120,9 @@ type planArgs struct {
 	jsonOut, exhaustive, force         bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
+	reportPath                         string
 	mem                                *memoryModelFlags
+	narrow                             *exportNarrowing // set by request when an export is asked for
 }
 
 func runPlan(stdout, stderr io.Writer, args []string) error {
@@ -151,6 +154,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err := planIntervals(simEv, rep, a.top); err != nil {
 		return err
 	}
+	var narrowed bytes.Buffer
+	if a.narrow != nil {
+		a.narrow.report(&narrowed, rep)
+		stderr.Write(narrowed.Bytes())
+	}
 
 	title := fmt.Sprintf("%s on %d × %s (%s, %d GPUs per host), seq %d, memory target %.2f", cfg.Name, a.gpus, dev.Name, cl.Name, cl.GPUsPerNode, a.seq, a.target)
 	if a.globalBatch > 0 {
@@ -163,7 +171,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	} else {
 		planWriteTable(stdout, title, rep, a.top, dev)
 	}
-	return a.writeFiles(stderr, title, rep, cfg, dev, simEv)
+	return a.writeFiles(stderr, title, rep, cfg, dev, simEv, cal, narrowed.String())
 }
 
 // parsePlanArgs reads and checks plan's flags.
@@ -189,6 +197,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.pyPath, "torchtitan-py", "", "write the best plan as a config-registry function for current torchtitan")
 	fs.StringVar(&a.tracePath, "trace", "", "write a Chrome trace of the best plan's step")
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
+	fs.StringVar(&a.reportPath, "report", "", "write one self-contained HTML page: tables, plots, the best plan's breakdown and memory, the calibration")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	a.mem = addMemoryModelFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -241,7 +250,7 @@ func (a *planArgs) validate() error {
 // written once the search is over.
 func (a *planArgs) checkOutputs() error {
 	ins := []input{{Flag: "--model", Path: a.model}, {Flag: "--cluster", Path: a.cluster}, {Flag: "--calibration", Path: a.calibration}}
-	if err := checkIO(a.force, ins, output{Flag: "--torchtitan-toml", Path: a.tomlPath}, output{Flag: "--torchtitan-py", Path: a.pyPath}, output{Flag: "--trace", Path: a.tracePath}); err != nil {
+	if err := checkIO(a.force, ins, output{Flag: "--torchtitan-toml", Path: a.tomlPath}, output{Flag: "--torchtitan-py", Path: a.pyPath}, output{Flag: "--trace", Path: a.tracePath}, output{Flag: "--report", Path: a.reportPath}); err != nil {
 		return err
 	}
 	if a.plotD != "" {
@@ -300,41 +309,28 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
-	var targets []plan.TorchtitanTarget
-	if a.tomlPath != "" {
-		targets = append(targets, plan.TorchtitanTOML)
-	}
-	if a.pyPath != "" {
-		targets = append(targets, plan.TorchtitanPy)
-	}
-	if len(targets) > 0 {
-		req.Admit = func(p plan.Point) error {
-			for _, t := range targets {
-				if err := plan.TorchtitanAdmit(t, p); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
+	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath); a.narrow != nil {
+		req.Admit = a.narrow.admit
 	}
 	return req
 }
 
 // writeFiles writes the exports, the trace and the plots the flags ask for.
-func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) error {
+func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
+	cal *sim.Calibration, narrowed string) error {
+	allocNote := "memory assumed fixed allocator segments (no expandable_segments)"
+	if simEv.Memory.Segments == memory.Expandable {
+		allocNote = "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets"
+	}
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
-			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS)}
-	if simEv.Memory.Segments == memory.Expandable {
-		header = append(header, "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets")
-	} else {
-		header = append(header, "memory assumed fixed allocator segments (no expandable_segments)")
-	}
+			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS),
+		allocNote}
 	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile}
 	for _, x := range []struct {
-		path  string
-		write func(io.Writer) ([]string, error)
-	}{{a.tomlPath, export.TOML}, {a.pyPath, export.Python}} {
+		path, what string
+		write      func(io.Writer) ([]string, error)
+	}{{a.tomlPath, plan.TorchtitanTOML.String(), export.TOML}, {a.pyPath, plan.TorchtitanPy.String(), export.Python}} {
 		if x.path == "" {
 			continue
 		}
@@ -347,6 +343,7 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		if err != nil {
 			return err
 		}
+		fmt.Fprintf(stderr, "wrote %s (%s)\n", x.path, x.what)
 		if len(skipped) > 0 {
 			fmt.Fprintf(stderr, "moescope plan: %s: not exported: %s (see the comment in the file)\n", x.path, strings.Join(skipped, ", "))
 		}
@@ -357,13 +354,57 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		}); err != nil {
 			return err
 		}
+		fmt.Fprintf(stderr, "wrote %s (Chrome trace of the best plan's step; open in https://ui.perfetto.dev)\n", a.tracePath)
+	}
+	var notes []string
+	if narrowed != "" {
+		notes = append(notes, strings.TrimPrefix(strings.TrimSpace(narrowed), "moescope plan: "))
+	}
+	return a.writePictures(stderr, title, rep, cfg, dev, simEv, cal, append(notes, allocNote+"."))
+}
+
+// writePictures writes the plots and the HTML report the flags ask for;
+// notes are the report's remarks on what the search assumed.
+func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
+	cal *sim.Calibration, notes []string) error {
+	if a.plotD == "" && a.reportPath == "" {
+		return nil
+	}
+	d, err := a.plotData(rep, cfg, dev, simEv)
+	if err != nil {
+		return err
 	}
 	if a.plotD != "" {
-		if err := planWritePlots(a.plotD, a.force, rep, cfg.Name, dev.Name, a.target); err != nil {
+		if err := planWritePlots(stderr, a.plotD, a.force, d); err != nil {
 			return err
 		}
 	}
+	if a.reportPath == "" {
+		return nil
+	}
+	if err := fileio.WriteFileAtomic(a.reportPath, a.force, func(w io.Writer) error {
+		return writePlanReport(w, title, a, rep, d, dev, cal, notes)
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s (HTML report)\n", a.reportPath)
 	return nil
+}
+
+// plotData gathers what the pictures show beyond the search: local-batch
+// sweeps at the target scale (through the same evaluator as the search)
+// and the best plan's memory timeline (the memory model's, whatever the
+// evaluator).
+func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*planPlotData, error) {
+	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch)
+	if err != nil {
+		return nil, err
+	}
+	mem, err := simEv.MemoryReport(rep.Best.Point)
+	if err != nil {
+		return nil, err
+	}
+	return &planPlotData{rep: rep, model: cfg.Name, gpu: dev.Name, deviceGiB: dev.MemoryGiB(), target: a.target, sweeps: sweeps, memory: mem}, nil
 }
 
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {
@@ -455,9 +496,9 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	line1 := fmt.Sprintf("best: %s, %s, %s: %.0f TPS per GPU, MFU %.1f%%, memory %.1f%% of %.2f GiB.",
 		shape, planACProse(p.AC), batch, b.Score.TPS, 100*b.Score.MFU, 100*b.Score.MemoryFraction, dev.MemoryGiB())
 	var parts []string
-	for _, t := range b.Score.Breakdown {
+	for _, t := range stepParts(b.Score.Breakdown) {
 		if b.Score.StepTimeS > 0 && t.Seconds/b.Score.StepTimeS >= 0.005 { // parts that round to 0% are left out
-			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Kind, 100*t.Seconds/b.Score.StepTimeS))
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Name, 100*t.Seconds/b.Score.StepTimeS))
 		}
 	}
 	line2 := fmt.Sprintf("why: step %.3f s", b.Score.StepTimeS)

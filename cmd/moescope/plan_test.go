@@ -15,7 +15,9 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/plan"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // planFake is a closed-form evaluator for the command's golden tests, so
@@ -75,7 +77,8 @@ func (f *planFake) Evaluate(p plan.Point) (plan.Score, error) {
 	}
 	step := float64(p.LBS*p.GradAccum*4096) / tps
 	return plan.Score{TPS: tps, MFU: tps / 100000, MemoryFraction: m, StepTimeS: step, Bottleneck: "compute",
-		Breakdown: []plan.TimePart{{Kind: "compute", Seconds: 0.8 * step}, {Kind: "exposed all_gather", Seconds: 0.2 * step}}}, nil
+		Breakdown: sim.Breakdown{ComputeS: 0.8 * step, ExposedCommS: map[string]float64{"all_gather": 0.2 * step},
+			CommS: map[string]float64{"all_gather": 0.5 * step}, ComputeByClassS: map[string]float64{"gemm": 0.8 * step}}}, nil
 }
 
 func planRun(t *testing.T, args ...string) (string, string, error) {
@@ -128,9 +131,24 @@ func TestPlanCommandExports(t *testing.T) {
 	tomlPath, pyPath, plotDir := filepath.Join(dir, "job.toml"), filepath.Join(dir, "job.py"), filepath.Join(dir, "plots")
 	args := []string{"--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--global-batch", "512",
 		"--torchtitan-toml", tomlPath, "--torchtitan-py", pyPath, "--plot", plotDir}
-	out, _, err := planRun(t, args...)
+	out, stderr, err := planRun(t, args...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// One "wrote FILE" line per file, and the narrowing said with its reasons.
+	wrote := append([]string{tomlPath, pyPath}, planPlotPaths(plotDir)...)
+	for _, p := range wrote {
+		if !strings.Contains(stderr, "wrote "+p+"\n") && !strings.Contains(stderr, "wrote "+p+" (") {
+			t.Errorf("stderr lacks \"wrote %s\":\n%s", p, stderr)
+		}
+	}
+	if n := strings.Count(stderr, "wrote "); n != len(wrote) {
+		t.Errorf("%d \"wrote\" lines, want %d:\n%s", n, len(wrote), stderr)
+	}
+	for _, w := range []string{"--torchtitan-toml and --torchtitan-py narrow the search", "× sharding = zero1: ", "× sharding = zero2: "} {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, stderr)
+		}
 	}
 	b, err := os.ReadFile(tomlPath)
 	if err != nil {
@@ -357,4 +375,78 @@ func TestPlanCommandExhaustive(t *testing.T) {
 		t.Errorf("hierarchical best %.0f, exhaustive %.0f", hr.Best.TPS, er.Best.TPS)
 	}
 	t.Logf("hierarchical %.0f TPS (%d simulated), exhaustive %.0f TPS (%d simulated)", hr.Best.TPS, hr.Simulated, er.Best.TPS, er.Simulated)
+}
+
+// TestPlanTargetSweeps: the local-batch sweeps are at the target scale and
+// stop at the largest lbs within the memory target. With the fake's
+// memory, (state + policy·perSeq·lbs) / capacity, the last lbs L of each
+// sweep is within 0.92 and L+1 is not.
+func TestPlanTargetSweeps(t *testing.T) {
+	sim := &plan.SimEvaluator{}
+	cfg, err := hf.Load("qwen3-30b-a3b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim.Model, sim.Device.MemoryBytes = cfg, 24<<30 // small enough that the target, not --max-lbs, ends each sweep
+	ev := newPlanFake(sim)
+	l := moe.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1}}
+	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
+	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sweeps) != 3 {
+		t.Fatalf("%d sweeps, want one per policy (none, selective, full)", len(sweeps))
+	}
+	for _, sw := range sweeps {
+		last := sw.Points[len(sw.Points)-1].Point
+		for i, r := range sw.Points {
+			if r.Point.Layout.GPUs != 64 || r.Point.LBS != i+1 {
+				t.Errorf("%s point %d: %d GPUs lbs %d, want 64 GPUs lbs %d", sw.AC, i, r.Point.Layout.GPUs, r.Point.LBS, i+1)
+			}
+		}
+		in, _ := ev.MemoryFraction(last)
+		next := last
+		next.LBS++
+		out, _ := ev.MemoryFraction(next)
+		if in > 0.92 || out <= 0.92 {
+			t.Errorf("%s: sweep ends at lbs %d (memory %.3f), lbs %d has %.3f: want the last within 0.92", sw.AC, last.LBS, in, next.LBS, out)
+		}
+	}
+	// A global batch keeps only the local batches that divide it.
+	sweeps, err = planTargetSweeps(ev, rep, 0.92, 256, 64*6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sw := range sweeps {
+		for _, r := range sw.Points {
+			if p := r.Point; p.LBS*64*p.GradAccum != 384 {
+				t.Errorf("%s lbs %d × 64 × accum %d ≠ 384", sw.AC, p.LBS, p.GradAccum)
+			}
+		}
+	}
+}
+
+func TestLinearTicks(t *testing.T) {
+	var got []string
+	for _, tk := range (linearTicks{}).Ticks(0, 29032.3) {
+		if tk.Label != "" {
+			got = append(got, tk.Label)
+		}
+	}
+	// (29032.3 − 0)/6 = 4839 → a step of 5000.
+	if want := "0 5000 10000 15000 20000 25000"; strings.Join(got, " ") != want {
+		t.Errorf("labels %q, want %q", strings.Join(got, " "), want)
+	}
+	got = got[:0]
+	for _, tk := range (linearTicks{}).Ticks(0, 1.3) {
+		if tk.Label != "" {
+			got = append(got, tk.Label)
+		}
+	}
+	// 1.3/6 = 0.217 → 0.5.
+	if want := "0 0.5 1"; strings.Join(got, " ") != want {
+		t.Errorf("labels %q, want %q", strings.Join(got, " "), want)
+	}
 }

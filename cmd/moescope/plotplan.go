@@ -4,20 +4,30 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel/plan"
 	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
 // planPlotNames are the pictures `moescope plan --plot DIR` writes, each as
-// .png and .svg.
-var planPlotNames = []string{"plan_lbs_tps", "plan_lbs_memory", "plan_scaling", "plan_breakdown"}
+// .png and .svg, in the order the report shows them.
+var planPlotNames = []string{"plan_lbs_tps", "plan_lbs_memory", "plan_scaling", "plan_breakdown", "plan_memory_timeline"}
+
+// Figure size: large enough that a 30-character legend entry and a
+// two-line point label fit beside four stages without crowding.
+const (
+	figureWidth  = 24 * vg.Centimeter
+	figureHeight = 15 * vg.Centimeter
+)
 
 // planPlotPaths lists the files planWritePlots writes into dir.
 func planPlotPaths(dir string) []string {
@@ -30,12 +40,40 @@ func planPlotPaths(dir string) []string {
 	return out
 }
 
-// planWritePlots renders the search's pictures into dir: TPS and memory
-// against local batch for the best stage-1 family of each checkpointing
-// policy, best per-GPU TPS and scaling efficiency against GPU count, and
-// the best plan's step-time breakdown. Existing files are refused unless
-// force; every file is written atomically.
-func planWritePlots(dir string, force bool, rep *plan.Report, model, gpu string, target float64) error {
+// planPlotData is what the pictures show: the search, the local-batch
+// sweeps at the target scale and the best plan's memory timeline.
+type planPlotData struct {
+	rep        *plan.Report
+	model, gpu string
+	deviceGiB  float64 // capacity as PyTorch reports it
+	target     float64 // --memory-target
+	sweeps     []plan.Sweep
+	memory     memory.Report
+}
+
+// planFigures builds every picture, keyed by planPlotNames.
+func planFigures(d *planPlotData) (map[string]*plot.Plot, error) {
+	figs := map[string]*plot.Plot{}
+	var err error
+	if figs["plan_lbs_tps"], figs["plan_lbs_memory"], err = planPlotSweeps(d); err != nil {
+		return nil, err
+	}
+	if figs["plan_scaling"], err = planPlotScaling(d); err != nil {
+		return nil, err
+	}
+	if figs["plan_breakdown"], err = planPlotBreakdown(d); err != nil {
+		return nil, err
+	}
+	if figs["plan_memory_timeline"], err = planPlotMemoryTimeline(d); err != nil {
+		return nil, err
+	}
+	return figs, nil
+}
+
+// planWritePlots renders the pictures into dir, saying "wrote FILE" for
+// each. Existing files are refused unless force; every file is written
+// atomically.
+func planWritePlots(stderr io.Writer, dir string, force bool, d *planPlotData) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
@@ -46,139 +84,106 @@ func planWritePlots(dir string, force bool, rep *plan.Report, model, gpu string,
 			}
 		}
 	}
-	plots := map[string]*plot.Plot{}
-	var err error
-	if plots["plan_lbs_tps"], plots["plan_lbs_memory"], err = planPlotSweeps(rep, model, gpu, target); err != nil {
-		return err
-	}
-	if plots["plan_scaling"], err = planPlotScaling(rep, model, gpu); err != nil {
-		return err
-	}
-	if plots["plan_breakdown"], err = planPlotBreakdown(rep, model, gpu); err != nil {
+	figs, err := planFigures(d)
+	if err != nil {
 		return err
 	}
 	for _, n := range planPlotNames {
 		for _, ext := range []string{"png", "svg"} {
-			wt, err := plots[n].WriterTo(16*vg.Centimeter, 10*vg.Centimeter, ext)
+			b, err := renderFigure(figs[n], ext)
 			if err != nil {
-				return fmt.Errorf("--plot %s.%s: %w", n, ext, err)
-			}
-			var buf bytes.Buffer
-			if _, err := wt.WriteTo(&buf); err != nil {
 				return fmt.Errorf("--plot %s.%s: %w", n, ext, err)
 			}
 			path := filepath.Join(dir, n+"."+ext)
 			if err := fileio.WriteFileAtomic(path, force, func(w io.Writer) error {
-				_, err := w.Write(buf.Bytes())
+				_, err := w.Write(b)
 				return err
 			}); err != nil {
 				return err
 			}
+			fmt.Fprintf(stderr, "wrote %s\n", path)
 		}
 	}
 	return nil
 }
 
-func planPlotSweeps(rep *plan.Report, model, gpu string, target float64) (tps, mem *plot.Plot, err error) {
-	tps, mem = plot.New(), plot.New()
-	gpus := 0
-	if len(rep.Stages) > 0 {
-		gpus = rep.Stages[0].GPUs
-	}
-	tps.Title.Text = fmt.Sprintf("%s on %d × %s: TPS per GPU against local batch", model, gpus, gpu)
-	tps.X.Label.Text, tps.Y.Label.Text = "local batch (sequences)", "tokens/s per GPU"
-	mem.Title.Text = fmt.Sprintf("%s on %d × %s: memory against local batch", model, gpus, gpu)
-	mem.X.Label.Text, mem.Y.Label.Text = "local batch (sequences)", "peak reserved / device memory"
-	var tpsArgs, memArgs []any
-	for _, sw := range rep.Sweeps {
-		t, m := make(plotter.XYs, len(sw.Points)), make(plotter.XYs, len(sw.Points))
-		for i, r := range sw.Points {
-			t[i] = plotter.XY{X: float64(r.Point.LBS), Y: r.Score.TPS}
-			m[i] = plotter.XY{X: float64(r.Point.LBS), Y: r.Score.MemoryFraction}
-		}
-		label := sw.AC.String()
-		if len(sw.Points) > 0 {
-			l := sw.Points[0].Point.Layout
-			label += fmt.Sprintf(" (%s %d×%d ep %d %s)", l.Sharding, l.DPShard, l.DPReplicate, l.EP, planOptions(l))
-		}
-		tpsArgs = append(tpsArgs, label, t)
-		memArgs = append(memArgs, sw.AC.String(), m)
-	}
-	if len(tpsArgs) == 0 {
-		return tps, mem, nil // an exhaustive search has no stage-1 sweeps
-	}
-	if err := plotutil.AddLinePoints(tps, tpsArgs...); err != nil {
-		return nil, nil, err
-	}
-	if err := plotutil.AddLinePoints(mem, memArgs...); err != nil {
-		return nil, nil, err
-	}
-	// The memory target, across the swept range.
-	maxLBS := 1.0
-	for _, sw := range rep.Sweeps {
-		for _, r := range sw.Points {
-			maxLBS = max(maxLBS, float64(r.Point.LBS))
-		}
-	}
-	line, err := plotter.NewLine(plotter.XYs{{X: 1, Y: target}, {X: maxLBS, Y: target}})
+// renderFigure draws p in format (png or svg) with its legend in a band
+// below the axes, where it can never cover a curve.
+func renderFigure(p *plot.Plot, format string) ([]byte, error) {
+	c, err := draw.NewFormattedCanvas(figureWidth, figureHeight, format)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	line.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
-	mem.Add(line)
-	mem.Legend.Add(fmt.Sprintf("memory target %.2f", target), line)
-	tps.Legend.Top, mem.Legend.Top, mem.Legend.Left = false, true, true
-	tps.Y.Min, mem.Y.Min = 0, 0
-	return tps, mem, nil
+	dc := draw.New(c)
+	leg := p.Legend
+	p.Legend = plot.NewLegend() // an empty legend draws nothing
+	defer func() { p.Legend = leg }()
+	band := vg.Length(0)
+	if r := leg.Rectangle(dc); r.Max.Y > r.Min.Y {
+		band = r.Max.Y - r.Min.Y + 0.5*vg.Centimeter
+	}
+	p.Draw(draw.Crop(dc, 0, 0, band, 0))
+	if band > 0 {
+		leg.Top, leg.Left = true, true
+		leg.XOffs = 1.5 * vg.Centimeter
+		leg.Draw(draw.Crop(dc, 0, 0, 0.2*vg.Centimeter, band-figureHeight))
+	}
+	var buf bytes.Buffer
+	if _, err := c.WriteTo(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
-func planPlotScaling(rep *plan.Report, model, gpu string) (*plot.Plot, error) {
+// newFigure is a plot with the sizes every picture uses: a 14 pt title,
+// 12 pt axis titles and legend, 11 pt ticks.
+func newFigure(title, x, y string) *plot.Plot {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s on %s: best plan per stage", model, gpu)
-	p.X.Label.Text, p.Y.Label.Text = "GPUs", "tokens/s per GPU"
-	xy := make(plotter.XYs, len(rep.Stages))
-	labels := make([]string, len(rep.Stages))
-	var ticks plot.ConstantTicks
-	for i, st := range rep.Stages {
-		xy[i] = plotter.XY{X: float64(st.GPUs), Y: st.BestTPS}
-		labels[i] = fmt.Sprintf("%.0f%%", 100*st.ScalingEfficiency)
-		ticks = append(ticks, plot.Tick{Value: float64(st.GPUs), Label: fmt.Sprint(st.GPUs)})
+	p.Title.Text = title
+	p.Title.TextStyle.Font.Size = 14
+	p.Title.Padding = 0.3 * vg.Centimeter
+	p.X.Label.Text, p.Y.Label.Text = x, y
+	for _, a := range []*plot.Axis{&p.X, &p.Y} {
+		a.Label.TextStyle.Font.Size = 12
+		a.Tick.Label.Font.Size = 11
+		a.Tick.Marker = linearTicks{}
 	}
-	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, ticks
-	if err := plotutil.AddLinePoints(p, "best TPS per GPU (label: scaling efficiency vs stage 1)", xy); err != nil {
-		return nil, err
-	}
-	l, err := plotter.NewLabels(plotter.XYLabels{XYs: xy, Labels: labels})
-	if err != nil {
-		return nil, err
-	}
-	p.Add(l)
-	p.Y.Min = 0
-	p.Legend.Top = false
-	return p, nil
+	p.Legend.TextStyle.Font.Size = 12
+	p.Legend.ThumbnailWidth = 1.2 * vg.Centimeter
+	return p
 }
 
-func planPlotBreakdown(rep *plan.Report, model, gpu string) (*plot.Plot, error) {
-	p := plot.New()
-	b := rep.Best
-	p.Title.Text = fmt.Sprintf("%s on %d × %s: step time of the best plan (%.3f s)", model, b.Point.Layout.GPUs, gpu, b.Score.StepTimeS)
-	p.Y.Label.Text = "seconds on the critical path"
-	var vals plotter.Values
-	var names []string
-	for _, t := range b.Score.Breakdown {
-		vals = append(vals, t.Seconds)
-		names = append(names, t.Kind)
+// linearTicks labels about six round values (1, 2 or 5 × 10^k apart)
+// printed without trailing zeros; gonum's default can leave two labels,
+// both with two decimals ("0.00", "25000.00").
+type linearTicks struct{}
+
+func (linearTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: strconv.FormatFloat(lo, 'f', -1, 64)}}
 	}
-	if len(vals) == 0 {
-		return p, nil
+	raw := (hi - lo) / 6
+	step := math.Pow(10, math.Floor(math.Log10(raw)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*step >= raw {
+			step *= m
+			break
+		}
 	}
-	bars, err := plotter.NewBarChart(vals, vg.Points(20))
-	if err != nil {
-		return nil, err
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step {
+		v = math.Round(v/step) * step // no accumulated rounding in labels
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
+		if mid := v + step/2; mid < hi {
+			ticks = append(ticks, plot.Tick{Value: mid}) // an unlabelled minor tick
+		}
 	}
-	bars.Color = plotutil.Color(0)
-	p.Add(bars)
-	p.NominalX(names...)
-	p.Y.Min = 0
-	return p, nil
+	return ticks
+}
+
+// labelFont is the font of labels drawn beside data.
+func labelFont() font.Font {
+	f := plot.DefaultFont
+	f.Size = 11
+	return f
 }

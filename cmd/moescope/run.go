@@ -58,6 +58,9 @@ func run(stdout, stderr io.Writer, args []string) error {
 		}
 		return nil
 	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	c, ok := commands[args[0]]
 	if !ok {
 		names := make([]string, 0, len(commands))

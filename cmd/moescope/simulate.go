@@ -243,16 +243,8 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	row := func(name string, s float64) {
 		fmt.Fprintf(tw, "  %s\t%.4f s\t%.1f%%\t\n", name, s, 100*s/r.StepTimeS)
 	}
-	row("compute", b.ComputeS)
-	row("recompute", b.RecomputeS)
-	row("optimizer", b.OptimizerS)
-	kinds := make([]string, 0, len(b.ExposedCommS))
-	for k := range b.ExposedCommS {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
-	for _, k := range kinds {
-		row("exposed "+k, b.ExposedCommS[k])
+	for _, p := range stepParts(b) {
+		row(p.Name, p.Seconds)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

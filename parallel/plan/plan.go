@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // The planner searches layouts (dp_shard × dp_replicate × ep, sharding mode,
@@ -46,13 +47,6 @@ func (p Point) String() string {
 	return s + fmt.Sprintf(" ac=%s lbs=%d grad_accum=%d", p.AC, p.LBS, p.GradAccum)
 }
 
-// TimePart is one entry of a step-time breakdown: seconds a kind of work
-// spends on the critical path of the slowest rank.
-type TimePart struct {
-	Kind    string  `json:"kind"`
-	Seconds float64 `json:"seconds"`
-}
-
 // Score is what an evaluator predicts for a point. TPS is a rank's own
 // tokens per second (torchtitan's definition); MFU is a fraction under the
 // torchtitan FLOP convention; MemoryFraction = peak reserved / device memory.
@@ -67,7 +61,10 @@ type Score struct {
 	DoesNotFit bool
 	StepTimeS  float64
 	Bottleneck string
-	Breakdown  []TimePart
+	// Breakdown is the step split along the critical path of the slowest
+	// rank, in the simulator's shape, so `plan --json` and `simulate
+	// --json` print one object; stand-in evaluators fill what they model.
+	Breakdown sim.Breakdown
 	// TPSInterval is TPS's 90% interval under a calibration, filled for
 	// the reported plans only (SimEvaluator.Interval); nil otherwise.
 	TPSInterval *[2]float64

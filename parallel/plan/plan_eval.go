@@ -3,7 +3,6 @@ package plan
 import (
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 
 	"github.com/moescope/moescope/memory"
@@ -98,6 +97,17 @@ func (e *SimEvaluator) MemoryFraction(p Point) (float64, error) {
 	return m, nil
 }
 
+// MemoryReport is the memory package's report of p as the evaluator models
+// it (p's AC, the calibrated allocator overhead); its Events are the step's
+// allocation timeline, which a report plots for the best plan.
+func (e *SimEvaluator) MemoryReport(p Point) (memory.Report, error) {
+	l := p.Layout
+	if l.GPUsPerNode == 0 && e.Cluster != nil {
+		l.GPUsPerNode = e.Cluster.GPUsPerNode
+	}
+	return memory.Estimate(e.Model, l, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
+}
+
 // memoryKey is p with what a rank's memory does not depend on made
 // canonical, so that layouts giving a rank the same shapes share one
 // estimate: the replica count (one replica) and the host size (memory
@@ -125,24 +135,9 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 		return Score{}, err
 	}
 	s := Score{TPS: r.TPS, MFU: r.MFU, MemoryFraction: r.MemoryFraction, DoesNotFit: !r.Fits, StepTimeS: r.StepTimeS,
-		Bottleneck: r.Bottleneck, Breakdown: breakdownTimes(r.Breakdown)}
+		Bottleneck: r.Bottleneck, Breakdown: r.Breakdown}
 	e.store(p, nil, &s)
 	return s, nil
-}
-
-// breakdownTimes lists the step's critical-path seconds: compute,
-// recompute, optimizer, then exposed communication by kind (sorted).
-func breakdownTimes(b sim.Breakdown) []TimePart {
-	out := []TimePart{{"compute", b.ComputeS}, {"recompute", b.RecomputeS}, {"optimizer", b.OptimizerS}}
-	kinds := make([]string, 0, len(b.ExposedCommS))
-	for k := range b.ExposedCommS {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
-	for _, k := range kinds {
-		out = append(out, TimePart{"exposed " + k, b.ExposedCommS[k]})
-	}
-	return out
 }
 
 // Interval is the 90% interval of p's TPS under the evaluator's

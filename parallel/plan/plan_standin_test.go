@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // planStandIn is an analytic stand-in evaluator for testing the planner's
@@ -136,7 +137,7 @@ func (m *planStandIn) Evaluate(p Point) (Score, error) {
 		bott = "fsdp"
 	}
 	return Score{TPS: tps, MFU: 6 * m.activeParams * tps / m.peakFLOPs, MemoryFraction: mem, StepTimeS: step,
-		Bottleneck: bott, Breakdown: []TimePart{{"compute", ga * compute}, {"fsdp", step - ga*compute}}}, nil
+		Bottleneck: bott, Breakdown: sim.Breakdown{ComputeS: ga * compute, ExposedCommS: map[string]float64{"fsdp": step - ga*compute}}}, nil
 }
 
 // String names the stand-in in test logs.
