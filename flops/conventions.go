@@ -26,11 +26,11 @@ func AllConventions() []Convention { return []Convention{Torchtitan, Megatron, P
 func (c Convention) Explain() string {
 	switch c {
 	case Torchtitan:
-		return "6·N (N = params but input embedding, routed experts ×k/E floored; router, norms, LM head in) + 6·L·H·2d·min(s,window); causal not halved"
+		return "6·N (N = params but input embedding, routed experts ×k/E floored; router, norms, LM head in) + 6·L·H·(d_qk+d_v)·min(s,window); causal not halved"
 	case Megatron:
-		return "matmuls only, SwiGLU 3 GEMMs, router/norms excluded, logits on vocab padded to 128, causal attention halved (6·q·s² per layer)"
+		return "matmuls only, SwiGLU 3 GEMMs, router/norms excluded (MLA: latent norms counted as rank-wide GEMMs), logits on vocab padded to 128, causal attention halved (3·H·(d_qk+d_v)·s² per layer)"
 	case PaLM:
-		return "6·N + 12·L·H·d·s with torchtitan's N; equals torchtitan without sliding windows"
+		return "6·N + 12·L·H·d·s with torchtitan's N (MLA: 6·L·H·(d_qk+d_v)·s); equals torchtitan without sliding windows"
 	case Model:
 		return "every matmul executed forward+backward, attention exact under the causal/window mask, no recompute"
 	case Hardware:
@@ -112,14 +112,18 @@ func TorchtitanPerStep(cfg *moe.Config, s Shape) (int64, error) {
 		return 0, err
 	}
 	var c checked
-	H, d := int64(cfg.Heads), int64(cfg.HeadDim)
+	// head_dims = d_qk + d_v: 2·head_dim for standard attention; torchtitan's
+	// DeepSeekV3ModelArgs.get_nparams_and_flops passes qk_nope_head_dim +
+	// qk_rope_head_dim + v_head_dim (models/deepseek_v3/model/args.py,
+	// torchtitan 05c63359).
+	H, dd := int64(cfg.Heads), int64(cfg.HeadDim+cfg.VHeadDim())
 	var attn int64
 	for _, w := range cfg.Window {
 		se := int64(s.Seq)
 		if w > 0 && int64(w) < se {
 			se = int64(w)
 		}
-		attn = c.add(attn, c.mul(6, H, 2*d, se))
+		attn = c.add(attn, c.mul(6, H, dd, se))
 	}
 	per := c.add(c.mul(6, n), attn)
 	return c.mul(s.Tokens(), per), c.err
@@ -127,7 +131,10 @@ func TorchtitanPerStep(cfg *moe.Config, s Shape) (int64, error) {
 
 // PaLMPerStep is PaLM's 6N + 12·L·H·Q·s per token (Chowdhery et al. 2022,
 // appendix B) with N = torchtitan's N_mm (active parameters, input
-// embedding excluded, LM head included), Q = head dim; no windows.
+// embedding excluded, LM head included), Q = head dim; no windows. PaLM
+// has one head dim; under MLA, whose q·k and v head dims differ, 12·Q is
+// taken as 6·(d_qk + d_v) (2Q = the q·k and the v width), which keeps PaLM
+// equal to torchtitan without windows.
 func PaLMPerStep(cfg *moe.Config, s Shape) (int64, error) {
 	if err := checkShape(cfg, s); err != nil {
 		return 0, err
@@ -137,7 +144,7 @@ func PaLMPerStep(cfg *moe.Config, s Shape) (int64, error) {
 		return 0, err
 	}
 	var c checked
-	per := c.add(c.mul(6, n), c.mul(12, int64(cfg.Layers), int64(cfg.Heads), int64(cfg.HeadDim), int64(s.Seq)))
+	per := c.add(c.mul(6, n), c.mul(6, int64(cfg.Layers), int64(cfg.Heads), int64(cfg.HeadDim+cfg.VHeadDim()), int64(s.Seq)))
 	return c.mul(s.Tokens(), per), c.err
 }
 
@@ -155,6 +162,14 @@ func PaLMPerStep(cfg *moe.Config, s Shape) (int64, error) {
 // (make_vocab_size_divisible_by × TP; 128 by default). Router, norms,
 // biases, softmax and windows are not counted.
 func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error) {
+	return megatron(cfg, s, vocabMultiple, 0)
+}
+
+// megatron is transformer_flops with mtp_num_layers = mtp: the MTP layers
+// count as more layers of the last layer's kind (dense or MoE), each with
+// its norms as 3·D and eh_proj as 2·D² matmul parameters, and the logits
+// once more per MTP layer.
+func megatron(cfg *moe.Config, s Shape, vocabMultiple, mtp int) (int64, error) {
 	if err := checkShape(cfg, s); err != nil {
 		return 0, err
 	}
@@ -165,6 +180,13 @@ func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error)
 	D, T := int64(cfg.Hidden), s.Tokens()
 	L, Lm := int64(cfg.Layers), int64(cfg.MoELayers())
 	Ld := L - Lm
+	M := int64(mtp)
+	if cfg.MoELayer[cfg.Layers-1] {
+		Lm += M
+	} else {
+		Ld += M
+	}
+	L += M
 	q := c.mul(int64(cfg.Heads), int64(cfg.HeadDim))
 	kv := c.mul(int64(cfg.KVHeads), int64(cfg.HeadDim))
 	S := c.mul(int64(cfg.SharedExperts), int64(cfg.SharedFFN))
@@ -176,12 +198,51 @@ func MegatronPerStep(cfg *moe.Config, s Shape, vocabMultiple int) (int64, error)
 		mlp = c.mul(6, D, 3, int64(cfg.DenseFFN), Ld)
 	}
 	attnLin := c.mul(L, 6, c.add(c.mul(D, c.add(q, c.mul(2, kv))), c.mul(q, D)))
+	core := c.mul(int64(s.Batch), int64(s.Seq), int64(s.Seq), L, 6, q)
+	if cfg.IsMLA() {
+		attnLin, core = megatronMLA(&c, cfg, s, L)
+	}
 	vm := int64(vocabMultiple)
 	vpad := c.mul((int64(cfg.Vocab)+vm-1)/vm, vm)
-	logits := c.mul(6, D, vpad)
-	linear := c.mul(T, c.add(mlp, attnLin, logits))
-	core := c.mul(int64(s.Batch), int64(s.Seq), int64(s.Seq), L, 6, q)
+	logits := c.mul(6, D, vpad, M+1)
+	mtpTerm := c.mul(6, M, c.add(c.mul(3, D), c.mul(2, D, D)))
+	linear := c.mul(T, c.add(mlp, attnLin, logits, mtpTerm))
 	return c.add(linear, core), c.err
+}
+
+// megatronMLA is the multi_latent_attention branch of Megatron-LM's
+// transformer_flops (megatron/training/training.py, Megatron-LM 001b00c2,
+// 2026), per token for its linear part and per step for its s-dependent
+// part, with Megatron's qk_head_dim = nope, qk_pos_emb_head_dim = r:
+//
+//	6·( q_term + Rkv·(D + H·(n+v) + 1) + D·r + H·v·D )           per token and layer
+//	q_term = D·H·(n+r) without a query latent, else Rq·(D + H·(n+r) + 1)
+//	6·( s·H·(n+r)/2 + s·H·v/2 )                                   per token and layer
+//
+// Reproduced as written, including where it departs from what the layer
+// executes (moescope's model count):
+//   - each latent RMSNorm is counted as a matmul of its rank (the "+ 1"
+//     terms: 6·(Rq + Rkv) per token and layer that no GEMM performs);
+//   - causal attention is halved as s/2 rather than (s+1)/2 of the
+//     s(s+1)/2 entries a causal mask keeps;
+//   - the router is not counted (as in its other branches).
+//
+// The halves are exact here: 6·(x/2) = 3·x. Python evaluates the /2 in
+// float64, which agrees with this integer wherever the total is below 2⁵³.
+func megatronMLA(c *checked, cfg *moe.Config, s Shape, L int64) (attnLin, core int64) {
+	m := cfg.MLA
+	D, H := int64(cfg.Hidden), int64(cfg.Heads)
+	n, r, v := int64(m.Nope), int64(m.Rope), int64(m.V)
+	Rq, Rkv := int64(m.QRank), int64(m.KVRank)
+	q := c.mul(D, H, n+r)
+	if Rq > 0 {
+		q = c.mul(Rq, c.add(D, c.mul(H, n+r), 1))
+	}
+	lin := c.add(q, c.mul(Rkv, c.add(D, c.mul(H, n+v), 1)), c.mul(D, r), c.mul(H, v, D))
+	attnLin = c.mul(L, 6, lin)
+	// T·s·3·H·(n+r+v) per layer = b·s²·3·H·(n+r+v).
+	core = c.mul(int64(s.Batch), int64(s.Seq), int64(s.Seq), L, 3, H, n+r+v)
+	return attnLin, core
 }
 
 // ModelPerStep is moescope's model count: 2 × the Count of every matmul,

@@ -11,7 +11,7 @@ import "github.com/moescope/moescope/moe"
 // element of the Count that moe/ops.go defines:
 //
 //	op                 forward                          backward_data                         backward_weight
-//	RMSNorm (all 5)    x² 1, sum 1, ·rstd 1, ·w 1 = 4     g·w, ·x̂, sum, x̂·m, −, ·rstd = 6         x̂ = x·rstd 1, g·x̂ 1, sum 1 = 3
+//	RMSNorm (all 7)    x² 1, sum 1, ·rstd 1, ·w 1 = 4     g·w, ·x̂, sum, x̂·m, −, ·rstd = 6         x̂ = x·rstd 1, g·x̂ 1, sum 1 = 3
 //	embed              gather 0                          —                                     scatter-add 1
 //	rope               x·cos + rot(x)·sin = 3            the same with −sin = 3                 —
 //	residual           add 1                             —                                     —
@@ -34,7 +34,7 @@ func ElementCost(cfg *moe.Config, op moe.Op, pass moe.Pass) int64 {
 	type costs [3]int64 // forward, backward_data, backward_weight
 	var c costs
 	switch op {
-	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm:
+	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm, moe.OpQANorm, moe.OpKVANorm:
 		c = costs{4, 6, 3}
 	case moe.OpEmbed:
 		c = costs{0, 0, 1}

@@ -15,7 +15,9 @@ const MaxLayers = 1 << 16
 // cause) of s.Batch sequences of s.Seq tokens, following the counting rules
 // of moe/ops.go exactly. There is one record per (Layer, Op, Pass), in
 // forward call order: embed (moe.LayerEmbed); for each block attn_norm,
-// q_proj, k_proj, v_proj, q_norm, k_norm, rope, attention, o_proj,
+// q_proj, k_proj, v_proj, q_norm, k_norm (under MLA instead q_proj or
+// q_a_proj, q_a_norm, q_b_proj, then kv_a_proj, kv_a_norm, kv_b_proj),
+// rope, attention, o_proj,
 // residual, ffn_norm, then either router, router_topk, dispatch,
 // expert_gate, expert_up, expert_act, expert_down, combine,
 // shared_gate_proj, shared_up_proj, shared_act, shared_down_proj,
@@ -38,7 +40,8 @@ const MaxLayers = 1 << 16
 //     load_balancing_loss_func), so it is never recomputed; embed,
 //     final_norm, lm_head and loss are outside blocks and never recomputed.
 //   - "selective" (torchtitan's per-op SAC): the block's mm/linear calls are
-//     counted in forward call order (q, k, v, o, then the shared experts'
+//     counted in forward call order (q, k, v, o, or MLA's q or q_a, q_b,
+//     kv_a, kv_b, o; then the shared experts'
 //     gate, up, down and Qwen2-MoE's shared_expert_gate, or the dense FFN's
 //     gate, up, down); the 1st, 3rd, … are saved and the 2nd, 4th, … are
 //     recomputed. The router-gate mm is never saved and not counted; the
@@ -142,7 +145,7 @@ func (b *opBuilder) backward(op moe.Op, fwd int64) (bd, bw int64) {
 	switch op {
 	case moe.OpEmbed:
 		return 0, fwd
-	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm:
+	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm, moe.OpQANorm, moe.OpKVANorm:
 		return fwd, fwd
 	case moe.OpResidual:
 		return 0, 0
@@ -179,20 +182,27 @@ func (b *opBuilder) block(l int, ac moe.AC) {
 	other := func(op moe.Op, fwd int64) { b.emit(l, op, fwd, full || selective, 0) }
 
 	other(moe.OpAttnNorm, b.mul(T, D))
-	linear(moe.OpQProj, b.mul(T, q, D))
-	linear(moe.OpKProj, b.mul(T, kv, D))
-	linear(moe.OpVProj, b.mul(T, kv, D))
-	if c.QKNorm != moe.QKNormNone {
-		other(moe.OpQNorm, b.mul(T, q))
-		other(moe.OpKNorm, b.mul(T, kv))
+	if c.IsMLA() {
+		b.mlaProjections(linear, other)
+	} else {
+		linear(moe.OpQProj, b.mul(T, q, D))
+		linear(moe.OpKProj, b.mul(T, kv, D))
+		linear(moe.OpVProj, b.mul(T, kv, D))
+		if c.QKNorm != moe.QKNormNone {
+			other(moe.OpQNorm, b.mul(T, q))
+			other(moe.OpKNorm, b.mul(T, kv))
+		}
 	}
-	other(moe.OpRoPE, b.mul(T, H+G, int64(c.RotaryDim())))
-	// Attention: per head and sequence 2·n·d forward, 4·n·d backward_data,
-	// n·d recompute (flash), for Batch sequences and H query heads.
+	other(moe.OpRoPE, b.mul(T, H+int64(c.KVRotaryHeads()), int64(c.RotaryDim())))
+	// Attention: per head and sequence n·(d_qk+d_v) forward (QKᵀ, PV),
+	// 2·n·(d_qk+d_v) backward_data, n·d_qk recompute (flash's QKᵀ), for
+	// Batch sequences and H query heads; d_qk = d_v = d outside MLA.
 	n := b.attnEntries(c.Window[l])
-	nd := b.mul(int64(b.s.Batch), H, n, d)
-	b.add4(l, moe.OpAttn, b.mul(2, nd), b.mul(4, nd), 0, full, nd)
-	linear(moe.OpOProj, b.mul(T, D, q))
+	dv := int64(c.VHeadDim())
+	nh := b.mul(int64(b.s.Batch), H, n)
+	fwd := b.mul(nh, d+dv)
+	b.add4(l, moe.OpAttn, fwd, b.mul(2, fwd), 0, full, b.mul(nh, d))
+	linear(moe.OpOProj, b.mul(T, D, H*dv))
 	other(moe.OpResidual, b.mul(2, T, D))
 	other(moe.OpFFNNorm, b.mul(T, D))
 	if !c.MoELayer[l] {
@@ -227,4 +237,25 @@ func (b *opBuilder) block(l int, ac moe.AC) {
 	if c.OutputRouterLogits && c.AuxLossCoef > 0 {
 		b.emit(l, moe.OpAuxLoss, b.mul(T, E), false, 0)
 	}
+}
+
+// mlaProjections emits an MLA block's query and key-value projections and
+// latent norms in forward order (mla.go's counting rules: a linear of M = T
+// rows counts T·N·K; a norm T·width).
+func (b *opBuilder) mlaProjections(linear, other func(moe.Op, int64)) {
+	c, T, D := b.cfg, b.T, int64(b.cfg.Hidden)
+	m, H := c.MLA, int64(c.Heads)
+	qk := b.mul(H, int64(c.HeadDim))
+	if m.QRank == 0 {
+		linear(moe.OpQProj, b.mul(T, qk, D))
+	} else {
+		Rq := int64(m.QRank)
+		linear(moe.OpQAProj, b.mul(T, Rq, D))
+		other(moe.OpQANorm, b.mul(T, Rq))
+		linear(moe.OpQBProj, b.mul(T, qk, Rq))
+	}
+	Rkv := int64(m.KVRank)
+	linear(moe.OpKVAProj, b.mul(T, Rkv+int64(m.Rope), D))
+	other(moe.OpKVANorm, b.mul(T, Rkv))
+	linear(moe.OpKVBProj, b.mul(T, b.mul(H, int64(m.Nope+m.V)), Rkv))
 }

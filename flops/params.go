@@ -17,7 +17,10 @@ type Params struct {
 // CountParams counts cfg's parameters in closed form, overflow-checked:
 //
 //	embedding  V·D;  LM head V·D unless tied;  final norm D
-//	per layer  attention D·q + 2·D·kv + q·D (+ q + 2·kv biases)
+//	per layer  attention D·q + 2·D·kv + q·D (+ q + 2·kv biases), or under MLA
+//	           (H heads, Rq, Rkv latent ranks, n, r, v head dims)
+//	           D·H·(n+r) without a query latent, else Rq·D + H·(n+r)·Rq,
+//	           + (Rkv+r)·D + H·(n+v)·Rkv + H·v·D, norms + Rq (if any) + Rkv
 //	           norms 2·D (+ 2·d per-head QK-norm, or q + kv full-width)
 //	           dense FFN 3·Fd·D
 //	           MoE: router E·D, routed E·3·F·D (active K·3·F·D),
@@ -48,6 +51,9 @@ func CountParams(cfg *moe.Config) (Params, error) {
 		attn = c.add(attn, q, c.mul(2, kv))
 	}
 	norms := c.mul(2, D)
+	if cfg.IsMLA() {
+		attn, norms = mlaParams(&c, cfg)
+	}
 	switch cfg.QKNorm {
 	case moe.QKNormHead:
 		norms = c.add(norms, c.mul(2, int64(cfg.HeadDim)))
@@ -83,4 +89,20 @@ func CountParams(cfg *moe.Config) (Params, error) {
 		return Params{}, c.err
 	}
 	return p, nil
+}
+
+// mlaParams is one MLA layer's attention parameters and its norms (the two
+// block norms and the latent ones), in CountParams' closed form.
+func mlaParams(c *checked, cfg *moe.Config) (attn, norms int64) {
+	m := cfg.MLA
+	D, H := int64(cfg.Hidden), int64(cfg.Heads)
+	Rq, Rkv := int64(m.QRank), int64(m.KVRank)
+	qk := c.mul(H, int64(m.Nope+m.Rope))
+	norms = c.add(c.mul(2, D), Rq, Rkv)
+	q := c.mul(D, qk)
+	if Rq > 0 {
+		q = c.add(c.mul(Rq, D), c.mul(qk, Rq))
+	}
+	attn = c.add(q, c.mul(Rkv+int64(m.Rope), D), c.mul(H, int64(m.Nope+m.V), Rkv), c.mul(H, int64(m.V), D))
+	return attn, norms
 }

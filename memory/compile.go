@@ -38,8 +38,12 @@ var Compiled = Compile{Model: true, Loss: true}
 //   - QK-norm with RoPE inside the compiled attention: the normalized,
 //     rotated q and k that SDPA reads are recomputed from the q/k norms'
 //     inputs and rstd.
+//   - MLA's latent RMSNorms sit inside the compiled attention (dense and
+//     MoE blocks alike): their outputs, the q_b_proj and kv_b_proj inputs,
+//     are recomputed from the norms' inputs and rstd, as QK-norm's are.
 //   - RMSNorm outputs inside a whole-block graph (dense blocks): the
-//     q_proj and MLP inputs are recomputed from the norms' inputs and rstd.
+//     q_proj (MLA: q_proj or q_a_proj) and MLP inputs are recomputed from
+//     the norms' inputs and rstd.
 //     In MoE blocks each norm is its own graph, so its output is the next
 //     graph's input and stays saved.
 //   - Selective AC over a whole-block graph (dense blocks): the policy's
@@ -67,10 +71,15 @@ func compiledBlock(cfg *moe.Config, layer int, ac moe.AC, rs []moe.SavedRecord) 
 			add(moe.OpAttn, "q")
 			add(moe.OpAttn, "k")
 		}
+		if cfg.IsMLA() {
+			add(moe.OpQBProj, "input")
+			add(moe.OpKVBProj, "input")
+		}
 		if dense {
 			add(moe.OpDenseAct, "silu_gate")
 			add(moe.OpDenseDown, "input")
 			add(moe.OpQProj, "input")
+			add(moe.OpQAProj, "input")
 			add(moe.OpDenseGate, "input")
 		}
 	}

@@ -22,7 +22,8 @@
 // (every id an input) for the loss HF trains on (HFAuxCoef); Step applies
 // torch.optim.AdamW. Its semantics are Hugging Face's
 // Qwen3MoeForCausalLM and the variants Config allows (see Routing, RMSNorm
-// in norm.go, RoPE in rope.go, flash attention in attention.go).
+// in norm.go, RoPE in rope.go, flash attention in package moe/attn, multi-head latent
+// attention in mla.go and mla_block.go).
 //
 // The execution seam for parallel ranks is the Block: one decoder layer
 // run by Forward(weights, x) and Backward(weights, grads, dy, auxGrad) with
@@ -134,7 +135,14 @@ type Config struct {
 	// rope_parameters) when it is not "default" (llama3, yarn, linear, …):
 	// it changes RoPE's frequencies, which the accounting does not see and
 	// the reference implementation does not execute (NewModel refuses it).
-	RopeScaling    string  `json:"rope_scaling,omitempty"`
+	RopeScaling string `json:"rope_scaling,omitempty"`
+	// RopeInterleave rotates adjacent pairs (x₀,x₁), (x₂,x₃), … instead of
+	// the halves (x_i, x_{i+r/2}) (DeepSeek-V3's rope_interleave; DeepSeek-V2's
+	// complex-number RoPE is the same rotation).
+	RopeInterleave bool `json:"rope_interleave,omitempty"`
+	// AttnScale is the softmax scale of q·kᵀ; 0 means 1/√HeadDim. YaRN
+	// configs of DeepSeek-V3 set (1/√HeadDim)·mscale² (see moe/hf).
+	AttnScale      float64 `json:"attn_scale,omitempty"`
 	TiedEmbeddings bool    `json:"tied_embeddings"`
 	NormEps        float64 `json:"norm_eps"`
 
@@ -148,6 +156,14 @@ type Config struct {
 	// once (both in aux.go).
 	SeqAuxLoss bool    `json:"seq_aux_loss"`
 	InitRange  float64 `json:"init_range"` // std of the normal initialization
+
+	// MLA is multi-head latent attention (mla.go); zero for standard attention.
+	MLA MLA `json:"mla"`
+	// MTPLayers is num_nextn_predict_layers: multi-token-prediction modules
+	// in the checkpoint beyond Layers. Hugging Face's model ignores them and
+	// so does every count here unless a caller asks (flops.MTPParams,
+	// flops.MegatronMTPPerStep, moescope flops --mtp).
+	MTPLayers int `json:"mtp_layers,omitempty"`
 
 	// Names are the checkpoint's module names where they differ between
 	// model types.
@@ -182,6 +198,9 @@ func (c *Config) MoELayers() int {
 
 // RotaryDim is the number of head dimensions RoPE rotates (even).
 func (c *Config) RotaryDim() int {
+	if c.IsMLA() {
+		return c.MLA.Rope
+	}
 	r := int(math.Round(float64(c.HeadDim) * c.RotaryFraction))
 	return r - r%2
 }
@@ -225,6 +244,7 @@ func (c *Config) Validate() error {
 	c.validateTensorCount(&e)
 	c.validateShared(&e)
 	c.validateNumerics(&e)
+	c.validateMLA(&e)
 	return errors.Join(e...)
 }
 
@@ -356,6 +376,12 @@ func (c *Config) validateNumerics(e *fieldErrors) {
 	}
 	if !(c.AuxLossCoef >= 0) || math.IsInf(c.AuxLossCoef, 0) {
 		e.bad("aux_loss_coef", c.AuxLossCoef, "must be a finite number ≥ 0")
+	}
+	if !(c.AttnScale >= 0) || math.IsInf(c.AttnScale, 0) {
+		e.bad("attn_scale", c.AttnScale, "must be 0 (1/√head_dim) or a finite number > 0")
+	}
+	if c.MTPLayers < 0 || c.MTPLayers > MaxDim {
+		e.bad("mtp_layers", c.MTPLayers, fmt.Sprintf("must be in [0, %d]", MaxDim))
 	}
 	if !(c.InitRange > 0) || math.IsInf(c.InitRange, 0) {
 		e.bad("init_range", c.InitRange, "must be a finite number > 0")

@@ -162,24 +162,28 @@ func layerViews[T Float](c *Config, ps []Param, ts [][]T) (*weights[T], error) {
 	for l := range w.layers {
 		lw := &w.layers[l]
 		lw.AttnNorm = next(D)
-		lw.Wq = next(q * D)
-		if c.QKVBias {
-			lw.Bq = next(q)
-		}
-		lw.Wk = next(kv * D)
-		if c.QKVBias {
-			lw.Bk = next(kv)
-		}
-		lw.Wv = next(kv * D)
-		if c.QKVBias {
-			lw.Bv = next(kv)
-		}
-		lw.Wo = next(D * q)
-		switch c.QKNorm {
-		case QKNormHead:
-			lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
-		case QKNormFull:
-			lw.QNorm, lw.KNorm = next(q), next(kv)
+		if c.IsMLA() {
+			mlaViews(c, lw, next)
+		} else {
+			lw.Wq = next(q * D)
+			if c.QKVBias {
+				lw.Bq = next(q)
+			}
+			lw.Wk = next(kv * D)
+			if c.QKVBias {
+				lw.Bk = next(kv)
+			}
+			lw.Wv = next(kv * D)
+			if c.QKVBias {
+				lw.Bv = next(kv)
+			}
+			lw.Wo = next(D * q)
+			switch c.QKNorm {
+			case QKNormHead:
+				lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
+			case QKNormFull:
+				lw.QNorm, lw.KNorm = next(q), next(kv)
+			}
 		}
 		lw.FFNNorm = next(D)
 		if !c.MoELayer[l] {

@@ -3,6 +3,8 @@ package moe
 import (
 	"fmt"
 	"math"
+
+	"github.com/moescope/moescope/moe/attn"
 )
 
 // LayerWeights holds the tensors of one decoder layer as flat row-major
@@ -18,6 +20,11 @@ type LayerWeights[T Float] struct {
 	Wv, Bv            []T // [G·d, D], [G·d]
 	Wo                []T // [D, H·d]
 	QNorm, KNorm      []T // [d] (per head) or [H·d], [G·d] (full width)
+	// Multi-head latent attention (mla.go; Wq is q_proj when there is no
+	// query latent, Wo is [D, H·v]): q_a_proj [Rq, D], q_a_layernorm [Rq],
+	// q_b_proj [H·(n+r), Rq], kv_a_proj_with_mqa [Rkv+r, D], kv_a_layernorm
+	// [Rkv], kv_b_proj [H·(n+v), Rkv].
+	WqA, QANorm, WqB, WkvA, KVANorm, WkvB []T
 
 	Router  []T // [E, D]
 	SelBias []T // [E], selection bias (a buffer: no gradient)
@@ -53,6 +60,7 @@ type blockState[T Float] struct {
 	x, rstd1, h1             []T // block input [T,D], attn_norm rstd [T], normed [T,D]
 	qRaw, qRstd, kRaw, kRstd []T // projections before QK-norm and the norms' rstd
 	q, k, v                  []T // attention inputs [T,q], [T,kv], [T,kv]
+	mla                      mlaActs[T]
 	ao                       []T // o_proj output [T,D]
 	o, lse                   []T // attention output [T,q], log-sum-exp [T,H]
 	x2, rstd2, h2            []T // mid residual, ffn_norm rstd, normed [T,D]
@@ -109,10 +117,14 @@ func (b *Block[T]) ExpertCounts() []int { return b.counts }
 
 func (b *Block[T]) tokens() int { return b.batch * b.seq }
 
-func (b *Block[T]) attnShape() attnShape {
+func (b *Block[T]) attnShape() attn.Shape {
 	c := b.cfg
-	return attnShape{batch: b.batch, seq: b.seq, heads: c.Heads, kv: c.KVHeads, d: c.HeadDim,
-		window: c.Window[b.layer], tileQ: b.x.tileQ, tileK: b.x.tileK, scale: 1 / math.Sqrt(float64(c.HeadDim))}
+	scale := c.AttnScale
+	if scale == 0 {
+		scale = 1 / math.Sqrt(float64(c.HeadDim))
+	}
+	return attn.Shape{Batch: b.batch, Seq: b.seq, Heads: c.Heads, KV: c.KVHeads, D: c.HeadDim, DV: c.VHeadDim(),
+		Window: c.Window[b.layer], TileQ: b.x.tileQ, TileK: b.x.tileK, Scale: scale}
 }
 
 // lin runs a linear op unless the selective cache holds its output.
@@ -144,8 +156,7 @@ func (b *Block[T]) Forward(w *LayerWeights[T], x []T) []T {
 // selective cache's outputs instead of recomputing those ops.
 func (b *Block[T]) forward(w *LayerWeights[T], pass Pass, useCache bool) []T {
 	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
-	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
-	q, kv := H*d, G*d
+	T_, D, H := b.tokens(), c.Hidden, c.Heads
 	t64 := int64(T_)
 
 	st.h1, st.rstd1 = make([]T, T_*D), make([]T, T_)
@@ -153,44 +164,13 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass Pass, useCache bool) []T {
 	ex.round(st.h1)
 	ex.op(L, OpAttnNorm, pass, t64*int64(D))
 
-	st.qRaw = b.lin(OpQProj, pass, useCache, st.h1, w.Wq, w.Bq, T_, q, D)
-	st.kRaw = b.lin(OpKProj, pass, useCache, st.h1, w.Wk, w.Bk, T_, kv, D)
-	st.v = b.lin(OpVProj, pass, useCache, st.h1, w.Wv, w.Bv, T_, kv, D)
-
-	st.q, st.k = make([]T, T_*q), make([]T, T_*kv)
-	switch c.QKNorm {
-	case QKNormHead, QKNormFull:
-		wq, wk := d, d
-		if c.QKNorm == QKNormFull {
-			wq, wk = q, kv
-		}
-		st.qRstd, st.kRstd = make([]T, T_*q/wq), make([]T, T_*kv/wk)
-		rmsNormFwd(st.q, st.qRstd, st.qRaw, w.QNorm, wq, c.NormEps)
-		rmsNormFwd(st.k, st.kRstd, st.kRaw, w.KNorm, wk, c.NormEps)
-		ex.round(st.q)
-		ex.round(st.k)
-		ex.op(L, OpQNorm, pass, t64*int64(q))
-		ex.op(L, OpKNorm, pass, t64*int64(kv))
-	default:
-		copy(st.q, st.qRaw)
-		copy(st.k, st.kRaw)
-	}
-	b.rope.apply(st.q, H, d, b.seq, false)
-	b.rope.apply(st.k, G, d, b.seq, false)
-	ex.round(st.q)
-	ex.round(st.k)
-	ex.op(L, OpRoPE, pass, t64*int64(H+G)*int64(c.RotaryDim()))
-
-	a := b.attnShape()
-	if o, ok := st.cache[OpAttn]; useCache && ok {
-		st.o, st.lse = o, st.cache[opLSE]
+	if c.IsMLA() {
+		b.mlaForward(w, pass, useCache)
 	} else {
-		st.o, st.lse = make([]T, T_*q), make([]T, T_*H)
-		attention(st.o, st.lse, st.q, st.k, st.v, a)
-		ex.round(st.o)
-		ex.op(L, OpAttn, pass, int64(b.batch)*int64(H)*2*a.area()*int64(d))
+		b.qkvForward(w, pass, useCache)
 	}
-	st.ao = b.lin(OpOProj, pass, useCache, st.o, w.Wo, nil, T_, D, q)
+	b.attend(pass, useCache)
+	st.ao = b.lin(OpOProj, pass, useCache, st.o, w.Wo, nil, T_, D, H*c.VHeadDim())
 
 	st.x2 = make([]T, T_*D)
 	for i := range st.x2 {
@@ -219,6 +199,58 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass Pass, useCache bool) []T {
 	ex.op(L, OpResidual, pass, 2*t64*int64(D))
 	st.complete = true
 	return out
+}
+
+// qkvForward computes the attention inputs q, k, v of a standard block
+// from the normed input h1: projections, QK-norm and RoPE.
+func (b *Block[T]) qkvForward(w *LayerWeights[T], pass Pass, useCache bool) {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
+	q, kv := H*d, G*d
+	t64 := int64(T_)
+	st.qRaw = b.lin(OpQProj, pass, useCache, st.h1, w.Wq, w.Bq, T_, q, D)
+	st.kRaw = b.lin(OpKProj, pass, useCache, st.h1, w.Wk, w.Bk, T_, kv, D)
+	st.v = b.lin(OpVProj, pass, useCache, st.h1, w.Wv, w.Bv, T_, kv, D)
+
+	st.q, st.k = make([]T, T_*q), make([]T, T_*kv)
+	switch c.QKNorm {
+	case QKNormHead, QKNormFull:
+		wq, wk := d, d
+		if c.QKNorm == QKNormFull {
+			wq, wk = q, kv
+		}
+		st.qRstd, st.kRstd = make([]T, T_*q/wq), make([]T, T_*kv/wk)
+		rmsNormFwd(st.q, st.qRstd, st.qRaw, w.QNorm, wq, c.NormEps)
+		rmsNormFwd(st.k, st.kRstd, st.kRaw, w.KNorm, wk, c.NormEps)
+		ex.round(st.q)
+		ex.round(st.k)
+		ex.op(L, OpQNorm, pass, t64*int64(q))
+		ex.op(L, OpKNorm, pass, t64*int64(kv))
+	default:
+		copy(st.q, st.qRaw)
+		copy(st.k, st.kRaw)
+	}
+	b.rope.apply(st.q, H, d, b.seq, false)
+	b.rope.apply(st.k, G, d, b.seq, false)
+	ex.round(st.q)
+	ex.round(st.k)
+	ex.op(L, OpRoPE, pass, t64*int64(H+G)*int64(c.RotaryDim()))
+
+}
+
+// attend runs attention on q, k, v (or takes the selective cache's output).
+func (b *Block[T]) attend(pass Pass, useCache bool) {
+	c, st, L := b.cfg, &b.st, b.layer
+	T_, H := b.tokens(), c.Heads
+	a := b.attnShape()
+	if o, ok := st.cache[OpAttn]; useCache && ok {
+		st.o, st.lse = o, st.cache[opLSE]
+		return
+	}
+	st.o, st.lse = make([]T, T_*H*a.DV), make([]T, T_*H)
+	attn.Forward(st.o, st.lse, st.q, st.k, st.v, a)
+	b.x.round(st.o)
+	b.x.op(L, OpAttn, pass, int64(b.batch)*int64(H)*a.Area()*int64(a.D+a.DV))
 }
 
 // swiglu runs a shared or dense SwiGLU on h2 and returns its output [T,D].
@@ -415,6 +447,14 @@ func (b *Block[T]) keep() {
 				cache[op] = st.v
 			case OpOProj:
 				cache[op] = st.ao
+			case OpQAProj:
+				cache[op] = st.mla.qa
+			case OpQBProj:
+				cache[op] = st.qRaw
+			case OpKVAProj:
+				cache[op] = st.mla.ckv
+			case OpKVBProj:
+				cache[op] = st.mla.kvb
 			case OpSharedGate, OpDenseGate:
 				cache[op] = st.ffn.g
 			case OpSharedUp, OpDenseUp:
@@ -442,6 +482,7 @@ func (b *Block[T]) keep() {
 		if b.cfg.QKNorm == QKNormNone {
 			st.qRaw, st.kRaw = nil, nil
 		}
+		st.mla.ckv, st.mla.kvb = nil, nil
 		if !b.cfg.SharedGated {
 			st.fOut = nil
 		}
@@ -476,7 +517,11 @@ func (b *Block[T]) recordKept() {
 		return
 	}
 	rec(OpAttnNorm, "rstd", st.rstd1, F32)
-	rec(OpQProj, "input", st.h1, act)
+	if b.cfg.IsMLA() {
+		b.mlaRecord(rec)
+	} else {
+		rec(OpQProj, "input", st.h1, act)
+	}
 	if b.cfg.QKNorm != QKNormNone {
 		rec(OpQNorm, "input", st.qRaw, act)
 		rec(OpQNorm, "rstd", st.qRstd, F32)

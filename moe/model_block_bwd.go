@@ -1,5 +1,7 @@
 package moe
 
+import "github.com/moescope/moescope/moe/attn"
+
 // Backward takes dy [T,D], the gradient of the block's output, recomputes
 // what the checkpointing policy dropped (recorded as Recompute), accumulates
 // the layer's weight gradients into g and returns the gradient of the
@@ -37,14 +39,37 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	ex.op(L, OpFFNNorm, BackwardWeight, t64*int64(D))
 
 	// x2 = x + o_proj(attention(...))
-	do := make([]T, T_*q)
-	linearBack(ex, L, OpOProj, do, g.Wo, nil, dx2, st.o, w.Wo, T_, D, q)
-	dq, dk, dv := make([]T, T_*q), make([]T, T_*kv), make([]T, T_*kv)
+	dvh := c.VHeadDim()
+	do := make([]T, T_*H*dvh)
+	linearBack(ex, L, OpOProj, do, g.Wo, nil, dx2, st.o, w.Wo, T_, D, H*dvh)
+	dq, dk, dv := make([]T, T_*q), make([]T, T_*kv), make([]T, T_*G*dvh)
 	a := b.attnShape()
-	attentionBack(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
-	n := int64(b.batch) * int64(H) * a.area() * int64(d)
-	ex.op(L, OpAttn, Recompute, n)
-	ex.op(L, OpAttn, BackwardData, 4*n)
+	attn.Backward(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
+	n := int64(b.batch) * int64(H) * a.Area()
+	ex.op(L, OpAttn, Recompute, n*int64(d))
+	ex.op(L, OpAttn, BackwardData, 2*n*int64(d+dvh))
+	dh1 := make([]T, T_*D)
+	if c.IsMLA() {
+		b.mlaBackward(w, g, dh1, dq, dk, dv)
+	} else {
+		b.qkvBackward(w, g, dh1, dq, dk, dv)
+	}
+	dx := dx2
+	rmsNormBwd(dx, g.AttnNorm, dh1, st.x, st.rstd1, w.AttnNorm, D)
+	ex.op(L, OpAttnNorm, BackwardData, t64*int64(D))
+	ex.op(L, OpAttnNorm, BackwardWeight, t64*int64(D))
+	b.st = blockState[T]{}
+	return dx
+}
+
+// qkvBackward accumulates into dh1 the gradient of the normed input from
+// the attention inputs' gradients of a standard block: RoPE, QK-norm and
+// the q, k, v projections in reverse.
+func (b *Block[T]) qkvBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
+	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
+	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
+	q, kv := H*d, G*d
+	t64 := int64(T_)
 	b.rope.apply(dq, H, d, b.seq, true)
 	b.rope.apply(dk, G, d, b.seq, true)
 	ex.op(L, OpRoPE, BackwardData, t64*int64(H+G)*int64(c.RotaryDim()))
@@ -62,16 +87,9 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 		ex.op(L, OpKNorm, BackwardWeight, t64*int64(kv))
 		dq, dk = dqr, dkr
 	}
-	dh1 := make([]T, T_*D)
 	linearBack(ex, L, OpQProj, dh1, g.Wq, g.Bq, dq, st.h1, w.Wq, T_, q, D)
 	linearBack(ex, L, OpKProj, dh1, g.Wk, g.Bk, dk, st.h1, w.Wk, T_, kv, D)
 	linearBack(ex, L, OpVProj, dh1, g.Wv, g.Bv, dv, st.h1, w.Wv, T_, kv, D)
-	dx := dx2
-	rmsNormBwd(dx, g.AttnNorm, dh1, st.x, st.rstd1, w.AttnNorm, D)
-	ex.op(L, OpAttnNorm, BackwardData, t64*int64(D))
-	ex.op(L, OpAttnNorm, BackwardWeight, t64*int64(D))
-	b.st = blockState[T]{}
-	return dx
 }
 
 // swigluBack back-propagates dy through a SwiGLU on h2, accumulating dh2.

@@ -106,7 +106,7 @@ func TestSavedMatchesTable(t *testing.T) {
 // forward ones: full checkpointing repeats every forward op of the block,
 // selective every one but the saved linears (those whose output
 // SavedTensors lists) and attention; every policy adds the flash
-// backward's n·d.
+// backward's n·d_qk.
 func TestRecomputeRepeatsForward(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
 	selective := moe.AC{Mode: moe.ACSelective}
@@ -150,7 +150,8 @@ func TestRecomputeRepeatsForward(t *testing.T) {
 					want = fwd
 				}
 				if k.Op == moe.OpAttn {
-					want += fwd / 2 // flash backward's QKᵀ
+					// flash backward's QKᵀ: n·d_qk of the forward's n·(d_qk + d_v)
+					want += fwd * int64(c.HeadDim) / int64(c.HeadDim+c.VHeadDim())
 				}
 				rk := k
 				rk.Pass = moe.Recompute

@@ -15,10 +15,11 @@ package moe
 // backward_weight (dW) each Count M·N·K. Grouped expert GEMMs: Σ_e M_e·N·K per
 // pass, Σ_e M_e = T·K (dropless), so the count does not depend on routing.
 //
-// Attention (per sequence, per query head, n = score entries executed, d_qk =
-// d_v = d): forward 2·n·d (QKᵀ and PV); backward_data 4·n·d (dP, dS·K, dSᵀ·Q,
-// Pᵀ·dO); the flash backward's own recomputation of QKᵀ is a Recompute record
-// of n·d. n is the exact count under the mask (causal s(s+1)/2, windows
+// Attention (per sequence, per query head, n = score entries executed, d_qk
+// the q·k head dim and d_v the value head dim, both d = HeadDim outside MLA):
+// forward n·(d_qk + d_v) (QKᵀ and PV); backward_data 2·n·(d_qk + d_v) (dP =
+// dO·Vᵀ and dV = Pᵀ·dO of d_v, dQ = dS·K and dK = dSᵀ·Q of d_qk); the flash
+// backward's own recomputation of QKᵀ is a Recompute record of n·d_qk. n is the exact count under the mask (causal s(s+1)/2, windows
 // exact) when the tile is 1×1; with Br×Bc tiles, clipped to the sequence, n is
 // the area of every tile holding at least one unmasked entry.
 //
@@ -29,7 +30,9 @@ package moe
 //	attn_norm ffn_norm final_norm T·D       T·D            T·D
 //	q_norm                      T·q         T·q            T·q
 //	k_norm                      T·kv        T·kv           T·kv
-//	rope                        T·(H+G)·r   T·(H+G)·r      —
+//	rope                        T·(H+G)·r   T·(H+G)·r      —   (MLA: T·(H+1)·r, one shared rotated key)
+//	q_a_norm (MLA)              T·Rq        T·Rq           T·Rq
+//	kv_a_norm (MLA)             T·Rkv       T·Rkv          T·Rkv
 //	residual (both adds)        2·T·D       —              —
 //	router_topk                 T·E         T·E            —
 //	dispatch                    T·K·D       T·K·D          —
@@ -78,7 +81,15 @@ const (
 	OpRoPE     Op = "rope"
 	OpAttn     Op = "attention" // softmax(QKᵀ/√d + mask)·V, flash-style
 	OpOProj    Op = "o_proj"
-	OpResidual Op = "residual" // both residual adds of a block
+
+	// Multi-head latent attention (mla.go) instead of q/k/v_proj and QK-norm.
+	OpQAProj   Op = "q_a_proj"  // D → q_lora_rank
+	OpQANorm   Op = "q_a_norm"  // RMSNorm of the query latent
+	OpQBProj   Op = "q_b_proj"  // q_lora_rank → H·(nope+rope)
+	OpKVAProj  Op = "kv_a_proj" // D → kv_lora_rank + rope (kv_a_proj_with_mqa)
+	OpKVANorm  Op = "kv_a_norm" // RMSNorm of the key-value latent
+	OpKVBProj  Op = "kv_b_proj" // kv_lora_rank → H·(nope+v)
+	OpResidual Op = "residual"  // both residual adds of a block
 
 	OpFFNNorm Op = "ffn_norm" // post-attention RMSNorm
 
@@ -115,7 +126,7 @@ func (c *Config) LayerHead() int { return c.Layers }
 // Kind returns how op's work is counted.
 func (o Op) Kind() OpKind {
 	switch o {
-	case OpQProj, OpKProj, OpVProj, OpOProj, OpRouter, OpSharedGate, OpSharedUp, OpSharedDown,
+	case OpQProj, OpKProj, OpVProj, OpOProj, OpQAProj, OpQBProj, OpKVAProj, OpKVBProj, OpRouter, OpSharedGate, OpSharedUp, OpSharedDown,
 		OpSharedExpGate, OpDenseGate, OpDenseUp, OpDenseDown, OpLMHead:
 		return KindMatmul
 	case OpExpertGate, OpExpertUp, OpExpertDown:

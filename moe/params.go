@@ -62,7 +62,7 @@ func (n TensorNames) withDefaults() TensorNames {
 // when embeddings are tied). The config must be valid.
 func (c *Config) Params() []Param {
 	n := c.Names.withDefaults()
-	D, V, H, G, d := c.Hidden, c.Vocab, c.Heads, c.KVHeads, c.HeadDim
+	D, V := c.Hidden, c.Vocab
 	// One allocation for the entries and one for their shapes: models with
 	// many experts have tens of thousands of tensors, and callers such as the
 	// planner list them for every candidate.
@@ -79,26 +79,10 @@ func (c *Config) Params() []Param {
 		p := "model.layers." + strconv.Itoa(l) + "."
 		add(p+"input_layernorm.weight", GroupNorm, l, -1, D)
 		a := p + "self_attn."
-		add(a+"q_proj.weight", GroupAttention, l, -1, H*d, D)
-		if c.QKVBias {
-			add(a+"q_proj.bias", GroupAttention, l, -1, H*d)
-		}
-		add(a+"k_proj.weight", GroupAttention, l, -1, G*d, D)
-		if c.QKVBias {
-			add(a+"k_proj.bias", GroupAttention, l, -1, G*d)
-		}
-		add(a+"v_proj.weight", GroupAttention, l, -1, G*d, D)
-		if c.QKVBias {
-			add(a+"v_proj.bias", GroupAttention, l, -1, G*d)
-		}
-		add(a+"o_proj.weight", GroupAttention, l, -1, D, H*d)
-		switch c.QKNorm {
-		case QKNormHead:
-			add(a+"q_norm.weight", GroupNorm, l, -1, d)
-			add(a+"k_norm.weight", GroupNorm, l, -1, d)
-		case QKNormFull:
-			add(a+"q_norm.weight", GroupNorm, l, -1, H*d)
-			add(a+"k_norm.weight", GroupNorm, l, -1, G*d)
+		if c.IsMLA() {
+			c.mlaParams(a, l, add)
+		} else {
+			c.attnParams(a, l, add)
 		}
 		add(p+"post_attention_layernorm.weight", GroupNorm, l, -1, D)
 		if !c.MoELayer[l] {
@@ -135,4 +119,53 @@ func (c *Config) Params() []Param {
 		add("lm_head.weight", GroupLMHead, -1, -1, V, D)
 	}
 	return ps
+}
+
+// paramAdder appends one tensor to the list Params builds.
+type paramAdder func(name string, g ParamGroup, layer, expert int, shape ...int)
+
+// mlaParams adds the attention tensors of an MLA layer under prefix a
+// ("model.layers.l.self_attn."), named and shaped as DeepseekV3Attention
+// declares them; the latent norms are in GroupNorm.
+func (c *Config) mlaParams(a string, l int, add paramAdder) {
+	m, D, H := c.MLA, c.Hidden, c.Heads
+	qk := H * (m.Nope + m.Rope)
+	if m.QRank == 0 {
+		add(a+"q_proj.weight", GroupAttention, l, -1, qk, D)
+	} else {
+		add(a+"q_a_proj.weight", GroupAttention, l, -1, m.QRank, D)
+		add(a+"q_a_layernorm.weight", GroupNorm, l, -1, m.QRank)
+		add(a+"q_b_proj.weight", GroupAttention, l, -1, qk, m.QRank)
+	}
+	add(a+"kv_a_proj_with_mqa.weight", GroupAttention, l, -1, m.KVRank+m.Rope, D)
+	add(a+"kv_a_layernorm.weight", GroupNorm, l, -1, m.KVRank)
+	add(a+"kv_b_proj.weight", GroupAttention, l, -1, H*(m.Nope+m.V), m.KVRank)
+	add(a+"o_proj.weight", GroupAttention, l, -1, D, H*m.V)
+}
+
+// attnParams adds the q, k, v, o projections (and biases and QK-norms) of a
+// standard attention layer under prefix a.
+func (c *Config) attnParams(a string, l int, add paramAdder) {
+	D, H, G, d := c.Hidden, c.Heads, c.KVHeads, c.HeadDim
+	add(a+"q_proj.weight", GroupAttention, l, -1, H*d, D)
+	if c.QKVBias {
+		add(a+"q_proj.bias", GroupAttention, l, -1, H*d)
+	}
+	add(a+"k_proj.weight", GroupAttention, l, -1, G*d, D)
+	if c.QKVBias {
+		add(a+"k_proj.bias", GroupAttention, l, -1, G*d)
+	}
+	add(a+"v_proj.weight", GroupAttention, l, -1, G*d, D)
+	if c.QKVBias {
+		add(a+"v_proj.bias", GroupAttention, l, -1, G*d)
+	}
+	add(a+"o_proj.weight", GroupAttention, l, -1, D, H*d)
+	switch c.QKNorm {
+	case QKNormHead:
+		add(a+"q_norm.weight", GroupNorm, l, -1, d)
+		add(a+"k_norm.weight", GroupNorm, l, -1, d)
+	case QKNormFull:
+		add(a+"q_norm.weight", GroupNorm, l, -1, H*d)
+		add(a+"k_norm.weight", GroupNorm, l, -1, G*d)
+	}
 }

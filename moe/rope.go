@@ -12,17 +12,22 @@ import "math"
 //
 // and the remaining d − r elements pass through. Backward is the transposed
 // rotation. Positions restart at 0 in every sequence of the micro-batch.
+// With Config.RopeInterleave the pairs are adjacent, (x_2i, x_2i+1), and
+// stay in place: DeepSeek-V2's complex-number RoPE exactly, and
+// DeepSeek-V3's rope_interleave up to one permutation of the rotated dims
+// applied to both q and k, which leaves every q·k unchanged.
 
 // ropeTable holds cos and sin of θ_i for every position: [seq, r/2] each.
 type ropeTable[T Float] struct {
-	cos, sin []T
-	half     int
+	cos, sin   []T
+	half       int
+	interleave bool
 }
 
 func newRopeTable[T Float](c *Config, seq int) ropeTable[T] {
 	r := c.RotaryDim()
 	h := r / 2
-	t := ropeTable[T]{cos: make([]T, seq*h), sin: make([]T, seq*h), half: h}
+	t := ropeTable[T]{cos: make([]T, seq*h), sin: make([]T, seq*h), half: h, interleave: c.RopeInterleave}
 	for i := 0; i < h; i++ {
 		inv := 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(r))
 		for p := 0; p < seq; p++ {
@@ -36,21 +41,31 @@ func newRopeTable[T Float](c *Config, seq int) ropeTable[T] {
 // apply rotates x [T tokens, heads·d] in place; tokens are sequences of seq
 // positions back to back. inverse applies the transposed rotation (backward).
 func (t ropeTable[T]) apply(x []T, heads, d, seq int, inverse bool) {
+	t.applyAt(x, heads, d, 0, seq, inverse)
+}
+
+// applyAt is apply on the r dims from off of every head of stride dims
+// (MLA rotates each head's last qk_rope_head_dim dims).
+func (t ropeTable[T]) applyAt(x []T, heads, stride, off, seq int, inverse bool) {
 	h := t.half
-	rows := len(x) / (heads * d)
+	rows := len(x) / (heads * stride)
 	for tok := 0; tok < rows; tok++ {
 		p := tok % seq
 		cs, sn := t.cos[p*h:p*h+h], t.sin[p*h:p*h+h]
 		for hd := 0; hd < heads; hd++ {
-			v := x[(tok*heads+hd)*d:]
+			v := x[(tok*heads+hd)*stride+off:]
 			for i := 0; i < h; i++ {
-				a, b := v[i], v[i+h]
+				ia, ib := i, i+h
+				if t.interleave {
+					ia, ib = 2*i, 2*i+1
+				}
+				a, b := v[ia], v[ib]
 				c, s := cs[i], sn[i]
 				if inverse {
 					s = -s
 				}
-				v[i] = a*c - b*s
-				v[i+h] = b*c + a*s
+				v[ia] = a*c - b*s
+				v[ib] = b*c + a*s
 			}
 		}
 	}

@@ -51,6 +51,12 @@ package moe
 //	head   lm_head         input           T·D              act
 //	head   loss            log_probs, labels  T·V, T        f32, i64
 //
+// Under MLA (mla.go) the attention rows are: q_proj or q_a_proj input
+// T·D (the normed input, which kv_a_proj_with_mqa also reads); q_a_norm
+// input T·Rq, rstd T; q_b_proj input T·Rq; kv_a_norm input T·Rkv, rstd T;
+// kv_b_proj input T·Rkv; attention q and k T·H·(nope+rope), v and output
+// T·H·v, lse T·H. RoPE keeps nothing.
+//
 // Policy full, and the blocks layer:N checkpoints: the block keeps only
 // attn_norm/input (its input) and recomputes its whole forward in backward.
 //
@@ -68,6 +74,9 @@ package moe
 // router gate excluded (torchtitan's policy neither counts nor saves it).
 func blockLinears(c *Config, l int) []Op {
 	ops := []Op{OpQProj, OpKProj, OpVProj, OpOProj}
+	if c.IsMLA() {
+		ops = mlaLinears(c)
+	}
 	switch {
 	case !c.MoELayer[l]:
 		ops = append(ops, OpDenseGate, OpDenseUp, OpDenseDown)
@@ -95,8 +104,14 @@ func selectiveSaved(c *Config, l int) []Op {
 // linearOut is the output width of a block linear.
 func linearOut(c *Config, op Op) int {
 	switch op {
-	case OpQProj:
+	case OpQProj, OpQBProj:
 		return c.Heads * c.HeadDim
+	case OpQAProj:
+		return c.MLA.QRank
+	case OpKVAProj:
+		return c.MLA.KVRank + c.MLA.Rope
+	case OpKVBProj:
+		return c.Heads * (c.MLA.Nope + c.MLA.V)
 	case OpKProj, OpVProj:
 		return c.KVHeads * c.HeadDim
 	case OpSharedGate, OpSharedUp:
@@ -176,7 +191,7 @@ func (s *savedList) selective() {
 	for _, op := range selectiveSaved(c, s.layer) {
 		s.add(op, "output", T*int64(linearOut(c, op)), s.act)
 	}
-	s.add(OpAttn, "output", T*int64(c.Heads*c.HeadDim), s.act)
+	s.add(OpAttn, "output", T*int64(c.Heads*c.VHeadDim()), s.act)
 	s.add(OpAttn, "lse", T*int64(c.Heads), F32)
 	if c.MoELayer[s.layer] {
 		s.add(OpRouterTopK, "values", T*K, F32)
@@ -189,6 +204,10 @@ func (s *savedList) selective() {
 // flash attention's q, k, v, output and lse.
 func (s *savedList) attention() {
 	c, T := s.c, s.T
+	if c.IsMLA() {
+		s.mlaAttention()
+		return
+	}
 	q, kv := int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim)
 	s.add(OpAttnNorm, "rstd", T, F32)
 	s.add(OpQProj, "input", T*int64(c.Hidden), s.act)

@@ -36,6 +36,10 @@ type flopsReport struct {
 	// per-element costs; no published convention counts this work).
 	NonMatmulFLOPs map[moe.Op]int64 `json:"non_matmul_flops"`
 	Layers         []flops.LayerRow `json:"layers"`
+	// MTPModules is num_nextn_predict_layers, left out of every figure;
+	// MTP counts them, only with --mtp.
+	MTPModules int        `json:"mtp_modules"`
+	MTP        *mtpReport `json:"mtp,omitempty"`
 	// Set only with --tps.
 	GPU             string                       `json:"gpu,omitempty"`
 	PeakFLOPs       float64                      `json:"peak_flops,omitempty"`
@@ -89,6 +93,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose BF16 dense peak MFU divides by")
 	tps := fs.Float64("tps", 0, fmt.Sprintf("measured tokens per second per GPU, in (0, %g]; prints MFU per convention and HFU", maxTPS))
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	mtp := fs.Bool("mtp", false, "also count the multi-token-prediction modules (num_nextn_predict_layers), which Hugging Face's model ignores")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -122,6 +127,11 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	rep, err := buildFlopsReport(cfg, shape, ac, tile)
 	if err != nil {
 		return fmt.Errorf("%s: %w", cfg.Name, err)
+	}
+	if *mtp {
+		if rep.MTP, err = buildMTP(cfg, shape); err != nil {
+			return err
+		}
 	}
 	if *tps > 0 {
 		rep.GPU, rep.PeakFLOPs, rep.TPS = dev.Name, dev.BF16FLOPs, *tps
@@ -169,6 +179,7 @@ func buildFlopsReport(cfg *moe.Config, s flops.Shape, ac moe.AC, tile flops.Tile
 		Params:        flopsPars{Total: p.Total, Active: p.Active, ByGroup: map[moe.ParamGroup]parGroup{}},
 		FLOPsPerToken: tot.PerToken, FLOPsPerStep: tot.PerStep,
 		Conventions: map[flops.Convention]string{}, NonMatmul: nm, NonMatmulFLOPs: nmFLOPs, Layers: layers,
+		MTPModules: cfg.MTPLayers,
 	}
 	for _, g := range moe.Groups() {
 		if p.ByGroup[g] > 0 {
@@ -266,6 +277,7 @@ func printFlops(w io.Writer, r *flopsReport) error {
 		}
 	}
 	tw.Flush()
+	printMTP(w, r)
 
 	printFlopsByOp(w, r)
 	printFlopsByLayer(w, r)

@@ -122,8 +122,8 @@ func TestFlopsBadInput(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "config.json")
 	os.WriteFile(bad, []byte("{\n  \"model_type\": \"qwen3_moe\",\n  oops\n}"), 0o644)
-	mla := filepath.Join(dir, "mla.json")
-	os.WriteFile(mla, []byte(`{"model_type": "deepseek_v3"}`), 0o644)
+	unknown := filepath.Join(dir, "unknown.json")
+	os.WriteFile(unknown, []byte(`{"model_type": "gpt_oss"}`), 0o644)
 	huge := filepath.Join(dir, "huge.json")
 	os.WriteFile(huge, []byte(`{"model_type":"llama","vocab_size":16777216,"hidden_size":16777216,"num_hidden_layers":2,
 		"num_attention_heads":1,"head_dim":16777216,"intermediate_size":16777216}`), 0o644)
@@ -135,7 +135,7 @@ func TestFlopsBadInput(t *testing.T) {
 		{[]string{"flops"}, "--model is required", true},
 		{[]string{"flops", "--model", "gpt5"}, "qwen3-30b-a3b", false},
 		{[]string{"flops", "--model", bad}, "line 3, column 3", false},
-		{[]string{"flops", "--model", mla}, "not supported (supported: deepseek, glm4_moe", false},
+		{[]string{"flops", "--model", unknown}, "not supported (supported: deepseek, deepseek_v2, deepseek_v3, glm4_moe", false},
 		{[]string{"flops", "--model", huge, "--seq", "16777216", "--batch", "16777216"}, "overflows int64", false},
 		{[]string{"flops", "--model", "tiny", "--seq", "0"}, "seq = 0", true},
 		{[]string{"flops", "--model", "tiny", "--ac", "sometimes"}, "--ac", true},
@@ -168,7 +168,7 @@ func TestModels(t *testing.T) {
 	}
 	out, err = runCmd(t, "models", "--json")
 	var rows []modelInfo
-	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 9 || rows[0].Source == "" {
+	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 13 || rows[0].Source == "" {
 		t.Errorf("models --json: %v %d rows", err, len(rows))
 	}
 }

@@ -119,7 +119,7 @@ func TestGradInitSave(t *testing.T) {
 // value. The references follow HF (input_ids = labels = tokens), aux loss
 // over every token's routing included.
 func TestGradMatchesTorch(t *testing.T) {
-	for _, name := range []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa"} {
+	for _, name := range []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "mla_v3", "mla_v2"} {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("..", "..", "testdata", "torchref", name)
 			model := filepath.Join(dir, "config.json")

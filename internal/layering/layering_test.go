@@ -32,6 +32,7 @@ var layers = [][]string{
 	{"moe/moetest"},
 	{"moe/hf"},
 	{"moe"},
+	{"moe/attn"},
 	{"moe/kernel", "moe/safetensors"},
 	{"internal/fileio", "internal/golden", "internal/layering"},
 }

@@ -93,7 +93,7 @@ func TestBuiltinParams(t *testing.T) {
 
 func TestBuiltinStructure(t *testing.T) {
 	names := Builtins()
-	want := []string{"deepseek-moe-16b", "glm-4.5-air", "llama3-8b", "mixtral-8x7b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
+	want := []string{"deepseek-moe-16b", "deepseek-v2-lite", "deepseek-v3", "glm-4.5-air", "kimi-k2", "llama3-8b", "mixtral-8x7b", "moonlight-16b-a3b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
 	if !reflect.DeepEqual(names, want) {
 		t.Fatalf("Builtins() = %v", names)
 	}

@@ -1,8 +1,6 @@
 package hf
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -18,8 +16,9 @@ import (
 //
 // ParseConfig normalizes a config.json into a Config following the modeling code
 // of each supported model_type (transformers' Qwen3Moe, Qwen2Moe, Mixtral,
-// OLMoE, Glm4Moe, Qwen3 and Llama; DeepSeek-MoE's remote-code
-// modeling_deepseek.py). Keys the model code does not read are ignored, as
+// OLMoE, Glm4Moe, Qwen3, Llama, DeepseekV3 (also for kimi_k2) and DeepseekV2,
+// deepseek.go; DeepSeek-MoE's remote-code modeling_deepseek.py). Keys the
+// model code does not read are ignored, as
 // transformers ignores them; "_source" is moescope's own key naming where the
 // numbers come from. Absent keys take the default of that model type's
 // transformers config class, except the sizes that define the architecture
@@ -48,6 +47,7 @@ type hfDefault struct {
 	firstKDense  int  // default first_k_dense_replace
 	qkvBias      bool // q, k, v biases are unconditional (Qwen2-MoE)
 	oProjHasBias bool // attention_bias also adds an o_proj bias (unsupported)
+	mla          *mlaDefault
 }
 
 // Defaults from each transformers configuration class and, for
@@ -61,6 +61,13 @@ var hfDefaults = map[string]hfDefault{
 	"glm4_moe":  {normEps: 1e-5, ropeTheta: 10000, normTopK: true, rotary: 0.5, qkNorm: moe.QKNormNone, moe: true, firstKDense: 1},
 	"qwen3":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: moe.QKNormHead, oProjHasBias: true},
 	"llama":     {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: moe.QKNormNone, oProjHasBias: true},
+	// transformers' DeepseekV3Config (configuration_deepseek_v3.py,
+	// transformers 001f85b3) and DeepseekV2Config
+	// (configuration_deepseek_v2.py, transformers 008e5743); kimi_k2 configs
+	// name DeepseekV3Config and DeepseekV3ForCausalLM (remote code).
+	"deepseek_v3": {normEps: 1e-6, ropeTheta: 10000, normTopK: true, rotary: 1, qkNorm: moe.QKNormNone, moe: true, firstKDense: 3, mla: deepseekV3MLA},
+	"kimi_k2":     {normEps: 1e-6, ropeTheta: 10000, normTopK: true, rotary: 1, qkNorm: moe.QKNormNone, moe: true, firstKDense: 3, mla: deepseekV3MLA},
+	"deepseek_v2": {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: moe.QKNormNone, moe: true, mla: deepseekV2MLA},
 }
 
 // configJSON is the union of the config.json keys moescope reads. Pointers
@@ -120,15 +127,27 @@ type configJSON struct {
 	OutputRouterLogits *bool    `json:"output_router_logits"`
 	InitializerRange   *float64 `json:"initializer_range"`
 
+	// Multi-head latent attention (deepseek_v2, deepseek_v3, kimi_k2).
+	QLoraRank            *int  `json:"q_lora_rank"`
+	KVLoraRank           *int  `json:"kv_lora_rank"`
+	QKNopeHeadDim        *int  `json:"qk_nope_head_dim"`
+	QKRopeHeadDim        *int  `json:"qk_rope_head_dim"`
+	VHeadDim             *int  `json:"v_head_dim"`
+	RopeInterleave       *bool `json:"rope_interleave"`
+	NumNextnPredictLayer *int  `json:"num_nextn_predict_layers"`
+
 	slidingWindowSet bool // "sliding_window" present, even as null
+	qLoraRankSet     bool // "q_lora_rank" present, even as null (no query latent)
 }
 
 // hfRope is rope_parameters or rope_scaling; older configs name the type
 // "type" instead of "rope_type".
 type hfRope struct {
-	RopeTheta *float64 `json:"rope_theta"`
-	RopeType  string   `json:"rope_type"`
-	Type      string   `json:"type"`
+	RopeTheta    *float64 `json:"rope_theta"`
+	RopeType     string   `json:"rope_type"`
+	Type         string   `json:"type"`
+	Factor       *float64 `json:"factor"`         // yarn
+	MScaleAllDim *float64 `json:"mscale_all_dim"` // yarn, DeepSeek's softmax-scale correction
 }
 
 // scaling returns the rope type when it rescales frequencies, else "".
@@ -144,70 +163,6 @@ func (r *hfRope) scaling() string {
 		return ""
 	}
 	return t
-}
-
-// jsonPosition turns a byte offset into a 1-based line and column.
-func jsonPosition(data []byte, off int64) (line, col int) {
-	if off > int64(len(data)) {
-		off = int64(len(data))
-	}
-	if off < 0 {
-		off = 0
-	}
-	before := data[:off]
-	line = 1 + bytes.Count(before, []byte{'\n'})
-	col = int(off) - (bytes.LastIndexByte(before, '\n') + 1)
-	if col < 1 {
-		col = 1
-	}
-	return line, col
-}
-
-// jsonKind names the JSON value a Go type decodes from, for errors that
-// speak of the file rather than of Go.
-func jsonKind(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.Int, reflect.Int64, reflect.Int32:
-		return "an integer"
-	case reflect.Float64, reflect.Float32:
-		return "a number"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.String:
-		return "a string"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.Map, reflect.Struct:
-		return "an object"
-	}
-	return t.String()
-}
-
-// decodeHF unmarshals data, turning JSON errors into ones that say where.
-func decodeHF(data []byte) (*configJSON, error) {
-	var h configJSON
-	err := json.Unmarshal(data, &h)
-	if err == nil {
-		var keys map[string]json.RawMessage
-		if json.Unmarshal(data, &keys) == nil {
-			_, h.slidingWindowSet = keys["sliding_window"]
-		}
-	}
-	var syn *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case err == nil:
-		return &h, nil
-	case errors.As(err, &syn):
-		line, col := jsonPosition(data, syn.Offset)
-		return nil, fmt.Errorf("malformed JSON at line %d, column %d: %v", line, col, syn)
-	case errors.As(err, &typ) && typ.Field == "":
-		return nil, fmt.Errorf("a config.json must be a JSON object, found a JSON %s", typ.Value)
-	case errors.As(err, &typ):
-		line, col := jsonPosition(data, typ.Offset)
-		return nil, fmt.Errorf("line %d, column %d: key %q holds a JSON %s, want %s", line, col, typ.Field, typ.Value, jsonKind(typ.Type))
-	}
-	return nil, fmt.Errorf("malformed JSON: %v", err)
 }
 
 // ParseConfig reads a Hugging Face config.json into a validated Config. name is
@@ -288,7 +243,11 @@ func (h *configJSON) normalize() (*moe.Config, error) {
 	if h.MLPBias != nil && *h.MLPBias {
 		e.unsupported("mlp_bias", true, "FFN biases are not modelled")
 	}
-	h.attention(c, def, &e)
+	if def.mla != nil {
+		h.mla(c, def, &e)
+	} else {
+		h.attention(c, def, &e)
+	}
 
 	layersOK := c.Layers > 0 && c.Layers <= moe.MaxDim
 	if layersOK {
@@ -413,6 +372,8 @@ func (h *configJSON) experts(c *moe.Config, def hfDefault, layersOK bool, e *hfE
 		isMoE = h.moeDeepseek(c, def, e)
 	case "glm4_moe":
 		isMoE = h.moeGLM(c, def, e)
+	case "deepseek_v3", "kimi_k2", "deepseek_v2":
+		isMoE = h.moeDeepseekMLA(c, def, e)
 	}
 	if layersOK {
 		for i := range c.MoELayer {

@@ -81,7 +81,7 @@ func TestParseHFErrors(t *testing.T) {
 	}{
 		{"{\n  \"model_type\": \"qwen3_moe\",\n  \"vocab_size\": 64,,\n}", []string{"line 3, column 20"}},
 		{"{\n \"model_type\": \"qwen3_moe\",\n \"vocab_size\": \"big\"\n}", []string{"line 3", "vocab_size", "string"}},
-		{`{"model_type": "deepseek_v3"}`, []string{`"deepseek_v3" is not supported`, "glm4_moe", "qwen3_moe", "llama"}},
+		{`{"model_type": "gpt_oss"}`, []string{`"gpt_oss" is not supported`, "glm4_moe", "qwen3_moe", "llama"}},
 		{`{"vocab_size": 3}`, []string{"model_type is missing"}},
 		// Errors speak of JSON, not of the Go types it decodes into.
 		{`[{"model_type": "llama"}]`, []string{"must be a JSON object, found a JSON array"}},
@@ -323,6 +323,12 @@ func TestParseHFBehaviourFields(t *testing.T) {
 		"glm4_moe":  {eps: 1e-20, ignore: true, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
 		"qwen3":     {},
 		"llama":     {},
+		// DeepseekV3TopkRouter adds 1e-20; DeepseekV3Config's
+		// first_k_dense_replace defaults to 3, so both layers are dense;
+		// DeepseekV2Moe never renormalizes. Both skip the MTP layers.
+		"deepseek_v3": {eps: 1e-20, ignore: true},
+		"kimi_k2":     {eps: 1e-20, ignore: true},
+		"deepseek_v2": {ignore: true, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
 	}
 	const body = `"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
 		"intermediate_size": 48, "moe_intermediate_size": 16, "num_experts": 4, "num_local_experts": 4,

@@ -143,10 +143,13 @@ func compareTorchref[T float32 | float64](res moe.Result, params []moe.Param, go
 
 // TestTorchref compares the reference implementation with the independent
 // PyTorch model of testdata/torchref (float64 autograd from the same stored
-// weights) on eight configurations: dense, MoE, shared experts, sigmoid
+// weights) on ten configurations: dense, MoE, shared experts, sigmoid
 // routing with bias and grouped top-k, sliding window, aux loss on,
-// grouped-query attention with 4 query heads on 2 KV heads, and
-// DeepSeek-MoE with its per-sequence aux loss.
+// grouped-query attention with 4 query heads on 2 KV heads,
+// DeepSeek-MoE with its per-sequence aux loss, and multi-head latent
+// attention as DeepSeek-V3 (query latent, interleaved RoPE, value heads
+// narrower than q·k, sigmoid grouped routing) and DeepSeek-V2 (q_proj,
+// complex RoPE, value heads wider, softmax group-limited routing) have it.
 // Both conventions are checked: torchtitan's (ForwardBackward; the
 // script's "shifted" reference where the aux loss tells them apart) and
 // HF's (ForwardBackwardHF). Float32 must be within the bounds (loss

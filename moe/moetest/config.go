@@ -108,10 +108,11 @@ var headDimKey = map[string]bool{"qwen3_moe": true, "mixtral": true, "glm4_moe":
 // ModelTypes returns the model types Config draws, sorted; a test checks
 // that they are hf.SupportedModelTypes.
 func ModelTypes() []string {
-	ts := make([]string, 0, len(drawers))
+	ts := make([]string, 0, len(drawers)+len(mlaDrawers))
 	for t := range drawers {
 		ts = append(ts, t)
 	}
+	ts = append(ts, MLAModelTypes()...)
 	slices.Sort(ts)
 	return ts
 }
@@ -191,6 +192,9 @@ func Config(r *rand.Rand) *moe.Config {
 // ConfigOf is Config for a given model type.
 func ConfigOf(r *rand.Rand, modelType string) *moe.Config {
 	drawer, ok := drawers[modelType]
+	if !ok {
+		drawer, ok = mlaDrawers[modelType]
+	}
 	if !ok {
 		panic(fmt.Sprintf("moetest: no drawer for model_type %q", modelType))
 	}

@@ -66,6 +66,7 @@ func TestCoverage(t *testing.T) {
 	constant := map[string]string{
 		"Source":      "no draw names a source",
 		"RopeScaling": "the reference refuses RoPE scaling (NewModel), which the accounting does not see",
+		"AttnScale":   "only YaRN rope_scaling sets it, and the reference refuses RoPE scaling",
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	types := map[string]int{}

@@ -226,7 +226,15 @@ func weightShape(cfg *moe.Config, op moe.Op) (out, in int64, ok bool) {
 	case moe.OpKProj, moe.OpVProj:
 		return kv, D, true
 	case moe.OpOProj:
-		return D, q, true
+		return D, int64(cfg.Heads) * int64(cfg.VHeadDim()), true
+	case moe.OpQAProj:
+		return int64(cfg.MLA.QRank), D, true
+	case moe.OpQBProj:
+		return q, int64(cfg.MLA.QRank), true
+	case moe.OpKVAProj:
+		return int64(cfg.MLA.KVRank + cfg.MLA.Rope), D, true
+	case moe.OpKVBProj:
+		return int64(cfg.Heads) * int64(cfg.MLA.Nope+cfg.MLA.V), int64(cfg.MLA.KVRank), true
 	case moe.OpRouter:
 		return int64(cfg.Experts), D, true
 	case moe.OpSharedGate, moe.OpSharedUp:

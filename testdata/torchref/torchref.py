@@ -3,7 +3,7 @@
 
 Runs with Debian's python3-torch (1.13, CPU) and nothing else:
 
-    /usr/bin/python3 testdata/torchref/torchref.py [OUTDIR]     (default: this script's folder)
+    /usr/bin/python3 testdata/torchref/torchref.py [OUTDIR [CASE ...]]   (default: this script's folder, every case)
 
 For each tiny configuration below it writes OUTDIR/<name>/:
     config.json          a Hugging Face config.json of that model_type
@@ -21,7 +21,9 @@ For each tiny configuration below it writes OUTDIR/<name>/:
                          as e_score_correction_bias take no gradient and are written as zeros)
 
 The model follows transformers' modeling files (modeling_qwen3_moe.py, modeling_qwen2_moe.py,
-modeling_mixtral.py, modeling_olmoe.py, modeling_glm4_moe.py, modeling_qwen3.py) as read in 2026,
+modeling_mixtral.py, modeling_olmoe.py, modeling_glm4_moe.py, modeling_qwen3.py; for multi-head
+latent attention modeling_deepseek_v3.py at transformers 00b676f8 and modeling_deepseek_v2.py at
+0233e509) as read in 2026,
 and DeepSeek-MoE's remote code modeling_deepseek.py (huggingface.co/deepseek-ai/deepseek-moe-16b-base,
 revision d99310132b6997599a6f8111f23395642ae71469), whose MoEGate adds its own aux loss (aux_loss_alpha
 times a per-layer, per-sequence loss with seq_aux) through AddAuxiliaryLoss: its gradient is trained on
@@ -106,6 +108,29 @@ CONFIGS = {
                      num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1, moe_layer_freq=1,
                      norm_topk_prob=True, scoring_func="softmax", aux_loss_alpha=0.1, seq_aux=True,
                      attention_bias=False, _dtype="F32", _batch=3),
+    # DeepSeek-V3 (transformers' DeepseekV3 classes): multi-head latent attention with a query latent
+    # (q_lora_rank 6), kv_lora_rank 5, q·k heads of 4 + 4 rotated dims and value heads of 3,
+    # interleaved RoPE; sigmoid routing with e_score_correction_bias over 4 groups of 2 (best 2 groups, a
+    # group scored by its two best), top-3 renormalized with +1e-20, × 2.5; one shared expert; a dense
+    # first layer; one MTP layer in the config, which the HF model ignores.
+    "mla_v3": dict({k: v for k, v in BASE.items() if k not in ("head_dim", "num_key_value_heads")},
+                   model_type="deepseek_v3", num_hidden_layers=3, intermediate_size=20, moe_intermediate_size=6,
+                   n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4, topk_group=2,
+                   routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=6,
+                   kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=3, rope_interleave=True,
+                   scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=1,
+                   attention_bias=False, rope_scaling=None, _dtype="F32"),
+    # DeepSeek-V2 (transformers' DeepseekV2 classes): MLA without a query latent (q_proj), value heads of
+    # 7 dims wider than the q·k heads (4 + 2 rotated), complex-number RoPE; softmax group-limited greedy
+    # top-2 over 3 groups of 2 (best 2 groups, a group scored by its best expert), × 1.5 and never
+    # renormalized; two shared experts; a dense first layer; BF16 weights.
+    "mla_v2": dict({k: v for k, v in BASE.items() if k not in ("head_dim", "num_key_value_heads")},
+                   model_type="deepseek_v2", num_hidden_layers=3, intermediate_size=20, moe_intermediate_size=6,
+                   n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=2, n_group=3, topk_group=2,
+                   topk_method="group_limited_greedy", routed_scaling_factor=1.5, norm_topk_prob=False,
+                   first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=6, qk_nope_head_dim=4,
+                   qk_rope_head_dim=2, v_head_dim=7, scoring_func="softmax", attention_bias=False,
+                   rope_scaling=None, _dtype="BF16"),
 }
 
 BATCH, SEQ = 2, 8
@@ -137,6 +162,14 @@ class Arch:
         self.aux_on = bool(c.get("output_router_logits", False))
         self.aux_coef = c.get("router_aux_loss_coef", 0.0)
         self.seq_aux = False  # DeepSeek-MoE's MoEGate loss instead of HF's load_balancing_loss_func
+        # Multi-head latent attention (DeepseekV2Attention, DeepseekV3Attention): the q·k head is
+        # qk_nope_head_dim + qk_rope_head_dim, one key and value head per query head after kv_b_proj.
+        self.mla = t in ("deepseek_v2", "deepseek_v3")
+        if self.mla:
+            self.q_rank, self.kv_rank = c.get("q_lora_rank"), c["kv_lora_rank"]
+            self.nope, self.rrope, self.vd = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+            self.d, self.G = self.nope + self.rrope, self.H
+            self.interleave = c.get("rope_interleave", True)
         if t in ("qwen3", "llama"):
             self.moe_layers = [False] * self.L
             return
@@ -176,8 +209,36 @@ class Arch:
             self.shared_ffn = c["moe_intermediate_size"] * (c.get("n_shared_experts") or 0)
             self.aux_coef = c.get("aux_loss_alpha", 0.001)
             self.aux_on, self.seq_aux = self.aux_coef > 0, True
+        elif self.mla:
+            # DeepseekV*DecoderLayer: MoE from first_k_dense_replace on (moe_layer_freq is not read);
+            # shared experts one MLP of moe_intermediate_size * n_shared_experts; no aux loss.
+            self.E, self.F = c["n_routed_experts"], c["moe_intermediate_size"]
+            self.moe_layers = [i >= c["first_k_dense_replace"] for i in range(self.L)]
+            self.shared_ffn = c["moe_intermediate_size"] * c["n_shared_experts"]
+            self.scale = c["routed_scaling_factor"]
+            self.groups, self.topk_groups = c.get("n_group") or 1, c.get("topk_group") or 1
+            self.aux_on = False
+            if t == "deepseek_v3":  # DeepseekV3TopkRouter, as glm4_moe's
+                self.score, self.bias = "sigmoid", True
+            else:  # DeepseekV2Moe.route_tokens_to_experts
+                self.score = "softmax_v2"
+                if c.get("topk_method", "greedy") == "greedy":
+                    self.groups, self.topk_groups = 1, 1
         else:
             raise ValueError(t)
+
+    def mla_names(self, a):
+        """An MLA layer's attention tensors under prefix a, in moescope's order."""
+        H, d, D, r = self.H, self.d, self.D, self.kv_rank
+        if self.q_rank:
+            out = [(a + "q_a_proj.weight", (self.q_rank, D), "weight"), (a + "q_a_layernorm.weight", (self.q_rank,), "norm"),
+                   (a + "q_b_proj.weight", (H * d, self.q_rank), "weight")]
+        else:
+            out = [(a + "q_proj.weight", (H * d, D), "weight")]
+        return out + [(a + "kv_a_proj_with_mqa.weight", (r + self.rrope, D), "weight"),
+                      (a + "kv_a_layernorm.weight", (r,), "norm"),
+                      (a + "kv_b_proj.weight", (H * (self.nope + self.vd), r), "weight"),
+                      (a + "o_proj.weight", (D, H * self.vd), "weight")]
 
     def names(self):
         """(name, shape, kind) in moescope's order; kind: 'norm', 'bias', 'buffer' or 'weight'."""
@@ -191,11 +252,11 @@ class Arch:
             p = f"model.layers.{l}."
             a = p + "self_attn."
             out.append((p + "input_layernorm.weight", (D,), "norm"))
-            for proj, rows in (("q", H * d), ("k", G * d), ("v", G * d)):
+            for proj, rows in () if self.mla else (("q", H * d), ("k", G * d), ("v", G * d)):
                 out.append((a + proj + "_proj.weight", (rows, D), "weight"))
                 if self.qkv_bias:
                     out.append((a + proj + "_proj.bias", (rows,), "bias"))
-            out.append((a + "o_proj.weight", (D, H * d), "weight"))
+            out += self.mla_names(a) if self.mla else [(a + "o_proj.weight", (D, H * d), "weight")]
             if self.qk_norm == "head":
                 out += [(a + "q_norm.weight", (d,), "norm"), (a + "k_norm.weight", (d,), "norm")]
             elif self.qk_norm == "full":
@@ -251,6 +312,56 @@ def rope(x, rot, theta):
     return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
 
 
+def rope_interleave(x, theta):
+    """DeepSeek-V3's apply_rotary_pos_emb_interleave: regroup the (even, odd) pairs into halves, then
+    HF's rotate_half rotation over all of x's dims."""
+    b, h, s, d = x.shape
+    return rope(x.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d), d, theta)
+
+
+def rope_complex(x, theta):
+    """DeepSeek-V2's apply_rotary_emb: adjacent pairs as complex numbers times e^{i·p·θ_j}."""
+    b, h, S, d = x.shape
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.outer(torch.arange(S, dtype=torch.float64), inv)
+    cis = torch.polar(torch.ones_like(freqs), freqs)
+    xc = torch.view_as_complex(x.reshape(b, h, S, d // 2, 2).contiguous())
+    return torch.view_as_real(xc * cis).flatten(3)
+
+
+def causal_softmax_v(s, v):
+    S = s.shape[-1]
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    return torch.softmax(s.masked_fill(~(j <= i), float("-inf")), dim=-1) @ v
+
+
+def mla_attention(a, P, pre, x):
+    """DeepseekV3Attention / DeepseekV2Attention (eager, no cache); latent norms at the class default
+    eps 1e-6; softmax scale qk_head_dim^-0.5 (no rope_scaling here)."""
+    B, S, _ = x.shape
+    H, n, r, vd = a.H, a.nope, a.rrope, a.vd
+    if a.q_rank:
+        q = linear(rmsnorm(linear(x, P, pre + "q_a_proj"), P[pre + "q_a_layernorm.weight"], 1e-6), P, pre + "q_b_proj")
+    else:
+        q = linear(x, P, pre + "q_proj")
+    q_pass, q_rot = torch.split(q.view(B, S, H, n + r).transpose(1, 2), [n, r], dim=-1)
+    k_pass, k_rot = torch.split(linear(x, P, pre + "kv_a_proj_with_mqa"), [a.kv_rank, r], dim=-1)
+    kv = linear(rmsnorm(k_pass, P[pre + "kv_a_layernorm.weight"], 1e-6), P, pre + "kv_b_proj")
+    k_pass, v = torch.split(kv.view(B, S, H, n + vd).transpose(1, 2), [n, vd], dim=-1)
+    k_rot = k_rot.view(B, 1, S, r)
+    if a.type == "deepseek_v2":
+        q_rot, k_rot = rope_complex(q_rot, a.theta), rope_complex(k_rot, a.theta)
+    elif a.interleave:
+        q_rot, k_rot = rope_interleave(q_rot, a.theta), rope_interleave(k_rot, a.theta)
+    else:
+        q_rot, k_rot = rope(q_rot, r, a.theta), rope(k_rot, r, a.theta)
+    q = torch.cat((q_pass, q_rot), dim=-1)
+    k = torch.cat((k_pass, k_rot.expand(B, H, S, r)), dim=-1)
+    o = causal_softmax_v((q @ k.transpose(2, 3)) * (n + r) ** -0.5, v)
+    return linear(o.transpose(1, 2).reshape(B, S, H * vd), P, pre + "o_proj")
+
+
 def linear(x, P, name, bias=False):
     y = x @ P[name + ".weight"].T
     if bias:
@@ -259,6 +370,8 @@ def linear(x, P, name, bias=False):
 
 
 def attention(a, P, pre, x, window):
+    if a.mla:
+        return mla_attention(a, P, pre, x)
     B, S, _ = x.shape
     H, G, d = a.H, a.G, a.d
     q = linear(x, P, pre + "q_proj", a.qkv_bias)
@@ -294,6 +407,22 @@ def swiglu(P, pre, x, g="gate_proj", u="up_proj", dn="down_proj"):
 def route(a, logits, bias):
     """Returns (weights [T,K] with gradient, indices [T,K], margin)."""
     T, E, K = logits.shape[0], a.E, a.K
+    if a.score == "softmax_v2":
+        # DeepseekV2Moe: softmax, group_limited_greedy keeps the topk_group groups with the best single
+        # expert (masked_fill 0 elsewhere), top-k of what is left, × routed_scaling_factor.
+        probs = torch.softmax(logits, dim=-1)
+        per = E // a.groups
+        gscore = probs.detach().view(T, a.groups, per).max(dim=-1).values
+        gidx = torch.topk(gscore, a.topk_groups, dim=-1)[1]
+        gmask = torch.zeros_like(gscore).scatter_(1, gidx, 1.0)
+        emask = gmask.unsqueeze(-1).expand(T, a.groups, per).reshape(T, E)
+        masked = probs.masked_fill(emask == 0, 0.0)
+        w, idx = torch.topk(masked, K, dim=-1)
+        gs = torch.sort(gscore, dim=-1, descending=True)[0]
+        ms = torch.sort(masked.detach(), dim=-1, descending=True)[0]
+        margin = min((gs[:, a.topk_groups - 1] - gs[:, a.topk_groups]).min().item() if a.topk_groups < a.groups else 1.0,
+                     (ms[:, K - 1] - ms[:, K]).min().item())
+        return w * a.scale, idx, margin
     if a.score == "softmax":
         probs = torch.softmax(logits, dim=-1)
         w, idx = torch.topk(probs, K, dim=-1)
@@ -536,9 +665,11 @@ def build(name, cfg, out):
 
 
 def main():
+    """torchref.py [OUT [CASE ...]]: every case, or the named ones, into OUT (default: beside this file)."""
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-    for name, cfg in CONFIGS.items():
-        build(name, cfg, out)
+    names = sys.argv[2:] or list(CONFIGS)
+    for name in names:
+        build(name, CONFIGS[name], out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,38 @@
+package numeric
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
+)
+
+// TestNumericMLA: a DeepSeek-V3-shaped tiny model (multi-head latent
+// attention with a query latent and value heads narrower than q·k,
+// interleaved RoPE, sigmoid grouped routing with a selection bias, a shared
+// expert) trains on FSDP and expert-parallel ranks as on one rank: the
+// latent projections and norms are sharded, gathered and reduced like any
+// other layer tensor.
+func TestNumericMLA(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.ModelType, cfg.KVHeads, cfg.HeadDim, cfg.QKNorm = "deepseek_v3", cfg.Heads, 5, moe.QKNormNone
+	cfg.MLA = moe.MLA{QRank: 3, KVRank: 4, Nope: 3, Rope: 2, V: 2, NormEps: 1e-6}
+	cfg.RopeInterleave = true
+	cfg.Score, cfg.SelectionBias, cfg.RoutedScale, cfg.NormTopKEps = moe.Sigmoid, true, 2.5, 1e-20
+	cfg.AuxLossCoef, cfg.OutputRouterLogits = 0, false
+	cfg.Groups, cfg.TopKGroups = 2, 1
+	cfg.SharedExperts, cfg.SharedFFN = 1, 6
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ac := moe.AC{Mode: moe.ACSelective}
+	ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 4, 3)
+	for _, tc := range []struct {
+		gpus, rep, ep, micro int
+		exact                bool
+	}{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}} {
+		rb, pb, _ := numericRun(t, cfg, moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
+		compareRuns(t, fmt.Sprintf("mla %d×%d ep %d", tc.rep, tc.gpus/tc.rep, tc.ep), ra, rb, pa, pb, tc.exact, 1e-5)
+	}
+}
