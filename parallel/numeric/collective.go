@@ -88,11 +88,16 @@ func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoin
 	for r := 0; r < c.mesh.World(); r++ {
 		ep := &Endpoint{c: c, rank: r, seq: map[string]uint64{}}
 		g.Go(func() error {
-			defer c.exit(r)
-			if err := fn(gctx, ep); err != nil {
-				return fmt.Errorf("rank %d: %w", r, err)
+			err := fn(gctx, ep)
+			if err != nil {
+				// Cancel before marking the rank finished: the ranks
+				// waiting for it must see its failure as the cause, not
+				// a deadlock (exit of a failed rank detects none).
+				err = fmt.Errorf("rank %d: %w", r, err)
+				cancel(err)
 			}
-			return nil
+			c.exit(r, err != nil)
+			return err
 		})
 	}
 	err := g.Wait()
@@ -285,12 +290,16 @@ func (c *Comm) abandon(rank int, s *slot) {
 	c.mu.Unlock()
 }
 
-// exit marks rank as finished; ranks left waiting for it may be deadlocked.
-func (c *Comm) exit(rank int) {
+// exit marks rank as finished; ranks left waiting for it may be deadlocked,
+// unless it failed: then the run is already cancelled with its error, which
+// releases them.
+func (c *Comm) exit(rank int, failed bool) {
 	c.mu.Lock()
 	c.exited[rank] = true
 	c.waiting[rank] = nil
-	c.detectDeadlock()
+	if !failed {
+		c.detectDeadlock()
+	}
 	c.mu.Unlock()
 }
 
