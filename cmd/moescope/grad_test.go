@@ -121,67 +121,78 @@ func TestGradInitSave(t *testing.T) {
 func TestGradMatchesTorch(t *testing.T) {
 	for _, name := range []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "mla_v3", "mla_v2"} {
 		t.Run(name, func(t *testing.T) {
-			dir := filepath.Join("..", "..", "testdata", "torchref", name)
-			model := filepath.Join(dir, "config.json")
-			g := filepath.Join(t.TempDir(), "g.safetensors")
-			var out, errb bytes.Buffer
-			err := run(&out, &errb, []string{"grad", "--model", model, "--weights", dir,
-				"--tokens", filepath.Join(dir, "tokens.json"), "--out", g})
-			if err != nil {
-				t.Fatal(err, errb.String())
-			}
-			var got gradReport
-			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
-				t.Fatalf("output %q: %v", out.String(), err)
-			}
-			var exp struct {
-				Loss      float64 `json:"loss"`
-				AuxLoss   float64 `json:"aux_loss"`
-				TotalLoss float64 `json:"total_loss"`
-				AuxAdded  bool    `json:"aux_added"`
-			}
-			b, _ := os.ReadFile(filepath.Join(dir, "expected.json"))
-			if err := json.Unmarshal(b, &exp); err != nil {
-				t.Fatal(err)
-			}
-			rel := func(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+			got, exp, worst, worstName := gradAgainstTorch(t, filepath.Join("..", "..", "testdata", "torchref", name))
 			if rel(got.Loss, exp.Loss) > 1e-5 || rel(got.TotalLoss, exp.TotalLoss) > 1e-5 || got.AuxAdded != exp.AuxAdded {
 				t.Errorf("got %+v, want loss %v, total %v, aux added %v", got, exp.Loss, exp.TotalLoss, exp.AuxAdded)
 			}
 			if exp.AuxAdded && rel(got.AuxLoss, exp.AuxLoss) > 1e-5 {
 				t.Errorf("aux_loss %v, want %v", got.AuxLoss, exp.AuxLoss)
 			}
-			cfg, err := hf.Load(model)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gg, err := hf.LoadParams[float64](g, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ref, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			worst, worstName := 0.0, ""
-			for i, p := range cfg.Params() {
-				var maxRef, maxDiff float64
-				for j, v := range ref[i] {
-					maxRef = math.Max(maxRef, math.Abs(v))
-					maxDiff = math.Max(maxDiff, math.Abs(gg[i][j]-v))
-				}
-				if maxRef == 0 && maxDiff != 0 {
-					t.Errorf("%s: gradient should be zero (buffer), max |g| = %g", p.Name, maxDiff)
-				} else if q := maxDiff / math.Max(maxRef, 1e-300); q > worst {
-					worst, worstName = q, p.Name
-				}
-			}
-			if worst > 1e-4 {
-				t.Errorf("gradient of %s: max abs diff %.3g × its max abs value; want ≤ 1e-4", worstName, worst)
-			}
 			t.Logf("loss rel %.2e, aux %v vs %v, worst gradient %.2e × max (%s)", rel(got.Loss, exp.Loss), got.AuxLoss, exp.AuxLoss, worst, worstName)
 		})
 	}
+}
+
+// torchExpected is a PyTorch reference's expected.json (torchref.py).
+type torchExpected struct {
+	Loss      float64 `json:"loss"`
+	AuxLoss   float64 `json:"aux_loss"`
+	TotalLoss float64 `json:"total_loss"`
+	AuxAdded  bool    `json:"aux_added"`
+	AuxCoef   float64 `json:"aux_coef"`
+}
+
+func rel(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+
+// gradAgainstTorch runs `moescope grad` on the reference in dir and
+// compares its gradient file with the script's: every gradient's max abs
+// difference ≤ 1e-4 × its max abs value (a buffer's gradient exactly 0).
+// It returns grad's report, the script's expected losses and the worst
+// gradient ratio with its tensor.
+func gradAgainstTorch(t *testing.T, dir string) (got gradReport, exp torchExpected, worst float64, worstName string) {
+	t.Helper()
+	model := filepath.Join(dir, "config.json")
+	g := filepath.Join(t.TempDir(), "g.safetensors")
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"grad", "--model", model, "--weights", dir,
+		"--tokens", filepath.Join(dir, "tokens.json"), "--out", g}); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "expected.json"))
+	if err := json.Unmarshal(b, &exp); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := hf.Load(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gg, err := hf.LoadParams[float64](g, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range cfg.Params() {
+		var maxRef, maxDiff float64
+		for j, v := range ref[i] {
+			maxRef = math.Max(maxRef, math.Abs(v))
+			maxDiff = math.Max(maxDiff, math.Abs(gg[i][j]-v))
+		}
+		if maxRef == 0 && maxDiff != 0 {
+			t.Errorf("%s: gradient should be zero (buffer), max |g| = %g", p.Name, maxDiff)
+		} else if q := maxDiff / math.Max(maxRef, 1e-300); q > worst {
+			worst, worstName = q, p.Name
+		}
+	}
+	if worst > 1e-4 {
+		t.Errorf("gradient of %s: max abs diff %.3g × its max abs value; want ≤ 1e-4", worstName, worst)
+	}
+	return got, exp, worst, worstName
 }
 
 func TestGradBadInput(t *testing.T) {
@@ -256,56 +267,13 @@ func FuzzParseTokens(f *testing.F) {
 // testdata/torchref/deepseek (torchref.py's DeepSeek-MoE transcription) to
 // TestGradMatchesTorch's bounds; with aux_loss_alpha 0 nothing is added.
 func TestGradDeepseekAux(t *testing.T) {
-	dir := filepath.Join("..", "..", "testdata", "torchref", "deepseek")
-	model := filepath.Join(dir, "config.json")
-	g := filepath.Join(t.TempDir(), "g.safetensors")
-	var out, errb bytes.Buffer
-	if err := run(&out, &errb, []string{"grad", "--model", model, "--weights", dir,
-		"--tokens", filepath.Join(dir, "tokens.json"), "--out", g}); err != nil {
-		t.Fatal(err, errb.String())
-	}
-	var got gradReport
-	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
-		t.Fatalf("output %q: %v", out.String(), err)
-	}
-	var exp struct {
-		Loss      float64 `json:"loss"`
-		AuxLoss   float64 `json:"aux_loss"`
-		TotalLoss float64 `json:"total_loss"`
-		AuxCoef   float64 `json:"aux_coef"`
-	}
-	b, _ := os.ReadFile(filepath.Join(dir, "expected.json"))
-	if err := json.Unmarshal(b, &exp); err != nil {
-		t.Fatal(err)
-	}
-	rel := func(a, b float64) float64 { return math.Abs(a-b) / math.Abs(b) }
+	got, exp, _, _ := gradAgainstTorch(t, filepath.Join("..", "..", "testdata", "torchref", "deepseek"))
 	if !got.AuxAdded || got.AuxCoef != exp.AuxCoef || rel(got.Loss, exp.Loss) > 1e-5 ||
 		rel(got.AuxLoss, exp.AuxLoss) > 1e-5 || rel(got.TotalLoss, exp.TotalLoss) > 1e-5 {
 		t.Errorf("got %+v, want loss %v, aux_loss %v, total %v, aux_coef %v added", got, exp.Loss, exp.AuxLoss, exp.TotalLoss, exp.AuxCoef)
 	}
-	cfg, err := hf.Load(model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gg, err := hf.LoadParams[float64](g, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, p := range cfg.Params() {
-		var maxRef, maxDiff float64
-		for j, v := range ref[i] {
-			maxRef = math.Max(maxRef, math.Abs(v))
-			maxDiff = math.Max(maxDiff, math.Abs(gg[i][j]-v))
-		}
-		if maxDiff > 1e-4*maxRef {
-			t.Errorf("gradient of %s: max abs diff %.3g, its max abs value %.3g; want ≤ 1e-4 of it", p.Name, maxDiff, maxRef)
-		}
-	}
 
+	var out, errb bytes.Buffer
 	// aux_loss_alpha 0: MoEGate computes no aux loss.
 	tmp := t.TempDir()
 	conf := filepath.Join(tmp, "ds.json")
