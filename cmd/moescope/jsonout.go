@@ -18,18 +18,13 @@ import (
 // (NaN, ±Inf) is an error that names the command and the field, found
 // before a byte is printed, never half a document or "json: unsupported
 // value: +Inf".
-func writeJSON(w io.Writer, command string, v any) error {
-	b, err := marshalJSON(command, v, "  ")
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(b)
-	return err
-}
+func writeJSON(w io.Writer, command string, v any) error { return writeJSONIndent(w, command, v, "  ") }
 
 // writeJSONLine is writeJSON on one line.
-func writeJSONLine(w io.Writer, command string, v any) error {
-	b, err := marshalJSON(command, v, "")
+func writeJSONLine(w io.Writer, command string, v any) error { return writeJSONIndent(w, command, v, "") }
+
+func writeJSONIndent(w io.Writer, command string, v any, indent string) error {
+	b, err := marshalJSON(command, v, indent)
 	if err != nil {
 		return err
 	}
