@@ -21,7 +21,9 @@ import (
 func writeJSON(w io.Writer, command string, v any) error { return writeJSONIndent(w, command, v, "  ") }
 
 // writeJSONLine is writeJSON on one line.
-func writeJSONLine(w io.Writer, command string, v any) error { return writeJSONIndent(w, command, v, "") }
+func writeJSONLine(w io.Writer, command string, v any) error {
+	return writeJSONIndent(w, command, v, "")
+}
 
 func writeJSONIndent(w io.Writer, command string, v any, indent string) error {
 	b, err := marshalJSON(command, v, indent)
