@@ -282,3 +282,35 @@ func TestCalibrateRefusesRuns(t *testing.T) {
 		t.Errorf("a measured run refused: %v", err)
 	}
 }
+
+// TestSimulateMemoryIsEstimate: simulate's peak memory is the memory
+// package's (its Estimate, one replay shared), with and without a
+// calibrated allocator overhead (reserved = pools × (1 + f)).
+func TestSimulateMemoryIsEstimate(t *testing.T) {
+	r := Run{Model: "qwen3-30b-a3b", GPU: "b200", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 2,
+		AC: "selective", LBS: 2, Seq: 4096, Precision: "bf16", TPS: 1}
+	in, err := InputForRun(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := in.Memory
+	o.AC = in.AC
+	est, err := memory.Estimate(in.Config, in.Layout, memory.Batch{LBS: 2, Seq: 4096, GradAccum: 1}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.PeakReservedBytes != est.Peak.Reserved || res.PeakAllocatedBytes != est.Peak.Allocated {
+		t.Errorf("simulate reserved %d allocated %d, memory.Estimate %d %d", res.PeakReservedBytes, res.PeakAllocatedBytes, est.Peak.Reserved, est.Peak.Allocated)
+	}
+	in.Calibration = &Calibration{AllocatorOverhead: 0.1}
+	if res, err = Simulate(in); err != nil {
+		t.Fatal(err)
+	}
+	if want := est.Peak.ReservedWith(0.1); res.PeakReservedBytes != want {
+		t.Errorf("calibrated reserved %d, want pools × 1.1 = %d", res.PeakReservedBytes, want)
+	}
+}

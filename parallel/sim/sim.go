@@ -198,6 +198,14 @@ func prepareSim(in Input) (*simPrep, error) {
 	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions()); err != nil {
 		return nil, fmt.Errorf("simulate: memory: %w", err)
 	}
+	// Estimate replayed the timeline through this allocator already: seed
+	// the cache so run does not replay it again.
+	key := memory.DefaultAllocator
+	if in.Memory.Allocator != nil {
+		key = *in.Memory.Allocator
+	}
+	key.Fragmentation = 0
+	p.peaks = map[memory.Allocator]memory.Peak{key: p.mem.Peak}
 	if p.recs, err = flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile); err != nil {
 		return nil, fmt.Errorf("simulate: flops: %w", err)
 	}
