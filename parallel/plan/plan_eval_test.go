@@ -9,16 +9,27 @@ import (
 	"github.com/moescope/moescope/parallel/hw"
 )
 
-func BenchmarkPlanSimMemory(b *testing.B) {
+// qwenOnB200 is the built-in Qwen3-30B-A3B and the B200 device.
+func qwenOnB200(tb testing.TB) (*moe.Config, hw.Device) {
+	tb.Helper()
 	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	dev, err := hw.LookupDevice("b200")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	p := Point{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
+	return cfg, dev
+}
+
+// benchPoint is the benchmarks' candidate: 512 GPUs, fsdp 64 × 8 replicas, ep 8.
+var benchPoint = Point{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP,
+	ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
+
+func BenchmarkPlanSimMemory(b *testing.B) {
+	cfg, dev := qwenOnB200(b)
+	p := benchPoint
 	for b.Loop() {
 		e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
 		if _, err := e.MemoryFraction(p); err != nil {
@@ -28,15 +39,8 @@ func BenchmarkPlanSimMemory(b *testing.B) {
 }
 
 func BenchmarkPlanSimEvaluate(b *testing.B) {
-	cfg, err := hf.Load("qwen3-30b-a3b")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dev, err := hw.LookupDevice("b200")
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := Point{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
+	cfg, dev := qwenOnB200(b)
+	p := benchPoint
 	for b.Loop() {
 		e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
 		if _, err := e.Evaluate(p); err != nil {
@@ -95,14 +99,7 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 // Qwen3-30B-A3B on 512 B200s at seq 4096 with the real evaluator. It
 // reports the points simulated per search.
 func BenchmarkSearchPlans(b *testing.B) {
-	cfg, err := hf.Load("qwen3-30b-a3b")
-	if err != nil {
-		b.Fatal(err)
-	}
-	dev, err := hw.LookupDevice("b200")
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg, dev := qwenOnB200(b)
 	cl, err := hw.LoadCluster(hw.ClusterForGPU(dev.Name))
 	if err != nil {
 		b.Fatal(err)
@@ -122,14 +119,7 @@ func BenchmarkSearchPlans(b *testing.B) {
 // TestMemoryKeyExact: the shared estimate of a layout equals its own
 // memory.Estimate, for replica counts and host sizes that share a key.
 func TestMemoryKeyExact(t *testing.T) {
-	cfg, err := hf.Load("qwen3-30b-a3b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, err := hw.LookupDevice("b200")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, dev := qwenOnB200(t)
 	e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096}
 	for _, c := range []struct {
 		rep, shard, ep, ga int
