@@ -16,6 +16,7 @@ func main() {
 	gemmKernels()
 	transposes()
 	vecOps()
+	actOps()
 	copyRowsKernels()
 	Generate()
 }

@@ -99,3 +99,13 @@ func roundBF16[T Float](x []T) {
 func sigmoid[T Float](x T) T { return T(1 / (1 + math.Exp(-float64(x)))) }
 
 func exp[T Float](x T) T { return T(math.Exp(float64(x))) }
+
+// addInto sets dst[i] = a[i] + b[i], on every core (each index its own).
+func addInto[T Float](dst, a, b []T) {
+	a, b = a[:len(dst)], b[:len(dst)]
+	kernel.ParallelFor(len(dst), 3, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			dst[i] = a[i] + b[i]
+		}
+	})
+}

@@ -58,6 +58,16 @@ func rowDS(ds *float32, p *float32, n int, d float32, c float32)
 //go:noescape
 func rowDot(x *float32, y *float32, n int) float32
 
+// swigluFwd sets sg[j] = gate[j]·σ(gate[j]) and a[j] = sg[j]·up[j] for j < n (n a multiple of 8).
+//
+//go:noescape
+func swigluFwd(sg *float32, a *float32, gate *float32, up *float32, n int)
+
+// swigluBwd sets du[j] = da[j]·sg[j] and dg[j] = da[j]·up[j]·σ(gate[j])·(1 + gate[j]·(1 − σ(gate[j]))) for j < n (n a multiple of 8).
+//
+//go:noescape
+func swigluBwd(dg *float32, du *float32, da *float32, gate *float32, sg *float32, up *float32, n int)
+
 // copyRows32 sets dst[p·32+j] = src[p·ld+j] for j < 32, p < kc.
 //
 //go:noescape
