@@ -44,16 +44,23 @@ func packA(ap []float32, trans bool, a []float32, lda, i0, p0, mc, kc, mr int, a
 		}
 		first := 0 // rows [0, first) and steps [0, done) packed by the transposes
 		done := 0
-		if usePackAsm && asmTranspose4 != nil && rows == mr && kc >= 8 && mr%4 == 0 {
+		if usePackAsm && asmTranspose4 != nil && rows == mr && kc >= 8 && mr >= 4 {
 			done = kc &^ 7
 			row := (i0+s*mr)*lda + p0
 			for first < mr {
-				if mr-first >= 8 {
+				switch {
+				case mr-first >= 8:
 					asmTranspose8(dst[first:], mr, a[row+first*lda:], lda, done/8, alpha)
 					first += 8
-				} else {
+				case mr-first >= 4:
 					asmTranspose4(dst[first:], mr, a[row+first*lda:], lda, done/8, alpha)
 					first += 4
+				default:
+					// The last 1–3 rows (mr = 6: AVX2's two): the four rows
+					// ending at mr, rewriting rows already packed with the
+					// same values.
+					asmTranspose4(dst[mr-4:], mr, a[row+(mr-4)*lda:], lda, done/8, alpha)
+					first = mr
 				}
 			}
 		}
