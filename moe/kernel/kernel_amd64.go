@@ -10,7 +10,7 @@ func fmaLoopAVX2(n int)
 // fmaLoopAVX512 runs n iterations of 24 independent vector FMAs (768 float32 FLOP per iteration) on registers only.
 func fmaLoopAVX512(n int)
 
-// addChain runs n iterations of 16 dependent 1-cycle integer adds: 16·n core cycles.
+// addChain runs n iterations of 16 dependent 1-cycle integer adds (s += s): 16·n core cycles.
 func addChain(n int) int
 
 // gemmKernel6x16AVX2 computes a 6×16 tile: c = (or +=) Σ_p a[p·6+i]·b[p·16+j] over kc packed steps.

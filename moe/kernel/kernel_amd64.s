@@ -113,27 +113,27 @@ fmaLoopAVX512_done:
 // func addChain(n int) int
 TEXT ·addChain(SB), NOSPLIT, $0-16
 	MOVQ  n+0(FP), AX
-	XORQ  CX, CX
+	MOVQ  $0x00000001, CX
 	TESTQ AX, AX
 	JZ    addChain_done
 
 addChain_loop:
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
 	DECQ AX
 	JNZ  addChain_loop
 
