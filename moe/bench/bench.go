@@ -82,6 +82,7 @@ type Layer struct {
 	Threads      int     `json:"threads"`
 	Seconds      float64 `json:"seconds"` // best forward + backward
 	Forward      float64 `json:"forward_seconds"`
+	SetupSeconds float64 `json:"setup_seconds"` // wall time allocating and filling weights, gradients and inputs, before the warm-up step
 	TokensPerS   float64 `json:"tokens_per_s"`
 	ModelFLOPs   int64   `json:"model_flops"` // forward + backward matmul FLOPs, attention exact under the mask, no recompute
 	GFLOPS       float64 `json:"gflops"`
@@ -317,6 +318,7 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 	// default of the whole live heap again, so the resident set follows the
 	// request: the weights, a step's activations and a margin.
 	defer debug.SetGCPercent(debug.SetGCPercent(25))
+	start := time.Now()
 	m, err := moe.NewModel[float32](c)
 	if err != nil {
 		return nil, err
@@ -331,6 +333,7 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 		x[i] = float32(r.NormFloat64())
 		dy[i] = float32(r.NormFloat64() * 1e-3)
 	}
+	setup := time.Since(start)
 	// Warm up (grows every buffer) and count one step's matmul work.
 	blk.Forward(&w, x)
 	blk.Backward(&w, &g, dy, nil)
@@ -350,7 +353,7 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 	})
 	gf := float64(flops) / best.Seconds() / 1e9
 	return &Layer{Model: name, Experts: c.Experts, TopK: c.TopK, Seq: tokens, Threads: threads,
-		Seconds: best.Seconds(), Forward: bestFwd.Seconds(), TokensPerS: float64(tokens) / best.Seconds(),
+		Seconds: best.Seconds(), Forward: bestFwd.Seconds(), SetupSeconds: setup.Seconds(), TokensPerS: float64(tokens) / best.Seconds(),
 		ModelFLOPs: flops, GFLOPS: gf, PeakFraction: gf / peakFor(p, threads),
 		CPURates: newCPURates(float64(flops), cpu, threads, peakFor(p, threads))}, nil
 }
