@@ -98,3 +98,54 @@ func swigluBwd() {
 	VZEROUPPER()
 	RET()
 }
+
+// addOps emits the element-wise sum and scaled sum of the reference's
+// residual adds, combine and dispatch backward: exact IEEE adds and
+// multiplies, bit for bit what the Go loops compute.
+func addOps() {
+	TEXT("sumRow", NOSPLIT, "func(dst, a, b *float32, n int)")
+	Pragma("noescape")
+	Doc("sumRow sets dst[j] = a[j] + b[j] for j < n (n a multiple of 8).")
+	dst := Load(Param("dst"), GP64())
+	a := Load(Param("a"), GP64())
+	b := Load(Param("b"), GP64())
+	n := Load(Param("n"), GP64())
+	SHRQ(Imm(3), n)
+	JZ(LabelRef("sumRow_done"))
+	Label("sumRow_loop")
+	v := YMM()
+	VMOVUPS(Mem{Base: a}, v)
+	VADDPS(Mem{Base: b}, v, v)
+	VMOVUPS(v, Mem{Base: dst})
+	for _, p := range []reg.Register{dst, a, b} {
+		ADDQ(U8(32), p)
+	}
+	DECQ(n)
+	JNZ(LabelRef("sumRow_loop"))
+	Label("sumRow_done")
+	VZEROUPPER()
+	RET()
+
+	TEXT("axpyRow", NOSPLIT, "func(y, x *float32, n int, alpha float32)")
+	Pragma("noescape")
+	Doc("axpyRow sets y[j] += alpha·x[j] for j < n (n a multiple of 8), the product rounded before the add.")
+	y := Load(Param("y"), GP64())
+	x := Load(Param("x"), GP64())
+	m := Load(Param("n"), GP64())
+	al := YMM()
+	VBROADCASTSS(NewParamAddr("alpha", 24), al)
+	SHRQ(Imm(3), m)
+	JZ(LabelRef("axpyRow_done"))
+	Label("axpyRow_loop")
+	w := YMM()
+	VMULPS(Mem{Base: x}, al, w)
+	VADDPS(Mem{Base: y}, w, w)
+	VMOVUPS(w, Mem{Base: y})
+	ADDQ(U8(32), y)
+	ADDQ(U8(32), x)
+	DECQ(m)
+	JNZ(LabelRef("axpyRow_loop"))
+	Label("axpyRow_done")
+	VZEROUPPER()
+	RET()
+}

@@ -17,6 +17,7 @@ func main() {
 	transposes()
 	vecOps()
 	actOps()
+	addOps()
 	copyRowsKernels()
 	Generate()
 }

@@ -396,10 +396,7 @@ func (b *Block[T]) combineForward(yTD, expertOutTKD []T, meta dispatchMeta[T], p
 		for t := lo; t < hi; t++ {
 			yD := yTD[t*D : t*D+D]
 			for _, r := range rowTK[t*K : t*K+K] {
-				wt, outD := meta.weightsTK[meta.orderTK[r]], expertOutTKD[int(r)*D:int(r)*D+D]
-				for j := range yD {
-					yD[j] += wt * outD[j]
-				}
+				axpy(yD, expertOutTKD[int(r)*D:int(r)*D+D], meta.weightsTK[meta.orderTK[r]])
 			}
 		}
 	})

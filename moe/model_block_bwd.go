@@ -190,10 +190,7 @@ func (b *Block[T]) dispatchBackward(dhTD, dxTKD []T, meta dispatchMeta[T]) {
 		for t := lo; t < hi; t++ {
 			dstD := dhTD[t*D : t*D+D]
 			for _, r := range rowTK[t*K : t*K+K] {
-				srcD := dxTKD[int(r)*D : int(r)*D+D]
-				for j := range dstD {
-					dstD[j] += srcD[j]
-				}
+				axpy(dstD, dxTKD[int(r)*D:int(r)*D+D], 1) // 1·x is x: the bits of dst + x
 			}
 		}
 	})

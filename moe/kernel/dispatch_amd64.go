@@ -70,14 +70,30 @@ func init() {
 	}
 }
 
-// useAsmRows switches the attention row operations and the SwiGLU
-// activations between the assembly (on) and the plain Go versions (off, for
+// useAsmRows switches the attention row operations and the element-wise
+// kernels (SwiGLU, Add, Axpy) between the assembly (on) and the plain Go versions (off, for
 // tests).
 func useAsmRows(on bool) {
 	if !on {
 		expSubSumRow, maxRow, scaleRow, dsRow, dotRow = expSubSumGo, maxGo, scaleGo, dsGo, dotGo
-		swigluRow, swigluBwdRow = swigluGo, swigluBwdGo
+		swigluRow, swigluBwdRow, addRowF, axpyRowF = swigluGo, swigluBwdGo, addGo, axpyGo
 		return
+	}
+	addRowF = func(dst, a, b []float32) {
+		n := len(dst) &^ 7
+		if n > 0 {
+			a, b = a[:len(dst)], b[:len(dst)]
+			sumRow(&dst[0], &a[0], &b[0], n)
+		}
+		addGo(dst[n:], a[n:], b[n:])
+	}
+	axpyRowF = func(y, x []float32, alpha float32) {
+		n := len(y) &^ 7
+		if n > 0 {
+			x = x[:len(y)]
+			axpyRow(&y[0], &x[0], n, alpha)
+		}
+		axpyGo(y[n:], x[n:], alpha)
 	}
 	swigluRow = func(sg, a, g, u []float32) {
 		n := len(g) &^ 7

@@ -56,7 +56,45 @@ func (c *forCall) task(_ *arena, t int) {
 var (
 	swigluRow    = swigluGo
 	swigluBwdRow = swigluBwdGo
+	addRowF      = addGo
+	axpyRowF     = axpyGo
 )
+
+// Add sets dst[i] = a[i] + b[i] for i < len(dst), on every core, in AVX2
+// vectors where the CPU has them (the same bits as the plain loop: IEEE
+// adds).
+func Add(dst, a, b []float32) {
+	n := len(dst)
+	if len(a) < n || len(b) < n {
+		panic("kernel: Add: slices shorter than dst")
+	}
+	ParallelFor(n, 3, func(lo, hi int) { addRowF(dst[lo:hi], a[lo:hi], b[lo:hi]) })
+}
+
+// Axpy sets y[i] += alpha·x[i] for i < len(y), the product rounded before
+// the sum (the bits of the Go statement y[i] += alpha * x[i]), on the
+// calling goroutine in AVX2 vectors where the CPU has them. It is a row
+// operation: callers split rows over the cores with ParallelFor.
+func Axpy(y, x []float32, alpha float32) {
+	if len(x) < len(y) {
+		panic("kernel: Axpy: x shorter than y")
+	}
+	axpyRowF(y, x, alpha)
+}
+
+func addGo(dst, a, b []float32) {
+	a, b = a[:len(dst)], b[:len(dst)]
+	for i := range dst {
+		dst[i] = a[i] + b[i]
+	}
+}
+
+func axpyGo(y, x []float32, alpha float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += alpha * x[i]
+	}
+}
 
 // SwiGLU sets sg[i] = g[i]·σ(g[i]) (SiLU) and a[i] = sg[i]·u[i] for i <
 // len(g), σ(x) = 1/(1 + e^−x), in parallel. The AVX2 path computes σ with a

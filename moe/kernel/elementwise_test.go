@@ -79,3 +79,23 @@ func TestSwiGLU(t *testing.T) {
 		}
 	}
 }
+
+// TestAddAxpy: the vector sum and scaled sum give the plain loops' bits,
+// for lengths around the 8-lane width and across the parallel threshold.
+func TestAddAxpy(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 1))
+	for _, n := range []int{0, 1, 7, 8, 9, 33, 2*parallelMinElems + 3} {
+		a, b := randSlice(r, n), randSlice(r, n)
+		got, want := make([]float32, n), make([]float32, n)
+		Add(got, a, b)
+		addGo(want, a, b)
+		y1, y2 := append([]float32(nil), a...), append([]float32(nil), a...)
+		Axpy(y1, b, 0.3)
+		axpyGo(y2, b, 0.3)
+		for i := range got {
+			if got[i] != want[i] || y1[i] != y2[i] {
+				t.Fatalf("n=%d [%d]: Add %v want %v, Axpy %v want %v", n, i, got[i], want[i], y1[i], y2[i])
+			}
+		}
+	}
+}

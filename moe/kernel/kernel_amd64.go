@@ -68,6 +68,16 @@ func swigluFwd(sg *float32, a *float32, gate *float32, up *float32, n int)
 //go:noescape
 func swigluBwd(dg *float32, du *float32, da *float32, gate *float32, sg *float32, up *float32, n int)
 
+// sumRow sets dst[j] = a[j] + b[j] for j < n (n a multiple of 8).
+//
+//go:noescape
+func sumRow(dst *float32, a *float32, b *float32, n int)
+
+// axpyRow sets y[j] += alpha·x[j] for j < n (n a multiple of 8), the product rounded before the add.
+//
+//go:noescape
+func axpyRow(y *float32, x *float32, n int, alpha float32)
+
 // copyRows32 sets dst[p·32+j] = src[p·ld+j] for j < 32, p < kc.
 //
 //go:noescape

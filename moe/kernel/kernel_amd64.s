@@ -1256,6 +1256,53 @@ swigluBwd_done:
 	VZEROUPPER
 	RET
 
+// func sumRow(dst *float32, a *float32, b *float32, n int)
+// Requires: AVX
+TEXT ·sumRow(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), AX
+	MOVQ a+8(FP), CX
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), BX
+	SHRQ $0x03, BX
+	JZ   sumRow_done
+
+sumRow_loop:
+	VMOVUPS (CX), Y0
+	VADDPS  (DX), Y0, Y0
+	VMOVUPS Y0, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	ADDQ    $0x20, DX
+	DECQ    BX
+	JNZ     sumRow_loop
+
+sumRow_done:
+	VZEROUPPER
+	RET
+
+// func axpyRow(y *float32, x *float32, n int, alpha float32)
+// Requires: AVX
+TEXT ·axpyRow(SB), NOSPLIT, $0-28
+	MOVQ         y+0(FP), AX
+	MOVQ         x+8(FP), CX
+	MOVQ         n+16(FP), DX
+	VBROADCASTSS alpha+24(FP), Y0
+	SHRQ         $0x03, DX
+	JZ           axpyRow_done
+
+axpyRow_loop:
+	VMULPS  (CX), Y0, Y1
+	VADDPS  (AX), Y1, Y1
+	VMOVUPS Y1, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	DECQ    DX
+	JNZ     axpyRow_loop
+
+axpyRow_done:
+	VZEROUPPER
+	RET
+
 // func copyRows32(dst *float32, src *float32, ld int, kc int)
 // Requires: AVX
 TEXT ·copyRows32(SB), NOSPLIT, $0-32
