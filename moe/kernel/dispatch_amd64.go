@@ -54,6 +54,8 @@ func init() {
 				copyRows16(d, s, ld, kc)
 			case 12:
 				copyRows12(d, s, ld, kc)
+			case 6:
+				copyRows6(d, s, ld, kc)
 			case 4:
 				copyRows4(d, s, ld, kc)
 			default:

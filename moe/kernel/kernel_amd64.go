@@ -93,6 +93,11 @@ func copyRows16(dst *float32, src *float32, ld int, kc int)
 //go:noescape
 func copyRows12(dst *float32, src *float32, ld int, kc int)
 
+// copyRows6 sets dst[p·6+j] = src[p·ld+j] for j < 6, p < kc.
+//
+//go:noescape
+func copyRows6(dst *float32, src *float32, ld int, kc int)
+
 // copyRows4 sets dst[p·4+j] = src[p·ld+j] for j < 4, p < kc.
 //
 //go:noescape

@@ -1382,6 +1382,31 @@ copyRows12_done:
 	VZEROUPPER
 	RET
 
+// func copyRows6(dst *float32, src *float32, ld int, kc int)
+// Requires: AVX
+TEXT ·copyRows6(SB), NOSPLIT, $0-32
+	MOVQ  dst+0(FP), AX
+	MOVQ  src+8(FP), CX
+	MOVQ  ld+16(FP), DX
+	MOVQ  kc+24(FP), BX
+	SHLQ  $0x02, DX
+	TESTQ BX, BX
+	JZ    copyRows6_done
+
+copyRows6_loop:
+	VMOVUPS (CX), X0
+	MOVQ    16(CX), SI
+	VMOVUPS X0, (AX)
+	MOVQ    SI, 16(AX)
+	ADDQ    DX, CX
+	ADDQ    $0x00000018, AX
+	DECQ    BX
+	JNZ     copyRows6_loop
+
+copyRows6_done:
+	VZEROUPPER
+	RET
+
 // func copyRows4(dst *float32, src *float32, ld int, kc int)
 // Requires: AVX
 TEXT ·copyRows4(SB), NOSPLIT, $0-32

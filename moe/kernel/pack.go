@@ -12,8 +12,8 @@ package kernel
 // asmTranspose4 the same for r < 4. The caller guarantees the extents.
 var (
 	asmTranspose8, asmTranspose4 func(dst []float32, ldd int, src []float32, lds, n int, alpha float32)
-	// asmCopyRows(dst, src, ld, kc, w) does copyRows for w in {4, 12, 16,
-	// 32} and returns false otherwise.
+	// asmCopyRows(dst, src, ld, kc, w) does copyRows for w in {4, 6, 12,
+	// 16, 32} and returns false otherwise.
 	asmCopyRows func(dst, src []float32, ld, kc, w int) bool
 	usePackAsm  = true
 )
