@@ -18,6 +18,8 @@ type layoutFlags struct {
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly                           bool
 	refused                                     [][2]string // flag name, why (refuse)
+	// mtp refuses --mtp (mtp.go).
+	mtp func() error
 }
 
 func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
@@ -31,6 +33,7 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
+	f.mtp = addMTPFlag(fs)
 	return f
 }
 
@@ -38,6 +41,9 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 // degree left out is derived from the others; one given must be ≥ 1 (an
 // explicit --gpus 0 once derived the world from --dp-shard and ran).
 func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
+	if err := f.mtp(); err != nil {
+		return moe.Layout{}, err
+	}
 	set := setFlags(f.fs)
 	for _, d := range []struct {
 		name string
