@@ -135,6 +135,18 @@ CONFIGS = {
                     rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5},
                     _dtype="F32", _seq=12),
+    # YaRN on standard attention: GLM-4.5 (the "sigmoid" case's routing) with half of each 8-dim head
+    # rotated (partial_rotary_factor 0.5: 2 frequencies), rope_theta 30, factor 4 at an original context
+    # of 64 without truncation (a ramp of 0 and 0.73), attention_factor left to its default 0.1·ln 4 + 1 on
+    # cos and sin, and no softmax-scale change (only DeepSeek-V3's attention has one).
+    "yarn_moe": dict(BASE, model_type="glm4_moe", intermediate_size=20, moe_intermediate_size=6,
+                     n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4,
+                     topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                     first_k_dense_replace=1, partial_rotary_factor=0.5, attention_bias=True,
+                     use_qk_norm=False, rms_norm_eps=1e-5, rope_theta=30.0, max_position_embeddings=256,
+                     rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                   "truncate": False},
+                     _dtype="F32", _seq=12),
     # DeepSeek-V2 (transformers' DeepseekV2 classes): MLA without a query latent (q_proj), value heads of
     # 7 dims wider than the q·k heads (4 + 2 rotated), complex-number RoPE; softmax group-limited greedy
     # top-2 over 3 groups of 2 (best 2 groups, a group scored by its best expert), × 1.5 and never
