@@ -35,7 +35,9 @@ import "math"
 //
 // so the fast-rotating dimensions keep their frequency and the slow ones
 // are interpolated. DeepSeek-V3's attention also multiplies its softmax
-// scale by mscale² (Config.AttnScale, set by moe/hf), a separate factor.
+// scale by m(factor, mscale_all_dim)² (DeepseekV3Attention.__init__ in
+// modeling_deepseek_v3.py, transformers f5a9ec51; Config.AttnScale, set by
+// moe/hf), a separate factor.
 type Yarn struct {
 	Factor float64 `json:"factor"`
 	// OriginalMaxPositions is original_max_position_embeddings, the
