@@ -310,13 +310,13 @@ func (h *configJSON) rope(c *moe.Config, def hfDefault, e *hfErrors) {
 	if h.RopeTheta != nil {
 		c.RopeTheta = *h.RopeTheta
 	}
-	r := h.RopeScaling
+	r, key := h.RopeScaling, "rope_scaling"
 	c.RopeScaling = h.RopeScaling.scaling()
 	if t := h.RopeParameters.scaling(); t != "" {
-		r, c.RopeScaling = h.RopeParameters, t
+		r, key, c.RopeScaling = h.RopeParameters, "rope_parameters", t
 	}
 	if c.RopeScaling == "yarn" {
-		c.Yarn = r.yarn(h.MaxPositions, e)
+		c.Yarn = r.yarn(key, h.MaxPositions, e)
 	}
 }
 
@@ -331,9 +331,9 @@ func (h *configJSON) rope(c *moe.Config, def hfDefault, e *hfErrors) {
 // original_max_position_embeddings whenever the latter is given; the two
 // agree on every built-in (DeepSeek-V3 163840/4096 = 40, Kimi-K2
 // 131072/4096 = 32, DeepSeek-V2-Lite 40).
-func (r *hfRope) yarn(maxPos *int, e *hfErrors) *moe.Yarn {
+func (r *hfRope) yarn(key string, maxPos *int, e *hfErrors) *moe.Yarn {
 	if r.Factor == nil {
-		*e = append(*e, fmt.Errorf("rope_scaling.factor: required key is missing (rope_type yarn)"))
+		*e = append(*e, fmt.Errorf("%s.factor: required key is missing (rope_type yarn)", key))
 		return nil
 	}
 	y := &moe.Yarn{Factor: *r.Factor, BetaFast: 32, BetaSlow: 1, Truncate: opt(r.Truncate, true)}
@@ -349,7 +349,7 @@ func (r *hfRope) yarn(maxPos *int, e *hfErrors) *moe.Yarn {
 	case maxPos != nil:
 		y.OriginalMaxPositions = *maxPos
 	default:
-		*e = append(*e, fmt.Errorf("rope_scaling.original_max_position_embeddings: required key is missing (rope_type yarn; nor is max_position_embeddings given)"))
+		*e = append(*e, fmt.Errorf("%s.original_max_position_embeddings: required key is missing (rope_type yarn; nor is max_position_embeddings given)", key))
 	}
 	m := func(s, k float64) float64 {
 		if s <= 1 {

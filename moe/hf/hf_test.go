@@ -333,6 +333,7 @@ func TestYarnKeys(t *testing.T) {
 		{`"rope_scaling": {"type": "yarn", "factor": -4, "original_max_position_embeddings": 64}`, "yarn.factor"},
 		{`"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 0}`, "yarn.original_max_position_embeddings"},
 		{`"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, "beta_slow": -1}`, "yarn.beta_slow"},
+		{`"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "original_max_position_embeddings": 64}`, "rope_parameters.factor: required key is missing"},
 	} {
 		_, err := ParseConfig([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 4, `+tc.extra, 1)), "m")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
