@@ -58,3 +58,31 @@ func TestRopeTableYarnFactor(t *testing.T) {
 		}
 	}
 }
+
+// FuzzYarnInvFreq: for any YaRN parameters Validate accepts, every inverse
+// frequency is a blend of the plain one and the plain one ÷ factor: finite,
+// positive and between the two.
+func FuzzYarnInvFreq(f *testing.F) {
+	f.Add(4.0, 64, 32.0, 1.0, true, 100.0, 8)
+	f.Add(40.0, 4096, 32.0, 1.0, true, 1e4, 64)
+	f.Add(0.5, 1, 1.0, 1.0, false, 2.0, 2)
+	f.Fuzz(func(t *testing.T, factor float64, orig int, fast, slow float64, truncate bool, theta float64, r int) {
+		if r < 2 || r > 256 || r%2 != 0 {
+			return
+		}
+		c := &Config{RopeScaling: "yarn", RopeTheta: theta,
+			Yarn: &Yarn{Factor: factor, OriginalMaxPositions: orig, BetaFast: fast, BetaSlow: slow, Truncate: truncate, AttentionFactor: 1}}
+		var e fieldErrors
+		c.validateYarn(&e)
+		if len(e) > 0 || !(theta > 0) || math.IsInf(theta, 0) { // rope_theta's own check is validateNumerics'
+			return
+		}
+		for i, v := range c.Yarn.invFreq(r, theta) {
+			p := math.Pow(theta, -float64(2*i)/float64(r))
+			lo, hi := math.Min(p, p/factor), math.Max(p, p/factor)
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < lo*(1-1e-12) || v > hi*(1+1e-12) {
+				t.Fatalf("inv_freq[%d] = %v outside [%v, %v] (%+v, θ %v, r %d)", i, v, lo, hi, *c.Yarn, theta, r)
+			}
+		}
+	})
+}
