@@ -11,7 +11,8 @@ import "math"
 //	y_i+h = x_{i+h}·cos θ_i + x_i·sin θ_i
 //
 // and the remaining d − r elements pass through. Backward is the transposed
-// rotation (times the same YaRN attention factor, which scales cos and sin). Positions restart at 0 in every sequence of the micro-batch.
+// rotation (times the same YaRN attention factor, which scales cos and
+// sin). Positions restart at 0 in every sequence of the micro-batch.
 // With Config.RopeInterleave the pairs are adjacent, (x_2i, x_2i+1), and
 // stay in place: DeepSeek-V2's complex-number RoPE exactly, and
 // DeepSeek-V3's rope_interleave up to one permutation of the rotated dims
