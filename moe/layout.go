@@ -28,13 +28,14 @@ type Layout struct {
 	ReshardAfterForward bool     `json:"reshard_after_forward"`
 	KeepGathered        bool     `json:"keep_gathered"`
 	AllreduceLastOnly   bool     `json:"allreduce_last_only"`
+	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
+
 	// GradSyncLastOnly skips every gradient reduction (reduce-scatter and
 	// replica all-reduce) on all but the last accumulation micro-step, as
 	// FSDP2's set_requires_gradient_sync(False) does: each unit keeps its
 	// unsharded gradients, accumulated in the reduce type, across the
-	// micro-steps. Only under fsdp sharding.
+	// micro-steps. Only under fsdp sharding. Omitted from JSON when false.
 	GradSyncLastOnly bool `json:"grad_sync_last_only,omitempty"`
-	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
 }
 
 // MaxDegree bounds every degree of a layout (2^20 GPUs, about 50 times
