@@ -17,7 +17,10 @@ type layoutFlags struct {
 	sharding                                    string
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly                           bool
+	gradSyncLastOnly                            bool
 	refused                                     [][2]string // flag name, why (refuse)
+	// mtp refuses --mtp (mtp.go).
+	mtp func() error
 }
 
 func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
@@ -30,7 +33,10 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward")
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
+	fs.BoolVar(&f.gradSyncLastOnly, "grad-sync-last-only", false, "reduce gradients only on the last accumulation micro-step, "+
+		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); fsdp only)")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
+	f.mtp = addMTPFlag(fs)
 	return f
 }
 
@@ -38,6 +44,9 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 // degree left out is derived from the others; one given must be ≥ 1 (an
 // explicit --gpus 0 once derived the world from --dp-shard and ran).
 func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
+	if err := f.mtp(); err != nil {
+		return moe.Layout{}, err
+	}
 	set := setFlags(f.fs)
 	for _, d := range []struct {
 		name string
@@ -54,6 +63,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep,
 		Sharding: moe.Sharding(f.sharding), ReshardAfterForward: f.reshardAfterForward,
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, GPUsPerNode: f.gpusPerNode,
+		GradSyncLastOnly: f.gradSyncLastOnly,
 	}
 	if err := l.Resolve(); err != nil {
 		return l, fmt.Errorf("%w: layout: %v", errUsage, err)

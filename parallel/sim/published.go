@@ -83,6 +83,15 @@ type Run struct {
 	ParamDType     string `json:"param_dtype,omitempty"`
 	GradDType      string `json:"grad_dtype,omitempty"`
 	OptimizerDType string `json:"optimizer_dtype,omitempty"`
+	// ReduceDType is FSDP2's MixedPrecisionPolicy.reduce_dtype when it
+	// differs from grad_dtype (an addition to DESIGN's schema: f32 or bf16;
+	// absent = grad_dtype).
+	ReduceDType string `json:"reduce_dtype,omitempty"`
+	// GradSyncLastOnly says the run skipped every gradient reduction
+	// before the last accumulation micro-step (FSDP2's
+	// set_requires_gradient_sync(False)); an FSDP option beside
+	// allreduce_last_only, absent = false.
+	GradSyncLastOnly *bool `json:"grad_sync_last_only,omitempty"`
 	// LossDType is the type the eager cross-entropy computes in (an
 	// addition to DESIGN's schema: absent = f32, torchtitan's
 	// pred.float(); bf16 for a loss on the bf16 logits).
@@ -92,6 +101,11 @@ type Run struct {
 	// DESIGN's schema; "" = none known). Tables mark such rows and keep
 	// them in their medians and worst cases.
 	Unmodelled string `json:"unmodelled,omitempty"`
+	// MTP says whether the run trained the model's multi-token-prediction
+	// modules (num_nextn_predict_layers; DESIGN's schema). Memory and step
+	// time do not model them yet, so true is refused (Validate); absent or
+	// false = trained without them.
+	MTP *bool `json:"mtp,omitempty"`
 	// Notes say what the numbers are and any deviation from the schema's
 	// assumptions (an addition to DESIGN's schema; free text).
 	Notes string `json:"notes,omitempty"`
@@ -138,7 +152,7 @@ func (r Run) MemoryOptions() (memory.Options, error) {
 		name, v string
 		dst     *moe.DType
 	}{{"param_dtype", r.ParamDType, &o.Precision.Param}, {"grad_dtype", r.GradDType, &o.Precision.Grad},
-		{"optimizer_dtype", r.OptimizerDType, &o.Precision.Optimizer}} {
+		{"optimizer_dtype", r.OptimizerDType, &o.Precision.Optimizer}, {"reduce_dtype", r.ReduceDType, &o.ReduceDType}} {
 		switch moe.DType(f.v) {
 		case "":
 		case moe.F32, moe.BF16:
@@ -167,6 +181,9 @@ func (r Run) Layout() (moe.Layout, error) {
 	}
 	if r.AllreduceLastOnly != nil {
 		l.AllreduceLastOnly = *r.AllreduceLastOnly
+	}
+	if r.GradSyncLastOnly != nil {
+		l.GradSyncLastOnly = *r.GradSyncLastOnly
 	}
 	return l, l.Resolve()
 }
@@ -226,6 +243,9 @@ func (r Run) Validate(requireSource bool) error {
 	}
 	if r.MFU != nil && !(*r.MFU > 0 && *r.MFU <= 1) {
 		bad("mfu", *r.MFU, "must be a fraction in (0, 1]")
+	}
+	if r.MTP != nil && *r.MTP {
+		bad("mtp", true, "false or absent: the MTP modules' memory and time are not modelled yet (moescope flops --mtp counts their FLOPs)")
 	}
 	if len(errs) == 0 {
 		if _, err := r.Layout(); err != nil {
