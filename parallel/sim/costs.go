@@ -134,6 +134,12 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 	if o.Type == parallel.OpCompute {
 		return simCompute
 	}
+	// Tensor-parallel collectives block the computation (their own process
+	// group's stream, waited on before the op that reads them), but for
+	// the overlapped part of an async one.
+	if o.Axis == parallel.AxisTP && !o.AsyncPart {
+		return simCompute
+	}
 	if single {
 		return simGather
 	}
