@@ -35,6 +35,12 @@ func (p Point) GlobalBatch() int { return p.LBS * p.Layout.DP() * p.GradAccum }
 func (p Point) String() string {
 	l := p.Layout
 	s := fmt.Sprintf("gpus=%d dp_shard=%d dp_replicate=%d ep=%d sharding=%s", l.GPUs, l.DPShard, l.DPReplicate, l.EP, l.Sharding)
+	if tp := l.TPDegree(); tp > 1 {
+		s += fmt.Sprintf(" tp=%d etp=%d", tp, max(l.ETP, 1))
+		if l.AsyncTP {
+			s += " async-tp"
+		}
+	}
 	if !l.ReshardAfterForward {
 		s += " no-reshard"
 	}
