@@ -1,6 +1,7 @@
 package parallel
 
 import (
+	"github.com/moescope/moescope/memory"
 	"testing"
 
 	"github.com/moescope/moescope/moe"
@@ -92,5 +93,53 @@ func TestTPCollectivesBytes(t *testing.T) {
 	}
 	if cs := TPCollectives(cfg, moetest.FSDPLayout(t, 2, 1, 1), 0, T, moe.AC{Mode: moe.ACFull}, moe.BF16); cs != nil {
 		t.Errorf("tp 1: %v, want none", cs)
+	}
+}
+
+// TestUnitTensorsTP: the schedule's FSDP geometry of a tp rank's units
+// (UnitTensors) and package memory's Units count the same local and
+// sharded elements: two implementations of the tensor-parallel cut.
+func TestUnitTensorsTP(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.KVHeads, cfg.SharedExperts, cfg.SharedFFN = 2, 1, 6
+	for _, l := range []moe.Layout{
+		{GPUs: 8, TP: 2},
+		{GPUs: 8, TP: 2, EP: 2, ETP: 2},
+		{GPUs: 8, TP: 2, EP: 4, ETP: 1},
+		{GPUs: 16, TP: 2, EP: 4, ETP: 1, DPReplicate: 2},
+	} {
+		l.Sharding, l.ReshardAfterForward = moe.ShardFSDP, true
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := NewMesh(l, cfg, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		us, err := memory.Units(cfg, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := NewUnitIndex(cfg)
+		for _, mu := range us {
+			var local, shard int64
+			units := []Unit{{Layer: mu.Layer}}
+			if mu.Layer >= 0 && mu.Layer < cfg.Layers && cfg.MoELayer[mu.Layer] {
+				units = append(units, Unit{Layer: mu.Layer, Experts: true})
+			}
+			for _, u := range units {
+				n := l.DPShard
+				if u.Experts {
+					n = l.ExpertShard()
+				}
+				for _, s := range UnitTensors(cfg, x, m, u, n) {
+					local += s.Elements()
+					shard += s.ShardElements()
+				}
+			}
+			if local != mu.Local || shard != mu.Shard {
+				t.Errorf("%+v layer %d: UnitTensors local %d shard %d, memory.Units %d, %d", l, mu.Layer, local, shard, mu.Local, mu.Shard)
+			}
+		}
 	}
 }
