@@ -54,3 +54,43 @@ func TestTPFlags(t *testing.T) {
 		t.Errorf("memory --tp 2: %v\n%s", err, out)
 	}
 }
+
+// TestPlanTP: plan --tp searches the tensor-parallel degrees given; the
+// ones the model cannot split (Qwen3-30B-A3B has 4 KV heads) are refused,
+// and a plan with tp reports it in JSON with the global batch over the
+// data-parallel ranks only (lbs × dp_replicate × dp_shard × grad_accum).
+func TestPlanTP(t *testing.T) {
+	args := []string{"--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "16", "--seq", "4096", "--global-batch", "256", "--top", "50", "--json"}
+	js, _, err := planRun(t, append(args, "--tp", "1,2")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Plans []map[string]any `json:"plans"`
+	}
+	if err := json.Unmarshal([]byte(js), &rep); err != nil {
+		t.Fatal(err)
+	}
+	withTP := 0
+	for _, p := range rep.Plans {
+		if p["tp"] == nil {
+			continue
+		}
+		withTP++
+		if p["tp"] != 2.0 {
+			t.Errorf("plan %v: tp not 1 or 2", p)
+		}
+		if gb := p["lbs"].(float64) * p["dp_replicate"].(float64) * p["dp_shard"].(float64) * p["grad_accum"].(float64); gb != 256 {
+			t.Errorf("plan %v: global batch %v, want 256", p, gb)
+		}
+	}
+	if withTP == 0 {
+		t.Errorf("no plan with tp 2 among %d", len(rep.Plans))
+	}
+	if _, _, err := planRun(t, append(args, "--tp", "8")...); err == nil {
+		t.Error("tp 8 for 4 KV heads: a plan was found")
+	}
+	if _, _, err := planRun(t, append(args, "--tp", "2,x")...); err == nil || !strings.Contains(err.Error(), "--tp") {
+		t.Errorf("--tp 2,x: %v", err)
+	}
+}
