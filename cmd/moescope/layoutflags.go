@@ -18,6 +18,7 @@ type layoutFlags struct {
 	sharding                                    string
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly, asyncTP                  bool
+	gradSyncLastOnly                            bool
 	refused                                     [][2]string // flag name, why (refuse)
 }
 
@@ -34,6 +35,8 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward")
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
+	fs.BoolVar(&f.gradSyncLastOnly, "grad-sync-last-only", false, "reduce gradients only on the last accumulation micro-step, "+
+		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); fsdp only)")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	return f
 }
@@ -58,6 +61,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep, TP: f.tp, ETP: f.etp,
 		Sharding: moe.Sharding(f.sharding), ReshardAfterForward: f.reshardAfterForward,
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, AsyncTP: f.asyncTP, GPUsPerNode: f.gpusPerNode,
+		GradSyncLastOnly: f.gradSyncLastOnly,
 	}
 	if err := l.Resolve(); err != nil {
 		return l, fmt.Errorf("%w: layout: %v", errUsage, err)

@@ -329,6 +329,7 @@ func TestTorchtitanAdmit(t *testing.T) {
 		{func(p *Point) { p.Layout.Sharding = moe.ShardDDP }, TorchtitanTOML, "sharding = ddp"},
 		{func(p *Point) { p.Layout.KeepGathered = true }, TorchtitanTOML, "keep_gathered"},
 		{func(p *Point) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
+		{func(p *Point) { p.Layout.GradSyncLastOnly = true }, TorchtitanTOML, "grad_sync_last_only"},
 		{func(p *Point) { p.AC = moe.AC{Mode: moe.ACLayer, Every: 2} }, TorchtitanPy, "ac = layer:2"},
 		// Main has no expert_tensor_parallel_degree (parallel_dims.py at b5bcd76).
 		{func(p *Point) { *p = torchtitanTPPoint(1, 8, 2, 2, 2, false, p.AC) }, TorchtitanPy, "etp = tp = 2"},
