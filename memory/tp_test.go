@@ -102,3 +102,49 @@ func TestEstimateTPSeq(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestSavedTPExperts: the routed experts' saved tensors on a tp rank,
+// derived by hand for one MoE block (D 8, E 4, K 2, F 6) at tp 2, T = 1 × 4
+// tokens, policy none, bf16 activations: the (token, expert) rows are T·K =
+// 8. With ep = 1 (experts split over tp, as etp = tp) every tp rank holds
+// all 8 rows at width F/2 = 3: expert_gate input 8·8 = 64, act gate, silu,
+// up and down input 8·3 = 24 each, combine expert_output 64 (bf16) and
+// weights 8 (f32), dispatch order 8 (i64). With ep 2 and etp 1 EP borrows
+// the tp ranks and each routes 8/2 = 4 rows at the whole width 6: input
+// 4·8 = 32, act and down input 4·6 = 24 each, expert_output 32, weights 4,
+// order 4. The router's scores (T·E = 16 f32) and indices (T·K = 8 i64)
+// are whole in both (the router is replicated).
+func TestSavedTPExperts(t *testing.T) {
+	cfg := &moe.Config{
+		Name: "tp-moe", ModelType: "qwen3_moe", Vocab: 10, Hidden: 8, Layers: 1, Heads: 2, KVHeads: 2, HeadDim: 4,
+		MoELayer: []bool{true}, Window: []int{0}, Experts: 4, TopK: 2, ExpertFFN: 6, Score: moe.Softmax, RoutedScale: 1,
+		Groups: 1, TopKGroups: 1, QKNorm: moe.QKNormNone, RotaryFraction: 1, RopeTheta: 10000, NormEps: 1e-6, InitRange: 0.1,
+	}
+	for _, c := range []struct {
+		name  string
+		expTP int
+		rows  int
+		want  map[string]int64 // elements by op/tensor
+	}{
+		{"ep 1", 2, 1, map[string]int64{"expert_gate/input": 64, "expert_act/gate": 24, "expert_act/silu_gate": 24, "expert_act/up": 24,
+			"expert_down/input": 24, "combine/expert_output": 64, "combine/weights": 8, "dispatch/order": 8,
+			"router_topk/scores": 16, "router_topk/indices": 8}},
+		{"ep 2, etp 1", 1, 2, map[string]int64{"expert_gate/input": 32, "expert_act/gate": 24, "expert_act/silu_gate": 24, "expert_act/up": 24,
+			"expert_down/input": 24, "combine/expert_output": 32, "combine/weights": 4, "dispatch/order": 4,
+			"router_topk/scores": 16, "router_topk/indices": 8}},
+	} {
+		rs, err := Saved(cfg, 0, Shape{Batch: 1, Seq: 4, AC: moe.AC{Mode: moe.ACNone}, TP: 2, ExpertTP: c.expTP, ExpertRows: c.rows})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, r := range rs {
+			got[string(r.Op)+"/"+r.Tensor] = r.Elements
+		}
+		for k, v := range c.want {
+			if got[k] != v {
+				t.Errorf("%s: %s = %d elements, want %d", c.name, k, got[k], v)
+			}
+		}
+	}
+}

@@ -242,7 +242,8 @@ type optimizerCost struct{ update, clip float64 }
 // to its pre-expert segment, forward and, when the block is fully
 // checkpointed, recompute, as memory-bound time named routing.
 func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec ComputeSpec) {
-	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq))
+	// Under tp with etp = 1 each tp rank reorders its 1/tp of the rows.
+	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq)/int64(in.Layout.TokensPerExpertRank()))
 	add := func(k segKey, rec float64) {
 		c := costs[k]
 		c.total += t

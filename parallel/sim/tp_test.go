@@ -103,8 +103,13 @@ func TestTPLink(t *testing.T) {
 	if !(async.StepTimeS < nv.StepTimeS) {
 		t.Errorf("async tp: step %g s, not faster than %g s", async.StepTimeS, nv.StepTimeS)
 	}
-	if one, err := Simulate(tpInput(t, "llama3-8b", 8, 1, false)); err != nil || one.TPLink != "" {
+	one, err := Simulate(tpInput(t, "llama3-8b", 8, 1, false))
+	if err != nil || one.TPLink != "" {
 		t.Errorf("tp 1: tp_link %q, %v; want none", one.TPLink, err)
+	}
+	// FLOPs per token do not depend on the layout: MFU / TPS is the same.
+	if a, b := one.MFU/one.TPS, nv.MFU/nv.TPS; !near(a, b, 1e-12) {
+		t.Errorf("FLOPs per token differ with tp: MFU/TPS %g (tp 1) vs %g (tp 8)", a, b)
 	}
 	eager := tpInput(t, "llama3-8b", 8, 2, true)
 	eager.Memory.Compile = memory.Compile{}
