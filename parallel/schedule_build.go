@@ -44,7 +44,12 @@ type ScheduleSpec struct {
 // fully checkpointed block re-runs its forward (all-to-alls included) before
 // its backward. After the last micro-step: loss (and selection-bias load)
 // all-reduces over dp, the optimizer, and under zero1/zero2 the all-gather of
-// updated parameter shards. Collectives on one-member groups are omitted.
+// updated parameter shards. Under tensor parallelism every compute segment
+// is preceded and followed by the collectives TPCollectives places there, on
+// the tp group, in the computation's chain (with async TP only the first of
+// tp chunks in it, the rest beside it); FSDP moves each tp rank's pieces
+// (UnitTensors) and the all-to-alls each tp rank's rows. Collectives on
+// one-member groups are omitted.
 func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 	cfg, m := sp.Config, sp.Mesh
 	if cfg == nil || m == nil {
