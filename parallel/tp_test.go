@@ -143,3 +143,54 @@ func TestUnitTensorsTP(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleTP: the schedule of a tp layout carries, per micro-step,
+// exactly TPCollectives' collectives on the tp axis, each after the op
+// that produces its input and before the compute that reads it (every
+// dependency points backwards); under async TP each all-gather and
+// reduce-scatter is an exposed first chunk of S/tp plus an AsyncPart of
+// the rest, moving the same elements in all.
+func TestScheduleTP(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.KVHeads = 2
+	// T = lbs 2 × seq 4 = 8 tokens, divisible by 2·tp.
+	for _, async := range []bool{false, true} {
+		l := moe.Layout{GPUs: 4, TP: 2, EP: 2, AsyncTP: async, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}} {
+			s := schedFor(t, cfg, l, ac, 2)
+			var want, got int64
+			parts := 0
+			for lay := moe.LayerEmbed; lay <= cfg.LayerHead(); lay++ {
+				for _, c := range TPCollectives(cfg, l, lay, 8, ac, moe.BF16) {
+					want += 2 * c.Elements // two micro-steps
+				}
+			}
+			for _, o := range s.Ops {
+				for _, d := range o.Deps {
+					if d >= o.ID {
+						t.Fatalf("async %v %s: op %d depends on later op %d", async, ac, o.ID, d)
+					}
+				}
+				if o.Type != OpCollective || o.Axis != AxisTP {
+					continue
+				}
+				got += o.Elements
+				if o.AsyncPart {
+					parts++
+					if o.Coll == CollAllReduce {
+						t.Errorf("loss-parallel all-reduce split: %v", o)
+					}
+				}
+			}
+			if got != want {
+				t.Errorf("async %v %s: tp collectives move %d elements, TPCollectives %d", async, ac, got, want)
+			}
+			if async != (parts > 0) {
+				t.Errorf("async %v %s: %d overlapped parts", async, ac, parts)
+			}
+		}
+	}
+}
