@@ -20,6 +20,8 @@ type layoutFlags struct {
 	allreduceLastOnly, asyncTP                  bool
 	gradSyncLastOnly                            bool
 	refused                                     [][2]string // flag name, why (refuse)
+	// mtp refuses --mtp (mtp.go).
+	mtp func() error
 }
 
 func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
@@ -38,6 +40,7 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.BoolVar(&f.gradSyncLastOnly, "grad-sync-last-only", false, "reduce gradients only on the last accumulation micro-step, "+
 		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); fsdp only)")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
+	f.mtp = addMTPFlag(fs)
 	return f
 }
 
@@ -45,6 +48,9 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 // degree left out is derived from the others; one given must be ≥ 1 (an
 // explicit --gpus 0 once derived the world from --dp-shard and ran).
 func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
+	if err := f.mtp(); err != nil {
+		return moe.Layout{}, err
+	}
 	set := setFlags(f.fs)
 	for _, d := range []struct {
 		name string

@@ -232,7 +232,11 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	fs.StringVar(&a.tpList, "tp", "1", "tensor-parallel degrees searched, comma-separated (e.g. 1,2,4); each within a host, etp 1 and tp tried with ep")
 	a.mem = addMemoryModelFlags(fs)
+	mtp := addMTPFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if err := mtp(); err != nil {
 		return nil, err
 	}
 	a.gpusPerNodeSet = setFlags(fs)["gpus-per-node"]
