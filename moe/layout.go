@@ -164,9 +164,10 @@ func (l Layout) Validate() error {
 		return errors.Join(errs...)
 	}
 	// torchtitan v0.2.2 ParallelDims._validate: "Currently we only support
-	// ETP=TP or ETP=1" (checked there only when ep > 1; with ep = 1 any
-	// other value fails when its sparse mesh is built, so it is refused
-	// here whatever ep is).
+	// ETP=TP or ETP=1", checked there only when ep > 1. With ep = 1 etp has
+	// no effect in v0.2.2 (the experts take the tp mesh) and another value
+	// only shapes its unused sparse mesh; moescope refuses it whatever ep
+	// is rather than carry a degree that means nothing.
 	if etp != 1 && etp != tp {
 		errs = append(errs, FieldError{"etp", etp, fmt.Sprintf("must be 1 or tp = %d (torchtitan v0.2.2 supports only etp = tp or etp = 1)", tp)})
 	} else if region := l.DPShard * tp; region%(l.EP*l.ExpertTP()) != 0 {
