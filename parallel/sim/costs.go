@@ -190,6 +190,9 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 		g, ok := shapes[o.Axis]
 		if !ok {
 			g = ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
+			if o.Axis == parallel.AxisTP {
+				g = widestTPGroup(cl, mesh)
+			}
 			shapes[o.Axis] = g
 		}
 		bytes := float64(o.Bytes())
@@ -261,4 +264,18 @@ func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec Comput
 			add(segKey{layer, parallel.SegPre, parallel.PhaseRecompute}, t)
 		}
 	}
+}
+
+// widestTPGroup is the shape of the tp group spanning the most NVLink
+// domains: when tp does not divide the domain size some groups straddle two
+// domains, and as every tp collective blocks its group's computation, the
+// step waits for those.
+func widestTPGroup(cl *hw.Cluster, mesh *parallel.Mesh) GroupShape {
+	var w GroupShape
+	for _, g := range mesh.Groups(parallel.AxisTP) {
+		if s := ShapeOf(cl, g.Ranks); s.Domains > w.Domains {
+			w = s
+		}
+	}
+	return w
 }

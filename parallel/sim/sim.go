@@ -226,6 +226,10 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
+	if w := widestTPGroup(p.cl, p.mesh); p.l.TPDegree() > 1 && w != ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
+		p.exact = fmt.Sprintf("tp %d does not divide the NVLink domain of %d, so some tp groups span %d domains: their collectives, which block the step, are priced for every rank; otherwise ",
+			p.l.TPDegree(), p.cl.NVLinkDomain, w.Domains) + p.exact
+	}
 	paramType := in.Memory.Precision.Param
 	if paramType == "" {
 		paramType = moe.DefaultPrecision.Param

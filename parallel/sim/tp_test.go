@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/moescope/moescope/flops"
@@ -110,6 +111,17 @@ func TestTPLink(t *testing.T) {
 	// FLOPs per token do not depend on the layout: MFU / TPS is the same.
 	if a, b := one.MFU/one.TPS, nv.MFU/nv.TPS; !near(a, b, 1e-12) {
 		t.Errorf("FLOPs per token differ with tp: MFU/TPS %g (tp 1) vs %g (tp 8)", a, b)
+	}
+	// 12 GPUs on hosts of 6 at tp 4: ranks 4–7 straddle two hosts, and
+	// every rank is priced with that group (the step waits for it).
+	odd := tpInput(t, "llama3-8b", 12, 4, false)
+	odd.Layout.GPUsPerNode = 6
+	r, err := Simulate(odd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.TPLink != hw.LinkNet.String() || !strings.Contains(r.Exactness, "span 2 domains") {
+		t.Errorf("tp 4 on hosts of 6: tp_link %q, exactness %q", r.TPLink, r.Exactness)
 	}
 	eager := tpInput(t, "llama3-8b", 8, 2, true)
 	eager.Memory.Compile = memory.Compile{}
