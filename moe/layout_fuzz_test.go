@@ -7,8 +7,9 @@ import (
 
 // FuzzLayoutJSON: any JSON layout (the published-runs and plan schema) is
 // either refused by Resolve or resolved to a layout whose degrees multiply
-// to the world, lie in [1, MaxDegree], with ep dividing dp_shard; resolving
-// again changes nothing.
+// to the world (dp_replicate × dp_shard × tp), lie in [1, MaxDegree], with
+// etp 1 or tp and ep × expert tp dividing dp_shard × tp (so efsdp is
+// whole, and is dp_shard / ep without tp); resolving again changes nothing.
 func FuzzLayoutJSON(f *testing.F) {
 	f.Add([]byte(`{"gpus": 8, "ep": 2}`))
 	f.Add([]byte(`{"dp_shard": 4, "dp_replicate": 2, "sharding": "zero2"}`))
@@ -16,6 +17,10 @@ func FuzzLayoutJSON(f *testing.F) {
 	f.Add([]byte(`{"gpus": 6, "dp_replicate": 4}`))
 	f.Add([]byte(`{"gpus": 4294967296, "dp_shard": 4294967296}`))
 	f.Add([]byte(`{"gpus": 0, "dp_shard": -1, "ep": -3, "gpus_per_node": 9223372036854775807}`))
+	f.Add([]byte(`{"gpus": 16, "tp": 2, "ep": 8, "etp": 1, "async_tp": true}`))
+	f.Add([]byte(`{"gpus": 16, "tp": 4, "ep": 2, "etp": 4}`))
+	f.Add([]byte(`{"dp_shard": 1048576, "dp_replicate": 1048576, "tp": 1048576}`))
+	f.Add([]byte(`{"gpus": 8, "tp": 2, "etp": 3}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var l Layout
 		if json.Unmarshal(b, &l) != nil {
@@ -24,13 +29,17 @@ func FuzzLayoutJSON(f *testing.F) {
 		if l.Resolve() != nil {
 			return
 		}
-		for name, v := range map[string]int{"gpus": l.GPUs, "dp_shard": l.DPShard, "dp_replicate": l.DPReplicate, "ep": l.EP} {
+		for name, v := range map[string]int{"gpus": l.GPUs, "dp_shard": l.DPShard, "dp_replicate": l.DPReplicate, "ep": l.EP, "tp": l.TP, "etp": l.ETP} {
 			if v < 1 || v > MaxDegree {
 				t.Fatalf("%s resolved to %+v: %s = %d outside [1, %d]", b, l, name, v, MaxDegree)
 			}
 		}
-		if l.DPReplicate*l.DPShard != l.GPUs || l.DPShard%l.EP != 0 {
+		if l.DPReplicate*l.DPShard*l.TP != l.GPUs || (l.ETP != 1 && l.ETP != l.TP) ||
+			(l.DPShard*l.TP)%(l.EP*l.ExpertTP()) != 0 || l.ExpertShard()*l.EP*l.ExpertTP() != l.DPShard*l.TP {
 			t.Fatalf("%s resolved to the inconsistent %+v", b, l)
+		}
+		if l.TP == 1 && (l.DPShard%l.EP != 0 || l.ExpertShard() != l.DPShard/l.EP) {
+			t.Fatalf("%s: without tp, %+v is not the dp_shard-only expert mesh", b, l)
 		}
 		again := l
 		if err := again.Resolve(); err != nil || again != l {

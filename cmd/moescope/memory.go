@@ -192,8 +192,12 @@ func printMemory(w io.Writer, r memoryReport) {
 	if line := r.Fit.Line(); line != "" {
 		fmt.Fprintln(w, line)
 	}
-	fmt.Fprintf(w, "%s on %s: gpus %d = dp_replicate %d × dp_shard %d, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
-		r.Model, r.GPU, r.Layout.GPUs, r.Layout.DPReplicate, r.Layout.DPShard, r.Layout.EP, r.Layout.Sharding,
+	tp := ""
+	if l := r.Layout; l.TPDegree() > 1 {
+		tp = fmt.Sprintf(" × tp %d (sequence parallel; etp %d)", l.TPDegree(), l.ETP)
+	}
+	fmt.Fprintf(w, "%s on %s: gpus %d = dp_replicate %d × dp_shard %d%s, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
+		r.Model, r.GPU, r.Layout.GPUs, r.Layout.DPReplicate, r.Layout.DPShard, tp, r.Layout.EP, r.Layout.Sharding,
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)
 	segments := "expandable"
 	if !r.ExpandableSegments {

@@ -132,7 +132,7 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 		name = r.RunID + " " + name
 	}
 	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
-		fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
+		publishedLayout(r), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
 	if cal != nil {
 		c, err := p.run(cal)
 		if err != nil {
@@ -149,4 +149,13 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 		line += " [framework difference not modelled: " + r.Framework + "]"
 	}
 	return line, eu, ec
+}
+
+// publishedLayout prints a run's dp_replicate × dp_shard, and × tp under
+// tensor parallelism.
+func publishedLayout(r Run) string {
+	if r.TP > 1 {
+		return fmt.Sprintf("%d×%d×tp%d", r.DPReplicate, r.DPShard, r.TP)
+	}
+	return fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard)
 }

@@ -143,6 +143,9 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 		errText += " †"
 	}
 	layout := fmt.Sprintf("%d×%d ep%d", l.DPReplicate, l.DPShard, l.EP)
+	if l.TPDegree() > 1 {
+		layout += fmt.Sprintf(" tp%d etp%d", l.TPDegree(), l.ETP)
+	}
 	if max(1, r.GradAccum) > 1 {
 		layout += fmt.Sprintf(" ga%d", r.GradAccum)
 	}
