@@ -18,7 +18,6 @@ import (
 // PyTorch's fused RMSNorm keeps the input and r (float32) for backward
 // (derivatives.yaml, _fused_rms_norm: input, weight and result1 = rstd);
 // so does this one.
-
 //
 // Both run on every core (kernel.ParallelFor) and compute exactly what one
 // core computes: forward and backward's dx are independent per row, and
