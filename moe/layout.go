@@ -16,9 +16,13 @@ const (
 	ShardDDP   Sharding = "ddp"   // nothing
 )
 
-// Layout is a training layout as a plain value: degrees, sharding mode and
-// FSDP options. world = DPReplicate × DPShard; EP divides DPShard; the expert
-// mesh is (DPReplicate, DPShard/EP, EP).
+// Layout is a training layout as a plain value: degrees, sharding mode,
+// FSDP and pipeline options. world = PP × DPReplicate × DPShard (pp
+// outermost, as torchtitan's mesh); EP divides DPShard; the expert mesh of
+// each pipeline stage is (DPReplicate, DPShard/EP, EP).
+//
+// Layout stays comparable (the planner keys maps by it), so the explicit
+// stage split PPLayers is a StageLayers string, not a slice.
 type Layout struct {
 	GPUs                int      `json:"gpus"`
 	DPShard             int      `json:"dp_shard"`
@@ -29,6 +33,16 @@ type Layout struct {
 	KeepGathered        bool     `json:"keep_gathered"`
 	AllreduceLastOnly   bool     `json:"allreduce_last_only"`
 	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
+	// Pipeline parallelism (pipeline.go): PP stages (0 or 1 = none), the
+	// schedule, sequences per pipeline micro-batch, stages per rank and an
+	// explicit split of the transformer layers over the PP·PPVirtualStages
+	// stages (empty = torchtitan's default split). Zero values are the
+	// defaults Resolve fills when PP > 1.
+	PP               int         `json:"pp,omitempty"`
+	PPSchedule       PPSchedule  `json:"pp_schedule,omitempty"`
+	PPMicrobatchSize int         `json:"pp_microbatch_size,omitempty"`
+	PPVirtualStages  int         `json:"pp_virtual_stages,omitempty"`
+	PPLayers         StageLayers `json:"pp_layers,omitempty"`
 }
 
 // MaxDegree bounds every degree of a layout (2^20 GPUs, about 50 times
@@ -46,14 +60,16 @@ func DefaultLayout() Layout {
 }
 
 // Resolve fills the degrees left at 0 from the others (any two of GPUs,
-// DPShard, DPReplicate fix the third; DPReplicate and EP default to 1) and
-// then validates. Every factor is printed when something does not divide.
+// DPShard, DPReplicate fix the third, with PP a factor of GPUs; DPReplicate,
+// EP and PP default to 1), the pipeline options' defaults (resolvePipeline)
+// and then validates. Every factor is printed when something does not
+// divide.
 func (l *Layout) Resolve() error {
 	var errs []error
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}} {
+	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"pp", l.PP}} {
 		if f.v < 0 {
 			errs = append(errs, FieldError{f.name, f.v, "must be ≥ 1 (0 = derive from the others)"})
 		}
@@ -67,30 +83,37 @@ func (l *Layout) Resolve() error {
 	if l.EP == 0 {
 		l.EP = 1
 	}
+	pp := l.Stages()
+	if pp > MaxDegree {
+		return FieldError{"pp", l.PP, fmt.Sprintf("must be in [1, %d]", MaxDegree)}
+	}
 	switch {
 	case l.GPUs == 0 && l.DPShard > 0:
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
-		l.GPUs = l.DPShard * l.DPReplicate
+		l.GPUs = pp * l.DPShard * l.DPReplicate
 	case l.GPUs > 0 && l.DPShard == 0:
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
-		if l.GPUs%l.DPReplicate != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by dp_replicate = %d", l.GPUs, l.DPReplicate)
+		if l.GPUs%(pp*l.DPReplicate) != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by pp × dp_replicate = %d × %d", l.GPUs, pp, l.DPReplicate)
 		}
-		l.DPShard = l.GPUs / l.DPReplicate
+		l.DPShard = l.GPUs / (pp * l.DPReplicate)
 	case l.GPUs > 0 && l.DPReplicate == 0:
-		if l.GPUs%l.DPShard != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by dp_shard = %d", l.GPUs, l.DPShard)
+		if l.GPUs%(pp*l.DPShard) != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by pp × dp_shard = %d × %d", l.GPUs, pp, l.DPShard)
 		}
-		l.DPReplicate = l.GPUs / l.DPShard
+		l.DPReplicate = l.GPUs / (pp * l.DPShard)
 	case l.GPUs == 0:
 		return errors.New("gpus: give --gpus or --dp-shard")
 	}
 	if l.Sharding == "" {
 		l.Sharding = ShardFSDP
+	}
+	if err := l.resolvePipeline(); err != nil {
+		return err
 	}
 	return l.Validate()
 }
@@ -109,14 +132,16 @@ func (l Layout) Validate() error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if l.DPReplicate*l.DPShard != l.GPUs {
-		errs = append(errs, fmt.Errorf("dp_replicate × dp_shard = %d × %d = %d ≠ gpus = %d",
-			l.DPReplicate, l.DPShard, l.DPReplicate*l.DPShard, l.GPUs))
+	// The product is checked in int64: three degrees of up to 2^20 each.
+	if prod := int64(l.Stages()) * int64(l.DPReplicate) * int64(l.DPShard); prod != int64(l.GPUs) {
+		errs = append(errs, fmt.Errorf("pp × dp_replicate × dp_shard = %d × %d × %d = %d ≠ gpus = %d",
+			l.Stages(), l.DPReplicate, l.DPShard, prod, l.GPUs))
 	}
 	if l.DPShard%l.EP != 0 {
-		errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = dp_replicate %d × dp_shard %d)",
-			l.EP, l.DPShard, l.GPUs, l.DPReplicate, l.DPShard))
+		errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = pp %d × dp_replicate %d × dp_shard %d)",
+			l.EP, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard))
 	}
+	errs = append(errs, l.validatePipeline()...)
 	switch l.Sharding {
 	case ShardFSDP, ShardZeRO2, ShardZeRO1, ShardDDP:
 	default:
@@ -128,15 +153,20 @@ func (l Layout) Validate() error {
 	return errors.Join(errs...)
 }
 
-// CheckModel checks the layout against a model: experts must divide by EP.
+// CheckModel checks the layout against a model: experts must divide by EP,
+// and the pipeline's stages must split the model's layers (StageSplit).
 func (l Layout) CheckModel(c *Config) error {
 	if l.EP > 1 && (c.Experts == 0 || c.Experts%l.EP != 0) {
 		return fmt.Errorf("ep = %d does not divide experts = %d", l.EP, c.Experts)
 	}
+	if _, err := l.StageSplit(c.Layers); err != nil {
+		return err
+	}
 	return nil
 }
 
-// DP is the data-parallel degree, dp_replicate × dp_shard.
+// DP is the data-parallel degree of one pipeline stage, dp_replicate ×
+// dp_shard.
 func (l Layout) DP() int { return l.DPReplicate * l.DPShard }
 
 // ExpertShard is the FSDP degree of expert weights, dp_shard / ep.
