@@ -71,6 +71,11 @@ type Report struct {
 	Saved  []int64 // saved-activation bytes per unit, in Units order
 	Events []Event
 	Peak   Peak
+	// Under pipeline parallelism (pp > 1) the report is that of pipeline
+	// rank Stage, the one with the highest peak reserved; Stages has every
+	// rank's peak (pipeline.go). Stage is 0 and Stages nil otherwise.
+	Stage  int
+	Stages []StagePeak
 }
 
 // Breakdown is the integer byte counts reported by `moescope memory`: the
@@ -183,6 +188,12 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	}
 	if b, err = checkBatch(cfg, b, o.Attention); err != nil {
 		return Report{}, err
+	}
+	if l.Stages() > 1 {
+		if err := l.Validate(); err != nil {
+			return Report{}, err
+		}
+		return estimatePipeline(cfg, l, b, o)
 	}
 	units, err := Units(cfg, l)
 	if err != nil {

@@ -164,6 +164,10 @@ func (s *stepBuilder) loadSaved() ([]int64, error) {
 	return savedBytes, nil
 }
 
+// isHead reports whether unit i is the head (the last unit, except on a
+// pipeline stage that does not hold it).
+func (s *stepBuilder) isHead(i int) bool { return s.units[i].Layer == s.cfg.LayerHead() }
+
 // weights is the bytes of unit u's compute weights.
 func (s *stepBuilder) weights(u Unit) int64 { return u.Local * s.o.Precision.Compute.Bytes() }
 
@@ -249,7 +253,7 @@ func (s *stepBuilder) forward() {
 		s.gatherForward(i)
 		s.allocRecords("saved", s.saved[i], CatActivations)
 		switch {
-		case i == s.last:
+		case s.isHead(i):
 			s.lossForward(u.Layer)
 		case u.Layer >= 0:
 			s.blockForward(i)
@@ -369,7 +373,7 @@ func (s *stepBuilder) gatherBackward(i int) string {
 func (s *stepBuilder) backwardOps(i int) (rec []moe.SavedRecord, ws int64) {
 	u := s.units[i]
 	switch {
-	case i == s.last:
+	case s.isHead(i):
 		s.lossBackward(u.Layer)
 	case u.Layer >= 0:
 		rec = missing(s.none[i], s.saved[i])
