@@ -429,3 +429,14 @@ func InFlight(actions []PipeAction) int {
 	}
 	return most
 }
+
+// StageLayout is the layout of one pipeline stage's ranks: the same
+// data-parallel and expert degrees over DP() GPUs, without the pipeline.
+// Every stage's ranks form such a mesh (pp is the outermost axis: stage
+// p's ranks are p·DP() … (p+1)·DP() − 1).
+func (l Layout) StageLayout() Layout {
+	s := l
+	s.GPUs = l.DP()
+	s.PP, s.PPSchedule, s.PPMicrobatchSize, s.PPVirtualStages, s.PPLayers = 0, "", 0, 0, ""
+	return s
+}

@@ -174,9 +174,9 @@ func TestStageSplit(t *testing.T) {
 		layers int
 		want   []int
 	}{
-		{Layout{PP: 4, PPSchedule: PP1F1B, PPVirtualStages: 1}, 8, []int{2, 3, 2, 1}},            // 10 = 3+3+2+2
+		{Layout{PP: 4, PPSchedule: PP1F1B, PPVirtualStages: 1}, 8, []int{2, 3, 2, 1}},              // 10 = 3+3+2+2
 		{Layout{PP: 8, PPSchedule: PP1F1B, PPVirtualStages: 1}, 48, []int{6, 7, 6, 6, 6, 6, 6, 5}}, // 50 = 2·7 + 6·6
-		{Layout{PP: 2, PPSchedule: PPInterleaved1F1B, PPVirtualStages: 2}, 4, []int{1, 2, 1, 0}},  // 6 = 2+2+1+1
+		{Layout{PP: 2, PPSchedule: PPInterleaved1F1B, PPVirtualStages: 2}, 4, []int{1, 2, 1, 0}},   // 6 = 2+2+1+1
 		{Layout{}, 7, []int{7}},
 		{Layout{PP: 2, PPSchedule: PP1F1B, PPVirtualStages: 1, PPLayers: "3,4"}, 7, []int{3, 4}},
 	} {
