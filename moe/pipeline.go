@@ -235,7 +235,10 @@ func (l Layout) StageSplit(layers int) ([]int, error) {
 	}
 	if counts != nil {
 		sum := 0
-		for _, c := range counts {
+		for s, c := range counts {
+			if c == 0 && s > 0 && s < len(counts)-1 {
+				return nil, FieldError{"pp_layers", l.PPLayers, fmt.Sprintf("stage %d holds no layer: only the first and last stages may (they hold the embedding and the head)", s)}
+			}
 			sum += c
 		}
 		if sum != layers {

@@ -192,6 +192,7 @@ func TestStageSplit(t *testing.T) {
 	}{
 		{Layout{PP: 4, PPSchedule: PP1F1B, PPVirtualStages: 1}, 1, "needs at least one effective layer per stage"}, // 3 effective layers over 4 stages
 		{Layout{PP: 2, PPSchedule: PP1F1B, PPVirtualStages: 1, PPLayers: "3,3"}, 7, "must sum to the model's 7 layers (sums to 6)"},
+		{Layout{PP: 2, PPSchedule: PPInterleaved1F1B, PPVirtualStages: 2, PPLayers: "3,0,0,4"}, 7, "stage 1 holds no layer"},
 	} {
 		if _, err := c.l.StageSplit(c.layers); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v, %d layers: %v, want %q", c.l, c.layers, err, c.want)

@@ -201,6 +201,9 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err != nil {
 		return nil, err
 	}
+	if layout.Stages() > 1 {
+		return nil, fmt.Errorf("%w: --pp = %d: the numeric backend does not run pipelines yet (built: pp = 1; memory and simulate take --pp)", errUsage, layout.PP)
+	}
 	gpn := layout.GPUsPerNode
 	if gpn == 0 {
 		cl, err := hw.LoadCluster(hw.DefaultClusterName)
