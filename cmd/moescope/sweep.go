@@ -196,10 +196,10 @@ func sweepTable(w io.Writer, m sweepManifest) {
 	for _, j := range m.Jobs {
 		fmt.Fprintf(w, "\n%s: %s\n  run: %s\n", j.Name, j.Why, j.Command)
 	}
-	fmt.Fprintf(w, "\nparameters (posterior std of ln θ at %.1f%% TPS noise per run; identified ≤ %.2f%%):\n", 100*m.Noise, 100*plan.SweepIdentifiedStd)
+	fmt.Fprintf(w, "\nparameters (posterior std of ln θ at %.1f%% TPS noise per run; identified = calibrate will fit it from these runs):\n", 100*m.Noise)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, p := range m.Params {
-		status := "not identified by these runs: kept or fitted loosely"
+		status := "not identified by these runs: calibrate keeps its default"
 		if p.Identified {
 			status = "identified"
 		}

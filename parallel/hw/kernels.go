@@ -38,6 +38,17 @@ type Kernels struct {
 	// while it runs (its channels, one CTA each), taken from overlapped
 	// compute.
 	NCCLCTAs int `json:"nccl_ctas"`
+	// SustainedRatio is the matmul rate a GPU sustains once its clock has
+	// settled at the power limit, as it does through a training run, over
+	// the rate of a short burst at boost clock. Kernel benchmarks (the
+	// GEMM, grouped-GEMM and attention rates above) time bursts, so the
+	// compute model runs tensor-core kernels at these rates × this ratio.
+	SustainedRatio float64 `json:"sustained_ratio"`
+	// SpeedSD is the relative standard deviation of the sustained matmul
+	// rate across GPUs of this part computing at once (silicon and cooling
+	// differ from chip to chip). A synchronous step waits for its slowest
+	// GPU, which is slower the more GPUs there are.
+	SpeedSD float64 `json:"speed_sd"`
 }
 
 // Validate reports every out-of-range kernel number, named kernels.<field>.
@@ -48,7 +59,7 @@ func (k Kernels) Validate() error {
 		v    float64
 	}{{"gemm_eff", k.GEMMEff}, {"grouped_eff", k.GroupedEff}, {"cudnn_fwd_eff", k.CuDNNFwdEff},
 		{"cudnn_bwd_eff", k.CuDNNBwdEff}, {"flash2_fwd_eff", k.Flash2FwdEff}, {"flash2_bwd_eff", k.Flash2BwdEff},
-		{"mem_eff", k.MemEff}} {
+		{"mem_eff", k.MemEff}, {"sustained_ratio", k.SustainedRatio}} {
 		if !(f.v > 0 && f.v <= 1) {
 			errs = append(errs, fmt.Errorf("kernels.%s = %v: must be a fraction in (0, 1]", f.name, f.v))
 		}
@@ -56,6 +67,11 @@ func (k Kernels) Validate() error {
 	// A group of a million rows is larger than any micro-batch's tokens.
 	if !(k.GroupedHalfRows >= 0 && k.GroupedHalfRows <= 1e6) {
 		errs = append(errs, fmt.Errorf("kernels.grouped_half_rows = %v: must be in [0, 1e6] rows", k.GroupedHalfRows))
+	}
+	// The widest spread measured is 2.3% (B200); 5% keeps the slowest of a
+	// million GPUs (4.9 standard deviations below the mean) above 3/4 of it.
+	if !(k.SpeedSD >= 0 && k.SpeedSD <= MaxSpeedSD) {
+		errs = append(errs, fmt.Errorf("kernels.speed_sd = %v: must be in [0, %v]", k.SpeedSD, MaxSpeedSD))
 	}
 	if k.NCCLCTAs < 0 || k.NCCLCTAs > 1024 {
 		errs = append(errs, fmt.Errorf("kernels.nccl_ctas = %d: must be in [0, 1024]", k.NCCLCTAs))
@@ -66,7 +82,10 @@ func (k Kernels) Validate() error {
 // KernelFields are the JSON names of Kernels' fields, each of which a
 // registry device sources under "kernels.<name>".
 var KernelFields = []string{"gemm_eff", "grouped_eff", "grouped_half_rows", "cudnn_fwd_eff", "cudnn_bwd_eff",
-	"flash2_fwd_eff", "flash2_bwd_eff", "mem_eff", "nccl_ctas"}
+	"flash2_fwd_eff", "flash2_bwd_eff", "mem_eff", "nccl_ctas", "sustained_ratio", "speed_sd"}
+
+// MaxSpeedSD bounds Kernels.SpeedSD.
+const MaxSpeedSD = 0.05
 
 // missingKernelFields reports the fields a device document's kernels object
 // leaves out (a missing rate would silently be 0).

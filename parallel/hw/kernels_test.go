@@ -25,7 +25,8 @@ func TestDeviceKernels(t *testing.T) {
 // outside (0, 1] is refused, naming the field.
 func TestKernelsRefused(t *testing.T) {
 	full := `"kernels":{"gemm_eff":0.8,"grouped_eff":0.3,"grouped_half_rows":400,"cudnn_fwd_eff":0.6,"cudnn_bwd_eff":0.5,` +
-		`"flash2_fwd_eff":0.37,"flash2_bwd_eff":0.32,"mem_eff":0.84,"nccl_ctas":16},`
+		`"flash2_fwd_eff":0.37,"flash2_bwd_eff":0.32,"mem_eff":0.84,"nccl_ctas":16,` +
+		`"sustained_ratio":0.85,"speed_sd":0.01},`
 	with := func(k string) []byte {
 		return []byte(strings.Replace(minimalDevice, `"sources":{}`, k+`"sources":{}`, 1))
 	}
@@ -37,6 +38,8 @@ func TestKernelsRefused(t *testing.T) {
 		{`"gemm_eff":0.8`, `"gemm_eff":1.5`, "kernels.gemm_eff = 1.5: must be a fraction in (0, 1]"},
 		{`"grouped_half_rows":400`, `"grouped_half_rows":-1`, "kernels.grouped_half_rows = -1"},
 		{`"nccl_ctas":16`, `"nccl_ctas":5000`, "kernels.nccl_ctas = 5000"},
+		{`"sustained_ratio":0.85`, `"sustained_ratio":0`, "kernels.sustained_ratio = 0: must be a fraction in (0, 1]"},
+		{`"speed_sd":0.01`, `"speed_sd":0.2`, "kernels.speed_sd = 0.2: must be in [0, 0.05]"},
 	} {
 		_, err := ParseDevice(with(strings.Replace(full, c.from, c.to, 1)), "t")
 		if err == nil || !strings.Contains(err.Error(), c.want) {

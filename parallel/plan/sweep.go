@@ -18,29 +18,25 @@ import (
 //	s_j = ∂ ln TPS / ∂ ln θ_j
 //
 // to every TPS calibration parameter θ_j is a finite difference through
-// the simulator (θ_j divided by 1.1). Measured with relative noise σ, a
-// set of runs informs the log-parameters by F = Σ_runs s sᵀ / σ² (plus a
-// unit prior that keeps F invertible): jobs are picked greedily by the
-// largest gain in log det F (a D-optimal design), starting from the
-// predicted optimum and the best two-host run; a parameter counts as
-// identified when its posterior standard deviation √(F⁻¹)_jj is at most
-// SweepIdentifiedStd.
+// the simulator (θ_j multiplied by exp(sim.SensitivityStep), as calibrate
+// probes). Measured with relative noise σ, a set of runs informs the
+// log-parameters by F = Σ_runs s sᵀ / σ² (plus a unit prior that keeps F
+// invertible): jobs are picked greedily by the largest gain in log det F
+// (a D-optimal design), starting from the predicted optimum and the best
+// two-host run. A parameter counts as identified by calibrate's own rule
+// (sim.IdentifiedParams on the chosen jobs' sensitivities), so a sweep
+// promises exactly the parameters calibrate will fit from its runs; the
+// posterior standard deviation √(F⁻¹)_jj says how tightly.
 
 // SweepParams are the calibration parameters TPS depends on, in
 // sim.Calibrate's order.
 var SweepParams = []string{sim.CalGEMM, sim.CalGrouped, sim.CalAttention, sim.CalMemoryBound, sim.CalNVLink, sim.CalNet}
 
 const (
-	// SweepNoise is the relative TPS error assumed of a measured median:
-	// sim.Calibrate's fit stops when its TPS errors agree to about 0.1%
-	// (its Nelder–Mead convergence), so no run resolves finer than that.
+	// SweepNoise is the relative TPS error assumed of a measured median
+	// in the design's information matrix: no run resolves finer than about
+	// 0.1%, the rounding of torchtitan's logged tps.
 	SweepNoise = 0.001
-	// SweepIdentifiedStd is the largest posterior standard deviation of a
-	// log-parameter that counts as identified: a third of the 2% a
-	// calibration is asked to recover, so that 2% is a 3σ miss.
-	SweepIdentifiedStd = 0.02 / 3
-	// sweepStep is the finite-difference factor (as Calibrate probes).
-	sweepStep = 1.1
 )
 
 // SweepJob is one run of a sweep, with its prediction and why it is there.
@@ -56,7 +52,9 @@ type ParamStatus struct {
 	Name string
 	// Std is the posterior standard deviation of ln θ after the sweep
 	// (SweepNoise per run, unit prior): 1 means the runs say nothing.
-	Std        float64
+	Std float64
+	// Identified says calibrate will fit it from the sweep's runs
+	// (sim.IdentifiedParams).
 	Identified bool
 }
 
@@ -195,20 +193,20 @@ func (q *Request) twoHost(ev Evaluator, rep *Report, n int) []Result {
 	return dedupe(out)
 }
 
-// sensitivities computes each candidate's s_j by dividing θ_j by 1.1
-// from ev's calibration.
+// sensitivities computes each candidate's s_j by multiplying θ_j by
+// exp(sim.SensitivityStep) from ev's calibration, as calibrate probes.
 func sensitivities(ev *SimEvaluator, cands []Result) ([]SweepJob, error) {
 	var jobs []SweepJob
 	for _, c := range cands {
 		j := SweepJob{Result: c, Sensitivity: map[string]float64{}}
 		for _, name := range SweepParams {
 			pe := &SimEvaluator{Model: ev.Model, Device: ev.Device, Cluster: ev.Cluster, Seq: ev.Seq, Memory: ev.Memory,
-				Calibration: perturbed(ev, name, 1/sweepStep)}
+				Calibration: perturbed(ev, name, math.Exp(sim.SensitivityStep))}
 			s, err := pe.Evaluate(c.Point)
 			if err != nil {
 				return nil, fmt.Errorf("sweep: %s: %w", c.Point, err)
 			}
-			j.Sensitivity[name] = math.Log(s.TPS/c.Score.TPS) / math.Log(1/sweepStep)
+			j.Sensitivity[name] = math.Log(s.TPS/c.Score.TPS) / sim.SensitivityStep
 		}
 		jobs = append(jobs, j)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"gonum.org/v1/gonum/mat"
+
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // information is F = I + Σ_jobs s sᵀ / σ² over SweepParams.
@@ -150,12 +152,19 @@ func informs(before, after []float64, j SweepJob) string {
 }
 
 // paramStatus is the posterior standard deviation of each parameter after
-// the chosen jobs, and whether it meets SweepIdentifiedStd.
+// the chosen jobs, and whether calibrate identifies it from them.
 func paramStatus(jobs []SweepJob) []ParamStatus {
 	std := posteriorStd(jobs)
+	cols := make([][]float64, len(SweepParams))
+	for i, p := range SweepParams {
+		for _, j := range jobs {
+			cols[i] = append(cols[i], j.Sensitivity[p])
+		}
+	}
+	ok := sim.IdentifiedParams(cols)
 	out := make([]ParamStatus, len(SweepParams))
 	for i, p := range SweepParams {
-		out[i] = ParamStatus{Name: p, Std: std[i], Identified: std[i] <= SweepIdentifiedStd}
+		out[i] = ParamStatus{Name: p, Std: std[i], Identified: ok[i]}
 	}
 	return out
 }

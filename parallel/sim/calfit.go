@@ -92,27 +92,62 @@ func (f calFit) sensitivities(st calState, x []float64) (*mat.Dense, []float64, 
 }
 
 // identify picks, from candidates, the parameters the runs can tell
-// apart: pivoted Gram–Schmidt on the sensitivity columns at the defaults,
-// taking the column with the largest part q not explained by those already
-// taken while the runs' information about it, |q|²/σRun², is at least
-// identifyRatio times the prior's, 1/σPrior², and never more parameters
-// than runs. It returns the chosen and the rest.
+// apart at the defaults (IdentifiedParams), and returns the chosen, the
+// rest, and the chosen columns of the sensitivities to start the fit.
 func (f calFit) identify(candidates []string, defaults map[string]float64) (chosen, rest []string, J0 *mat.Dense, lp0 []float64, err error) {
 	st := calState{names: candidates, defaults: defaults}
 	J, lp0, err := f.sensitivities(st, make([]float64, len(candidates)))
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	n := len(f.preps)
-	minNorm := math.Sqrt(identifyRatio) * sigmaRun / sigmaPrior
 	cols := make([][]float64, len(candidates))
 	for j := range cols {
 		cols[j] = mat.Col(nil, j, J)
 	}
-	taken := make([]bool, len(candidates))
-	for len(chosen) < min(n, len(candidates)) {
+	var idx []int
+	for j, ok := range IdentifiedParams(cols) {
+		if ok {
+			chosen = append(chosen, candidates[j])
+			idx = append(idx, j)
+		} else {
+			rest = append(rest, candidates[j])
+		}
+	}
+	n := len(f.preps)
+	J0 = mat.NewDense(n, max(1, len(idx)), nil)
+	for a, j := range idx {
+		for i := 0; i < n; i++ {
+			J0.Set(i, a, J.At(i, j))
+		}
+	}
+	return chosen, rest, J0, lp0, nil
+}
+
+// SensitivityStep is the step in a log-multiplier (a 5% multiplier) by
+// which calibrate, and a sweep planning for it, probe ∂ ln TPS / ∂ ln θ.
+const SensitivityStep = sensStep
+
+// IdentifiedParams is calibrate's rule for which parameters a set of runs
+// identifies, given each parameter's sensitivities cols[j][i] =
+// ∂ ln TPS_i / ∂ ln θ_j over the runs i: pivoted Gram–Schmidt, taking the
+// column with the largest part not explained by those already taken while
+// the runs' information about it, |q|²/σRun², is at least identifyRatio
+// times the prior's, 1/σPrior², and never more parameters than runs. A
+// sweep planned with it identifies exactly what calibrate will fit.
+func IdentifiedParams(cols [][]float64) []bool {
+	taken := make([]bool, len(cols))
+	if len(cols) == 0 {
+		return taken
+	}
+	n := len(cols[0])
+	minNorm := math.Sqrt(identifyRatio) * sigmaRun / sigmaPrior
+	rest := make([][]float64, len(cols))
+	for j, c := range cols {
+		rest[j] = append([]float64(nil), c...)
+	}
+	for chosen := 0; chosen < min(n, len(cols)); chosen++ {
 		best, bestNorm := -1, 0.0
-		for j, c := range cols {
+		for j, c := range rest {
 			if taken[j] {
 				continue
 			}
@@ -124,10 +159,9 @@ func (f calFit) identify(candidates []string, defaults map[string]float64) (chos
 			break
 		}
 		taken[best] = true
-		chosen = append(chosen, candidates[best])
-		q := cols[best]
+		q := rest[best]
 		qq := dot(q, q)
-		for j, c := range cols {
+		for j, c := range rest {
 			if taken[j] {
 				continue
 			}
@@ -137,27 +171,7 @@ func (f calFit) identify(candidates []string, defaults map[string]float64) (chos
 			}
 		}
 	}
-	var idx []int
-	for j, name := range candidates {
-		if !taken[j] {
-			rest = append(rest, name)
-		}
-	}
-	for _, name := range chosen {
-		for j, c := range candidates {
-			if c == name {
-				idx = append(idx, j)
-			}
-		}
-	}
-	// The chosen columns of J at the defaults start the fit.
-	J0 = mat.NewDense(n, max(1, len(idx)), nil)
-	for a, j := range idx {
-		for i := 0; i < n; i++ {
-			J0.Set(i, a, J.At(i, j))
-		}
-	}
-	return chosen, rest, J0, lp0, nil
+	return taken
 }
 
 func dot(a, b []float64) float64 {

@@ -3,6 +3,9 @@ package sim
 import (
 	"fmt"
 	"math"
+	"sync"
+
+	"gonum.org/v1/gonum/integrate/quad"
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/hw"
@@ -28,6 +31,14 @@ import (
 //	every kernel takes at least the host's launch time (LaunchS): the CPU
 //	  runs ahead of the GPU while kernels are longer than it takes to issue
 //	  them, and the GPU waits for the CPU where they are shorter.
+//	tensor-core kernels (GEMMs, grouped GEMMs, attention) run at the
+//	  clock a GPU sustains, not at the boost clock the kernel benchmarks
+//	  measured: their rates × Sustained (MSMF ÷ MAMF) × the slowest GPU's
+//	  share of the mean, 1 − SpeedSD·E[max of GPUs standard normals] (a
+//	  step ends with an all-reduce over every rank, so each step waits for
+//	  the slowest GPU; exact when each GPU's speed is fixed, as silicon and
+//	  cooling differences are). Memory-bound kernels keep their rate: HBM
+//	  bandwidth does not follow the SM clock.
 //
 // M, N and K of a matmul record follow from its op's weight shape [out, in]
 // and its count: forward and recompute M = count/(out·in), N = out, K = in;
@@ -99,7 +110,58 @@ type ComputeSpec struct {
 	// Compiled says torch.compile fuses each chain of elementwise ops into
 	// one kernel (bytesPerElement); false is eager PyTorch.
 	Compiled bool
+	// Sustained is the sustained ÷ burst tensor-core rate (hw.Kernels'
+	// SustainedRatio; 0 reads as 1: burst clock).
+	Sustained float64
+	// SpeedSD is the relative spread of that rate across GPUs and GPUs the
+	// number of them a step waits for (0 or 1: one GPU, the mean part).
+	SpeedSD float64
+	GPUs    int
 }
+
+// clock is the fraction of the measured (burst) tensor-core rates the
+// slowest GPU of the job sustains.
+func (c ComputeSpec) clock() float64 {
+	return scaleOr1(c.Sustained) * SlowestShare(c.SpeedSD, c.GPUs)
+}
+
+// SlowestShare is the expected speed of the slowest of n GPUs whose speeds
+// are normal with mean 1 and relative standard deviation sd:
+// 1 − sd·E[max of n standard normals].
+func SlowestShare(sd float64, n int) float64 {
+	if n <= 1 || sd <= 0 {
+		return 1
+	}
+	return 1 - sd*ExpectedMaxNormal(n)
+}
+
+// ExpectedMaxNormal is E[max of n independent standard normals],
+// ∫ x·n·φ(x)·Φ(x)^(n−1) dx, by Gauss–Legendre quadrature on [−12, 12]
+// (what lies beyond is below n·φ(12) < 1e-25 for n up to moe.MaxDegree);
+// memoized, as every simulation of a layout asks for its world size.
+func ExpectedMaxNormal(n int) float64 {
+	if n <= 1 {
+		return 0
+	}
+	maxNormalMu.Lock()
+	defer maxNormalMu.Unlock()
+	if v, ok := maxNormal[n]; ok {
+		return v
+	}
+	m := float64(n)
+	f := func(x float64) float64 {
+		logCDF := math.Log(0.5 * math.Erfc(-x/math.Sqrt2))
+		return x * m * math.Exp(-x*x/2+(m-1)*logCDF) / math.Sqrt(2*math.Pi)
+	}
+	v := quad.Fixed(f, -12, 12, 2000, nil, 0)
+	maxNormal[n] = v
+	return v
+}
+
+var (
+	maxNormalMu sync.Mutex
+	maxNormal   = map[int]float64{}
+)
 
 // Validate checks every field.
 func (c ComputeSpec) Validate() error {
@@ -116,6 +178,15 @@ func (c ComputeSpec) Validate() error {
 	}
 	if !(c.GroupedHalfRows >= 0) || math.IsInf(c.GroupedHalfRows, 0) {
 		return fmt.Errorf("compute: grouped_half_rows = %v must be a finite number ≥ 0", c.GroupedHalfRows)
+	}
+	if !(c.Sustained >= 0 && c.Sustained <= 1) {
+		return fmt.Errorf("compute: sustained = %v must be in [0, 1] (0 = the burst clock)", c.Sustained)
+	}
+	if !(c.SpeedSD >= 0 && c.SpeedSD <= hw.MaxSpeedSD) {
+		return fmt.Errorf("compute: speed_sd = %v must be in [0, %v]", c.SpeedSD, hw.MaxSpeedSD)
+	}
+	if c.GPUs < 0 || c.GPUs > moe.MaxDegree {
+		return fmt.Errorf("compute: gpus = %d must be in [0, %d]", c.GPUs, moe.MaxDegree)
 	}
 	if c.NCCLCTAs < 0 || c.NCCLCTAs >= c.SMs {
 		return fmt.Errorf("compute: nccl_ctas = %d must be in [0, sms = %d)", c.NCCLCTAs, c.SMs)
@@ -199,7 +270,7 @@ func (c ComputeSpec) tiledSeconds(tileK float64, tiles int64, eff, bytes float64
 	waves := ceilDiv(tiles, int64(c.SMs))
 	quant := float64(waves*int64(c.SMs)) / float64(tiles)
 	flops := 2 * gemmTile * gemmTile * tileK * quant
-	tc := flops / (c.PeakFLOPs * eff)
+	tc := flops / (c.PeakFLOPs * eff * c.clock())
 	tm := bytes / (c.HBMBytesPerS * c.MemEff)
 	return math.Max(math.Max(tc, tm), c.LaunchS)
 }
@@ -304,7 +375,7 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 	case ClassGEMM:
 		out, in, ok := weightShape(cfg, rec.Op)
 		if !ok || out*in == 0 {
-			return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*c.GEMMEff), c.LaunchS), nil
+			return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*c.GEMMEff*c.clock()), c.LaunchS), nil
 		}
 		rows := rec.Count / (out * in)
 		switch rec.Pass {
@@ -323,7 +394,7 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 		if rec.Pass != moe.Forward {
 			eff = c.AttnBwdEff
 		}
-		return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*eff), c.LaunchS), nil
+		return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*eff*c.clock()), c.LaunchS), nil
 	}
 	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass, c.Compiled)), nil
 }
@@ -374,7 +445,8 @@ func splitRows(rows int64, n int, weights []float64) []int64 {
 // developer.nvidia.com/blog/cuda-graphs); 4 µs also covers PyTorch eager
 // dispatch between kernels. Assumed; calibrate.
 var fallbackKernels = hw.Kernels{GEMMEff: 0.803, GroupedEff: 0.36, GroupedHalfRows: 406, CuDNNFwdEff: 0.61,
-	CuDNNBwdEff: 0.51, Flash2FwdEff: 0.37, Flash2BwdEff: 0.32, MemEff: 0.84, NCCLCTAs: 16}
+	CuDNNBwdEff: 0.51, Flash2FwdEff: 0.37, Flash2BwdEff: 0.32, MemEff: 0.84, NCCLCTAs: 16,
+	SustainedRatio: 0.848, SpeedSD: 0.010}
 
 const (
 	defaultLaunchS = 4e-6
@@ -423,7 +495,8 @@ func ComputeSpecFor(d hw.Device, attn AttentionKernel) (ComputeSpec, error) {
 	}
 	spec := ComputeSpec{PeakFLOPs: d.BF16FLOPs, HBMBytesPerS: d.HBMBytesPerS, SMs: sms, LaunchS: launch,
 		GEMMEff: k.GEMMEff, GroupedEff: k.GroupedEff, GroupedHalfRows: k.GroupedHalfRows,
-		AttnFwdEff: k.CuDNNFwdEff, AttnBwdEff: k.CuDNNBwdEff, MemEff: k.MemEff, NCCLCTAs: k.NCCLCTAs}
+		AttnFwdEff: k.CuDNNFwdEff, AttnBwdEff: k.CuDNNBwdEff, MemEff: k.MemEff, NCCLCTAs: k.NCCLCTAs,
+		Sustained: k.SustainedRatio, SpeedSD: k.SpeedSD}
 	switch attn {
 	case CuDNNAttention, "":
 	case Flash2Attention:

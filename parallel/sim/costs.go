@@ -69,7 +69,13 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 	}
 	noLaunch := spec
 	noLaunch.LaunchS = 0
-	// opSeconds prices r and sets over to its launch and loss shares.
+	// The same without launch floors at the mean GPU's sustained clock,
+	// and at the burst clock, for the clock overheads' shares.
+	mean := noLaunch
+	mean.SpeedSD = 0
+	burst := mean
+	burst.Sustained = 1
+	// opSeconds prices r and sets over to its launch, loss and clock shares.
 	opSeconds := func(r moe.OpRecord, groups []float64) (float64, error) {
 		t, err := spec.OpSeconds(cfg, r, local, groups)
 		if err != nil {
@@ -80,6 +86,12 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 		over[ohLaunch] = t - t0
 		if r.Op == moe.OpLoss {
 			over[ohLoss] = t
+		}
+		if c, _ := OpClassOf(r.Op); c != ClassMemoryBound {
+			tm, _ := mean.OpSeconds(cfg, r, local, groups)
+			tb, _ := burst.OpSeconds(cfg, r, local, groups)
+			over[ohSustainedClock] = tm - tb
+			over[ohSlowestGPU] = t0 - tm
 		}
 		return t, nil
 	}

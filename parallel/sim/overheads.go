@@ -36,6 +36,11 @@ import (
 //	  launch times idle per dispatch.
 //	nccl_contention: compute slowed while NCCL kernels hold NCCLCTAs of its
 //	  SMs (the engine runs overlapped compute at (SMs − CTAs)/SMs).
+//	sustained_clock: tensor-core kernels run at the clock a GPU sustains
+//	  at its power limit, Sustained of the burst rate kernel benchmarks
+//	  measure: what that costs over the burst rate.
+//	slowest_gpu: what waiting for the slowest of the job's GPUs costs over
+//	  the mean GPU's sustained rate (SlowestShare).
 
 // Overhead names, the keys of Breakdown.OverheadS.
 const (
@@ -46,6 +51,8 @@ const (
 	OverheadLaunch         = "launch"
 	OverheadHostSync       = "host_sync"
 	OverheadNCCLContention = "nccl_contention"
+	OverheadSustainedClock = "sustained_clock"
+	OverheadSlowestGPU     = "slowest_gpu"
 )
 
 // Overheads lists the names in report order.
@@ -62,11 +69,13 @@ const (
 	ohLaunch
 	ohHostSync
 	ohNCCLContention
+	ohSustainedClock
+	ohSlowestGPU
 	numOverheads
 )
 
 var overheadNames = [numOverheads]string{OverheadRouting, OverheadFSDPCopy, OverheadGradClip, OverheadLoss,
-	OverheadLaunch, OverheadHostSync, OverheadNCCLContention}
+	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU}
 
 const (
 	routingBytesPerChoice = 256 // 8 radix passes × (read + write) × (8-byte key + 8-byte index)

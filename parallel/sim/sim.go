@@ -328,6 +328,8 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	spec = spec.Calibrated(cal)
 	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
 	spec.Compiled = p.in.Memory.Compile.Model
+	// Every rank of the job waits for the slowest GPU.
+	spec.GPUs = p.l.GPUs
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
 	}
