@@ -232,6 +232,7 @@ func simulatePipeline(in Input) (Result, error) {
 	}
 	spec = spec.Calibrated(in.Calibration)
 	spec.Compiled = in.Memory.Compile.Model
+	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
 	}
