@@ -112,6 +112,9 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 	if err != nil {
 		t.Fatalf("%s: %v", r.label(), err)
 	}
+	if r.PP > 1 {
+		return publishedPipelineRow(t, r, in)
+	}
 	p, err := prepareSim(in)
 	if err != nil {
 		t.Fatalf("%s: %v", r.label(), err)
@@ -149,4 +152,22 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 		line += " [framework difference not modelled: " + r.Framework + "]"
 	}
 	return line, eu, ec
+}
+
+// publishedPipelineRow is publishedTPSRow for a pipeline run (pp > 1),
+// uncalibrated only: calibration fits single-program runs.
+func publishedPipelineRow(t *testing.T, r Run, in Input) (line string, eu, ec float64) {
+	t.Helper()
+	un, err := Simulate(in)
+	if err != nil {
+		t.Fatalf("%s: %v", r.label(), err)
+	}
+	eu = un.TPS/r.TPS - 1
+	name := r.RunID + " " + r.Model
+	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
+		fmt.Sprintf("pp%d×%d×%d", r.PP, r.DPReplicate, r.DPShard), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
+	if !strings.HasPrefix(r.Framework, "torchtitan") {
+		line += " [framework difference not modelled: " + r.Framework + "]"
+	}
+	return line, eu, 0
 }

@@ -20,8 +20,9 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b"}
 
 // neededFeature is the first feature a row of the shared table needs that
-// moescope lacks: tensor, pipeline or context parallelism, a precision
-// other than BF16, or a model type; "" when it needs none of them.
+// moescope lacks: tensor or context parallelism, a precision
+// other than BF16, or a model type; "" when it needs none of them
+// (pipeline parallelism is built: a pp row needs only what else it uses).
 func neededFeature(row map[string]string) string {
 	deg := func(k string) bool {
 		v := strings.TrimSpace(row[k])
@@ -30,8 +31,6 @@ func neededFeature(row map[string]string) string {
 	switch {
 	case deg("tp"):
 		return "TP (tp = " + row["tp"] + ")"
-	case deg("pp"):
-		return "PP (pp = " + row["pp"] + ")"
 	case deg("cp"):
 		return "CP (cp = " + row["cp"] + ")"
 	case !strings.HasPrefix(row["precision"], "BF16"):
@@ -89,7 +88,8 @@ func TestNeededFeature(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "TP (tp = 2)"},
-		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "PP (pp = 8)"},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "DeepSeek-V3"}, "model type (DeepSeek-V3)"},
 		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},
