@@ -1,0 +1,350 @@
+package numeric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+// PipelineSpec describes a numeric run under pipeline parallelism: one
+// goroutine per pipeline rank, each running its stages' layers.
+type PipelineSpec struct {
+	Config    *moe.Config
+	Layout    moe.Layout // resolved, pp > 1, one data-parallel rank per stage
+	AC        moe.AC
+	LBS, Seq  int // sequences per micro-step (split into pipeline micro-batches), tokens per sequence
+	Accum     int // grad-accum micro-steps
+	DataSeed  uint64
+	AdamW     moe.AdamW
+	BiasRate  float64 // selection-bias update rate γ
+	Precision moe.Precision
+}
+
+// PipelineTrainer trains the reference model with one goroutine per
+// pipeline rank. Each runs its actions in moe.PipelineOrder's order; a
+// forward of stage s receives its input from stage s − 1 (stage 0 embeds
+// its micro-batch's tokens), runs the stage's blocks and sends the output
+// to stage s + 1 (the last stage computes the loss); a backward receives
+// the output's gradient from stage s + 1 (the last stage starts from the
+// loss), runs the blocks backward and sends the input's gradient to stage
+// s − 1 (stage 0 scatters it into the embedding's gradient). Activations
+// and gradients move only through channels, one per (stage boundary,
+// direction, micro-batch). Gradients accumulate over the step's
+// micro-batches; each rank then updates the selection biases of its MoE
+// layers from their loads and applies AdamW to its own parameters.
+//
+// Micro-batch j of micro-step a reads the pp_microbatch_size sequences
+// starting at t·B + a·lbs + j·pp_microbatch_size (B = lbs·grad-accum, the
+// global batch with one data-parallel rank): the micro-batches one rank
+// reads at lbs = pp_microbatch_size with grad-accum = grad-accum × (lbs ÷
+// pp_microbatch_size). The step's loss is the mean of the micro-batches'
+// cross-entropies and each backward is scaled by one over their number,
+// so the run equals that rank's up to float32 summation order.
+//
+// Not built here yet: data-parallel ranks inside a stage (FSDP, EP), the
+// load-balancing aux loss (HF's formula couples every layer of a
+// micro-batch, across stages) and tied embeddings (the table would live on
+// the first and the last stage).
+type PipelineTrainer struct {
+	spec  PipelineSpec
+	batch parallel.Batch // the equivalent one-rank batch (see above)
+	m     int            // pipeline micro-batches per micro-step
+	order [][]moe.PipeAction
+	split []int
+	ranks []*pipeRank
+	step  int
+}
+
+// pipeRank is one pipeline rank's model and state.
+type pipeRank struct {
+	rank   int
+	model  *moe.Model[float32] // every tensor; the rank uses and updates its stages' only
+	owned  []bool              // per Params entry: held by one of the rank's stages
+	adam   []moe.AdamState[float32]
+	stages []int
+}
+
+// NewPipelineTrainer checks spec and gives every pipeline rank the initial
+// parameters init (moe.Config.Params order).
+func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, error) {
+	cfg, l := spec.Config, spec.Layout
+	if cfg == nil {
+		return nil, errors.New("numeric: pipeline: config is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case l.Stages() < 2:
+		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
+	case l.DP() != 1:
+		return nil, fmt.Errorf("numeric: pipeline: dp_replicate × dp_shard = %d × %d: data-parallel ranks inside a pipeline stage (FSDP, EP) are not built in the numeric backend yet (built: pp alone, gpus = pp)", l.DPReplicate, l.DPShard)
+	case cfg.TiedEmbeddings:
+		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
+	case spec.Seq < 1 || spec.Accum < 1:
+		return nil, fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
+	}
+	if err := l.CheckModel(cfg); err != nil {
+		return nil, err
+	}
+	m, err := l.Microbatches(spec.LBS)
+	if err != nil {
+		return nil, err
+	}
+	order, err := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
+	if err != nil {
+		return nil, err
+	}
+	split, err := l.StageSplit(cfg.Layers)
+	if err != nil {
+		return nil, err
+	}
+	ps := cfg.Params()
+	if len(init) != len(ps) {
+		return nil, fmt.Errorf("numeric: %d initial tensors, model has %d", len(init), len(ps))
+	}
+	if spec.Precision == (moe.Precision{}) {
+		spec.Precision = moe.DefaultPrecision
+	}
+	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * m, DP: 1}
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, order: order, split: split}
+	first := make([]int, len(split)+1) // first layer of each stage
+	for s, n := range split {
+		first[s+1] = first[s] + n
+	}
+	stageOf := func(layer int) int {
+		switch {
+		case layer == moe.LayerEmbed:
+			return 0
+		case layer == cfg.LayerHead():
+			return len(split) - 1
+		}
+		for s := range split {
+			if layer < first[s+1] {
+				return s
+			}
+		}
+		return len(split) - 1
+	}
+	for r := range l.Stages() {
+		mod, err := moe.NewModel[float32](cfg)
+		if err != nil {
+			return nil, err
+		}
+		pr := &pipeRank{rank: r, model: mod, owned: make([]bool, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
+		for k := range l.VirtualStages() {
+			pr.stages = append(pr.stages, r+k*l.Stages())
+		}
+		for i, t := range mod.Tensors() {
+			if int64(len(init[i])) != ps[i].Elements() {
+				return nil, fmt.Errorf("numeric: %s has %d elements, want %d", ps[i].Name, len(init[i]), ps[i].Elements())
+			}
+			copy(t, init[i])
+			layer := ps[i].Layer
+			if layer < 0 {
+				layer = cfg.LayerHead()
+				if ps[i].Group == moe.GroupEmbedding {
+					layer = moe.LayerEmbed
+				}
+			}
+			pr.owned[i] = l.StageRank(stageOf(layer)) == r
+		}
+		p.ranks = append(p.ranks, pr)
+	}
+	return p, nil
+}
+
+// pipeLinks are the channels of one micro-step: act[s][j] carries
+// micro-batch j's output of stage s to stage s + 1, grad[s][j] the
+// gradient of stage s's input back to stage s − 1.
+type pipeLinks struct{ act, grad [][]chan []float32 }
+
+func newPipeLinks(stages, m int) *pipeLinks {
+	k := &pipeLinks{act: make([][]chan []float32, stages), grad: make([][]chan []float32, stages)}
+	for s := range stages {
+		k.act[s], k.grad[s] = make([]chan []float32, m), make([]chan []float32, m)
+		for j := range m {
+			// One message each way per micro-batch: a buffer of one never
+			// blocks the sender.
+			k.act[s][j], k.grad[s][j] = make(chan []float32, 1), make(chan []float32, 1)
+		}
+	}
+	return k
+}
+
+// Step runs one optimizer step on every pipeline rank. The result's Loss
+// is the mean cross-entropy over the step's micro-batches, Losses each
+// micro-batch's in (micro-step, micro-batch) order; Aux is 0 (not built
+// under pipelines).
+func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
+	total := p.spec.Accum * p.m
+	losses := make([]float64, total)
+	errs := make([]error, len(p.ranks))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	links := make([]*pipeLinks, p.spec.Accum)
+	for a := range links {
+		links[a] = newPipeLinks(len(p.split), p.m)
+	}
+	var wg sync.WaitGroup
+	for r, pr := range p.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[r] = p.runRank(ctx, pr, losses, links); errs[r] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.Accum)}
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+	for _, v := range losses {
+		res.Loss += v
+	}
+	res.Loss /= float64(total)
+	p.step++
+	if math.IsNaN(res.Loss) || math.IsInf(res.Loss, 0) {
+		return res, fmt.Errorf("step %d: loss %v: training diverged", res.Step+1, res.Loss)
+	}
+	return res, nil
+}
+
+// runRank is one pipeline rank's step over the micro-steps' channels
+// links; it writes its last stage's micro-batch losses into losses.
+func (p *PipelineTrainer) runRank(ctx context.Context, pr *pipeRank, losses []float64, links []*pipeLinks) error {
+	cfg, sp := p.spec.Config, p.spec
+	n := len(p.split)
+	o := moe.Options{AC: sp.AC, Precision: sp.Precision}
+	scale := 1 / float64(sp.Accum*p.m)
+	gw, gg := pr.model.Globals()
+	first := 0
+	firsts := make([]int, n)
+	for s, c := range p.split {
+		firsts[s] = first
+		first += c
+	}
+	loads := make([][]int64, cfg.Layers)
+	for _, s := range pr.stages {
+		for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
+			if cfg.MoELayer[li] {
+				loads[li] = make([]int64, cfg.Experts)
+			}
+		}
+	}
+	// Per micro-batch runners: a block keeps its micro-batch's state from
+	// forward to backward, and several micro-batches are in flight.
+	blocks := make([]map[int]*moe.Block[float32], p.m)
+	embeds := make([]*moe.Embedding[float32], p.m)
+	heads := make([]*moe.Head[float32], p.m)
+	for j := range p.m {
+		blocks[j] = map[int]*moe.Block[float32]{}
+		for _, s := range pr.stages {
+			for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
+				blocks[j][li] = moe.NewBlock[float32](cfg, li, p.batch.LBS, p.batch.Seq, o)
+			}
+		}
+		embeds[j], heads[j] = moe.NewEmbedding[float32](cfg, o), moe.NewHead[float32](cfg, o)
+	}
+	recv := func(c chan []float32) ([]float32, error) {
+		select {
+		case x := <-c:
+			return x, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	for a := range sp.Accum {
+		links := links[a]
+		for _, act := range p.order[pr.rank] {
+			s, j := act.Stage, act.Micro
+			lo, hi := firsts[s], firsts[s]+p.split[s]
+			if !act.Backward {
+				// Stage 0 reads the micro-batch's tokens, the last stage its
+				// labels (the data loader feeds both, as torchtitan's does).
+				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, a*p.m+j, 0)
+				ids, labels := nextTokenPairs(seqs, sp.Seq)
+				var x []float32
+				if s == 0 {
+					x = embeds[j].Forward(gw.Embed, ids)
+				} else {
+					var err error
+					if x, err = recv(links.act[s-1][j]); err != nil {
+						return err
+					}
+				}
+				for li := lo; li < hi; li++ {
+					w, _ := pr.model.Layer(li)
+					x = blocks[j][li].Forward(&w, x)
+					for e, c := range blocks[j][li].ExpertCounts() {
+						loads[li][e] += int64(c)
+					}
+				}
+				if s == n-1 {
+					losses[a*p.m+j] = heads[j].Forward(&gw, x, labels)
+				} else {
+					links.act[s][j] <- x
+				}
+				continue
+			}
+			var dx []float32
+			if s == n-1 {
+				dx = heads[j].Backward(&gw, &gg, scale)
+			} else {
+				var err error
+				if dx, err = recv(links.grad[s+1][j]); err != nil {
+					return err
+				}
+			}
+			for li := hi - 1; li >= lo; li-- {
+				w, g := pr.model.Layer(li)
+				dx = blocks[j][li].Backward(&w, &g, dx, nil)
+			}
+			if s == 0 {
+				embeds[j].Backward(gg.Embed, dx)
+			} else {
+				links.grad[s][j] <- dx
+			}
+		}
+	}
+	pr.model.UpdateSelectionBias(loads, sp.BiasRate)
+	ts, gs, ps := pr.model.Tensors(), pr.model.Grads(), sp.Config.Params()
+	for i := range ts {
+		if !pr.owned[i] || ps[i].Buffer {
+			continue
+		}
+		moe.AdamWStep(sp.AdamW, &pr.adam[i], ts[i], gs[i])
+		clear(gs[i])
+	}
+	return nil
+}
+
+// Params reassembles the parameters (Config.Params order), each tensor
+// from the pipeline rank that holds it.
+func (p *PipelineTrainer) Params() [][]float32 {
+	out := make([][]float32, len(p.spec.Config.Params()))
+	for _, pr := range p.ranks {
+		for i, t := range pr.model.Tensors() {
+			if pr.owned[i] {
+				out[i] = append([]float32(nil), t...)
+			}
+		}
+	}
+	return out
+}
+
+// StepIndex is the number of optimizer steps taken.
+func (p *PipelineTrainer) StepIndex() int { return p.step }
