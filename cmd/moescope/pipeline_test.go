@@ -56,7 +56,7 @@ func TestPipelineFlags(t *testing.T) {
 		{[]string{"memory", "--pp", "2", "--pp-layers", "1,x"}, `pp_layers = 1,x: stage 1 = "x"`},
 		{[]string{"memory", "--pp", "2", "--pp-microbatch-size", "3"}, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
 		{[]string{"train", "--pp", "2", "--steps", "1"}, "the aux loss (coefficient 0.001) couples every layer of a micro-batch across stages and is not built under pipelines; pass --aux-coef 0"},
-		{[]string{"train", "--pp", "2", "--dp-shard", "2", "--steps", "1", "--aux-coef", "0"}, "data-parallel ranks inside a pipeline stage (FSDP, EP) are not built in the numeric backend yet"},
+		{[]string{"train", "--pp", "2", "--ep", "2", "--steps", "1", "--aux-coef", "0"}, "dp_replicate 1, ep 2, sharding fsdp inside a pipeline stage: not built in the numeric backend yet"},
 		{[]string{"train", "--pp", "2", "--steps", "1", "--aux-coef", "0", "--checkpoint", "x"}, "--checkpoint with --pp = 2: checkpoints under pipelines are not built"},
 	} {
 		args := append(c.args, "--model", "tiny", "--gpus", "4", "--lbs", "4", "--seq", "64")
@@ -67,11 +67,11 @@ func TestPipelineFlags(t *testing.T) {
 	}
 }
 
-// TestTrainPipelineLosses: train --pp 2 --gpus 2 prints the losses of
-// train --gpus 1 on the same global batch (4 sequences a step), the
-// pipeline's four micro-batches of one sequence being that rank's
-// sequences (PipelineTrainer's doc; the aux loss off, not built under
-// pipelines).
+// TestTrainPipelineLosses: train --pp 2 --gpus 2 and train --pp 2
+// --dp-shard 2 --gpus 4 print the losses of train --gpus 1 on the same
+// global batch (4 sequences a step), the pipeline's micro-batches of one
+// sequence being that rank's sequences (PipelineTrainer's doc; the aux
+// loss off, not built under pipelines).
 func TestTrainPipelineLosses(t *testing.T) {
 	losses := func(args ...string) []string {
 		t.Helper()
@@ -91,7 +91,8 @@ func TestTrainPipelineLosses(t *testing.T) {
 		return ls
 	}
 	one := losses("--gpus", "1", "--lbs", "4")
-	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4"}, {"--pp", "2", "--gpus", "2", "--lbs", "2", "--grad-accum", "2", "--pp-schedule", "GPipe"}} {
+	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4"}, {"--pp", "2", "--gpus", "2", "--lbs", "2", "--grad-accum", "2", "--pp-schedule", "GPipe"},
+		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2"}} {
 		if got := losses(args...); strings.Join(got, " ") != strings.Join(one, " ") {
 			t.Errorf("%v: losses %v, train --gpus 1 %v", args, got, one)
 		}

@@ -14,7 +14,7 @@ import (
 )
 
 // runPipeline is train under --pp > 1: numeric.PipelineTrainer, one
-// goroutine per pipeline rank. It prints the step lines train prints
+// goroutine per (pipeline rank, FSDP rank of its stage). It prints the step lines train prints
 // (loss, aux, tps, mfu), without the per-rank memory and collective bytes
 // the pipeline trainer does not account yet.
 func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
@@ -34,10 +34,10 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 		return fmt.Errorf("%w: --pp = %d: the aux loss (coefficient %g) couples every layer of a micro-batch across stages and is not built under pipelines; pass --aux-coef 0", errUsage, r.layout.PP, r.coef)
 	}
 	cfg := r.cfg
-	// Every pipeline rank holds a whole float32 copy of the model here (it
-	// uses its stages' tensors only) and at most lbs sequences of
-	// activations in flight: pp replicas of one rank.
-	host := moe.Layout{GPUs: r.layout.PP, DPShard: 1, DPReplicate: r.layout.PP, EP: 1, Sharding: moe.ShardDDP}
+	// Every rank holds a whole float32 copy of the model here (it uses its
+	// stages' tensors only) and at most lbs sequences of activations in
+	// flight: gpus replicas of one rank.
+	host := moe.Layout{GPUs: r.layout.GPUs, DPShard: 1, DPReplicate: r.layout.GPUs, EP: 1, Sharding: moe.ShardDDP}
 	if err := checkHostMemory(cfg, host, memory.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum}, r.ac, a.hostGiB); err != nil {
 		return err
 	}
@@ -67,8 +67,8 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 		return err
 	}
 	l := r.layout
-	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d), one rank per stage; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
-		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, r.ac, a.lbs, a.seq, a.accum, global)
+	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d) × dp_shard %d (FSDP inside each stage); ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
+		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPShard, r.ac, a.lbs, a.seq, a.accum, global)
 	rep := trainReport{Model: cfg.Name, Layout: l, AC: r.ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, CommBytes: map[string]int64{}}
 	var total time.Duration

@@ -38,36 +38,55 @@ type PipelineSpec struct {
 // micro-batches; each rank then updates the selection biases of its MoE
 // layers from their loads and applies AdamW to its own parameters.
 //
-// Micro-batch j of micro-step a reads the pp_microbatch_size sequences
-// starting at t·B + a·lbs + j·pp_microbatch_size (B = lbs·grad-accum, the
-// global batch with one data-parallel rank): the micro-batches one rank
-// reads at lbs = pp_microbatch_size with grad-accum = grad-accum × (lbs ÷
-// pp_microbatch_size). The step's loss is the mean of the micro-batches'
+// FSDP inside a stage: each stage has dp_shard data-parallel ranks (its
+// own communicator over the stage's mesh, moe.Layout.StageLayout), rank d
+// talking to rank d of the neighbouring stages. Each holds a 1/dp_shard
+// chunk of every tensor of its stages (flat, the last chunk padded) with
+// its AdamW moments; the stage's tensors are all-gathered at the start of
+// the step and stay gathered to its end (torchtitan does not reshard after
+// forward under PP, and PyTorch's stage not after backward until the last
+// one), and their gradients, accumulated over the step's micro-batches,
+// are reduce-scattered once after the last backward, before AdamW updates
+// each chunk.
+//
+// Micro-batch j of micro-step a on data-parallel rank d reads the
+// pp_microbatch_size sequences starting at t·B + ((a·DP + d)·M + j)·b
+// (B the global batch, DP = dp_shard, M = lbs ÷ b micro-batches of b =
+// pp_microbatch_size sequences): DESIGN's batch contract for rank d at
+// micro-step a, cut into micro-batches, and the micro-batches one rank
+// reads at lbs = b with grad-accum = grad-accum × DP × M, in the same
+// order. The step's loss is the mean of the micro-batches'
 // cross-entropies and each backward is scaled by one over their number,
 // so the run equals that rank's up to float32 summation order.
 //
-// Not built here yet: data-parallel ranks inside a stage (FSDP, EP), the
-// load-balancing aux loss (HF's formula couples every layer of a
-// micro-batch, across stages) and tied embeddings (the table would live on
-// the first and the last stage).
+// Not built here yet: replicas (HSDP), other sharding modes and expert
+// parallelism inside a stage, the load-balancing aux loss (HF's formula
+// couples every layer of a micro-batch, across stages) and tied
+// embeddings (the table would live on the first and the last stage).
 type PipelineTrainer struct {
 	spec  PipelineSpec
 	batch parallel.Batch // the equivalent one-rank batch (see above)
 	m     int            // pipeline micro-batches per micro-step
+	dp    int            // data-parallel (FSDP) ranks per stage
 	order [][]moe.PipeAction
 	split []int
-	ranks []*pipeRank
+	ranks [][]*pipeRank // [pipeline rank][data-parallel rank]
+	comms []*Comm       // per pipeline rank, over its stage mesh
 	step  int
 }
 
-// pipeRank is one pipeline rank's model and state.
+// pipeRank is one (pipeline rank, data-parallel rank)'s model and state.
 type pipeRank struct {
-	rank   int
-	model  *moe.Model[float32] // every tensor; the rank uses and updates its stages' only
-	owned  []bool              // per Params entry: held by one of the rank's stages
-	adam   []moe.AdamState[float32]
-	stages []int
+	rank, d int
+	model   *moe.Model[float32] // every tensor; the rank uses its stages' only, gathered for the step
+	owned   []bool              // per Params entry: held by one of the rank's stages
+	shard   [][]float32         // per owned tensor: this rank's chunk (the whole tensor without FSDP)
+	adam    []moe.AdamState[float32]
+	stages  []int
 }
+
+// chunk is the length of one rank's chunk of n elements over dp ranks.
+func (p *PipelineTrainer) chunk(n int) int { return (n + p.dp - 1) / p.dp }
 
 // NewPipelineTrainer checks spec and gives every pipeline rank the initial
 // parameters init (moe.Config.Params order).
@@ -85,8 +104,8 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	switch {
 	case l.Stages() < 2:
 		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
-	case l.DP() != 1:
-		return nil, fmt.Errorf("numeric: pipeline: dp_replicate × dp_shard = %d × %d: data-parallel ranks inside a pipeline stage (FSDP, EP) are not built in the numeric backend yet (built: pp alone, gpus = pp)", l.DPReplicate, l.DPShard)
+	case l.DPReplicate != 1 || l.EP != 1 || l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
+		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (built: FSDP over dp_shard, dp_replicate 1, ep 1)", l.DPReplicate, l.EP, l.Sharding)
 	case cfg.TiedEmbeddings:
 		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
 	case spec.Seq < 1 || spec.Accum < 1:
@@ -114,11 +133,12 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if spec.Precision == (moe.Precision{}) {
 		spec.Precision = moe.DefaultPrecision
 	}
-	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * m, DP: 1}
+	dp := l.DPShard
+	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * dp * m, DP: 1}
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PipelineTrainer{spec: spec, batch: b, m: m, order: order, split: split}
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, order: order, split: split}
 	first := make([]int, len(split)+1) // first layer of each stage
 	for s, n := range split {
 		first[s+1] = first[s] + n
@@ -137,30 +157,52 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 		}
 		return len(split) - 1
 	}
+	for i := range ps {
+		if int64(len(init[i])) != ps[i].Elements() {
+			return nil, fmt.Errorf("numeric: %s has %d elements, want %d", ps[i].Name, len(init[i]), ps[i].Elements())
+		}
+	}
+	stage := l.StageLayout()
 	for r := range l.Stages() {
-		mod, err := moe.NewModel[float32](cfg)
+		mesh, err := parallel.NewMesh(stage, cfg, max(dp, 1))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("numeric: pipeline: %w", err)
 		}
-		pr := &pipeRank{rank: r, model: mod, owned: make([]bool, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
-		for k := range l.VirtualStages() {
-			pr.stages = append(pr.stages, r+k*l.Stages())
-		}
-		for i, t := range mod.Tensors() {
-			if int64(len(init[i])) != ps[i].Elements() {
-				return nil, fmt.Errorf("numeric: %s has %d elements, want %d", ps[i].Name, len(init[i]), ps[i].Elements())
+		p.comms = append(p.comms, NewComm(mesh))
+		var row []*pipeRank
+		for d := range dp {
+			mod, err := moe.NewModel[float32](cfg)
+			if err != nil {
+				return nil, err
 			}
-			copy(t, init[i])
-			layer := ps[i].Layer
-			if layer < 0 {
-				layer = cfg.LayerHead()
-				if ps[i].Group == moe.GroupEmbedding {
-					layer = moe.LayerEmbed
+			pr := &pipeRank{rank: r, d: d, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+				adam: make([]moe.AdamState[float32], len(ps))}
+			for k := range l.VirtualStages() {
+				pr.stages = append(pr.stages, r+k*l.Stages())
+			}
+			for i, t := range mod.Tensors() {
+				copy(t, init[i])
+				layer := ps[i].Layer
+				if layer < 0 {
+					layer = cfg.LayerHead()
+					if ps[i].Group == moe.GroupEmbedding {
+						layer = moe.LayerEmbed
+					}
+				}
+				pr.owned[i] = l.StageRank(stageOf(layer)) == r
+				switch {
+				case !pr.owned[i] || ps[i].Buffer:
+				case dp == 1: // without FSDP the chunk is the tensor
+					pr.shard[i] = t
+				default:
+					c := p.chunk(len(t))
+					pr.shard[i] = make([]float32, c)
+					copy(pr.shard[i], t[min(d*c, len(t)):min((d+1)*c, len(t))])
 				}
 			}
-			pr.owned[i] = l.StageRank(stageOf(layer)) == r
+			row = append(row, pr)
 		}
-		p.ranks = append(p.ranks, pr)
+		p.ranks = append(p.ranks, row)
 	}
 	return p, nil
 }
@@ -183,32 +225,46 @@ func newPipeLinks(stages, m int) *pipeLinks {
 	return k
 }
 
+// pipeLinks of micro-step a for data-parallel rank d.
+func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
+	out := make([][]*pipeLinks, p.spec.Accum)
+	for a := range out {
+		for range p.dp {
+			out[a] = append(out[a], newPipeLinks(len(p.split), p.m))
+		}
+	}
+	return out
+}
+
 // Step runs one optimizer step on every pipeline rank. The result's Loss
 // is the mean cross-entropy over the step's micro-batches, Losses each
 // micro-batch's in (micro-step, micro-batch) order; Aux is 0 (not built
 // under pipelines).
 func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
-	total := p.spec.Accum * p.m
+	total := p.spec.Accum * p.dp * p.m
 	losses := make([]float64, total)
 	errs := make([]error, len(p.ranks))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	links := make([]*pipeLinks, p.spec.Accum)
-	for a := range links {
-		links[a] = newPipeLinks(len(p.split), p.m)
-	}
+	links := p.newLinks()
 	var wg sync.WaitGroup
-	for r, pr := range p.ranks {
+	for r := range p.ranks {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[r] = p.runRank(ctx, pr, losses, links); errs[r] != nil {
+			// A stage's data-parallel ranks run on its communicator; an
+			// error anywhere cancels every stage (a neighbour waiting on a
+			// message included).
+			errs[r] = p.comms[r].Run(ctx, func(ctx context.Context, ep *Endpoint) error {
+				return p.runRank(ctx, ep, p.ranks[r][ep.Rank()], losses, links)
+			})
+			if errs[r] != nil {
 				cancel()
 			}
 		}()
 	}
 	wg.Wait()
-	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.Accum)}
+	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.Accum)} // one data-parallel rank's
 	if err := errors.Join(errs...); err != nil {
 		return res, err
 	}
@@ -223,13 +279,28 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 	return res, nil
 }
 
-// runRank is one pipeline rank's step over the micro-steps' channels
-// links; it writes its last stage's micro-batch losses into losses.
-func (p *PipelineTrainer) runRank(ctx context.Context, pr *pipeRank, losses []float64, links []*pipeLinks) error {
+// runRank is one (pipeline rank, data-parallel rank)'s step over the
+// micro-steps' channels links; it writes its last stage's micro-batch
+// losses into losses.
+func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRank, losses []float64, links [][]*pipeLinks) error {
 	cfg, sp := p.spec.Config, p.spec
 	n := len(p.split)
 	o := moe.Options{AC: sp.AC, Precision: sp.Precision}
-	scale := 1 / float64(sp.Accum*p.m)
+	scale := 1 / float64(sp.Accum*p.dp*p.m)
+	group := ep.Comm().Mesh().Group(parallel.AxisShard, pr.d)
+	ts, gs := pr.model.Tensors(), pr.model.Grads()
+	if p.dp > 1 {
+		for i, sh := range pr.shard {
+			if sh == nil {
+				continue
+			}
+			full, err := ep.AllGather(ctx, group, moe.F32, sh)
+			if err != nil {
+				return err
+			}
+			copy(ts[i], full)
+		}
+	}
 	gw, gg := pr.model.Globals()
 	first := 0
 	firsts := make([]int, n)
@@ -268,14 +339,15 @@ func (p *PipelineTrainer) runRank(ctx context.Context, pr *pipeRank, losses []fl
 		}
 	}
 	for a := range sp.Accum {
-		links := links[a]
+		links := links[a][pr.d]
 		for _, act := range p.order[pr.rank] {
 			s, j := act.Stage, act.Micro
+			k := (a*p.dp+pr.d)*p.m + j // the micro-batch in one rank's order
 			lo, hi := firsts[s], firsts[s]+p.split[s]
 			if !act.Backward {
 				// Stage 0 reads the micro-batch's tokens, the last stage its
 				// labels (the data loader feeds both, as torchtitan's does).
-				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, a*p.m+j, 0)
+				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
 				ids, labels := nextTokenPairs(seqs, sp.Seq)
 				var x []float32
 				if s == 0 {
@@ -294,7 +366,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, pr *pipeRank, losses []fl
 					}
 				}
 				if s == n-1 {
-					losses[a*p.m+j] = heads[j].Forward(&gw, x, labels)
+					losses[k] = heads[j].Forward(&gw, x, labels)
 				} else {
 					links.act[s][j] <- x
 				}
@@ -320,13 +392,40 @@ func (p *PipelineTrainer) runRank(ctx context.Context, pr *pipeRank, losses []fl
 			}
 		}
 	}
+	if p.dp > 1 && cfg.SelectionBias {
+		// The step's loads over the stage's data-parallel ranks.
+		var flat []float32
+		for _, ld := range loads {
+			for _, c := range ld {
+				flat = append(flat, float32(c))
+			}
+		}
+		if err := ep.AllReduce(ctx, group, moe.F32, flat); err != nil {
+			return err
+		}
+		at := 0
+		for _, ld := range loads {
+			for e := range ld {
+				ld[e] = int64(flat[at])
+				at++
+			}
+		}
+	}
 	pr.model.UpdateSelectionBias(loads, sp.BiasRate)
-	ts, gs, ps := pr.model.Tensors(), pr.model.Grads(), sp.Config.Params()
 	for i := range ts {
-		if !pr.owned[i] || ps[i].Buffer {
+		if pr.shard[i] == nil {
 			continue
 		}
-		moe.AdamWStep(sp.AdamW, &pr.adam[i], ts[i], gs[i])
+		g := gs[i]
+		if p.dp > 1 {
+			padded := make([]float32, p.dp*len(pr.shard[i]))
+			copy(padded, gs[i])
+			g = make([]float32, len(pr.shard[i]))
+			if err := ep.ReduceScatter(ctx, group, moe.F32, padded, g); err != nil {
+				return err
+			}
+		}
+		moe.AdamWStep(sp.AdamW, &pr.adam[i], pr.shard[i], g)
 		clear(gs[i])
 	}
 	return nil
@@ -335,11 +434,20 @@ func (p *PipelineTrainer) runRank(ctx context.Context, pr *pipeRank, losses []fl
 // Params reassembles the parameters (Config.Params order), each tensor
 // from the pipeline rank that holds it.
 func (p *PipelineTrainer) Params() [][]float32 {
-	out := make([][]float32, len(p.spec.Config.Params()))
-	for _, pr := range p.ranks {
-		for i, t := range pr.model.Tensors() {
-			if pr.owned[i] {
+	ps := p.spec.Config.Params()
+	out := make([][]float32, len(ps))
+	for _, row := range p.ranks {
+		for i, t := range row[0].model.Tensors() {
+			switch {
+			case !row[0].owned[i]:
+			case ps[i].Buffer: // the selection bias: every rank's copy is the same
 				out[i] = append([]float32(nil), t...)
+			default: // the chunks of the stage's ranks, padding dropped
+				var full []float32
+				for _, pr := range row {
+					full = append(full, pr.shard[i]...)
+				}
+				out[i] = full[:len(t)]
 			}
 		}
 	}

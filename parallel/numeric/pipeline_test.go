@@ -50,13 +50,14 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, ac
 	return res, p.Params()
 }
 
-// TestPipelineEqualsOneRank: pp ranks running lbs L per micro-step in
-// pipeline micro-batches of b sequences, grad-accum A, train 3 steps to
-// the losses and parameters of one rank at lbs b with grad-accum A·L/b
-// (the same micro-batches: PipelineTrainer's doc), within 1e-5 relative:
-// one rank accumulates each micro-batch's gradient into its accumulator
-// after the backward, a stage's blocks accumulate into it during the
-// backward, so sums round differently.
+// TestPipelineEqualsOneRank: pp × dp_shard ranks (FSDP inside each stage
+// when dp_shard > 1) running lbs L per micro-step in pipeline micro-batches
+// of b sequences, grad-accum A, train 3 steps to the losses and parameters
+// of one rank at lbs b with grad-accum A·dp_shard·L/b (the same
+// micro-batches: PipelineTrainer's doc), within 1e-5 relative: one rank
+// accumulates each micro-batch's gradient into its accumulator after the
+// backward, a stage's blocks accumulate into it during the backward and
+// FSDP sums the ranks' sums, so sums round differently.
 func TestPipelineEqualsOneRank(t *testing.T) {
 	for _, c := range []struct {
 		layers int
@@ -71,6 +72,10 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{4, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPGPipe}, 4, 1, moe.AC{Mode: moe.ACFull}, false},
 		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1, moe.AC{Mode: moe.ACSelective}, false},
 		{4, moe.Layout{GPUs: 2, PP: 2, PPLayers: "3,1"}, 2, 2, moe.AC{Mode: moe.ACSelective}, true},
+		// FSDP inside the stages.
+		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACSelective}, true},
+		{4, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: moe.ShardFSDP}, 4, 1, moe.AC{Mode: moe.ACNone}, false},
+		{6, moe.Layout{GPUs: 6, PP: 2, DPShard: 3, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false},
 	} {
 		cfg := pipelineModel(c.layers)
 		if c.bias {
@@ -83,7 +88,8 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		name := fmt.Sprintf("pp %d %s mbs %d lbs %d accum %d %s", c.l.PP, c.l.PPSchedule, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac)
 		pr, pp := pipelineRun(t, cfg, c.l, c.ac, c.lbs, c.accum, 3)
 		mbs := max(c.l.PPMicrobatchSize, 1)
-		or, op, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), c.ac, mbs, c.accum*c.lbs/mbs, 3)
+		dp := max(c.l.DPShard, 1)
+		or, op, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), c.ac, mbs, c.accum*dp*c.lbs/mbs, 3)
 		compareRuns(t, name, or, pr, op, pp, false, 1e-5)
 		for s := range or {
 			if d := pr[s].Loss - or[s].Loss; d*d > 1e-10*or[s].Loss*or[s].Loss {
@@ -100,7 +106,9 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 		cfg  func(*moe.Config)
 		want string
 	}{
-		{moe.Layout{GPUs: 4, PP: 2}, nil, "data-parallel ranks inside a pipeline stage (FSDP, EP) are not built"},
+		{moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2}, nil, "dp_replicate 2, ep 1, sharding fsdp inside a pipeline stage: not built"},
+		{moe.Layout{GPUs: 4, PP: 2, EP: 2}, nil, "dp_replicate 1, ep 2, sharding fsdp inside a pipeline stage: not built"},
+		{moe.Layout{GPUs: 4, PP: 2, Sharding: moe.ShardZeRO2}, nil, "sharding zero2 inside a pipeline stage: not built"},
 		{moe.Layout{GPUs: 2, PP: 2}, func(c *moe.Config) { c.TiedEmbeddings = true }, "tied embeddings"},
 		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 3}, nil, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
 	} {
