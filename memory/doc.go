@@ -67,6 +67,18 @@
 //  6. the free of u's weights (FSDP2 reshards after backward) unless
 //     keep-gathered.
 //
+// With grad-sync-last-only (FSDP2's set_requires_gradient_sync(False) on
+// all but the last micro-step) and grad-accum > 1, steps 5 and 6 change
+// before the last micro-step: nothing is reduced; in micro-step 0, u's
+// weights are freed and its gradients upcast into the "accumulated_grads"
+// it keeps (Ψ_local of u in the reduce type; when that is the compute type
+// autograd's gradient is itself that allocation), in later ones the
+// micro-step's unsharded gradients are added into it and freed, then the
+// weights. In the last micro-step the unsharded gradients are freed into
+// the accumulator, which step 5 then copies into the reduce-scatter input
+// and frees (the free names micro-step 0, where it was allocated); the
+// reduced gradients are allocated there, not in micro-step 0.
+//
 // After the last unit, the last reduce-scatter input is freed. Optimizer:
 // with foreach AdamW the temporary sqrt(v) of every unit, then their frees
 // (fused AdamW, torchtitan's default, has none); then zero_grad(set_to_none)

@@ -35,6 +35,12 @@ type Options struct {
 	// for torchtitan's pred.float(); the activation type for a loss that
 	// does not upcast. A compiled loss fuses the upcast either way.
 	LossDType moe.DType
+	// ReduceDType is FSDP2's MixedPrecisionPolicy.reduce_dtype, the type
+	// gradients are reduce-scattered in and, under grad-sync-last-only,
+	// accumulated in across micro-steps when it differs from the compute
+	// type ("" = Precision.Grad: torchtitan reduces in fp32 into fp32
+	// gradients; KempnerForge reduces in fp32 into bf16 ones).
+	ReduceDType moe.DType
 	// Segments is the caching allocator's segment mode: "" or Expandable
 	// (PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's
 	// run_train.sh sets), or Fixed (PyTorch's default without it).
@@ -133,6 +139,13 @@ func (o Options) normalized() (Options, error) {
 	case moe.F32, moe.BF16, moe.F16:
 	default:
 		return o, fmt.Errorf("loss dtype = %q: must be f32, bf16 or f16", o.LossDType)
+	}
+	switch o.ReduceDType {
+	case "":
+		o.ReduceDType = o.Precision.Grad
+	case moe.F32, moe.BF16, moe.F16:
+	default:
+		return o, fmt.Errorf("reduce dtype = %q: must be f32, bf16 or f16", o.ReduceDType)
 	}
 	if o.Allocator == nil {
 		a := DefaultAllocator

@@ -41,6 +41,13 @@ type stepBuilder struct {
 	events  []Event
 	phase   Phase
 	micro   int
+
+	// syncLast: grad-sync-last-only with accumulation; gradients are
+	// reduced only in micro-step firstReduce (the last), accumulated
+	// unsharded before. firstReduce is 0 otherwise: the micro-step that
+	// allocates the reduced gradients.
+	syncLast    bool
+	firstReduce int
 }
 
 func (s *stepBuilder) emit(alloc bool, layer int, label string, bytes int64, c Category, st Stream) {
@@ -113,7 +120,12 @@ func newStepBuilder(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape,
 	for i, u := range units {
 		s.resharded[i] = fsdp && !s.keep && l.ReshardAfterForward && u.Layer != cfg.LayerHead() && u.Layer != cfg.Layers-1
 	}
-	if l.AllreduceLastOnly && l.DPReplicate > 1 && b.GradAccum > 1 {
+	if l.GradSyncLastOnly && b.GradAccum > 1 {
+		s.syncLast, s.firstReduce = true, b.GradAccum-1
+	}
+	// Under grad-sync-last-only nothing is reduce-scattered before the last
+	// micro-step, so there is no partial reduce output to keep.
+	if l.AllreduceLastOnly && l.DPReplicate > 1 && b.GradAccum > 1 && !s.syncLast {
 		for _, u := range units {
 			s.partial += s.gradShard(u)
 		}
@@ -185,8 +197,33 @@ func (s *stepBuilder) gradShard(u Unit) int64 {
 func (s *stepBuilder) unshardedGrads(u Unit) int64 { return u.Local * s.o.Precision.Compute.Bytes() }
 
 // reduceScatterInput is the bytes of unit u's reduce-scatter input: its
-// whole local gradient in the gradient type.
-func (s *stepBuilder) reduceScatterInput(u Unit) int64 { return u.Local * s.o.Precision.Grad.Bytes() }
+// whole local gradient in the reduce type (foreach_reduce allocates it in
+// reduce_dtype).
+func (s *stepBuilder) reduceScatterInput(u Unit) int64 { return u.Local * s.o.ReduceDType.Bytes() }
+
+// accumulatedGrads is the bytes of unit u's unsharded gradients kept
+// across micro-steps under grad-sync-last-only: its local elements in the
+// reduce type. When that differs from the compute type, FSDP2 upcasts
+// autograd's gradient into a new tensor (to_accumulated_grad_if_needed);
+// when equal, autograd's gradient itself is kept, the same bytes.
+func (s *stepBuilder) accumulatedGrads(u Unit) int64 { return u.Local * s.o.ReduceDType.Bytes() }
+
+// accumUpcast reports whether the accumulated gradients are a copy in
+// another type than autograd's (reduce type ≠ compute type).
+func (s *stepBuilder) accumUpcast() bool { return s.o.ReduceDType != s.o.Precision.Compute }
+
+// reduces reports whether micro-step m reduces gradients: every one, or
+// under grad-sync-last-only only the last.
+func (s *stepBuilder) reduces(m int) bool { return !s.syncLast || m == s.firstReduce }
+
+// emitAt emits an event of micro-step m from inside another one: the free
+// of a buffer allocated in an earlier micro-step names that micro-step.
+func (s *stepBuilder) emitAt(m int, alloc bool, layer int, label string, bytes int64, c Category, st Stream) {
+	cur := s.micro
+	s.micro = m
+	s.emit(alloc, layer, label, bytes, c, st)
+	s.micro = cur
+}
 
 // buildTimeline returns the events of one step and the saved bytes per unit.
 func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, units []Unit) ([]Event, []int64, error) {
@@ -318,14 +355,19 @@ func (s *stepBuilder) backward(m int) {
 	for i := s.last; i >= 0; i-- {
 		s.backwardUnit(i, m)
 	}
-	first := s.units[0]
-	s.free(first.Layer, "reduce_scatter", s.reduceScatterInput(first), CatComm)
+	if s.reduces(m) {
+		first := s.units[0]
+		s.free(first.Layer, "reduce_scatter", s.reduceScatterInput(first), CatComm)
+	}
 }
 
 // backwardUnit emits unit i's backward in micro-step m: its weights
 // (gatherBackward), its compute (backwardOps), its input gradient, which
 // replaces unit i+1's, its weight gradients, the frees of what the compute
-// read, the gradients' reduction (reduceGradients) and resharding.
+// read, the gradients' reduction (reduceGradients) and resharding. Under
+// grad-sync-last-only, micro-steps before the last accumulate instead
+// (accumulateGrads), and the last adds its gradients into the accumulated
+// ones, which it reduces.
 func (s *stepBuilder) backwardUnit(i, m int) {
 	u := s.units[i]
 	wlabel := s.gatherBackward(i)
@@ -336,13 +378,49 @@ func (s *stepBuilder) backwardUnit(i, m int) {
 	if i < s.last {
 		s.free(s.units[i+1].Layer, "grad_hidden", s.dx, CatWorkspace)
 	}
-	s.alloc(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+	glabel := "unsharded_grads"
+	if s.syncLast && m == 0 && !s.accumUpcast() {
+		glabel = "accumulated_grads" // autograd's gradient is the accumulator
+	}
+	s.alloc(u.Layer, glabel, s.unshardedGrads(u), CatUnshardGrad)
 	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
 	s.freeRecords("recompute", rec, CatRecompute)
 	s.freeRecords("saved", s.saved[i], CatActivations)
-	s.reduceGradients(i, m)
+	switch {
+	case !s.syncLast:
+		s.reduceGradients(i, m, func() { s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad) })
+	case m < s.firstReduce:
+		s.accumulateGrads(i, m, wlabel)
+		return
+	default:
+		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad) // added into the accumulator
+		s.reduceGradients(i, m, func() {
+			s.emitAt(0, false, u.Layer, "accumulated_grads", s.accumulatedGrads(u), CatUnshardGrad, ComputeStream)
+		})
+	}
 	if s.gathered && !s.keep {
 		s.free(u.Layer, wlabel, s.weights(u), CatWeights)
+	}
+}
+
+// accumulateGrads emits unit i's post-backward in a micro-step m that does
+// not reduce (grad-sync-last-only, before the last), in FSDP2's order
+// (FSDPParamGroup.post_backward with reduce_grads false): after the first
+// micro-step autograd's gradient is added into the accumulated one and
+// freed; the weights are resharded (unless keep-gathered); in the first
+// micro-step, when the reduce type differs from the compute type, the
+// gradient is upcast into the accumulator and the original freed.
+func (s *stepBuilder) accumulateGrads(i, m int, wlabel string) {
+	u := s.units[i]
+	if m > 0 {
+		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+	}
+	if s.gathered && !s.keep {
+		s.free(u.Layer, wlabel, s.weights(u), CatWeights)
+	}
+	if m == 0 && s.accumUpcast() {
+		s.alloc(u.Layer, "accumulated_grads", s.accumulatedGrads(u), CatUnshardGrad)
+		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
 	}
 }
 
@@ -394,18 +472,18 @@ func (s *stepBuilder) backwardOps(i int) (rec []moe.SavedRecord, ws int64) {
 // micro-step m. Unit i+1's reduce-scatter ran while unit i computed, so its
 // input is freed first. FSDP2 (torch ≥ 2.6 foreach_reduce) copies the
 // gradients into the reduce-scatter input on the compute stream, which
-// frees the unsharded gradients, and allocates the output, which becomes
-// the gradient, on the reduce-scatter stream: once, in the first
-// micro-step, later ones accumulating into it.
-func (s *stepBuilder) reduceGradients(i, m int) {
+// frees the unsharded gradients (freeGrads), and allocates the output,
+// which becomes the gradient, on the reduce-scatter stream: once, in the
+// first micro-step that reduces, later ones accumulating into it.
+func (s *stepBuilder) reduceGradients(i, m int, freeGrads func()) {
 	u := s.units[i]
 	if i < s.last {
 		prev := s.units[i+1]
 		s.free(prev.Layer, "reduce_scatter", s.reduceScatterInput(prev), CatComm)
 	}
 	s.alloc(u.Layer, "reduce_scatter", s.reduceScatterInput(u), CatComm)
-	s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
-	if m == 0 {
+	freeGrads()
+	if m == s.firstReduce {
 		s.emit(true, u.Layer, "gradients", s.gradShard(u), CatGrads, ReduceScatterStream)
 	}
 }
@@ -430,7 +508,7 @@ func (s *stepBuilder) optimizerStep() {
 			s.free(u.Layer, "adamw_sqrt_v", optTemp(u), CatOptTemp)
 		}
 	}
-	s.micro = 0
+	s.micro = s.firstReduce
 	for _, u := range s.units {
 		s.emit(false, u.Layer, "gradients", s.gradShard(u), CatGrads, ReduceScatterStream)
 	}

@@ -22,6 +22,8 @@ func estimates(t *testing.T, f func(name string, cfg *moe.Config, l moe.Layout, 
 			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: moe.ShardFSDP, KeepGathered: true},
 			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: moe.ShardFSDP, AllreduceLastOnly: true},
 			{GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP},
+			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true, GradSyncLastOnly: true},
+			{GPUs: 2, DPShard: 2, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, KeepGathered: true, AllreduceLastOnly: true, GradSyncLastOnly: true},
 		} {
 			if l.EP > 1 && !cfg.IsMoE() {
 				continue

@@ -43,6 +43,13 @@ type Layout struct {
 	PPMicrobatchSize int         `json:"pp_microbatch_size,omitempty"`
 	PPVirtualStages  int         `json:"pp_virtual_stages,omitempty"`
 	PPLayers         StageLayers `json:"pp_layers,omitempty"`
+
+	// GradSyncLastOnly skips every gradient reduction (reduce-scatter and
+	// replica all-reduce) on all but the last accumulation micro-step, as
+	// FSDP2's set_requires_gradient_sync(False) does: each unit keeps its
+	// unsharded gradients, accumulated in the reduce type, across the
+	// micro-steps. Only under fsdp sharding. Omitted from JSON when false.
+	GradSyncLastOnly bool `json:"grad_sync_last_only,omitempty"`
 }
 
 // MaxDegree bounds every degree of a layout (2^20 GPUs, about 50 times
@@ -146,6 +153,9 @@ func (l Layout) Validate() error {
 	case ShardFSDP, ShardZeRO2, ShardZeRO1, ShardDDP:
 	default:
 		errs = append(errs, FieldError{"sharding", l.Sharding, "must be fsdp, zero2, zero1 or ddp"})
+	}
+	if l.GradSyncLastOnly && l.Sharding != ShardFSDP {
+		errs = append(errs, FieldError{"grad_sync_last_only", true, fmt.Sprintf("needs sharding fsdp (FSDP2's set_requires_gradient_sync), not %s", l.Sharding)})
 	}
 	if l.GPUsPerNode < 0 || l.GPUsPerNode > MaxGPUsPerNode {
 		errs = append(errs, FieldError{"gpus_per_node", l.GPUsPerNode, fmt.Sprintf("must be in [1, %d] (0 = from the cluster)", MaxGPUsPerNode)})

@@ -14,6 +14,7 @@ import (
 func FuzzLayoutJSON(f *testing.F) {
 	f.Add([]byte(`{"gpus": 8, "ep": 2}`))
 	f.Add([]byte(`{"dp_shard": 4, "dp_replicate": 2, "sharding": "zero2"}`))
+	f.Add([]byte(`{"gpus": 4, "sharding": "zero1", "grad_sync_last_only": true}`))
 	f.Add([]byte(`{"gpus": 6, "dp_replicate": 4}`))
 	f.Add([]byte(`{"gpus": 4294967296, "dp_shard": 4294967296}`))
 	f.Add([]byte(`{"gpus": 0, "dp_shard": -1, "ep": -3, "gpus_per_node": 9223372036854775807}`))

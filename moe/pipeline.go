@@ -194,6 +194,11 @@ func (l Layout) validatePipeline() []error {
 	if err := l.PPSchedule.check(); err != nil {
 		errs = append(errs, err)
 	}
+	if l.GradSyncLastOnly {
+		// PyTorch's stage reduces after each schedule step's last backward;
+		// skipping whole micro-steps on top is not modelled.
+		errs = append(errs, FieldError{"grad_sync_last_only", true, "not modelled with pp > 1 (the pipeline already reduces once per micro-step)"})
+	}
 	if l.PPMicrobatchSize < 1 || l.PPMicrobatchSize > maxMicrobatchSize {
 		errs = append(errs, FieldError{"pp_microbatch_size", l.PPMicrobatchSize, fmt.Sprintf("must be in [1, %d] sequences", maxMicrobatchSize)})
 	}

@@ -231,6 +231,7 @@ func TestLayoutPipelineResolve(t *testing.T) {
 		{Layout{GPUs: 8, PPSchedule: PPGPipe, PPMicrobatchSize: 2}, []string{"pp_schedule = GPipe: a pipeline option needs pp > 1", "pp_microbatch_size = 2: a pipeline option needs pp > 1"}},
 		{Layout{GPUs: 8, PP: 2, PPMicrobatchSize: -1}, []string{"pp_microbatch_size = -1: must be in [1, 65536]"}},
 		{Layout{GPUs: 8, PP: 2, PPLayers: "1,x"}, []string{`stage 1 = "x"`}},
+		{Layout{GPUs: 8, PP: 2, GradSyncLastOnly: true}, []string{"grad_sync_last_only = true: not modelled with pp > 1"}},
 	} {
 		l := c.in
 		err := l.Resolve()

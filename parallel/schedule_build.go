@@ -35,7 +35,10 @@ type ScheduleSpec struct {
 // keep-gathered holds them for the next micro-step's forward. Gradients of a
 // unit are reduced right after its backward: reduce-scatter over the shard
 // axis (fsdp, zero2) or all-reduce (zero1, ddp), then all-reduce over
-// replicas (every micro-step, or only the last under allreduce-last-only).
+// replicas (every micro-step, or only the last under allreduce-last-only);
+// under grad-sync-last-only neither runs before the last micro-step, which
+// reduces the accumulated gradients. Gradients are reduced in the memory
+// options' reduce type (FSDP2's reduce_dtype; the gradient type when unset).
 // MoE blocks with ep > 1 exchange per-expert counts and then tokens by
 // all-to-all before and after the experts, and in reverse in backward; a
 // fully checkpointed block re-runs its forward (all-to-alls included) before
@@ -271,8 +274,21 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 	return post
 }
 
-// reduce emits the gradient collectives of u after op dep.
+// reduceType is the type gradients are reduced in.
+func (b *schedBuilder) reduceType() moe.DType {
+	if t := b.sp.Memory.ReduceDType; t != "" {
+		return t
+	}
+	return b.prec.Grad
+}
+
+// reduce emits the gradient collectives of u after op dep; none before the
+// last micro-step under grad-sync-last-only (the memory timeline
+// accumulates the unsharded gradients there instead).
 func (b *schedBuilder) reduce(u Unit, micro, dep int) {
+	if b.l.GradSyncLastOnly && micro < b.sp.Micro-1 {
+		return
+	}
 	a := b.shardAxis(u)
 	n := b.axisSize(a)
 	full, padded, shard := b.sizes(u)
@@ -281,13 +297,13 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	case moe.ShardFSDP, moe.ShardZeRO2:
 		if n > 1 {
 			last = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
-				Coll: CollReduceScatter, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: padded})
+				Coll: CollReduceScatter, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.reduceType(), Elements: padded})
 		}
 	default:
 		shard = full
 		if n > 1 {
 			last = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
-				Coll: CollAllReduce, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: full})
+				Coll: CollAllReduce, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.reduceType(), Elements: full})
 		}
 	}
 	if last != dep {
@@ -295,7 +311,7 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.Micro-1) {
 		id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{last},
-			Coll: CollAllReduce, Axis: AxisReplicate, Purpose: PurposeGradReplica, Unit: u, DType: b.prec.Grad, Elements: shard})
+			Coll: CollAllReduce, Axis: AxisReplicate, Purpose: PurposeGradReplica, Unit: u, DType: b.reduceType(), Elements: shard})
 		b.lastRS = append(b.lastRS, id)
 	}
 }

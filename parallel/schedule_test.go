@@ -156,3 +156,53 @@ func TestScheduleDepsAcyclic(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleGradSyncLastOnly: with grad-sync-last-only and grad-accum 3
+// on HSDP 2×2 (ep 1: 6 units, all sharded), the gradient collectives run
+// in the last micro-step only, once per unit: 6 reduce-scatters and 6
+// replica all-reduces (18 of each when syncing every micro-step), and the
+// reduce-scatters use the reduce type. The schedule still carries memory's
+// timeline unchanged, each event on a compute op of its phase and
+// micro-step, except the free of an accumulator from micro-step 0, which
+// sits on the last micro-step's op that reduces it.
+func TestScheduleGradSyncLastOnly(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	l := moetest.FSDPLayout(t, 4, 2, 1)
+	l.GradSyncLastOnly = true
+	const micro = 3
+	m, err := NewMesh(l, cfg, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mo := memory.Options{ReduceDType: moe.BF16}
+	s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACFull}, LBS: 2, Seq: 4, Micro: micro, Memory: mo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := countColl(s)
+	if got[PurposeGradReduce] != 6 || got[PurposeGradReplica] != 6 {
+		t.Errorf("reduce-scatters %d (want 6), replica all-reduces %d (want 6)", got[PurposeGradReduce], got[PurposeGradReplica])
+	}
+	for _, o := range s.Ops {
+		if (o.Purpose == PurposeGradReduce || o.Purpose == PurposeGradReplica) && (o.Micro != micro-1 || o.DType != moe.BF16) {
+			t.Errorf("%s: want micro-step %d, bf16", o, micro-1)
+		}
+	}
+	mo.AC = s.AC
+	rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: 2, Seq: 4, GradAccum: micro}, mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(s.Timeline(), rep.Events) || s.Peak.Allocated != rep.Peak.Allocated {
+		t.Errorf("schedule timeline (%d events, peak %d) differs from memory's (%d, %d)", len(s.Timeline()), s.Peak.Allocated, len(rep.Events), rep.Peak.Allocated)
+	}
+	for _, o := range s.Ops {
+		for _, e := range o.Mem {
+			own := e.Micro == o.Micro && (e.Phase == memory.Forward) == (o.Phase == PhaseForward)
+			acc := e.Label == "accumulated_grads" && !e.Alloc && e.Micro == 0 && o.Micro == micro-1 && o.Phase != PhaseForward
+			if o.Type != OpCompute || !(own || acc || e.Phase == memory.Optimizer && o.Phase == PhaseOptimizer) {
+				t.Errorf("op %s holds %s", o, e)
+			}
+		}
+	}
+}

@@ -19,6 +19,7 @@ type layoutFlags struct {
 	allreduceLastOnly                           bool
 	pp, ppMicrobatchSize, ppVirtualStages       int
 	ppSchedule, ppLayers                        string
+	gradSyncLastOnly                            bool
 	refused                                     [][2]string // flag name, why (refuse)
 }
 
@@ -32,6 +33,8 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward (default off with --pp > 1, as torchtitan)")
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
+	fs.BoolVar(&f.gradSyncLastOnly, "grad-sync-last-only", false, "reduce gradients only on the last accumulation micro-step, "+
+		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); fsdp only)")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	fs.IntVar(&f.pp, "pp", 0, "pipeline-parallel stages (outermost mesh axis; default 1)")
 	fs.StringVar(&f.ppSchedule, "pp-schedule", "", fmt.Sprintf("pipeline schedule, torchtitan's names: %v (default 1F1B)", moe.PPSchedules()))
@@ -64,6 +67,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, GPUsPerNode: f.gpusPerNode,
 		PP: f.pp, PPSchedule: moe.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
 		PPVirtualStages: f.ppVirtualStages, PPLayers: moe.StageLayers(f.ppLayers),
+		GradSyncLastOnly: f.gradSyncLastOnly,
 	}
 	if l.PP > 1 && !set["reshard-after-forward"] {
 		// torchtitan's default under PP: apply_fsdp's "default" policy is

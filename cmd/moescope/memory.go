@@ -67,6 +67,8 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	chunks := fs.Int("loss-chunks", 0, "chunked cross-entropy over this many token chunks (0 = unchunked)")
 	gradT := fs.String("grad-dtype", "f32", "gradient storage type: f32|bf16")
 	optT := fs.String("optimizer-dtype", "f32", "AdamW moment storage type: f32|bf16")
+	reduceT := fs.String("reduce-dtype", "", "type gradients are reduced in (FSDP2 reduce_dtype) and, with --grad-sync-last-only, "+
+		"accumulated in: f32|bf16 (default: the --grad-dtype)")
 	optImpl := fs.String("optimizer-impl", memory.Fused, "AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)")
 	mf := addMemoryModelFlags(fs)
 	jsonOut := fs.Bool("json", false, "print one JSON object")
@@ -117,6 +119,12 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	o := memory.Options{Precision: prec, AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
+	switch moe.DType(*reduceT) {
+	case "", moe.F32, moe.BF16:
+		o.ReduceDType = moe.DType(*reduceT)
+	default:
+		return fmt.Errorf("%w: --reduce-dtype = %q: must be f32 or bf16", errUsage, *reduceT)
+	}
 	if err := mf.apply(&o); err != nil {
 		return err
 	}

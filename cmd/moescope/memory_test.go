@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -142,5 +143,37 @@ func TestMemoryCompileFlags(t *testing.T) {
 	if out, err := runMem(t, "--model", "llama3-8b", "--gpus", "8", "--lbs", "2", "--seq", "4096", "--loss-dtype", "f8"); err == nil ||
 		!strings.Contains(out+err.Error(), "--loss-dtype") {
 		t.Errorf("--loss-dtype f8: err %v\n%s", err, out)
+	}
+}
+
+// TestMemoryGradSyncLastOnly: KempnerForge's 4 × H200 Llama-3-8B run
+// (testdata/published/kempnerforge-mfu-scaling-h200.json) with
+// --grad-sync-last-only and fp32 reduction holds every parameter's
+// unsharded gradient in fp32 at the peak (the second micro-step's loss).
+// Llama-3-8B by hand: embedding and LM head 128256·4096 = 525,336,576
+// each; per layer q and o 4096², k and v 1024·4096, the MLP 3·4096·14336,
+// two norms of 4096: 218,112,000, × 32 layers; final norm 4096; Ψ =
+// 8,030,261,248, × 4 B = 32,121,044,992 B. The flag is refused with zero1.
+func TestMemoryGradSyncLastOnly(t *testing.T) {
+	args := []string{"--model", "llama3-8b", "--gpu", "h200", "--gpus", "4", "--ac", "full", "--lbs", "4", "--seq", "4096",
+		"--grad-accum", "2", "--grad-dtype", "bf16", "--optimizer-dtype", "bf16", "--reduce-dtype", "f32", "--json"}
+	var r struct {
+		Layout    moe.Layout       `json:"layout"`
+		Breakdown map[string]int64 `json:"breakdown"`
+	}
+	out, err := runMem(t, append(args, "--grad-sync-last-only")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	const psi = 525336576*2 + 218112000*32 + 4096
+	if !r.Layout.GradSyncLastOnly || r.Breakdown["unsharded_grads"] != psi*4 {
+		t.Errorf("layout %+v, unsharded_grads at the peak %d B, want %d", r.Layout, r.Breakdown["unsharded_grads"], int64(psi*4))
+	}
+	out, err = runMem(t, append(args, "--grad-sync-last-only", "--sharding", "zero1")...)
+	if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "grad_sync_last_only") {
+		t.Errorf("zero1: exit %d, error %v\n%s", exitCode(err), err, out)
 	}
 }

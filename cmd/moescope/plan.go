@@ -38,6 +38,7 @@ type planJSON struct {
 	ReshardAfterForward bool           `json:"reshard_after_forward"`
 	KeepGathered        bool           `json:"keep_gathered"`
 	AllreduceLastOnly   bool           `json:"allreduce_last_only"`
+	GradSyncLastOnly    bool           `json:"grad_sync_last_only,omitempty"`
 	AC                  moe.AC         `json:"ac"`
 	LBS                 int            `json:"lbs"`
 	GradAccum           int            `json:"grad_accum"`
@@ -83,7 +84,7 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 		ReshardAfterForward: l.ReshardAfterForward, KeepGathered: l.KeepGathered, AllreduceLastOnly: l.AllreduceLastOnly,
 		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(),
 		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
-		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval}
+		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval, GradSyncLastOnly: l.GradSyncLastOnly}
 	if breakdown {
 		j.Breakdown = &r.Score.Breakdown
 	}
@@ -106,6 +107,9 @@ func planOptions(l moe.Layout) string {
 	if l.AllreduceLastOnly {
 		o = append(o, "ar-last")
 	}
+	if l.GradSyncLastOnly {
+		o = append(o, "sync-last")
+	}
 	if len(o) == 0 {
 		return "-"
 	}
@@ -118,6 +122,7 @@ type planArgs struct {
 	target                             float64
 	globalBatch, top, carry, maxLBS    int
 	jsonOut, exhaustive, force         bool
+	gradSyncLastOnly                   bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
 	reportPath                         string
@@ -204,6 +209,8 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.IntVar(&a.maxLBS, "max-lbs", 256, "largest local batch searched")
 	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object instead of the table")
 	fs.BoolVar(&a.exhaustive, "exhaustive", false, "search the whole space at the target scale (slow; checks the hierarchical search)")
+	fs.BoolVar(&a.gradSyncLastOnly, "grad-sync-last-only", false, "also search fsdp layouts that reduce gradients only on the last "+
+		"accumulation micro-step (FSDP2 set_requires_gradient_sync(False) before; not exportable to torchtitan)")
 	fs.StringVar(&a.tomlPath, "torchtitan-toml", "", "write the best plan as a torchtitan "+plan.TorchtitanTOMLTag+" TOML job config")
 	fs.StringVar(&a.pyPath, "torchtitan-py", "", "write the best plan as a config-registry function for current torchtitan")
 	fs.StringVar(&a.tracePath, "trace", "", "write a Chrome trace of the best plan's step")
@@ -316,7 +323,7 @@ func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *
 // points torchtitan can run.
 func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive}
+		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}

@@ -46,6 +46,9 @@ type Spec struct {
 // group, accumulated as acc + g_0 + g_1 + … in group order; then over
 // replicas: all-reduce of each micro-step's reduced gradient, or, with
 // allreduce-last-only, of the accumulated one on the last micro-step.
+// With grad-sync-last-only no collective runs before the last micro-step:
+// each unit's whole gradients are summed locally, and the last micro-step
+// reduces the sum as above.
 type Trainer struct {
 	spec  Spec
 	comm  *Comm

@@ -26,6 +26,9 @@ type numUnit struct {
 
 	full  [][]float32 // gathered (or full) weights per tensor while live, else nil
 	ugrad [][]float32 // this micro-step's unsharded gradients per tensor
+	// acc holds, per tensor, the unsharded gradients summed over the
+	// micro-steps so far under grad-sync-last-only (nil otherwise).
+	acc [][]float32
 }
 
 // numRank is one goroutine rank.
@@ -341,6 +344,12 @@ func addLocal(acc, in []float32) {
 // accumulated gradient, as the type comment of Trainer describes.
 func (r *numRank) reduce(ctx context.Context, ep *Endpoint, u *numUnit, g [][]float32, micro int) error {
 	l := r.spec.Mesh.Layout
+	if l.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
+		var last bool
+		if g, last = r.accumulate(u, g, micro); !last {
+			return nil
+		}
+	}
 	dt := r.spec.Precision.Grad
 	n := u.group.Size()
 	var in []float32
@@ -381,6 +390,36 @@ func (r *numRank) reduce(ctx context.Context, ep *Endpoint, u *numUnit, g [][]fl
 		}
 	}
 	return nil
+}
+
+// accumulate adds u's micro-step gradients g into its unsharded
+// accumulator (grad-sync-last-only: no collective before the last
+// micro-step) and, in the last micro-step, hands the sums back to be
+// reduced once: the reduction of a sum is the sum of the reductions.
+func (r *numRank) accumulate(u *numUnit, g [][]float32, micro int) ([][]float32, bool) {
+	var n int64
+	for _, t := range g {
+		n += int64(len(t))
+	}
+	by := n * r.spec.Precision.Grad.Bytes()
+	if u.acc == nil {
+		u.acc = make([][]float32, len(g))
+		for k, t := range g {
+			u.acc[k] = append([]float32(nil), t...)
+		}
+		r.mem.alloc(by)
+	} else {
+		for k, t := range g {
+			addLocal(u.acc[k], t)
+		}
+	}
+	if micro < r.spec.Batch.Micro-1 {
+		return nil, false
+	}
+	acc := u.acc
+	u.acc = nil
+	r.mem.free(by)
+	return acc, true
 }
 
 // optimize applies AdamW to the rank's share and, under zero1/zero2,

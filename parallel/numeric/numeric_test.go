@@ -443,3 +443,42 @@ func TestNumericStateEqualsMemory(t *testing.T) {
 		}
 	}
 }
+
+// TestNumericGradSyncLastOnly: deferring every gradient reduction to the
+// last micro-step (the unsharded gradients summed locally before) trains
+// as one rank with grad-accum DP·accum does on the same micro-batches,
+// within rounding (the reduction of a sum is the sum of the reductions),
+// and issues one gradient reduce-scatter per sharded unit per step instead
+// of one per micro-step.
+func TestNumericGradSyncLastOnly(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	ac := moe.AC{Mode: moe.ACSelective}
+	const accum, steps = 3, 2
+	for _, ms := range []struct{ gpus, rep, ep int }{{2, 1, 1}, {4, 2, 2}} {
+		l := moetest.FSDPLayout(t, ms.gpus, ms.rep, ms.ep)
+		name := fmt.Sprintf("%d×%d ep %d", ms.rep, ms.gpus/ms.rep, ms.ep)
+		ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, accum*l.DP(), steps)
+		_, _, every := numericRun(t, cfg, l, ac, 1, accum, 1)
+		l.GradSyncLastOnly = true
+		rb, pb, last := numericRun(t, cfg, l, ac, 1, accum, steps)
+		compareRuns(t, name, ra, rb, pa, pb, false, 1e-5)
+		// One more step of each, traced: rank 0's reduce-scatters.
+		count := func(n *Trainer) int {
+			n.Comm().Trace = true
+			if _, err := n.Step(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			c := 0
+			for _, g := range n.Comm().Traces()[0] {
+				if g.Kind == parallel.CollReduceScatter {
+					c++
+				}
+			}
+			return c
+		}
+		ce, cl := count(every), count(last)
+		if cl == 0 || ce != accum*cl {
+			t.Errorf("%s: %d reduce-scatters per step with grad-sync-last-only, %d without; want 1/%d as many", name, cl, ce, accum)
+		}
+	}
+}

@@ -165,6 +165,15 @@ func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
 			out = append(out, l)
 		}
 	}
+	if accum && q.GradSyncLastOnly {
+		for _, l := range out {
+			// It skips the replica all-reduces of allreduce-last-only too.
+			if l.Sharding == moe.ShardFSDP && !l.AllreduceLastOnly {
+				l.GradSyncLastOnly = true
+				out = append(out, l)
+			}
+		}
+	}
 	return out
 }
 
@@ -241,7 +250,7 @@ func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, m
 				}
 				base := old
 				base.GPUs, base.DPShard, base.DPReplicate, base.EP = n, s, r, ep
-				base.KeepGathered, base.AllreduceLastOnly = false, false
+				base.KeepGathered, base.AllreduceLastOnly, base.GradSyncLastOnly = false, false, false
 				// The carried sharding mode with every FSDP option (an
 				// option that did not fit on fewer GPUs may fit now); a
 				// layout that had nothing to shard gains every mode.

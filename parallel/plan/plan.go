@@ -44,6 +44,9 @@ func (p Point) String() string {
 	if l.AllreduceLastOnly {
 		s += " allreduce-last-only"
 	}
+	if l.GradSyncLastOnly {
+		s += " grad-sync-last-only"
+	}
 	return s + fmt.Sprintf(" ac=%s lbs=%d grad_accum=%d", p.AC, p.LBS, p.GradAccum)
 }
 
@@ -105,6 +108,11 @@ type Request struct {
 	// Exhaustive searches the whole space at the target scale instead of
 	// the hierarchical stages.
 	Exhaustive bool
+	// GradSyncLastOnly also searches, for every fsdp layout with
+	// accumulation, its variant that reduces gradients on the last
+	// micro-step only (moe.Layout.GradSyncLastOnly); off by default, as
+	// torchtitan cannot run it.
+	GradSyncLastOnly bool
 	// Admit, when set, rejects points the caller cannot use (an export
 	// target that cannot express them); a non-nil error names the reason.
 	Admit func(Point) error

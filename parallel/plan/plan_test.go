@@ -109,6 +109,43 @@ func TestPlanShardVariants(t *testing.T) {
 	}
 }
 
+// TestPlanShardVariantsGradSyncLastOnly: asked for, grad-sync-last-only
+// adds, with accumulation only, one variant per fsdp layout that does not
+// already defer the replica all-reduce (which it does too).
+func TestPlanShardVariantsGradSyncLastOnly(t *testing.T) {
+	q, err := (&Request{GPUs: 8, MemoryTarget: 0.9, GradSyncLastOnly: true}).withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		shard, rep int
+		accum      bool
+		want       int
+	}{
+		{4, 2, false, 5}, // no accumulation: nothing to defer
+		// 12 as without it, + fsdp, fsdp without reshard, fsdp
+		// keep-gathered with grad-sync-last-only = 15.
+		{4, 2, true, 15},
+		{8, 1, true, 9}, // 6 + the same 3
+		{1, 8, true, 3}, // fsdp, its all-reduce-last variant, its grad-sync-last variant
+	} {
+		base := moe.Layout{GPUs: c.shard * c.rep, DPShard: c.shard, DPReplicate: c.rep, EP: 1}
+		got := q.shardVariants(base, c.accum)
+		n := 0
+		for _, l := range got {
+			if err := l.Validate(); err != nil {
+				t.Errorf("variant %+v: %v", l, err)
+			}
+			if l.GradSyncLastOnly {
+				n++
+			}
+		}
+		if len(got) != c.want || (c.accum && n == 0) {
+			t.Errorf("shard %d rep %d accum %v: %d variants (%d grad-sync-last-only), want %d: %v", c.shard, c.rep, c.accum, len(got), n, c.want, got)
+		}
+	}
+}
+
 // TestPlanMaxLBS checks the doubling-and-bisection search against a linear
 // scan of the same memory function.
 func TestPlanMaxLBS(t *testing.T) {

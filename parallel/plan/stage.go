@@ -184,7 +184,7 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 		}
 		choices := lbsChoices(maxLBS, s.perRank, s.all, s.keep)
 		for _, c := range choices {
-			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly) {
+			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly || f.layout.GradSyncLastOnly) {
 				continue // without accumulation these options change nothing
 			}
 			p := Point{f.layout, f.ac, c[0], c[1]}

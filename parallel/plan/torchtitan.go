@@ -83,6 +83,11 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
 	if l.AllreduceLastOnly {
 		errs = append(errs, fmt.Errorf("allreduce_last_only = true: %s all-reduces replicas on every micro-step", target))
 	}
+	if l.GradSyncLastOnly {
+		// torchtitan's trainer (pytorch/torchtitan at b5bcd76) never calls
+		// set_requires_gradient_sync across micro-steps.
+		errs = append(errs, fmt.Errorf("grad_sync_last_only = true: %s reduce-scatters gradients on every micro-step", target))
+	}
 	if p.AC.Mode == moe.ACLayer && target == TorchtitanPy {
 		errs = append(errs, fmt.Errorf("ac = %s: %s has only per-op selective, full and no checkpointing", p.AC, target))
 	}

@@ -322,6 +322,7 @@ func TestTorchtitanAdmit(t *testing.T) {
 		{func(p *Point) { p.Layout.Sharding = moe.ShardDDP }, TorchtitanTOML, "sharding = ddp"},
 		{func(p *Point) { p.Layout.KeepGathered = true }, TorchtitanTOML, "keep_gathered"},
 		{func(p *Point) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
+		{func(p *Point) { p.Layout.GradSyncLastOnly = true }, TorchtitanTOML, "grad_sync_last_only"},
 		{func(p *Point) { p.AC = moe.AC{Mode: moe.ACLayer, Every: 2} }, TorchtitanPy, "ac = layer:2"},
 	} {
 		p := base

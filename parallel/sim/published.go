@@ -90,6 +90,15 @@ type Run struct {
 	ParamDType     string `json:"param_dtype,omitempty"`
 	GradDType      string `json:"grad_dtype,omitempty"`
 	OptimizerDType string `json:"optimizer_dtype,omitempty"`
+	// ReduceDType is FSDP2's MixedPrecisionPolicy.reduce_dtype when it
+	// differs from grad_dtype (an addition to DESIGN's schema: f32 or bf16;
+	// absent = grad_dtype).
+	ReduceDType string `json:"reduce_dtype,omitempty"`
+	// GradSyncLastOnly says the run skipped every gradient reduction
+	// before the last accumulation micro-step (FSDP2's
+	// set_requires_gradient_sync(False)); an FSDP option beside
+	// allreduce_last_only, absent = false.
+	GradSyncLastOnly *bool `json:"grad_sync_last_only,omitempty"`
 	// LossDType is the type the eager cross-entropy computes in (an
 	// addition to DESIGN's schema: absent = f32, torchtitan's
 	// pred.float(); bf16 for a loss on the bf16 logits).
@@ -145,7 +154,7 @@ func (r Run) MemoryOptions() (memory.Options, error) {
 		name, v string
 		dst     *moe.DType
 	}{{"param_dtype", r.ParamDType, &o.Precision.Param}, {"grad_dtype", r.GradDType, &o.Precision.Grad},
-		{"optimizer_dtype", r.OptimizerDType, &o.Precision.Optimizer}} {
+		{"optimizer_dtype", r.OptimizerDType, &o.Precision.Optimizer}, {"reduce_dtype", r.ReduceDType, &o.ReduceDType}} {
 		switch moe.DType(f.v) {
 		case "":
 		case moe.F32, moe.BF16:
@@ -179,6 +188,9 @@ func (r Run) Layout() (moe.Layout, error) {
 	}
 	if r.AllreduceLastOnly != nil {
 		l.AllreduceLastOnly = *r.AllreduceLastOnly
+	}
+	if r.GradSyncLastOnly != nil {
+		l.GradSyncLastOnly = *r.GradSyncLastOnly
 	}
 	return l, l.Resolve()
 }
