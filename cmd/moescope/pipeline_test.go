@@ -55,9 +55,8 @@ func TestPipelineFlags(t *testing.T) {
 		{[]string{"memory", "--pp-virtual-stages", "2"}, "pp_virtual_stages = 2: a pipeline option needs pp > 1"},
 		{[]string{"memory", "--pp", "2", "--pp-layers", "1,x"}, `pp_layers = 1,x: stage 1 = "x"`},
 		{[]string{"memory", "--pp", "2", "--pp-microbatch-size", "3"}, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
-		{[]string{"train", "--pp", "2", "--steps", "1"}, "the aux loss (coefficient 0.001) couples every layer of a micro-batch across stages and is not built under pipelines; pass --aux-coef 0"},
-		{[]string{"train", "--pp", "2", "--ep", "2", "--steps", "1", "--aux-coef", "0"}, "dp_replicate 1, ep 2, sharding fsdp inside a pipeline stage: not built in the numeric backend yet"},
-		{[]string{"train", "--pp", "2", "--steps", "1", "--aux-coef", "0", "--checkpoint", "x"}, "--checkpoint with --pp = 2: checkpoints under pipelines are not built"},
+		{[]string{"train", "--pp", "2", "--ep", "2", "--steps", "1"}, "dp_replicate 1, ep 2, sharding fsdp inside a pipeline stage: not built in the numeric backend yet"},
+		{[]string{"train", "--pp", "2", "--steps", "1", "--checkpoint", "x"}, "--checkpoint with --pp = 2: checkpoints under pipelines are not built"},
 	} {
 		args := append(c.args, "--model", "tiny", "--gpus", "4", "--lbs", "4", "--seq", "64")
 		out, err := runSimCmd(t, args...)
@@ -68,21 +67,23 @@ func TestPipelineFlags(t *testing.T) {
 }
 
 // TestTrainPipelineLosses: train --pp 2 --gpus 2 and train --pp 2
-// --dp-shard 2 --gpus 4 print the losses of train --gpus 1 on the same
-// global batch (4 sequences a step), the pipeline's micro-batches of one
-// sequence being that rank's sequences (PipelineTrainer's doc; the aux
-// loss off, not built under pipelines).
+// --dp-shard 2 --gpus 4 print the losses (cross-entropy and aux) of train
+// --gpus 1 on the same global batch (4 sequences a step), the pipeline's
+// micro-batches of one sequence being that rank's micro-steps
+// (PipelineTrainer's doc). The aux loss is per micro-batch (DESIGN), so
+// the one rank runs them as micro-steps of one sequence; without it, one
+// micro-step of all four gives the same losses too.
 func TestTrainPipelineLosses(t *testing.T) {
 	losses := func(args ...string) []string {
 		t.Helper()
-		out, err := runSimCmd(t, append([]string{"train", "--model", "tiny", "--seq", "16", "--steps", "3", "--aux-coef", "0", "--peak-gflops", "100"}, args...)...)
+		out, err := runSimCmd(t, append([]string{"train", "--model", "tiny", "--seq", "16", "--steps", "3", "--peak-gflops", "100"}, args...)...)
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
 		var ls []string
 		for _, line := range strings.Split(out, "\n") {
-			if f := strings.Fields(line); len(f) > 3 && f[0] == "step" {
-				ls = append(ls, f[3])
+			if f := strings.Fields(line); len(f) > 5 && f[0] == "step" {
+				ls = append(ls, f[3]+" "+f[5]) // loss, aux
 			}
 		}
 		if len(ls) != 3 {
@@ -90,11 +91,17 @@ func TestTrainPipelineLosses(t *testing.T) {
 		}
 		return ls
 	}
-	one := losses("--gpus", "1", "--lbs", "4")
+	one := losses("--gpus", "1", "--lbs", "1", "--grad-accum", "4")
 	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4"}, {"--pp", "2", "--gpus", "2", "--lbs", "2", "--grad-accum", "2", "--pp-schedule", "GPipe"},
 		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2"}} {
 		if got := losses(args...); strings.Join(got, " ") != strings.Join(one, " ") {
 			t.Errorf("%v: losses %v, train --gpus 1 %v", args, got, one)
+		}
+	}
+	noAux := losses("--gpus", "1", "--lbs", "4", "--aux-coef", "0")
+	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4", "--aux-coef", "0"}, {"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2", "--aux-coef", "0"}} {
+		if got := losses(args...); strings.Join(got, " ") != strings.Join(noAux, " ") {
+			t.Errorf("%v: losses %v, train --gpus 1 --lbs 4 %v", args, got, noAux)
 		}
 	}
 }

@@ -30,9 +30,6 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 			return fmt.Errorf("%w: %s with --pp = %d: %s under pipelines are not built", errUsage, f.flag, r.layout.PP, f.what)
 		}
 	}
-	if r.coef != 0 {
-		return fmt.Errorf("%w: --pp = %d: the aux loss (coefficient %g) couples every layer of a micro-batch across stages and is not built under pipelines; pass --aux-coef 0", errUsage, r.layout.PP, r.coef)
-	}
 	cfg := r.cfg
 	// Every rank holds a whole float32 copy of the model here (it uses its
 	// stages' tensors only) and at most lbs sequences of activations in
@@ -49,7 +46,7 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 	}
 	m.InitRandom(a.seed)
 	num, err := numeric.NewPipelineTrainer(numeric.PipelineSpec{Config: cfg, Layout: r.layout, AC: r.ac, LBS: a.lbs, Seq: a.seq, Accum: a.accum,
-		DataSeed: a.seed, AdamW: adam, BiasRate: a.biasRate}, m.Tensors())
+		DataSeed: a.seed, AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate}, m.Tensors())
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -21,6 +21,7 @@ type PipelineSpec struct {
 	Accum     int // grad-accum micro-steps
 	DataSeed  uint64
 	AdamW     moe.AdamW
+	AuxCoef   float64 // coefficient of the load-balancing loss; 0 neither computes nor adds it
 	BiasRate  float64 // selection-bias update rate γ
 	Precision moe.Precision
 }
@@ -34,7 +35,14 @@ type PipelineSpec struct {
 // loss), runs the blocks backward and sends the input's gradient to stage
 // s − 1 (stage 0 scatters it into the embedding's gradient). Activations
 // and gradients move only through channels, one per (stage boundary,
-// direction, micro-batch). Gradients accumulate over the step's
+// direction, micro-batch). The load-balancing aux loss of a micro-batch
+// is computed over its tokens and every layer, as one rank computes it:
+// HF's formula needs per-expert totals over all MoE layers, which travel
+// forward with the activation (each stage adding its layers', in layer
+// order); the last stage computes the loss and its gradient, the same for
+// every MoE layer, which travels back with the activation's gradient.
+// DeepSeek-MoE's per-sequence loss (Config.SeqAuxLoss) is per layer: each
+// stage computes its layers' and the partial losses travel forward. Gradients accumulate over the step's
 // micro-batches; each rank then updates the selection biases of its MoE
 // layers from their loads and applies AdamW to its own parameters.
 //
@@ -60,9 +68,8 @@ type PipelineSpec struct {
 // so the run equals that rank's up to float32 summation order.
 //
 // Not built here yet: replicas (HSDP), other sharding modes and expert
-// parallelism inside a stage, the load-balancing aux loss (HF's formula
-// couples every layer of a micro-batch, across stages) and tied
-// embeddings (the table would live on the first and the last stage).
+// parallelism inside a stage, and tied embeddings (the table would live on
+// the first and the last stage).
 type PipelineTrainer struct {
 	spec  PipelineSpec
 	batch parallel.Batch // the equivalent one-rank batch (see above)
@@ -210,16 +217,32 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 // pipeLinks are the channels of one micro-step: act[s][j] carries
 // micro-batch j's output of stage s to stage s + 1, grad[s][j] the
 // gradient of stage s's input back to stage s − 1.
-type pipeLinks struct{ act, grad [][]chan []float32 }
+type pipeLinks struct {
+	act  [][]chan fwdMsg
+	grad [][]chan bwdMsg
+}
+
+// fwdMsg is a micro-batch's activation with the aux loss's running
+// totals: HF's per-expert counts and score sums over the layers so far
+// (moe.AuxPartial), or, with SeqAuxLoss, the layers' losses so far.
+type fwdMsg struct {
+	x        []float32
+	cnt, sum []float64
+	aux      float64
+}
+
+// bwdMsg is the gradient of a stage's input with HF's aux gradient, the
+// same for every MoE layer (moe.AuxFromTotals; nil without it).
+type bwdMsg struct{ dx, auxGrad []float32 }
 
 func newPipeLinks(stages, m int) *pipeLinks {
-	k := &pipeLinks{act: make([][]chan []float32, stages), grad: make([][]chan []float32, stages)}
+	k := &pipeLinks{act: make([][]chan fwdMsg, stages), grad: make([][]chan bwdMsg, stages)}
 	for s := range stages {
-		k.act[s], k.grad[s] = make([]chan []float32, m), make([]chan []float32, m)
+		k.act[s], k.grad[s] = make([]chan fwdMsg, m), make([]chan bwdMsg, m)
 		for j := range m {
 			// One message each way per micro-batch: a buffer of one never
 			// blocks the sender.
-			k.act[s][j], k.grad[s][j] = make(chan []float32, 1), make(chan []float32, 1)
+			k.act[s][j], k.grad[s][j] = make(chan fwdMsg, 1), make(chan bwdMsg, 1)
 		}
 	}
 	return k
@@ -237,12 +260,12 @@ func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
 }
 
 // Step runs one optimizer step on every pipeline rank. The result's Loss
-// is the mean cross-entropy over the step's micro-batches, Losses each
-// micro-batch's in (micro-step, micro-batch) order; Aux is 0 (not built
-// under pipelines).
+// and Aux are the means over the step's micro-batches of the
+// cross-entropy and of the aux loss, Losses each micro-batch's
+// cross-entropy in one rank's order.
 func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 	total := p.spec.Accum * p.dp * p.m
-	losses := make([]float64, total)
+	losses, auxes := make([]float64, total), make([]float64, total)
 	errs := make([]error, len(p.ranks))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -256,7 +279,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 			// error anywhere cancels every stage (a neighbour waiting on a
 			// message included).
 			errs[r] = p.comms[r].Run(ctx, func(ctx context.Context, ep *Endpoint) error {
-				return p.runRank(ctx, ep, p.ranks[r][ep.Rank()], losses, links)
+				return p.runRank(ctx, ep, p.ranks[r][ep.Rank()], losses, auxes, links)
 			})
 			if errs[r] != nil {
 				cancel()
@@ -268,10 +291,12 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 	if err := errors.Join(errs...); err != nil {
 		return res, err
 	}
-	for _, v := range losses {
-		res.Loss += v
+	for k := range losses {
+		res.Loss += losses[k]
+		res.Aux += auxes[k]
 	}
 	res.Loss /= float64(total)
+	res.Aux /= float64(total)
 	p.step++
 	if math.IsNaN(res.Loss) || math.IsInf(res.Loss, 0) {
 		return res, fmt.Errorf("step %d: loss %v: training diverged", res.Step+1, res.Loss)
@@ -282,10 +307,10 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 // runRank is one (pipeline rank, data-parallel rank)'s step over the
 // micro-steps' channels links; it writes its last stage's micro-batch
 // losses into losses.
-func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRank, losses []float64, links [][]*pipeLinks) error {
+func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRank, losses, auxes []float64, links [][]*pipeLinks) error {
 	cfg, sp := p.spec.Config, p.spec
 	n := len(p.split)
-	o := moe.Options{AC: sp.AC, Precision: sp.Precision}
+	o := moe.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
 	scale := 1 / float64(sp.Accum*p.dp*p.m)
 	group := ep.Comm().Mesh().Group(parallel.AxisShard, pr.d)
 	ts, gs := pr.model.Tensors(), pr.model.Grads()
@@ -330,65 +355,93 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 		}
 		embeds[j], heads[j] = moe.NewEmbedding[float32](cfg, o), moe.NewHead[float32](cfg, o)
 	}
-	recv := func(c chan []float32) ([]float32, error) {
-		select {
-		case x := <-c:
-			return x, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+	useAux := sp.AuxCoef != 0 && cfg.IsMoE()
+	coef := scale * sp.AuxCoef
+	// Per micro-batch, what backward needs of the aux loss: HF's shared
+	// gradient (the last stage's), or with SeqAuxLoss each layer's own.
+	auxShared := make([][]float32, p.m)
+	auxLayer := make([]map[int][]float32, p.m)
 	for a := range sp.Accum {
 		links := links[a][pr.d]
 		for _, act := range p.order[pr.rank] {
 			s, j := act.Stage, act.Micro
 			k := (a*p.dp+pr.d)*p.m + j // the micro-batch in one rank's order
 			lo, hi := firsts[s], firsts[s]+p.split[s]
+			stageBlocks := make([]*moe.Block[float32], 0, hi-lo)
+			for li := lo; li < hi; li++ {
+				stageBlocks = append(stageBlocks, blocks[j][li])
+			}
 			if !act.Backward {
 				// Stage 0 reads the micro-batch's tokens, the last stage its
 				// labels (the data loader feeds both, as torchtitan's does).
 				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
 				ids, labels := nextTokenPairs(seqs, sp.Seq)
-				var x []float32
+				var msg fwdMsg
 				if s == 0 {
-					x = embeds[j].Forward(gw.Embed, ids)
+					msg = fwdMsg{x: embeds[j].Forward(gw.Embed, ids), cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
 				} else {
-					var err error
-					if x, err = recv(links.act[s-1][j]); err != nil {
-						return err
+					select {
+					case msg = <-links.act[s-1][j]:
+					case <-ctx.Done():
+						return ctx.Err()
 					}
 				}
 				for li := lo; li < hi; li++ {
 					w, _ := pr.model.Layer(li)
-					x = blocks[j][li].Forward(&w, x)
+					msg.x = blocks[j][li].Forward(&w, msg.x)
 					for e, c := range blocks[j][li].ExpertCounts() {
 						loads[li][e] += int64(c)
 					}
 				}
-				if s == n-1 {
-					losses[k] = heads[j].Forward(&gw, x, labels)
-				} else {
-					links.act[s][j] <- x
+				if useAux {
+					if cfg.SeqAuxLoss {
+						v, grads := moe.AuxLoss(cfg, stageBlocks, coef)
+						msg.aux += v
+						auxLayer[j] = map[int][]float32{}
+						for i, g := range grads {
+							auxLayer[j][lo+i] = g
+						}
+					} else {
+						moe.AuxPartial(stageBlocks, msg.cnt, msg.sum)
+					}
 				}
+				if s < n-1 {
+					links.act[s][j] <- msg
+					continue
+				}
+				losses[k] = heads[j].Forward(&gw, msg.x, labels)
+				if useAux && !cfg.SeqAuxLoss {
+					msg.aux, auxShared[j] = moe.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, coef)
+				}
+				auxes[k] = msg.aux
 				continue
 			}
-			var dx []float32
+			var msg bwdMsg
 			if s == n-1 {
-				dx = heads[j].Backward(&gw, &gg, scale)
+				msg = bwdMsg{dx: heads[j].Backward(&gw, &gg, scale), auxGrad: auxShared[j]}
 			} else {
-				var err error
-				if dx, err = recv(links.grad[s+1][j]); err != nil {
-					return err
+				select {
+				case msg = <-links.grad[s+1][j]:
+				case <-ctx.Done():
+					return ctx.Err()
 				}
 			}
 			for li := hi - 1; li >= lo; li-- {
 				w, g := pr.model.Layer(li)
-				dx = blocks[j][li].Backward(&w, &g, dx, nil)
+				var ag []float32
+				switch {
+				case !useAux || !cfg.MoELayer[li]:
+				case cfg.SeqAuxLoss:
+					ag = auxLayer[j][li]
+				default:
+					ag = msg.auxGrad
+				}
+				msg.dx = blocks[j][li].Backward(&w, &g, msg.dx, ag)
 			}
 			if s == 0 {
-				embeds[j].Backward(gg.Embed, dx)
+				embeds[j].Backward(gg.Embed, msg.dx)
 			} else {
-				links.grad[s][j] <- dx
+				links.grad[s][j] <- msg
 			}
 		}
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 // pipelineModel is moetest's tiny MoE with layers blocks, alternating MoE
-// and dense, without the aux loss (not built under pipelines).
+// and dense, without the aux loss (the cases turn it on).
 func pipelineModel(layers int) *moe.Config {
 	c := moetest.TinyMoE()
 	c.Layers = layers
@@ -35,7 +35,7 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, ac
 	}
 	init.InitRandom(7) // numericRun's initialization, data seed and optimizer
 	p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: ac, LBS: lbs, Seq: 4, Accum: accum, DataSeed: 11,
-		AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, BiasRate: 1e-3}, init.Tensors())
+		AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,26 +66,34 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		accum  int
 		ac     moe.AC
 		bias   bool
+		aux    string // "", "hf" (HF's loss over every layer) or "seq" (DeepSeek-MoE's per layer)
 	}{
-		{4, moe.Layout{GPUs: 2, PP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false},
-		{4, moe.Layout{GPUs: 4, PP: 4}, 8, 2, moe.AC{Mode: moe.ACNone}, false},
-		{4, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPGPipe}, 4, 1, moe.AC{Mode: moe.ACFull}, false},
-		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1, moe.AC{Mode: moe.ACSelective}, false},
-		{4, moe.Layout{GPUs: 2, PP: 2, PPLayers: "3,1"}, 2, 2, moe.AC{Mode: moe.ACSelective}, true},
+		{4, moe.Layout{GPUs: 2, PP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{4, moe.Layout{GPUs: 4, PP: 4}, 8, 2, moe.AC{Mode: moe.ACNone}, false, ""},
+		{4, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPGPipe}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{4, moe.Layout{GPUs: 2, PP: 2, PPLayers: "3,1"}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
 		// FSDP inside the stages.
-		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACSelective}, true},
-		{4, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: moe.ShardFSDP}, 4, 1, moe.AC{Mode: moe.ACNone}, false},
-		{6, moe.Layout{GPUs: 6, PP: 2, DPShard: 3, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false},
+		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		{4, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: moe.ShardFSDP}, 4, 1, moe.AC{Mode: moe.ACNone}, false, ""},
+		{6, moe.Layout{GPUs: 6, PP: 2, DPShard: 3, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		// The aux loss across stages.
+		{4, moe.Layout{GPUs: 4, PP: 4}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "hf"},
+		{4, moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, false, "seq"},
 	} {
 		cfg := pipelineModel(c.layers)
 		if c.bias {
 			cfg.Score, cfg.SelectionBias, cfg.RoutedScale = moe.Sigmoid, true, 2.5
 			cfg.Groups, cfg.TopKGroups = 2, 1
 		}
+		if c.aux != "" {
+			cfg.AuxLossCoef, cfg.OutputRouterLogits, cfg.SeqAuxLoss = 0.01, true, c.aux == "seq"
+		}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		name := fmt.Sprintf("pp %d %s mbs %d lbs %d accum %d %s", c.l.PP, c.l.PPSchedule, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac)
+		name := fmt.Sprintf("pp %d %s dp_shard %d mbs %d lbs %d accum %d %s aux %q", c.l.PP, c.l.PPSchedule, c.l.DPShard, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac, c.aux)
 		pr, pp := pipelineRun(t, cfg, c.l, c.ac, c.lbs, c.accum, 3)
 		mbs := max(c.l.PPMicrobatchSize, 1)
 		dp := max(c.l.DPShard, 1)
@@ -94,6 +102,9 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		for s := range or {
 			if d := pr[s].Loss - or[s].Loss; d*d > 1e-10*or[s].Loss*or[s].Loss {
 				t.Errorf("%s step %d: loss %.9g, one rank %.9g", name, s, pr[s].Loss, or[s].Loss)
+			}
+			if c.aux != "" && !(pr[s].Aux > 0) {
+				t.Errorf("%s step %d: aux %v, want it computed", name, s, pr[s].Aux)
 			}
 		}
 	}
