@@ -202,3 +202,15 @@ func TestPipelineMemoryErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineMaxLBS: where not every lbs is a pipeline batch, MaxLBS
+// refuses rather than search a space with holes.
+func TestPipelineMaxLBS(t *testing.T) {
+	cfg := sixLayerMoE()
+	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B}} {
+		l := pipelineLayout(t, l)
+		if _, _, err := MaxLBS(cfg, l, 8, 1, Options{}, 64<<20, 0.92); err == nil || !strings.Contains(err.Error(), "not every lbs is a valid batch") {
+			t.Errorf("%+v: %v", l, err)
+		}
+	}
+}

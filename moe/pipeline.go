@@ -278,6 +278,12 @@ func (l Layout) StageSplit(layers int) ([]int, error) {
 // "loop").
 func (l Layout) StageRank(s int) int { return s % l.Stages() }
 
+// MaxMicrobatches bounds the pipeline micro-batches of one micro-step:
+// the per-stage memory timeline and the pipeline program grow with them,
+// and published pipelines run at most a few hundred per flush (Megatron's
+// Qwen3-235B-A22B on 256 GB200: 256).
+const MaxMicrobatches = 1 << 12
+
 // Microbatches returns the pipeline micro-batches of one accumulation
 // micro-step of lbs sequences per data-parallel rank: lbs ÷
 // pp_microbatch_size (torchtitan's build_pipeline_schedule requires it to
@@ -296,6 +302,9 @@ func (l Layout) Microbatches(lbs int) (int, error) {
 		return 0, fmt.Errorf("lbs = %d is not a multiple of pp_microbatch_size = %d (pipeline micro-batches per micro-step = lbs ÷ pp_microbatch_size)", lbs, mbs)
 	}
 	m := lbs / mbs
+	if m > MaxMicrobatches {
+		return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d pipeline micro-batches per micro-step: at most %d (use --grad-accum for more)", lbs, mbs, m, MaxMicrobatches)
+	}
 	if l.PPSchedule == PPInterleaved1F1B {
 		if rounds := max(1, m/l.PP); m%rounds != 0 {
 			return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs a multiple of its rounds max(1, micro-batches ÷ pp) = %d",

@@ -259,6 +259,10 @@ func TestLayoutMicrobatches(t *testing.T) {
 	if _, err := l.Microbatches(9); err == nil || !strings.Contains(err.Error(), "rounds max(1, micro-batches ÷ pp) = 2") {
 		t.Errorf("interleaved m 9 over pp 4: %v", err)
 	}
+	l.PPSchedule, l.PPVirtualStages = PP1F1B, 1
+	if _, err := l.Microbatches(MaxMicrobatches + 1); err == nil || !strings.Contains(err.Error(), "at most 4096") {
+		t.Errorf("%d micro-batches: %v", MaxMicrobatches+1, err)
+	}
 	if m, err := (Layout{}).Microbatches(5); m != 1 || err != nil {
 		t.Errorf("no pipeline: %d, %v; want 1", m, err)
 	}
