@@ -276,6 +276,35 @@ func TestMTPByHand(t *testing.T) {
 	}
 }
 
+// TestMTPModelByHand: DeepSeek-V3's MTP module in the model convention at
+// s = 4096, by hand: 6 FLOPs per token per matmul weight of eh_proj
+// (2·D²), of a layer like the last (the attention projections, the router,
+// 8 of 256 experts, the shared one) and of the output head (V·D), plus the
+// attention core 6·H·(d_qk + d_v)·s(s+1)/2 per sequence.
+func TestMTPModelByHand(t *testing.T) {
+	c, err := hf.Load("deepseek-v3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		V, D, H, s = 129280, 7168, 128, 4096
+		attnMM     = 1536*D + H*192*1536 + 576*D + H*256*512 + D*H*128
+	)
+	want := int64(6*s*(2*D*D+attnMM+256*D+8*3*2048*D+3*2048*D+V*D) + 6*H*320*s*(s+1)/2)
+	got, err := MTPModelPerStep(c, Shape{Seq: s, Batch: 1})
+	if err != nil || got != want {
+		t.Errorf("MTP model FLOPs %d (%v), hand %d", got, err, want)
+	}
+	// Two sequences: twice the count; no MTP module: nothing.
+	if got2, _ := MTPModelPerStep(c, Shape{Seq: s, Batch: 2}); got2 != 2*want {
+		t.Errorf("batch 2: %d, want %d", got2, 2*want)
+	}
+	v2, _ := hf.Load("deepseek-v2-lite")
+	if n, err := MTPModelPerStep(v2, Shape{Seq: s, Batch: 1}); n != 0 || err != nil {
+		t.Errorf("deepseek-v2-lite (no MTP module): %d, %v", n, err)
+	}
+}
+
 // TestMegatronBridgeDeepSeekV3: Megatron-Bridge's performance summary
 // (docs/performance-summary-archive.md at Megatron-Bridge 067f987df, rows
 // R001, R003, R004 of testdata/validation/published_runs.csv: DeepSeek-V3

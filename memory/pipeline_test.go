@@ -39,6 +39,8 @@ func pipelineLayout(t *testing.T, l moe.Layout) moe.Layout {
 //     boundary of the rank;
 //   - parameters and optimizer state summed over ranks are the
 //     unpipelined rank's (the same dp_shard shards each unit alike);
+//   - the compute weights of the rank's units are live once each (FSDP's
+//     gathered copies, or the other modes' compute-type casts);
 //   - the report is the rank with the highest peak reserved.
 func TestPipelineMemory(t *testing.T) {
 	cfg := sixLayerMoE()
@@ -51,9 +53,11 @@ func TestPipelineMemory(t *testing.T) {
 		{moe.Layout{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: moe.PPInterleaved1F1B}, 8},                      // 8 stages [0, 1, 1, 1, 1, 1, 1, 0]
 		{moe.Layout{GPUs: 2, PP: 2, PPLayers: "1,5", PPMicrobatchSize: 2}, 6},                               // explicit split, 3 micro-batches of 2
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "2,1,1,2"}, 2}, // m < pp·v
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardZeRO1}, 4},                               // weights cast, not gathered
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardDDP, PPSchedule: moe.PPGPipe}, 2},
 	} {
 		l := pipelineLayout(t, c.l)
-		name := fmt.Sprintf("pp%d/%s/v%d/lbs%d/%s", l.PP, l.PPSchedule, l.PPVirtualStages, c.lbs, l.PPLayers)
+		name := fmt.Sprintf("pp%d/%s/v%d/lbs%d/%s/%s", l.PP, l.PPSchedule, l.PPVirtualStages, c.lbs, l.PPLayers, l.Sharding)
 		o := Options{AC: moe.AC{Mode: moe.ACSelective}}
 		b := Batch{LBS: c.lbs, Seq: 8, GradAccum: 2}
 		rep, err := Estimate(cfg, l, b, o)
@@ -108,8 +112,22 @@ func TestPipelineMemory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The compute weights of the rank's units are live once each,
+			// the whole step: never more.
+			var weights, liveW, maxW int64
+			for _, u := range rr.Units {
+				weights += u.Local * moe.DefaultPrecision.Compute.Bytes()
+			}
 			var got, cur, setupComm int64
 			for _, e := range rr.Events {
+				if e.Category == CatWeights {
+					if e.Alloc {
+						liveW += e.Bytes
+					} else {
+						liveW -= e.Bytes
+					}
+					maxW = max(maxW, liveW)
+				}
 				if e.Phase == Setup && e.Category == CatComm {
 					setupComm += e.Bytes
 				}
@@ -125,6 +143,9 @@ func TestPipelineMemory(t *testing.T) {
 			}
 			if got != want {
 				t.Errorf("%s rank %d: most live saved activations %d B, want %d", name, r, got, want)
+			}
+			if maxW != weights {
+				t.Errorf("%s rank %d: at most %d B of compute weights live, want the units' %d", name, r, maxW, weights)
 			}
 			boundaries := int64(0)
 			for k := range l.PPVirtualStages {

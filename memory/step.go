@@ -321,7 +321,7 @@ func (s *stepBuilder) gatherForward(i int) {
 			next := s.units[i+1]
 			s.allocOn(AllGatherStream, next.Layer, "allgather", s.weights(next)) // prefetch
 		}
-	case !s.fsdp && s.gathered:
+	case !s.fsdp && s.gathered && !s.keep: // kept: allocated in setup (pipeline stages)
 		s.alloc(u.Layer, "weights", w, CatWeights)
 	}
 }

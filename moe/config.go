@@ -133,9 +133,13 @@ type Config struct {
 	RopeTheta      float64 `json:"rope_theta"`
 	// RopeScaling is the rope_type of HF's rope_scaling (or
 	// rope_parameters) when it is not "default" (llama3, yarn, linear, …):
-	// it changes RoPE's frequencies, which the accounting does not see and
-	// the reference implementation does not execute (NewModel refuses it).
+	// it changes RoPE's frequencies, which the accounting does not see. The
+	// reference implementation executes "yarn" (with Yarn) and refuses the
+	// others (NewModel).
 	RopeScaling string `json:"rope_scaling,omitempty"`
+	// Yarn holds YaRN's parameters when RopeScaling is "yarn" (rope.go);
+	// nil otherwise.
+	Yarn *Yarn `json:"yarn,omitempty"`
 	// RopeInterleave rotates adjacent pairs (x₀,x₁), (x₂,x₃), … instead of
 	// the halves (x_i, x_{i+r/2}) (DeepSeek-V3's rope_interleave; DeepSeek-V2's
 	// complex-number RoPE is the same rotation).
@@ -352,6 +356,35 @@ func (c *Config) validateShared(e *fieldErrors) {
 	}
 }
 
+// validateYarn checks YaRN's parameters: present exactly when RopeScaling
+// is "yarn", each finite and positive (a β of 0 would put the correction
+// range at infinity), the original context length a size. RoPE's base must
+// differ from 1: the correction range divides by ln θ.
+func (c *Config) validateYarn(e *fieldErrors) {
+	y := c.Yarn
+	switch {
+	case c.RopeScaling == "yarn" && y == nil:
+		e.bad("yarn", nil, `required when rope_scaling is "yarn"`)
+		return
+	case y == nil:
+		return
+	case c.RopeScaling != "yarn":
+		e.bad("yarn", "set", fmt.Sprintf(`only with rope_scaling "yarn" (rope_scaling = %q)`, c.RopeScaling))
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"yarn.factor", y.Factor}, {"yarn.beta_fast", y.BetaFast}, {"yarn.beta_slow", y.BetaSlow}, {"yarn.attention_factor", y.AttentionFactor}} {
+		if !(f.v > 0) || math.IsInf(f.v, 0) {
+			e.bad(f.name, f.v, "must be a finite number > 0")
+		}
+	}
+	e.pos("yarn.original_max_position_embeddings", y.OriginalMaxPositions)
+	if c.RopeTheta == 1 {
+		e.bad("rope_theta", c.RopeTheta, "must differ from 1 with YaRN (its correction range divides by ln rope_theta)")
+	}
+}
+
 // validateNumerics checks the attention, RoPE, normalization, loss and
 // initialization constants.
 func (c *Config) validateNumerics(e *fieldErrors) {
@@ -368,6 +401,7 @@ func (c *Config) validateNumerics(e *fieldErrors) {
 	if !(c.RopeTheta > 0) || math.IsInf(c.RopeTheta, 0) {
 		e.bad("rope_theta", c.RopeTheta, "must be a finite number > 0")
 	}
+	c.validateYarn(e)
 	if !(c.NormEps > 0 && c.NormEps < 1) {
 		e.bad("norm_eps", c.NormEps, "must be in (0, 1)")
 	}

@@ -25,14 +25,15 @@ type Model[T Float] struct {
 }
 
 // NewModel allocates a zero model for a valid config. A config with RoPE
-// scaling is refused: this implementation rotates with plain RoPE
-// frequencies and would compute another model's loss and gradients.
+// scaling other than YaRN is refused: this implementation rotates with
+// plain or YaRN frequencies only and would compute another model's loss and
+// gradients.
 func NewModel[T Float](c *Config) (*Model[T], error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	if c.RopeScaling != "" {
-		return nil, fmt.Errorf("%s: rope_scaling with rope_type %q is not implemented by the reference model (only plain RoPE); FLOP and memory accounting do not depend on it", c.Name, c.RopeScaling)
+	if c.RopeScaling != "" && c.RopeScaling != "yarn" {
+		return nil, fmt.Errorf("%s: rope_scaling with rope_type %q is not implemented by the reference model (only plain RoPE and yarn); FLOP and memory accounting do not depend on it", c.Name, c.RopeScaling)
 	}
 	m := &Model[T]{Cfg: c, Params: c.Params()}
 	n := 0

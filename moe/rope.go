@@ -11,13 +11,79 @@ import "math"
 //	y_i+h = x_{i+h}·cos θ_i + x_i·sin θ_i
 //
 // and the remaining d − r elements pass through. Backward is the transposed
-// rotation. Positions restart at 0 in every sequence of the micro-batch.
+// rotation (times the same YaRN attention factor, which scales cos and
+// sin). Positions restart at 0 in every sequence of the micro-batch.
 // With Config.RopeInterleave the pairs are adjacent, (x_2i, x_2i+1), and
 // stay in place: DeepSeek-V2's complex-number RoPE exactly, and
 // DeepSeek-V3's rope_interleave up to one permutation of the rotated dims
 // applied to both q and k, which leaves every q·k unchanged.
 
-// ropeTable holds cos and sin of θ_i for every position: [seq, r/2] each.
+// Yarn is YaRN's RoPE scaling (Peng et al. 2023, arXiv:2309.00071) as
+// transformers computes it in modeling_rope_utils.py
+// _compute_yarn_parameters (commit 26892c16, read in the zucchini-nlp fork
+// of huggingface/transformers) and every model type here applies it: the
+// inverse frequencies are a per-dimension blend of the plain ones
+// (extrapolation) and the plain ones ÷ Factor (interpolation), and cos and
+// sin are multiplied by AttentionFactor. With h = r/2 rotated pairs and
+// plain frequencies f_i = θ^(−2i/r), i < h:
+//
+//	dim(β)  = r·ln(OriginalMaxPositions / (2π·β)) / (2·ln θ)
+//	lo, hi  = dim(BetaFast), dim(BetaSlow), floored and ceiled when
+//	          Truncate, then clamped to lo ≥ 0, hi ≤ r − 1 (hi += 0.001
+//	          when lo = hi)
+//	ramp_i  = clamp((i − lo)/(hi − lo), 0, 1)
+//	inv_i   = f_i/Factor · ramp_i + f_i · (1 − ramp_i)
+//
+// so the fast-rotating dimensions keep their frequency and the slow ones
+// are interpolated. DeepSeek-V3's attention also multiplies its softmax
+// scale by m(factor, mscale_all_dim)² (DeepseekV3Attention.__init__ in
+// modeling_deepseek_v3.py, transformers f5a9ec51; Config.AttnScale, set by
+// moe/hf), a separate factor.
+type Yarn struct {
+	Factor float64 `json:"factor"`
+	// OriginalMaxPositions is original_max_position_embeddings, the
+	// pre-extension context length the correction range is measured at.
+	OriginalMaxPositions int     `json:"original_max_position_embeddings"`
+	BetaFast             float64 `json:"beta_fast"`
+	BetaSlow             float64 `json:"beta_slow"`
+	Truncate             bool    `json:"truncate"`
+	// AttentionFactor multiplies cos and sin, so q·k of the rotated dims
+	// by its square: attention_factor, or from mscale and mscale_all_dim
+	// (moe/hf).
+	AttentionFactor float64 `json:"attention_factor"`
+}
+
+// invFreq returns the h = r/2 inverse frequencies of RoPE with base theta,
+// scaled by y when y is not nil.
+func (y *Yarn) invFreq(r int, theta float64) []float64 {
+	h := r / 2
+	f := make([]float64, h)
+	for i := range f {
+		f[i] = 1 / math.Pow(theta, float64(2*i)/float64(r))
+	}
+	if y == nil {
+		return f
+	}
+	dim := func(beta float64) float64 {
+		return float64(r) * math.Log(float64(y.OriginalMaxPositions)/(2*math.Pi*beta)) / (2 * math.Log(theta))
+	}
+	lo, hi := dim(y.BetaFast), dim(y.BetaSlow)
+	if y.Truncate {
+		lo, hi = math.Floor(lo), math.Ceil(hi)
+	}
+	lo, hi = math.Max(lo, 0), math.Min(hi, float64(r-1))
+	if lo == hi {
+		hi += 0.001
+	}
+	for i := range f {
+		ramp := math.Min(math.Max((float64(i)-lo)/(hi-lo), 0), 1)
+		f[i] = f[i]/y.Factor*ramp + f[i]*(1-ramp)
+	}
+	return f
+}
+
+// ropeTable holds cos and sin of θ_i for every position: [seq, r/2] each,
+// times YaRN's attention factor when the config has one.
 type ropeTable[T Float] struct {
 	cos, sin   []T
 	half       int
@@ -28,11 +94,14 @@ func newRopeTable[T Float](c *Config, seq int) ropeTable[T] {
 	r := c.RotaryDim()
 	h := r / 2
 	t := ropeTable[T]{cos: make([]T, seq*h), sin: make([]T, seq*h), half: h, interleave: c.RopeInterleave}
-	for i := 0; i < h; i++ {
-		inv := 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(r))
+	scale := 1.0
+	if c.Yarn != nil {
+		scale = c.Yarn.AttentionFactor
+	}
+	for i, inv := range c.Yarn.invFreq(r, c.RopeTheta) {
 		for p := 0; p < seq; p++ {
 			s, co := math.Sincos(float64(p) * inv)
-			t.cos[p*h+i], t.sin[p*h+i] = T(co), T(s)
+			t.cos[p*h+i], t.sin[p*h+i] = T(scale*co), T(scale*s)
 		}
 	}
 	return t

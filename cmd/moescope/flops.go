@@ -129,7 +129,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%s: %w", cfg.Name, err)
 	}
 	if *mtp {
-		if rep.MTP, err = buildMTP(cfg, shape); err != nil {
+		if rep.MTP, err = buildMTP(cfg, shape, rep.FLOPsPerStep[flops.Model]); err != nil {
 			return err
 		}
 	}

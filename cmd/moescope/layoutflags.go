@@ -21,6 +21,8 @@ type layoutFlags struct {
 	ppSchedule, ppLayers                        string
 	gradSyncLastOnly                            bool
 	refused                                     [][2]string // flag name, why (refuse)
+	// mtp refuses --mtp (mtp.go).
+	mtp func() error
 }
 
 func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
@@ -41,6 +43,7 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.IntVar(&f.ppMicrobatchSize, "pp-microbatch-size", 0, "sequences per pipeline micro-batch; micro-batches per micro-step = lbs ÷ it (default 1)")
 	fs.IntVar(&f.ppVirtualStages, "pp-virtual-stages", 0, "pipeline stages per rank (default 1; 2 for multi-stage schedules, as torchtitan)")
 	fs.StringVar(&f.ppLayers, "pp-layers", "", "explicit split of the transformer layers over the pp × virtual stages, e.g. 10,12,12,10 (default torchtitan's even split)")
+	f.mtp = addMTPFlag(fs)
 	return f
 }
 
@@ -48,6 +51,9 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 // degree left out is derived from the others; one given must be ≥ 1 (an
 // explicit --gpus 0 once derived the world from --dp-shard and ran).
 func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
+	if err := f.mtp(); err != nil {
+		return moe.Layout{}, err
+	}
 	set := setFlags(f.fs)
 	for _, d := range []struct {
 		name string

@@ -218,7 +218,11 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.reportPath, "report", "", "write one self-contained HTML page: tables, plots, the best plan's breakdown and memory, the calibration")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	a.mem = addMemoryModelFlags(fs)
+	mtp := addMTPFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if err := mtp(); err != nil {
 		return nil, err
 	}
 	a.gpusPerNodeSet = setFlags(fs)["gpus-per-node"]

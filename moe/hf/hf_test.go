@@ -266,15 +266,15 @@ func TestTensorCap(t *testing.T) {
 
 // TestRopeScaling: rope_scaling (older "type" or "rope_type") and
 // transformers-5 rope_parameters are recorded; the reference model refuses
-// them (it rotates with plain frequencies), while parsing, and so the
-// accounting, accepts the config.
+// every type but yarn (it rotates with plain or YaRN frequencies), while
+// parsing, and so the accounting, accepts the config.
 func TestRopeScaling(t *testing.T) {
 	for _, tc := range []struct{ extra, want string }{
 		{`"rope_scaling": null`, ""},
 		{`"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}`, "llama3"},
 		{`"rope_scaling": {"type": "linear", "factor": 2.0}`, "linear"},
 		{`"rope_parameters": {"rope_type": "default", "rope_theta": 500000}`, ""},
-		{`"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000, "factor": 4}`, "yarn"},
+		{`"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000, "factor": 4, "original_max_position_embeddings": 4096}`, "yarn"},
 	} {
 		c, err := ParseConfig([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 4, `+tc.extra, 1)), "m")
 		if err != nil {
@@ -284,11 +284,60 @@ func TestRopeScaling(t *testing.T) {
 			t.Errorf("%s: rope scaling %q, want %q", tc.extra, c.RopeScaling, tc.want)
 		}
 		_, err = moe.NewModel[float32](c)
-		if tc.want == "" && err != nil {
+		if (tc.want == "" || tc.want == "yarn") && err != nil {
 			t.Errorf("%s: NewModel: %v", tc.extra, err)
 		}
-		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), `rope_type "`+tc.want+`" is not implemented`)) {
+		if tc.want != "" && tc.want != "yarn" && (err == nil || !strings.Contains(err.Error(), `rope_type "`+tc.want+`" is not implemented`)) {
 			t.Errorf("%s: NewModel error %v", tc.extra, err)
+		}
+	}
+}
+
+// TestYarnKeys: YaRN's keys read as transformers' _compute_yarn_parameters
+// reads them (26892c16): defaults β_fast 32, β_slow 1 (also for 0),
+// truncate true, original_max_position_embeddings from
+// max_position_embeddings; attention_factor given, or
+// m(f, mscale)/m(f, mscale_all_dim) with m(s, k) = 0.1·k·ln s + 1 when both
+// are non-zero, else m(f, 1) (values by hand: ln 4 = 1.3863).
+func TestYarnKeys(t *testing.T) {
+	ln4 := math.Log(4)
+	for _, tc := range []struct {
+		extra string
+		want  moe.Yarn
+	}{
+		{`"max_position_embeddings": 512, "rope_scaling": {"type": "yarn", "factor": 4}`,
+			moe.Yarn{Factor: 4, OriginalMaxPositions: 512, BetaFast: 32, BetaSlow: 1, Truncate: true, AttentionFactor: 0.1*ln4 + 1}},
+		{`"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, "beta_fast": 0, "beta_slow": 0, "mscale": 1, "mscale_all_dim": 0.5, "truncate": false}`,
+			moe.Yarn{Factor: 4, OriginalMaxPositions: 64, BetaFast: 32, BetaSlow: 1, AttentionFactor: (0.1*ln4 + 1) / (0.05*ln4 + 1)}},
+		{`"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, "beta_fast": 8, "beta_slow": 2, "mscale": 0.5, "attention_factor": 1.25}`,
+			moe.Yarn{Factor: 4, OriginalMaxPositions: 64, BetaFast: 8, BetaSlow: 2, Truncate: true, AttentionFactor: 1.25}},
+		{`"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, "mscale": 0.5}`,
+			moe.Yarn{Factor: 4, OriginalMaxPositions: 64, BetaFast: 32, BetaSlow: 1, Truncate: true, AttentionFactor: 0.1*ln4 + 1}},
+	} {
+		c, err := ParseConfig([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 4, `+tc.extra, 1)), "m")
+		if err != nil {
+			t.Fatalf("%s: %v", tc.extra, err)
+		}
+		if c.Yarn == nil || math.Abs(c.Yarn.AttentionFactor-tc.want.AttentionFactor) > 1e-15 {
+			t.Fatalf("%s: yarn %+v, want %+v", tc.extra, c.Yarn, tc.want)
+		}
+		got := *c.Yarn
+		got.AttentionFactor = tc.want.AttentionFactor
+		if got != tc.want {
+			t.Errorf("%s: yarn %+v, want %+v", tc.extra, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ extra, want string }{
+		{`"rope_scaling": {"type": "yarn", "original_max_position_embeddings": 64}`, "rope_scaling.factor: required key is missing"},
+		{`"rope_scaling": {"type": "yarn", "factor": 4}`, "rope_scaling.original_max_position_embeddings: required key is missing"},
+		{`"rope_scaling": {"type": "yarn", "factor": -4, "original_max_position_embeddings": 64}`, "yarn.factor"},
+		{`"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 0}`, "yarn.original_max_position_embeddings"},
+		{`"rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64, "beta_slow": -1}`, "yarn.beta_slow"},
+		{`"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "original_max_position_embeddings": 64}`, "rope_parameters.factor: required key is missing"},
+	} {
+		_, err := ParseConfig([]byte(strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 4, `+tc.extra, 1)), "m")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one naming %s", tc.extra, err, tc.want)
 		}
 	}
 }

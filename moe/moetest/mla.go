@@ -53,6 +53,15 @@ func (d *draw) mla() {
 	if d.r.IntN(2) == 0 {
 		d.set("num_nextn_predict_layers", d.r.IntN(2))
 	}
+	// YaRN as the DeepSeek checkpoints configure it (an original context
+	// short enough that the correction range falls inside these few
+	// rotated dims, or DeepSeek-V3's 4096), with the softmax-scale
+	// correction off or on.
+	if d.r.IntN(2) == 0 {
+		d.set("rope_scaling", map[string]any{"type": "yarn", "factor": pick(d.r, 4, 40),
+			"original_max_position_embeddings": pick(d.r, 16, 4096), "beta_fast": 32, "beta_slow": 1,
+			"mscale": 1, "mscale_all_dim": pick(d.r, 0, 0.5, 1)})
+	}
 }
 
 // mlaV3Routing writes DeepseekV3TopkRouter's keys: grouped sigmoid top-k

@@ -108,6 +108,11 @@ type Run struct {
 	// DESIGN's schema; "" = none known). Tables mark such rows and keep
 	// them in their medians and worst cases.
 	Unmodelled string `json:"unmodelled,omitempty"`
+	// MTP says whether the run trained the model's multi-token-prediction
+	// modules (num_nextn_predict_layers; DESIGN's schema). Memory and step
+	// time do not model them yet, so true is refused (Validate); absent or
+	// false = trained without them.
+	MTP *bool `json:"mtp,omitempty"`
 	// Notes say what the numbers are and any deviation from the schema's
 	// assumptions (an addition to DESIGN's schema; free text).
 	Notes string `json:"notes,omitempty"`
@@ -250,6 +255,9 @@ func (r Run) Validate(requireSource bool) error {
 	}
 	if r.MFU != nil && !(*r.MFU > 0 && *r.MFU <= 1) {
 		bad("mfu", *r.MFU, "must be a fraction in (0, 1]")
+	}
+	if r.MTP != nil && *r.MTP {
+		bad("mtp", true, "false or absent: the MTP modules' memory and time are not modelled yet (moescope flops --mtp counts their FLOPs)")
 	}
 	if len(errs) == 0 {
 		if _, err := r.Layout(); err != nil {

@@ -15,9 +15,13 @@ import (
 // express yet; the validation table prints each with the first feature it
 // needs, so that what is left out is visible next to what is predicted.
 
-// builtinOfCSV maps the table's model names to built-in models.
+// builtinOfCSV maps the table's model names to built-in models. The
+// table's Kimi-K2 rows describe torchtitan's Kimi-K2.5 text model, which
+// the table takes as Kimi-K2's language model (its shape columns are the
+// kimi-k2 built-in's: 61 layers, 64 heads, 384 experts of 2048, top 8, one
+// dense layer, vocabulary 163840).
 var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
-	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b"}
+	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
 
 // neededFeature is the first feature a row of the shared table needs that
 // moescope lacks: tensor or context parallelism, a precision
@@ -93,6 +97,9 @@ func TestNeededFeature(t *testing.T) {
 		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},
+		{map[string]string{"tp": "1", "pp": "1", "cp": "1", "precision": "BF16", "model": "DeepSeek-V3"}, ""},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Kimi-K2"}, "PP (pp = 8)"},
+		{map[string]string{"tp": "", "precision": "BF16 baseline", "model": "Kimi-K2"}, ""},
 	} {
 		if got := neededFeature(c.row); got != c.want {
 			t.Errorf("%v: %q, want %q", c.row, got, c.want)

@@ -136,6 +136,7 @@ func TestReadRunsRejects(t *testing.T) {
 		"mfu in percent": strings.Replace(good, `"tps":1000`, `"tps":1000,"mfu":39.4`, 1),
 		"allocated 0":    strings.Replace(good, `"tps":1000`, `"tps":1000,"peak_allocated_bytes":0`, 1),
 		"no precision":   strings.Replace(good, `"precision":"bf16",`, ``, 1),
+		"mtp":            strings.Replace(good, `"tps":1000`, `"tps":1000,"mtp":true`, 1),
 		"not an array":   good,
 	} {
 		doc := doc
@@ -145,6 +146,10 @@ func TestReadRunsRejects(t *testing.T) {
 		if _, err := ReadRuns(strings.NewReader(doc), name, true); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+	// A run trained without MTP modules may say so.
+	if _, err := ReadRuns(strings.NewReader("["+strings.Replace(good, `"tps":1000`, `"tps":1000,"mtp":false`, 1)+"]"), "no mtp", true); err != nil {
+		t.Errorf("mtp false rejected: %v", err)
 	}
 	// Calibration input may omit the source.
 	noSrc := strings.Replace(good, `"source":"x",`, ``, 1)

@@ -120,6 +120,33 @@ CONFIGS = {
                    kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=3, rope_interleave=True,
                    scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=1,
                    attention_bias=False, rope_scaling=None, _dtype="F32"),
+    # DeepSeek-V3 with YaRN rope scaling: mla_v3 with 8 rotated dims (4 frequencies), rope_theta 100 so that
+    # every frequency turns visibly over 12 positions, and a correction range (original context 64, β 32
+    # and 1) that keeps the fastest pair, interpolates the slowest by the factor 4 and blends the two
+    # between; mscale 1 over mscale_all_dim 0.5 makes cos and sin carry an attention factor ≠ 1, and the
+    # softmax scale takes m(4, 0.5)².
+    "yarn_v3": dict({k: v for k, v in BASE.items() if k not in ("head_dim", "num_key_value_heads")},
+                    model_type="deepseek_v3", num_hidden_layers=3, intermediate_size=20, moe_intermediate_size=6,
+                    n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4, topk_group=2,
+                    routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=6,
+                    kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=8, v_head_dim=3, rope_interleave=True,
+                    scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=1,
+                    attention_bias=False, rope_theta=100.0, max_position_embeddings=256,
+                    rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5},
+                    _dtype="F32", _seq=12),
+    # YaRN on standard attention: GLM-4.5 (the "sigmoid" case's routing) with half of each 8-dim head
+    # rotated (partial_rotary_factor 0.5: 2 frequencies), rope_theta 30, factor 4 at an original context
+    # of 64 without truncation (a ramp of 0 and 0.73), attention_factor left to its default 0.1·ln 4 + 1 on
+    # cos and sin, and no softmax-scale change (only DeepSeek-V3's attention has one).
+    "yarn_moe": dict(BASE, model_type="glm4_moe", intermediate_size=20, moe_intermediate_size=6,
+                     n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4,
+                     topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                     first_k_dense_replace=1, partial_rotary_factor=0.5, attention_bias=True,
+                     use_qk_norm=False, rms_norm_eps=1e-5, rope_theta=30.0, max_position_embeddings=256,
+                     rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                   "truncate": False},
+                     _dtype="F32", _seq=12),
     # DeepSeek-V2 (transformers' DeepseekV2 classes): MLA without a query latent (q_proj), value heads of
     # 7 dims wider than the q·k heads (4 + 2 rotated), complex-number RoPE; softmax group-limited greedy
     # top-2 over 3 groups of 2 (best 2 groups, a group scored by its best expert), × 1.5 and never
@@ -170,6 +197,11 @@ class Arch:
             self.nope, self.rrope, self.vd = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
             self.d, self.G = self.nope + self.rrope, self.H
             self.interleave = c.get("rope_interleave", True)
+        # RoPE scaling: only YaRN (modeling_rope_utils.py _compute_yarn_parameters, transformers 26892c16, which
+        # every model type here applies to its cos and sin, or to DeepSeek-V2's complex rotation).
+        self.yarn = c.get("rope_scaling")
+        if self.yarn is not None:
+            assert self.yarn.get("rope_type", self.yarn.get("type")) == "yarn", self.yarn
         if t in ("qwen3", "llama"):
             self.moe_layers = [False] * self.L
             return
@@ -301,30 +333,63 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def rope(x, rot, theta):
+def get_mscale(scale, m=1.0):
+    """YaRN's magnitude correction 0.1·m·ln(scale) + 1 (1 for scale ≤ 1)."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def inv_freq(rot, theta, yarn=None):
+    """RoPE's rot/2 inverse frequencies and the factor cos and sin are multiplied by. With YaRN (our reading
+    of transformers' _compute_yarn_parameters): a ramp over the pair index between the dimensions where
+    β_fast and β_slow rotations fit the original context, keeping the plain frequency below it and dividing
+    by factor above it; the factor is attention_factor, else m(factor, mscale) / m(factor, mscale_all_dim)
+    when both are set, else m(factor)."""
+    plain = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    if yarn is None:
+        return plain, 1.0
+    factor, orig = yarn["factor"], yarn.get("original_max_position_embeddings")
+
+    def dim_of(beta):
+        return rot * math.log(orig / (beta * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = dim_of(yarn.get("beta_fast") or 32), dim_of(yarn.get("beta_slow") or 1)
+    if yarn.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, rot - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(rot // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    af = yarn.get("attention_factor")
+    if af is None:
+        ms, msa = yarn.get("mscale"), yarn.get("mscale_all_dim")
+        af = get_mscale(factor, ms) / get_mscale(factor, msa) if ms and msa else get_mscale(factor)
+    return plain / factor * ramp + plain * (1 - ramp), af
+
+
+def rope(x, rot, theta, yarn=None):
     """x: [B, heads, S, d]; rotates the first rot dims, HF's non-interleaved layout."""
     S = x.shape[2]
-    inv = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+    inv, af = inv_freq(rot, theta, yarn)
     freqs = torch.outer(torch.arange(S, dtype=torch.float64), inv)
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    cos, sin = emb.cos() * af, emb.sin() * af
     xr, xp = x[..., :rot], x[..., rot:]
     return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1)
 
 
-def rope_interleave(x, theta):
+def rope_interleave(x, theta, yarn=None):
     """DeepSeek-V3's apply_rotary_pos_emb_interleave: regroup the (even, odd) pairs into halves, then
     HF's rotate_half rotation over all of x's dims."""
     b, h, s, d = x.shape
-    return rope(x.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d), d, theta)
+    return rope(x.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d), d, theta, yarn)
 
 
-def rope_complex(x, theta):
-    """DeepSeek-V2's apply_rotary_emb: adjacent pairs as complex numbers times e^{i·p·θ_j}."""
+def rope_complex(x, theta, yarn=None):
+    """DeepSeek-V2's apply_rotary_emb: adjacent pairs as complex numbers times af·e^{i·p·θ_j}."""
     b, h, S, d = x.shape
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv, af = inv_freq(d, theta, yarn)
     freqs = torch.outer(torch.arange(S, dtype=torch.float64), inv)
-    cis = torch.polar(torch.ones_like(freqs), freqs)
+    cis = torch.polar(torch.full_like(freqs, af), freqs)
     xc = torch.view_as_complex(x.reshape(b, h, S, d // 2, 2).contiguous())
     return torch.view_as_real(xc * cis).flatten(3)
 
@@ -338,7 +403,8 @@ def causal_softmax_v(s, v):
 
 def mla_attention(a, P, pre, x):
     """DeepseekV3Attention / DeepseekV2Attention (eager, no cache); latent norms at the class default
-    eps 1e-6; softmax scale qk_head_dim^-0.5 (no rope_scaling here)."""
+    eps 1e-6; softmax scale qk_head_dim^-0.5, which DeepseekV3Attention multiplies by
+    m(factor, mscale_all_dim)² when rope_scaling has a non-zero mscale_all_dim (V2 does not)."""
     B, S, _ = x.shape
     H, n, r, vd = a.H, a.nope, a.rrope, a.vd
     if a.q_rank:
@@ -351,14 +417,17 @@ def mla_attention(a, P, pre, x):
     k_pass, v = torch.split(kv.view(B, S, H, n + vd).transpose(1, 2), [n, vd], dim=-1)
     k_rot = k_rot.view(B, 1, S, r)
     if a.type == "deepseek_v2":
-        q_rot, k_rot = rope_complex(q_rot, a.theta), rope_complex(k_rot, a.theta)
+        q_rot, k_rot = rope_complex(q_rot, a.theta, a.yarn), rope_complex(k_rot, a.theta, a.yarn)
     elif a.interleave:
-        q_rot, k_rot = rope_interleave(q_rot, a.theta), rope_interleave(k_rot, a.theta)
+        q_rot, k_rot = rope_interleave(q_rot, a.theta, a.yarn), rope_interleave(k_rot, a.theta, a.yarn)
     else:
-        q_rot, k_rot = rope(q_rot, r, a.theta), rope(k_rot, r, a.theta)
+        q_rot, k_rot = rope(q_rot, r, a.theta, a.yarn), rope(k_rot, r, a.theta, a.yarn)
     q = torch.cat((q_pass, q_rot), dim=-1)
     k = torch.cat((k_pass, k_rot.expand(B, H, S, r)), dim=-1)
-    o = causal_softmax_v((q @ k.transpose(2, 3)) * (n + r) ** -0.5, v)
+    scale = (n + r) ** -0.5
+    if a.type == "deepseek_v3" and a.yarn and a.yarn.get("mscale_all_dim"):
+        scale *= get_mscale(a.yarn["factor"], a.yarn["mscale_all_dim"]) ** 2
+    o = causal_softmax_v((q @ k.transpose(2, 3)) * scale, v)
     return linear(o.transpose(1, 2).reshape(B, S, H * vd), P, pre + "o_proj")
 
 
@@ -385,7 +454,7 @@ def attention(a, P, pre, x, window):
         q = rmsnorm(q, P[pre + "q_norm.weight"], a.eps)
         k = rmsnorm(k, P[pre + "k_norm.weight"], a.eps)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    q, k = rope(q, a.rot, a.theta), rope(k, a.rot, a.theta)
+    q, k = rope(q, a.rot, a.theta, a.yarn), rope(k, a.rot, a.theta, a.yarn)
     k = k.repeat_interleave(H // G, dim=1)
     v = v.repeat_interleave(H // G, dim=1)
     s = (q @ k.transpose(2, 3)) * d ** -0.5
