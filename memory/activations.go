@@ -31,6 +31,11 @@ type Shape struct {
 	// log-probabilities in: F32 ("" too) for torchtitan's pred.float(), or
 	// the activation type for a loss that does not upcast.
 	LossDType moe.DType
+	// TP is the tensor-parallel degree (0 or 1: none); ExpertTP and
+	// ExpertRows are the layout's ExpertTP and TokensPerExpertRank (0 = 1).
+	// Batch·Seq stays the data-parallel rank's tokens, which the tp ranks
+	// of one group share.
+	TP, ExpertTP, ExpertRows int
 }
 
 // Saved returns the tensors layer keeps from forward for backward, one
@@ -51,7 +56,10 @@ type Shape struct {
 //     minus the fused intermediates compiledBlock names, a compiled loss
 //     its logits and log-sum-exp instead of the log-probabilities
 //     (compiledLoss); an eager loss that does not upcast keeps its
-//     log-probabilities in sh.LossDType.
+//     log-probabilities in sh.LossDType;
+//   - tensor parallelism (sh.TP > 1): each tensor as one tp rank holds it,
+//     split in the sequence-parallel regions and whole in the tensor-parallel
+//     ones (tpSaved).
 func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.Batch < 1 || sh.Seq < 1 {
 		return nil, fmt.Errorf("batch = %d, seq = %d: both must be ≥ 1", sh.Batch, sh.Seq)
@@ -81,10 +89,10 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	rs := moe.SavedTensors(cfg, layer, sh.Batch*sh.Seq, sh.AC, p)
 	T := int64(sh.Batch) * int64(sh.Seq)
 	if layer == cfg.LayerHead() {
-		return headSaved(rs, T, sh), nil
+		return tpSaved(cfg, layer, sh, headSaved(rs, T, sh)), nil
 	}
 	if layer < 0 || sh.AC.FullyCheckpointed(layer) {
-		return rs, nil
+		return tpSaved(cfg, layer, sh, rs), nil
 	}
 	selective := sh.AC.Mode == moe.ACSelective
 	if sh.Attention == Eager {
@@ -111,7 +119,7 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.Compile.Model {
 		rs = compiledBlock(cfg, layer, sh.AC, rs)
 	}
-	return rs, nil
+	return tpSaved(cfg, layer, sh, rs), nil
 }
 
 // headSaved is the head's table under sh: the loss's log-probabilities in

@@ -212,8 +212,11 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
+	if err := l.CheckSeq(b.Seq); err != nil {
+		return Report{}, err
+	}
 	sh := Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
-		Compile: o.Compile, LossDType: o.LossDType}
+		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
 	r := Report{Units: units, State: StateOf(units, l.Sharding, o)}
 	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
 	if err != nil {

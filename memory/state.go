@@ -32,6 +32,12 @@ type Unit struct {
 // holds them ([E, out, in]), split over ep on dim 0, then sharded over
 // efsdp = dp_shard/ep on dim 0, or on dim 1 when efsdp·ep > E (torchtitan's
 // rule). Every other tensor is sharded on dim 0 over dp_shard.
+//
+// Under tensor parallelism a tensor is first cut over tp along its
+// moe.Param.TP dimension (routed experts over Layout.ExpertTP, efsdp then
+// being dp_shard·tp/(ep·etp)), each tp rank holding a ⌈n/tp⌉ chunk (the
+// largest, as DTensor's uneven Shard gives rank 0), and FSDP shards that
+// local tensor on its dim 0.
 func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
@@ -39,7 +45,7 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 	if err := l.CheckModel(cfg); err != nil {
 		return nil, err
 	}
-	key := unitsKey{cfg: fmt.Sprintf("%#v", *cfg), dpShard: l.DPShard, ep: l.EP}
+	key := unitsKey{cfg: fmt.Sprintf("%#v", *cfg), dpShard: l.DPShard, ep: l.EP, tp: l.TPDegree(), expertTP: l.ExpertTP()}
 	if us, ok := unitsCache.Load(key); ok {
 		return slices.Clone(us.([]Unit)), nil
 	}
@@ -56,8 +62,8 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 var unitsCache sync.Map
 
 type unitsKey struct {
-	cfg         string // fmt %#v of the config: every field, slices included
-	dpShard, ep int
+	cfg                       string // fmt %#v of the config: every field, slices included
+	dpShard, ep, tp, expertTP int
 }
 
 // units computes Units (the layout already checked).
@@ -86,7 +92,19 @@ func units(cfg *moe.Config, l moe.Layout) []Unit {
 	// the others are most of Params' entries in large MoE models.
 	type stack struct {
 		layer      int
-		rows, cols int64
+		rows, cols int64 // of one expert's slice on this rank (after the expert TP cut)
+	}
+	tp, xt := int64(l.TPDegree()), int64(l.ExpertTP())
+	// cut is the tp rank's [rows, cols] of a [rows, cols] tensor placed by
+	// split over n ranks.
+	cut := func(split moe.TPSplit, rows, cols, n int64) (int64, int64) {
+		switch split {
+		case moe.TPDim0:
+			return chunk(rows, n), cols
+		case moe.TPDim1:
+			return rows, chunk(cols, n)
+		}
+		return rows, cols
 	}
 	var stacks []stack
 	for _, p := range cfg.Params() {
@@ -103,16 +121,17 @@ func units(cfg *moe.Config, l moe.Layout) []Unit {
 			u.Buffers += p.Elements()
 			continue
 		}
+		rows := int64(p.Shape[0])
+		rows, cols := cut(p.TP, rows, p.Elements()/rows, tp)
 		if p.Group == moe.GroupRouted {
 			if p.Expert == 0 {
-				rows := int64(p.Shape[0])
-				stacks = append(stacks, stack{layer, rows, p.Elements() / rows})
+				rows, cols = cut(p.TP, int64(p.Shape[0]), p.Elements()/int64(p.Shape[0]), xt)
+				stacks = append(stacks, stack{layer, rows, cols})
 			}
 			continue
 		}
-		n := p.Elements()
-		u.Local += n
-		u.Shard += chunk(int64(p.Shape[0]), int64(l.DPShard)) * (n / int64(p.Shape[0]))
+		u.Local += rows * cols
+		u.Shard += chunk(rows, int64(l.DPShard)) * cols
 	}
 	ep, efsdp := int64(l.EP), int64(l.ExpertShard())
 	localE := int64(cfg.Experts) / ep

@@ -132,9 +132,15 @@ func newStepBuilder(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape,
 	}
 	act := p.Activation.Bytes()
 	D := int64(cfg.Hidden)
-	s.dx = s.T * D * act
+	// Under tp the blocks' input gradients are in the sequence-parallel
+	// region (T/tp tokens), a tp rank's logits hold ⌈V/tp⌉ of the
+	// vocabulary (loss parallel), and its all-to-alls the routed rows it
+	// owns (Layout.TokensPerExpertRank); T divides by tp (Layout.CheckSeq).
+	tp := int64(l.TPDegree())
+	s.dx = s.T / tp * D * act
+	s.V = chunk(s.V, tp)
 	if l.EP > 1 {
-		s.a2a = s.T * int64(cfg.TopK) * D * act
+		s.a2a = s.T * int64(cfg.TopK) / int64(l.TokensPerExpertRank()) * D * act
 	}
 	return s, savedBytes, nil
 }

@@ -17,22 +17,38 @@ const (
 )
 
 // Layout is a training layout as a plain value: degrees, sharding mode,
-// FSDP and pipeline options. world = PP × DPReplicate × DPShard (pp
-// outermost, as torchtitan's mesh); EP divides DPShard; the expert mesh of
-// each pipeline stage is (DPReplicate, DPShard/EP, EP).
+// FSDP and pipeline options. world = PP × DPReplicate × DPShard × TP (pp
+// outermost, tp innermost, as torchtitan's mesh); the expert mesh of each
+// pipeline stage is (DPReplicate, efsdp, EP, ETP) over the stage's ranks,
+// with efsdp = DPShard·TP/(EP·ETP) as torchtitan v0.2.2's ParallelDims
+// builds it (see ExpertShard).
 //
 // Layout stays comparable (the planner keys maps by it), so the explicit
 // stage split PPLayers is a StageLayers string, not a slice.
 type Layout struct {
-	GPUs                int      `json:"gpus"`
-	DPShard             int      `json:"dp_shard"`
-	DPReplicate         int      `json:"dp_replicate"`
-	EP                  int      `json:"ep"`
+	GPUs        int `json:"gpus"`
+	DPShard     int `json:"dp_shard"`
+	DPReplicate int `json:"dp_replicate"`
+	EP          int `json:"ep"`
+	// TP is the tensor-parallel degree, with sequence parallelism and loss
+	// parallelism (torchtitan's plan: column-wise q/k/v, w1/w3 and LM
+	// head, row-wise o and w2, sequence-parallel norms); 0 in JSON = 1.
+	TP int `json:"tp,omitempty"`
+	// ETP is the tensor-parallel degree of routed experts when ep > 1:
+	// torchtitan v0.2.2's expert_tensor_parallel_degree, 1 (EP borrows the
+	// tp ranks too) or TP (EP borrows from dp_shard only); 0 in JSON = 1,
+	// its default. With ep = 1 the experts are split over tp whatever ETP
+	// says (ExpertTP).
+	ETP                 int      `json:"etp,omitempty"`
 	Sharding            Sharding `json:"sharding"`
 	ReshardAfterForward bool     `json:"reshard_after_forward"`
 	KeepGathered        bool     `json:"keep_gathered"`
 	AllreduceLastOnly   bool     `json:"allreduce_last_only"`
-	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
+	// AsyncTP is torchtitan's enable_async_tensor_parallel: the TP
+	// all-gathers and reduce-scatters are decomposed and overlapped with
+	// the matmuls they feed (torch.compile's micro-pipeline TP).
+	AsyncTP     bool `json:"async_tp,omitempty"`
+	GPUsPerNode int  `json:"gpus_per_node,omitempty"`
 	// Pipeline parallelism (pipeline.go): PP stages (0 or 1 = none), the
 	// schedule, sequences per pipeline micro-batch, stages per rank and an
 	// explicit split of the transformer layers over the PP·PPVirtualStages
@@ -63,32 +79,39 @@ const (
 
 // DefaultLayout is one GPU with torchtitan's defaults.
 func DefaultLayout() Layout {
-	return Layout{GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, Sharding: ShardFSDP, ReshardAfterForward: true}
+	return Layout{GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, TP: 1, ETP: 1, Sharding: ShardFSDP, ReshardAfterForward: true}
 }
 
-// Resolve fills the degrees left at 0 from the others (any two of GPUs,
-// DPShard, DPReplicate fix the third, with PP a factor of GPUs; DPReplicate,
-// EP and PP default to 1), the pipeline options' defaults (resolvePipeline)
-// and then validates. Every factor is printed when something does not
-// divide.
+// Resolve fills the degrees left at 0 from the others (GPUs, DPShard and
+// DPReplicate: any two fix the third, given PP and TP; DPReplicate, EP, TP,
+// ETP and PP default to 1), the pipeline options' defaults
+// (resolvePipeline) and then validates. Every factor is printed when
+// something does not divide.
 func (l *Layout) Resolve() error {
 	var errs []error
 	for _, f := range []struct {
 		name string
 		v    int
 	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"pp", l.PP}} {
-		if f.v < 0 {
-			errs = append(errs, FieldError{f.name, f.v, "must be ≥ 1 (0 = derive from the others)"})
+		if f.v < 0 || f.v > MaxDegree {
+			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d] (0 = derive from the others)", MaxDegree)})
 		}
 	}
-	if l.EP < 0 {
-		errs = append(errs, FieldError{"ep", l.EP, "must be ≥ 1 (0 = 1)"})
+	for _, f := range []struct {
+		name string
+		v    *int
+	}{{"ep", &l.EP}, {"tp", &l.TP}, {"etp", &l.ETP}} {
+		if *f.v < 0 || *f.v > MaxDegree {
+			errs = append(errs, FieldError{f.name, *f.v, fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
+		}
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if l.EP == 0 {
-		l.EP = 1
+	for _, v := range []*int{&l.EP, &l.TP, &l.ETP} {
+		if *v == 0 {
+			*v = 1
+		}
 	}
 	pp := l.Stages()
 	if pp > MaxDegree {
@@ -99,20 +122,24 @@ func (l *Layout) Resolve() error {
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
-		l.GPUs = pp * l.DPShard * l.DPReplicate
+		if n := int64(pp) * int64(l.DPShard) * int64(l.DPReplicate) * int64(l.TP); n > MaxDegree {
+			return FieldError{"gpus", n, fmt.Sprintf("pp × dp_shard × dp_replicate × tp = %d × %d × %d × %d must be at most %d", pp, l.DPShard, l.DPReplicate, l.TP, MaxDegree)}
+		}
+		l.GPUs = pp * l.DPShard * l.DPReplicate * l.TP
 	case l.GPUs > 0 && l.DPShard == 0:
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
-		if l.GPUs%(pp*l.DPReplicate) != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by pp × dp_replicate = %d × %d", l.GPUs, pp, l.DPReplicate)
+		// torchtitan's dp_shard = -1: world / (dp_replicate·cp·tp·pp).
+		if others := pp * l.DPReplicate * l.TP; l.GPUs%others != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by %sdp_replicate × tp = %s%d × %d = %d", l.GPUs, ppFactor(pp), ppValue(pp), l.DPReplicate, l.TP, others)
 		}
-		l.DPShard = l.GPUs / (pp * l.DPReplicate)
+		l.DPShard = l.GPUs / (pp * l.DPReplicate * l.TP)
 	case l.GPUs > 0 && l.DPReplicate == 0:
-		if l.GPUs%(pp*l.DPShard) != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by pp × dp_shard = %d × %d", l.GPUs, pp, l.DPShard)
+		if others := pp * l.DPShard * l.TP; l.GPUs%others != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by %sdp_shard × tp = %s%d × %d = %d", l.GPUs, ppFactor(pp), ppValue(pp), l.DPShard, l.TP, others)
 		}
-		l.DPReplicate = l.GPUs / (pp * l.DPShard)
+		l.DPReplicate = l.GPUs / (pp * l.DPShard * l.TP)
 	case l.GPUs == 0:
 		return errors.New("gpus: give --gpus or --dp-shard")
 	}
@@ -136,17 +163,46 @@ func (l Layout) Validate() error {
 			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d]", MaxDegree)})
 		}
 	}
+	// tp and etp may be left at 0 (= 1) by a layout written before they
+	// existed; Resolve writes 1.
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"tp", l.TP}, {"etp", l.ETP}} {
+		if f.v < 0 || f.v > MaxDegree {
+			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
+		}
+	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	// The product is checked in int64: three degrees of up to 2^20 each.
-	if prod := int64(l.Stages()) * int64(l.DPReplicate) * int64(l.DPShard); prod != int64(l.GPUs) {
-		errs = append(errs, fmt.Errorf("pp × dp_replicate × dp_shard = %d × %d × %d = %d ≠ gpus = %d",
-			l.Stages(), l.DPReplicate, l.DPShard, prod, l.GPUs))
+	tp, etp, pp := l.TPDegree(), max(l.ETP, 1), l.Stages()
+	// The products below stay far from overflow: each factor is at most
+	// 2^20, and a product is formed only of factors whose product with
+	// the world was checked first.
+	if int64(pp)*int64(l.DPReplicate)*int64(l.DPShard)*int64(tp) != int64(l.GPUs) {
+		errs = append(errs, fmt.Errorf("%sdp_replicate × dp_shard × tp = %s%d × %d × %d ≠ gpus = %d",
+			ppFactor(pp), ppValue(pp), l.DPReplicate, l.DPShard, tp, l.GPUs))
+		return errors.Join(errs...)
 	}
-	if l.DPShard%l.EP != 0 {
-		errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = pp %d × dp_replicate %d × dp_shard %d)",
-			l.EP, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard))
+	// torchtitan v0.2.2 ParallelDims._validate: "Currently we only support
+	// ETP=TP or ETP=1", checked there only when ep > 1. With ep = 1 etp has
+	// no effect in v0.2.2 (the experts take the tp mesh) and another value
+	// only shapes its unused sparse mesh; moescope refuses it whatever ep
+	// is rather than carry a degree that means nothing.
+	if etp != 1 && etp != tp {
+		errs = append(errs, FieldError{"etp", etp, fmt.Sprintf("must be 1 or tp = %d (torchtitan v0.2.2 supports only etp = tp or etp = 1)", tp)})
+	} else if region := l.DPShard * tp; region%(l.EP*l.ExpertTP()) != 0 {
+		// The sparse mesh (dp_replicate, efsdp, ep, etp) unflattens
+		// dp_shard·cp·tp: ep·etp must divide it (v0.2.2; torchtitan main,
+		// which has no etp, requires ep | dp_shard·cp·tp).
+		if tp == 1 {
+			errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = %sdp_replicate %d × dp_shard %d)",
+				l.EP, l.DPShard, l.GPUs, ppWord(pp), l.DPReplicate, l.DPShard))
+		} else {
+			errs = append(errs, fmt.Errorf("ep × etp = %d × %d does not divide dp_shard × tp = %d × %d = %d: efsdp = dp_shard·tp/(ep·etp) would not be whole (gpus = %d = %sdp_replicate %d × dp_shard %d × tp %d; etp = %d)",
+				l.EP, l.ExpertTP(), l.DPShard, tp, region, l.GPUs, ppWord(pp), l.DPReplicate, l.DPShard, tp, etp))
+		}
 	}
 	errs = append(errs, l.validatePipeline()...)
 	switch l.Sharding {
@@ -164,20 +220,116 @@ func (l Layout) Validate() error {
 }
 
 // CheckModel checks the layout against a model: experts must divide by EP,
+// tp must divide every dimension it splits (torchtitan's column-wise
+// q/k/v cut whole heads; its row-wise and column-wise FFNs cut the widths),
 // and the pipeline's stages must split the model's layers (StageSplit).
+// Under TP, MLA attention and a q/k norm over all heads are refused: they
+// are not part of the plan torchtitan applies to the models moescope runs.
 func (l Layout) CheckModel(c *Config) error {
+	var errs []error
 	if l.EP > 1 && (c.Experts == 0 || c.Experts%l.EP != 0) {
-		return fmt.Errorf("ep = %d does not divide experts = %d", l.EP, c.Experts)
+		errs = append(errs, fmt.Errorf("ep = %d does not divide experts = %d", l.EP, c.Experts))
+	}
+	if tp := l.TPDegree(); tp > 1 {
+		if c.IsMLA() {
+			errs = append(errs, fmt.Errorf("tp = %d with MLA attention is not built (tp > 1 needs multi-head or grouped-query attention)", tp))
+		}
+		if c.QKNorm == QKNormFull {
+			errs = append(errs, fmt.Errorf("tp = %d with a q/k norm over all heads (qk_norm full) is not built: it would need the heads of every tp rank", tp))
+		}
+		for _, d := range []struct {
+			name string
+			n    int
+			on   bool
+		}{
+			{"heads", c.Heads, !c.IsMLA()},
+			{"kv_heads", c.KVHeads, !c.IsMLA()},
+			{"dense_ffn", c.DenseFFN, c.MoELayers() < c.Layers},
+			{"shared_experts × shared_ffn", c.SharedExperts * c.SharedFFN, c.IsMoE() && c.SharedExperts > 0},
+		} {
+			if d.on && d.n%tp != 0 {
+				errs = append(errs, fmt.Errorf("tp = %d does not divide %s = %d", tp, d.name, d.n))
+			}
+		}
+	}
+	if et := l.ExpertTP(); et > 1 && c.IsMoE() && c.ExpertFFN%et != 0 {
+		errs = append(errs, fmt.Errorf("expert tensor-parallel degree %d (tp = %d, etp = %d, ep = %d) does not divide expert_ffn = %d", et, l.TPDegree(), max(l.ETP, 1), l.EP, c.ExpertFFN))
 	}
 	if _, err := l.StageSplit(c.Layers); err != nil {
-		return err
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// CheckSeq checks a sequence length against the layout: with tp > 1
+// torchtitan v0.2.2 (models/*/infra/parallelize.py) asserts that seq_len
+// divides by ParallelDims.seq_len_divisor = tp·(2·cp), the sequence-parallel
+// split times context parallelism's load-balanced halves (cp = 1 here).
+func (l Layout) CheckSeq(seq int) error {
+	if tp := l.TPDegree(); tp > 1 && seq%(2*tp) != 0 {
+		return fmt.Errorf("seq = %d is not divisible by tp × 2·cp = %d × 2·1 = %d (torchtitan's sequence-parallel requirement)", seq, tp, 2*tp)
 	}
 	return nil
 }
+
+// TPDegree is the tensor-parallel degree (TP, with 0 read as 1).
+func (l Layout) TPDegree() int { return max(l.TP, 1) }
 
 // DP is the data-parallel degree of one pipeline stage, dp_replicate ×
 // dp_shard.
 func (l Layout) DP() int { return l.DPReplicate * l.DPShard }
 
-// ExpertShard is the FSDP degree of expert weights, dp_shard / ep.
-func (l Layout) ExpertShard() int { return l.DPShard / l.EP }
+// ExpertTP is the degree routed experts' FFN width is split by: tp when
+// ep = 1 (torchtitan applies TensorParallel to the experts on the tp mesh),
+// etp otherwise (ExpertTensorParallel on the ep × etp mesh when etp = tp;
+// whole experts, EP borrowing the tp ranks, when etp = 1).
+func (l Layout) ExpertTP() int {
+	if l.EP == 1 {
+		return l.TPDegree()
+	}
+	return max(l.ETP, 1)
+}
+
+// ExpertShard is the FSDP degree of expert weights, efsdp =
+// dp_shard·tp/(ep·ExpertTP): dp_shard/ep without TP, as torchtitan v0.2.2
+// builds its sparse mesh (with ep = 1 the experts are sharded with the
+// dense weights over dp_shard).
+func (l Layout) ExpertShard() int {
+	return l.DPShard * l.TPDegree() / (l.EP * l.ExpertTP())
+}
+
+// TokensPerExpertRank is the divisor of a rank's tokens in the routed
+// experts' region: tp when ep > 1 and etp = 1, where torchtitan's
+// ReordererSequenceParallel splits the routed (token, expert) rows over the
+// tp ranks that EP borrowed; 1 otherwise (each tp rank routes the whole
+// gathered micro-batch).
+func (l Layout) TokensPerExpertRank() int {
+	if l.EP > 1 && l.ETP == 1 {
+		return l.TPDegree()
+	}
+	return 1
+}
+
+// ppFactor, ppValue and ppWord print the pp factor of the world in
+// messages ("pp × ", "4 × ", "pp 4 × "), nothing without pipeline
+// parallelism.
+func ppFactor(pp int) string {
+	if pp > 1 {
+		return "pp × "
+	}
+	return ""
+}
+
+func ppValue(pp int) string {
+	if pp > 1 {
+		return fmt.Sprintf("%d × ", pp)
+	}
+	return ""
+}
+
+func ppWord(pp int) string {
+	if pp > 1 {
+		return fmt.Sprintf("pp %d × ", pp)
+	}
+	return ""
+}

@@ -32,7 +32,29 @@ type Param struct {
 	Layer  int  // decoder layer, or -1 for embedding, final norm and LM head
 	Expert int  // routed expert index, or -1
 	Buffer bool // in the checkpoint but not trained (selection bias): excluded from parameter counts
+	// TP is the dimension tensor parallelism cuts the tensor along.
+	TP TPSplit
 }
+
+// TPSplit is how torchtitan's tensor-parallel plan (v0.2.2
+// models/qwen3/infra/parallelize.py apply_non_moe_tp and
+// models/llama4/infra/parallelize.py apply_moe_ep_tp) places a tensor on
+// the tp ranks.
+type TPSplit uint8
+
+// Tensor-parallel placements.
+const (
+	// TPReplicated: whole on every tp rank (norms, QK-norms, the router
+	// gate under NoParallel, Qwen2-MoE's shared-expert gate, MLA tensors,
+	// which tp refuses).
+	TPReplicated TPSplit = iota
+	// TPDim0: cut along dim 0: column-wise linears (q, k, v, gate and up
+	// projections, the LM head) with their biases, and the embedding's
+	// vocabulary rows (RowwiseParallel on an nn.Embedding shards dim 0).
+	TPDim0
+	// TPDim1: cut along dim 1: row-wise linears (o and down projections).
+	TPDim1
+)
 
 // Elements is the product of the shape.
 func (p Param) Elements() int64 {
@@ -74,7 +96,10 @@ func (c *Config) Params() []Param {
 		dims = append(dims, shape...)
 		ps = append(ps, Param{Name: name, Shape: dims[start:len(dims):len(dims)], Group: g, Layer: layer, Expert: expert})
 	}
+	// split places the tensor added last (see TPSplit).
+	split := func(s TPSplit) { ps[len(ps)-1].TP = s }
 	add("model.embed_tokens.weight", GroupEmbedding, -1, -1, V, D)
+	split(TPDim0)
 	for l := 0; l < c.Layers; l++ {
 		p := "model.layers." + strconv.Itoa(l) + "."
 		add(p+"input_layernorm.weight", GroupNorm, l, -1, D)
@@ -82,14 +107,17 @@ func (c *Config) Params() []Param {
 		if c.IsMLA() {
 			c.mlaParams(a, l, add)
 		} else {
-			c.attnParams(a, l, add)
+			c.attnParams(a, l, add, split)
 		}
 		add(p+"post_attention_layernorm.weight", GroupNorm, l, -1, D)
 		if !c.MoELayer[l] {
 			m := p + "mlp."
 			add(m+"gate_proj.weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
+			split(TPDim0)
 			add(m+"up_proj.weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
+			split(TPDim0)
 			add(m+"down_proj.weight", GroupDenseFFN, l, -1, D, c.DenseFFN)
+			split(TPDim1)
 			continue
 		}
 		m := p + n.MoE + "."
@@ -99,16 +127,23 @@ func (c *Config) Params() []Param {
 		}
 		for e := 0; e < c.Experts; e++ {
 			x := m + "experts." + strconv.Itoa(e) + "."
+			// Split by Layout.ExpertTP, not tp.
 			add(x+n.ExpertGate+".weight", GroupRouted, l, e, c.ExpertFFN, D)
+			split(TPDim0)
 			add(x+n.ExpertUp+".weight", GroupRouted, l, e, c.ExpertFFN, D)
+			split(TPDim0)
 			add(x+n.ExpertDown+".weight", GroupRouted, l, e, D, c.ExpertFFN)
+			split(TPDim1)
 		}
 		if c.SharedExperts > 0 {
 			s := m + n.Shared + "."
 			w := c.SharedExperts * c.SharedFFN
 			add(s+"gate_proj.weight", GroupShared, l, -1, w, D)
+			split(TPDim0)
 			add(s+"up_proj.weight", GroupShared, l, -1, w, D)
+			split(TPDim0)
 			add(s+"down_proj.weight", GroupShared, l, -1, D, w)
+			split(TPDim1)
 			if c.SharedGated {
 				add(m+"shared_expert_gate.weight", GroupShared, l, -1, 1, D)
 			}
@@ -117,6 +152,7 @@ func (c *Config) Params() []Param {
 	add("model.norm.weight", GroupNorm, -1, -1, D)
 	if !c.TiedEmbeddings {
 		add("lm_head.weight", GroupLMHead, -1, -1, V, D)
+		split(TPDim0)
 	}
 	return ps
 }
@@ -145,21 +181,21 @@ func (c *Config) mlaParams(a string, l int, add paramAdder) {
 
 // attnParams adds the q, k, v, o projections (and biases and QK-norms) of a
 // standard attention layer under prefix a.
-func (c *Config) attnParams(a string, l int, add paramAdder) {
+func (c *Config) attnParams(a string, l int, add paramAdder, split func(TPSplit)) {
 	D, H, G, d := c.Hidden, c.Heads, c.KVHeads, c.HeadDim
-	add(a+"q_proj.weight", GroupAttention, l, -1, H*d, D)
-	if c.QKVBias {
-		add(a+"q_proj.bias", GroupAttention, l, -1, H*d)
-	}
-	add(a+"k_proj.weight", GroupAttention, l, -1, G*d, D)
-	if c.QKVBias {
-		add(a+"k_proj.bias", GroupAttention, l, -1, G*d)
-	}
-	add(a+"v_proj.weight", GroupAttention, l, -1, G*d, D)
-	if c.QKVBias {
-		add(a+"v_proj.bias", GroupAttention, l, -1, G*d)
+	for _, p := range []struct {
+		name string
+		out  int
+	}{{"q_proj", H * d}, {"k_proj", G * d}, {"v_proj", G * d}} {
+		add(a+p.name+".weight", GroupAttention, l, -1, p.out, D)
+		split(TPDim0)
+		if c.QKVBias {
+			add(a+p.name+".bias", GroupAttention, l, -1, p.out)
+			split(TPDim0)
+		}
 	}
 	add(a+"o_proj.weight", GroupAttention, l, -1, D, H*d)
+	split(TPDim1)
 	switch c.QKNorm {
 	case QKNormHead:
 		add(a+"q_norm.weight", GroupNorm, l, -1, d)

@@ -194,6 +194,11 @@ func (l Layout) validatePipeline() []error {
 	if err := l.PPSchedule.check(); err != nil {
 		errs = append(errs, err)
 	}
+	if l.TPDegree() > 1 {
+		// The per-stage memory, virtual time and numeric ranks are built for
+		// data parallelism and EP inside a stage only.
+		errs = append(errs, FieldError{"tp", l.TP, "tp > 1 with pp > 1 is not built yet (built: pp with dp_shard, dp_replicate and ep)"})
+	}
 	if l.GradSyncLastOnly {
 		// PyTorch's stage reduces after each schedule step's last backward;
 		// skipping whole micro-steps on top is not modelled.

@@ -204,10 +204,10 @@ func TestLayoutPipelineResolve(t *testing.T) {
 	for _, c := range []struct {
 		in, want Layout
 	}{
-		{Layout{GPUs: 16, PP: 4}, Layout{GPUs: 16, PP: 4, DPShard: 4, DPReplicate: 1, EP: 1, Sharding: ShardFSDP, PPSchedule: PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}},
-		{Layout{GPUs: 16, PP: 2, DPReplicate: 2, PPSchedule: PPInterleaved1F1B}, Layout{GPUs: 16, PP: 2, DPShard: 4, DPReplicate: 2, EP: 1, Sharding: ShardFSDP, PPSchedule: PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}},
-		{Layout{DPShard: 2, PP: 8, PPSchedule: PPInterleaved1F1B, PPLayers: "2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2"}, Layout{GPUs: 16, PP: 8, DPShard: 2, DPReplicate: 1, EP: 1, Sharding: ShardFSDP, PPSchedule: PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 3, PPLayers: "2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2"}},
-		{Layout{GPUs: 8, DPShard: 2, PP: 2}, Layout{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: ShardFSDP, PPSchedule: PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}},
+		{Layout{GPUs: 16, PP: 4}, Layout{GPUs: 16, PP: 4, DPShard: 4, DPReplicate: 1, EP: 1, TP: 1, ETP: 1, Sharding: ShardFSDP, PPSchedule: PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}},
+		{Layout{GPUs: 16, PP: 2, DPReplicate: 2, PPSchedule: PPInterleaved1F1B}, Layout{GPUs: 16, PP: 2, DPShard: 4, DPReplicate: 2, EP: 1, TP: 1, ETP: 1, Sharding: ShardFSDP, PPSchedule: PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}},
+		{Layout{DPShard: 2, PP: 8, PPSchedule: PPInterleaved1F1B, PPLayers: "2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2"}, Layout{GPUs: 16, PP: 8, DPShard: 2, DPReplicate: 1, EP: 1, TP: 1, ETP: 1, Sharding: ShardFSDP, PPSchedule: PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 3, PPLayers: "2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2"}},
+		{Layout{GPUs: 8, DPShard: 2, PP: 2}, Layout{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, EP: 1, TP: 1, ETP: 1, Sharding: ShardFSDP, PPSchedule: PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}},
 	} {
 		got := c.in
 		if err := got.Resolve(); err != nil || got != c.want {
@@ -218,9 +218,9 @@ func TestLayoutPipelineResolve(t *testing.T) {
 		in   Layout
 		want []string
 	}{
-		{Layout{GPUs: 16, PP: 4, DPShard: 2, DPReplicate: 3}, []string{"pp × dp_replicate × dp_shard = 4 × 3 × 2 = 24 ≠ gpus = 16"}},
-		{Layout{GPUs: 12, PP: 8}, []string{"gpus = 12 is not divisible by pp × dp_replicate = 8 × 1"}},
-		{Layout{GPUs: 8, PP: 2, DPShard: 3}, []string{"gpus = 8 is not divisible by pp × dp_shard = 2 × 3"}},
+		{Layout{GPUs: 16, PP: 4, DPShard: 2, DPReplicate: 3}, []string{"pp × dp_replicate × dp_shard × tp = 4 × 3 × 2 × 1 ≠ gpus = 16"}},
+		{Layout{GPUs: 12, PP: 8}, []string{"gpus = 12 is not divisible by pp × dp_replicate × tp = 8 × 1 × 1 = 8"}},
+		{Layout{GPUs: 8, PP: 2, DPShard: 3}, []string{"gpus = 8 is not divisible by pp × dp_shard × tp = 2 × 3 × 1 = 6"}},
 		{Layout{GPUs: 8, PP: 2, EP: 3}, []string{"ep = 3 does not divide dp_shard = 4 (gpus = 8 = pp 2 × dp_replicate 1 × dp_shard 4)"}},
 		{Layout{GPUs: 8, PP: -1}, []string{"pp = -1"}},
 		{Layout{GPUs: 8, PP: 2, PPSchedule: "DualPipeV"}, []string{"pp_schedule = DualPipeV: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B]"}},
@@ -232,6 +232,7 @@ func TestLayoutPipelineResolve(t *testing.T) {
 		{Layout{GPUs: 8, PP: 2, PPMicrobatchSize: -1}, []string{"pp_microbatch_size = -1: must be in [1, 65536]"}},
 		{Layout{GPUs: 8, PP: 2, PPLayers: "1,x"}, []string{`stage 1 = "x"`}},
 		{Layout{GPUs: 8, PP: 2, GradSyncLastOnly: true}, []string{"grad_sync_last_only = true: not modelled with pp > 1"}},
+		{Layout{GPUs: 8, PP: 2, TP: 2}, []string{"tp = 2: tp > 1 with pp > 1 is not built yet"}},
 	} {
 		l := c.in
 		err := l.Resolve()

@@ -1,7 +1,9 @@
 // Package parallel is the shared core of moescope's distributed training
 // model, the part both backends agree on: the device mesh and its
-// communication groups (dp_replicate × dp_shard, with EP borrowed from
-// dp_shard), the per-rank program of one training step (Schedule, built by
+// communication groups (dp_replicate × dp_shard × tp, tp innermost, with EP
+// borrowed from dp_shard × tp as torchtitan v0.2.2's ParallelDims does), the
+// tensor-parallel collectives of each layer (TPCollectives), the per-rank
+// program of one training step (Schedule, built by
 // BuildSchedule from a moe.Layout: compute ops, collectives on their groups,
 // stream assignment and dependencies, in the order package memory's
 // allocation timeline assumes), FSDP shard geometry, and the batch plan

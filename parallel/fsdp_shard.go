@@ -81,13 +81,28 @@ func (s FSDPShard) Pad(full []float32) []float32 {
 // embedding for LayerEmbed; the final norm and an untied LM head for
 // LayerHead); expert units hold the block's routed experts stacked per
 // projection on this EP rank, [experts/ep, rows, cols], sharded on dim 0 or,
-// when dim 0 would pad (efsdp·ep > experts), on dim 1.
+// when dim 0 would pad (efsdp·ep > experts), on dim 1. Under tensor
+// parallelism each tensor is this tp rank's piece (moe.Param.TP: ⌈n/tp⌉ of
+// dim 0 or dim 1; experts' width over Layout.ExpertTP), which FSDP then
+// shards on its dim 0, as package memory's Units counts.
 func UnitTensors(cfg *moe.Config, x *UnitIndex, m *Mesh, u Unit, n int) []FSDPShard {
 	var out []FSDPShard
+	tp := m.Layout.TPDegree()
+	cut := func(split moe.TPSplit, rows, cols, k int) (int, int) {
+		switch split {
+		case moe.TPDim0:
+			return (rows + k - 1) / k, cols
+		case moe.TPDim1:
+			return rows, (cols + k - 1) / k
+		}
+		return rows, cols
+	}
 	if u.Experts {
 		el := cfg.Experts / m.Layout.EP
 		dim := m.ExpertShardDim(cfg.Experts)
-		for _, rc := range [][2]int{{cfg.ExpertFFN, cfg.Hidden}, {cfg.ExpertFFN, cfg.Hidden}, {cfg.Hidden, cfg.ExpertFFN}} {
+		xt := m.Layout.ExpertTP()
+		f := (cfg.ExpertFFN + xt - 1) / xt // gate and up are cut on dim 0 (F), down on dim 1 (F)
+		for _, rc := range [][2]int{{f, cfg.Hidden}, {f, cfg.Hidden}, {cfg.Hidden, f}} {
 			if dim == 0 {
 				out = append(out, FSDPShard{Outer: 1, Rows: el, Inner: rc[0] * rc[1], N: n})
 			} else {
@@ -102,7 +117,8 @@ func UnitTensors(cfg *moe.Config, x *UnitIndex, m *Mesh, u Unit, n int) []FSDPSh
 		for _, d := range p.Shape[1:] {
 			inner *= d
 		}
-		out = append(out, FSDPShard{Outer: 1, Rows: p.Shape[0], Inner: inner, N: n})
+		rows, inner := cut(p.TP, p.Shape[0], inner, tp)
+		out = append(out, FSDPShard{Outer: 1, Rows: rows, Inner: inner, N: n})
 	}
 	return out
 }

@@ -9,9 +9,11 @@ import (
 
 // Axis names one dimension of the device mesh (DESIGN.md, Layout contract).
 //
-// The dense mesh is (dp_replicate, dp_shard); the expert mesh splits dp_shard
-// into (efsdp = dp_shard/ep, ep) with ep the inner (fastest-varying) axis, as
-// torchtitan flattens it, so an EP group is ep consecutive ranks.
+// The dense mesh is (dp_replicate, dp_shard, tp), tp innermost; the expert
+// mesh splits dp_shard × tp into (efsdp, ep, etp) with etp the innermost
+// axis and ep the next, as torchtitan v0.2.2 unflattens its sparse mesh
+// (efsdp = dp_shard·tp/(ep·etp), etp = Layout.ExpertTP()), so without tp an
+// EP group is ep consecutive ranks.
 type Axis string
 
 // Mesh axes. Each names a family of groups that partition the world.
@@ -29,15 +31,22 @@ const (
 	AxisEFSDP Axis = "efsdp"
 	// AxisDP: every rank (the data-parallel group: loss and bias-load reductions).
 	AxisDP Axis = "dp"
+	// AxisTP: the tp consecutive ranks of one tensor-parallel group
+	// (sequence-parallel all-gathers and reduce-scatters; with etp = tp
+	// also the routed experts' split).
+	AxisTP Axis = "tp"
 )
 
 // MeshAxes lists the axes in report order.
-func MeshAxes() [5]Axis { return [...]Axis{AxisReplicate, AxisShard, AxisEP, AxisEFSDP, AxisDP} }
+func MeshAxes() [6]Axis {
+	return [...]Axis{AxisReplicate, AxisShard, AxisEP, AxisEFSDP, AxisDP, AxisTP}
+}
 
-// Mesh places world = dp_replicate × dp_shard ranks. Rank r has replica
-// r / dp_shard and shard s = r mod dp_shard; in the expert mesh s = f·ep + e
-// with f = s / ep its efsdp index and e = s mod ep its ep index. Rank r sits on
-// node r / GPUsPerNode as local GPU r mod GPUsPerNode.
+// Mesh places world = dp_replicate × dp_shard × tp ranks. Rank r has tp
+// index t = r mod tp, data-parallel rank d = r / tp, replica d / dp_shard and
+// shard s = d mod dp_shard; in the expert mesh s·tp + t = (f·ep + e)·x + j with
+// x = Layout.ExpertTP(), f its efsdp index, e its ep index and j its etp
+// index. Rank r sits on node r / GPUsPerNode as local GPU r mod GPUsPerNode.
 type Mesh struct {
 	Layout      moe.Layout
 	GPUsPerNode int
@@ -47,12 +56,18 @@ type Mesh struct {
 type Coord struct {
 	Rank    int
 	Replica int // 0 ≤ Replica < dp_replicate
-	Shard   int // 0 ≤ Shard < dp_shard; data-parallel rank = Replica·dp_shard + Shard = Rank
-	EFSDP   int // Shard / ep
-	EP      int // Shard mod ep
+	Shard   int // 0 ≤ Shard < dp_shard; data-parallel rank = Replica·dp_shard + Shard = Rank / tp
+	EFSDP   int // (Shard·tp + TP) / (ep·etp); Shard / ep without tp
+	EP      int // ((Shard·tp + TP) / etp) mod ep; Shard mod ep without tp
+	TP      int // Rank mod tp
 	Node    int // Rank / gpus_per_node
 	Local   int // Rank mod gpus_per_node
 }
+
+// DPRank is the rank's data-parallel index, Replica·dp_shard + Shard: the
+// index the batch plan gives its sequences by (the tp ranks of one group
+// read the same sequences).
+func (c Coord) DPRank(l moe.Layout) int { return c.Replica*l.DPShard + c.Shard }
 
 // NewMesh validates a resolved layout (and, when cfg is not nil, that ep
 // divides the experts) and places its ranks, gpusPerNode per node. Every
@@ -76,8 +91,8 @@ func NewMesh(l moe.Layout, cfg *moe.Config, gpusPerNode int) (*Mesh, error) {
 	if gpusPerNode < 1 || gpusPerNode > 1<<20 {
 		errs = append(errs, moe.FieldError{Field: "gpus_per_node", Value: gpusPerNode, Allowed: "must be in [1, 1048576]"})
 	} else if l.GPUs > gpusPerNode && l.GPUs%gpusPerNode != 0 {
-		errs = append(errs, fmt.Errorf("gpus_per_node = %d does not divide gpus = %d (= dp_replicate %d × dp_shard %d); a job spanning nodes fills whole nodes",
-			gpusPerNode, l.GPUs, l.DPReplicate, l.DPShard))
+		errs = append(errs, fmt.Errorf("gpus_per_node = %d does not divide gpus = %d (= dp_replicate %d × dp_shard %d × tp %d); a job spanning nodes fills whole nodes",
+			gpusPerNode, l.GPUs, l.DPReplicate, l.DPShard, l.TPDegree()))
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("mesh: %w", errors.Join(errs...))
@@ -85,7 +100,7 @@ func NewMesh(l moe.Layout, cfg *moe.Config, gpusPerNode int) (*Mesh, error) {
 	return &Mesh{Layout: l, GPUsPerNode: gpusPerNode}, nil
 }
 
-// World is the number of ranks, dp_replicate × dp_shard.
+// World is the number of ranks, dp_replicate × dp_shard × tp.
 func (m *Mesh) World() int { return m.Layout.GPUs }
 
 // Nodes is the number of nodes the ranks occupy (the last may be partly used
@@ -95,9 +110,12 @@ func (m *Mesh) Nodes() int { return (m.World() + m.GPUsPerNode - 1) / m.GPUsPerN
 // Coord returns rank's coordinates; rank must be in [0, World).
 func (m *Mesh) Coord(rank int) Coord {
 	l := m.Layout
-	s := rank % l.DPShard
+	tp, x := l.TPDegree(), l.ExpertTP()
+	d := rank / tp
+	s := d % l.DPShard
+	flat := s*tp + rank%tp // position in the replica's dp_shard × tp
 	return Coord{
-		Rank: rank, Replica: rank / l.DPShard, Shard: s, EFSDP: s / l.EP, EP: s % l.EP,
+		Rank: rank, Replica: d / l.DPShard, Shard: s, EFSDP: flat / (x * l.EP), EP: flat / x % l.EP, TP: rank % tp,
 		Node: rank / m.GPUsPerNode, Local: rank % m.GPUsPerNode,
 	}
 }
@@ -134,28 +152,36 @@ func (g Group) IndexOf(rank int) int {
 func (m *Mesh) Group(axis Axis, rank int) Group {
 	l := m.Layout
 	c := m.Coord(rank)
+	tp, x := l.TPDegree(), l.ExpertTP()
+	replica := c.Replica * l.DPShard * tp // first rank of the replica
+	j := (c.Shard*tp + c.TP) % x          // etp index
 	var g Group
 	g.Axis = axis
 	switch axis {
 	case AxisReplicate:
-		g.Index = c.Shard
+		g.Index = c.Shard*tp + c.TP
 		for p := 0; p < l.DPReplicate; p++ {
-			g.Ranks = append(g.Ranks, p*l.DPShard+c.Shard)
+			g.Ranks = append(g.Ranks, (p*l.DPShard+c.Shard)*tp+c.TP)
 		}
 	case AxisShard:
-		g.Index = c.Replica
+		g.Index = c.Replica*tp + c.TP
 		for s := 0; s < l.DPShard; s++ {
-			g.Ranks = append(g.Ranks, c.Replica*l.DPShard+s)
+			g.Ranks = append(g.Ranks, replica+s*tp+c.TP)
+		}
+	case AxisTP:
+		g.Index = c.Replica*l.DPShard + c.Shard
+		for t := 0; t < tp; t++ {
+			g.Ranks = append(g.Ranks, g.Index*tp+t)
 		}
 	case AxisEP:
-		g.Index = c.Replica*l.ExpertShard() + c.EFSDP
+		g.Index = (c.Replica*l.ExpertShard()+c.EFSDP)*x + j
 		for e := 0; e < l.EP; e++ {
-			g.Ranks = append(g.Ranks, c.Replica*l.DPShard+c.EFSDP*l.EP+e)
+			g.Ranks = append(g.Ranks, replica+(c.EFSDP*l.EP+e)*x+j)
 		}
 	case AxisEFSDP:
-		g.Index = c.Replica*l.EP + c.EP
+		g.Index = (c.Replica*l.EP+c.EP)*x + j
 		for f := 0; f < l.ExpertShard(); f++ {
-			g.Ranks = append(g.Ranks, c.Replica*l.DPShard+f*l.EP+c.EP)
+			g.Ranks = append(g.Ranks, replica+(f*l.EP+c.EP)*x+j)
 		}
 	case AxisDP:
 		for r := 0; r < m.World(); r++ {
@@ -185,7 +211,8 @@ func (m *Mesh) Groups(axis Axis) []Group {
 // FSDP-sharded over efsdp: 0 (the expert dimension of the stacked [E/ep, ·, ·]
 // weights) unless efsdp·ep > experts, when dim 0 would pad and torchtitan
 // shards dim 1 instead (torchtitan parallelize: Shard(1) when
-// dp_mod_ep·ep > num_experts).
+// dp_mod_ep·ep > num_experts; with tp its efsdp counts the tp ranks EP
+// borrows, ExpertShard).
 func (m *Mesh) ExpertShardDim(experts int) int {
 	if m.Layout.ExpertShard()*m.Layout.EP > experts {
 		return 1
@@ -196,6 +223,14 @@ func (m *Mesh) ExpertShardDim(experts int) int {
 // String prints every factor of the mesh.
 func (m *Mesh) String() string {
 	l := m.Layout
+	if tp := l.TPDegree(); tp > 1 {
+		async := ""
+		if l.AsyncTP {
+			async = ", async"
+		}
+		return fmt.Sprintf("world %d = dp_replicate %d × dp_shard %d × tp %d%s; dp_shard × tp %d = efsdp %d × ep %d × etp %d; %d node(s) of %d GPUs; sharding %s",
+			l.GPUs, l.DPReplicate, l.DPShard, tp, async, l.DPShard*tp, l.ExpertShard(), l.EP, l.ExpertTP(), m.Nodes(), m.GPUsPerNode, l.Sharding)
+	}
 	return fmt.Sprintf("world %d = dp_replicate %d × dp_shard %d; dp_shard %d = efsdp %d × ep %d; %d node(s) of %d GPUs; sharding %s",
 		l.GPUs, l.DPReplicate, l.DPShard, l.DPShard, l.ExpertShard(), l.EP, m.Nodes(), m.GPUsPerNode, l.Sharding)
 }

@@ -32,4 +32,5 @@ func ExampleNewMesh() {
 	// ep[3] [6 7]
 	// efsdp[2] [4 6]
 	// dp[0] [0 1 2 3 4 5 6 7]
+	// tp[6] [6]
 }

@@ -89,3 +89,65 @@ func TestExpertShardDim(t *testing.T) {
 		t.Errorf("4 experts: dim %d, want 1", d)
 	}
 }
+
+// TestMeshGroupsTP: tp innermost, and the expert mesh as torchtitan v0.2.2
+// unflattens dp_shard × tp into (efsdp, ep, etp). Hand-derived for rank 11
+// of 16 = dp_replicate 2 × dp_shard 4 × tp 2: t = 11 mod 2 = 1, d = 5,
+// replica 1, shard 1, position in the replica's dp_shard × tp = 1·2 + 1 = 3.
+func TestMeshGroupsTP(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		l      moe.Layout
+		groups map[Axis][]int
+	}{
+		// etp 1, ep 4: EP borrows the tp ranks; efsdp = 4·2/4 = 2;
+		// position 3 = f 0 · 4 + e 3.
+		{"etp 1", moe.Layout{GPUs: 16, DPReplicate: 2, TP: 2, EP: 4, ETP: 1}, map[Axis][]int{
+			AxisTP: {10, 11}, AxisShard: {9, 11, 13, 15}, AxisReplicate: {3, 11},
+			AxisEP: {8, 9, 10, 11}, AxisEFSDP: {11, 15},
+		}},
+		// etp = tp = 2, ep 2: EP borrows dp_shard only; efsdp = 4·2/(2·2)
+		// = 2; position 3 = (f 0 · 2 + e 1) · 2 + j 1.
+		{"etp tp", moe.Layout{GPUs: 16, DPReplicate: 2, TP: 2, EP: 2, ETP: 2}, map[Axis][]int{
+			AxisTP: {10, 11}, AxisShard: {9, 11, 13, 15}, AxisReplicate: {3, 11},
+			AxisEP: {9, 11}, AxisEFSDP: {11, 15},
+		}},
+	} {
+		l := c.l
+		l.Sharding = moe.ShardFSDP
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := NewMesh(l, nil, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if co := m.Coord(11); co.TP != 1 || co.Shard != 1 || co.Replica != 1 || co.DPRank(l) != 5 {
+			t.Errorf("%s: Coord(11) = %+v, DP rank %d; want tp 1, shard 1, replica 1, DP rank 5", c.name, co, co.DPRank(l))
+		}
+		for a, want := range c.groups {
+			if g := m.Group(a, 11); !reflect.DeepEqual(g.Ranks, want) {
+				t.Errorf("%s: Group(%s, 11) = %v, want %v", c.name, a, g.Ranks, want)
+			}
+		}
+		for _, a := range MeshAxes() {
+			seen := map[int]int{}
+			for _, g := range m.Groups(a) {
+				for _, r := range g.Ranks {
+					seen[r]++
+					if got := m.Group(a, r); got.Index != g.Index {
+						t.Errorf("%s %s: rank %d in group %d but Group says %d", c.name, a, r, g.Index, got.Index)
+					}
+				}
+			}
+			if len(seen) != 16 {
+				t.Errorf("%s: %s groups cover %d ranks, want 16", c.name, a, len(seen))
+			}
+			for r, n := range seen {
+				if n != 1 {
+					t.Errorf("%s %s: rank %d in %d groups", c.name, a, r, n)
+				}
+			}
+		}
+	}
+}

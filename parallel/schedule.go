@@ -206,6 +206,9 @@ type ScheduleOp struct {
 	Unit     Unit
 	DType    moe.DType
 	Elements int64
+	// AsyncPart marks the overlapped part of an async tensor-parallel
+	// collective: it runs beside compute instead of before it.
+	AsyncPart bool
 
 	// Mem are the memory package's timeline events that happen at this op
 	// (see Schedule.Setup).

@@ -44,7 +44,12 @@ type ScheduleSpec struct {
 // fully checkpointed block re-runs its forward (all-to-alls included) before
 // its backward. After the last micro-step: loss (and selection-bias load)
 // all-reduces over dp, the optimizer, and under zero1/zero2 the all-gather of
-// updated parameter shards. Collectives on one-member groups are omitted.
+// updated parameter shards. Under tensor parallelism every compute segment
+// is preceded and followed by the collectives TPCollectives places there, on
+// the tp group, in the computation's chain (with async TP only the first of
+// tp chunks in it, the rest beside it); FSDP moves each tp rank's pieces
+// (UnitTensors) and the all-to-alls each tp rank's rows. Collectives on
+// one-member groups are omitted.
 func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 	cfg, m := sp.Config, sp.Mesh
 	if cfg == nil || m == nil {
@@ -135,6 +140,13 @@ type schedBuilder struct {
 	gatherOp map[Unit]int  // id of the gather that made them so, or -1
 	lastRS   []int         // grad collectives of the current micro-step
 	computes []int         // compute op ids in issue order, for prefetch deps
+
+	// Tensor parallelism: each layer's collectives (TPCollectives) and,
+	// under async TP, the overlapped parts of collectives the next compute
+	// (tpDue) and the one after it (tpLater) wait for.
+	tp             map[int][]TPColl
+	tpDue, tpLater []int
+	chain          int // the last op of the computation's chain (segment, all-to-all or tp collective), -1 before the first
 }
 
 func (b *schedBuilder) add(o ScheduleOp) int {
@@ -226,6 +238,9 @@ func (b *schedBuilder) free(u Unit) {
 	b.gathered[u] = false
 }
 
+// compute emits a compute segment after deps, with the tensor-parallel
+// collectives TPCollectives places before and after it, and returns the
+// id of the last op emitted (the segment, or its last collective after).
 func (b *schedBuilder) compute(micro, layer int, ph Phase, seg Segment, deps ...int) int {
 	var ds []int
 	for _, d := range deps {
@@ -233,10 +248,71 @@ func (b *schedBuilder) compute(micro, layer int, ph Phase, seg Segment, deps ...
 			ds = append(ds, d)
 		}
 	}
+	var before []int
+	if len(b.tp) > 0 {
+		// The collectives before the segment follow the computation that
+		// produced their input (the previous segment, all-to-all or
+		// collective of the chain) and precede the segment.
+		prev := b.chain
+		for _, c := range b.tpAt(layer, ph, seg, false) {
+			var dep []int
+			if prev >= 0 {
+				dep = []int{prev}
+			}
+			prev, before = b.tpColl(micro, layer, c, dep, before)
+			ds = append(ds, prev)
+		}
+		if ph == PhaseOptimizer {
+			ds = append(ds, b.tpLater...)
+			b.tpLater = nil
+		}
+		ds = append(ds, b.tpDue...)
+		b.tpDue = append(b.tpLater, before...)
+		b.tpLater = nil
+	}
 	o := ScheduleOp{Type: OpCompute, Stream: StreamCompute, Micro: micro, Layer: layer, Phase: ph, Segment: seg, Deps: ds}
 	id := b.add(o)
 	b.computes = append(b.computes, id)
-	return id
+	last := id
+	for _, c := range b.tpAt(layer, ph, seg, true) {
+		last, b.tpLater = b.tpColl(micro, layer, c, []int{last}, b.tpLater)
+	}
+	b.chain = last
+	return last
+}
+
+// tpAt returns the tensor-parallel collectives of layer placed before
+// (after = false) or after the compute of (ph, seg).
+func (b *schedBuilder) tpAt(layer int, ph Phase, seg Segment, after bool) []TPColl {
+	var out []TPColl
+	for _, c := range b.tp[layer] {
+		if c.Phase == ph && c.Segment == seg && c.After == after {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// tpColl emits one tensor-parallel collective after deps on the tp group
+// and returns the op the computation waits for, with overlapped appended
+// the id of its overlapped part, if any. Under async TP an all-gather or
+// reduce-scatter is decomposed as torch's micro-pipeline TP does (the
+// collective split into tp chunks, each overlapped with the matmul on the
+// previous one): the first chunk, S/tp, is exposed; the other (tp−1)/tp·S
+// are an AsyncPart op beside the compute, which the computation waits for
+// one segment later.
+func (b *schedBuilder) tpColl(micro, layer int, c TPColl, deps []int, overlapped []int) (int, []int) {
+	o := ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: deps,
+		Coll: c.Coll, Axis: AxisTP, Purpose: c.Purpose, DType: c.DType, Elements: c.Elements}
+	if !b.l.AsyncTP || c.Coll == CollAllReduce {
+		return b.add(o), overlapped
+	}
+	tp := int64(b.l.TPDegree())
+	first := c.Elements / tp
+	o.Elements = first
+	id := b.add(o)
+	o.Elements, o.AsyncPart, o.Deps = c.Elements-first, true, []int{id}
+	return id, append(overlapped, b.add(o))
 }
 
 // a2a emits an all-to-all on the EP group after op dep; rows is the rows this
@@ -245,15 +321,18 @@ func (b *schedBuilder) a2a(micro, layer int, p Purpose, dep int) int {
 	if b.l.EP == 1 {
 		return dep
 	}
+	// Under tp with etp = 1 each tp rank sends its 1/tp of the gathered
+	// micro-batch's rows (Layout.TokensPerExpertRank).
 	T := int64(b.sp.LBS) * int64(b.sp.Seq)
-	rows := T * int64(b.cfg.TopK)
+	rows := T * int64(b.cfg.TopK) / int64(b.l.TokensPerExpertRank())
 	if p == PurposeDispatch {
 		dep = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: []int{dep},
 			Coll: CollAllToAll, Axis: AxisEP, Purpose: PurposeCounts, DType: moe.I64, Elements: int64(b.cfg.Experts)})
 	}
 	el := rows * int64(b.cfg.Hidden)
-	return b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: []int{dep},
+	b.chain = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: []int{dep},
 		Coll: CollAllToAll, Axis: AxisEP, Purpose: p, DType: b.prec.Activation, Elements: el})
+	return b.chain
 }
 
 // forwardBlock emits a block's forward (or recompute) segments and returns
@@ -319,6 +398,14 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 func (b *schedBuilder) build() {
 	b.gathered = map[Unit]bool{}
 	b.gatherOp = map[Unit]int{}
+	b.chain = -1
+	if b.l.TPDegree() > 1 {
+		b.tp = map[int][]TPColl{}
+		T := b.sp.LBS * b.sp.Seq
+		for l := moe.LayerEmbed; l <= b.cfg.LayerHead(); l++ {
+			b.tp[l] = TPCollectives(b.cfg, b.l, l, T, b.sp.AC, b.prec.Activation)
+		}
+	}
 	head := b.cfg.LayerHead()
 	ra := b.l.ReshardAfterForward
 	keep := b.l.KeepGathered

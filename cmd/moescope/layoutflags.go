@@ -14,9 +14,10 @@ import (
 type layoutFlags struct {
 	fs                                          *flag.FlagSet // to tell a flag given as 0 from one left out
 	gpus, dpShard, dpReplicate, ep, gpusPerNode int
+	tp, etp                                     int
 	sharding                                    string
 	reshardAfterForward, keepGathered           bool
-	allreduceLastOnly                           bool
+	allreduceLastOnly, asyncTP                  bool
 	pp, ppMicrobatchSize, ppVirtualStages       int
 	ppSchedule, ppLayers                        string
 	gradSyncLastOnly                            bool
@@ -30,7 +31,10 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.IntVar(&f.gpus, "gpus", 0, "GPUs in the job (world size)")
 	fs.IntVar(&f.dpShard, "dp-shard", 0, "FSDP/ZeRO shard degree (default gpus/dp-replicate)")
 	fs.IntVar(&f.dpReplicate, "dp-replicate", 0, "data-parallel replicas (HSDP; default 1)")
-	fs.IntVar(&f.ep, "ep", 1, "expert-parallel degree (divides dp-shard)")
+	fs.IntVar(&f.ep, "ep", 1, "expert-parallel degree (ep × etp divides dp-shard × tp)")
+	fs.IntVar(&f.tp, "tp", 1, "tensor-parallel degree, with sequence parallelism (innermost mesh axis)")
+	fs.IntVar(&f.etp, "etp", 1, "tensor-parallel degree of routed experts when ep > 1: 1 (EP borrows the tp ranks) or the tp degree")
+	fs.BoolVar(&f.asyncTP, "async-tp", false, "async tensor parallelism: overlap TP collectives with the matmuls they feed (needs --compile)")
 	fs.StringVar(&f.sharding, "sharding", "fsdp", "what dp-shard shards: fsdp|zero2|zero1|ddp")
 	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward (default off with --pp > 1, as torchtitan)")
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
@@ -58,7 +62,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 	for _, d := range []struct {
 		name string
 		v    int
-	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}, {"pp", f.pp},
+	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}, {"tp", f.tp}, {"etp", f.etp}, {"pp", f.pp},
 		{"pp-microbatch-size", f.ppMicrobatchSize}, {"pp-virtual-stages", f.ppVirtualStages}} {
 		if set[d.name] && d.v < 1 {
 			return moe.Layout{}, fmt.Errorf("%w: --%s = %d: must be in [1, %d] (leave it out for its default)", errUsage, d.name, d.v, moe.MaxDegree)
@@ -68,9 +72,9 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 		return moe.Layout{}, fmt.Errorf("%w: --gpus-per-node = %d: must be in [1, %d] (leave it out for the cluster's)", errUsage, f.gpusPerNode, hw.MaxGPUsPerNode)
 	}
 	l := moe.Layout{
-		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep,
+		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep, TP: f.tp, ETP: f.etp,
 		Sharding: moe.Sharding(f.sharding), ReshardAfterForward: f.reshardAfterForward,
-		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, GPUsPerNode: f.gpusPerNode,
+		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, AsyncTP: f.asyncTP, GPUsPerNode: f.gpusPerNode,
 		PP: f.pp, PPSchedule: moe.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
 		PPVirtualStages: f.ppVirtualStages, PPLayers: moe.StageLayers(f.ppLayers),
 		GradSyncLastOnly: f.gradSyncLastOnly,

@@ -200,12 +200,15 @@ func printMemory(w io.Writer, r memoryReport) {
 	if line := r.Fit.Line(); line != "" {
 		fmt.Fprintln(w, line)
 	}
-	pp := ""
+	pp, tp := "", ""
 	if r.Layout.Stages() > 1 {
 		pp = fmt.Sprintf("pp %d × ", r.Layout.PP)
 	}
-	fmt.Fprintf(w, "%s on %s: gpus %d = %sdp_replicate %d × dp_shard %d, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
-		r.Model, r.GPU, r.Layout.GPUs, pp, r.Layout.DPReplicate, r.Layout.DPShard, r.Layout.EP, r.Layout.Sharding,
+	if l := r.Layout; l.TPDegree() > 1 {
+		tp = fmt.Sprintf(" × tp %d (sequence parallel; etp %d)", l.TPDegree(), l.ETP)
+	}
+	fmt.Fprintf(w, "%s on %s: gpus %d = %sdp_replicate %d × dp_shard %d%s, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
+		r.Model, r.GPU, r.Layout.GPUs, pp, r.Layout.DPReplicate, r.Layout.DPShard, tp, r.Layout.EP, r.Layout.Sharding,
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)
 	if l := r.Layout; l.Stages() > 1 {
 		fmt.Fprintf(w, "pipeline: %s, %d stage(s) per rank, micro-batches of %d sequence(s); the worst pp rank, %d, is reported below and decides whether the layout fits\n",

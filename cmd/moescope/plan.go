@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -34,6 +35,8 @@ type planJSON struct {
 	DPShard             int            `json:"dp_shard"`
 	DPReplicate         int            `json:"dp_replicate"`
 	EP                  int            `json:"ep"`
+	TP                  int            `json:"tp,omitempty"`  // absent = 1
+	ETP                 int            `json:"etp,omitempty"` // with tp
 	Sharding            moe.Sharding   `json:"sharding"`
 	ReshardAfterForward bool           `json:"reshard_after_forward"`
 	KeepGathered        bool           `json:"keep_gathered"`
@@ -85,6 +88,9 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(),
 		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
 		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval, GradSyncLastOnly: l.GradSyncLastOnly}
+	if l.TPDegree() > 1 {
+		j.TP, j.ETP = l.TPDegree(), max(l.ETP, 1)
+	}
 	if breakdown {
 		j.Breakdown = &r.Score.Breakdown
 	}
@@ -107,6 +113,12 @@ func planOptions(l moe.Layout) string {
 	if l.AllreduceLastOnly {
 		o = append(o, "ar-last")
 	}
+	if tp := l.TPDegree(); tp > 1 {
+		o = append(o, fmt.Sprintf("tp%d", tp))
+		if l.EP > 1 {
+			o = append(o, fmt.Sprintf("etp%d", max(l.ETP, 1)))
+		}
+	}
 	if l.GradSyncLastOnly {
 		o = append(o, "sync-last")
 	}
@@ -125,7 +137,8 @@ type planArgs struct {
 	gradSyncLastOnly                   bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
-	reportPath                         string
+	reportPath, tpList                 string
+	tps                                []int // parsed --tp
 	mem                                *memoryModelFlags
 	narrow                             *exportNarrowing // set by request when an export is asked for
 }
@@ -217,6 +230,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
 	fs.StringVar(&a.reportPath, "report", "", "write one self-contained HTML page: tables, plots, the best plan's breakdown and memory, the calibration")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
+	fs.StringVar(&a.tpList, "tp", "1", "tensor-parallel degrees searched, comma-separated (e.g. 1,2,4); each within a host, etp 1 and tp tried with ep")
 	a.mem = addMemoryModelFlags(fs)
 	mtp := addMTPFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -246,6 +260,18 @@ func (a *planArgs) validate() error {
 	}
 	if !(a.target > 0 && a.target <= 1) {
 		errs = append(errs, fmt.Errorf("--memory-target = %v: must be in (0, 1] (a fraction of device memory)", a.target))
+	}
+	a.tps = nil
+	for _, f := range strings.Split(a.tpList, ",") {
+		if a.tpList == "" {
+			break // commands reusing the plan flags without --tp (sweep): tp 1
+		}
+		tp, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || tp < 1 || tp > moe.MaxDegree {
+			errs = append(errs, fmt.Errorf("--tp = %q: %q must be an integer in [1, %d]", a.tpList, f, moe.MaxDegree))
+			continue
+		}
+		a.tps = append(a.tps, tp)
 	}
 	if a.globalBatch < 0 || a.globalBatch > 1<<40 {
 		errs = append(errs, fmt.Errorf("--global-batch = %d: must be in [1, 1099511627776] sequences (0 = free)", a.globalBatch))
@@ -327,12 +353,29 @@ func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *
 // points torchtitan can run.
 func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly}
+		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
 	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath); a.narrow != nil {
 		req.Admit = a.narrow.admit
+	}
+	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
+		// Tensor-parallel degrees the model or the sequence cannot split
+		// are refused before any estimate.
+		narrow, seq := req.Admit, a.seq
+		req.Admit = func(p plan.Point) error {
+			if err := p.Layout.CheckModel(cfg); err != nil {
+				return err
+			}
+			if err := p.Layout.CheckSeq(seq); err != nil {
+				return err
+			}
+			if narrow != nil {
+				return narrow(p)
+			}
+			return nil
+		}
 	}
 	return req
 }
@@ -500,8 +543,10 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	switch {
 	case l.DPShard == 1:
 		shape = fmt.Sprintf("pure data parallelism over %d replicas", l.DPReplicate)
-	case l.DPReplicate == 1:
+	case l.DPReplicate == 1 && l.TPDegree() == 1:
 		shape = fmt.Sprintf("%s over all %d GPUs", l.Sharding, l.DPShard)
+	case l.DPReplicate == 1:
+		shape = fmt.Sprintf("%s over %d GPUs", l.Sharding, l.DPShard)
 	default:
 		shape = fmt.Sprintf("%s groups of %d GPUs × %d replicas", l.Sharding, l.DPShard, l.DPReplicate)
 	}

@@ -218,6 +218,13 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	}
 	fmt.Fprintf(w, "%s on %d × %s (%s): %sdp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",
 		r.Model, l.GPUs, r.Device, r.Cluster, pp, l.DPReplicate, l.DPShard, l.EP, l.Sharding, r.AC, r.LBS, r.Seq, r.GradAccum)
+	if tp := l.TPDegree(); tp > 1 {
+		async := ""
+		if l.AsyncTP {
+			async = ", async (first of tp chunks exposed, the rest overlapped)"
+		}
+		fmt.Fprintf(w, "tp %d, etp %d, sequence parallel%s: tp collectives on %s\n", tp, l.ETP, async, r.TPLink)
+	}
 	if r.Calibration != "" {
 		fmt.Fprintf(w, "calibration: %s\n", r.Calibration)
 	}

@@ -204,6 +204,9 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err != nil {
 		return nil, err
 	}
+	if layout.TPDegree() > 1 {
+		return nil, fmt.Errorf("%w: --tp = %d: train's numeric backend does not execute tensor parallelism yet (built: --dp-shard, --dp-replicate, --ep; memory and simulate model --tp)", errUsage, layout.TPDegree())
+	}
 	coef := a.auxCoef
 	if coef < 0 {
 		coef = cfg.AuxLossCoef

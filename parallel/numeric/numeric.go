@@ -94,6 +94,11 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, err
 	}
+	if m.Layout.TPDegree() > 1 {
+		// The virtual-time backend and the memory model know tensor
+		// parallelism; these goroutine ranks do not execute it yet.
+		return nil, fmt.Errorf("numeric: tp = %d is not built in the numeric backend (built: dp_shard, dp_replicate, ep)", m.Layout.TPDegree())
+	}
 	ps := cfg.Params()
 	if len(init) != len(ps) {
 		return nil, fmt.Errorf("numeric: %d initial tensors, model has %d", len(init), len(ps))

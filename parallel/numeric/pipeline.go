@@ -506,6 +506,3 @@ func (p *PipelineTrainer) Params() [][]float32 {
 	}
 	return out
 }
-
-// StepIndex is the number of optimizer steps taken.
-func (p *PipelineTrainer) StepIndex() int { return p.step }

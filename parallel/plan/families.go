@@ -60,6 +60,14 @@ func (r *Request) withDefaults() (Request, error) {
 	if len(q.Shardings) == 0 {
 		q.Shardings = []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
 	}
+	for _, tp := range q.TPs {
+		if tp < 1 || tp > moe.MaxDegree {
+			return q, moe.FieldError{Field: "tp", Value: tp, Allowed: fmt.Sprintf("each must be in [1, %d]", moe.MaxDegree)}
+		}
+	}
+	if len(q.TPs) == 0 {
+		q.TPs = []int{1}
+	}
 	if q.GlobalBatch > 0 {
 		if q.GlobalBatch < q.GPUs || q.GlobalBatch%q.GPUs != 0 {
 			return q, &InfeasibleError{GPUs: q.GPUs,
@@ -188,24 +196,59 @@ func redundant(l moe.Layout) bool {
 // enumerateFamilies enumerates every family at n GPUs.
 func (q *Request) enumerateFamilies(n int, accum bool) []family {
 	var fams []family
-	for _, r := range divisorsOf(n) {
-		s := n / r
-		for _, ep := range divisorsOf(s) {
-			if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
-				continue
-			}
-			base := moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}
-			for _, l := range q.shardVariants(base, accum) {
-				if redundant(l) {
+	for _, tp := range q.TPs {
+		if n%tp != 0 || (tp > 1 && tp > q.GPUsPerNode) {
+			continue
+		}
+		for _, r := range divisorsOf(n / tp) {
+			s := n / tp / r
+			// ep borrows from dp_shard × tp (torchtitan v0.2.2's sparse
+			// mesh); without tp, from dp_shard.
+			for _, ep := range divisorsOf(s * tp) {
+				if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
 					continue
 				}
-				for _, ac := range q.ACs {
-					fams = append(fams, family{l, ac})
+				for _, l := range tpVariants(moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}, tp) {
+					for _, l := range q.shardVariants(l, accum) {
+						if redundant(l) {
+							continue
+						}
+						for _, ac := range q.ACs {
+							fams = append(fams, family{l, ac})
+						}
+					}
 				}
 			}
 		}
 	}
 	return fams
+}
+
+// tpVariants returns base with tensor parallelism tp and each etp whose
+// expert mesh is whole (ep·etp divides dp_shard·tp): etp 1, and etp = tp
+// when ep > 1. Without tp, base alone (tp and etp left 0, read as 1).
+func tpVariants(base moe.Layout, tp int) []moe.Layout {
+	if tp == 1 {
+		return []moe.Layout{base}
+	}
+	var out []moe.Layout
+	for _, etp := range []int{1, tp} {
+		if etp == tp && base.EP == 1 {
+			continue // etp has no effect without EP
+		}
+		l := base
+		l.TP, l.ETP = tp, etp
+		if expertMeshWhole(l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// expertMeshWhole reports whether ep·etp divides dp_shard·tp, so that
+// efsdp = dp_shard·tp/(ep·etp) is whole (moe.Layout.Validate's rule).
+func expertMeshWhole(l moe.Layout) bool {
+	return (l.DPShard*l.TPDegree())%(l.EP*l.ExpertTP()) == 0
 }
 
 // growth names how layout b grew from a.
@@ -245,11 +288,14 @@ func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, m
 			a := f / b
 			s, r := old.DPShard*b, old.DPReplicate*a
 			for _, ep := range []int{old.EP, old.EP * b} {
-				if s%ep != 0 || (ep > 1 && (q.Experts == 0 || q.Experts%ep != 0)) {
+				if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
 					continue
 				}
 				base := old
 				base.GPUs, base.DPShard, base.DPReplicate, base.EP = n, s, r, ep
+				if !expertMeshWhole(base) {
+					continue
+				}
 				base.KeepGathered, base.AllreduceLastOnly, base.GradSyncLastOnly = false, false, false
 				// The carried sharding mode with every FSDP option (an
 				// option that did not fit on fewer GPUs may fit now); a

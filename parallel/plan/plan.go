@@ -35,6 +35,12 @@ func (p Point) GlobalBatch() int { return p.LBS * p.Layout.DP() * p.GradAccum }
 func (p Point) String() string {
 	l := p.Layout
 	s := fmt.Sprintf("gpus=%d dp_shard=%d dp_replicate=%d ep=%d sharding=%s", l.GPUs, l.DPShard, l.DPReplicate, l.EP, l.Sharding)
+	if tp := l.TPDegree(); tp > 1 {
+		s += fmt.Sprintf(" tp=%d etp=%d", tp, max(l.ETP, 1))
+		if l.AsyncTP {
+			s += " async-tp"
+		}
+	}
 	if !l.ReshardAfterForward {
 		s += " no-reshard"
 	}
@@ -103,6 +109,12 @@ type Request struct {
 	// Shardings are the modes the dp_shard axis may use (default fsdp,
 	// zero2, zero1, ddp).
 	Shardings []moe.Sharding
+	// TPs are the tensor-parallel degrees searched (default 1 only): each
+	// that divides a stage's GPUs and fits in a host (GPUsPerNode, the
+	// NVLink domain of the usual clusters); with ep > 1 both etp = 1 and
+	// etp = tp are tried. A family keeps its tp as it grows. Admit should
+	// refuse the degrees the model cannot split (moe.Layout.CheckModel).
+	TPs []int
 	// Carry is how many layout families each stage hands to the next (default 8).
 	Carry int
 	// Exhaustive searches the whole space at the target scale instead of

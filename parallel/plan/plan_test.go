@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -193,6 +194,9 @@ func planCheckReport(t *testing.T, req Request, rep *Report) {
 		if l.EP > 1 && req.Experts%l.EP != 0 {
 			t.Errorf("plan %d: ep %d does not divide %d experts", i, l.EP, req.Experts)
 		}
+		if tp := l.TPDegree(); tp > 1 && (!slices.Contains(req.TPs, tp) || tp > req.GPUsPerNode) {
+			t.Errorf("plan %d: tp %d not among %v within a host of %d", i, tp, req.TPs, req.GPUsPerNode)
+		}
 		if r.Score.MemoryFraction > req.MemoryTarget {
 			t.Errorf("plan %d over the memory target: %v", i, r.Score.MemoryFraction)
 		}
@@ -372,7 +376,9 @@ func FuzzPlanSearch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, gpuExp, targetPct, gbMult uint8) {
 		n := 1 << (gpuExp % 7)
 		target := float64(targetPct%101) / 100
-		req := Request{GPUs: n, GPUsPerNode: 8, Experts: 64, MemoryTarget: target, GlobalBatch: n * int(gbMult%9), MaxLBS: 16}
+		// gpuExp / 7 picks the tensor-parallel degrees searched.
+		tps := [][]int{nil, {1, 2}, {1, 2, 4}}[int(gpuExp/7)%3]
+		req := Request{GPUs: n, GPUsPerNode: 8, Experts: 64, MemoryTarget: target, GlobalBatch: n * int(gbMult%9), MaxLBS: 16, TPs: tps}
 		rep, err := Search(req, m)
 		if target == 0 {
 			if err == nil {

@@ -26,6 +26,7 @@ type place struct {
 // monotonicity only. perRank > 0 (sequences per rank per step) sets
 // grad_accum = ⌈perRank / lbs⌉, else 1.
 func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float64, error) {
+	perRank *= f.layout.TPDegree() // sequences per data-parallel rank: its tp ranks share them
 	fits := func(lbs int) (bool, float64, error) {
 		ga := 1
 		if perRank > 0 {
@@ -182,7 +183,7 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 			}
 			continue
 		}
-		choices := lbsChoices(maxLBS, s.perRank, s.all, s.keep)
+		choices := lbsChoices(maxLBS, s.perRank*f.layout.TPDegree(), s.all, s.keep)
 		for _, c := range choices {
 			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly || f.layout.GradSyncLastOnly) {
 				continue // without accumulation these options change nothing

@@ -91,6 +91,11 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
 	if p.AC.Mode == moe.ACLayer && target == TorchtitanPy {
 		errs = append(errs, fmt.Errorf("ac = %s: %s has only per-op selective, full and no checkpointing", p.AC, target))
 	}
+	if l.EP > 1 && l.TPDegree() > 1 && l.ETP == l.TPDegree() && target == TorchtitanPy {
+		// Main's ParallelDims has no etp: EP always borrows from
+		// dp_shard·cp·tp (efsdp = dp_shard·cp·tp/ep), v0.2.2's etp = 1.
+		errs = append(errs, fmt.Errorf("etp = tp = %d with ep = %d: %s has no expert_tensor_parallel_degree (its EP always borrows the tp ranks, etp = 1)", l.ETP, l.EP, target))
+	}
 	return errors.Join(errs...)
 }
 
@@ -192,11 +197,14 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 	if err := e.Point.Layout.Validate(); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	if l := e.Point.Layout; l.AsyncTP && l.TPDegree() > 1 && !e.Compile.Model {
+		return fmt.Errorf("export: async_tp = true without a compiled model: %s refuses it (\"Async TP requires torch.compile\")", target)
+	}
 	return TorchtitanAdmit(target, e.Point)
 }
 
 // torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a
-// layout that shards nothing is DDP over all ranks.
+// layout that shards nothing is DDP over all data-parallel ranks.
 func torchtitanDegrees(l moe.Layout) (rep, shard int) {
 	if l.Sharding == moe.ShardDDP || l.DPShard == 1 {
 		return l.DP(), 1
@@ -254,11 +262,14 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	if err != nil {
 		return nil, err
 	}
-	b.WriteString("tensor_parallel_degree = 1\ncontext_parallel_degree = 1\n")
+	fmt.Fprintf(&b, "tensor_parallel_degree = %d\ncontext_parallel_degree = 1\n", p.Layout.TPDegree())
 	for _, kv := range pipe {
 		fmt.Fprintf(&b, "%s = %s\n", kv[0], kv[1])
 	}
 	fmt.Fprintf(&b, "expert_parallel_degree = %d\n", p.Layout.EP)
+	if p.Layout.TPDegree() > 1 {
+		fmt.Fprintf(&b, "expert_tensor_parallel_degree = %d\nenable_async_tensor_parallel = %t\n", max(p.Layout.ETP, 1), p.Layout.AsyncTP)
+	}
 	if cc := compileComponents(e.Compile); len(cc) > 0 {
 		fmt.Fprintf(&b, "\n[compile]\nenable = true\ncomponents = [%s]\n", strings.Join(cc, ", "))
 	} else {
@@ -347,7 +358,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_replicate_degree = %d\n", rep)
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_shard_degree = %d\n", shard)
 	fmt.Fprintf(&b, "    config.parallelism.fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
-	b.WriteString("    config.parallelism.tensor_parallel_degree = 1\n")
+	fmt.Fprintf(&b, "    config.parallelism.tensor_parallel_degree = %d\n", p.Layout.TPDegree())
 	b.WriteString("    config.parallelism.context_parallel_degree = 1\n")
 	for _, kv := range pipe {
 		fmt.Fprintf(&b, "    config.parallelism.%s = %s\n", kv[0], kv[1])
@@ -356,6 +367,10 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	if cc := compileComponents(e.Compile); len(cc) > 0 {
 		b.WriteString("    config.compile.enable = True\n")
 		fmt.Fprintf(&b, "    config.compile.components = [%s]\n", strings.Join(cc, ", "))
+		if p.Layout.AsyncTP && p.Layout.TPDegree() > 1 {
+			// Main moved async TP from parallelism to the compile settings.
+			b.WriteString("    config.compile.enable_async_tensor_parallel = True\n")
+		}
 	} else {
 		b.WriteString("    config.compile.enable = False\n")
 	}

@@ -109,6 +109,15 @@ func torchtitanPoint(rep, shard, ep int, ac moe.AC, lbs, ga int, reshard bool) P
 		Sharding: moe.ShardFSDP, ReshardAfterForward: reshard}, AC: ac, LBS: lbs, GradAccum: ga}
 }
 
+// torchtitanTPPoint is torchtitanPoint with tensor parallelism tp (etp,
+// async) innermost: gpus = rep × shard × tp.
+func torchtitanTPPoint(rep, shard, tp, ep, etp int, async bool, ac moe.AC) Point {
+	p := torchtitanPoint(rep, shard, ep, ac, 1, 2, true)
+	p.Layout.GPUs *= tp
+	p.Layout.TP, p.Layout.ETP, p.Layout.AsyncTP = tp, etp, async
+	return p
+}
+
 func TestTorchtitanTOML(t *testing.T) {
 	var schema torchtitanTOMLSchema
 	torchtitanLoad(t, "v0.2.2-job_config.json", &schema)
@@ -126,6 +135,9 @@ func TestTorchtitanTOML(t *testing.T) {
 		{"mixtral-8x7b", torchtitanPoint(1, 32, 8, moe.AC{Mode: moe.ACLayer, Every: 2}, 1, 2, true), 2},
 		// dp_shard 1: DDP over all ranks.
 		{"qwen3-235b-a22b", torchtitanPoint(16, 1, 1, moe.AC{Mode: moe.ACFull}, 1, 1, true), 0},
+		// Tensor parallelism: tp 2 with EP borrowing the tp ranks, async.
+		{"qwen3-30b-a3b", torchtitanTPPoint(1, 4, 2, 8, 1, true, moe.AC{Mode: moe.ACSelective}), 0},
+		{"llama3-8b", torchtitanTPPoint(2, 2, 4, 1, 1, false, moe.AC{Mode: moe.ACFull}), 0},
 	}
 	for i, c := range cases {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Header: []string{"plan " + c.p.String()}, Compile: exportCompile(i)}
@@ -175,8 +187,12 @@ func TestTorchtitanTOML(t *testing.T) {
 			t.Errorf("%s: compile %+v written as %v", c.model, e.Compile, doc["compile"])
 		}
 		rep, shard := par["data_parallel_replicate_degree"].(int64), par["data_parallel_shard_degree"].(int64)
-		if int(rep*shard) != c.p.Layout.GPUs || int(par["expert_parallel_degree"].(int64)) != c.p.Layout.EP {
-			t.Errorf("%s: degrees %d × %d, ep %v do not give %+v", c.model, rep, shard, par["expert_parallel_degree"], c.p.Layout)
+		tp := par["tensor_parallel_degree"].(int64)
+		if int(rep*shard*tp) != c.p.Layout.GPUs || int(tp) != c.p.Layout.TPDegree() || int(par["expert_parallel_degree"].(int64)) != c.p.Layout.EP {
+			t.Errorf("%s: degrees %d × %d × tp %d, ep %v do not give %+v", c.model, rep, shard, tp, par["expert_parallel_degree"], c.p.Layout)
+		}
+		if tp > 1 && (par["expert_tensor_parallel_degree"] != int64(c.p.Layout.ETP) || par["enable_async_tensor_parallel"] != c.p.Layout.AsyncTP) {
+			t.Errorf("%s: etp %v, async %v written for %+v", c.model, par["expert_tensor_parallel_degree"], par["enable_async_tensor_parallel"], c.p.Layout)
 		}
 		if c.p.Layout.DPShard > 1 && (int(rep) != c.p.Layout.DPReplicate || int(shard) != c.p.Layout.DPShard) {
 			t.Errorf("%s: degrees %d × %d, want %d × %d", c.model, rep, shard, c.p.Layout.DPReplicate, c.p.Layout.DPShard)
@@ -240,6 +256,9 @@ func TestTorchtitanPython(t *testing.T) {
 		{"qwen3-30b-a3b", torchtitanPoint(8, 64, 8, moe.AC{Mode: moe.ACSelective}, 2, 4, true), 0},
 		{"deepseek-moe-16b", torchtitanPoint(1, 16, 4, moe.AC{Mode: moe.ACNone}, 8, 1, false), 0},
 		{"olmoe-1b-7b", torchtitanPoint(2, 8, 1, moe.AC{Mode: moe.ACFull}, 4, 1, true), 1},
+		// tp 2, EP borrowing the tp ranks (main's only EP rule), async TP
+		// under the compile settings (exportCompile(3) compiles).
+		{"qwen3-30b-a3b", torchtitanTPPoint(1, 8, 2, 8, 1, true, moe.AC{Mode: moe.ACSelective}), 0},
 	} {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i)}
 		var buf bytes.Buffer
@@ -289,7 +308,8 @@ func TestTorchtitanPython(t *testing.T) {
 		l := c.p.Layout
 		want := map[string]string{
 			"num_tokens_per_microbatch_per_dp_rank": strconv.Itoa(c.p.LBS * 4096),
-			"num_tokens_per_train_step":             strconv.Itoa(c.p.LBS * l.GPUs * c.p.GradAccum * 4096),
+			"num_tokens_per_train_step":             strconv.Itoa(c.p.LBS * l.DP() * c.p.GradAccum * 4096),
+			"tensor_parallel_degree":                strconv.Itoa(l.TPDegree()),
 			"max_context_length":                    "4096",
 			"data_parallel_replicate_degree":        strconv.Itoa(l.DPReplicate),
 			"data_parallel_shard_degree":            strconv.Itoa(l.DPShard),
@@ -298,6 +318,9 @@ func TestTorchtitanPython(t *testing.T) {
 		}
 		if cc := compileComponents(e.Compile); len(cc) > 0 {
 			want["components"] = "[" + strings.Join(cc, ", ") + "]"
+		}
+		if l.AsyncTP {
+			want["enable_async_tensor_parallel"] = "True"
 		}
 		for k, v := range want {
 			if got[k] != v {
@@ -324,6 +347,8 @@ func TestTorchtitanAdmit(t *testing.T) {
 		{func(p *Point) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
 		{func(p *Point) { p.Layout.GradSyncLastOnly = true }, TorchtitanTOML, "grad_sync_last_only"},
 		{func(p *Point) { p.AC = moe.AC{Mode: moe.ACLayer, Every: 2} }, TorchtitanPy, "ac = layer:2"},
+		// Main has no expert_tensor_parallel_degree (parallel_dims.py at b5bcd76).
+		{func(p *Point) { *p = torchtitanTPPoint(1, 8, 2, 2, 2, false, p.AC) }, TorchtitanPy, "etp = tp = 2"},
 	} {
 		p := base
 		c.edit(&p)
@@ -556,5 +581,23 @@ func checkFQNs(t *testing.T, form string, v any, want, layers int, output string
 	wantNames = append(wantNames, "norm", output)
 	if strings.Join(names, " ") != strings.Join(wantNames, " ") {
 		t.Errorf("%s: modules %v, want %v", form, names, wantNames)
+	}
+}
+
+// TestTorchtitanAsyncTPNeedsCompile: both torchtitan versions refuse async
+// TP without a compiled model (v0.2.2 parallelize_qwen3: "Async TP requires
+// torch.compile"; main CompileConfig.__post_init__).
+func TestTorchtitanAsyncTPNeedsCompile(t *testing.T) {
+	e := TorchtitanExport{Model: "llama3-8b", Seq: 4096, Point: torchtitanTPPoint(1, 4, 2, 1, 1, true, moe.AC{Mode: moe.ACFull})}
+	var buf bytes.Buffer
+	if _, err := e.TOML(&buf); err == nil || !strings.Contains(err.Error(), "async_tp") {
+		t.Errorf("TOML: %v, want an error naming async_tp", err)
+	}
+	if _, err := e.Python(&buf); err == nil || !strings.Contains(err.Error(), "async_tp") {
+		t.Errorf("Python: %v, want an error naming async_tp", err)
+	}
+	e.Compile = memory.Compile{Model: true}
+	if _, err := e.TOML(&buf); err != nil {
+		t.Errorf("compiled: %v", err)
 	}
 }

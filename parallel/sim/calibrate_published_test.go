@@ -135,7 +135,7 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 		name = r.RunID + " " + name
 	}
 	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
-		fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
+		publishedLayout(r), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
 	if cal != nil {
 		c, err := p.run(cal)
 		if err != nil {
@@ -165,9 +165,23 @@ func publishedPipelineRow(t *testing.T, r Run, in Input) (line string, eu, ec fl
 	eu = un.TPS/r.TPS - 1
 	name := r.RunID + " " + r.Model
 	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
-		fmt.Sprintf("pp%d×%d×%d", r.PP, r.DPReplicate, r.DPShard), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
+		publishedLayout(r), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
 	if !strings.HasPrefix(r.Framework, "torchtitan") {
 		line += " [framework difference not modelled: " + r.Framework + "]"
 	}
 	return line, eu, 0
+}
+
+// publishedLayout prints a run's dp_replicate × dp_shard, with pp× before
+// it under pipeline parallelism and × tp after it under tensor
+// parallelism.
+func publishedLayout(r Run) string {
+	s := fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard)
+	if r.PP > 1 {
+		s = fmt.Sprintf("pp%d×", r.PP) + s
+	}
+	if r.TP > 1 {
+		s += fmt.Sprintf("×tp%d", r.TP)
+	}
+	return s
 }

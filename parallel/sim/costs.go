@@ -146,6 +146,12 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 	if o.Type == parallel.OpCompute {
 		return simCompute
 	}
+	// Tensor-parallel collectives block the computation (their own process
+	// group's stream, waited on before the op that reads them), but for
+	// the overlapped part of an async one.
+	if o.Axis == parallel.AxisTP && !o.AsyncPart {
+		return simCompute
+	}
 	if single {
 		return simGather
 	}
@@ -184,6 +190,9 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 		g, ok := shapes[o.Axis]
 		if !ok {
 			g = ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
+			if o.Axis == parallel.AxisTP {
+				g = widestTPGroup(cl, mesh)
+			}
 			shapes[o.Axis] = g
 		}
 		bytes := float64(o.Bytes())
@@ -236,7 +245,8 @@ type optimizerCost struct{ update, clip float64 }
 // to its pre-expert segment, forward and, when the block is fully
 // checkpointed, recompute, as memory-bound time named routing.
 func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec ComputeSpec) {
-	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq))
+	// Under tp with etp = 1 each tp rank reorders its 1/tp of the rows.
+	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq)/int64(in.Layout.TokensPerExpertRank()))
 	add := func(k segKey, rec float64) {
 		c := costs[k]
 		c.total += t
@@ -254,4 +264,18 @@ func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec Comput
 			add(segKey{layer, parallel.SegPre, parallel.PhaseRecompute}, t)
 		}
 	}
+}
+
+// widestTPGroup is the shape of the tp group spanning the most NVLink
+// domains: when tp does not divide the domain size some groups straddle two
+// domains, and as every tp collective blocks its group's computation, the
+// step waits for those.
+func widestTPGroup(cl *hw.Cluster, mesh *parallel.Mesh) GroupShape {
+	var w GroupShape
+	for _, g := range mesh.Groups(parallel.AxisTP) {
+		if s := ShapeOf(cl, g.Ranks); s.Domains > w.Domains {
+			w = s
+		}
+	}
+	return w
 }

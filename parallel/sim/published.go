@@ -37,6 +37,9 @@ type Run struct {
 
 	Cluster             string `json:"cluster,omitempty"`
 	GPUsPerNode         int    `json:"gpus_per_node,omitempty"`
+	TP                  int    `json:"tp,omitempty"`  // tensor-parallel degree (absent = 1)
+	ETP                 int    `json:"etp,omitempty"` // expert tensor-parallel degree, 1 or tp (absent = 1)
+	AsyncTP             *bool  `json:"async_tp,omitempty"`
 	Sharding            string `json:"sharding,omitempty"`
 	ReshardAfterForward *bool  `json:"reshard_after_forward,omitempty"`
 	KeepGathered        *bool  `json:"keep_gathered,omitempty"`
@@ -178,13 +181,16 @@ func (r Run) MemoryOptions() (memory.Options, error) {
 
 // Layout returns the run's layout, resolved and validated.
 func (r Run) Layout() (moe.Layout, error) {
-	l := moe.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP,
+	l := moe.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP, TP: r.TP, ETP: r.ETP,
 		Sharding: moe.Sharding(r.Sharding), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode,
 		PP: r.PP, PPSchedule: moe.PPSchedule(r.PPSchedule), PPMicrobatchSize: r.PPMicrobatchSize,
 		PPVirtualStages: r.PPVirtualStages, PPLayers: r.PPLayers}
 	// torchtitan's default reshards after forward except under PP
 	// (apply_fsdp: reshard_after_forward = not pp_enabled).
 	l.ReshardAfterForward = r.PP <= 1
+	if r.AsyncTP != nil {
+		l.AsyncTP = *r.AsyncTP
+	}
 	if r.ReshardAfterForward != nil {
 		l.ReshardAfterForward = *r.ReshardAfterForward
 	}

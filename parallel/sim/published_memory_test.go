@@ -146,6 +146,9 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 	if l.Stages() > 1 {
 		layout = fmt.Sprintf("pp%d×", l.PP) + layout
 	}
+	if l.TPDegree() > 1 {
+		layout += fmt.Sprintf(" tp%d etp%d", l.TPDegree(), l.ETP)
+	}
 	if max(1, r.GradAccum) > 1 {
 		layout += fmt.Sprintf(" ga%d", r.GradAccum)
 	}

@@ -24,17 +24,18 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
 
 // neededFeature is the first feature a row of the shared table needs that
-// moescope lacks: tensor or context parallelism, a precision
-// other than BF16, or a model type; "" when it needs none of them
-// (pipeline parallelism is built: a pp row needs only what else it uses).
+// moescope lacks: tensor and pipeline parallelism together, context
+// parallelism, a precision other than BF16, or a model type; "" when it
+// needs none of them (tensor and pipeline parallelism are built, each
+// alone).
 func neededFeature(row map[string]string) string {
 	deg := func(k string) bool {
 		v := strings.TrimSpace(row[k])
 		return v != "" && v != "1" && v != "-"
 	}
 	switch {
-	case deg("tp"):
-		return "TP (tp = " + row["tp"] + ")"
+	case deg("tp") && deg("pp"):
+		return "TP with PP (tp = " + row["tp"] + ", pp = " + row["pp"] + ")"
 	case deg("cp"):
 		return "CP (cp = " + row["cp"] + ")"
 	case !strings.HasPrefix(row["precision"], "BF16"):
@@ -91,8 +92,10 @@ func TestNeededFeature(t *testing.T) {
 		row  map[string]string
 		want string
 	}{
-		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "TP (tp = 2)"},
+		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
+		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "TP with PP (tp = 2, pp = 8)"},
 		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},

@@ -96,6 +96,10 @@ type Result struct {
 	// pipeline rank runs its own program.
 	Pipeline *PipelineTiming `json:"pipeline,omitempty"`
 	pipe     *pipeWalk
+	// TPLink is the link class the tensor-parallel collectives run on:
+	// "nvlink" when the tp group lies in one NVLink domain, "network" when
+	// it spans domains; absent without tp.
+	TPLink string `json:"tp_link,omitempty"`
 
 	Schedule  *parallel.Schedule `json:"-"`
 	spans     []simSpan
@@ -158,6 +162,7 @@ func Simulate(in Input) (Result, error) {
 type simPrep struct {
 	in     Input
 	cfg    *moe.Config
+	local  *moe.Config // cfg as one tp rank holds it (tpLocal); cfg without tp
 	l      moe.Layout
 	dev    hw.Device
 	cl     *hw.Cluster
@@ -194,6 +199,11 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	p.l = in.Layout
+	if p.l.TPDegree() > 1 && p.l.AsyncTP && !in.Memory.Compile.Model {
+		// torchtitan v0.2.2 parallelize_qwen3/parallelize_llama: "Async
+		// TP requires torch.compile" (micro-pipeline TP is an Inductor pass).
+		return nil, fmt.Errorf("simulate: async_tp with tp = %d requires compile (torchtitan: async TP is an Inductor pass)", p.l.TPDegree())
+	}
 	if p.mesh, err = parallel.NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
@@ -214,19 +224,28 @@ func prepareSim(in Input) (*simPrep, error) {
 	}
 	key.Fragmentation = 0
 	p.peaks = map[memory.Allocator]memory.Peak{key: p.mem.Peak}
-	if p.recs, err = flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC, flops.DefaultTile); err != nil {
+	if p.recs, err = tpOps(cfg, p.l, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC); err != nil {
 		return nil, fmt.Errorf("simulate: flops: %w", err)
+	}
+	if p.local, err = tpLocal(cfg, p.l); err != nil {
+		return nil, err
 	}
 	if p.convs, p.hwFLOP, err = flopsPerToken(cfg, in); err != nil {
 		return nil, err
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
+	if w := widestTPGroup(p.cl, p.mesh); p.l.TPDegree() > 1 && w != ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
+		p.exact = fmt.Sprintf("tp %d does not divide the NVLink domain of %d, so some tp groups span %d domains: their collectives, which block the step, are priced for every rank; otherwise ",
+			p.l.TPDegree(), p.cl.NVLinkDomain, w.Domains) + p.exact
+	}
 	paramType := in.Memory.Precision.Param
 	if paramType == "" {
 		paramType = moe.DefaultPrecision.Param
 	}
 	p.params = float64(p.mem.State.Params / paramType.Bytes())
-	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum)
+	// A rank's own tokens (torchtitan's TPS divides by cp·tp·pp): the tp
+	// ranks of a group share their data-parallel rank's micro-batches.
+	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(p.l.TPDegree())
 	return p, nil
 }
 
@@ -335,7 +354,7 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	}
 	in := p.in
 	in.Calibration = cal
-	costs, err := opCosts(p.cfg, p.l, in, spec, p.recs, p.loads)
+	costs, err := opCosts(p.local, p.l, in, spec, p.recs, p.loads)
 	if err != nil {
 		return Result{}, err
 	}
@@ -354,6 +373,12 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	}
 	sim.over[ohNCCLContention] = contention(sim, spans)
 	res := Result{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes}
+	for i, o := range p.sched.Ops {
+		if o.Type == parallel.OpCollective && o.Axis == parallel.AxisTP {
+			res.TPLink = sim.comm[i].Link.String()
+			break
+		}
+	}
 	for _, sp := range spans {
 		res.StepTimeS = math.Max(res.StepTimeS, sp.end)
 	}

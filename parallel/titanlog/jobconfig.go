@@ -37,6 +37,8 @@ type Job struct {
 	LBS, GlobalBatch, Seq     int    // GlobalBatch 0: lbs × data-parallel degree
 	DPReplicate, DPShard, EP  int    // DPShard -1: the rest of the world
 	TP, CP, PP                int
+	ETP                       int  // v0.2.2's expert_tensor_parallel_degree; 1 under main (EP borrows the tp ranks)
+	AsyncTP                   bool // v0.2.2 parallelism.enable_async_tensor_parallel, main compile.enable_async_tensor_parallel
 	ReshardAfterForward       bool
 	AC                        string // moescope's names: none|selective|full|layer:N
 	Compile                   bool
@@ -147,13 +149,26 @@ func (v *values) parallelism(j *Job) {
 	j.DPReplicate, j.DPShard = v.int("parallelism.data_parallel_replicate_degree", 1), v.int("parallelism.data_parallel_shard_degree", -1)
 	j.TP, j.CP, j.PP = v.int("parallelism.tensor_parallel_degree", 1), v.int("parallelism.context_parallel_degree", 1), v.int("parallelism.pipeline_parallel_degree", 1)
 	j.EP = v.int("parallelism.expert_parallel_degree", 1)
+	j.ETP = 1
+	if j.Form == FormTOML {
+		// v0.2.2 job_config.py Parallelism: expert_tensor_parallel_degree
+		// (default 1) and enable_async_tensor_parallel; main has no etp and
+		// moved async TP to CompileConfig.
+		j.ETP = v.int("parallelism.expert_tensor_parallel_degree", 1)
+		j.AsyncTP = v.bool("parallelism.enable_async_tensor_parallel", false)
+	} else {
+		j.AsyncTP = v.bool("compile.enable_async_tensor_parallel", false)
+	}
 	for _, d := range []struct {
 		key string
 		v   int
-	}{{"tensor_parallel_degree", j.TP}, {"context_parallel_degree", j.CP}, {"pipeline_parallel_degree", j.PP}} {
+	}{{"context_parallel_degree", j.CP}, {"pipeline_parallel_degree", j.PP}} {
 		if d.v != 1 {
-			v.fail("parallelism."+d.key, d.v, "must be 1: moescope's runs schema reads data and expert parallelism only")
+			v.fail("parallelism."+d.key, d.v, "must be 1: moescope's runs schema reads data, tensor and expert parallelism only")
 		}
+	}
+	if j.TP < 1 {
+		v.fail("parallelism.tensor_parallel_degree", j.TP, "must be ≥ 1")
 	}
 	// "default" reshards after forward unless pipeline parallelism is on
 	// (job_config.py Parallelism.fsdp_reshard_after_forward), and it is off.

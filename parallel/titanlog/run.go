@@ -117,8 +117,12 @@ func (j *Job) run(gpu string) (sim.Run, error) {
 		}
 		accum = j.GlobalBatch / (j.LBS * dp)
 	}
-	r := sim.Run{Model: j.Model, GPU: gpu, GPUs: dp, DPShard: j.DPShard, DPReplicate: j.DPReplicate, EP: j.EP, AC: j.AC,
+	r := sim.Run{Model: j.Model, GPU: gpu, GPUs: dp * max(j.TP, 1), DPShard: j.DPShard, DPReplicate: j.DPReplicate, EP: j.EP, AC: j.AC,
 		LBS: j.LBS, Seq: j.Seq, Precision: j.Precision, GradAccum: accum, Framework: "torchtitan", FrameworkVersion: j.version()}
+	if j.TP > 1 {
+		async := j.AsyncTP
+		r.TP, r.ETP, r.AsyncTP = j.TP, j.ETP, &async
+	}
 	if j.DPShard == 1 {
 		r.Sharding = "ddp"
 	}

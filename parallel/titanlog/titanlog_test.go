@@ -172,7 +172,7 @@ func TestRunChecks(t *testing.T) {
 
 func TestJobConfigErrors(t *testing.T) {
 	cases := map[string]string{
-		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[parallelism]\ntensor_parallel_degree = 2\n":         "tensor_parallel_degree = 2",
+		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[parallelism]\ncontext_parallel_degree = 2\n":        "context_parallel_degree = 2",
 		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[activation_checkpoint]\nmode = \"memory_budget\"\n": "memory_budget",
 		"[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n":                                                "no moescope model",
 		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\nconverters = [\"quantize.linear.float8\"]\n":         "model.converters",
@@ -208,4 +208,28 @@ func FuzzParse(f *testing.F) {
 			lg.Steady(1)
 		}
 	})
+}
+
+// TestJobConfigTP: v0.2.2's tensor_parallel_degree,
+// expert_tensor_parallel_degree and enable_async_tensor_parallel (its
+// job_config.py Parallelism at 73a0e69) become the run's tp, etp and
+// async_tp, the world dp_replicate × dp_shard × tp.
+func TestJobConfigTP(t *testing.T) {
+	j, err := ParseTOML("x.toml", []byte("[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[training]\nlocal_batch_size = 2\nseq_len = 4096\n"+
+		"[parallelism]\ndata_parallel_shard_degree = 4\ntensor_parallel_degree = 2\nexpert_parallel_degree = 4\nexpert_tensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := j.run("b200")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GPUs != 8 || r.TP != 2 || r.ETP != 2 || r.AsyncTP == nil || !*r.AsyncTP || r.DPShard != 4 {
+		t.Errorf("run %+v: want gpus 8 = dp_shard 4 × tp 2, etp 2, async", r)
+	}
+	l, err := r.Layout()
+	// efsdp = dp_shard·tp/(ep·etp) = 4·2/(4·2) = 1.
+	if err != nil || l.ExpertShard() != 1 {
+		t.Errorf("layout %+v, %v: efsdp %d, want 1", l, err, l.ExpertShard())
+	}
 }

@@ -1,0 +1,196 @@
+package parallel
+
+import (
+	"github.com/moescope/moescope/memory"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
+)
+
+// TestTPCollectivesBytes: per-block tensor-parallel bytes derived by hand
+// for the tiny MoE (D = 8) at tp 2 with T = 2 × 8 = 16 tokens per
+// data-parallel rank, bf16 activations: every block collective is S = T·D
+// = 128 elements = 256 bytes; loss parallel's all-reduces T = 16 f32 =
+// 64 bytes. Counts from torchtitan's plan: forward 2 all-gathers (before
+// q/k/v, before the MoE) and 2 reduce-scatters (after o_proj, after the
+// MoE); backward the 4 adjoints; recompute all 4 under full, the 2
+// all-gathers under selective (SAC saves reduce-scatter outputs only),
+// none under none.
+func TestTPCollectivesBytes(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.KVHeads = 2 // tp 2 must divide the KV heads
+	l := moe.Layout{GPUs: 2, TP: 2}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.CheckModel(cfg); err != nil {
+		t.Fatal(err)
+	}
+	const T = 16
+	const S = 256 // T·D·2 bytes
+	type tally struct{ fwdAG, fwdRS, recAG, recRS, bwdAG, bwdRS int64 }
+	sum := func(cs []TPColl) tally {
+		var y tally
+		for _, c := range cs {
+			switch {
+			case c.Phase == PhaseForward && c.Coll == CollAllGather:
+				y.fwdAG += c.Bytes()
+			case c.Phase == PhaseForward && c.Coll == CollReduceScatter:
+				y.fwdRS += c.Bytes()
+			case c.Phase == PhaseRecompute && c.Coll == CollAllGather, c.Purpose == PurposeTPRegather:
+				y.recAG += c.Bytes()
+			case c.Phase == PhaseRecompute && c.Coll == CollReduceScatter:
+				y.recRS += c.Bytes()
+			case c.Phase == PhaseBackward && c.Coll == CollAllGather:
+				y.bwdAG += c.Bytes()
+			case c.Phase == PhaseBackward && c.Coll == CollReduceScatter:
+				y.bwdRS += c.Bytes()
+			default:
+				t.Fatalf("unexpected %+v", c)
+			}
+		}
+		return y
+	}
+	for _, c := range []struct {
+		ac   moe.AC
+		want tally
+	}{
+		{moe.AC{Mode: moe.ACNone}, tally{2 * S, 2 * S, 0, 0, 2 * S, 2 * S}},
+		{moe.AC{Mode: moe.ACSelective}, tally{2 * S, 2 * S, 2 * S, 0, 2 * S, 2 * S}},
+		{moe.AC{Mode: moe.ACFull}, tally{2 * S, 2 * S, 2 * S, 2 * S, 2 * S, 2 * S}},
+		// layer:2 checkpoints block 1 only (0-based i with (i+1) mod 2 = 0).
+		{moe.AC{Mode: moe.ACLayer, Every: 2}, tally{2 * S, 2 * S, 0, 0, 2 * S, 2 * S}},
+	} {
+		if got := sum(TPCollectives(cfg, l, 0, T, c.ac, moe.BF16)); got != c.want {
+			t.Errorf("%s, block 0: %+v, want %+v", c.ac, got, c.want)
+		}
+	}
+	if got, want := sum(TPCollectives(cfg, l, 1, T, moe.AC{Mode: moe.ACLayer, Every: 2}, moe.BF16)),
+		(tally{2 * S, 2 * S, 2 * S, 2 * S, 2 * S, 2 * S}); got != want {
+		t.Errorf("layer:2, block 1: %+v, want %+v", got, want)
+	}
+	// Embedding: reduce-scatter forward, all-gather backward.
+	if got, want := sum(TPCollectives(cfg, l, moe.LayerEmbed, T, moe.AC{Mode: moe.ACFull}, moe.BF16)), (tally{fwdRS: S, bwdAG: S}); got != want {
+		t.Errorf("embedding: %+v, want %+v", got, want)
+	}
+	// Head: all-gather forward, reduce-scatter backward, and three f32
+	// all-reduces of T values.
+	var ar int64
+	var rest []TPColl
+	for _, c := range TPCollectives(cfg, l, cfg.LayerHead(), T, moe.AC{Mode: moe.ACSelective}, moe.BF16) {
+		if c.Coll == CollAllReduce {
+			ar += c.Bytes()
+			continue
+		}
+		rest = append(rest, c)
+	}
+	if ar != 3*T*4 {
+		t.Errorf("loss parallel all-reduces %d B, want 3 × 16 × 4 = 192", ar)
+	}
+	if got, want := sum(rest), (tally{fwdAG: S, bwdRS: S}); got != want {
+		t.Errorf("head: %+v, want %+v", got, want)
+	}
+	if cs := TPCollectives(cfg, moetest.FSDPLayout(t, 2, 1, 1), 0, T, moe.AC{Mode: moe.ACFull}, moe.BF16); cs != nil {
+		t.Errorf("tp 1: %v, want none", cs)
+	}
+}
+
+// TestUnitTensorsTP: the schedule's FSDP geometry of a tp rank's units
+// (UnitTensors) and package memory's Units count the same local and
+// sharded elements: two implementations of the tensor-parallel cut.
+func TestUnitTensorsTP(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.KVHeads, cfg.SharedExperts, cfg.SharedFFN = 2, 1, 6
+	for _, l := range []moe.Layout{
+		{GPUs: 8, TP: 2},
+		{GPUs: 8, TP: 2, EP: 2, ETP: 2},
+		{GPUs: 8, TP: 2, EP: 4, ETP: 1},
+		{GPUs: 16, TP: 2, EP: 4, ETP: 1, DPReplicate: 2},
+	} {
+		l.Sharding, l.ReshardAfterForward = moe.ShardFSDP, true
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := NewMesh(l, cfg, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		us, err := memory.Units(cfg, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := NewUnitIndex(cfg)
+		for _, mu := range us {
+			var local, shard int64
+			units := []Unit{{Layer: mu.Layer}}
+			if mu.Layer >= 0 && mu.Layer < cfg.Layers && cfg.MoELayer[mu.Layer] {
+				units = append(units, Unit{Layer: mu.Layer, Experts: true})
+			}
+			for _, u := range units {
+				n := l.DPShard
+				if u.Experts {
+					n = l.ExpertShard()
+				}
+				for _, s := range UnitTensors(cfg, x, m, u, n) {
+					local += s.Elements()
+					shard += s.ShardElements()
+				}
+			}
+			if local != mu.Local || shard != mu.Shard {
+				t.Errorf("%+v layer %d: UnitTensors local %d shard %d, memory.Units %d, %d", l, mu.Layer, local, shard, mu.Local, mu.Shard)
+			}
+		}
+	}
+}
+
+// TestScheduleTP: the schedule of a tp layout carries, per micro-step,
+// exactly TPCollectives' collectives on the tp axis, each after the op
+// that produces its input and before the compute that reads it (every
+// dependency points backwards); under async TP each all-gather and
+// reduce-scatter is an exposed first chunk of S/tp plus an AsyncPart of
+// the rest, moving the same elements in all.
+func TestScheduleTP(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.KVHeads = 2
+	// T = lbs 2 × seq 4 = 8 tokens, divisible by 2·tp.
+	for _, async := range []bool{false, true} {
+		l := moe.Layout{GPUs: 4, TP: 2, EP: 2, AsyncTP: async, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}} {
+			s := schedFor(t, cfg, l, ac, 2)
+			var want, got int64
+			parts := 0
+			for lay := moe.LayerEmbed; lay <= cfg.LayerHead(); lay++ {
+				for _, c := range TPCollectives(cfg, l, lay, 8, ac, moe.BF16) {
+					want += 2 * c.Elements // two micro-steps
+				}
+			}
+			for _, o := range s.Ops {
+				for _, d := range o.Deps {
+					if d >= o.ID {
+						t.Fatalf("async %v %s: op %d depends on later op %d", async, ac, o.ID, d)
+					}
+				}
+				if o.Type != OpCollective || o.Axis != AxisTP {
+					continue
+				}
+				got += o.Elements
+				if o.AsyncPart {
+					parts++
+					if o.Coll == CollAllReduce {
+						t.Errorf("loss-parallel all-reduce split: %v", o)
+					}
+				}
+			}
+			if got != want {
+				t.Errorf("async %v %s: tp collectives move %d elements, TPCollectives %d", async, ac, got, want)
+			}
+			if async != (parts > 0) {
+				t.Errorf("async %v %s: %d overlapped parts", async, ac, parts)
+			}
+		}
+	}
+}
