@@ -13,7 +13,7 @@ import (
 // packed. A Go array copy of 128 bytes compiles to a memmove call, which
 // cost a tenth of attention's backward.
 func copyRowsKernels() {
-	for _, w := range []int{32, 16, 12, 4} {
+	for _, w := range []int{32, 16, 12, 6, 4} {
 		copyRows(w)
 	}
 }
@@ -38,16 +38,26 @@ func copyRows(w int) {
 		VMOVUPS(Mem{Base: src, Disp: 4 * off}, y)
 		regs, offs = append(regs, y), append(offs, off)
 	}
+	rest := w % 8 // 4 or 6 left after the 8-float vectors
 	var x reg.VecVirtual
-	if w%8 == 4 {
+	xOff := w - rest
+	if rest >= 4 {
 		x = XMM()
-		VMOVUPS(Mem{Base: src, Disp: 4 * (w - 4)}, x)
+		VMOVUPS(Mem{Base: src, Disp: 4 * xOff}, x)
+	}
+	var q reg.GPVirtual
+	if rest%4 == 2 { // the last two floats (AVX2's 6-row A slivers) as one 8-byte move
+		q = GP64()
+		MOVQ(Mem{Base: src, Disp: 4 * (w - 2)}, q)
 	}
 	for i, y := range regs {
 		VMOVUPS(y, Mem{Base: dst, Disp: 4 * offs[i]})
 	}
 	if x != nil {
-		VMOVUPS(x, Mem{Base: dst, Disp: 4 * (w - 4)})
+		VMOVUPS(x, Mem{Base: dst, Disp: 4 * xOff})
+	}
+	if q != nil {
+		MOVQ(q, Mem{Base: dst, Disp: 4 * (w - 2)})
 	}
 	ADDQ(ld, src)
 	ADDQ(U32(4*w), dst)

@@ -16,6 +16,8 @@ func main() {
 	gemmKernels()
 	transposes()
 	vecOps()
+	actOps()
+	addOps()
 	copyRowsKernels()
 	Generate()
 }

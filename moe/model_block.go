@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe/attn"
+	"github.com/moescope/moescope/moe/kernel"
 )
 
 // LayerWeights holds the tensors of one decoder layer as flat row-major
@@ -173,9 +174,7 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass Pass, useCache bool) []T {
 	st.ao = b.lin(OpOProj, pass, useCache, st.o, w.Wo, nil, T_, D, H*c.VHeadDim())
 
 	st.x2 = make([]T, T_*D)
-	for i := range st.x2 {
-		st.x2[i] = st.x[i] + st.ao[i]
-	}
+	addInto(st.x2, st.x, st.ao)
 	ex.round(st.x2)
 	st.h2, st.rstd2 = make([]T, T_*D), make([]T, T_)
 	rmsNormFwd(st.h2, st.rstd2, st.x2, w.FFNNorm, D, c.NormEps)
@@ -192,9 +191,7 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass Pass, useCache bool) []T {
 		copy(y, st.fOut)
 	}
 	out := make([]T, T_*D)
-	for i := range out {
-		out[i] = st.x2[i] + y[i]
-	}
+	addInto(out, st.x2, y)
 	ex.round(out)
 	ex.op(L, OpResidual, pass, 2*t64*int64(D))
 	st.complete = true
@@ -342,6 +339,21 @@ type dispatchMeta[T Float] struct {
 	weightsTK []T     // [T,K] routing weights
 }
 
+// rowsByToken inverts orderTK: for token t, its K dispatched rows in
+// ascending row order, at [t·K, t·K+K). Combine and the dispatch's backward
+// sum each token's rows in that order, the order of a serial loop over the
+// rows, so splitting them by token over the cores changes no bit.
+func (m dispatchMeta[T]) rowsByToken(K int) []int32 {
+	rowTK := make([]int32, len(m.orderTK))
+	fill := make([]int32, len(m.orderTK)/K)
+	for r, tk := range m.orderTK {
+		t := int(tk) / K
+		rowTK[t*K+int(fill[t])] = int32(r)
+		fill[t]++
+	}
+	return rowTK
+}
+
 // metaOf views a routing as dispatch metadata.
 func metaOf[T Float](rt *Routing[T]) dispatchMeta[T] {
 	return dispatchMeta[T]{countsE: rt.Counts, orderTK: rt.Order, weightsTK: rt.Weights}
@@ -355,10 +367,12 @@ func (b *Block[T]) dispatchForward(rt *Routing[T], pass Pass) (xTKD []T, meta di
 	meta = metaOf(rt)
 	rows := len(meta.orderTK)
 	xTKD = make([]T, rows*D)
-	for r, tk := range meta.orderTK {
-		t := int(tk) / K
-		copy(xTKD[r*D:r*D+D], hTD[t*D:t*D+D])
-	}
+	kernel.ParallelFor(rows, D, func(lo, hi int) {
+		for r, tk := range meta.orderTK[lo:hi] {
+			t := int(tk) / K
+			copy(xTKD[(lo+r)*D:(lo+r)*D+D], hTD[t*D:t*D+D])
+		}
+	})
 	b.x.op(b.layer, OpDispatch, pass, int64(rows)*int64(D))
 	return xTKD, meta
 }
@@ -377,13 +391,15 @@ func (b *Block[T]) expertsForward(xTKD []T, meta dispatchMeta[T], pass Pass) []T
 // its token's row of yTD [T,D].
 func (b *Block[T]) combineForward(yTD, expertOutTKD []T, meta dispatchMeta[T], pass Pass) {
 	D, K := b.cfg.Hidden, b.cfg.TopK
-	for r, tk := range meta.orderTK {
-		t, wt := int(tk)/K, meta.weightsTK[tk]
-		yD, outD := yTD[t*D:t*D+D], expertOutTKD[r*D:r*D+D]
-		for j := range yD {
-			yD[j] += wt * outD[j]
+	rowTK := meta.rowsByToken(K)
+	kernel.ParallelFor(len(rowTK)/K, K*D, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			yD := yTD[t*D : t*D+D]
+			for _, r := range rowTK[t*K : t*K+K] {
+				axpy(yD, expertOutTKD[int(r)*D:int(r)*D+D], meta.weightsTK[meta.orderTK[r]])
+			}
 		}
-	}
+	})
 	b.x.round(yTD)
 	b.x.op(b.layer, OpCombine, pass, int64(len(meta.orderTK))*int64(D))
 }

@@ -1,6 +1,9 @@
 package moe
 
-import "github.com/moescope/moescope/moe/attn"
+import (
+	"github.com/moescope/moescope/moe/attn"
+	"github.com/moescope/moescope/moe/kernel"
+)
 
 // Backward takes dy [T,D], the gradient of the block's output, recomputes
 // what the checkpointing policy dropped (recorded as Recompute), accumulates
@@ -151,16 +154,19 @@ func (b *Block[T]) combineBackward(dyTD []T, meta dispatchMeta[T]) (dExpertOutTK
 	D, K := b.cfg.Hidden, b.cfg.TopK
 	rows := len(meta.orderTK)
 	dExpertOutTKD, dWeightsTK = make([]T, rows*D), make([]T, rows)
-	for r, tk := range meta.orderTK {
-		t, wt := int(tk)/K, meta.weightsTK[tk]
-		dyD, dOutD, outD := dyTD[t*D:t*D+D], dExpertOutTKD[r*D:r*D+D], b.st.expertOutTKD[r*D:r*D+D]
-		var dot T
-		for j := range dyD {
-			dOutD[j] = wt * dyD[j]
-			dot += dyD[j] * outD[j]
+	kernel.ParallelFor(rows, 2*D, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			tk := meta.orderTK[r]
+			t, wt := int(tk)/K, meta.weightsTK[tk]
+			dyD, dOutD, outD := dyTD[t*D:t*D+D], dExpertOutTKD[r*D:r*D+D], b.st.expertOutTKD[r*D:r*D+D]
+			var dot T
+			for j := range dyD {
+				dOutD[j] = wt * dyD[j]
+				dot += dyD[j] * outD[j]
+			}
+			dWeightsTK[tk] = dot
 		}
-		dWeightsTK[tk] = dot
-	}
+	})
 	b.x.op(b.layer, OpCombine, BackwardData, int64(rows)*int64(D))
 	return dExpertOutTKD, dWeightsTK
 }
@@ -179,13 +185,15 @@ func (b *Block[T]) expertsBackward(dExpertOutTKD []T) []T {
 // of dhTD.
 func (b *Block[T]) dispatchBackward(dhTD, dxTKD []T, meta dispatchMeta[T]) {
 	D, K := b.cfg.Hidden, b.cfg.TopK
-	for r, tk := range meta.orderTK {
-		t := int(tk) / K
-		dstD, srcD := dhTD[t*D:t*D+D], dxTKD[r*D:r*D+D]
-		for j := range dstD {
-			dstD[j] += srcD[j]
+	rowTK := meta.rowsByToken(K)
+	kernel.ParallelFor(len(rowTK)/K, K*D, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			dstD := dhTD[t*D : t*D+D]
+			for _, r := range rowTK[t*K : t*K+K] {
+				axpy(dstD, dxTKD[int(r)*D:int(r)*D+D], 1) // 1·x is x: the bits of dst + x
+			}
 		}
-	}
+	})
 	b.x.op(b.layer, OpDispatch, BackwardData, int64(len(meta.orderTK))*int64(D))
 }
 

@@ -99,3 +99,31 @@ func roundBF16[T Float](x []T) {
 func sigmoid[T Float](x T) T { return T(1 / (1 + math.Exp(-float64(x)))) }
 
 func exp[T Float](x T) T { return T(math.Exp(float64(x))) }
+
+// addInto sets dst[i] = a[i] + b[i], on every core (each index its own);
+// float32 in vectors (kernel.Add, the same bits).
+func addInto[T Float](dst, a, b []T) {
+	if d32, ok := any(dst).([]float32); ok {
+		kernel.Add(d32, any(a).([]float32), any(b).([]float32))
+		return
+	}
+	a, b = a[:len(dst)], b[:len(dst)]
+	kernel.ParallelFor(len(dst), 3, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			dst[i] = a[i] + b[i]
+		}
+	})
+}
+
+// axpy sets y[j] += alpha·x[j] on the calling goroutine; float32 in vectors
+// (kernel.Axpy, the same bits).
+func axpy[T Float](y, x []T, alpha T) {
+	if y32, ok := any(y).([]float32); ok {
+		kernel.Axpy(y32, any(x).([]float32), float32(alpha))
+		return
+	}
+	x = x[:len(y)]
+	for j := range y {
+		y[j] += alpha * x[j]
+	}
+}

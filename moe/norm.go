@@ -1,6 +1,10 @@
 package moe
 
-import "math"
+import (
+	"math"
+
+	"github.com/moescope/moescope/moe/kernel"
+)
 
 // RMSNorm as Hugging Face's Qwen3MoeRMSNorm computes it, row by row over
 // rows of n elements:
@@ -14,11 +18,19 @@ import "math"
 // PyTorch's fused RMSNorm keeps the input and r (float32) for backward
 // (derivatives.yaml, _fused_rms_norm: input, weight and result1 = rstd);
 // so does this one.
+//
+// Both run on every core (kernel.ParallelFor) and compute exactly what one
+// core computes: forward and backward's dx are independent per row, and
+// backward's dw is split by columns, each summed over the rows in order.
 
 // rmsNormFwd writes y [rows,n] and rstd [rows] from x [rows,n] and w [n].
 func rmsNormFwd[T Float](y, rstd, x, w []T, n int, eps float64) {
-	rows := len(x) / n
-	for i := 0; i < rows; i++ {
+	kernel.ParallelFor(len(x)/n, 2*n, func(lo, hi int) { rmsNormFwdRows(y, rstd, x, w, n, eps, lo, hi) })
+}
+
+// rmsNormFwdRows is rmsNormFwd on rows [lo, hi).
+func rmsNormFwdRows[T Float](y, rstd, x, w []T, n int, eps float64, lo, hi int) {
+	for i := lo; i < hi; i++ {
 		xi := x[i*n : i*n+n]
 		var ss float64
 		for _, v := range xi {
@@ -36,19 +48,28 @@ func rmsNormFwd[T Float](y, rstd, x, w []T, n int, eps float64) {
 // rmsNormBwd accumulates dx and dw from dy, the saved input x and rstd.
 func rmsNormBwd[T Float](dx, dw, dy, x, rstd, w []T, n int) {
 	rows := len(x) / n
-	for i := 0; i < rows; i++ {
-		xi, dyi, dxi := x[i*n:i*n+n], dy[i*n:i*n+n], dx[i*n:i*n+n]
-		r := rstd[i]
-		var dot T
-		for j, v := range xi {
-			xh := v * r
-			dw[j] += dyi[j] * xh
-			dot += dyi[j] * w[j] * xh
+	kernel.ParallelFor(rows, 3*n, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			xi, dyi, dxi := x[i*n:i*n+n], dy[i*n:i*n+n], dx[i*n:i*n+n]
+			r := rstd[i]
+			var dot T
+			for j, v := range xi {
+				dot += dyi[j] * w[j] * (v * r)
+			}
+			mean := dot / T(n)
+			for j, v := range xi {
+				xh := v * r
+				dxi[j] += r * (dyi[j]*w[j] - xh*mean)
+			}
 		}
-		mean := dot / T(n)
-		for j, v := range xi {
-			xh := v * r
-			dxi[j] += r * (dyi[j]*w[j] - xh*mean)
+	})
+	kernel.ParallelFor(n, 2*rows, func(lo, hi int) {
+		dwc := dw[lo:hi]
+		for i := 0; i < rows; i++ {
+			xi, dyi, r := x[i*n+lo:i*n+hi], dy[i*n+lo:i*n+hi], rstd[i]
+			for j, v := range xi {
+				dwc[j] += dyi[j] * (v * r)
+			}
 		}
-	}
+	})
 }

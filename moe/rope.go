@@ -1,6 +1,10 @@
 package moe
 
-import "math"
+import (
+	"math"
+
+	"github.com/moescope/moescope/moe/kernel"
+)
 
 // RoPE as Hugging Face's apply_rotary_pos_emb with partial rotary: within
 // each head vector of d elements only the first r = Config.RotaryDim() are
@@ -118,7 +122,13 @@ func (t ropeTable[T]) apply(x []T, heads, d, seq int, inverse bool) {
 func (t ropeTable[T]) applyAt(x []T, heads, stride, off, seq int, inverse bool) {
 	h := t.half
 	rows := len(x) / (heads * stride)
-	for tok := 0; tok < rows; tok++ {
+	kernel.ParallelFor(rows, heads*2*h, func(lo, hi int) { t.applyRows(x, heads, stride, off, seq, inverse, lo, hi) })
+}
+
+// applyRows is applyAt on tokens [lo, hi) (each token's rows are its own).
+func (t ropeTable[T]) applyRows(x []T, heads, stride, off, seq int, inverse bool, lo, hi int) {
+	h := t.half
+	for tok := lo; tok < hi; tok++ {
 		p := tok % seq
 		cs, sn := t.cos[p*h:p*h+h], t.sin[p*h:p*h+h]
 		for hd := 0; hd < heads; hd++ {

@@ -3,6 +3,8 @@ package moe
 import (
 	"fmt"
 	"math"
+
+	"github.com/moescope/moescope/moe/kernel"
 )
 
 // Routing is the router's decision for T tokens of one MoE layer.
@@ -44,7 +46,13 @@ func newRouting[T Float](tokens, experts, k int) *Routing[T] {
 // routeScores writes r.Scores from the logits z [T,E].
 func routeScores[T Float](c *Config, r *Routing[T], z []T) {
 	E := r.Experts
-	for t := 0; t < r.Tokens; t++ {
+	kernel.ParallelFor(r.Tokens, 4*E, func(lo, hi int) { routeScoresRows(c, r, z, lo, hi) })
+}
+
+// routeScoresRows is routeScores on tokens [lo, hi).
+func routeScoresRows[T Float](c *Config, r *Routing[T], z []T, lo, hi int) {
+	E := r.Experts
+	for t := lo; t < hi; t++ {
 		zt, st := z[t*E:t*E+E], r.Scores[t*E:t*E+E]
 		if c.Score == Sigmoid {
 			for e, v := range zt {
@@ -187,10 +195,16 @@ func routeWeights[T Float](c *Config, r *Routing[T], vals []T) {
 // routeBwd turns dW [T,K] (and dS [T,E], already holding any aux-loss
 // gradient) into the logit gradient dz [T,E], overwriting dz.
 func routeBwd[T Float](c *Config, r *Routing[T], dz, dS, dW []T) {
+	kernel.ParallelFor(r.Tokens, 4*r.Experts, func(lo, hi int) { routeBwdRows(c, r, dz, dS, dW, lo, hi) })
+}
+
+// routeBwdRows is routeBwd on tokens [lo, hi) (each writes its own rows of
+// dz and dS).
+func routeBwdRows[T Float](c *Config, r *Routing[T], dz, dS, dW []T, lo, hi int) {
 	E, K := r.Experts, r.K
 	norm := c.NormTopK
 	scale := T(c.RoutedScale)
-	for t := 0; t < r.Tokens; t++ {
+	for t := lo; t < hi; t++ {
 		idx := r.Indices[t*K : t*K+K]
 		dw := dW[t*K : t*K+K]
 		ds := dS[t*E : t*E+E]

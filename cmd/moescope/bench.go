@@ -151,6 +151,7 @@ func printBench(w io.Writer, r *bench.Report) {
 			l.Model, l.Experts, l.TopK, l.Seq, l.Threads)
 		fmt.Fprintf(w, "  %.3f s (forward %.3f s), %.0f tokens/s, %.1f GFLOP model FLOPs, %.1f GFLOP/s, %.1f%% of peak; cpu time %.3f s: %.1f GFLOP/s, %.1f%%\n",
 			l.Seconds, l.Forward, l.TokensPerS, float64(l.ModelFLOPs)/1e9, l.GFLOPS, 100*l.PeakFraction, l.CPUSeconds, l.CPUGFLOPS, 100*l.CPUPeakFraction)
+		fmt.Fprintf(w, "  set-up (weights, gradients and inputs allocated and filled) %.3f s\n", l.SetupSeconds)
 	}
 	if t := r.Torch; t != nil {
 		fmt.Fprintf(w, "pytorch %s, %d threads, same layer (HF eager attention, per-expert loop): %.3f s, %.0f tokens/s\n",

@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -81,6 +82,7 @@ type Layer struct {
 	Threads      int     `json:"threads"`
 	Seconds      float64 `json:"seconds"` // best forward + backward
 	Forward      float64 `json:"forward_seconds"`
+	SetupSeconds float64 `json:"setup_seconds"` // wall time allocating and filling weights, gradients and inputs, before the warm-up step
 	TokensPerS   float64 `json:"tokens_per_s"`
 	ModelFLOPs   int64   `json:"model_flops"` // forward + backward matmul FLOPs, attention exact under the mask, no recompute
 	GFLOPS       float64 `json:"gflops"`
@@ -311,11 +313,17 @@ func (f *flopCounter) RecordSaved(moe.SavedRecord) {}
 // benchLayer times one decoder layer of c forward and backward on one
 // sequence of tokens, with the reference implementation (package moe).
 func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.Peak) (*Layer, error) {
+	// Collect each step's garbage (its activations) at a quarter of the
+	// live heap (the layer's weights and gradients) rather than at Go's
+	// default of the whole live heap again, so the resident set follows the
+	// request: the weights, a step's activations and a margin.
+	defer debug.SetGCPercent(debug.SetGCPercent(25))
+	start := time.Now()
 	m, err := moe.NewModel[float32](c)
 	if err != nil {
 		return nil, err
 	}
-	m.InitRandom(1)
+	randomize(m, 1)
 	w, g := m.Layer(0)
 	rec := &flopCounter{}
 	blk := moe.NewBlock[float32](c, 0, 1, tokens, moe.Options{Recorder: rec, TileQ: kernel.AttnTileQ, TileK: kernel.AttnTileK})
@@ -325,6 +333,7 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 		x[i] = float32(r.NormFloat64())
 		dy[i] = float32(r.NormFloat64() * 1e-3)
 	}
+	setup := time.Since(start)
 	// Warm up (grows every buffer) and count one step's matmul work.
 	blk.Forward(&w, x)
 	blk.Backward(&w, &g, dy, nil)
@@ -344,9 +353,49 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 	})
 	gf := float64(flops) / best.Seconds() / 1e9
 	return &Layer{Model: name, Experts: c.Experts, TopK: c.TopK, Seq: tokens, Threads: threads,
-		Seconds: best.Seconds(), Forward: bestFwd.Seconds(), TokensPerS: float64(tokens) / best.Seconds(),
+		Seconds: best.Seconds(), Forward: bestFwd.Seconds(), SetupSeconds: setup.Seconds(), TokensPerS: float64(tokens) / best.Seconds(),
 		ModelFLOPs: flops, GFLOPS: gf, PeakFraction: gf / peakFor(p, threads),
 		CPURates: newCPURates(float64(flops), cpu, threads, peakFor(p, threads))}, nil
+}
+
+// randomize fills m's parameters by the roles InitRandom gives them (RMSNorm
+// weights 1, other vectors 0, matrices random with standard deviation
+// InitRange), but uniform in ±√3·InitRange (the same variance) and on every
+// core: chunks of 2^20 elements each draw from their own generator seeded
+// by (seed, chunk), so the values do not depend on the thread count.
+// InitRandom's one sequential stream of normal draws took 1.8 s for the 94M
+// parameters of the default layer on the build machine; the benchmark
+// needs plausible magnitudes (the router's logits, hence the experts'
+// loads), not those exact values.
+func randomize(m *moe.Model[float32], seed uint64) {
+	const chunk = 1 << 20
+	half := float32(math.Sqrt(3) * m.Cfg.InitRange)
+	for i, t := range m.Tensors() {
+		p := m.Params[i]
+		switch {
+		case p.Group == moe.GroupNorm:
+			for j := range t {
+				t[j] = 1
+			}
+		case len(p.Shape) == 1:
+			clear(t)
+		default:
+			kernel.ParallelFor((len(t)+chunk-1)/chunk, chunk, func(lo, hi int) {
+				for c := lo; c < hi; c++ {
+					r := rand.NewPCG(seed, uint64(i)<<32|uint64(c))
+					v := t[c*chunk : min((c+1)*chunk, len(t))]
+					for j := 0; j < len(v); j += 2 {
+						// two uniforms in [−1, 1) from the 24-bit halves of one draw
+						u := r.Uint64()
+						v[j] = half * (float32(u>>40)/(1<<23) - 1)
+						if j+1 < len(v) {
+							v[j+1] = half * (float32(u>>8&(1<<24-1))/(1<<23) - 1)
+						}
+					}
+				}
+			})
+		}
+	}
 }
 
 // RunTorch runs the PyTorch side-by-side script on the same layer and reads

@@ -54,6 +54,8 @@ func init() {
 				copyRows16(d, s, ld, kc)
 			case 12:
 				copyRows12(d, s, ld, kc)
+			case 6:
+				copyRows6(d, s, ld, kc)
 			case 4:
 				copyRows4(d, s, ld, kc)
 			default:
@@ -70,12 +72,46 @@ func init() {
 	}
 }
 
-// useAsmRows switches the attention row operations between the assembly
-// (on) and the plain Go versions (off, for tests).
+// useAsmRows switches the attention row operations and the element-wise
+// kernels (SwiGLU, Add, Axpy) between the assembly (on) and the plain Go versions (off, for
+// tests).
 func useAsmRows(on bool) {
 	if !on {
 		expSubSumRow, maxRow, scaleRow, dsRow, dotRow = expSubSumGo, maxGo, scaleGo, dsGo, dotGo
+		swigluRow, swigluBwdRow, addRowF, axpyRowF = swigluGo, swigluBwdGo, addGo, axpyGo
 		return
+	}
+	addRowF = func(dst, a, b []float32) {
+		n := len(dst) &^ 7
+		if n > 0 {
+			a, b = a[:len(dst)], b[:len(dst)]
+			sumRow(&dst[0], &a[0], &b[0], n)
+		}
+		addGo(dst[n:], a[n:], b[n:])
+	}
+	axpyRowF = func(y, x []float32, alpha float32) {
+		n := len(y) &^ 7
+		if n > 0 {
+			x = x[:len(y)]
+			axpyRow(&y[0], &x[0], n, alpha)
+		}
+		axpyGo(y[n:], x[n:], alpha)
+	}
+	swigluRow = func(sg, a, g, u []float32) {
+		n := len(g) &^ 7
+		if n > 0 {
+			sg, a, u = sg[:len(g)], a[:len(g)], u[:len(g)]
+			swigluFwd(&sg[0], &a[0], &g[0], &u[0], n)
+		}
+		swigluGo(sg[n:], a[n:], g[n:], u[n:])
+	}
+	swigluBwdRow = func(dg, du, da, g, sg, u []float32) {
+		n := len(g) &^ 7
+		if n > 0 {
+			dg, du, da, sg, u = dg[:len(g)], du[:len(g)], da[:len(g)], sg[:len(g)], u[:len(g)]
+			swigluBwd(&dg[0], &du[0], &da[0], &g[0], &sg[0], &u[0], n)
+		}
+		swigluBwdGo(dg[n:], du[n:], da[n:], g[n:], sg[n:], u[n:])
 	}
 	expSubSumRow = func(x []float32, m float32) float32 {
 		n := len(x) &^ 7

@@ -10,7 +10,7 @@ func fmaLoopAVX2(n int)
 // fmaLoopAVX512 runs n iterations of 24 independent vector FMAs (768 float32 FLOP per iteration) on registers only.
 func fmaLoopAVX512(n int)
 
-// addChain runs n iterations of 16 dependent 1-cycle integer adds: 16·n core cycles.
+// addChain runs n iterations of 16 dependent 1-cycle integer adds (s += s): 16·n core cycles.
 func addChain(n int) int
 
 // gemmKernel6x16AVX2 computes a 6×16 tile: c = (or +=) Σ_p a[p·6+i]·b[p·16+j] over kc packed steps.
@@ -58,6 +58,26 @@ func rowDS(ds *float32, p *float32, n int, d float32, c float32)
 //go:noescape
 func rowDot(x *float32, y *float32, n int) float32
 
+// swigluFwd sets sg[j] = gate[j]·σ(gate[j]) and a[j] = sg[j]·up[j] for j < n (n a multiple of 8).
+//
+//go:noescape
+func swigluFwd(sg *float32, a *float32, gate *float32, up *float32, n int)
+
+// swigluBwd sets du[j] = da[j]·sg[j] and dg[j] = da[j]·up[j]·σ(gate[j])·(1 + gate[j]·(1 − σ(gate[j]))) for j < n (n a multiple of 8).
+//
+//go:noescape
+func swigluBwd(dg *float32, du *float32, da *float32, gate *float32, sg *float32, up *float32, n int)
+
+// sumRow sets dst[j] = a[j] + b[j] for j < n (n a multiple of 8).
+//
+//go:noescape
+func sumRow(dst *float32, a *float32, b *float32, n int)
+
+// axpyRow sets y[j] += alpha·x[j] for j < n (n a multiple of 8), the product rounded before the add.
+//
+//go:noescape
+func axpyRow(y *float32, x *float32, n int, alpha float32)
+
 // copyRows32 sets dst[p·32+j] = src[p·ld+j] for j < 32, p < kc.
 //
 //go:noescape
@@ -72,6 +92,11 @@ func copyRows16(dst *float32, src *float32, ld int, kc int)
 //
 //go:noescape
 func copyRows12(dst *float32, src *float32, ld int, kc int)
+
+// copyRows6 sets dst[p·6+j] = src[p·ld+j] for j < 6, p < kc.
+//
+//go:noescape
+func copyRows6(dst *float32, src *float32, ld int, kc int)
 
 // copyRows4 sets dst[p·4+j] = src[p·ld+j] for j < 4, p < kc.
 //

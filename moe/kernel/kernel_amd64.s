@@ -113,27 +113,27 @@ fmaLoopAVX512_done:
 // func addChain(n int) int
 TEXT ·addChain(SB), NOSPLIT, $0-16
 	MOVQ  n+0(FP), AX
-	XORQ  CX, CX
+	MOVQ  $0x00000001, CX
 	TESTQ AX, AX
 	JZ    addChain_done
 
 addChain_loop:
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
-	ADDQ $0x01, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
+	ADDQ CX, CX
 	DECQ AX
 	JNZ  addChain_loop
 
@@ -1137,6 +1137,172 @@ rowDot_done:
 	MOVSS        X0, ret+24(FP)
 	RET
 
+// func swigluFwd(sg *float32, a *float32, gate *float32, up *float32, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·swigluFwd(SB), NOSPLIT, $0-40
+	MOVQ sg+0(FP), AX
+	MOVQ a+8(FP), CX
+	MOVQ gate+16(FP), DX
+	MOVQ up+24(FP), BX
+	MOVQ n+32(FP), SI
+	SHRQ $0x03, SI
+	JZ   swigluFwd_done
+
+swigluFwd_loop:
+	VMOVUPS      (DX), Y0
+	VXORPS       Y1, Y1, Y1
+	VSUBPS       Y0, Y1, Y1
+	VCMPPS       $0x01, expConsts<>+384(SB), Y1, Y3
+	VMINPS       expConsts<>+352(SB), Y1, Y1
+	VMOVUPS      expConsts<>+32(SB), Y4
+	VFMADD231PS  expConsts<>+0(SB), Y1, Y4
+	VROUNDPS     $0x01, Y4, Y4
+	VFNMADD231PS expConsts<>+64(SB), Y4, Y1
+	VFNMADD231PS expConsts<>+96(SB), Y4, Y1
+	VMOVUPS      expConsts<>+128(SB), Y2
+	VFMADD213PS  expConsts<>+160(SB), Y1, Y2
+	VFMADD213PS  expConsts<>+192(SB), Y1, Y2
+	VFMADD213PS  expConsts<>+224(SB), Y1, Y2
+	VFMADD213PS  expConsts<>+256(SB), Y1, Y2
+	VFMADD213PS  expConsts<>+288(SB), Y1, Y2
+	VMULPS       Y1, Y1, Y5
+	VFMADD213PS  Y1, Y5, Y2
+	VADDPS       expConsts<>+320(SB), Y2, Y2
+	VCVTTPS2DQ   Y4, Y1
+	VPSLLD       $0x17, Y1, Y1
+	VPADDD       expConsts<>+320(SB), Y1, Y1
+	VMULPS       Y1, Y2, Y2
+	VANDNPS      Y2, Y3, Y2
+	VADDPS       expConsts<>+320(SB), Y2, Y2
+	VMOVUPS      expConsts<>+320(SB), Y1
+	VDIVPS       Y2, Y1, Y1
+	VMULPS       Y1, Y0, Y1
+	VMOVUPS      Y1, (AX)
+	VMULPS       (BX), Y1, Y1
+	VMOVUPS      Y1, (CX)
+	ADDQ         $0x20, AX
+	ADDQ         $0x20, CX
+	ADDQ         $0x20, DX
+	ADDQ         $0x20, BX
+	DECQ         SI
+	JNZ          swigluFwd_loop
+
+swigluFwd_done:
+	VZEROUPPER
+	RET
+
+// func swigluBwd(dg *float32, du *float32, da *float32, gate *float32, sg *float32, up *float32, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·swigluBwd(SB), NOSPLIT, $0-56
+	MOVQ dg+0(FP), AX
+	MOVQ du+8(FP), CX
+	MOVQ da+16(FP), DX
+	MOVQ gate+24(FP), BX
+	MOVQ sg+32(FP), SI
+	MOVQ up+40(FP), DI
+	MOVQ n+48(FP), R8
+	SHRQ $0x03, R8
+	JZ   swigluBwd_done
+
+swigluBwd_loop:
+	VMOVUPS      (BX), Y0
+	VMOVUPS      (DX), Y2
+	VXORPS       Y1, Y1, Y1
+	VSUBPS       Y0, Y1, Y1
+	VCMPPS       $0x01, expConsts<>+384(SB), Y1, Y4
+	VMINPS       expConsts<>+352(SB), Y1, Y1
+	VMOVUPS      expConsts<>+32(SB), Y5
+	VFMADD231PS  expConsts<>+0(SB), Y1, Y5
+	VROUNDPS     $0x01, Y5, Y5
+	VFNMADD231PS expConsts<>+64(SB), Y5, Y1
+	VFNMADD231PS expConsts<>+96(SB), Y5, Y1
+	VMOVUPS      expConsts<>+128(SB), Y3
+	VFMADD213PS  expConsts<>+160(SB), Y1, Y3
+	VFMADD213PS  expConsts<>+192(SB), Y1, Y3
+	VFMADD213PS  expConsts<>+224(SB), Y1, Y3
+	VFMADD213PS  expConsts<>+256(SB), Y1, Y3
+	VFMADD213PS  expConsts<>+288(SB), Y1, Y3
+	VMULPS       Y1, Y1, Y6
+	VFMADD213PS  Y1, Y6, Y3
+	VADDPS       expConsts<>+320(SB), Y3, Y3
+	VCVTTPS2DQ   Y5, Y1
+	VPSLLD       $0x17, Y1, Y1
+	VPADDD       expConsts<>+320(SB), Y1, Y1
+	VMULPS       Y1, Y3, Y3
+	VANDNPS      Y3, Y4, Y3
+	VADDPS       expConsts<>+320(SB), Y3, Y3
+	VMOVUPS      expConsts<>+320(SB), Y1
+	VDIVPS       Y3, Y1, Y1
+	VMULPS       (SI), Y2, Y3
+	VMOVUPS      Y3, (CX)
+	VMULPS       (DI), Y2, Y2
+	VMULPS       Y1, Y2, Y2
+	VMOVUPS      expConsts<>+320(SB), Y3
+	VSUBPS       Y1, Y3, Y3
+	VMULPS       Y3, Y0, Y3
+	VADDPS       expConsts<>+320(SB), Y3, Y3
+	VMULPS       Y3, Y2, Y2
+	VMOVUPS      Y2, (AX)
+	ADDQ         $0x20, AX
+	ADDQ         $0x20, CX
+	ADDQ         $0x20, DX
+	ADDQ         $0x20, BX
+	ADDQ         $0x20, SI
+	ADDQ         $0x20, DI
+	DECQ         R8
+	JNZ          swigluBwd_loop
+
+swigluBwd_done:
+	VZEROUPPER
+	RET
+
+// func sumRow(dst *float32, a *float32, b *float32, n int)
+// Requires: AVX
+TEXT ·sumRow(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), AX
+	MOVQ a+8(FP), CX
+	MOVQ b+16(FP), DX
+	MOVQ n+24(FP), BX
+	SHRQ $0x03, BX
+	JZ   sumRow_done
+
+sumRow_loop:
+	VMOVUPS (CX), Y0
+	VADDPS  (DX), Y0, Y0
+	VMOVUPS Y0, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	ADDQ    $0x20, DX
+	DECQ    BX
+	JNZ     sumRow_loop
+
+sumRow_done:
+	VZEROUPPER
+	RET
+
+// func axpyRow(y *float32, x *float32, n int, alpha float32)
+// Requires: AVX
+TEXT ·axpyRow(SB), NOSPLIT, $0-28
+	MOVQ         y+0(FP), AX
+	MOVQ         x+8(FP), CX
+	MOVQ         n+16(FP), DX
+	VBROADCASTSS alpha+24(FP), Y0
+	SHRQ         $0x03, DX
+	JZ           axpyRow_done
+
+axpyRow_loop:
+	VMULPS  (CX), Y0, Y1
+	VADDPS  (AX), Y1, Y1
+	VMOVUPS Y1, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	DECQ    DX
+	JNZ     axpyRow_loop
+
+axpyRow_done:
+	VZEROUPPER
+	RET
+
 // func copyRows32(dst *float32, src *float32, ld int, kc int)
 // Requires: AVX
 TEXT ·copyRows32(SB), NOSPLIT, $0-32
@@ -1213,6 +1379,31 @@ copyRows12_loop:
 	JNZ     copyRows12_loop
 
 copyRows12_done:
+	VZEROUPPER
+	RET
+
+// func copyRows6(dst *float32, src *float32, ld int, kc int)
+// Requires: AVX
+TEXT ·copyRows6(SB), NOSPLIT, $0-32
+	MOVQ  dst+0(FP), AX
+	MOVQ  src+8(FP), CX
+	MOVQ  ld+16(FP), DX
+	MOVQ  kc+24(FP), BX
+	SHLQ  $0x02, DX
+	TESTQ BX, BX
+	JZ    copyRows6_done
+
+copyRows6_loop:
+	VMOVUPS (CX), X0
+	MOVQ    16(CX), SI
+	VMOVUPS X0, (AX)
+	MOVQ    SI, 16(AX)
+	ADDQ    DX, CX
+	ADDQ    $0x00000018, AX
+	DECQ    BX
+	JNZ     copyRows6_loop
+
+copyRows6_done:
 	VZEROUPPER
 	RET
 

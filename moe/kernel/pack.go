@@ -12,8 +12,8 @@ package kernel
 // asmTranspose4 the same for r < 4. The caller guarantees the extents.
 var (
 	asmTranspose8, asmTranspose4 func(dst []float32, ldd int, src []float32, lds, n int, alpha float32)
-	// asmCopyRows(dst, src, ld, kc, w) does copyRows for w in {4, 12, 16,
-	// 32} and returns false otherwise.
+	// asmCopyRows(dst, src, ld, kc, w) does copyRows for w in {4, 6, 12,
+	// 16, 32} and returns false otherwise.
 	asmCopyRows func(dst, src []float32, ld, kc, w int) bool
 	usePackAsm  = true
 )
@@ -44,16 +44,23 @@ func packA(ap []float32, trans bool, a []float32, lda, i0, p0, mc, kc, mr int, a
 		}
 		first := 0 // rows [0, first) and steps [0, done) packed by the transposes
 		done := 0
-		if usePackAsm && asmTranspose4 != nil && rows == mr && kc >= 8 && mr%4 == 0 {
+		if usePackAsm && asmTranspose4 != nil && rows == mr && kc >= 8 && mr >= 4 {
 			done = kc &^ 7
 			row := (i0+s*mr)*lda + p0
 			for first < mr {
-				if mr-first >= 8 {
+				switch {
+				case mr-first >= 8:
 					asmTranspose8(dst[first:], mr, a[row+first*lda:], lda, done/8, alpha)
 					first += 8
-				} else {
+				case mr-first >= 4:
 					asmTranspose4(dst[first:], mr, a[row+first*lda:], lda, done/8, alpha)
 					first += 4
+				default:
+					// The last 1–3 rows (mr = 6: AVX2's two): the four rows
+					// ending at mr, rewriting rows already packed with the
+					// same values.
+					asmTranspose4(dst[mr-4:], mr, a[row+(mr-4)*lda:], lda, done/8, alpha)
+					first = mr
 				}
 			}
 		}
