@@ -77,6 +77,11 @@ type Report struct {
 	Saved  []int64 // saved-activation bytes per unit, in Units order
 	Events []Event
 	Peak   Peak
+	// Under pipeline parallelism (pp > 1) the report is that of pipeline
+	// rank Stage, the one with the highest peak reserved; Stages has every
+	// rank's peak (pipeline.go). Stage is 0 and Stages nil otherwise.
+	Stage  int
+	Stages []StagePeak
 }
 
 // Breakdown is the integer byte counts reported by `moescope memory`: the
@@ -197,6 +202,12 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if b, err = checkBatch(cfg, b, o.Attention); err != nil {
 		return Report{}, err
 	}
+	if l.Stages() > 1 {
+		if err := l.Validate(); err != nil {
+			return Report{}, err
+		}
+		return estimatePipeline(cfg, l, b, o)
+	}
 	units, err := Units(cfg, l)
 	if err != nil {
 		return Report{}, err
@@ -231,6 +242,11 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 	}
 	if !(target > 0 && target <= 1) {
 		return 0, Report{}, fmt.Errorf("memory_target = %v: must be in (0, 1]", target)
+	}
+	if l.Stages() > 1 && (l.PPMicrobatchSize > 1 || l.PPSchedule == moe.PPInterleaved1F1B) {
+		// The search assumes every lbs is a batch; these take only
+		// multiples of the micro-batch size, or of the schedule's rounds.
+		return 0, Report{}, fmt.Errorf("max lbs with pp_schedule %s and pp_microbatch_size %d: not every lbs is a valid batch (moe.Layout.Microbatches); give lbs", l.PPSchedule, l.PPMicrobatchSize)
 	}
 	limit := int64(target * float64(deviceBytes))
 	at := func(lbs int) (Report, bool, error) {

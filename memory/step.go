@@ -182,6 +182,10 @@ func (s *stepBuilder) loadSaved() ([]int64, error) {
 	return savedBytes, nil
 }
 
+// isHead reports whether unit i is the head (the last unit, except on a
+// pipeline stage that does not hold it).
+func (s *stepBuilder) isHead(i int) bool { return s.units[i].Layer == s.cfg.LayerHead() }
+
 // weights is the bytes of unit u's compute weights.
 func (s *stepBuilder) weights(u Unit) int64 { return u.Local * s.o.Precision.Compute.Bytes() }
 
@@ -292,7 +296,7 @@ func (s *stepBuilder) forward() {
 		s.gatherForward(i)
 		s.allocRecords("saved", s.saved[i], CatActivations)
 		switch {
-		case i == s.last:
+		case s.isHead(i):
 			s.lossForward(u.Layer)
 		case u.Layer >= 0:
 			s.blockForward(i)
@@ -323,7 +327,7 @@ func (s *stepBuilder) gatherForward(i int) {
 			next := s.units[i+1]
 			s.allocOn(AllGatherStream, next.Layer, "allgather", s.weights(next)) // prefetch
 		}
-	case !s.fsdp && s.gathered:
+	case !s.fsdp && s.gathered && !s.keep: // kept: allocated in setup (pipeline stages)
 		s.alloc(u.Layer, "weights", w, CatWeights)
 	}
 }
@@ -453,7 +457,7 @@ func (s *stepBuilder) gatherBackward(i int) string {
 func (s *stepBuilder) backwardOps(i int) (rec []moe.SavedRecord, ws int64) {
 	u := s.units[i]
 	switch {
-	case i == s.last:
+	case s.isHead(i):
 		s.lossBackward(u.Layer)
 	case u.Layer >= 0:
 		rec = missing(s.none[i], s.saved[i])

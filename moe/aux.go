@@ -49,24 +49,43 @@ func AuxLoss[T Float](c *Config, blocks []*Block[T], coef float64) (aux float64,
 		return aux, grad
 	}
 	cnt, sum := make([]float64, E), make([]float64, E)
-	for _, b := range blocks {
-		for i, n := range b.seqCounts {
-			cnt[i%E] += float64(n)
-			sum[i%E] += float64(b.seqScores[i])
-		}
-	}
-	N := float64(c.MoELayers() * B * S)
-	g := make([]T, B*E)
-	for e := 0; e < E; e++ {
-		aux += float64(E) * cnt[e] * sum[e] / (N * N)
-		for sq := 0; sq < B; sq++ {
-			g[sq*E+e] = T(coef * float64(E) * cnt[e] / (N * N))
-		}
-	}
+	AuxPartial(blocks, cnt, sum)
+	aux, g := AuxFromTotals[T](c, B, S, cnt, sum, coef)
 	for l, b := range blocks {
 		if b.seqCounts != nil {
 			grad[l] = g
 		}
 	}
 	return aux, grad
+}
+
+// AuxPartial adds to cnt and sum [E] the counts c_e and score sums
+// Σ_rows s_{row,e} of the MoE layers among blocks (their last forward), in
+// block order: HF's aux loss needs them over every layer, so a pipeline
+// stage adds its layers' to the running totals its predecessor sent, which
+// sums them in one rank's order.
+func AuxPartial[T Float](blocks []*Block[T], cnt, sum []float64) {
+	E := len(cnt)
+	for _, b := range blocks {
+		for i, n := range b.seqCounts {
+			cnt[i%E] += float64(n)
+			sum[i%E] += float64(b.seqScores[i])
+		}
+	}
+}
+
+// AuxFromTotals is HF's aux loss of a micro-batch of B sequences of S
+// tokens from the totals over every MoE layer (AuxPartial), with coef·
+// ∂aux/∂s [B·E], the same for every MoE layer.
+func AuxFromTotals[T Float](c *Config, B, S int, cnt, sum []float64, coef float64) (aux float64, g []T) {
+	E := c.Experts
+	N := float64(c.MoELayers() * B * S)
+	g = make([]T, B*E)
+	for e := 0; e < E; e++ {
+		aux += float64(E) * cnt[e] * sum[e] / (N * N)
+		for sq := 0; sq < B; sq++ {
+			g[sq*E+e] = T(coef * float64(E) * cnt[e] / (N * N))
+		}
+	}
+	return aux, g
 }

@@ -16,11 +16,15 @@ const (
 	ShardDDP   Sharding = "ddp"   // nothing
 )
 
-// Layout is a training layout as a plain value: degrees, sharding mode and
-// FSDP options. world = DPReplicate × DPShard × TP (tp innermost); the
-// expert mesh is (DPReplicate, efsdp, EP, ETP) over the same world, with
-// efsdp = DPShard·TP/(EP·ETP) as torchtitan v0.2.2's ParallelDims builds it
-// (see ExpertShard).
+// Layout is a training layout as a plain value: degrees, sharding mode,
+// FSDP and pipeline options. world = PP × DPReplicate × DPShard × TP (pp
+// outermost, tp innermost, as torchtitan's mesh); the expert mesh of each
+// pipeline stage is (DPReplicate, efsdp, EP, ETP) over the stage's ranks,
+// with efsdp = DPShard·TP/(EP·ETP) as torchtitan v0.2.2's ParallelDims
+// builds it (see ExpertShard).
+//
+// Layout stays comparable (the planner keys maps by it), so the explicit
+// stage split PPLayers is a StageLayers string, not a slice.
 type Layout struct {
 	GPUs        int `json:"gpus"`
 	DPShard     int `json:"dp_shard"`
@@ -45,6 +49,16 @@ type Layout struct {
 	// the matmuls they feed (torch.compile's micro-pipeline TP).
 	AsyncTP     bool `json:"async_tp,omitempty"`
 	GPUsPerNode int  `json:"gpus_per_node,omitempty"`
+	// Pipeline parallelism (pipeline.go): PP stages (0 or 1 = none), the
+	// schedule, sequences per pipeline micro-batch, stages per rank and an
+	// explicit split of the transformer layers over the PP·PPVirtualStages
+	// stages (empty = torchtitan's default split). Zero values are the
+	// defaults Resolve fills when PP > 1.
+	PP               int         `json:"pp,omitempty"`
+	PPSchedule       PPSchedule  `json:"pp_schedule,omitempty"`
+	PPMicrobatchSize int         `json:"pp_microbatch_size,omitempty"`
+	PPVirtualStages  int         `json:"pp_virtual_stages,omitempty"`
+	PPLayers         StageLayers `json:"pp_layers,omitempty"`
 
 	// GradSyncLastOnly skips every gradient reduction (reduce-scatter and
 	// replica all-reduce) on all but the last accumulation micro-step, as
@@ -69,15 +83,16 @@ func DefaultLayout() Layout {
 }
 
 // Resolve fills the degrees left at 0 from the others (GPUs, DPShard and
-// DPReplicate: any two fix the third, given TP; DPReplicate, EP, TP and ETP
-// default to 1) and then validates. Every factor is printed when something
-// does not divide.
+// DPReplicate: any two fix the third, given PP and TP; DPReplicate, EP, TP,
+// ETP and PP default to 1), the pipeline options' defaults
+// (resolvePipeline) and then validates. Every factor is printed when
+// something does not divide.
 func (l *Layout) Resolve() error {
 	var errs []error
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}} {
+	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"pp", l.PP}} {
 		if f.v < 0 || f.v > MaxDegree {
 			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d] (0 = derive from the others)", MaxDegree)})
 		}
@@ -98,34 +113,41 @@ func (l *Layout) Resolve() error {
 			*v = 1
 		}
 	}
+	pp := l.Stages()
+	if pp > MaxDegree {
+		return FieldError{"pp", l.PP, fmt.Sprintf("must be in [1, %d]", MaxDegree)}
+	}
 	switch {
 	case l.GPUs == 0 && l.DPShard > 0:
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
-		if n := int64(l.DPShard) * int64(l.DPReplicate) * int64(l.TP); n > MaxDegree {
-			return FieldError{"gpus", n, fmt.Sprintf("dp_shard × dp_replicate × tp = %d × %d × %d must be at most %d", l.DPShard, l.DPReplicate, l.TP, MaxDegree)}
+		if n := int64(pp) * int64(l.DPShard) * int64(l.DPReplicate) * int64(l.TP); n > MaxDegree {
+			return FieldError{"gpus", n, fmt.Sprintf("pp × dp_shard × dp_replicate × tp = %d × %d × %d × %d must be at most %d", pp, l.DPShard, l.DPReplicate, l.TP, MaxDegree)}
 		}
-		l.GPUs = l.DPShard * l.DPReplicate * l.TP
+		l.GPUs = pp * l.DPShard * l.DPReplicate * l.TP
 	case l.GPUs > 0 && l.DPShard == 0:
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
 		// torchtitan's dp_shard = -1: world / (dp_replicate·cp·tp·pp).
-		if others := l.DPReplicate * l.TP; l.GPUs%others != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by dp_replicate × tp = %d × %d = %d", l.GPUs, l.DPReplicate, l.TP, others)
+		if others := pp * l.DPReplicate * l.TP; l.GPUs%others != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by %sdp_replicate × tp = %s%d × %d = %d", l.GPUs, ppFactor(pp), ppValue(pp), l.DPReplicate, l.TP, others)
 		}
-		l.DPShard = l.GPUs / (l.DPReplicate * l.TP)
+		l.DPShard = l.GPUs / (pp * l.DPReplicate * l.TP)
 	case l.GPUs > 0 && l.DPReplicate == 0:
-		if others := l.DPShard * l.TP; l.GPUs%others != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by dp_shard × tp = %d × %d = %d", l.GPUs, l.DPShard, l.TP, others)
+		if others := pp * l.DPShard * l.TP; l.GPUs%others != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by %sdp_shard × tp = %s%d × %d = %d", l.GPUs, ppFactor(pp), ppValue(pp), l.DPShard, l.TP, others)
 		}
-		l.DPReplicate = l.GPUs / (l.DPShard * l.TP)
+		l.DPReplicate = l.GPUs / (pp * l.DPShard * l.TP)
 	case l.GPUs == 0:
 		return errors.New("gpus: give --gpus or --dp-shard")
 	}
 	if l.Sharding == "" {
 		l.Sharding = ShardFSDP
+	}
+	if err := l.resolvePipeline(); err != nil {
+		return err
 	}
 	return l.Validate()
 }
@@ -154,13 +176,13 @@ func (l Layout) Validate() error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	tp, etp := l.TPDegree(), max(l.ETP, 1)
+	tp, etp, pp := l.TPDegree(), max(l.ETP, 1), l.Stages()
 	// The products below stay far from overflow: each factor is at most
 	// 2^20, and a product is formed only of factors whose product with
 	// the world was checked first.
-	if int64(l.DPReplicate)*int64(l.DPShard)*int64(tp) != int64(l.GPUs) {
-		errs = append(errs, fmt.Errorf("dp_replicate × dp_shard × tp = %d × %d × %d ≠ gpus = %d",
-			l.DPReplicate, l.DPShard, tp, l.GPUs))
+	if int64(pp)*int64(l.DPReplicate)*int64(l.DPShard)*int64(tp) != int64(l.GPUs) {
+		errs = append(errs, fmt.Errorf("%sdp_replicate × dp_shard × tp = %s%d × %d × %d ≠ gpus = %d",
+			ppFactor(pp), ppValue(pp), l.DPReplicate, l.DPShard, tp, l.GPUs))
 		return errors.Join(errs...)
 	}
 	// torchtitan v0.2.2 ParallelDims._validate: "Currently we only support
@@ -175,13 +197,14 @@ func (l Layout) Validate() error {
 		// dp_shard·cp·tp: ep·etp must divide it (v0.2.2; torchtitan main,
 		// which has no etp, requires ep | dp_shard·cp·tp).
 		if tp == 1 {
-			errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = dp_replicate %d × dp_shard %d)",
-				l.EP, l.DPShard, l.GPUs, l.DPReplicate, l.DPShard))
+			errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = %sdp_replicate %d × dp_shard %d)",
+				l.EP, l.DPShard, l.GPUs, ppWord(pp), l.DPReplicate, l.DPShard))
 		} else {
-			errs = append(errs, fmt.Errorf("ep × etp = %d × %d does not divide dp_shard × tp = %d × %d = %d: efsdp = dp_shard·tp/(ep·etp) would not be whole (gpus = %d = dp_replicate %d × dp_shard %d × tp %d; etp = %d)",
-				l.EP, l.ExpertTP(), l.DPShard, tp, region, l.GPUs, l.DPReplicate, l.DPShard, tp, etp))
+			errs = append(errs, fmt.Errorf("ep × etp = %d × %d does not divide dp_shard × tp = %d × %d = %d: efsdp = dp_shard·tp/(ep·etp) would not be whole (gpus = %d = %sdp_replicate %d × dp_shard %d × tp %d; etp = %d)",
+				l.EP, l.ExpertTP(), l.DPShard, tp, region, l.GPUs, ppWord(pp), l.DPReplicate, l.DPShard, tp, etp))
 		}
 	}
+	errs = append(errs, l.validatePipeline()...)
 	switch l.Sharding {
 	case ShardFSDP, ShardZeRO2, ShardZeRO1, ShardDDP:
 	default:
@@ -197,8 +220,9 @@ func (l Layout) Validate() error {
 }
 
 // CheckModel checks the layout against a model: experts must divide by EP,
-// and tp must divide every dimension it splits (torchtitan's column-wise
-// q/k/v cut whole heads; its row-wise and column-wise FFNs cut the widths).
+// tp must divide every dimension it splits (torchtitan's column-wise
+// q/k/v cut whole heads; its row-wise and column-wise FFNs cut the widths),
+// and the pipeline's stages must split the model's layers (StageSplit).
 // Under TP, MLA attention and a q/k norm over all heads are refused: they
 // are not part of the plan torchtitan applies to the models moescope runs.
 func (l Layout) CheckModel(c *Config) error {
@@ -231,6 +255,9 @@ func (l Layout) CheckModel(c *Config) error {
 	if et := l.ExpertTP(); et > 1 && c.IsMoE() && c.ExpertFFN%et != 0 {
 		errs = append(errs, fmt.Errorf("expert tensor-parallel degree %d (tp = %d, etp = %d, ep = %d) does not divide expert_ffn = %d", et, l.TPDegree(), max(l.ETP, 1), l.EP, c.ExpertFFN))
 	}
+	if _, err := l.StageSplit(c.Layers); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -248,7 +275,8 @@ func (l Layout) CheckSeq(seq int) error {
 // TPDegree is the tensor-parallel degree (TP, with 0 read as 1).
 func (l Layout) TPDegree() int { return max(l.TP, 1) }
 
-// DP is the data-parallel degree, dp_replicate × dp_shard.
+// DP is the data-parallel degree of one pipeline stage, dp_replicate ×
+// dp_shard.
 func (l Layout) DP() int { return l.DPReplicate * l.DPShard }
 
 // ExpertTP is the degree routed experts' FFN width is split by: tp when
@@ -280,4 +308,28 @@ func (l Layout) TokensPerExpertRank() int {
 		return l.TPDegree()
 	}
 	return 1
+}
+
+// ppFactor, ppValue and ppWord print the pp factor of the world in
+// messages ("pp × ", "4 × ", "pp 4 × "), nothing without pipeline
+// parallelism.
+func ppFactor(pp int) string {
+	if pp > 1 {
+		return "pp × "
+	}
+	return ""
+}
+
+func ppValue(pp int) string {
+	if pp > 1 {
+		return fmt.Sprintf("%d × ", pp)
+	}
+	return ""
+}
+
+func ppWord(pp int) string {
+	if pp > 1 {
+		return fmt.Sprintf("pp %d × ", pp)
+	}
+	return ""
 }

@@ -76,6 +76,11 @@ func NewMesh(l moe.Layout, cfg *moe.Config, gpusPerNode int) (*Mesh, error) {
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("mesh: %w", err)
 	}
+	if l.Stages() > 1 {
+		// The mesh's coordinates and groups are those of one stage;
+		// BuildPipeline places the stages (pp outermost).
+		return nil, fmt.Errorf("mesh: pp = %d: a mesh places one pipeline stage's ranks (moe.Layout.StageLayout: gpus %d = dp_replicate %d × dp_shard %d); pipelines are built by BuildPipeline", l.PP, l.DP(), l.DPReplicate, l.DPShard)
+	}
 	var errs []error
 	if cfg != nil {
 		if err := l.CheckModel(cfg); err != nil {

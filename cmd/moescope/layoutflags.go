@@ -18,6 +18,8 @@ type layoutFlags struct {
 	sharding                                    string
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly, asyncTP                  bool
+	pp, ppMicrobatchSize, ppVirtualStages       int
+	ppSchedule, ppLayers                        string
 	gradSyncLastOnly                            bool
 	refused                                     [][2]string // flag name, why (refuse)
 	// mtp refuses --mtp (mtp.go).
@@ -34,12 +36,17 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.IntVar(&f.etp, "etp", 1, "tensor-parallel degree of routed experts when ep > 1: 1 (EP borrows the tp ranks) or the tp degree")
 	fs.BoolVar(&f.asyncTP, "async-tp", false, "async tensor parallelism: overlap TP collectives with the matmuls they feed (needs --compile)")
 	fs.StringVar(&f.sharding, "sharding", "fsdp", "what dp-shard shards: fsdp|zero2|zero1|ddp")
-	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward")
+	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward (default off with --pp > 1, as torchtitan)")
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
 	fs.BoolVar(&f.gradSyncLastOnly, "grad-sync-last-only", false, "reduce gradients only on the last accumulation micro-step, "+
 		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); fsdp only)")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
+	fs.IntVar(&f.pp, "pp", 0, "pipeline-parallel stages (outermost mesh axis; default 1)")
+	fs.StringVar(&f.ppSchedule, "pp-schedule", "", fmt.Sprintf("pipeline schedule, torchtitan's names: %v (default 1F1B)", moe.PPSchedules()))
+	fs.IntVar(&f.ppMicrobatchSize, "pp-microbatch-size", 0, "sequences per pipeline micro-batch; micro-batches per micro-step = lbs ÷ it (default 1)")
+	fs.IntVar(&f.ppVirtualStages, "pp-virtual-stages", 0, "pipeline stages per rank (default 1; 2 for multi-stage schedules, as torchtitan)")
+	fs.StringVar(&f.ppLayers, "pp-layers", "", "explicit split of the transformer layers over the pp × virtual stages, e.g. 10,12,12,10 (default torchtitan's even split)")
 	f.mtp = addMTPFlag(fs)
 	return f
 }
@@ -55,7 +62,8 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 	for _, d := range []struct {
 		name string
 		v    int
-	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}, {"tp", f.tp}, {"etp", f.etp}} {
+	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}, {"tp", f.tp}, {"etp", f.etp}, {"pp", f.pp},
+		{"pp-microbatch-size", f.ppMicrobatchSize}, {"pp-virtual-stages", f.ppVirtualStages}} {
 		if set[d.name] && d.v < 1 {
 			return moe.Layout{}, fmt.Errorf("%w: --%s = %d: must be in [1, %d] (leave it out for its default)", errUsage, d.name, d.v, moe.MaxDegree)
 		}
@@ -67,7 +75,15 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep, TP: f.tp, ETP: f.etp,
 		Sharding: moe.Sharding(f.sharding), ReshardAfterForward: f.reshardAfterForward,
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, AsyncTP: f.asyncTP, GPUsPerNode: f.gpusPerNode,
+		PP: f.pp, PPSchedule: moe.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
+		PPVirtualStages: f.ppVirtualStages, PPLayers: moe.StageLayers(f.ppLayers),
 		GradSyncLastOnly: f.gradSyncLastOnly,
+	}
+	if l.PP > 1 && !set["reshard-after-forward"] {
+		// torchtitan's default under PP: apply_fsdp's "default" policy is
+		// reshard_after_forward = not pp_enabled (torchtitan 02ef790c,
+		// models/llama3/infra/parallelize.py).
+		l.ReshardAfterForward = false
 	}
 	if err := l.Resolve(); err != nil {
 		return l, fmt.Errorf("%w: layout: %v", errUsage, err)

@@ -42,6 +42,11 @@ type memoryReport struct {
 	Allocator        string                  `json:"allocator"`
 	MaxLBS           *int                    `json:"max_lbs,omitempty"`
 	MemoryTarget     float64                 `json:"memory_target,omitempty"`
+	// Under pipeline parallelism: every pipeline rank's peak, and the rank
+	// the rest of the report describes (the worst, which decides fits;
+	// its units are the ones saved_bytes_per_layer lists).
+	PipelineStages []memory.StagePeak `json:"pipeline_stages,omitempty"`
+	WorstStage     *int               `json:"worst_stage,omitempty"`
 	// Fit: whether the step fits the device and the memory target (JSON
 	// fits, headroom_bytes, within_target).
 	memory.Fit
@@ -185,6 +190,9 @@ func (rep *memoryReport) fill(cfg *moe.Config, dev hw.Device, r memory.Report) {
 	}
 	rep.ReservedByStream = r.Peak.ReservedByStream
 	rep.Allocator = memory.DefaultAllocator.Source
+	if len(r.Stages) > 0 {
+		rep.PipelineStages, rep.WorstStage = r.Stages, &r.Stage
+	}
 }
 
 func printMemory(w io.Writer, r memoryReport) {
@@ -192,13 +200,24 @@ func printMemory(w io.Writer, r memoryReport) {
 	if line := r.Fit.Line(); line != "" {
 		fmt.Fprintln(w, line)
 	}
-	tp := ""
+	pp, tp := "", ""
+	if r.Layout.Stages() > 1 {
+		pp = fmt.Sprintf("pp %d × ", r.Layout.PP)
+	}
 	if l := r.Layout; l.TPDegree() > 1 {
 		tp = fmt.Sprintf(" × tp %d (sequence parallel; etp %d)", l.TPDegree(), l.ETP)
 	}
-	fmt.Fprintf(w, "%s on %s: gpus %d = dp_replicate %d × dp_shard %d%s, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
-		r.Model, r.GPU, r.Layout.GPUs, r.Layout.DPReplicate, r.Layout.DPShard, tp, r.Layout.EP, r.Layout.Sharding,
+	fmt.Fprintf(w, "%s on %s: gpus %d = %sdp_replicate %d × dp_shard %d%s, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
+		r.Model, r.GPU, r.Layout.GPUs, pp, r.Layout.DPReplicate, r.Layout.DPShard, tp, r.Layout.EP, r.Layout.Sharding,
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)
+	if l := r.Layout; l.Stages() > 1 {
+		fmt.Fprintf(w, "pipeline: %s, %d stage(s) per rank, micro-batches of %d sequence(s); the worst pp rank, %d, is reported below and decides whether the layout fits\n",
+			l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, *r.WorstStage)
+		for _, s := range r.PipelineStages {
+			fmt.Fprintf(w, "  pp rank %d: stages %v, %d layers, %d micro-batch activations in flight, peak reserved %.2f GiB\n",
+				s.Rank, s.Stages, s.Layers, s.InFlight, gib(s.PeakReservedBytes))
+		}
+	}
 	segments := "expandable"
 	if !r.ExpandableSegments {
 		segments = "fixed"

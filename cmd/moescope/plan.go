@@ -391,7 +391,7 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS),
 		allocNote}
-	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile}
+	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile, Layers: cfg.Layers}
 	for _, x := range []struct {
 		path, what string
 		write      func(io.Writer) ([]string, error)

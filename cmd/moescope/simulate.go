@@ -150,7 +150,15 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *tracePath != "" {
+	if *tracePath != "" && l.Stages() > 1 {
+		if *traceRanks != "" {
+			return fmt.Errorf("%w: --trace-ranks = %s: with --pp > 1 the trace has one process per pipeline rank (one data-parallel rank of each stage)", errUsage, *traceRanks)
+		}
+		if err := fileio.WriteFileAtomic(*tracePath, *force, func(w io.Writer) error { return res.WriteTrace(w, nil) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "trace of %d pipeline rank(s) written to %s (open in https://ui.perfetto.dev)\n", l.PP, *tracePath)
+	} else if *tracePath != "" {
 		ranks, err := parseTraceRanks(*traceRanks, l.GPUs, cl.GPUsPerNode)
 		if err != nil {
 			return err
@@ -204,8 +212,12 @@ func printSimulate(w io.Writer, r simulateReport) error {
 		fmt.Fprintln(w, line)
 	}
 	l := r.Layout
-	fmt.Fprintf(w, "%s on %d × %s (%s): dp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",
-		r.Model, l.GPUs, r.Device, r.Cluster, l.DPReplicate, l.DPShard, l.EP, l.Sharding, r.AC, r.LBS, r.Seq, r.GradAccum)
+	pp := ""
+	if l.Stages() > 1 {
+		pp = fmt.Sprintf("pp %d × ", l.PP)
+	}
+	fmt.Fprintf(w, "%s on %d × %s (%s): %sdp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",
+		r.Model, l.GPUs, r.Device, r.Cluster, pp, l.DPReplicate, l.DPShard, l.EP, l.Sharding, r.AC, r.LBS, r.Seq, r.GradAccum)
 	if tp := l.TPDegree(); tp > 1 {
 		async := ""
 		if l.AsyncTP {
@@ -256,15 +268,25 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\ncompute + recompute by op class:")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	for _, c := range sim.OpClasses() {
-		if v, ok := b.ComputeByClassS[c.String()]; ok {
-			row(c.String(), v)
+	if len(b.ComputeByClassS) > 0 {
+		fmt.Fprintln(w, "\ncompute + recompute by op class:")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		for _, c := range sim.OpClasses() {
+			if v, ok := b.ComputeByClassS[c.String()]; ok {
+				row(c.String(), v)
+			}
+		}
+		if err := tw.Flush(); err != nil {
+			return err
 		}
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	if pl := r.Pipeline; pl != nil {
+		fmt.Fprintf(w, "\npipeline: %s, %d stage(s) per rank, %d micro-batch(es) per micro-step, messages of %d B; stage boundaries on %v\n",
+			pl.Schedule, pl.VirtualStages, pl.Microbatches, pl.MessageBytes, pl.P2PLink)
+		for _, st := range pl.Stages {
+			fmt.Fprintf(w, "  pp rank %d: stages %v, %d layers, busy %.4f s, optimizer %.4f s, done at %.4f s, idle %.1f%%\n",
+				st.Rank, st.Stages, st.Layers, st.BusyS, st.OptimizerS, st.EndS, 100*st.IdleFraction)
+		}
 	}
 	_, err := fmt.Fprintf(w, "bottleneck: %s\n%s\n", r.Bottleneck, r.Exactness)
 	return err

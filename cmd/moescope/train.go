@@ -81,6 +81,9 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	if r.layout.Stages() > 1 {
+		return a.runPipeline(stdout, stderr, r)
+	}
 	if a.printSched {
 		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: r.cfg, Mesh: r.mesh, AC: r.ac, LBS: a.lbs, Seq: a.seq, Micro: a.accum})
 		if err != nil {
@@ -204,6 +207,17 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if layout.TPDegree() > 1 {
 		return nil, fmt.Errorf("%w: --tp = %d: train's numeric backend does not execute tensor parallelism yet (built: --dp-shard, --dp-replicate, --ep; memory and simulate model --tp)", errUsage, layout.TPDegree())
 	}
+	coef := a.auxCoef
+	if coef < 0 {
+		coef = cfg.AuxLossCoef
+	}
+	if layout.Stages() > 1 {
+		// One goroutine per pipeline rank (runPipeline); no mesh.
+		if err := a.faults.check(layout.GPUs, a.steps); err != nil {
+			return nil, err
+		}
+		return &trainRun{cfg: cfg, layout: layout, ac: ac, batch: parallel.Batch{LBS: a.lbs, Seq: a.seq, Micro: a.accum, DP: layout.DP()}, coef: coef}, nil
+	}
 	gpn := layout.GPUsPerNode
 	if gpn == 0 {
 		cl, err := hw.LoadCluster(hw.DefaultClusterName)
@@ -215,10 +229,6 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	mesh, err := parallel.NewMesh(layout, cfg, gpn)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	coef := a.auxCoef
-	if coef < 0 {
-		coef = cfg.AuxLossCoef
 	}
 	batch := parallel.Batch{LBS: a.lbs, Seq: a.seq, Micro: a.accum, DP: layout.DP()}
 	if err := batch.Validate(); err != nil {

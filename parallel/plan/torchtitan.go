@@ -108,6 +108,71 @@ type TorchtitanExport struct {
 	// Compile is what the plan's memory and time assumed torch.compile
 	// compiles; the export sets torchtitan's compile section to match.
 	Compile memory.Compile
+	// Layers is the model's transformer layers, for a pipeline's layer
+	// split (needed when pp > 1).
+	Layers int
+}
+
+// torchtitanPipeline returns the pipeline fields of the export for target
+// as (key, value literal) pairs, and an error when the layout's split does
+// not fit the model. Both pinned forms name the degree and the schedule
+// alike; the micro-batches differ: v0.2.2 takes
+// pipeline_parallel_microbatch_size (sequences; micro-batches = local
+// batch ÷ it), main takes num_pp_microbatches (its
+// num_tokens_per_microbatch_per_dp_rank then counts one pipeline
+// micro-batch's tokens, configs.py TrainingConfig). The layer split is
+// written only when it is not torchtitan's own (pipeline_llm: 1 stage per
+// rank for single-stage schedules, 2 for multi-stage ones, split by
+// generate_llm_fqn_per_model_part, whose output module is "output" at
+// v0.2.2 and "lm_head" at main): as module_fqns_per_model_part, one list
+// of module names per stage.
+func (e *TorchtitanExport) torchtitanPipeline(target TorchtitanTarget) ([][2]string, error) {
+	l := e.Point.Layout
+	if l.Stages() == 1 {
+		return [][2]string{{"pipeline_parallel_degree", "1"}}, nil
+	}
+	out := [][2]string{{"pipeline_parallel_degree", fmt.Sprint(l.PP)}, {"pipeline_parallel_schedule", fmt.Sprintf("%q", l.PPSchedule)}}
+	if target == TorchtitanTOML {
+		out = append(out, [2]string{"pipeline_parallel_microbatch_size", fmt.Sprint(l.PPMicrobatchSize)})
+	} else {
+		m, err := l.Microbatches(e.Point.LBS)
+		if err != nil {
+			return nil, fmt.Errorf("export: %w", err)
+		}
+		out = append(out, [2]string{"num_pp_microbatches", fmt.Sprint(m)})
+	}
+	titanV := 1
+	if l.PPSchedule.MultiStage() {
+		titanV = 2
+	}
+	split, err := l.StageSplit(e.Layers)
+	if err != nil {
+		return nil, fmt.Errorf("export: %w", err)
+	}
+	if l.PPLayers == "" && l.VirtualStages() == titanV {
+		return out, nil
+	}
+	output := "output"
+	if target == TorchtitanPy {
+		output = "lm_head"
+	}
+	var stages []string
+	at := 0
+	for s, n := range split {
+		var names []string
+		if s == 0 {
+			names = append(names, `"tok_embeddings"`)
+		}
+		for k := at; k < at+n; k++ {
+			names = append(names, fmt.Sprintf(`"layers.%d"`, k))
+		}
+		at += n
+		if s == len(split)-1 {
+			names = append(names, `"norm"`, fmt.Sprintf("%q", output))
+		}
+		stages = append(stages, "["+strings.Join(names, ", ")+"]")
+	}
+	return append(out, [2]string{"module_fqns_per_model_part", "[" + strings.Join(stages, ", ") + "]"}), nil
 }
 
 // compileComponents is torchtitan's compile.components for c.
@@ -148,10 +213,15 @@ func torchtitanDegrees(l moe.Layout) (rep, shard int) {
 }
 
 func torchtitanReshard(l moe.Layout) string {
-	// "default" reshards after forward when pipeline parallelism is off,
-	// which it always is here; "never" keeps the gathered weights.
-	if l.ReshardAfterForward {
+	// "default" reshards after forward when pipeline parallelism is off
+	// and keeps the gathered weights when it is on (apply_fsdp:
+	// reshard_after_forward = not pp_enabled); "always" and "never" say so
+	// whatever the pipeline.
+	switch {
+	case l.ReshardAfterForward == (l.Stages() == 1):
 		return "default"
+	case l.ReshardAfterForward:
+		return "always"
 	}
 	return "never"
 }
@@ -188,7 +258,15 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	fmt.Fprintf(&b, "\n[training]\nlocal_batch_size = %d\nglobal_batch_size = %d\nseq_len = %d\n", p.LBS, p.GlobalBatch(), e.Seq)
 	fmt.Fprintf(&b, "\n[parallelism]\ndata_parallel_replicate_degree = %d\ndata_parallel_shard_degree = %d\n", rep, shard)
 	fmt.Fprintf(&b, "fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
-	fmt.Fprintf(&b, "tensor_parallel_degree = %d\ncontext_parallel_degree = 1\npipeline_parallel_degree = 1\nexpert_parallel_degree = %d\n", p.Layout.TPDegree(), p.Layout.EP)
+	pipe, err := e.torchtitanPipeline(TorchtitanTOML)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(&b, "tensor_parallel_degree = %d\ncontext_parallel_degree = 1\n", p.Layout.TPDegree())
+	for _, kv := range pipe {
+		fmt.Fprintf(&b, "%s = %s\n", kv[0], kv[1])
+	}
+	fmt.Fprintf(&b, "expert_parallel_degree = %d\n", p.Layout.EP)
 	if p.Layout.TPDegree() > 1 {
 		fmt.Fprintf(&b, "expert_tensor_parallel_degree = %d\nenable_async_tensor_parallel = %t\n", max(p.Layout.ETP, 1), p.Layout.AsyncTP)
 	}
@@ -266,7 +344,15 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 		fmt.Fprintf(&b, "    # model_spec not written: torchtitan at this commit has no registry function known to moescope for %q; set config.model_spec.\n", e.Model)
 		b.WriteString("    config = Trainer.Config()\n")
 	}
-	fmt.Fprintf(&b, "    config.training.num_tokens_per_microbatch_per_dp_rank = %d  # lbs %d × seq %d\n", p.LBS*e.Seq, p.LBS, e.Seq)
+	pipe, err := e.torchtitanPipeline(TorchtitanPy)
+	if err != nil {
+		return nil, err
+	}
+	if l := p.Layout; l.Stages() > 1 {
+		fmt.Fprintf(&b, "    config.training.num_tokens_per_microbatch_per_dp_rank = %d  # pipeline micro-batch %d × seq %d\n", l.PPMicrobatchSize*e.Seq, l.PPMicrobatchSize, e.Seq)
+	} else {
+		fmt.Fprintf(&b, "    config.training.num_tokens_per_microbatch_per_dp_rank = %d  # lbs %d × seq %d\n", p.LBS*e.Seq, p.LBS, e.Seq)
+	}
 	fmt.Fprintf(&b, "    config.training.num_tokens_per_train_step = %d  # global batch %d sequences (grad_accum %d)\n", p.GlobalBatch()*e.Seq, p.GlobalBatch(), p.GradAccum)
 	fmt.Fprintf(&b, "    config.training.max_context_length = %d\n", e.Seq)
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_replicate_degree = %d\n", rep)
@@ -274,7 +360,9 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	fmt.Fprintf(&b, "    config.parallelism.fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
 	fmt.Fprintf(&b, "    config.parallelism.tensor_parallel_degree = %d\n", p.Layout.TPDegree())
 	b.WriteString("    config.parallelism.context_parallel_degree = 1\n")
-	b.WriteString("    config.parallelism.pipeline_parallel_degree = 1\n")
+	for _, kv := range pipe {
+		fmt.Fprintf(&b, "    config.parallelism.%s = %s\n", kv[0], kv[1])
+	}
 	fmt.Fprintf(&b, "    config.parallelism.expert_parallel_degree = %d\n", p.Layout.EP)
 	if cc := compileComponents(e.Compile); len(cc) > 0 {
 		b.WriteString("    config.compile.enable = True\n")

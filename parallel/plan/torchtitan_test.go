@@ -61,6 +61,22 @@ func torchtitanCheckValue(t *testing.T, key string, v, typ any) {
 			if _, ok := v.(bool); !ok {
 				t.Errorf("%s = %v (%T), want a boolean", key, v, v)
 			}
+		case "list[list[str]]":
+			outer, ok := v.([]any)
+			if !ok || len(outer) == 0 {
+				t.Errorf("%s = %v (%T), want a list of lists of strings", key, v, v)
+				return
+			}
+			for _, in := range outer {
+				items, ok := in.([]any)
+				if !ok || len(items) == 0 {
+					t.Errorf("%s: %v (%T), want a list of strings", key, in, in)
+					continue
+				}
+				for _, it := range items {
+					torchtitanCheckValue(t, key+"[][]", it, "str")
+				}
+			}
 		default:
 			t.Fatalf("schema type %q unknown", ty)
 		}
@@ -230,7 +246,7 @@ func TestTorchtitanPython(t *testing.T) {
 		fields[sec] = m
 	}
 	importRE := regexp.MustCompile(`^from ([\w.]+) import (\w+)$`)
-	setRE := regexp.MustCompile(`^    config\.(\w+)\.(\w+) = ("[^"]*"|\d+|True|False|\[[^\]]*\])(  #.*)?$`)
+	setRE := regexp.MustCompile(`^    config\.(\w+)\.(\w+) = ("[^"]*"|\d+|True|False|\[.*\])(  #.*)?$`)
 	acRE := regexp.MustCompile(`^    config\.activation_checkpoint = (.+)$`)
 	for i, c := range []struct {
 		model string
@@ -406,6 +422,12 @@ func pythonLiteral(lit string) any {
 	switch {
 	case lit == "True" || lit == "False":
 		return lit == "True"
+	case strings.HasPrefix(lit, "[["): // a list of lists of strings: JSON as written
+		var v []any
+		if err := json.Unmarshal([]byte(lit), &v); err != nil {
+			return lit
+		}
+		return v
 	case strings.HasPrefix(lit, "["):
 		var items []any
 		for _, it := range strings.Split(strings.Trim(lit, "[]"), ",") {
@@ -439,6 +461,127 @@ func tomlCompile(sec map[string]any) memory.Compile {
 		c.Loss = c.Loss || it == "loss"
 	}
 	return c
+}
+
+// TestTorchtitanPipeline exports pipeline layouts in both pinned forms:
+// every key is in the form's schema excerpt, the degrees multiply to the
+// GPUs (pp × replicate × shard), the batch reads back (v0.2.2: local
+// batch ÷ pipeline_parallel_microbatch_size micro-batches; main:
+// num_pp_microbatches of num_tokens_per_microbatch_per_dp_rank tokens),
+// and a split torchtitan would not make itself is written module by
+// module, each layer once, the embedding first and the norm and output
+// (v0.2.2 "output", main "lm_head") last.
+func TestTorchtitanPipeline(t *testing.T) {
+	var tomlSchema torchtitanTOMLSchema
+	torchtitanLoad(t, "v0.2.2-job_config.json", &tomlSchema)
+	var pySchema torchtitanPySchema
+	torchtitanLoad(t, "main-b5bcd76-configs.json", &pySchema)
+	pyPar := map[string]any{}
+	if err := json.Unmarshal(pySchema.ConfigFields["parallelism"], &pyPar); err != nil {
+		t.Fatal(err)
+	}
+	const layers = 48
+	for _, c := range []struct {
+		l         moe.Layout
+		lbs, ga   int
+		fqns      int // stages written module by module (0: torchtitan's own split)
+		reshard   string
+		schedules string
+	}{
+		{moe.Layout{GPUs: 64, PP: 4, DPShard: 16, EP: 8}, 8, 2, 0, "default", "1F1B"},
+		{moe.Layout{GPUs: 64, PP: 4, DPShard: 8, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2, ReshardAfterForward: true}, 8, 1, 0, "always", "Interleaved1F1B"},
+		{moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPInterleaved1F1B, PPVirtualStages: 3}, 4, 1, 6, "default", "Interleaved1F1B"},
+		{moe.Layout{GPUs: 16, PP: 2, PPLayers: "20,28"}, 4, 1, 2, "default", "1F1B"},
+	} {
+		l := c.l
+		l.Sharding = moe.ShardFSDP
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: c.lbs, GradAccum: c.ga}
+		e := TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: p, Layers: layers}
+		var buf bytes.Buffer
+		if _, err := e.TOML(&buf); err != nil {
+			t.Fatal(err)
+		}
+		var doc map[string]map[string]any
+		if _, err := toml.Decode(buf.String(), &doc); err != nil {
+			t.Fatalf("%v\n%s", err, buf.String())
+		}
+		par, tr := doc["parallelism"], doc["training"]
+		for k, v := range par {
+			typ, ok := tomlSchema.Sections["parallelism"][k]
+			if !ok {
+				t.Errorf("%+v: [parallelism] %s not in v0.2.2's schema", l, k)
+				continue
+			}
+			torchtitanCheckValue(t, k, v, typ)
+		}
+		rep, shard, pp := par["data_parallel_replicate_degree"].(int64), par["data_parallel_shard_degree"].(int64), par["pipeline_parallel_degree"].(int64)
+		if int(rep*shard*pp) != l.GPUs || int(pp) != l.PP || par["pipeline_parallel_schedule"] != c.schedules || par["fsdp_reshard_after_forward"] != c.reshard {
+			t.Errorf("%+v: TOML parallelism %v", l, par)
+		}
+		lbs, gb, mbs := tr["local_batch_size"].(int64), tr["global_batch_size"].(int64), par["pipeline_parallel_microbatch_size"].(int64)
+		if int(lbs) != c.lbs || int(gb) != c.lbs*l.DP()*c.ga || int(mbs) != l.PPMicrobatchSize {
+			t.Errorf("%+v: TOML batch lbs %d global %d microbatch %d", l, lbs, gb, mbs)
+		}
+		checkFQNs(t, "v0.2.2", par["module_fqns_per_model_part"], c.fqns, layers, "output")
+
+		buf.Reset()
+		if _, err := e.Python(&buf); err != nil {
+			t.Fatal(err)
+		}
+		set := regexp.MustCompile(`(?m)^    config\.(\w+)\.(\w+) = (.*?)(  #.*)?$`)
+		got := map[string]any{}
+		for _, m := range set.FindAllStringSubmatch(buf.String(), -1) {
+			v := pythonLiteral(m[3])
+			got[m[2]] = v
+			if m[1] == "parallelism" {
+				typ, ok := pyPar[m[2]]
+				if !ok {
+					t.Errorf("%+v: config.parallelism.%s not in main's schema", l, m[2])
+					continue
+				}
+				torchtitanCheckValue(t, m[2], v, typ)
+			}
+		}
+		micro, _ := l.Microbatches(c.lbs)
+		if got["pipeline_parallel_degree"] != int64(l.PP) || got["num_pp_microbatches"] != int64(micro) ||
+			got["num_tokens_per_microbatch_per_dp_rank"] != int64(l.PPMicrobatchSize*4096) ||
+			got["num_tokens_per_train_step"] != int64(c.lbs*l.DP()*c.ga*4096) || got["pipeline_parallel_schedule"] != c.schedules {
+			t.Errorf("%+v: Python fields %v", l, got)
+		}
+		checkFQNs(t, "main", got["module_fqns_per_model_part"], c.fqns, layers, "lm_head")
+	}
+}
+
+// checkFQNs checks a written module_fqns_per_model_part (nil when want is 0).
+func checkFQNs(t *testing.T, form string, v any, want, layers int, output string) {
+	t.Helper()
+	if want == 0 {
+		if v != nil {
+			t.Errorf("%s: module_fqns_per_model_part = %v written for torchtitan's own split", form, v)
+		}
+		return
+	}
+	stages, _ := v.([]any)
+	if len(stages) != want {
+		t.Fatalf("%s: %d stages in module_fqns_per_model_part %v, want %d", form, len(stages), v, want)
+	}
+	var names []string
+	for _, s := range stages {
+		for _, n := range s.([]any) {
+			names = append(names, n.(string))
+		}
+	}
+	wantNames := []string{"tok_embeddings"}
+	for i := range layers {
+		wantNames = append(wantNames, "layers."+strconv.Itoa(i))
+	}
+	wantNames = append(wantNames, "norm", output)
+	if strings.Join(names, " ") != strings.Join(wantNames, " ") {
+		t.Errorf("%s: modules %v, want %v", form, names, wantNames)
+	}
 }
 
 // TestTorchtitanAsyncTPNeedsCompile: both torchtitan versions refuse async

@@ -112,6 +112,9 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 	if err != nil {
 		t.Fatalf("%s: %v", r.label(), err)
 	}
+	if r.PP > 1 {
+		return publishedPipelineRow(t, r, in)
+	}
 	p, err := prepareSim(in)
 	if err != nil {
 		t.Fatalf("%s: %v", r.label(), err)
@@ -151,11 +154,34 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 	return line, eu, ec
 }
 
-// publishedLayout prints a run's dp_replicate × dp_shard, and × tp under
-// tensor parallelism.
-func publishedLayout(r Run) string {
-	if r.TP > 1 {
-		return fmt.Sprintf("%d×%d×tp%d", r.DPReplicate, r.DPShard, r.TP)
+// publishedPipelineRow is publishedTPSRow for a pipeline run (pp > 1),
+// uncalibrated only: calibration fits single-program runs.
+func publishedPipelineRow(t *testing.T, r Run, in Input) (line string, eu, ec float64) {
+	t.Helper()
+	un, err := Simulate(in)
+	if err != nil {
+		t.Fatalf("%s: %v", r.label(), err)
 	}
-	return fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard)
+	eu = un.TPS/r.TPS - 1
+	name := r.RunID + " " + r.Model
+	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
+		publishedLayout(r), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
+	if !strings.HasPrefix(r.Framework, "torchtitan") {
+		line += " [framework difference not modelled: " + r.Framework + "]"
+	}
+	return line, eu, 0
+}
+
+// publishedLayout prints a run's dp_replicate × dp_shard, with pp× before
+// it under pipeline parallelism and × tp after it under tensor
+// parallelism.
+func publishedLayout(r Run) string {
+	s := fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard)
+	if r.PP > 1 {
+		s = fmt.Sprintf("pp%d×", r.PP) + s
+	}
+	if r.TP > 1 {
+		s += fmt.Sprintf("×tp%d", r.TP)
+	}
+	return s
 }

@@ -35,22 +35,29 @@ type Run struct {
 	TPS         float64 `json:"tps"`       // tokens per second per GPU
 	Source      string  `json:"source"`    // URL or repository file the numbers come from
 
-	Cluster             string   `json:"cluster,omitempty"`
-	GPUsPerNode         int      `json:"gpus_per_node,omitempty"`
-	TP                  int      `json:"tp,omitempty"`  // tensor-parallel degree (absent = 1)
-	ETP                 int      `json:"etp,omitempty"` // expert tensor-parallel degree, 1 or tp (absent = 1)
-	AsyncTP             *bool    `json:"async_tp,omitempty"`
-	Sharding            string   `json:"sharding,omitempty"`
-	ReshardAfterForward *bool    `json:"reshard_after_forward,omitempty"`
-	KeepGathered        *bool    `json:"keep_gathered,omitempty"`
-	AllreduceLastOnly   *bool    `json:"allreduce_last_only,omitempty"`
-	GradAccum           int      `json:"grad_accum,omitempty"`
-	Compile             *bool    `json:"compile,omitempty"`
-	Framework           string   `json:"framework,omitempty"`
-	FrameworkVersion    string   `json:"framework_version,omitempty"`
-	MemoryFraction      *float64 `json:"memory_fraction,omitempty"`
-	PeakReservedBytes   *int64   `json:"peak_reserved_bytes,omitempty"`
-	MFU                 *float64 `json:"mfu,omitempty"`
+	Cluster             string `json:"cluster,omitempty"`
+	GPUsPerNode         int    `json:"gpus_per_node,omitempty"`
+	TP                  int    `json:"tp,omitempty"`  // tensor-parallel degree (absent = 1)
+	ETP                 int    `json:"etp,omitempty"` // expert tensor-parallel degree, 1 or tp (absent = 1)
+	AsyncTP             *bool  `json:"async_tp,omitempty"`
+	Sharding            string `json:"sharding,omitempty"`
+	ReshardAfterForward *bool  `json:"reshard_after_forward,omitempty"`
+	KeepGathered        *bool  `json:"keep_gathered,omitempty"`
+	AllreduceLastOnly   *bool  `json:"allreduce_last_only,omitempty"`
+	GradAccum           int    `json:"grad_accum,omitempty"`
+	// Pipeline options (DESIGN's schema; absent = no pipeline parallelism,
+	// or torchtitan's defaults under pp > 1, moe.Layout.Resolve).
+	PP                int             `json:"pp,omitempty"`
+	PPSchedule        string          `json:"pp_schedule,omitempty"`
+	PPMicrobatchSize  int             `json:"pp_microbatch_size,omitempty"`
+	PPVirtualStages   int             `json:"pp_virtual_stages,omitempty"`
+	PPLayers          moe.StageLayers `json:"pp_layers,omitempty"`
+	Compile           *bool           `json:"compile,omitempty"`
+	Framework         string          `json:"framework,omitempty"`
+	FrameworkVersion  string          `json:"framework_version,omitempty"`
+	MemoryFraction    *float64        `json:"memory_fraction,omitempty"`
+	PeakReservedBytes *int64          `json:"peak_reserved_bytes,omitempty"`
+	MFU               *float64        `json:"mfu,omitempty"`
 	// RunID names the run in the shared validation table of published runs
 	// (published_runs.csv: R170, ...) when it was copied from there; ""
 	// otherwise. No two published runs share one (CheckDuplicates).
@@ -175,7 +182,12 @@ func (r Run) MemoryOptions() (memory.Options, error) {
 // Layout returns the run's layout, resolved and validated.
 func (r Run) Layout() (moe.Layout, error) {
 	l := moe.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP, TP: r.TP, ETP: r.ETP,
-		Sharding: moe.Sharding(r.Sharding), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode}
+		Sharding: moe.Sharding(r.Sharding), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode,
+		PP: r.PP, PPSchedule: moe.PPSchedule(r.PPSchedule), PPMicrobatchSize: r.PPMicrobatchSize,
+		PPVirtualStages: r.PPVirtualStages, PPLayers: r.PPLayers}
+	// torchtitan's default reshards after forward except under PP
+	// (apply_fsdp: reshard_after_forward = not pp_enabled).
+	l.ReshardAfterForward = r.PP <= 1
 	if r.AsyncTP != nil {
 		l.AsyncTP = *r.AsyncTP
 	}

@@ -143,6 +143,9 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 		errText += " †"
 	}
 	layout := fmt.Sprintf("%d×%d ep%d", l.DPReplicate, l.DPShard, l.EP)
+	if l.Stages() > 1 {
+		layout = fmt.Sprintf("pp%d×", l.PP) + layout
+	}
 	if l.TPDegree() > 1 {
 		layout += fmt.Sprintf(" tp%d etp%d", l.TPDegree(), l.ETP)
 	}

@@ -24,17 +24,18 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
 
 // neededFeature is the first feature a row of the shared table needs that
-// moescope lacks: pipeline or context parallelism, a precision other than
-// BF16, or a model type; "" when it needs none of them (tensor parallelism
-// is built).
+// moescope lacks: tensor and pipeline parallelism together, context
+// parallelism, a precision other than BF16, or a model type; "" when it
+// needs none of them (tensor and pipeline parallelism are built, each
+// alone).
 func neededFeature(row map[string]string) string {
 	deg := func(k string) bool {
 		v := strings.TrimSpace(row[k])
 		return v != "" && v != "1" && v != "-"
 	}
 	switch {
-	case deg("pp"):
-		return "PP (pp = " + row["pp"] + ")"
+	case deg("tp") && deg("pp"):
+		return "TP with PP (tp = " + row["tp"] + ", pp = " + row["pp"] + ")"
 	case deg("cp"):
 		return "CP (cp = " + row["cp"] + ")"
 	case !strings.HasPrefix(row["precision"], "BF16"):
@@ -93,12 +94,14 @@ func TestNeededFeature(t *testing.T) {
 	}{
 		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
 		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (MXFP8)"},
-		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "PP (pp = 8)"},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "TP with PP (tp = 2, pp = 8)"},
 		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},
 		{map[string]string{"tp": "1", "pp": "1", "cp": "1", "precision": "BF16", "model": "DeepSeek-V3"}, ""},
-		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Kimi-K2"}, "PP (pp = 8)"},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Kimi-K2"}, ""}, // pipelines are built
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "", "precision": "BF16 baseline", "model": "Kimi-K2"}, ""},
 	} {
 		if got := neededFeature(c.row); got != c.want {

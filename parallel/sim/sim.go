@@ -91,6 +91,11 @@ type Result struct {
 	Bottleneck string `json:"bottleneck"`
 	// Exactness says which ranks were simulated and why that is exact.
 	Exactness string `json:"exactness"`
+	// Pipeline is the per-stage timing under pipeline parallelism (pp >
+	// 1; pipeline.go), absent otherwise. Schedule is nil then: each
+	// pipeline rank runs its own program.
+	Pipeline *PipelineTiming `json:"pipeline,omitempty"`
+	pipe     *pipeWalk
 	// TPLink is the link class the tensor-parallel collectives run on:
 	// "nvlink" when the tp group lies in one NVLink domain, "network" when
 	// it spans domains; absent without tp.
@@ -136,6 +141,9 @@ func (r *Result) OpTimings() []OpTiming {
 // whose groups straddle NVLink domains unevenly are approximated by
 // rank 0's.
 func Simulate(in Input) (Result, error) {
+	if in.Layout.Stages() > 1 {
+		return simulatePipeline(in)
+	}
 	p, err := prepareSim(in)
 	if err != nil {
 		return Result{}, err

@@ -34,7 +34,15 @@ type traceEvent struct {
 // result must come from Simulate with KeepTimeline. Ranks run the same
 // program (see Simulate's exactness note), so each listed rank shows the
 // simulated rank's timeline.
+//
+// Under pipeline parallelism the trace has one process per pipeline rank
+// (one data-parallel rank of each stage) and ranks is ignored: a compute
+// thread with the stage's forwards and backwards, a communication thread
+// with its FSDP collectives, and its messages in flight on a third.
 func (r *Result) WriteTrace(w io.Writer, ranks []int) error {
+	if r.pipe != nil {
+		return r.writePipelineTrace(w)
+	}
 	if r.spans == nil || r.Schedule == nil {
 		return errors.New("trace: simulate with KeepTimeline to write a trace")
 	}

@@ -1,0 +1,312 @@
+package memory
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Memory of a pipeline stage (pp > 1). Each pipeline rank holds the units
+// of its stages (moe.Layout.StageSplit, stage s on rank s mod pp) and runs
+// its actions in moe.PipelineOrder's order, one pipeline micro-batch
+// (pp_microbatch_size sequences) per action; each of the grad-accum
+// micro-steps runs the whole order. A rank's timeline:
+//
+//   - Setup: its units' parameters and optimizer state; their compute
+//     weights, which stay gathered for the whole step (below); and the
+//     receive buffers PyTorch's PipelineStage allocates once per
+//     micro-batch (stage.py at 0138610331c90b8053a0bfc6df0175b200a1cad2,
+//     _prepare_forward_infra and _create_grad_recv_info): on a stage
+//     with a predecessor one input activation per micro-batch, on a
+//     stage with a successor one output gradient per micro-batch (T×D
+//     each, activation type).
+//   - Forward of (stage, micro-batch): the stage's units as in a step
+//     without pipelining, except that the first block's saved input is
+//     the receive buffer (not allocated again), and that a stage with a
+//     successor keeps its output until the micro-batch's backward (the
+//     stage's forward cache, which autograd's backward starts from).
+//   - Backward of (stage, micro-batch): the units in reverse; the input
+//     gradient of the stage's first unit is freed once sent. Gradients
+//     are not reduced until the micro-step's last micro-batch: PyTorch's
+//     stage runs every other backward without gradient sync
+//     (backward_maybe_with_nosync; FSDP2 then accumulates the unsharded
+//     gradients in the reduce type, fp32, and does not reshard after
+//     backward). So each unit's first backward allocates its accumulated
+//     unsharded gradients (local elements × gradient type) and its last
+//     reduces them as a step without pipelining does.
+//   - Optimizer over the rank's units.
+//
+// Compute weights: torchtitan does not reshard after forward under PP by
+// default (apply_fsdp's "default" policy, reshard_after_forward = not
+// pp_enabled, torchtitan 02ef790c torchtitan/models/llama3/infra/
+// parallelize.py), and the stage does not reshard after backward until
+// the last one, so a unit's weights stay gathered from its first forward
+// to the end of the step; they are counted from Setup, which is exact from
+// the first forward on. reshard_after_forward = true would free them
+// between forward and the first backward only; that saving is not
+// modelled (an upper bound).
+
+// StagePeak is one pipeline rank's memory.
+type StagePeak struct {
+	Rank     int   `json:"rank"`
+	Stages   []int `json:"stages"`    // the pipeline stages it runs
+	Layers   int   `json:"layers"`    // transformer layers over those stages
+	InFlight int   `json:"in_flight"` // most micro-batch activations held at once (moe.InFlight)
+	Peak     Peak  `json:"-"`
+	// PeakAllocatedBytes and PeakReservedBytes are Peak's, for JSON.
+	PeakAllocatedBytes int64 `json:"peak_allocated_bytes"`
+	PeakReservedBytes  int64 `json:"peak_reserved_bytes"`
+}
+
+// StageUnits splits units (in forward order: embedding, blocks, head) over
+// the pipeline stages of split (moe.Layout.StageSplit): stage 0 takes the
+// embedding, the last stage the head, and each stage its count of blocks
+// in order.
+func StageUnits(units []Unit, split []int) ([][]Unit, error) {
+	if len(split) == 0 || len(units) < 2 {
+		return nil, errors.New("memory: stage split needs at least one stage and the embedding and head units")
+	}
+	blocks := units[1 : len(units)-1]
+	out := make([][]Unit, len(split))
+	at := 0
+	for s, n := range split {
+		if s == 0 {
+			out[s] = append(out[s], units[0])
+		}
+		if n < 0 || at+n > len(blocks) {
+			return nil, fmt.Errorf("memory: stage split %v does not fit %d blocks", split, len(blocks))
+		}
+		out[s] = append(out[s], blocks[at:at+n]...)
+		at += n
+		if s == len(split)-1 {
+			out[s] = append(out[s], units[len(units)-1])
+		}
+	}
+	if at != len(blocks) {
+		return nil, fmt.Errorf("memory: stage split %v covers %d of %d blocks", split, at, len(blocks))
+	}
+	for s, us := range out {
+		if len(us) == 0 {
+			return nil, fmt.Errorf("memory: pipeline stage %d of split %v holds nothing", s, split)
+		}
+	}
+	return out, nil
+}
+
+// estimatePipeline is Estimate for pp > 1: every pipeline rank's timeline
+// (see above), the report of the rank with the highest peak reserved (the
+// worst stage decides whether the layout fits), with every rank's peak in
+// Stages.
+func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error) {
+	if l.AllreduceLastOnly {
+		return Report{}, errors.New("memory: allreduce_last_only with pp > 1 is not modelled (the pipeline reduces once per micro-step already)")
+	}
+	m, err := l.Microbatches(b.LBS)
+	if err != nil {
+		return Report{}, err
+	}
+	split, err := l.StageSplit(cfg.Layers)
+	if err != nil {
+		return Report{}, err
+	}
+	order, err := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
+	if err != nil {
+		return Report{}, err
+	}
+	mb := b
+	mb.LBS = l.PPMicrobatchSize
+	if mb, err = checkBatch(cfg, mb, o.Attention); err != nil {
+		return Report{}, err
+	}
+	all, err := Units(cfg, l)
+	if err != nil {
+		return Report{}, err
+	}
+	chunks, err := StageUnits(all, split)
+	if err != nil {
+		return Report{}, err
+	}
+	sh := Shape{Batch: mb.LBS, Seq: mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
+		Compile: o.Compile, LossDType: o.LossDType}
+	var worst Report
+	var stages []StagePeak
+	for r := range l.Stages() {
+		rep, err := pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m)
+		if err != nil {
+			return Report{}, err
+		}
+		sp := StagePeak{Rank: r, InFlight: moe.InFlight(order[r]), Peak: rep.Peak,
+			PeakAllocatedBytes: rep.Peak.Allocated, PeakReservedBytes: rep.Peak.Reserved}
+		for k := range l.VirtualStages() {
+			s := r + k*l.Stages()
+			sp.Stages = append(sp.Stages, s)
+			sp.Layers += split[s]
+		}
+		stages = append(stages, sp)
+		if r == 0 || rep.Peak.Reserved > worst.Peak.Reserved {
+			worst = rep
+			worst.Stage = r
+		}
+	}
+	worst.Stages = stages
+	return worst, nil
+}
+
+// pipelineRank builds and replays pipeline rank r's timeline; mb is one
+// micro-batch's shape, accum the grad-accum micro-steps.
+func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int) (Report, error) {
+	pp, n := l.Stages(), len(chunks)
+	var units []Unit
+	builders := map[int]*stageBuilder{}
+	for k := range l.VirtualStages() {
+		s := r + k*pp
+		units = append(units, chunks[s]...)
+		sb, _, err := newStepBuilder(cfg, l, mb, o, sh, chunks[s])
+		if err != nil {
+			return Report{}, err
+		}
+		sb.keep = sb.gathered // weights stay gathered the whole step (see above)
+		clear(sb.resharded)
+		builders[s] = &stageBuilder{stepBuilder: sb, first: s == 0, lastStage: s == n-1, m: m}
+		builders[s].aliasInput()
+	}
+	rank, saved, err := newStepBuilder(cfg, l, mb, o, sh, units)
+	if err != nil {
+		return Report{}, err
+	}
+	rank.keep = rank.gathered
+	rank.setup()
+	for k := range l.VirtualStages() {
+		sb := builders[r+k*pp]
+		rank.phase = Setup
+		layer := sb.units[0].Layer
+		for i := range m {
+			rank.micro = i // one buffer per micro-batch
+			if !sb.first {
+				rank.allocOn(ComputeStream, layer, "p2p_recv_activation", rank.dx)
+			}
+			if !sb.lastStage {
+				rank.allocOn(ComputeStream, sb.units[len(sb.units)-1].Layer, "p2p_recv_grad", rank.dx)
+			}
+		}
+	}
+	events := rank.events
+	for micro := range accum {
+		for _, a := range order {
+			sb := builders[a.Stage]
+			sb.events = sb.events[:0]
+			sb.micro = micro*m + a.Micro
+			if a.Backward {
+				sb.backwardStage(a.Micro, micro)
+			} else {
+				sb.forwardStage()
+			}
+			events = append(events, sb.events...)
+		}
+	}
+	rank.events = rank.events[:0]
+	rank.optimizerStep()
+	events = append(events, rank.events...)
+	rep := Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: events}
+	rep.Peak, err = Replay(events, *o.Allocator, o.Segments)
+	return rep, err
+}
+
+// stageBuilder emits one pipeline stage's forward and backward actions.
+type stageBuilder struct {
+	*stepBuilder
+	first, lastStage bool // the stage holds the embedding; the head
+	m                int  // micro-batches per micro-step
+}
+
+// aliasInput drops the saved input of a non-first stage's first unit: it
+// is the receive buffer, allocated in Setup.
+func (s *stageBuilder) aliasInput() {
+	if s.first {
+		return
+	}
+	var keep []moe.SavedRecord
+	for _, r := range s.saved[0] {
+		if r.Tensor == "input" && (r.Op == moe.OpAttnNorm || r.Op == moe.OpFinalNorm) {
+			continue
+		}
+		keep = append(keep, r)
+	}
+	s.saved[0] = keep
+}
+
+func (s *stageBuilder) forwardStage() {
+	s.forward()
+	if !s.lastStage {
+		s.alloc(s.units[s.last].Layer, "p2p_stage_output", s.dx, CatActivations)
+	}
+}
+
+// backwardStage emits the backward of micro-batch mb in accumulation
+// micro-step micro.
+func (s *stageBuilder) backwardStage(mb, micro int) {
+	s.phase = Backward
+	if !s.lastStage {
+		s.free(s.units[s.last].Layer, "p2p_stage_output", s.dx, CatActivations)
+	}
+	for i := s.last; i >= 0; i-- {
+		s.backwardUnitPP(i, mb, micro)
+	}
+	if first := s.units[0]; first.Layer != moe.LayerEmbed {
+		s.free(first.Layer, "grad_hidden", s.dx, CatWorkspace) // sent to the previous stage
+	}
+	if mb == s.m-1 {
+		s.free(s.units[0].Layer, "reduce_scatter", s.reduceScatterInput(s.units[0]), CatComm)
+	}
+}
+
+// backwardUnitPP is backwardUnit under the pipeline's gradient
+// accumulation: the weights stay gathered, the unsharded gradients of
+// micro-batch mb are accumulated (allocated in the first micro-batch, in
+// the gradient type) and reduced after the last.
+func (s *stageBuilder) backwardUnitPP(i, mb, micro int) {
+	u := s.units[i]
+	rec, ws := s.backwardOps(i)
+	if u.Layer != moe.LayerEmbed {
+		s.alloc(u.Layer, "grad_hidden", s.dx, CatWorkspace)
+	}
+	if i < s.last {
+		s.free(s.units[i+1].Layer, "grad_hidden", s.dx, CatWorkspace)
+	}
+	s.alloc(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
+	s.freeRecords("recompute", rec, CatRecompute)
+	s.freeRecords("saved", s.saved[i], CatActivations)
+	// Buffers that outlive one micro-batch are labelled with the
+	// micro-step's first (accumulated gradients) or, like a step without
+	// pipelining, with micro-step 0 (gradients), so that their frees match.
+	at := s.micro
+	defer func() { s.micro = at }()
+	if s.m > 1 {
+		s.micro = micro * s.m
+		if mb == 0 {
+			s.alloc(u.Layer, "accumulated_grads", s.reduceScatterInput(u), CatUnshardGrad)
+		}
+		s.micro = at
+		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+	}
+	if mb < s.m-1 {
+		return
+	}
+	if i < s.last {
+		prev := s.units[i+1]
+		s.free(prev.Layer, "reduce_scatter", s.reduceScatterInput(prev), CatComm)
+	}
+	s.alloc(u.Layer, "reduce_scatter", s.reduceScatterInput(u), CatComm)
+	if s.m > 1 {
+		s.micro = micro * s.m
+		s.free(u.Layer, "accumulated_grads", s.reduceScatterInput(u), CatUnshardGrad)
+	} else {
+		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+	}
+	if micro == 0 {
+		s.micro = 0
+		s.emit(true, u.Layer, "gradients", s.gradShard(u), CatGrads, ReduceScatterStream)
+	}
+}

@@ -1,0 +1,237 @@
+package memory
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
+)
+
+// sixLayerMoE is moetest's tiny MoE with six identical MoE blocks.
+func sixLayerMoE() *moe.Config {
+	c := moetest.TinyMoE()
+	c.Layers = 6
+	c.MoELayer = []bool{true, true, true, true, true, true}
+	c.Window = make([]int, 6)
+	return c
+}
+
+func pipelineLayout(t *testing.T, l moe.Layout) moe.Layout {
+	t.Helper()
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestPipelineMemory checks each pipeline rank's timeline against what the
+// schedule implies, derived independently of the stage builder:
+//   - the live saved activations never exceed, and reach, the most that
+//     the rank's order holds at once, each forward of stage s adding the
+//     saved bytes of s's units per micro-batch (the unpipelined report's
+//     per-unit Saved at one micro-batch's shape) less the input a
+//     non-first stage receives (its receive buffer) plus the output a
+//     non-last stage keeps (T×D activations each), each backward taking
+//     them away;
+//   - Setup holds m receive buffers of T×D per direction per stage
+//     boundary of the rank;
+//   - parameters and optimizer state summed over ranks are the
+//     unpipelined rank's (the same dp_shard shards each unit alike);
+//   - the compute weights of the rank's units are live once each (FSDP's
+//     gathered copies, or the other modes' compute-type casts);
+//   - the report is the rank with the highest peak reserved.
+func TestPipelineMemory(t *testing.T) {
+	cfg := sixLayerMoE()
+	for _, c := range []struct {
+		l   moe.Layout
+		lbs int
+	}{
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2}, 4},                                                         // 1F1B, split [3, 3]
+		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPGPipe}, 3},                                            // split [1, 2, 2, 1]
+		{moe.Layout{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: moe.PPInterleaved1F1B}, 8},                      // 8 stages [0, 1, 1, 1, 1, 1, 1, 0]
+		{moe.Layout{GPUs: 2, PP: 2, PPLayers: "1,5", PPMicrobatchSize: 2}, 6},                               // explicit split, 3 micro-batches of 2
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "2,1,1,2"}, 2}, // m < pp·v
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardZeRO1}, 4},                               // weights cast, not gathered
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardDDP, PPSchedule: moe.PPGPipe}, 2},
+	} {
+		l := pipelineLayout(t, c.l)
+		name := fmt.Sprintf("pp%d/%s/v%d/lbs%d/%s/%s", l.PP, l.PPSchedule, l.PPVirtualStages, c.lbs, l.PPLayers, l.Sharding)
+		o := Options{AC: moe.AC{Mode: moe.ACSelective}}
+		b := Batch{LBS: c.lbs, Seq: 8, GradAccum: 2}
+		rep, err := Estimate(cfg, l, b, o)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		flat := l
+		flat.PP, flat.PPSchedule, flat.PPMicrobatchSize, flat.PPVirtualStages, flat.PPLayers = 0, "", 0, 0, ""
+		flat.GPUs = l.DP()
+		one, err := Estimate(cfg, flat, Batch{LBS: l.PPMicrobatchSize, Seq: 8, GradAccum: 1}, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := l.Microbatches(c.lbs)
+		split, _ := l.StageSplit(cfg.Layers)
+		order, _ := moe.PipelineOrder(l.PPSchedule, l.PP, l.PPVirtualStages, m)
+		dx := int64(l.PPMicrobatchSize) * 8 * int64(cfg.Hidden) * moe.DefaultPrecision.Activation.Bytes()
+		n := l.PipelineStages()
+		// Per-micro-batch saved bytes of each stage, from the unpipelined
+		// per-unit table: units are embed, blocks 0…L−1, head.
+		perMB := make([]int64, n)
+		at := 1
+		for s := range n {
+			if s == 0 {
+				perMB[s] += one.Saved[0]
+			} else {
+				perMB[s] -= dx
+			}
+			for range split[s] {
+				perMB[s] += one.Saved[at]
+				at++
+			}
+			if s == n-1 {
+				perMB[s] += one.Saved[len(one.Saved)-1]
+			} else {
+				perMB[s] += dx
+			}
+		}
+		var params, opt int64
+		var worst int64
+		for r := range l.PP {
+			var want, live int64
+			for _, a := range order[r] {
+				if a.Backward {
+					live -= perMB[a.Stage]
+				} else {
+					live += perMB[a.Stage]
+				}
+				want = max(want, live)
+			}
+			rr, err := pipelineRankReport(cfg, l, b, o, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The compute weights of the rank's units are live once each,
+			// the whole step: never more.
+			var weights, liveW, maxW int64
+			for _, u := range rr.Units {
+				weights += u.Local * moe.DefaultPrecision.Compute.Bytes()
+			}
+			var got, cur, setupComm int64
+			for _, e := range rr.Events {
+				if e.Category == CatWeights {
+					if e.Alloc {
+						liveW += e.Bytes
+					} else {
+						liveW -= e.Bytes
+					}
+					maxW = max(maxW, liveW)
+				}
+				if e.Phase == Setup && e.Category == CatComm {
+					setupComm += e.Bytes
+				}
+				if e.Category != CatActivations {
+					continue
+				}
+				if e.Alloc {
+					cur += e.Bytes
+				} else {
+					cur -= e.Bytes
+				}
+				got = max(got, cur)
+			}
+			if got != want {
+				t.Errorf("%s rank %d: most live saved activations %d B, want %d", name, r, got, want)
+			}
+			if maxW != weights {
+				t.Errorf("%s rank %d: at most %d B of compute weights live, want the units' %d", name, r, maxW, weights)
+			}
+			boundaries := int64(0)
+			for k := range l.PPVirtualStages {
+				s := r + k*l.PP
+				if s > 0 {
+					boundaries++
+				}
+				if s < n-1 {
+					boundaries++
+				}
+			}
+			if setupComm != int64(m)*dx*boundaries {
+				t.Errorf("%s rank %d: setup receive buffers %d B, want %d micro-batches × %d B × %d", name, r, setupComm, m, dx, boundaries)
+			}
+			params += rr.State.Params
+			opt += rr.State.Optimizer
+			if rep.Stages[r].PeakReservedBytes != rr.Peak.Reserved {
+				t.Errorf("%s rank %d: Stages says %d B reserved, the rank's replay %d", name, r, rep.Stages[r].PeakReservedBytes, rr.Peak.Reserved)
+			}
+			if rr.Peak.Reserved > worst {
+				worst = rr.Peak.Reserved
+			}
+			if rep.Stages[r].InFlight != moe.InFlight(order[r]) {
+				t.Errorf("%s rank %d: in flight %d, want %d", name, r, rep.Stages[r].InFlight, moe.InFlight(order[r]))
+			}
+		}
+		if params != one.State.Params || opt != one.State.Optimizer {
+			t.Errorf("%s: parameters %d + optimizer %d B over the ranks, want the unpipelined %d + %d", name, params, opt, one.State.Params, one.State.Optimizer)
+		}
+		if rep.Peak.Reserved != worst || rep.Stages[rep.Stage].PeakReservedBytes != worst {
+			t.Errorf("%s: report is rank %d with %d B reserved, want the worst %d", name, rep.Stage, rep.Peak.Reserved, worst)
+		}
+	}
+}
+
+// pipelineRankReport rebuilds rank r's report alone.
+func pipelineRankReport(cfg *moe.Config, l moe.Layout, b Batch, o Options, r int) (Report, error) {
+	o, err := o.normalized()
+	if err != nil {
+		return Report{}, err
+	}
+	m, _ := l.Microbatches(b.LBS)
+	split, _ := l.StageSplit(cfg.Layers)
+	order, _ := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
+	mb := b
+	mb.LBS = l.PPMicrobatchSize
+	all, err := Units(cfg, l)
+	if err != nil {
+		return Report{}, err
+	}
+	chunks, err := StageUnits(all, split)
+	if err != nil {
+		return Report{}, err
+	}
+	sh := Shape{Batch: mb.LBS, Seq: mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation, Compile: o.Compile, LossDType: o.LossDType}
+	return pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m)
+}
+
+func TestPipelineMemoryErrors(t *testing.T) {
+	cfg := sixLayerMoE()
+	for _, c := range []struct {
+		l    moe.Layout
+		lbs  int
+		want string
+	}{
+		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 3, "lbs = 3 is not a multiple of pp_microbatch_size = 2"},
+		{moe.Layout{GPUs: 4, PP: 2, DPReplicate: 2, AllreduceLastOnly: true}, 2, "allreduce_last_only with pp > 1 is not modelled"},
+		{moe.Layout{GPUs: 9, PP: 9}, 9, "torchtitan's split needs at least one effective layer per stage"},
+		{moe.Layout{GPUs: 2, PP: 2, PPLayers: "2,2"}, 2, "must sum to the model's 6 layers"},
+	} {
+		l := pipelineLayout(t, c.l)
+		_, err := Estimate(cfg, l, Batch{LBS: c.lbs, Seq: 8, GradAccum: 1}, Options{})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v lbs %d: %v, want %q", c.l, c.lbs, err, c.want)
+		}
+	}
+}
+
+// TestPipelineMaxLBS: where not every lbs is a pipeline batch, MaxLBS
+// refuses rather than search a space with holes.
+func TestPipelineMaxLBS(t *testing.T) {
+	cfg := sixLayerMoE()
+	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B}} {
+		l := pipelineLayout(t, l)
+		if _, _, err := MaxLBS(cfg, l, 8, 1, Options{}, 64<<20, 0.92); err == nil || !strings.Contains(err.Error(), "not every lbs is a valid batch") {
+			t.Errorf("%+v: %v", l, err)
+		}
+	}
+}

@@ -1,0 +1,464 @@
+package moe
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Pipeline parallelism follows torchtitan and PyTorch's
+// torch.distributed.pipelining, read at pinned commits:
+//   - torchtitan 02ef790c79614758f85880e173d2338d7de502a3,
+//     torchtitan/distributed/pipeline_parallel.py (pipeline_llm: stages per
+//     rank, 1 for single-stage schedules and 2 by default for multi-stage
+//     ones; generate_llm_fqn_per_model_part: the default layer split;
+//     pipeline_module_split: stage s of a looped schedule lives on rank
+//     s mod pp; build_pipeline_schedule: micro-batches = local batch ÷
+//     pipeline_parallel_microbatch_size) and torchtitan/config/job_config.py
+//     (pipeline_parallel_schedule = "1F1B", microbatch size 1,
+//     first/last_stage_less_layers = 1);
+//   - PyTorch 00722e648b740f91d0e71494baa17891749fd291,
+//     torch/distributed/pipelining/schedules.py (ScheduleGPipe,
+//     Schedule1F1B, ScheduleInterleaved1F1B with _get_1f1b_rank_ops and
+//     _get_warmup_ops).
+
+// PPSchedule names a pipeline schedule as torchtitan's
+// pipeline_parallel_schedule does (PyTorch's class name without
+// "Schedule").
+type PPSchedule string
+
+// Pipeline schedules moescope builds.
+const (
+	PPGPipe           PPSchedule = "GPipe"           // all forwards, then all backwards
+	PP1F1B            PPSchedule = "1F1B"            // one forward, one backward in steady state
+	PPInterleaved1F1B PPSchedule = "Interleaved1F1B" // 1F1B over several looped stages per rank
+)
+
+// PPSchedules lists the schedules built, in the order errors print them.
+func PPSchedules() []PPSchedule { return []PPSchedule{PPGPipe, PP1F1B, PPInterleaved1F1B} }
+
+// ppNotBuilt are torchtitan's other schedule names: refused until an issue
+// builds them (the zero-bubble ones need backward split into its data and
+// weight passes per stage).
+var ppNotBuilt = []PPSchedule{"LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+
+// MultiStage reports whether the schedule runs several stages per rank
+// (PyTorch's PipelineScheduleMulti).
+func (s PPSchedule) MultiStage() bool { return s == PPInterleaved1F1B }
+
+func (s PPSchedule) check() error {
+	for _, b := range PPSchedules() {
+		if s == b {
+			return nil
+		}
+	}
+	built := fmt.Sprintf("one of %v", PPSchedules())
+	for _, n := range ppNotBuilt {
+		if s == n {
+			return FieldError{"pp_schedule", s, "torchtitan's schedule is not built yet; built: " + built}
+		}
+	}
+	return FieldError{"pp_schedule", s, "must be " + built}
+}
+
+// StageLayers is an explicit split of the transformer layers over the
+// pipeline stages (pp × virtual stages, in stage order): decimal counts
+// joined by commas, "10,12,12". It is a string so that Layout stays
+// comparable; JSON reads and writes it as a list of integers.
+type StageLayers string
+
+// maxStageLayers bounds one stage's count (a Config has at most MaxDim
+// layers).
+const maxStageLayers = MaxDim
+
+// Counts parses the split; "" is no explicit split (nil).
+func (s StageLayers) Counts() ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	parts := strings.Split(string(s), ",")
+	if len(parts) > MaxDegree {
+		return nil, FieldError{"pp_layers", fmt.Sprintf("%d stages", len(parts)), fmt.Sprintf("at most %d stages", MaxDegree)}
+	}
+	out := make([]int, len(parts))
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || n > maxStageLayers || strconv.Itoa(n) != p {
+			return nil, FieldError{"pp_layers", string(s), fmt.Sprintf("stage %d = %q: each must be a layer count in [0, %d], comma-separated", i, p, maxStageLayers)}
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// NewStageLayers joins counts into a StageLayers.
+func NewStageLayers(counts []int) StageLayers {
+	parts := make([]string, len(counts))
+	for i, c := range counts {
+		parts[i] = strconv.Itoa(c)
+	}
+	return StageLayers(strings.Join(parts, ","))
+}
+
+// MarshalJSON writes the split as a list of integers.
+func (s StageLayers) MarshalJSON() ([]byte, error) {
+	c, err := s.Counts()
+	if err != nil {
+		return nil, err
+	}
+	if c == nil {
+		c = []int{}
+	}
+	return json.Marshal(c)
+}
+
+// UnmarshalJSON reads a list of integers (null is no split).
+func (s *StageLayers) UnmarshalJSON(b []byte) error {
+	var c []int
+	if err := json.Unmarshal(b, &c); err != nil {
+		return fmt.Errorf("pp_layers: want a list of layer counts: %w", err)
+	}
+	*s = NewStageLayers(c)
+	_, err := s.Counts()
+	return err
+}
+
+// Stages is the pipeline-parallel degree: PP, or 1 when PP is 0.
+func (l Layout) Stages() int { return max(l.PP, 1) }
+
+// VirtualStages is the number of pipeline stages per rank: PPVirtualStages,
+// or 1 when it is 0.
+func (l Layout) VirtualStages() int { return max(l.PPVirtualStages, 1) }
+
+// PipelineStages is the number of model chunks, pp × virtual stages.
+func (l Layout) PipelineStages() int { return l.Stages() * l.VirtualStages() }
+
+// resolvePipeline fills the pipeline options of a layout with pp > 1:
+// torchtitan's defaults (schedule 1F1B, one sequence per micro-batch, one
+// stage per rank for single-stage schedules and two for multi-stage ones)
+// and, with an explicit split, the virtual stages it implies.
+func (l *Layout) resolvePipeline() error {
+	if l.Stages() == 1 {
+		return nil
+	}
+	if l.PPSchedule == "" {
+		l.PPSchedule = PP1F1B
+	}
+	if l.PPMicrobatchSize == 0 {
+		l.PPMicrobatchSize = 1
+	}
+	if l.PPVirtualStages == 0 {
+		counts, err := l.PPLayers.Counts()
+		switch {
+		case err != nil:
+			return err
+		case counts != nil:
+			if len(counts)%l.PP != 0 {
+				return fmt.Errorf("pp_layers has %d stages, not a multiple of pp = %d (gpus = %d = pp %d × dp_replicate %d × dp_shard %d)",
+					len(counts), l.PP, l.GPUs, l.PP, l.DPReplicate, l.DPShard)
+			}
+			l.PPVirtualStages = len(counts) / l.PP
+		case l.PPSchedule.MultiStage():
+			l.PPVirtualStages = 2
+		default:
+			l.PPVirtualStages = 1
+		}
+	}
+	return nil
+}
+
+// maxMicrobatchSize bounds pp_microbatch_size (sequences), like the
+// planner's largest local batch.
+const maxMicrobatchSize = 1 << 16
+
+// validatePipeline checks the pipeline options (Validate).
+func (l Layout) validatePipeline() []error {
+	var errs []error
+	if l.PP < 0 || l.PP > MaxDegree {
+		return []error{FieldError{"pp", l.PP, fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)}}
+	}
+	if l.Stages() == 1 {
+		for _, f := range []struct {
+			name string
+			set  bool
+			v    any
+		}{{"pp_schedule", l.PPSchedule != "", l.PPSchedule}, {"pp_microbatch_size", l.PPMicrobatchSize != 0, l.PPMicrobatchSize},
+			{"pp_virtual_stages", l.PPVirtualStages != 0, l.PPVirtualStages}, {"pp_layers", l.PPLayers != "", l.PPLayers}} {
+			if f.set {
+				errs = append(errs, FieldError{f.name, f.v, "a pipeline option needs pp > 1"})
+			}
+		}
+		return errs
+	}
+	if err := l.PPSchedule.check(); err != nil {
+		errs = append(errs, err)
+	}
+	if l.TPDegree() > 1 {
+		// The per-stage memory, virtual time and numeric ranks are built for
+		// data parallelism and EP inside a stage only.
+		errs = append(errs, FieldError{"tp", l.TP, "tp > 1 with pp > 1 is not built yet (built: pp with dp_shard, dp_replicate and ep)"})
+	}
+	if l.GradSyncLastOnly {
+		// PyTorch's stage reduces after each schedule step's last backward;
+		// skipping whole micro-steps on top is not modelled.
+		errs = append(errs, FieldError{"grad_sync_last_only", true, "not modelled with pp > 1 (the pipeline already reduces once per micro-step)"})
+	}
+	if l.PPMicrobatchSize < 1 || l.PPMicrobatchSize > maxMicrobatchSize {
+		errs = append(errs, FieldError{"pp_microbatch_size", l.PPMicrobatchSize, fmt.Sprintf("must be in [1, %d] sequences", maxMicrobatchSize)})
+	}
+	v := l.PPVirtualStages
+	switch {
+	case v < 1 || int64(v)*int64(l.PP) > MaxDegree:
+		errs = append(errs, FieldError{"pp_virtual_stages", v, fmt.Sprintf("must be ≥ 1 with pp × pp_virtual_stages ≤ %d", MaxDegree)})
+	case l.PPSchedule.MultiStage() && v < 2:
+		// torchtitan's pipeline_llm: "Multi-stage schedule requires at
+		// least 2 stages per rank".
+		errs = append(errs, FieldError{"pp_virtual_stages", v, fmt.Sprintf("must be ≥ 2 for the multi-stage schedule %s", l.PPSchedule)})
+	case !l.PPSchedule.MultiStage() && l.PPSchedule.check() == nil && v != 1:
+		errs = append(errs, FieldError{"pp_virtual_stages", v, fmt.Sprintf("must be 1 for the single-stage schedule %s", l.PPSchedule)})
+	}
+	counts, err := l.PPLayers.Counts()
+	switch {
+	case err != nil:
+		errs = append(errs, err)
+	case counts != nil && len(counts) != l.PP*v:
+		errs = append(errs, FieldError{"pp_layers", l.PPLayers, fmt.Sprintf("must list pp × pp_virtual_stages = %d × %d = %d stages", l.PP, v, l.PP*v)})
+	}
+	return errs
+}
+
+// StageSplit returns how many transformer layers each pipeline stage
+// holds, in stage order (pp × virtual stages entries; one entry, all
+// layers, without pipeline parallelism). Stage 0 also holds the
+// embedding, the last stage the final norm and the LM head. An explicit
+// PPLayers must sum to layers; otherwise the split is torchtitan's
+// generate_llm_fqn_per_model_part with the embedding and the output each
+// counted as one layer: layers + 2 effective layers spread evenly, the
+// remainder one each to the first stages, then one effective layer taken
+// from the first stage and one from the last.
+func (l Layout) StageSplit(layers int) ([]int, error) {
+	n := l.PipelineStages()
+	counts, err := l.PPLayers.Counts()
+	if err != nil {
+		return nil, err
+	}
+	if counts != nil {
+		sum := 0
+		for s, c := range counts {
+			if c == 0 && s > 0 && s < len(counts)-1 {
+				return nil, FieldError{"pp_layers", l.PPLayers, fmt.Sprintf("stage %d holds no layer: only the first and last stages may (they hold the embedding and the head)", s)}
+			}
+			sum += c
+		}
+		if sum != layers {
+			return nil, FieldError{"pp_layers", l.PPLayers, fmt.Sprintf("must sum to the model's %d layers (sums to %d)", layers, sum)}
+		}
+		return counts, nil
+	}
+	if n == 1 {
+		return []int{layers}, nil
+	}
+	const inputWeight, outputWeight = 1, 1 // first/last_stage_less_layers
+	eff := layers + inputWeight + outputWeight
+	per, extra := eff/n, eff%n
+	if per < max(inputWeight, outputWeight) {
+		return nil, fmt.Errorf("pp × pp_virtual_stages = %d × %d = %d stages for %d layers + embedding + output: torchtitan's split needs at least one effective layer per stage and the embedding and output weights (1 each) within the smallest stage (%d); give fewer stages or --pp-layers",
+			l.Stages(), l.VirtualStages(), n, layers, per)
+	}
+	out := make([]int, n)
+	for s := range out {
+		out[s] = per
+		if s < extra {
+			out[s]++
+		}
+	}
+	out[0] -= inputWeight
+	out[n-1] -= outputWeight
+	return out, nil
+}
+
+// StageRank is the pipeline rank that runs stage s: looped placement,
+// stage s on rank s mod pp (torchtitan's pipeline_module_split, style
+// "loop").
+func (l Layout) StageRank(s int) int { return s % l.Stages() }
+
+// MaxMicrobatches bounds the pipeline micro-batches of one micro-step:
+// the per-stage memory timeline and the pipeline program grow with them,
+// and published pipelines run at most a few hundred per flush (Megatron's
+// Qwen3-235B-A22B on 256 GB200: 256).
+const MaxMicrobatches = 1 << 12
+
+// Microbatches returns the pipeline micro-batches of one accumulation
+// micro-step of lbs sequences per data-parallel rank: lbs ÷
+// pp_microbatch_size (torchtitan's build_pipeline_schedule requires it to
+// divide); 1 without pipeline parallelism. Interleaved1F1B also needs the
+// count to be a multiple of its rounds, max(1, m ÷ pp) (PyTorch's
+// ScheduleInterleaved1F1B).
+func (l Layout) Microbatches(lbs int) (int, error) {
+	if l.Stages() == 1 {
+		return 1, nil
+	}
+	mbs := l.PPMicrobatchSize
+	if mbs < 1 {
+		return 0, FieldError{"pp_microbatch_size", mbs, "must be ≥ 1 (resolve the layout first)"}
+	}
+	if lbs < 1 || lbs%mbs != 0 {
+		return 0, fmt.Errorf("lbs = %d is not a multiple of pp_microbatch_size = %d (pipeline micro-batches per micro-step = lbs ÷ pp_microbatch_size)", lbs, mbs)
+	}
+	m := lbs / mbs
+	if m > MaxMicrobatches {
+		return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d pipeline micro-batches per micro-step: at most %d (use --grad-accum for more)", lbs, mbs, m, MaxMicrobatches)
+	}
+	if l.PPSchedule == PPInterleaved1F1B {
+		if rounds := max(1, m/l.PP); m%rounds != 0 {
+			return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs a multiple of its rounds max(1, micro-batches ÷ pp) = %d",
+				lbs, mbs, m, l.PPSchedule, rounds)
+		}
+	}
+	return m, nil
+}
+
+// PipeAction is one compute action of a pipeline rank: the forward or the
+// (whole) backward of micro-batch Micro through stage Stage.
+type PipeAction struct {
+	Backward bool
+	Stage    int // 0 ≤ Stage < pp × virtual stages; on rank Stage mod pp
+	Micro    int // 0 ≤ Micro < micro-batches
+}
+
+func (a PipeAction) String() string {
+	k := "F"
+	if a.Backward {
+		k = "B"
+	}
+	return fmt.Sprintf("%d%s%d", a.Stage, k, a.Micro) // PyTorch's _Action notation
+}
+
+// PipelineOrder returns, for each of the pp ranks, the compute actions it
+// issues in order under schedule s with v stages per rank and m
+// micro-batches (PyTorch's schedules without their idle slots: a rank
+// runs its next action as soon as its inputs have arrived):
+//   - GPipe: forwards of micro-batches 0…m−1, then their backwards in the
+//     same order;
+//   - 1F1B: rank r runs min(m, pp − r) forwards, then alternates one
+//     backward and one forward, then the remaining backwards;
+//   - Interleaved1F1B: rank r's stages r, r + pp, …; with rounds =
+//     max(1, m ÷ pp) and k = m ÷ rounds micro-batches per round, warm-up
+//     w = min((v − 1)·k + 2·(pp − 1 − r), v·m) forwards, then v·m − w
+//     (forward, backward) pairs, then w backwards; the j-th forward goes
+//     to local stage ⌊j ÷ k⌋ mod v and the j-th backward to local stage
+//     v − 1 − ⌊j ÷ k⌋ mod v, each stage taking its micro-batches in order.
+func PipelineOrder(s PPSchedule, pp, v, m int) ([][]PipeAction, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	if pp < 1 || pp > MaxDegree || m < 1 || m > 1<<20 || v < 1 || int64(pp)*int64(v) > MaxDegree {
+		return nil, fmt.Errorf("pipeline order: pp = %d, virtual stages = %d, micro-batches = %d: need pp, v ≥ 1, pp·v ≤ %d and m in [1, %d]", pp, v, m, MaxDegree, 1<<20)
+	}
+	if s.MultiStage() && v < 2 || !s.MultiStage() && v != 1 {
+		return nil, fmt.Errorf("pipeline order: %s with %d stages per rank (single-stage schedules take 1, multi-stage ones at least 2)", s, v)
+	}
+	order := make([][]PipeAction, pp)
+	for r := range order {
+		switch s {
+		case PPGPipe:
+			order[r] = gpipeOrder(r, m)
+		case PP1F1B:
+			order[r] = oneFOneBOrder(r, pp, m)
+		case PPInterleaved1F1B:
+			rounds := max(1, m/pp)
+			if m%rounds != 0 {
+				return nil, fmt.Errorf("pipeline order: %s with %d micro-batches: need a multiple of its rounds max(1, m ÷ pp) = %d", s, m, rounds)
+			}
+			order[r] = interleavedOrder(r, pp, v, m, m/rounds)
+		}
+	}
+	return order, nil
+}
+
+func gpipeOrder(r, m int) []PipeAction {
+	out := make([]PipeAction, 0, 2*m)
+	for i := range m {
+		out = append(out, PipeAction{Stage: r, Micro: i})
+	}
+	for i := range m {
+		out = append(out, PipeAction{Backward: true, Stage: r, Micro: i})
+	}
+	return out
+}
+
+func oneFOneBOrder(r, pp, m int) []PipeAction {
+	out := make([]PipeAction, 0, 2*m)
+	f, b := 0, 0
+	for ; f < min(m, pp-r); f++ {
+		out = append(out, PipeAction{Stage: r, Micro: f})
+	}
+	for b < m {
+		out = append(out, PipeAction{Backward: true, Stage: r, Micro: b})
+		b++
+		if f < m {
+			out = append(out, PipeAction{Stage: r, Micro: f})
+			f++
+		}
+	}
+	return out
+}
+
+func interleavedOrder(r, pp, v, m, perRound int) []PipeAction {
+	total := v * m
+	warm := min((v-1)*perRound+2*(pp-1-r), total)
+	nextF := make([]int, v) // next micro-batch per local stage
+	nextB := make([]int, v)
+	fwd := func(j int) PipeAction {
+		local := (j / perRound) % v
+		a := PipeAction{Stage: local*pp + r, Micro: nextF[local]}
+		nextF[local]++
+		return a
+	}
+	bwd := func(j int) PipeAction {
+		local := v - 1 - (j/perRound)%v
+		a := PipeAction{Backward: true, Stage: local*pp + r, Micro: nextB[local]}
+		nextB[local]++
+		return a
+	}
+	out := make([]PipeAction, 0, 2*total)
+	for j := range warm {
+		out = append(out, fwd(j))
+	}
+	for j := range total - warm {
+		out = append(out, fwd(warm+j), bwd(j))
+	}
+	for j := total - warm; j < total; j++ {
+		out = append(out, bwd(j))
+	}
+	return out
+}
+
+// InFlight is the most micro-batch activations a rank holds at once under
+// its order: the largest count, over prefixes of actions, of forwards whose
+// backward has not yet run (stage chunks counted separately, so under an
+// interleaved schedule one micro-batch in two local stages counts twice).
+func InFlight(actions []PipeAction) int {
+	n, most := 0, 0
+	for _, a := range actions {
+		if a.Backward {
+			n--
+		} else {
+			n++
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+// StageLayout is the layout of one pipeline stage's ranks: the same
+// data-parallel and expert degrees over DP() GPUs, without the pipeline.
+// Every stage's ranks form such a mesh (pp is the outermost axis: stage
+// p's ranks are p·DP() … (p+1)·DP() − 1).
+func (l Layout) StageLayout() Layout {
+	s := l
+	s.GPUs = l.DP()
+	s.PP, s.PPSchedule, s.PPMicrobatchSize, s.PPVirtualStages, s.PPLayers = 0, "", 0, 0, ""
+	return s
+}

@@ -1,0 +1,508 @@
+package numeric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+// PipelineSpec describes a numeric run under pipeline parallelism: one
+// goroutine per pipeline rank, each running its stages' layers.
+type PipelineSpec struct {
+	Config    *moe.Config
+	Layout    moe.Layout // resolved, pp > 1, one data-parallel rank per stage
+	AC        moe.AC
+	LBS, Seq  int // sequences per micro-step (split into pipeline micro-batches), tokens per sequence
+	Accum     int // grad-accum micro-steps
+	DataSeed  uint64
+	AdamW     moe.AdamW
+	AuxCoef   float64 // coefficient of the load-balancing loss; 0 neither computes nor adds it
+	BiasRate  float64 // selection-bias update rate γ
+	Precision moe.Precision
+}
+
+// PipelineTrainer trains the reference model with one goroutine per
+// pipeline rank. Each runs its actions in moe.PipelineOrder's order; a
+// forward of stage s receives its input from stage s − 1 (stage 0 embeds
+// its micro-batch's tokens), runs the stage's blocks and sends the output
+// to stage s + 1 (the last stage computes the loss); a backward receives
+// the output's gradient from stage s + 1 (the last stage starts from the
+// loss), runs the blocks backward and sends the input's gradient to stage
+// s − 1 (stage 0 scatters it into the embedding's gradient). Activations
+// and gradients move only through channels, one per (stage boundary,
+// direction, micro-batch). The load-balancing aux loss of a micro-batch
+// is computed over its tokens and every layer, as one rank computes it:
+// HF's formula needs per-expert totals over all MoE layers, which travel
+// forward with the activation (each stage adding its layers', in layer
+// order); the last stage computes the loss and its gradient, the same for
+// every MoE layer, which travels back with the activation's gradient.
+// DeepSeek-MoE's per-sequence loss (Config.SeqAuxLoss) is per layer: each
+// stage computes its layers' and the partial losses travel forward. Gradients accumulate over the step's
+// micro-batches; each rank then updates the selection biases of its MoE
+// layers from their loads and applies AdamW to its own parameters.
+//
+// FSDP inside a stage: each stage has dp_shard data-parallel ranks (its
+// own communicator over the stage's mesh, moe.Layout.StageLayout), rank d
+// talking to rank d of the neighbouring stages. Each holds a 1/dp_shard
+// chunk of every tensor of its stages (flat, the last chunk padded) with
+// its AdamW moments; the stage's tensors are all-gathered at the start of
+// the step and stay gathered to its end (torchtitan does not reshard after
+// forward under PP, and PyTorch's stage not after backward until the last
+// one), and their gradients, accumulated over the step's micro-batches,
+// are reduce-scattered once after the last backward, before AdamW updates
+// each chunk.
+//
+// Micro-batch j of micro-step a on data-parallel rank d reads the
+// pp_microbatch_size sequences starting at t·B + ((a·DP + d)·M + j)·b
+// (B the global batch, DP = dp_shard, M = lbs ÷ b micro-batches of b =
+// pp_microbatch_size sequences): DESIGN's batch contract for rank d at
+// micro-step a, cut into micro-batches, and the micro-batches one rank
+// reads at lbs = b with grad-accum = grad-accum × DP × M, in the same
+// order. The step's loss is the mean of the micro-batches'
+// cross-entropies and each backward is scaled by one over their number,
+// so the run equals that rank's up to float32 summation order.
+//
+// Not built here yet: replicas (HSDP), other sharding modes and expert
+// parallelism inside a stage, and tied embeddings (the table would live on
+// the first and the last stage).
+type PipelineTrainer struct {
+	spec  PipelineSpec
+	batch parallel.Batch // the equivalent one-rank batch (see above)
+	m     int            // pipeline micro-batches per micro-step
+	dp    int            // data-parallel (FSDP) ranks per stage
+	order [][]moe.PipeAction
+	split []int
+	ranks [][]*pipeRank // [pipeline rank][data-parallel rank]
+	comms []*Comm       // per pipeline rank, over its stage mesh
+	step  int
+}
+
+// pipeRank is one (pipeline rank, data-parallel rank)'s model and state.
+type pipeRank struct {
+	rank, d int
+	model   *moe.Model[float32] // every tensor; the rank uses its stages' only, gathered for the step
+	owned   []bool              // per Params entry: held by one of the rank's stages
+	shard   [][]float32         // per owned tensor: this rank's chunk (the whole tensor without FSDP)
+	adam    []moe.AdamState[float32]
+	stages  []int
+}
+
+// chunk is the length of one rank's chunk of n elements over dp ranks.
+func (p *PipelineTrainer) chunk(n int) int { return (n + p.dp - 1) / p.dp }
+
+// NewPipelineTrainer checks spec and gives every pipeline rank the initial
+// parameters init (moe.Config.Params order).
+func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, error) {
+	cfg, l := spec.Config, spec.Layout
+	if cfg == nil {
+		return nil, errors.New("numeric: pipeline: config is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case l.Stages() < 2:
+		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
+	case l.DPReplicate != 1 || l.EP != 1 || l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
+		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (built: FSDP over dp_shard, dp_replicate 1, ep 1)", l.DPReplicate, l.EP, l.Sharding)
+	case cfg.TiedEmbeddings:
+		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
+	case spec.Seq < 1 || spec.Accum < 1:
+		return nil, fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
+	}
+	if err := l.CheckModel(cfg); err != nil {
+		return nil, err
+	}
+	m, err := l.Microbatches(spec.LBS)
+	if err != nil {
+		return nil, err
+	}
+	order, err := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
+	if err != nil {
+		return nil, err
+	}
+	split, err := l.StageSplit(cfg.Layers)
+	if err != nil {
+		return nil, err
+	}
+	ps := cfg.Params()
+	if len(init) != len(ps) {
+		return nil, fmt.Errorf("numeric: %d initial tensors, model has %d", len(init), len(ps))
+	}
+	if spec.Precision == (moe.Precision{}) {
+		spec.Precision = moe.DefaultPrecision
+	}
+	dp := l.DPShard
+	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * dp * m, DP: 1}
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, order: order, split: split}
+	first := make([]int, len(split)+1) // first layer of each stage
+	for s, n := range split {
+		first[s+1] = first[s] + n
+	}
+	stageOf := func(layer int) int {
+		switch {
+		case layer == moe.LayerEmbed:
+			return 0
+		case layer == cfg.LayerHead():
+			return len(split) - 1
+		}
+		for s := range split {
+			if layer < first[s+1] {
+				return s
+			}
+		}
+		return len(split) - 1
+	}
+	for i := range ps {
+		if int64(len(init[i])) != ps[i].Elements() {
+			return nil, fmt.Errorf("numeric: %s has %d elements, want %d", ps[i].Name, len(init[i]), ps[i].Elements())
+		}
+	}
+	stage := l.StageLayout()
+	for r := range l.Stages() {
+		mesh, err := parallel.NewMesh(stage, cfg, max(dp, 1))
+		if err != nil {
+			return nil, fmt.Errorf("numeric: pipeline: %w", err)
+		}
+		p.comms = append(p.comms, NewComm(mesh))
+		var row []*pipeRank
+		for d := range dp {
+			mod, err := moe.NewModel[float32](cfg)
+			if err != nil {
+				return nil, err
+			}
+			pr := &pipeRank{rank: r, d: d, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+				adam: make([]moe.AdamState[float32], len(ps))}
+			for k := range l.VirtualStages() {
+				pr.stages = append(pr.stages, r+k*l.Stages())
+			}
+			for i, t := range mod.Tensors() {
+				copy(t, init[i])
+				layer := ps[i].Layer
+				if layer < 0 {
+					layer = cfg.LayerHead()
+					if ps[i].Group == moe.GroupEmbedding {
+						layer = moe.LayerEmbed
+					}
+				}
+				pr.owned[i] = l.StageRank(stageOf(layer)) == r
+				switch {
+				case !pr.owned[i] || ps[i].Buffer:
+				case dp == 1: // without FSDP the chunk is the tensor
+					pr.shard[i] = t
+				default:
+					c := p.chunk(len(t))
+					pr.shard[i] = make([]float32, c)
+					copy(pr.shard[i], t[min(d*c, len(t)):min((d+1)*c, len(t))])
+				}
+			}
+			row = append(row, pr)
+		}
+		p.ranks = append(p.ranks, row)
+	}
+	return p, nil
+}
+
+// pipeLinks are the channels of one micro-step: act[s][j] carries
+// micro-batch j's output of stage s to stage s + 1, grad[s][j] the
+// gradient of stage s's input back to stage s − 1.
+type pipeLinks struct {
+	act  [][]chan fwdMsg
+	grad [][]chan bwdMsg
+}
+
+// fwdMsg is a micro-batch's activation with the aux loss's running
+// totals: HF's per-expert counts and score sums over the layers so far
+// (moe.AuxPartial), or, with SeqAuxLoss, the layers' losses so far.
+type fwdMsg struct {
+	x        []float32
+	cnt, sum []float64
+	aux      float64
+}
+
+// bwdMsg is the gradient of a stage's input with HF's aux gradient, the
+// same for every MoE layer (moe.AuxFromTotals; nil without it).
+type bwdMsg struct{ dx, auxGrad []float32 }
+
+func newPipeLinks(stages, m int) *pipeLinks {
+	k := &pipeLinks{act: make([][]chan fwdMsg, stages), grad: make([][]chan bwdMsg, stages)}
+	for s := range stages {
+		k.act[s], k.grad[s] = make([]chan fwdMsg, m), make([]chan bwdMsg, m)
+		for j := range m {
+			// One message each way per micro-batch: a buffer of one never
+			// blocks the sender.
+			k.act[s][j], k.grad[s][j] = make(chan fwdMsg, 1), make(chan bwdMsg, 1)
+		}
+	}
+	return k
+}
+
+// pipeLinks of micro-step a for data-parallel rank d.
+func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
+	out := make([][]*pipeLinks, p.spec.Accum)
+	for a := range out {
+		for range p.dp {
+			out[a] = append(out[a], newPipeLinks(len(p.split), p.m))
+		}
+	}
+	return out
+}
+
+// Step runs one optimizer step on every pipeline rank. The result's Loss
+// and Aux are the means over the step's micro-batches of the
+// cross-entropy and of the aux loss, Losses each micro-batch's
+// cross-entropy in one rank's order.
+func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
+	total := p.spec.Accum * p.dp * p.m
+	losses, auxes := make([]float64, total), make([]float64, total)
+	errs := make([]error, len(p.ranks))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	links := p.newLinks()
+	var wg sync.WaitGroup
+	for r := range p.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A stage's data-parallel ranks run on its communicator; an
+			// error anywhere cancels every stage (a neighbour waiting on a
+			// message included).
+			errs[r] = p.comms[r].Run(ctx, func(ctx context.Context, ep *Endpoint) error {
+				return p.runRank(ctx, ep, p.ranks[r][ep.Rank()], losses, auxes, links)
+			})
+			if errs[r] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.Accum)} // one data-parallel rank's
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+	for k := range losses {
+		res.Loss += losses[k]
+		res.Aux += auxes[k]
+	}
+	res.Loss /= float64(total)
+	res.Aux /= float64(total)
+	p.step++
+	if math.IsNaN(res.Loss) || math.IsInf(res.Loss, 0) {
+		return res, fmt.Errorf("step %d: loss %v: training diverged", res.Step+1, res.Loss)
+	}
+	return res, nil
+}
+
+// runRank is one (pipeline rank, data-parallel rank)'s step over the
+// micro-steps' channels links; it writes its last stage's micro-batch
+// losses into losses.
+func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRank, losses, auxes []float64, links [][]*pipeLinks) error {
+	cfg, sp := p.spec.Config, p.spec
+	n := len(p.split)
+	o := moe.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
+	scale := 1 / float64(sp.Accum*p.dp*p.m)
+	group := ep.Comm().Mesh().Group(parallel.AxisShard, pr.d)
+	ts, gs := pr.model.Tensors(), pr.model.Grads()
+	if p.dp > 1 {
+		for i, sh := range pr.shard {
+			if sh == nil {
+				continue
+			}
+			full, err := ep.AllGather(ctx, group, moe.F32, sh)
+			if err != nil {
+				return err
+			}
+			copy(ts[i], full)
+		}
+	}
+	gw, gg := pr.model.Globals()
+	first := 0
+	firsts := make([]int, n)
+	for s, c := range p.split {
+		firsts[s] = first
+		first += c
+	}
+	loads := make([][]int64, cfg.Layers)
+	for _, s := range pr.stages {
+		for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
+			if cfg.MoELayer[li] {
+				loads[li] = make([]int64, cfg.Experts)
+			}
+		}
+	}
+	// Per micro-batch runners: a block keeps its micro-batch's state from
+	// forward to backward, and several micro-batches are in flight.
+	blocks := make([]map[int]*moe.Block[float32], p.m)
+	embeds := make([]*moe.Embedding[float32], p.m)
+	heads := make([]*moe.Head[float32], p.m)
+	for j := range p.m {
+		blocks[j] = map[int]*moe.Block[float32]{}
+		for _, s := range pr.stages {
+			for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
+				blocks[j][li] = moe.NewBlock[float32](cfg, li, p.batch.LBS, p.batch.Seq, o)
+			}
+		}
+		embeds[j], heads[j] = moe.NewEmbedding[float32](cfg, o), moe.NewHead[float32](cfg, o)
+	}
+	useAux := sp.AuxCoef != 0 && cfg.IsMoE()
+	coef := scale * sp.AuxCoef
+	// Per micro-batch, what backward needs of the aux loss: HF's shared
+	// gradient (the last stage's), or with SeqAuxLoss each layer's own.
+	auxShared := make([][]float32, p.m)
+	auxLayer := make([]map[int][]float32, p.m)
+	for a := range sp.Accum {
+		links := links[a][pr.d]
+		for _, act := range p.order[pr.rank] {
+			s, j := act.Stage, act.Micro
+			k := (a*p.dp+pr.d)*p.m + j // the micro-batch in one rank's order
+			lo, hi := firsts[s], firsts[s]+p.split[s]
+			stageBlocks := make([]*moe.Block[float32], 0, hi-lo)
+			for li := lo; li < hi; li++ {
+				stageBlocks = append(stageBlocks, blocks[j][li])
+			}
+			if !act.Backward {
+				// Stage 0 reads the micro-batch's tokens, the last stage its
+				// labels (the data loader feeds both, as torchtitan's does).
+				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
+				ids, labels := nextTokenPairs(seqs, sp.Seq)
+				var msg fwdMsg
+				if s == 0 {
+					msg = fwdMsg{x: embeds[j].Forward(gw.Embed, ids), cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
+				} else {
+					select {
+					case msg = <-links.act[s-1][j]:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				for li := lo; li < hi; li++ {
+					w, _ := pr.model.Layer(li)
+					msg.x = blocks[j][li].Forward(&w, msg.x)
+					for e, c := range blocks[j][li].ExpertCounts() {
+						loads[li][e] += int64(c)
+					}
+				}
+				if useAux {
+					if cfg.SeqAuxLoss {
+						v, grads := moe.AuxLoss(cfg, stageBlocks, coef)
+						msg.aux += v
+						auxLayer[j] = map[int][]float32{}
+						for i, g := range grads {
+							auxLayer[j][lo+i] = g
+						}
+					} else {
+						moe.AuxPartial(stageBlocks, msg.cnt, msg.sum)
+					}
+				}
+				if s < n-1 {
+					links.act[s][j] <- msg
+					continue
+				}
+				losses[k] = heads[j].Forward(&gw, msg.x, labels)
+				if useAux && !cfg.SeqAuxLoss {
+					msg.aux, auxShared[j] = moe.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, coef)
+				}
+				auxes[k] = msg.aux
+				continue
+			}
+			var msg bwdMsg
+			if s == n-1 {
+				msg = bwdMsg{dx: heads[j].Backward(&gw, &gg, scale), auxGrad: auxShared[j]}
+			} else {
+				select {
+				case msg = <-links.grad[s+1][j]:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			for li := hi - 1; li >= lo; li-- {
+				w, g := pr.model.Layer(li)
+				var ag []float32
+				switch {
+				case !useAux || !cfg.MoELayer[li]:
+				case cfg.SeqAuxLoss:
+					ag = auxLayer[j][li]
+				default:
+					ag = msg.auxGrad
+				}
+				msg.dx = blocks[j][li].Backward(&w, &g, msg.dx, ag)
+			}
+			if s == 0 {
+				embeds[j].Backward(gg.Embed, msg.dx)
+			} else {
+				links.grad[s][j] <- msg
+			}
+		}
+	}
+	if p.dp > 1 && cfg.SelectionBias {
+		// The step's loads over the stage's data-parallel ranks.
+		var flat []float32
+		for _, ld := range loads {
+			for _, c := range ld {
+				flat = append(flat, float32(c))
+			}
+		}
+		if err := ep.AllReduce(ctx, group, moe.F32, flat); err != nil {
+			return err
+		}
+		at := 0
+		for _, ld := range loads {
+			for e := range ld {
+				ld[e] = int64(flat[at])
+				at++
+			}
+		}
+	}
+	pr.model.UpdateSelectionBias(loads, sp.BiasRate)
+	for i := range ts {
+		if pr.shard[i] == nil {
+			continue
+		}
+		g := gs[i]
+		if p.dp > 1 {
+			padded := make([]float32, p.dp*len(pr.shard[i]))
+			copy(padded, gs[i])
+			g = make([]float32, len(pr.shard[i]))
+			if err := ep.ReduceScatter(ctx, group, moe.F32, padded, g); err != nil {
+				return err
+			}
+		}
+		moe.AdamWStep(sp.AdamW, &pr.adam[i], pr.shard[i], g)
+		clear(gs[i])
+	}
+	return nil
+}
+
+// Params reassembles the parameters (Config.Params order), each tensor
+// from the pipeline rank that holds it.
+func (p *PipelineTrainer) Params() [][]float32 {
+	ps := p.spec.Config.Params()
+	out := make([][]float32, len(ps))
+	for _, row := range p.ranks {
+		for i, t := range row[0].model.Tensors() {
+			switch {
+			case !row[0].owned[i]:
+			case ps[i].Buffer: // the selection bias: every rank's copy is the same
+				out[i] = append([]float32(nil), t...)
+			default: // the chunks of the stage's ranks, padding dropped
+				var full []float32
+				for _, pr := range row {
+					full = append(full, pr.shard[i]...)
+				}
+				out[i] = full[:len(t)]
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,247 @@
+package parallel
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// A Pipeline is the program of one training step under pipeline
+// parallelism (pp > 1): one op list per pipeline rank, in issue order.
+// Each rank runs the actions moe.PipelineOrder gives it, one pipeline
+// micro-batch each, framed by the point-to-point transfers between
+// neighbouring stages (stage s on pp rank s mod pp; pp is the outermost
+// mesh axis, so pp rank p's data-parallel rank d is global rank p·DP + d
+// and talks to the same d of the neighbouring stage):
+//
+//   - forward of stage s: receive its input activation from stage s − 1
+//     (not on stage 0), compute, send the output to stage s + 1 (not on
+//     the last stage);
+//   - backward of stage s: receive the output's gradient from stage s + 1
+//     (not on the last stage), compute, send the input's gradient to
+//     stage s − 1 (not on stage 0).
+//
+// Messages are one micro-batch's hidden states, pp_microbatch_size × seq
+// × hidden elements of the activation type. Inside a stage, FSDP follows
+// torchtitan under PP: the stage's units are all-gathered before its first
+// forward and stay gathered for the step (torchtitan does not reshard
+// after forward under PP by default, and PyTorch's stage does not reshard
+// after backward until the last one), and their gradients are reduced
+// once, after the micro-step's last backward of the stage (PyTorch's
+// backward_maybe_with_nosync; references in moe/pipeline.go and
+// memory/pipeline.go). Each of the grad-accum micro-steps runs the whole
+// order; the optimizer runs after the last.
+type Pipeline struct {
+	Layout moe.Layout
+	Split  []int // transformer layers per stage (moe.Layout.StageSplit)
+	M      int   // pipeline micro-batches per accumulation micro-step
+	Accum  int   // accumulation micro-steps
+	Ranks  [][]PipeOp
+	// Stage is the mesh of one stage's data-parallel ranks (the groups of
+	// the FSDP and EP collectives inside a stage).
+	Stage *Mesh
+}
+
+// PipeOpKind says what a pipeline op does.
+type PipeOpKind uint8
+
+// Pipeline op kinds.
+const (
+	PipeForward  PipeOpKind = iota // one micro-batch through a stage
+	PipeBackward                   // its backward
+	PipeSend                       // a message to the neighbouring stage's rank
+	PipeRecv                       // the matching receive
+	PipeColl                       // an FSDP collective of the stage (Coll holds it)
+)
+
+var pipeOpNames = [...]string{"forward", "backward", "send", "recv", "collective"}
+
+func (k PipeOpKind) String() string { return pipeOpNames[k] }
+
+// PipeOp is one op of a pipeline rank.
+type PipeOp struct {
+	Kind  PipeOpKind
+	Stage int // the stage the op belongs to (for a send or receive: this rank's stage)
+	Micro int // micro-batch in the step, accumulation micro-step × M + micro-batch; -1 for FSDP collectives
+	// Send and receive: Peer is the other stage, Grad whether the message is
+	// a gradient (backward) rather than an activation, Bytes its size.
+	Peer  int
+	Grad  bool
+	Bytes int64
+	// Collectives: the op as the single-rank Schedule writes it (Coll,
+	// Axis on the stage mesh, Purpose, Unit, DType, Elements).
+	Coll ScheduleOp
+}
+
+// PipelineSpec is what a pipeline program is built from.
+type PipelineSpec struct {
+	Config      *moe.Config
+	Layout      moe.Layout // resolved, pp > 1
+	LBS, Seq    int        // sequences per data-parallel rank per micro-step, tokens per sequence
+	Accum       int        // grad-accum micro-steps (≥ 1)
+	Precision   moe.Precision
+	GPUsPerNode int
+}
+
+// BuildPipeline builds the per-rank programs of one step (see Pipeline).
+func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
+	cfg, l := sp.Config, sp.Layout
+	if cfg == nil {
+		return nil, errors.New("pipeline: config is required")
+	}
+	if l.Stages() < 2 {
+		return nil, fmt.Errorf("pipeline: pp = %d: a pipeline needs pp ≥ 2", l.PP)
+	}
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	if err := l.CheckModel(cfg); err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	if sp.Seq < 1 || sp.Accum < 1 {
+		return nil, fmt.Errorf("pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", sp.Seq, sp.Accum)
+	}
+	m, err := l.Microbatches(sp.LBS)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	split, err := l.StageSplit(cfg.Layers)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	order, err := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	stage, err := NewMesh(l.StageLayout(), cfg, sp.GPUsPerNode)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: stage %w", err)
+	}
+	prec := sp.Precision
+	if prec == (moe.Precision{}) {
+		prec = moe.DefaultPrecision
+	}
+	p := &Pipeline{Layout: l, Split: split, M: m, Accum: sp.Accum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
+	b := &schedBuilder{cfg: cfg, paramIx: NewUnitIndex(cfg), m: stage, l: stage.Layout, prec: prec}
+	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) * int64(cfg.Hidden) * prec.Activation.Bytes()
+	n := l.PipelineStages()
+	for r, actions := range order {
+		var ops []PipeOp
+		gathered := map[int]bool{}
+		backwards := map[int]int{} // per stage, backwards issued in this micro-step
+		for acc := range sp.Accum {
+			clear(backwards)
+			for _, a := range actions {
+				micro := acc*m + a.Micro
+				if !a.Backward {
+					if !gathered[a.Stage] {
+						gathered[a.Stage] = true
+						ops = append(ops, p.stageCollectives(b, a.Stage, false)...)
+					}
+					if a.Stage > 0 {
+						ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Bytes: msg})
+					}
+					ops = append(ops, PipeOp{Kind: PipeForward, Stage: a.Stage, Micro: micro})
+					if a.Stage < n-1 {
+						ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Bytes: msg})
+					}
+					continue
+				}
+				if a.Stage < n-1 {
+					ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Grad: true, Bytes: msg})
+				}
+				ops = append(ops, PipeOp{Kind: PipeBackward, Stage: a.Stage, Micro: micro})
+				if a.Stage > 0 {
+					ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Grad: true, Bytes: msg})
+				}
+				if backwards[a.Stage]++; backwards[a.Stage] == m {
+					ops = append(ops, p.stageCollectives(b, a.Stage, true)...)
+				}
+			}
+		}
+		p.Ranks[r] = ops
+	}
+	return p, nil
+}
+
+// StageUnits lists stage s's FSDP units in forward order: the embedding on
+// stage 0, its blocks (dense part, then routed experts, as the schedule
+// wraps them), the head on the last stage.
+func (p *Pipeline) StageUnits(cfg *moe.Config, s int) []Unit {
+	var us []Unit
+	if s == 0 {
+		us = append(us, Unit{Layer: moe.LayerEmbed})
+	}
+	first := 0
+	for k := range s {
+		first += p.Split[k]
+	}
+	for l := first; l < first+p.Split[s]; l++ {
+		us = append(us, Unit{Layer: l})
+		if cfg.MoELayer[l] {
+			us = append(us, Unit{Layer: l, Experts: true})
+		}
+	}
+	if s == len(p.Split)-1 {
+		us = append(us, Unit{Layer: cfg.LayerHead()})
+	}
+	return us
+}
+
+// StageLayers returns the first transformer layer of stage s and how
+// many it holds.
+func (p *Pipeline) StageLayers(s int) (first, count int) {
+	for k := range s {
+		first += p.Split[k]
+	}
+	return first, p.Split[s]
+}
+
+// stageCollectives are stage s's FSDP collectives: the all-gathers of its
+// units (reduce false) or the reduction of their gradients (reduce true,
+// backward order), as the single-rank schedule emits them on the stage
+// mesh; none on one-member groups or without sharding of that kind.
+func (p *Pipeline) stageCollectives(b *schedBuilder, s int, reduce bool) []PipeOp {
+	us := p.StageUnits(b.cfg, s)
+	var ops []PipeOp
+	add := func(o ScheduleOp) { ops = append(ops, PipeOp{Kind: PipeColl, Stage: s, Micro: -1, Coll: o}) }
+	if !reduce {
+		if !b.fsdp() {
+			return nil
+		}
+		for _, u := range us {
+			a := b.shardAxis(u)
+			if b.axisSize(a) > 1 {
+				_, padded, _ := b.sizes(u)
+				add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllGather, Axis: a,
+					Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded})
+			}
+		}
+		return ops
+	}
+	for i := len(us) - 1; i >= 0; i-- {
+		u := us[i]
+		a := b.shardAxis(u)
+		n := b.axisSize(a)
+		full, padded, shard := b.sizes(u)
+		switch b.l.Sharding {
+		case moe.ShardFSDP, moe.ShardZeRO2:
+			if n > 1 {
+				add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollReduceScatter, Axis: a,
+					Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: padded})
+			}
+		default:
+			shard = full
+			if n > 1 {
+				add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllReduce, Axis: a,
+					Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: full})
+			}
+		}
+		if b.l.DPReplicate > 1 {
+			add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllReduce, Axis: AxisReplicate,
+				Purpose: PurposeGradReplica, Unit: u, DType: b.prec.Grad, Elements: shard})
+		}
+	}
+	return ops
+}

@@ -1,0 +1,123 @@
+package parallel
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
+)
+
+// TestBuildPipeline checks the per-rank programs against the pipeline's
+// rules (pipeline.go): every send has exactly one receive of the same
+// micro-batch, direction and size on the peer stage's rank; each rank
+// computes every (stage, micro-batch) of its stages once forward and once
+// backward per step, in moe.PipelineOrder's order; FSDP gathers run once
+// per stage per step before its first forward, gradient reductions once
+// per stage per accumulation micro-step after its last backward.
+func TestBuildPipeline(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.Layers = 4
+	cfg.MoELayer = []bool{true, false, true, true}
+	cfg.Window = make([]int, 4)
+	for _, lt := range []moe.Layout{
+		{GPUs: 4, PP: 2, DPShard: 2},
+		{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B},
+		{GPUs: 8, PP: 4, EP: 2, PPSchedule: moe.PPGPipe},
+	} {
+		l := lt
+		l.ReshardAfterForward = false
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		const lbs, accum = 4, 2
+		p, err := BuildPipeline(PipelineSpec{Config: cfg, Layout: l, LBS: lbs, Seq: 8, Accum: accum, GPUsPerNode: 8})
+		if err != nil {
+			t.Fatalf("%+v: %v", l, err)
+		}
+		name := fmt.Sprintf("pp %d %s v %d dp_shard %d rep %d", l.PP, l.PPSchedule, l.PPVirtualStages, l.DPShard, l.DPReplicate)
+		n := l.PipelineStages()
+		order, _ := moe.PipelineOrder(l.PPSchedule, l.PP, l.PPVirtualStages, p.M)
+		type msg struct {
+			from, to, micro int
+			grad            bool
+		}
+		sends, recvs := map[msg]int{}, map[msg]int{}
+		msgBytes := int64(l.PPMicrobatchSize) * 8 * int64(cfg.Hidden) * 2 // bf16 hidden states
+		for r, ops := range p.Ranks {
+			var compute []moe.PipeAction
+			gathers, reduces := map[int]int{}, map[int]int{}
+			for _, o := range ops {
+				if o.Stage%l.PP != r {
+					t.Fatalf("%s: rank %d runs an op of stage %d", name, r, o.Stage)
+				}
+				switch o.Kind {
+				case PipeForward, PipeBackward:
+					if acc := o.Micro / p.M; acc == 0 {
+						compute = append(compute, moe.PipeAction{Backward: o.Kind == PipeBackward, Stage: o.Stage, Micro: o.Micro})
+					}
+				case PipeSend:
+					sends[msg{o.Stage, o.Peer, o.Micro, o.Grad}]++
+					if o.Bytes != msgBytes {
+						t.Errorf("%s: message of %d B, want %d", name, o.Bytes, msgBytes)
+					}
+				case PipeRecv:
+					recvs[msg{o.Peer, o.Stage, o.Micro, o.Grad}]++
+				case PipeColl:
+					if o.Coll.Purpose == PurposeGather {
+						gathers[o.Stage]++
+					} else {
+						reduces[o.Stage]++
+					}
+				}
+			}
+			if fmt.Sprint(compute) != fmt.Sprint(order[r]) {
+				t.Errorf("%s rank %d: compute order %v, want %v", name, r, compute, order[r])
+			}
+			for k := range l.PPVirtualStages {
+				s := r + k*l.PP
+				// Dense units shard over dp_shard, routed experts over
+				// dp_shard/ep; replicas all-reduce every unit.
+				units := p.StageUnits(cfg, s)
+				wantG := 0
+				for _, u := range units {
+					if !u.Experts && l.DPShard > 1 || u.Experts && l.ExpertShard() > 1 {
+						wantG++
+					}
+				}
+				if gathers[s] != wantG {
+					t.Errorf("%s stage %d: %d gathers, want %d (once per sharded unit per step)", name, s, gathers[s], wantG)
+				}
+				wantR := wantG
+				if l.DPReplicate > 1 {
+					wantR += len(units)
+				}
+				if reduces[s] != accum*wantR {
+					t.Errorf("%s stage %d: %d reductions, want %d (per unit per micro-step)", name, s, reduces[s], accum*wantR)
+				}
+			}
+		}
+		want := 2 * (n - 1) * p.M * accum
+		if len(sends) != want || len(recvs) != want {
+			t.Errorf("%s: %d sends, %d receives, want %d each", name, len(sends), len(recvs), want)
+		}
+		for k, c := range sends {
+			if c != 1 || recvs[k] != 1 {
+				t.Errorf("%s: message %+v sent %d, received %d times", name, k, c, recvs[k])
+			}
+		}
+	}
+}
+
+func TestMeshRefusesPipeline(t *testing.T) {
+	l := moe.Layout{GPUs: 4, PP: 2}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewMesh(l, nil, 8); err == nil {
+		t.Fatal("NewMesh accepted pp = 2")
+	}
+	if m, err := NewMesh(l.StageLayout(), nil, 8); err != nil || m.World() != 2 {
+		t.Fatalf("stage mesh: %v, %v", m, err)
+	}
+}

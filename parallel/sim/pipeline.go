@@ -1,0 +1,535 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/moescope/moescope/flops"
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
+)
+
+// Virtual time under pipeline parallelism (pp > 1). parallel.BuildPipeline
+// gives one program per pipeline rank; walkPipeline runs them against
+// modelled durations:
+//   - a rank runs its ops in order; a forward or backward takes its
+//     stage's modelled time for one micro-batch (the stage's compute ops
+//     priced as a step without pipelining prices them, at the micro-batch's
+//     shape, with the expert-parallel all-to-alls, which run inline on the
+//     compute stream as torchtitan runs them);
+//   - a send is asynchronous: the message arrives a transfer time after the
+//     sender's compute ends (one link between the two ranks: NVLink inside
+//     a domain, the NIC otherwise; concurrent messages and collectives do
+//     not share bandwidth in this model); a receive waits for its message;
+//   - a stage's FSDP all-gathers run on the rank's communication stream
+//     when the rank reaches them; the stage's first forward starts once the
+//     first of them is done and ends no earlier than the last (FSDP2
+//     prefetches each next unit during the current unit's compute);
+//   - gradient reductions run on the communication stream after the
+//     stage's last backward of each micro-step, beside later compute;
+//   - after its last op and its communication, each rank runs its
+//     optimizer step over its own shard. The step ends with the last rank.
+//
+// The bubble is what the walk leaves idle: no formula is applied. One
+// data-parallel rank per stage is simulated; the stage's other ranks run
+// the same program on groups of the same shape (exact under balanced
+// routing; with skew the stage takes its most loaded rank's expert GEMMs,
+// as Simulate's note says).
+
+// pipeCosts are the durations walkPipeline walks with.
+type pipeCosts struct {
+	fwd, bwd []float64 // per stage, one micro-batch, seconds
+	rec      []float64 // per stage: the recompute inside bwd
+	msg      func(from, to int) float64
+	coll     func(o parallel.ScheduleOp) float64
+	opt      []float64 // per pp rank: optimizer step
+}
+
+// pipeSpan is one op as the walk ran it.
+type pipeSpan struct {
+	op         parallel.PipeOp
+	start, end float64
+	comm       bool // on the communication stream (collectives) or a message in flight (send)
+}
+
+// pipeRank is one pipeline rank's walk.
+type pipeRank struct {
+	spans     []pipeSpan
+	busy      float64 // forward + backward seconds
+	recompute float64 // inside busy
+	gatherOn  float64 // seconds compute waited for FSDP gathers
+	computeAt float64 // when its last compute op ended
+	commAt    float64 // when its communication stream went idle
+	optS      float64
+	end       float64 // after the optimizer
+}
+
+// pipeWalk is the walked step.
+type pipeWalk struct {
+	ranks []pipeRank
+	step  float64
+}
+
+type pipeMsg struct {
+	from, to, micro int
+	grad            bool
+}
+
+// walkPipeline runs p's programs against c (see above).
+func walkPipeline(p *parallel.Pipeline, c pipeCosts) (pipeWalk, error) {
+	n := len(p.Ranks)
+	w := pipeWalk{ranks: make([]pipeRank, n)}
+	arrive := map[pipeMsg]float64{}
+	next := make([]int, n)
+	clock := make([]float64, n) // compute stream
+	comm := make([]float64, n)  // communication stream
+	// gathers: the gathers issued for the stage about to run its first
+	// forward: the first one's end and the last one's.
+	type pending struct{ first, last float64 }
+	gathers := make([]pending, n)
+	for left := 0; ; {
+		left = 0
+		progress := false
+		for r := range n {
+			ops := p.Ranks[r]
+		run:
+			for next[r] < len(ops) {
+				o := ops[next[r]]
+				wr := &w.ranks[r]
+				switch o.Kind {
+				case parallel.PipeRecv:
+					t, ok := arrive[pipeMsg{o.Peer, o.Stage, o.Micro, o.Grad}]
+					if !ok {
+						break run
+					}
+					clock[r] = math.Max(clock[r], t)
+				case parallel.PipeSend:
+					d := c.msg(o.Stage, o.Peer)
+					arrive[pipeMsg{o.Stage, o.Peer, o.Micro, o.Grad}] = clock[r] + d
+					wr.spans = append(wr.spans, pipeSpan{op: o, start: clock[r], end: clock[r] + d, comm: true})
+				case parallel.PipeColl:
+					start := math.Max(comm[r], clock[r])
+					comm[r] = start + c.coll(o.Coll)
+					if o.Coll.Purpose == parallel.PurposeGather {
+						if gathers[r].first == 0 {
+							gathers[r].first = comm[r]
+						}
+						gathers[r].last = comm[r]
+					}
+					wr.spans = append(wr.spans, pipeSpan{op: o, start: start, end: comm[r], comm: true})
+				case parallel.PipeForward, parallel.PipeBackward:
+					d := c.fwd[o.Stage]
+					if o.Kind == parallel.PipeBackward {
+						d = c.bwd[o.Stage]
+						wr.recompute += c.rec[o.Stage]
+					}
+					start, end := clock[r], clock[r]+d
+					if g := gathers[r]; g.last > 0 {
+						start = math.Max(start, g.first)
+						end = math.Max(start+d, g.last)
+						wr.gatherOn += (end - start) - d
+						gathers[r] = pending{}
+					}
+					wr.busy += d
+					wr.spans = append(wr.spans, pipeSpan{op: o, start: start, end: end})
+					clock[r] = end
+				}
+				next[r]++
+				progress = true
+			}
+			left += len(ops) - next[r]
+		}
+		if left == 0 {
+			break
+		}
+		if !progress {
+			return pipeWalk{}, fmt.Errorf("sim: pipeline deadlock with %d ops left (next ops %v)", left, next)
+		}
+	}
+	for r := range n {
+		wr := &w.ranks[r]
+		wr.computeAt, wr.commAt = clock[r], comm[r]
+		wr.optS = c.opt[r]
+		wr.end = math.Max(clock[r], comm[r]) + c.opt[r]
+		w.step = math.Max(w.step, wr.end)
+	}
+	return w, nil
+}
+
+// StageTiming is one pipeline rank's share of the simulated step.
+type StageTiming struct {
+	Rank   int   `json:"rank"`
+	Stages []int `json:"stages"`
+	Layers int   `json:"layers"`
+	// BusyS is forward and backward compute; IdleFraction = 1 − (busy +
+	// optimizer) ÷ step: the bubble, waits on messages and exposed FSDP
+	// communication.
+	BusyS        float64 `json:"busy_s"`
+	OptimizerS   float64 `json:"optimizer_s"`
+	EndS         float64 `json:"end_s"`
+	IdleFraction float64 `json:"idle_fraction"`
+}
+
+// PipelineTiming is the pipeline's part of a Result.
+type PipelineTiming struct {
+	Schedule         moe.PPSchedule `json:"schedule"`
+	Microbatches     int            `json:"microbatches"` // per accumulation micro-step
+	VirtualStages    int            `json:"virtual_stages"`
+	MessageBytes     int64          `json:"message_bytes"`
+	Stages           []StageTiming  `json:"stages"`
+	P2PLink          []string       `json:"p2p_link"` // link class of each stage boundary s → s+1
+	SimulatedPerRank string         `json:"simulated"`
+}
+
+// simulatePipeline is Simulate for pp > 1.
+func simulatePipeline(in Input) (Result, error) {
+	if in.GradAccum == 0 {
+		in.GradAccum = 1
+	}
+	if err := checkInput(in); err != nil {
+		return Result{}, err
+	}
+	if in.SingleCommStream {
+		return Result{}, errors.New("simulate: single comm stream with pp > 1 is not modelled")
+	}
+	cfg, l := in.Config, in.Layout
+	dev, cl, err := resolveHardware(in)
+	if err != nil {
+		return Result{}, err
+	}
+	stageL := l.StageLayout()
+	if err := checkSkewBound(cfg, stageL, in.ExpertSkew); err != nil {
+		return Result{}, err
+	}
+	prec := moe.DefaultPrecision
+	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: in.LBS, Seq: in.Seq, Accum: in.GradAccum,
+		Precision: prec, GPUsPerNode: cl.GPUsPerNode})
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
+	mo := in.memoryOptions()
+	mem, err := memory.Estimate(cfg, l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, mo)
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: memory: %w", err)
+	}
+	mbs := l.PPMicrobatchSize
+	recs, err := flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: mbs}, in.AC, flops.DefaultTile)
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: flops: %w", err)
+	}
+	convs, hwFLOP, err := flopsPerToken(cfg, in)
+	if err != nil {
+		return Result{}, err
+	}
+	spec, err := ComputeSpecFor(dev, in.AttentionKernel)
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
+	spec = spec.Calibrated(in.Calibration)
+	spec.Compiled = in.Memory.Compile.Model
+	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
+	if err := spec.Validate(); err != nil {
+		return Result{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
+	}
+	inMB := in
+	inMB.LBS, inMB.Layout = mbs, stageL
+	loads, exact := expertLoads(cfg, stageL, inMB)
+	costs, err := opCosts(cfg, stageL, inMB, spec, recs, loads)
+	if err != nil {
+		return Result{}, err
+	}
+	pc, err := pipelinePrices(pl, cfg, cl, in, inMB, spec, costs, loads, mo)
+	if err != nil {
+		return Result{}, err
+	}
+	walk, err := walkPipeline(pl, pc)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Device: dev.Name, Cluster: cl.Name, StepTimeS: walk.step, DeviceBytes: dev.MemoryBytes}
+	if !(res.StepTimeS > 0) {
+		return Result{}, errors.New("simulate: zero step time")
+	}
+	// torchtitan's TPS divides the tokens by pp as well as by the
+	// data-parallel ranks: a GPU's share of its replica's tokens.
+	tokens := float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(l.Stages())
+	res.TPS = tokens / res.StepTimeS
+	res.MFUByConvention = map[string]float64{}
+	for name, f := range convs {
+		res.MFUByConvention[name] = f * res.TPS / dev.BF16FLOPs
+	}
+	res.MFU = res.MFUByConvention[string(flops.Torchtitan)]
+	res.HFU = hwFLOP * res.TPS / dev.BF16FLOPs
+	peak := mem.Peak
+	if cal := in.Calibration; cal != nil && cal.AllocatorOverhead > 0 {
+		peak.Reserved = peak.ReservedWith(cal.AllocatorOverhead)
+	}
+	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
+	res.MemoryFraction = float64(peak.Reserved) / float64(dev.MemoryBytes)
+	target := in.MemoryTarget
+	if target == 0 {
+		target = memory.DefaultMemoryTarget
+	}
+	res.Fit = memory.Judge(peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, target)
+	res.Pipeline = pipelineTiming(pl, walk, cl, in)
+	res.Breakdown, res.Bottleneck = pipelineBreakdown(walk)
+	res.Exactness = "pipeline: one data-parallel rank per stage simulated, standing for its stage (" + exact + ")"
+	if in.KeepTimeline {
+		res.pipe = &walk
+	}
+	return res, nil
+}
+
+// pipelinePrices prices every op of the pipeline: per-stage forward and
+// backward of one micro-batch (compute ops from costs, with the stage's
+// expert all-to-alls), messages on the link between the two ranks, FSDP
+// collectives on the stage mesh, each rank's optimizer.
+func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, inMB Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, mo memory.Options) (pipeCosts, error) {
+	l := pl.Layout
+	n := l.PipelineStages()
+	pc := pipeCosts{fwd: make([]float64, n), bwd: make([]float64, n), rec: make([]float64, n), opt: make([]float64, l.Stages())}
+	a2a, err := a2aSeconds(pl, cfg, cl, inMB, spec, loads)
+	if err != nil {
+		return pipeCosts{}, err
+	}
+	for s := range n {
+		first, count := pl.StageLayers(s)
+		owns := func(layer int) bool {
+			return layer >= first && layer < first+count || s == 0 && layer == moe.LayerEmbed || s == n-1 && layer == cfg.LayerHead()
+		}
+		for k, c := range costs {
+			if !owns(k.layer) {
+				continue
+			}
+			switch k.phase {
+			case parallel.PhaseForward:
+				pc.fwd[s] += c.total
+			case parallel.PhaseBackward:
+				pc.bwd[s] += c.total
+				pc.rec[s] += c.recompute
+			case parallel.PhaseRecompute:
+				pc.bwd[s] += c.total
+				pc.rec[s] += c.total
+			}
+		}
+		for layer := first; layer < first+count; layer++ {
+			pc.fwd[s] += a2a[layer].fwd
+			pc.bwd[s] += a2a[layer].bwd
+			if in.AC.FullyCheckpointed(layer) {
+				pc.bwd[s] += a2a[layer].fwd
+				pc.rec[s] += a2a[layer].fwd
+			}
+		}
+	}
+	dp := l.DP()
+	pc.msg = func(from, to int) float64 {
+		a, b := l.StageRank(from)*dp, l.StageRank(to)*dp
+		return p2pSeconds(cl, in.Calibration, cl.Link(a, b), float64(int64(l.PPMicrobatchSize)*int64(in.Seq)*int64(cfg.Hidden)*moe.DefaultPrecision.Activation.Bytes()))
+	}
+	shapes := map[parallel.Axis]GroupShape{}
+	var collErr error
+	pc.coll = func(o parallel.ScheduleOp) float64 {
+		g, ok := shapes[o.Axis]
+		if !ok {
+			g = ShapeOf(cl, pl.Stage.Group(o.Axis, 0).Ranks)
+			shapes[o.Axis] = g
+		}
+		cc, err := CollectiveCost(cl, in.Calibration, o.Coll, g, float64(o.Bytes()))
+		if err != nil && collErr == nil {
+			collErr = err
+		}
+		return cc.Seconds() + spec.fsdpCopySeconds(o, g.Ranks)
+	}
+	// Price every collective once now, so that a pricing error is returned
+	// rather than met mid-walk.
+	for _, ops := range pl.Ranks {
+		for _, o := range ops {
+			if o.Kind == parallel.PipeColl {
+				pc.coll(o.Coll)
+			}
+		}
+	}
+	if collErr != nil {
+		return pipeCosts{}, fmt.Errorf("simulate: %w", collErr)
+	}
+	all, err := memory.Units(cfg, l)
+	if err != nil {
+		return pipeCosts{}, err
+	}
+	chunks, err := memory.StageUnits(all, pl.Split)
+	if err != nil {
+		return pipeCosts{}, err
+	}
+	if mo.Precision == (moe.Precision{}) {
+		mo.Precision = moe.DefaultPrecision
+	}
+	paramType := mo.Precision.Param
+	world := make([]int, l.GPUs)
+	for i := range world {
+		world[i] = i
+	}
+	norm, err := CollectiveCost(cl, in.Calibration, parallel.CollAllReduce, ShapeOf(cl, world), 4)
+	if err != nil {
+		return pipeCosts{}, err
+	}
+	for r := range l.Stages() {
+		var us []memory.Unit
+		for k := range l.VirtualStages() {
+			us = append(us, chunks[r+k*l.Stages()]...)
+		}
+		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
+		pc.opt[r] = spec.MemorySeconds(params*bytesPerElement(moe.OpOptimizer, moe.Forward, spec.Compiled)) + spec.gradClipSeconds(params) + norm.Seconds()
+	}
+	return pc, nil
+}
+
+type a2aCost struct{ fwd, bwd float64 }
+
+// a2aSeconds is, per MoE layer, the expert-parallel all-to-alls of one
+// micro-batch on the stage mesh's EP group: forward the counts exchange
+// (with its host sync), dispatch and combine; backward their gradients.
+func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Input, spec ComputeSpec, loads map[int]expertShare) (map[int]a2aCost, error) {
+	out := map[int]a2aCost{}
+	l := pl.Stage.Layout
+	if l.EP == 1 || !cfg.IsMoE() {
+		return out, nil
+	}
+	g := ShapeOf(cl, pl.Stage.Group(parallel.AxisEP, 0).Ranks)
+	T := float64(inMB.LBS) * float64(inMB.Seq)
+	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes())
+	counts, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
+	if err != nil {
+		return nil, err
+	}
+	for layer := range cfg.Layers {
+		if !cfg.MoELayer[layer] {
+			continue
+		}
+		bytes := rows
+		if sh, ok := loads[layer]; ok {
+			bytes *= sh.load
+		}
+		cc, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, bytes)
+		if err != nil {
+			return nil, err
+		}
+		one := cc.Seconds()
+		out[layer] = a2aCost{fwd: counts.Seconds() + spec.hostSyncSeconds() + 2*one, bwd: 2 * one}
+	}
+	return out, nil
+}
+
+// p2pSeconds is one point-to-point message of bytes on link class k: the
+// cluster's base latency and one hop of k, then the bytes at k's bus
+// bandwidth per GPU (a message uses one link; NCCL's p2p path).
+func p2pSeconds(cl *hw.Cluster, cal *Calibration, k hw.LinkClass, bytes float64) float64 {
+	if bytes == 0 {
+		return 0
+	}
+	r := ratesOf(cl, cal)
+	if k == hw.LinkNVLink {
+		return r.base + r.latNV + bytes/r.nv
+	}
+	return r.base + r.latNt + bytes/r.net
+}
+
+// pipelineTiming reports the walk per pipeline rank.
+func pipelineTiming(pl *parallel.Pipeline, w pipeWalk, cl *hw.Cluster, in Input) *PipelineTiming {
+	l := pl.Layout
+	t := &PipelineTiming{Schedule: l.PPSchedule, Microbatches: pl.M, VirtualStages: l.VirtualStages(),
+		MessageBytes:     int64(l.PPMicrobatchSize) * int64(in.Seq) * int64(in.Config.Hidden) * moe.DefaultPrecision.Activation.Bytes(),
+		SimulatedPerRank: "one data-parallel rank of each stage"}
+	for r, wr := range w.ranks {
+		st := StageTiming{Rank: r, BusyS: wr.busy, OptimizerS: wr.optS, EndS: wr.end, IdleFraction: 1 - (wr.busy+wr.optS)/w.step}
+		for k := range l.VirtualStages() {
+			s := r + k*l.Stages()
+			st.Stages = append(st.Stages, s)
+			st.Layers += pl.Split[s]
+		}
+		t.Stages = append(t.Stages, st)
+	}
+	dp := l.DP()
+	for s := 0; s+1 < l.PipelineStages(); s++ {
+		t.P2PLink = append(t.P2PLink, cl.Link(l.StageRank(s)*dp, l.StageRank(s+1)*dp).String())
+	}
+	return t
+}
+
+// pipelineBreakdown splits the step of the rank that ends last: its
+// compute (recompute apart), optimizer, the FSDP gathers its compute
+// waited for (all_gather), the communication that outlasted its compute
+// (reduce_scatter), and the rest of its idle time, the pipeline's bubble
+// and waits for messages (pipeline_bubble). The parts sum to the step.
+func pipelineBreakdown(w pipeWalk) (Breakdown, string) {
+	last := 0
+	for r, wr := range w.ranks {
+		if wr.end > w.ranks[last].end {
+			last = r
+		}
+	}
+	wr := w.ranks[last]
+	b := Breakdown{ComputeS: wr.busy - wr.recompute, RecomputeS: wr.recompute, OptimizerS: wr.optS,
+		ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}, OverheadS: map[string]float64{}}
+	trailing := math.Max(0, wr.commAt-wr.computeAt)
+	b.ExposedCommS[string(parallel.CollAllGather)] = wr.gatherOn
+	b.ExposedCommS[string(parallel.CollReduceScatter)] = trailing
+	b.ExposedCommS["pipeline_bubble"] = w.step - wr.busy - wr.optS - wr.gatherOn - trailing
+	for _, sp := range wr.spans {
+		if !sp.comm {
+			continue
+		}
+		k := "p2p"
+		if sp.op.Kind == parallel.PipeColl {
+			k = string(sp.op.Coll.Coll)
+		}
+		b.CommS[k] += sp.end - sp.start
+	}
+	return b, bottleneck(b, nil)
+}
+
+// writePipelineTrace is WriteTrace for a pipeline (see there).
+func (r *Result) writePipelineTrace(w io.Writer) error {
+	var evs []traceEvent
+	for rk, wr := range r.pipe.ranks {
+		st := r.Pipeline.Stages[rk]
+		evs = append(evs, traceEvent{Name: "process_name", Ph: "M", PID: rk, Args: map[string]any{"name": fmt.Sprintf("pp rank %d (stages %v)", rk, st.Stages)}})
+		for tid, name := range []string{"compute", "comm", "p2p"} {
+			evs = append(evs, traceEvent{Name: "thread_name", Ph: "M", PID: rk, TID: tid, Args: map[string]any{"name": name}})
+		}
+		for _, sp := range wr.spans {
+			e := traceEvent{Ph: "X", PID: rk, TS: sp.start * 1e6, Dur: (sp.end - sp.start) * 1e6,
+				Args: map[string]any{"stage": sp.op.Stage, "micro": sp.op.Micro}}
+			switch sp.op.Kind {
+			case parallel.PipeColl:
+				e.TID, e.Cat = 1, "comm"
+				e.Name = fmt.Sprintf("%s %s %s", sp.op.Coll.Coll, sp.op.Coll.Purpose, sp.op.Coll.Unit)
+				e.Args["bytes"] = sp.op.Coll.Bytes()
+			case parallel.PipeSend:
+				e.TID, e.Cat = 2, "p2p"
+				e.Name = fmt.Sprintf("send %d→%d", sp.op.Stage, sp.op.Peer)
+				e.Args["bytes"], e.Args["grad"] = sp.op.Bytes, sp.op.Grad
+			default:
+				e.Cat = "compute"
+				e.Name = fmt.Sprintf("%s s%d m%d", sp.op.Kind, sp.op.Stage, sp.op.Micro)
+			}
+			evs = append(evs, e)
+		}
+		if wr.optS > 0 {
+			evs = append(evs, traceEvent{Ph: "X", PID: rk, Cat: "compute", Name: "optimizer", TS: (wr.end - wr.optS) * 1e6, Dur: wr.optS * 1e6})
+		}
+	}
+	b, err := json.Marshal(struct {
+		Unit   string       `json:"displayTimeUnit"`
+		Events []traceEvent `json:"traceEvents"`
+	}{"ms", evs})
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
