@@ -37,23 +37,29 @@ func TestMeshGroups(t *testing.T) {
 			t.Errorf("Group(%s, %d) = %v, want %v", tc.axis, tc.rank, g.Ranks, tc.ranks)
 		}
 	}
-	// Every axis partitions the world.
+	checkPartitions(t, "", m, 8)
+}
+
+// checkPartitions: every axis's groups partition the world's ranks, and
+// Group finds each rank's own group.
+func checkPartitions(t *testing.T, name string, m *Mesh, world int) {
+	t.Helper()
 	for _, a := range MeshAxes() {
 		seen := map[int]int{}
 		for _, g := range m.Groups(a) {
 			for _, r := range g.Ranks {
 				seen[r]++
 				if got := m.Group(a, r); got.Index != g.Index {
-					t.Errorf("%s: rank %d in group %d but Group says %d", a, r, g.Index, got.Index)
+					t.Errorf("%s %s: rank %d in group %d but Group says %d", name, a, r, g.Index, got.Index)
 				}
 			}
 		}
-		if len(seen) != 8 {
-			t.Errorf("%s groups cover %d ranks, want 8", a, len(seen))
+		if len(seen) != world {
+			t.Errorf("%s %s: groups cover %d ranks, want %d", name, a, len(seen), world)
 		}
 		for r, n := range seen {
 			if n != 1 {
-				t.Errorf("%s: rank %d in %d groups", a, r, n)
+				t.Errorf("%s %s: rank %d in %d groups", name, a, r, n)
 			}
 		}
 	}
@@ -130,24 +136,6 @@ func TestMeshGroupsTP(t *testing.T) {
 				t.Errorf("%s: Group(%s, 11) = %v, want %v", c.name, a, g.Ranks, want)
 			}
 		}
-		for _, a := range MeshAxes() {
-			seen := map[int]int{}
-			for _, g := range m.Groups(a) {
-				for _, r := range g.Ranks {
-					seen[r]++
-					if got := m.Group(a, r); got.Index != g.Index {
-						t.Errorf("%s %s: rank %d in group %d but Group says %d", c.name, a, r, g.Index, got.Index)
-					}
-				}
-			}
-			if len(seen) != 16 {
-				t.Errorf("%s: %s groups cover %d ranks, want 16", c.name, a, len(seen))
-			}
-			for r, n := range seen {
-				if n != 1 {
-					t.Errorf("%s %s: rank %d in %d groups", c.name, a, r, n)
-				}
-			}
-		}
+		checkPartitions(t, c.name, m, 16)
 	}
 }
