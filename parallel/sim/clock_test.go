@@ -89,3 +89,21 @@ func TestSimulateClockOverheads(t *testing.T) {
 		}
 	}
 }
+
+// On a part that sustains its burst rate (MI300X: sustained_ratio 1) the
+// whole clock loss is the slowest GPU's.
+func TestClockOverheadsNoSustainedLoss(t *testing.T) {
+	in := simTestInput(t, "qwen3-30b-a3b", 8, 1, 2, 1024, 1, "selective")
+	dev, err := hw.LookupDevice("mi300x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Device = dev
+	r, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sus, slow := r.Breakdown.OverheadS[OverheadSustainedClock], r.Breakdown.OverheadS[OverheadSlowestGPU]; sus != 0 || !(slow > 0) {
+		t.Errorf("mi300x on 8 GPUs: sustained_clock %g, slowest_gpu %g; want 0 and > 0", sus, slow)
+	}
+}

@@ -69,12 +69,21 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 	}
 	noLaunch := spec
 	noLaunch.LaunchS = 0
-	// The same without launch floors at the mean GPU's sustained clock,
-	// and at the burst clock, for the clock overheads' shares.
-	mean := noLaunch
-	mean.SpeedSD = 0
-	burst := mean
-	burst.Sustained = 1
+	// The same at the burst clock, for the clock overheads' shares.
+	burst := noLaunch
+	burst.Sustained, burst.SpeedSD = 1, 0
+	sus := scaleOr1(spec.Sustained)
+	// susShare is the sustained clock's part of what an op loses to the
+	// clock: a compute-bound op takes tb/sus at the mean GPU's clock and
+	// tb/(sus·slowest) on the slowest, so of t0 − tb the sustained clock
+	// costs (1/sus − 1)/(1/clock − 1), exactly (an op bound by HBM at both
+	// clocks loses nothing; one that crosses over between them is split
+	// in the same proportion).
+	clocked := spec.clock() < 1
+	susShare := 0.0
+	if clocked {
+		susShare = (1/sus - 1) / (1/spec.clock() - 1)
+	}
 	// opSeconds prices r and sets over to its launch, loss and clock shares.
 	opSeconds := func(r moe.OpRecord, groups []float64) (float64, error) {
 		t, err := spec.OpSeconds(cfg, r, local, groups)
@@ -87,11 +96,10 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 		if r.Op == moe.OpLoss {
 			over[ohLoss] = t
 		}
-		if c, _ := OpClassOf(r.Op); c != ClassMemoryBound {
-			tm, _ := mean.OpSeconds(cfg, r, local, groups)
+		if c, _ := OpClassOf(r.Op); c != ClassMemoryBound && clocked {
 			tb, _ := burst.OpSeconds(cfg, r, local, groups)
-			over[ohSustainedClock] = tm - tb
-			over[ohSlowestGPU] = t0 - tm
+			over[ohSustainedClock] = (t0 - tb) * susShare
+			over[ohSlowestGPU] = (t0 - tb) * (1 - susShare)
 		}
 		return t, nil
 	}
