@@ -1,7 +1,6 @@
 package numeric
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/moescope/moescope/moe"
@@ -26,13 +25,5 @@ func TestNumericMLA(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	ac := moe.AC{Mode: moe.ACSelective}
-	ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 4, 3)
-	for _, tc := range []struct {
-		gpus, rep, ep, micro int
-		exact                bool
-	}{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}} {
-		rb, pb, _ := numericRun(t, cfg, moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
-		compareRuns(t, fmt.Sprintf("mla %d×%d ep %d", tc.rep, tc.gpus/tc.rep, tc.ep), ra, rb, pa, pb, tc.exact, 1e-5)
-	}
+	trainsAsOneRank(t, "mla", cfg, []rankCase{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}})
 }

@@ -333,15 +333,7 @@ func TestNumericSelectionBias(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	ac := moe.AC{Mode: moe.ACSelective}
-	ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 4, 3)
-	for _, tc := range []struct {
-		gpus, rep, ep, micro int
-		exact                bool
-	}{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}, {4, 1, 4, 1, false}} {
-		rb, pb, _ := numericRun(t, cfg, moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
-		compareRuns(t, fmt.Sprintf("sigmoid+bias %d×%d ep %d", tc.rep, tc.gpus/tc.rep, tc.ep), ra, rb, pa, pb, tc.exact, 1e-5)
-	}
+	pa := trainsAsOneRank(t, "sigmoid+bias", cfg, []rankCase{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}, {4, 1, 4, 1, false}})
 	// The bias moved (else the check above would be vacuous for it).
 	for i, p := range cfg.Params() {
 		if p.Buffer {
@@ -481,4 +473,26 @@ func TestNumericGradSyncLastOnly(t *testing.T) {
 			t.Errorf("%s: %d reduce-scatters per step with grad-sync-last-only, %d without; want 1/%d as many", name, cl, ce, accum)
 		}
 	}
+}
+
+// rankCase is a layout trainsAsOneRank runs: gpus in rep replicas with ep,
+// at micro grad-accum micro-steps of the one-rank run's 4; exact when the
+// summation order matches one rank's (bitwise), else within 1e-5.
+type rankCase struct {
+	gpus, rep, ep, micro int
+	exact                bool
+}
+
+// trainsAsOneRank trains cfg 3 steps under selective AC on one rank (lbs
+// 1, 4 micro-steps) and on each case's layout over the same micro-batches,
+// compares losses and parameters, and returns the one rank's parameters.
+func trainsAsOneRank(t *testing.T, name string, cfg *moe.Config, cases []rankCase) [][]float32 {
+	t.Helper()
+	ac := moe.AC{Mode: moe.ACSelective}
+	ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 4, 3)
+	for _, tc := range cases {
+		rb, pb, _ := numericRun(t, cfg, moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
+		compareRuns(t, fmt.Sprintf("%s %d×%d ep %d", name, tc.rep, tc.gpus/tc.rep, tc.ep), ra, rb, pa, pb, tc.exact, 1e-5)
+	}
+	return pa
 }
