@@ -276,8 +276,8 @@ func (s *stageBuilder) backwardUnitPP(i, mb, micro int) {
 	}
 	s.alloc(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
 	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
-	s.freeRecords("recompute", rec, CatRecompute)
-	s.freeRecords("saved", s.saved[i], CatActivations)
+	s.freeRecords(rec, CatRecompute)
+	s.freeRecords(s.savedSet(i), CatActivations)
 	// Buffers that outlive one micro-batch are labelled with the
 	// micro-step's first (accumulated gradients) or, like a step without
 	// pipelining, with micro-step 0 (gradients), so that their frees match.
