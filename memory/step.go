@@ -220,17 +220,36 @@ func (s *stepBuilder) loadSaved() ([]int64, error) {
 	savedBytes := make([]int64, len(s.units))
 	noneShape := s.sh
 	noneShape.AC = moe.AC{Mode: moe.ACNone}
+	// A block's tables depend on its index only through whether it is a
+	// MoE block and whether the policy checkpoints it fully (Saved,
+	// moe.SavedTensors, compiledBlock, tpSaved read nothing else of the
+	// layer; TestLoadSavedPerLayer checks it on random configs), so one
+	// block of each kind is computed and the others take its records.
+	type kind struct{ moe, full bool }
+	kinds := map[kind][2][]moe.SavedRecord{}
 	for i, u := range s.units {
-		rs, err := Saved(s.cfg, u.Layer, s.sh)
-		if err != nil {
-			return nil, err
+		k := kind{}
+		block := u.Layer >= 0 && u.Layer < s.cfg.Layers
+		if block {
+			k = kind{s.cfg.MoELayer[u.Layer], s.sh.AC.FullyCheckpointed(u.Layer)}
+		}
+		var rs, rn []moe.SavedRecord
+		if got, ok := kinds[k]; ok && block {
+			rs, rn = atLayer(got[0], u.Layer), atLayer(got[1], u.Layer)
+		} else {
+			var err error
+			if rs, err = Saved(s.cfg, u.Layer, s.sh); err != nil {
+				return nil, err
+			}
+			if rn, err = Saved(s.cfg, u.Layer, noneShape); err != nil {
+				return nil, err
+			}
+			if block {
+				kinds[k] = [2][]moe.SavedRecord{rs, rn}
+			}
 		}
 		if u.Layer == s.cfg.LayerHead() && s.o.LossChunks > 1 {
 			rs = withoutLogProbs(rs)
-		}
-		rn, err := Saved(s.cfg, u.Layer, noneShape)
-		if err != nil {
-			return nil, err
 		}
 		s.saved = append(s.saved, rs)
 		s.none = append(s.none, rn)
@@ -249,6 +268,15 @@ func (s *stepBuilder) loadSaved() ([]int64, error) {
 	}
 	s.saved[s.last] = head
 	return savedBytes, nil
+}
+
+// atLayer is a copy of rs with every record's layer set to layer.
+func atLayer(rs []moe.SavedRecord, layer int) []moe.SavedRecord {
+	out := slices.Clone(rs)
+	for k := range out {
+		out[k].Layer = layer
+	}
+	return out
 }
 
 // isHead reports whether unit i is the head (the last unit, except on a
