@@ -3,6 +3,7 @@ package memory
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -191,23 +192,27 @@ func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options,
 			}
 		}
 	}
-	events := rank.events
+	// Every action appends to the rank's one slice, sized once for the
+	// rank's units over all its micro-batches (appending each action's
+	// events from a builder's own slice copied the timeline twice over and
+	// was a third of a pipeline estimate).
+	events := slices.Grow(rank.events, rank.eventsBound(accum*m))
 	for micro := range accum {
 		for _, a := range order {
 			sb := builders[a.Stage]
-			sb.events = sb.events[:0]
+			sb.events = events
 			sb.micro = micro*m + a.Micro
 			if a.Backward {
 				sb.backwardStage(a.Micro, micro)
 			} else {
 				sb.forwardStage()
 			}
-			events = append(events, sb.events...)
+			events = sb.events
 		}
 	}
-	rank.events = rank.events[:0]
+	rank.events = events
 	rank.optimizerStep()
-	events = append(events, rank.events...)
+	events = rank.events
 	rep := Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: events}
 	rep.Peak, err = Replay(events, *o.Allocator, o.Segments)
 	return rep, err
