@@ -65,7 +65,7 @@ func TestPlanLBSChoices(t *testing.T) {
 		{100, 6, true, 0, [][2]int{{1, 6}, {2, 3}, {3, 2}, {6, 1}}},
 		{0, 0, false, 0, nil},
 	} {
-		got := lbsChoices(c.max, c.perRank, c.all, c.keep)
+		got := lbsChoices(c.max, c.perRank, c.all, c.keep, nil)
 		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("planLBSChoices(%d, %d, %v, %d) = %v, want %v", c.max, c.perRank, c.all, c.keep, got, c.want)
 		}

@@ -124,7 +124,7 @@ func (q *Request) probeScales(ev Evaluator) ([]int, error) {
 	var probeErr error
 	scales := stageScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
 		for _, f := range q.enumerateFamilies(n, false) {
-			m, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
+			m, err := ev.MemoryFraction(Point{f.layout, f.ac, minLBS(f.layout), 1})
 			if err != nil {
 				probeErr = err
 				return false
@@ -163,8 +163,10 @@ func (q *Request) lbsSweeps(ev Evaluator, best []Result) ([]Sweep, int, error) {
 		}
 		step := (max + 7) / 8
 		var pts []Point
-		for lbs := 1; lbs <= max; lbs += step {
-			pts = append(pts, Point{f.layout, ac, lbs, 1})
+		for lbs := minLBS(f.layout); lbs <= max; lbs += step {
+			if lbsValid(f.layout, lbs) {
+				pts = append(pts, Point{f.layout, ac, lbs, 1})
+			}
 		}
 		if len(pts) > 0 && pts[len(pts)-1].LBS != max {
 			pts = append(pts, Point{f.layout, ac, max, 1})
@@ -202,10 +204,11 @@ func (q *Request) explain(ev Evaluator, n int, closest *Result) error {
 			if f.layout.DPReplicate != 1 {
 				continue
 			}
-			fr, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
+			p := Point{f.layout, f.ac, minLBS(f.layout), 1}
+			fr, err := ev.MemoryFraction(p)
 			if err == nil && memory.WithinTarget(fr, q.MemoryTarget) {
 				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",
-					m, Point{f.layout, f.ac, 1, 1}, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+					m, p, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
 				return e
 			}
 		}

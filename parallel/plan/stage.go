@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
 )
 
 // place is what the search knows about a family at one scale before
@@ -25,9 +26,21 @@ type place struct {
 // any remaining bracket is closed by doubling and bisection, which needs
 // monotonicity only. perRank > 0 (sequences per rank per step) sets
 // grad_accum = ⌈perRank / lbs⌉, else 1.
+//
+// Under pp only some local batches run (lbsValid): the search is the same
+// over their increasing list, index i standing for its i-th entry, and
+// "lbs 1" above for the smallest (one micro-batch).
 func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float64, error) {
-	perRank *= f.layout.TPDegree() // sequences per data-parallel rank: its tp ranks share them
-	fits := func(lbs int) (bool, float64, error) {
+	perRank *= dpShare(f.layout) // sequences per data-parallel rank: its tp ranks and pipeline stages share them
+	at, top := func(i int) int { return i }, q.MaxLBS
+	if f.layout.Stages() > 1 {
+		// Never empty: one micro-batch (pp_microbatch_size ≤ MaxLBS,
+		// withDefaults) is a valid batch of every schedule.
+		r := q.lbsRange(f.layout)
+		at, top = func(i int) int { return r[i-1] }, len(r)
+	}
+	fits := func(i int) (bool, float64, error) {
+		lbs := at(i)
 		ga := 1
 		if perRank > 0 {
 			ga = (perRank + lbs - 1) / lbs
@@ -36,15 +49,15 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 		return err == nil && memory.WithinTarget(m, q.MemoryTarget), m, err
 	}
 	ok, m1, err := fits(1)
-	if err != nil || !ok || q.MaxLBS == 1 {
-		return map[bool]int{true: 1, false: 0}[ok && err == nil], m1, err
+	if err != nil || !ok || top == 1 {
+		return map[bool]int{true: at(1), false: 0}[ok && err == nil], m1, err
 	}
 	ok, m2, err := fits(2)
 	if err != nil || !ok {
-		return 1, m1, err
+		return at(1), m1, err
 	}
-	// lo fits; hi does not, or is MaxLBS+1 (nothing known above MaxLBS).
-	lo, hi := 2, q.MaxLBS+1
+	// lo fits; hi does not, or is top+1 (nothing known above the last).
+	lo, hi := 2, top+1
 	probe := func(lbs int) error {
 		ok, _, err := fits(lbs)
 		if ok {
@@ -72,24 +85,32 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 	}
 	for hi-lo > 1 {
 		mid := lo + (hi-lo)/2
-		if hi == q.MaxLBS+1 {
-			mid = min(2*lo, q.MaxLBS) // gallop: no upper bound known yet
+		if hi == top+1 {
+			mid = min(2*lo, top) // gallop: no upper bound known yet
 		}
 		if err := probe(mid); err != nil {
 			return 0, m1, err
 		}
 	}
-	return lo, m1, nil
+	return at(lo), m1, nil
 }
+
+// dpShare is how many GPUs share one data-parallel rank's sequences: its
+// tp ranks and its pipeline stages.
+func dpShare(l moe.Layout) int { return l.TPDegree() * l.Stages() }
 
 // lbsChoices are the local batches simulated for a family whose memory
 // limit is max: every power of two below max and max itself (all of 1..max
 // when all is set). With a global batch, only divisors of perRank (the
 // sequences each rank must consume per step) qualify, grad_accum =
-// perRank / lbs; keep limits the choice to the largest ones.
-func lbsChoices(max, perRank int, all bool, keep int) [][2]int {
+// perRank / lbs; keep limits the choice to the largest ones. valid, when set, admits only
+// the local batches it accepts (a pipeline's whole micro-batches).
+func lbsChoices(max, perRank int, all bool, keep int, valid func(int) bool) [][2]int {
 	var out [][2]int
 	add := func(lbs int) {
+		if valid != nil && !valid(lbs) {
+			return
+		}
 		if perRank > 0 {
 			if perRank%lbs != 0 {
 				return
@@ -145,13 +166,22 @@ type stageRun struct {
 
 func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Result, err error) {
 	q := s.q
-	ga1 := max(1, s.perRank) // grad_accum at lbs 1
+	// first is a family's smallest point: its smallest local batch with
+	// the accumulation a global batch then needs.
+	first := func(f family) Point {
+		lbs := minLBS(f.layout)
+		ga := 1
+		if s.perRank > 0 {
+			ga = max(1, s.perRank*dpShare(f.layout)/lbs)
+		}
+		return Point{f.layout, f.ac, lbs, ga}
+	}
 	// Families the caller cannot use are dropped before anything is
 	// evaluated (Admit does not depend on the local batch).
 	var usable []family
 	for _, f := range fams {
 		st.GPUs = f.layout.GPUs
-		if q.Admit != nil && q.Admit(Point{f.layout, f.ac, 1, ga1}) != nil {
+		if q.Admit != nil && q.Admit(first(f)) != nil {
 			st.Candidates++
 			st.Pruned++
 			continue
@@ -179,11 +209,12 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 			st.Candidates++
 			st.Pruned++
 			if closest == nil || m1 < closest.Score.MemoryFraction {
-				closest = &Result{Point{f.layout, f.ac, 1, ga1}, Score{MemoryFraction: m1}}
+				closest = &Result{first(f), Score{MemoryFraction: m1}}
 			}
 			continue
 		}
-		choices := lbsChoices(maxLBS, s.perRank*f.layout.TPDegree(), s.all, s.keep)
+		l := f.layout
+		choices := lbsChoices(maxLBS, s.perRank*dpShare(l), s.all, s.keep, func(lbs int) bool { return lbsValid(l, lbs) })
 		for _, c := range choices {
 			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly || f.layout.GradSyncLastOnly) {
 				continue // without accumulation these options change nothing
