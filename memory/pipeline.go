@@ -132,11 +132,16 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 		Compile: o.Compile, LossDType: o.LossDType}
 	var worst Report
 	var stages []StagePeak
+	// spare is the event buffer of a rank that was not the worst, which
+	// the next rank fills instead of allocating its own: with hundreds of
+	// micro-batches a rank's timeline is tens of megabytes.
+	var spare []Event
 	for r := range l.Stages() {
-		rep, err := pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m)
+		rep, err := pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m, spare[:0])
 		if err != nil {
 			return Report{}, err
 		}
+		spare = nil
 		sp := StagePeak{Rank: r, InFlight: moe.InFlight(order[r]), Peak: rep.Peak,
 			PeakAllocatedBytes: rep.Peak.Allocated, PeakReservedBytes: rep.Peak.Reserved}
 		for k := range l.VirtualStages() {
@@ -146,8 +151,11 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 		}
 		stages = append(stages, sp)
 		if r == 0 || rep.Peak.Reserved > worst.Peak.Reserved {
+			spare = worst.Events
 			worst = rep
 			worst.Stage = r
+		} else {
+			spare = rep.Events
 		}
 	}
 	worst.Stages = stages
@@ -156,7 +164,8 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 
 // pipelineRank builds and replays pipeline rank r's timeline; mb is one
 // micro-batch's shape, accum the grad-accum micro-steps.
-func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int) (Report, error) {
+// buf, when not nil, is an empty buffer the timeline may reuse.
+func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int, buf []Event) (Report, error) {
 	pp, n := l.Stages(), len(chunks)
 	var units []Unit
 	builders := map[int]*stageBuilder{}
@@ -177,6 +186,7 @@ func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options,
 		return Report{}, err
 	}
 	rank.keep = rank.gathered
+	rank.events = buf
 	rank.setup()
 	for k := range l.VirtualStages() {
 		sb := builders[r+k*pp]

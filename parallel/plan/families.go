@@ -170,20 +170,18 @@ func stageScales(gpus, perNode int, feasible func(n int) bool) []int {
 func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
 	var out []moe.Layout
 	if base.Stages() > 1 {
-		// Under pp torchtitan does not reshard after forward, the stage's
-		// weights stay gathered until its last backward (so keep-gathered
-		// changes nothing), and the pipeline reduces once per micro-step
-		// (allreduce- and grad-sync-last-only are not modelled with it).
-		if base.DPShard == 1 {
-			base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, false // nothing to shard: one mode stands for all
-			return []moe.Layout{base}
+		// Under pp torchtitan shards each stage with FSDP and does not
+		// reshard after forward (apply_fsdp's default under pp); the
+		// stage's weights stay gathered until its last backward (so
+		// keep-gathered changes nothing), and the pipeline reduces once per
+		// micro-step (allreduce- and grad-sync-last-only are not modelled
+		// with it). The other modes are left out of pipeline families: each
+		// would multiply the pipeline's costliest estimates by four.
+		if !slices.Contains(q.Shardings, moe.ShardFSDP) {
+			return nil
 		}
-		for _, sh := range q.Shardings {
-			l := base
-			l.Sharding, l.ReshardAfterForward = sh, sh != moe.ShardFSDP
-			out = append(out, l)
-		}
-		return out
+		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, false
+		return []moe.Layout{base}
 	}
 	if base.DPShard == 1 {
 		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, true

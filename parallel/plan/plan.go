@@ -129,8 +129,9 @@ type Request struct {
 	// even split without remainder. A pipeline family is tried with
 	// schedules 1F1B and Interleaved1F1B (2 virtual stages, torchtitan's
 	// default for multi-stage schedules), each micro-batch size of
-	// PPMicrobatchSizes, fsdp without reshard-after-forward (torchtitan's
-	// default under pp) or the other sharding modes. A family keeps its pp
+	// PPMicrobatchSizes, and fsdp without reshard-after-forward (torchtitan's
+	// default under pp; the other modes are not searched with pp, and none
+	// when Shardings lacks fsdp). A family keeps its pp
 	// as it grows, or multiplies it (Stage.Grew says "pp ×k").
 	PPs []int
 	// PPMicrobatchSizes are the sequences per pipeline micro-batch tried

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
@@ -123,16 +124,26 @@ func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
 func (q *Request) probeScales(ev Evaluator) ([]int, error) {
 	var probeErr error
 	scales := stageScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
-		for _, f := range q.enumerateFamilies(n, false) {
+		// Families are probed on every worker; once one fits the rest
+		// are skipped. The answer (any fits) and the first error in
+		// family order do not depend on the order they finish in.
+		fams := q.enumerateFamilies(n, false)
+		var found atomic.Bool
+		err := parallelDo(len(fams), q.Workers, func(i int) error {
+			if found.Load() {
+				return nil
+			}
+			f := fams[i]
 			m, err := ev.MemoryFraction(Point{f.layout, f.ac, minLBS(f.layout), 1})
-			if err != nil {
-				probeErr = err
-				return false
+			if err == nil && memory.WithinTarget(m, q.MemoryTarget) {
+				found.Store(true)
 			}
-			if memory.WithinTarget(m, q.MemoryTarget) {
-				return true
-			}
+			return err
+		})
+		if found.Load() {
+			return true
 		}
+		probeErr = err
 		return false
 	})
 	return scales, probeErr
