@@ -141,7 +141,7 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 		label        string
 		layer, micro int
 	}
-	live := make(map[key]int, len(events)/2) // the live allocation's event index
+	live := make(map[key]int, liveHint(len(events))) // the live allocation's event index
 	pairs := make([]int, len(events))
 	var cur int64
 	var p Peak
@@ -220,6 +220,12 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 	p.Reserved = p.ReservedWith(a.Fragmentation)
 	return p, nil
 }
+
+// liveHint sizes the map of live allocations for n events: few are live
+// at once, so a table for n/2 (a pipeline rank's hundreds of thousands)
+// was mostly empty and its probes missed the cache; past the hint it
+// grows as needed.
+func liveHint(n int) int { return min(n/2, 4096) }
 
 // ReservedWith is the peak reserved bytes with unmodelled fraction frag on
 // top of the simulated pools: Σ ReservedByStream × (1 + frag). Replay
