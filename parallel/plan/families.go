@@ -370,9 +370,6 @@ func growth(a, b moe.Layout) string {
 	if b.EP != a.EP {
 		parts = append(parts, fmt.Sprintf("ep ×%d", b.EP/a.EP))
 	}
-	if b.Stages() != a.Stages() {
-		parts = append(parts, fmt.Sprintf("pp ×%d", b.Stages()/a.Stages()))
-	}
 	if len(parts) == 0 {
 		return "unchanged"
 	}
@@ -393,52 +390,36 @@ func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, m
 	var out []family
 	for _, c := range carried {
 		old := c.Point.Layout
-		for _, g := range divisorsOf(n / old.GPUs) {
-			// g multiplies pp (1 first: a family keeps its pipeline), the
-			// rest of the factor f grows the data-parallel axes.
-			pp := old.Stages() * g
-			if g > 1 && (old.TPDegree() > 1 || !slices.Contains(q.PPs, pp)) {
-				continue
-			}
-			f := n / old.GPUs / g
-			for _, b := range divisorsOf(f) {
-				a := f / b
-				s, r := old.DPShard*b, old.DPReplicate*a
-				for _, ep := range []int{old.EP, old.EP * b} {
-					if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
-						continue
+		f := n / old.GPUs
+		for _, b := range divisorsOf(f) {
+			a := f / b
+			s, r := old.DPShard*b, old.DPReplicate*a
+			for _, ep := range []int{old.EP, old.EP * b} {
+				if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
+					continue
+				}
+				base := old
+				base.GPUs, base.DPShard, base.DPReplicate, base.EP = n, s, r, ep
+				if !expertMeshWhole(base) {
+					continue
+				}
+				base.KeepGathered, base.AllreduceLastOnly, base.GradSyncLastOnly = false, false, false
+				// The carried sharding mode with every FSDP option (an
+				// option that did not fit on fewer GPUs may fit now); a
+				// layout that had nothing to shard gains every mode. A
+				// pipeline keeps its degree, schedule and micro-batches.
+				var vars []moe.Layout
+				for _, l := range q.shardVariants(base, accum) {
+					if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {
+						vars = append(vars, l)
 					}
-					base := old
-					base.GPUs, base.DPShard, base.DPReplicate, base.EP = n, s, r, ep
-					if !expertMeshWhole(base) {
-						continue
-					}
-					base.KeepGathered, base.AllreduceLastOnly, base.GradSyncLastOnly = false, false, false
-					pipes := []moe.Layout{base}
-					if g > 1 {
-						// A family that enters or deepens a pipeline tries
-						// every schedule and micro-batch size afresh.
-						base.PP, base.PPSchedule, base.PPMicrobatchSize, base.PPVirtualStages = pp, "", 0, 0
-						pipes = q.pipeVariants(base)
-					}
-					// The carried sharding mode with every FSDP option (an
-					// option that did not fit on fewer GPUs may fit now); a
-					// layout that had nothing to shard gains every mode.
-					var vars []moe.Layout
-					for _, base := range pipes {
-						for _, l := range q.shardVariants(base, accum) {
-							if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {
-								vars = append(vars, l)
-							}
-						}
-					}
-					for _, l := range vars {
-						fam := family{l, c.Point.AC}
-						if !seen[fam] {
-							seen[fam] = true
-							ancestor[fam] = old
-							out = append(out, fam)
-						}
+				}
+				for _, l := range vars {
+					fam := family{l, c.Point.AC}
+					if !seen[fam] {
+						seen[fam] = true
+						ancestor[fam] = old
+						out = append(out, fam)
 					}
 				}
 			}

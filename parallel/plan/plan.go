@@ -131,8 +131,10 @@ type Request struct {
 	// default for multi-stage schedules), each micro-batch size of
 	// PPMicrobatchSizes, and fsdp without reshard-after-forward (torchtitan's
 	// default under pp; the other modes are not searched with pp, and none
-	// when Shardings lacks fsdp). A family keeps its pp
-	// as it grows, or multiplies it (Stage.Grew says "pp ×k").
+	// when Shardings lacks fsdp). Pipelines enter the search at stage 1
+	// with every degree that divides its GPUs, and a family keeps its
+	// pipeline as it grows, as it keeps tp (growing pp as well multiplied
+	// the costliest estimates of the later stages).
 	PPs []int
 	// PPMicrobatchSizes are the sequences per pipeline micro-batch tried
 	// (default 1 and 2); a pipeline's local batch is a multiple of one.

@@ -56,19 +56,26 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 	if err != nil || !ok {
 		return at(1), m1, err
 	}
-	// lo fits; hi does not, or is top+1 (nothing known above the last).
+	// lo fits; hi does not, or is top+1 (nothing known above the last);
+	// mLo and mHi are their memory fractions once probed.
 	lo, hi := 2, top+1
+	mLo, mHi := m2, 0.0
 	probe := func(lbs int) error {
-		ok, _, err := fits(lbs)
+		ok, m, err := fits(lbs)
 		if ok {
-			lo = lbs
+			lo, mLo = lbs, m
 		} else {
-			hi = lbs
+			hi, mHi = lbs, m
 		}
 		return err
 	}
 	if slope := m2 - m1; slope > 0 {
 		g := 2 + int((q.MemoryTarget-m2)/slope)
+		if g >= hi && hi-1 > lo {
+			// The line reaches the target beyond the last local batch:
+			// try that one first.
+			g = hi - 1
+		}
 		if g > lo && g < hi {
 			if err := probe(g); err != nil {
 				return 0, m1, err
@@ -83,10 +90,21 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 			}
 		}
 	}
-	for hi-lo > 1 {
+	// The bracket left is closed by the line through its ends (memory is
+	// near affine past the first batches: under a pipeline, once every
+	// stage holds its most micro-batches in flight), every other step a
+	// bisection so that it never takes more than twice bisection's
+	// probes; with no upper end yet, the last batch is probed first. A
+	// pipeline's largest batches are its costliest estimates, which
+	// galloping towards them repeated.
+	for step := 0; hi-lo > 1; step++ {
 		mid := lo + (hi-lo)/2
-		if hi == top+1 {
-			mid = min(2*lo, top) // gallop: no upper bound known yet
+		switch {
+		case hi == top+1:
+			mid = top
+		case step%2 == 0 && mHi > mLo:
+			x := float64(lo) + (q.MemoryTarget-mLo)/(mHi-mLo)*float64(hi-lo)
+			mid = min(max(int(x), lo+1), hi-1)
 		}
 		if err := probe(mid); err != nil {
 			return 0, m1, err
