@@ -90,19 +90,45 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 			}
 		}
 	}
-	// The bracket left is closed by the line through its ends (memory is
-	// near affine past the first batches: under a pipeline, once every
-	// stage holds its most micro-batches in flight), every other step a
-	// bisection so that it never takes more than twice bisection's
-	// probes; with no upper end yet, the last batch is probed first. A
-	// pipeline's largest batches are its costliest estimates, which
-	// galloping towards them repeated.
+	// With no upper end known yet, the last batch and the one before are
+	// probed, and the line through them aimed at the target with its
+	// neighbour checked: memory is near affine in the largest batches
+	// (under a pipeline, once every stage holds its most micro-batches
+	// in flight, where the slope from the first two batches is far too
+	// steep), and a pipeline's largest batches are its costliest
+	// estimates, which galloping towards them repeated.
+	if hi == top+1 && hi-1 > lo {
+		if err := probe(top); err != nil {
+			return 0, m1, err
+		}
+		if mTop := mHi; hi == top && top-1 > lo {
+			if err := probe(top - 1); err != nil {
+				return 0, m1, err
+			}
+			if slope := mTop - mHi; hi == top-1 && slope > 0 {
+				g := top - 1 - int(math.Ceil((mHi-q.MemoryTarget)/slope))
+				if g > lo && g < hi {
+					if err := probe(g); err != nil {
+						return 0, m1, err
+					}
+					if lo == g && g+1 < hi {
+						err = probe(g + 1)
+					} else if hi == g && g-1 > lo {
+						err = probe(g - 1)
+					}
+					if err != nil {
+						return 0, m1, err
+					}
+				}
+			}
+		}
+	}
+	// What is left is closed by the line through the bracket's ends,
+	// every other step a bisection, so never in more than twice
+	// bisection's probes.
 	for step := 0; hi-lo > 1; step++ {
 		mid := lo + (hi-lo)/2
-		switch {
-		case hi == top+1:
-			mid = top
-		case step%2 == 0 && mHi > mLo:
+		if step%2 == 0 && mHi > mLo {
 			x := float64(lo) + (q.MemoryTarget-mLo)/(mHi-mLo)*float64(hi-lo)
 			mid = min(max(int(x), lo+1), hi-1)
 		}
