@@ -1,9 +1,12 @@
 package numeric
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
@@ -74,4 +77,186 @@ func TestNumericTPRefuses(t *testing.T) {
 			t.Errorf("%+v seq %d: New = %v, want an error saying %q", tc.l, tc.seq, err, tc.want)
 		}
 	}
+}
+
+// tpTrainer builds a trainer of cfg under l (one micro-step of lbs 2 on
+// sequences of 2·tp tokens) whose ranks log their tensor-parallel
+// collectives and saved tensors.
+func tpTrainer(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, micro int) (*Trainer, []*[]moe.SavedRecord) {
+	t.Helper()
+	m, err := parallel.NewMesh(l, cfg, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	init, _ := moe.NewModel[float32](cfg)
+	init.InitRandom(5)
+	n, err := New(Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: 2, Seq: 2 * l.TPDegree(), Micro: micro, DP: l.DP()},
+		AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs []*[]moe.SavedRecord
+	for _, r := range n.ranks {
+		r.tp.log = map[int][]parallel.TPColl{}
+		lg := &[]moe.SavedRecord{}
+		r.rec.log = lg
+		logs = append(logs, lg)
+	}
+	return n, logs
+}
+
+func tpLayouts(t *testing.T) []moe.Layout {
+	t.Helper()
+	var ls []moe.Layout
+	for _, c := range []rankCase{{gpus: 2, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 2, tp: 2, etp: 2}, {gpus: 4, rep: 1, ep: 1, tp: 4}} {
+		ls = append(ls, c.layout(t))
+	}
+	return ls
+}
+
+var tpPolicies = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2}}
+
+// TestTPCollectivesAreTheListed: per layer (embedding, each block, head)
+// and micro-step, every rank issues exactly the tensor-parallel
+// collectives parallel.TPCollectives lists — same phase, kind, purpose,
+// dtype and size, in the same order — under every policy (forward, the
+// full recompute's four, the selective re-gathers, backward). And,
+// counted independently from the communicator's own trace of the tp
+// group: its all-gathers and reduce-scatters are those, its all-reduces
+// those plus one gradient all-reduce per unit holding replicated tensors
+// (each block and the head) per micro-step.
+func TestTPCollectivesAreTheListed(t *testing.T) {
+	cfg := tpModel(t)
+	const micro = 2
+	for _, l := range tpLayouts(t) {
+		for _, ac := range tpPolicies {
+			n, _ := tpTrainer(t, cfg, l, ac, micro)
+			n.Comm().Trace = true
+			if _, err := n.Step(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			b := n.spec.Batch
+			layers := append([]int{moe.LayerEmbed}, cfg.LayerHead())
+			for li := 0; li < cfg.Layers; li++ {
+				layers = append(layers, li)
+			}
+			want := map[parallel.CollKind]int{}
+			for _, layer := range layers {
+				var w []parallel.TPColl
+				for m := 0; m < micro; m++ {
+					for _, c := range parallel.TPCollectives(cfg, l, layer, b.LBS*b.Seq, ac, moe.DefaultPrecision.Activation) {
+						w = append(w, parallel.TPColl{Phase: c.Phase, Coll: c.Coll, Purpose: c.Purpose, DType: c.DType, Elements: c.Elements})
+						want[c.Coll]++
+					}
+				}
+				for _, r := range n.ranks {
+					if got := r.tp.log[layer]; !equalColls(got, w) {
+						t.Errorf("tp %d ep %d etp %d %s rank %d layer %d: issued %v, TPCollectives lists %v", l.TP, l.EP, l.ETP, ac, r.rank, layer, got, w)
+					}
+				}
+			}
+			want[parallel.CollAllReduce] += micro * (cfg.Layers + 1)
+			for r, tr := range n.Comm().Traces() {
+				got := map[parallel.CollKind]int{}
+				for _, c := range tr {
+					if c.Axis == parallel.AxisTP {
+						got[c.Kind]++
+					}
+				}
+				for _, k := range []parallel.CollKind{parallel.CollAllGather, parallel.CollReduceScatter, parallel.CollAllReduce} {
+					if got[k] != want[k] {
+						t.Errorf("tp %d ep %d %s rank %d: %d %s on the tp group, want %d", l.TP, l.EP, ac, r, got[k], k, want[k])
+					}
+				}
+			}
+		}
+	}
+}
+
+func equalColls(a, b []parallel.TPColl) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestTPSavedEqualsMemory: what each tp rank keeps for backward (the
+// reference's records of its local tensors) equals memory.Saved's
+// tensor-parallel split record by record, per layer, under every policy.
+// Expert parallelism is left out: its stage keeps another set of expert
+// tensors than the analytic table, with or without tp.
+func TestTPSavedEqualsMemory(t *testing.T) {
+	cfg := tpModel(t)
+	for _, l := range tpLayouts(t) {
+		if l.EP > 1 {
+			continue
+		}
+		for _, ac := range tpPolicies {
+			n, logs := tpTrainer(t, cfg, l, ac, 1)
+			if _, err := n.Step(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			b := n.spec.Batch
+			sh := memoryShape(l, b, ac)
+			var want []moe.SavedRecord
+			for _, layer := range append([]int{moe.LayerEmbed}, seqInts(cfg.Layers+1)...) {
+				rs, err := memory.Saved(cfg, layer, sh)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, rs...)
+			}
+			for r, lg := range logs {
+				if d := diffRecords(*lg, want); d != "" {
+					t.Errorf("tp %d dp_shard %d %s rank %d: saved tensors differ from memory's TP split: %s", l.TP, l.DPShard, ac, r, d)
+				}
+			}
+		}
+	}
+}
+
+func seqInts(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// memoryShape is the memory package's shape of a numeric run's micro-batch.
+func memoryShape(l moe.Layout, b parallel.Batch, ac moe.AC) memory.Shape {
+	return memory.Shape{Batch: b.LBS, Seq: b.Seq, AC: ac, EP: l.EP, Act: moe.DefaultPrecision.Activation,
+		TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
+}
+
+
+// diffRecords compares two multisets of records; "" when equal, else the
+// records only one side has.
+func diffRecords(got, want []moe.SavedRecord) string {
+	key := func(r moe.SavedRecord) string {
+		return fmt.Sprintf("layer %d %s.%s %d×%s", r.Layer, r.Op, r.Tensor, r.Elements, r.DType)
+	}
+	count := map[string]int{}
+	for _, r := range got {
+		count[key(r)]++
+	}
+	for _, r := range want {
+		count[key(r)]--
+	}
+	var d []string
+	for k, c := range count {
+		switch {
+		case c > 0:
+			d = append(d, fmt.Sprintf("recorded only: %s (×%d)", k, c))
+		case c < 0:
+			d = append(d, fmt.Sprintf("memory only: %s (×%d)", k, -c))
+		}
+	}
+	slices.Sort(d)
+	return strings.Join(d, "; ")
 }
