@@ -234,7 +234,6 @@ func memoryShape(l moe.Layout, b parallel.Batch, ac moe.AC) memory.Shape {
 		TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
 }
 
-
 // diffRecords compares two multisets of records; "" when equal, else the
 // records only one side has.
 func diffRecords(got, want []moe.SavedRecord) string {
