@@ -296,7 +296,7 @@ func TestTrainAbsurdPeakGFLOPSRefused(t *testing.T) {
 // tiny's initialization one sequence of 8 tokens leaves the q/k
 // projections' gradients at about 1e-9, the float32 rounding level of the
 // partial sums, and AdamW turns that noise into ±lr updates (the losses
-// then drift 4e-5 apart by step 2, the one rank's as much as the tp run's).
+// then drift 4e-5 apart by step 2).
 func TestTrainTP(t *testing.T) {
 	for _, c := range []struct{ one, tp []string }{
 		{[]string{"--gpus", "1", "--lbs", "2", "--steps", "3"}, []string{"--gpus", "2", "--tp", "2", "--lbs", "2", "--steps", "3"}},

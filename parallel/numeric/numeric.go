@@ -31,6 +31,14 @@ type Spec struct {
 // BuildSchedule describes (the same collectives, in the same order, on the
 // same groups, at the same sizes; TestNumericFollowsSchedule checks it).
 //
+// With tp > 1 (tp.go: sequence parallelism, ep = 1 or etp = tp) each rank
+// holds its tensor-parallel pieces of the weights before FSDP shards them;
+// its tensor-parallel collectives are checked per layer against
+// parallel.TPCollectives (TestTPCollectivesAreTheListed), not against the
+// whole program's order, and it adds one all-reduce over tp per unit and
+// micro-step of the replicated tensors' gradients, which the schedule does
+// not list.
+//
 // Sharding (over dp_shard for dense units, over efsdp = dp_shard/ep for
 // expert units; FSDPShard geometry, padded dim-0 or dim-1 chunks):
 //
