@@ -216,3 +216,32 @@ func TestClusterAbsurdLatencyRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestSimulateTorchVersion: an older PyTorch runs eager RMSNorm as a
+// composite of fp32 kernels, so the same eager job is slower under
+// --torch-version 2.6 than under the default, the same compiled (Inductor
+// fuses the norm either way); a malformed release is a usage error naming
+// the flag.
+func TestSimulateTorchVersion(t *testing.T) {
+	base := []string{"simulate", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--lbs", "1", "--seq", "2048", "--json"}
+	step := func(args ...string) float64 {
+		t.Helper()
+		var r struct {
+			Step float64 `json:"step_time_s"`
+		}
+		out, err := runSimCmd(t, append(append([]string{}, base...), args...)...)
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil || !(r.Step > 0) {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return r.Step
+	}
+	if old, cur := step("--compile=false", "--torch-version", "2.6"), step("--compile=false"); !(old > cur) {
+		t.Errorf("eager step at torch 2.6 %g s, default %g s: want the composite norm slower", old, cur)
+	}
+	if old, cur := step("--torch-version", "2.6"), step(); old != cur {
+		t.Errorf("compiled step at torch 2.6 %g s, default %g s: want equal", old, cur)
+	}
+	if _, err := runSimCmd(t, append(append([]string{}, base...), "--torch-version", "2.x")...); exitCode(err) != 2 || !strings.Contains(err.Error(), `--torch-version = "2.x"`) {
+		t.Errorf("--torch-version 2.x: %v, want a usage error naming the flag and value", err)
+	}
+}

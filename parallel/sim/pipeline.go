@@ -232,6 +232,8 @@ func simulatePipeline(in Input) (Result, error) {
 	}
 	spec = spec.Calibrated(in.Calibration)
 	spec.Compiled = in.Memory.Compile.Model
+	spec.CompositeNorm = in.Torch.before(fusedNormSince)
+	spec.FusedElementwise = in.FusedElementwise
 	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
@@ -383,7 +385,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			us = append(us, chunks[r+k*l.Stages()]...)
 		}
 		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
-		pc.opt[r] = spec.MemorySeconds(params*bytesPerElement(moe.OpOptimizer, moe.Forward, spec.Compiled)) + spec.gradClipSeconds(params) + norm.Seconds()
+		pc.opt[r] = spec.MemorySeconds(params*spec.bytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.gradClipSeconds(params) + norm.Seconds()
 	}
 	return pc, nil
 }

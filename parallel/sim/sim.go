@@ -55,6 +55,12 @@ type Input struct {
 	SkipInterval bool
 	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
 	AttentionKernel AttentionKernel
+	// Torch is the PyTorch release (zero value: 2.9 or later), which
+	// decides the kernels eager mode runs (eagerBytes).
+	Torch TorchVersion
+	// FusedElementwise: the framework's own fused elementwise kernels
+	// (ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
+	FusedElementwise bool
 	// Precision is the training recipe; "" = bf16, the only one priced
 	// (PricedPrecisions).
 	Precision string
@@ -347,6 +353,8 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	spec = spec.Calibrated(cal)
 	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
 	spec.Compiled = p.in.Memory.Compile.Model
+	spec.CompositeNorm = p.in.Torch.before(fusedNormSince)
+	spec.FusedElementwise = p.in.FusedElementwise
 	// Every rank of the job waits for the slowest GPU.
 	spec.GPUs = p.l.GPUs
 	if err := spec.Validate(); err != nil {
