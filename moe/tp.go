@@ -24,6 +24,13 @@ type TPComm[T Float] interface {
 	// AllReduce replaces v on every member by the elementwise sum over the
 	// group, or the maximum when max is set (loss parallel's reductions).
 	AllReduce(layer int, v []T, max bool)
+	// ExpertTokens is the range [lo, hi) of the group's tokens (flattened
+	// batch·seq order) whose routed rows this rank dispatches to the
+	// experts: all of them, or 1/tp when expert parallelism borrows the
+	// tp ranks (etp = 1: torchtitan v0.2.2 expert_parallel.py
+	// ReordererSequenceParallel splits the routed tokens along their
+	// first dimension by tp rank).
+	ExpertTokens(tokens int) (lo, hi int)
 }
 
 // TPLocal returns the config one tensor-parallel rank runs its share of a

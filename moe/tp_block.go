@@ -79,7 +79,8 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass Pass, useCache bool, tc TP
 
 	y := make([]T, T_*D) // partial sums of the row-parallel outputs
 	if c.MoELayer[L] {
-		b.moeForward(w, y, pass, useCache)
+		lo, hi := tc.ExpertTokens(T_)
+		b.moeForwardRows(w, y, pass, useCache, lo, hi)
 	} else {
 		st.ffn = newFFNActs[T](T_, c.DenseFFN)
 		st.fOut = b.swiglu(&st.ffn, pass, useCache, OpDenseGate, OpDenseUp, OpDenseAct, OpDenseDown,
@@ -122,7 +123,8 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 	dy := tc.Gather(L, BackwardData, dyLocal)
 	dh2 := make([]T, T_*D)
 	if c.MoELayer[L] {
-		b.moeBackward(w, g, dh2, dy, auxGrad)
+		lo, hi := tc.ExpertTokens(T_)
+		b.moeBackwardRows(w, g, dh2, dy, auxGrad, lo, hi)
 	} else {
 		b.swigluBack(&st.ffn, OpDenseGate, OpDenseUp, OpDenseAct, OpDenseDown,
 			w.DenseGate, w.DenseUp, w.DenseDown, g.DenseGate, g.DenseUp, g.DenseDown, c.DenseFFN, dh2, dy)
@@ -288,4 +290,65 @@ func (h *Head[T]) BackwardTP(w, g *GlobalWeights[T], scale float64, lo, vocab in
 	ex.op(L, OpFinalNorm, BackwardWeight, tl*int64(D))
 	*h = Head[T]{cfg: h.cfg, x: h.x}
 	return dx
+}
+
+// moeForwardRows is moeForward dispatching only the routed rows of tokens
+// [lo, hi) (the router scores every token, as every member does): their
+// combined outputs land in those tokens' rows of yTD [T,D], the other rows
+// stay zero for the reduce-scatter to fill from the other members.
+func (b *Block[T]) moeForwardRows(w *LayerWeights[T], yTD []T, pass Pass, useCache bool, lo, hi int) {
+	if lo == 0 && hi == b.tokens() {
+		b.moeForward(w, yTD, pass, useCache)
+		return
+	}
+	D := b.cfg.Hidden
+	rt := b.routerForward(w, pass, useCache)
+	meta := rowsMeta(rt, lo, hi)
+	xTKD := make([]T, len(meta.orderTK)*D)
+	hTD := b.st.h2[lo*D : hi*D]
+	for r, tk := range meta.orderTK {
+		t := int(tk) / rt.K
+		copy(xTKD[r*D:r*D+D], hTD[t*D:t*D+D])
+	}
+	b.x.op(b.layer, OpDispatch, pass, int64(len(meta.orderTK))*int64(D))
+	b.st.expertOutTKD = b.expertsForward(xTKD, meta, pass)
+	b.combineForward(yTD[lo*D:hi*D], b.st.expertOutTKD, meta, pass)
+	if b.cfg.SharedExperts > 0 {
+		b.sharedForward(w, yTD, pass, useCache)
+	}
+}
+
+// moeBackwardRows is moeBackward after moeForwardRows: the routing
+// weights' gradient is non-zero for tokens [lo, hi) only (a partial sum
+// over the group, like the rest of dhTD's).
+func (b *Block[T]) moeBackwardRows(w, g *LayerWeights[T], dhTD, dyTD, auxGrad []T, lo, hi int) {
+	if lo == 0 && hi == b.tokens() {
+		b.moeBackward(w, g, dhTD, dyTD, auxGrad)
+		return
+	}
+	D, K := b.cfg.Hidden, b.cfg.TopK
+	if b.cfg.SharedExperts > 0 {
+		b.sharedBackward(w, g, dhTD, dyTD)
+	}
+	meta := rowsMeta(b.st.rt, lo, hi)
+	dExpertOutTKD, dWeightsLocal := b.combineBackward(dyTD[lo*D:hi*D], meta)
+	dxTKD := b.expertsBackward(dExpertOutTKD)
+	b.dispatchBackward(dhTD[lo*D:hi*D], dxTKD, meta)
+	dWeightsTK := make([]T, b.tokens()*K)
+	copy(dWeightsTK[lo*K:hi*K], dWeightsLocal)
+	b.routerBackward(w, g, dhTD, dWeightsTK, auxGrad)
+}
+
+// rowsMeta is the dispatch metadata of the routed rows of tokens [lo, hi),
+// in the routing's expert order, with (token, slot) indices relative to lo.
+func rowsMeta[T Float](rt *Routing[T], lo, hi int) dispatchMeta[T] {
+	K := rt.K
+	m := dispatchMeta[T]{countsE: make([]int, rt.Experts), weightsTK: rt.Weights[lo*K : hi*K]}
+	for _, tk := range rt.Order {
+		if t := int(tk) / K; t >= lo && t < hi {
+			m.orderTK = append(m.orderTK, tk-int32(lo*K))
+			m.countsE[rt.Indices[tk]]++
+		}
+	}
+	return m
 }

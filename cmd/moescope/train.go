@@ -204,13 +204,8 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	if tp := layout.TPDegree(); tp > 1 {
-		// The numeric backend executes tensor parallelism with sequence
-		// parallelism with ep = 1 or etp = tp (tp with pp is refused by
-		// the layout itself).
-		if layout.EP > 1 && layout.ETP <= 1 {
-			return nil, fmt.Errorf("%w: --tp = %d with --ep = %d at --etp = 1: train's numeric backend does not execute experts borrowing the tp ranks (built with --tp: --ep 1, or --etp = tp = %d)", errUsage, tp, layout.EP, tp)
-		}
+	if layout.TPDegree() > 1 {
+		// tp with pp is refused by the layout itself.
 		if err := layout.CheckSeq(a.seq); err != nil {
 			return nil, fmt.Errorf("%w: --seq: %v", errUsage, err)
 		}

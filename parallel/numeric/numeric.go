@@ -106,11 +106,6 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 		if err := m.Layout.CheckSeq(spec.Batch.Seq); err != nil {
 			return nil, fmt.Errorf("numeric: %w", err)
 		}
-		if m.Layout.EP > 1 && m.Layout.ETP <= 1 {
-			// ReordererSequenceParallel's split of the routed rows over
-			// the tp ranks EP borrows is not executed here.
-			return nil, fmt.Errorf("numeric: tp = %d with ep = %d at etp = 1 is not built in the numeric backend (built with tp: ep = 1, or etp = tp)", tp, m.Layout.EP)
-		}
 	}
 	ps := cfg.Params()
 	if len(init) != len(ps) {

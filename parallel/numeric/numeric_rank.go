@@ -141,7 +141,7 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	o := moe.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.Precision, AuxCoef: spec.AuxCoef}
 	if g := m.Group(parallel.AxisTP, rank); g.Size() > 1 {
 		r.tp = &tpComm{group: g, idx: g.IndexOf(rank), batch: spec.Batch.LBS, seq: spec.Batch.Seq, hidden: cfg.Hidden,
-			act: spec.Precision.Activation, ac: spec.AC}
+			act: spec.Precision.Activation, ac: spec.AC, splitRows: m.Layout.TokensPerExpertRank() > 1}
 	}
 	if m.Layout.EP > 1 {
 		r.stage = &epStage{cfg: lcfg, dtype: spec.Precision.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},

@@ -33,6 +33,7 @@ type tpComm struct {
 	batch, seq, hidden int
 	act                moe.DType
 	ac                 moe.AC
+	splitRows          bool // ep > 1 at etp = 1: Layout.TokensPerExpertRank() = tp
 	err                error
 	// log, when non-nil, receives per layer every tensor-parallel
 	// collective issued, as parallel.TPColl describes it (tests).
@@ -142,6 +143,16 @@ func (c *tpComm) AllReduce(layer int, v []float32, max bool) {
 	if err != nil {
 		c.fail(err)
 	}
+}
+
+// ExpertTokens implements moe.TPComm: with ep > 1 at etp = 1 the member's
+// contiguous 1/tp of the tokens, else all.
+func (c *tpComm) ExpertTokens(tokens int) (lo, hi int) {
+	if !c.splitRows {
+		return 0, tokens
+	}
+	n := tokens / c.group.Size()
+	return c.idx * n, (c.idx + 1) * n
 }
 
 // tpPiece returns this rank's piece of parameter p (whole in full): split

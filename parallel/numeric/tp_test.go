@@ -30,8 +30,9 @@ func tpModel(t *testing.T) *moe.Config {
 }
 
 // TestNumericTPEqualsOneRank: tensor parallelism with sequence parallelism
-// (2 and 4 ranks), with FSDP (dp_shard 2 × tp 2) and with expert
-// parallelism at etp = tp trains 3 steps as one rank does on the same
+// (2 and 4 ranks), with FSDP (dp_shard 2 × tp 2), with expert parallelism
+// at etp = tp and at etp = 1 (EP borrowing the tp ranks, each routing its
+// 1/tp of the tokens), and with replicas, trains 3 steps as one rank does on the same
 // global batch (the tp ranks share their data-parallel rank's sequences),
 // losses and parameters within 1e-5 relative: not bitwise, since the
 // row-parallel linears and the replicated tensors' gradients sum partial
@@ -44,6 +45,9 @@ func TestNumericTPEqualsOneRank(t *testing.T) {
 		{gpus: 4, rep: 1, ep: 1, micro: 4, tp: 4},
 		{gpus: 4, rep: 1, ep: 1, micro: 2, tp: 2},         // dp_shard 2 × tp 2
 		{gpus: 4, rep: 1, ep: 2, micro: 2, tp: 2, etp: 2}, // ep 2 over dp_shard 2, experts split over tp
+		{gpus: 2, rep: 1, ep: 2, micro: 4, tp: 2, etp: 1}, // ep 2 borrowing the tp ranks: each routes half the tokens
+		{gpus: 4, rep: 1, ep: 4, micro: 2, tp: 2, etp: 1}, // ep 4 over dp_shard 2 × tp 2
+		{gpus: 4, rep: 2, ep: 2, micro: 2, tp: 2, etp: 1}, // two replicas of ep 2 × tp 2
 	}
 	for _, ac := range []moe.AC{{Mode: moe.ACSelective}, {Mode: moe.ACNone}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2}} {
 		trainsAsOneRankAC(t, "tp", cfg, ac, cases)
@@ -59,7 +63,6 @@ func TestNumericTPRefuses(t *testing.T) {
 		seq  int
 		want string
 	}{
-		{moe.Layout{GPUs: 2, TP: 2, EP: 2, ETP: 1}, 4, "etp = 1 is not built"},
 		{moe.Layout{GPUs: 4, TP: 4}, 4, "seq = 4 is not divisible by tp × 2·cp"},
 	} {
 		l := tc.l
@@ -108,7 +111,8 @@ func tpTrainer(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, micro int
 func tpLayouts(t *testing.T) []moe.Layout {
 	t.Helper()
 	var ls []moe.Layout
-	for _, c := range []rankCase{{gpus: 2, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 2, tp: 2, etp: 2}, {gpus: 4, rep: 1, ep: 1, tp: 4}} {
+	for _, c := range []rankCase{{gpus: 2, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 2, tp: 2, etp: 2},
+		{gpus: 2, rep: 1, ep: 2, tp: 2, etp: 1}, {gpus: 4, rep: 1, ep: 1, tp: 4}} {
 		ls = append(ls, c.layout(t))
 	}
 	return ls
