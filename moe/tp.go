@@ -31,6 +31,10 @@ type TPComm[T Float] interface {
 	// ReordererSequenceParallel splits the routed tokens along their
 	// first dimension by tp rank).
 	ExpertTokens(tokens int) (lo, hi int)
+	// ExpertsDone is called in a MoE block's backward once its routed
+	// experts' weight gradients are complete, before the reduce-scatter of
+	// the MoE input's gradient: where the schedule reduces them.
+	ExpertsDone(layer int)
 }
 
 // TPLocal returns the config one tensor-parallel rank runs its share of a

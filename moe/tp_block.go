@@ -23,7 +23,8 @@ const (
 // the block was built from Config.TPLocal and w holds the rank's pieces of
 // the weights (TPShard). It returns the rank's tokens of the output and
 // keeps what the policy says, with the reduce-scatter outputs under the
-// selective policy.
+// selective policy. ExpertCounts then counts the routed rows this rank
+// dispatched (TPComm.ExpertTokens' tokens).
 func (b *Block[T]) ForwardSP(w *LayerWeights[T], xLocal []T, tc TPComm[T]) []T {
 	if len(xLocal) == 0 || len(xLocal)%b.cfg.Hidden != 0 || b.tokens()*b.cfg.Hidden%len(xLocal) != 0 {
 		panic("moe: Block.ForwardSP needs the rank's share of batch·seq tokens of hidden elements")
@@ -125,6 +126,7 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 	if c.MoELayer[L] {
 		lo, hi := tc.ExpertTokens(T_)
 		b.moeBackwardRows(w, g, dh2, dy, auxGrad, lo, hi)
+		tc.ExpertsDone(L)
 	} else {
 		b.swigluBack(&st.ffn, OpDenseGate, OpDenseUp, OpDenseAct, OpDenseDown,
 			w.DenseGate, w.DenseUp, w.DenseDown, g.DenseGate, g.DenseUp, g.DenseDown, c.DenseFFN, dh2, dy)
@@ -304,6 +306,9 @@ func (b *Block[T]) moeForwardRows(w *LayerWeights[T], yTD []T, pass Pass, useCac
 	D := b.cfg.Hidden
 	rt := b.routerForward(w, pass, useCache)
 	meta := rowsMeta(rt, lo, hi)
+	if pass == Forward {
+		b.counts = meta.countsE // ExpertCounts: the rows this rank dispatched
+	}
 	xTKD := make([]T, len(meta.orderTK)*D)
 	hTD := b.st.h2[lo*D : hi*D]
 	for r, tk := range meta.orderTK {

@@ -22,6 +22,12 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 	if r.tp != nil {
 		r.tp.bind(ctx, ep)
 	}
+	micro := 0 // the micro-step being run, for the hooks below
+	if r.tp != nil && r.stage == nil {
+		r.tp.expertsDone = func(layer int) error {
+			return r.reduceUnit(ctx, ep, r.byKey[parallel.Unit{Layer: layer, Experts: true}], micro)
+		}
+	}
 	if r.stage != nil {
 		r.stage.bind(ctx, ep)
 		r.stage.afterBackward = func(layer, micro int) error {
@@ -37,6 +43,7 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		}
 	}
 	for m := 0; m < b.Micro; m++ {
+		micro = m
 		// The tp ranks of a group read their data-parallel rank's sequences.
 		seqs := b.Sequences(sp.DataSeed, cfg.Vocab, t, m, r.coord.DPRank(sp.Mesh.Layout))
 		if r.stage != nil {
@@ -98,8 +105,10 @@ func (r *numRank) updateSelectionBias(ctx context.Context, ep *Endpoint, dp para
 	var flat []float32
 	for _, ld := range loads {
 		for _, n := range ld {
-			if r.coord.TP != 0 {
-				n = 0 // every member of a tp group routed the same tokens: count them once
+			if r.coord.TP != 0 && !r.tp.splitRows {
+				// Every member of the tp group dispatched the same rows:
+				// count them once (with the rows split, each counted its own).
+				n = 0
 			}
 			flat = append(flat, float32(n))
 		}
@@ -308,8 +317,9 @@ func (r *numRank) backwardBlocks(ctx context.Context, ep *Endpoint, dy []float32
 		}
 		r.rec.release(li)
 		// Without expert parallelism the expert gradients are reduced here
-		// (with it, the EP stage reduced them between its two all-to-alls).
-		if ex != nil && r.stage == nil {
+		// (with it, the EP stage reduced them between its two all-to-alls;
+		// under tp, the block did, through tpComm.ExpertsDone).
+		if ex != nil && r.stage == nil && r.tp == nil {
 			if err := r.reduceUnit(ctx, ep, ex, micro); err != nil {
 				return nil, err
 			}

@@ -34,6 +34,10 @@ type tpComm struct {
 	act                moe.DType
 	ac                 moe.AC
 	splitRows          bool // ep > 1 at etp = 1: Layout.TokensPerExpertRank() = tp
+	// expertsDone reduces a layer's expert gradients in the current
+	// micro-step (nil under expert parallelism: the EP stage does it
+	// between its two all-to-alls).
+	expertsDone func(layer int) error
 	err                error
 	// log, when non-nil, receives per layer every tensor-parallel
 	// collective issued, as parallel.TPColl describes it (tests).
@@ -142,6 +146,15 @@ func (c *tpComm) AllReduce(layer int, v []float32, max bool) {
 	}
 	if err != nil {
 		c.fail(err)
+	}
+}
+
+// ExpertsDone implements moe.TPComm.
+func (c *tpComm) ExpertsDone(layer int) {
+	if c.err == nil && c.expertsDone != nil {
+		if err := c.expertsDone(layer); err != nil {
+			c.fail(err)
+		}
 	}
 }
 

@@ -263,3 +263,103 @@ func diffRecords(got, want []moe.SavedRecord) string {
 	slices.Sort(d)
 	return strings.Join(d, "; ")
 }
+
+// TestNumericTPFollowsSchedule: under tp every rank issues, on each of its
+// communicators (each mesh axis), BuildSchedule's collectives for the
+// layout (sized by the recorded expert counts) in the schedule's order,
+// plus, on the tp group, exactly one all-reduce per unit holding
+// replicated tensors (each block's, the head's) and micro-step: the
+// gradients of the norms, router and shared-expert gate, which the
+// schedule does not list. Across communicators the order may differ in
+// one place: a rank gathers a MoE block's expert unit (FSDP) when the
+// block starts, the schedule after the block's first tensor-parallel
+// collectives. Every sharding mode and policy meets the tp layouts.
+func TestNumericTPFollowsSchedule(t *testing.T) {
+	cfg := tpModel(t)
+	const micro = 2
+	shardings := []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
+	for k, l := range tpLayouts(t) {
+		for j, ac := range tpPolicies {
+			l.Sharding = shardings[(j+k)%len(shardings)]
+			n, _ := tpTrainer(t, cfg, l, ac, micro)
+			b := n.spec.Batch
+			s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: b.LBS, Seq: b.Seq, Micro: micro})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Comm().Trace = true
+			res, err := n.Step(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("tp %d dp_shard %d ep %d etp %d %s %s", l.TP, l.DPShard, l.EP, l.ETP, l.Sharding, ac)
+			for r, trace := range n.Comm().Traces() {
+				sr, err := s.WithCounts(n.spec.Mesh, r, res.ExpertCounts, cfg.Experts, cfg.Hidden)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, want := map[parallel.Axis][]CollRecord{}, map[parallel.Axis][]CollRecord{}
+				for _, c := range trace {
+					got[c.Axis] = append(got[c.Axis], c)
+				}
+				for _, o := range sr.Ops {
+					if o.Type == parallel.OpCollective {
+						want[o.Axis] = append(want[o.Axis], CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+					}
+				}
+				for _, ax := range parallel.MeshAxes() {
+					g, w := got[ax], want[ax]
+					extra, j := 0, 0
+					for i, c := range g {
+						switch {
+						case j < len(w) && c == w[j]:
+							j++
+						case ax == parallel.AxisTP && c.Kind == parallel.CollAllReduce && c.DType == moe.DefaultPrecision.Grad:
+							extra++
+						default:
+							t.Fatalf("%s rank %d on %s: collective %d %+v, the schedule's %d is %v", name, r, ax, i, c, j, w[min(j, len(w)-1)])
+						}
+					}
+					wantExtra := 0
+					if ax == parallel.AxisTP {
+						wantExtra = micro * (cfg.Layers + 1)
+					}
+					if j != len(w) || extra != wantExtra {
+						t.Errorf("%s rank %d on %s: matched %d of the schedule's %d collectives, %d replicated-gradient all-reduces (want %d)", name, r, ax, j, len(w), extra, wantExtra)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestNumericTPStateEqualsMemory: the training state a tp rank stores (its
+// tensor-parallel pieces, FSDP-sharded or whole as the sharding mode says)
+// equals memory's State exactly on every tp layout and sharding mode.
+func TestNumericTPStateEqualsMemory(t *testing.T) {
+	cfg := tpModel(t)
+	for _, l := range tpLayouts(t) {
+		for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
+			l.Sharding = sh
+			m, err := parallel.NewMesh(l, cfg, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			init, _ := moe.NewModel[float32](cfg)
+			seq := 2 * l.TPDegree()
+			n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: seq, Micro: 1, DP: l.DP()}}, init.Tensors())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: 1, Seq: seq, GradAccum: 1}, memory.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range n.ranks {
+				if got := r.stateBytes(); got != rep.State.Total() {
+					t.Errorf("tp %d dp_shard %d ep %d etp %d %s rank %d: stores %d B, memory says %d (%+v)", l.TP, l.DPShard, l.EP, l.ETP, sh, r.rank, got, rep.State.Total(), rep.State)
+				}
+			}
+		}
+	}
+}
