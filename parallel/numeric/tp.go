@@ -38,7 +38,7 @@ type tpComm struct {
 	// micro-step (nil under expert parallelism: the EP stage does it
 	// between its two all-to-alls).
 	expertsDone func(layer int) error
-	err                error
+	err         error
 	// log, when non-nil, receives per layer every tensor-parallel
 	// collective issued, as parallel.TPColl describes it (tests).
 	log map[int][]parallel.TPColl
