@@ -52,6 +52,9 @@ type numRank struct {
 	rec     *rankRecorder
 	fault   *Fault    // see Trainer.SetFault
 	counts  [][][]int // this step's per-expert counts [micro][layer][expert]
+	// loads is the last step's global routed rows per [layer][expert]
+	// that moved the selection biases (nil without them).
+	loads [][]int64
 }
 
 // expertParamIndex returns, per projection (gate, up, down), the Params

@@ -125,6 +125,7 @@ func (r *numRank) updateSelectionBias(ctx context.Context, ep *Endpoint, dp para
 			k++
 		}
 	}
+	r.loads = loads
 	r.scratch.UpdateSelectionBias(loads, r.spec.BiasRate)
 	return nil
 }

@@ -2,6 +2,7 @@ package numeric
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -358,6 +359,59 @@ func TestNumericTPStateEqualsMemory(t *testing.T) {
 			for _, r := range n.ranks {
 				if got := r.stateBytes(); got != rep.State.Total() {
 					t.Errorf("tp %d dp_shard %d ep %d etp %d %s rank %d: stores %d B, memory says %d (%+v)", l.TP, l.DPShard, l.EP, l.ETP, sh, r.rank, got, rep.State.Total(), rep.State)
+				}
+			}
+		}
+	}
+}
+
+// TestNumericTPModelFeatures: the parts of the model tensor parallelism
+// touches beyond tpModel train as one rank under tp 2 (alone, with ep 2
+// at etp 1 and at etp 2): grouped-query attention (2 query heads per KV
+// head, one KV head per rank), q/k/v biases (split with their rows), a
+// sliding window, sigmoid routing with a selection bias updated from loads
+// counted once per group (or per rank's own rows at etp 1), DeepSeek's
+// sequence-level aux loss, and tied embeddings (the LM head reads the
+// embedding's vocabulary rows).
+func TestNumericTPModelFeatures(t *testing.T) {
+	base := tpModel(t)
+	variants := map[string]func(c *moe.Config){
+		"gqa+bias+window": func(c *moe.Config) { c.KVHeads, c.QKVBias, c.Window = 2, true, []int{3, 0} },
+		"sigmoid+selection bias": func(c *moe.Config) {
+			c.Score, c.SelectionBias, c.RoutedScale = moe.Sigmoid, true, 2.5
+			c.AuxLossCoef, c.OutputRouterLogits = 0, false
+			c.Groups, c.TopKGroups = 2, 1
+		},
+		"seq aux": func(c *moe.Config) { c.SeqAuxLoss = true },
+		"tied":    func(c *moe.Config) { c.TiedEmbeddings = true },
+	}
+	cases := []rankCase{
+		{gpus: 2, rep: 1, ep: 1, micro: 4, tp: 2},
+		{gpus: 2, rep: 1, ep: 2, micro: 4, tp: 2, etp: 1},
+		{gpus: 4, rep: 1, ep: 2, micro: 2, tp: 2, etp: 2},
+	}
+	for name, f := range variants {
+		cfg := *base
+		f(&cfg)
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		pa := trainsAsOneRank(t, name, &cfg, cases)
+		if cfg.SelectionBias {
+			// The loads that moved the biases are one rank's, exactly:
+			// signs alone (the update's) would hide a group counted twice.
+			_, _, one := numericRunSeq(t, &cfg, moetest.FSDPLayout(t, 1, 1, 1), moe.AC{Mode: moe.ACSelective}, 1, 4, 4, 1)
+			for _, tc := range cases {
+				_, _, n := numericRunSeq(t, &cfg, tc.layout(t), moe.AC{Mode: moe.ACSelective}, 1, 4, tc.micro, 1)
+				for _, r := range n.ranks {
+					if !reflect.DeepEqual(r.loads, one.ranks[0].loads) {
+						t.Errorf("%s %+v rank %d: loads %v, one rank %v", name, tc, r.rank, r.loads, one.ranks[0].loads)
+					}
+				}
+			}
+			for i, p := range cfg.Params() {
+				if p.Buffer && slices.Max(pa[i]) == 0 && slices.Min(pa[i]) == 0 {
+					t.Errorf("%s: %s stayed zero", name, p.Name)
 				}
 			}
 		}
