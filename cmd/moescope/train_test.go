@@ -331,3 +331,25 @@ func TestTrainTP(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainTPResume: a checkpoint written by tp ranks (each saving its
+// pieces, reassembled whole) resumes on one rank, and one rank's resumes
+// under tp with ep, continuing the losses of an uninterrupted one-rank run
+// within 1e-5 relative (tp's summation order).
+func TestTrainTPResume(t *testing.T) {
+	full := trainJSON(t, "--gpus", "1", "--lbs", "2", "--steps", "4")
+	for _, c := range []struct{ first, rest []string }{
+		{[]string{"--gpus", "2", "--tp", "2"}, []string{"--gpus", "1"}},
+		{[]string{"--gpus", "1"}, []string{"--gpus", "2", "--tp", "2", "--ep", "2"}},
+	} {
+		dir := filepath.Join(t.TempDir(), "ckpt")
+		first := trainJSON(t, append(c.first, "--lbs", "2", "--steps", "2", "--checkpoint", dir)...)
+		rest := trainJSON(t, append(c.rest, "--lbs", "2", "--steps", "2", "--resume", dir)...)
+		got := append(first.Losses, rest.Losses...)
+		for i := range full.Losses {
+			if math.Abs(got[i]-full.Losses[i]) > 1e-5*math.Abs(full.Losses[i]) {
+				t.Errorf("%v then %v, step %d: loss %.9g, uninterrupted %.9g", c.first, c.rest, i+1, got[i], full.Losses[i])
+			}
+		}
+	}
+}
