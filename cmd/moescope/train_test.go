@@ -311,6 +311,12 @@ func TestTrainTP(t *testing.T) {
 		if len(one.Losses) != 3 || len(tp.Losses) != 3 {
 			t.Fatalf("%v: losses %v and %v, want 3 each", c.tp, one.Losses, tp.Losses)
 		}
+		// TPS counts a rank's own tokens, half its group's (3 steps × 2
+		// sequences × 8 tokens ÷ tp 2 per rank; torchtitan's division by
+		// the non-data-parallel degrees).
+		if own := tp.TPS * tp.Seconds; math.Abs(own-24) > 1e-9*24 {
+			t.Errorf("%v: tps × seconds = %g tokens per rank, want 24", c.tp, own)
+		}
 		for i := range one.Losses {
 			if math.Abs(tp.Losses[i]-one.Losses[i]) > 1e-5*math.Abs(one.Losses[i]) {
 				t.Errorf("%v step %d: loss %.9g, one rank %.9g", c.tp, i+1, tp.Losses[i], one.Losses[i])
