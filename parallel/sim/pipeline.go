@@ -403,7 +403,8 @@ func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Inp
 	}
 	g := ShapeOf(cl, pl.Stage.Group(parallel.AxisEP, 0).Ranks)
 	T := float64(inMB.LBS) * float64(inMB.Seq)
-	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes())
+	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes()) *
+		dispatchShare(inMB.Dispatcher, cfg, l.EP)
 	counts, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
 	if err != nil {
 		return nil, err

@@ -61,6 +61,9 @@ type Input struct {
 	// FusedElementwise: the framework's own fused elementwise kernels
 	// (ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
 	FusedElementwise bool
+	// Dispatcher moves the expert-parallel tokens ("" = torchtitan's
+	// all-to-all of every row).
+	Dispatcher Dispatcher
 	// Precision is the training recipe; "" = bf16, the only one priced
 	// (PricedPrecisions).
 	Precision string
