@@ -230,7 +230,7 @@ func simulatePipeline(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.Calibrated(in.Calibration)
+	spec = spec.withExperts(in.ExpertGEMM).Calibrated(in.Calibration)
 	spec.Compiled = in.Memory.Compile.Model
 	spec.CompositeNorm = in.Torch.before(fusedNormSince)
 	spec.FusedElementwise = in.FusedElementwise

@@ -64,6 +64,9 @@ type Input struct {
 	// Dispatcher moves the expert-parallel tokens ("" = torchtitan's
 	// all-to-all of every row).
 	Dispatcher Dispatcher
+	// ExpertGEMM is the routed experts' matmul kernel ("" =
+	// torch._grouped_mm).
+	ExpertGEMM ExpertGEMM
 	// Precision is the training recipe; "" = bf16, the only one priced
 	// (PricedPrecisions).
 	Precision string
@@ -353,7 +356,7 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.Calibrated(cal)
+	spec = spec.withExperts(p.in.ExpertGEMM).Calibrated(cal)
 	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
 	spec.Compiled = p.in.Memory.Compile.Model
 	spec.CompositeNorm = p.in.Torch.before(fusedNormSince)
