@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -243,5 +244,41 @@ func TestSimulateTorchVersion(t *testing.T) {
 	}
 	if _, err := runSimCmd(t, append(append([]string{}, base...), "--torch-version", "2.x")...); exitCode(err) != 2 || !strings.Contains(err.Error(), `--torch-version = "2.x"`) {
 		t.Errorf("--torch-version 2.x: %v, want a usage error naming the flag and value", err)
+	}
+}
+
+// TestSimulateFrameworkFlags: --expert-gemm cublas (TransformerEngine's
+// per-expert cuBLAS GEMMs) and --dispatcher deepep (a row per destination
+// rank) each shorten an expert-parallel step; a value outside the list is
+// a usage error naming the flag and the value.
+func TestSimulateFrameworkFlags(t *testing.T) {
+	base := []string{"simulate", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "8", "--ep", "8", "--lbs", "1", "--seq", "2048", "--json"}
+	type res struct {
+		Step      float64 `json:"step_time_s"`
+		Breakdown struct {
+			Comm map[string]float64 `json:"comm_s"`
+		} `json:"breakdown"`
+	}
+	run := func(args ...string) res {
+		t.Helper()
+		var r res
+		out, err := runSimCmd(t, append(append([]string{}, base...), args...)...)
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil || !(r.Step > 0) {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return r
+	}
+	def := run()
+	if te := run("--expert-gemm", "cublas"); !(te.Step < def.Step) {
+		t.Errorf("--expert-gemm cublas: step %g s, default %g s: want shorter", te.Step, def.Step)
+	}
+	if deep := run("--dispatcher", "deepep"); !(deep.Breakdown.Comm["all_to_all"] < def.Breakdown.Comm["all_to_all"]) {
+		t.Errorf("--dispatcher deepep: all_to_all %g s, default %g s: want less", deep.Breakdown.Comm["all_to_all"], def.Breakdown.Comm["all_to_all"])
+	}
+	for _, c := range [][2]string{{"--expert-gemm", "cutlass"}, {"--dispatcher", "nccl"}} {
+		_, err := runSimCmd(t, append(append([]string{}, base...), c[0], c[1])...)
+		if exitCode(err) != 2 || !strings.Contains(fmt.Sprint(err), fmt.Sprintf("%s = %q", c[0], c[1])) {
+			t.Errorf("%s %s: %v, want a usage error naming the flag and value", c[0], c[1], err)
+		}
 	}
 }

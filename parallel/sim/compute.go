@@ -113,6 +113,10 @@ type ComputeSpec struct {
 	// CompositeNorm says eager RMSNorm runs PyTorch's composite
 	// implementation of several fp32 kernels (before 2.9; eagerBytes).
 	CompositeNorm bool
+	// ExpertGEMMEff, when > 0, prices routed experts as one dense cuBLAS
+	// GEMM per expert at this efficiency (TransformerEngine's GroupedLinear:
+	// ExpertGEMM) instead of torch._grouped_mm's GroupedEff.
+	ExpertGEMMEff float64
 	// FusedElementwise says an eager framework runs each elementwise op
 	// of the vocabulary as one fused kernel (TransformerEngine's and
 	// Megatron's fused RMSNorm, RoPE, SwiGLU and cross-entropy) rather
@@ -211,7 +215,19 @@ func (c ComputeSpec) Validate() error {
 			return fmt.Errorf("compute: %s = %v must be in (0, 1]", f.name, f.v)
 		}
 	}
+	if !(c.ExpertGEMMEff >= 0 && c.ExpertGEMMEff <= 1) {
+		return fmt.Errorf("compute: expert_gemm_eff = %v must be in [0, 1] (0 = torch._grouped_mm)", c.ExpertGEMMEff)
+	}
 	return nil
+}
+
+// withExperts sets the routed experts' kernel: per-expert cuBLAS GEMMs run
+// at the device's dense GEMM efficiency.
+func (c ComputeSpec) withExperts(k ExpertGEMM) ComputeSpec {
+	if k == CuBLASExperts {
+		c.ExpertGEMMEff = c.GEMMEff
+	}
+	return c
 }
 
 // Calibrated returns the spec with calibration's multipliers applied to the
@@ -223,6 +239,7 @@ func (c ComputeSpec) Calibrated(cal *Calibration) ComputeSpec {
 	all := scaleOr1(cal.ComputeScale)
 	c.GEMMEff = math.Min(1, c.GEMMEff*all*scaleOr1(cal.GEMMScale))
 	c.GroupedEff = math.Min(1, c.GroupedEff*all*scaleOr1(cal.GroupedScale))
+	c.ExpertGEMMEff = math.Min(1, c.ExpertGEMMEff*all*scaleOr1(cal.GroupedScale))
 	c.AttnFwdEff = math.Min(1, c.AttnFwdEff*all*scaleOr1(cal.AttentionScale))
 	c.AttnBwdEff = math.Min(1, c.AttnBwdEff*all*scaleOr1(cal.AttentionScale))
 	c.MemEff = math.Min(1, c.MemEff*all*scaleOr1(cal.MemoryBoundScale))
@@ -245,12 +262,13 @@ func (c ComputeSpec) GEMMSeconds(M, N, K int64) float64 {
 // per-expert weight gradient N_out×N by the group's rows (K = Ms[e]).
 func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) float64 {
 	var tileK float64 // Σ tiles·K / (the group's efficiency relative to GroupedEff)
-	var tiles int64
+	var tiles, groups int64
 	var bytes float64
 	for _, m := range Ms {
 		if m <= 0 {
 			continue
 		}
+		groups++
 		var M, N, K int64
 		switch pass {
 		case moe.BackwardData:
@@ -262,12 +280,22 @@ func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) fl
 		}
 		t := ceilDiv(M, gemmTile) * ceilDiv(N, gemmTile)
 		tiles += t
+		bytes += 2 * float64(M*K+K*N+M*N)
+		if c.ExpertGEMMEff > 0 {
+			tileK += float64(t) * float64(K)
+			continue
+		}
 		// A group of m rows runs at m/(m + m_half) of the asymptotic rate.
 		tileK += float64(t) * float64(K) * (float64(m) + c.GroupedHalfRows) / float64(m)
-		bytes += 2 * float64(M*K+K*N+M*N)
 	}
 	if tiles == 0 {
 		return 0
+	}
+	if c.ExpertGEMMEff > 0 {
+		// One cuBLAS GEMM per expert, launched on a pool of streams that
+		// run them side by side: the tiles of all share the SMs' waves, at
+		// the dense rate, and the host launches each.
+		return math.Max(c.tiledSeconds(tileK, tiles, c.ExpertGEMMEff, bytes), float64(groups)*c.LaunchS)
 	}
 	return c.tiledSeconds(tileK, tiles, c.GroupedEff, bytes)
 }

@@ -230,7 +230,7 @@ func simulatePipeline(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.Calibrated(in.Calibration)
+	spec = spec.withExperts(in.ExpertGEMM).Calibrated(in.Calibration)
 	spec.Compiled = in.Memory.Compile.Model
 	spec.CompositeNorm = in.Torch.before(fusedNormSince)
 	spec.FusedElementwise = in.FusedElementwise
@@ -403,7 +403,8 @@ func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Inp
 	}
 	g := ShapeOf(cl, pl.Stage.Group(parallel.AxisEP, 0).Ranks)
 	T := float64(inMB.LBS) * float64(inMB.Seq)
-	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes())
+	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes()) *
+		dispatchShare(inMB.Dispatcher, cfg, l.EP)
 	counts, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
 	if err != nil {
 		return nil, err
