@@ -90,8 +90,24 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	force := fs.Bool("force", false, "overwrite an existing --trace file")
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory the layout may use to count as within target, in (0, 1]")
+	torchFlag := fs.String("torch-version", "", "PyTorch release of the job, MAJOR.MINOR (default: 2.9 or later); before 2.9 eager RMSNorm is a composite of fp32 kernels")
+	dispFlag := fs.String("dispatcher", "all_to_all", "how expert parallelism moves tokens: all_to_all (torchtitan's, a row per top-k slot), deepep or hybridep (a row per destination rank)")
+	expFlag := fs.String("expert-gemm", "grouped_mm", "routed experts' matmul kernel: grouped_mm (torch._grouped_mm, torchtitan's) or cublas (TransformerEngine's GroupedLinear, one cuBLAS GEMM per expert)")
+	fusedFlag := fs.Bool("fused-elementwise", false, "the framework runs each elementwise op as one fused kernel (TransformerEngine/Megatron-Core fusions) instead of PyTorch's eager decomposition")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	torchV, err := sim.ParseTorchVersion("--torch-version", *torchFlag)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	disp, err := sim.ParseDispatcher("--dispatcher", *dispFlag)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	experts, err := sim.ParseExpertGEMM("--expert-gemm", *expFlag)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if err := checkPrecisionFlag(*precision); err != nil {
 		return err
@@ -142,7 +158,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	}
 	in := sim.Input{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
 		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target,
-		Precision: *precision}
+		Precision: *precision, Torch: torchV, Dispatcher: disp, ExpertGEMM: experts, FusedElementwise: *fusedFlag}
 	if err := mf.apply(&in.Memory); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -213,6 +214,71 @@ func TestClusterAbsurdLatencyRefused(t *testing.T) {
 			if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "--cluster") || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("%s with %s: exit %d, error %v, want %q\n%s", args[0], c.to, exitCode(err), err, c.want, out)
 			}
+		}
+	}
+}
+
+// TestSimulateTorchVersion: an older PyTorch runs eager RMSNorm as a
+// composite of fp32 kernels, so the same eager job is slower under
+// --torch-version 2.6 than under the default, the same compiled (Inductor
+// fuses the norm either way); a malformed release is a usage error naming
+// the flag.
+func TestSimulateTorchVersion(t *testing.T) {
+	base := []string{"simulate", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--lbs", "1", "--seq", "2048", "--json"}
+	step := func(args ...string) float64 {
+		t.Helper()
+		var r struct {
+			Step float64 `json:"step_time_s"`
+		}
+		out, err := runSimCmd(t, append(append([]string{}, base...), args...)...)
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil || !(r.Step > 0) {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return r.Step
+	}
+	if old, cur := step("--compile=false", "--torch-version", "2.6"), step("--compile=false"); !(old > cur) {
+		t.Errorf("eager step at torch 2.6 %g s, default %g s: want the composite norm slower", old, cur)
+	}
+	if old, cur := step("--torch-version", "2.6"), step(); old != cur {
+		t.Errorf("compiled step at torch 2.6 %g s, default %g s: want equal", old, cur)
+	}
+	if _, err := runSimCmd(t, append(append([]string{}, base...), "--torch-version", "2.x")...); exitCode(err) != 2 || !strings.Contains(err.Error(), `--torch-version = "2.x"`) {
+		t.Errorf("--torch-version 2.x: %v, want a usage error naming the flag and value", err)
+	}
+}
+
+// TestSimulateFrameworkFlags: --expert-gemm cublas (TransformerEngine's
+// per-expert cuBLAS GEMMs) and --dispatcher deepep (a row per destination
+// rank) each shorten an expert-parallel step; a value outside the list is
+// a usage error naming the flag and the value.
+func TestSimulateFrameworkFlags(t *testing.T) {
+	base := []string{"simulate", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "8", "--ep", "8", "--lbs", "1", "--seq", "2048", "--json"}
+	type res struct {
+		Step      float64 `json:"step_time_s"`
+		Breakdown struct {
+			Comm map[string]float64 `json:"comm_s"`
+		} `json:"breakdown"`
+	}
+	run := func(args ...string) res {
+		t.Helper()
+		var r res
+		out, err := runSimCmd(t, append(append([]string{}, base...), args...)...)
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil || !(r.Step > 0) {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return r
+	}
+	def := run()
+	if te := run("--expert-gemm", "cublas"); !(te.Step < def.Step) {
+		t.Errorf("--expert-gemm cublas: step %g s, default %g s: want shorter", te.Step, def.Step)
+	}
+	if deep := run("--dispatcher", "deepep"); !(deep.Breakdown.Comm["all_to_all"] < def.Breakdown.Comm["all_to_all"]) {
+		t.Errorf("--dispatcher deepep: all_to_all %g s, default %g s: want less", deep.Breakdown.Comm["all_to_all"], def.Breakdown.Comm["all_to_all"])
+	}
+	for _, c := range [][2]string{{"--expert-gemm", "cutlass"}, {"--dispatcher", "nccl"}} {
+		_, err := runSimCmd(t, append(append([]string{}, base...), c[0], c[1])...)
+		if exitCode(err) != 2 || !strings.Contains(fmt.Sprint(err), fmt.Sprintf("%s = %q", c[0], c[1])) {
+			t.Errorf("%s %s: %v, want a usage error naming the flag and value", c[0], c[1], err)
 		}
 	}
 }

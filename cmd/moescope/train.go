@@ -205,7 +205,10 @@ func (a *trainArgs) setup() (*trainRun, error) {
 		return nil, err
 	}
 	if layout.TPDegree() > 1 {
-		return nil, fmt.Errorf("%w: --tp = %d: train's numeric backend does not execute tensor parallelism yet (built: --dp-shard, --dp-replicate, --ep; memory and simulate model --tp)", errUsage, layout.TPDegree())
+		// tp with pp is refused by the layout itself.
+		if err := layout.CheckSeq(a.seq); err != nil {
+			return nil, fmt.Errorf("%w: --seq: %v", errUsage, err)
+		}
 	}
 	coef := a.auxCoef
 	if coef < 0 {
@@ -327,7 +330,10 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 		rep.Losses = append(rep.Losses, res.Loss)
 		rep.AuxLosses = append(rep.AuxLosses, res.Aux)
 		state.Losses = append(state.Losses, res.Loss)
-		tps := float64(res.Tokens) / dt.Seconds()
+		// A tp rank's own tokens are 1/tp of its group's: torchtitan
+		// v0.2.2 (73a0e69) components/metrics.py divides the tokens by
+		// ParallelDims.non_data_parallel_size = cp·tp·pp.
+		tps := float64(res.Tokens) / float64(layout.TPDegree()) / dt.Seconds()
 		mfu := flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(a.seq)), float64(batch.Global()*int64(a.seq))/dt.Seconds(), peak*1e9)
 		peaks := "max " + fmtBytes(maxPeak)
 		if len(res.PeakBytes) <= 8 {
@@ -341,7 +347,7 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 			res.Step+1, res.Loss, res.Aux, tps, 100*mfu, peaks, fmtBytes(intra), fmtBytes(inter), dt.Seconds())
 	}
 	rep.Seconds = total.Seconds()
-	rep.TPS = float64(int64(a.steps)*int64(a.lbs)*int64(a.seq)*int64(a.accum)) / total.Seconds()
+	rep.TPS = float64(int64(a.steps)*int64(a.lbs)*int64(a.seq)*int64(a.accum)) / float64(layout.TPDegree()) / total.Seconds()
 	rep.MFU = flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(a.seq)), float64(int64(a.steps)*batch.Global()*int64(a.seq))/total.Seconds(), peak*1e9)
 	rep.CommBytes = map[string]int64{}
 	for _, k := range parallel.CollKinds() {

@@ -157,6 +157,7 @@ type call struct {
 	counts []int // all-to-all rows to each member
 	width  int   // all-to-all row width
 	add    bool  // reduce-scatter accumulates into out
+	max    bool  // all-reduce takes the elementwise maximum instead of the sum
 
 	in  []float32
 	out []float32 // result written by the completing member
@@ -360,7 +361,7 @@ func (c *Comm) detectDeadlock() {
 func (c *Comm) complete(s *slot) error {
 	first := s.calls[0]
 	for _, cl := range s.calls[1:] {
-		same := cl.kind == first.kind && cl.dtype == first.dtype && cl.width == first.width && cl.root == first.root
+		same := cl.kind == first.kind && cl.dtype == first.dtype && cl.width == first.width && cl.root == first.root && cl.max == first.max
 		if same && cl.kind != parallel.CollAllToAll {
 			same = cl.size == first.size
 		}
@@ -403,7 +404,11 @@ func (c *Comm) complete(s *slot) error {
 		copy(sum, s.calls[0].in)
 		for _, src := range s.calls[1:] {
 			for k, x := range src.in {
-				sum[k] += x
+				if first.max {
+					sum[k] = max(sum[k], x)
+				} else {
+					sum[k] += x
+				}
 			}
 		}
 		for _, cl := range s.calls {
@@ -493,6 +498,12 @@ func (e *Endpoint) reduceScatter(ctx context.Context, g parallel.Group, dt moe.D
 // left to right in float32).
 func (e *Endpoint) AllReduce(ctx context.Context, g parallel.Group, dt moe.DType, buf []float32) error {
 	return e.do(ctx, g, &call{kind: parallel.CollAllReduce, dtype: dt, size: len(buf), in: buf})
+}
+
+// AllReduceMax replaces buf on every member with the elementwise maximum
+// over the members (NCCL's ncclMax; loss parallel's maximum logit).
+func (e *Endpoint) AllReduceMax(ctx context.Context, g parallel.Group, dt moe.DType, buf []float32) error {
+	return e.do(ctx, g, &call{kind: parallel.CollAllReduce, dtype: dt, size: len(buf), in: buf, max: true})
 }
 
 // AllReduceAdd adds the sum of every member's in to out, left to right from

@@ -3,7 +3,8 @@
 // and memory account, moving data only through the collectives of Comm
 // (all-gather, reduce-scatter, all-reduce, all-to-all, broadcast, barrier,
 // with deadlock detection and per-call timeouts), with expert parallelism's
-// dispatch and combine, training checkpoints, and a guard on host memory.
+// dispatch and combine, tensor parallelism with sequence parallelism (tp.go),
+// training checkpoints, and a guard on host memory.
 // N ranks produce what one rank produces: that proves the schedule of
 // package parallel correct.
 //

@@ -25,5 +25,5 @@ func TestNumericMLA(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	trainsAsOneRank(t, "mla", cfg, []rankCase{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}})
+	trainsAsOneRank(t, "mla", cfg, []rankCase{{2, 1, 1, 2, true, 1, 1}, {4, 2, 2, 1, false, 1, 1}})
 }

@@ -31,6 +31,14 @@ type Spec struct {
 // BuildSchedule describes (the same collectives, in the same order, on the
 // same groups, at the same sizes; TestNumericFollowsSchedule checks it).
 //
+// With tp > 1 (tp.go: sequence parallelism, ep = 1 or etp = tp) each rank
+// holds its tensor-parallel pieces of the weights before FSDP shards them;
+// its tensor-parallel collectives are checked per layer against
+// parallel.TPCollectives (TestTPCollectivesAreTheListed), not against the
+// whole program's order, and it adds one all-reduce over tp per unit and
+// micro-step of the replicated tensors' gradients, which the schedule does
+// not list.
+//
 // Sharding (over dp_shard for dense units, over efsdp = dp_shard/ep for
 // expert units; FSDPShard geometry, padded dim-0 or dim-1 chunks):
 //
@@ -94,10 +102,10 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, err
 	}
-	if m.Layout.TPDegree() > 1 {
-		// The virtual-time backend and the memory model know tensor
-		// parallelism; these goroutine ranks do not execute it yet.
-		return nil, fmt.Errorf("numeric: tp = %d is not built in the numeric backend (built: dp_shard, dp_replicate, ep)", m.Layout.TPDegree())
+	if tp := m.Layout.TPDegree(); tp > 1 {
+		if err := m.Layout.CheckSeq(spec.Batch.Seq); err != nil {
+			return nil, fmt.Errorf("numeric: %w", err)
+		}
 	}
 	ps := cfg.Params()
 	if len(init) != len(ps) {

@@ -29,6 +29,8 @@ func (m *memAccount) resetPeak() { m.peak = m.live }
 type rankRecorder struct {
 	mem  *memAccount
 	kept map[int]int64 // layer → bytes kept
+	// log, when set, receives every record (tests compare it with memory).
+	log *[]moe.SavedRecord
 
 	// During a step (bind, fault.go): the rank's context and endpoint,
 	// and whether an injected stall strikes at the next op.
@@ -44,6 +46,9 @@ func (r *rankRecorder) RecordSaved(s moe.SavedRecord) {
 	}
 	r.kept[s.Layer] += s.Bytes()
 	r.mem.alloc(s.Bytes())
+	if r.log != nil {
+		*r.log = append(*r.log, s)
+	}
 }
 
 // release frees what layer kept.

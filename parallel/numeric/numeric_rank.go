@@ -45,12 +45,16 @@ type numRank struct {
 	embed   *moe.Embedding[float32]
 	headRun *moe.Head[float32]
 	stage   *epStage
+	tp      *tpComm // nil without tensor parallelism
 
 	optStep int64
 	mem     memAccount
 	rec     *rankRecorder
 	fault   *Fault    // see Trainer.SetFault
 	counts  [][][]int // this step's per-expert counts [micro][layer][expert]
+	// loads is the last step's global routed rows per [layer][expert]
+	// that moved the selection biases (nil without them).
+	loads [][]int64
 }
 
 // expertParamIndex returns, per projection (gate, up, down), the Params
@@ -70,7 +74,14 @@ func expertParamIndex(cfg *moe.Config, l, lo, hi int) [3][]int {
 
 func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	cfg, m := spec.Config, spec.Mesh
-	sc, err := moe.NewModel[float32](cfg)
+	// Under tensor parallelism the scratch views and the block runners
+	// have the rank's local shapes (TPLocal; the same tensors in the same
+	// order as cfg's).
+	lcfg := cfg
+	if tp := m.Layout.TPDegree(); tp > 1 {
+		lcfg = cfg.TPLocal(tp, m.Layout.ExpertTP())
+	}
+	sc, err := moe.NewModel[float32](lcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -91,6 +102,7 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	}
 	units = append(units, parallel.Unit{Layer: cfg.LayerHead()})
 	ux := parallel.NewUnitIndex(cfg)
+	ps := cfg.Params()
 	for _, u := range units {
 		axis := parallel.AxisShard
 		if u.Experts {
@@ -114,7 +126,7 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 		for k, s := range nu.shards {
 			full := make([]float32, 0, s.Elements())
 			for _, i := range nu.params[k] {
-				full = append(full, init[i]...)
+				full = append(full, r.tpPiece(ps[i], init[i])...)
 			}
 			if nu.fullData {
 				nu.data = append(nu.data, full...)
@@ -130,14 +142,18 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	}
 	r.rec = &rankRecorder{mem: &r.mem}
 	o := moe.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.Precision, AuxCoef: spec.AuxCoef}
+	if g := m.Group(parallel.AxisTP, rank); g.Size() > 1 {
+		r.tp = &tpComm{group: g, idx: g.IndexOf(rank), batch: spec.Batch.LBS, seq: spec.Batch.Seq, hidden: cfg.Hidden,
+			act: spec.Precision.Activation, ac: spec.AC, splitRows: m.Layout.TokensPerExpertRank() > 1}
+	}
 	if m.Layout.EP > 1 {
-		r.stage = &epStage{cfg: cfg, dtype: spec.Precision.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},
+		r.stage = &epStage{cfg: lcfg, dtype: spec.Precision.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},
 			weights: r.expertWeights, grads: r.expertGrads}
 	}
-	r.embed = moe.NewEmbedding[float32](cfg, o)
-	r.headRun = moe.NewHead[float32](cfg, o)
+	r.embed = moe.NewEmbedding[float32](lcfg, o)
+	r.headRun = moe.NewHead[float32](lcfg, o)
 	for l := 0; l < cfg.Layers; l++ {
-		b := moe.NewBlock[float32](cfg, l, spec.Batch.LBS, spec.Batch.Seq, o)
+		b := moe.NewBlock[float32](lcfg, l, spec.Batch.LBS, spec.Batch.Seq, o)
 		if r.stage != nil && cfg.MoELayer[l] {
 			b.Experts = r.stage
 		}
@@ -350,6 +366,9 @@ func (r *numRank) reduce(ctx context.Context, ep *Endpoint, u *numUnit, g [][]fl
 			return nil
 		}
 	}
+	if err := r.tpReduceReplicated(ctx, ep, u, g); err != nil {
+		return err
+	}
 	dt := r.spec.Precision.Grad
 	n := u.group.Size()
 	var in []float32
@@ -495,15 +514,10 @@ func (r *numRank) collectFull(out [][]float32) {
 				if out[i] == nil {
 					out[i] = make([]float32, ps[i].Elements())
 				}
-				src := whole[j*per : (j+1)*per]
-				if u.fullData {
-					copy(out[i], src)
-					continue
-				}
-				// Add: every other rank contributes zeros at this rank's rows.
-				for x, v := range src {
-					out[i][x] += v
-				}
+				// Add when sharded: every other rank contributes zeros at
+				// this rank's rows. Each tp rank places its own piece.
+				n, idx := r.tpSplit(ps[i])
+				moe.TPUnshard(ps[i], whole[j*per:(j+1)*per], out[i], n, idx, !u.fullData)
 			}
 		}
 	}
@@ -542,14 +556,8 @@ func (r *numRank) collectMoments(m, v [][]float32) {
 					if pair.dst[i] == nil {
 						pair.dst[i] = make([]float32, ps[i].Elements())
 					}
-					src := whole[j*per : (j+1)*per]
-					if !u.shardOpt {
-						copy(pair.dst[i], src)
-						continue
-					}
-					for x, val := range src {
-						pair.dst[i][x] += val
-					}
+					n, idx := r.tpSplit(ps[i])
+					moe.TPUnshard(ps[i], whole[j*per:(j+1)*per], pair.dst[i], n, idx, u.shardOpt)
 				}
 			}
 		}
@@ -558,13 +566,14 @@ func (r *numRank) collectMoments(m, v [][]float32) {
 
 // loadMoments places the rank's share of whole moments m, v.
 func (r *numRank) loadMoments(m, v [][]float32) {
+	ps := r.cfg.Params()
 	for _, u := range r.units {
 		var fm, fv []float32
 		for k, s := range u.shards {
 			wm, wv := make([]float32, 0, s.Elements()), make([]float32, 0, s.Elements())
 			for _, i := range u.params[k] {
-				wm = append(wm, m[i]...)
-				wv = append(wv, v[i]...)
+				wm = append(wm, r.tpPiece(ps[i], m[i])...)
+				wv = append(wv, r.tpPiece(ps[i], v[i])...)
 			}
 			if u.shardOpt {
 				fm = append(fm, s.Shard(wm, u.idx)...)

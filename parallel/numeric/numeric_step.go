@@ -19,6 +19,15 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 	b := sp.Batch
 	r.mem.resetPeak()
 	r.counts = nil
+	if r.tp != nil {
+		r.tp.bind(ctx, ep)
+	}
+	micro := 0 // the micro-step being run, for the hooks below
+	if r.tp != nil && r.stage == nil {
+		r.tp.expertsDone = func(layer int) error {
+			return r.reduceUnit(ctx, ep, r.byKey[parallel.Unit{Layer: layer, Experts: true}], micro)
+		}
+	}
 	if r.stage != nil {
 		r.stage.bind(ctx, ep)
 		r.stage.afterBackward = func(layer, micro int) error {
@@ -34,7 +43,9 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		}
 	}
 	for m := 0; m < b.Micro; m++ {
-		seqs := b.Sequences(sp.DataSeed, cfg.Vocab, t, m, r.rank)
+		micro = m
+		// The tp ranks of a group read their data-parallel rank's sequences.
+		seqs := b.Sequences(sp.DataSeed, cfg.Vocab, t, m, r.coord.DPRank(sp.Mesh.Layout))
 		if r.stage != nil {
 			r.stage.micro = m
 		}
@@ -65,11 +76,14 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 		}
 		all = g
 	}
-	// all is [rank][micro][loss, aux as 2 words each]; reorder to (m, r).
+	// all is [rank][micro][loss, aux as 2 words each]; reorder to (m, r),
+	// r the data-parallel rank (the members of a tp group hold the same
+	// values: take each group's first, rank r·tp).
 	var out []float64
+	tp := sp.Mesh.Layout.TPDegree()
 	for m := 0; m < b.Micro; m++ {
-		for rr := 0; rr < dp.Size(); rr++ {
-			w := all[(rr*b.Micro+m)*4:]
+		for rr := 0; rr < dp.Size()/tp; rr++ {
+			w := all[(rr*tp*b.Micro+m)*4:]
 			out = append(out, wordsF64(w[0:2]), wordsF64(w[2:4]))
 		}
 	}
@@ -91,6 +105,11 @@ func (r *numRank) updateSelectionBias(ctx context.Context, ep *Endpoint, dp para
 	var flat []float32
 	for _, ld := range loads {
 		for _, n := range ld {
+			if r.coord.TP != 0 && !r.tp.splitRows {
+				// Every member of the tp group dispatched the same rows:
+				// count them once (with the rows split, each counted its own).
+				n = 0
+			}
 			flat = append(flat, float32(n))
 		}
 	}
@@ -106,6 +125,7 @@ func (r *numRank) updateSelectionBias(ctx context.Context, ep *Endpoint, dp para
 			k++
 		}
 	}
+	r.loads = loads
 	r.scratch.UpdateSelectionBias(loads, r.spec.BiasRate)
 	return nil
 }
@@ -192,7 +212,14 @@ func (r *numRank) forward(ctx context.Context, ep *Endpoint, ids []int, loads []
 		return nil, err
 	}
 	gw, _ := r.scratch.Globals()
-	x := r.embed.Forward(gw.Embed, ids)
+	var x []float32
+	if r.tp != nil {
+		// RowwiseParallel embedding: partial rows, reduce-scattered into
+		// the sequence-parallel region.
+		x = r.tp.Scatter(moe.LayerEmbed, moe.Forward, r.embed.ForwardShard(gw.Embed, ids, r.vocabLo()))
+	} else {
+		x = r.embed.Forward(gw.Embed, ids)
+	}
 	if ra && !cfg.TiedEmbeddings {
 		r.release(emb)
 	}
@@ -200,7 +227,11 @@ func (r *numRank) forward(ctx context.Context, ep *Endpoint, ids []int, loads []
 		if err := r.gatherLayer(ctx, ep, li); err != nil {
 			return nil, err
 		}
-		x = blk.Forward(r.layerWeights(li), x)
+		if r.tp != nil {
+			x = blk.ForwardSP(r.layerWeights(li), x, r.tp)
+		} else {
+			x = blk.Forward(r.layerWeights(li), x)
+		}
 		if err := r.stageErr(); err != nil {
 			return nil, err
 		}
@@ -230,8 +261,18 @@ func (r *numRank) headStep(ctx context.Context, ep *Endpoint, x []float32, label
 		r.zeroGrads(r.byKey[parallel.Unit{Layer: moe.LayerEmbed}])
 	}
 	gw, gg := r.scratch.Globals()
-	loss := r.headRun.Forward(&gw, x, labels)
-	dx := r.headRun.Backward(&gw, &gg, scale)
+	var loss float64
+	var dx []float32
+	if r.tp != nil {
+		loss = r.headRun.ForwardTP(&gw, x, labels, r.vocabLo(), cfg.Vocab, r.tp)
+		dx = r.headRun.BackwardTP(&gw, &gg, scale, r.vocabLo(), cfg.Vocab, r.tp)
+	} else {
+		loss = r.headRun.Forward(&gw, x, labels)
+		dx = r.headRun.Backward(&gw, &gg, scale)
+	}
+	if err := r.tpErr(); err != nil {
+		return 0, nil, err
+	}
 	r.rec.release(cfg.LayerHead())
 	if err := r.reduceUnit(ctx, ep, head, micro); err != nil {
 		return 0, nil, err
@@ -259,19 +300,27 @@ func (r *numRank) backwardBlocks(ctx context.Context, ep *Endpoint, dy []float32
 			r.zeroGrads(ex)
 		}
 		var ag []float32
-		if auxGrad != nil {
+		if auxGrad != nil && r.coord.TP == 0 {
+			// Under tp the router's gradients are partial sums over the
+			// group's members (their experts' partial outputs); the aux
+			// loss, which every member computes whole, joins on one.
 			ag = auxGrad[li]
 		}
 		w := r.layerWeights(li)
 		g := r.layerGrads(li)
-		dx = r.blocks[li].Backward(w, g, dx, ag)
+		if r.tp != nil {
+			dx = r.blocks[li].BackwardSP(w, g, dx, ag, r.tp)
+		} else {
+			dx = r.blocks[li].Backward(w, g, dx, ag)
+		}
 		if err := r.stageErr(); err != nil {
 			return nil, err
 		}
 		r.rec.release(li)
 		// Without expert parallelism the expert gradients are reduced here
-		// (with it, the EP stage reduced them between its two all-to-alls).
-		if ex != nil && r.stage == nil {
+		// (with it, the EP stage reduced them between its two all-to-alls;
+		// under tp, the block did, through tpComm.ExpertsDone).
+		if ex != nil && r.stage == nil && r.tp == nil {
 			if err := r.reduceUnit(ctx, ep, ex, micro); err != nil {
 				return nil, err
 			}
@@ -297,7 +346,14 @@ func (r *numRank) backwardEmbed(ctx context.Context, ep *Endpoint, dx []float32,
 		r.zeroGrads(emb)
 	}
 	_, gg := r.scratch.Globals()
-	r.embed.Backward(gg.Embed, dx)
+	if r.tp != nil {
+		r.embed.BackwardShard(gg.Embed, r.tp.Gather(moe.LayerEmbed, moe.BackwardData, dx), r.vocabLo())
+		if err := r.tpErr(); err != nil {
+			return err
+		}
+	} else {
+		r.embed.Backward(gg.Embed, dx)
+	}
 	r.rec.release(moe.LayerEmbed)
 	if err := r.reduceUnit(ctx, ep, emb, micro); err != nil {
 		return err
@@ -319,7 +375,7 @@ func (r *numRank) stageErr() error {
 	if r.stage != nil && r.stage.err != nil {
 		return r.stage.err
 	}
-	return nil
+	return r.tpErr()
 }
 
 // gatherLayer makes layer li's dense and expert units live.

@@ -19,6 +19,12 @@ import (
 // the per-step losses and the final parameters.
 func numericRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, micro, steps int) ([]StepResult, [][]float32, *Trainer) {
 	t.Helper()
+	return numericRunSeq(t, cfg, l, ac, lbs, 4, micro, steps)
+}
+
+// numericRunSeq is numericRun on sequences of seq tokens.
+func numericRunSeq(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, seq, micro, steps int) ([]StepResult, [][]float32, *Trainer) {
+	t.Helper()
 	m, err := parallel.NewMesh(l, cfg, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -28,7 +34,7 @@ func numericRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, mic
 		t.Fatal(err)
 	}
 	init.InitRandom(7)
-	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: lbs, Seq: 4, Micro: micro, DP: l.DP()},
+	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: micro, DP: l.DP()},
 		DataSeed: 11, AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1},
 		AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
 	n, err := New(spec, init.Tensors())
@@ -333,7 +339,7 @@ func TestNumericSelectionBias(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	pa := trainsAsOneRank(t, "sigmoid+bias", cfg, []rankCase{{2, 1, 1, 2, true}, {4, 2, 2, 1, false}, {4, 1, 4, 1, false}})
+	pa := trainsAsOneRank(t, "sigmoid+bias", cfg, []rankCase{{2, 1, 1, 2, true, 1, 1}, {4, 2, 2, 1, false, 1, 1}, {4, 1, 4, 1, false, 1, 1}})
 	// The bias moved (else the check above would be vacuous for it).
 	for i, p := range cfg.Params() {
 		if p.Buffer {
@@ -475,24 +481,51 @@ func TestNumericGradSyncLastOnly(t *testing.T) {
 	}
 }
 
-// rankCase is a layout trainsAsOneRank runs: gpus in rep replicas with ep,
-// at micro grad-accum micro-steps of the one-rank run's 4; exact when the
-// summation order matches one rank's (bitwise), else within 1e-5.
+// rankCase is a layout trainsAsOneRank runs: gpus in rep replicas with ep
+// (and tp, etp: 0 reads as 1), at micro grad-accum micro-steps of the
+// one-rank run's 4; exact when the summation order matches one rank's
+// (bitwise), else within 1e-5.
 type rankCase struct {
 	gpus, rep, ep, micro int
 	exact                bool
+	tp, etp              int
+}
+
+// layout resolves the case's layout (FSDP, resharding after forward).
+func (c rankCase) layout(t *testing.T) moe.Layout {
+	t.Helper()
+	if c.tp <= 1 {
+		return moetest.FSDPLayout(t, c.gpus, c.rep, c.ep)
+	}
+	l := moe.Layout{GPUs: c.gpus, DPReplicate: c.rep, EP: c.ep, TP: c.tp, ETP: c.etp, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // trainsAsOneRank trains cfg 3 steps under selective AC on one rank (lbs
 // 1, 4 micro-steps) and on each case's layout over the same micro-batches,
 // compares losses and parameters, and returns the one rank's parameters.
+// Sequences are 4 tokens, or 2·tp when a case's tp needs more (the
+// sequence-parallel split, Layout.CheckSeq).
 func trainsAsOneRank(t *testing.T, name string, cfg *moe.Config, cases []rankCase) [][]float32 {
 	t.Helper()
-	ac := moe.AC{Mode: moe.ACSelective}
-	ra, pa, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 4, 3)
+	return trainsAsOneRankAC(t, name, cfg, moe.AC{Mode: moe.ACSelective}, cases)
+}
+
+// trainsAsOneRankAC is trainsAsOneRank under policy ac.
+func trainsAsOneRankAC(t *testing.T, name string, cfg *moe.Config, ac moe.AC, cases []rankCase) [][]float32 {
+	t.Helper()
+	seq := 4
 	for _, tc := range cases {
-		rb, pb, _ := numericRun(t, cfg, moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep), ac, 1, tc.micro, 3)
-		compareRuns(t, fmt.Sprintf("%s %d×%d ep %d", name, tc.rep, tc.gpus/tc.rep, tc.ep), ra, rb, pa, pb, tc.exact, 1e-5)
+		seq = max(seq, 2*tc.tp)
+	}
+	ra, pa, _ := numericRunSeq(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, seq, 4, 3)
+	for _, tc := range cases {
+		rb, pb, _ := numericRunSeq(t, cfg, tc.layout(t), ac, 1, seq, tc.micro, 3)
+		compareRuns(t, fmt.Sprintf("%s %d×%d ep %d tp %d etp %d %s", name, tc.rep, tc.gpus/tc.rep, tc.ep, max(tc.tp, 1), max(tc.etp, 1), ac),
+			ra, rb, pa, pb, tc.exact, 1e-5)
 	}
 	return pa
 }

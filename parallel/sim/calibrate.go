@@ -170,8 +170,20 @@ func InputForRun(r Run) (Input, error) {
 	if err != nil {
 		return Input{}, err
 	}
+	tv, err := ParseTorchVersion("torch_version", r.TorchVersion)
+	if err != nil {
+		return Input{}, err
+	}
+	disp, err := ParseDispatcher("dispatcher", r.Dispatcher)
+	if err != nil {
+		return Input{}, err
+	}
+	experts, err := ParseExpertGEMM("expert_gemm", r.ExpertGEMM)
+	if err != nil {
+		return Input{}, err
+	}
 	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl,
-		Memory: mo, AttentionKernel: AttentionKernel(r.AttentionKernel), Precision: r.Precision}, nil
+		Memory: mo, AttentionKernel: AttentionKernel(r.AttentionKernel), Precision: r.Precision, Torch: tv, FusedElementwise: r.FusedElementwise, Dispatcher: disp, ExpertGEMM: experts}, nil
 }
 
 // measuredReserved returns the run's measured peak reserved bytes, if any.

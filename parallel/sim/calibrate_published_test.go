@@ -148,10 +148,17 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 		}
 		line += fmt.Sprintf(" %9.0f %+7.1f%%%s", c.TPS, 100*ec, role)
 	}
-	if !strings.HasPrefix(r.Framework, "torchtitan") {
-		line += " [framework difference not modelled: " + r.Framework + "]"
+	return line + frameworkMark(r), eu, ec
+}
+
+// frameworkMark marks a row whose framework differs from the torchtitan
+// moescope models: another framework, or a torchtitan whose changes the
+// row's unmodelled field names (a fork).
+func frameworkMark(r Run) string {
+	if !strings.HasPrefix(r.Framework, "torchtitan") || r.Unmodelled != "" {
+		return " [framework difference not modelled: " + r.Framework + "]"
 	}
-	return line, eu, ec
+	return ""
 }
 
 // publishedPipelineRow is publishedTPSRow for a pipeline run (pp > 1),
@@ -166,10 +173,7 @@ func publishedPipelineRow(t *testing.T, r Run, in Input) (line string, eu, ec fl
 	name := r.RunID + " " + r.Model
 	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
 		publishedLayout(r), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
-	if !strings.HasPrefix(r.Framework, "torchtitan") {
-		line += " [framework difference not modelled: " + r.Framework + "]"
-	}
-	return line, eu, 0
+	return line + frameworkMark(r), eu, 0
 }
 
 // publishedLayout prints a run's dp_replicate × dp_shard, with pp× before

@@ -110,6 +110,18 @@ type ComputeSpec struct {
 	// Compiled says torch.compile fuses each chain of elementwise ops into
 	// one kernel (bytesPerElement); false is eager PyTorch.
 	Compiled bool
+	// CompositeNorm says eager RMSNorm runs PyTorch's composite
+	// implementation of several fp32 kernels (before 2.9; eagerBytes).
+	CompositeNorm bool
+	// ExpertGEMMEff, when > 0, prices routed experts as one dense cuBLAS
+	// GEMM per expert at this efficiency (TransformerEngine's GroupedLinear:
+	// ExpertGEMM) instead of torch._grouped_mm's GroupedEff.
+	ExpertGEMMEff float64
+	// FusedElementwise says an eager framework runs each elementwise op
+	// of the vocabulary as one fused kernel (TransformerEngine's and
+	// Megatron's fused RMSNorm, RoPE, SwiGLU and cross-entropy) rather
+	// than PyTorch's decomposition.
+	FusedElementwise bool
 	// Sustained is the sustained ÷ burst tensor-core rate (hw.Kernels'
 	// SustainedRatio; 0 reads as 1: burst clock).
 	Sustained float64
@@ -203,7 +215,19 @@ func (c ComputeSpec) Validate() error {
 			return fmt.Errorf("compute: %s = %v must be in (0, 1]", f.name, f.v)
 		}
 	}
+	if !(c.ExpertGEMMEff >= 0 && c.ExpertGEMMEff <= 1) {
+		return fmt.Errorf("compute: expert_gemm_eff = %v must be in [0, 1] (0 = torch._grouped_mm)", c.ExpertGEMMEff)
+	}
 	return nil
+}
+
+// withExperts sets the routed experts' kernel: per-expert cuBLAS GEMMs run
+// at the device's dense GEMM efficiency.
+func (c ComputeSpec) withExperts(k ExpertGEMM) ComputeSpec {
+	if k == CuBLASExperts {
+		c.ExpertGEMMEff = c.GEMMEff
+	}
+	return c
 }
 
 // Calibrated returns the spec with calibration's multipliers applied to the
@@ -215,6 +239,7 @@ func (c ComputeSpec) Calibrated(cal *Calibration) ComputeSpec {
 	all := scaleOr1(cal.ComputeScale)
 	c.GEMMEff = math.Min(1, c.GEMMEff*all*scaleOr1(cal.GEMMScale))
 	c.GroupedEff = math.Min(1, c.GroupedEff*all*scaleOr1(cal.GroupedScale))
+	c.ExpertGEMMEff = math.Min(1, c.ExpertGEMMEff*all*scaleOr1(cal.GroupedScale))
 	c.AttnFwdEff = math.Min(1, c.AttnFwdEff*all*scaleOr1(cal.AttentionScale))
 	c.AttnBwdEff = math.Min(1, c.AttnBwdEff*all*scaleOr1(cal.AttentionScale))
 	c.MemEff = math.Min(1, c.MemEff*all*scaleOr1(cal.MemoryBoundScale))
@@ -237,12 +262,13 @@ func (c ComputeSpec) GEMMSeconds(M, N, K int64) float64 {
 // per-expert weight gradient N_out×N by the group's rows (K = Ms[e]).
 func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) float64 {
 	var tileK float64 // Σ tiles·K / (the group's efficiency relative to GroupedEff)
-	var tiles int64
+	var tiles, groups int64
 	var bytes float64
 	for _, m := range Ms {
 		if m <= 0 {
 			continue
 		}
+		groups++
 		var M, N, K int64
 		switch pass {
 		case moe.BackwardData:
@@ -254,12 +280,22 @@ func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) fl
 		}
 		t := ceilDiv(M, gemmTile) * ceilDiv(N, gemmTile)
 		tiles += t
+		bytes += 2 * float64(M*K+K*N+M*N)
+		if c.ExpertGEMMEff > 0 {
+			tileK += float64(t) * float64(K)
+			continue
+		}
 		// A group of m rows runs at m/(m + m_half) of the asymptotic rate.
 		tileK += float64(t) * float64(K) * (float64(m) + c.GroupedHalfRows) / float64(m)
-		bytes += 2 * float64(M*K+K*N+M*N)
 	}
 	if tiles == 0 {
 		return 0
+	}
+	if c.ExpertGEMMEff > 0 {
+		// One cuBLAS GEMM per expert, launched on a pool of streams that
+		// run them side by side: the tiles of all share the SMs' waves, at
+		// the dense rate, and the host launches each.
+		return math.Max(c.tiledSeconds(tileK, tiles, c.ExpertGEMMEff, bytes), float64(groups)*c.LaunchS)
 	}
 	return c.tiledSeconds(tileK, tiles, c.GroupedEff, bytes)
 }
@@ -329,37 +365,103 @@ func weightShape(cfg *moe.Config, op moe.Op) (out, in int64, ok bool) {
 }
 
 // bytesPerElement is the HBM traffic per counted element of a memory-bound
-// op: element size × accesses (reads + writes). Activations are bf16. In
-// eager PyTorch each op is its own kernel: forward kernels of the
-// vocabulary read one or two operands and write one (3 accesses), backward
-// kernels read the input, the output gradient (and a saved statistic) and
-// write the input gradient (4 accesses). Compiled, Inductor fuses the
-// chain of elementwise ops between two matmuls into one kernel whose
-// intermediates stay in registers: per op of the chain one read and one
-// write (2 accesses) forward, and 3 backward (input and output gradient
-// read, input gradient written; the statistic recomputed in the kernel);
-// worked out from what the fused kernel must move, not measured. The loss
-// works on fp32 logits (torchtitan upcasts before cross-entropy); AdamW
-// reads parameter, gradient and both moments and writes parameter and
-// moments, all fp32: 7 × 4 = 28 bytes per parameter (fused AdamW, one
-// pass, either way). Gathers and scatters read a row and write a row.
-func bytesPerElement(op moe.Op, pass moe.Pass, compiled bool) float64 {
-	acc := 3.0
-	if pass == moe.BackwardData || pass == moe.BackwardWeight {
-		acc = 4
-	}
-	if compiled {
-		acc--
-	}
+// op: element size × accesses (reads + writes). Activations are bf16.
+// Compiled, Inductor fuses the chain of elementwise ops between two matmuls
+// into one kernel whose intermediates stay in registers: per op of the
+// chain one read and one write (2 accesses) forward, and 3 backward (input
+// and output gradient read, input gradient written; the statistic
+// recomputed in the kernel); worked out from what the fused kernel must
+// move, not measured. In eager PyTorch each op is its own kernel (or
+// several): eagerBytes. The loss works on fp32 logits (torchtitan upcasts
+// before cross-entropy); AdamW reads parameter, gradient and both moments
+// and writes parameter and moments, all fp32: 7 × 4 = 28 bytes per
+// parameter (fused AdamW, one pass, either way). Gathers and scatters read
+// a row and write a row.
+func (c ComputeSpec) bytesPerElement(op moe.Op, pass moe.Pass) float64 {
+	backward := pass == moe.BackwardData || pass == moe.BackwardWeight
 	switch op {
 	case moe.OpOptimizer:
 		return 28
-	case moe.OpLoss:
-		return 4 * acc
 	case moe.OpEmbed, moe.OpDispatch, moe.OpCombine:
 		return 2 * 2
 	}
+	if !c.Compiled && !c.FusedElementwise {
+		if b, ok := eagerBytes(op, pass, c.CompositeNorm); ok {
+			return b
+		}
+	}
+	acc := 3.0
+	if backward {
+		acc = 4
+	}
+	if c.Compiled {
+		acc--
+	}
+	if op == moe.OpLoss {
+		return 4 * acc
+	}
 	return 2 * acc
+}
+
+// eagerBytes is the HBM traffic per counted element of the ops that eager
+// PyTorch runs as several kernels, each reading and writing its whole
+// tensor, counted kernel by kernel from the code that runs (b = bf16 read
+// or write of 2 bytes, f = fp32 of 4; per-row statistics and broadcast
+// operands are negligible). ok is false for an op of one kernel each way,
+// which the generic rule of bytesPerElement prices.
+//
+//	RMSNorm, composite (PyTorch before 2.9: at::rms_norm in
+//	  aten/src/ATen/native/layer_norm.cpp is CompositeImplicitAutograd:
+//	  input.to(float), pow, mean, mul by rsqrt, mul by weight, type_as):
+//	  forward bf+ff+f+ff+ff+fb = 40; backward through autograd, the data
+//	  path bf (type_as) + ff (× weight) + ff (× rsqrt) + ff+f (the mean's
+//	  gradient through pow) + fff (sum of the two paths) + fb (to bf16) +
+//	  ff+f (the rsqrt path's row sums) = 64 and the weight gradient fff+f
+//	  (product with the saved normalized input, then the sum over rows) =
+//	  16. PyTorch 2.9 runs aten._fused_rms_norm (pytorch/pytorch PR
+//	  #153666, in nightlies from August 2025 per pytorch issue #157345),
+//	  one kernel each way: the generic rule.
+//	RoPE: torchtitan's Llama 3 apply_rotary_emb upcasts and multiplies in
+//	  complex fp32 (float(), view_as_complex, × freqs_cis, view_as_real,
+//	  type_as): bf+ff+fb = 20 forward, and its autograd the same three
+//	  kernels backward, 20; torchtitan's Qwen3 rotate_half form (x·cos,
+//	  neg and cat of the halves, ·sin, add, in bf16) moves bb+½bb+bb+bb+
+//	  bbb = 20 as well.
+//	SwiGLU (silu(x·W1)·(x·W3), the dense, shared and routed experts'):
+//	  silu bb + mul bbb = 10 forward; backward the product rule's two
+//	  muls bbb + bbb and silu's backward bbb = 18.
+//	cross-entropy on upcast logits (torchtitan's cross_entropy_loss,
+//	  F.cross_entropy(pred.float())): forward bf + log_softmax ff = 14
+//	  bytes per logit; backward nll_loss's zero-filled gradient f, the
+//	  log_softmax backward fff and the cast back fb: f+fff+fb = 22.
+func eagerBytes(op moe.Op, pass moe.Pass, compositeNorm bool) (float64, bool) {
+	backward := pass == moe.BackwardData || pass == moe.BackwardWeight
+	switch op {
+	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm, moe.OpQANorm, moe.OpKVANorm:
+		if !compositeNorm {
+			return 0, false
+		}
+		switch pass {
+		case moe.BackwardData:
+			return 64, true
+		case moe.BackwardWeight:
+			return 16, true
+		}
+		return 40, true
+	case moe.OpRoPE:
+		return 20, true
+	case moe.OpDenseAct, moe.OpExpertAct, moe.OpSharedAct:
+		if backward {
+			return 18, true
+		}
+		return 10, true
+	case moe.OpLoss:
+		if backward {
+			return 22, true
+		}
+		return 14, true
+	}
+	return 0, false
 }
 
 // OpSeconds models one op record on one GPU. groups gives the relative
@@ -396,7 +498,7 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 		}
 		return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*eff*c.clock()), c.LaunchS), nil
 	}
-	return c.MemorySeconds(float64(rec.Count) * bytesPerElement(rec.Op, rec.Pass, c.Compiled)), nil
+	return c.MemorySeconds(float64(rec.Count) * c.bytesPerElement(rec.Op, rec.Pass)), nil
 }
 
 // splitRows divides rows over n groups in proportion to weights (evenly

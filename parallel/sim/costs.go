@@ -177,6 +177,10 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
 	shapes := map[parallel.Axis]GroupShape{}
+	share := 1.0 // the rows the dispatcher sends (dispatchShare)
+	if in.Dispatcher != AllToAllDispatch && in.Config != nil {
+		share = dispatchShare(in.Dispatcher, in.Config, mesh.Group(parallel.AxisEP, 0).Size())
+	}
 	for i, o := range s.Ops {
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
 		if o.Type == parallel.OpCompute {
@@ -208,6 +212,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 			if sh, ok := loads[o.Layer]; ok {
 				bytes *= sh.load
 			}
+			bytes *= share
 		}
 		kind := parallel.CollKind(o.Coll)
 		switch o.Coll {

@@ -233,8 +233,10 @@ func simulatePipeline(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.Calibrated(in.Calibration)
+	spec = spec.withExperts(in.ExpertGEMM).Calibrated(in.Calibration)
 	spec.Compiled = in.Memory.Compile.Model
+	spec.CompositeNorm = in.Torch.before(fusedNormSince)
+	spec.FusedElementwise = in.FusedElementwise
 	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
@@ -393,7 +395,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			us = append(us, chunks[r+k*l.Stages()]...)
 		}
 		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
-		pc.opt[r] = spec.MemorySeconds(params*bytesPerElement(moe.OpOptimizer, moe.Forward, spec.Compiled)) + spec.gradClipSeconds(params) + norm.Seconds()
+		pc.opt[r] = spec.MemorySeconds(params*spec.bytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.gradClipSeconds(params) + norm.Seconds()
 	}
 	return pc, nil
 }
@@ -411,7 +413,8 @@ func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Inp
 	}
 	g := ShapeOf(cl, pl.Stage.Group(parallel.AxisEP, 0).Ranks)
 	T := float64(inMB.LBS) * float64(inMB.Seq)
-	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes())
+	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes()) *
+		dispatchShare(inMB.Dispatcher, cfg, l.EP)
 	counts, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
 	if err != nil {
 		return nil, err

@@ -70,6 +70,27 @@ type Run struct {
 	// Optimizer is the AdamW implementation, fused or foreach (an addition
 	// to DESIGN's schema; "" = fused, torchtitan's default since 2025).
 	Optimizer string `json:"optimizer,omitempty"`
+	// TorchVersion is the PyTorch release the run used, MAJOR.MINOR (an
+	// addition to DESIGN's schema; absent = 2.9 or later). It decides the
+	// kernels of eager mode (before 2.9 RMSNorm is a composite of fp32
+	// kernels).
+	TorchVersion string `json:"torch_version,omitempty"`
+	// FusedElementwise says the run's framework runs each elementwise op
+	// as one fused kernel of its own (TransformerEngine and Megatron-Core
+	// fusions of RMSNorm, RoPE, SwiGLU and cross-entropy) where eager
+	// PyTorch would run several (an addition to DESIGN's schema; absent =
+	// false).
+	FusedElementwise bool `json:"fused_elementwise,omitempty"`
+	// Dispatcher is how the run's framework moves expert-parallel tokens:
+	// absent or all_to_all (torchtitan's), deepep or hybridep (DeepEP's
+	// kernels: one row per token and destination rank; an addition to
+	// DESIGN's schema).
+	Dispatcher string `json:"dispatcher,omitempty"`
+	// ExpertGEMM is the kernel of the routed experts' matmuls: absent or
+	// grouped_mm (torch._grouped_mm, torchtitan's), cublas
+	// (TransformerEngine's GroupedLinear, one cuBLAS GEMM per expert; an
+	// addition to DESIGN's schema).
+	ExpertGEMM string `json:"expert_gemm,omitempty"`
 	// LossChunks is the number of chunks of a chunked cross-entropy (an
 	// addition to DESIGN's schema; 0 = unchunked).
 	LossChunks int `json:"loss_chunks,omitempty"`
@@ -246,6 +267,15 @@ func (r Run) Validate(requireSource bool) error {
 	}
 	if r.AttentionKernel != "" && r.AttentionKernel != string(CuDNNAttention) && r.AttentionKernel != string(Flash2Attention) {
 		bad("attention_kernel", r.AttentionKernel, "must be cudnn or flash2")
+	}
+	if _, err := ParseTorchVersion("torch_version", r.TorchVersion); err != nil {
+		bad("torch_version", r.TorchVersion, "must be a PyTorch release MAJOR.MINOR, e.g. 2.6")
+	}
+	if _, err := ParseDispatcher("dispatcher", r.Dispatcher); err != nil {
+		bad("dispatcher", r.Dispatcher, "must be all_to_all, deepep or hybridep")
+	}
+	if _, err := ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
+		bad("expert_gemm", r.ExpertGEMM, "must be grouped_mm or cublas")
 	}
 	if r.LossChunks < 0 {
 		bad("loss_chunks", r.LossChunks, "must be ≥ 0")

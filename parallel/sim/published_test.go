@@ -243,3 +243,34 @@ func TestRunMemoryOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestRunFrameworkFields: the runs schema's framework fields reach the
+// simulator's input, and a value outside each field's list is refused by
+// Validate and by InputForRun, naming the field.
+func TestRunFrameworkFields(t *testing.T) {
+	base := Run{Model: "tiny", GPU: "b200", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 8,
+		Precision: "bf16", TPS: 1, Source: "test"}
+	r := base
+	r.TorchVersion, r.Dispatcher, r.ExpertGEMM, r.FusedElementwise = "2.6.0", "hybridep", "cublas", true
+	in, err := InputForRun(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Torch != (TorchVersion{2, 6}) || in.Dispatcher != DeepEPDispatch || in.ExpertGEMM != CuBLASExperts || !in.FusedElementwise {
+		t.Errorf("input %+v %q %q %v", in.Torch, in.Dispatcher, in.ExpertGEMM, in.FusedElementwise)
+	}
+	for field, edit := range map[string]func(*Run){
+		"torch_version": func(r *Run) { r.TorchVersion = "latest" },
+		"dispatcher":    func(r *Run) { r.Dispatcher = "nccl" },
+		"expert_gemm":   func(r *Run) { r.ExpertGEMM = "triton" },
+	} {
+		r := base
+		edit(&r)
+		if err := r.Validate(true); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate = %v, want one naming it", field, err)
+		}
+		if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: InputForRun = %v, want one naming it", field, err)
+		}
+	}
+}

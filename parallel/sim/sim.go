@@ -55,6 +55,18 @@ type Input struct {
 	SkipInterval bool
 	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
 	AttentionKernel AttentionKernel
+	// Torch is the PyTorch release (zero value: 2.9 or later), which
+	// decides the kernels eager mode runs (eagerBytes).
+	Torch TorchVersion
+	// FusedElementwise: the framework's own fused elementwise kernels
+	// (ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
+	FusedElementwise bool
+	// Dispatcher moves the expert-parallel tokens ("" = torchtitan's
+	// all-to-all of every row).
+	Dispatcher Dispatcher
+	// ExpertGEMM is the routed experts' matmul kernel ("" =
+	// torch._grouped_mm).
+	ExpertGEMM ExpertGEMM
 	// Precision is the training recipe; "" = bf16, the only one priced
 	// (PricedPrecisions).
 	Precision string
@@ -345,9 +357,11 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.Calibrated(cal)
+	spec = spec.withExperts(p.in.ExpertGEMM).Calibrated(cal)
 	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
 	spec.Compiled = p.in.Memory.Compile.Model
+	spec.CompositeNorm = p.in.Torch.before(fusedNormSince)
+	spec.FusedElementwise = p.in.FusedElementwise
 	// Every rank of the job waits for the slowest GPU.
 	spec.GPUs = p.l.GPUs
 	if err := spec.Validate(); err != nil {

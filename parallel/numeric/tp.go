@@ -1,0 +1,231 @@
+package numeric
+
+import (
+	"context"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel"
+)
+
+// Tensor parallelism with sequence parallelism (torchtitan v0.2.2,
+// 73a0e69: models/qwen3/infra/parallelize.py apply_non_moe_tp,
+// models/llama4/infra/parallelize.py apply_moe_ep_tp). The tp ranks of one
+// group read the same sequences; each holds its pieces of the weights
+// (moe.TPShard: column-wise q/k/v, w1/w3 and the LM head, row-wise o and
+// w2, the embedding's vocabulary rows; the norms, the router gate and the
+// shared-expert gate whole) and runs its blocks with moe.Config.TPLocal's
+// heads and widths. Sequence-parallel tensors hold, of every sequence of
+// the micro-batch, the positions [j·S/tp, (j+1)·S/tp) on member j (torch's
+// Shard(1) of [batch, seq, hidden]). The collectives are
+// parallel.TPCollectives' (TestTPCollectivesAreTheListed checks it), plus
+// one all-reduce over tp per unit and micro-step of the replicated
+// tensors' gradients: each member computed them from its own tokens or
+// heads (DTensor's Partial placement of a Replicate parameter's gradient,
+// reduced to Replicate).
+
+// tpComm is one rank's moe.TPComm on its tensor-parallel group.
+type tpComm struct {
+	ctx   context.Context
+	ep    *Endpoint
+	group parallel.Group
+	idx   int // this rank's member index (its sequence-parallel positions)
+
+	batch, seq, hidden int
+	act                moe.DType
+	ac                 moe.AC
+	splitRows          bool // ep > 1 at etp = 1: Layout.TokensPerExpertRank() = tp
+	// expertsDone reduces a layer's expert gradients in the current
+	// micro-step (nil under expert parallelism: the EP stage does it
+	// between its two all-to-alls).
+	expertsDone func(layer int) error
+	err         error
+	// log, when non-nil, receives per layer every tensor-parallel
+	// collective issued, as parallel.TPColl describes it (tests).
+	log map[int][]parallel.TPColl
+}
+
+func (c *tpComm) bind(ctx context.Context, ep *Endpoint) {
+	c.ctx, c.ep, c.err = ctx, ep, nil
+}
+
+func (c *tpComm) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// record logs a collective of layer as the phase and purpose
+// TPCollectives names it by: a recompute's collectives are the
+// PhaseRecompute ones of a fully checkpointed block; under the selective
+// policy only the all-gathers re-run, listed as backward re-gathers.
+func (c *tpComm) record(layer int, pass moe.Pass, k parallel.CollKind, dt moe.DType, n int) {
+	if c.log == nil {
+		return
+	}
+	e := parallel.TPColl{Coll: k, DType: dt, Elements: int64(n)}
+	gather := k == parallel.CollAllGather
+	switch {
+	case k == parallel.CollAllReduce:
+		e.Phase, e.Purpose = parallel.PhaseForward, parallel.PurposeTPLoss
+	case pass == moe.Forward:
+		e.Phase, e.Purpose = parallel.PhaseForward, pick(gather, parallel.PurposeTPGather, parallel.PurposeTPReduce)
+	case pass == moe.Recompute && c.ac.FullyCheckpointed(layer):
+		e.Phase, e.Purpose = parallel.PhaseRecompute, pick(gather, parallel.PurposeTPGather, parallel.PurposeTPReduce)
+	case pass == moe.Recompute:
+		e.Phase, e.Purpose = parallel.PhaseBackward, parallel.PurposeTPRegather
+	default:
+		e.Phase, e.Purpose = parallel.PhaseBackward, pick(gather, parallel.PurposeTPGradGath, parallel.PurposeTPGradRed)
+	}
+	c.log[layer] = append(c.log[layer], e)
+}
+
+func pick(cond bool, a, b parallel.Purpose) parallel.Purpose {
+	if cond {
+		return a
+	}
+	return b
+}
+
+// Gather implements moe.TPComm: the all-gather of the members' positions,
+// reordered from [member][batch][seq/tp] to [batch][seq].
+func (c *tpComm) Gather(layer int, pass moe.Pass, local []float32) []float32 {
+	n, D, B := c.group.Size(), c.hidden, c.batch
+	sl := c.seq / n
+	out := make([]float32, len(local)*n)
+	c.record(layer, pass, parallel.CollAllGather, c.act, len(out))
+	if c.err != nil {
+		return out
+	}
+	g, err := c.ep.AllGather(c.ctx, c.group, c.act, local)
+	if err != nil {
+		c.fail(err)
+		return out
+	}
+	for m := 0; m < n; m++ {
+		for b := 0; b < B; b++ {
+			src := g[((m*B+b)*sl)*D : ((m*B+b)*sl+sl)*D]
+			copy(out[(b*c.seq+m*sl)*D:], src)
+		}
+	}
+	return out
+}
+
+// Scatter implements moe.TPComm: partial [batch][seq] laid out as
+// [member][batch][seq/tp] and reduce-scattered.
+func (c *tpComm) Scatter(layer int, pass moe.Pass, partial []float32) []float32 {
+	n, D, B := c.group.Size(), c.hidden, c.batch
+	sl := c.seq / n
+	out := make([]float32, len(partial)/n)
+	c.record(layer, pass, parallel.CollReduceScatter, c.act, len(partial))
+	if c.err != nil {
+		return out
+	}
+	in := make([]float32, 0, len(partial))
+	for m := 0; m < n; m++ {
+		for b := 0; b < B; b++ {
+			in = append(in, partial[(b*c.seq+m*sl)*D:(b*c.seq+m*sl+sl)*D]...)
+		}
+	}
+	if err := c.ep.ReduceScatter(c.ctx, c.group, c.act, in, out); err != nil {
+		c.fail(err)
+	}
+	return out
+}
+
+// AllReduce implements moe.TPComm (loss parallel's fp32 reductions).
+func (c *tpComm) AllReduce(layer int, v []float32, max bool) {
+	c.record(layer, moe.Forward, parallel.CollAllReduce, moe.F32, len(v))
+	if c.err != nil {
+		return
+	}
+	var err error
+	if max {
+		err = c.ep.AllReduceMax(c.ctx, c.group, moe.F32, v)
+	} else {
+		err = c.ep.AllReduce(c.ctx, c.group, moe.F32, v)
+	}
+	if err != nil {
+		c.fail(err)
+	}
+}
+
+// ExpertsDone implements moe.TPComm.
+func (c *tpComm) ExpertsDone(layer int) {
+	if c.err == nil && c.expertsDone != nil {
+		if err := c.expertsDone(layer); err != nil {
+			c.fail(err)
+		}
+	}
+}
+
+// ExpertTokens implements moe.TPComm: with ep > 1 at etp = 1 the member's
+// contiguous 1/tp of the tokens, else all.
+func (c *tpComm) ExpertTokens(tokens int) (lo, hi int) {
+	if !c.splitRows {
+		return 0, tokens
+	}
+	n := tokens / c.group.Size()
+	return c.idx * n, (c.idx + 1) * n
+}
+
+// tpPiece returns this rank's piece of parameter p (whole in full): split
+// over tp by its tp index, or, for routed experts, over Layout.ExpertTP by
+// its expert-TP index.
+func (r *numRank) tpPiece(p moe.Param, full []float32) []float32 {
+	n, idx := r.tpSplit(p)
+	return moe.TPShard(p, full, n, idx)
+}
+
+// tpSplit is the degree and member index p is split by on this rank.
+func (r *numRank) tpSplit(p moe.Param) (n, idx int) {
+	l := r.spec.Mesh.Layout
+	tp := l.TPDegree()
+	if p.Group == moe.GroupRouted {
+		x := l.ExpertTP()
+		return x, (r.coord.Shard*tp + r.coord.TP) % x
+	}
+	return tp, r.coord.TP
+}
+
+// tpReduceReplicated sums over the tp group the gradients g (u's tensors,
+// whole) of u's replicated tensors, which each member computed from its
+// own tokens or heads.
+func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUnit, g [][]float32) error {
+	if r.tp == nil || u.u.Experts {
+		return nil
+	}
+	ps := r.cfg.Params()
+	var buf []float32
+	for k, ix := range u.params {
+		if ps[ix[0]].TP == moe.TPReplicated {
+			buf = append(buf, g[k]...)
+		}
+	}
+	if len(buf) == 0 {
+		return nil
+	}
+	if err := ep.AllReduce(ctx, r.tp.group, r.spec.Precision.Grad, buf); err != nil {
+		return err
+	}
+	off := 0
+	for k, ix := range u.params {
+		if ps[ix[0]].TP == moe.TPReplicated {
+			off += copy(g[k], buf[off:off+len(g[k])])
+		}
+	}
+	return nil
+}
+
+// vocabLo is the first vocabulary row of this rank's embedding and LM head
+// pieces.
+func (r *numRank) vocabLo() int {
+	tp := r.spec.Mesh.Layout.TPDegree()
+	return r.coord.TP * ((r.cfg.Vocab + tp - 1) / tp)
+}
+
+func (r *numRank) tpErr() error {
+	if r.tp != nil {
+		return r.tp.err
+	}
+	return nil
+}
