@@ -200,6 +200,9 @@ func planCheckReport(t *testing.T, req Request, rep *Report) {
 		if r.Score.MemoryFraction > req.MemoryTarget {
 			t.Errorf("plan %d over the memory target: %v", i, r.Score.MemoryFraction)
 		}
+		if pp := l.Stages(); pp > 1 && (!slices.Contains(req.PPs, pp) || !lbsValid(l, r.Point.LBS)) {
+			t.Errorf("plan %d: pp %d not among %v, or lbs %d not whole micro-batches of %d", i, pp, req.PPs, r.Point.LBS, l.PPMicrobatchSize)
+		}
 		if req.GlobalBatch > 0 && r.Point.GlobalBatch() != req.GlobalBatch {
 			t.Errorf("plan %d global batch %d, want %d", i, r.Point.GlobalBatch(), req.GlobalBatch)
 		}
