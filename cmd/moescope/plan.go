@@ -537,8 +537,7 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *pl
 }
 
 // With pp searched, the stage table says which pp each stage's best plan
-// uses, so it shows at which scale a pipeline enters (grew says "pp ×k"
-// where it deepens).
+// uses, so it shows at which scale a pipeline enters the lead.
 func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device, ppSearched bool) {
 	mode := "hierarchical search"
 	if rep.Exhaustive {
@@ -581,6 +580,35 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 	for _, line := range planExplain(rep, dev) {
 		fmt.Fprintln(w, line)
 	}
+	if ppSearched {
+		fmt.Fprintln(w, planPipelineVerdict(rep))
+	}
+}
+
+// planPipelineVerdict says whether pipeline parallelism wins: the best
+// plan with pp > 1 and the best without, and how far apart they are.
+func planPipelineVerdict(rep *plan.Report) string {
+	var pipe, flat *plan.Result
+	for i := range rep.Plans {
+		r := &rep.Plans[i]
+		if r.Point.Layout.Stages() > 1 && pipe == nil {
+			pipe = r
+		}
+		if r.Point.Layout.Stages() == 1 && flat == nil {
+			flat = r
+		}
+	}
+	switch {
+	case pipe == nil:
+		return "pipeline: no pipeline layout is among the plans at the target scale."
+	case flat == nil:
+		return fmt.Sprintf("pipeline: only pipelines are among the plans; the best is %s.", planShort(pipe.Point))
+	case pipe.Score.TPS > flat.Score.TPS:
+		return fmt.Sprintf("pipeline: PP wins: %s is %.1f%% faster than the best without a pipeline (%s).",
+			planShort(pipe.Point), 100*(pipe.Score.TPS/flat.Score.TPS-1), planShort(flat.Point))
+	}
+	return fmt.Sprintf("pipeline: PP does not win: the best pipeline (%s) is %.1f%% slower than the best plan.",
+		planShort(pipe.Point), 100*(1-pipe.Score.TPS/flat.Score.TPS))
 }
 
 // planExplain is the two-line explanation of the best plan: what it is and

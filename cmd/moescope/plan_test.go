@@ -462,8 +462,8 @@ func TestPlanCommandPipeline(t *testing.T) {
 	if err := run(&out, &errb, args); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), "best pp") {
-		t.Errorf("stage table without the best-pp column:\n%s", out.String())
+	if !strings.Contains(out.String(), "best pp") || !strings.Contains(out.String(), "pipeline: PP ") {
+		t.Errorf("stage table without the best-pp column, or no pipeline verdict:\n%s", out.String())
 	}
 	out.Reset()
 	if err := run(&out, &errb, append(args, "--json")); err != nil {

@@ -23,8 +23,11 @@ type place struct {
 // non-decreasing in lbs and close to affine (state + activations ∝ lbs), so
 // the limit is first guessed from the slope between lbs 1 and 2 and the
 // guess and its neighbour checked (four evaluations when memory is affine);
-// any remaining bracket is closed by doubling and bisection, which needs
-// monotonicity only. perRank > 0 (sequences per rank per step) sets
+// a guess past the last local batch, or none, probes the last two batches
+// and aims the line through them; any remaining bracket is closed by
+// interpolation alternating with bisection. The answer needs monotonicity
+// only: the probes choose how fast it is found, never what it is
+// (TestPlanMaxLBS, TestPlanSimSizeByMemoryScan). perRank > 0 (sequences per rank per step) sets
 // grad_accum = ⌈perRank / lbs⌉, else 1.
 //
 // Under pp only some local batches run (lbsValid): the search is the same
@@ -60,12 +63,12 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 	// mLo and mHi are their memory fractions once probed.
 	lo, hi := 2, top+1
 	mLo, mHi := m2, 0.0
-	probe := func(lbs int) error {
-		ok, m, err := fits(lbs)
+	probe := func(i int) error {
+		ok, m, err := fits(i)
 		if ok {
-			lo, mLo = lbs, m
+			lo, mLo = i, m
 		} else {
-			hi, mHi = lbs, m
+			hi, mHi = i, m
 		}
 		return err
 	}
