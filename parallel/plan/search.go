@@ -134,7 +134,11 @@ func (q *Request) probeScales(ev Evaluator) ([]int, error) {
 				return nil
 			}
 			f := fams[i]
-			m, err := ev.MemoryFraction(Point{f.layout, f.ac, minLBS(f.layout), 1})
+			p := Point{f.layout, f.ac, minLBS(f.layout), 1}
+			if out, err := q.floored(ev, p); out || err != nil {
+				return err
+			}
+			m, err := ev.MemoryFraction(p)
 			if err == nil && memory.WithinTarget(m, q.MemoryTarget) {
 				found.Store(true)
 			}

@@ -3,6 +3,7 @@ package plan
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 
@@ -235,19 +236,33 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 		}
 		usable = append(usable, f)
 	}
-	// Size every family by memory, in parallel.
+	// Size every family by memory, in parallel; a family whose state
+	// alone exceeds the target (floored) is not sized, and its memory at
+	// its smallest point is estimated only if nothing fits, for the
+	// explanation.
 	type sized struct {
-		maxLBS int
-		m1     float64
+		maxLBS  int
+		m1      float64
+		floored bool
 	}
 	sizes := make([]sized, len(usable))
 	err = parallelDo(len(usable), q.Workers, func(i int) error {
 		var err error
+		if sizes[i].floored, err = q.floored(s.ev, first(usable[i])); sizes[i].floored || err != nil {
+			return err
+		}
 		sizes[i].maxLBS, sizes[i].m1, err = q.sizeByMemory(s.ev, usable[i], s.perRank)
 		return err
 	})
 	if err != nil {
 		return nil, st, nil, err
+	}
+	// nearer keeps in closest the first of the lowest memory fractions
+	// seen, in family order, then results order.
+	nearer := func(r Result) {
+		if closest == nil || r.Score.MemoryFraction < closest.Score.MemoryFraction {
+			closest = &r
+		}
 	}
 	var points []Point
 	for i, f := range usable {
@@ -255,8 +270,8 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 		if maxLBS == 0 {
 			st.Candidates++
 			st.Pruned++
-			if closest == nil || m1 < closest.Score.MemoryFraction {
-				closest = &Result{first(f), Score{MemoryFraction: m1}}
+			if !sizes[i].floored {
+				nearer(Result{first(f), Score{MemoryFraction: m1}})
 			}
 			continue
 		}
@@ -292,13 +307,52 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 	for _, r := range results {
 		if memory.WithinTarget(r.Score.MemoryFraction, q.MemoryTarget) && !r.Score.DoesNotFit && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
 			kept = append(kept, r)
-		} else if closest == nil || r.Score.MemoryFraction < closest.Score.MemoryFraction {
-			c := r
-			closest = &c
+		} else {
+			nearer(r)
+		}
+	}
+	if len(kept) == 0 && slices.ContainsFunc(sizes, func(z sized) bool { return z.floored }) {
+		// Nothing fits: the explanation names the closest point, so the
+		// floored families' own memory is needed after all, and closest
+		// is found again in the same order as if none had been floored
+		// (results is intact: nothing was kept).
+		closest = nil
+		for i, f := range usable {
+			if sizes[i].maxLBS > 0 {
+				continue
+			}
+			m1 := sizes[i].m1
+			if sizes[i].floored {
+				if m1, err = s.ev.MemoryFraction(first(f)); err != nil {
+					return nil, st, nil, err
+				}
+			}
+			nearer(Result{first(f), Score{MemoryFraction: m1}})
+		}
+		for _, r := range results {
+			nearer(r)
 		}
 	}
 	sortResults(kept)
 	return kept, st, closest, nil
+}
+
+// memoryFloor is implemented by evaluators that bound MemoryFraction from
+// below for every local batch of a point's layout, cheaply (SimEvaluator:
+// memory.SetupBytes, the state alone).
+type memoryFloor interface {
+	MemoryFloor(p Point) (float64, error)
+}
+
+// floored reports whether ev bounds p's memory above the target whatever
+// its local batch: it could never fit, and needs no timeline.
+func (q *Request) floored(ev Evaluator, p Point) (bool, error) {
+	fl, ok := ev.(memoryFloor)
+	if !ok {
+		return false, nil
+	}
+	b, err := fl.MemoryFloor(p)
+	return err == nil && !memory.WithinTarget(b, q.MemoryTarget), err
 }
 
 // parallelDo runs do(0..n-1) on up to workers goroutines and returns
