@@ -23,8 +23,7 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	}
 	b.local.w, b.local.g = w, g
 	st := &b.st
-	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
-	q, kv := H*d, G*d
+	T_, D := b.tokens(), c.Hidden
 	t64 := int64(T_)
 
 	// out = x2 + ffn(h2): dx2 = dy + ffn_norm backward of dh2.
@@ -42,10 +41,25 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	ex.op(L, OpFFNNorm, BackwardWeight, t64*int64(D))
 
 	// x2 = x + o_proj(attention(...))
+	dh1 := b.attentionBackward(w, g, dx2)
+	dx := dx2
+	rmsNormBwd(dx, g.AttnNorm, dh1, st.x, st.rstd1, w.AttnNorm, D)
+	ex.op(L, OpAttnNorm, BackwardData, t64*int64(D))
+	ex.op(L, OpAttnNorm, BackwardWeight, t64*int64(D))
+	b.st = blockState[T]{}
+	return dx
+}
+
+// attentionBackward returns the gradient of the normed input h1 from dout,
+// the gradient of o_proj's output over all T tokens: o_proj, attention and
+// the projections into it (MLA's or the standard q, k, v) in reverse.
+func (b *Block[T]) attentionBackward(w, g *LayerWeights[T], dout []T) []T {
+	c, ex, L, st := b.cfg, b.x, b.layer, &b.st
+	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
 	dvh := c.VHeadDim()
 	do := make([]T, T_*H*dvh)
-	linearBack(ex, L, OpOProj, do, g.Wo, nil, dx2, st.o, w.Wo, T_, D, H*dvh)
-	dq, dk, dv := make([]T, T_*q), make([]T, T_*kv), make([]T, T_*G*dvh)
+	linearBack(ex, L, OpOProj, do, g.Wo, nil, dout, st.o, w.Wo, T_, D, H*dvh)
+	dq, dk, dv := make([]T, T_*H*d), make([]T, T_*G*d), make([]T, T_*G*dvh)
 	a := b.attnShape()
 	attn.Backward(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
 	n := int64(b.batch) * int64(H) * a.Area()
@@ -57,12 +71,7 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	} else {
 		b.qkvBackward(w, g, dh1, dq, dk, dv)
 	}
-	dx := dx2
-	rmsNormBwd(dx, g.AttnNorm, dh1, st.x, st.rstd1, w.AttnNorm, D)
-	ex.op(L, OpAttnNorm, BackwardData, t64*int64(D))
-	ex.op(L, OpAttnNorm, BackwardWeight, t64*int64(D))
-	b.st = blockState[T]{}
-	return dx
+	return dh1
 }
 
 // qkvBackward accumulates into dh1 the gradient of the normed input from

@@ -1,10 +1,6 @@
 package moe
 
-import (
-	"math"
-
-	"github.com/moescope/moescope/moe/attn"
-)
+import "math"
 
 // Cache keys of the selective policy's reduce-scatter outputs under
 // sequence parallelism: torchtitan v0.2.2's _op_sac_save_list
@@ -117,8 +113,7 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 	}
 	b.local.w, b.local.g = w, g
 	st := &b.st
-	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
-	q, kv := H*d, G*d
+	T_, D := b.tokens(), c.Hidden
 	tl := int64(len(dyLocal) / D)
 
 	dy := tc.Gather(L, BackwardData, dyLocal)
@@ -136,17 +131,7 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 	ex.op(L, OpFFNNorm, BackwardData, tl*int64(D))
 	ex.op(L, OpFFNNorm, BackwardWeight, tl*int64(D))
 
-	dvh := c.VHeadDim()
-	do := make([]T, T_*H*dvh)
-	linearBack(ex, L, OpOProj, do, g.Wo, nil, tc.Gather(L, BackwardData, dx2), st.o, w.Wo, T_, D, H*dvh)
-	dq, dk, dv := make([]T, T_*q), make([]T, T_*kv), make([]T, T_*G*dvh)
-	a := b.attnShape()
-	attn.Backward(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
-	n := int64(b.batch) * int64(H) * a.Area()
-	ex.op(L, OpAttn, Recompute, n*int64(d))
-	ex.op(L, OpAttn, BackwardData, 2*n*int64(d+dvh))
-	dh1 := make([]T, T_*D)
-	b.qkvBackward(w, g, dh1, dq, dk, dv)
+	dh1 := b.attentionBackward(w, g, tc.Gather(L, BackwardData, dx2))
 	dx := dx2
 	rmsNormBwd(dx, g.AttnNorm, tc.Scatter(L, BackwardData, dh1), st.x, st.rstd1, w.AttnNorm, D)
 	ex.op(L, OpAttnNorm, BackwardData, tl*int64(D))

@@ -155,7 +155,7 @@ func TestTPCollectivesAreTheListed(t *testing.T) {
 					}
 				}
 				for _, r := range n.ranks {
-					if got := r.tp.log[layer]; !equalColls(got, w) {
+					if got := r.tp.log[layer]; !slices.Equal(got, w) {
 						t.Errorf("tp %d ep %d etp %d %s rank %d layer %d: issued %v, TPCollectives lists %v", l.TP, l.EP, l.ETP, ac, r.rank, layer, got, w)
 					}
 				}
@@ -176,18 +176,6 @@ func TestTPCollectivesAreTheListed(t *testing.T) {
 			}
 		}
 	}
-}
-
-func equalColls(a, b []parallel.TPColl) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestTPSavedEqualsMemory: what each tp rank keeps for backward (the
