@@ -620,7 +620,7 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	switch {
 	case l.DPShard == 1:
 		shape = fmt.Sprintf("pure data parallelism over %d replicas", l.DPReplicate)
-	case l.DPReplicate == 1 && l.TPDegree() == 1:
+	case l.DPReplicate == 1 && l.TPDegree() == 1 && l.Stages() == 1:
 		shape = fmt.Sprintf("%s over all %d GPUs", l.Sharding, l.DPShard)
 	case l.DPReplicate == 1:
 		shape = fmt.Sprintf("%s over %d GPUs", l.Sharding, l.DPShard)
@@ -629,6 +629,9 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	}
 	if l.EP > 1 {
 		shape += fmt.Sprintf(", experts over ep %d", l.EP)
+	}
+	if l.Stages() > 1 {
+		shape = fmt.Sprintf("a %d-stage pipeline, each stage %s", l.PP, shape)
 	}
 	if o := planOptions(l); o != "-" {
 		shape += " (" + o + ")"
