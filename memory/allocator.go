@@ -105,6 +105,7 @@ type simBlock struct {
 	seg        int // segment id, for deterministic tie-breaking
 	off, size  int64
 	free       bool
+	at         int // index in its pool's free list while free
 	prev, next *simBlock
 	pool       *simPool
 }
@@ -116,13 +117,20 @@ type simPool struct {
 	tail *simBlock
 }
 
+// add puts free block b on p's free list.
+func (p *simPool) add(b *simBlock) {
+	b.at = len(p.free)
+	p.free = append(p.free, b)
+}
+
+// remove takes b off p's free list by moving the last entry into its
+// place: the list's order does not matter, since bestFit's order (size,
+// segment, offset) is total over a pool's blocks.
 func (p *simPool) remove(b *simBlock) {
-	for i, x := range p.free {
-		if x == b {
-			p.free = append(p.free[:i], p.free[i+1:]...)
-			return
-		}
-	}
+	last := p.free[len(p.free)-1]
+	p.free[b.at] = last
+	last.at = b.at
+	p.free = p.free[:len(p.free)-1]
 }
 
 // bestFit returns the smallest free block of at least r bytes (ties: lowest
@@ -152,6 +160,20 @@ type allocSim struct {
 	pairs      []int       // by free event index: its allocation's index (-1: none)
 	reserved   [numStreams]int64
 	segs       int
+	// spare holds blocks a merge discarded, reused by later splits: a
+	// replay splits and merges thousands of blocks, and allocating each
+	// anew was half of a memory estimate's allocations.
+	spare []*simBlock
+}
+
+// newBlock returns a block to fill, reusing a discarded one when there is one.
+func (s *allocSim) newBlock() *simBlock {
+	if n := len(s.spare); n > 0 {
+		x := s.spare[n-1]
+		s.spare = s.spare[:n-1]
+		return x
+	}
+	return new(simBlock)
 }
 
 const numStreams = 3
@@ -186,7 +208,7 @@ func pairEvents(events []Event) []int {
 		label        string
 		layer, micro int
 	}
-	live := make(map[key]int, len(events)/2)
+	live := make(map[key]int, liveHint(len(events)))
 	pairs := make([]int, len(events))
 	for i, e := range events {
 		k := key{e.Label, e.Layer, e.Micro}
@@ -214,20 +236,21 @@ func (s *allocSim) alloc(i int, e Event) {
 		size := s.a.SegmentSize(r)
 		s.segs++
 		b = &simBlock{seg: s.segs, size: size, free: true, pool: p}
-		p.free = append(p.free, b)
+		p.add(b)
 		s.reserved[streamIndex(e.Stream)] += size
 	}
 	p.remove(b)
 	b.free = false
 	rest := b.size - r
 	if (small && rest >= s.a.RoundBytes) || (!small && rest > s.a.SmallBytes) {
-		n := &simBlock{seg: b.seg, off: b.off + r, size: rest, free: true, prev: b, next: b.next, pool: p}
+		n := s.newBlock()
+		*n = simBlock{seg: b.seg, off: b.off + r, size: rest, free: true, prev: b, next: b.next, pool: p}
 		if b.next != nil {
 			b.next.prev = n
 		}
 		b.next = n
 		b.size = r
-		p.free = append(p.free, n)
+		p.add(n)
 		if p.tail == b {
 			p.tail = n
 		}
@@ -253,7 +276,7 @@ func (s *allocSim) grow(p *simPool, st Stream, r int64, small bool) *simBlock {
 		if t != nil {
 			t.next = n
 		}
-		p.free = append(p.free, n)
+		p.add(n)
 		p.tail, t = n, n
 	}
 	mapped := roundUp(r-t.size, page)
@@ -281,6 +304,7 @@ func (s *allocSim) release(i int) {
 		if p.tail == n {
 			p.tail = b
 		}
+		s.spare = append(s.spare, n)
 	}
 	if q := b.prev; q != nil && q.free {
 		p.remove(q)
@@ -292,9 +316,10 @@ func (s *allocSim) release(i int) {
 		if p.tail == b {
 			p.tail = q
 		}
+		s.spare = append(s.spare, b)
 		b = q
 	}
-	p.free = append(p.free, b)
+	p.add(b)
 }
 
 // Simulate replays events (setup once, then the rest twice) under segment

@@ -3,6 +3,7 @@ package memory
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -131,11 +132,16 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 		Compile: o.Compile, LossDType: o.LossDType}
 	var worst Report
 	var stages []StagePeak
+	// spare is the event buffer of a rank that was not the worst, which
+	// the next rank fills instead of allocating its own: with hundreds of
+	// micro-batches a rank's timeline is tens of megabytes.
+	var spare []Event
 	for r := range l.Stages() {
-		rep, err := pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m)
+		rep, err := pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m, spare[:0])
 		if err != nil {
 			return Report{}, err
 		}
+		spare = nil
 		sp := StagePeak{Rank: r, InFlight: moe.InFlight(order[r]), Peak: rep.Peak,
 			PeakAllocatedBytes: rep.Peak.Allocated, PeakReservedBytes: rep.Peak.Reserved}
 		for k := range l.VirtualStages() {
@@ -145,8 +151,11 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 		}
 		stages = append(stages, sp)
 		if r == 0 || rep.Peak.Reserved > worst.Peak.Reserved {
+			spare = worst.Events
 			worst = rep
 			worst.Stage = r
+		} else {
+			spare = rep.Events
 		}
 	}
 	worst.Stages = stages
@@ -155,7 +164,8 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 
 // pipelineRank builds and replays pipeline rank r's timeline; mb is one
 // micro-batch's shape, accum the grad-accum micro-steps.
-func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int) (Report, error) {
+// buf, when not nil, is an empty buffer the timeline may reuse.
+func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int, buf []Event) (Report, error) {
 	pp, n := l.Stages(), len(chunks)
 	var units []Unit
 	builders := map[int]*stageBuilder{}
@@ -176,6 +186,7 @@ func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options,
 		return Report{}, err
 	}
 	rank.keep = rank.gathered
+	rank.events = buf
 	rank.setup()
 	for k := range l.VirtualStages() {
 		sb := builders[r+k*pp]
@@ -191,23 +202,27 @@ func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options,
 			}
 		}
 	}
-	events := rank.events
+	// Every action appends to the rank's one slice, sized once for the
+	// rank's units over all its micro-batches (appending each action's
+	// events from a builder's own slice copied the timeline twice over and
+	// was a third of a pipeline estimate).
+	events := slices.Grow(rank.events, rank.eventsBound(accum*m))
 	for micro := range accum {
 		for _, a := range order {
 			sb := builders[a.Stage]
-			sb.events = sb.events[:0]
+			sb.events = events
 			sb.micro = micro*m + a.Micro
 			if a.Backward {
 				sb.backwardStage(a.Micro, micro)
 			} else {
 				sb.forwardStage()
 			}
-			events = append(events, sb.events...)
+			events = sb.events
 		}
 	}
-	rank.events = rank.events[:0]
+	rank.events = events
 	rank.optimizerStep()
-	events = append(events, rank.events...)
+	events = rank.events
 	rep := Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: events}
 	rep.Peak, err = Replay(events, *o.Allocator, o.Segments)
 	return rep, err
@@ -276,8 +291,8 @@ func (s *stageBuilder) backwardUnitPP(i, mb, micro int) {
 	}
 	s.alloc(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
 	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
-	s.freeRecords("recompute", rec, CatRecompute)
-	s.freeRecords("saved", s.saved[i], CatActivations)
+	s.freeRecords(rec, CatRecompute)
+	s.freeRecords(s.savedSet(i), CatActivations)
 	// Buffers that outlive one micro-batch are labelled with the
 	// micro-step's first (accumulated gradients) or, like a step without
 	// pipelining, with micro-step 0 (gradients), so that their frees match.

@@ -201,7 +201,7 @@ func pipelineRankReport(cfg *moe.Config, l moe.Layout, b Batch, o Options, r int
 		return Report{}, err
 	}
 	sh := Shape{Batch: mb.LBS, Seq: mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation, Compile: o.Compile, LossDType: o.LossDType}
-	return pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m)
+	return pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m, nil)
 }
 
 func TestPipelineMemoryErrors(t *testing.T) {

@@ -49,10 +49,21 @@ func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
 	if us, ok := unitsCache.Load(key); ok {
 		return slices.Clone(us.([]Unit)), nil
 	}
-	units := units(cfg, l)
+	// The parameter list depends on the config alone: a search meets
+	// hundreds of (dp_shard, ep) pairs of one model, and listing it was
+	// most of each miss. units only reads it.
+	ps, ok := paramsCache.Load(key.cfg)
+	if !ok {
+		ps, _ = paramsCache.LoadOrStore(key.cfg, cfg.Params())
+	}
+	units := units(cfg, l, ps.([]moe.Param))
 	unitsCache.Store(key, slices.Clone(units))
 	return units, nil
 }
+
+// paramsCache memoizes moe.Config.Params by the config's whole content
+// (unitsKey.cfg); one entry per model, never evicted.
+var paramsCache sync.Map
 
 // unitsCache memoizes Units by the config's whole content and the two
 // layout fields Units reads: a planner sizes thousands of candidates of
@@ -66,8 +77,8 @@ type unitsKey struct {
 	dpShard, ep, tp, expertTP int
 }
 
-// units computes Units (the layout already checked).
-func units(cfg *moe.Config, l moe.Layout) []Unit {
+// units computes Units (the layout already checked) from cfg's params.
+func units(cfg *moe.Config, l moe.Layout, params []moe.Param) []Unit {
 	head := cfg.LayerHead()
 	units := make([]Unit, 0, cfg.Layers+2)
 	index := map[int]int{}
@@ -107,7 +118,7 @@ func units(cfg *moe.Config, l moe.Layout) []Unit {
 		return rows, cols
 	}
 	var stacks []stack
-	for _, p := range cfg.Params() {
+	for _, p := range params {
 		layer := p.Layer
 		if layer < 0 {
 			if p.Group == moe.GroupEmbedding {

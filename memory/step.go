@@ -3,6 +3,7 @@ package memory
 import (
 	"fmt"
 	"iter"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -48,6 +49,70 @@ type stepBuilder struct {
 	// allocates the reduced gradients.
 	syncLast    bool
 	firstReduce int
+
+	// Record labels ("saved attn_norm input", …) built once per unit and
+	// reused by every micro-step and micro-batch: building them per event
+	// was a fifth of a planner's memory estimates. Filled on first use, so
+	// after a pipeline stage's aliasInput has edited saved.
+	savedSets, recSets []*recordSet
+	lossSet            *recordSet
+	labelOf            map[[3]string]string
+}
+
+// recordSet is records with the label each one's events carry.
+type recordSet struct {
+	rs     []moe.SavedRecord
+	labels []string
+}
+
+// labelled labels rs with prefix; the labels name no layer, so one
+// string serves every unit (interned in s.labelOf).
+func (s *stepBuilder) labelled(prefix string, rs []moe.SavedRecord) *recordSet {
+	set := &recordSet{rs: rs, labels: make([]string, len(rs))}
+	if s.labelOf == nil {
+		s.labelOf = map[[3]string]string{}
+	}
+	for k, r := range rs {
+		key := [3]string{prefix, string(r.Op), r.Tensor}
+		l, ok := s.labelOf[key]
+		if !ok {
+			l = prefix + " " + string(r.Op) + " " + r.Tensor
+			s.labelOf[key] = l
+		}
+		set.labels[k] = l
+	}
+	return set
+}
+
+// savedSet is unit i's saved records labelled "saved".
+func (s *stepBuilder) savedSet(i int) *recordSet {
+	if s.savedSets == nil {
+		s.savedSets = make([]*recordSet, len(s.units))
+	}
+	if s.savedSets[i] == nil {
+		s.savedSets[i] = s.labelled("saved", s.saved[i])
+	}
+	return s.savedSets[i]
+}
+
+// recSet is what block unit i's backward recomputes (missing), labelled
+// "recompute".
+func (s *stepBuilder) recSet(i int) *recordSet {
+	if s.recSets == nil {
+		s.recSets = make([]*recordSet, len(s.units))
+	}
+	if s.recSets[i] == nil {
+		s.recSets[i] = s.labelled("recompute", missing(s.none[i], s.saved[i]))
+	}
+	return s.recSets[i]
+}
+
+// lossSavedSet is the loss's own saved records labelled "saved".
+func (s *stepBuilder) lossSavedSet() *recordSet {
+	if s.lossSet == nil {
+		s.lossSet = s.labelled("saved", s.lossSaved)
+	}
+	return s.lossSet
 }
 
 func (s *stepBuilder) emit(alloc bool, layer int, label string, bytes int64, c Category, st Stream) {
@@ -74,29 +139,33 @@ func (s *stepBuilder) freeOn(st Stream, layer int, label string, n int64) {
 	s.emit(false, layer, label, n, CatComm, st)
 }
 
-// allocRecords allocates one tensor per record (label prefix, op, tensor).
-func (s *stepBuilder) allocRecords(prefix string, rs []moe.SavedRecord, c Category) {
-	for _, r := range rs {
-		s.alloc(r.Layer, prefix+" "+string(r.Op)+" "+r.Tensor, r.Bytes(), c)
+// allocRecords allocates one tensor per record of set (labelled prefix,
+// op, tensor; nil allocates nothing).
+func (s *stepBuilder) allocRecords(set *recordSet, c Category) {
+	if set == nil {
+		return
+	}
+	for k, r := range set.rs {
+		s.alloc(r.Layer, set.labels[k], r.Bytes(), c)
 	}
 }
 
-func (s *stepBuilder) freeRecords(prefix string, rs []moe.SavedRecord, c Category) {
-	for _, r := range rs {
-		s.free(r.Layer, prefix+" "+string(r.Op)+" "+r.Tensor, r.Bytes(), c)
+func (s *stepBuilder) freeRecords(set *recordSet, c Category) {
+	if set == nil {
+		return
+	}
+	for k, r := range set.rs {
+		s.free(r.Layer, set.labels[k], r.Bytes(), c)
 	}
 }
 
 // missing returns the records of none that saved lacks (by op and tensor):
 // what backward rebuilds by recomputation.
 func missing(none, saved []moe.SavedRecord) []moe.SavedRecord {
-	have := map[[2]string]bool{}
-	for _, r := range saved {
-		have[[2]string{string(r.Op), r.Tensor}] = true
-	}
 	var out []moe.SavedRecord
 	for _, r := range none {
-		if !have[[2]string{string(r.Op), r.Tensor}] {
+		// A unit keeps tens of records: a scan is cheaper than a set.
+		if !slices.ContainsFunc(saved, func(x moe.SavedRecord) bool { return x.Op == r.Op && x.Tensor == r.Tensor }) {
 			out = append(out, r)
 		}
 	}
@@ -151,17 +220,36 @@ func (s *stepBuilder) loadSaved() ([]int64, error) {
 	savedBytes := make([]int64, len(s.units))
 	noneShape := s.sh
 	noneShape.AC = moe.AC{Mode: moe.ACNone}
+	// A block's tables depend on its index only through whether it is a
+	// MoE block and whether the policy checkpoints it fully (Saved,
+	// moe.SavedTensors, compiledBlock, tpSaved read nothing else of the
+	// layer; TestLoadSavedPerLayer checks it on random configs), so one
+	// block of each kind is computed and the others take its records.
+	type kind struct{ moe, full bool }
+	kinds := map[kind][2][]moe.SavedRecord{}
 	for i, u := range s.units {
-		rs, err := Saved(s.cfg, u.Layer, s.sh)
-		if err != nil {
-			return nil, err
+		k := kind{}
+		block := u.Layer >= 0 && u.Layer < s.cfg.Layers
+		if block {
+			k = kind{s.cfg.MoELayer[u.Layer], s.sh.AC.FullyCheckpointed(u.Layer)}
+		}
+		var rs, rn []moe.SavedRecord
+		if got, ok := kinds[k]; ok && block {
+			rs, rn = atLayer(got[0], u.Layer), atLayer(got[1], u.Layer)
+		} else {
+			var err error
+			if rs, err = Saved(s.cfg, u.Layer, s.sh); err != nil {
+				return nil, err
+			}
+			if rn, err = Saved(s.cfg, u.Layer, noneShape); err != nil {
+				return nil, err
+			}
+			if block {
+				kinds[k] = [2][]moe.SavedRecord{rs, rn}
+			}
 		}
 		if u.Layer == s.cfg.LayerHead() && s.o.LossChunks > 1 {
 			rs = withoutLogProbs(rs)
-		}
-		rn, err := Saved(s.cfg, u.Layer, noneShape)
-		if err != nil {
-			return nil, err
 		}
 		s.saved = append(s.saved, rs)
 		s.none = append(s.none, rn)
@@ -180,6 +268,15 @@ func (s *stepBuilder) loadSaved() ([]int64, error) {
 	}
 	s.saved[s.last] = head
 	return savedBytes, nil
+}
+
+// atLayer is a copy of rs with every record's layer set to layer.
+func atLayer(rs []moe.SavedRecord, layer int) []moe.SavedRecord {
+	out := slices.Clone(rs)
+	for k := range out {
+		out[k].Layer = layer
+	}
+	return out
 }
 
 // isHead reports whether unit i is the head (the last unit, except on a
@@ -294,7 +391,7 @@ func (s *stepBuilder) forward() {
 	s.phase = Forward
 	for i, u := range s.units {
 		s.gatherForward(i)
-		s.allocRecords("saved", s.saved[i], CatActivations)
+		s.allocRecords(s.savedSet(i), CatActivations)
 		switch {
 		case s.isHead(i):
 			s.lossForward(u.Layer)
@@ -390,8 +487,8 @@ func (s *stepBuilder) backwardUnit(i, m int) {
 	}
 	s.alloc(u.Layer, glabel, s.unshardedGrads(u), CatUnshardGrad)
 	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
-	s.freeRecords("recompute", rec, CatRecompute)
-	s.freeRecords("saved", s.saved[i], CatActivations)
+	s.freeRecords(rec, CatRecompute)
+	s.freeRecords(s.savedSet(i), CatActivations)
 	switch {
 	case !s.syncLast:
 		s.reduceGradients(i, m, func() { s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad) })
@@ -454,14 +551,14 @@ func (s *stepBuilder) gatherBackward(i int) string {
 // largest intermediate) and all-to-all buffers. It returns the recomputed
 // records and the workspace bytes, which backwardUnit frees once the
 // weight gradients exist.
-func (s *stepBuilder) backwardOps(i int) (rec []moe.SavedRecord, ws int64) {
+func (s *stepBuilder) backwardOps(i int) (rec *recordSet, ws int64) {
 	u := s.units[i]
 	switch {
 	case s.isHead(i):
 		s.lossBackward(u.Layer)
 	case u.Layer >= 0:
-		rec = missing(s.none[i], s.saved[i])
-		s.allocRecords("recompute", rec, CatRecompute)
+		rec = s.recSet(i)
+		s.allocRecords(rec, CatRecompute)
 		ws = 2 * largest(s.none[i])
 		s.alloc(u.Layer, "workspace_bwd", ws, CatWorkspace)
 		if s.cfg.MoELayer[u.Layer] {
@@ -585,10 +682,10 @@ func (s *stepBuilder) lossForward(layer int) {
 	act := s.o.Precision.Activation.Bytes()
 	if s.o.LossChunks <= 1 {
 		if s.sh.Compile.Loss {
-			s.allocRecords("saved", s.lossSaved, CatActivations)
+			s.allocRecords(s.lossSavedSet(), CatActivations)
 			return
 		}
-		s.logProbs(layer, "", s.T*s.V, func() { s.allocRecords("saved", s.lossSaved, CatActivations) })
+		s.logProbs(layer, "", s.T*s.V, func() { s.allocRecords(s.lossSavedSet(), CatActivations) })
 		return
 	}
 	for l, tokens := range s.lossChunks() {
@@ -608,7 +705,7 @@ func (s *stepBuilder) lossForward(layer int) {
 func (s *stepBuilder) lossBackward(layer int) {
 	act := s.o.Precision.Activation.Bytes()
 	if s.o.LossChunks <= 1 {
-		free := func() { s.freeRecords("saved", s.lossSaved, CatActivations) }
+		free := func() { s.freeRecords(s.lossSavedSet(), CatActivations) }
 		if s.sh.Compile.Loss {
 			s.lossGradsCompiled(layer, "", s.T*s.V, free)
 			return

@@ -1,6 +1,10 @@
 package memory
 
-import "fmt"
+import (
+	"fmt"
+	"maps"
+	"slices"
+)
 
 // Phase is the part of a training step an event belongs to.
 type Phase string
@@ -32,9 +36,40 @@ const (
 )
 
 // Categories returns the categories in report order (a new slice each call).
-func Categories() []Category {
-	return []Category{CatParams, CatGrads, CatOptimizer, CatWeights, CatActivations, CatRecompute,
-		CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp}
+func Categories() []Category { return slices.Clone(categories[:]) }
+
+const numCategories = 11
+
+var categories = [numCategories]Category{CatParams, CatGrads, CatOptimizer, CatWeights, CatActivations, CatRecompute,
+	CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp}
+
+// categoryIndex is c's index in categories, -1 for another.
+func categoryIndex(c Category) int {
+	switch c {
+	case CatParams:
+		return 0
+	case CatGrads:
+		return 1
+	case CatOptimizer:
+		return 2
+	case CatWeights:
+		return 3
+	case CatActivations:
+		return 4
+	case CatRecompute:
+		return 5
+	case CatLoss:
+		return 6
+	case CatWorkspace:
+		return 7
+	case CatUnshardGrad:
+		return 8
+	case CatComm:
+		return 9
+	case CatOptTemp:
+		return 10
+	}
+	return -1
 }
 
 // Stream is the CUDA stream a buffer is allocated on. The caching
@@ -106,12 +141,16 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 		label        string
 		layer, micro int
 	}
-	live := make(map[key]int, len(events)/2) // the live allocation's event index
+	live := make(map[key]int, liveHint(len(events))) // the live allocation's event index
 	pairs := make([]int, len(events))
 	var cur int64
 	var p Peak
 	p.Index = -1
-	byCat := map[Category]int64{}
+	// Live bytes per category: the known ones in an array, snapshot at
+	// each new peak (a map copied at every new peak was a tenth of a
+	// replay), any other category in a map.
+	var byCat, atPeak [numCategories]int64
+	var other, otherAtPeak map[Category]int64
 	for i, e := range events {
 		if e.Bytes < 0 {
 			return Peak{}, fmt.Errorf("event %d (%s): negative size", i, e)
@@ -130,7 +169,14 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 			}
 			live[k] = i
 			cur += r
-			byCat[e.Category] += r
+			if c := categoryIndex(e.Category); c >= 0 {
+				byCat[c] += r
+			} else {
+				if other == nil {
+					other = map[Category]int64{}
+				}
+				other[e.Category] += r
+			}
 		} else {
 			j, ok := live[k]
 			if !ok || events[j].Bytes != e.Bytes {
@@ -139,16 +185,34 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 			pairs[i] = j
 			delete(live, k)
 			cur -= r
-			byCat[e.Category] -= r
+			if c := categoryIndex(e.Category); c >= 0 {
+				byCat[c] -= r
+			} else {
+				if other == nil {
+					other = map[Category]int64{}
+				}
+				other[e.Category] -= r
+			}
 		}
 		if cur > p.Allocated {
 			p.Allocated = cur
 			p.Index = i
-			p.Live = make(map[Category]int64, len(byCat))
-			for c, n := range byCat {
-				if n != 0 {
-					p.Live[c] = n
-				}
+			atPeak = byCat
+			if other != nil {
+				otherAtPeak = maps.Clone(other)
+			}
+		}
+	}
+	if p.Index >= 0 {
+		p.Live = make(map[Category]int64, numCategories)
+		for c, n := range atPeak {
+			if n != 0 {
+				p.Live[categories[c]] = n
+			}
+		}
+		for c, n := range otherAtPeak {
+			if n != 0 {
+				p.Live[c] = n
 			}
 		}
 	}
@@ -156,6 +220,12 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 	p.Reserved = p.ReservedWith(a.Fragmentation)
 	return p, nil
 }
+
+// liveHint sizes the map of live allocations for n events: few are live
+// at once, so a table for n/2 (a pipeline rank's hundreds of thousands)
+// was mostly empty and its probes missed the cache; past the hint it
+// grows as needed.
+func liveHint(n int) int { return min(n/2, 4096) }
 
 // ReservedWith is the peak reserved bytes with unmodelled fraction frag on
 // top of the simulated pools: Σ ReservedByStream × (1 + frag). Replay

@@ -20,6 +20,11 @@ type ScheduleSpec struct {
 	// Memory are the memory package's options besides AC and Precision
 	// (attention kind, loss chunks, optimizer implementation, allocator).
 	Memory memory.Options
+	// NoMemory leaves the memory timeline out (Setup, every op's Mem and
+	// Peak stay empty): a caller that estimates the step's memory under
+	// its own options (the virtual-time backend) would otherwise pay for
+	// a second memory.Estimate it never reads.
+	NoMemory bool
 }
 
 // BuildSchedule builds one rank's program of one training step (every rank
@@ -67,6 +72,9 @@ func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 		b.prec = moe.DefaultPrecision
 	}
 	b.build()
+	if sp.NoMemory {
+		return b.s, nil
+	}
 	mo := sp.Memory
 	mo.AC, mo.Precision = sp.AC, b.prec
 	rep, err := memory.Estimate(cfg, m.Layout, memory.Batch{LBS: sp.LBS, Seq: sp.Seq, GradAccum: sp.Micro}, mo)

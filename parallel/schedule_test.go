@@ -206,3 +206,37 @@ func TestScheduleGradSyncLastOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleNoMemory: without the memory timeline the program is the same
+// ops in the same order; only Setup, each op's Mem and Peak are empty.
+func TestScheduleNoMemory(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	l := moe.Layout{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 2, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	m, err := NewMesh(l, cfg, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := ScheduleSpec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4, Micro: 2}
+	with, err := BuildSchedule(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.NoMemory = true
+	without, err := BuildSchedule(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(without.Setup) != 0 || without.Peak.Allocated != 0 || len(with.Setup) == 0 {
+		t.Fatalf("setup %d events (with memory %d), peak %d: want none without memory", len(without.Setup), len(with.Setup), without.Peak.Allocated)
+	}
+	if len(with.Ops) != len(without.Ops) {
+		t.Fatalf("%d ops without memory, %d with", len(without.Ops), len(with.Ops))
+	}
+	for i := range with.Ops {
+		o := with.Ops[i]
+		o.Mem = nil
+		if !reflect.DeepEqual(o, without.Ops[i]) {
+			t.Fatalf("op %d: %s without memory, %s with", i, without.Ops[i], o)
+		}
+	}
+}

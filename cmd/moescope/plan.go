@@ -8,6 +8,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -42,6 +44,10 @@ type planJSON struct {
 	KeepGathered        bool           `json:"keep_gathered"`
 	AllreduceLastOnly   bool           `json:"allreduce_last_only"`
 	GradSyncLastOnly    bool           `json:"grad_sync_last_only,omitempty"`
+	PP                  int            `json:"pp,omitempty"` // absent = 1; the pipeline fields with it
+	PPSchedule          moe.PPSchedule `json:"pp_schedule,omitempty"`
+	PPMicrobatchSize    int            `json:"pp_microbatch_size,omitempty"`
+	PPVirtualStages     int            `json:"pp_virtual_stages,omitempty"`
 	AC                  moe.AC         `json:"ac"`
 	LBS                 int            `json:"lbs"`
 	GradAccum           int            `json:"grad_accum"`
@@ -91,6 +97,9 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 	if l.TPDegree() > 1 {
 		j.TP, j.ETP = l.TPDegree(), max(l.ETP, 1)
 	}
+	if l.Stages() > 1 {
+		j.PP, j.PPSchedule, j.PPMicrobatchSize, j.PPVirtualStages = l.PP, l.PPSchedule, l.PPMicrobatchSize, l.VirtualStages()
+	}
 	if breakdown {
 		j.Breakdown = &r.Score.Breakdown
 	}
@@ -122,6 +131,13 @@ func planOptions(l moe.Layout) string {
 	if l.GradSyncLastOnly {
 		o = append(o, "sync-last")
 	}
+	if l.Stages() > 1 {
+		sched := string(l.PPSchedule)
+		if l.VirtualStages() > 1 {
+			sched += fmt.Sprintf("×%d", l.VirtualStages())
+		}
+		o = append(o, fmt.Sprintf("pp%d", l.PP), sched, fmt.Sprintf("mbs%d", l.PPMicrobatchSize))
+	}
 	if len(o) == 0 {
 		return "-"
 	}
@@ -138,7 +154,8 @@ type planArgs struct {
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
 	reportPath, tpList                 string
-	tps                                []int // parsed --tp
+	ppList, mbsList                    string
+	tps, pps, mbss                     []int // parsed --tp, --pp, --pp-microbatch-sizes
 	mem                                *memoryModelFlags
 	narrow                             *exportNarrowing // set by request when an export is asked for
 }
@@ -147,6 +164,15 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	a, err := parsePlanArgs(stderr, args)
 	if err != nil {
 		return err
+	}
+	if os.Getenv("GOGC") == "" && os.Getenv("GOMEMLIMIT") == "" {
+		// A search's memory timelines (tens of megabytes for a pipeline
+		// rank) die as soon as their peak is read, so the collector ran
+		// a fifth of the time at Go's default; collecting at 5× the live
+		// heap instead of 2× takes a quarter of that, and the soft limit
+		// keeps the heap under 2 GiB whatever the search.
+		defer debug.SetGCPercent(debug.SetGCPercent(400))
+		defer debug.SetMemoryLimit(debug.SetMemoryLimit(2 << 30))
 	}
 	if err := a.checkOutputs(); err != nil {
 		return err
@@ -184,7 +210,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	} else {
-		planWriteTable(stdout, title, rep, a.top, dev)
+		planWriteTable(stdout, title, rep, a.top, dev, slices.ContainsFunc(a.pps, func(pp int) bool { return pp > 1 }))
 	}
 	return a.writeFiles(stderr, title, rep, cfg, dev, simEv, simEv.Calibration, narrowed.String())
 }
@@ -231,6 +257,9 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.reportPath, "report", "", "write one self-contained HTML page: tables, plots, the best plan's breakdown and memory, the calibration")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	fs.StringVar(&a.tpList, "tp", "1", "tensor-parallel degrees searched, comma-separated (e.g. 1,2,4); each within a host, etp 1 and tp tried with ep")
+	fs.StringVar(&a.ppList, "pp", "1", "pipeline-parallel degrees searched, comma-separated (e.g. 1,2,4,8); each where torchtitan's layer split is even, "+
+		"with schedules 1F1B and Interleaved1F1B (2 stages per rank)")
+	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
 	a.mem = addMemoryModelFlags(fs)
 	mtp := addMTPFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -261,18 +290,11 @@ func (a *planArgs) validate() error {
 	if !(a.target > 0 && a.target <= 1) {
 		errs = append(errs, fmt.Errorf("--memory-target = %v: must be in (0, 1] (a fraction of device memory)", a.target))
 	}
-	a.tps = nil
-	for _, f := range strings.Split(a.tpList, ",") {
-		if a.tpList == "" {
-			break // commands reusing the plan flags without --tp (sweep): tp 1
-		}
-		tp, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || tp < 1 || tp > moe.MaxDegree {
-			errs = append(errs, fmt.Errorf("--tp = %q: %q must be an integer in [1, %d]", a.tpList, f, moe.MaxDegree))
-			continue
-		}
-		a.tps = append(a.tps, tp)
-	}
+	// Commands reusing the plan flags without these (sweep) leave them
+	// empty: degree 1, the default sizes.
+	a.tps = intList(&errs, "--tp", a.tpList, moe.MaxDegree)
+	a.pps = intList(&errs, "--pp", a.ppList, moe.MaxDegree)
+	a.mbss = intList(&errs, "--pp-microbatch-sizes", a.mbsList, max(a.maxLBS, 1))
 	if a.globalBatch < 0 || a.globalBatch > 1<<40 {
 		errs = append(errs, fmt.Errorf("--global-batch = %d: must be in [1, 1099511627776] sequences (0 = free)", a.globalBatch))
 	}
@@ -292,6 +314,24 @@ func (a *planArgs) validate() error {
 		return fmt.Errorf("%w: %v", errUsage, errors.Join(errs...))
 	}
 	return nil
+}
+
+// intList parses a comma-separated list of integers in [1, hi] given as
+// flag (nil when empty), adding an error naming the flag for a bad entry.
+func intList(errs *[]error, flag, list string, hi int) []int {
+	if list == "" {
+		return nil
+	}
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 || v > hi {
+			*errs = append(*errs, fmt.Errorf("%s = %q: %q must be an integer in [1, %d]", flag, list, f, hi))
+			continue
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 // checkOutputs refuses, before searching, every output that could not be
@@ -353,7 +393,8 @@ func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *
 // points torchtitan can run.
 func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps}
+		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps,
+		PPs: a.pps, PPMicrobatchSizes: a.mbss, Layers: cfg.Layers}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
@@ -495,14 +536,17 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *pl
 	return writeJSON(w, "plan", out)
 }
 
-func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device) {
+// With pp searched, the stage table says which pp each stage's best plan
+// uses, so it shows at which scale a pipeline enters the lead.
+func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device, ppSearched bool) {
 	mode := "hierarchical search"
 	if rep.Exhaustive {
 		mode = "exhaustive search"
 	}
 	fmt.Fprintf(w, "moescope plan: %s\n%s, %d candidates simulated\n\n", title, mode, rep.Simulated)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "stage\tGPUs\tcandidates\tpruned\tsimulated\tcarried\tbest TPS\tscaling eff.\tgrew\t")
+	ppCol := map[bool]string{true: "best pp\t"}[ppSearched]
+	fmt.Fprintln(tw, "stage\tGPUs\tcandidates\tpruned\tsimulated\tcarried\tbest TPS\tscaling eff.\tgrew\t"+ppCol)
 	for i, st := range rep.Stages {
 		grew := st.Grew
 		if grew == "" {
@@ -512,7 +556,11 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 		if i < len(rep.Stages)-1 {
 			carried = fmt.Sprint(len(st.Survivors))
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%.0f\t%.1f%%\t%s\t\n", i+1, st.GPUs, st.Candidates, st.Pruned, st.Simulated, carried, st.BestTPS, 100*st.ScalingEfficiency, grew)
+		pp := ""
+		if ppSearched && len(st.Survivors) > 0 {
+			pp = fmt.Sprintf("%d\t", st.Survivors[0].Point.Layout.Stages())
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%.0f\t%.1f%%\t%s\t%s\n", i+1, st.GPUs, st.Candidates, st.Pruned, st.Simulated, carried, st.BestTPS, 100*st.ScalingEfficiency, grew, pp)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -532,6 +580,35 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 	for _, line := range planExplain(rep, dev) {
 		fmt.Fprintln(w, line)
 	}
+	if ppSearched {
+		fmt.Fprintln(w, planPipelineVerdict(rep))
+	}
+}
+
+// planPipelineVerdict says whether pipeline parallelism wins: the best
+// plan with pp > 1 and the best without, and how far apart they are.
+func planPipelineVerdict(rep *plan.Report) string {
+	var pipe, flat *plan.Result
+	for i := range rep.Plans {
+		r := &rep.Plans[i]
+		if r.Point.Layout.Stages() > 1 && pipe == nil {
+			pipe = r
+		}
+		if r.Point.Layout.Stages() == 1 && flat == nil {
+			flat = r
+		}
+	}
+	switch {
+	case pipe == nil:
+		return "pipeline: no pipeline layout is among the plans at the target scale."
+	case flat == nil:
+		return fmt.Sprintf("pipeline: only pipelines are among the plans; the best is %s.", planShort(pipe.Point))
+	case pipe.Score.TPS > flat.Score.TPS:
+		return fmt.Sprintf("pipeline: PP wins: %s is %.1f%% faster than the best without a pipeline (%s).",
+			planShort(pipe.Point), 100*(pipe.Score.TPS/flat.Score.TPS-1), planShort(flat.Point))
+	}
+	return fmt.Sprintf("pipeline: PP does not win: the best pipeline (%s) is %.1f%% slower than the best plan.",
+		planShort(pipe.Point), 100*(1-pipe.Score.TPS/flat.Score.TPS))
 }
 
 // planExplain is the two-line explanation of the best plan: what it is and
@@ -543,7 +620,7 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	switch {
 	case l.DPShard == 1:
 		shape = fmt.Sprintf("pure data parallelism over %d replicas", l.DPReplicate)
-	case l.DPReplicate == 1 && l.TPDegree() == 1:
+	case l.DPReplicate == 1 && l.TPDegree() == 1 && l.Stages() == 1:
 		shape = fmt.Sprintf("%s over all %d GPUs", l.Sharding, l.DPShard)
 	case l.DPReplicate == 1:
 		shape = fmt.Sprintf("%s over %d GPUs", l.Sharding, l.DPShard)
@@ -552,6 +629,9 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	}
 	if l.EP > 1 {
 		shape += fmt.Sprintf(", experts over ep %d", l.EP)
+	}
+	if l.Stages() > 1 {
+		shape = fmt.Sprintf("a %d-stage pipeline, each stage %s", l.PP, shape)
 	}
 	if o := planOptions(l); o != "-" {
 		shape += " (" + o + ")"

@@ -221,6 +221,8 @@ func TestPlanCommandBadInput(t *testing.T) {
 		// A global batch above 2^40 sequences once drew "must be ≥ 1 sequence", naming the wrong bound.
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--global-batch", "99999999999999"}, []string{"--global-batch = 99999999999999", "[1, 1099511627776]"}, 2},
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--gpu", "tpu9"}, []string{"--gpu"}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--pp", "1,x"}, []string{`--pp = "1,x"`, `"x" must be an integer in [1, 1048576]`}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--pp", "2", "--pp-microbatch-sizes", "0"}, []string{`--pp-microbatch-sizes = "0"`, "[1, 256]"}, 2},
 		// 30.5e9 parameters × 16 B = 488 GB of state on one GPU: nothing fits
 		// at 0.92 of 178.35 GiB; the fake's FSDP state needs 16 × 30.5e9 /
 		// (0.92 × 191.5e9 − activations) ≈ 2.8 GPUs → 4.
@@ -448,5 +450,39 @@ func TestLinearTicks(t *testing.T) {
 	// 1.3/6 = 0.217 → 0.5.
 	if want := "0 0.5 1"; strings.Join(got, " ") != want {
 		t.Errorf("labels %q, want %q", strings.Join(got, " "), want)
+	}
+}
+
+// TestPlanCommandPipeline: with --pp the real evaluator searches
+// pipelines of the tiny model; the stage table gains its best-pp column,
+// and every pipeline plan in --json carries its pipeline fields.
+func TestPlanCommandPipeline(t *testing.T) {
+	args := []string{"plan", "--model", "tiny", "--gpus", "16", "--seq", "64", "--max-lbs", "4", "--pp", "1,2", "--exhaustive", "--top", "1000"}
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, args); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "best pp") || !strings.Contains(out.String(), "pipeline: PP ") {
+		t.Errorf("stage table without the best-pp column, or no pipeline verdict:\n%s", out.String())
+	}
+	out.Reset()
+	if err := run(&out, &errb, append(args, "--json")); err != nil {
+		t.Fatal(err)
+	}
+	var rep planReportJSON
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	pipes := 0
+	for _, p := range rep.Plans {
+		if p.PP > 1 {
+			pipes++
+			if p.PPSchedule == "" || p.PPMicrobatchSize < 1 || p.PPVirtualStages < 1 || p.LBS%p.PPMicrobatchSize != 0 {
+				t.Errorf("pipeline plan %+v: missing or inconsistent pipeline fields", p)
+			}
+		}
+	}
+	if pipes == 0 {
+		t.Errorf("no pipeline among %d plans", len(rep.Plans))
 	}
 }

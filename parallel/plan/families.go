@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -67,6 +68,25 @@ func (r *Request) withDefaults() (Request, error) {
 	}
 	if len(q.TPs) == 0 {
 		q.TPs = []int{1}
+	}
+	for _, pp := range q.PPs {
+		if pp < 1 || pp > moe.MaxDegree {
+			return q, moe.FieldError{Field: "pp", Value: pp, Allowed: fmt.Sprintf("each must be in [1, %d]", moe.MaxDegree)}
+		}
+		if pp > 1 && q.Layers < 1 {
+			return q, moe.FieldError{Field: "layers", Value: q.Layers, Allowed: "must be ≥ 1 to search pp > 1 (the stages split the layers)"}
+		}
+	}
+	if len(q.PPs) == 0 {
+		q.PPs = []int{1}
+	}
+	for _, mbs := range q.PPMicrobatchSizes {
+		if mbs < 1 || mbs > q.MaxLBS {
+			return q, moe.FieldError{Field: "pp_microbatch_size", Value: mbs, Allowed: fmt.Sprintf("each must be in [1, max_lbs = %d] sequences", q.MaxLBS)}
+		}
+	}
+	if len(q.PPMicrobatchSizes) == 0 {
+		q.PPMicrobatchSizes = []int{1, 2}
 	}
 	if q.GlobalBatch > 0 {
 		if q.GlobalBatch < q.GPUs || q.GlobalBatch%q.GPUs != 0 {
@@ -149,6 +169,20 @@ func stageScales(gpus, perNode int, feasible func(n int) bool) []int {
 // the last micro-step only (dp_replicate > 1) only with accumulation.
 func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
 	var out []moe.Layout
+	if base.Stages() > 1 {
+		// Under pp torchtitan shards each stage with FSDP and does not
+		// reshard after forward (apply_fsdp's default under pp); the
+		// stage's weights stay gathered until its last backward (so
+		// keep-gathered changes nothing), and the pipeline reduces once per
+		// micro-step (allreduce- and grad-sync-last-only are not modelled
+		// with it). The other modes are left out of pipeline families: each
+		// would multiply the pipeline's costliest estimates by four.
+		if !slices.Contains(q.Shardings, moe.ShardFSDP) {
+			return nil
+		}
+		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, false
+		return []moe.Layout{base}
+	}
 	if base.DPShard == 1 {
 		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, true
 		out = append(out, base)
@@ -196,25 +230,30 @@ func redundant(l moe.Layout) bool {
 // enumerateFamilies enumerates every family at n GPUs.
 func (q *Request) enumerateFamilies(n int, accum bool) []family {
 	var fams []family
-	for _, tp := range q.TPs {
-		if n%tp != 0 || (tp > 1 && tp > q.GPUsPerNode) {
-			continue
-		}
-		for _, r := range divisorsOf(n / tp) {
-			s := n / tp / r
-			// ep borrows from dp_shard × tp (torchtitan v0.2.2's sparse
-			// mesh); without tp, from dp_shard.
-			for _, ep := range divisorsOf(s * tp) {
-				if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
-					continue
-				}
-				for _, l := range tpVariants(moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode}, tp) {
-					for _, l := range q.shardVariants(l, accum) {
-						if redundant(l) {
-							continue
-						}
-						for _, ac := range q.ACs {
-							fams = append(fams, family{l, ac})
+	for _, pp := range q.PPs {
+		for _, tp := range q.TPs {
+			if n%(tp*pp) != 0 || (tp > 1 && tp > q.GPUsPerNode) || (pp > 1 && (tp > 1 || len(q.pipeVariants(moe.Layout{PP: pp})) == 0)) {
+				continue
+			}
+			dp := n / tp / pp
+			for _, r := range divisorsOf(dp) {
+				s := dp / r
+				// ep borrows from dp_shard × tp (torchtitan v0.2.2's sparse
+				// mesh); without tp, from dp_shard.
+				for _, ep := range divisorsOf(s * tp) {
+					if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
+						continue
+					}
+					for _, l := range tpVariants(moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode, PP: pp}, tp) {
+						for _, l := range q.pipeVariants(l) {
+							for _, l := range q.shardVariants(l, accum) {
+								if redundant(l) {
+									continue
+								}
+								for _, ac := range q.ACs {
+									fams = append(fams, family{l, ac})
+								}
+							}
 						}
 					}
 				}
@@ -222,6 +261,74 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 		}
 	}
 	return fams
+}
+
+// pipeVariants returns base with each pipeline schedule and micro-batch
+// size the search tries for its pp (base itself when pp ≤ 1): 1F1B with
+// one stage per rank and Interleaved1F1B with two, each where the split
+// is even (evenSplit).
+func (q *Request) pipeVariants(base moe.Layout) []moe.Layout {
+	if base.Stages() == 1 {
+		base.PP = 0 // no pipeline: the layout's zero value, as everywhere else
+		return []moe.Layout{base}
+	}
+	var out []moe.Layout
+	for _, sv := range []struct {
+		sched moe.PPSchedule
+		v     int
+	}{{moe.PP1F1B, 1}, {moe.PPInterleaved1F1B, 2}} {
+		if !evenSplit(q.Layers, base.PP*sv.v) {
+			continue
+		}
+		for _, mbs := range q.PPMicrobatchSizes {
+			l := base
+			l.PPSchedule, l.PPVirtualStages, l.PPMicrobatchSize = sv.sched, sv.v, mbs
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// evenSplit reports whether torchtitan's default split gives each of the
+// stages the same number of effective layers, at least two: layers + 2
+// (the embedding and the output counted as one layer each) divides into
+// stages equal parts (moe.Layout.StageSplit then gives the first and
+// last stage one transformer layer less).
+func evenSplit(layers, stages int) bool {
+	eff := layers + 2
+	return eff%stages == 0 && eff/stages >= 2
+}
+
+// minLBS is the smallest local batch a layout runs: one pipeline
+// micro-batch under pp, else one sequence.
+func minLBS(l moe.Layout) int {
+	if l.Stages() > 1 {
+		return l.PPMicrobatchSize
+	}
+	return 1
+}
+
+// lbsValid reports whether lbs is a local batch the layout runs: any under
+// no pipeline; under pp a whole number of micro-batches within the
+// schedule's rules (moe.Layout.Microbatches, which memory and the
+// simulator apply).
+func lbsValid(l moe.Layout, lbs int) bool {
+	if l.Stages() == 1 {
+		return lbs >= 1
+	}
+	_, err := l.Microbatches(lbs)
+	return err == nil
+}
+
+// lbsRange lists the valid local batches of l up to q.MaxLBS, increasing.
+func (q *Request) lbsRange(l moe.Layout) []int {
+	var out []int
+	for lbs := 1; lbs <= q.MaxLBS; lbs++ {
+		if lbsValid(l, lbs) {
+			out = append(out, lbs)
+		}
+	}
+	return out
 }
 
 // tpVariants returns base with tensor parallelism tp and each etp whose
@@ -299,7 +406,8 @@ func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, m
 				base.KeepGathered, base.AllreduceLastOnly, base.GradSyncLastOnly = false, false, false
 				// The carried sharding mode with every FSDP option (an
 				// option that did not fit on fewer GPUs may fit now); a
-				// layout that had nothing to shard gains every mode.
+				// layout that had nothing to shard gains every mode. A
+				// pipeline keeps its degree, schedule and micro-batches.
 				var vars []moe.Layout
 				for _, l := range q.shardVariants(base, accum) {
 					if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {

@@ -29,7 +29,7 @@ type Point struct {
 }
 
 // GlobalBatch is the sequences one optimizer step consumes:
-// lbs × dp_replicate × dp_shard × grad_accum.
+// lbs × dp_replicate × dp_shard × grad_accum (pipeline stages share them).
 func (p Point) GlobalBatch() int { return p.LBS * p.Layout.DP() * p.GradAccum }
 
 func (p Point) String() string {
@@ -52,6 +52,12 @@ func (p Point) String() string {
 	}
 	if l.GradSyncLastOnly {
 		s += " grad-sync-last-only"
+	}
+	if l.Stages() > 1 {
+		s += fmt.Sprintf(" pp=%d pp_schedule=%s pp_microbatch_size=%d", l.PP, l.PPSchedule, l.PPMicrobatchSize)
+		if l.VirtualStages() > 1 {
+			s += fmt.Sprintf(" pp_virtual_stages=%d", l.VirtualStages())
+		}
 	}
 	return s + fmt.Sprintf(" ac=%s lbs=%d grad_accum=%d", p.AC, p.LBS, p.GradAccum)
 }
@@ -115,6 +121,27 @@ type Request struct {
 	// etp = tp are tried. A family keeps its tp as it grows. Admit should
 	// refuse the degrees the model cannot split (moe.Layout.CheckModel).
 	TPs []int
+	// PPs are the pipeline-parallel degrees searched (default 1 only):
+	// each that divides a stage's GPUs (with tp 1: pp with tp is not built)
+	// and splits Layers + 2 (the embedding and the output counted as one
+	// layer each, torchtitan's pipeline_parallel_first/last_stage_less_layers)
+	// into pp × virtual stages equal parts of at least two, torchtitan's
+	// even split without remainder. A pipeline family is tried with
+	// schedules 1F1B and Interleaved1F1B (2 virtual stages, torchtitan's
+	// default for multi-stage schedules), each micro-batch size of
+	// PPMicrobatchSizes, and fsdp without reshard-after-forward (torchtitan's
+	// default under pp; the other modes are not searched with pp, and none
+	// when Shardings lacks fsdp). Pipelines enter the search at stage 1
+	// with every degree that divides its GPUs, and a family keeps its
+	// pipeline as it grows, as it keeps tp (growing pp as well multiplied
+	// the costliest estimates of the later stages).
+	PPs []int
+	// PPMicrobatchSizes are the sequences per pipeline micro-batch tried
+	// (default 1 and 2); a pipeline's local batch is a multiple of one.
+	PPMicrobatchSizes []int
+	// Layers is the model's transformer layers, which pp stages split
+	// (needed when PPs has a degree above 1).
+	Layers int
 	// Carry is how many layout families each stage hands to the next (default 8).
 	Carry int
 	// Exhaustive searches the whole space at the target scale instead of

@@ -30,6 +30,7 @@ type SimEvaluator struct {
 	mu     sync.Mutex
 	mems   map[Point]float64
 	scores map[Point]Score
+	floors map[Point]float64 // MemoryFloor by layout
 }
 
 func (e *SimEvaluator) cachedMemory(p Point) (float64, bool) {
@@ -97,6 +98,35 @@ func (e *SimEvaluator) MemoryFraction(p Point) (float64, error) {
 	return m, nil
 }
 
+// MemoryFloor is memory.SetupBytes of p's layout over the device's memory:
+// no local batch of it needs less (the planner skips a layout whose state
+// alone exceeds the target). Shared like MemoryFraction, per memory key
+// without the batch.
+func (e *SimEvaluator) MemoryFloor(p Point) (float64, error) {
+	if e.Device.MemoryBytes <= 0 {
+		return 0, fmt.Errorf("device %q: memory_bytes = %d", e.Device.Name, e.Device.MemoryBytes)
+	}
+	key := Point{Layout: memoryKey(p).Layout}
+	e.mu.Lock()
+	f, ok := e.floors[key]
+	e.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	b, err := memory.SetupBytes(e.Model, key.Layout, e.memoryOptions(p))
+	if err != nil {
+		return 0, err
+	}
+	f = float64(b) / float64(e.Device.MemoryBytes)
+	e.mu.Lock()
+	if e.floors == nil {
+		e.floors = map[Point]float64{}
+	}
+	e.floors[key] = f
+	e.mu.Unlock()
+	return f, nil
+}
+
 // MemoryReport is the memory package's report of p as the evaluator models
 // it (p's AC, the calibrated allocator overhead); its Events are the step's
 // allocation timeline, which a report plots for the best plan.
@@ -117,7 +147,7 @@ func memoryKey(p Point) Point {
 	l := p.Layout
 	l.GPUsPerNode = 0
 	if !(l.AllreduceLastOnly && l.DPReplicate > 1 && p.GradAccum > 1) {
-		l.GPUs, l.DPReplicate = l.DPShard*l.TPDegree(), 1
+		l.GPUs, l.DPReplicate = l.Stages()*l.DPShard*l.TPDegree(), 1
 	}
 	p.Layout = l
 	return p

@@ -73,9 +73,10 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 	for _, c := range []struct {
 		gpus, gb int
 		mem      int64
-	}{{16, 64, 12 << 20}} { // 12 MiB: none fits lbs ≈ 5, selective more, full ≈ 12 (8 searched)
+		pps      []int
+	}{{16, 64, 12 << 20, nil}, {16, 64, 12 << 20, []int{1, 2, 4}}} { // 12 MiB: none fits lbs ≈ 5, selective more, full ≈ 12 (8 searched)
 		ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, c.mem), Seq: 256}
-		req := Request{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 8}
+		req := Request{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 8, PPs: c.pps, Layers: cfg.Layers}
 		hier, err := Search(req, ev)
 		if err != nil {
 			t.Fatalf("gpus %d: %v", c.gpus, err)
@@ -87,8 +88,8 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 			t.Fatalf("gpus %d exhaustive: %v", c.gpus, err)
 		}
 		ratio := hier.Best.Score.TPS / exh.Best.Score.TPS
-		t.Logf("tiny gpus=%d gb=%d: hierarchical %.0f TPS (%d simulated: %s), exhaustive %.0f TPS (%d simulated: %s), ratio %.4f",
-			c.gpus, c.gb, hier.Best.Score.TPS, hier.Simulated, hier.Best.Point, exh.Best.Score.TPS, exh.Simulated, exh.Best.Point, ratio)
+		t.Logf("tiny gpus=%d gb=%d pp %v: hierarchical %.0f TPS (%d simulated: %s), exhaustive %.0f TPS (%d simulated: %s), ratio %.4f",
+			c.gpus, c.gb, c.pps, hier.Best.Score.TPS, hier.Simulated, hier.Best.Point, exh.Best.Score.TPS, exh.Simulated, exh.Best.Point, ratio)
 		if ratio < 0.98 {
 			t.Errorf("gpus %d: hierarchical/exhaustive = %.4f < 0.98", c.gpus, ratio)
 		}

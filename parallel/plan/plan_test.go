@@ -65,7 +65,7 @@ func TestPlanLBSChoices(t *testing.T) {
 		{100, 6, true, 0, [][2]int{{1, 6}, {2, 3}, {3, 2}, {6, 1}}},
 		{0, 0, false, 0, nil},
 	} {
-		got := lbsChoices(c.max, c.perRank, c.all, c.keep)
+		got := lbsChoices(c.max, c.perRank, c.all, c.keep, nil)
 		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("planLBSChoices(%d, %d, %v, %d) = %v, want %v", c.max, c.perRank, c.all, c.keep, got, c.want)
 		}
@@ -199,6 +199,9 @@ func planCheckReport(t *testing.T, req Request, rep *Report) {
 		}
 		if r.Score.MemoryFraction > req.MemoryTarget {
 			t.Errorf("plan %d over the memory target: %v", i, r.Score.MemoryFraction)
+		}
+		if pp := l.Stages(); pp > 1 && (!slices.Contains(req.PPs, pp) || !lbsValid(l, r.Point.LBS)) {
+			t.Errorf("plan %d: pp %d not among %v, or lbs %d not whole micro-batches of %d", i, pp, req.PPs, r.Point.LBS, l.PPMicrobatchSize)
 		}
 		if req.GlobalBatch > 0 && r.Point.GlobalBatch() != req.GlobalBatch {
 			t.Errorf("plan %d global batch %d, want %d", i, r.Point.GlobalBatch(), req.GlobalBatch)

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
@@ -123,16 +124,30 @@ func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
 func (q *Request) probeScales(ev Evaluator) ([]int, error) {
 	var probeErr error
 	scales := stageScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
-		for _, f := range q.enumerateFamilies(n, false) {
-			m, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
-			if err != nil {
-				probeErr = err
-				return false
+		// Families are probed on every worker; once one fits the rest
+		// are skipped. The answer (any fits) and the first error in
+		// family order do not depend on the order they finish in.
+		fams := q.enumerateFamilies(n, false)
+		var found atomic.Bool
+		err := parallelDo(len(fams), q.Workers, func(i int) error {
+			if found.Load() {
+				return nil
 			}
-			if memory.WithinTarget(m, q.MemoryTarget) {
-				return true
+			f := fams[i]
+			p := Point{f.layout, f.ac, minLBS(f.layout), 1}
+			if out, err := q.floored(ev, p); out || err != nil {
+				return err
 			}
+			m, err := ev.MemoryFraction(p)
+			if err == nil && memory.WithinTarget(m, q.MemoryTarget) {
+				found.Store(true)
+			}
+			return err
+		})
+		if found.Load() {
+			return true
 		}
+		probeErr = err
 		return false
 	})
 	return scales, probeErr
@@ -163,8 +178,10 @@ func (q *Request) lbsSweeps(ev Evaluator, best []Result) ([]Sweep, int, error) {
 		}
 		step := (max + 7) / 8
 		var pts []Point
-		for lbs := 1; lbs <= max; lbs += step {
-			pts = append(pts, Point{f.layout, ac, lbs, 1})
+		for lbs := minLBS(f.layout); lbs <= max; lbs += step {
+			if lbsValid(f.layout, lbs) {
+				pts = append(pts, Point{f.layout, ac, lbs, 1})
+			}
 		}
 		if len(pts) > 0 && pts[len(pts)-1].LBS != max {
 			pts = append(pts, Point{f.layout, ac, max, 1})
@@ -202,10 +219,11 @@ func (q *Request) explain(ev Evaluator, n int, closest *Result) error {
 			if f.layout.DPReplicate != 1 {
 				continue
 			}
-			fr, err := ev.MemoryFraction(Point{f.layout, f.ac, 1, 1})
+			p := Point{f.layout, f.ac, minLBS(f.layout), 1}
+			fr, err := ev.MemoryFraction(p)
 			if err == nil && memory.WithinTarget(fr, q.MemoryTarget) {
 				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",
-					m, Point{f.layout, f.ac, 1, 1}, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
+					m, p, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
 				return e
 			}
 		}

@@ -3,10 +3,12 @@ package plan
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
 )
 
 // place is what the search knows about a family at one scale before
@@ -22,12 +24,27 @@ type place struct {
 // non-decreasing in lbs and close to affine (state + activations ∝ lbs), so
 // the limit is first guessed from the slope between lbs 1 and 2 and the
 // guess and its neighbour checked (four evaluations when memory is affine);
-// any remaining bracket is closed by doubling and bisection, which needs
-// monotonicity only. perRank > 0 (sequences per rank per step) sets
+// a guess past the last local batch, or none, probes the last two batches
+// and aims the line through them; any remaining bracket is closed by
+// interpolation alternating with bisection. The answer needs monotonicity
+// only: the probes choose how fast it is found, never what it is
+// (TestPlanMaxLBS, TestPlanSimSizeByMemoryScan). perRank > 0 (sequences per rank per step) sets
 // grad_accum = ⌈perRank / lbs⌉, else 1.
+//
+// Under pp only some local batches run (lbsValid): the search is the same
+// over their increasing list, index i standing for its i-th entry, and
+// "lbs 1" above for the smallest (one micro-batch).
 func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float64, error) {
-	perRank *= f.layout.TPDegree() // sequences per data-parallel rank: its tp ranks share them
-	fits := func(lbs int) (bool, float64, error) {
+	perRank *= dpShare(f.layout) // sequences per data-parallel rank: its tp ranks and pipeline stages share them
+	at, top := func(i int) int { return i }, q.MaxLBS
+	if f.layout.Stages() > 1 {
+		// Never empty: one micro-batch (pp_microbatch_size ≤ MaxLBS,
+		// withDefaults) is a valid batch of every schedule.
+		r := q.lbsRange(f.layout)
+		at, top = func(i int) int { return r[i-1] }, len(r)
+	}
+	fits := func(i int) (bool, float64, error) {
+		lbs := at(i)
 		ga := 1
 		if perRank > 0 {
 			ga = (perRank + lbs - 1) / lbs
@@ -36,26 +53,33 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 		return err == nil && memory.WithinTarget(m, q.MemoryTarget), m, err
 	}
 	ok, m1, err := fits(1)
-	if err != nil || !ok || q.MaxLBS == 1 {
-		return map[bool]int{true: 1, false: 0}[ok && err == nil], m1, err
+	if err != nil || !ok || top == 1 {
+		return map[bool]int{true: at(1), false: 0}[ok && err == nil], m1, err
 	}
 	ok, m2, err := fits(2)
 	if err != nil || !ok {
-		return 1, m1, err
+		return at(1), m1, err
 	}
-	// lo fits; hi does not, or is MaxLBS+1 (nothing known above MaxLBS).
-	lo, hi := 2, q.MaxLBS+1
-	probe := func(lbs int) error {
-		ok, _, err := fits(lbs)
+	// lo fits; hi does not, or is top+1 (nothing known above the last);
+	// mLo and mHi are their memory fractions once probed.
+	lo, hi := 2, top+1
+	mLo, mHi := m2, 0.0
+	probe := func(i int) error {
+		ok, m, err := fits(i)
 		if ok {
-			lo = lbs
+			lo, mLo = i, m
 		} else {
-			hi = lbs
+			hi, mHi = i, m
 		}
 		return err
 	}
 	if slope := m2 - m1; slope > 0 {
 		g := 2 + int((q.MemoryTarget-m2)/slope)
+		if g >= hi && hi-1 > lo {
+			// The line reaches the target beyond the last local batch:
+			// try that one first.
+			g = hi - 1
+		}
 		if g > lo && g < hi {
 			if err := probe(g); err != nil {
 				return 0, m1, err
@@ -70,26 +94,71 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 			}
 		}
 	}
-	for hi-lo > 1 {
+	// With no upper end known yet, the last batch and the one before are
+	// probed, and the line through them aimed at the target with its
+	// neighbour checked: memory is near affine in the largest batches
+	// (under a pipeline, once every stage holds its most micro-batches
+	// in flight, where the slope from the first two batches is far too
+	// steep), and a pipeline's largest batches are its costliest
+	// estimates, which galloping towards them repeated.
+	if hi == top+1 && hi-1 > lo {
+		if err := probe(top); err != nil {
+			return 0, m1, err
+		}
+		if mTop := mHi; hi == top && top-1 > lo {
+			if err := probe(top - 1); err != nil {
+				return 0, m1, err
+			}
+			if slope := mTop - mHi; hi == top-1 && slope > 0 {
+				g := top - 1 - int(math.Ceil((mHi-q.MemoryTarget)/slope))
+				if g > lo && g < hi {
+					if err := probe(g); err != nil {
+						return 0, m1, err
+					}
+					if lo == g && g+1 < hi {
+						err = probe(g + 1)
+					} else if hi == g && g-1 > lo {
+						err = probe(g - 1)
+					}
+					if err != nil {
+						return 0, m1, err
+					}
+				}
+			}
+		}
+	}
+	// What is left is closed by the line through the bracket's ends,
+	// every other step a bisection, so never in more than twice
+	// bisection's probes.
+	for step := 0; hi-lo > 1; step++ {
 		mid := lo + (hi-lo)/2
-		if hi == q.MaxLBS+1 {
-			mid = min(2*lo, q.MaxLBS) // gallop: no upper bound known yet
+		if step%2 == 0 && mHi > mLo {
+			x := float64(lo) + (q.MemoryTarget-mLo)/(mHi-mLo)*float64(hi-lo)
+			mid = min(max(int(x), lo+1), hi-1)
 		}
 		if err := probe(mid); err != nil {
 			return 0, m1, err
 		}
 	}
-	return lo, m1, nil
+	return at(lo), m1, nil
 }
+
+// dpShare is how many GPUs share one data-parallel rank's sequences: its
+// tp ranks and its pipeline stages.
+func dpShare(l moe.Layout) int { return l.TPDegree() * l.Stages() }
 
 // lbsChoices are the local batches simulated for a family whose memory
 // limit is max: every power of two below max and max itself (all of 1..max
 // when all is set). With a global batch, only divisors of perRank (the
 // sequences each rank must consume per step) qualify, grad_accum =
-// perRank / lbs; keep limits the choice to the largest ones.
-func lbsChoices(max, perRank int, all bool, keep int) [][2]int {
+// perRank / lbs; keep limits the choice to the largest ones. valid, when set, admits only
+// the local batches it accepts (a pipeline's whole micro-batches).
+func lbsChoices(max, perRank int, all bool, keep int, valid func(int) bool) [][2]int {
 	var out [][2]int
 	add := func(lbs int) {
+		if valid != nil && !valid(lbs) {
+			return
+		}
 		if perRank > 0 {
 			if perRank%lbs != 0 {
 				return
@@ -145,32 +214,55 @@ type stageRun struct {
 
 func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Result, err error) {
 	q := s.q
-	ga1 := max(1, s.perRank) // grad_accum at lbs 1
+	// first is a family's smallest point: its smallest local batch with
+	// the accumulation a global batch then needs.
+	first := func(f family) Point {
+		lbs := minLBS(f.layout)
+		ga := 1
+		if s.perRank > 0 {
+			ga = max(1, s.perRank*dpShare(f.layout)/lbs)
+		}
+		return Point{f.layout, f.ac, lbs, ga}
+	}
 	// Families the caller cannot use are dropped before anything is
 	// evaluated (Admit does not depend on the local batch).
 	var usable []family
 	for _, f := range fams {
 		st.GPUs = f.layout.GPUs
-		if q.Admit != nil && q.Admit(Point{f.layout, f.ac, 1, ga1}) != nil {
+		if q.Admit != nil && q.Admit(first(f)) != nil {
 			st.Candidates++
 			st.Pruned++
 			continue
 		}
 		usable = append(usable, f)
 	}
-	// Size every family by memory, in parallel.
+	// Size every family by memory, in parallel; a family whose state
+	// alone exceeds the target (floored) is not sized, and its memory at
+	// its smallest point is estimated only if nothing fits, for the
+	// explanation.
 	type sized struct {
-		maxLBS int
-		m1     float64
+		maxLBS  int
+		m1      float64
+		floored bool
 	}
 	sizes := make([]sized, len(usable))
 	err = parallelDo(len(usable), q.Workers, func(i int) error {
 		var err error
+		if sizes[i].floored, err = q.floored(s.ev, first(usable[i])); sizes[i].floored || err != nil {
+			return err
+		}
 		sizes[i].maxLBS, sizes[i].m1, err = q.sizeByMemory(s.ev, usable[i], s.perRank)
 		return err
 	})
 	if err != nil {
 		return nil, st, nil, err
+	}
+	// nearer keeps in closest the first of the lowest memory fractions
+	// seen, in family order, then results order.
+	nearer := func(r Result) {
+		if closest == nil || r.Score.MemoryFraction < closest.Score.MemoryFraction {
+			closest = &r
+		}
 	}
 	var points []Point
 	for i, f := range usable {
@@ -178,12 +270,13 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 		if maxLBS == 0 {
 			st.Candidates++
 			st.Pruned++
-			if closest == nil || m1 < closest.Score.MemoryFraction {
-				closest = &Result{Point{f.layout, f.ac, 1, ga1}, Score{MemoryFraction: m1}}
+			if !sizes[i].floored {
+				nearer(Result{first(f), Score{MemoryFraction: m1}})
 			}
 			continue
 		}
-		choices := lbsChoices(maxLBS, s.perRank*f.layout.TPDegree(), s.all, s.keep)
+		l := f.layout
+		choices := lbsChoices(maxLBS, s.perRank*dpShare(l), s.all, s.keep, func(lbs int) bool { return lbsValid(l, lbs) })
 		for _, c := range choices {
 			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly || f.layout.GradSyncLastOnly) {
 				continue // without accumulation these options change nothing
@@ -214,13 +307,52 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 	for _, r := range results {
 		if memory.WithinTarget(r.Score.MemoryFraction, q.MemoryTarget) && !r.Score.DoesNotFit && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
 			kept = append(kept, r)
-		} else if closest == nil || r.Score.MemoryFraction < closest.Score.MemoryFraction {
-			c := r
-			closest = &c
+		} else {
+			nearer(r)
+		}
+	}
+	if len(kept) == 0 && slices.ContainsFunc(sizes, func(z sized) bool { return z.floored }) {
+		// Nothing fits: the explanation names the closest point, so the
+		// floored families' own memory is needed after all, and closest
+		// is found again in the same order as if none had been floored
+		// (results is intact: nothing was kept).
+		closest = nil
+		for i, f := range usable {
+			if sizes[i].maxLBS > 0 {
+				continue
+			}
+			m1 := sizes[i].m1
+			if sizes[i].floored {
+				if m1, err = s.ev.MemoryFraction(first(f)); err != nil {
+					return nil, st, nil, err
+				}
+			}
+			nearer(Result{first(f), Score{MemoryFraction: m1}})
+		}
+		for _, r := range results {
+			nearer(r)
 		}
 	}
 	sortResults(kept)
 	return kept, st, closest, nil
+}
+
+// memoryFloor is implemented by evaluators that bound MemoryFraction from
+// below for every local batch of a point's layout, cheaply (SimEvaluator:
+// memory.SetupBytes, the state alone).
+type memoryFloor interface {
+	MemoryFloor(p Point) (float64, error)
+}
+
+// floored reports whether ev bounds p's memory above the target whatever
+// its local batch: it could never fit, and needs no timeline.
+func (q *Request) floored(ev Evaluator, p Point) (bool, error) {
+	fl, ok := ev.(memoryFloor)
+	if !ok {
+		return false, nil
+	}
+	b, err := fl.MemoryFloor(p)
+	return err == nil && !memory.WithinTarget(b, q.MemoryTarget), err
 }
 
 // parallelDo runs do(0..n-1) on up to workers goroutines and returns

@@ -1,11 +1,14 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
@@ -299,12 +302,19 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	if err != nil {
 		return pipeCosts{}, err
 	}
+	// The segments in one fixed order: summed in map order, a stage's
+	// seconds differed in the last bit from run to run, and so did the
+	// planner's ranking of near-equal plans.
+	keys := slices.SortedFunc(maps.Keys(costs), func(a, b segKey) int {
+		return cmp.Or(cmp.Compare(a.layer, b.layer), cmp.Compare(a.phase, b.phase), cmp.Compare(a.seg, b.seg))
+	})
 	for s := range n {
 		first, count := pl.StageLayers(s)
 		owns := func(layer int) bool {
 			return layer >= first && layer < first+count || s == 0 && layer == moe.LayerEmbed || s == n-1 && layer == cfg.LayerHead()
 		}
-		for k, c := range costs {
+		for _, k := range keys {
+			c := costs[k]
 			if !owns(k.layer) {
 				continue
 			}

@@ -222,7 +222,8 @@ func prepareSim(in Input) (*simPrep, error) {
 	if err := checkSkewBound(cfg, p.l, in.ExpertSkew); err != nil {
 		return nil, err
 	}
-	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum}); err != nil {
+	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum,
+		NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions()); err != nil {

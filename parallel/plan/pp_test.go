@@ -1,0 +1,151 @@
+package plan
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
+)
+
+// TestEnumeratePP: the pipeline families of a dense 6-layer model on 8 GPUs,
+// counted by hand. torchtitan's split counts 6 + 2 = 8 effective layers:
+// pp 2 splits them evenly into 2 (1F1B) and 4 (Interleaved1F1B, 2 per
+// rank) stages of at least 2; pp 4 into 4 (1F1B) but not 8 stages of one;
+// pp 8 not at all. pp 2 leaves dp = 4 (dp_replicate 1, 2 or 4), pp 4 dp = 2
+// (1 or 2): (3 × 2 schedules + 2 × 1) × 2 micro-batch sizes = 16 layouts,
+// each fsdp without reshard-after-forward, under one policy.
+func TestEnumeratePP(t *testing.T) {
+	cfg := &moe.Config{Layers: 6}
+	q, err := (&Request{GPUs: 8, GPUsPerNode: 8, MemoryTarget: 0.92, PPs: []int{1, 2, 4, 8}, Layers: cfg.Layers,
+		PPMicrobatchSizes: []int{1, 2}, ACs: []moe.AC{{Mode: moe.ACFull}}}).withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct {
+		pp, r int
+		sched moe.PPSchedule
+		mbs   int
+	}
+	seen := map[key]int{}
+	pipelines := 0
+	for _, f := range q.enumerateFamilies(8, false) {
+		l := f.layout
+		if err := l.Validate(); err != nil {
+			t.Errorf("%+v: %v", l, err)
+		}
+		if l.Stages() == 1 {
+			continue
+		}
+		pipelines++
+		if l.Sharding != moe.ShardFSDP || l.ReshardAfterForward || l.KeepGathered || l.AllreduceLastOnly {
+			t.Errorf("%+v: a pipeline family is fsdp without reshard-after-forward and no accumulation options", l)
+		}
+		if _, err := l.StageSplit(cfg.Layers); err != nil {
+			t.Errorf("%+v: %v", l, err)
+		}
+		seen[key{l.PP, l.DPReplicate, l.PPSchedule, l.PPMicrobatchSize}]++
+	}
+	if pipelines != 16 {
+		t.Errorf("%d pipeline families, want 16", pipelines)
+	}
+	for _, k := range []key{{2, 1, moe.PP1F1B, 1}, {2, 4, moe.PPInterleaved1F1B, 2}, {4, 2, moe.PP1F1B, 2}} {
+		if seen[k] != 1 {
+			t.Errorf("family %+v seen %d times, want once", k, seen[k])
+		}
+	}
+	for _, k := range []key{{4, 1, moe.PPInterleaved1F1B, 1}, {8, 1, moe.PP1F1B, 1}} {
+		if seen[k] != 0 {
+			t.Errorf("family %+v searched: its split is not even", k)
+		}
+	}
+	for _, bad := range []Request{
+		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{0}},
+		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}},
+		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPMicrobatchSizes: []int{512}},
+	} {
+		if _, err := bad.withDefaults(); err == nil || !strings.Contains(err.Error(), "pp") && !strings.Contains(err.Error(), "layers") {
+			t.Errorf("%+v: error %v, want one naming pp, layers or pp_microbatch_size", bad, err)
+		}
+	}
+}
+
+// TestPlanLBSChoicesPipeline: a pipeline's local batches are whole
+// micro-batches: with micro-batches of 2 and max 10, the powers of two
+// 2, 4, 8 and the limit 10; Interleaved1F1B on pp 4 also needs a multiple
+// of its rounds max(1, m/4), so of 1..12 micro-batches 9 and 11 drop out.
+func TestPlanLBSChoicesPipeline(t *testing.T) {
+	l := moe.Layout{PP: 2, PPSchedule: moe.PP1F1B, PPMicrobatchSize: 2, PPVirtualStages: 1}
+	got := lbsChoices(10, 0, false, 0, func(lbs int) bool { return lbsValid(l, lbs) })
+	want := [][2]int{{2, 1}, {4, 1}, {8, 1}, {10, 1}}
+	if len(got) != len(want) {
+		t.Fatalf("choices %v, want %v", got, want)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("choices %v, want %v", got, want)
+		}
+	}
+	q := Request{MaxLBS: 12}
+	il := moe.Layout{PP: 4, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}
+	r := q.lbsRange(il)
+	if len(r) != 10 || r[7] != 8 || r[8] != 10 || r[9] != 12 {
+		t.Errorf("interleaved pp 4 local batches %v, want 1..8, 10, 12", r)
+	}
+}
+
+// TestPlanSearchPP: a search with pipelines on the real evaluator returns
+// only valid points (planCheckReport checks whole micro-batches, the
+// global batch and the degrees), hierarchical and exhaustive, and
+// pipelines are among the exhaustive plans.
+func TestPlanSearchPP(t *testing.T) {
+	cfg, err := hf.Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256}
+	req := Request{GPUs: 16, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: 64, MaxLBS: 8, PPs: []int{1, 2}, Layers: cfg.Layers}
+	rep, err := Search(req, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planCheckReport(t, req, rep)
+	req.Exhaustive = true // every family at the target: the pipelines too
+	if rep, err = Search(req, ev); err != nil {
+		t.Fatal(err)
+	}
+	planCheckReport(t, req, rep)
+	pipes := 0
+	for _, r := range rep.Plans {
+		if r.Point.Layout.Stages() > 1 {
+			pipes++
+		}
+	}
+	if pipes == 0 {
+		t.Errorf("no pipeline among %d plans", len(rep.Plans))
+	}
+}
+
+// TestMemoryKeyExactPipeline: a pipeline's shared estimate (one replica,
+// no host size) equals its own memory.Estimate for several replica counts.
+func TestMemoryKeyExactPipeline(t *testing.T) {
+	cfg, dev := qwenOnB200(t)
+	e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096}
+	for _, rep := range []int{1, 2, 4} {
+		l := moe.Layout{GPUs: 2 * 4 * rep, PP: 2, DPShard: 4, DPReplicate: rep, EP: 4, Sharding: moe.ShardFSDP, GPUsPerNode: 8,
+			PPSchedule: moe.PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}
+		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 4, GradAccum: 1}
+		got, err := e.MemoryFraction(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := memory.Estimate(cfg, l, memory.Batch{LBS: 4, Seq: 4096, GradAccum: 1}, memory.Options{AC: p.AC})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := float64(r.Peak.Reserved) / float64(dev.MemoryBytes); got != want {
+			t.Errorf("dp_replicate %d: shared estimate %.6f, own %.6f", rep, got, want)
+		}
+	}
+}
