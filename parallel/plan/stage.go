@@ -73,6 +73,22 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 		}
 		return err
 	}
+	// probeNear probes a guess g inside the bracket and then the neighbour
+	// on its far side, so that an exact guess closes the bracket.
+	probeNear := func(g int) error {
+		if g <= lo || g >= hi {
+			return nil
+		}
+		if err := probe(g); err != nil {
+			return err
+		}
+		if lo == g && g+1 < hi {
+			return probe(g + 1)
+		} else if hi == g && g-1 > lo {
+			return probe(g - 1)
+		}
+		return nil
+	}
 	if slope := m2 - m1; slope > 0 {
 		g := 2 + int((q.MemoryTarget-m2)/slope)
 		if g >= hi && hi-1 > lo {
@@ -80,18 +96,8 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 			// try that one first.
 			g = hi - 1
 		}
-		if g > lo && g < hi {
-			if err := probe(g); err != nil {
-				return 0, m1, err
-			}
-			if lo == g && g+1 < hi {
-				err = probe(g + 1)
-			} else if hi == g && g-1 > lo {
-				err = probe(g - 1)
-			}
-			if err != nil {
-				return 0, m1, err
-			}
+		if err := probeNear(g); err != nil {
+			return 0, m1, err
 		}
 	}
 	// With no upper end known yet, the last batch and the one before are
@@ -111,18 +117,8 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 			}
 			if slope := mTop - mHi; hi == top-1 && slope > 0 {
 				g := top - 1 - int(math.Ceil((mHi-q.MemoryTarget)/slope))
-				if g > lo && g < hi {
-					if err := probe(g); err != nil {
-						return 0, m1, err
-					}
-					if lo == g && g+1 < hi {
-						err = probe(g + 1)
-					} else if hi == g && g-1 > lo {
-						err = probe(g - 1)
-					}
-					if err != nil {
-						return 0, m1, err
-					}
+				if err := probeNear(g); err != nil {
+					return 0, m1, err
 				}
 			}
 		}
