@@ -12,7 +12,6 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/moe/hf"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -24,14 +23,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // array): that earlier implementation is the oracle, and the speed work
 // must change no byte.
 func TestEstimateGolden(t *testing.T) {
-	small, err := hf.Load("qwen3-30b-a3b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	big, err := hf.Load("qwen3-235b-a22b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, big := builtinModel(t, "qwen3-30b-a3b"), builtinModel(t, "qwen3-235b-a22b")
 	fsdp := func(gpus, shard, rep, ep int) moe.Layout {
 		return moe.Layout{GPUs: gpus, DPShard: shard, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
 	}

@@ -13,14 +13,7 @@ import (
 // most, under pp) and never exceeds the peak reserved, for several
 // layouts, policies and options.
 func TestSetupBytes(t *testing.T) {
-	small, err := hf.Load("qwen3-30b-a3b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	big, err := hf.Load("qwen3-235b-a22b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	small, big := builtinModel(t, "qwen3-30b-a3b"), builtinModel(t, "qwen3-235b-a22b")
 	zero1 := moe.Layout{GPUs: 16, DPShard: 8, DPReplicate: 2, EP: 4, Sharding: moe.ShardZeRO1}
 	ddp := moe.Layout{GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 4, Sharding: moe.ShardDDP}
 	fsdp := moe.Layout{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
@@ -63,4 +56,14 @@ func TestSetupBytes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// builtinModel loads a built-in model for a test.
+func builtinModel(t *testing.T, name string) *moe.Config {
+	t.Helper()
+	cfg, err := hf.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
