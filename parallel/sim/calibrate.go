@@ -139,6 +139,9 @@ func ParseCalibration(data []byte, where string) (*Calibration, error) {
 // model (built-in name or path), device, cluster (the run's, else the
 // GPU's usual one), layout, checkpointing and batch.
 func InputForRun(r Run) (Input, error) {
+	if r.PowerLimited {
+		return Input{}, fmt.Errorf("run %s: power_limited: its GPUs ran below their default power limit, which the source does not state; the time model prices %s at its default limit only", r.label(), r.GPU)
+	}
 	cfg, err := hf.Load(r.Model)
 	if err != nil {
 		return Input{}, err

@@ -55,8 +55,19 @@ func TestPublishedTPS(t *testing.T) {
 	fmt.Fprintf(&b, "\n%-32s %-6s %5s %-7s %4s %-10s %9s %9s %8s %9s %8s\n", "run", "gpu", "gpus", "rep×shd", "lbs", "ac", "measured", "uncal", "err", "cal", "err")
 	var absUncal, absCal []float64
 	bf16Series, sources := 0, map[string]bool{}
+	var unpriced strings.Builder // rows whose hardware the time model cannot price
 	for _, k := range keys {
-		rs := series[k]
+		rs := series[k][:0:0]
+		for _, r := range series[k] {
+			if r.PowerLimited {
+				fmt.Fprintf(&unpriced, "skipped %s (%s %s, %d GPUs): needs the GPUs' power limit, which the source does not state (power_limited)\n", r.label(), r.Model, r.GPU, r.GPUs)
+				continue
+			}
+			rs = append(rs, r)
+		}
+		if len(rs) == 0 {
+			continue
+		}
 		sort.SliceStable(rs, func(i, j int) bool { return rs[i].GPUs < rs[j].GPUs })
 		small := smallScale(rs)
 		var fit []Run
@@ -90,6 +101,7 @@ func TestPublishedTPS(t *testing.T) {
 	sort.Float64s(absUncal)
 	sort.Float64s(absCal)
 	skipped, nSkipped := skippedRuns(t, runs)
+	b.WriteString(unpriced.String())
 	b.WriteString(skipped)
 	fmt.Fprintf(&b, "uncalibrated |TPS error|: median %.1f%%, worst %.1f%% over %d runs (%d rows of the shared table skipped)\n",
 		100*median(absUncal), 100*absUncal[len(absUncal)-1], len(absUncal), nSkipped)

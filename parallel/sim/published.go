@@ -81,6 +81,12 @@ type Run struct {
 	// PyTorch would run several (an addition to DESIGN's schema; absent =
 	// false).
 	FusedElementwise bool `json:"fused_elementwise,omitempty"`
+	// PowerLimited says the source ran its GPUs below their default power
+	// limit without stating the limit (an addition to DESIGN's schema;
+	// absent = false). The time model prices a device at its default
+	// limit, so such a run's step time cannot be predicted and
+	// InputForRun refuses it; its memory does not depend on the clock.
+	PowerLimited bool `json:"power_limited,omitempty"`
 	// Dispatcher is how the run's framework moves expert-parallel tokens:
 	// absent or all_to_all (torchtitan's), deepep or hybridep (DeepEP's
 	// kernels: one row per token and destination rank; an addition to

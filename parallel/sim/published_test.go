@@ -273,4 +273,17 @@ func TestRunFrameworkFields(t *testing.T) {
 			t.Errorf("%s: InputForRun = %v, want one naming it", field, err)
 		}
 	}
+	// A run on GPUs below their default power limit, the limit unstated,
+	// has no step time the model can price; its memory options stand.
+	r = base
+	r.PowerLimited = true
+	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "power_limited") {
+		t.Errorf("power_limited: InputForRun = %v, want a refusal naming the field", err)
+	}
+	if _, err := Calibrate([]Run{r}); err == nil || !strings.Contains(err.Error(), "power_limited") {
+		t.Errorf("power_limited: Calibrate = %v, want a refusal naming the field", err)
+	}
+	if _, err := r.MemoryOptions(); err != nil {
+		t.Errorf("power_limited: MemoryOptions = %v", err)
+	}
 }
