@@ -103,33 +103,10 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 	if l.AllreduceLastOnly {
 		return Report{}, errors.New("memory: allreduce_last_only with pp > 1 is not modelled (the pipeline reduces once per micro-step already)")
 	}
-	m, err := l.Microbatches(b.LBS)
+	ps, err := newPipelineSetup(cfg, l, b, o)
 	if err != nil {
 		return Report{}, err
 	}
-	split, err := l.StageSplit(cfg.Layers)
-	if err != nil {
-		return Report{}, err
-	}
-	order, err := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
-	if err != nil {
-		return Report{}, err
-	}
-	mb := b
-	mb.LBS = l.PPMicrobatchSize
-	if mb, err = checkBatch(cfg, mb, o.Attention); err != nil {
-		return Report{}, err
-	}
-	all, err := Units(cfg, l)
-	if err != nil {
-		return Report{}, err
-	}
-	chunks, err := StageUnits(all, split)
-	if err != nil {
-		return Report{}, err
-	}
-	sh := Shape{Batch: mb.LBS, Seq: mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
-		Compile: o.Compile, LossDType: o.LossDType}
 	var worst Report
 	var stages []StagePeak
 	// spare is the event buffer of a rank that was not the worst, which
@@ -137,17 +114,17 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 	// micro-batches a rank's timeline is tens of megabytes.
 	var spare []Event
 	for r := range l.Stages() {
-		rep, err := pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m, spare[:0])
+		rep, err := ps.rank(cfg, l, b.GradAccum, o, r, spare[:0])
 		if err != nil {
 			return Report{}, err
 		}
 		spare = nil
-		sp := StagePeak{Rank: r, InFlight: moe.InFlight(order[r]), Peak: rep.Peak,
+		sp := StagePeak{Rank: r, InFlight: moe.InFlight(ps.order[r]), Peak: rep.Peak,
 			PeakAllocatedBytes: rep.Peak.Allocated, PeakReservedBytes: rep.Peak.Reserved}
 		for k := range l.VirtualStages() {
 			s := r + k*l.Stages()
 			sp.Stages = append(sp.Stages, s)
-			sp.Layers += split[s]
+			sp.Layers += ps.split[s]
 		}
 		stages = append(stages, sp)
 		if r == 0 || rep.Peak.Reserved > worst.Peak.Reserved {
@@ -160,6 +137,52 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 	}
 	worst.Stages = stages
 	return worst, nil
+}
+
+// pipelineSetup is what every rank's timeline of a pipelined step is built
+// from: one micro-batch's shape, the micro-batches per micro-step, the
+// layer split, each rank's order of actions and each stage's units.
+type pipelineSetup struct {
+	mb     Batch
+	m      int
+	split  []int
+	order  [][]moe.PipeAction
+	chunks [][]Unit
+	sh     Shape
+}
+
+func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipelineSetup, error) {
+	var ps pipelineSetup
+	var err error
+	if ps.m, err = l.Microbatches(b.LBS); err != nil {
+		return ps, err
+	}
+	if ps.split, err = l.StageSplit(cfg.Layers); err != nil {
+		return ps, err
+	}
+	if ps.order, err = moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), ps.m); err != nil {
+		return ps, err
+	}
+	ps.mb = b
+	ps.mb.LBS = l.PPMicrobatchSize
+	if ps.mb, err = checkBatch(cfg, ps.mb, o.Attention); err != nil {
+		return ps, err
+	}
+	all, err := Units(cfg, l)
+	if err != nil {
+		return ps, err
+	}
+	if ps.chunks, err = StageUnits(all, ps.split); err != nil {
+		return ps, err
+	}
+	ps.sh = Shape{Batch: ps.mb.LBS, Seq: ps.mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
+		Compile: o.Compile, LossDType: o.LossDType}
+	return ps, nil
+}
+
+// rank is pipeline rank r's report (pipelineRank).
+func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
+	return pipelineRank(cfg, l, ps.mb, accum, o, ps.sh, ps.chunks, ps.order[r], r, ps.m, buf)
 }
 
 // pipelineRank builds and replays pipeline rank r's timeline; mb is one

@@ -187,21 +187,11 @@ func pipelineRankReport(cfg *moe.Config, l moe.Layout, b Batch, o Options, r int
 	if err != nil {
 		return Report{}, err
 	}
-	m, _ := l.Microbatches(b.LBS)
-	split, _ := l.StageSplit(cfg.Layers)
-	order, _ := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
-	mb := b
-	mb.LBS = l.PPMicrobatchSize
-	all, err := Units(cfg, l)
+	ps, err := newPipelineSetup(cfg, l, b, o)
 	if err != nil {
 		return Report{}, err
 	}
-	chunks, err := StageUnits(all, split)
-	if err != nil {
-		return Report{}, err
-	}
-	sh := Shape{Batch: mb.LBS, Seq: mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation, Compile: o.Compile, LossDType: o.LossDType}
-	return pipelineRank(cfg, l, mb, b.GradAccum, o, sh, chunks, order[r], r, m, nil)
+	return ps.rank(cfg, l, b.GradAccum, o, r, nil)
 }
 
 func TestPipelineMemoryErrors(t *testing.T) {
