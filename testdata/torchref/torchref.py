@@ -62,6 +62,19 @@ BASE = {
     "tie_word_embeddings": False,
 }
 
+# DeepSeek-V3 (transformers' DeepseekV3 classes): multi-head latent attention with a query latent
+# (q_lora_rank 6), kv_lora_rank 5, q·k heads of 4 + 4 rotated dims and value heads of 3,
+# interleaved RoPE; sigmoid routing with e_score_correction_bias over 4 groups of 2 (best 2 groups, a
+# group scored by its two best), top-3 renormalized with +1e-20, × 2.5; one shared expert; a dense
+# first layer; one MTP layer in the config, which the HF model ignores.
+MLA_V3 = dict({k: v for k, v in BASE.items() if k not in ("head_dim", "num_key_value_heads")},
+              model_type="deepseek_v3", num_hidden_layers=3, intermediate_size=20, moe_intermediate_size=6,
+              n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4, topk_group=2,
+              routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=6,
+              kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=3, rope_interleave=True,
+              scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=1,
+              attention_bias=False, rope_scaling=None, _dtype="F32")
+
 CONFIGS = {
     # Dense Qwen3: per-head QK-norm, tied embeddings; weights stored as BF16.
     "dense": dict(BASE, model_type="qwen3", intermediate_size=20, tie_word_embeddings=True,
@@ -108,33 +121,17 @@ CONFIGS = {
                      num_experts_per_tok=2, n_shared_experts=2, first_k_dense_replace=1, moe_layer_freq=1,
                      norm_topk_prob=True, scoring_func="softmax", aux_loss_alpha=0.1, seq_aux=True,
                      attention_bias=False, _dtype="F32", _batch=3),
-    # DeepSeek-V3 (transformers' DeepseekV3 classes): multi-head latent attention with a query latent
-    # (q_lora_rank 6), kv_lora_rank 5, q·k heads of 4 + 4 rotated dims and value heads of 3,
-    # interleaved RoPE; sigmoid routing with e_score_correction_bias over 4 groups of 2 (best 2 groups, a
-    # group scored by its two best), top-3 renormalized with +1e-20, × 2.5; one shared expert; a dense
-    # first layer; one MTP layer in the config, which the HF model ignores.
-    "mla_v3": dict({k: v for k, v in BASE.items() if k not in ("head_dim", "num_key_value_heads")},
-                   model_type="deepseek_v3", num_hidden_layers=3, intermediate_size=20, moe_intermediate_size=6,
-                   n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4, topk_group=2,
-                   routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=6,
-                   kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=3, rope_interleave=True,
-                   scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=1,
-                   attention_bias=False, rope_scaling=None, _dtype="F32"),
+    # DeepSeek-V3: MLA_V3 above.
+    "mla_v3": MLA_V3,
     # DeepSeek-V3 with YaRN rope scaling: mla_v3 with 8 rotated dims (4 frequencies), rope_theta 100 so that
     # every frequency turns visibly over 12 positions, and a correction range (original context 64, β 32
     # and 1) that keeps the fastest pair, interpolates the slowest by the factor 4 and blends the two
     # between; mscale 1 over mscale_all_dim 0.5 makes cos and sin carry an attention factor ≠ 1, and the
     # softmax scale takes m(4, 0.5)².
-    "yarn_v3": dict({k: v for k, v in BASE.items() if k not in ("head_dim", "num_key_value_heads")},
-                    model_type="deepseek_v3", num_hidden_layers=3, intermediate_size=20, moe_intermediate_size=6,
-                    n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=4, topk_group=2,
-                    routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=6,
-                    kv_lora_rank=5, qk_nope_head_dim=4, qk_rope_head_dim=8, v_head_dim=3, rope_interleave=True,
-                    scoring_func="sigmoid", topk_method="noaux_tc", num_nextn_predict_layers=1,
-                    attention_bias=False, rope_theta=100.0, max_position_embeddings=256,
+    "yarn_v3": dict(MLA_V3, qk_rope_head_dim=8, rope_theta=100.0, max_position_embeddings=256,
                     rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                   "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5},
-                    _dtype="F32", _seq=12),
+                    _seq=12),
     # YaRN on standard attention: GLM-4.5 (the "sigmoid" case's routing) with half of each 8-dim head
     # rotated (partial_rotary_factor 0.5: 2 frequencies), rope_theta 30, factor 4 at an original context
     # of 64 without truncation (a ramp of 0 and 0.73), attention_factor left to its default 0.1·ln 4 + 1 on
