@@ -11,11 +11,7 @@ import (
 
 // sixLayerMoE is moetest's tiny MoE with six identical MoE blocks.
 func sixLayerMoE() *moe.Config {
-	c := moetest.TinyMoE()
-	c.Layers = 6
-	c.MoELayer = []bool{true, true, true, true, true, true}
-	c.Window = make([]int, 6)
-	return c
+	return moetest.TinyMoELayers(true, true, true, true, true, true)
 }
 
 func pipelineLayout(t *testing.T, l moe.Layout) moe.Layout {

@@ -16,10 +16,7 @@ import (
 // per stage per step before its first forward, gradient reductions once
 // per stage per accumulation micro-step after its last backward.
 func TestBuildPipeline(t *testing.T) {
-	cfg := moetest.TinyMoE()
-	cfg.Layers = 4
-	cfg.MoELayer = []bool{true, false, true, true}
-	cfg.Window = make([]int, 4)
+	cfg := moetest.TinyMoELayers(true, false, true, true)
 	for _, lt := range []moe.Layout{
 		{GPUs: 4, PP: 2, DPShard: 2},
 		{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B},

@@ -19,6 +19,22 @@ func TinyMoE() *moe.Config {
 	}
 }
 
+// TinyMoELayers is TinyMoE with one block per entry of moeLayers, block i
+// a MoE block when moeLayers[i] (a dense one of FFN width 6 otherwise),
+// full attention everywhere: the pipeline tests' deeper models.
+func TinyMoELayers(moeLayers ...bool) *moe.Config {
+	c := TinyMoE()
+	c.Layers = len(moeLayers)
+	c.MoELayer = append([]bool(nil), moeLayers...)
+	c.Window = make([]int, len(moeLayers))
+	for _, m := range moeLayers {
+		if !m {
+			c.DenseFFN = 6
+		}
+	}
+	return c
+}
+
 // FSDPLayout is the resolved FSDP layout of gpus ranks in rep replicas with
 // expert parallelism ep, resharding after forward (torchtitan's default).
 func FSDPLayout(t testing.TB, gpus, rep, ep int) moe.Layout {

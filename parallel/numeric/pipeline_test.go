@@ -13,13 +13,11 @@ import (
 // pipelineModel is moetest's tiny MoE with layers blocks, alternating MoE
 // and dense, without the aux loss (the cases turn it on).
 func pipelineModel(layers int) *moe.Config {
-	c := moetest.TinyMoE()
-	c.Layers = layers
-	c.MoELayer, c.Window = make([]bool, layers), make([]int, layers)
-	for i := range c.MoELayer {
-		c.MoELayer[i] = i%2 == 0
+	kinds := make([]bool, layers)
+	for i := range kinds {
+		kinds[i] = i%2 == 0
 	}
-	c.DenseFFN = 6
+	c := moetest.TinyMoELayers(kinds...)
 	c.AuxLossCoef, c.OutputRouterLogits = 0, false
 	return c
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,14 +16,7 @@ import (
 
 // pipelineConfig is moetest's tiny MoE with layers identical blocks.
 func pipelineConfig(layers int) *moe.Config {
-	c := moetest.TinyMoE()
-	c.Layers = layers
-	c.MoELayer = make([]bool, layers)
-	c.Window = make([]int, layers)
-	for i := range c.MoELayer {
-		c.MoELayer[i] = true
-	}
-	return c
+	return moetest.TinyMoELayers(slices.Repeat([]bool{true}, layers)...)
 }
 
 // TestPipelineBubble is the hand-derived bubble: identical stages (a
