@@ -50,12 +50,7 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass Pass, useCache bool, tc TP
 	T_, D, H := b.tokens(), c.Hidden, c.Heads
 	tl := len(st.x) / D
 
-	h1, rstd1 := make([]T, tl*D), make([]T, tl)
-	rmsNormFwd(h1, rstd1, st.x, w.AttnNorm, D, c.NormEps)
-	ex.round(h1)
-	ex.op(L, OpAttnNorm, pass, int64(tl)*int64(D))
-	st.rstd1 = rstd1
-	st.h1 = tc.Gather(L, pass, h1)
+	st.h1, st.rstd1 = b.normGather(OpAttnNorm, pass, st.x, w.AttnNorm, tc)
 	b.qkvForward(w, pass, useCache)
 	b.attend(pass, useCache)
 	st.ao = b.lin(OpOProj, pass, useCache, st.o, w.Wo, nil, T_, D, H*c.VHeadDim()) // partial sums
@@ -67,12 +62,7 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass Pass, useCache bool, tc TP
 	st.x2 = make([]T, tl*D)
 	addInto(st.x2, st.x, aoL)
 	ex.round(st.x2)
-	h2, rstd2 := make([]T, tl*D), make([]T, tl)
-	rmsNormFwd(h2, rstd2, st.x2, w.FFNNorm, D, c.NormEps)
-	ex.round(h2)
-	ex.op(L, OpFFNNorm, pass, int64(tl)*int64(D))
-	st.rstd2 = rstd2
-	st.h2 = tc.Gather(L, pass, h2)
+	st.h2, st.rstd2 = b.normGather(OpFFNNorm, pass, st.x2, w.FFNNorm, tc)
 
 	y := make([]T, T_*D) // partial sums of the row-parallel outputs
 	if c.MoELayer[L] {
@@ -94,6 +84,21 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass Pass, useCache bool, tc TP
 	ex.op(L, OpResidual, pass, 2*int64(tl)*int64(D))
 	st.complete = true
 	return out, aoL, yL
+}
+
+// normGather is a sequence-parallel RMSNorm (op) of the rank's local
+// tokens xl with weight nw, recorded at their count, and the all-gather
+// that brings every token of the normed input to the column-parallel
+// linears after it; it returns the gathered output and the local rstd.
+func (b *Block[T]) normGather(op Op, pass Pass, xl, nw []T, tc TPComm[T]) (h, rstd []T) {
+	D := b.cfg.Hidden
+	tl := len(xl) / D
+	hl := make([]T, tl*D)
+	rstd = make([]T, tl)
+	rmsNormFwd(hl, rstd, xl, nw, D, b.cfg.NormEps)
+	b.x.round(hl)
+	b.x.op(b.layer, op, pass, int64(tl)*int64(D))
+	return tc.Gather(b.layer, pass, hl), rstd
 }
 
 // BackwardSP is Backward for a block run by ForwardSP: dyLocal [T/tp, D]
