@@ -48,8 +48,10 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, ac
 	return res, p.Params()
 }
 
-// TestPipelineEqualsOneRank: pp × dp_shard ranks (FSDP inside each stage
-// when dp_shard > 1) running lbs L per micro-step in pipeline micro-batches
+// TestPipelineEqualsOneRank: pp × dp_shard × tp ranks (FSDP inside each
+// stage when dp_shard > 1, tensor parallelism when tp > 1, whose ranks
+// share their data-parallel rank's sequences) running lbs L per
+// micro-step in pipeline micro-batches
 // of b sequences, grad-accum A, train 3 steps to the losses and parameters
 // of one rank at lbs b with grad-accum A·dp_shard·L/b (the same
 // micro-batches: PipelineTrainer's doc), within 1e-5 relative: one rank
@@ -79,8 +81,19 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{4, moe.Layout{GPUs: 4, PP: 4}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
 		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "hf"},
 		{4, moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		// Tensor parallelism inside the stages (sequence parallelism, the
+		// stages exchanging each tp rank's sequence shard), alone, with
+		// FSDP, with an interleaved schedule, the aux losses and the
+		// selection bias.
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACNone}, true, ""},
+		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
+		{4, moe.Layout{GPUs: 8, PP: 4, TP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
 	} {
 		cfg := pipelineModel(c.layers)
+		if c.l.TP > 1 {
+			cfg.KVHeads = 2 // tp 2 must divide the KV heads
+		}
 		if c.bias {
 			cfg.Score, cfg.SelectionBias, cfg.RoutedScale = moe.Sigmoid, true, 2.5
 			cfg.Groups, cfg.TopKGroups = 2, 1
@@ -91,7 +104,7 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		name := fmt.Sprintf("pp %d %s dp_shard %d mbs %d lbs %d accum %d %s aux %q", c.l.PP, c.l.PPSchedule, c.l.DPShard, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac, c.aux)
+		name := fmt.Sprintf("pp %d %s dp_shard %d tp %d mbs %d lbs %d accum %d %s aux %q", c.l.PP, c.l.PPSchedule, c.l.DPShard, c.l.TP, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac, c.aux)
 		pr, pp := pipelineRun(t, cfg, c.l, c.ac, c.lbs, c.accum, 3)
 		mbs := max(c.l.PPMicrobatchSize, 1)
 		dp := max(c.l.DPShard, 1)

@@ -236,3 +236,12 @@ func (r *numRank) tpErr() error {
 	}
 	return nil
 }
+
+// failed is the first collective error of a tp communicator (nil for no
+// communicator: no tensor parallelism).
+func (c *tpComm) failed() error {
+	if c == nil {
+		return nil
+	}
+	return c.err
+}
