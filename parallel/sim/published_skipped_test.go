@@ -24,18 +24,17 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
 
 // neededFeature is the first feature a row of the shared table needs that
-// moescope lacks: tensor and pipeline parallelism together, context
-// parallelism, a precision other than BF16, or a model type; "" when it
-// needs none of them (tensor and pipeline parallelism are built, each
-// alone).
+// moescope lacks: context parallelism, a precision other than BF16, a
+// model type, or Megatron-Core's selective recompute of named modules
+// (--recompute-modules, which the table writes "selective: norm, act" and
+// the like); "" when it needs none of them (tensor and pipeline parallelism are
+// built, alone and together).
 func neededFeature(row map[string]string) string {
 	deg := func(k string) bool {
 		v := strings.TrimSpace(row[k])
 		return v != "" && v != "1" && v != "-"
 	}
 	switch {
-	case deg("tp") && deg("pp"):
-		return "TP with PP (tp = " + row["tp"] + ", pp = " + row["pp"] + ")"
 	case deg("cp"):
 		return "CP (cp = " + row["cp"] + ")"
 	case !strings.HasPrefix(row["precision"], "BF16"):
@@ -46,6 +45,9 @@ func neededFeature(row map[string]string) string {
 	}
 	if _, err := hf.Load(builtinOfCSV[row["model"]]); err != nil {
 		return "model type (" + row["model"] + ")"
+	}
+	if strings.HasPrefix(row["recompute"], "selective: ") {
+		return "Megatron recompute modules (" + strings.SplitN(row["recompute"], " (", 2)[0] + ")"
 	}
 	return ""
 }
@@ -95,7 +97,10 @@ func TestNeededFeature(t *testing.T) {
 		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
 		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
-		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "TP with PP (tp = 2, pp = 8)"},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""}, // tp inside pipeline stages is built
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, "Megatron recompute modules (selective: norm, act)"},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: layernorm, moe_act (perf recipe @HEAD)"}, "Megatron recompute modules (selective: layernorm, moe_act)"},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "FP8-CS", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, "FP8 / FP4 recipe (FP8-CS)"},
 		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},
