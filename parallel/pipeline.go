@@ -204,22 +204,40 @@ func (p *Pipeline) StageUnits(cfg *moe.Config, s int) []Unit {
 }
 
 // StageTPCollectives lists the tensor-parallel collectives of one
-// micro-batch through stage s (forward, recompute and backward, as
-// TPCollectives gives them per layer on the stage's layout): the
-// embedding's on stage 0, each of its blocks', the head's on the last
-// stage. Empty without tensor parallelism.
+// micro-batch through stage s in issue order (TPCollectives per layer on
+// the stage's layout): the forward's, embedding (stage 0), blocks, head
+// (last stage); then the backward's, head, blocks in reverse, embedding,
+// each block's recompute collectives before its backward ones. Empty
+// without tensor parallelism.
 func (p *Pipeline) StageTPCollectives(cfg *moe.Config, s, seq int, ac moe.AC, act moe.DType) []TPColl {
 	first, count := p.StageLayers(s)
 	tokens := p.Layout.PPMicrobatchSize * seq
-	var out []TPColl
+	layers := make([]int, 0, count+2)
 	if s == 0 {
-		out = append(out, TPCollectives(cfg, p.Stage.Layout, moe.LayerEmbed, tokens, ac, act)...)
+		layers = append(layers, moe.LayerEmbed)
 	}
 	for layer := first; layer < first+count; layer++ {
-		out = append(out, TPCollectives(cfg, p.Stage.Layout, layer, tokens, ac, act)...)
+		layers = append(layers, layer)
 	}
 	if s == len(p.Split)-1 {
-		out = append(out, TPCollectives(cfg, p.Stage.Layout, cfg.LayerHead(), tokens, ac, act)...)
+		layers = append(layers, cfg.LayerHead())
+	}
+	per := make([][]TPColl, len(layers))
+	var out []TPColl
+	for i, layer := range layers {
+		per[i] = TPCollectives(cfg, p.Stage.Layout, layer, tokens, ac, act)
+		for _, c := range per[i] {
+			if c.Phase == PhaseForward {
+				out = append(out, c)
+			}
+		}
+	}
+	for i := len(layers) - 1; i >= 0; i-- {
+		for _, c := range per[i] {
+			if c.Phase != PhaseForward {
+				out = append(out, c)
+			}
+		}
 	}
 	return out
 }

@@ -78,7 +78,8 @@ type PipelineSpec struct {
 // the same tp rank of the next stage, as torchtitan's stages do
 // (parallel.Pipeline). The replicated tensors' gradients (norms, router,
 // shared-expert gate) are partial sums over the tp group, all-reduced over
-// it per unit before FSDP's reduction (parallel.TPReplicatedElements); the
+// it per unit after the stage's last backward of the step, before FSDP's
+// reduction (parallel.TPReplicatedElements); the
 // aux loss's gradient enters on tp rank 0 only, since every tp rank routes
 // the same tokens.
 //
@@ -407,6 +408,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	// gradient (the last stage's), or with SeqAuxLoss each layer's own.
 	auxShared := make([][]float32, p.m)
 	auxLayer := make([]map[int][]float32, p.m)
+	backwards := map[int]int{} // per stage, backwards run in the step's last micro-step
 	for a := range sp.Accum {
 		links := links[a][pr.lane]
 		for _, act := range p.order[pr.rank] {
@@ -519,6 +521,16 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			default:
 				links.grad[s][j] <- msg
 			}
+			// The stage's gradients are complete after its last backward
+			// of the step: sum the replicated ones over tp there, where the
+			// program's reduction of the stage starts.
+			if a == sp.Accum-1 {
+				if backwards[s]++; backwards[s] == p.m && tc != nil {
+					if err := p.tpReduceReplicated(ctx, ep, tc, pr, s); err != nil {
+						return err
+					}
+				}
+			}
 		}
 	}
 	if p.dp > 1 && cfg.SelectionBias {
@@ -544,11 +556,6 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 		return err
 	}
 	pr.model.UpdateSelectionBias(loads, sp.BiasRate)
-	if tc != nil {
-		if err := p.tpReduceReplicated(ctx, ep, tc, pr); err != nil {
-			return err
-		}
-	}
 	for i := range ts {
 		if pr.shard[i] == nil {
 			continue
@@ -568,11 +575,11 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	return nil
 }
 
-// tpReduceReplicated sums over pr's tp group the step's gradients of its
-// stages' replicated tensors, one all-reduce per unit in the order the
-// pipeline's reduction runs them (parallel.Pipeline: its stages' units
-// from the last backward), in the type the gradients were accumulated in.
-func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank) error {
+// tpReduceReplicated sums over pr's tp group the step's gradients of
+// stage s's replicated tensors, one all-reduce per unit in the order the
+// pipeline's reduction runs them (parallel.Pipeline: the stage's units in
+// backward order), in the type the gradients were accumulated in.
+func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s int) error {
 	cfg := p.spec.Config
 	ux := parallel.NewUnitIndex(cfg)
 	ps, gs := cfg.Params(), pr.model.Grads()
@@ -580,41 +587,38 @@ func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, 
 	if p.m > 1 {
 		dt = p.spec.Precision.Grad
 	}
-	for k := len(pr.stages) - 1; k >= 0; k-- {
-		s := pr.stages[k]
-		first := 0
-		for _, c := range p.split[:s] {
-			first += c
-		}
-		var layers []int // the stage's units in backward order
-		if s == len(p.split)-1 {
-			layers = append(layers, cfg.LayerHead())
-		}
-		for li := first + p.split[s] - 1; li >= first; li-- {
-			layers = append(layers, li)
-		}
-		if s == 0 {
-			layers = append(layers, moe.LayerEmbed)
-		}
-		for _, layer := range layers {
-			var ix []int
-			var buf []float32
-			for _, i := range ux.ByLayer[layer] {
-				if ps[i].TP == moe.TPReplicated {
-					ix = append(ix, i)
-					buf = append(buf, gs[i]...)
-				}
+	first := 0
+	for _, c := range p.split[:s] {
+		first += c
+	}
+	var layers []int // the stage's units in backward order
+	if s == len(p.split)-1 {
+		layers = append(layers, cfg.LayerHead())
+	}
+	for li := first + p.split[s] - 1; li >= first; li-- {
+		layers = append(layers, li)
+	}
+	if s == 0 {
+		layers = append(layers, moe.LayerEmbed)
+	}
+	for _, layer := range layers {
+		var ix []int
+		var buf []float32
+		for _, i := range ux.ByLayer[layer] {
+			if ps[i].TP == moe.TPReplicated {
+				ix = append(ix, i)
+				buf = append(buf, gs[i]...)
 			}
-			if len(buf) == 0 {
-				continue
-			}
-			if err := ep.AllReduce(ctx, tc.group, dt, buf); err != nil {
-				return err
-			}
-			off := 0
-			for _, i := range ix {
-				off += copy(gs[i], buf[off:])
-			}
+		}
+		if len(buf) == 0 {
+			continue
+		}
+		if err := ep.AllReduce(ctx, tc.group, dt, buf); err != nil {
+			return err
+		}
+		off := 0
+		for _, i := range ix {
+			off += copy(gs[i], buf[off:])
 		}
 	}
 	return nil

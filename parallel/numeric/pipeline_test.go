@@ -8,6 +8,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/parallel"
 )
 
 // pipelineModel is moetest's tiny MoE with layers blocks, alternating MoE
@@ -146,6 +147,80 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 		_, err := NewPipelineTrainer(PipelineSpec{Config: &cf, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: moe.DefaultAdamW}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.l, err, c.want)
+		}
+	}
+}
+
+// TestPipelineTPFollowsProgram: under tp inside pipeline stages every rank
+// issues on its tp group exactly the pipeline program's tensor-parallel
+// collectives, in its order: per forward and backward action the stage's
+// parallel.Pipeline.StageTPCollectives (the forward's for a forward, the
+// recompute's and backward's for a backward), and after a stage's last
+// backward the all-reduces of its replicated tensors' gradients, one per
+// unit in the program's reduction order. One micro-step (the trainer
+// reduces once per step, the program once per micro-step), every policy,
+// 1F1B and Interleaved1F1B, with FSDP.
+func TestPipelineTPFollowsProgram(t *testing.T) {
+	cfg := pipelineModel(4)
+	cfg.KVHeads = 2
+	for _, c := range []struct {
+		l  moe.Layout
+		ac moe.AC
+	}{
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACSelective}},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, moe.AC{Mode: moe.ACFull}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, moe.AC{Mode: moe.ACNone}},
+	} {
+		l := c.l
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		const lbs, seq = 4, 4
+		init, _ := moe.NewModel[float32](cfg)
+		init.InitRandom(7)
+		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: c.ac, LBS: lbs, Seq: seq, Accum: 1, DataSeed: 11, AdamW: moe.DefaultAdamW}, init.Tensors())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cm := range p.comms {
+			cm.Trace = true
+		}
+		if _, err := p.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		prog, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: lbs, Seq: seq, Accum: 1, GPUsPerNode: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		act := moe.DefaultPrecision.Activation
+		name := fmt.Sprintf("pp %d %s dp_shard %d tp %d %s", l.PP, l.PPSchedule, l.DPShard, l.TP, c.ac)
+		for r, ops := range prog.Ranks {
+			var want []CollRecord
+			for _, o := range ops {
+				switch o.Kind {
+				case parallel.PipeForward, parallel.PipeBackward:
+					for _, tc := range prog.StageTPCollectives(cfg, o.Stage, seq, c.ac, act) {
+						if (tc.Phase == parallel.PhaseForward) == (o.Kind == parallel.PipeForward) {
+							want = append(want, CollRecord{Kind: tc.Coll, Axis: parallel.AxisTP, DType: tc.DType, Elements: tc.Elements})
+						}
+					}
+				case parallel.PipeColl:
+					if o.Coll.Axis == parallel.AxisTP {
+						want = append(want, CollRecord{Kind: o.Coll.Coll, Axis: parallel.AxisTP, DType: o.Coll.DType, Elements: o.Coll.Elements})
+					}
+				}
+			}
+			for lane, trace := range p.comms[r].Traces() {
+				var got []CollRecord
+				for _, x := range trace {
+					if x.Axis == parallel.AxisTP {
+						got = append(got, x)
+					}
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("%s pp rank %d lane %d: tp collectives\n%v\nthe program's\n%v", name, r, lane, got, want)
+				}
+			}
 		}
 	}
 }
