@@ -79,9 +79,8 @@ type PipelineSpec struct {
 // (parallel.Pipeline). The replicated tensors' gradients (norms, router,
 // shared-expert gate) are partial sums over the tp group, all-reduced over
 // it per unit after the stage's last backward of the step, before FSDP's
-// reduction (parallel.TPReplicatedElements); the
-// aux loss's gradient enters on tp rank 0 only, since every tp rank routes
-// the same tokens.
+// reduction (parallel.TPReplicatedElements); the aux loss's gradient
+// enters on tp rank 0 only, since every tp rank routes the same tokens.
 //
 // Not built here yet: replicas (HSDP), other sharding modes and expert
 // parallelism inside a stage, and tied embeddings (the table would live on
