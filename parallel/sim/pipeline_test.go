@@ -228,3 +228,48 @@ func TestSimulatePipelineTP(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineTPSecondsAsSchedule: the tp collectives a pipeline prices
+// inside each stage's forward and backward are the single-program
+// schedule's, priced alike. tp 2 alone on 2 GPUs runs one micro-batch of
+// one sequence: the engine's spans of its tp collectives (the gradient
+// all-reduces apart; nothing else communicates beside them) sum to S. pp 2
+// × tp 2 runs the same layers split over two stages, M = 4 micro-batches of
+// that shape: its ranks' tp seconds inside forwards and backwards sum to
+// 4·S, within 1e-9.
+func TestPipelineTPSecondsAsSchedule(t *testing.T) {
+	cfg := pipelineConfig(4)
+	cfg.KVHeads = 2
+	dev, err := hw.LookupDevice("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := func(l moe.Layout, lbs int) Result {
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := Simulate(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: lbs, Seq: 16, Device: dev, KeepTimeline: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	one := sim(moe.Layout{GPUs: 2, TP: 2}, 1)
+	var s float64
+	for i, ot := range one.OpTimings() {
+		if o := one.Schedule.Ops[i]; o.Type == parallel.OpCollective && o.Axis == parallel.AxisTP && o.Purpose != parallel.PurposeTPGradSync {
+			s += ot.EndS - ot.StartS
+		}
+	}
+	pp := sim(moe.Layout{GPUs: 4, PP: 2, TP: 2}, 4)
+	var got float64
+	for _, wr := range pp.pipe.ranks {
+		for _, v := range wr.tp {
+			got += v
+		}
+		got -= wr.tpOutside
+	}
+	if !(s > 0) || math.Abs(got-4*s) > 1e-9*4*s {
+		t.Errorf("pipeline tp seconds %g, want 4 × the schedule's %g = %g", got, s, 4*s)
+	}
+}
