@@ -503,6 +503,14 @@ func (b *Block[T]) keep() {
 			st.fOut = nil
 		}
 		st.gl = nil
+		// modules: also the recomputed norms' outputs and rstd
+		// (Backward's recomputeNorm rebuilds them from the kept inputs).
+		if b.ac.NormRecomputed(b.cfg, b.layer, OpAttnNorm) {
+			st.h1, st.rstd1 = nil, nil
+		}
+		if b.ac.NormRecomputed(b.cfg, b.layer, OpFFNNorm) {
+			st.h2, st.rstd2 = nil, nil
+		}
 	}
 	b.recordKept()
 }
