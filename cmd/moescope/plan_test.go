@@ -486,3 +486,34 @@ func TestPlanCommandPipeline(t *testing.T) {
 		t.Errorf("no pipeline among %d plans", len(rep.Plans))
 	}
 }
+
+// TestPlanACFlag: --ac fixes the policy the search tries (here Megatron's
+// recompute modules, which the default search leaves out), and a module
+// that is not built is a usage error naming it and the built ones.
+func TestPlanACFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "2", "--seq", "64", "--max-lbs", "4",
+		"--ac", "modules:moe_act,layernorm", "--json"}); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	var rep struct {
+		Plans []struct {
+			AC string `json:"ac"`
+		} `json:"plans"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Plans) == 0 {
+		t.Fatal("no plans")
+	}
+	for _, p := range rep.Plans {
+		if p.AC != "modules:layernorm,moe_act" {
+			t.Errorf("plan with ac %q", p.AC)
+		}
+	}
+	err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "2", "--seq", "64", "--ac", "modules:mlp"})
+	if err == nil || !strings.Contains(err.Error(), "--ac") || !strings.Contains(err.Error(), `"mlp" is not built; built: layernorm, moe_act`) {
+		t.Errorf("--ac modules:mlp: %v", err)
+	}
+}
