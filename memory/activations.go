@@ -73,9 +73,6 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.Act == "" {
 		sh.Act = moe.DefaultPrecision.Activation
 	}
-	if err := sh.AC.CheckTP(sh.TP); err != nil {
-		return nil, err
-	}
 	if layer != moe.LayerEmbed && (layer < 0 || layer > cfg.Layers) {
 		return nil, fmt.Errorf("layer = %d: must be in [0, %d], or %d for the embedding", layer, cfg.Layers, moe.LayerEmbed)
 	}

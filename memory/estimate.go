@@ -202,9 +202,6 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if b, err = checkBatch(cfg, b, o.Attention); err != nil {
 		return Report{}, err
 	}
-	if err := o.AC.CheckTP(l.TPDegree()); err != nil {
-		return Report{}, err
-	}
 	if l.Stages() > 1 {
 		if err := l.Validate(); err != nil {
 			return Report{}, err

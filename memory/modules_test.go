@@ -88,11 +88,3 @@ func TestSavedModulesMLA(t *testing.T) {
 		}
 	}
 }
-
-// TestModulesRefusedUnderTP: the modules policy is built for tp = 1.
-func TestModulesRefusedUnderTP(t *testing.T) {
-	ac := moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm}
-	if _, err := Saved(moetest.TinyMoE(), 0, Shape{Batch: 1, Seq: 4, AC: ac, TP: 2}); err == nil {
-		t.Error("modules:layernorm under tp 2 accepted")
-	}
-}

@@ -201,13 +201,3 @@ func (a AC) NormRecomputed(c *Config, l int, op Op) bool {
 func (a AC) ActRecomputed(c *Config, l int) bool {
 	return a.Mode == ACModules && a.Modules&RecomputeMoEAct != 0 && l >= 0 && l < len(c.MoELayer) && c.MoELayer[l]
 }
-
-// CheckTP refuses a policy that tensor parallelism of degree tp cannot
-// run yet: the modules policy under tp > 1 (its norms would be the
-// sequence-parallel ones, their outputs gathered, which it does not follow).
-func (a AC) CheckTP(tp int) error {
-	if a.Mode == ACModules && tp > 1 {
-		return fmt.Errorf("ac = %s with tp = %d: the modules policy is built for tp = 1 only", a, tp)
-	}
-	return nil
-}

@@ -66,9 +66,6 @@ func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, fmt.Errorf("schedule: %w", err)
 	}
-	if err := sp.AC.CheckTP(m.Layout.TPDegree()); err != nil {
-		return nil, fmt.Errorf("schedule: %w", err)
-	}
 	b := &schedBuilder{sp: sp, cfg: cfg, paramIx: NewUnitIndex(cfg), m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, Micro: sp.Micro}}
 	b.prec = sp.Precision
 	if b.prec == (moe.Precision{}) {

@@ -420,9 +420,6 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 			if err := p.Layout.CheckModel(cfg); err != nil {
 				return err
 			}
-			if err := p.AC.CheckTP(p.Layout.TPDegree()); err != nil {
-				return err
-			}
 			if err := p.Layout.CheckSeq(seq); err != nil {
 				return err
 			}
