@@ -513,7 +513,7 @@ func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Repor
 // and the best plan's memory timeline (the memory model's, whatever the
 // evaluator).
 func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*planPlotData, error) {
-	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch)
+	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch, a.acs)
 	if err != nil {
 		return nil, err
 	}

@@ -394,7 +394,7 @@ func TestPlanTargetSweeps(t *testing.T) {
 	l := moe.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
 	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1}}
 	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
-	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0)
+	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +417,7 @@ func TestPlanTargetSweeps(t *testing.T) {
 		}
 	}
 	// A global batch keeps only the local batches that divide it.
-	sweeps, err = planTargetSweeps(ev, rep, 0.92, 256, 64*6)
+	sweeps, err = planTargetSweeps(ev, rep, 0.92, 256, 64*6, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
