@@ -63,11 +63,11 @@ type AC struct {
 //     MLA's input norm and the MoE layers' pre-MLP norm. So it recomputes
 //     ffn_norm in MoE blocks and attn_norm in MLA blocks: their output
 //     (the router's / q projection's input) and rstd are not kept; the
-//     norm's input, the residual, is kept as under none. (Megatron also
-//     turns the pre-MLP norm's recompute off when CUDA graphs capture the
-//     router and preprocess with a dispatcher other than alltoall,
-//     can_recompute_pre_mlp_layernorm_for_cudagraph: such a run is
-//     modules:moe_act.)
+//     norm's input, the residual, is kept as under none. (Megatron turns
+//     the pre-MLP norm's recompute off when TE CUDA graphs capture the MoE
+//     router, unless they also capture the preprocess with the alltoall
+//     dispatcher: can_recompute_pre_mlp_layernorm_for_cudagraph. Such a
+//     run is modules:moe_act.)
 //   - RecomputeMoEAct ("moe_act"): the routed experts' activation
 //     (moe/experts.py, TEGroupedMLP: bias_act_func between linear_fc1 and
 //     linear_fc2): the experts keep fc1's output (gate and up) and drop
