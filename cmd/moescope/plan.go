@@ -156,6 +156,8 @@ type planArgs struct {
 	reportPath, tpList                 string
 	ppList, mbsList                    string
 	tps, pps, mbss                     []int // parsed --tp, --pp, --pp-microbatch-sizes
+	acFlag                             string
+	acs                                []moe.AC // parsed --ac (nil: the planner's default policies)
 	mem                                *memoryModelFlags
 	narrow                             *exportNarrowing // set by request when an export is asked for
 }
@@ -260,6 +262,8 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.ppList, "pp", "1", "pipeline-parallel degrees searched, comma-separated (e.g. 1,2,4,8); each where torchtitan's layer split is even, "+
 		"with schedules 1F1B and Interleaved1F1B (2 stages per rank)")
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
+	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: none|selective|full|layer:N|modules:M,… "+
+		"(default: none, selective and full)")
 	a.mem = addMemoryModelFlags(fs)
 	mtp := addMTPFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -295,6 +299,13 @@ func (a *planArgs) validate() error {
 	a.tps = intList(&errs, "--tp", a.tpList, moe.MaxDegree)
 	a.pps = intList(&errs, "--pp", a.ppList, moe.MaxDegree)
 	a.mbss = intList(&errs, "--pp-microbatch-sizes", a.mbsList, max(a.maxLBS, 1))
+	if a.acFlag != "" {
+		if ac, err := moe.ParseAC(a.acFlag); err != nil {
+			errs = append(errs, fmt.Errorf("--ac: %v", err))
+		} else {
+			a.acs = []moe.AC{ac}
+		}
+	}
 	if a.globalBatch < 0 || a.globalBatch > 1<<40 {
 		errs = append(errs, fmt.Errorf("--global-batch = %d: must be in [1, 1099511627776] sequences (0 = free)", a.globalBatch))
 	}
@@ -394,7 +405,7 @@ func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *
 func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
 		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps,
-		PPs: a.pps, PPMicrobatchSizes: a.mbss, Layers: cfg.Layers}
+		PPs: a.pps, PPMicrobatchSizes: a.mbss, Layers: cfg.Layers, ACs: a.acs}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
@@ -502,7 +513,7 @@ func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Repor
 // and the best plan's memory timeline (the memory model's, whatever the
 // evaluator).
 func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*planPlotData, error) {
-	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch)
+	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch, a.acs)
 	if err != nil {
 		return nil, err
 	}
@@ -673,6 +684,8 @@ func planACProse(ac moe.AC) string {
 		return "per-op selective activation checkpointing"
 	case moe.ACFull:
 		return "full activation checkpointing"
+	case moe.ACModules:
+		return "Megatron-style recompute of " + strings.TrimPrefix(ac.String(), "modules:")
 	}
 	return fmt.Sprintf("full checkpointing of every %d-th block", ac.Every)
 }
