@@ -90,6 +90,8 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACNone}, true, ""},
 		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
 		{4, moe.Layout{GPUs: 8, PP: 4, TP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // Megatron's recompute modules, as R140 and R143
 		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
 	} {
@@ -160,8 +162,8 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 // recompute's and backward's for a backward), and after a stage's last
 // backward the all-reduces of its replicated tensors' gradients, one per
 // unit in the program's reduction order. One micro-step (the trainer
-// reduces once per step, the program once per micro-step), every policy,
-// 1F1B and Interleaved1F1B, with FSDP.
+// reduces once per step, the program once per micro-step), every policy
+// (Megatron's recompute modules too), 1F1B and Interleaved1F1B, with FSDP.
 func TestPipelineTPFollowsProgram(t *testing.T) {
 	cfg := pipelineModel(4)
 	cfg.KVHeads = 2
@@ -172,6 +174,7 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACSelective}},
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, moe.AC{Mode: moe.ACFull}},
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, moe.AC{Mode: moe.ACNone}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
