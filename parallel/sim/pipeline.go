@@ -333,7 +333,7 @@ func simulatePipeline(in Input) (Result, error) {
 	res.Exactness = "pipeline: one data-parallel rank per stage simulated, standing for its stage (" + exact + ")"
 	if l.TPDegree() > 1 {
 		res.TPLink = tpLink.String()
-		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks over %d NVLink domains) (%s)",
+		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks in %d NVLink domain(s)) (%s)",
 			tpShape(cl, pl).Ranks, tpShape(cl, pl).Domains, exact)
 	}
 	if in.KeepTimeline {
