@@ -68,7 +68,7 @@ func (k Kernels) Validate() error {
 	if !(k.GroupedHalfRows >= 0 && k.GroupedHalfRows <= 1e6) {
 		errs = append(errs, fmt.Errorf("kernels.grouped_half_rows = %v: must be in [0, 1e6] rows", k.GroupedHalfRows))
 	}
-	// The widest spread measured is 2.3% (B200); 5% keeps the slowest of a
+	// The widest spread measured is 2.4% (B200); 5% keeps the slowest of a
 	// million GPUs (4.9 standard deviations below the mean) above 3/4 of it.
 	if !(k.SpeedSD >= 0 && k.SpeedSD <= MaxSpeedSD) {
 		errs = append(errs, fmt.Errorf("kernels.speed_sd = %v: must be in [0, %v]", k.SpeedSD, MaxSpeedSD))
