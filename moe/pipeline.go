@@ -78,6 +78,10 @@ func (s PPSchedule) VShaped() bool { return s == PPZBVZeroBubble }
 // (I) and weight (W) passes.
 func (s PPSchedule) ZeroBubble() bool { return s == PPInterleavedZeroBubble || s == PPZBVZeroBubble }
 
+// Check returns an error naming pp_schedule unless s is a schedule
+// moescope builds (PPSchedules).
+func (s PPSchedule) Check() error { return s.check() }
+
 func (s PPSchedule) check() error {
 	for _, b := range PPSchedules() {
 		if s == b {
