@@ -59,6 +59,8 @@ func TestPipelineMemory(t *testing.T) {
 		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "0,1,1,1,1,1,1,0"}, 3}, // m < 2·pp − 1
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4},
 		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble, Sharding: moe.ShardZeRO1}, 2},
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPDualPipeV}, 4}, // B, I and W on one stage
+		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,1,1,1,1,0"}, 9},
 	} {
 		l := pipelineLayout(t, c.l)
 		name := fmt.Sprintf("pp%d/%s/v%d/lbs%d/%s/%s", l.PP, l.PPSchedule, l.PPVirtualStages, c.lbs, l.PPLayers, l.Sharding)
@@ -254,7 +256,8 @@ func TestPipelineMemoryErrors(t *testing.T) {
 // refuses rather than search a space with holes.
 func TestPipelineMaxLBS(t *testing.T) {
 	cfg := sixLayerMoE()
-	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B}} {
+	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B},
+		{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, {GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}} {
 		l := pipelineLayout(t, l)
 		if _, _, err := MaxLBS(cfg, l, 8, 1, Options{}, 64<<20, 0.92); err == nil || !strings.Contains(err.Error(), "not every lbs is a valid batch") {
 			t.Errorf("%+v: %v", l, err)

@@ -52,31 +52,37 @@ const (
 	// stages r and 2·pp − 1 − r), backward split into input and weight
 	// passes.
 	PPZBVZeroBubble PPSchedule = "ZBVZeroBubble"
+	// PPDualPipeV is DeepSeek's DualPipe folded into a V (PyTorch's
+	// ScheduleDualPipeV): ZB-V's placement, pairs of a forward of one
+	// stage and a full backward of the other, zero-bubble passes at the
+	// ends.
+	PPDualPipeV PPSchedule = "DualPipeV"
 )
 
 // PPSchedules lists the schedules built, in the order errors print them.
 func PPSchedules() []PPSchedule {
-	return []PPSchedule{PPGPipe, PP1F1B, PPInterleaved1F1B, PPInterleavedZeroBubble, PPZBVZeroBubble}
+	return []PPSchedule{PPGPipe, PP1F1B, PPInterleaved1F1B, PPInterleavedZeroBubble, PPZBVZeroBubble, PPDualPipeV}
 }
 
 // ppNotBuilt are torchtitan's other schedule names: refused until an issue
-// builds them (DualPipeV also overlaps a forward with a backward of
-// another stage on one rank).
-var ppNotBuilt = []PPSchedule{"LoopedBFS", "DualPipeV"}
+// builds them.
+var ppNotBuilt = []PPSchedule{"LoopedBFS"}
 
 // MultiStage reports whether the schedule runs several stages per rank
 // (PyTorch's PipelineScheduleMulti).
 func (s PPSchedule) MultiStage() bool {
-	return s == PPInterleaved1F1B || s == PPInterleavedZeroBubble || s == PPZBVZeroBubble
+	return s == PPInterleaved1F1B || s == PPInterleavedZeroBubble || s == PPZBVZeroBubble || s == PPDualPipeV
 }
 
 // VShaped reports whether the schedule places stages in a V (torchtitan's
 // style "v"): exactly two stages per rank, r and 2·pp − 1 − r.
-func (s PPSchedule) VShaped() bool { return s == PPZBVZeroBubble }
+func (s PPSchedule) VShaped() bool { return s == PPZBVZeroBubble || s == PPDualPipeV }
 
-// ZeroBubble reports whether the schedule splits backward into its input
-// (I) and weight (W) passes.
-func (s PPSchedule) ZeroBubble() bool { return s == PPInterleavedZeroBubble || s == PPZBVZeroBubble }
+// ZeroBubble reports whether the schedule splits backwards into their
+// input (I) and weight (W) passes (DualPipeV some of them).
+func (s PPSchedule) ZeroBubble() bool {
+	return s == PPInterleavedZeroBubble || s == PPZBVZeroBubble || s == PPDualPipeV
+}
 
 // Check returns an error naming pp_schedule unless s is a schedule
 // moescope builds (PPSchedules).
@@ -356,7 +362,8 @@ const MaxMicrobatches = 1 << 12
 // divide); 1 without pipeline parallelism. Interleaved1F1B and
 // InterleavedZeroBubble also need the count to be a multiple of their
 // rounds, max(1, m ÷ pp) (PyTorch's ScheduleInterleaved1F1B and
-// ScheduleInterleavedZeroBubble).
+// ScheduleInterleavedZeroBubble); DualPipeV needs at least 2·pp (PyTorch's
+// ScheduleDualPipeV: "at least as many microbatches as stages").
 func (l Layout) Microbatches(lbs int) (int, error) {
 	if l.Stages() == 1 {
 		return 1, nil
@@ -377,6 +384,10 @@ func (l Layout) Microbatches(lbs int) (int, error) {
 			return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs a multiple of its rounds max(1, micro-batches ÷ pp) = %d",
 				lbs, mbs, m, l.PPSchedule, rounds)
 		}
+	}
+	if l.PPSchedule == PPDualPipeV && m < 2*l.PP {
+		return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs at least as many as stages, 2 × pp = 2 × %d = %d",
+			lbs, mbs, m, l.PPSchedule, l.PP, 2*l.PP)
 	}
 	return m, nil
 }
@@ -434,7 +445,12 @@ func (a PipeAction) String() string {
 //   - ZBVZeroBubble: rank r holds stages r (chunk 0) and 2·pp − 1 − r
 //     (chunk 1) and follows PyTorch's _calculate_single_rank_operations
 //     over n = max(2·pp − 1, m) micro-batches, dropping those ≥ m (see
-//     zbvOrder).
+//     zbvOrder);
+//   - DualPipeV: the same placement, PyTorch's ScheduleDualPipeV for
+//     m ≥ 2·pp (see dualPipeVOrder); its overlapped forward-backward pairs
+//     are issued as their two actions, forward first, which is how
+//     PyTorch's runtime runs an OVERLAP_F_B without a registered overlap
+//     function (torchtitan registers none).
 func PipelineOrder(s PPSchedule, pp, v, m int) ([][]PipeAction, error) {
 	if err := s.check(); err != nil {
 		return nil, err
@@ -463,6 +479,11 @@ func PipelineOrder(s PPSchedule, pp, v, m int) ([][]PipeAction, error) {
 			order[r] = interleavedOrder(r, pp, v, m, m/rounds, s == PPInterleavedZeroBubble)
 		case PPZBVZeroBubble:
 			order[r] = zbvOrder(r, pp, m)
+		case PPDualPipeV:
+			if m < 2*pp {
+				return nil, fmt.Errorf("pipeline order: %s with %d micro-batches: needs at least as many as stages, 2·pp = %d", s, m, 2*pp)
+			}
+			order[r] = dualPipeVOrder(r, pp, m)
 		}
 	}
 	return order, nil
@@ -625,6 +646,98 @@ func zbvOrder(r, pp, m int) []PipeAction {
 	}
 	for ; w0 < b0; w0++ {
 		add(PipeW, c0, w0)
+	}
+	return out
+}
+
+// dualPipeVOrder is rank r's DualPipeV order, PyTorch's
+// ScheduleDualPipeV._calculate_single_rank_operations with chunk 0 =
+// stage r, chunk 1 = stage 2·pp − 1 − r. Each stage takes its forwards and
+// its backwards (full or input passes) in micro-batch order; an input
+// pass queues its weight pass, and "W" below runs the oldest queued one
+// (nothing when none waits); "(F c, B d)" is an overlapped pair, c's next
+// forward then d's next full backward:
+//  1. 2·(pp − r − 1) forwards of chunk 0;
+//  2. r + 1 times: F chunk 0, F chunk 1;
+//  3. pp − r − 1 times: I chunk 1, W, F chunk 1;
+//  4. m − 2·pp + r + 1 times: (F 0, B 1) — on the last rank the first one
+//     unpaired, F 0 then B 1 — then (F 1, B 0);
+//  5. pp − r − 1 times: B chunk 1, (F 1, B 0);
+//  6. r + 1 times: a backward of chunk 1, then one of chunk 0, full until
+//     the switch to input passes at i = ⌊(r + 1)/2⌋ (before chunk 1's on odd
+//     ranks, between the two on even ones);
+//  7. pp − r − 1 times: W, then a backward of chunk 0 (an input pass once
+//     switched);
+//  8. r + 1 times: W.
+func dualPipeVOrder(r, pp, m int) []PipeAction {
+	c0, c1 := r, 2*pp-1-r
+	next := map[[2]int]int{} // (stage, 0 forward / 1 backward) → next micro-batch
+	var waiting []PipeAction
+	var out []PipeAction
+	add := func(k PipeKind, s int) {
+		key := [2]int{s, 1}
+		if k == PipeF {
+			key[1] = 0
+		}
+		mb := next[key]
+		next[key]++
+		out = append(out, PipeAction{Kind: k, Stage: s, Micro: mb})
+		if k == PipeI {
+			waiting = append(waiting, PipeAction{Kind: PipeW, Stage: s, Micro: mb})
+		}
+	}
+	weight := func() {
+		if len(waiting) > 0 {
+			out = append(out, waiting[0])
+			waiting = waiting[1:]
+		}
+	}
+	for range 2 * (pp - r - 1) {
+		add(PipeF, c0)
+	}
+	for range r + 1 {
+		add(PipeF, c0)
+		add(PipeF, c1)
+	}
+	for range pp - r - 1 {
+		add(PipeI, c1)
+		weight()
+		add(PipeF, c1)
+	}
+	for range m - 2*pp + r + 1 {
+		add(PipeF, c0) // the pair (F 0, B 1), or unpaired on the last rank's first
+		add(PipeB, c1)
+		add(PipeF, c1)
+		add(PipeB, c0)
+	}
+	for range pp - r - 1 {
+		add(PipeB, c1)
+		add(PipeF, c1)
+		add(PipeB, c0)
+	}
+	zb := false
+	kind := func() PipeKind {
+		if zb {
+			return PipeI
+		}
+		return PipeB
+	}
+	for i := range r + 1 {
+		if i == (r+1)/2 && r%2 == 1 {
+			zb = true
+		}
+		add(kind(), c1)
+		if i == (r+1)/2 && r%2 == 0 {
+			zb = true
+		}
+		add(kind(), c0)
+	}
+	for range pp - r - 1 {
+		weight()
+		add(kind(), c0)
+	}
+	for range r + 1 {
+		weight()
 	}
 	return out
 }

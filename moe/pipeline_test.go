@@ -30,8 +30,14 @@ func orderString(as []PipeAction) string {
 // and 2; rank 0: warm-up 3 forwards of stage 0, no pairs, 2 triples of
 // stage 3, one steady round, cool-down 2 (I, W) pairs of stage 0; rank 1:
 // 1 forward, 1 pair, 1 triple, one steady round, one (I, I) pair, one
-// (I, W) pair of stage 1, then stage 2's waiting W, then stage 1's). In
-// flight: forwards whose B or W has not run.
+// (I, W) pair of stage 1, then stage 2's waiting W, then stage 1's);
+// ScheduleDualPipeV's stepped through with pp 2, m 4 (rank 0, stages 0
+// and 3: steps 1-8 give 2, 1, 1, 1, 1, 1, 1, 1 rounds: 0F0 0F1 | 0F2 3F0 |
+// 3I0 3W0 3F1 | 0F3 3B1 3F2 0B0 | 3B2 3F3 0B1 | 3B3, switch, 0I2 | 0W2
+// 0I3 | 0W3; rank 1, stages 1 and 2: 0, 2, 0, 2, 0, 2, 0, 2 rounds: 1F0 2F0
+// 1F1 2F1 | 1F2 2B0 2F2 1B0 1F3 2B1 2F3 1B1 | 2B2 1B2, switch at i = 1
+// before chunk 1, 2I3 1I3 | 2W3 1W3). In flight: forwards whose B or W
+// has not run.
 func TestPipelineOrder(t *testing.T) {
 	for _, c := range []struct {
 		s        PPSchedule
@@ -60,6 +66,10 @@ func TestPipelineOrder(t *testing.T) {
 			"0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 3F2 3I2 3W2 0I1 0W1 0I2 0W2",
 			"1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1I1 2I2 1I2 1W1 2W2 1W2",
 		}, []int{4, 4}},
+		{PPDualPipeV, 2, 2, 4, []string{
+			"0F0 0F1 0F2 3F0 3I0 3W0 3F1 0F3 3B1 3F2 0B0 3B2 3F3 0B1 3B3 0I2 0W2 0I3 0W3",
+			"1F0 2F0 1F1 2F1 1F2 2B0 2F2 1B0 1F3 2B1 2F3 1B1 2B2 1B2 2I3 1I3 2W3 1W3",
+		}, []int{5, 5}},
 	} {
 		name := fmt.Sprintf("%s/pp%d/v%d/m%d", c.s, c.pp, c.v, c.m)
 		got, err := PipelineOrder(c.s, c.pp, c.v, c.m)
@@ -97,7 +107,7 @@ func TestPipelineOrderRuns(t *testing.T) {
 				for m := 1; m <= 12; m++ {
 					order, err := PipelineOrder(s, pp, v, m)
 					if err != nil {
-						if (s == PPInterleaved1F1B || s == PPInterleavedZeroBubble) && m%max(1, m/pp) != 0 {
+						if (s == PPInterleaved1F1B || s == PPInterleavedZeroBubble) && m%max(1, m/pp) != 0 || s == PPDualPipeV && m < 2*pp {
 							continue
 						}
 						t.Fatalf("%s pp %d v %d m %d: %v", s, pp, v, m, err)
@@ -181,9 +191,10 @@ func TestPipelineOrderErrors(t *testing.T) {
 		pp, v, m int
 		want     string
 	}{
-		{"DualPipeV", 2, 2, 4, "not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble]"},
-		{"LoopedBFS", 2, 2, 4, "not built yet"},
-		{"1f1b", 2, 1, 4, "must be one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble]"},
+		{"LoopedBFS", 2, 2, 4, "not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"},
+		{"1f1b", 2, 1, 4, "must be one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"},
+		{PPDualPipeV, 2, 2, 3, "needs at least as many as stages, 2·pp = 4"},
+		{PPDualPipeV, 2, 3, 4, "V-shaped schedules take exactly 2"},
 		{PPZBVZeroBubble, 2, 3, 4, "V-shaped schedules take exactly 2"},
 		{PPInterleavedZeroBubble, 2, 1, 4, "multi-stage ones at least 2"},
 		{PPInterleavedZeroBubble, 4, 2, 9, "multiple of its rounds max(1, m ÷ pp) = 2"},
@@ -267,7 +278,8 @@ func TestLayoutPipelineResolve(t *testing.T) {
 		{Layout{GPUs: 8, PP: 2, DPShard: 3}, []string{"gpus = 8 is not divisible by pp × dp_shard × tp = 2 × 3 × 1 = 6"}},
 		{Layout{GPUs: 8, PP: 2, EP: 3}, []string{"ep = 3 does not divide dp_shard = 4 (gpus = 8 = pp 2 × dp_replicate 1 × dp_shard 4)"}},
 		{Layout{GPUs: 8, PP: -1}, []string{"pp = -1"}},
-		{Layout{GPUs: 8, PP: 2, PPSchedule: "DualPipeV"}, []string{"pp_schedule = DualPipeV: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble]"}},
+		{Layout{GPUs: 8, PP: 2, PPSchedule: "LoopedBFS"}, []string{"pp_schedule = LoopedBFS: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"}},
+		{Layout{GPUs: 8, PP: 2, PPSchedule: PPDualPipeV, PPVirtualStages: 4}, []string{"pp_virtual_stages = 4: must be 2 for the V-shaped schedule DualPipeV"}},
 		{Layout{GPUs: 8, PP: 2, PPSchedule: PPZBVZeroBubble, PPVirtualStages: 3}, []string{"pp_virtual_stages = 3: must be 2 for the V-shaped schedule ZBVZeroBubble (rank r holds stages r and 2·pp − 1 − r; pp = 2)"}},
 		{Layout{GPUs: 8, PP: 2, PPSchedule: PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1"}, []string{"pp_virtual_stages = 3: must be 2 for the V-shaped schedule"}},
 		{Layout{GPUs: 8, PP: 2, PPSchedule: PP1F1B, PPVirtualStages: 2}, []string{"pp_virtual_stages = 2: must be 1 for the single-stage schedule 1F1B"}},
@@ -305,6 +317,13 @@ func TestLayoutMicrobatches(t *testing.T) {
 	l.PPSchedule, l.PPVirtualStages, l.PPMicrobatchSize = PPInterleaved1F1B, 2, 1
 	if _, err := l.Microbatches(9); err == nil || !strings.Contains(err.Error(), "rounds max(1, micro-batches ÷ pp) = 2") {
 		t.Errorf("interleaved m 9 over pp 4: %v", err)
+	}
+	l.PPSchedule = PPDualPipeV
+	if _, err := l.Microbatches(7); err == nil || !strings.Contains(err.Error(), "DualPipeV needs at least as many as stages, 2 × pp = 2 × 4 = 8") {
+		t.Errorf("DualPipeV m 7 over pp 4: %v", err)
+	}
+	if m, err := l.Microbatches(8); m != 8 || err != nil {
+		t.Errorf("DualPipeV m 8 over pp 4: %d, %v", m, err)
 	}
 	l.PPSchedule, l.PPVirtualStages = PP1F1B, 1
 	if _, err := l.Microbatches(MaxMicrobatches + 1); err == nil || !strings.Contains(err.Error(), "at most 4096") {
@@ -357,6 +376,7 @@ func TestStageRankV(t *testing.T) {
 		want [][]int
 	}{
 		{PPZBVZeroBubble, [][]int{{0, 7}, {1, 6}, {2, 5}, {3, 4}}},
+		{PPDualPipeV, [][]int{{0, 7}, {1, 6}, {2, 5}, {3, 4}}},
 		{PPInterleavedZeroBubble, [][]int{{0, 4}, {1, 5}, {2, 6}, {3, 7}}},
 	} {
 		l := Layout{GPUs: 4, PP: 4, PPSchedule: c.s}

@@ -28,6 +28,7 @@ func TestBuildPipeline(t *testing.T) {
 		{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: moe.PPZBVZeroBubble},
 		{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"},
 		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleavedZeroBubble},
+		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPDualPipeV},
 	} {
 		l := lt
 		cfg := small

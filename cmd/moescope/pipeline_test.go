@@ -48,7 +48,8 @@ func TestPipelineFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"memory", "--pp-schedule", "DualPipeV", "--pp", "2"}, "pp_schedule = DualPipeV: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble]"},
+		{[]string{"memory", "--pp-schedule", "LoopedBFS", "--pp", "2"}, "pp_schedule = LoopedBFS: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"},
+		{[]string{"memory", "--pp-schedule", "DualPipeV", "--pp", "2", "--pp-microbatch-size", "2"}, "2 micro-batches: DualPipeV needs at least as many as stages, 2 × pp = 2 × 2 = 4"},
 		{[]string{"memory", "--pp-schedule", "ZBVZeroBubble", "--pp", "2", "--pp-virtual-stages", "3"}, "pp_virtual_stages = 3: must be 2 for the V-shaped schedule ZBVZeroBubble"},
 		{[]string{"memory", "--pp", "3"}, "gpus = 4 is not divisible by pp × dp_replicate × tp = 3 × 1 × 1 = 3"},
 		{[]string{"memory", "--pp", "2", "--dp-shard", "4", "--dp-replicate", "1"}, "pp × dp_replicate × dp_shard × tp = 2 × 1 × 4 × 1 ≠ gpus = 4"},

@@ -78,7 +78,7 @@ func TestEnumeratePP(t *testing.T) {
 		t.Errorf("%d ZBVZeroBubble families, want 6 (pp 2: 3 replica degrees × 2 micro-batch sizes)", zbv)
 	}
 	for _, bad := range []Request{
-		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPSchedules: []moe.PPSchedule{"DualPipeV"}},
+		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPSchedules: []moe.PPSchedule{"LoopedBFS"}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{0}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPMicrobatchSizes: []int{512}},

@@ -110,6 +110,16 @@ func TestPipelineBubble(t *testing.T) {
 // [9, 10], 1I1 [10, 11], 1W0 [11, 12], 1W1 [12, 13]; rank 0: 0I0 at 9,
 // 0W0 [9, 11], 0I1 at 11, 0W1 [11, 13]: step 13, busy 12 on each, idle
 // 1/13.
+//
+// DualPipeV, pp 2, m 4 by hand (orders in moe; a full backward takes 2):
+// rank 0 0F0-0F2 [0, 3]; rank 1 1F0 [1, 2], 2F0 [2, 3], 1F1 [3, 4], 2F1
+// [4, 5], 1F2 [5, 6]; rank 0 3F0 [3, 4], 3I0 [4, 5], 3W0 [5, 6], 3F1
+// [6, 7], 0F3 [7, 8], 3B1 [8, 10]; rank 1 2B0 [6, 8], 2F2 [8, 9], 1B0
+// [9, 11], 1F3 [11, 12], 2B1 [12, 14], 2F3 [14, 15], 1B1 [15, 17]; rank 0
+// 3F2 [10, 11], 0B0 [11, 13], 3B2 [13, 15], 3F3 [15, 16], 0B1 [17, 19],
+// 3B3 [19, 21]; rank 1 2B2 [17, 19], 1B2 [19, 21], 2I3 [21, 22], 1I3
+// [22, 23], 2W3 [23, 24], 1W3 [24, 25]; rank 0 0I2 at 21, 0W2 [21, 23],
+// 0I3 at 23, 0W3 [23, 25]: step 25, busy 24 on each, idle 1/25.
 func TestPipelineBubbleZeroBubble(t *testing.T) {
 	for _, c := range []struct {
 		s     moe.PPSchedule
@@ -123,6 +133,7 @@ func TestPipelineBubbleZeroBubble(t *testing.T) {
 		{moe.PPZBVZeroBubble, 4, 7, 3.0 / 45},
 		{moe.PPZBVZeroBubble, 4, 16, 3.0 / 99},
 		{moe.PPInterleavedZeroBubble, 2, 2, 1.0 / 13},
+		{moe.PPDualPipeV, 2, 4, 1.0 / 25},
 	} {
 		name := fmt.Sprintf("%s pp %d m %d", c.s, c.pp, c.m)
 		n := 2 * c.pp
@@ -184,6 +195,7 @@ func TestSimulatePipeline(t *testing.T) {
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, "nvlink"},
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1"}, "nvlink"},
 		{moe.Layout{GPUs: 16, PP: 2, DPShard: 8, PPSchedule: moe.PPInterleavedZeroBubble, PPLayers: "1,1,1,1"}, "network"},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "1,1,1,1"}, "nvlink"},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
