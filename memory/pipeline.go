@@ -22,7 +22,10 @@ import (
 //     _prepare_forward_infra and _create_grad_recv_info): on a stage
 //     with a predecessor one input activation per micro-batch, on a
 //     stage with a successor one output gradient per micro-batch (T×D
-//     each, activation type).
+//     each, activation type). They are counted at a V's bottom too
+//     (stages pp − 1 and pp on one rank), where the schedule hands the
+//     tensor over in place; whether PyTorch's stage still allocates them
+//     there is not checked (an upper bound of m × T×D per direction).
 //   - Forward of (stage, micro-batch): the stage's units as in a step
 //     without pipelining, except that the first block's saved input is
 //     the receive buffer (not allocated again), and that a stage with a
