@@ -48,6 +48,9 @@ const MaxLayers = 1 << 16
 //     grouped expert GEMMs and every elementwise op of the block
 //     (router_topk and the index ops included) are recomputed; attention is
 //     saved. The count restarts at each block.
+//   - "modules:M,…" (Megatron-Core's recompute modules, moe.RecomputeModules):
+//     layernorm repeats ffn_norm's forward count in MoE blocks and
+//     attn_norm's in MLA blocks, moe_act expert_act's in MoE blocks.
 //   - "none", and blocks layer:N leaves alone: no recompute but flash's.
 //
 // aux_loss records appear when the loss is computed: cfg.OutputRouterLogits
@@ -179,7 +182,10 @@ func (b *opBuilder) block(l int, ac moe.AC) {
 	}
 	// other: router mm, grouped GEMMs and elementwise ops, all recomputed
 	// under selective.
-	other := func(op moe.Op, fwd int64) { b.emit(l, op, fwd, full || selective, 0) }
+	other := func(op moe.Op, fwd int64) {
+		module := ac.NormRecomputed(c, l, op) || (op == moe.OpExpertAct && ac.ActRecomputed(c, l))
+		b.emit(l, op, fwd, full || selective || module, 0)
+	}
 
 	other(moe.OpAttnNorm, b.mul(T, D))
 	if c.IsMLA() {

@@ -2,6 +2,7 @@ package moe
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -22,15 +23,88 @@ const (
 	ACFull ACMode = "full"
 	// ACLayer fully checkpoints blocks i with (i+1) mod Every == 0.
 	ACLayer ACMode = "layer"
+	// ACModules is Megatron-Core's module-level selective recompute
+	// (--recompute-granularity selective --recompute-modules M…): the
+	// outputs of the named modules are discarded once their consumers
+	// have run and recomputed in backward; everything else is kept as
+	// under none. See RecomputeModules.
+	ACModules ACMode = "modules"
 )
 
 // AC is a checkpointing policy.
 type AC struct {
-	Mode  ACMode
-	Every int // N of layer:N
+	Mode    ACMode
+	Every   int              // N of layer:N
+	Modules RecomputeModules // the modules of modules:M,… (Mode ACModules)
 }
 
-// ParseAC reads none|selective|full|layer:N.
+// RecomputeModules is a set of Megatron-Core recompute modules.
+//
+// Megatron-LM d98e8a6 (2026-08-22), megatron/core/transformer/
+// transformer_config.py, recompute_modules, allows "core_attn", "moe_act",
+// "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts" (and four
+// for architectures moescope lacks). "layernorm" and "moe_act" run
+// their module under tensor_parallel.CheckpointWithoutOutput
+// (tensor_parallel/random.py): forward without autograd, so the module
+// itself saves nothing; its inputs saved for the recompute; its output's
+// storage freed once the consumer has run (discard_output_and_register_recompute,
+// after the consumer's forward) and rebuilt, with autograd, by a hook on
+// the gradient of the consumer's output, at the start of that consumer's
+// backward. The consumer still holds its input as a view of the freed
+// storage, which the recompute refills.
+//
+//   - RecomputeLayerNorm ("layernorm"): input_layernorm and
+//     pre_mlp_layernorm, where the layer has them as modules
+//     (transformer_layer.py: recompute_input_layernorm only when the norm
+//     is not IdentityOp). Megatron-Core's default layer spec (TE,
+//     models/gpt/gpt_layer_specs.py) fuses input_layernorm into linear_qkv
+//     (TELayerNormColumnParallelLinear) for standard attention and the
+//     dense MLP's norm into linear_fc1, and keeps them separate only for
+//     MLA's input norm and the MoE layers' pre-MLP norm. So it recomputes
+//     ffn_norm in MoE blocks and attn_norm in MLA blocks: their output
+//     (the router's / q projection's input) and rstd are not kept; the
+//     norm's input, the residual, is kept as under none. (Megatron turns
+//     the pre-MLP norm's recompute off when TE CUDA graphs capture the MoE
+//     router, unless they also capture the preprocess with the alltoall
+//     dispatcher: can_recompute_pre_mlp_layernorm_for_cudagraph. Such a
+//     run is modules:moe_act.)
+//   - RecomputeMoEAct ("moe_act"): the routed experts' activation
+//     (moe/experts.py, TEGroupedMLP: bias_act_func between linear_fc1 and
+//     linear_fc2): the experts keep fc1's output (gate and up) and drop
+//     silu(gate) and silu(gate)·up, the down projection's input. Shared
+//     experts and dense MLPs (transformer/mlp.py) have no such option.
+//
+// The other modules checkpoint whole submodules and are not built.
+type RecomputeModules uint8
+
+// The recompute modules moescope builds, as bits of RecomputeModules.
+const (
+	RecomputeLayerNorm RecomputeModules = 1 << iota
+	RecomputeMoEAct
+)
+
+// recomputeModuleNames are the built modules in the order String prints
+// them; megatronOnlyModules Megatron's others, refused by name.
+var (
+	recomputeModuleNames = []struct {
+		m    RecomputeModules
+		name string
+	}{{RecomputeLayerNorm, "layernorm"}, {RecomputeMoEAct, "moe_act"}}
+	megatronOnlyModules = []string{"core_attn", "mla_up_proj", "mlp", "moe", "shared_experts",
+		"gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"}
+)
+
+// builtModules lists the built module names for error messages.
+func builtModules() string {
+	var s []string
+	for _, n := range recomputeModuleNames {
+		s = append(s, n.name)
+	}
+	return strings.Join(s, ", ")
+}
+
+// ParseAC reads none|selective|full|layer:N|modules:M,… (M among
+// RecomputeModules' names, each once).
 func ParseAC(s string) (AC, error) {
 	switch ACMode(s) {
 	case ACNone, ACSelective, ACFull:
@@ -43,12 +117,48 @@ func ParseAC(s string) (AC, error) {
 		}
 		return AC{}, fmt.Errorf("ac = %q: layer:N needs an integer N ≥ 1", s)
 	}
-	return AC{}, fmt.Errorf("ac = %q: must be none, selective, full or layer:N", s)
+	if rest, ok := strings.CutPrefix(s, "modules:"); ok {
+		var set RecomputeModules
+		for _, name := range strings.Split(rest, ",") {
+			m, err := parseModule(name)
+			if err != nil {
+				return AC{}, fmt.Errorf("ac = %q: %w", s, err)
+			}
+			if set&m != 0 {
+				return AC{}, fmt.Errorf("ac = %q: module %q named twice", s, name)
+			}
+			set |= m
+		}
+		return AC{Mode: ACModules, Modules: set}, nil
+	}
+	return AC{}, fmt.Errorf("ac = %q: must be none, selective, full, layer:N or modules:M,… (M among %s)", s, builtModules())
+}
+
+// parseModule reads one recompute module's name.
+func parseModule(name string) (RecomputeModules, error) {
+	for _, n := range recomputeModuleNames {
+		if n.name == name {
+			return n.m, nil
+		}
+	}
+	if slices.Contains(megatronOnlyModules, name) {
+		return 0, fmt.Errorf("Megatron-Core recompute module %q is not built; built: %s", name, builtModules())
+	}
+	return 0, fmt.Errorf("%q is not a Megatron-Core recompute module; built: %s", name, builtModules())
 }
 
 func (a AC) String() string {
-	if a.Mode == ACLayer {
+	switch a.Mode {
+	case ACLayer:
 		return fmt.Sprintf("layer:%d", a.Every)
+	case ACModules:
+		var s []string
+		for _, n := range recomputeModuleNames {
+			if a.Modules&n.m != 0 {
+				s = append(s, n.name)
+			}
+		}
+		return "modules:" + strings.Join(s, ",")
 	}
 	return string(a.Mode)
 }
@@ -72,4 +182,26 @@ func (a AC) FullyCheckpointed(i int) bool {
 		return (i+1)%a.Every == 0
 	}
 	return false
+}
+
+// NormRecomputed reports whether block l's norm op (OpAttnNorm or
+// OpFFNNorm) is recomputed by the layernorm module: ffn_norm in MoE blocks,
+// attn_norm in MLA blocks (RecomputeModules says why these).
+func (a AC) NormRecomputed(c *Config, l int, op Op) bool {
+	if a.Mode != ACModules || a.Modules&RecomputeLayerNorm == 0 || l < 0 || l >= len(c.MoELayer) {
+		return false
+	}
+	switch op {
+	case OpAttnNorm:
+		return c.IsMLA()
+	case OpFFNNorm:
+		return c.MoELayer[l]
+	}
+	return false
+}
+
+// ActRecomputed reports whether block l's routed-expert activation is
+// recomputed by the moe_act module (MoE blocks only).
+func (a AC) ActRecomputed(c *Config, l int) bool {
+	return a.Mode == ACModules && a.Modules&RecomputeMoEAct != 0 && l >= 0 && l < len(c.MoELayer) && c.MoELayer[l]
 }

@@ -160,13 +160,22 @@ func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass
 	ex.op(layer, OpExpertDown, pass, rfd)
 	l.xTKD, l.acts, l.counts = nil, ffnActs[T]{}, nil
 	if keep {
+		if l.b.ac.ActRecomputed(c, layer) {
+			// moe_act: only the activation's inputs are kept;
+			// ExpertsBackward recomputes σg and a.
+			s.sg, s.a = nil, nil
+		}
 		l.xTKD, l.acts, l.counts = xTKD, s, counts
 		if pass == Forward {
 			ex.saved(layer, OpExpertGate, "input", len(xTKD), ex.act)
 			ex.saved(layer, OpExpertAct, "gate", len(s.g), ex.act)
-			ex.saved(layer, OpExpertAct, "silu_gate", len(s.sg), ex.act)
+			if s.sg != nil {
+				ex.saved(layer, OpExpertAct, "silu_gate", len(s.sg), ex.act)
+			}
 			ex.saved(layer, OpExpertAct, "up", len(s.u), ex.act)
-			ex.saved(layer, OpExpertDown, "input", len(s.a), ex.act)
+			if s.a != nil {
+				ex.saved(layer, OpExpertDown, "input", len(s.a), ex.act)
+			}
 		}
 	}
 	return yTKD
@@ -179,6 +188,16 @@ func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 	wGateEFD, wUpEFD, wDownEDF := l.w.ExpGate, l.w.ExpUp, l.w.ExpDown
 	rows := len(dyTKD) / D
 	off := offsets(l.counts)
+	if l.acts.a == nil {
+		// moe_act: the activation again from the kept gate and up, before
+		// the down projection's backward reads its input (Megatron's hook
+		// on linear_fc2's output gradient).
+		l.acts.sg, l.acts.a = make([]T, rows*F), make([]T, rows*F)
+		swigluAct(l.acts)
+		ex.round(l.acts.sg)
+		ex.round(l.acts.a)
+		ex.op(layer, OpExpertAct, Recompute, int64(rows)*int64(F))
+	}
 	da := make([]T, rows*F)
 	dg, du := make([]T, rows*F), make([]T, rows*F)
 	dxTKD := make([]T, rows*D)

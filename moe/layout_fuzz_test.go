@@ -69,7 +69,8 @@ func FuzzLayoutJSON(f *testing.F) {
 // prints as a string that reads back to the same policy, with N ≥ 1 for
 // layer:N.
 func FuzzParseAC(f *testing.F) {
-	for _, s := range []string{"none", "selective", "full", "layer:2", "layer:0", "layer:-1", "layer:+3", "layer:007", "layer:99999999999999999999", "Full", ""} {
+	for _, s := range []string{"none", "selective", "full", "layer:2", "layer:0", "layer:-1", "layer:+3", "layer:007", "layer:99999999999999999999", "Full", "",
+		"modules:layernorm", "modules:moe_act,layernorm", "modules:", "modules:mlp", "modules:layernorm,layernorm"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -308,6 +308,9 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 	if o.AC.Mode == ACLayer && o.AC.Every < 1 {
 		return Result{}, fmt.Errorf("ac = %s: layer:N needs N ≥ 1", o.AC)
 	}
+	if o.AC.Mode == ACModules && o.AC.Modules == 0 {
+		return Result{}, fmt.Errorf("ac = modules: needs at least one module (%s)", builtModules())
+	}
 	ex := newExec(o)
 	data := m.Data
 	if o.BF16 {

@@ -48,7 +48,9 @@ type LayerWeights[T Float] struct {
 // the last kept Forward of that layer, returns the gradient of xTKD and
 // accumulates the experts' weight gradients. An implementation records its
 // grouped GEMMs (expert_gate, expert_up, expert_down), expert_act and what
-// it keeps, as the local one does.
+// it keeps, as the local one does. Under the modules policy's moe_act the
+// local stage keeps the activation's inputs only (gate and up) and
+// recomputes it at the start of ExpertsBackward.
 type ExpertStage[T Float] interface {
 	ExpertsForward(layer int, xTKD []T, counts []int, pass Pass, keep bool) []T
 	ExpertsBackward(layer int, dyTKD []T) []T
@@ -509,6 +511,14 @@ func (b *Block[T]) keep() {
 			st.fOut = nil
 		}
 		st.gl = nil
+		// modules: also the recomputed norms' outputs and rstd
+		// (Backward's recomputeNorm rebuilds them from the kept inputs).
+		if b.ac.NormRecomputed(b.cfg, b.layer, OpAttnNorm) {
+			st.h1, st.rstd1 = nil, nil
+		}
+		if b.ac.NormRecomputed(b.cfg, b.layer, OpFFNNorm) {
+			st.h2, st.rstd2 = nil, nil
+		}
 	}
 	b.recordKept()
 }

@@ -27,6 +27,7 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	t64 := int64(T_)
 
 	// out = x2 + ffn(h2): dx2 = dy + ffn_norm backward of dh2.
+	st.h2, st.rstd2 = b.recomputeNorm(OpFFNNorm, st.h2, st.rstd2, st.x2, w.FFNNorm)
 	dh2 := make([]T, T_*D)
 	if c.MoELayer[L] {
 		b.moeBackward(w, g, dh2, dy, auxGrad)
@@ -41,6 +42,7 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	ex.op(L, OpFFNNorm, BackwardWeight, t64*int64(D))
 
 	// x2 = x + o_proj(attention(...))
+	st.h1, st.rstd1 = b.recomputeNorm(OpAttnNorm, st.h1, st.rstd1, st.x, w.AttnNorm)
 	dh1 := b.attentionBackward(w, g, dx2)
 	dx := dx2
 	rmsNormBwd(dx, g.AttnNorm, dh1, st.x, st.rstd1, w.AttnNorm, D)
@@ -48,6 +50,22 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	ex.op(L, OpAttnNorm, BackwardWeight, t64*int64(D))
 	b.st = blockState[T]{}
 	return dx
+}
+
+// recomputeNorm returns the output and rstd of the norm op on x [T,D]
+// with weight nw: h and rstd when forward kept them, else recomputed (the
+// modules policy's layernorm, recorded as Recompute) at the start of its
+// consumer's backward, where Megatron's gradient hook runs it.
+func (b *Block[T]) recomputeNorm(op Op, h, rstd, x, nw []T) ([]T, []T) {
+	if h != nil {
+		return h, rstd
+	}
+	D := b.cfg.Hidden
+	h, rstd = make([]T, len(x)), make([]T, len(x)/D)
+	rmsNormFwd(h, rstd, x, nw, D, b.cfg.NormEps)
+	b.x.round(h)
+	b.x.op(b.layer, op, Recompute, int64(len(x)))
+	return h, rstd
 }
 
 // attentionBackward returns the gradient of the normed input h1 from dout,

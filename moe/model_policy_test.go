@@ -105,8 +105,8 @@ func TestSavedMatchesTable(t *testing.T) {
 // TestRecomputeRepeatsForward checks the recompute records against the
 // forward ones: full checkpointing repeats every forward op of the block,
 // selective every one but the saved linears (those whose output
-// SavedTensors lists) and attention; every policy adds the flash
-// backward's n·d_qk.
+// SavedTensors lists) and attention, modules the named modules' ops;
+// every policy adds the flash backward's n·d_qk.
 func TestRecomputeRepeatsForward(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
 	selective := moe.AC{Mode: moe.ACSelective}
@@ -148,6 +148,14 @@ func TestRecomputeRepeatsForward(t *testing.T) {
 					want = fwd
 				case ac.Mode == moe.ACSelective && k.Op != moe.OpAttn && !savedLinear[k]:
 					want = fwd
+				case ac.Mode == moe.ACModules:
+					// Megatron's TE layer spec: separate (recomputable)
+					// norms are MoE blocks' pre-MLP norm and MLA's input
+					// norm; moe_act is the routed experts' activation.
+					norm := (k.Op == moe.OpFFNNorm && c.MoELayer[k.Layer]) || (k.Op == moe.OpAttnNorm && c.IsMLA())
+					if (norm && ac.Modules&moe.RecomputeLayerNorm != 0) || (k.Op == moe.OpExpertAct && ac.Modules&moe.RecomputeMoEAct != 0) {
+						want = fwd
+					}
 				}
 				if k.Op == moe.OpAttn {
 					// flash backward's QKᵀ: n·d_qk of the forward's n·(d_qk + d_v)

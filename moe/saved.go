@@ -1,5 +1,7 @@
 package moe
 
+import "slices"
+
 // What the reference implementation keeps from forward for backward, per
 // op and checkpointing policy. It follows what PyTorch autograd keeps for
 // torchtitan's graph of the same block (and HF's for the parts torchtitan
@@ -67,6 +69,15 @@ package moe
 // and indices (i64, T·K); grouped expert GEMMs are not saved. Backward
 // re-executes every other forward op of the block (Recompute records), the
 // cached ones being read from the cache.
+//
+// Policy modules (Megatron-Core's recompute modules, RecomputeModules):
+// the table of none without the tensors the named modules rebuild in
+// backward. layernorm: in MoE blocks ffn_norm's rstd and output (the
+// router input; mlp_gate_proj's in dense blocks is never dropped), in MLA
+// blocks attn_norm's rstd and output (the q_proj or q_a_proj input);
+// moe_act: the routed experts' silu_gate and expert_down input. Backward
+// re-executes those ops (Recompute records): the norm before its
+// consumer's backward, the activation before expert_down's.
 //
 // Embedding and head are never checkpointed (torchtitan wraps blocks only).
 
@@ -154,9 +165,32 @@ func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecor
 		default:
 			s.attention()
 			s.ffn()
+			s.dropRecomputed(ac)
 		}
 	}
 	return s.rs
+}
+
+// dropRecomputed removes, under the modules policy, the tensors its
+// modules recompute in backward instead of keeping.
+func (s *savedList) dropRecomputed(ac AC) {
+	c, l := s.c, s.layer
+	drop := map[SavedRecord]bool{}
+	mark := func(op Op, tensor string) { drop[SavedRecord{Op: op, Tensor: tensor}] = true }
+	if ac.NormRecomputed(c, l, OpAttnNorm) {
+		mark(OpAttnNorm, "rstd")
+		mark(OpQProj, "input")
+		mark(OpQAProj, "input")
+	}
+	if ac.NormRecomputed(c, l, OpFFNNorm) {
+		mark(OpFFNNorm, "rstd")
+		mark(OpRouter, "input")
+	}
+	if ac.ActRecomputed(c, l) {
+		mark(OpExpertAct, "silu_gate")
+		mark(OpExpertDown, "input")
+	}
+	s.rs = slices.DeleteFunc(s.rs, func(r SavedRecord) bool { return drop[SavedRecord{Op: r.Op, Tensor: r.Tensor}] })
 }
 
 // savedList accumulates the records of one layer for SavedTensors: T

@@ -122,6 +122,12 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 	tl := int64(len(dyLocal) / D)
 
 	dy := tc.Gather(L, BackwardData, dyLocal)
+	if st.h2 == nil {
+		// modules: layernorm (MoE blocks; MLA, whose input norm it also
+		// recomputes, is refused under tp): the sequence-parallel norm and
+		// its all-gather again, before the FFN's backward reads h2.
+		st.h2, st.rstd2 = b.normGather(OpFFNNorm, Recompute, st.x2, w.FFNNorm, tc)
+	}
 	dh2 := make([]T, T_*D)
 	if c.MoELayer[L] {
 		lo, hi := tc.ExpertTokens(T_)

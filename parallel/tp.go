@@ -121,8 +121,13 @@ func TPCollectives(cfg *moe.Config, l moe.Layout, layer, tokens int, ac moe.AC, 
 			c(PhaseBackward, last, false, CollAllGather, PurposeTPRegather, "recompute: attention_norm output → q/k/v"),
 			c(PhaseBackward, last, false, CollAllGather, PurposeTPRegather, "recompute: "+ffn))
 	}
+	out = append(out, c(PhaseBackward, last, false, CollAllGather, PurposeTPGradGath, "w2 / MoE output gradient"))
+	if ac.NormRecomputed(cfg, layer, moe.OpFFNNorm) {
+		// The modules policy's layernorm re-runs the sequence-parallel
+		// norm and its all-gather once the output gradient is gathered.
+		out = append(out, c(PhaseBackward, last, false, CollAllGather, PurposeTPRegather, "recompute: "+ffn))
+	}
 	return append(out,
-		c(PhaseBackward, last, false, CollAllGather, PurposeTPGradGath, "w2 / MoE output gradient"),
 		c(PhaseBackward, first, true, CollReduceScatter, PurposeTPGradRed, "FFN / MoE input gradient"),
 		c(PhaseBackward, first, true, CollAllGather, PurposeTPGradGath, "o_proj output gradient"),
 		c(PhaseBackward, first, true, CollReduceScatter, PurposeTPGradRed, "q/k/v input gradient"),

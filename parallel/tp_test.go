@@ -16,7 +16,7 @@ import (
 // q/k/v, before the MoE) and 2 reduce-scatters (after o_proj, after the
 // MoE); backward the 4 adjoints; recompute all 4 under full, the 2
 // all-gathers under selective (SAC saves reduce-scatter outputs only),
-// none under none.
+// none under none, the MoE input's all-gather under modules:layernorm.
 func TestTPCollectivesBytes(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	cfg.KVHeads = 2 // tp 2 must divide the KV heads
@@ -61,6 +61,11 @@ func TestTPCollectivesBytes(t *testing.T) {
 		{moe.AC{Mode: moe.ACFull}, tally{2 * S, 2 * S, 2 * S, 2 * S, 2 * S, 2 * S}},
 		// layer:2 checkpoints block 1 only (0-based i with (i+1) mod 2 = 0).
 		{moe.AC{Mode: moe.ACLayer, Every: 2}, tally{2 * S, 2 * S, 0, 0, 2 * S, 2 * S}},
+		// Megatron's layernorm module re-runs the MoE block's pre-MLP norm
+		// and its all-gather (the router's input) in backward; moe_act
+		// moves nothing.
+		{moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm}, tally{2 * S, 2 * S, S, 0, 2 * S, 2 * S}},
+		{moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeMoEAct}, tally{2 * S, 2 * S, 0, 0, 2 * S, 2 * S}},
 	} {
 		if got := sum(TPCollectives(cfg, l, 0, T, c.ac, moe.BF16)); got != c.want {
 			t.Errorf("%s, block 0: %+v, want %+v", c.ac, got, c.want)

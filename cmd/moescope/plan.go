@@ -158,6 +158,8 @@ type planArgs struct {
 	tps, pps, mbss                     []int // parsed --tp, --pp, --pp-microbatch-sizes
 	schedList                          string
 	scheds                             []moe.PPSchedule // parsed --pp-schedules
+	acFlag                             string
+	acs                                []moe.AC // parsed --ac (nil: the planner's default policies)
 	mem                                *memoryModelFlags
 	narrow                             *exportNarrowing // set by request when an export is asked for
 }
@@ -264,6 +266,8 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.schedList, "pp-schedules", "1F1B,Interleaved1F1B", fmt.Sprintf("pipeline schedules tried with --pp above 1, comma-separated, of %v "+
 		"(multi-stage ones with 2 stages per rank)", moe.PPSchedules()))
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
+	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: none|selective|full|layer:N|modules:M,… "+
+		"(default: none, selective and full)")
 	a.mem = addMemoryModelFlags(fs)
 	mtp := addMTPFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -309,6 +313,13 @@ func (a *planArgs) validate() error {
 			continue
 		}
 		a.scheds = append(a.scheds, s)
+	}
+	if a.acFlag != "" {
+		if ac, err := moe.ParseAC(a.acFlag); err != nil {
+			errs = append(errs, fmt.Errorf("--ac: %v", err))
+		} else {
+			a.acs = []moe.AC{ac}
+		}
 	}
 	if a.globalBatch < 0 || a.globalBatch > 1<<40 {
 		errs = append(errs, fmt.Errorf("--global-batch = %d: must be in [1, 1099511627776] sequences (0 = free)", a.globalBatch))
@@ -409,7 +420,7 @@ func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *
 func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
 		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps,
-		PPs: a.pps, PPMicrobatchSizes: a.mbss, PPSchedules: a.scheds, Layers: cfg.Layers}
+		PPs: a.pps, PPMicrobatchSizes: a.mbss, PPSchedules: a.scheds, Layers: cfg.Layers, ACs: a.acs}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
@@ -517,7 +528,7 @@ func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Repor
 // and the best plan's memory timeline (the memory model's, whatever the
 // evaluator).
 func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*planPlotData, error) {
-	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch)
+	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch, a.acs)
 	if err != nil {
 		return nil, err
 	}
@@ -688,6 +699,8 @@ func planACProse(ac moe.AC) string {
 		return "per-op selective activation checkpointing"
 	case moe.ACFull:
 		return "full activation checkpointing"
+	case moe.ACModules:
+		return "Megatron-style recompute of " + strings.TrimPrefix(ac.String(), "modules:")
 	}
 	return fmt.Sprintf("full checkpointing of every %d-th block", ac.Every)
 }

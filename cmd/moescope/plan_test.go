@@ -394,7 +394,7 @@ func TestPlanTargetSweeps(t *testing.T) {
 	l := moe.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
 	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1}}
 	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
-	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0)
+	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +417,7 @@ func TestPlanTargetSweeps(t *testing.T) {
 		}
 	}
 	// A global batch keeps only the local batches that divide it.
-	sweeps, err = planTargetSweeps(ev, rep, 0.92, 256, 64*6)
+	sweeps, err = planTargetSweeps(ev, rep, 0.92, 256, 64*6, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,5 +484,36 @@ func TestPlanCommandPipeline(t *testing.T) {
 	}
 	if pipes == 0 {
 		t.Errorf("no pipeline among %d plans", len(rep.Plans))
+	}
+}
+
+// TestPlanACFlag: --ac fixes the policy the search tries (here Megatron's
+// recompute modules, which the default search leaves out), and a module
+// that is not built is a usage error naming it and the built ones.
+func TestPlanACFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "2", "--seq", "64", "--max-lbs", "4",
+		"--ac", "modules:moe_act,layernorm", "--json"}); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	var rep struct {
+		Plans []struct {
+			AC string `json:"ac"`
+		} `json:"plans"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Plans) == 0 {
+		t.Fatal("no plans")
+	}
+	for _, p := range rep.Plans {
+		if p.AC != "modules:layernorm,moe_act" {
+			t.Errorf("plan with ac %q", p.AC)
+		}
+	}
+	err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "2", "--seq", "64", "--ac", "modules:mlp"})
+	if err == nil || !strings.Contains(err.Error(), "--ac") || !strings.Contains(err.Error(), `"mlp" is not built; built: layernorm, moe_act`) {
+		t.Errorf("--ac modules:mlp: %v", err)
 	}
 }

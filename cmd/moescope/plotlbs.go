@@ -21,10 +21,14 @@ import (
 // of that policy, or the best plan's layout under it when the search
 // carried no family of that policy to the end. The search's own sweeps are
 // at stage 1 (one host), where the answer's local batch is not: FSDP over
-// more GPUs shards more state, so more sequences fit.
-func planTargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLBS, globalBatch int) ([]plan.Sweep, error) {
+// more GPUs shards more state, so more sequences fit. acs are the policies
+// searched (nil: the planner's default none, selective and full).
+func planTargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLBS, globalBatch int, acs []moe.AC) ([]plan.Sweep, error) {
 	var sweeps []plan.Sweep
-	for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}} {
+	if acs == nil {
+		acs = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
+	}
+	for _, ac := range acs {
 		layout := rep.Best.Point.Layout
 		for _, r := range rep.Plans { // best first
 			if r.Point.AC == ac {

@@ -91,6 +91,8 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, 5, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
 		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPDualPipeV}, 4, 2, moe.AC{Mode: moe.ACFull}, true, ""},
 		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
+		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
 	} {
 		cfg := pipelineModel(c.layers)
 		if c.bias {

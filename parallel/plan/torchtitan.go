@@ -88,6 +88,9 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
 		// set_requires_gradient_sync across micro-steps.
 		errs = append(errs, fmt.Errorf("grad_sync_last_only = true: %s reduce-scatters gradients on every micro-step", target))
 	}
+	if p.AC.Mode == moe.ACModules {
+		errs = append(errs, fmt.Errorf("ac = %s: %s has no module-level recompute (Megatron-Core's --recompute-modules)", p.AC, target))
+	}
 	if p.AC.Mode == moe.ACLayer && target == TorchtitanPy {
 		errs = append(errs, fmt.Errorf("ac = %s: %s has only per-op selective, full and no checkpointing", p.AC, target))
 	}

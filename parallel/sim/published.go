@@ -28,7 +28,7 @@ type Run struct {
 	DPShard     int     `json:"dp_shard"`
 	DPReplicate int     `json:"dp_replicate"`
 	EP          int     `json:"ep"`
-	AC          string  `json:"ac"` // none|selective|full|layer:N
+	AC          string  `json:"ac"` // none|selective|full|layer:N|modules:M,…
 	LBS         int     `json:"lbs"`
 	Seq         int     `json:"seq"`
 	Precision   string  `json:"precision"` // bf16, fp8, mxfp8, ...

@@ -1,0 +1,66 @@
+package flops
+
+import (
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
+)
+
+// TestModulesRecomputeTiny works the recompute of Megatron's layernorm and
+// moe_act modules on the built-in tiny model by hand (D 32; layer 0 dense,
+// layer 1 MoE with K 2, F 16; not MLA; two sequences of 8 tokens, T 16):
+// beyond flash attention's own recompute (the same as under none), only
+// layer 1's pre-MLP norm repeats its forward, T·D = 512 elements (the dense
+// layer's is fused into fc1 in Megatron's TE spec, attn_norm into
+// linear_qkv), and layer 1's routed-expert activation, T·K·F = 512. Both
+// are elementwise: the matmul FLOPs with recompute equal none's.
+func TestModulesRecomputeTiny(t *testing.T) {
+	cfg, err := hf.Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Shape{Seq: 8, Batch: 2}
+	none, err := Ops(cfg, s, moe.AC{Mode: moe.ACNone}, ExactTile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := moe.ParseAC("modules:layernorm,moe_act")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods, err := Ops(cfg, s, ac, ExactTile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct {
+		layer int
+		op    moe.Op
+	}
+	recompute := func(recs []moe.OpRecord) map[key]int64 {
+		m := map[key]int64{}
+		for _, r := range recs {
+			if r.Pass == moe.Recompute {
+				m[key{r.Layer, r.Op}] += r.Count
+			}
+		}
+		return m
+	}
+	want := recompute(none) // flash attention's QKᵀ
+	want[key{1, moe.OpFFNNorm}] = 16 * 32
+	want[key{1, moe.OpExpertAct}] = 16 * 2 * 16
+	got := recompute(mods)
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("layer %d %s: recompute %d, by hand %d", k.layer, k.op, got[k], w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("recompute records %v, want exactly %v", got, want)
+	}
+	mn, _ := MatmulFLOPs(none, true)
+	mm, _ := MatmulFLOPs(mods, true)
+	if mn != mm {
+		t.Errorf("matmul FLOPs with recompute: modules %d, none %d", mm, mn)
+	}
+}

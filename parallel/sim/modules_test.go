@@ -1,0 +1,49 @@
+package sim
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestModulesRecomputePriced: Megatron's recompute modules cost backward
+// time for their norms' and activations' forward repeats only: more
+// recompute than none (flash attention's own alone), less than torchtitan's
+// per-op selective, which also repeats half the linears and every grouped
+// GEMM; the saved norm outputs and activations they free lower the peak;
+// model FLOPs (MFU × step time) do not change.
+func TestModulesRecomputePriced(t *testing.T) {
+	res := map[string]Result{}
+	for _, ac := range []string{"none", "modules:layernorm,moe_act", "selective"} {
+		r, err := Simulate(simTestInput(t, "tiny", 1, 1, 2, 64, 1, ac))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res[ac] = r
+	}
+	none, mods, sel := res["none"], res["modules:layernorm,moe_act"], res["selective"]
+	if !(none.Breakdown.RecomputeS < mods.Breakdown.RecomputeS && mods.Breakdown.RecomputeS < sel.Breakdown.RecomputeS) {
+		t.Errorf("recompute s: none %g, modules %g, selective %g; want increasing", none.Breakdown.RecomputeS, mods.Breakdown.RecomputeS, sel.Breakdown.RecomputeS)
+	}
+	if !(mods.PeakAllocatedBytes < none.PeakAllocatedBytes) {
+		t.Errorf("peak allocated: modules %d B, none %d B", mods.PeakAllocatedBytes, none.PeakAllocatedBytes)
+	}
+	if !near(mods.MFU*mods.StepTimeS, none.MFU*none.StepTimeS, 1e-12) {
+		t.Errorf("model FLOPs differ: MFU·step %g vs %g", mods.MFU*mods.StepTimeS, none.MFU*none.StepTimeS)
+	}
+}
+
+// TestRunACModules: the published-runs schema's ac takes the modules
+// policy (Megatron-Core runs' "selective: norm, act" is
+// modules:layernorm,moe_act) and refuses a module that is not built,
+// naming it.
+func TestRunACModules(t *testing.T) {
+	r := Run{Model: "tiny", GPU: "h100", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, LBS: 1, Seq: 64,
+		Precision: "bf16", TPS: 1, Source: "test", AC: "modules:layernorm,moe_act"}
+	if err := r.Validate(true); err != nil {
+		t.Errorf("%s: %v", r.AC, err)
+	}
+	r.AC = "modules:core_attn"
+	if err := r.Validate(true); err == nil || !strings.Contains(err.Error(), `"core_attn" is not built`) {
+		t.Errorf("%s: %v", r.AC, err)
+	}
+}
