@@ -398,3 +398,26 @@ func TestStageRankV(t *testing.T) {
 		}
 	}
 }
+
+// TestZBVInFlight: ZB-V holds the activation memory of 1F1B on every
+// rank (the authors' README table, sail-sg/zero-bubble-pipeline-
+// parallelism at 3a91d0c8c21755dd0f7b425e3ac5699ab00b4083: "Activation
+// Memory (Compared to 1F1B) 1x" for ZBV; arXiv 2401.10241 §6): 1F1B's
+// first rank holds pp micro-batches of its layers, a ZB-V chunk is half a
+// rank's layers, so 2·pp chunk activations, the same on every rank, once
+// m ≥ 2·pp − 1 fills the V.
+func TestZBVInFlight(t *testing.T) {
+	for pp := 2; pp <= 6; pp++ {
+		for _, m := range []int{2*pp - 1, 3 * pp, 24} {
+			order, err := PipelineOrder(PPZBVZeroBubble, pp, 2, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r, as := range order {
+				if n := InFlight(as); n != 2*pp {
+					t.Errorf("pp %d m %d rank %d: %d chunk activations in flight, want 2·pp = %d", pp, m, r, n, 2*pp)
+				}
+			}
+		}
+	}
+}
