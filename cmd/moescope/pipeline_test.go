@@ -70,7 +70,8 @@ func TestPipelineFlags(t *testing.T) {
 }
 
 // TestTrainPipelineLosses: train --pp 2 --gpus 2 and train --pp 2
-// --dp-shard 2 --gpus 4 print the losses (cross-entropy and aux) of train
+// --dp-shard 2 --gpus 4, under 1F1B, GPipe and the zero-bubble schedules
+// (tiny's 2 layers over 4 stages for the multi-stage ones), print the losses (cross-entropy and aux) of train
 // --gpus 1 on the same global batch (4 sequences a step), the pipeline's
 // micro-batches of one sequence being that rank's micro-steps
 // (PipelineTrainer's doc). The aux loss is per micro-batch (DESIGN), so
@@ -96,7 +97,10 @@ func TestTrainPipelineLosses(t *testing.T) {
 	}
 	one := losses("--gpus", "1", "--lbs", "1", "--grad-accum", "4")
 	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4"}, {"--pp", "2", "--gpus", "2", "--lbs", "2", "--grad-accum", "2", "--pp-schedule", "GPipe"},
-		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2"}} {
+		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2"},
+		{"--pp", "2", "--gpus", "2", "--lbs", "4", "--pp-schedule", "ZBVZeroBubble"},
+		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2", "--pp-schedule", "InterleavedZeroBubble"},
+		{"--pp", "2", "--gpus", "2", "--lbs", "4", "--pp-schedule", "DualPipeV"}} {
 		if got := losses(args...); strings.Join(got, " ") != strings.Join(one, " ") {
 			t.Errorf("%v: losses %v, train --gpus 1 %v", args, got, one)
 		}
