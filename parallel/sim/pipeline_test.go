@@ -235,6 +235,25 @@ func TestSimulatePipeline(t *testing.T) {
 				t.Errorf("%+v: stage boundary on %s, want %s", l, k, c.link)
 			}
 		}
+		if l.PPSchedule.ZeroBubble() {
+			// Both passes of every stage take time: the backward-data and
+			// the backward-weight ops.
+			// Stage 0's input pass is empty, its weight pass the whole
+			// backward (PyTorch's stage).
+			for _, wr := range res.pipe.ranks {
+				for _, sp := range wr.spans {
+					d := sp.end - sp.start
+					switch k := sp.op.Kind; {
+					case k == parallel.PipeInput && sp.op.Stage == 0:
+						if d != 0 {
+							t.Errorf("%+v: stage 0's input pass takes %g s", l, d)
+						}
+					case (k == parallel.PipeInput || k == parallel.PipeWeight) && !(d > 0):
+						t.Errorf("%+v: %s of stage %d takes %g s", l, k, sp.op.Stage, d)
+					}
+				}
+			}
+		}
 		mem, err := memoryEstimateFor(in)
 		if err != nil {
 			t.Fatal(err)
