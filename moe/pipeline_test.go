@@ -123,7 +123,8 @@ func TestPipelineOrderRuns(t *testing.T) {
 
 // walkOrder checks that order places every action on its stage's rank
 // (looped, or V-shaped for V schedules), runs every (stage, micro-batch)'s
-// forward once and its backward once, as one B or as an I then a W, and
+// forward once and its backward once, as one B or as an I then a W, ends
+// each stage's micro-batches in order, and
 // that unit-time steps with the data dependencies (a forward after the
 // previous stage's, a backward or input pass after the next stage's or on
 // the last stage after its own forward, a weight pass after its own input
@@ -141,6 +142,20 @@ func walkOrder(order [][]PipeAction, s PPSchedule, pp, v, m int) error {
 			seen[a] = true
 			if a.Kind == PipeW {
 				weights++
+			}
+		}
+	}
+	// Each stage ends its micro-batches (B or W) in micro-batch order: the
+	// memory timeline allocates the accumulated gradients at micro-batch 0
+	// and reduces them at m − 1.
+	for r, as := range order {
+		ended := map[int]int{}
+		for _, a := range as {
+			if a.Frees() {
+				if a.Micro != ended[a.Stage] {
+					return fmt.Errorf("rank %d: %s ends micro-batch %d of stage %d before %d", r, a, a.Micro, a.Stage, ended[a.Stage])
+				}
+				ended[a.Stage]++
 			}
 		}
 	}
