@@ -424,7 +424,7 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
-	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath); a.narrow != nil {
+	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, *a.mem.compile); a.narrow != nil {
 		req.Admit = a.narrow.admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
