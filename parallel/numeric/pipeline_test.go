@@ -79,6 +79,19 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{4, moe.Layout{GPUs: 4, PP: 4}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
 		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "hf"},
 		{4, moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		// Zero-bubble schedules: backward split into input and weight
+		// passes, V placement for ZBVZeroBubble.
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 2, 2, moe.AC{Mode: moe.ACFull}, true, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, ""},
+		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{8, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"}, 7, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleavedZeroBubble, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		// DualPipeV: full backwards, input and weight passes on one stage.
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, 5, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPDualPipeV}, 4, 2, moe.AC{Mode: moe.ACFull}, true, ""},
+		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
 		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
 	} {
