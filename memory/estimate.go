@@ -246,9 +246,10 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 	if !(target > 0 && target <= 1) {
 		return 0, Report{}, fmt.Errorf("memory_target = %v: must be in (0, 1]", target)
 	}
-	if l.Stages() > 1 && (l.PPMicrobatchSize > 1 || l.PPSchedule == moe.PPInterleaved1F1B) {
+	if s := l.PPSchedule; l.Stages() > 1 && (l.PPMicrobatchSize > 1 || s == moe.PPInterleaved1F1B || s == moe.PPInterleavedZeroBubble || s == moe.PPDualPipeV) {
 		// The search assumes every lbs is a batch; these take only
-		// multiples of the micro-batch size, or of the schedule's rounds.
+		// multiples of the micro-batch size or of the schedule's rounds,
+		// or (DualPipeV) at least 2·pp micro-batches.
 		return 0, Report{}, fmt.Errorf("max lbs with pp_schedule %s and pp_microbatch_size %d: not every lbs is a valid batch (moe.Layout.Microbatches); give lbs", l.PPSchedule, l.PPMicrobatchSize)
 	}
 	limit := int64(target * float64(deviceBytes))

@@ -9,7 +9,8 @@ import (
 )
 
 // Memory of a pipeline stage (pp > 1). Each pipeline rank holds the units
-// of its stages (moe.Layout.StageSplit, stage s on rank s mod pp) and runs
+// of its stages (moe.Layout.StageSplit, on the ranks of
+// moe.Layout.RankStages: looped, or a V) and runs
 // its actions in moe.PipelineOrder's order, one pipeline micro-batch
 // (pp_microbatch_size sequences) per action; each of the grad-accum
 // micro-steps runs the whole order. A rank's timeline:
@@ -21,7 +22,10 @@ import (
 //     _prepare_forward_infra and _create_grad_recv_info): on a stage
 //     with a predecessor one input activation per micro-batch, on a
 //     stage with a successor one output gradient per micro-batch (T×D
-//     each, activation type).
+//     each, activation type). They are counted at a V's bottom too
+//     (stages pp − 1 and pp on one rank), where the schedule hands the
+//     tensor over in place; whether PyTorch's stage still allocates them
+//     there is not checked (an upper bound of m × T×D per direction).
 //   - Forward of (stage, micro-batch): the stage's units as in a step
 //     without pipelining, except that the first block's saved input is
 //     the receive buffer (not allocated again), and that a stage with a
@@ -36,6 +40,22 @@ import (
 //     backward). So each unit's first backward allocates its accumulated
 //     unsharded gradients (local elements × gradient type) and its last
 //     reduces them as a step without pipelining does.
+//   - Zero-bubble schedules split a backward into an input pass (I) and a
+//     weight pass (W), PyTorch's stage_backward_input and
+//     stage_backward_weight (torch/distributed/pipelining/_backward.py at
+//     060ca5d783bd6935f20d77522ebb416a5c3c3d86): I runs autograd to the
+//     stage's input with retain_graph, so the tensors the stage saved for
+//     backward stay alive until W, and detaches the stage's output, which
+//     frees the graph above its last weight GEMM (on the last stage the
+//     loss's own saved tensors). Here I emits each unit's recompute,
+//     workspace and input gradient and frees the workspace, the loss's
+//     saved tensors, the kept output and the gradient it sends; the other
+//     saved and the recomputed tensors are held until W, which allocates, accumulates
+//     and reduces the weight gradients as a full backward does and frees
+//     them. The gradients PyTorch's hooks capture at the split nodes
+//     between I and W are not counted. On the first stage I does nothing
+//     and W runs the whole backward (stage.py's backward_one_chunk skips
+//     the input pass there).
 //   - Optimizer over the rank's units.
 //
 // Compute weights: torchtitan does not reshard after forward under PP by
@@ -121,8 +141,7 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 		spare = nil
 		sp := StagePeak{Rank: r, InFlight: moe.InFlight(ps.order[r]), Peak: rep.Peak,
 			PeakAllocatedBytes: rep.Peak.Allocated, PeakReservedBytes: rep.Peak.Reserved}
-		for k := range l.VirtualStages() {
-			s := r + k*l.Stages()
+		for _, s := range l.RankStages(r) {
 			sp.Stages = append(sp.Stages, s)
 			sp.Layers += ps.split[s]
 		}
@@ -196,11 +215,11 @@ func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options
 // micro-batch's shape, accum the grad-accum micro-steps.
 // buf, when not nil, is an empty buffer the timeline may reuse.
 func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int, buf []Event) (Report, error) {
-	pp, n := l.Stages(), len(chunks)
+	n := len(chunks)
 	var units []Unit
 	builders := map[int]*stageBuilder{}
-	for k := range l.VirtualStages() {
-		s := r + k*pp
+	stages := l.RankStages(r)
+	for _, s := range stages {
 		units = append(units, chunks[s]...)
 		sb, _, err := newStepBuilder(cfg, l, mb, o, sh, chunks[s])
 		if err != nil {
@@ -218,8 +237,8 @@ func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options,
 	rank.keep = rank.gathered
 	rank.events = buf
 	rank.setup()
-	for k := range l.VirtualStages() {
-		sb := builders[r+k*pp]
+	for _, s := range stages {
+		sb := builders[s]
 		rank.phase = Setup
 		layer := sb.units[0].Layer
 		for i := range m {
@@ -242,10 +261,16 @@ func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options,
 			sb := builders[a.Stage]
 			sb.events = events
 			sb.micro = micro*m + a.Micro
-			if a.Backward {
-				sb.backwardStage(a.Micro, micro)
-			} else {
+			switch {
+			case a.Kind == moe.PipeF:
 				sb.forwardStage()
+			case a.Kind == moe.PipeB, sb.first && a.Kind == moe.PipeW:
+				sb.backwardStage(a.Micro, micro)
+			case sb.first: // the first stage's input pass does nothing
+			case a.Kind == moe.PipeI:
+				sb.inputStage()
+			default:
+				sb.weightStage(a.Micro, micro)
 			}
 			events = sb.events
 		}
@@ -306,6 +331,47 @@ func (s *stageBuilder) backwardStage(mb, micro int) {
 	}
 }
 
+// inputStage emits the backward-input pass of a stage other than the
+// first: each unit's recompute, workspace and input gradient, the kept
+// output and the sent gradient freed; saved and recomputed tensors stay
+// for the weight pass.
+func (s *stageBuilder) inputStage() {
+	s.phase = Backward
+	if !s.lastStage {
+		s.free(s.units[s.last].Layer, "p2p_stage_output", s.dx, CatActivations)
+	}
+	for i := s.last; i >= 0; i-- {
+		u := s.units[i]
+		_, ws := s.backwardOps(i)
+		s.alloc(u.Layer, "grad_hidden", s.dx, CatWorkspace)
+		if i < s.last {
+			s.free(s.units[i+1].Layer, "grad_hidden", s.dx, CatWorkspace)
+		}
+		s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
+	}
+	s.free(s.units[0].Layer, "grad_hidden", s.dx, CatWorkspace) // sent to the previous stage
+}
+
+// weightStage emits the backward-weight pass of micro-batch mb in
+// accumulation micro-step micro on a stage other than the first: per unit
+// in reverse, its weight gradients as backwardUnitPP accumulates and
+// reduces them, and the frees of what the input pass held.
+func (s *stageBuilder) weightStage(mb, micro int) {
+	s.phase = Backward
+	for i := s.last; i >= 0; i-- {
+		u := s.units[i]
+		s.alloc(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
+		if !s.isHead(i) && u.Layer >= 0 {
+			s.freeRecords(s.recSet(i), CatRecompute)
+		}
+		s.freeRecords(s.savedSet(i), CatActivations)
+		s.accumulatePP(i, mb, micro)
+	}
+	if mb == s.m-1 {
+		s.free(s.units[0].Layer, "reduce_scatter", s.reduceScatterInput(s.units[0]), CatComm)
+	}
+}
+
 // backwardUnitPP is backwardUnit under the pipeline's gradient
 // accumulation: the weights stay gathered, the unsharded gradients of
 // micro-batch mb are accumulated (allocated in the first micro-batch, in
@@ -323,6 +389,14 @@ func (s *stageBuilder) backwardUnitPP(i, mb, micro int) {
 	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
 	s.freeRecords(rec, CatRecompute)
 	s.freeRecords(s.savedSet(i), CatActivations)
+	s.accumulatePP(i, mb, micro)
+}
+
+// accumulatePP adds unit i's unsharded gradients of micro-batch mb into
+// the micro-step's accumulated ones and, after the last micro-batch,
+// reduces them.
+func (s *stageBuilder) accumulatePP(i, mb, micro int) {
+	u := s.units[i]
 	// Buffers that outlive one micro-batch are labelled with the
 	// micro-step's first (accumulated gradients) or, like a step without
 	// pipelining, with micro-step 0 (gradients), so that their frees match.

@@ -30,7 +30,11 @@ func pipelineLayout(t *testing.T, l moe.Layout) moe.Layout {
 //     per-unit Saved at one micro-batch's shape) less the input a
 //     non-first stage receives (its receive buffer) plus the output a
 //     non-last stage keeps (T×D activations each, T/tp tokens under tensor
-//     parallelism), each backward taking them away;
+//     parallelism), each backward taking them away; under zero-bubble
+//     schedules a backward-input pass takes away only the kept output (on
+//     the last stage the loss's own saved tensors, which PyTorch frees when
+//     it detaches the loss) and the weight pass the rest, except on stage
+//     0, whose input pass does nothing and whose weight pass takes all;
 //   - Setup holds m receive buffers of that size per direction per stage
 //     boundary of the rank;
 //   - parameters and optimizer state summed over ranks are the
@@ -55,6 +59,13 @@ func TestPipelineMemory(t *testing.T) {
 		// activations, sequence-parallel messages of T/tp tokens.
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, 4},
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, ETP: 1, PPSchedule: moe.PPInterleaved1F1B}, 4}, // ep borrowing the tp ranks
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4},
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble}, 4},                  // V: stages (0, 3), (1, 2)
+		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "0,1,1,1,1,1,1,0"}, 3}, // m < 2·pp − 1
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4},
+		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble, Sharding: moe.ShardZeRO1}, 2},
+		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPDualPipeV}, 4}, // B, I and W on one stage
+		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,1,1,1,1,0"}, 9},
 	} {
 		cfg := cfg
 		if c.l.TP > 1 {
@@ -103,15 +114,48 @@ func TestPipelineMemory(t *testing.T) {
 				perMB[s] += dx
 			}
 		}
+		// The loss's own saved tensors, from the head's per-op table at one
+		// micro-batch's shape.
+		no, err := o.normalized()
+		if err != nil {
+			t.Fatal(err)
+		}
+		headSaved, err := Saved(cfg, cfg.LayerHead(), Shape{Batch: l.PPMicrobatchSize, Seq: 8, AC: no.AC, Attention: no.Attention, EP: l.EP,
+			Act: no.Precision.Activation, Compile: no.Compile, LossDType: no.LossDType})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lossSaved int64
+		for _, r := range headSaved {
+			if r.Op == moe.OpLoss {
+				lossSaved += r.Bytes()
+			}
+		}
 		var params, opt int64
 		var worst int64
 		for r := range l.PP {
 			var want, live int64
 			for _, a := range order[r] {
-				if a.Backward {
-					live -= perMB[a.Stage]
-				} else {
+				// A zero-bubble input pass on a stage other than the first
+				// frees only the kept output; its weight pass the rest.
+				// On the last stage that is the loss's own saved tensors.
+				kept := dx
+				if a.Stage == n-1 {
+					kept = lossSaved
+				}
+				switch {
+				case a.Kind == moe.PipeF:
 					live += perMB[a.Stage]
+				case a.Kind == moe.PipeB:
+					live -= perMB[a.Stage]
+				case a.Stage == 0:
+					if a.Kind == moe.PipeW {
+						live -= perMB[a.Stage]
+					}
+				case a.Kind == moe.PipeI:
+					live -= kept
+				default:
+					live -= perMB[a.Stage] - kept
 				}
 				want = max(want, live)
 			}
@@ -155,8 +199,7 @@ func TestPipelineMemory(t *testing.T) {
 				t.Errorf("%s rank %d: at most %d B of compute weights live, want the units' %d", name, r, maxW, weights)
 			}
 			boundaries := int64(0)
-			for k := range l.PPVirtualStages {
-				s := r + k*l.PP
+			for _, s := range l.RankStages(r) {
 				if s > 0 {
 					boundaries++
 				}
@@ -225,7 +268,8 @@ func TestPipelineMemoryErrors(t *testing.T) {
 // refuses rather than search a space with holes.
 func TestPipelineMaxLBS(t *testing.T) {
 	cfg := sixLayerMoE()
-	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B}} {
+	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B},
+		{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, {GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}} {
 		l := pipelineLayout(t, l)
 		if _, _, err := MaxLBS(cfg, l, 8, 1, Options{}, 64<<20, 0.92); err == nil || !strings.Contains(err.Error(), "not every lbs is a valid batch") {
 			t.Errorf("%+v: %v", l, err)

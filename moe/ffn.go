@@ -1,6 +1,10 @@
 package moe
 
-import "github.com/moescope/moescope/moe/kernel"
+import (
+	"slices"
+
+	"github.com/moescope/moescope/moe/kernel"
+)
 
 // SwiGLU feed-forward, y = W_down·(silu(W_gate·x) ⊙ W_up·x), over M rows:
 //
@@ -198,12 +202,18 @@ func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 	dg, du := make([]T, rows*F), make([]T, rows*F)
 	dxTKD := make([]T, rows*D)
 	groupedBwdX(da, dyTKD, wDownEDF, off, D, F)
-	groupedBwdW(l.g.ExpDown, dyTKD, l.acts.a, off, D, F)
+	gDown, gGate, gUp, aIn, xIn, dyW := l.g.ExpDown, l.g.ExpGate, l.g.ExpUp, l.acts.a, l.xTKD, dyTKD
+	if ex.wq != nil { // the caller may reuse dy before the queue runs
+		dyW = slices.Clone(dyTKD)
+	}
+	ex.weightPass(func() { groupedBwdW(gDown, dyW, aIn, off, D, F) })
 	swigluActBwd(dg, du, da, l.acts)
 	groupedBwdX(dxTKD, dg, wGateEFD, off, F, D)
 	groupedBwdX(dxTKD, du, wUpEFD, off, F, D)
-	groupedBwdW(l.g.ExpGate, dg, l.xTKD, off, F, D)
-	groupedBwdW(l.g.ExpUp, du, l.xTKD, off, F, D)
+	ex.weightPass(func() {
+		groupedBwdW(gGate, dg, xIn, off, F, D)
+		groupedBwdW(gUp, du, xIn, off, F, D)
+	})
 	rfd := int64(rows) * int64(F) * int64(D)
 	for _, op := range []Op{OpExpertDown, OpExpertGate, OpExpertUp} {
 		ex.op(layer, op, BackwardData, rfd)

@@ -110,6 +110,12 @@ func NewBlock[T Float](c *Config, l, batch, seq int, o Options) *Block[T] {
 	return b
 }
 
+// DeferWeightGrads makes the block's backwards queue their
+// weight-gradient GEMMs on q (WeightQueue) until it is called with nil:
+// the local experts' and every linear's; an ExpertStage replacing the
+// local experts runs its backward whole.
+func (b *Block[T]) DeferWeightGrads(q *WeightQueue) { b.x.wq = q }
+
 // Routing returns the routing the block holds (nil for dense layers, and
 // between forward and backward when the block is checkpointed).
 func (b *Block[T]) Routing() *Routing[T] { return b.st.rt }

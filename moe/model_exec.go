@@ -1,5 +1,7 @@
 package moe
 
+import "slices"
+
 // Options control one forward/backward execution of the reference model.
 type Options struct {
 	// AC is the activation-checkpointing policy (zero value: none).
@@ -31,6 +33,37 @@ type exec struct {
 	act          DType // activation storage type
 	bf16         bool
 	tileQ, tileK int
+	wq           *WeightQueue // when set, weight-gradient GEMMs are queued (WeightQueue)
+}
+
+// WeightQueue holds weight-gradient GEMMs deferred from a backward: a
+// Block or Head given one (DeferWeightGrads) computes each linear's and
+// grouped GEMM's input gradient at once and queues the weight gradient,
+// with copies of the input and output gradient it reads, so that Run
+// computes them later, in order: the backward-input / backward-weight
+// split of zero-bubble pipeline schedules. The norms' scale gradients
+// and the embedding's are not deferred; records are emitted when queued.
+type WeightQueue struct{ fns []func() }
+
+// Run computes the queued weight gradients, in order, and empties q.
+func (q *WeightQueue) Run() {
+	for _, f := range q.fns {
+		f()
+	}
+	q.fns = nil
+}
+
+// Len is the number of queued weight-gradient GEMMs.
+func (q *WeightQueue) Len() int { return len(q.fns) }
+
+// weightPass runs f, the weight-gradient half of a backward op, now, or
+// queues it when weight gradients are deferred.
+func (x *exec) weightPass(f func()) {
+	if x.wq != nil {
+		x.wq.fns = append(x.wq.fns, f)
+		return
+	}
+	f()
 }
 
 func newExec(o Options) *exec {
@@ -82,14 +115,19 @@ func linearBack[T Float](x *exec, layer int, op Op, dx, dw, db, dy, in, w []T, m
 		linearBwdX(dx, dy, w, m, n, k)
 		x.op(layer, op, BackwardData, mnk)
 	}
-	linearBwdW(dw, dy, in, m, n, k)
-	if db != nil {
-		for i := 0; i < m; i++ {
-			for j, v := range dy[i*n : i*n+n] {
-				db[j] += v
+	if x.wq != nil { // the caller may reuse both before the queue runs
+		dy, in = slices.Clone(dy), slices.Clone(in)
+	}
+	x.weightPass(func() {
+		linearBwdW(dw, dy, in, m, n, k)
+		if db != nil {
+			for i := 0; i < m; i++ {
+				for j, v := range dy[i*n : i*n+n] {
+					db[j] += v
+				}
 			}
 		}
-	}
+	})
 	x.op(layer, op, BackwardWeight, mnk)
 }
 

@@ -83,6 +83,10 @@ func (h *Head[T]) Forward(w *GlobalWeights[T], x []T, labels []int) float64 {
 	return loss
 }
 
+// DeferWeightGrads makes the head's backwards queue the LM head's
+// weight-gradient GEMM on q (WeightQueue) until it is called with nil.
+func (h *Head[T]) DeferWeightGrads(q *WeightQueue) { h.x.wq = q }
+
 // Backward accumulates the gradients of scale·loss into g and returns the
 // gradient of the head's input.
 func (h *Head[T]) Backward(w, g *GlobalWeights[T], scale float64) []T {

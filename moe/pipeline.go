@@ -21,7 +21,18 @@ import (
 //   - PyTorch 00722e648b740f91d0e71494baa17891749fd291,
 //     torch/distributed/pipelining/schedules.py (ScheduleGPipe,
 //     Schedule1F1B, ScheduleInterleaved1F1B with _get_1f1b_rank_ops and
-//     _get_warmup_ops).
+//     _get_warmup_ops; ScheduleInterleavedZeroBubble, the same with
+//     enable_zero_bubble and a warm-up of one forward per hop;
+//     ScheduleZBVZeroBubble's _calculate_single_rank_operations; the
+//     action kinds of _ComputationType) and stage.py
+//     (backward_one_chunk: the first stage's backward-input pass does
+//     nothing, its backward-weight pass runs the whole backward);
+//   - torchtitan b5bcd76c66d0acb1a08b176d9639425bc55e0b2a (the pinned
+//     02ef790c is not in the mirror read),
+//     torchtitan/distributed/pipeline_parallel.py
+//     (_get_pp_rank_to_stage_indices_mapping: style "v" for ZBVZeroBubble
+//     and DualPipeV, rank r holding stages r and 2·pp − 1 − r, exactly two
+//     per rank; "loop" otherwise).
 
 // PPSchedule names a pipeline schedule as torchtitan's
 // pipeline_parallel_schedule does (PyTorch's class name without
@@ -33,19 +44,49 @@ const (
 	PPGPipe           PPSchedule = "GPipe"           // all forwards, then all backwards
 	PP1F1B            PPSchedule = "1F1B"            // one forward, one backward in steady state
 	PPInterleaved1F1B PPSchedule = "Interleaved1F1B" // 1F1B over several looped stages per rank
+	// PPInterleavedZeroBubble is ZB1P (Qi et al. 2024): Interleaved1F1B
+	// with backward split into input and weight passes, the weight passes
+	// filling the bubbles.
+	PPInterleavedZeroBubble PPSchedule = "InterleavedZeroBubble"
+	// PPZBVZeroBubble is ZB-V: two stages per rank in a V (rank r holds
+	// stages r and 2·pp − 1 − r), backward split into input and weight
+	// passes.
+	PPZBVZeroBubble PPSchedule = "ZBVZeroBubble"
+	// PPDualPipeV is DeepSeek's DualPipe folded into a V (PyTorch's
+	// ScheduleDualPipeV): ZB-V's placement, pairs of a forward of one
+	// stage and a full backward of the other, zero-bubble passes at the
+	// ends.
+	PPDualPipeV PPSchedule = "DualPipeV"
 )
 
 // PPSchedules lists the schedules built, in the order errors print them.
-func PPSchedules() []PPSchedule { return []PPSchedule{PPGPipe, PP1F1B, PPInterleaved1F1B} }
+func PPSchedules() []PPSchedule {
+	return []PPSchedule{PPGPipe, PP1F1B, PPInterleaved1F1B, PPInterleavedZeroBubble, PPZBVZeroBubble, PPDualPipeV}
+}
 
 // ppNotBuilt are torchtitan's other schedule names: refused until an issue
-// builds them (the zero-bubble ones need backward split into its data and
-// weight passes per stage).
-var ppNotBuilt = []PPSchedule{"LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+// builds them.
+var ppNotBuilt = []PPSchedule{"LoopedBFS"}
 
 // MultiStage reports whether the schedule runs several stages per rank
 // (PyTorch's PipelineScheduleMulti).
-func (s PPSchedule) MultiStage() bool { return s == PPInterleaved1F1B }
+func (s PPSchedule) MultiStage() bool {
+	return s == PPInterleaved1F1B || s == PPInterleavedZeroBubble || s == PPZBVZeroBubble || s == PPDualPipeV
+}
+
+// VShaped reports whether the schedule places stages in a V (torchtitan's
+// style "v"): exactly two stages per rank, r and 2·pp − 1 − r.
+func (s PPSchedule) VShaped() bool { return s == PPZBVZeroBubble || s == PPDualPipeV }
+
+// ZeroBubble reports whether the schedule splits backwards into their
+// input (I) and weight (W) passes (DualPipeV some of them).
+func (s PPSchedule) ZeroBubble() bool {
+	return s == PPInterleavedZeroBubble || s == PPZBVZeroBubble || s == PPDualPipeV
+}
+
+// Check returns an error naming pp_schedule unless s is a schedule
+// moescope builds (PPSchedules).
+func (s PPSchedule) Check() error { return s.check() }
 
 func (s PPSchedule) check() error {
 	for _, b := range PPSchedules() {
@@ -212,6 +253,10 @@ func (l Layout) validatePipeline() []error {
 	switch {
 	case v < 1 || int64(v)*int64(l.PP) > MaxDegree:
 		errs = append(errs, FieldError{"pp_virtual_stages", v, fmt.Sprintf("must be ≥ 1 with pp × pp_virtual_stages ≤ %d", MaxDegree)})
+	case l.PPSchedule.VShaped() && v != 2:
+		// torchtitan's _get_pp_rank_to_stage_indices_mapping and PyTorch's
+		// ScheduleZBVZeroBubble: "v schedules assume 2 stages per rank".
+		errs = append(errs, FieldError{"pp_virtual_stages", v, fmt.Sprintf("must be 2 for the V-shaped schedule %s (rank r holds stages r and 2·pp − 1 − r; pp = %d)", l.PPSchedule, l.PP)})
 	case l.PPSchedule.MultiStage() && v < 2:
 		// torchtitan's pipeline_llm: "Multi-stage schedule requires at
 		// least 2 stages per rank".
@@ -281,8 +326,30 @@ func (l Layout) StageSplit(layers int) ([]int, error) {
 
 // StageRank is the pipeline rank that runs stage s: looped placement,
 // stage s on rank s mod pp (torchtitan's pipeline_module_split, style
-// "loop").
-func (l Layout) StageRank(s int) int { return s % l.Stages() }
+// "loop"), or for V-shaped schedules stage s < pp on rank s and stage
+// s ≥ pp on rank 2·pp − 1 − s (style "v").
+func (l Layout) StageRank(s int) int { return stageRank(l.PPSchedule, l.Stages(), s) }
+
+func stageRank(sch PPSchedule, pp, s int) int {
+	if sch.VShaped() && s >= pp {
+		return 2*pp - 1 - s
+	}
+	return s % pp
+}
+
+// RankStages lists the stages pipeline rank r runs, in local order (its
+// k-th stage is r + k·pp looped, or r then 2·pp − 1 − r in a V).
+func (l Layout) RankStages(r int) []int {
+	pp, v := l.Stages(), l.VirtualStages()
+	out := make([]int, v)
+	for k := range out {
+		out[k] = r + k*pp
+	}
+	if l.PPSchedule.VShaped() && v == 2 {
+		out[1] = 2*pp - 1 - r
+	}
+	return out
+}
 
 // MaxMicrobatches bounds the pipeline micro-batches of one micro-step:
 // the per-stage memory timeline and the pipeline program grow with them,
@@ -293,9 +360,11 @@ const MaxMicrobatches = 1 << 12
 // Microbatches returns the pipeline micro-batches of one accumulation
 // micro-step of lbs sequences per data-parallel rank: lbs ÷
 // pp_microbatch_size (torchtitan's build_pipeline_schedule requires it to
-// divide); 1 without pipeline parallelism. Interleaved1F1B also needs the
-// count to be a multiple of its rounds, max(1, m ÷ pp) (PyTorch's
-// ScheduleInterleaved1F1B).
+// divide); 1 without pipeline parallelism. Interleaved1F1B and
+// InterleavedZeroBubble also need the count to be a multiple of their
+// rounds, max(1, m ÷ pp) (PyTorch's ScheduleInterleaved1F1B and
+// ScheduleInterleavedZeroBubble); DualPipeV needs at least 2·pp (PyTorch's
+// ScheduleDualPipeV: "at least as many microbatches as stages").
 func (l Layout) Microbatches(lbs int) (int, error) {
 	if l.Stages() == 1 {
 		return 1, nil
@@ -311,29 +380,48 @@ func (l Layout) Microbatches(lbs int) (int, error) {
 	if m > MaxMicrobatches {
 		return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d pipeline micro-batches per micro-step: at most %d (use --grad-accum for more)", lbs, mbs, m, MaxMicrobatches)
 	}
-	if l.PPSchedule == PPInterleaved1F1B {
+	if l.PPSchedule == PPInterleaved1F1B || l.PPSchedule == PPInterleavedZeroBubble {
 		if rounds := max(1, m/l.PP); m%rounds != 0 {
 			return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs a multiple of its rounds max(1, micro-batches ÷ pp) = %d",
 				lbs, mbs, m, l.PPSchedule, rounds)
 		}
 	}
+	if l.PPSchedule == PPDualPipeV && m < 2*l.PP {
+		return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs at least as many as stages, 2 × pp = 2 × %d = %d",
+			lbs, mbs, m, l.PPSchedule, l.PP, 2*l.PP)
+	}
 	return m, nil
 }
 
-// PipeAction is one compute action of a pipeline rank: the forward or the
-// (whole) backward of micro-batch Micro through stage Stage.
+// PipeKind is what a pipeline compute action runs (PyTorch's
+// _ComputationType F, B, I, W).
+type PipeKind uint8
+
+// Pipeline compute actions.
+const (
+	PipeF PipeKind = iota // forward
+	PipeB                 // full backward: input and weight gradients
+	PipeI                 // backward input: the gradient sent upstream
+	PipeW                 // backward weight: the weight gradients, after its I
+)
+
+func (k PipeKind) String() string { return [...]string{"F", "B", "I", "W"}[k] }
+
+// PipeAction is one compute action of a pipeline rank: a forward or a
+// backward pass of micro-batch Micro through stage Stage.
 type PipeAction struct {
-	Backward bool
-	Stage    int // 0 ≤ Stage < pp × virtual stages; on rank Stage mod pp
-	Micro    int // 0 ≤ Micro < micro-batches
+	Kind  PipeKind
+	Stage int // 0 ≤ Stage < pp × virtual stages; on rank Layout.StageRank(Stage)
+	Micro int // 0 ≤ Micro < micro-batches
 }
 
+// Frees reports whether the action ends the micro-batch's use of the
+// stage's activations: a full backward or a weight pass (after a
+// backward-input pass the activations the weight pass reads stay).
+func (a PipeAction) Frees() bool { return a.Kind == PipeB || a.Kind == PipeW }
+
 func (a PipeAction) String() string {
-	k := "F"
-	if a.Backward {
-		k = "B"
-	}
-	return fmt.Sprintf("%d%s%d", a.Stage, k, a.Micro) // PyTorch's _Action notation
+	return fmt.Sprintf("%d%s%d", a.Stage, a.Kind, a.Micro) // PyTorch's _Action notation
 }
 
 // PipelineOrder returns, for each of the pp ranks, the compute actions it
@@ -349,7 +437,21 @@ func (a PipeAction) String() string {
 //     w = min((v − 1)·k + 2·(pp − 1 − r), v·m) forwards, then v·m − w
 //     (forward, backward) pairs, then w backwards; the j-th forward goes
 //     to local stage ⌊j ÷ k⌋ mod v and the j-th backward to local stage
-//     v − 1 − ⌊j ÷ k⌋ mod v, each stage taking its micro-batches in order.
+//     v − 1 − ⌊j ÷ k⌋ mod v, each stage taking its micro-batches in order;
+//   - InterleavedZeroBubble: the same stages and rounds with warm-up
+//     w = min((v − 1)·k + (pp − 1 − r), v·m); its backwards are input
+//     passes, and from the (r + 1)-th backward on each is followed by the
+//     weight pass of the oldest input pass still waiting; the weight
+//     passes left run at the end;
+//   - ZBVZeroBubble: rank r holds stages r (chunk 0) and 2·pp − 1 − r
+//     (chunk 1) and follows PyTorch's _calculate_single_rank_operations
+//     over n = max(2·pp − 1, m) micro-batches, dropping those ≥ m (see
+//     zbvOrder);
+//   - DualPipeV: the same placement, PyTorch's ScheduleDualPipeV for
+//     m ≥ 2·pp (see dualPipeVOrder); its overlapped forward-backward pairs
+//     are issued as their two actions, forward first, which is how
+//     PyTorch's runtime runs an OVERLAP_F_B without a registered overlap
+//     function (torchtitan registers none).
 func PipelineOrder(s PPSchedule, pp, v, m int) ([][]PipeAction, error) {
 	if err := s.check(); err != nil {
 		return nil, err
@@ -360,6 +462,9 @@ func PipelineOrder(s PPSchedule, pp, v, m int) ([][]PipeAction, error) {
 	if s.MultiStage() && v < 2 || !s.MultiStage() && v != 1 {
 		return nil, fmt.Errorf("pipeline order: %s with %d stages per rank (single-stage schedules take 1, multi-stage ones at least 2)", s, v)
 	}
+	if s.VShaped() && v != 2 {
+		return nil, fmt.Errorf("pipeline order: %s with %d stages per rank (V-shaped schedules take exactly 2)", s, v)
+	}
 	order := make([][]PipeAction, pp)
 	for r := range order {
 		switch s {
@@ -367,12 +472,19 @@ func PipelineOrder(s PPSchedule, pp, v, m int) ([][]PipeAction, error) {
 			order[r] = gpipeOrder(r, m)
 		case PP1F1B:
 			order[r] = oneFOneBOrder(r, pp, m)
-		case PPInterleaved1F1B:
+		case PPInterleaved1F1B, PPInterleavedZeroBubble:
 			rounds := max(1, m/pp)
 			if m%rounds != 0 {
 				return nil, fmt.Errorf("pipeline order: %s with %d micro-batches: need a multiple of its rounds max(1, m ÷ pp) = %d", s, m, rounds)
 			}
-			order[r] = interleavedOrder(r, pp, v, m, m/rounds)
+			order[r] = interleavedOrder(r, pp, v, m, m/rounds, s == PPInterleavedZeroBubble)
+		case PPZBVZeroBubble:
+			order[r] = zbvOrder(r, pp, m)
+		case PPDualPipeV:
+			if m < 2*pp {
+				return nil, fmt.Errorf("pipeline order: %s with %d micro-batches: needs at least as many as stages, 2·pp = %d", s, m, 2*pp)
+			}
+			order[r] = dualPipeVOrder(r, pp, m)
 		}
 	}
 	return order, nil
@@ -384,7 +496,7 @@ func gpipeOrder(r, m int) []PipeAction {
 		out = append(out, PipeAction{Stage: r, Micro: i})
 	}
 	for i := range m {
-		out = append(out, PipeAction{Backward: true, Stage: r, Micro: i})
+		out = append(out, PipeAction{Kind: PipeB, Stage: r, Micro: i})
 	}
 	return out
 }
@@ -396,7 +508,7 @@ func oneFOneBOrder(r, pp, m int) []PipeAction {
 		out = append(out, PipeAction{Stage: r, Micro: f})
 	}
 	for b < m {
-		out = append(out, PipeAction{Backward: true, Stage: r, Micro: b})
+		out = append(out, PipeAction{Kind: PipeB, Stage: r, Micro: b})
 		b++
 		if f < m {
 			out = append(out, PipeAction{Stage: r, Micro: f})
@@ -406,9 +518,15 @@ func oneFOneBOrder(r, pp, m int) []PipeAction {
 	return out
 }
 
-func interleavedOrder(r, pp, v, m, perRound int) []PipeAction {
+// interleavedOrder is Interleaved1F1B's order, or with zb
+// InterleavedZeroBubble's (PipelineOrder).
+func interleavedOrder(r, pp, v, m, perRound int, zb bool) []PipeAction {
 	total := v * m
-	warm := min((v-1)*perRound+2*(pp-1-r), total)
+	hops := 2 * (pp - 1 - r) // _get_warmup_ops' multiply_factor: 2, or 1 for zero bubble
+	if zb {
+		hops = pp - 1 - r
+	}
+	warm := min((v-1)*perRound+hops, total)
 	nextF := make([]int, v) // next micro-batch per local stage
 	nextB := make([]int, v)
 	fwd := func(j int) PipeAction {
@@ -417,36 +535,228 @@ func interleavedOrder(r, pp, v, m, perRound int) []PipeAction {
 		nextF[local]++
 		return a
 	}
+	kind := PipeB
+	if zb {
+		kind = PipeI
+	}
+	var waiting []PipeAction // input passes whose weight pass has not run, oldest first
 	bwd := func(j int) PipeAction {
 		local := v - 1 - (j/perRound)%v
-		a := PipeAction{Backward: true, Stage: local*pp + r, Micro: nextB[local]}
+		a := PipeAction{Kind: kind, Stage: local*pp + r, Micro: nextB[local]}
 		nextB[local]++
+		waiting = append(waiting, PipeAction{Kind: PipeW, Stage: a.Stage, Micro: a.Micro})
 		return a
 	}
-	out := make([]PipeAction, 0, 2*total)
+	out := make([]PipeAction, 0, 3*total)
+	// weight appends the oldest waiting weight pass after the j-th backward
+	// once r backwards have run without one (num_1f1b_microbatches = r).
+	weight := func(j int) {
+		if zb && j >= r {
+			out = append(out, waiting[0])
+			waiting = waiting[1:]
+		}
+	}
 	for j := range warm {
 		out = append(out, fwd(j))
 	}
 	for j := range total - warm {
 		out = append(out, fwd(warm+j), bwd(j))
+		weight(j)
 	}
 	for j := total - warm; j < total; j++ {
 		out = append(out, bwd(j))
+		weight(j)
+	}
+	if zb {
+		out = append(out, waiting...)
+	}
+	return out
+}
+
+// zbvOrder is rank r's ZBVZeroBubble order, PyTorch's
+// _calculate_single_rank_operations over n = max(2·pp − 1, m)
+// micro-batches, chunk 0 = stage r, chunk 1 = stage 2·pp − 1 − r:
+//   - warm-up: 2·(pp − r) − 1 forwards of chunk 0; r pairs (chunk-1
+//     forward, chunk-0 forward); pp − r triples (chunk-1 forward, input
+//     pass and weight pass of chunk 1);
+//   - steady state, while chunk 1 has run fewer forwards than chunk 0 or
+//     chunk 0 fewer than n: a chunk-0 forward (while chunk 0 has run
+//     fewer than n), chunk 0's next input and weight passes, a chunk-1
+//     forward, chunk 1's next input and weight passes;
+//   - cool-down: r pairs (chunk-0 input pass, chunk-1 input pass); pp − r
+//     pairs (chunk-0 input pass, chunk-0's oldest waiting weight pass);
+//     then chunk 1's waiting weight passes, then chunk 0's.
+//
+// Actions of micro-batches ≥ m are dropped, as PyTorch drops them.
+func zbvOrder(r, pp, m int) []PipeAction {
+	n := max(2*pp-1, m)
+	c0, c1 := r, 2*pp-1-r
+	var f0, f1, b0, b1 int
+	var out []PipeAction
+	add := func(k PipeKind, s, mb int) {
+		if mb < m {
+			out = append(out, PipeAction{Kind: k, Stage: s, Micro: mb})
+		}
+	}
+	for range 2*(pp-r) - 1 {
+		add(PipeF, c0, f0)
+		f0++
+	}
+	for range r {
+		add(PipeF, c1, f1)
+		f1++
+		add(PipeF, c0, f0)
+		f0++
+	}
+	for range pp - r {
+		add(PipeF, c1, f1)
+		f1++
+		add(PipeI, c1, b1)
+		add(PipeW, c1, b1)
+		b1++
+	}
+	for f1 < f0 || f0 < n {
+		if f0 < n {
+			add(PipeF, c0, f0)
+			f0++
+		}
+		add(PipeI, c0, b0)
+		add(PipeW, c0, b0)
+		b0++
+		add(PipeF, c1, f1)
+		f1++
+		add(PipeI, c1, b1)
+		add(PipeW, c1, b1)
+		b1++
+	}
+	w0, w1 := b0, b1
+	for range r {
+		add(PipeI, c0, b0)
+		b0++
+		add(PipeI, c1, b1)
+		b1++
+	}
+	for range pp - r {
+		add(PipeI, c0, b0)
+		b0++
+		add(PipeW, c0, w0)
+		w0++
+	}
+	for ; w1 < b1; w1++ {
+		add(PipeW, c1, w1)
+	}
+	for ; w0 < b0; w0++ {
+		add(PipeW, c0, w0)
+	}
+	return out
+}
+
+// dualPipeVOrder is rank r's DualPipeV order, PyTorch's
+// ScheduleDualPipeV._calculate_single_rank_operations with chunk 0 =
+// stage r, chunk 1 = stage 2·pp − 1 − r. Each stage takes its forwards and
+// its backwards (full or input passes) in micro-batch order; an input
+// pass queues its weight pass, and "W" below runs the oldest queued one
+// (nothing when none waits); "(F c, B d)" is an overlapped pair, c's next
+// forward then d's next full backward:
+//  1. 2·(pp − r − 1) forwards of chunk 0;
+//  2. r + 1 times: F chunk 0, F chunk 1;
+//  3. pp − r − 1 times: I chunk 1, W, F chunk 1;
+//  4. m − 2·pp + r + 1 times: (F 0, B 1) — on the last rank the first one
+//     unpaired, F 0 then B 1 — then (F 1, B 0);
+//  5. pp − r − 1 times: B chunk 1, (F 1, B 0);
+//  6. r + 1 times: a backward of chunk 1, then one of chunk 0, full until
+//     the switch to input passes at i = ⌊(r + 1)/2⌋ (before chunk 1's on odd
+//     ranks, between the two on even ones);
+//  7. pp − r − 1 times: W, then a backward of chunk 0 (an input pass once
+//     switched);
+//  8. r + 1 times: W.
+func dualPipeVOrder(r, pp, m int) []PipeAction {
+	c0, c1 := r, 2*pp-1-r
+	next := map[[2]int]int{} // (stage, 0 forward / 1 backward) → next micro-batch
+	var waiting []PipeAction
+	var out []PipeAction
+	add := func(k PipeKind, s int) {
+		key := [2]int{s, 1}
+		if k == PipeF {
+			key[1] = 0
+		}
+		mb := next[key]
+		next[key]++
+		out = append(out, PipeAction{Kind: k, Stage: s, Micro: mb})
+		if k == PipeI {
+			waiting = append(waiting, PipeAction{Kind: PipeW, Stage: s, Micro: mb})
+		}
+	}
+	weight := func() {
+		if len(waiting) > 0 {
+			out = append(out, waiting[0])
+			waiting = waiting[1:]
+		}
+	}
+	for range 2 * (pp - r - 1) {
+		add(PipeF, c0)
+	}
+	for range r + 1 {
+		add(PipeF, c0)
+		add(PipeF, c1)
+	}
+	for range pp - r - 1 {
+		add(PipeI, c1)
+		weight()
+		add(PipeF, c1)
+	}
+	for range m - 2*pp + r + 1 {
+		add(PipeF, c0) // the pair (F 0, B 1), or unpaired on the last rank's first
+		add(PipeB, c1)
+		add(PipeF, c1)
+		add(PipeB, c0)
+	}
+	for range pp - r - 1 {
+		add(PipeB, c1)
+		add(PipeF, c1)
+		add(PipeB, c0)
+	}
+	zb := false
+	kind := func() PipeKind {
+		if zb {
+			return PipeI
+		}
+		return PipeB
+	}
+	for i := range r + 1 {
+		if i == (r+1)/2 && r%2 == 1 {
+			zb = true
+		}
+		add(kind(), c1)
+		if i == (r+1)/2 && r%2 == 0 {
+			zb = true
+		}
+		add(kind(), c0)
+	}
+	for range pp - r - 1 {
+		weight()
+		add(kind(), c0)
+	}
+	for range r + 1 {
+		weight()
 	}
 	return out
 }
 
 // InFlight is the most micro-batch activations a rank holds at once under
 // its order: the largest count, over prefixes of actions, of forwards whose
-// backward has not yet run (stage chunks counted separately, so under an
-// interleaved schedule one micro-batch in two local stages counts twice).
+// full backward or weight pass has not yet run (stage chunks counted
+// separately, so under an interleaved schedule one micro-batch in two
+// local stages counts twice; a backward-input pass keeps what its weight
+// pass reads).
 func InFlight(actions []PipeAction) int {
 	n, most := 0, 0
 	for _, a := range actions {
-		if a.Backward {
-			n--
-		} else {
+		switch {
+		case a.Kind == PipeF:
 			n++
+		case a.Frees():
+			n--
 		}
 		most = max(most, n)
 	}

@@ -21,7 +21,23 @@ func orderString(as []PipeAction) string {
 // 1B1F; ScheduleGPipe's fill-drain; ScheduleInterleaved1F1B's
 // _get_warmup_ops and forward/backward_stage_index stepped through with
 // pp 2, v 2, m 4 (rounds 2, 2 micro-batches per round; warm-up 4 on rank
-// 0, 2 on rank 1).
+// 0, 2 on rank 1); ScheduleInterleavedZeroBubble's the same way (warm-up
+// (v − 1)·2 + (pp − 1 − r): 3 on rank 0, 2 on rank 1; each input pass
+// from the (r + 1)-th on followed by the oldest waiting weight pass, the
+// rest at the end); ScheduleZBVZeroBubble's
+// _calculate_single_rank_operations stepped through with pp 2, m 3
+// (n = max(2·2 − 1, 3) = 3; rank 0 holds stages 0 and 3, rank 1 stages 1
+// and 2; rank 0: warm-up 3 forwards of stage 0, no pairs, 2 triples of
+// stage 3, one steady round, cool-down 2 (I, W) pairs of stage 0; rank 1:
+// 1 forward, 1 pair, 1 triple, one steady round, one (I, I) pair, one
+// (I, W) pair of stage 1, then stage 2's waiting W, then stage 1's);
+// ScheduleDualPipeV's stepped through with pp 2, m 4 (rank 0, stages 0
+// and 3: steps 1-8 give 2, 1, 1, 1, 1, 1, 1, 1 rounds: 0F0 0F1 | 0F2 3F0 |
+// 3I0 3W0 3F1 | 0F3 3B1 3F2 0B0 | 3B2 3F3 0B1 | 3B3, switch, 0I2 | 0W2
+// 0I3 | 0W3; rank 1, stages 1 and 2: 0, 2, 0, 2, 0, 2, 0, 2 rounds: 1F0 2F0
+// 1F1 2F1 | 1F2 2B0 2F2 1B0 1F3 2B1 2F3 1B1 | 2B2 1B2, switch at i = 1
+// before chunk 1, 2I3 1I3 | 2W3 1W3). In flight: forwards whose B or W
+// has not run.
 func TestPipelineOrder(t *testing.T) {
 	for _, c := range []struct {
 		s        PPSchedule
@@ -42,6 +58,18 @@ func TestPipelineOrder(t *testing.T) {
 			"0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3",
 			"1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3",
 		}, []int{5, 3}},
+		{PPInterleavedZeroBubble, 2, 2, 4, []string{
+			"0F0 0F1 2F0 2F1 2I0 2W0 0F2 2I1 2W1 0F3 0I0 0W0 2F2 0I1 0W1 2F3 2I2 2W2 2I3 2W3 0I2 0W2 0I3 0W3",
+			"1F0 1F1 3F0 3I0 3F1 3I1 3W0 1F2 1I0 3W1 1F3 1I1 1W0 3F2 3I2 1W1 3F3 3I3 3W2 1I2 3W3 1I3 1W2 1W3",
+		}, []int{4, 4}},
+		{PPZBVZeroBubble, 2, 2, 3, []string{
+			"0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 3F2 3I2 3W2 0I1 0W1 0I2 0W2",
+			"1F0 2F0 1F1 2F1 2I0 2W0 1F2 1I0 1W0 2F2 2I1 2W1 1I1 2I2 1I2 1W1 2W2 1W2",
+		}, []int{4, 4}},
+		{PPDualPipeV, 2, 2, 4, []string{
+			"0F0 0F1 0F2 3F0 3I0 3W0 3F1 0F3 3B1 3F2 0B0 3B2 3F3 0B1 3B3 0I2 0W2 0I3 0W3",
+			"1F0 2F0 1F1 2F1 1F2 2B0 2F2 1B0 1F3 2B1 2F3 1B1 2B2 1B2 2I3 1I3 2W3 1W3",
+		}, []int{5, 5}},
 	} {
 		name := fmt.Sprintf("%s/pp%d/v%d/m%d", c.s, c.pp, c.v, c.m)
 		got, err := PipelineOrder(c.s, c.pp, c.v, c.m)
@@ -69,19 +97,22 @@ func TestPipelineOrderRuns(t *testing.T) {
 	for _, s := range PPSchedules() {
 		for pp := 1; pp <= 5; pp++ {
 			vs := []int{1}
-			if s.MultiStage() {
+			switch {
+			case s.VShaped():
+				vs = []int{2}
+			case s.MultiStage():
 				vs = []int{2, 3}
 			}
 			for _, v := range vs {
 				for m := 1; m <= 12; m++ {
 					order, err := PipelineOrder(s, pp, v, m)
 					if err != nil {
-						if s == PPInterleaved1F1B && m%max(1, m/pp) != 0 {
+						if (s == PPInterleaved1F1B || s == PPInterleavedZeroBubble) && m%max(1, m/pp) != 0 || s == PPDualPipeV && m < 2*pp {
 							continue
 						}
 						t.Fatalf("%s pp %d v %d m %d: %v", s, pp, v, m, err)
 					}
-					if err := walkOrder(order, pp, v, m); err != nil {
+					if err := walkOrder(order, s, pp, v, m); err != nil {
 						t.Errorf("%s pp %d v %d m %d: %v", s, pp, v, m, err)
 					}
 				}
@@ -90,32 +121,67 @@ func TestPipelineOrderRuns(t *testing.T) {
 	}
 }
 
-func walkOrder(order [][]PipeAction, pp, v, m int) error {
+// walkOrder checks that order places every action on its stage's rank
+// (looped, or V-shaped for V schedules), runs every (stage, micro-batch)'s
+// forward once and its backward once, as one B or as an I then a W, ends
+// each stage's micro-batches in order, and
+// that unit-time steps with the data dependencies (a forward after the
+// previous stage's, a backward or input pass after the next stage's or on
+// the last stage after its own forward, a weight pass after its own input
+// pass) reach the end.
+func walkOrder(order [][]PipeAction, s PPSchedule, pp, v, m int) error {
 	n := pp * v
 	done := map[PipeAction]bool{}
 	seen := map[PipeAction]bool{}
+	weights := 0
 	for r, as := range order {
 		for _, a := range as {
-			if seen[a] || a.Stage%pp != r || a.Micro < 0 || a.Micro >= m || a.Stage >= n {
+			if seen[a] || stageRank(s, pp, a.Stage) != r || a.Micro < 0 || a.Micro >= m || a.Stage >= n {
 				return fmt.Errorf("rank %d: action %s repeated or misplaced", r, a)
 			}
 			seen[a] = true
+			if a.Kind == PipeW {
+				weights++
+			}
 		}
 	}
-	if len(seen) != 2*n*m {
-		return fmt.Errorf("%d actions, want %d", len(seen), 2*n*m)
+	// Each stage ends its micro-batches (B or W) in micro-batch order: the
+	// memory timeline allocates the accumulated gradients at micro-batch 0
+	// and reduces them at m − 1.
+	for r, as := range order {
+		ended := map[int]int{}
+		for _, a := range as {
+			if a.Frees() {
+				if a.Micro != ended[a.Stage] {
+					return fmt.Errorf("rank %d: %s ends micro-batch %d of stage %d before %d", r, a, a.Micro, a.Stage, ended[a.Stage])
+				}
+				ended[a.Stage]++
+			}
+		}
 	}
+	for st := range n {
+		for mb := range m {
+			f, b := seen[PipeAction{PipeF, st, mb}], seen[PipeAction{PipeB, st, mb}]
+			i, w := seen[PipeAction{PipeI, st, mb}], seen[PipeAction{PipeW, st, mb}]
+			if !f || b == (i && w) || i != w {
+				return fmt.Errorf("stage %d micro-batch %d: F %v, B %v, I %v, W %v: want F and either B or I and W", st, mb, f, b, i, w)
+			}
+		}
+	}
+	done2 := func(k PipeKind, st, mb int) bool { return done[PipeAction{k, st, mb}] }
 	ready := func(a PipeAction) bool {
 		switch {
-		case !a.Backward:
-			return a.Stage == 0 || done[PipeAction{Stage: a.Stage - 1, Micro: a.Micro}]
+		case a.Kind == PipeF:
+			return a.Stage == 0 || done2(PipeF, a.Stage-1, a.Micro)
+		case a.Kind == PipeW:
+			return done2(PipeI, a.Stage, a.Micro)
 		case a.Stage == n-1:
-			return done[PipeAction{Stage: a.Stage, Micro: a.Micro}]
+			return done2(PipeF, a.Stage, a.Micro)
 		}
-		return done[PipeAction{Backward: true, Stage: a.Stage + 1, Micro: a.Micro}]
+		return done2(PipeB, a.Stage+1, a.Micro) || done2(PipeI, a.Stage+1, a.Micro)
 	}
 	next := make([]int, pp)
-	for left := 2 * n * m; left > 0; {
+	for left := len(seen); left > 0; {
 		var step []PipeAction
 		for r := range order {
 			if next[r] < len(order[r]) && ready(order[r][next[r]]) {
@@ -140,9 +206,13 @@ func TestPipelineOrderErrors(t *testing.T) {
 		pp, v, m int
 		want     string
 	}{
-		{"ZBVZeroBubble", 2, 2, 4, "not built yet; built: one of [GPipe 1F1B Interleaved1F1B]"},
-		{"DualPipeV", 2, 2, 4, "not built yet"},
-		{"1f1b", 2, 1, 4, "must be one of [GPipe 1F1B Interleaved1F1B]"},
+		{"LoopedBFS", 2, 2, 4, "not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"},
+		{"1f1b", 2, 1, 4, "must be one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"},
+		{PPDualPipeV, 2, 2, 3, "needs at least as many as stages, 2·pp = 4"},
+		{PPDualPipeV, 2, 3, 4, "V-shaped schedules take exactly 2"},
+		{PPZBVZeroBubble, 2, 3, 4, "V-shaped schedules take exactly 2"},
+		{PPInterleavedZeroBubble, 2, 1, 4, "multi-stage ones at least 2"},
+		{PPInterleavedZeroBubble, 4, 2, 9, "multiple of its rounds max(1, m ÷ pp) = 2"},
 		{PP1F1B, 2, 2, 4, "single-stage schedules take 1"},
 		{PPInterleaved1F1B, 2, 1, 4, "multi-stage ones at least 2"},
 		{PPInterleaved1F1B, 4, 2, 10, "multiple of its rounds max(1, m ÷ pp) = 2"}, // PyTorch's example 1 allows 10 (rounds 2): 10 % 2 = 0
@@ -223,7 +293,10 @@ func TestLayoutPipelineResolve(t *testing.T) {
 		{Layout{GPUs: 8, PP: 2, DPShard: 3}, []string{"gpus = 8 is not divisible by pp × dp_shard × tp = 2 × 3 × 1 = 6"}},
 		{Layout{GPUs: 8, PP: 2, EP: 3}, []string{"ep = 3 does not divide dp_shard = 4 (gpus = 8 = pp 2 × dp_replicate 1 × dp_shard 4)"}},
 		{Layout{GPUs: 8, PP: -1}, []string{"pp = -1"}},
-		{Layout{GPUs: 8, PP: 2, PPSchedule: "DualPipeV"}, []string{"pp_schedule = DualPipeV: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B]"}},
+		{Layout{GPUs: 8, PP: 2, PPSchedule: "LoopedBFS"}, []string{"pp_schedule = LoopedBFS: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"}},
+		{Layout{GPUs: 8, PP: 2, PPSchedule: PPDualPipeV, PPVirtualStages: 4}, []string{"pp_virtual_stages = 4: must be 2 for the V-shaped schedule DualPipeV"}},
+		{Layout{GPUs: 8, PP: 2, PPSchedule: PPZBVZeroBubble, PPVirtualStages: 3}, []string{"pp_virtual_stages = 3: must be 2 for the V-shaped schedule ZBVZeroBubble (rank r holds stages r and 2·pp − 1 − r; pp = 2)"}},
+		{Layout{GPUs: 8, PP: 2, PPSchedule: PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1"}, []string{"pp_virtual_stages = 3: must be 2 for the V-shaped schedule"}},
 		{Layout{GPUs: 8, PP: 2, PPSchedule: PP1F1B, PPVirtualStages: 2}, []string{"pp_virtual_stages = 2: must be 1 for the single-stage schedule 1F1B"}},
 		{Layout{GPUs: 8, PP: 2, PPSchedule: PPInterleaved1F1B, PPVirtualStages: 1}, []string{"must be ≥ 2 for the multi-stage schedule Interleaved1F1B"}},
 		{Layout{GPUs: 8, PP: 2, PPLayers: "1,2,3"}, []string{"pp_layers has 3 stages, not a multiple of pp = 2"}},
@@ -261,6 +334,13 @@ func TestLayoutMicrobatches(t *testing.T) {
 	l.PPSchedule, l.PPVirtualStages, l.PPMicrobatchSize = PPInterleaved1F1B, 2, 1
 	if _, err := l.Microbatches(9); err == nil || !strings.Contains(err.Error(), "rounds max(1, micro-batches ÷ pp) = 2") {
 		t.Errorf("interleaved m 9 over pp 4: %v", err)
+	}
+	l.PPSchedule = PPDualPipeV
+	if _, err := l.Microbatches(7); err == nil || !strings.Contains(err.Error(), "DualPipeV needs at least as many as stages, 2 × pp = 2 × 4 = 8") {
+		t.Errorf("DualPipeV m 7 over pp 4: %v", err)
+	}
+	if m, err := l.Microbatches(8); m != 8 || err != nil {
+		t.Errorf("DualPipeV m 8 over pp 4: %d, %v", m, err)
 	}
 	l.PPSchedule, l.PPVirtualStages = PP1F1B, 1
 	if _, err := l.Microbatches(MaxMicrobatches + 1); err == nil || !strings.Contains(err.Error(), "at most 4096") {
@@ -318,5 +398,61 @@ func TestStageLayoutTP(t *testing.T) {
 	}
 	if err := s.Validate(); err != nil {
 		t.Errorf("stage layout: %v", err)
+	}
+}
+
+// TestStageRankV: torchtitan's style "v" (pipeline_parallel.py,
+// _get_pp_rank_to_stage_indices_mapping) pairs rank r with stages r and
+// 2·pp − 1 − r: with pp 4, ranks hold (0, 7), (1, 6), (2, 5), (3, 4);
+// looped placement holds (r, r + 4).
+func TestStageRankV(t *testing.T) {
+	for _, c := range []struct {
+		s    PPSchedule
+		want [][]int
+	}{
+		{PPZBVZeroBubble, [][]int{{0, 7}, {1, 6}, {2, 5}, {3, 4}}},
+		{PPDualPipeV, [][]int{{0, 7}, {1, 6}, {2, 5}, {3, 4}}},
+		{PPInterleavedZeroBubble, [][]int{{0, 4}, {1, 5}, {2, 6}, {3, 7}}},
+	} {
+		l := Layout{GPUs: 4, PP: 4, PPSchedule: c.s}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		if l.PPVirtualStages != 2 {
+			t.Errorf("%s: %d virtual stages by default, want 2", c.s, l.PPVirtualStages)
+		}
+		for r, want := range c.want {
+			if got := l.RankStages(r); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("%s rank %d: stages %v, want %v", c.s, r, got, want)
+			}
+			for _, s := range want {
+				if l.StageRank(s) != r {
+					t.Errorf("%s: stage %d on rank %d, want %d", c.s, s, l.StageRank(s), r)
+				}
+			}
+		}
+	}
+}
+
+// TestZBVInFlight: ZB-V holds the activation memory of 1F1B on every
+// rank (the authors' README table, sail-sg/zero-bubble-pipeline-
+// parallelism at 3a91d0c8c21755dd0f7b425e3ac5699ab00b4083: "Activation
+// Memory (Compared to 1F1B) 1x" for ZBV; arXiv 2401.10241 §6): 1F1B's
+// first rank holds pp micro-batches of its layers, a ZB-V chunk is half a
+// rank's layers, so 2·pp chunk activations, the same on every rank, once
+// m ≥ 2·pp − 1 fills the V.
+func TestZBVInFlight(t *testing.T) {
+	for pp := 2; pp <= 6; pp++ {
+		for _, m := range []int{2*pp - 1, 3 * pp, 24} {
+			order, err := PipelineOrder(PPZBVZeroBubble, pp, 2, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r, as := range order {
+				if n := InFlight(as); n != 2*pp {
+					t.Errorf("pp %d m %d rank %d: %d chunk activations in flight, want 2·pp = %d", pp, m, r, n, 2*pp)
+				}
+			}
+		}
 	}
 }

@@ -11,16 +11,23 @@ import (
 // parallelism (pp > 1): one op list per pipeline rank, in issue order.
 // Each rank runs the actions moe.PipelineOrder gives it, one pipeline
 // micro-batch each, framed by the point-to-point transfers between
-// neighbouring stages (stage s on pp rank s mod pp; pp is the outermost
-// mesh axis, so pp rank p's data-parallel rank d is global rank p·DP + d
-// and talks to the same d of the neighbouring stage):
+// neighbouring stages (stage s on pp rank moe.Layout.StageRank(s): s mod
+// pp, or in a V; pp is the outermost mesh axis, so pp rank p's
+// data-parallel rank d is global rank p·DP + d and talks to the same d of
+// the neighbouring stage):
 //
 //   - forward of stage s: receive its input activation from stage s − 1
 //     (not on stage 0), compute, send the output to stage s + 1 (not on
 //     the last stage);
-//   - backward of stage s: receive the output's gradient from stage s + 1
-//     (not on the last stage), compute, send the input's gradient to
-//     stage s − 1 (not on stage 0).
+//   - backward (or backward-input pass) of stage s: receive the output's
+//     gradient from stage s + 1 (not on the last stage), compute, send the
+//     input's gradient to stage s − 1 (not on stage 0) as soon as it is
+//     computed;
+//   - backward-weight pass: compute only.
+//
+// Two neighbouring stages on one rank (the bottom of a V, stages pp − 1
+// and pp) exchange nothing: PyTorch hands the tensor over in place
+// (schedules.py's "V-schedule special case").
 //
 // Messages are one micro-batch's hidden states, pp_microbatch_size × seq
 // × hidden elements of the activation type, divided by tp under tensor
@@ -41,8 +48,10 @@ import (
 // after backward until the last one), and their gradients are reduced
 // once, after the micro-step's last backward of the stage (PyTorch's
 // backward_maybe_with_nosync; references in moe/pipeline.go and
-// memory/pipeline.go). Each of the grad-accum micro-steps runs the whole
-// order; the optimizer runs after the last.
+// memory/pipeline.go). Under zero-bubble schedules a stage's last
+// backward is its last full backward or weight pass (PyTorch counts both).
+// Each of the grad-accum micro-steps runs the whole order; the optimizer
+// runs after the last.
 type Pipeline struct {
 	Layout moe.Layout
 	Split  []int // transformer layers per stage (moe.Layout.StageSplit)
@@ -64,9 +73,11 @@ const (
 	PipeSend                       // a message to the neighbouring stage's rank
 	PipeRecv                       // the matching receive
 	PipeColl                       // an FSDP collective of the stage (Coll holds it)
+	PipeInput                      // the backward-input pass of a micro-batch (zero-bubble schedules)
+	PipeWeight                     // its backward-weight pass
 )
 
-var pipeOpNames = [...]string{"forward", "backward", "send", "recv", "collective"}
+var pipeOpNames = [...]string{"forward", "backward", "send", "recv", "collective", "backward_input", "backward_weight"}
 
 func (k PipeOpKind) String() string { return pipeOpNames[k] }
 
@@ -148,26 +159,39 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 			clear(backwards)
 			for _, a := range actions {
 				micro := acc*m + a.Micro
-				if !a.Backward {
+				// remote: the neighbouring stage runs on another rank.
+				remote := func(peer int) bool { return l.StageRank(peer) != r }
+				switch a.Kind {
+				case moe.PipeF:
 					if !gathered[a.Stage] {
 						gathered[a.Stage] = true
 						ops = append(ops, p.stageCollectives(b, a.Stage, false)...)
 					}
-					if a.Stage > 0 {
+					if a.Stage > 0 && remote(a.Stage-1) {
 						ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Bytes: msg})
 					}
 					ops = append(ops, PipeOp{Kind: PipeForward, Stage: a.Stage, Micro: micro})
-					if a.Stage < n-1 {
+					if a.Stage < n-1 && remote(a.Stage+1) {
 						ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Bytes: msg})
 					}
 					continue
-				}
-				if a.Stage < n-1 {
-					ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Grad: true, Bytes: msg})
-				}
-				ops = append(ops, PipeOp{Kind: PipeBackward, Stage: a.Stage, Micro: micro})
-				if a.Stage > 0 {
-					ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Grad: true, Bytes: msg})
+				case moe.PipeB, moe.PipeI:
+					if a.Stage < n-1 && remote(a.Stage+1) {
+						ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Grad: true, Bytes: msg})
+					}
+					kind := PipeBackward
+					if a.Kind == moe.PipeI {
+						kind = PipeInput
+					}
+					ops = append(ops, PipeOp{Kind: kind, Stage: a.Stage, Micro: micro})
+					if a.Stage > 0 && remote(a.Stage-1) {
+						ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Grad: true, Bytes: msg})
+					}
+					if a.Kind == moe.PipeI {
+						continue
+					}
+				case moe.PipeW:
+					ops = append(ops, PipeOp{Kind: PipeWeight, Stage: a.Stage, Micro: micro})
 				}
 				if backwards[a.Stage]++; backwards[a.Stage] == m {
 					ops = append(ops, p.stageCollectives(b, a.Stage, true)...)

@@ -12,17 +12,29 @@ import (
 // rules (pipeline.go): every send has exactly one receive of the same
 // micro-batch, direction and size on the peer stage's rank; each rank
 // computes every (stage, micro-batch) of its stages once forward and once
-// backward per step, in moe.PipelineOrder's order; FSDP gathers run once
+// backward per step (a full backward, or an input then a weight pass), in
+// moe.PipelineOrder's order, on its stage's rank; FSDP gathers run once
 // per stage per step before its first forward, gradient reductions once
-// per stage per accumulation micro-step after its last backward.
+// per stage per accumulation micro-step after its last backward or weight
+// pass; neighbouring stages on one rank (the bottom of a V) exchange no
+// message, so there are 2·(boundaries between ranks)·m·accum messages.
 func TestBuildPipeline(t *testing.T) {
-	cfg := moetest.TinyMoELayers(true, false, true, true)
+	small := moetest.TinyMoELayers(true, false, true, true)
+	eight := moetest.TinyMoELayers(true, false, true, true, true, false, true, true)
 	for _, lt := range []moe.Layout{
 		{GPUs: 4, PP: 2, DPShard: 2},
 		{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B},
 		{GPUs: 8, PP: 4, EP: 2, PPSchedule: moe.PPGPipe},
+		{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: moe.PPZBVZeroBubble},
+		{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"},
+		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleavedZeroBubble},
+		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPDualPipeV},
 	} {
 		l := lt
+		cfg := small
+		if l.PPLayers != "" {
+			cfg = eight
+		}
 		l.ReshardAfterForward = false
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
@@ -45,13 +57,14 @@ func TestBuildPipeline(t *testing.T) {
 			var compute []moe.PipeAction
 			gathers, reduces := map[int]int{}, map[int]int{}
 			for _, o := range ops {
-				if o.Stage%l.PP != r {
+				if l.StageRank(o.Stage) != r {
 					t.Fatalf("%s: rank %d runs an op of stage %d", name, r, o.Stage)
 				}
 				switch o.Kind {
-				case PipeForward, PipeBackward:
+				case PipeForward, PipeBackward, PipeInput, PipeWeight:
+					kind := map[PipeOpKind]moe.PipeKind{PipeForward: moe.PipeF, PipeBackward: moe.PipeB, PipeInput: moe.PipeI, PipeWeight: moe.PipeW}[o.Kind]
 					if acc := o.Micro / p.M; acc == 0 {
-						compute = append(compute, moe.PipeAction{Backward: o.Kind == PipeBackward, Stage: o.Stage, Micro: o.Micro})
+						compute = append(compute, moe.PipeAction{Kind: kind, Stage: o.Stage, Micro: o.Micro})
 					}
 				case PipeSend:
 					sends[msg{o.Stage, o.Peer, o.Micro, o.Grad}]++
@@ -71,8 +84,7 @@ func TestBuildPipeline(t *testing.T) {
 			if fmt.Sprint(compute) != fmt.Sprint(order[r]) {
 				t.Errorf("%s rank %d: compute order %v, want %v", name, r, compute, order[r])
 			}
-			for k := range l.PPVirtualStages {
-				s := r + k*l.PP
+			for _, s := range l.RankStages(r) {
 				// Dense units shard over dp_shard, routed experts over
 				// dp_shard/ep; replicas all-reduce every unit.
 				units := p.StageUnits(cfg, s)
@@ -94,7 +106,16 @@ func TestBuildPipeline(t *testing.T) {
 				}
 			}
 		}
-		want := 2 * (n - 1) * p.M * accum
+		remote := 0 // stage boundaries between two ranks
+		for s := 0; s+1 < n; s++ {
+			if l.StageRank(s) != l.StageRank(s+1) {
+				remote++
+			}
+		}
+		if l.PPSchedule.VShaped() && remote != n-2 {
+			t.Errorf("%s: %d boundaries between ranks, want all but the V's bottom, %d", name, remote, n-2)
+		}
+		want := 2 * remote * p.M * accum
 		if len(sends) != want || len(recvs) != want {
 			t.Errorf("%s: %d sends, %d receives, want %d each", name, len(sends), len(recvs), want)
 		}

@@ -48,7 +48,9 @@ func TestPipelineFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"memory", "--pp-schedule", "ZBVZeroBubble", "--pp", "2"}, "pp_schedule = ZBVZeroBubble: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B]"},
+		{[]string{"memory", "--pp-schedule", "LoopedBFS", "--pp", "2"}, "pp_schedule = LoopedBFS: torchtitan's schedule is not built yet; built: one of [GPipe 1F1B Interleaved1F1B InterleavedZeroBubble ZBVZeroBubble DualPipeV]"},
+		{[]string{"memory", "--pp-schedule", "DualPipeV", "--pp", "2", "--pp-microbatch-size", "2"}, "2 micro-batches: DualPipeV needs at least as many as stages, 2 × pp = 2 × 2 = 4"},
+		{[]string{"memory", "--pp-schedule", "ZBVZeroBubble", "--pp", "2", "--pp-virtual-stages", "3"}, "pp_virtual_stages = 3: must be 2 for the V-shaped schedule ZBVZeroBubble"},
 		{[]string{"memory", "--pp", "3"}, "gpus = 4 is not divisible by pp × dp_replicate × tp = 3 × 1 × 1 = 3"},
 		{[]string{"memory", "--pp", "2", "--dp-shard", "4", "--dp-replicate", "1"}, "pp × dp_replicate × dp_shard × tp = 2 × 1 × 4 × 1 ≠ gpus = 4"},
 		{[]string{"memory", "--pp-microbatch-size", "0", "--pp", "2"}, "--pp-microbatch-size = 0: must be in [1,"},
@@ -68,7 +70,8 @@ func TestPipelineFlags(t *testing.T) {
 }
 
 // TestTrainPipelineLosses: train --pp 2 --gpus 2 and train --pp 2
-// --dp-shard 2 --gpus 4 print the losses (cross-entropy and aux) of train
+// --dp-shard 2 --gpus 4, under 1F1B, GPipe and the zero-bubble schedules
+// (tiny's 2 layers over 4 stages for the multi-stage ones), print the losses (cross-entropy and aux) of train
 // --gpus 1 on the same global batch (4 sequences a step), the pipeline's
 // micro-batches of one sequence being that rank's micro-steps
 // (PipelineTrainer's doc). The aux loss is per micro-batch (DESIGN), so
@@ -94,7 +97,10 @@ func TestTrainPipelineLosses(t *testing.T) {
 	}
 	one := losses("--gpus", "1", "--lbs", "1", "--grad-accum", "4")
 	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4"}, {"--pp", "2", "--gpus", "2", "--lbs", "2", "--grad-accum", "2", "--pp-schedule", "GPipe"},
-		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2"}} {
+		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2"},
+		{"--pp", "2", "--gpus", "2", "--lbs", "4", "--pp-schedule", "ZBVZeroBubble"},
+		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2", "--pp-schedule", "InterleavedZeroBubble"},
+		{"--pp", "2", "--gpus", "2", "--lbs", "4", "--pp-schedule", "DualPipeV"}} {
 		if got := losses(args...); strings.Join(got, " ") != strings.Join(one, " ") {
 			t.Errorf("%v: losses %v, train --gpus 1 %v", args, got, one)
 		}

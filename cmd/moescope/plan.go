@@ -156,6 +156,8 @@ type planArgs struct {
 	reportPath, tpList                 string
 	ppList, mbsList                    string
 	tps, pps, mbss                     []int // parsed --tp, --pp, --pp-microbatch-sizes
+	schedList                          string
+	scheds                             []moe.PPSchedule // parsed --pp-schedules
 	acFlag                             string
 	acs                                []moe.AC // parsed --ac (nil: the planner's default policies)
 	mem                                *memoryModelFlags
@@ -260,7 +262,9 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	fs.StringVar(&a.tpList, "tp", "1", "tensor-parallel degrees searched, comma-separated (e.g. 1,2,4); each within a host, etp 1 and tp tried with ep")
 	fs.StringVar(&a.ppList, "pp", "1", "pipeline-parallel degrees searched, comma-separated (e.g. 1,2,4,8); each where torchtitan's layer split is even, "+
-		"with schedules 1F1B and Interleaved1F1B (2 stages per rank)")
+		"with the schedules of --pp-schedules")
+	fs.StringVar(&a.schedList, "pp-schedules", "1F1B,Interleaved1F1B", fmt.Sprintf("pipeline schedules tried with --pp above 1, comma-separated, of %v "+
+		"(multi-stage ones with 2 stages per rank)", moe.PPSchedules()))
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
 	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: none|selective|full|layer:N|modules:M,… "+
 		"(default: none, selective and full)")
@@ -299,6 +303,17 @@ func (a *planArgs) validate() error {
 	a.tps = intList(&errs, "--tp", a.tpList, moe.MaxDegree)
 	a.pps = intList(&errs, "--pp", a.ppList, moe.MaxDegree)
 	a.mbss = intList(&errs, "--pp-microbatch-sizes", a.mbsList, max(a.maxLBS, 1))
+	for _, f := range strings.Split(a.schedList, ",") {
+		if a.schedList == "" {
+			break
+		}
+		s := moe.PPSchedule(strings.TrimSpace(f))
+		if err := s.Check(); err != nil {
+			errs = append(errs, fmt.Errorf("--pp-schedules = %q: %w", a.schedList, err))
+			continue
+		}
+		a.scheds = append(a.scheds, s)
+	}
 	if a.acFlag != "" {
 		if ac, err := moe.ParseAC(a.acFlag); err != nil {
 			errs = append(errs, fmt.Errorf("--ac: %v", err))
@@ -405,11 +420,11 @@ func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *
 func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
 		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps,
-		PPs: a.pps, PPMicrobatchSizes: a.mbss, Layers: cfg.Layers, ACs: a.acs}
+		PPs: a.pps, PPMicrobatchSizes: a.mbss, PPSchedules: a.scheds, Layers: cfg.Layers, ACs: a.acs}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
-	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath); a.narrow != nil {
+	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, *a.mem.compile); a.narrow != nil {
 		req.Admit = a.narrow.admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {

@@ -16,8 +16,9 @@ import (
 // reason, so that plan can say how much an export request narrowed the
 // search and why. The planner calls Admit from several goroutines.
 type exportNarrowing struct {
-	flags   []string
-	targets []plan.TorchtitanTarget
+	flags    []string
+	targets  []plan.TorchtitanTarget
+	compiled bool // the model is compiled (plan.TorchtitanCompiled)
 
 	mu      sync.Mutex
 	refused int
@@ -32,6 +33,9 @@ var reasonValue = regexp.MustCompile(`= [0-9]+`)
 func (n *exportNarrowing) admit(p plan.Point) error {
 	for _, t := range n.targets {
 		err := plan.TorchtitanAdmit(t, p)
+		if err == nil {
+			err = plan.TorchtitanCompiled(t, p.Layout, n.compiled)
+		}
 		if err == nil {
 			continue
 		}
@@ -103,8 +107,8 @@ func (n *exportNarrowing) report(w io.Writer, rep *plan.Report) {
 
 // newExportNarrowing returns the narrowing for the exports the flags ask
 // for, or nil when none is asked for.
-func newExportNarrowing(tomlPath, pyPath string) *exportNarrowing {
-	n := &exportNarrowing{}
+func newExportNarrowing(tomlPath, pyPath string, compiled bool) *exportNarrowing {
+	n := &exportNarrowing{compiled: compiled}
 	if tomlPath != "" {
 		n.flags, n.targets = append(n.flags, "--torchtitan-toml"), append(n.targets, plan.TorchtitanTOML)
 	}

@@ -13,7 +13,7 @@ import (
 // DDP points with different dp_shard (one reason), a keep-gathered ZeRO-2
 // point (two reasons, one candidate) and two FSDP points torchtitan can run.
 func TestExportNarrowingCounts(t *testing.T) {
-	n := newExportNarrowing("job.toml", "")
+	n := newExportNarrowing("job.toml", "", false)
 	pt := func(s moe.Sharding, shard int, keep bool) plan.Point {
 		return plan.Point{Layout: moe.Layout{GPUs: 64, DPShard: shard, DPReplicate: 64 / shard, EP: 1, Sharding: s,
 			ReshardAfterForward: true, KeepGathered: keep}, AC: moe.AC{Mode: moe.ACFull}, LBS: 1, GradAccum: 2}
@@ -45,7 +45,26 @@ func TestExportNarrowingCounts(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", w, b.String())
 		}
 	}
-	if newExportNarrowing("", "") != nil {
+	if newExportNarrowing("", "", true) != nil {
 		t.Error("no export: narrowing should be nil")
+	}
+}
+
+// TestExportNarrowingZeroBubbleCompiled: with a compiled model the TOML
+// export leaves out zero-bubble pipelines (plan.TorchtitanCompiled), the
+// config-registry export and an eager TOML export keep them.
+func TestExportNarrowingZeroBubbleCompiled(t *testing.T) {
+	l := moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPZBVZeroBubble, Sharding: moe.ShardFSDP}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	p := plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 4, GradAccum: 1}
+	if err := newExportNarrowing("job.toml", "", true).admit(p); err == nil || !strings.Contains(err.Error(), "pp_schedule = ZBVZeroBubble with a compiled model") {
+		t.Errorf("TOML, compiled: %v, want the point left out by pp_schedule", err)
+	}
+	for _, n := range []*exportNarrowing{newExportNarrowing("", "job.py", true), newExportNarrowing("job.toml", "", false)} {
+		if err := n.admit(p); err != nil {
+			t.Errorf("%v: %v, want the point kept", n.flags, err)
+		}
 	}
 }

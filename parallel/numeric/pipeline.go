@@ -33,7 +33,15 @@ type PipelineSpec struct {
 // to stage s + 1 (the last stage computes the loss); a backward receives
 // the output's gradient from stage s + 1 (the last stage starts from the
 // loss), runs the blocks backward and sends the input's gradient to stage
-// s − 1 (stage 0 scatters it into the embedding's gradient). Activations
+// s − 1 (stage 0 scatters it into the embedding's gradient). Under
+// zero-bubble schedules the backward is split for real: the input pass
+// runs the blocks' (and the head's) backward with their weight-gradient
+// GEMMs queued (moe.WeightQueue: each linear's and each grouped expert
+// GEMM's dW, with copies of its input and output gradient kept alive) and
+// sends the input's gradient; the weight pass runs the queue. The norms'
+// scale gradients are computed in the input pass. On stage 0 the input
+// pass does nothing and the weight pass runs the whole backward
+// (PyTorch's stage.py). Activations
 // and gradients move only through channels, one per (stage boundary,
 // direction, micro-batch). The load-balancing aux loss of a micro-batch
 // is computed over its tokens and every layer, as one rank computes it:
@@ -214,9 +222,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 			pr := &pipeRank{rank: r, d: co.Shard, lane: lane, tpIdx: co.TP, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
 				adam: make([]moe.AdamState[float32], len(ps))}
 			d := pr.d
-			for k := range l.VirtualStages() {
-				pr.stages = append(pr.stages, r+k*l.Stages())
-			}
+			pr.stages = l.RankStages(r)
 			for i, t := range mod.Tensors() {
 				// With ep = 1 the routed experts are split over tp too
 				// (Layout.ExpertTP), by the same tp rank.
@@ -408,6 +414,26 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	auxShared := make([][]float32, p.m)
 	auxLayer := make([]map[int][]float32, p.m)
 	backwards := map[int]int{} // per stage, backwards run in the step's last micro-step
+	// completed is called after each action that completes a micro-batch's
+	// weight gradients of stage s in micro-step a (a full backward or a
+	// weight pass): the stage's gradients are complete after its last of
+	// the step, and the replicated ones are summed over tp there, where
+	// the program's reduction of the stage starts.
+	completed := func(a, s int) error {
+		if a < sp.Accum-1 || tc == nil {
+			return nil
+		}
+		if backwards[s]++; backwards[s] == p.m {
+			return p.tpReduceReplicated(ctx, ep, tc, pr, s)
+		}
+		return nil
+	}
+	// Per micro-batch and stage, the weight gradients a backward-input
+	// pass queued for its weight pass.
+	queues := make([]map[int]*moe.WeightQueue, p.m)
+	for j := range queues {
+		queues[j] = map[int]*moe.WeightQueue{}
+	}
 	for a := range sp.Accum {
 		links := links[a][pr.lane]
 		for _, act := range p.order[pr.rank] {
@@ -423,7 +449,30 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			for li := lo; li < hi; li++ {
 				stageBlocks = append(stageBlocks, blocks[j][li])
 			}
-			if !act.Backward {
+			var q *moe.WeightQueue
+			switch {
+			case act.Kind == moe.PipeW && s > 0:
+				queues[j][s].Run()
+				delete(queues[j], s)
+				if err := completed(a, s); err != nil {
+					return err
+				}
+				continue
+			case act.Kind == moe.PipeI && s == 0:
+				// PyTorch's first stage runs nothing at its input pass and
+				// the whole backward at its weight pass.
+				continue
+			case act.Kind == moe.PipeI:
+				q = &moe.WeightQueue{}
+				queues[j][s] = q
+				for _, blk := range stageBlocks {
+					blk.DeferWeightGrads(q)
+				}
+				if s == n-1 {
+					heads[j].DeferWeightGrads(q)
+				}
+			}
+			if act.Kind == moe.PipeF {
 				// Stage 0 reads the micro-batch's tokens, the last stage its
 				// labels (the data loader feeds both, as torchtitan's does).
 				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
@@ -457,7 +506,11 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 					if cfg.SeqAuxLoss {
 						v, grads := moe.AuxLoss(cfg, stageBlocks, coef)
 						msg.aux += v
-						auxLayer[j] = map[int][]float32{}
+						if auxLayer[j] == nil {
+							// Kept across the rank's stages: one micro-batch
+							// may be in flight in two of them.
+							auxLayer[j] = map[int][]float32{}
+						}
 						for i, g := range grads {
 							auxLayer[j][lo+i] = g
 						}
@@ -512,6 +565,12 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 					msg.dx = blocks[j][li].Backward(&w, &g, msg.dx, ag)
 				}
 			}
+			if q != nil {
+				for _, blk := range stageBlocks {
+					blk.DeferWeightGrads(nil)
+				}
+				heads[j].DeferWeightGrads(nil)
+			}
 			switch {
 			case s == 0 && tc != nil:
 				embeds[j].BackwardShard(gg.Embed, tc.Gather(moe.LayerEmbed, moe.BackwardData, msg.dx), vocabLo)
@@ -520,14 +579,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			default:
 				links.grad[s][j] <- msg
 			}
-			// The stage's gradients are complete after its last backward
-			// of the step: sum the replicated ones over tp there, where the
-			// program's reduction of the stage starts.
-			if a == sp.Accum-1 {
-				if backwards[s]++; backwards[s] == p.m && tc != nil {
-					if err := p.tpReduceReplicated(ctx, ep, tc, pr, s); err != nil {
-						return err
-					}
+			if act.Kind != moe.PipeI {
+				if err := completed(a, s); err != nil {
+					return err
 				}
 			}
 		}

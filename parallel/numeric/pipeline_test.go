@@ -94,6 +94,23 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // Megatron's recompute modules, as R140 and R143
 		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
+		// Zero-bubble schedules: backward split into input and weight
+		// passes, V placement for ZBVZeroBubble.
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 2, 2, moe.AC{Mode: moe.ACFull}, true, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, ""},
+		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{8, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"}, 7, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleavedZeroBubble, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		// DualPipeV: full backwards, input and weight passes on one stage.
+		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, 5, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPDualPipeV}, 4, 2, moe.AC{Mode: moe.ACFull}, true, ""},
+		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
+		// Zero-bubble schedules with tp inside the stages.
+		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
 	} {
 		cfg := pipelineModel(c.layers)
 		if c.l.TP > 1 {
@@ -175,6 +192,9 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, moe.AC{Mode: moe.ACFull}},
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, moe.AC{Mode: moe.ACNone}},
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACSelective}},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, moe.AC{Mode: moe.ACFull}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, moe.AC{Mode: moe.ACNone}},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
@@ -202,14 +222,17 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		for r, ops := range prog.Ranks {
 			var want []CollRecord
 			for _, o := range ops {
-				switch o.Kind {
-				case parallel.PipeForward, parallel.PipeBackward:
+				// A backward's tp collectives run where its backward-data
+				// does: a full backward, an input pass, stage 0's weight pass.
+				bwd := o.Kind == parallel.PipeBackward || o.Kind == parallel.PipeInput && o.Stage > 0 || o.Kind == parallel.PipeWeight && o.Stage == 0
+				switch {
+				case o.Kind == parallel.PipeForward || bwd:
 					for _, tc := range prog.StageTPCollectives(cfg, o.Stage, seq, c.ac, act) {
 						if (tc.Phase == parallel.PhaseForward) == (o.Kind == parallel.PipeForward) {
 							want = append(want, CollRecord{Kind: tc.Coll, Axis: parallel.AxisTP, DType: tc.DType, Elements: tc.Elements})
 						}
 					}
-				case parallel.PipeColl:
+				case o.Kind == parallel.PipeColl:
 					if o.Coll.Axis == parallel.AxisTP {
 						want = append(want, CollRecord{Kind: o.Coll.Coll, Axis: parallel.AxisTP, DType: o.Coll.DType, Elements: o.Coll.Elements})
 					}

@@ -88,6 +88,14 @@ func (r *Request) withDefaults() (Request, error) {
 	if len(q.PPMicrobatchSizes) == 0 {
 		q.PPMicrobatchSizes = []int{1, 2}
 	}
+	for _, s := range q.PPSchedules {
+		if err := s.Check(); err != nil {
+			return q, err
+		}
+	}
+	if len(q.PPSchedules) == 0 {
+		q.PPSchedules = []moe.PPSchedule{moe.PP1F1B, moe.PPInterleaved1F1B}
+	}
 	if q.GlobalBatch > 0 {
 		if q.GlobalBatch < q.GPUs || q.GlobalBatch%q.GPUs != 0 {
 			return q, &InfeasibleError{GPUs: q.GPUs,
@@ -264,25 +272,26 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 }
 
 // pipeVariants returns base with each pipeline schedule and micro-batch
-// size the search tries for its pp (base itself when pp ≤ 1): 1F1B with
-// one stage per rank and Interleaved1F1B with two, each where the split
-// is even (evenSplit).
+// size the search tries for its pp (base itself when pp ≤ 1): each of
+// PPSchedules, single-stage ones with one stage per rank and multi-stage
+// ones with two, each where the split is even (evenSplit).
 func (q *Request) pipeVariants(base moe.Layout) []moe.Layout {
 	if base.Stages() == 1 {
 		base.PP = 0 // no pipeline: the layout's zero value, as everywhere else
 		return []moe.Layout{base}
 	}
 	var out []moe.Layout
-	for _, sv := range []struct {
-		sched moe.PPSchedule
-		v     int
-	}{{moe.PP1F1B, 1}, {moe.PPInterleaved1F1B, 2}} {
-		if !evenSplit(q.Layers, base.PP*sv.v) {
+	for _, sched := range q.PPSchedules {
+		v := 1
+		if sched.MultiStage() {
+			v = 2
+		}
+		if !evenSplit(q.Layers, base.PP*v) {
 			continue
 		}
 		for _, mbs := range q.PPMicrobatchSizes {
 			l := base
-			l.PPSchedule, l.PPVirtualStages, l.PPMicrobatchSize = sv.sched, sv.v, mbs
+			l.PPSchedule, l.PPVirtualStages, l.PPMicrobatchSize = sched, v, mbs
 			out = append(out, l)
 		}
 	}

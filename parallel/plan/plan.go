@@ -126,9 +126,9 @@ type Request struct {
 	// and splits Layers + 2 (the embedding and the output counted as one
 	// layer each, torchtitan's pipeline_parallel_first/last_stage_less_layers)
 	// into pp × virtual stages equal parts of at least two, torchtitan's
-	// even split without remainder. A pipeline family is tried with
-	// schedules 1F1B and Interleaved1F1B (2 virtual stages, torchtitan's
-	// default for multi-stage schedules), each micro-batch size of
+	// even split without remainder. A pipeline family is tried with each
+	// schedule of PPSchedules (1 stage per rank for single-stage
+	// schedules, 2 for multi-stage ones, torchtitan's default), each micro-batch size of
 	// PPMicrobatchSizes, and fsdp without reshard-after-forward (torchtitan's
 	// default under pp; the other modes are not searched with pp, and none
 	// when Shardings lacks fsdp). Pipelines enter the search at stage 1
@@ -136,6 +136,10 @@ type Request struct {
 	// pipeline as it grows, as it keeps tp (growing pp as well multiplied
 	// the costliest estimates of the later stages).
 	PPs []int
+	// PPSchedules are the pipeline schedules tried with pp > 1 (default
+	// 1F1B and Interleaved1F1B; the zero-bubble ones only when asked, each
+	// doubling a pipeline family's evaluations).
+	PPSchedules []moe.PPSchedule
 	// PPMicrobatchSizes are the sequences per pipeline micro-batch tried
 	// (default 1 and 2); a pipeline's local batch is a multiple of one.
 	PPMicrobatchSizes []int

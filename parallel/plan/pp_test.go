@@ -60,7 +60,25 @@ func TestEnumeratePP(t *testing.T) {
 			t.Errorf("family %+v searched: its split is not even", k)
 		}
 	}
+	// Asked for, the zero-bubble schedules are searched like
+	// Interleaved1F1B (2 stages per rank: pp 2 only): with PPSchedules
+	// 1F1B and ZBVZeroBubble the same 16 families, ZBVZeroBubble in
+	// Interleaved1F1B's place.
+	q.PPSchedules = []moe.PPSchedule{moe.PP1F1B, moe.PPZBVZeroBubble}
+	zbv := 0
+	for _, f := range q.enumerateFamilies(8, false) {
+		if l := f.layout; l.PPSchedule == moe.PPZBVZeroBubble {
+			zbv++
+			if l.PP != 2 || l.PPVirtualStages != 2 || l.Validate() != nil {
+				t.Errorf("%+v: a ZBVZeroBubble family is pp 2 with 2 stages per rank", l)
+			}
+		}
+	}
+	if zbv != 6 {
+		t.Errorf("%d ZBVZeroBubble families, want 6 (pp 2: 3 replica degrees × 2 micro-batch sizes)", zbv)
+	}
 	for _, bad := range []Request{
+		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPSchedules: []moe.PPSchedule{"LoopedBFS"}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{0}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPMicrobatchSizes: []int{512}},

@@ -203,7 +203,24 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 	if l := e.Point.Layout; l.AsyncTP && l.TPDegree() > 1 && !e.Compile.Model {
 		return fmt.Errorf("export: async_tp = true without a compiled model: %s refuses it (\"Async TP requires torch.compile\")", target)
 	}
+	if err := TorchtitanCompiled(target, e.Point.Layout, e.Compile.Model); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	return TorchtitanAdmit(target, e.Point)
+}
+
+// TorchtitanCompiled refuses a layout target cannot run with a compiled
+// model (compiledModel): v0.2.2's apply_compile wraps each block in
+// torch.compile (an OptimizedModule; torchtitan 73a0e6979dd1,
+// models/llama3/infra/parallelize.py), which PyTorch's zero-bubble
+// schedules refuse (schedules.py at 00722e64,
+// _check_torch_compile_compatibility); main compiles the blocks in place
+// (module.compile()).
+func TorchtitanCompiled(target TorchtitanTarget, l moe.Layout, compiledModel bool) error {
+	if target == TorchtitanTOML && l.Stages() > 1 && l.PPSchedule.ZeroBubble() && compiledModel {
+		return fmt.Errorf("pp_schedule = %s with a compiled model: %s cannot express it (its per-block torch.compile wrappers are refused by PyTorch's input/weight backward split); use --compile=false or the config-registry form", l.PPSchedule, target)
+	}
+	return nil
 }
 
 // torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a

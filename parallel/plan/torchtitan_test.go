@@ -492,6 +492,11 @@ func TestTorchtitanPipeline(t *testing.T) {
 		{moe.Layout{GPUs: 64, PP: 4, DPShard: 8, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2, ReshardAfterForward: true}, 8, 1, 0, "always", "Interleaved1F1B"},
 		{moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPInterleaved1F1B, PPVirtualStages: 3}, 4, 1, 6, "default", "Interleaved1F1B"},
 		{moe.Layout{GPUs: 16, PP: 2, PPLayers: "20,28"}, 4, 1, 2, "default", "1F1B"},
+		// The zero-bubble schedules under torchtitan's names; ZBV's V
+		// placement is torchtitan's own (style "v" from the name), so the
+		// stages are written in stage order as for any schedule.
+		{moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, 0, "default", "ZBVZeroBubble"},
+		{moe.Layout{GPUs: 16, PP: 4, PPSchedule: moe.PPInterleavedZeroBubble}, 8, 1, 0, "default", "InterleavedZeroBubble"},
 	} {
 		l := c.l
 		l.Sharding = moe.ShardFSDP
@@ -599,5 +604,33 @@ func TestTorchtitanAsyncTPNeedsCompile(t *testing.T) {
 	e.Compile = memory.Compile{Model: true}
 	if _, err := e.TOML(&buf); err != nil {
 		t.Errorf("compiled: %v", err)
+	}
+}
+
+// TestTorchtitanZeroBubbleCompile: torchtitan v0.2.2 compiles each block
+// as a torch.compile wrapper (models/llama3/infra/parallelize.py
+// apply_compile at 73a0e6979dd1), which PyTorch's zero-bubble schedules
+// refuse (schedules.py at 00722e64, _check_torch_compile_compatibility):
+// the TOML form refuses a compiled ZBVZeroBubble plan by name; main
+// compiles in place (torchtitan/distributed/compile.py at b5bcd76c,
+// transformer_block.compile), so its form writes it, and the TOML form
+// writes it eager.
+func TestTorchtitanZeroBubbleCompile(t *testing.T) {
+	l := moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPZBVZeroBubble, Sharding: moe.ShardFSDP}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	e := TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1},
+		Layers: 48, Compile: memory.Compile{Model: true}}
+	var buf bytes.Buffer
+	if _, err := e.TOML(&buf); err == nil || !strings.Contains(err.Error(), "pp_schedule = ZBVZeroBubble with a compiled model") {
+		t.Errorf("TOML: %v, want a refusal naming pp_schedule and compile", err)
+	}
+	if _, err := e.Python(&buf); err != nil {
+		t.Errorf("Python: %v", err)
+	}
+	e.Compile = memory.Compile{}
+	if _, err := e.TOML(&buf); err != nil {
+		t.Errorf("TOML eager: %v", err)
 	}
 }

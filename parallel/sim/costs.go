@@ -34,6 +34,8 @@ type segCost struct {
 	total, recompute float64
 	byClass          [numOpClasses]float64 // total split by op class
 	over             [numOverheads]float64 // overheads inside total
+
+	weight float64 // the backward-weight ops inside total (PhaseBackward)
 }
 
 // opCosts sums modelled op times per (layer, segment, phase) for one
@@ -128,7 +130,13 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 				addCost(segKey{r.Layer, seg, parallel.PhaseRecompute}, t, t)
 			}
 		case moe.BackwardData, moe.BackwardWeight:
-			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, 0)
+			k := segKey{r.Layer, seg, parallel.PhaseBackward}
+			addCost(k, t, 0)
+			if r.Pass == moe.BackwardWeight {
+				c := costs[k]
+				c.weight += t
+				costs[k] = c
+			}
 		case moe.Recompute:
 			if block && in.AC.FullyCheckpointed(r.Layer) {
 				// The block's forward repeat is the PhaseRecompute op; what

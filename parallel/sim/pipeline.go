@@ -25,6 +25,15 @@ import (
 //     priced as a step without pipelining prices them, at the micro-batch's
 //     shape, with the expert-parallel all-to-alls, which run inline on the
 //     compute stream as torchtitan runs them);
+//   - under zero-bubble schedules a backward-input pass takes the
+//     backward-data ops (the dX GEMMs and grouped dX, attention and
+//     elementwise backward, recompute, the all-to-alls' gradients) and a
+//     backward-weight pass the backward-weight ops (dW GEMMs, grouped dW,
+//     the norms' and embedding's weight gradients), the two summing to the
+//     full backward; the input gradient is sent when the input pass ends.
+//     On the first stage the input pass is empty and the weight pass runs
+//     the whole backward, as PyTorch's stage does (moe/pipeline.go);
+//   - neighbouring stages on one rank (a V's bottom) exchange no message;
 //   - a send is asynchronous: the message arrives a transfer time after the
 //     sender's compute ends (one link between the two ranks: NVLink inside
 //     a domain, the NIC otherwise; concurrent messages and collectives do
@@ -55,6 +64,7 @@ import (
 type pipeCosts struct {
 	fwd, bwd []float64 // per stage, one micro-batch, seconds
 	rec      []float64 // per stage: the recompute inside bwd
+	wgt      []float64 // per stage: the backward-weight ops inside bwd
 	msg      func(from, to int) float64
 	coll     func(o parallel.ScheduleOp) float64
 	opt      []float64 // per pp rank: optimizer step
@@ -62,6 +72,40 @@ type pipeCosts struct {
 	// tpFwd and tpBwd are the tensor-parallel collectives inside fwd and
 	// bwd, per stage and collective kind (tpKinds).
 	tpFwd, tpBwd [][len(tpKinds)]float64
+}
+
+// compute is the duration of compute op o and the recompute inside it.
+func (c pipeCosts) compute(o parallel.PipeOp) (d, rec float64) {
+	s := o.Stage
+	switch {
+	case o.Kind == parallel.PipeForward:
+		return c.fwd[s], 0
+	case o.Kind == parallel.PipeBackward, s == 0 && o.Kind == parallel.PipeWeight:
+		return c.bwd[s], c.rec[s]
+	case s == 0: // the first stage's input pass does nothing
+		return 0, 0
+	case o.Kind == parallel.PipeInput:
+		return c.bwd[s] - c.wgt[s], c.rec[s]
+	}
+	return c.wgt[s], 0
+}
+
+// tpIn is the tensor-parallel collectives' seconds inside op o by kind
+// (tpKinds), nil for none: a forward's, and a backward's wherever its
+// backward-data runs (a full backward, an input pass, stage 0's weight
+// pass, as compute prices them).
+func (c pipeCosts) tpIn(o parallel.PipeOp) *[len(tpKinds)]float64 {
+	if c.tpFwd == nil {
+		return nil
+	}
+	s := o.Stage
+	switch {
+	case o.Kind == parallel.PipeForward:
+		return &c.tpFwd[s]
+	case o.Kind == parallel.PipeBackward, s == 0 && o.Kind == parallel.PipeWeight, s > 0 && o.Kind == parallel.PipeInput:
+		return &c.tpBwd[s]
+	}
+	return nil
 }
 
 // pipeSpan is one op as the walk ran it.
@@ -162,14 +206,11 @@ func walkPipeline(p *parallel.Pipeline, c pipeCosts) (pipeWalk, error) {
 						gathers[r].last = comm[r]
 					}
 					wr.spans = append(wr.spans, pipeSpan{op: o, start: start, end: comm[r], comm: true})
-				case parallel.PipeForward, parallel.PipeBackward:
-					d, tp := c.fwd[o.Stage], c.tpFwd
-					if o.Kind == parallel.PipeBackward {
-						d, tp = c.bwd[o.Stage], c.tpBwd
-						wr.recompute += c.rec[o.Stage]
-					}
-					if tp != nil {
-						for k, v := range tp[o.Stage] {
+				case parallel.PipeForward, parallel.PipeBackward, parallel.PipeInput, parallel.PipeWeight:
+					d, rec := c.compute(o)
+					wr.recompute += rec
+					if tp := c.tpIn(o); tp != nil {
+						for k, v := range tp {
 							wr.tp[k] += v
 						}
 					}
@@ -227,7 +268,7 @@ type PipelineTiming struct {
 	VirtualStages    int            `json:"virtual_stages"`
 	MessageBytes     int64          `json:"message_bytes"`
 	Stages           []StageTiming  `json:"stages"`
-	P2PLink          []string       `json:"p2p_link"` // link class of each stage boundary s → s+1
+	P2PLink          []string       `json:"p2p_link"` // link class of each stage boundary s → s+1 ("same rank": none)
 	SimulatedPerRank string         `json:"simulated"`
 }
 
@@ -350,7 +391,7 @@ func simulatePipeline(in Input) (Result, error) {
 func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, inMB Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, mo memory.Options) (pipeCosts, hw.LinkClass, error) {
 	l := pl.Layout
 	n := l.PipelineStages()
-	pc := pipeCosts{fwd: make([]float64, n), bwd: make([]float64, n), rec: make([]float64, n), opt: make([]float64, l.Stages())}
+	pc := pipeCosts{fwd: make([]float64, n), bwd: make([]float64, n), rec: make([]float64, n), wgt: make([]float64, n), opt: make([]float64, l.Stages())}
 	a2a, err := a2aSeconds(pl, cfg, cl, inMB, spec, loads)
 	if err != nil {
 		return pipeCosts{}, 0, err
@@ -399,6 +440,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			case parallel.PhaseBackward:
 				pc.bwd[s] += c.total
 				pc.rec[s] += c.recompute
+				pc.wgt[s] += c.weight
 			case parallel.PhaseRecompute:
 				pc.bwd[s] += c.total
 				pc.rec[s] += c.total
@@ -469,8 +511,8 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	}
 	for r := range l.Stages() {
 		var us []memory.Unit
-		for k := range l.VirtualStages() {
-			us = append(us, chunks[r+k*l.Stages()]...)
+		for _, s := range l.RankStages(r) {
+			us = append(us, chunks[s]...)
 		}
 		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
 		pc.opt[r] = spec.MemorySeconds(params*spec.bytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.gradClipSeconds(params) + norm.Seconds()
@@ -566,8 +608,7 @@ func pipelineTiming(pl *parallel.Pipeline, w pipeWalk, cl *hw.Cluster, in Input)
 		SimulatedPerRank: "one data-parallel rank of each stage"}
 	for r, wr := range w.ranks {
 		st := StageTiming{Rank: r, BusyS: wr.busy, OptimizerS: wr.optS, EndS: wr.end, IdleFraction: 1 - (wr.busy+wr.optS)/w.step}
-		for k := range l.VirtualStages() {
-			s := r + k*l.Stages()
+		for _, s := range l.RankStages(r) {
 			st.Stages = append(st.Stages, s)
 			st.Layers += pl.Split[s]
 		}
@@ -575,6 +616,10 @@ func pipelineTiming(pl *parallel.Pipeline, w pipeWalk, cl *hw.Cluster, in Input)
 	}
 	sg := l.StageGPUs()
 	for s := 0; s+1 < l.PipelineStages(); s++ {
+		if l.StageRank(s) == l.StageRank(s+1) {
+			t.P2PLink = append(t.P2PLink, "same rank") // the V's bottom: no message
+			continue
+		}
 		t.P2PLink = append(t.P2PLink, cl.Link(l.StageRank(s)*sg, l.StageRank(s+1)*sg).String())
 	}
 	return t

@@ -71,6 +71,100 @@ func TestPipelineBubble(t *testing.T) {
 	}
 }
 
+// TestPipelineBubbleZeroBubble is the hand-derived bubble of the
+// zero-bubble schedules: identical stages, each micro-batch's forward,
+// backward-input and backward-weight passes t = 1 each per stage
+// (backward 2, of which weight 1), messages, FSDP and optimizer free; on
+// stage 0 the input pass is empty and the weight pass takes the whole
+// backward, 2 (PyTorch's stage, see pipeline.go). Every rank is busy
+// 3·v·m = 6m.
+//
+// ZBVZeroBubble: the ZB-V paper (Qi et al., arXiv 2401.10241 §6, the
+// section PyTorch's ScheduleZBVZeroBubble cites) gives bubble rate 0 when
+// T_F = T_B = T_W (the authors' README table, sail-sg/zero-bubble-
+// pipeline-parallelism at 3a91d0c8c21755dd0f7b425e3ac5699ab00b4083), for
+// the parallelogram its optimizer post-validation allows: rank r's step
+// is the others' shifted by r forwards, r·t. Here the step ends with the
+// last rank and every rank starts at 0, so the shift becomes idle time:
+// rank pp − 1 cannot start before (pp − 1)·t (stage pp − 1's first
+// forward needs pp − 1 forwards upstream) and then never waits, rank 0
+// ends at 6m·t, so the step is 6m + pp − 1 and every rank idles
+// (pp − 1)/(6m + pp − 1). Worked by hand for pp 2, m 3 (orders in
+// moe's TestPipelineOrder): rank 0 runs 0F0-0F2 in [0, 3], rank 1 1F0 at
+// [1, 2], 2F0 [2, 3], 1F1 [3, 4], 2F1 [4, 5]; rank 0 3F0 [3, 4], 3I0
+// [4, 5], 3W0 [5, 6], 3F1 [6, 7], 3I1 [7, 8], 3W1 [8, 9]; rank 1 2I0
+// [5, 6], 2W0 [6, 7], 1F2 [7, 8], 1I0 [8, 9], 1W0 [9, 10], 2F2 [10, 11],
+// 2I1 [11, 12], 2W1 [12, 13], 1I1 [13, 14]; rank 0 0I0 at 9, 0W0
+// [9, 11], 3F2 [11, 12], 3I2 [12, 13], 3W2 [13, 14], 0I1 at 14, 0W1
+// [14, 16]; rank 1 2I2 [14, 15], 1I2 [15, 16], 1W1 [16, 17], 2W2
+// [17, 18], 1W2 [18, 19]; rank 0 0I2 at 16, 0W2 [16, 18]: step 19, busy
+// 18 on each, idle 1/19. The paper's "enough micro-batches" is m ≥
+// 2·pp − 1, PyTorch's n_micro floor.
+//
+// InterleavedZeroBubble, pp 2, v 2, m 2 by hand: rank 0 runs 0F0 0F1 2F0
+// 2F1 2I0 2W0 2I1 2W1 0I0 0W0 0I1 0W1, rank 1 1F0 1F1 3F0 3I0 3F1 3I1 3W0
+// 1I0 3W1 1I1 1W0 1W1 (PyTorch's order, see moe). Rank 0: 0F0 [0, 1],
+// 0F1 [1, 2], 2F0 [2, 3], 2F1 [3, 4]; rank 1: 1F0 [1, 2], 1F1 [2, 3], 3F0
+// [3, 4], 3I0 [4, 5], 3F1 [5, 6], 3I1 [6, 7], 3W0 [7, 8]; rank 0: 2I0
+// [5, 6], 2W0 [6, 7], 2I1 [7, 8], 2W1 [8, 9]; rank 1: 1I0 [8, 9], 3W1
+// [9, 10], 1I1 [10, 11], 1W0 [11, 12], 1W1 [12, 13]; rank 0: 0I0 at 9,
+// 0W0 [9, 11], 0I1 at 11, 0W1 [11, 13]: step 13, busy 12 on each, idle
+// 1/13.
+//
+// DualPipeV, pp 2, m 4 by hand (orders in moe; a full backward takes 2):
+// rank 0 0F0-0F2 [0, 3]; rank 1 1F0 [1, 2], 2F0 [2, 3], 1F1 [3, 4], 2F1
+// [4, 5], 1F2 [5, 6]; rank 0 3F0 [3, 4], 3I0 [4, 5], 3W0 [5, 6], 3F1
+// [6, 7], 0F3 [7, 8], 3B1 [8, 10]; rank 1 2B0 [6, 8], 2F2 [8, 9], 1B0
+// [9, 11], 1F3 [11, 12], 2B1 [12, 14], 2F3 [14, 15], 1B1 [15, 17]; rank 0
+// 3F2 [10, 11], 0B0 [11, 13], 3B2 [13, 15], 3F3 [15, 16], 0B1 [17, 19],
+// 3B3 [19, 21]; rank 1 2B2 [17, 19], 1B2 [19, 21], 2I3 [21, 22], 1I3
+// [22, 23], 2W3 [23, 24], 1W3 [24, 25]; rank 0 0I2 at 21, 0W2 [21, 23],
+// 0I3 at 23, 0W3 [23, 25]: step 25, busy 24 on each, idle 1/25.
+func TestPipelineBubbleZeroBubble(t *testing.T) {
+	for _, c := range []struct {
+		s     moe.PPSchedule
+		pp, m int
+		want  float64
+	}{
+		{moe.PPZBVZeroBubble, 2, 3, 1.0 / 19},
+		{moe.PPZBVZeroBubble, 2, 8, 1.0 / 49},
+		{moe.PPZBVZeroBubble, 3, 5, 2.0 / 32},
+		{moe.PPZBVZeroBubble, 3, 8, 2.0 / 50},
+		{moe.PPZBVZeroBubble, 4, 7, 3.0 / 45},
+		{moe.PPZBVZeroBubble, 4, 16, 3.0 / 99},
+		{moe.PPInterleavedZeroBubble, 2, 2, 1.0 / 13},
+		{moe.PPDualPipeV, 2, 4, 1.0 / 25},
+	} {
+		name := fmt.Sprintf("%s pp %d m %d", c.s, c.pp, c.m)
+		n := 2 * c.pp
+		l := moe.Layout{GPUs: c.pp, PP: c.pp, PPSchedule: c.s, PPLayers: moe.NewStageLayers(ones(n))}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: pipelineConfig(n), Layout: l, LBS: c.m, Seq: 4, Accum: 1, GPUsPerNode: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pc := pipeCosts{fwd: make([]float64, n), bwd: make([]float64, n), rec: make([]float64, n), wgt: make([]float64, n), opt: make([]float64, c.pp),
+			msg: func(int, int) float64 { return 0 }, coll: func(parallel.ScheduleOp) float64 { return 0 }}
+		for s := range n {
+			pc.fwd[s], pc.bwd[s], pc.wgt[s] = 1, 2, 1
+		}
+		w, err := walkPipeline(p, pc)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for r, wr := range w.ranks {
+			if wr.busy != float64(6*c.m) {
+				t.Errorf("%s rank %d: busy %g, want 6m = %d", name, r, wr.busy, 6*c.m)
+			}
+			if idle := 1 - wr.busy/w.step; math.Abs(idle-c.want) > 1e-9 {
+				t.Errorf("%s rank %d: idle fraction %.12f, want %.12f", name, r, idle, c.want)
+			}
+		}
+	}
+}
+
 func ones(n int) []int {
 	out := make([]int, n)
 	for i := range out {
@@ -99,6 +193,9 @@ func TestSimulatePipeline(t *testing.T) {
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2}, "nvlink"},
 		{moe.Layout{GPUs: 16, PP: 2, DPShard: 8}, "network"},
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, "nvlink"},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1"}, "nvlink"},
+		{moe.Layout{GPUs: 16, PP: 2, DPShard: 8, PPSchedule: moe.PPInterleavedZeroBubble, PPLayers: "1,1,1,1"}, "network"},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "1,1,1,1"}, "nvlink"},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
@@ -127,9 +224,34 @@ func TestSimulatePipeline(t *testing.T) {
 		if want := float64(lbs*seq*accum) / float64(l.PP) / res.StepTimeS; math.Abs(res.TPS-want) > 1e-9*want {
 			t.Errorf("%+v: TPS %v, want %v", l, res.TPS, want)
 		}
-		for _, k := range pl.P2PLink {
+		for s, k := range pl.P2PLink {
+			if l.StageRank(s) == l.StageRank(s+1) {
+				if k != "same rank" {
+					t.Errorf("%+v: stage boundary %d inside a rank on %s", l, s, k)
+				}
+				continue
+			}
 			if k != c.link {
 				t.Errorf("%+v: stage boundary on %s, want %s", l, k, c.link)
+			}
+		}
+		if l.PPSchedule.ZeroBubble() {
+			// Both passes of every stage take time: the backward-data and
+			// the backward-weight ops.
+			// Stage 0's input pass is empty, its weight pass the whole
+			// backward (PyTorch's stage).
+			for _, wr := range res.pipe.ranks {
+				for _, sp := range wr.spans {
+					d := sp.end - sp.start
+					switch k := sp.op.Kind; {
+					case k == parallel.PipeInput && sp.op.Stage == 0:
+						if d != 0 {
+							t.Errorf("%+v: stage 0's input pass takes %g s", l, d)
+						}
+					case (k == parallel.PipeInput || k == parallel.PipeWeight) && !(d > 0):
+						t.Errorf("%+v: %s of stage %d takes %g s", l, k, sp.op.Stage, d)
+					}
+				}
 			}
 		}
 		mem, err := memoryEstimateFor(in)
