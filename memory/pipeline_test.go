@@ -29,16 +29,16 @@ func pipelineLayout(t *testing.T, l moe.Layout) moe.Layout {
 //     saved bytes of s's units per micro-batch (the unpipelined report's
 //     per-unit Saved at one micro-batch's shape) less the input a
 //     non-first stage receives (its receive buffer) plus the output a
-//     non-last stage keeps (T×D activations each), each backward taking
-//     them away; under zero-bubble schedules a backward-input pass takes
-//     away only the kept output (on the last stage the loss's own saved
-//     tensors, which PyTorch frees when it detaches the loss) and the
-//     weight pass the rest, except on stage 0, whose input pass does
-//     nothing and whose weight pass takes all;
-//   - Setup holds m receive buffers of T×D per direction per stage
+//     non-last stage keeps (T×D activations each, T/tp tokens under tensor
+//     parallelism), each backward taking them away; under zero-bubble
+//     schedules a backward-input pass takes away only the kept output (on
+//     the last stage the loss's own saved tensors, which PyTorch frees when
+//     it detaches the loss) and the weight pass the rest, except on stage
+//     0, whose input pass does nothing and whose weight pass takes all;
+//   - Setup holds m receive buffers of that size per direction per stage
 //     boundary of the rank;
 //   - parameters and optimizer state summed over ranks are the
-//     unpipelined rank's (the same dp_shard shards each unit alike);
+//     unpipelined rank's (the same dp_shard and tp split each unit alike);
 //   - the compute weights of the rank's units are live once each (FSDP's
 //     gathered copies, or the other modes' compute-type casts);
 //   - the report is the rank with the highest peak reserved.
@@ -55,6 +55,11 @@ func TestPipelineMemory(t *testing.T) {
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "2,1,1,2"}, 2}, // m < pp·v
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardZeRO1}, 4},                               // weights cast, not gathered
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardDDP, PPSchedule: moe.PPGPipe}, 2},
+		// Tensor parallelism inside the stages: tp pieces, split
+		// activations, sequence-parallel messages of T/tp tokens.
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, 4},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, ETP: 1, PPSchedule: moe.PPInterleaved1F1B}, 4}, // ep borrowing the tp ranks
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4},
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble}, 4},                  // V: stages (0, 3), (1, 2)
 		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "0,1,1,1,1,1,1,0"}, 3}, // m < 2·pp − 1
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4},
@@ -62,8 +67,14 @@ func TestPipelineMemory(t *testing.T) {
 		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPDualPipeV}, 4}, // B, I and W on one stage
 		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,1,1,1,1,0"}, 9},
 	} {
+		cfg := cfg
+		if c.l.TP > 1 {
+			tc := *cfg
+			tc.KVHeads = 2 // tp 2 must divide the KV heads
+			cfg = &tc
+		}
 		l := pipelineLayout(t, c.l)
-		name := fmt.Sprintf("pp%d/%s/v%d/lbs%d/%s/%s", l.PP, l.PPSchedule, l.PPVirtualStages, c.lbs, l.PPLayers, l.Sharding)
+		name := fmt.Sprintf("pp%d/%s/v%d/lbs%d/%s/%s/tp%d", l.PP, l.PPSchedule, l.PPVirtualStages, c.lbs, l.PPLayers, l.Sharding, l.TP)
 		o := Options{AC: moe.AC{Mode: moe.ACSelective}}
 		b := Batch{LBS: c.lbs, Seq: 8, GradAccum: 2}
 		rep, err := Estimate(cfg, l, b, o)
@@ -72,7 +83,7 @@ func TestPipelineMemory(t *testing.T) {
 		}
 		flat := l
 		flat.PP, flat.PPSchedule, flat.PPMicrobatchSize, flat.PPVirtualStages, flat.PPLayers = 0, "", 0, 0, ""
-		flat.GPUs = l.DP()
+		flat.GPUs = l.StageGPUs()
 		one, err := Estimate(cfg, flat, Batch{LBS: l.PPMicrobatchSize, Seq: 8, GradAccum: 1}, o)
 		if err != nil {
 			t.Fatal(err)
@@ -80,7 +91,8 @@ func TestPipelineMemory(t *testing.T) {
 		m, _ := l.Microbatches(c.lbs)
 		split, _ := l.StageSplit(cfg.Layers)
 		order, _ := moe.PipelineOrder(l.PPSchedule, l.PP, l.PPVirtualStages, m)
-		dx := int64(l.PPMicrobatchSize) * 8 * int64(cfg.Hidden) * moe.DefaultPrecision.Activation.Bytes()
+		// A message and a receive buffer: the tp rank's T/tp tokens.
+		dx := int64(l.PPMicrobatchSize) * 8 / int64(l.TPDegree()) * int64(cfg.Hidden) * moe.DefaultPrecision.Activation.Bytes()
 		n := l.PipelineStages()
 		// Per-micro-batch saved bytes of each stage, from the unpipelined
 		// per-unit table: units are embed, blocks 0…L−1, head.

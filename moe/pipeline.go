@@ -235,10 +235,11 @@ func (l Layout) validatePipeline() []error {
 	if err := l.PPSchedule.check(); err != nil {
 		errs = append(errs, err)
 	}
-	if l.TPDegree() > 1 {
-		// The per-stage memory, virtual time and numeric ranks are built for
-		// data parallelism and EP inside a stage only.
-		errs = append(errs, FieldError{"tp", l.TP, "tp > 1 with pp > 1 is not built yet (built: pp with dp_shard, dp_replicate and ep)"})
+	if tp := l.TPDegree(); tp > 1 && l.AsyncTP {
+		// The pipeline's virtual time prices each stage's tp collectives
+		// inline; the overlap of async TP's decomposed ones is modelled in
+		// the single-program schedule only.
+		errs = append(errs, FieldError{"async_tp", true, fmt.Sprintf("async TP with pp > 1 is not built yet (pp = %d, tp = %d; built: tp inside pipeline stages without async TP)", l.PP, tp)})
 	}
 	if l.GradSyncLastOnly {
 		// PyTorch's stage reduces after each schedule step's last backward;
@@ -763,12 +764,21 @@ func InFlight(actions []PipeAction) int {
 }
 
 // StageLayout is the layout of one pipeline stage's ranks: the same
-// data-parallel and expert degrees over DP() GPUs, without the pipeline.
-// Every stage's ranks form such a mesh (pp is the outermost axis: stage
-// p's ranks are p·DP() … (p+1)·DP() − 1).
+// data-parallel, tensor-parallel and expert degrees over StageGPUs() GPUs,
+// without the pipeline. Every stage's ranks form such a mesh (pp is the
+// outermost axis: stage p's ranks are p·StageGPUs() … (p+1)·StageGPUs() −
+// 1, tp innermost within them), as torchtitan builds one mesh of
+// pp × dp_replicate × dp_shard × cp × tp and applies tensor parallelism to
+// each stage's model chunk after the pipeline split (v0.2.2, 73a0e69:
+// torchtitan/distributed/pipeline_parallel.py pipeline_llm runs
+// parallelize_fn on every model part).
 func (l Layout) StageLayout() Layout {
 	s := l
-	s.GPUs = l.DP()
+	s.GPUs = l.StageGPUs()
 	s.PP, s.PPSchedule, s.PPMicrobatchSize, s.PPVirtualStages, s.PPLayers = 0, "", 0, 0, ""
 	return s
 }
+
+// StageGPUs is the number of ranks of one pipeline stage, dp_replicate ×
+// dp_shard × tp.
+func (l Layout) StageGPUs() int { return l.DP() * l.TPDegree() }

@@ -305,7 +305,9 @@ func TestLayoutPipelineResolve(t *testing.T) {
 		{Layout{GPUs: 8, PP: 2, PPMicrobatchSize: -1}, []string{"pp_microbatch_size = -1: must be in [1, 65536]"}},
 		{Layout{GPUs: 8, PP: 2, PPLayers: "1,x"}, []string{`stage 1 = "x"`}},
 		{Layout{GPUs: 8, PP: 2, GradSyncLastOnly: true}, []string{"grad_sync_last_only = true: not modelled with pp > 1"}},
-		{Layout{GPUs: 8, PP: 2, TP: 2}, []string{"tp = 2: tp > 1 with pp > 1 is not built yet"}},
+		{Layout{GPUs: 8, PP: 2, TP: 2, AsyncTP: true}, []string{"async_tp = true: async TP with pp > 1 is not built yet (pp = 2, tp = 2"}},
+		{Layout{GPUs: 8, PP: 2, TP: 2, DPShard: 3}, []string{"gpus = 8 is not divisible by pp × dp_shard × tp = 2 × 3 × 2 = 12"}},
+		{Layout{GPUs: 8, PP: 2, TP: 4, DPReplicate: 2}, []string{"gpus = 8 is not divisible by pp × dp_replicate × tp = 2 × 2 × 4 = 16"}},
 	} {
 		l := c.in
 		err := l.Resolve()
@@ -378,6 +380,24 @@ func TestLayoutPipelineJSON(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`{"pp_layers": [4, -1]}`), &l); err == nil || !strings.Contains(err.Error(), "each must be a layer count") {
 		t.Errorf("negative count: %v", err)
+	}
+}
+
+// TestStageLayoutTP: tp inside pipeline stages. 16 GPUs at pp 2 × tp 2
+// leave dp_shard = 16 / (2 · 2) = 4; a stage is the mesh of dp_shard 4 ×
+// tp 2 = 8 ranks with the same ep and etp (ep 8 borrowing dp_shard 4 × tp
+// 2 at etp 1), which validates as a layout of its own.
+func TestStageLayoutTP(t *testing.T) {
+	l := Layout{GPUs: 16, PP: 2, TP: 2, EP: 8, ETP: 1}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	s := l.StageLayout()
+	if l.DPShard != 4 || l.StageGPUs() != 8 || s.GPUs != 8 || s.TP != 2 || s.EP != 8 || s.ETP != 1 || s.PP != 0 {
+		t.Errorf("pp 2 × tp 2 of 16: dp_shard %d, stage %+v (StageGPUs %d); want dp_shard 4 and a stage of 8 ranks at tp 2, ep 8, etp 1", l.DPShard, s, l.StageGPUs())
+	}
+	if err := s.Validate(); err != nil {
+		t.Errorf("stage layout: %v", err)
 	}
 }
 

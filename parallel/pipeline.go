@@ -30,7 +30,18 @@ import (
 // (schedules.py's "V-schedule special case").
 //
 // Messages are one micro-batch's hidden states, pp_microbatch_size × seq
-// × hidden elements of the activation type. Inside a stage, FSDP follows
+// × hidden elements of the activation type, divided by tp under tensor
+// parallelism: each tp rank sends its sequence-parallel shard to the same
+// tp rank of the next stage (torchtitan v0.2.2, 73a0e69:
+// models/qwen3/infra/parallelize.py apply_non_moe_tp gives the embedding
+// output_layouts=Shard(1) and each block's attention.wo and feed_forward.w2
+// (or MoE) rowwise_parallel(output_layouts=Shard(1)) with the default
+// use_local_output=True, so a block's output, and a stage's, is the local
+// [batch, seq/tp, hidden] tensor that PipelineStage sends; the first
+// block's attention_norm of the next stage takes it as its Shard(1) input).
+// Each stage's forward and backward run its layers' tensor-parallel
+// collectives (StageTPCollectives) on the stage's tp group. Inside a
+// stage, FSDP follows
 // torchtitan under PP: the stage's units are all-gathered before its first
 // forward and stay gathered for the step (torchtitan does not reshard
 // after forward under PP by default, and PyTorch's stage does not reshard
@@ -113,6 +124,9 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 	if sp.Seq < 1 || sp.Accum < 1 {
 		return nil, fmt.Errorf("pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", sp.Seq, sp.Accum)
 	}
+	if err := l.CheckSeq(sp.Seq); err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
 	m, err := l.Microbatches(sp.LBS)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
@@ -135,7 +149,7 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 	}
 	p := &Pipeline{Layout: l, Split: split, M: m, Accum: sp.Accum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
 	b := &schedBuilder{cfg: cfg, paramIx: NewUnitIndex(cfg), m: stage, l: stage.Layout, prec: prec}
-	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) * int64(cfg.Hidden) * prec.Activation.Bytes()
+	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) / int64(l.TPDegree()) * int64(cfg.Hidden) * prec.Activation.Bytes()
 	n := l.PipelineStages()
 	for r, actions := range order {
 		var ops []PipeOp
@@ -213,6 +227,45 @@ func (p *Pipeline) StageUnits(cfg *moe.Config, s int) []Unit {
 	return us
 }
 
+// StageTPCollectives lists the tensor-parallel collectives of one
+// micro-batch through stage s in issue order (TPCollectives per layer on
+// the stage's layout): the forward's, embedding (stage 0), blocks, head
+// (last stage); then the backward's, head, blocks in reverse, embedding,
+// each block's recompute collectives before its backward ones. Empty
+// without tensor parallelism.
+func (p *Pipeline) StageTPCollectives(cfg *moe.Config, s, seq int, ac moe.AC, act moe.DType) []TPColl {
+	first, count := p.StageLayers(s)
+	tokens := p.Layout.PPMicrobatchSize * seq
+	layers := make([]int, 0, count+2)
+	if s == 0 {
+		layers = append(layers, moe.LayerEmbed)
+	}
+	for layer := first; layer < first+count; layer++ {
+		layers = append(layers, layer)
+	}
+	if s == len(p.Split)-1 {
+		layers = append(layers, cfg.LayerHead())
+	}
+	per := make([][]TPColl, len(layers))
+	var out []TPColl
+	for i, layer := range layers {
+		per[i] = TPCollectives(cfg, p.Stage.Layout, layer, tokens, ac, act)
+		for _, c := range per[i] {
+			if c.Phase == PhaseForward {
+				out = append(out, c)
+			}
+		}
+	}
+	for i := len(layers) - 1; i >= 0; i-- {
+		for _, c := range per[i] {
+			if c.Phase != PhaseForward {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
 // StageLayers returns the first transformer layer of stage s and how
 // many it holds.
 func (p *Pipeline) StageLayers(s int) (first, count int) {
@@ -246,6 +299,19 @@ func (p *Pipeline) stageCollectives(b *schedBuilder, s int, reduce bool) []PipeO
 	}
 	for i := len(us) - 1; i >= 0; i-- {
 		u := us[i]
+		if e := TPReplicatedElements(b.paramIx, u); b.l.TPDegree() > 1 && e > 0 {
+			// The stage's gradients of a micro-step are accumulated
+			// unsharded in the gradient type over its micro-batches
+			// without gradient sync (FSDP2's no-sync accumulation): the
+			// all-reduce of the replicated ones runs in that type, or in
+			// the compute type after a single backward.
+			dt := b.prec.Compute
+			if p.M > 1 {
+				dt = b.prec.Grad
+			}
+			add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllReduce, Axis: AxisTP,
+				Purpose: PurposeTPGradSync, Unit: u, DType: dt, Elements: e})
+		}
 		a := b.shardAxis(u)
 		n := b.axisSize(a)
 		full, padded, shard := b.sizes(u)

@@ -139,3 +139,73 @@ func TestMeshRefusesPipeline(t *testing.T) {
 		t.Fatalf("stage mesh: %v, %v", m, err)
 	}
 }
+
+// TestBuildPipelineTP: tensor parallelism inside pipeline stages, by hand
+// for the tiny model of blocks MoE, dense, MoE, MoE (D = 8, head_dim 4, 2
+// KV heads, 4 experts) at pp 2 × dp_shard 2 × tp 2, lbs 4 in micro-batches
+// of 1 sequence of 8 tokens (M = 4), grad-accum 2, selective policy.
+// torchtitan's split of 4 layers + 2 over 2 stages is 2, 2: stage 0 holds
+// the embedding and blocks 0, 1; stage 1 blocks 2, 3 and the head.
+//   - A message is a tp rank's sequence shard: 1 × 8/2 tokens × 8 × 2 B =
+//     64 B (128 B without tp).
+//   - Each stage's reduction starts each unit's with the all-reduce over tp
+//     of its replicated tensors' gradients, in f32 (accumulated over M = 4
+//     backwards): a MoE block's 8 + 8 + 4 + 4 + 4·8 = 56 elements (norms,
+//     q/k norms, router gate), the dense block's 24, the head's final norm
+//     8, none for the embedding or the experts; backward unit order, so
+//     stage 0 runs 24, 56 and stage 1 8, 56, 56, once per micro-step.
+//   - One micro-batch through stage 0 runs the embedding's reduce-scatter
+//     and all-gather and each block's 4 forward, 2 re-gathered and 4
+//     backward collectives, 22 of T·D = 64 elements; stage 1 its blocks'
+//     20 and the head's all-gather, reduce-scatter and three loss-parallel
+//     all-reduces of T = 8 f32 values.
+func TestBuildPipelineTP(t *testing.T) {
+	cfg := moetest.TinyMoELayers(true, false, true, true)
+	cfg.KVHeads = 2
+	l := moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	ac := moe.AC{Mode: moe.ACSelective}
+	p, err := BuildPipeline(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 8, Accum: 2, GPUsPerNode: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Stage.World() != 4 || p.Stage.Group(AxisTP, 0).Size() != 2 {
+		t.Fatalf("stage mesh of %d ranks, tp group of %d; want 4 and 2", p.Stage.World(), p.Stage.Group(AxisTP, 0).Size())
+	}
+	wantSync := [][]int64{{24, 56}, {8, 56, 56}}
+	for r, ops := range p.Ranks {
+		var sync []int64
+		for _, o := range ops {
+			switch {
+			case o.Kind == PipeSend && o.Bytes != 64:
+				t.Errorf("rank %d: message of %d B, want 64", r, o.Bytes)
+			case o.Kind == PipeColl && o.Coll.Purpose == PurposeTPGradSync:
+				if o.Coll.Axis != AxisTP || o.Coll.Coll != CollAllReduce || o.Coll.DType != moe.F32 {
+					t.Errorf("rank %d: %+v; want an f32 all-reduce on tp", r, o.Coll)
+				}
+				sync = append(sync, o.Coll.Elements)
+			}
+		}
+		want := append(append([]int64(nil), wantSync[r]...), wantSync[r]...) // two micro-steps
+		if fmt.Sprint(sync) != fmt.Sprint(want) {
+			t.Errorf("rank %d: tp gradient all-reduces of %v elements, want %v", r, sync, want)
+		}
+		cs := p.StageTPCollectives(cfg, r, 8, ac, moe.BF16)
+		n, loss := 0, 0
+		for _, c := range cs {
+			switch {
+			case c.Purpose == PurposeTPLoss && c.Elements == 8 && c.DType == moe.F32:
+				loss++
+			case c.Elements == 64 && c.DType == moe.BF16:
+				n++
+			default:
+				t.Errorf("stage %d: %+v", r, c)
+			}
+		}
+		if wantN, wantLoss := []int{22, 22}[r], []int{0, 3}[r]; n != wantN || loss != wantLoss {
+			t.Errorf("stage %d: %d collectives of T·D and %d loss-parallel ones, want %d and %d", r, n, loss, wantN, wantLoss)
+		}
+	}
+}

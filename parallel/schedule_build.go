@@ -52,7 +52,9 @@ type ScheduleSpec struct {
 // updated parameter shards. Under tensor parallelism every compute segment
 // is preceded and followed by the collectives TPCollectives places there, on
 // the tp group, in the computation's chain (with async TP only the first of
-// tp chunks in it, the rest beside it); FSDP moves each tp rank's pieces
+// tp chunks in it, the rest beside it), and each unit's gradient reduction
+// starts with the all-reduce over tp of its replicated tensors' gradients
+// (TPReplicatedElements); FSDP moves each tp rank's pieces
 // (UnitTensors) and the all-to-alls each tp rank's rows. Collectives on
 // one-member groups are omitted.
 func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
@@ -371,10 +373,23 @@ func (b *schedBuilder) reduceType() moe.DType {
 
 // reduce emits the gradient collectives of u after op dep; none before the
 // last micro-step under grad-sync-last-only (the memory timeline
-// accumulates the unsharded gradients there instead).
+// accumulates the unsharded gradients there instead). Under tensor
+// parallelism the all-reduce over tp of u's replicated tensors' gradients
+// comes first (TPReplicatedElements).
 func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	if b.l.GradSyncLastOnly && micro < b.sp.Micro-1 {
 		return
+	}
+	orig := dep
+	if b.l.TPDegree() > 1 {
+		if n := TPReplicatedElements(b.paramIx, u); n > 0 {
+			dt := b.prec.Compute
+			if b.l.GradSyncLastOnly && b.sp.Micro > 1 {
+				dt = b.reduceType()
+			}
+			dep = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
+				Coll: CollAllReduce, Axis: AxisTP, Purpose: PurposeTPGradSync, Unit: u, DType: dt, Elements: n})
+		}
 	}
 	a := b.shardAxis(u)
 	n := b.axisSize(a)
@@ -393,7 +408,7 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 				Coll: CollAllReduce, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.reduceType(), Elements: full})
 		}
 	}
-	if last != dep {
+	if last != orig {
 		b.lastRS = append(b.lastRS, last)
 	}
 	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.Micro-1) {

@@ -45,7 +45,44 @@ const (
 	PurposeTPLoss     Purpose = "tp_loss_reduce" // loss parallel's per-token all-reduces (f32)
 	PurposeTPGradGath Purpose = "tp_gather_grad" // backward of a reduce-scatter: all-gather of the output gradient
 	PurposeTPGradRed  Purpose = "tp_reduce_grad" // backward of an all-gather: reduce-scatter of the input gradient
+	PurposeTPGradSync Purpose = "tp_grad_sync"   // all-reduce of the replicated tensors' gradients (TPReplicatedElements)
 )
+
+// The tensors tp keeps whole on every member (the norms, the router gate,
+// the shared-expert gate: moe.TPReplicated) take gradients that are partial
+// sums over the group, each member having computed them from its own
+// tokens (the sequence-parallel norms) or its own heads and widths. PyTorch
+// sums them where FSDP2 reads a unit's unsharded gradients after its
+// backward: FSDPParam.unsharded_grad_data redistributes a DTensor gradient
+// to the parameter's tp placements, Partial → Replicate, an all-reduce over
+// tp, before foreach_reduce casts to the reduce type and reduce-scatters
+// (pytorch/pytorch 17a7e1e09b3e17825b4cb51d75dab1a764712793,
+// torch/distributed/fsdp/_fully_shard/_fsdp_param.py _get_grad_inner_tensor;
+// FSDPParamGroup.post_backward). It runs on the computation's stream, in
+// the unsharded gradient's type: the compute type (FSDP2's param_dtype), or
+// the reduce type when gradient sync is skipped and FSDP2 accumulates the
+// unsharded gradients in it (FSDPParam.to_accumulated_grad_if_needed).
+
+// TPReplicatedElements is the number of elements of unit u's tensors that
+// tensor parallelism keeps whole (moe.TPReplicated, buffers excluded): what
+// the all-reduce of their gradients over tp moves as NCCL's S. Zero for a
+// routed-expert unit, whose weights are all split or whole experts.
+func TPReplicatedElements(x *UnitIndex, u Unit) int64 {
+	if u.Experts {
+		return 0
+	}
+	var n int64
+	for _, i := range x.ByLayer[u.Layer] {
+		if p := x.params[i]; p.TP == moe.TPReplicated {
+			e := int64(1)
+			for _, d := range p.Shape {
+				e *= int64(d)
+			}
+			n += e
+		}
+	}
+	return n
+}
 
 // TPColl is one tensor-parallel collective of a layer in one micro-step,
 // placed before or after a compute segment of a phase.

@@ -150,7 +150,8 @@ func TestUnitTensorsTP(t *testing.T) {
 }
 
 // TestScheduleTP: the schedule of a tp layout carries, per micro-step,
-// exactly TPCollectives' collectives on the tp axis, each after the op
+// exactly TPCollectives' collectives on the tp axis (besides the
+// gradient all-reduces, TestScheduleTPGradSync), each after the op
 // that produces its input and before the compute that reads it (every
 // dependency points backwards); under async TP each all-gather and
 // reduce-scatter is an exposed first chunk of S/tp plus an AsyncPart of
@@ -179,8 +180,8 @@ func TestScheduleTP(t *testing.T) {
 						t.Fatalf("async %v %s: op %d depends on later op %d", async, ac, o.ID, d)
 					}
 				}
-				if o.Type != OpCollective || o.Axis != AxisTP {
-					continue
+				if o.Type != OpCollective || o.Axis != AxisTP || o.Purpose == PurposeTPGradSync {
+					continue // the gradient all-reduces: TestScheduleTPGradSync
 				}
 				got += o.Elements
 				if o.AsyncPart {
@@ -195,6 +196,64 @@ func TestScheduleTP(t *testing.T) {
 			}
 			if async != (parts > 0) {
 				t.Errorf("async %v %s: %d overlapped parts", async, ac, parts)
+			}
+		}
+	}
+}
+
+// TestScheduleTPGradSync: the all-reduce over tp of each unit's replicated
+// tensors' gradients, derived by hand for the tiny MoE (D = 8, 2 MoE
+// blocks, 4 experts, head_dim 4, per-head q/k norms) at tp 2: a block's
+// dense unit holds attention_norm 8 + ffn_norm 8 + q_norm 4 + k_norm 4 +
+// router gate 4 × 8 = 32, S = 56 elements; the head unit the final norm,
+// S = 8; the embedding (vocabulary rows) and the expert units (split or
+// whole experts) none. Each runs once per unit and micro-step, in bf16
+// (FSDP2's unsharded gradient, param_dtype), right before that unit's
+// reduce-scatter, which waits for it. Under grad-sync-last-only with 2
+// micro-steps only the last micro-step's run, in f32 (FSDP2 accumulates
+// the unsharded gradients in the reduce type).
+func TestScheduleTPGradSync(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.KVHeads = 2
+	want := map[int]int64{0: 56, 1: 56, cfg.LayerHead(): 8}
+	for _, last := range []bool{false, true} {
+		l := moe.Layout{GPUs: 4, TP: 2, EP: 2, Sharding: moe.ShardFSDP, ReshardAfterForward: true, GradSyncLastOnly: last}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACSelective}, 2)
+		wantDT, micros := moe.BF16, []int{0, 1}
+		if last {
+			wantDT, micros = moe.F32, []int{1}
+		}
+		seen := map[[2]int]int{}
+		for _, o := range s.Ops {
+			if o.Purpose != PurposeTPGradSync {
+				continue
+			}
+			if o.Coll != CollAllReduce || o.Axis != AxisTP || o.DType != wantDT || o.Unit.Experts || o.Elements != want[o.Layer] {
+				t.Errorf("last-only %v: %+v; want a %s all-reduce on tp of %d elements", last, o, wantDT, want[o.Layer])
+			}
+			seen[[2]int{o.Micro, o.Layer}]++
+			var rs *ScheduleOp
+			for _, x := range s.Ops[o.ID+1:] {
+				if x.Purpose == PurposeGradReduce && x.Unit == o.Unit && x.Micro == o.Micro {
+					rs = &x
+					break
+				}
+			}
+			if rs == nil || len(rs.Deps) != 1 || rs.Deps[0] != o.ID {
+				t.Errorf("last-only %v: unit %v micro %d: its reduce-scatter %v does not wait for the tp all-reduce %d", last, o.Unit, o.Micro, rs, o.ID)
+			}
+		}
+		if len(seen) != len(micros)*len(want) {
+			t.Errorf("last-only %v: tp gradient all-reduces at %v, want one per micro-step %v and layer of %v", last, seen, micros, want)
+		}
+		for _, m := range micros {
+			for layer := range want {
+				if seen[[2]int{m, layer}] != 1 {
+					t.Errorf("last-only %v: micro %d layer %d: %d tp gradient all-reduces, want 1", last, m, layer, seen[[2]int{m, layer}])
+				}
 			}
 		}
 	}

@@ -293,7 +293,7 @@ func TestTrainAbsurdPeakGFLOPSRefused(t *testing.T) {
 // with ep 2 over dp_shard at etp 2, within 1e-5 relative (the row-parallel
 // linears sum partial products in another order than one rank's GEMM,
 // TestNumericTPEqualsOneRank); the combinations the numeric backend does
-// not execute (tp with pp) are refused by name. Two sequences per micro-batch: with
+// not execute (replicas inside pipeline stages) are refused by name. Two sequences per micro-batch: with
 // tiny's initialization one sequence of 8 tokens leaves the q/k
 // projections' gradients at about 1e-9, the float32 rounding level of the
 // partial sums, and AdamW turns that noise into ±lr updates (the losses
@@ -327,7 +327,7 @@ func TestTrainTP(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--gpus", "4", "--tp", "2", "--pp", "2"}, "tp > 1 with pp > 1 is not built"},
+		{[]string{"--gpus", "8", "--tp", "2", "--pp", "2", "--dp-replicate", "2"}, "dp_replicate 2, ep 1, sharding fsdp inside a pipeline stage: not built"},
 		{[]string{"--gpus", "2", "--tp", "2", "--seq", "6"}, "seq = 6 is not divisible by tp × 2·cp"},
 	} {
 		var out, errb bytes.Buffer
@@ -356,6 +356,34 @@ func TestTrainTPResume(t *testing.T) {
 			if math.Abs(got[i]-full.Losses[i]) > 1e-5*math.Abs(full.Losses[i]) {
 				t.Errorf("%v then %v, step %d: loss %.9g, uninterrupted %.9g", c.first, c.rest, i+1, got[i], full.Losses[i])
 			}
+		}
+	}
+}
+
+// TestTrainPipelineTP: train --pp 2 --tp 2 --gpus 4 and train --pp 2 --tp
+// 2 --dp-shard 2 --gpus 8 print the losses of train --gpus 1 on the same
+// micro-batches (PipelineTrainer's doc: lbs 4 in pipeline micro-batches of
+// 2 sequences are one rank's micro-steps of 2, grad-accum 2 per
+// data-parallel rank), within 1e-5 relative as TestTrainTP; TPS counts a
+// rank's own tokens, ÷ pp · tp (3 steps × lbs 4 × 8 tokens ÷ 4 = 24).
+func TestTrainPipelineTP(t *testing.T) {
+	for _, c := range []struct{ one, pp []string }{
+		{[]string{"--gpus", "1", "--lbs", "2", "--grad-accum", "2", "--steps", "3"},
+			[]string{"--gpus", "4", "--pp", "2", "--tp", "2", "--lbs", "4", "--pp-microbatch-size", "2", "--steps", "3"}},
+		{[]string{"--gpus", "1", "--lbs", "2", "--grad-accum", "4", "--steps", "3"},
+			[]string{"--gpus", "8", "--pp", "2", "--tp", "2", "--dp-shard", "2", "--lbs", "4", "--pp-microbatch-size", "2", "--steps", "3"}},
+	} {
+		one, pp := trainJSON(t, c.one...), trainJSON(t, c.pp...)
+		if len(one.Losses) != 3 || len(pp.Losses) != 3 {
+			t.Fatalf("%v: losses %v and %v, want 3 each", c.pp, one.Losses, pp.Losses)
+		}
+		for i := range one.Losses {
+			if math.Abs(pp.Losses[i]-one.Losses[i]) > 1e-5*math.Abs(one.Losses[i]) {
+				t.Errorf("%v step %d: loss %.9g, one rank %.9g", c.pp, i+1, pp.Losses[i], one.Losses[i])
+			}
+		}
+		if own := pp.TPS * pp.Seconds; math.Abs(own-24) > 1e-9*24 {
+			t.Errorf("%v: tps × seconds = %g tokens per rank, want 24", c.pp, own)
 		}
 	}
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // runPipeline is train under --pp > 1: numeric.PipelineTrainer, one
-// goroutine per (pipeline rank, FSDP rank of its stage). It prints the step lines train prints
+// goroutine per (pipeline rank, FSDP × tp rank of its stage). It prints the step lines train prints
 // (loss, aux, tps, mfu), without the per-rank memory and collective bytes
 // the pipeline trainer does not account yet.
 func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
@@ -64,8 +64,8 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 		return err
 	}
 	l := r.layout
-	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d) × dp_shard %d (FSDP inside each stage); ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
-		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPShard, r.ac, a.lbs, a.seq, a.accum, global)
+	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d) × dp_shard %d (FSDP inside each stage) × tp %d; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
+		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPShard, l.TPDegree(), r.ac, a.lbs, a.seq, a.accum, global)
 	rep := trainReport{Model: cfg.Name, Layout: l, AC: r.ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, CommBytes: map[string]int64{}}
 	var total time.Duration
@@ -80,13 +80,13 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 		total += dt
 		rep.Losses = append(rep.Losses, res.Loss)
 		rep.AuxLosses = append(rep.AuxLosses, res.Aux)
-		// torchtitan's TPS divides the tokens by pp too.
-		tps := float64(res.Tokens) / float64(l.PP) / dt.Seconds()
+		// torchtitan's TPS divides the tokens by pp and tp too.
+		tps := float64(res.Tokens) / float64(l.PP*l.TPDegree()) / dt.Seconds()
 		mfu := flops.MFU(float64(flopsStep)/tokens, tokens/dt.Seconds(), peak*1e9)
 		fmt.Fprintf(progress, "step %d  loss %.6f  aux %.6f  tps %.0f  mfu %.2f%%  %.3fs\n", res.Step+1, res.Loss, res.Aux, tps, 100*mfu, dt.Seconds())
 	}
 	rep.Seconds = total.Seconds()
-	rep.TPS = float64(int64(a.steps)*int64(a.lbs)*int64(a.seq)*int64(a.accum)) / float64(l.PP) / total.Seconds()
+	rep.TPS = float64(int64(a.steps)*int64(a.lbs)*int64(a.seq)*int64(a.accum)) / float64(l.PP*l.TPDegree()) / total.Seconds()
 	rep.MFU = flops.MFU(float64(flopsStep)/tokens, float64(a.steps)*tokens/total.Seconds(), peak*1e9)
 	if a.jsonOut {
 		return writeJSON(stdout, "train", rep)

@@ -34,10 +34,10 @@ type Spec struct {
 // With tp > 1 (tp.go: sequence parallelism, ep = 1 or etp = tp) each rank
 // holds its tensor-parallel pieces of the weights before FSDP shards them;
 // its tensor-parallel collectives are checked per layer against
-// parallel.TPCollectives (TestTPCollectivesAreTheListed), not against the
-// whole program's order, and it adds one all-reduce over tp per unit and
-// micro-step of the replicated tensors' gradients, which the schedule does
-// not list.
+// parallel.TPCollectives (TestTPCollectivesAreTheListed), and each axis's
+// collectives against the schedule's on that axis, the all-reduce over tp
+// of every unit's replicated tensors' gradients included
+// (TestNumericTPFollowsSchedule).
 //
 // Sharding (over dp_shard for dense units, over efsdp = dp_shard/ep for
 // expert units; FSDPShard geometry, padded dim-0 or dim-1 chunks):

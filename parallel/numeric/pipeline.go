@@ -75,6 +75,21 @@ type PipelineSpec struct {
 // cross-entropies and each backward is scaled by one over their number,
 // so the run equals that rank's up to float32 summation order.
 //
+// Tensor parallelism inside a stage (tp > 1): a stage's ranks are dp_shard
+// × tp (tp innermost, moe.Layout.StageLayout); the tp ranks of a
+// data-parallel rank read its micro-batches, each holds its tp pieces of
+// the stage's tensors (moe.TPShard, as the single-program trainer's ranks
+// do, which FSDP then chunks over dp_shard) and runs the blocks with
+// sequence parallelism (moe.Block.ForwardSP, the embedding's vocabulary
+// rows and loss parallel, tp.go). A stage sends each tp rank's
+// sequence-parallel shard of the activation, [batch, seq/tp, hidden], to
+// the same tp rank of the next stage, as torchtitan's stages do
+// (parallel.Pipeline). The replicated tensors' gradients (norms, router,
+// shared-expert gate) are partial sums over the tp group, all-reduced over
+// it per unit after the stage's last backward of the step, before FSDP's
+// reduction (parallel.TPReplicatedElements); the aux loss's gradient
+// enters on tp rank 0 only, since every tp rank routes the same tokens.
+//
 // Not built here yet: replicas (HSDP), other sharding modes and expert
 // parallelism inside a stage, and tied embeddings (the table would live on
 // the first and the last stage).
@@ -83,17 +98,20 @@ type PipelineTrainer struct {
 	batch parallel.Batch // the equivalent one-rank batch (see above)
 	m     int            // pipeline micro-batches per micro-step
 	dp    int            // data-parallel (FSDP) ranks per stage
+	tp    int            // tensor-parallel ranks per data-parallel rank
 	order [][]moe.PipeAction
 	split []int
-	ranks [][]*pipeRank // [pipeline rank][data-parallel rank]
+	ranks [][]*pipeRank // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
 	comms []*Comm       // per pipeline rank, over its stage mesh
 	step  int
 }
 
-// pipeRank is one (pipeline rank, data-parallel rank)'s model and state.
+// pipeRank is one (pipeline rank, stage rank)'s model and state.
 type pipeRank struct {
 	rank, d int
-	model   *moe.Model[float32] // every tensor; the rank uses its stages' only, gathered for the step
+	lane    int                 // its rank on the stage mesh, d·tp + tp rank: the neighbouring stages' rank it talks to
+	tpIdx   int                 // its tp rank
+	model   *moe.Model[float32] // every tensor (its tp pieces under tp); the rank uses its stages' only, gathered for the step
 	owned   []bool              // per Params entry: held by one of the rank's stages
 	shard   [][]float32         // per owned tensor: this rank's chunk (the whole tensor without FSDP)
 	adam    []moe.AdamState[float32]
@@ -120,13 +138,17 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	case l.Stages() < 2:
 		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
 	case l.DPReplicate != 1 || l.EP != 1 || l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
-		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (built: FSDP over dp_shard, dp_replicate 1, ep 1)", l.DPReplicate, l.EP, l.Sharding)
+		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: FSDP over dp_shard and tp inside a stage, dp_replicate 1, ep 1)",
+			l.DPReplicate, l.EP, l.Sharding, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree())
 	case cfg.TiedEmbeddings:
 		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
 	case spec.Seq < 1 || spec.Accum < 1:
 		return nil, fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
 	}
 	if err := l.CheckModel(cfg); err != nil {
+		return nil, err
+	}
+	if err := l.CheckSeq(spec.Seq); err != nil {
 		return nil, err
 	}
 	m, err := l.Microbatches(spec.LBS)
@@ -148,12 +170,18 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if spec.Precision == (moe.Precision{}) {
 		spec.Precision = moe.DefaultPrecision
 	}
-	dp := l.DPShard
+	dp, tp := l.DPShard, l.TPDegree()
 	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * dp * m, DP: 1}
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, order: order, split: split}
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, order: order, split: split}
+	// A tp rank's tensors and block runners have its local shapes
+	// (TPLocal; the same tensors in the same order as cfg's).
+	lcfg := cfg
+	if tp > 1 {
+		lcfg = cfg.TPLocal(tp, l.ExpertTP())
+	}
 	first := make([]int, len(split)+1) // first layer of each stage
 	for s, n := range split {
 		first[s+1] = first[s] + n
@@ -179,22 +207,26 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	}
 	stage := l.StageLayout()
 	for r := range l.Stages() {
-		mesh, err := parallel.NewMesh(stage, cfg, max(dp, 1))
+		mesh, err := parallel.NewMesh(stage, cfg, stage.GPUs)
 		if err != nil {
 			return nil, fmt.Errorf("numeric: pipeline: %w", err)
 		}
 		p.comms = append(p.comms, NewComm(mesh))
 		var row []*pipeRank
-		for d := range dp {
-			mod, err := moe.NewModel[float32](cfg)
+		for lane := range stage.GPUs {
+			co := mesh.Coord(lane)
+			mod, err := moe.NewModel[float32](lcfg)
 			if err != nil {
 				return nil, err
 			}
-			pr := &pipeRank{rank: r, d: d, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+			pr := &pipeRank{rank: r, d: co.Shard, lane: lane, tpIdx: co.TP, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
 				adam: make([]moe.AdamState[float32], len(ps))}
+			d := pr.d
 			pr.stages = l.RankStages(r)
 			for i, t := range mod.Tensors() {
-				copy(t, init[i])
+				// With ep = 1 the routed experts are split over tp too
+				// (Layout.ExpertTP), by the same tp rank.
+				copy(t, moe.TPShard(ps[i], init[i], tp, co.TP))
 				layer := ps[i].Layer
 				if layer < 0 {
 					layer = cfg.LayerHead()
@@ -254,11 +286,11 @@ func newPipeLinks(stages, m int) *pipeLinks {
 	return k
 }
 
-// pipeLinks of micro-step a for data-parallel rank d.
+// pipeLinks of micro-step a for stage rank (lane) i.
 func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
 	out := make([][]*pipeLinks, p.spec.Accum)
 	for a := range out {
-		for range p.dp {
+		for range p.dp * p.tp {
 			out[a] = append(out[a], newPipeLinks(len(p.split), p.m))
 		}
 	}
@@ -318,7 +350,21 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	n := len(p.split)
 	o := moe.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
 	scale := 1 / float64(sp.Accum*p.dp*p.m)
-	group := ep.Comm().Mesh().Group(parallel.AxisShard, pr.d)
+	mesh := ep.Comm().Mesh()
+	group := mesh.Group(parallel.AxisShard, pr.lane)
+	lcfg := cfg
+	var tc *tpComm
+	if p.tp > 1 {
+		lcfg = cfg.TPLocal(p.tp, sp.Layout.ExpertTP())
+		g := mesh.Group(parallel.AxisTP, pr.lane)
+		tc = &tpComm{group: g, idx: g.IndexOf(pr.lane), batch: p.batch.LBS, seq: p.batch.Seq, hidden: cfg.Hidden,
+			act: sp.Precision.Activation, ac: sp.AC}
+		tc.bind(ctx, ep)
+	}
+	vocabLo := pr.tpIdx * ((cfg.Vocab + p.tp - 1) / p.tp) // the rank's first vocabulary row (embedding, LM head)
+	// Every tp rank routes the same tokens: the aux loss's gradient, and
+	// the micro-batch's loss, are one member's.
+	lead := pr.tpIdx == 0
 	ts, gs := pr.model.Tensors(), pr.model.Grads()
 	if p.dp > 1 {
 		for i, sh := range pr.shard {
@@ -356,10 +402,10 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 		blocks[j] = map[int]*moe.Block[float32]{}
 		for _, s := range pr.stages {
 			for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
-				blocks[j][li] = moe.NewBlock[float32](cfg, li, p.batch.LBS, p.batch.Seq, o)
+				blocks[j][li] = moe.NewBlock[float32](lcfg, li, p.batch.LBS, p.batch.Seq, o)
 			}
 		}
-		embeds[j], heads[j] = moe.NewEmbedding[float32](cfg, o), moe.NewHead[float32](cfg, o)
+		embeds[j], heads[j] = moe.NewEmbedding[float32](lcfg, o), moe.NewHead[float32](lcfg, o)
 	}
 	useAux := sp.AuxCoef != 0 && cfg.IsMoE()
 	coef := scale * sp.AuxCoef
@@ -367,6 +413,21 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	// gradient (the last stage's), or with SeqAuxLoss each layer's own.
 	auxShared := make([][]float32, p.m)
 	auxLayer := make([]map[int][]float32, p.m)
+	backwards := map[int]int{} // per stage, backwards run in the step's last micro-step
+	// completed is called after each action that completes a micro-batch's
+	// weight gradients of stage s in micro-step a (a full backward or a
+	// weight pass): the stage's gradients are complete after its last of
+	// the step, and the replicated ones are summed over tp there, where
+	// the program's reduction of the stage starts.
+	completed := func(a, s int) error {
+		if a < sp.Accum-1 || tc == nil {
+			return nil
+		}
+		if backwards[s]++; backwards[s] == p.m {
+			return p.tpReduceReplicated(ctx, ep, tc, pr, s)
+		}
+		return nil
+	}
 	// Per micro-batch and stage, the weight gradients a backward-input
 	// pass queued for its weight pass.
 	queues := make([]map[int]*moe.WeightQueue, p.m)
@@ -374,8 +435,13 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 		queues[j] = map[int]*moe.WeightQueue{}
 	}
 	for a := range sp.Accum {
-		links := links[a][pr.d]
+		links := links[a][pr.lane]
 		for _, act := range p.order[pr.rank] {
+			// A failed tp collective left zeros behind it: stop at the
+			// next action (the communicator cancels the other ranks).
+			if err := tc.failed(); err != nil {
+				return err
+			}
 			s, j := act.Stage, act.Micro
 			k := (a*p.dp+pr.d)*p.m + j // the micro-batch in one rank's order
 			lo, hi := firsts[s], firsts[s]+p.split[s]
@@ -388,6 +454,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			case act.Kind == moe.PipeW && s > 0:
 				queues[j][s].Run()
 				delete(queues[j], s)
+				if err := completed(a, s); err != nil {
+					return err
+				}
 				continue
 			case act.Kind == moe.PipeI && s == 0:
 				// PyTorch's first stage runs nothing at its input pass and
@@ -409,9 +478,13 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
 				ids, labels := nextTokenPairs(seqs, sp.Seq)
 				var msg fwdMsg
-				if s == 0 {
+				switch {
+				case s == 0 && tc != nil:
+					x := tc.Scatter(moe.LayerEmbed, moe.Forward, embeds[j].ForwardShard(gw.Embed, ids, vocabLo))
+					msg = fwdMsg{x: x, cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
+				case s == 0:
 					msg = fwdMsg{x: embeds[j].Forward(gw.Embed, ids), cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
-				} else {
+				default:
 					select {
 					case msg = <-links.act[s-1][j]:
 					case <-ctx.Done():
@@ -420,7 +493,11 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				}
 				for li := lo; li < hi; li++ {
 					w, _ := pr.model.Layer(li)
-					msg.x = blocks[j][li].Forward(&w, msg.x)
+					if tc != nil {
+						msg.x = blocks[j][li].ForwardSP(&w, msg.x, tc)
+					} else {
+						msg.x = blocks[j][li].Forward(&w, msg.x)
+					}
 					for e, c := range blocks[j][li].ExpertCounts() {
 						loads[li][e] += int64(c)
 					}
@@ -445,17 +522,27 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 					links.act[s][j] <- msg
 					continue
 				}
-				losses[k] = heads[j].Forward(&gw, msg.x, labels)
+				var loss float64
+				if tc != nil {
+					loss = heads[j].ForwardTP(&gw, msg.x, labels, vocabLo, cfg.Vocab, tc)
+				} else {
+					loss = heads[j].Forward(&gw, msg.x, labels)
+				}
 				if useAux && !cfg.SeqAuxLoss {
 					msg.aux, auxShared[j] = moe.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, coef)
 				}
-				auxes[k] = msg.aux
+				if lead {
+					losses[k], auxes[k] = loss, msg.aux
+				}
 				continue
 			}
 			var msg bwdMsg
-			if s == n-1 {
+			switch {
+			case s == n-1 && tc != nil:
+				msg = bwdMsg{dx: heads[j].BackwardTP(&gw, &gg, scale, vocabLo, cfg.Vocab, tc), auxGrad: auxShared[j]}
+			case s == n-1:
 				msg = bwdMsg{dx: heads[j].Backward(&gw, &gg, scale), auxGrad: auxShared[j]}
-			} else {
+			default:
 				select {
 				case msg = <-links.grad[s+1][j]:
 				case <-ctx.Done():
@@ -466,13 +553,17 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				w, g := pr.model.Layer(li)
 				var ag []float32
 				switch {
-				case !useAux || !cfg.MoELayer[li]:
+				case !useAux || !cfg.MoELayer[li] || !lead:
 				case cfg.SeqAuxLoss:
 					ag = auxLayer[j][li]
 				default:
 					ag = msg.auxGrad
 				}
-				msg.dx = blocks[j][li].Backward(&w, &g, msg.dx, ag)
+				if tc != nil {
+					msg.dx = blocks[j][li].BackwardSP(&w, &g, msg.dx, ag, tc)
+				} else {
+					msg.dx = blocks[j][li].Backward(&w, &g, msg.dx, ag)
+				}
 			}
 			if q != nil {
 				for _, blk := range stageBlocks {
@@ -480,10 +571,18 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				}
 				heads[j].DeferWeightGrads(nil)
 			}
-			if s == 0 {
+			switch {
+			case s == 0 && tc != nil:
+				embeds[j].BackwardShard(gg.Embed, tc.Gather(moe.LayerEmbed, moe.BackwardData, msg.dx), vocabLo)
+			case s == 0:
 				embeds[j].Backward(gg.Embed, msg.dx)
-			} else {
+			default:
 				links.grad[s][j] <- msg
+			}
+			if act.Kind != moe.PipeI {
+				if err := completed(a, s); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -506,6 +605,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			}
 		}
 	}
+	if err := tc.failed(); err != nil {
+		return err
+	}
 	pr.model.UpdateSelectionBias(loads, sp.BiasRate)
 	for i := range ts {
 		if pr.shard[i] == nil {
@@ -526,10 +628,61 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	return nil
 }
 
+// tpReduceReplicated sums over pr's tp group the step's gradients of
+// stage s's replicated tensors, one all-reduce per unit in the order the
+// pipeline's reduction runs them (parallel.Pipeline: the stage's units in
+// backward order), in the type the gradients were accumulated in.
+func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s int) error {
+	cfg := p.spec.Config
+	ux := parallel.NewUnitIndex(cfg)
+	ps, gs := cfg.Params(), pr.model.Grads()
+	dt := p.spec.Precision.Compute
+	if p.m > 1 {
+		dt = p.spec.Precision.Grad
+	}
+	first := 0
+	for _, c := range p.split[:s] {
+		first += c
+	}
+	var layers []int // the stage's units in backward order
+	if s == len(p.split)-1 {
+		layers = append(layers, cfg.LayerHead())
+	}
+	for li := first + p.split[s] - 1; li >= first; li-- {
+		layers = append(layers, li)
+	}
+	if s == 0 {
+		layers = append(layers, moe.LayerEmbed)
+	}
+	for _, layer := range layers {
+		var ix []int
+		var buf []float32
+		for _, i := range ux.ByLayer[layer] {
+			if ps[i].TP == moe.TPReplicated {
+				ix = append(ix, i)
+				buf = append(buf, gs[i]...)
+			}
+		}
+		if len(buf) == 0 {
+			continue
+		}
+		if err := ep.AllReduce(ctx, tc.group, dt, buf); err != nil {
+			return err
+		}
+		off := 0
+		for _, i := range ix {
+			off += copy(gs[i], buf[off:])
+		}
+	}
+	return nil
+}
+
 // Params reassembles the parameters (Config.Params order), each tensor
-// from the pipeline rank that holds it.
+// from the pipeline rank that holds it: its tp pieces (the FSDP chunks of
+// each tp rank's, padding dropped) put back in place.
 func (p *PipelineTrainer) Params() [][]float32 {
-	ps := p.spec.Config.Params()
+	cfg := p.spec.Config
+	ps := cfg.Params()
 	out := make([][]float32, len(ps))
 	for _, row := range p.ranks {
 		for i, t := range row[0].model.Tensors() {
@@ -537,12 +690,17 @@ func (p *PipelineTrainer) Params() [][]float32 {
 			case !row[0].owned[i]:
 			case ps[i].Buffer: // the selection bias: every rank's copy is the same
 				out[i] = append([]float32(nil), t...)
-			default: // the chunks of the stage's ranks, padding dropped
-				var full []float32
-				for _, pr := range row {
-					full = append(full, pr.shard[i]...)
+			default:
+				out[i] = make([]float32, ps[i].Elements())
+				for j := range p.tp {
+					var piece []float32
+					for _, pr := range row {
+						if pr.tpIdx == j {
+							piece = append(piece, pr.shard[i]...)
+						}
+					}
+					moe.TPUnshard(ps[i], piece[:len(t)], out[i], p.tp, j, false)
 				}
-				out[i] = full[:len(t)]
 			}
 		}
 	}

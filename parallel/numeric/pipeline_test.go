@@ -8,6 +8,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/parallel"
 )
 
 // pipelineModel is moetest's tiny MoE with layers blocks, alternating MoE
@@ -48,8 +49,10 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, ac
 	return res, p.Params()
 }
 
-// TestPipelineEqualsOneRank: pp × dp_shard ranks (FSDP inside each stage
-// when dp_shard > 1) running lbs L per micro-step in pipeline micro-batches
+// TestPipelineEqualsOneRank: pp × dp_shard × tp ranks (FSDP inside each
+// stage when dp_shard > 1, tensor parallelism when tp > 1, whose ranks
+// share their data-parallel rank's sequences) running lbs L per
+// micro-step in pipeline micro-batches
 // of b sequences, grad-accum A, train 3 steps to the losses and parameters
 // of one rank at lbs b with grad-accum A·dp_shard·L/b (the same
 // micro-batches: PipelineTrainer's doc), within 1e-5 relative: one rank
@@ -79,6 +82,18 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{4, moe.Layout{GPUs: 4, PP: 4}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
 		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "hf"},
 		{4, moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		// Tensor parallelism inside the stages (sequence parallelism, the
+		// stages exchanging each tp rank's sequence shard), alone, with
+		// FSDP, with an interleaved schedule, the aux losses and the
+		// selection bias.
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACNone}, true, ""},
+		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
+		{4, moe.Layout{GPUs: 8, PP: 4, TP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // Megatron's recompute modules, as R140 and R143
+		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
 		// Zero-bubble schedules: backward split into input and weight
 		// passes, V placement for ZBVZeroBubble.
 		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
@@ -92,10 +107,15 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, 5, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
 		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPDualPipeV}, 4, 2, moe.AC{Mode: moe.ACFull}, true, ""},
 		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
-		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
-			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
+		// Zero-bubble schedules with tp inside the stages.
+		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
 	} {
 		cfg := pipelineModel(c.layers)
+		if c.l.TP > 1 {
+			cfg.KVHeads = 2 // tp 2 must divide the KV heads
+		}
 		if c.bias {
 			cfg.Score, cfg.SelectionBias, cfg.RoutedScale = moe.Sigmoid, true, 2.5
 			cfg.Groups, cfg.TopKGroups = 2, 1
@@ -106,7 +126,7 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		name := fmt.Sprintf("pp %d %s dp_shard %d mbs %d lbs %d accum %d %s aux %q", c.l.PP, c.l.PPSchedule, c.l.DPShard, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac, c.aux)
+		name := fmt.Sprintf("pp %d %s dp_shard %d tp %d mbs %d lbs %d accum %d %s aux %q", c.l.PP, c.l.PPSchedule, c.l.DPShard, c.l.TP, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac, c.aux)
 		pr, pp := pipelineRun(t, cfg, c.l, c.ac, c.lbs, c.accum, 3)
 		mbs := max(c.l.PPMicrobatchSize, 1)
 		dp := max(c.l.DPShard, 1)
@@ -148,6 +168,87 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 		_, err := NewPipelineTrainer(PipelineSpec{Config: &cf, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: moe.DefaultAdamW}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.l, err, c.want)
+		}
+	}
+}
+
+// TestPipelineTPFollowsProgram: under tp inside pipeline stages every rank
+// issues on its tp group exactly the pipeline program's tensor-parallel
+// collectives, in its order: per forward and backward action the stage's
+// parallel.Pipeline.StageTPCollectives (the forward's for a forward, the
+// recompute's and backward's for a backward), and after a stage's last
+// backward the all-reduces of its replicated tensors' gradients, one per
+// unit in the program's reduction order. One micro-step (the trainer
+// reduces once per step, the program once per micro-step), every policy
+// (Megatron's recompute modules too), 1F1B and Interleaved1F1B, with FSDP.
+func TestPipelineTPFollowsProgram(t *testing.T) {
+	cfg := pipelineModel(4)
+	cfg.KVHeads = 2
+	for _, c := range []struct {
+		l  moe.Layout
+		ac moe.AC
+	}{
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACSelective}},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, moe.AC{Mode: moe.ACFull}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, moe.AC{Mode: moe.ACNone}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACSelective}},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, moe.AC{Mode: moe.ACFull}},
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, moe.AC{Mode: moe.ACNone}},
+	} {
+		l := c.l
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		const lbs, seq = 4, 4
+		init, _ := moe.NewModel[float32](cfg)
+		init.InitRandom(7)
+		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: c.ac, LBS: lbs, Seq: seq, Accum: 1, DataSeed: 11, AdamW: moe.DefaultAdamW}, init.Tensors())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cm := range p.comms {
+			cm.Trace = true
+		}
+		if _, err := p.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		prog, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: lbs, Seq: seq, Accum: 1, GPUsPerNode: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		act := moe.DefaultPrecision.Activation
+		name := fmt.Sprintf("pp %d %s dp_shard %d tp %d %s", l.PP, l.PPSchedule, l.DPShard, l.TP, c.ac)
+		for r, ops := range prog.Ranks {
+			var want []CollRecord
+			for _, o := range ops {
+				// A backward's tp collectives run where its backward-data
+				// does: a full backward, an input pass, stage 0's weight pass.
+				bwd := o.Kind == parallel.PipeBackward || o.Kind == parallel.PipeInput && o.Stage > 0 || o.Kind == parallel.PipeWeight && o.Stage == 0
+				switch {
+				case o.Kind == parallel.PipeForward || bwd:
+					for _, tc := range prog.StageTPCollectives(cfg, o.Stage, seq, c.ac, act) {
+						if (tc.Phase == parallel.PhaseForward) == (o.Kind == parallel.PipeForward) {
+							want = append(want, CollRecord{Kind: tc.Coll, Axis: parallel.AxisTP, DType: tc.DType, Elements: tc.Elements})
+						}
+					}
+				case o.Kind == parallel.PipeColl:
+					if o.Coll.Axis == parallel.AxisTP {
+						want = append(want, CollRecord{Kind: o.Coll.Coll, Axis: parallel.AxisTP, DType: o.Coll.DType, Elements: o.Coll.Elements})
+					}
+				}
+			}
+			for lane, trace := range p.comms[r].Traces() {
+				var got []CollRecord
+				for _, x := range trace {
+					if x.Axis == parallel.AxisTP {
+						got = append(got, x)
+					}
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Errorf("%s pp rank %d lane %d: tp collectives\n%v\nthe program's\n%v", name, r, lane, got, want)
+				}
+			}
 		}
 	}
 }

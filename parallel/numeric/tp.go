@@ -17,11 +17,11 @@ import (
 // heads and widths. Sequence-parallel tensors hold, of every sequence of
 // the micro-batch, the positions [j·S/tp, (j+1)·S/tp) on member j (torch's
 // Shard(1) of [batch, seq, hidden]). The collectives are
-// parallel.TPCollectives' (TestTPCollectivesAreTheListed checks it), plus
-// one all-reduce over tp per unit and micro-step of the replicated
-// tensors' gradients: each member computed them from its own tokens or
-// heads (DTensor's Partial placement of a Replicate parameter's gradient,
-// reduced to Replicate).
+// parallel.TPCollectives' (TestTPCollectivesAreTheListed checks it), and
+// the schedule's all-reduce over tp per unit and micro-step of the
+// replicated tensors' gradients (parallel.TPReplicatedElements): each member
+// computed them from its own tokens or heads (DTensor's Partial placement
+// of a Replicate parameter's gradient, reduced to Replicate).
 
 // tpComm is one rank's moe.TPComm on its tensor-parallel group.
 type tpComm struct {
@@ -204,7 +204,14 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUn
 	if len(buf) == 0 {
 		return nil
 	}
-	if err := ep.AllReduce(ctx, r.tp.group, r.spec.Precision.Grad, buf); err != nil {
+	// The unsharded gradients' type, as parallel.TPReplicatedElements says:
+	// the compute type, or the gradient type they accumulate in when
+	// gradient sync waits for the last micro-step.
+	dt := r.spec.Precision.Compute
+	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
+		dt = r.spec.Precision.Grad
+	}
+	if err := ep.AllReduce(ctx, r.tp.group, dt, buf); err != nil {
 		return err
 	}
 	off := 0
@@ -228,4 +235,13 @@ func (r *numRank) tpErr() error {
 		return r.tp.err
 	}
 	return nil
+}
+
+// failed is the first collective error of a tp communicator (nil for no
+// communicator: no tensor parallelism).
+func (c *tpComm) failed() error {
+	if c == nil {
+		return nil
+	}
+	return c.err
 }

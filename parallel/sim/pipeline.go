@@ -44,6 +44,13 @@ import (
 //     prefetches each next unit during the current unit's compute);
 //   - gradient reductions run on the communication stream after the
 //     stage's last backward of each micro-step, beside later compute;
+//   - under tensor parallelism a stage's forward and backward include its
+//     layers' tp collectives (parallel.Pipeline.StageTPCollectives), which
+//     block the computation as in a step without pipelining, priced on
+//     the widest tp group of any stage; the all-reduce of the replicated
+//     tensors' gradients over tp runs on the compute stream before the
+//     unit's reduce-scatter (FSDP2 redistributes the gradient on the
+//     default stream), and the messages are a tp rank's sequence shard;
 //   - after its last op and its communication, each rank runs its
 //     optimizer step over its own shard. The step ends with the last rank.
 //
@@ -61,6 +68,10 @@ type pipeCosts struct {
 	msg      func(from, to int) float64
 	coll     func(o parallel.ScheduleOp) float64
 	opt      []float64 // per pp rank: optimizer step
+
+	// tpFwd and tpBwd are the tensor-parallel collectives inside fwd and
+	// bwd, per stage and collective kind (tpKinds).
+	tpFwd, tpBwd [][len(tpKinds)]float64
 }
 
 // compute is the duration of compute op o and the recompute inside it.
@@ -79,6 +90,24 @@ func (c pipeCosts) compute(o parallel.PipeOp) (d, rec float64) {
 	return c.wgt[s], 0
 }
 
+// tpIn is the tensor-parallel collectives' seconds inside op o by kind
+// (tpKinds), nil for none: a forward's, and a backward's wherever its
+// backward-data runs (a full backward, an input pass, stage 0's weight
+// pass, as compute prices them).
+func (c pipeCosts) tpIn(o parallel.PipeOp) *[len(tpKinds)]float64 {
+	if c.tpFwd == nil {
+		return nil
+	}
+	s := o.Stage
+	switch {
+	case o.Kind == parallel.PipeForward:
+		return &c.tpFwd[s]
+	case o.Kind == parallel.PipeBackward, s == 0 && o.Kind == parallel.PipeWeight, s > 0 && o.Kind == parallel.PipeInput:
+		return &c.tpBwd[s]
+	}
+	return nil
+}
+
 // pipeSpan is one op as the walk ran it.
 type pipeSpan struct {
 	op         parallel.PipeOp
@@ -86,11 +115,29 @@ type pipeSpan struct {
 	comm       bool // on the communication stream (collectives) or a message in flight (send)
 }
 
+// tpKinds are the kinds of tensor-parallel collectives, in the order
+// pipeCosts and pipeRank keep their seconds.
+var tpKinds = [...]parallel.CollKind{parallel.CollAllGather, parallel.CollReduceScatter, parallel.CollAllReduce}
+
+func tpKind(k parallel.CollKind) int {
+	for i, x := range tpKinds {
+		if x == k {
+			return i
+		}
+	}
+	return len(tpKinds) - 1
+}
+
 // pipeRank is one pipeline rank's walk.
 type pipeRank struct {
 	spans     []pipeSpan
 	busy      float64 // forward + backward seconds
 	recompute float64 // inside busy
+	// tp is the tensor-parallel collectives' seconds on the compute stream
+	// by kind (tpKinds): inside busy but for the gradient all-reduces,
+	// which run between backwards.
+	tp        [len(tpKinds)]float64
+	tpOutside float64 // the part of tp outside busy
 	gatherOn  float64 // seconds compute waited for FSDP gathers
 	computeAt float64 // when its last compute op ended
 	commAt    float64 // when its communication stream went idle
@@ -142,6 +189,14 @@ func walkPipeline(p *parallel.Pipeline, c pipeCosts) (pipeWalk, error) {
 					arrive[pipeMsg{o.Stage, o.Peer, o.Micro, o.Grad}] = clock[r] + d
 					wr.spans = append(wr.spans, pipeSpan{op: o, start: clock[r], end: clock[r] + d, comm: true})
 				case parallel.PipeColl:
+					if o.Coll.Axis == parallel.AxisTP {
+						d := c.coll(o.Coll)
+						wr.spans = append(wr.spans, pipeSpan{op: o, start: clock[r], end: clock[r] + d, comm: true})
+						clock[r] += d
+						wr.tp[tpKind(o.Coll.Coll)] += d
+						wr.tpOutside += d
+						break
+					}
 					start := math.Max(comm[r], clock[r])
 					comm[r] = start + c.coll(o.Coll)
 					if o.Coll.Purpose == parallel.PurposeGather {
@@ -154,6 +209,11 @@ func walkPipeline(p *parallel.Pipeline, c pipeCosts) (pipeWalk, error) {
 				case parallel.PipeForward, parallel.PipeBackward, parallel.PipeInput, parallel.PipeWeight:
 					d, rec := c.compute(o)
 					wr.recompute += rec
+					if tp := c.tpIn(o); tp != nil {
+						for k, v := range tp {
+							wr.tp[k] += v
+						}
+					}
 					start, end := clock[r], clock[r]+d
 					if g := gathers[r]; g.last > 0 {
 						start = math.Max(start, g.first)
@@ -244,9 +304,14 @@ func simulatePipeline(in Input) (Result, error) {
 		return Result{}, fmt.Errorf("simulate: memory: %w", err)
 	}
 	mbs := l.PPMicrobatchSize
-	recs, err := flops.Ops(cfg, flops.Shape{Seq: in.Seq, Batch: mbs}, in.AC, flops.DefaultTile)
+	// A tp rank's ops at its local shapes (tpOps), as Simulate prices them.
+	recs, err := tpOps(cfg, stageL, flops.Shape{Seq: in.Seq, Batch: mbs}, in.AC)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: flops: %w", err)
+	}
+	local, err := tpLocal(cfg, stageL)
+	if err != nil {
+		return Result{}, err
 	}
 	convs, hwFLOP, err := flopsPerToken(cfg, in)
 	if err != nil {
@@ -267,11 +332,11 @@ func simulatePipeline(in Input) (Result, error) {
 	inMB := in
 	inMB.LBS, inMB.Layout = mbs, stageL
 	loads, exact := expertLoads(cfg, stageL, inMB)
-	costs, err := opCosts(cfg, stageL, inMB, spec, recs, loads)
+	costs, err := opCosts(local, stageL, inMB, spec, recs, loads)
 	if err != nil {
 		return Result{}, err
 	}
-	pc, err := pipelinePrices(pl, cfg, cl, in, inMB, spec, costs, loads, mo)
+	pc, tpLink, err := pipelinePrices(pl, cfg, cl, in, inMB, spec, costs, loads, mo)
 	if err != nil {
 		return Result{}, err
 	}
@@ -283,9 +348,9 @@ func simulatePipeline(in Input) (Result, error) {
 	if !(res.StepTimeS > 0) {
 		return Result{}, errors.New("simulate: zero step time")
 	}
-	// torchtitan's TPS divides the tokens by pp as well as by the
+	// torchtitan's TPS divides the tokens by pp and tp as well as by the
 	// data-parallel ranks: a GPU's share of its replica's tokens.
-	tokens := float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(l.Stages())
+	tokens := float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(l.Stages()*l.TPDegree())
 	res.TPS = tokens / res.StepTimeS
 	res.MFUByConvention = map[string]float64{}
 	for name, f := range convs {
@@ -307,6 +372,11 @@ func simulatePipeline(in Input) (Result, error) {
 	res.Pipeline = pipelineTiming(pl, walk, cl, in)
 	res.Breakdown, res.Bottleneck = pipelineBreakdown(walk)
 	res.Exactness = "pipeline: one data-parallel rank per stage simulated, standing for its stage (" + exact + ")"
+	if l.TPDegree() > 1 {
+		res.TPLink = tpLink.String()
+		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks in %d NVLink domain(s)) (%s)",
+			tpShape(cl, pl).Ranks, tpShape(cl, pl).Domains, exact)
+	}
 	if in.KeepTimeline {
 		res.pipe = &walk
 	}
@@ -315,15 +385,38 @@ func simulatePipeline(in Input) (Result, error) {
 
 // pipelinePrices prices every op of the pipeline: per-stage forward and
 // backward of one micro-batch (compute ops from costs, with the stage's
-// expert all-to-alls), messages on the link between the two ranks, FSDP
-// collectives on the stage mesh, each rank's optimizer.
-func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, inMB Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, mo memory.Options) (pipeCosts, error) {
+// expert all-to-alls and tensor-parallel collectives), messages on the
+// link between the two ranks, FSDP collectives on the stage mesh, each
+// rank's optimizer. It also returns the link class of the tp collectives.
+func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, inMB Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, mo memory.Options) (pipeCosts, hw.LinkClass, error) {
 	l := pl.Layout
 	n := l.PipelineStages()
 	pc := pipeCosts{fwd: make([]float64, n), bwd: make([]float64, n), rec: make([]float64, n), wgt: make([]float64, n), opt: make([]float64, l.Stages())}
 	a2a, err := a2aSeconds(pl, cfg, cl, inMB, spec, loads)
 	if err != nil {
-		return pipeCosts{}, err
+		return pipeCosts{}, 0, err
+	}
+	tpG := tpShape(cl, pl)
+	var tpLink hw.LinkClass
+	if l.TPDegree() > 1 {
+		pc.tpFwd, pc.tpBwd = make([][len(tpKinds)]float64, n), make([][len(tpKinds)]float64, n)
+		for s := range n {
+			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, moe.DefaultPrecision.Activation) {
+				cc, err := CollectiveCost(cl, in.Calibration, c.Coll, tpG, float64(c.Bytes()))
+				if err != nil {
+					return pipeCosts{}, 0, fmt.Errorf("simulate: %w", err)
+				}
+				tpLink = cc.Link
+				t := cc.Seconds()
+				if c.Phase == parallel.PhaseForward {
+					pc.fwd[s] += t
+					pc.tpFwd[s][tpKind(c.Coll)] += t
+				} else {
+					pc.bwd[s] += t
+					pc.tpBwd[s][tpKind(c.Coll)] += t
+				}
+			}
+		}
 	}
 	// The segments in one fixed order: summed in map order, a stage's
 	// seconds differed in the last bit from run to run, and so did the
@@ -362,10 +455,10 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			}
 		}
 	}
-	dp := l.DP()
+	sg := l.StageGPUs()
 	pc.msg = func(from, to int) float64 {
-		a, b := l.StageRank(from)*dp, l.StageRank(to)*dp
-		return p2pSeconds(cl, in.Calibration, cl.Link(a, b), float64(int64(l.PPMicrobatchSize)*int64(in.Seq)*int64(cfg.Hidden)*moe.DefaultPrecision.Activation.Bytes()))
+		a, b := l.StageRank(from)*sg, l.StageRank(to)*sg
+		return p2pSeconds(cl, in.Calibration, cl.Link(a, b), float64(pipeMessageBytes(l, in.Seq, cfg.Hidden)))
 	}
 	shapes := map[parallel.Axis]GroupShape{}
 	var collErr error
@@ -373,6 +466,9 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		g, ok := shapes[o.Axis]
 		if !ok {
 			g = ShapeOf(cl, pl.Stage.Group(o.Axis, 0).Ranks)
+			if o.Axis == parallel.AxisTP {
+				g = tpG
+			}
 			shapes[o.Axis] = g
 		}
 		cc, err := CollectiveCost(cl, in.Calibration, o.Coll, g, float64(o.Bytes()))
@@ -391,15 +487,15 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		}
 	}
 	if collErr != nil {
-		return pipeCosts{}, fmt.Errorf("simulate: %w", collErr)
+		return pipeCosts{}, 0, fmt.Errorf("simulate: %w", collErr)
 	}
 	all, err := memory.Units(cfg, l)
 	if err != nil {
-		return pipeCosts{}, err
+		return pipeCosts{}, 0, err
 	}
 	chunks, err := memory.StageUnits(all, pl.Split)
 	if err != nil {
-		return pipeCosts{}, err
+		return pipeCosts{}, 0, err
 	}
 	if mo.Precision == (moe.Precision{}) {
 		mo.Precision = moe.DefaultPrecision
@@ -411,7 +507,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	}
 	norm, err := CollectiveCost(cl, in.Calibration, parallel.CollAllReduce, ShapeOf(cl, world), 4)
 	if err != nil {
-		return pipeCosts{}, err
+		return pipeCosts{}, 0, err
 	}
 	for r := range l.Stages() {
 		var us []memory.Unit
@@ -421,7 +517,34 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
 		pc.opt[r] = spec.MemorySeconds(params*spec.bytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.gradClipSeconds(params) + norm.Seconds()
 	}
-	return pc, nil
+	return pc, tpLink, nil
+}
+
+// tpShape is the shape of the tp group spanning the most NVLink domains
+// over every stage (stage p's ranks start at p·StageGPUs): as in
+// widestTPGroup, every tp collective blocks its group's computation.
+func tpShape(cl *hw.Cluster, pl *parallel.Pipeline) GroupShape {
+	l := pl.Layout
+	var w GroupShape
+	for p := range l.Stages() {
+		for _, g := range pl.Stage.Groups(parallel.AxisTP) {
+			ranks := make([]int, len(g.Ranks))
+			for i, r := range g.Ranks {
+				ranks[i] = p*l.StageGPUs() + r
+			}
+			if s := ShapeOf(cl, ranks); s.Domains > w.Domains {
+				w = s
+			}
+		}
+	}
+	return w
+}
+
+// pipeMessageBytes is one pipeline message: a micro-batch's hidden states
+// as one tp rank holds them, seq/tp tokens of each sequence
+// (parallel.Pipeline's sequence-parallel boundary).
+func pipeMessageBytes(l moe.Layout, seq, hidden int) int64 {
+	return int64(l.PPMicrobatchSize) * int64(seq) / int64(l.TPDegree()) * int64(hidden) * moe.DefaultPrecision.Activation.Bytes()
 }
 
 type a2aCost struct{ fwd, bwd float64 }
@@ -436,7 +559,9 @@ func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Inp
 		return out, nil
 	}
 	g := ShapeOf(cl, pl.Stage.Group(parallel.AxisEP, 0).Ranks)
-	T := float64(inMB.LBS) * float64(inMB.Seq)
+	// Under tp with etp = 1 each tp rank sends its 1/tp of the rows
+	// (Layout.TokensPerExpertRank).
+	T := float64(inMB.LBS) * float64(inMB.Seq) / float64(l.TokensPerExpertRank())
 	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes()) *
 		dispatchShare(inMB.Dispatcher, cfg, l.EP)
 	counts, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
@@ -479,7 +604,7 @@ func p2pSeconds(cl *hw.Cluster, cal *Calibration, k hw.LinkClass, bytes float64)
 func pipelineTiming(pl *parallel.Pipeline, w pipeWalk, cl *hw.Cluster, in Input) *PipelineTiming {
 	l := pl.Layout
 	t := &PipelineTiming{Schedule: l.PPSchedule, Microbatches: pl.M, VirtualStages: l.VirtualStages(),
-		MessageBytes:     int64(l.PPMicrobatchSize) * int64(in.Seq) * int64(in.Config.Hidden) * moe.DefaultPrecision.Activation.Bytes(),
+		MessageBytes:     pipeMessageBytes(l, in.Seq, in.Config.Hidden),
 		SimulatedPerRank: "one data-parallel rank of each stage"}
 	for r, wr := range w.ranks {
 		st := StageTiming{Rank: r, BusyS: wr.busy, OptimizerS: wr.optS, EndS: wr.end, IdleFraction: 1 - (wr.busy+wr.optS)/w.step}
@@ -489,13 +614,13 @@ func pipelineTiming(pl *parallel.Pipeline, w pipeWalk, cl *hw.Cluster, in Input)
 		}
 		t.Stages = append(t.Stages, st)
 	}
-	dp := l.DP()
+	sg := l.StageGPUs()
 	for s := 0; s+1 < l.PipelineStages(); s++ {
 		if l.StageRank(s) == l.StageRank(s+1) {
 			t.P2PLink = append(t.P2PLink, "same rank") // the V's bottom: no message
 			continue
 		}
-		t.P2PLink = append(t.P2PLink, cl.Link(l.StageRank(s)*dp, l.StageRank(s+1)*dp).String())
+		t.P2PLink = append(t.P2PLink, cl.Link(l.StageRank(s)*sg, l.StageRank(s+1)*sg).String())
 	}
 	return t
 }
@@ -513,15 +638,27 @@ func pipelineBreakdown(w pipeWalk) (Breakdown, string) {
 		}
 	}
 	wr := w.ranks[last]
-	b := Breakdown{ComputeS: wr.busy - wr.recompute, RecomputeS: wr.recompute, OptimizerS: wr.optS,
+	var tp float64
+	for _, v := range wr.tp {
+		tp += v
+	}
+	// The tp collectives block the computation: exposed in full, out of
+	// the forward and backward time they sit in.
+	b := Breakdown{ComputeS: wr.busy - wr.recompute - (tp - wr.tpOutside), RecomputeS: wr.recompute, OptimizerS: wr.optS,
 		ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}, OverheadS: map[string]float64{}}
 	trailing := math.Max(0, wr.commAt-wr.computeAt)
 	b.ExposedCommS[string(parallel.CollAllGather)] = wr.gatherOn
 	b.ExposedCommS[string(parallel.CollReduceScatter)] = trailing
-	b.ExposedCommS["pipeline_bubble"] = w.step - wr.busy - wr.optS - wr.gatherOn - trailing
+	b.ExposedCommS["pipeline_bubble"] = w.step - wr.busy - wr.optS - wr.gatherOn - trailing - wr.tpOutside
+	for k, v := range wr.tp {
+		if v > 0 {
+			b.ExposedCommS[string(tpKinds[k])] += v
+			b.CommS[string(tpKinds[k])] += v
+		}
+	}
 	for _, sp := range wr.spans {
-		if !sp.comm {
-			continue
+		if !sp.comm || sp.op.Kind == parallel.PipeColl && sp.op.Coll.Axis == parallel.AxisTP {
+			continue // tp collectives: counted above
 		}
 		k := "p2p"
 		if sp.op.Kind == parallel.PipeColl {

@@ -277,3 +277,121 @@ func memoryEstimateFor(in Input) (int64, error) {
 	rep, err := memory.Estimate(in.Config, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions())
 	return rep.Peak.Reserved, err
 }
+
+// TestSimulatePipelineTP: tensor parallelism inside pipeline stages. For
+// the tiny 4-block MoE (hidden 8, KV heads 2) at pp 2 × tp 2 on 4 H100s,
+// lbs 4 of 16 tokens in micro-batches of 1, by hand: a message is a tp
+// rank's sequence shard, 16/2 tokens × 8 × 2 B = 128 B (256 B without
+// tp); TPS = 4·16·accum tokens ÷ (pp · tp) per step (torchtitan's per-GPU
+// share); the tp collectives run on NVLink on one HGX host and on the
+// network when each host holds one GPU (the tp pair then spans two
+// hosts), which makes the step longer; they are exposed, so the breakdown
+// charges all_gather, reduce_scatter and all_reduce and its parts still
+// sum to the step; and each stage's reduction runs the all-reduce of its
+// replicated tensors' gradients (tp_grad_sync) once per micro-step.
+func TestSimulatePipelineTP(t *testing.T) {
+	cfg := pipelineConfig(4)
+	cfg.KVHeads = 2
+	dev, err := hw.LookupDevice("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(perNode int) Result {
+		l := moe.Layout{GPUs: 4, PP: 2, TP: 2, GPUsPerNode: perNode}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, Seq: 16, GradAccum: 2, Device: dev, KeepTimeline: true}
+		res, err := Simulate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	nv, net := run(0), run(1)
+	if nv.TPLink != "nvlink" || net.TPLink != "network" {
+		t.Errorf("tp_link %q on HGX hosts, %q on hosts of one GPU; want nvlink and network", nv.TPLink, net.TPLink)
+	}
+	if !(net.StepTimeS > nv.StepTimeS) {
+		t.Errorf("tp over the network: step %g s, not slower than over NVLink %g s", net.StepTimeS, nv.StepTimeS)
+	}
+	for _, r := range []Result{nv, net} {
+		if r.Pipeline.MessageBytes != 128 {
+			t.Errorf("message %d B, want 128", r.Pipeline.MessageBytes)
+		}
+		if want := 4.0 * 16 * 2 / (2 * 2) / r.StepTimeS; math.Abs(r.TPS-want) > 1e-9*want {
+			t.Errorf("TPS %v, want %v", r.TPS, want)
+		}
+		b := r.Breakdown
+		sum := b.ComputeS + b.RecomputeS + b.OptimizerS
+		for _, v := range b.ExposedCommS {
+			sum += v
+		}
+		if math.Abs(sum-r.StepTimeS) > 1e-9*r.StepTimeS {
+			t.Errorf("breakdown sums to %g s, step %g s: %+v", sum, r.StepTimeS, b)
+		}
+		for _, k := range []parallel.CollKind{parallel.CollAllGather, parallel.CollReduceScatter, parallel.CollAllReduce} {
+			if !(b.CommS[string(k)] > 0) || !(b.ComputeS > 0) {
+				t.Errorf("breakdown: %s %g s of tp collectives, compute %g s", k, b.CommS[string(k)], b.ComputeS)
+			}
+		}
+		syncs := 0
+		for _, wr := range r.pipe.ranks {
+			for _, sp := range wr.spans {
+				if sp.op.Kind == parallel.PipeColl && sp.op.Coll.Purpose == parallel.PurposeTPGradSync {
+					syncs++
+				}
+			}
+		}
+		// Stage 0: the embedding (none), blocks 0, 1; stage 1: blocks 2,
+		// 3 and the head; two micro-steps.
+		if syncs != 2*(2+3) {
+			t.Errorf("%d tp gradient all-reduces, want 10", syncs)
+		}
+	}
+}
+
+// TestPipelineTPSecondsAsSchedule: the tp collectives a pipeline prices
+// inside each stage's forward and backward are the single-program
+// schedule's, priced alike. tp 2 alone on 2 GPUs runs one micro-batch of
+// one sequence: the engine's spans of its tp collectives (the gradient
+// all-reduces apart; nothing else communicates beside them) sum to S. pp 2
+// × tp 2 runs the same layers split over two stages, M = 4 micro-batches of
+// that shape: its ranks' tp seconds inside forwards and backwards sum to
+// 4·S, within 1e-9.
+func TestPipelineTPSecondsAsSchedule(t *testing.T) {
+	cfg := pipelineConfig(4)
+	cfg.KVHeads = 2
+	dev, err := hw.LookupDevice("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := func(l moe.Layout, lbs int) Result {
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := Simulate(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: lbs, Seq: 16, Device: dev, KeepTimeline: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	one := sim(moe.Layout{GPUs: 2, TP: 2}, 1)
+	var s float64
+	for i, ot := range one.OpTimings() {
+		if o := one.Schedule.Ops[i]; o.Type == parallel.OpCollective && o.Axis == parallel.AxisTP && o.Purpose != parallel.PurposeTPGradSync {
+			s += ot.EndS - ot.StartS
+		}
+	}
+	pp := sim(moe.Layout{GPUs: 4, PP: 2, TP: 2}, 4)
+	var got float64
+	for _, wr := range pp.pipe.ranks {
+		for _, v := range wr.tp {
+			got += v
+		}
+		got -= wr.tpOutside
+	}
+	if !(s > 0) || math.Abs(got-4*s) > 1e-9*4*s {
+		t.Errorf("pipeline tp seconds %g, want 4 × the schedule's %g = %g", got, s, 4*s)
+	}
+}

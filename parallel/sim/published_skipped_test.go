@@ -1,12 +1,14 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 )
 
@@ -24,18 +26,17 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
 
 // neededFeature is the first feature a row of the shared table needs that
-// moescope lacks: tensor and pipeline parallelism together, context
-// parallelism, a precision other than BF16, or a model type; "" when it
-// needs none of them (tensor and pipeline parallelism are built, each
-// alone).
+// moescope lacks: context parallelism, a precision other than BF16, a
+// model type, or a Megatron-Core recompute module not built (the table
+// writes --recompute-modules as "selective: layernorm, moe_act" and the
+// like); "" when it needs none of them (tensor and pipeline parallelism are
+// built, alone and together).
 func neededFeature(row map[string]string) string {
 	deg := func(k string) bool {
 		v := strings.TrimSpace(row[k])
 		return v != "" && v != "1" && v != "-"
 	}
 	switch {
-	case deg("tp") && deg("pp"):
-		return "TP with PP (tp = " + row["tp"] + ", pp = " + row["pp"] + ")"
 	case deg("cp"):
 		return "CP (cp = " + row["cp"] + ")"
 	case !strings.HasPrefix(row["precision"], "BF16"):
@@ -46,6 +47,20 @@ func neededFeature(row map[string]string) string {
 	}
 	if _, err := hf.Load(builtinOfCSV[row["model"]]); err != nil {
 		return "model type (" + row["model"] + ")"
+	}
+	if rest, ok := strings.CutPrefix(row["recompute"], "selective: "); ok {
+		mods := strings.SplitN(rest, " (", 2)[0]
+		var names []string
+		for _, m := range strings.Split(mods, ", ") {
+			// The ModelZoo's H100 table abbreviates its run script's
+			// --recompute-modules moe_act layernorm as "norm, act"
+			// (yanring/Megatron-MoE-ModelZoo e865051,
+			// best_practice/qwen3/run_h100_235b.sh).
+			names = append(names, cmp.Or(map[string]string{"norm": "layernorm", "act": "moe_act"}[m], m))
+		}
+		if _, err := moe.ParseAC("modules:" + strings.Join(names, ",")); err != nil {
+			return "Megatron recompute modules (" + mods + ")"
+		}
 	}
 	return ""
 }
@@ -95,7 +110,12 @@ func TestNeededFeature(t *testing.T) {
 		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
 		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
-		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, "TP with PP (tp = 2, pp = 8)"},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},                                      // tp inside pipeline stages is built
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, ""}, // modules:layernorm,moe_act is built
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: layernorm, moe_act (perf recipe @HEAD)"}, ""},
+		{map[string]string{"tp": "4", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: layernorm, moe (from command in source)"}, "Megatron recompute modules (layernorm, moe)"},
+		{map[string]string{"tp": "1", "precision": "BF16", "model": "DeepSeek-V3", "recompute": "selective: mla_up_proj (perf recipe @HEAD)"}, "Megatron recompute modules (mla_up_proj)"},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "FP8-CS", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, "FP8 / FP4 recipe (FP8-CS)"},
 		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, "FP8 / FP4 recipe (MXFP8)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},

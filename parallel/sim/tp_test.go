@@ -131,7 +131,8 @@ func TestTPLink(t *testing.T) {
 }
 
 // TestTPScheduleOps: the schedule carries, per micro-step, exactly the tp
-// collectives parallel.TPCollectives lists for every layer, on the tp axis.
+// collectives parallel.TPCollectives lists for every layer, on the tp axis
+// (besides the gradient all-reduces: TestTPGradSyncPriced).
 func TestTPScheduleOps(t *testing.T) {
 	in := tpInput(t, "qwen3-30b-a3b", 8, 4, false)
 	in.Layout.EP = 2
@@ -145,7 +146,7 @@ func TestTPScheduleOps(t *testing.T) {
 	}
 	var got, want int64
 	for _, o := range r.Schedule.Ops {
-		if o.Type == parallel.OpCollective && o.Axis == parallel.AxisTP {
+		if o.Type == parallel.OpCollective && o.Axis == parallel.AxisTP && o.Purpose != parallel.PurposeTPGradSync {
 			got += o.Bytes()
 		}
 	}
@@ -156,5 +157,49 @@ func TestTPScheduleOps(t *testing.T) {
 	}
 	if got != want || got == 0 {
 		t.Errorf("schedule's tp collectives move %d B, TPCollectives %d B", got, want)
+	}
+}
+
+// TestTPGradSyncPriced: the all-reduce over tp of the replicated tensors'
+// gradients is priced on the tp group's link. Qwen3-30B-A3B (hidden 2048,
+// 48 MoE blocks, 128 experts, head_dim 128, per-head q/k norms) at tp 4:
+// a block's replicated tensors are the two norms 2·2048, the q/k norms
+// 2·128 and the router gate 128·2048, 266,496 elements; the head's final
+// norm 2048; in bf16, 532,992 bytes per block and 4,096 for the
+// head, by hand. The same ops take longer when the tp group spans hosts.
+func TestTPGradSyncPriced(t *testing.T) {
+	dur := func(perNode int) (float64, int) {
+		in := tpInput(t, "qwen3-30b-a3b", 8, 4, false)
+		in.Layout.GPUsPerNode = perNode
+		in.KeepTimeline = true
+		r, err := Simulate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d float64
+		n := 0
+		for i, ot := range r.OpTimings() {
+			o := r.Schedule.Ops[i]
+			if o.Purpose != parallel.PurposeTPGradSync {
+				continue
+			}
+			n++
+			want := 532992.0
+			if o.Layer == in.Config.LayerHead() {
+				want = 4096
+			}
+			if ot.Bytes != want {
+				t.Errorf("layer %d: tp gradient all-reduce priced at %g B, want %g", o.Layer, ot.Bytes, want)
+			}
+			d += ot.EndS - ot.StartS
+		}
+		return d, n
+	}
+	nv, n := dur(8)
+	if n != 49 || !(nv > 0) {
+		t.Fatalf("%d tp gradient all-reduces taking %g s, want 49 (48 blocks and the head) taking time", n, nv)
+	}
+	if net, _ := dur(2); !(net > nv) {
+		t.Errorf("tp gradient all-reduces over hosts of 2: %g s, not slower than over NVLink %g s", net, nv)
 	}
 }
