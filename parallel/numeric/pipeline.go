@@ -67,7 +67,7 @@ type PipelineSpec struct {
 //
 // Micro-batch j of micro-step a on data-parallel rank d reads the
 // pp_microbatch_size sequences starting at t·B + ((a·DP + d)·M + j)·b
-// (B the global batch, DP = dp_shard, M = lbs ÷ b micro-batches of b =
+// (B the global batch, DP = dp_replicate × dp_shard, M = lbs ÷ b micro-batches of b =
 // pp_microbatch_size sequences): DESIGN's batch contract for rank d at
 // micro-step a, cut into micro-batches, and the micro-batches one rank
 // reads at lbs = b with grad-accum = grad-accum × DP × M, in the same
@@ -106,14 +106,22 @@ type PipelineSpec struct {
 // weight pass; both all-to-alls of the experts' backward stay in the
 // input pass, which needs them for the input's gradient.
 //
-// Not built here yet: replicas (HSDP), other sharding modes, tp × ep
-// inside a stage, and tied embeddings (the table would live on the first
+// Replicas inside a stage (HSDP, dp_replicate > 1): the stage's
+// data-parallel ranks are dp_replicate × dp_shard, data-parallel rank
+// replica·dp_shard + shard reading its micro-batches as above (DP =
+// dp_replicate × dp_shard); each replica chunks the tensors over its own
+// dp_shard (efsdp) group, and the reduce-scattered gradients are then
+// all-reduced over the replicate group, once per step after the stage's
+// last backward (the loads of the selection bias too), as the
+// single-program trainer's HSDP does with its reduction.
+//
+// Not built here yet: other sharding modes, tp × ep inside a stage, and tied embeddings (the table would live on the first
 // and the last stage).
 type PipelineTrainer struct {
 	spec  PipelineSpec
 	batch parallel.Batch // the equivalent one-rank batch (see above)
 	m     int            // pipeline micro-batches per micro-step
-	dp    int            // data-parallel (FSDP) ranks per stage
+	dp    int            // data-parallel ranks per stage, dp_replicate × dp_shard
 	tp    int            // tensor-parallel ranks per data-parallel rank
 	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
 	order [][]moe.PipeAction
@@ -125,7 +133,8 @@ type PipelineTrainer struct {
 
 // pipeRank is one (pipeline rank, stage rank)'s model and state.
 type pipeRank struct {
-	rank, d int
+	rank, d int // pipeline rank, data-parallel rank (replica·dp_shard + shard)
+	replica int
 	lane    int                 // its rank on the stage mesh, d·tp + tp rank: the neighbouring stages' rank it talks to
 	tpIdx   int                 // its tp rank
 	model   *moe.Model[float32] // every tensor (its tp pieces under tp); the rank uses its stages' only, gathered for the step
@@ -155,8 +164,8 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	switch {
 	case l.Stages() < 2:
 		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
-	case l.DPReplicate != 1 || l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
-		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: FSDP over dp_shard, and tp or ep inside a stage, dp_replicate 1)",
+	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
+		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: FSDP over dp_shard with replicas, and tp or ep inside a stage)",
 			l.DPReplicate, l.EP, l.Sharding, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree())
 	case l.EP > 1 && l.TPDegree() > 1:
 		return nil, fmt.Errorf("numeric: pipeline: tp %d × ep %d (etp %d) inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: ep over dp_shard with tp 1, or tp with ep 1)",
@@ -191,7 +200,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if spec.Precision == (moe.Precision{}) {
 		spec.Precision = moe.DefaultPrecision
 	}
-	dp, tp := l.DPShard, l.TPDegree()
+	dp, tp := l.DP(), l.TPDegree()
 	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * dp * m, DP: 1}
 	if err := b.Validate(); err != nil {
 		return nil, err
@@ -241,7 +250,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 			if err != nil {
 				return nil, err
 			}
-			pr := &pipeRank{rank: r, d: co.Shard, lane: lane, tpIdx: co.TP, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+			pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, tpIdx: co.TP, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
 				group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
 			pr.stages = l.RankStages(r)
 			for i, t := range mod.Tensors() {
@@ -639,16 +648,23 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			}
 		}
 	}
+	rep := mesh.Group(parallel.AxisReplicate, pr.lane)
 	if p.dp > 1 && cfg.SelectionBias {
-		// The step's loads over the stage's data-parallel ranks.
+		// The step's loads over the stage's data-parallel ranks (its
+		// replica's, then over the replicas).
 		var flat []float32
 		for _, ld := range loads {
 			for _, c := range ld {
 				flat = append(flat, float32(c))
 			}
 		}
-		if err := ep.AllReduce(ctx, group, moe.F32, flat); err != nil {
-			return err
+		for _, g := range []parallel.Group{group, rep} {
+			if g.Size() == 1 {
+				continue
+			}
+			if err := ep.AllReduce(ctx, g, moe.F32, flat); err != nil {
+				return err
+			}
 		}
 		at := 0
 		for _, ld := range loads {
@@ -672,6 +688,11 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			copy(padded, gs[i])
 			g = make([]float32, len(pr.shard[i]))
 			if err := ep.ReduceScatter(ctx, pr.group[i], moe.F32, padded, g); err != nil {
+				return err
+			}
+		}
+		if rep.Size() > 1 {
+			if err := ep.AllReduce(ctx, rep, moe.F32, g); err != nil {
 				return err
 			}
 		}
@@ -757,7 +778,7 @@ func (p *PipelineTrainer) localExperts(pr *pipeRank, e int) (weights, grads func
 }
 
 // Params reassembles the parameters (Config.Params order), each tensor
-// from the ranks that hold it: its tp pieces (the FSDP chunks of each tp
+// from the ranks of replica 0 that hold it: its tp pieces (the FSDP chunks of each tp
 // rank's, in the chunk group's order, which is the lanes', padding
 // dropped) put back in place; a routed expert under ep from its EP
 // index's ranks.
@@ -769,7 +790,7 @@ func (p *PipelineTrainer) Params() [][]float32 {
 		for i := range ps {
 			var holders []*pipeRank
 			for _, pr := range row {
-				if pr.owned[i] {
+				if pr.owned[i] && pr.replica == 0 { // replicas hold the same chunks
 					holders = append(holders, pr)
 				}
 			}
