@@ -115,8 +115,9 @@ type PipelineSpec struct {
 // last backward (the loads of the selection bias too), as the
 // single-program trainer's HSDP does with its reduction.
 //
-// Not built here yet: other sharding modes, tp × ep inside a stage, and tied embeddings (the table would live on the first
-// and the last stage).
+// Not built here yet: other sharding modes and tp × ep inside a stage,
+// and tied embeddings (the table would live on the first and the last
+// stage).
 type PipelineTrainer struct {
 	spec  PipelineSpec
 	batch parallel.Batch // the equivalent one-rank batch (see above)
