@@ -53,6 +53,10 @@ func (q *WeightQueue) Run() {
 	q.fns = nil
 }
 
+// Defer queues f, the weight-gradient half of a backward computed outside
+// this package (numeric's expert-parallel stage), behind what is queued.
+func (q *WeightQueue) Defer(f func()) { q.fns = append(q.fns, f) }
+
 // Len is the number of queued weight-gradient GEMMs.
 func (q *WeightQueue) Len() int { return len(q.fns) }
 

@@ -58,7 +58,7 @@ func TestPipelineFlags(t *testing.T) {
 		{[]string{"memory", "--pp", "2", "--tp", "2", "--async-tp"}, "async_tp = true: async TP with pp > 1 is not built yet (pp = 2, tp = 2"},
 		{[]string{"memory", "--pp", "2", "--pp-layers", "1,x"}, `pp_layers = 1,x: stage 1 = "x"`},
 		{[]string{"memory", "--pp", "2", "--pp-microbatch-size", "3"}, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
-		{[]string{"train", "--pp", "2", "--ep", "2", "--steps", "1"}, "dp_replicate 1, ep 2, sharding fsdp inside a pipeline stage: not built in the numeric backend yet"},
+		{[]string{"train", "--pp", "2", "--dp-shard", "2", "--sharding", "zero2", "--steps", "1"}, "dp_replicate 1, ep 1, sharding zero2 inside a pipeline stage: not built in the numeric backend yet"},
 		{[]string{"train", "--pp", "2", "--steps", "1", "--checkpoint", "x"}, "--checkpoint with --pp = 2: checkpoints under pipelines are not built"},
 	} {
 		args := append(c.args, "--model", "tiny", "--gpus", "4", "--lbs", "4", "--seq", "64")
@@ -69,8 +69,12 @@ func TestPipelineFlags(t *testing.T) {
 	}
 }
 
-// TestTrainPipelineLosses: train --pp 2 --gpus 2 and train --pp 2
-// --dp-shard 2 --gpus 4, under 1F1B, GPipe and the zero-bubble schedules
+// TestTrainPipelineLosses: train --pp 2 --gpus 2, train --pp 2
+// --dp-shard 2 --gpus 4, train --pp 2 --ep 2 --gpus 4 (expert
+// parallelism over the stage's two dp_shard ranks), train --pp 2
+// --dp-replicate 2 --gpus 4 and --dp-replicate 2 --dp-shard 2 --ep 2
+// --gpus 8 (HSDP inside the stages), under 1F1B, GPipe,
+// Interleaved1F1B and the zero-bubble schedules
 // (tiny's 2 layers over 4 stages for the multi-stage ones), print the losses (cross-entropy and aux) of train
 // --gpus 1 on the same global batch (4 sequences a step), the pipeline's
 // micro-batches of one sequence being that rank's micro-steps
@@ -100,13 +104,19 @@ func TestTrainPipelineLosses(t *testing.T) {
 		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2"},
 		{"--pp", "2", "--gpus", "2", "--lbs", "4", "--pp-schedule", "ZBVZeroBubble"},
 		{"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2", "--pp-schedule", "InterleavedZeroBubble"},
-		{"--pp", "2", "--gpus", "2", "--lbs", "4", "--pp-schedule", "DualPipeV"}} {
+		{"--pp", "2", "--gpus", "2", "--lbs", "4", "--pp-schedule", "DualPipeV"},
+		{"--pp", "2", "--ep", "2", "--gpus", "4", "--lbs", "2"},
+		{"--pp", "2", "--ep", "2", "--gpus", "4", "--lbs", "2", "--pp-schedule", "Interleaved1F1B"},
+		{"--pp", "2", "--ep", "2", "--gpus", "4", "--lbs", "2", "--pp-schedule", "ZBVZeroBubble"},
+		{"--pp", "2", "--dp-replicate", "2", "--gpus", "4", "--lbs", "2"},
+		{"--pp", "2", "--dp-replicate", "2", "--dp-shard", "2", "--ep", "2", "--gpus", "8", "--lbs", "1", "--pp-schedule", "Interleaved1F1B"}} {
 		if got := losses(args...); strings.Join(got, " ") != strings.Join(one, " ") {
 			t.Errorf("%v: losses %v, train --gpus 1 %v", args, got, one)
 		}
 	}
 	noAux := losses("--gpus", "1", "--lbs", "4", "--aux-coef", "0")
-	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4", "--aux-coef", "0"}, {"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2", "--aux-coef", "0"}} {
+	for _, args := range [][]string{{"--pp", "2", "--gpus", "2", "--lbs", "4", "--aux-coef", "0"}, {"--pp", "2", "--dp-shard", "2", "--gpus", "4", "--lbs", "2", "--aux-coef", "0"},
+		{"--pp", "2", "--ep", "2", "--gpus", "4", "--lbs", "2", "--aux-coef", "0"}} {
 		if got := losses(args...); strings.Join(got, " ") != strings.Join(noAux, " ") {
 			t.Errorf("%v: losses %v, train --gpus 1 --lbs 4 %v", args, got, noAux)
 		}

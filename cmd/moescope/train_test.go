@@ -293,7 +293,7 @@ func TestTrainAbsurdPeakGFLOPSRefused(t *testing.T) {
 // with ep 2 over dp_shard at etp 2, within 1e-5 relative (the row-parallel
 // linears sum partial products in another order than one rank's GEMM,
 // TestNumericTPEqualsOneRank); the combinations the numeric backend does
-// not execute (replicas inside pipeline stages) are refused by name. Two sequences per micro-batch: with
+// not execute (tp × ep inside pipeline stages) are refused by name. Two sequences per micro-batch: with
 // tiny's initialization one sequence of 8 tokens leaves the q/k
 // projections' gradients at about 1e-9, the float32 rounding level of the
 // partial sums, and AdamW turns that noise into ±lr updates (the losses
@@ -327,7 +327,7 @@ func TestTrainTP(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--gpus", "8", "--tp", "2", "--pp", "2", "--dp-replicate", "2"}, "dp_replicate 2, ep 1, sharding fsdp inside a pipeline stage: not built"},
+		{[]string{"--gpus", "8", "--tp", "2", "--pp", "2", "--ep", "2"}, "tp 2 × ep 2 (etp 1) inside a pipeline stage: not built in the numeric backend yet (gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2"},
 		{[]string{"--gpus", "2", "--tp", "2", "--seq", "6"}, "seq = 6 is not divisible by tp × 2·cp"},
 	} {
 		var out, errb bytes.Buffer

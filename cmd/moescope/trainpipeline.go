@@ -14,7 +14,7 @@ import (
 )
 
 // runPipeline is train under --pp > 1: numeric.PipelineTrainer, one
-// goroutine per (pipeline rank, FSDP × tp rank of its stage). It prints the step lines train prints
+// goroutine per (pipeline rank, replica × FSDP × tp rank of its stage; ep borrows the FSDP ranks). It prints the step lines train prints
 // (loss, aux, tps, mfu), without the per-rank memory and collective bytes
 // the pipeline trainer does not account yet.
 func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
@@ -64,8 +64,8 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 		return err
 	}
 	l := r.layout
-	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d) × dp_shard %d (FSDP inside each stage) × tp %d; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
-		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPShard, l.TPDegree(), r.ac, a.lbs, a.seq, a.accum, global)
+	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d) × dp_replicate %d × dp_shard %d (FSDP inside each stage, ep %d over it) × tp %d; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
+		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPReplicate, l.DPShard, l.EP, l.TPDegree(), r.ac, a.lbs, a.seq, a.accum, global)
 	rep := trainReport{Model: cfg.Name, Layout: l, AC: r.ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, CommBytes: map[string]int64{}}
 	var total time.Duration

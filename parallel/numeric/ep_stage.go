@@ -48,6 +48,12 @@ type epStage struct {
 	// schedule's position for it); micro is the current micro-step.
 	afterBackward func(layer, micro int) error
 	micro         int
+	// wq, when set, receives the experts' weight-gradient GEMMs of
+	// ExpertsBackward instead of running them there (the pipeline's
+	// backward-input pass of zero-bubble schedules; the weight pass runs
+	// them): they read only the pass's own dy, x and activations, not the
+	// all-to-alls, which stay in the input pass.
+	wq *moe.WeightQueue
 
 	saved map[int]*epSaved
 	// comm caches, per layer, the all-to-all results of a forward whose
@@ -280,7 +286,6 @@ func (s *epStage) ExpertsBackward(layer int, dye []float32) []float32 {
 		}
 		da := make([]float32, M*F)
 		kernel.Sgemm(false, false, M, F, D, 1, dyE, D, wd[e], F, 0, da, F)
-		kernel.Sgemm(true, false, D, F, M, 1, dyE, D, a, F, 1, gd[e], F)
 		dg := make([]float32, M*F)
 		du := make([]float32, M*F)
 		for i := range da {
@@ -291,8 +296,16 @@ func (s *epStage) ExpertsBackward(layer int, dye []float32) []float32 {
 		dxE := make([]float32, M*D)
 		kernel.Sgemm(false, false, M, D, F, 1, dg, F, wg[e], D, 0, dxE, D)
 		kernel.Sgemm(false, false, M, D, F, 1, du, F, wu[e], D, 1, dxE, D)
-		kernel.Sgemm(true, false, F, D, M, 1, dg, F, x, D, 1, gg[e], D)
-		kernel.Sgemm(true, false, F, D, M, 1, du, F, x, D, 1, gu[e], D)
+		dW := func() {
+			kernel.Sgemm(true, false, D, F, M, 1, dyE, D, a, F, 1, gd[e], F)
+			kernel.Sgemm(true, false, F, D, M, 1, dg, F, x, D, 1, gg[e], D)
+			kernel.Sgemm(true, false, F, D, M, 1, du, F, x, D, 1, gu[e], D)
+		}
+		if s.wq != nil {
+			s.wq.Defer(dW)
+		} else {
+			dW()
+		}
 		for i := 0; i < M; i++ {
 			dst := sv.perm[row+i]
 			copy(dx[dst*D:(dst+1)*D], dxE[i*D:(i+1)*D])

@@ -67,7 +67,7 @@ type PipelineSpec struct {
 //
 // Micro-batch j of micro-step a on data-parallel rank d reads the
 // pp_microbatch_size sequences starting at t·B + ((a·DP + d)·M + j)·b
-// (B the global batch, DP = dp_shard, M = lbs ÷ b micro-batches of b =
+// (B the global batch, DP = dp_replicate × dp_shard, M = lbs ÷ b micro-batches of b =
 // pp_microbatch_size sequences): DESIGN's batch contract for rank d at
 // micro-step a, cut into micro-batches, and the micro-batches one rank
 // reads at lbs = b with grad-accum = grad-accum × DP × M, in the same
@@ -90,15 +90,41 @@ type PipelineSpec struct {
 // reduction (parallel.TPReplicatedElements); the aux loss's gradient
 // enters on tp rank 0 only, since every tp rank routes the same tokens.
 //
-// Not built here yet: replicas (HSDP), other sharding modes and expert
-// parallelism inside a stage, and tied embeddings (the table would live on
-// the first and the last stage).
+// Expert parallelism inside a stage (ep > 1, tp 1): EP borrows the
+// stage's dp_shard ranks as the single-program trainer's ranks do
+// (parallel.Mesh over StageLayout: an EP group is ep consecutive dp_shard
+// ranks, the expert data-parallel group, efsdp, those ep apart). A rank
+// holds the routed experts of EP index e, [e·E/ep, (e+1)·E/ep), of its
+// stages' MoE layers, FSDP-chunked over its efsdp group; those blocks
+// route their rows through an epStage on the stage's EP group, one per
+// micro-batch (each keeps its micro-batch's all-to-all counts and
+// activations from forward to backward while others are in flight). The
+// experts' gradients, the sum of every EP member's tokens routed to them,
+// are reduce-scattered over efsdp, the other tensors' over dp_shard.
+// Under zero-bubble schedules the experts' weight-gradient GEMMs are
+// queued in the input pass like the blocks' (epStage.wq) and run in the
+// weight pass; both all-to-alls of the experts' backward stay in the
+// input pass, which needs them for the input's gradient.
+//
+// Replicas inside a stage (HSDP, dp_replicate > 1): the stage's
+// data-parallel ranks are dp_replicate × dp_shard, data-parallel rank
+// replica·dp_shard + shard reading its micro-batches as above (DP =
+// dp_replicate × dp_shard); each replica chunks the tensors over its own
+// dp_shard (efsdp) group, and the reduce-scattered gradients are then
+// all-reduced over the replicate group, once per step after the stage's
+// last backward (the loads of the selection bias too), as the
+// single-program trainer's HSDP does with its reduction.
+//
+// Not built here yet: other sharding modes and tp × ep inside a stage,
+// and tied embeddings (the table would live on the first and the last
+// stage).
 type PipelineTrainer struct {
 	spec  PipelineSpec
 	batch parallel.Batch // the equivalent one-rank batch (see above)
 	m     int            // pipeline micro-batches per micro-step
-	dp    int            // data-parallel (FSDP) ranks per stage
+	dp    int            // data-parallel ranks per stage, dp_replicate × dp_shard
 	tp    int            // tensor-parallel ranks per data-parallel rank
+	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
 	order [][]moe.PipeAction
 	split []int
 	ranks [][]*pipeRank // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
@@ -108,18 +134,20 @@ type PipelineTrainer struct {
 
 // pipeRank is one (pipeline rank, stage rank)'s model and state.
 type pipeRank struct {
-	rank, d int
+	rank, d int // pipeline rank, data-parallel rank (replica·dp_shard + shard)
+	replica int
 	lane    int                 // its rank on the stage mesh, d·tp + tp rank: the neighbouring stages' rank it talks to
 	tpIdx   int                 // its tp rank
 	model   *moe.Model[float32] // every tensor (its tp pieces under tp); the rank uses its stages' only, gathered for the step
-	owned   []bool              // per Params entry: held by one of the rank's stages
+	owned   []bool              // per Params entry: held by this rank (its stages' tensors; of their routed experts, its EP index's)
 	shard   [][]float32         // per owned tensor: this rank's chunk (the whole tensor without FSDP)
+	group   []parallel.Group    // per owned tensor: the group its chunks span (dp_shard; efsdp for routed experts under ep)
 	adam    []moe.AdamState[float32]
 	stages  []int
 }
 
-// chunk is the length of one rank's chunk of n elements over dp ranks.
-func (p *PipelineTrainer) chunk(n int) int { return (n + p.dp - 1) / p.dp }
+// chunk is the length of one rank's chunk of n elements over k ranks.
+func chunk(n, k int) int { return (n + k - 1) / k }
 
 // NewPipelineTrainer checks spec and gives every pipeline rank the initial
 // parameters init (moe.Config.Params order).
@@ -137,9 +165,12 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	switch {
 	case l.Stages() < 2:
 		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
-	case l.DPReplicate != 1 || l.EP != 1 || l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
-		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: FSDP over dp_shard and tp inside a stage, dp_replicate 1, ep 1)",
+	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
+		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: FSDP over dp_shard with replicas, and tp or ep inside a stage)",
 			l.DPReplicate, l.EP, l.Sharding, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree())
+	case l.EP > 1 && l.TPDegree() > 1:
+		return nil, fmt.Errorf("numeric: pipeline: tp %d × ep %d (etp %d) inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: ep over dp_shard with tp 1, or tp with ep 1)",
+			l.TPDegree(), l.EP, l.ExpertTP(), l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree())
 	case cfg.TiedEmbeddings:
 		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
 	case spec.Seq < 1 || spec.Accum < 1:
@@ -170,12 +201,13 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if spec.Precision == (moe.Precision{}) {
 		spec.Precision = moe.DefaultPrecision
 	}
-	dp, tp := l.DPShard, l.TPDegree()
+	dp, tp := l.DP(), l.TPDegree()
 	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * dp * m, DP: 1}
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, order: order, split: split}
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, order: order, split: split}
+	el := cfg.Experts / max(l.EP, 1) // routed experts per EP rank
 	// A tp rank's tensors and block runners have its local shapes
 	// (TPLocal; the same tensors in the same order as cfg's).
 	lcfg := cfg
@@ -219,9 +251,8 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 			if err != nil {
 				return nil, err
 			}
-			pr := &pipeRank{rank: r, d: co.Shard, lane: lane, tpIdx: co.TP, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
-				adam: make([]moe.AdamState[float32], len(ps))}
-			d := pr.d
+			pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, tpIdx: co.TP, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+				group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
 			pr.stages = l.RankStages(r)
 			for i, t := range mod.Tensors() {
 				// With ep = 1 the routed experts are split over tp too
@@ -235,12 +266,18 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 					}
 				}
 				pr.owned[i] = l.StageRank(stageOf(layer)) == r
+				pr.group[i] = mesh.Group(parallel.AxisShard, lane)
+				if l.EP > 1 && ps[i].Group == moe.GroupRouted {
+					pr.owned[i] = pr.owned[i] && ps[i].Expert/el == co.EP
+					pr.group[i] = mesh.Group(parallel.AxisEFSDP, lane)
+				}
+				g := pr.group[i]
 				switch {
 				case !pr.owned[i] || ps[i].Buffer:
-				case dp == 1: // without FSDP the chunk is the tensor
+				case g.Size() == 1: // without FSDP the chunk is the tensor
 					pr.shard[i] = t
 				default:
-					c := p.chunk(len(t))
+					c, d := chunk(len(t), g.Size()), g.IndexOf(lane)
 					pr.shard[i] = make([]float32, c)
 					copy(pr.shard[i], t[min(d*c, len(t)):min((d+1)*c, len(t))])
 				}
@@ -366,17 +403,15 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	// the micro-batch's loss, are one member's.
 	lead := pr.tpIdx == 0
 	ts, gs := pr.model.Tensors(), pr.model.Grads()
-	if p.dp > 1 {
-		for i, sh := range pr.shard {
-			if sh == nil {
-				continue
-			}
-			full, err := ep.AllGather(ctx, group, moe.F32, sh)
-			if err != nil {
-				return err
-			}
-			copy(ts[i], full)
+	for i, sh := range pr.shard {
+		if sh == nil || pr.group[i].Size() == 1 {
+			continue
 		}
+		full, err := ep.AllGather(ctx, pr.group[i], moe.F32, sh)
+		if err != nil {
+			return err
+		}
+		copy(ts[i], full)
 	}
 	gw, gg := pr.model.Globals()
 	first := 0
@@ -398,14 +433,36 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	blocks := make([]map[int]*moe.Block[float32], p.m)
 	embeds := make([]*moe.Embedding[float32], p.m)
 	heads := make([]*moe.Head[float32], p.m)
+	var stages []*epStage // per micro-batch under ep
+	if p.ep > 1 {
+		stages = make([]*epStage, p.m)
+	}
+	weights, grads := p.localExperts(pr, mesh.Coord(pr.lane).EP)
 	for j := range p.m {
 		blocks[j] = map[int]*moe.Block[float32]{}
+		if stages != nil {
+			stages[j] = &epStage{cfg: lcfg, dtype: sp.Precision.Activation, ac: sp.AC, weights: weights, grads: grads}
+			stages[j].bind(ctx, ep)
+		}
 		for _, s := range pr.stages {
 			for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
 				blocks[j][li] = moe.NewBlock[float32](lcfg, li, p.batch.LBS, p.batch.Seq, o)
+				if stages != nil && cfg.MoELayer[li] {
+					blocks[j][li].Experts = stages[j]
+				}
 			}
 		}
 		embeds[j], heads[j] = moe.NewEmbedding[float32](lcfg, o), moe.NewHead[float32](lcfg, o)
+	}
+	// An EP all-to-all that failed left zeros behind it (moe.ExpertStage
+	// has no error result): the rank stops at the next action.
+	epFailed := func() error {
+		for _, st := range stages {
+			if st.err != nil {
+				return st.err
+			}
+		}
+		return nil
 	}
 	useAux := sp.AuxCoef != 0 && cfg.IsMoE()
 	coef := scale * sp.AuxCoef
@@ -439,7 +496,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 		for _, act := range p.order[pr.rank] {
 			// A failed tp collective left zeros behind it: stop at the
 			// next action (the communicator cancels the other ranks).
-			if err := tc.failed(); err != nil {
+			if err := errors.Join(tc.failed(), epFailed()); err != nil {
 				return err
 			}
 			s, j := act.Stage, act.Micro
@@ -470,6 +527,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				}
 				if s == n-1 {
 					heads[j].DeferWeightGrads(q)
+				}
+				if stages != nil {
+					stages[j].wq = q
 				}
 			}
 			if act.Kind == moe.PipeF {
@@ -570,6 +630,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 					blk.DeferWeightGrads(nil)
 				}
 				heads[j].DeferWeightGrads(nil)
+				if stages != nil {
+					stages[j].wq = nil
+				}
 			}
 			switch {
 			case s == 0 && tc != nil:
@@ -586,16 +649,23 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			}
 		}
 	}
+	rep := mesh.Group(parallel.AxisReplicate, pr.lane)
 	if p.dp > 1 && cfg.SelectionBias {
-		// The step's loads over the stage's data-parallel ranks.
+		// The step's loads over the stage's data-parallel ranks (its
+		// replica's, then over the replicas).
 		var flat []float32
 		for _, ld := range loads {
 			for _, c := range ld {
 				flat = append(flat, float32(c))
 			}
 		}
-		if err := ep.AllReduce(ctx, group, moe.F32, flat); err != nil {
-			return err
+		for _, g := range []parallel.Group{group, rep} {
+			if g.Size() == 1 {
+				continue
+			}
+			if err := ep.AllReduce(ctx, g, moe.F32, flat); err != nil {
+				return err
+			}
 		}
 		at := 0
 		for _, ld := range loads {
@@ -605,7 +675,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			}
 		}
 	}
-	if err := tc.failed(); err != nil {
+	if err := errors.Join(tc.failed(), epFailed()); err != nil {
 		return err
 	}
 	pr.model.UpdateSelectionBias(loads, sp.BiasRate)
@@ -614,11 +684,16 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			continue
 		}
 		g := gs[i]
-		if p.dp > 1 {
-			padded := make([]float32, p.dp*len(pr.shard[i]))
+		if n := pr.group[i].Size(); n > 1 {
+			padded := make([]float32, n*len(pr.shard[i]))
 			copy(padded, gs[i])
 			g = make([]float32, len(pr.shard[i]))
-			if err := ep.ReduceScatter(ctx, group, moe.F32, padded, g); err != nil {
+			if err := ep.ReduceScatter(ctx, pr.group[i], moe.F32, padded, g); err != nil {
+				return err
+			}
+		}
+		if rep.Size() > 1 {
+			if err := ep.AllReduce(ctx, rep, moe.F32, g); err != nil {
 				return err
 			}
 		}
@@ -677,29 +752,64 @@ func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, 
 	return nil
 }
 
+// localExperts returns the epStage's views of pr's routed experts of EP
+// index e: per MoE layer of its stages, the weights and the gradient
+// accumulators of each local expert (gate, up, down).
+func (p *PipelineTrainer) localExperts(pr *pipeRank, e int) (weights, grads func(layer int) (gate, up, down [][]float32)) {
+	cfg := p.spec.Config
+	el := cfg.Experts / max(p.ep, 1)
+	ix := map[int][3][]int{}
+	for li, moeLayer := range cfg.MoELayer {
+		if moeLayer {
+			ix[li] = expertParamIndex(cfg, li, e*el, (e+1)*el)
+		}
+	}
+	view := func(ts [][]float32) func(int) ([][]float32, [][]float32, [][]float32) {
+		return func(layer int) (gate, up, down [][]float32) {
+			var out [3][][]float32
+			for k, is := range ix[layer] {
+				for _, i := range is {
+					out[k] = append(out[k], ts[i])
+				}
+			}
+			return out[0], out[1], out[2]
+		}
+	}
+	return view(pr.model.Tensors()), view(pr.model.Grads())
+}
+
 // Params reassembles the parameters (Config.Params order), each tensor
-// from the pipeline rank that holds it: its tp pieces (the FSDP chunks of
-// each tp rank's, padding dropped) put back in place.
+// from the ranks of replica 0 that hold it: its tp pieces (the FSDP chunks of each tp
+// rank's, in the chunk group's order, which is the lanes', padding
+// dropped) put back in place; a routed expert under ep from its EP
+// index's ranks.
 func (p *PipelineTrainer) Params() [][]float32 {
 	cfg := p.spec.Config
 	ps := cfg.Params()
 	out := make([][]float32, len(ps))
 	for _, row := range p.ranks {
-		for i, t := range row[0].model.Tensors() {
+		for i := range ps {
+			var holders []*pipeRank
+			for _, pr := range row {
+				if pr.owned[i] && pr.replica == 0 { // replicas hold the same chunks
+					holders = append(holders, pr)
+				}
+			}
 			switch {
-			case !row[0].owned[i]:
+			case len(holders) == 0:
 			case ps[i].Buffer: // the selection bias: every rank's copy is the same
-				out[i] = append([]float32(nil), t...)
+				out[i] = append([]float32(nil), holders[0].model.Tensors()[i]...)
 			default:
+				n := len(holders[0].model.Tensors()[i])
 				out[i] = make([]float32, ps[i].Elements())
 				for j := range p.tp {
 					var piece []float32
-					for _, pr := range row {
+					for _, pr := range holders {
 						if pr.tpIdx == j {
 							piece = append(piece, pr.shard[i]...)
 						}
 					}
-					moe.TPUnshard(ps[i], piece[:len(t)], out[i], p.tp, j, false)
+					moe.TPUnshard(ps[i], piece[:n], out[i], p.tp, j, false)
 				}
 			}
 		}
