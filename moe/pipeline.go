@@ -598,55 +598,43 @@ func zbvOrder(r, pp, m int) []PipeAction {
 			out = append(out, PipeAction{Kind: k, Stage: s, Micro: mb})
 		}
 	}
+	// next appends the action of kind k for stage s's micro-batch *i and
+	// advances *i; iw appends an input pass and its weight pass.
+	next := func(k PipeKind, s int, i *int) { add(k, s, *i); *i++ }
+	iw := func(s int, b *int) { add(PipeI, s, *b); next(PipeW, s, b) }
 	for range 2*(pp-r) - 1 {
-		add(PipeF, c0, f0)
-		f0++
+		next(PipeF, c0, &f0)
 	}
 	for range r {
-		add(PipeF, c1, f1)
-		f1++
-		add(PipeF, c0, f0)
-		f0++
+		next(PipeF, c1, &f1)
+		next(PipeF, c0, &f0)
 	}
 	for range pp - r {
-		add(PipeF, c1, f1)
-		f1++
-		add(PipeI, c1, b1)
-		add(PipeW, c1, b1)
-		b1++
+		next(PipeF, c1, &f1)
+		iw(c1, &b1)
 	}
 	for f1 < f0 || f0 < n {
 		if f0 < n {
-			add(PipeF, c0, f0)
-			f0++
+			next(PipeF, c0, &f0)
 		}
-		add(PipeI, c0, b0)
-		add(PipeW, c0, b0)
-		b0++
-		add(PipeF, c1, f1)
-		f1++
-		add(PipeI, c1, b1)
-		add(PipeW, c1, b1)
-		b1++
+		iw(c0, &b0)
+		next(PipeF, c1, &f1)
+		iw(c1, &b1)
 	}
 	w0, w1 := b0, b1
 	for range r {
-		add(PipeI, c0, b0)
-		b0++
-		add(PipeI, c1, b1)
-		b1++
+		next(PipeI, c0, &b0)
+		next(PipeI, c1, &b1)
 	}
 	for range pp - r {
-		add(PipeI, c0, b0)
-		b0++
-		add(PipeW, c0, w0)
-		w0++
+		next(PipeI, c0, &b0)
+		next(PipeW, c0, &w0)
 	}
-	for ; w1 < b1; w1++ {
-		add(PipeW, c1, w1)
+	for w1 < b1 {
+		next(PipeW, c1, &w1)
 	}
-	for ; w0 < b0; w0++ {
-		add(PipeW, c0, w0)
+	for w0 < b0 {
+		next(PipeW, c0, &w0)
 	}
 	return out
 }
