@@ -303,13 +303,17 @@ func (a *planArgs) validate() error {
 	a.tps = intList(&errs, "--tp", a.tpList, moe.MaxDegree)
 	a.pps = intList(&errs, "--pp", a.ppList, moe.MaxDegree)
 	a.mbss = intList(&errs, "--pp-microbatch-sizes", a.mbsList, max(a.maxLBS, 1))
-	for _, f := range strings.Split(a.schedList, ",") {
+	for f := range strings.SplitSeq(a.schedList, ",") {
 		if a.schedList == "" {
-			break
+			break // sweep: no --pp-schedules, the planner's default
 		}
 		s := moe.PPSchedule(strings.TrimSpace(f))
 		if err := s.Check(); err != nil {
 			errs = append(errs, fmt.Errorf("--pp-schedules = %q: %w", a.schedList, err))
+			continue
+		}
+		if slices.Contains(a.scheds, s) {
+			errs = append(errs, fmt.Errorf("--pp-schedules = %q: %s named twice", a.schedList, s))
 			continue
 		}
 		a.scheds = append(a.scheds, s)

@@ -223,6 +223,8 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--gpu", "tpu9"}, []string{"--gpu"}, 2},
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--pp", "1,x"}, []string{`--pp = "1,x"`, `"x" must be an integer in [1, 1048576]`}, 2},
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--pp", "2", "--pp-microbatch-sizes", "0"}, []string{`--pp-microbatch-sizes = "0"`, "[1, 256]"}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--pp", "2", "--pp-schedules", "1F1B,Foo"}, []string{`--pp-schedules = "1F1B,Foo"`, "pp_schedule = Foo"}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4096", "--pp", "2", "--pp-schedules", "1F1B, 1F1B"}, []string{`--pp-schedules = "1F1B, 1F1B"`, "1F1B named twice"}, 2},
 		// 30.5e9 parameters × 16 B = 488 GB of state on one GPU: nothing fits
 		// at 0.92 of 178.35 GiB; the fake's FSDP state needs 16 × 30.5e9 /
 		// (0.92 × 191.5e9 − activations) ≈ 2.8 GPUs → 4.
