@@ -51,7 +51,7 @@ func FuzzLayoutJSON(f *testing.F) {
 		}
 		if l.Stages() > 1 {
 			counts, err := l.PPLayers.Counts()
-			if l.PPSchedule.check() != nil || l.PPMicrobatchSize < 1 || err != nil || counts != nil && len(counts) != l.PipelineStages() ||
+			if l.PPSchedule.Check() != nil || l.PPMicrobatchSize < 1 || err != nil || counts != nil && len(counts) != l.PipelineStages() ||
 				l.PPSchedule.MultiStage() != (l.PPVirtualStages > 1) {
 				t.Fatalf("%s resolved to a pipeline layout that does not hold: %+v", b, l)
 			}

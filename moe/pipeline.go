@@ -86,9 +86,7 @@ func (s PPSchedule) ZeroBubble() bool {
 
 // Check returns an error naming pp_schedule unless s is a schedule
 // moescope builds (PPSchedules).
-func (s PPSchedule) Check() error { return s.check() }
-
-func (s PPSchedule) check() error {
+func (s PPSchedule) Check() error {
 	for _, b := range PPSchedules() {
 		if s == b {
 			return nil
@@ -232,7 +230,7 @@ func (l Layout) validatePipeline() []error {
 		}
 		return errs
 	}
-	if err := l.PPSchedule.check(); err != nil {
+	if err := l.PPSchedule.Check(); err != nil {
 		errs = append(errs, err)
 	}
 	if tp := l.TPDegree(); tp > 1 && l.AsyncTP {
@@ -261,7 +259,7 @@ func (l Layout) validatePipeline() []error {
 		// torchtitan's pipeline_llm: "Multi-stage schedule requires at
 		// least 2 stages per rank".
 		errs = append(errs, FieldError{"pp_virtual_stages", v, fmt.Sprintf("must be ≥ 2 for the multi-stage schedule %s", l.PPSchedule)})
-	case !l.PPSchedule.MultiStage() && l.PPSchedule.check() == nil && v != 1:
+	case !l.PPSchedule.MultiStage() && l.PPSchedule.Check() == nil && v != 1:
 		errs = append(errs, FieldError{"pp_virtual_stages", v, fmt.Sprintf("must be 1 for the single-stage schedule %s", l.PPSchedule)})
 	}
 	counts, err := l.PPLayers.Counts()
@@ -453,7 +451,7 @@ func (a PipeAction) String() string {
 //     PyTorch's runtime runs an OVERLAP_F_B without a registered overlap
 //     function (torchtitan registers none).
 func PipelineOrder(s PPSchedule, pp, v, m int) ([][]PipeAction, error) {
-	if err := s.check(); err != nil {
+	if err := s.Check(); err != nil {
 		return nil, err
 	}
 	if pp < 1 || pp > MaxDegree || m < 1 || m > 1<<20 || v < 1 || int64(pp)*int64(v) > MaxDegree {
