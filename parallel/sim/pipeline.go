@@ -374,8 +374,9 @@ func simulatePipeline(in Input) (Result, error) {
 	res.Exactness = "pipeline: one data-parallel rank per stage simulated, standing for its stage (" + exact + ")"
 	if l.TPDegree() > 1 {
 		res.TPLink = tpLink.String()
+		g := tpShape(cl, pl)
 		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks in %d NVLink domain(s)) (%s)",
-			tpShape(cl, pl).Ranks, tpShape(cl, pl).Domains, exact)
+			g.Ranks, g.Domains, exact)
 	}
 	if in.KeepTimeline {
 		res.pipe = &walk
