@@ -206,6 +206,9 @@ type stageRun struct {
 	perRank int // sequences per rank per step at this scale (0 = free)
 	all     bool
 	keep    int
+	// refused is Admit's first refusal, in family order: what an empty
+	// search says when every family was refused.
+	refused error
 }
 
 func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Result, err error) {
@@ -225,10 +228,15 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 	var usable []family
 	for _, f := range fams {
 		st.GPUs = f.layout.GPUs
-		if q.Admit != nil && q.Admit(first(f)) != nil {
-			st.Candidates++
-			st.Pruned++
-			continue
+		if q.Admit != nil {
+			if err := q.Admit(first(f)); err != nil {
+				if s.refused == nil {
+					s.refused = err
+				}
+				st.Candidates++
+				st.Pruned++
+				continue
+			}
 		}
 		usable = append(usable, f)
 	}
