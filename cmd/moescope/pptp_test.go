@@ -72,3 +72,23 @@ func TestPlanCommandPPTPBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanCommandPipelineSmallGlobalBatch: one sequence per GPU of global
+// batch and pipelines of micro-batches of 2: the stage before the target
+// bounds local batches by a data-parallel rank's share (1 × pp × tp), not
+// one sequence per GPU, below a pipeline's one micro-batch (the planner
+// panicked on the empty range of local batches).
+func TestPlanCommandPipelineSmallGlobalBatch(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"plan", "--model", "tiny", "--gpus", "16", "--seq", "64", "--global-batch", "16",
+		"--pp", "1,2", "--tp", "1,2", "--pp-microbatch-sizes", "2", "--json"}); err != nil {
+		t.Fatal(err)
+	}
+	var rep planReportJSON
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if b := rep.Best; b.LBS*b.DPReplicate*b.DPShard*b.GradAccum != 16 {
+		t.Errorf("best %+v does not consume the global batch of 16", b)
+	}
+}

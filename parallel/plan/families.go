@@ -359,10 +359,20 @@ func lbsValid(l moe.Layout, lbs int) bool {
 	return err == nil
 }
 
-// lbsRange lists the valid local batches of l up to q.MaxLBS, increasing.
+// lbsTop is the largest local batch searched for l: MaxLBS, and at a
+// stage before the target no more than a data-parallel rank's share of
+// the target's global batch (perGPUCap × dpShare).
+func (q *Request) lbsTop(l moe.Layout) int {
+	if q.perGPUCap > 0 {
+		return min(q.MaxLBS, q.perGPUCap*dpShare(l))
+	}
+	return q.MaxLBS
+}
+
+// lbsRange lists the valid local batches of l up to lbsTop, increasing.
 func (q *Request) lbsRange(l moe.Layout) []int {
 	var out []int
-	for lbs := 1; lbs <= q.MaxLBS; lbs++ {
+	for lbs := 1; lbs <= q.lbsTop(l); lbs++ {
 		if lbsValid(l, lbs) {
 			out = append(out, lbs)
 		}

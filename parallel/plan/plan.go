@@ -164,6 +164,12 @@ type Request struct {
 	// Progress, when set, is called after each evaluation with the stage
 	// number (1-based), points done and points to do in that stage.
 	Progress func(stage, done, total int)
+	// perGPUCap, set on the copy of the request a stage before the
+	// target runs with, is the target's global batch per GPU: no family
+	// there can use a local batch above perGPUCap × the GPUs that share a
+	// data-parallel rank's sequences (dpShare: its tp ranks and pipeline
+	// stages), so earlier stages do not rank it at one (lbsTop).
+	perGPUCap int
 }
 
 // Result is an evaluated point.

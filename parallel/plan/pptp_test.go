@@ -271,3 +271,39 @@ func TestPlanProbeSkipsUnestimable(t *testing.T) {
 		t.Errorf("stage 1 at %d GPUs, want 16 (nothing fits on 8)", rep.Stages[0].GPUs)
 	}
 }
+
+// TestPlanStageCapPerDPRank: with a global batch of one sequence per GPU,
+// a stage before the target ranks each family at no more than its
+// data-parallel rank's share of it, 1 × tp × pp sequences: a pipeline of
+// micro-batches of 2 is usable (it was capped at one sequence per GPU,
+// below its one micro-batch, and the search failed), and pp × tp
+// families are ranked above one sequence: each fits every local batch on
+// 12 MiB at seq 256 (TestPlanSimPPTPSearchEqualsExhaustive), so a stage
+// ranks it at its largest, the share, 4. Every plan consumes the global
+// batch.
+func TestPlanStageCapPerDPRank(t *testing.T) {
+	cfg, err := hf.Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256}
+	req := Request{GPUs: 16, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: 16, MaxLBS: 8,
+		PPs: []int{1, 2}, TPs: []int{1, 2}, Layers: cfg.Layers, PPMicrobatchSizes: []int{2}, Admit: onlyPPTP}
+	rep, err := Search(req, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planCheckReport(t, req, rep)
+	if len(rep.Stages) < 2 {
+		t.Fatalf("%d stages, want a stage before the target", len(rep.Stages))
+	}
+	for _, r := range rep.Stages[0].Survivors {
+		l := r.Point.Layout
+		if share := dpShare(l); r.Point.LBS > share || r.Point.LBS%l.PPMicrobatchSize != 0 {
+			t.Errorf("stage 1 ranks %s above its share %d of the global batch, or not in micro-batches", r.Point, share)
+		}
+	}
+	if best := rep.Stages[0].Survivors[0].Point; best.LBS != 4 {
+		t.Errorf("stage 1's best %s, want it at lbs 4 = 1 sequence per GPU × tp 2 × pp 2", best)
+	}
+}

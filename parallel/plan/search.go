@@ -68,10 +68,11 @@ func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
 			fams, ancestor = q.growFamilies(carried, n, pr > 0)
 		}
 		sq := *q
-		if !last && perRank > 0 && perRank < sq.MaxLBS {
-			// No local batch above the per-rank share of the global batch
-			// is usable at the target, so earlier stages do not rank by it.
-			sq.MaxLBS = perRank
+		if !last && perRank > 0 {
+			// No local batch above a data-parallel rank's share of the
+			// global batch is usable at the target, so earlier stages do
+			// not rank by it.
+			sq.perGPUCap = perRank
 		}
 		// TPS grows with the local batch (larger GEMMs, communication
 		// amortized over more tokens), so a family is ranked at its
