@@ -123,8 +123,9 @@ type Request struct {
 	TPs []int
 	// PPs are the pipeline-parallel degrees searched (default 1 only):
 	// each that divides a stage's GPUs (pp × tp of them, with each tp of
-	// TPs: tensor parallelism inside every pipeline stage) and splits Layers + 2 (the embedding and the output counted as one
-	// layer each, torchtitan's pipeline_parallel_first/last_stage_less_layers)
+	// TPs: tensor parallelism inside every pipeline stage) and splits
+	// Layers + 2 (the embedding and the output counted as one layer each,
+	// torchtitan's pipeline_parallel_first/last_stage_less_layers)
 	// into pp × virtual stages equal parts of at least two, torchtitan's
 	// even split without remainder. A pipeline family is tried with each
 	// schedule of PPSchedules (1 stage per rank for single-stage
