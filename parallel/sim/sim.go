@@ -211,10 +211,8 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	p.l = in.Layout
-	if p.l.TPDegree() > 1 && p.l.AsyncTP && !in.Memory.Compile.Model {
-		// torchtitan v0.2.2 parallelize_qwen3/parallelize_llama: "Async
-		// TP requires torch.compile" (micro-pipeline TP is an Inductor pass).
-		return nil, fmt.Errorf("simulate: async_tp with tp = %d requires compile (torchtitan: async TP is an Inductor pass)", p.l.TPDegree())
+	if err := checkAsyncTP(in); err != nil {
+		return nil, err
 	}
 	if p.mesh, err = parallel.NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
@@ -377,7 +375,7 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	sim, err := simOps(p.sched, p.cl, p.mesh, in, spec, costs, opt, p.loads)
+	sim, err := simOps(p.sched, p.cl, p.mesh, widestTPGroup(p.cl, p.mesh), in, spec, costs, opt, p.loads)
 	if err != nil {
 		return Result{}, err
 	}
