@@ -35,7 +35,8 @@ func stagePassPipeline(t *testing.T, cfg *moe.Config, l moe.Layout) *Pipeline {
 // boundaries).
 // The reference's FSDP-side ops (the replicated gradients' all-reduce, the
 // loss all-gather) and the optimizer are the pipeline program's, not a
-// pass's.
+// pass's. Each stage's two passes run StageTPCollectives' list in order,
+// an overlapped part and its exposed chunk summing to one collective.
 func TestStagePassAsSchedule(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	cfg.KVHeads = 2
@@ -109,6 +110,29 @@ func TestStagePassAsSchedule(t *testing.T) {
 				}
 				if at != len(want) {
 					t.Errorf("%s: passes hold %d ops, the schedule %d", name, at, len(want))
+				}
+				// The collectives the numeric backend runs per micro-batch
+				// (StageTPCollectives), one op each or an exposed chunk and
+				// its overlapped part.
+				for s, passes := range [][]int{{0, 3}, {1, 2}} {
+					var listed, run []string
+					for _, c := range p.StageTPCollectives(cfg, s, 8, ac, moe.BF16) {
+						listed = append(listed, fmt.Sprint(c.Coll, c.Purpose, c.Elements))
+					}
+					for _, k := range passes {
+						for _, o := range got[k] {
+							switch {
+							case o.Type != OpCollective || o.Axis != AxisTP:
+							case o.AsyncPart:
+								run[len(run)-1] = fmt.Sprint(o.Coll, o.Purpose, o.Elements+got[k][o.Deps[0]].Elements)
+							default:
+								run = append(run, fmt.Sprint(o.Coll, o.Purpose, o.Elements))
+							}
+						}
+					}
+					if !slices.Equal(run, listed) {
+						t.Errorf("%s: stage %d's passes run tp collectives %v, StageTPCollectives lists %v", name, s, run, listed)
+					}
 				}
 			}
 		}
