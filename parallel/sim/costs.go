@@ -176,6 +176,8 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 		return simCompute
 	case o.Purpose == parallel.PurposeGather || o.Purpose == parallel.PurposeRegather:
 		return simGather
+	case o.Purpose == parallel.PurposeGradReplica:
+		return simAllReduce
 	}
 	return simReduce
 }

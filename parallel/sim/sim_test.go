@@ -399,3 +399,46 @@ func TestFSDPCopySeconds(t *testing.T) {
 		}
 	}
 }
+
+// Under HSDP the replicas' gradient all-reduce runs on a stream of its
+// own, after its unit's reduce-scatter, as FSDP2's all_reduce_stream does
+// (foreach_reduce): the next unit's reduce-scatter never queues behind it.
+func TestSimulateReplicaAllReduceStream(t *testing.T) {
+	in := simTestInput(t, "tiny", 8, 1, 2, 128, 1, "none")
+	in.Layout = moe.Layout{GPUs: 8, DPReplicate: 2, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	if err := in.Layout.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	in.KeepTimeline = true
+	r, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i, o := range r.Schedule.Ops {
+		if o.Type != parallel.OpCollective {
+			continue
+		}
+		want := simReduce
+		switch {
+		case o.Purpose == parallel.PurposeGradReplica:
+			want = simAllReduce
+			n++
+			if len(o.Deps) != 1 || r.Schedule.Ops[o.Deps[0]].Purpose != parallel.PurposeGradReduce {
+				t.Errorf("op %d: replica all-reduce after %v, want after its unit's reduce-scatter", i, o.Deps)
+			} else if r.spans[i].start < r.spans[o.Deps[0]].end-1e-15 {
+				t.Errorf("op %d: all-reduce starts at %g before its reduce-scatter ends at %g", i, r.spans[i].start, r.spans[o.Deps[0]].end)
+			}
+		case o.Purpose == parallel.PurposeGather, o.Purpose == parallel.PurposeRegather:
+			want = simGather
+		case o.Purpose != parallel.PurposeGradReduce:
+			continue
+		}
+		if r.streams[i] != want {
+			t.Errorf("op %d (%s %s) on stream %s, want %s", i, o.Purpose, o.Coll, r.streams[i], want)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no replica all-reduce in an HSDP schedule")
+	}
+}
