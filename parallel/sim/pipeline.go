@@ -359,8 +359,12 @@ func simulatePipeline(in Input) (Result, error) {
 	if l.TPDegree() > 1 {
 		res.TPLink = tpLink.String()
 		g := tpShape(cl, pl)
-		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks in %d NVLink domain(s)) (%s)",
-			g.Ranks, g.Domains, exact)
+		async := ""
+		if l.AsyncTP {
+			async = "; async TP: each stage's forward and backward walked on the step engine, the overlapped parts beside the compute"
+		}
+		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks in %d NVLink domain(s))%s (%s)",
+			g.Ranks, g.Domains, async, exact)
 	}
 	if in.KeepTimeline {
 		res.pipe = &walk
@@ -797,8 +801,9 @@ func pipelineBreakdown(w pipeWalk) (Breakdown, string) {
 	for _, v := range wr.tp {
 		tp += v
 	}
-	// The tp collectives block the computation: exposed in full, out of
-	// the forward and backward time they sit in.
+	// The tp collectives block the computation: exposed in full (under
+	// async TP, what the computation waits for), out of the forward and
+	// backward time they sit in.
 	b := Breakdown{ComputeS: wr.busy - wr.recompute - (tp - wr.tpOutside), RecomputeS: wr.recompute, OptimizerS: wr.optS,
 		ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}, OverheadS: map[string]float64{}}
 	trailing := math.Max(0, wr.commAt-wr.computeAt)

@@ -161,7 +161,8 @@ func TestAsyncPassesWithoutAsyncAreSums(t *testing.T) {
 // the tp collectives' exposed seconds fewer, the FLOPs per token are the
 // same (MFU ÷ TPS), the breakdown's parts still sum to the step, and the
 // memory is unchanged (moescope models no symmetric-memory buffer for
-// async TP, with or without pp). Eager, async TP is refused naming
+// async TP, with or without pp), and the exactness line says how the
+// stages were walked. Eager, async TP is refused naming
 // async_tp, tp, pp and compile, as torchtitan refuses it.
 func TestSimulatePipelineAsyncTP(t *testing.T) {
 	cfg, err := hf.Load("llama3-8b")
@@ -197,6 +198,9 @@ func TestSimulatePipelineAsyncTP(t *testing.T) {
 		}
 		if !near(async.MFU/async.TPS, sync.MFU/sync.TPS, 1e-12) || async.PeakReservedBytes != sync.PeakReservedBytes {
 			t.Errorf("%s: MFU/TPS %g vs %g, peak reserved %d vs %d B; want the same", sch, async.MFU/async.TPS, sync.MFU/sync.TPS, async.PeakReservedBytes, sync.PeakReservedBytes)
+		}
+		if !strings.Contains(async.Exactness, "async TP: each stage's forward and backward walked on the step engine") || strings.Contains(sync.Exactness, "async TP") {
+			t.Errorf("%s: exactness %q with async TP, %q without", sch, async.Exactness, sync.Exactness)
 		}
 		b := async.Breakdown
 		sum := b.ComputeS + b.RecomputeS + b.OptimizerS
