@@ -13,7 +13,7 @@ import (
 	"github.com/moescope/moescope/parallel/hw"
 )
 
-// TestAsyncPassByHand: stage 0's forward of one micro-batch, walked as the
+// TestAsyncPassByHand: each stage's forward of one micro-batch, walked as the
 // pipeline walks it under async TP (passTiming), against a critical path
 // derived by hand. The tiny MoE (D = 8, 2 MoE blocks, KV heads 2) at pp 2 ×
 // tp 2, one sequence of 8 tokens: stage 0 runs the embedding and block 0.
@@ -45,6 +45,22 @@ import (
 // and the wait for O5 (4w), all-gathers F2 and F4 (2w each, shared); they
 // ran 8w (reduce-scatter: F1 w, O1 2w, F3 w, O3 2w, F5 w, O5 w) and 6w
 // (all-gather: F2 2w, O2 w, F4 2w, O4 w).
+//
+// Stage 1's forward runs block 1 (P, X, R) and the head H, c each, with
+// loss parallel's three all-reduces A of 8 f32 values after H, moving
+// 2·(n−1)/n·32 = 32 B, w each, never split. Without async TP: 4c + 5W + 3w
+// = 4c + 13w = 4.416 µs (all-gathers 3W, reduce-scatters 2W, all-reduces
+// 3w). With async TP (the head's all-gather before H; X waits for O1, R
+// for O2, O3, H for F5):
+//
+//	F1 [0, w]; O1 [w, 2w] beside P [w, c+w]; F2 [c+w, c+2w];
+//	F3 and O2 from c+2w, sharing: end c+4w; O3 [c+4w, c+5w] beside
+//	X [c+4w, 2c+4w]; R [2c+4w, 3c+4w]; F4 [3c+4w, 3c+5w];
+//	F5 and O4 from 3c+5w, sharing: end 3c+7w; O5 [3c+7w, 3c+8w] beside
+//	H [3c+7w, 4c+7w]; A, A, A [4c+7w, 4c+10w].
+//
+// 4c + 10w = 4.320 µs, 3w less; exposed all-gathers 5w (F1, F3, F5),
+// reduce-scatters 2w, all-reduces 3w; ran 8w, 6w and 3w.
 func TestAsyncPassByHand(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	cfg.KVHeads = 2
@@ -52,22 +68,30 @@ func TestAsyncPassByHand(t *testing.T) {
 		NVLinkEfficiency: 1, NetEfficiency: 1}
 	const c, w = 1e-6, 32e-9
 	costs := map[segKey]segCost{}
-	for _, k := range []segKey{{moe.LayerEmbed, parallel.SegEmbed, parallel.PhaseForward}, {0, parallel.SegPre, parallel.PhaseForward},
-		{0, parallel.SegExperts, parallel.PhaseForward}, {0, parallel.SegPost, parallel.PhaseForward}} {
+	for _, k := range []segKey{{moe.LayerEmbed, parallel.SegEmbed, parallel.PhaseForward}, {cfg.LayerHead(), parallel.SegHead, parallel.PhaseForward}} {
 		costs[k] = segCost{total: c}
 	}
-	// byKind is all-gather and reduce-scatter seconds in tpKinds' order.
-	byKind := func(ag, rs float64) (x [len(tpKinds)]float64) {
-		x[tpKind(parallel.CollAllGather)], x[tpKind(parallel.CollReduceScatter)] = ag, rs
+	for layer := range 2 {
+		for _, seg := range []parallel.Segment{parallel.SegPre, parallel.SegExperts, parallel.SegPost} {
+			costs[segKey{layer, seg, parallel.PhaseForward}] = segCost{total: c}
+		}
+	}
+	// byKind is all-gather, reduce-scatter and all-reduce seconds in
+	// tpKinds' order.
+	byKind := func(ag, rs, ar float64) (x [len(tpKinds)]float64) {
+		x[tpKind(parallel.CollAllGather)], x[tpKind(parallel.CollReduceScatter)], x[tpKind(parallel.CollAllReduce)] = ag, rs, ar
 		return x
 	}
 	for _, x := range []struct {
+		stage        int
 		async        bool
 		seconds      float64
 		exposed, ran [len(tpKinds)]float64
 	}{
-		{false, 4*c + 5*2*w, byKind(2*2*w, 3*2*w), byKind(2*2*w, 3*2*w)},
-		{true, 4*c + 8*w, byKind(4*w, 4*w), byKind(6*w, 8*w)},
+		{0, false, 4*c + 5*2*w, byKind(2*2*w, 3*2*w, 0), byKind(2*2*w, 3*2*w, 0)},
+		{0, true, 4*c + 8*w, byKind(4*w, 4*w, 0), byKind(6*w, 8*w, 0)},
+		{1, false, 4*c + 13*w, byKind(3*2*w, 2*2*w, 3*w), byKind(3*2*w, 2*2*w, 3*w)},
+		{1, true, 4*c + 10*w, byKind(5*w, 2*w, 3*w), byKind(8*w, 6*w, 3*w)},
 	} {
 		l := moe.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: x.async}
 		if err := l.Resolve(); err != nil {
@@ -77,7 +101,7 @@ func TestAsyncPassByHand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ops, err := pl.StagePass(cfg, 0, 8, moe.AC{Mode: moe.ACSelective}, moe.Precision{}, false)
+		ops, err := pl.StagePass(cfg, x.stage, 8, moe.AC{Mode: moe.ACSelective}, moe.Precision{}, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,11 +110,11 @@ func TestAsyncPassByHand(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !near(got.seconds, x.seconds, 1e-12) {
-			t.Errorf("async %v: pass %.6g s, want %.6g s", x.async, got.seconds, x.seconds)
+			t.Errorf("stage %d async %v: pass %.6g s, want %.6g s", x.stage, x.async, got.seconds, x.seconds)
 		}
 		for k := range tpKinds {
 			if !near(got.tp.exposed[k], x.exposed[k], 1e-9) || !near(got.tp.ran[k], x.ran[k], 1e-9) {
-				t.Errorf("async %v: %s exposed %.4g s, ran %.4g s; want %.4g s, %.4g s", x.async, tpKinds[k], got.tp.exposed[k], got.tp.ran[k], x.exposed[k], x.ran[k])
+				t.Errorf("stage %d async %v: %s exposed %.4g s, ran %.4g s; want %.4g s, %.4g s", x.stage, x.async, tpKinds[k], got.tp.exposed[k], got.tp.ran[k], x.exposed[k], x.ran[k])
 			}
 		}
 	}
