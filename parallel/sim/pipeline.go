@@ -641,7 +641,7 @@ func asyncPasses(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.C
 		if err := walk(s, true, costs, &pc.bwd[s], &pc.tpBwd[s]); err != nil {
 			return err
 		}
-		if input != nil {
+		if input != nil && s > 0 { // stage 0's input pass does nothing (pipeCosts.compute)
 			if err := walk(s, true, input, &pc.inp[s], &pc.tpInp[s]); err != nil {
 				return err
 			}

@@ -159,7 +159,7 @@ func TestAsyncPassesWithoutAsyncAreSums(t *testing.T) {
 				for s := range pc.fwd {
 					want := []float64{pc.fwd[s], pc.bwd[s]}
 					got := []float64{walked.fwd[s], walked.bwd[s]}
-					if sch.ZeroBubble() {
+					if sch.ZeroBubble() && s > 0 {
 						want, got = append(want, pc.bwd[s]-pc.wgt[s]), append(got, walked.inp[s])
 					}
 					for k := range tpKinds {
