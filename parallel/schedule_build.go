@@ -461,11 +461,17 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 }
 
-func (b *schedBuilder) build() {
+// reset readies b for a program (build, StagePass): no unit gathered,
+// no chain yet, no reduce-scatter in flight.
+func (b *schedBuilder) reset() {
 	b.gathered = map[Unit]bool{}
 	b.gatherOp = map[Unit]int{}
 	b.chain = -1
 	b.prevRS, b.rsWait = -1, -1
+}
+
+func (b *schedBuilder) build() {
+	b.reset()
 	if b.l.TPDegree() > 1 {
 		b.tp = map[int][]TPColl{}
 		T := b.sp.LBS * b.sp.Seq
@@ -582,7 +588,8 @@ func (p *Pipeline) StagePass(cfg *moe.Config, s, seq int, ac moe.AC, prec moe.Pr
 	mbs := p.Layout.PPMicrobatchSize
 	b := &schedBuilder{sp: ScheduleSpec{Config: cfg, Mesh: p.Stage, AC: ac, LBS: mbs, Seq: seq, Micro: 1, Precision: prec, NoMemory: true},
 		cfg: cfg, paramIx: NewUnitIndex(cfg), m: p.Stage, l: l, prec: prec, s: &Schedule{Layout: l, AC: ac, LBS: mbs, Seq: seq, Micro: 1},
-		gathered: map[Unit]bool{}, gatherOp: map[Unit]int{}, chain: -1, pass: true}
+		pass: true}
+	b.reset()
 	first, count := p.StageLayers(s)
 	last := s == len(p.Split)-1
 	if l.TPDegree() > 1 {
