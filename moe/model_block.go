@@ -442,9 +442,10 @@ func (b *Block[T]) sharedForward(w *LayerWeights[T], yTD []T, pass Pass, useCach
 	ex.op(L, OpSharedScale, pass, int64(nTok)*int64(D))
 }
 
-// checkpointed reports whether this block recomputes in backward.
+// checkpointed reports whether this block recomputes its routed experts
+// in backward (the block whole, selectively, or its MoE layer).
 func (b *Block[T]) checkpointed() bool {
-	return b.ac.Mode == ACSelective || b.ac.FullyCheckpointed(b.layer)
+	return b.ac.Mode == ACSelective || b.ac.FullyCheckpointed(b.layer) || b.ac.MoERecomputed(b.cfg, b.layer)
 }
 
 // Cache keys for the selective policy's non-linear saved outputs.
@@ -519,6 +520,11 @@ func (b *Block[T]) keep() {
 		if b.ac.NormRecomputed(b.cfg, b.layer, OpFFNNorm) {
 			st.h2, st.rstd2 = nil, nil
 		}
+		// moe: nothing of the MoE layer but its input h2 (Backward's
+		// moeRecompute runs the layer again).
+		if b.ac.MoERecomputed(b.cfg, b.layer) {
+			st.rt, st.expertOutTKD, st.ffn, st.fOut, st.sGate = nil, nil, ffnActs[T]{}, nil, nil
+		}
 	}
 	b.recordKept()
 }
@@ -573,8 +579,7 @@ func (b *Block[T]) recordKept() {
 		rec(OpDenseGate, "input", st.h2, act)
 	}
 	ops := [4]Op{OpDenseAct, OpDenseAct, OpDenseAct, OpDenseDown}
-	if b.cfg.MoELayer[L] {
-		rt := st.rt
+	if rt := st.rt; b.cfg.MoELayer[L] && rt != nil {
 		rec(OpRouterTopK, "scores", rt.Scores, F32)
 		b.x.saved(L, OpRouterTopK, "indices", len(rt.Indices), I64)
 		rec(OpRouterTopK, "values", rt.Values, F32)
