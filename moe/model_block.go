@@ -43,8 +43,8 @@ type LayerWeights[T Float] struct {
 // (counts[e] rows for global expert e, e ascending, dropless); the result
 // holds the expert outputs for the same rows in the same order. keep says
 // whether Forward must keep what ExpertsBackward will read (false when the
-// block is checkpointed and will call Forward again with pass Recompute
-// before backward). ExpertsBackward receives the gradient of the rows of
+// block, or under the modules policy's moe its MoE layer, is checkpointed
+// and will call Forward again with pass Recompute before backward). ExpertsBackward receives the gradient of the rows of
 // the last kept Forward of that layer, returns the gradient of xTKD and
 // accumulates the experts' weight gradients. An implementation records its
 // grouped GEMMs (expert_gate, expert_up, expert_down), expert_act and what
@@ -117,7 +117,8 @@ func NewBlock[T Float](c *Config, l, batch, seq int, o Options) *Block[T] {
 func (b *Block[T]) DeferWeightGrads(q *WeightQueue) { b.x.wq = q }
 
 // Routing returns the routing the block holds (nil for dense layers, and
-// between forward and backward when the block is checkpointed).
+// between forward and backward when the block or its MoE layer is
+// checkpointed).
 func (b *Block[T]) Routing() *Routing[T] { return b.st.rt }
 
 // ExpertCounts returns the per-expert (token, slot) counts of the last
