@@ -292,9 +292,8 @@ func simulatePipeline(in Input) (Result, error) {
 	if err := checkSkewBound(cfg, stageL, in.ExpertSkew); err != nil {
 		return Result{}, err
 	}
-	prec := moe.DefaultPrecision
 	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: in.LBS, Seq: in.Seq, Accum: in.GradAccum,
-		Precision: prec, GPUsPerNode: cl.GPUsPerNode})
+		Precision: in.Memory.Precision, ReduceDType: in.Memory.ReduceDType, GPUsPerNode: cl.GPUsPerNode})
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
@@ -477,7 +476,13 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		if err != nil && collErr == nil {
 			collErr = err
 		}
-		return cc.Seconds() + spec.fsdpCopySeconds(o, g.Ranks)
+		// Both parts of FSDP2's copies on the collective: a stage gathers
+		// each unit once a step (no reshard after forward under pp), so
+		// the copy-out the single-program path charges to the compute
+		// stream is one memory pass per unit and step here, not per
+		// micro-batch.
+		onStream, onCompute := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)
+		return cc.Seconds() + onStream + onCompute
 	}
 	// Price every collective once now, so that a pricing error is returned
 	// rather than met mid-walk.
