@@ -42,6 +42,10 @@ func TestRunACModules(t *testing.T) {
 	if err := r.Validate(true); err != nil {
 		t.Errorf("%s: %v", r.AC, err)
 	}
+	r.AC = "modules:layernorm,moe" // R145's --recompute-modules layernorm moe
+	if err := r.Validate(true); err != nil {
+		t.Errorf("%s: %v", r.AC, err)
+	}
 	r.AC = "modules:core_attn"
 	if err := r.Validate(true); err == nil || !strings.Contains(err.Error(), `"core_attn" is not built`) {
 		t.Errorf("%s: %v", r.AC, err)
