@@ -93,6 +93,8 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{4, moe.Layout{GPUs: 8, PP: 4, TP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
 		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // Megatron's recompute modules, as R140 and R143
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, false, "hf"}, // and as R145
 		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
 		// Zero-bubble schedules: backward split into input and weight
