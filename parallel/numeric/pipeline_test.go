@@ -223,7 +223,9 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 // backward the all-reduces of its replicated tensors' gradients, one per
 // unit in the program's reduction order. One micro-step (the trainer
 // reduces once per step, the program once per micro-step), every policy
-// (Megatron's recompute modules too), 1F1B and Interleaved1F1B, with FSDP.
+// (Megatron's recompute modules too), 1F1B and Interleaved1F1B, with FSDP,
+// and with ep (the experts' all-to-alls are not on the tp group, etp 1 or
+// tp alike).
 func TestPipelineTPFollowsProgram(t *testing.T) {
 	cfg := pipelineModel(4)
 	cfg.KVHeads = 2
@@ -238,6 +240,9 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACSelective}},
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, moe.AC{Mode: moe.ACFull}},
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, moe.AC{Mode: moe.ACNone}},
+		// tp × ep: at etp 1 (the EP group the tp group) and at etp = tp.
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2}, moe.AC{Mode: moe.ACSelective}},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACFull}},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
