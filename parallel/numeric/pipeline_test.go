@@ -3,6 +3,7 @@ package numeric
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -147,6 +148,8 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{6, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, TP: 2, EP: 2, PPSchedule: moe.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
 		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "seq"},
 		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, true, ""},
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // R140's shape: tp 2 × ep, interleaved, Megatron's recompute modules
 	} {
 		cfg := pipelineModel(c.layers)
 		seq := 4
@@ -296,6 +299,77 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 				if fmt.Sprint(got) != fmt.Sprint(want) {
 					t.Errorf("%s pp rank %d lane %d: tp collectives\n%v\nthe program's\n%v", name, r, lane, got, want)
 				}
+			}
+		}
+	}
+}
+
+// TestPipelineTPEPPlacement: under tp × ep a stage's ranks hold the routed
+// experts, pieces and groups torchtitan v0.2.2's sparse mesh gives them
+// (73a0e69, torchtitan/distributed/parallel_dims.py: (pp, dp_replicate,
+// efsdp, ep, etp) unflattened from the world, efsdp =
+// dp_shard·tp/(etp·ep)), the placement parallel.Mesh gives the layout,
+// memory and sim packages. Worked by hand for a stage of dp_shard 2 × tp
+// 2, 4 experts over ep 2, from lane = shard·2 + tp rank = (efsdp index·ep
+// + ep index)·etp + etp index:
+//   - etp 1: etp index 0, ep index = lane mod 2, efsdp = lane / 2: lanes
+//     0 and 2 hold experts 0 and 1 whole, lanes 1 and 3 experts 2 and 3;
+//     EP groups {0, 1} and {2, 3} (each a tp group), efsdp {0, 2}, {1, 3};
+//   - etp 2: etp index = lane mod 2 = the tp rank, ep index = lane / 2,
+//     efsdp 1: lanes 0 and 1 hold experts 0 and 1, lanes 2 and 3 experts 2
+//     and 3, each its tp rank's half of every expert; EP groups {0, 2} and
+//     {1, 3}, efsdp one lane each.
+func TestPipelineTPEPPlacement(t *testing.T) {
+	cfg := pipelineModel(4)
+	cfg.KVHeads = 2
+	for _, c := range []struct {
+		etp     int
+		experts [4][]int // per lane, the routed experts of layer 0 it holds
+		piece   [4]int   // per lane, its etp piece of them (of etp pieces)
+		ep      [4][]int // per lane, its EP group
+		efsdp   [4][]int // per lane, the group its expert chunks span
+	}{
+		{1, [4][]int{{0, 1}, {2, 3}, {0, 1}, {2, 3}}, [4]int{0, 0, 0, 0},
+			[4][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [4][]int{{0, 2}, {1, 3}, {0, 2}, {1, 3}}},
+		{2, [4][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [4]int{0, 1, 0, 1},
+			[4][]int{{0, 2}, {1, 3}, {0, 2}, {1, 3}}, [4][]int{{0}, {1}, {2}, {3}}},
+	} {
+		l := moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: c.etp}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		init, _ := moe.NewModel[float32](cfg)
+		init.InitRandom(7)
+		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: moe.DefaultAdamW}, init.Tensors())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := cfg.Params()
+		for lane, pr := range p.ranks[0] {
+			var held []int
+			for i, q := range ps {
+				if q.Group != moe.GroupRouted || q.Layer != 0 || !pr.owned[i] {
+					continue
+				}
+				if !slices.Contains(held, q.Expert) {
+					held = append(held, q.Expert)
+				}
+				n, idx := tpSplit(l.StageLayout(), pr.coord, q)
+				if n != c.etp || idx != c.piece[lane] {
+					t.Errorf("etp %d lane %d: %s is piece %d of %d, want %d of %d", c.etp, lane, q.Name, idx, n, c.piece[lane], c.etp)
+				}
+				if whole := moe.TPShard(q, init.Tensors()[i], c.etp, c.piece[lane]); !slices.Equal(pr.model.Tensors()[i], whole) {
+					t.Errorf("etp %d lane %d: %s holds another piece than %d of %d", c.etp, lane, q.Name, c.piece[lane], c.etp)
+				}
+				if g := pr.group[i].Ranks; !slices.Equal(g, c.efsdp[lane]) {
+					t.Errorf("etp %d lane %d: %s chunked over %v, want %v", c.etp, lane, q.Name, g, c.efsdp[lane])
+				}
+			}
+			if !slices.Equal(held, c.experts[lane]) {
+				t.Errorf("etp %d lane %d: holds experts %v of layer 0, want %v", c.etp, lane, held, c.experts[lane])
+			}
+			if g := p.comms[0].Mesh().Group(parallel.AxisEP, lane).Ranks; !slices.Equal(g, c.ep[lane]) {
+				t.Errorf("etp %d lane %d: EP group %v, want %v", c.etp, lane, g, c.ep[lane])
 			}
 		}
 	}
