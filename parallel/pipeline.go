@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 )
 
@@ -98,11 +99,14 @@ type PipeOp struct {
 
 // PipelineSpec is what a pipeline program is built from.
 type PipelineSpec struct {
-	Config      *moe.Config
-	Layout      moe.Layout // resolved, pp > 1
-	LBS, Seq    int        // sequences per data-parallel rank per micro-step, tokens per sequence
-	Accum       int        // grad-accum micro-steps (≥ 1)
-	Precision   moe.Precision
+	Config    *moe.Config
+	Layout    moe.Layout // resolved, pp > 1
+	LBS, Seq  int        // sequences per data-parallel rank per micro-step, tokens per sequence
+	Accum     int        // grad-accum micro-steps (≥ 1)
+	Precision moe.Precision
+	// ReduceDType is the type gradients are reduced in (FSDP2's
+	// reduce_dtype; "" = Precision.Grad), as ScheduleSpec.Memory's.
+	ReduceDType moe.DType
 	GPUsPerNode int
 }
 
@@ -148,7 +152,8 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 		prec = moe.DefaultPrecision
 	}
 	p := &Pipeline{Layout: l, Split: split, M: m, Accum: sp.Accum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
-	b := &schedBuilder{cfg: cfg, paramIx: NewUnitIndex(cfg), m: stage, l: stage.Layout, prec: prec}
+	b := &schedBuilder{cfg: cfg, paramIx: NewUnitIndex(cfg), m: stage, l: stage.Layout, prec: prec,
+		sp: ScheduleSpec{Memory: memory.Options{ReduceDType: sp.ReduceDType}}}
 	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) / int64(l.TPDegree()) * int64(cfg.Hidden) * prec.Activation.Bytes()
 	n := l.PipelineStages()
 	for r, actions := range order {
@@ -301,13 +306,13 @@ func (p *Pipeline) stageCollectives(b *schedBuilder, s int, reduce bool) []PipeO
 		u := us[i]
 		if e := TPReplicatedElements(b.paramIx, u); b.l.TPDegree() > 1 && e > 0 {
 			// The stage's gradients of a micro-step are accumulated
-			// unsharded in the gradient type over its micro-batches
+			// unsharded in the reduce type over its micro-batches
 			// without gradient sync (FSDP2's no-sync accumulation): the
 			// all-reduce of the replicated ones runs in that type, or in
 			// the compute type after a single backward.
 			dt := b.prec.Compute
 			if p.M > 1 {
-				dt = b.prec.Grad
+				dt = b.reduceType()
 			}
 			add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllReduce, Axis: AxisTP,
 				Purpose: PurposeTPGradSync, Unit: u, DType: dt, Elements: e})
@@ -319,18 +324,18 @@ func (p *Pipeline) stageCollectives(b *schedBuilder, s int, reduce bool) []PipeO
 		case moe.ShardFSDP, moe.ShardZeRO2:
 			if n > 1 {
 				add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollReduceScatter, Axis: a,
-					Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: padded})
+					Purpose: PurposeGradReduce, Unit: u, DType: b.reduceType(), Elements: padded})
 			}
 		default:
 			shard = full
 			if n > 1 {
 				add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllReduce, Axis: a,
-					Purpose: PurposeGradReduce, Unit: u, DType: b.prec.Grad, Elements: full})
+					Purpose: PurposeGradReduce, Unit: u, DType: b.reduceType(), Elements: full})
 			}
 		}
 		if b.l.DPReplicate > 1 {
 			add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllReduce, Axis: AxisReplicate,
-				Purpose: PurposeGradReplica, Unit: u, DType: b.prec.Grad, Elements: shard})
+				Purpose: PurposeGradReplica, Unit: u, DType: b.reduceType(), Elements: shard})
 		}
 	}
 	return ops

@@ -209,3 +209,45 @@ func TestBuildPipelineTP(t *testing.T) {
 		}
 	}
 }
+
+// A pipeline's gradient collectives move the reduce type the spec names:
+// FSDP2's reduce_dtype (MixedPrecisionPolicy) is the type of its
+// reduce-scatter, of the replicas' all-reduce and, when micro-batches
+// accumulate without sync, of the tp all-reduce of replicated gradients;
+// unset, it is the gradient type (f32 by default).
+func TestBuildPipelineReduceDType(t *testing.T) {
+	cfg := moetest.TinyMoELayers(true, false, true, true)
+	cfg.KVHeads = 2
+	l := moe.Layout{GPUs: 16, PP: 2, DPReplicate: 2, DPShard: 2, TP: 2}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		reduce, want moe.DType
+	}{{"", moe.F32}, {moe.F32, moe.F32}, {moe.BF16, moe.BF16}} {
+		p, err := BuildPipeline(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 8, Accum: 1, GPUsPerNode: 8, ReduceDType: c.reduce})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[Purpose]int{}
+		for r, ops := range p.Ranks {
+			for _, o := range ops {
+				if o.Kind != PipeColl {
+					continue
+				}
+				switch o.Coll.Purpose {
+				case PurposeGradReduce, PurposeGradReplica, PurposeTPGradSync:
+					seen[o.Coll.Purpose]++
+					if o.Coll.DType != c.want {
+						t.Errorf("reduce_dtype %q: rank %d: %s %s in %s, want %s", c.reduce, r, o.Coll.Purpose, o.Coll.Coll, o.Coll.DType, c.want)
+					}
+				}
+			}
+		}
+		for _, pu := range []Purpose{PurposeGradReduce, PurposeGradReplica, PurposeTPGradSync} {
+			if seen[pu] == 0 {
+				t.Errorf("reduce_dtype %q: no %s collective in the pipeline", c.reduce, pu)
+			}
+		}
+	}
+}

@@ -65,10 +65,6 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
 	attn := fs.String("attention", "flash", "attention kernel: flash|eager")
 	chunks := fs.Int("loss-chunks", 0, "chunked cross-entropy over this many token chunks (0 = unchunked)")
-	gradT := fs.String("grad-dtype", "f32", "gradient storage type: f32|bf16")
-	optT := fs.String("optimizer-dtype", "f32", "AdamW moment storage type: f32|bf16")
-	reduceT := fs.String("reduce-dtype", "", "type gradients are reduced in (FSDP2 reduce_dtype) and, with --grad-sync-last-only, "+
-		"accumulated in: f32|bf16 (default: the --grad-dtype)")
 	optImpl := fs.String("optimizer-impl", memory.Fused, "AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)")
 	mf := addMemoryModelFlags(fs)
 	jsonOut := fs.Bool("json", false, "print one JSON object")
@@ -102,10 +98,6 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
 	}
-	prec, err := memoryPrecision(*gradT, *optT)
-	if err != nil {
-		return err
-	}
 	dev, err := hw.LookupDevice(*gpu)
 	if err != nil {
 		return fmt.Errorf("%w: --gpu: %v", errUsage, err)
@@ -118,13 +110,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	o := memory.Options{Precision: prec, AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
-	switch moe.DType(*reduceT) {
-	case "", moe.F32, moe.BF16:
-		o.ReduceDType = moe.DType(*reduceT)
-	default:
-		return fmt.Errorf("%w: --reduce-dtype = %q: must be f32 or bf16", errUsage, *reduceT)
-	}
+	o := memory.Options{AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
 	if err := mf.apply(&o); err != nil {
 		return err
 	}
@@ -155,24 +141,6 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	}
 	printMemory(stdout, rep)
 	return nil
-}
-
-// memoryPrecision is torchtitan's default mixed precision with the
-// gradient and AdamW-moment storage types the flags ask for.
-func memoryPrecision(gradT, optT string) (moe.Precision, error) {
-	prec := moe.DefaultPrecision
-	for _, f := range []struct {
-		name, v string
-		dst     *moe.DType
-	}{{"grad-dtype", gradT, &prec.Grad}, {"optimizer-dtype", optT, &prec.Optimizer}} {
-		switch moe.DType(f.v) {
-		case moe.F32, moe.BF16:
-			*f.dst = moe.DType(f.v)
-		default:
-			return prec, fmt.Errorf("%w: --%s = %q: must be f32 or bf16", errUsage, f.name, f.v)
-		}
-	}
-	return prec, nil
 }
 
 // fill copies the estimate r into the report.

@@ -282,3 +282,33 @@ func TestSimulateFrameworkFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestSimulateReduceDType: --reduce-dtype bf16 halves the gradient
+// reduce-scatter's bytes (2 bytes an element instead of f32's 4), so its
+// time falls; --grad-dtype and --reduce-dtype outside {f32, bf16} are
+// usage errors naming the flag and the value.
+func TestSimulateReduceDType(t *testing.T) {
+	base := []string{"simulate", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "16", "--lbs", "1", "--seq", "2048", "--json"}
+	rs := func(args ...string) float64 {
+		t.Helper()
+		var r struct {
+			Breakdown struct {
+				Comm map[string]float64 `json:"comm_s"`
+			} `json:"breakdown"`
+		}
+		out, err := runSimCmd(t, append(append([]string{}, base...), args...)...)
+		if err != nil || json.Unmarshal([]byte(out), &r) != nil || !(r.Breakdown.Comm["reduce_scatter"] > 0) {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return r.Breakdown.Comm["reduce_scatter"]
+	}
+	if f32, bf16 := rs(), rs("--reduce-dtype", "bf16"); !(bf16 < 0.75*f32) {
+		t.Errorf("reduce_scatter %g s with --reduce-dtype bf16, %g s with f32: want about half", bf16, f32)
+	}
+	for _, c := range [][2]string{{"--reduce-dtype", "f8"}, {"--grad-dtype", "fp16"}} {
+		_, err := runSimCmd(t, append(append([]string{}, base...), c[0], c[1])...)
+		if exitCode(err) != 2 || !strings.Contains(fmt.Sprint(err), fmt.Sprintf("%s = %q", c[0], c[1])) {
+			t.Errorf("%s %s: %v, want a usage error naming the flag and value", c[0], c[1], err)
+		}
+	}
+}

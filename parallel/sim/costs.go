@@ -240,7 +240,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 		// FSDP2's copies run on the collective's stream before and after it;
 		// the split-size copy to the host stalls the stream that waits on it.
 		var fixed float64
-		if cp := spec.fsdpCopySeconds(o, g.Ranks); cp > 0 {
+		if cp := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision); cp > 0 {
 			fixed += cp
 			sim.over[ohFSDPCopy] += cp
 		}

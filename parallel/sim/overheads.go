@@ -90,18 +90,30 @@ func (c ComputeSpec) routingSeconds(cfg *moe.Config, tokens int64) float64 {
 }
 
 // fsdpCopySeconds is the copy-in and copy-out of FSDP2 collective o over
-// a group of n ranks (0 for other collectives).
-func (c ComputeSpec) fsdpCopySeconds(o parallel.ScheduleOp, n int) float64 {
+// a group of n ranks (0 for other collectives), in the run's types: the
+// all-gather's copy-in casts the shard from the parameter type into the
+// gathered type (o.DType) and its copy-out splits the gathered buffer
+// into the parameters (a read and a write of it); the reduce-scatter's
+// copy-in casts the compute-type gradients into the reduce type (o.DType)
+// and its copy-out adds the reduced shard into the sharded gradient (two
+// reads and a write). With torchtitan's default types (fp32 parameters
+// and gradients, bf16 compute) these are 6 and 4 bytes per shard and
+// gathered element, and 6 and 12 per gradient and shard element.
+func (c ComputeSpec) fsdpCopySeconds(o parallel.ScheduleOp, n int, prec moe.Precision) float64 {
 	if n < 1 {
 		n = 1
 	}
+	if prec == (moe.Precision{}) {
+		prec = moe.DefaultPrecision
+	}
 	full := float64(o.Elements)
 	shard := full / float64(n)
+	moved := float64(o.DType.Bytes())
 	switch {
 	case o.Purpose == parallel.PurposeGather:
-		return c.MemorySeconds(6*shard) + c.MemorySeconds(4*full)
+		return c.MemorySeconds(shard*(float64(prec.Param.Bytes())+moved)) + c.MemorySeconds(2*moved*full)
 	case o.Purpose == parallel.PurposeGradReduce && o.Coll == parallel.CollReduceScatter:
-		return c.MemorySeconds(6*full) + c.MemorySeconds(12*shard)
+		return c.MemorySeconds(full*(float64(prec.Compute.Bytes())+moved)) + c.MemorySeconds(shard*(moved+2*float64(prec.Grad.Bytes())))
 	}
 	return 0
 }

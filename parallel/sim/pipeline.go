@@ -292,9 +292,8 @@ func simulatePipeline(in Input) (Result, error) {
 	if err := checkSkewBound(cfg, stageL, in.ExpertSkew); err != nil {
 		return Result{}, err
 	}
-	prec := moe.DefaultPrecision
 	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: in.LBS, Seq: in.Seq, Accum: in.GradAccum,
-		Precision: prec, GPUsPerNode: cl.GPUsPerNode})
+		Precision: in.Memory.Precision, ReduceDType: in.Memory.ReduceDType, GPUsPerNode: cl.GPUsPerNode})
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
@@ -476,7 +475,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		if err != nil && collErr == nil {
 			collErr = err
 		}
-		return cc.Seconds() + spec.fsdpCopySeconds(o, g.Ranks)
+		return cc.Seconds() + spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)
 	}
 	// Price every collective once now, so that a pricing error is returned
 	// rather than met mid-walk.

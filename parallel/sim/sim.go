@@ -222,8 +222,10 @@ func prepareSim(in Input) (*simPrep, error) {
 	if err := checkSkewBound(cfg, p.l, in.ExpertSkew); err != nil {
 		return nil, err
 	}
+	// The schedule's collectives move the run's own types (bf16 or fp32
+	// parameters, its reduce dtype), as its memory timeline holds them.
 	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum,
-		NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
+		Precision: in.Memory.Precision, Memory: in.memoryOptions(), NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions()); err != nil {

@@ -297,3 +297,42 @@ func TestSimulateSingleCommStream(t *testing.T) {
 		prevEnd = r.spans[i].end
 	}
 }
+
+// The virtual-time schedule moves the run's own types, as its memory
+// timeline holds them: with reduce_dtype bf16 every gradient
+// reduce-scatter carries 2 bytes per element instead of f32's 4, so its
+// bytes halve (same elements), and the step is no slower.
+func TestSimulateReduceDType(t *testing.T) {
+	in := simTestInput(t, "tiny", 8, 1, 2, 128, 1, "selective")
+	rsBytes := func(r Result) (n int, bytes int64, dt moe.DType) {
+		for _, o := range r.Schedule.Ops {
+			if o.Type == parallel.OpCollective && o.Purpose == parallel.PurposeGradReduce && o.Coll == parallel.CollReduceScatter {
+				n++
+				bytes += o.Bytes()
+				dt = o.DType
+			}
+		}
+		return n, bytes, dt
+	}
+	var got [2]int64
+	var steps [2]float64
+	for i, dt := range []moe.DType{moe.F32, moe.BF16} {
+		c := in
+		c.Memory.ReduceDType = dt
+		r, err := Simulate(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, b, typ := rsBytes(r)
+		if n == 0 || typ != dt {
+			t.Fatalf("reduce_dtype %s: %d reduce-scatters, last in %s", dt, n, typ)
+		}
+		got[i], steps[i] = b, r.StepTimeS
+	}
+	if got[1]*2 != got[0] {
+		t.Errorf("reduce-scatter bytes %d (bf16) vs %d (f32): want exactly half", got[1], got[0])
+	}
+	if steps[1] > steps[0] {
+		t.Errorf("step %g s with bf16 reduction, %g s with f32: halving the bytes made it slower", steps[1], steps[0])
+	}
+}
