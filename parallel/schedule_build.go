@@ -149,7 +149,14 @@ type schedBuilder struct {
 	gathered map[Unit]bool // unit weights currently unsharded
 	gatherOp map[Unit]int  // id of the gather that made them so, or -1
 	lastRS   []int         // grad collectives of the current micro-step
-	computes []int         // compute op ids in issue order, for prefetch deps
+	// FSDP2 keeps one reduce-scatter in flight: a unit's post-backward
+	// hook makes the compute stream wait for the previous unit's
+	// reduce-scatter (comm_ctx.reduce_scatter_state) before its own, and
+	// the backward's final callback for the last one. prevRS is the
+	// shard-axis gradient reduction issued last in this backward (-1:
+	// none); rsWait the one the next compute op waits for (-1: none).
+	prevRS, rsWait int
+	computes       []int // compute op ids in issue order, for prefetch deps
 
 	// Tensor parallelism: each layer's collectives (TPCollectives) and,
 	// under async TP, the overlapped parts of collectives the next compute
@@ -279,6 +286,10 @@ func (b *schedBuilder) compute(micro, layer int, ph Phase, seg Segment, deps ...
 		ds = append(ds, b.tpDue...)
 		b.tpDue = append(b.tpLater, before...)
 		b.tpLater = nil
+	}
+	if b.rsWait >= 0 {
+		ds = append(ds, b.rsWait)
+		b.rsWait = -1
 	}
 	o := ScheduleOp{Type: OpCompute, Stream: StreamCompute, Micro: micro, Layer: layer, Phase: ph, Segment: seg, Deps: ds}
 	id := b.add(o)
@@ -410,6 +421,10 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 	if last != orig {
 		b.lastRS = append(b.lastRS, last)
+		// pytorch 010ae4a8 _fsdp_param_group.py post_backward: the compute
+		// stream waits for the previous unit's reduce-scatter event before
+		// this unit's copy-in and reduce-scatter.
+		b.rsWait, b.prevRS = b.prevRS, last
 	}
 	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.Micro-1) {
 		id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{last},
@@ -422,6 +437,7 @@ func (b *schedBuilder) build() {
 	b.gathered = map[Unit]bool{}
 	b.gatherOp = map[Unit]int{}
 	b.chain = -1
+	b.prevRS, b.rsWait = -1, -1
 	if b.l.TPDegree() > 1 {
 		b.tp = map[int][]TPColl{}
 		T := b.sp.LBS * b.sp.Seq
@@ -495,6 +511,11 @@ func (b *schedBuilder) build() {
 		if !keep || lastMicro {
 			b.free(emb)
 		}
+		// The root's post-backward final callback: the compute stream
+		// waits for the backward's last reduce-scatter (FSDPState
+		// _root_post_backward_final_callback), so the next micro-step's
+		// forward starts after it.
+		b.rsWait, b.prevRS = b.prevRS, -1
 	}
 	// Step end.
 	deps := append([]int(nil), b.lastRS...)

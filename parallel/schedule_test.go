@@ -240,3 +240,63 @@ func TestScheduleNoMemory(t *testing.T) {
 		}
 	}
 }
+
+// FSDP2 keeps one gradient reduce-scatter in flight (pytorch 010ae4a8
+// _fsdp_param_group.py post_backward; FSDPState's final callback): after a
+// unit's reduce-scatter is issued, the next compute op waits for the
+// reduce-scatter issued before it, and the first compute of the next
+// micro-step waits for the backward's last one. On the tiny MoE with 4
+// ranks (6 units, one reduce-scatter each, two micro-steps): reduce-
+// scatters 2…5 of a backward each make the following compute op wait for
+// their predecessor, and micro-step 1's first forward compute waits for
+// micro-step 0's sixth (after the sixth, the final callback's wait for it
+// subsumes the post-backward wait for the fifth: one stream runs them in
+// order).
+func TestScheduleOneReduceScatterInFlight(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := schedFor(t, cfg, moetest.FSDPLayout(t, 4, 1, 2), moe.AC{Mode: moe.ACNone}, 2)
+	nextCompute := func(after int) (int, bool) {
+		for j := after + 1; j < len(s.Ops); j++ {
+			if s.Ops[j].Type == OpCompute {
+				return j, true
+			}
+		}
+		return 0, false
+	}
+	for micro := 0; micro < 2; micro++ {
+		var rs []int
+		for i, o := range s.Ops {
+			if o.Purpose == PurposeGradReduce && o.Micro == micro {
+				rs = append(rs, i)
+			}
+		}
+		if len(rs) != 6 {
+			t.Fatalf("micro-step %d: %d reduce-scatters, want 6", micro, len(rs))
+		}
+		for k := 1; k < len(rs)-1; k++ {
+			j, ok := nextCompute(rs[k])
+			if !ok || !slicesContains(s.Ops[j].Deps, rs[k-1]) {
+				t.Errorf("micro-step %d: compute op %d after reduce-scatter %d does not wait for reduce-scatter %d (deps %v)", micro, j, rs[k], rs[k-1], s.Ops[j].Deps)
+			}
+		}
+		j, ok := nextCompute(rs[len(rs)-1])
+		if !ok || !slicesContains(s.Ops[j].Deps, rs[len(rs)-1]) {
+			t.Errorf("micro-step %d: the compute after the backward (op %d, %v) does not wait for its last reduce-scatter %d", micro, j, s.Ops[j].Deps, rs[len(rs)-1])
+		}
+		if micro == 0 && (s.Ops[j].Micro != 1 || s.Ops[j].Phase != PhaseForward) {
+			t.Errorf("the compute after micro-step 0's backward is %+v, want micro-step 1's first forward", s.Ops[j])
+		}
+	}
+}
+
+func slicesContains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -176,6 +176,8 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 		return simCompute
 	case o.Purpose == parallel.PurposeGather || o.Purpose == parallel.PurposeRegather:
 		return simGather
+	case o.Purpose == parallel.PurposeGradReplica:
+		return simAllReduce
 	}
 	return simReduce
 }
@@ -189,6 +191,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 	if in.Dispatcher != AllToAllDispatch && in.Config != nil {
 		share = dispatchShare(in.Dispatcher, in.Config, mesh.Group(parallel.AxisEP, 0).Size())
 	}
+	var copies []computeCopy
 	for i, o := range s.Ops {
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
 		if o.Type == parallel.OpCompute {
@@ -237,12 +240,16 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 			cc.LatencyS = cl.BaseLatencyUS * 1e-6
 		}
 		cc.Kind = parallel.CollKind(o.Coll)
-		// FSDP2's copies run on the collective's stream before and after it;
-		// the split-size copy to the host stalls the stream that waits on it.
+		// FSDP2's copies: the part on the collective's own stream delays
+		// it; the part on the compute stream is charged to the compute op
+		// that runs it (onComputeCopies). The split-size copy to the host
+		// stalls the stream that waits on it.
 		var fixed float64
-		if cp := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision); cp > 0 {
-			fixed += cp
-			sim.over[ohFSDPCopy] += cp
+		onStream, onCompute := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)
+		fixed += onStream
+		sim.over[ohFSDPCopy] += onStream + onCompute
+		if onCompute > 0 {
+			copies = append(copies, computeCopy{i, onCompute})
 		}
 		if o.Purpose == parallel.PurposeCounts && g.Ranks > 1 {
 			fixed += spec.hostSyncSeconds()
@@ -255,7 +262,61 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 		so.side = streamOf(o, in.SingleCommStream) != simCompute
 		sim.ops[i] = so
 	}
+	sim.chargeComputeCopies(s, copies)
 	return sim, nil
+}
+
+// computeCopy is the compute-stream part of FSDP2's copies around
+// collective op (fsdpCopySeconds).
+type computeCopy struct {
+	op      int
+	seconds float64
+}
+
+// chargeComputeCopies adds each collective's compute-stream copy to the
+// compute op that runs it, as memory-bound work: an all-gather's copy-out
+// to the first compute op that waits for the gather (the unit's unshard
+// wait), a reduce-scatter's copy-in to the compute op it follows (the
+// post-backward hook runs it on the compute stream before handing the
+// buffer to the collective), through any tensor-parallel collective
+// between them. A copy with no such compute op stays on its collective.
+func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []computeCopy) {
+	if len(copies) == 0 {
+		return
+	}
+	consumer := map[int]int{} // gather op → first compute op depending on it
+	for j, o := range s.Ops {
+		if o.Type != parallel.OpCompute {
+			continue
+		}
+		for _, d := range o.Deps {
+			if _, ok := consumer[d]; !ok {
+				consumer[d] = j
+			}
+		}
+	}
+	for _, c := range copies {
+		o := s.Ops[c.op]
+		j, ok := -1, false
+		if o.Purpose == parallel.PurposeGather {
+			j, ok = consumer[c.op]
+		} else {
+			for k := c.op; len(s.Ops[k].Deps) > 0; {
+				k = s.Ops[k].Deps[0]
+				if s.Ops[k].Type == parallel.OpCompute {
+					j, ok = k, true
+					break
+				}
+			}
+		}
+		if !ok {
+			sim.ops[c.op].lat += c.seconds
+			sim.comm[c.op].LatencyS += c.seconds
+			continue
+		}
+		sim.ops[j].compute += c.seconds
+		sim.byClass[j][ClassMemoryBound] += c.seconds
+	}
 }
 
 // optimizerCost is the optimizer phase: the AdamW update and the gradient

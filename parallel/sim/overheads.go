@@ -17,13 +17,14 @@ import (
 //	  choices and a stable argsort of them (int64 keys with int64 indices:
 //	  8 radix passes of 8 bits, each reading and writing both, 256 bytes per
 //	  choice), 4 kernels at least a launch each.
-//	fsdp_copy: FSDP2's copy-in before and copy-out after each collective,
-//	  on the collective's stream: all-gather reads the fp32 shard and writes
-//	  it in bf16 (6 bytes per shard element), then splits the gathered bf16
-//	  buffer into the parameters (4 bytes per element); reduce-scatter
-//	  copies the bf16 gradients into the fp32 reduce buffer (6 bytes per
-//	  element) and adds the reduced shard into the sharded gradient (12
-//	  bytes per shard element: two reads, one write).
+//	fsdp_copy: FSDP2's copy-in before and copy-out after each collective
+//	  (fsdpCopySeconds): all-gather reads the fp32 shard and writes it in
+//	  bf16 (6 bytes per shard element) on its copy-in stream, then splits
+//	  the gathered bf16 buffer into the parameters (4 bytes per element) on
+//	  the compute stream; reduce-scatter copies the bf16 gradients into the
+//	  fp32 reduce buffer (6 bytes per element) on the compute stream and
+//	  adds the reduced shard into the sharded gradient (12 bytes per shard
+//	  element: two reads, one write) on its own stream.
 //	grad_clip: clip_grad_norm_ reads every gradient of the shard for its
 //	  norm and again to scale it, writing it back (12 bytes per fp32
 //	  parameter), and all-reduces the norm over the world (a latency).
@@ -90,16 +91,27 @@ func (c ComputeSpec) routingSeconds(cfg *moe.Config, tokens int64) float64 {
 }
 
 // fsdpCopySeconds is the copy-in and copy-out of FSDP2 collective o over
-// a group of n ranks (0 for other collectives), in the run's types: the
-// all-gather's copy-in casts the shard from the parameter type into the
-// gathered type (o.DType) and its copy-out splits the gathered buffer
-// into the parameters (a read and a write of it); the reduce-scatter's
-// copy-in casts the compute-type gradients into the reduce type (o.DType)
-// and its copy-out adds the reduced shard into the sharded gradient (two
-// reads and a write). With torchtitan's default types (fp32 parameters
-// and gradients, bf16 compute) these are 6 and 4 bytes per shard and
-// gathered element, and 6 and 12 per gradient and shard element.
-func (c ComputeSpec) fsdpCopySeconds(o parallel.ScheduleOp, n int, prec moe.Precision) float64 {
+// a group of n ranks (zeros for other collectives), in the run's types,
+// split by the stream each runs on (pytorch/pytorch 010ae4a8,
+// torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py and
+// _fsdp_param_group.py):
+//
+//   - all-gather: the copy-in, which casts the shard from the parameter
+//     type into the gathered type (o.DType), runs on its own copy-in stream
+//     ahead of the collective (foreach_all_gather); the copy-out, which
+//     splits the gathered buffer into the parameters (a read and a write
+//     of it), runs on the compute stream when the unit waits for its
+//     unshard (foreach_all_gather_copy_out in wait_for_unshard);
+//   - reduce-scatter: the copy-in, which casts the compute-type gradients
+//     into the reduce type (o.DType, chunk_cat), runs on the compute stream
+//     before the reduce-scatter stream waits for it (foreach_reduce); the
+//     copy-out, which adds the reduced shard into the sharded gradient (two
+//     reads and a write), runs on the reduce-scatter stream after it.
+//
+// With torchtitan's default types (fp32 parameters and gradients, bf16
+// compute) these are 6 and 4 bytes per shard and gathered element, and 6
+// and 12 per gradient and shard element.
+func (c ComputeSpec) fsdpCopySeconds(o parallel.ScheduleOp, n int, prec moe.Precision) (onStream, onCompute float64) {
 	if n < 1 {
 		n = 1
 	}
@@ -111,11 +123,11 @@ func (c ComputeSpec) fsdpCopySeconds(o parallel.ScheduleOp, n int, prec moe.Prec
 	moved := float64(o.DType.Bytes())
 	switch {
 	case o.Purpose == parallel.PurposeGather:
-		return c.MemorySeconds(shard*(float64(prec.Param.Bytes())+moved)) + c.MemorySeconds(2*moved*full)
+		return c.MemorySeconds(shard * (float64(prec.Param.Bytes()) + moved)), c.MemorySeconds(2 * moved * full)
 	case o.Purpose == parallel.PurposeGradReduce && o.Coll == parallel.CollReduceScatter:
-		return c.MemorySeconds(full*(float64(prec.Compute.Bytes())+moved)) + c.MemorySeconds(shard*(moved+2*float64(prec.Grad.Bytes())))
+		return c.MemorySeconds(shard * (moved + 2*float64(prec.Grad.Bytes()))), c.MemorySeconds(full * (float64(prec.Compute.Bytes()) + moved))
 	}
-	return 0
+	return 0, 0
 }
 
 // gradClipSeconds is clip_grad_norm_ over params parameters of the shard.

@@ -475,7 +475,13 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		if err != nil && collErr == nil {
 			collErr = err
 		}
-		return cc.Seconds() + spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)
+		// Both parts of FSDP2's copies on the collective: a stage gathers
+		// each unit once a step (no reshard after forward under pp), so
+		// the copy-out the single-program path charges to the compute
+		// stream is one memory pass per unit and step here, not per
+		// micro-batch.
+		onStream, onCompute := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)
+		return cc.Seconds() + onStream + onCompute
 	}
 	// Price every collective once now, so that a pricing error is returned
 	// rather than met mid-walk.

@@ -25,17 +25,23 @@ import (
 // simStream identifies an engine stream.
 type simStream uint8
 
-// Engine streams: FSDP2 issues all-gathers and gradient reductions on two
-// side streams; compute (and torchtitan's expert-parallel all-to-all, which
+// Engine streams: FSDP2 issues all-gathers, gradient reduce-scatters and,
+// under HSDP, the replicas' all-reduce on three side streams
+// (all_gather_stream, reduce_scatter_stream, all_reduce_stream: pytorch
+// 010ae4a8 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+// foreach_reduce runs the all-reduce on its own stream after waiting for
+// the reduce-scatter, so the next unit's reduce-scatter does not queue
+// behind it); compute (and torchtitan's expert-parallel all-to-all, which
 // runs inline) on the default stream.
 const (
 	simCompute simStream = iota
 	simGather
 	simReduce
+	simAllReduce
 	numSimStreams
 )
 
-var simStreamNames = [...]string{"compute", "comm.all_gather", "comm.reduce"}
+var simStreamNames = [...]string{"compute", "comm.all_gather", "comm.reduce", "comm.all_reduce"}
 
 func (s simStream) String() string { return simStreamNames[s] }
 
@@ -114,7 +120,7 @@ type engine struct {
 // by stream.
 func newEngine(ops []simOp) (*engine, error) {
 	n := len(ops)
-	e := &engine{ops: ops, spans: make([]simSpan, n), done: make([]bool, n), busy: [numSimStreams]int{-1, -1, -1}, rate: 1}
+	e := &engine{ops: ops, spans: make([]simSpan, n), done: make([]bool, n), busy: [numSimStreams]int{-1, -1, -1, -1}, rate: 1}
 	for i, o := range ops {
 		if int(o.stream) >= int(numSimStreams) {
 			return nil, fmt.Errorf("sim: op %d on unknown stream %d", i, o.stream)

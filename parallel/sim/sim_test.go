@@ -336,3 +336,109 @@ func TestSimulateReduceDType(t *testing.T) {
 		t.Errorf("step %g s with bf16 reduction, %g s with f32: halving the bytes made it slower", steps[1], steps[0])
 	}
 }
+
+// FSDP2 runs part of its copies on the compute stream (fsdpCopySeconds):
+// an all-gather's copy-out in the unit's unshard wait, charged to the
+// first compute op that waits for the gather, and a reduce-scatter's
+// copy-in in the post-backward hook, charged to the compute op it follows
+// (through a tensor-parallel all-reduce between them); a copy with no such
+// compute op stays on its collective. Worked by hand on a five-op program.
+func TestChargeComputeCopies(t *testing.T) {
+	s := &parallel.Schedule{Ops: []parallel.ScheduleOp{
+		{Type: parallel.OpCollective, Coll: parallel.CollAllGather, Purpose: parallel.PurposeGather},                         // 0
+		{Type: parallel.OpCompute, Deps: []int{0}},                                                                           // 1: waits for the gather
+		{Type: parallel.OpCollective, Coll: parallel.CollAllReduce, Axis: parallel.AxisTP, Deps: []int{1}},                   // 2: tp grad sync
+		{Type: parallel.OpCollective, Coll: parallel.CollReduceScatter, Purpose: parallel.PurposeGradReduce, Deps: []int{2}}, // 3
+		{Type: parallel.OpCollective, Coll: parallel.CollAllGather, Purpose: parallel.PurposeGather},                         // 4: no consumer
+	}}
+	sim := &simulated{ops: make([]simOp, 5), comm: make([]CommCost, 5), byClass: make([][numOpClasses]float64, 5)}
+	sim.ops[1].compute = 1
+	sim.chargeComputeCopies(s, []computeCopy{{0, 0.25}, {3, 0.5}, {4, 2}})
+	if got := sim.ops[1].compute; got != 1.75 {
+		t.Errorf("compute op: %g s, want 1 + 0.25 (gather copy-out) + 0.5 (reduce-scatter copy-in)", got)
+	}
+	if got := sim.byClass[1][ClassMemoryBound]; got != 0.75 {
+		t.Errorf("compute op's memory-bound share %g s, want 0.75", got)
+	}
+	if sim.ops[4].lat != 2 || sim.comm[4].LatencyS != 2 {
+		t.Errorf("unconsumed gather: latency %g / %g s, want its copy (2 s) on the collective", sim.ops[4].lat, sim.comm[4].LatencyS)
+	}
+	if sim.ops[0].lat != 0 || sim.ops[3].lat != 0 {
+		t.Errorf("collectives whose copies moved to compute kept latency %g, %g", sim.ops[0].lat, sim.ops[3].lat)
+	}
+}
+
+// fsdpCopySeconds' bytes, worked by hand for E = 1024 elements over 4
+// ranks (shard 256) on a 1 TB/s device: the gather's copy-in casts the
+// shard from the parameter type into bf16 (f32: 6 B, bf16 parameters: 4
+// B per shard element) and its copy-out reads and writes the gathered bf16
+// buffer (4 B per element); the reduce-scatter's copy-in casts bf16
+// gradients into the reduce type (f32: 6 B, bf16: 4 B per element) and
+// its copy-out reads the reduced shard and reads and writes the sharded
+// gradient (f32 everywhere: 12 B; bf16 reduce, f32 gradient: 10 B).
+func TestFSDPCopySeconds(t *testing.T) {
+	spec := ComputeSpec{HBMBytesPerS: 1e12, MemEff: 1}
+	const e, shard = 1024.0, 256.0
+	bf16Params := moe.DefaultPrecision
+	bf16Params.Param = moe.BF16
+	for _, c := range []struct {
+		name                string
+		o                   parallel.ScheduleOp
+		prec                moe.Precision
+		onStream, onCompute float64
+	}{
+		{"gather f32 params", parallel.ScheduleOp{Purpose: parallel.PurposeGather, Coll: parallel.CollAllGather, DType: moe.BF16, Elements: 1024}, moe.Precision{}, 6 * shard, 4 * e},
+		{"gather bf16 params", parallel.ScheduleOp{Purpose: parallel.PurposeGather, Coll: parallel.CollAllGather, DType: moe.BF16, Elements: 1024}, bf16Params, 4 * shard, 4 * e},
+		{"reduce-scatter f32", parallel.ScheduleOp{Purpose: parallel.PurposeGradReduce, Coll: parallel.CollReduceScatter, DType: moe.F32, Elements: 1024}, moe.DefaultPrecision, 12 * shard, 6 * e},
+		{"reduce-scatter bf16", parallel.ScheduleOp{Purpose: parallel.PurposeGradReduce, Coll: parallel.CollReduceScatter, DType: moe.BF16, Elements: 1024}, moe.DefaultPrecision, 10 * shard, 4 * e},
+		{"replica all-reduce", parallel.ScheduleOp{Purpose: parallel.PurposeGradReplica, Coll: parallel.CollAllReduce, DType: moe.F32, Elements: 1024}, moe.DefaultPrecision, 0, 0},
+	} {
+		s, comp := spec.fsdpCopySeconds(c.o, 4, c.prec)
+		if !near(s, c.onStream/1e12, 1e-12) || !near(comp, c.onCompute/1e12, 1e-12) {
+			t.Errorf("%s: %g s on its stream and %g s on compute, want %g and %g", c.name, s, comp, c.onStream/1e12, c.onCompute/1e12)
+		}
+	}
+}
+
+// Under HSDP the replicas' gradient all-reduce runs on a stream of its
+// own, after its unit's reduce-scatter, as FSDP2's all_reduce_stream does
+// (foreach_reduce): the next unit's reduce-scatter never queues behind it.
+func TestSimulateReplicaAllReduceStream(t *testing.T) {
+	in := simTestInput(t, "tiny", 8, 1, 2, 128, 1, "none")
+	in.Layout = moe.Layout{GPUs: 8, DPReplicate: 2, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	if err := in.Layout.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	in.KeepTimeline = true
+	r, err := Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i, o := range r.Schedule.Ops {
+		if o.Type != parallel.OpCollective {
+			continue
+		}
+		want := simReduce
+		switch {
+		case o.Purpose == parallel.PurposeGradReplica:
+			want = simAllReduce
+			n++
+			if len(o.Deps) != 1 || r.Schedule.Ops[o.Deps[0]].Purpose != parallel.PurposeGradReduce {
+				t.Errorf("op %d: replica all-reduce after %v, want after its unit's reduce-scatter", i, o.Deps)
+			} else if r.spans[i].start < r.spans[o.Deps[0]].end-1e-15 {
+				t.Errorf("op %d: all-reduce starts at %g before its reduce-scatter ends at %g", i, r.spans[i].start, r.spans[o.Deps[0]].end)
+			}
+		case o.Purpose == parallel.PurposeGather, o.Purpose == parallel.PurposeRegather:
+			want = simGather
+		case o.Purpose != parallel.PurposeGradReduce:
+			continue
+		}
+		if r.streams[i] != want {
+			t.Errorf("op %d (%s %s) on stream %s, want %s", i, o.Purpose, o.Coll, r.streams[i], want)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no replica all-reduce in an HSDP schedule")
+	}
+}
