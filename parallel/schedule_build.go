@@ -47,7 +47,8 @@ type ScheduleSpec struct {
 // MoE blocks with ep > 1 exchange per-expert counts and then tokens by
 // all-to-all before and after the experts, and in reverse in backward; a
 // fully checkpointed block re-runs its forward (all-to-alls included) before
-// its backward. After the last micro-step: loss (and selection-bias load)
+// its backward, and under the modules policy's moe a MoE block its MoE
+// layer's forward (moeRecompute). After the last micro-step: loss (and selection-bias load)
 // all-reduces over dp, the optimizer, and under zero1/zero2 the all-gather of
 // updated parameter shards. Under tensor parallelism every compute segment
 // is preceded and followed by the collectives TPCollectives places there, on
@@ -379,7 +380,8 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 }
 
 // backwardBlock emits block l's backward: its recompute first when the
-// block is fully checkpointed, then its segments in reverse with the
+// block is fully checkpointed (its MoE layer's when the modules policy
+// recomputes moe, moeRecompute), then its segments in reverse with the
 // all-to-alls' gradients between them. done(u, id) runs as each of the
 // block's units has its gradients (id: the op that completes them), where
 // the step reduces them.
@@ -393,6 +395,9 @@ func (b *schedBuilder) backwardBlock(micro, l int, done func(u Unit, id int)) {
 		done(dense, b.compute(micro, l, PhaseBackward, SegBlock, gd))
 		return
 	}
+	if b.sp.AC.MoERecomputed(b.cfg, l) {
+		gd = b.moeRecompute(micro, l, gd)
+	}
 	post := b.compute(micro, l, PhaseBackward, SegPost, gd)
 	ge := b.gather(ex, micro)
 	c := b.a2a(micro, l, PurposeCombineBwd, post)
@@ -400,6 +405,22 @@ func (b *schedBuilder) backwardBlock(micro, l int, done func(u Unit, id int)) {
 	done(ex, e)
 	d := b.a2a(micro, l, PurposeDispatchBwd, e)
 	done(dense, b.compute(micro, l, PhaseBackward, SegPre, d))
+}
+
+// moeRecompute emits, before a MoE block's backward, the forward of its
+// MoE layer again under the modules policy's moe (Megatron's
+// CheckpointFunction over MoELayer.forward): the router and permutation
+// (SegPre), the dispatch all-to-alls, the experts, the combine all-to-all
+// and the combine and shared experts (SegPost), as PhaseRecompute ops after
+// dep (the dense unit's gather). It returns the last op id, on which the
+// backward waits.
+func (b *schedBuilder) moeRecompute(micro, layer, dep int) int {
+	pre := b.compute(micro, layer, PhaseRecompute, SegPre, dep)
+	ge := b.gatherDep(Unit{Layer: layer, Experts: true}, micro)
+	d := b.a2a(micro, layer, PurposeDispatch, pre)
+	e := b.compute(micro, layer, PhaseRecompute, SegExperts, d, ge)
+	c := b.a2a(micro, layer, PurposeCombine, e)
+	return b.compute(micro, layer, PhaseRecompute, SegPost, c)
 }
 
 // reduceType is the type gradients are reduced in.

@@ -26,7 +26,8 @@ func stagePassPipeline(t *testing.T, cfg *moe.Config, l moe.Layout) *Pipeline {
 
 // TestStagePassAsSchedule: a stage's passes are BuildSchedule's ops for the
 // stage's layers. The tiny MoE at tp 2 (× ep 2 at etp 1) without pp, one
-// micro-step of one sequence, is the schedule of reference; at pp 2 the
+// micro-step of one sequence, under none, selective, full and the modules
+// policy's moe, is the schedule of reference; at pp 2 the
 // forward passes of stages 0 and 1, then the backward passes of stages 1
 // and 0, list the same compute segments, all-to-alls and tp collectives
 // (exposed chunks and, under async TP, overlapped parts) in the same
@@ -42,7 +43,7 @@ func TestStagePassAsSchedule(t *testing.T) {
 	cfg.KVHeads = 2
 	for _, async := range []bool{false, true} {
 		for _, ep := range []int{1, 2} {
-			for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}} {
+			for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACModules, Modules: moe.RecomputeMoE}} {
 				name := fmt.Sprintf("async %v ep %d %s", async, ep, ac)
 				ref := moe.Layout{GPUs: 2, TP: 2, EP: ep, AsyncTP: async, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
 				if err := ref.Resolve(); err != nil {

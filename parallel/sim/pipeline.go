@@ -512,7 +512,8 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		for layer := first; layer < first+count; layer++ {
 			pc.fwd[s] += a2a[layer].fwd
 			pc.bwd[s] += a2a[layer].bwd
-			if in.AC.FullyCheckpointed(layer) {
+			if in.AC.FullyCheckpointed(layer) || in.AC.MoERecomputed(cfg, layer) {
+				// the recompute's all-to-alls (the moe module's re-run too)
 				pc.bwd[s] += a2a[layer].fwd
 				pc.rec[s] += a2a[layer].fwd
 			}

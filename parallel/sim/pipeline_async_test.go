@@ -124,7 +124,8 @@ func TestAsyncPassByHand(t *testing.T) {
 // TP, a stage's passes are the chains the pipeline sums (pipelinePrices):
 // the same forward, backward and backward-input seconds and the same tp
 // seconds, within 1e-12, for the tiny 4-block MoE at pp 2 × tp 2, with and
-// without expert parallelism, under each AC policy, single-stage and
+// without expert parallelism, under none, selective, full and the modules
+// policy's moe (the MoE layer re-run before its backward), single-stage and
 // zero-bubble: the passes hold every segment, all-to-all and tp
 // collective the sums count, and no other.
 func TestAsyncPassesWithoutAsyncAreSums(t *testing.T) {
@@ -136,7 +137,7 @@ func TestAsyncPassesWithoutAsyncAreSums(t *testing.T) {
 	}
 	for _, sch := range []moe.PPSchedule{moe.PP1F1B, moe.PPZBVZeroBubble} {
 		for _, ep := range []int{1, 2} {
-			for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}} {
+			for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACModules, Modules: moe.RecomputeMoE}} {
 				l := moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: ep, PPSchedule: sch}
 				if err := l.Resolve(); err != nil {
 					t.Fatal(err)
