@@ -184,7 +184,9 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 }
 
 // simOps turns the schedule into engine ops with modelled costs.
-func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input, spec ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
+// The tp axis's collectives are priced on tpG (widestTPGroup, or a
+// pipeline's tpShape).
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG GroupShape, in Input, spec ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
 	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
 	shapes := map[parallel.Axis]GroupShape{}
@@ -215,7 +217,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 		if !ok {
 			g = ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
 			if o.Axis == parallel.AxisTP {
-				g = widestTPGroup(cl, mesh)
+				g = tpG
 			}
 			shapes[o.Axis] = g
 		}
