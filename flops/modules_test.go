@@ -7,6 +7,23 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 )
 
+// recomputeKey is one op of one layer.
+type recomputeKey struct {
+	layer int
+	op    moe.Op
+}
+
+// recomputeCounts sums the recompute pass's counts of recs by layer and op.
+func recomputeCounts(recs []moe.OpRecord) map[recomputeKey]int64 {
+	m := map[recomputeKey]int64{}
+	for _, r := range recs {
+		if r.Pass == moe.Recompute {
+			m[recomputeKey{r.Layer, r.Op}] += r.Count
+		}
+	}
+	return m
+}
+
 // TestModulesRecomputeTiny works the recompute of Megatron's layernorm and
 // moe_act modules on the built-in tiny model by hand (D 32; layer 0 dense,
 // layer 1 MoE with K 2, F 16; not MLA; two sequences of 8 tokens, T 16):
@@ -33,23 +50,10 @@ func TestModulesRecomputeTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type key struct {
-		layer int
-		op    moe.Op
-	}
-	recompute := func(recs []moe.OpRecord) map[key]int64 {
-		m := map[key]int64{}
-		for _, r := range recs {
-			if r.Pass == moe.Recompute {
-				m[key{r.Layer, r.Op}] += r.Count
-			}
-		}
-		return m
-	}
-	want := recompute(none) // flash attention's QKᵀ
-	want[key{1, moe.OpFFNNorm}] = 16 * 32
-	want[key{1, moe.OpExpertAct}] = 16 * 2 * 16
-	got := recompute(mods)
+	want := recomputeCounts(none) // flash attention's QKᵀ
+	want[recomputeKey{1, moe.OpFFNNorm}] = 16 * 32
+	want[recomputeKey{1, moe.OpExpertAct}] = 16 * 2 * 16
+	got := recomputeCounts(mods)
 	for k, w := range want {
 		if got[k] != w {
 			t.Errorf("layer %d %s: recompute %d, by hand %d", k.layer, k.op, got[k], w)
@@ -84,25 +88,12 @@ func TestModuleMoERecomputeTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type key struct {
-		layer int
-		op    moe.Op
-	}
-	recompute := func(recs []moe.OpRecord) map[key]int64 {
-		m := map[key]int64{}
-		for _, r := range recs {
-			if r.Pass == moe.Recompute {
-				m[key{r.Layer, r.Op}] += r.Count
-			}
-		}
-		return m
-	}
 	for _, tc := range []struct {
 		ac    string
-		extra map[key]int64
+		extra map[recomputeKey]int64
 	}{
-		{"modules:moe", map[key]int64{{1, moe.OpExpertAct}: 512}},
-		{"modules:layernorm,moe_act,moe", map[key]int64{{1, moe.OpExpertAct}: 1024, {1, moe.OpFFNNorm}: 512}},
+		{"modules:moe", map[recomputeKey]int64{{1, moe.OpExpertAct}: 512}},
+		{"modules:layernorm,moe_act,moe", map[recomputeKey]int64{{1, moe.OpExpertAct}: 1024, {1, moe.OpFFNNorm}: 512}},
 	} {
 		ac, err := moe.ParseAC(tc.ac)
 		if err != nil {
@@ -112,15 +103,15 @@ func TestModuleMoERecomputeTiny(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := recompute(none) // flash attention's QKᵀ
-		for k, v := range map[key]int64{{1, moe.OpRouter}: 2048, {1, moe.OpRouterTopK}: 64, {1, moe.OpDispatch}: 1024,
+		want := recomputeCounts(none) // flash attention's QKᵀ
+		for k, v := range map[recomputeKey]int64{{1, moe.OpRouter}: 2048, {1, moe.OpRouterTopK}: 64, {1, moe.OpDispatch}: 1024,
 			{1, moe.OpExpertGate}: 16384, {1, moe.OpExpertUp}: 16384, {1, moe.OpExpertDown}: 16384, {1, moe.OpCombine}: 1024} {
 			want[k] = v
 		}
 		for k, v := range tc.extra {
 			want[k] = v
 		}
-		got := recompute(recs)
+		got := recomputeCounts(recs)
 		for k, w := range want {
 			if got[k] != w {
 				t.Errorf("%s layer %d %s: recompute %d, by hand %d", tc.ac, k.layer, k.op, got[k], w)
