@@ -50,7 +50,10 @@ const MaxLayers = 1 << 16
 //     saved. The count restarts at each block.
 //   - "modules:M,…" (Megatron-Core's recompute modules, moe.RecomputeModules):
 //     layernorm repeats ffn_norm's forward count in MoE blocks and
-//     attn_norm's in MLA blocks, moe_act expert_act's in MoE blocks.
+//     attn_norm's in MLA blocks, moe_act expert_act's in MoE blocks, moe
+//     every op of the MoE layer's forward in MoE blocks (moe.InMoELayer:
+//     router, router_topk, dispatch, the expert GEMMs and activation,
+//     combine, the shared experts; with moe_act too, expert_act twice).
 //   - "none", and blocks layer:N leaves alone: no recompute but flash's.
 //
 // aux_loss records appear when the loss is computed: cfg.OutputRouterLogits
@@ -174,17 +177,23 @@ func (b *opBuilder) block(l int, ac moe.AC) {
 	q, kv := H*d, G*d
 	full := ac.FullyCheckpointed(l)
 	selective := ac.Mode == moe.ACSelective
+	moeLayer := ac.MoERecomputed(c, l)
 	mm := 0
 	// linear: an mm/linear the selective policy counts.
 	linear := func(op moe.Op, fwd int64) {
 		mm++
-		b.emit(l, op, fwd, full || (selective && mm%2 == 0), 0)
+		b.emit(l, op, fwd, full || (selective && mm%2 == 0) || (moeLayer && moe.InMoELayer(op)), 0)
 	}
 	// other: router mm, grouped GEMMs and elementwise ops, all recomputed
 	// under selective.
 	other := func(op moe.Op, fwd int64) {
-		module := ac.NormRecomputed(c, l, op) || (op == moe.OpExpertAct && ac.ActRecomputed(c, l))
-		b.emit(l, op, fwd, full || selective || module, 0)
+		act := op == moe.OpExpertAct && ac.ActRecomputed(c, l)
+		var extra int64
+		if act && moeLayer {
+			extra = fwd // moe_act's own recompute inside the MoE layer's
+		}
+		module := ac.NormRecomputed(c, l, op) || act || (moeLayer && moe.InMoELayer(op))
+		b.emit(l, op, fwd, full || selective || module, extra)
 	}
 
 	other(moe.OpAttnNorm, b.mul(T, D))

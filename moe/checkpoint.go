@@ -73,6 +73,26 @@ type AC struct {
 //     linear_fc2): the experts keep fc1's output (gate and up) and drop
 //     silu(gate) and silu(gate)·up, the down projection's input. Shared
 //     experts and dense MLPs (transformer/mlp.py) have no such option.
+//   - RecomputeMoE ("moe"): the whole MoE layer (moe/moe_layer.py,
+//     MoELayer.forward: with "moe" in recompute_modules its custom_forward,
+//     the shared experts, the router, the token permutation, the dispatch
+//     all-to-all, the experts, the combine all-to-all and the shared
+//     output's add, runs under tensor_parallel.checkpoint, random.py's
+//     CheckpointFunction): forward without autograd, only the layer's
+//     input, the pre-MLP norm's output, saved (save_for_backward); at the
+//     start of the layer's backward the whole forward runs again with
+//     autograd, its all-to-alls included, and backward goes through it.
+//     Nothing inside the layer is kept between forward and backward; the
+//     pre-MLP norm outside it keeps its input and rstd as under none. With
+//     layernorm too, that saved input is the norm's discarded output,
+//     rebuilt by the norm's recompute before the layer's (the norm's hook
+//     is on the layer's output gradient). With moe_act too, the activation
+//     is discarded again inside the recomputed forward and rebuilt before
+//     the down projection's backward: computed three times. Megatron's
+//     config accepts every combination of the three
+//     (transformer_config.py __post_init__ refuses moe only beside
+//     offloading inside the layer, overlap_moe_expert_parallel_comm and
+//     some CUDA-graph scopes, none of which moescope models).
 //
 // The other modules checkpoint whole submodules and are not built.
 type RecomputeModules uint8
@@ -81,6 +101,7 @@ type RecomputeModules uint8
 const (
 	RecomputeLayerNorm RecomputeModules = 1 << iota
 	RecomputeMoEAct
+	RecomputeMoE
 )
 
 // recomputeModuleNames are the built modules in the order String prints
@@ -89,8 +110,8 @@ var (
 	recomputeModuleNames = []struct {
 		m    RecomputeModules
 		name string
-	}{{RecomputeLayerNorm, "layernorm"}, {RecomputeMoEAct, "moe_act"}}
-	megatronOnlyModules = []string{"core_attn", "mla_up_proj", "mlp", "moe", "shared_experts",
+	}{{RecomputeLayerNorm, "layernorm"}, {RecomputeMoEAct, "moe_act"}, {RecomputeMoE, "moe"}}
+	megatronOnlyModules = []string{"core_attn", "mla_up_proj", "mlp", "shared_experts",
 		"gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"}
 )
 
@@ -204,4 +225,25 @@ func (a AC) NormRecomputed(c *Config, l int, op Op) bool {
 // recomputed by the moe_act module (MoE blocks only).
 func (a AC) ActRecomputed(c *Config, l int) bool {
 	return a.Mode == ACModules && a.Modules&RecomputeMoEAct != 0 && l >= 0 && l < len(c.MoELayer) && c.MoELayer[l]
+}
+
+// MoERecomputed reports whether block l's MoE layer (router, dispatch,
+// experts, combine, shared experts) is recomputed whole by the moe module
+// (MoE blocks only).
+func (a AC) MoERecomputed(c *Config, l int) bool {
+	return a.Mode == ACModules && a.Modules&RecomputeMoE != 0 && l >= 0 && l < len(c.MoELayer) && c.MoELayer[l]
+}
+
+// InMoELayer reports whether op, in a MoE block, runs inside Megatron's
+// MoELayer, the part the moe module recomputes: the router, its top-k,
+// dispatch, the routed experts, combine and the shared experts (the
+// pre-MLP norm, the residual adds and the aux loss, computed from the
+// scores after the blocks, are outside).
+func InMoELayer(op Op) bool {
+	switch op {
+	case OpRouter, OpRouterTopK, OpDispatch, OpExpertGate, OpExpertUp, OpExpertAct, OpExpertDown, OpCombine,
+		OpSharedGate, OpSharedUp, OpSharedAct, OpSharedDown, OpSharedExpGate, OpSharedScale:
+		return true
+	}
+	return false
 }

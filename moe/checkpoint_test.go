@@ -17,6 +17,13 @@ func TestParseACModules(t *testing.T) {
 		{"modules:layernorm", "modules:layernorm", RecomputeLayerNorm},
 		{"modules:moe_act", "modules:moe_act", RecomputeMoEAct},
 		{"modules:moe_act,layernorm", "modules:layernorm,moe_act", RecomputeLayerNorm | RecomputeMoEAct},
+		{"modules:moe", "modules:moe", RecomputeMoE},
+		// The ModelZoo's long-context command writes --recompute-modules
+		// layernorm moe (yanring/Megatron-MoE-ModelZoo e865051,
+		// best_practice/qwen3/readme.md); Megatron accepts moe beside
+		// moe_act too.
+		{"modules:moe,layernorm", "modules:layernorm,moe", RecomputeLayerNorm | RecomputeMoE},
+		{"modules:moe,moe_act,layernorm", "modules:layernorm,moe_act,moe", RecomputeLayerNorm | RecomputeMoEAct | RecomputeMoE},
 	} {
 		a, err := ParseAC(tc.in)
 		if err != nil || a.Mode != ACModules || a.Modules != tc.set || a.String() != tc.out {
@@ -32,7 +39,9 @@ func TestParseACModules(t *testing.T) {
 		{"modules:norm", `"norm" is not a Megatron-Core recompute module; built: layernorm, moe_act`},
 		{"modules:layernorm,layernorm", `"layernorm" named twice`},
 		{"modules:", `"" is not a Megatron-Core recompute module`},
-		{"modules", "must be none, selective, full, layer:N or modules:M,… (M among layernorm, moe_act)"},
+		{"modules:moe,moe", `"moe" named twice`},
+		{"modules:shared_experts", `"shared_experts" is not built; built: layernorm, moe_act, moe`},
+		{"modules", "must be none, selective, full, layer:N or modules:M,… (M among layernorm, moe_act, moe)"},
 	} {
 		_, err := ParseAC(tc.in)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.in) {

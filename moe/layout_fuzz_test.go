@@ -70,7 +70,7 @@ func FuzzLayoutJSON(f *testing.F) {
 // layer:N.
 func FuzzParseAC(f *testing.F) {
 	for _, s := range []string{"none", "selective", "full", "layer:2", "layer:0", "layer:-1", "layer:+3", "layer:007", "layer:99999999999999999999", "Full", "",
-		"modules:layernorm", "modules:moe_act,layernorm", "modules:", "modules:mlp", "modules:layernorm,layernorm"} {
+		"modules:layernorm", "modules:moe_act,layernorm", "modules:moe,layernorm", "modules:moe,moe", "modules:", "modules:mlp", "modules:layernorm,layernorm"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

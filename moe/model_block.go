@@ -43,8 +43,8 @@ type LayerWeights[T Float] struct {
 // (counts[e] rows for global expert e, e ascending, dropless); the result
 // holds the expert outputs for the same rows in the same order. keep says
 // whether Forward must keep what ExpertsBackward will read (false when the
-// block is checkpointed and will call Forward again with pass Recompute
-// before backward). ExpertsBackward receives the gradient of the rows of
+// block, or under the modules policy's moe its MoE layer, is checkpointed
+// and will call Forward again with pass Recompute before backward). ExpertsBackward receives the gradient of the rows of
 // the last kept Forward of that layer, returns the gradient of xTKD and
 // accumulates the experts' weight gradients. An implementation records its
 // grouped GEMMs (expert_gate, expert_up, expert_down), expert_act and what
@@ -117,7 +117,8 @@ func NewBlock[T Float](c *Config, l, batch, seq int, o Options) *Block[T] {
 func (b *Block[T]) DeferWeightGrads(q *WeightQueue) { b.x.wq = q }
 
 // Routing returns the routing the block holds (nil for dense layers, and
-// between forward and backward when the block is checkpointed).
+// between forward and backward when the block or its MoE layer is
+// checkpointed).
 func (b *Block[T]) Routing() *Routing[T] { return b.st.rt }
 
 // ExpertCounts returns the per-expert (token, slot) counts of the last
@@ -442,9 +443,10 @@ func (b *Block[T]) sharedForward(w *LayerWeights[T], yTD []T, pass Pass, useCach
 	ex.op(L, OpSharedScale, pass, int64(nTok)*int64(D))
 }
 
-// checkpointed reports whether this block recomputes in backward.
+// checkpointed reports whether this block recomputes its routed experts
+// in backward (the block whole, selectively, or its MoE layer).
 func (b *Block[T]) checkpointed() bool {
-	return b.ac.Mode == ACSelective || b.ac.FullyCheckpointed(b.layer)
+	return b.ac.Mode == ACSelective || b.ac.FullyCheckpointed(b.layer) || b.ac.MoERecomputed(b.cfg, b.layer)
 }
 
 // Cache keys for the selective policy's non-linear saved outputs.
@@ -519,6 +521,11 @@ func (b *Block[T]) keep() {
 		if b.ac.NormRecomputed(b.cfg, b.layer, OpFFNNorm) {
 			st.h2, st.rstd2 = nil, nil
 		}
+		// moe: nothing of the MoE layer but its input h2 (Backward's
+		// moeRecompute runs the layer again).
+		if b.ac.MoERecomputed(b.cfg, b.layer) {
+			st.rt, st.expertOutTKD, st.ffn, st.fOut, st.sGate = nil, nil, ffnActs[T]{}, nil, nil
+		}
 	}
 	b.recordKept()
 }
@@ -573,8 +580,7 @@ func (b *Block[T]) recordKept() {
 		rec(OpDenseGate, "input", st.h2, act)
 	}
 	ops := [4]Op{OpDenseAct, OpDenseAct, OpDenseAct, OpDenseDown}
-	if b.cfg.MoELayer[L] {
-		rt := st.rt
+	if rt := st.rt; b.cfg.MoELayer[L] && rt != nil {
 		rec(OpRouterTopK, "scores", rt.Scores, F32)
 		b.x.saved(L, OpRouterTopK, "indices", len(rt.Indices), I64)
 		rec(OpRouterTopK, "values", rt.Values, F32)

@@ -30,6 +30,12 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	st.h2, st.rstd2 = b.recomputeNorm(OpFFNNorm, st.h2, st.rstd2, st.x2, w.FFNNorm)
 	dh2 := make([]T, T_*D)
 	if c.MoELayer[L] {
+		if st.rt == nil {
+			// moe: the MoE layer's forward again from its kept input,
+			// all-to-alls included, before its backward (Megatron's
+			// CheckpointFunction.backward); its output is not needed.
+			b.moeForward(w, make([]T, T_*D), Recompute, false)
+		}
 		b.moeBackward(w, g, dh2, dy, auxGrad)
 	} else {
 		b.swigluBack(&st.ffn, OpDenseGate, OpDenseUp, OpDenseAct, OpDenseDown,

@@ -105,7 +105,8 @@ func TestSavedMatchesTable(t *testing.T) {
 // TestRecomputeRepeatsForward checks the recompute records against the
 // forward ones: full checkpointing repeats every forward op of the block,
 // selective every one but the saved linears (those whose output
-// SavedTensors lists) and attention, modules the named modules' ops;
+// SavedTensors lists) and attention, modules the named modules' ops
+// (moe every op of the MoE layer, moe with moe_act the activation twice);
 // every policy adds the flash backward's n·d_qk.
 func TestRecomputeRepeatsForward(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
@@ -155,6 +156,19 @@ func TestRecomputeRepeatsForward(t *testing.T) {
 					norm := (k.Op == moe.OpFFNNorm && c.MoELayer[k.Layer]) || (k.Op == moe.OpAttnNorm && c.IsMLA())
 					if (norm && ac.Modules&moe.RecomputeLayerNorm != 0) || (k.Op == moe.OpExpertAct && ac.Modules&moe.RecomputeMoEAct != 0) {
 						want = fwd
+					}
+					// moe: Megatron's MoELayer.forward, the ops between the
+					// pre-MLP norm and the residual add, once more; its
+					// activation once more again under moe_act.
+					inMoE := false
+					switch k.Op {
+					case moe.OpRouter, moe.OpRouterTopK, moe.OpDispatch, moe.OpExpertGate, moe.OpExpertUp, moe.OpExpertAct,
+						moe.OpExpertDown, moe.OpCombine, moe.OpSharedGate, moe.OpSharedUp, moe.OpSharedAct, moe.OpSharedDown,
+						moe.OpSharedExpGate, moe.OpSharedScale:
+						inMoE = c.MoELayer[k.Layer]
+					}
+					if inMoE && ac.Modules&moe.RecomputeMoE != 0 {
+						want += fwd
 					}
 				}
 				if k.Op == moe.OpAttn {

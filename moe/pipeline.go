@@ -233,12 +233,13 @@ func (l Layout) validatePipeline() []error {
 	if err := l.PPSchedule.Check(); err != nil {
 		errs = append(errs, err)
 	}
-	if tp := l.TPDegree(); tp > 1 && l.AsyncTP {
-		// The pipeline's virtual time prices each stage's tp collectives
-		// inline; the overlap of async TP's decomposed ones is modelled in
-		// the single-program schedule only.
-		errs = append(errs, FieldError{"async_tp", true, fmt.Sprintf("async TP with pp > 1 is not built yet (pp = %d, tp = %d; built: tp inside pipeline stages without async TP)", l.PP, tp)})
-	}
+	// Async TP is accepted with pp > 1, as torchtitan accepts it: its
+	// pipeline_llm applies the model's parallelize function, async TP
+	// included, to each stage's model chunk (v0.2.2 73a0e6979dd1,
+	// torchtitan/distributed/pipeline_parallel.py; main b5bcd76c66d0 the
+	// same, with async TP under the compile settings). Its need of
+	// torch.compile is checked where compile is known (the simulator, the
+	// exports), as the layout does not hold it.
 	if l.GradSyncLastOnly {
 		// PyTorch's stage reduces after each schedule step's last backward;
 		// skipping whole micro-steps on top is not modelled.

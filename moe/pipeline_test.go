@@ -305,7 +305,6 @@ func TestLayoutPipelineResolve(t *testing.T) {
 		{Layout{GPUs: 8, PP: 2, PPMicrobatchSize: -1}, []string{"pp_microbatch_size = -1: must be in [1, 65536]"}},
 		{Layout{GPUs: 8, PP: 2, PPLayers: "1,x"}, []string{`stage 1 = "x"`}},
 		{Layout{GPUs: 8, PP: 2, GradSyncLastOnly: true}, []string{"grad_sync_last_only = true: not modelled with pp > 1"}},
-		{Layout{GPUs: 8, PP: 2, TP: 2, AsyncTP: true}, []string{"async_tp = true: async TP with pp > 1 is not built yet (pp = 2, tp = 2"}},
 		{Layout{GPUs: 8, PP: 2, TP: 2, DPShard: 3}, []string{"gpus = 8 is not divisible by pp × dp_shard × tp = 2 × 3 × 2 = 12"}},
 		{Layout{GPUs: 8, PP: 2, TP: 4, DPReplicate: 2}, []string{"gpus = 8 is not divisible by pp × dp_replicate × tp = 2 × 2 × 4 = 16"}},
 	} {

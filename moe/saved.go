@@ -75,9 +75,14 @@ import "slices"
 // backward. layernorm: in MoE blocks ffn_norm's rstd and output (the
 // router input; mlp_gate_proj's in dense blocks is never dropped), in MLA
 // blocks attn_norm's rstd and output (the q_proj or q_a_proj input);
-// moe_act: the routed experts' silu_gate and expert_down input. Backward
-// re-executes those ops (Recompute records): the norm before its
-// consumer's backward, the activation before expert_down's.
+// moe_act: the routed experts' silu_gate and expert_down input; moe: in
+// MoE blocks every row of the MoE layer (router_topk, dispatch, the
+// experts, combine, the shared experts) but the router's input, the
+// layer's input (which layernorm drops too). Backward re-executes those
+// ops (Recompute records): the norm before its consumer's backward, the
+// MoE layer's forward before its backward, the activation before
+// expert_down's (under moe and moe_act both: in forward, in the layer's
+// recompute and once more before expert_down's backward).
 //
 // Embedding and head are never checkpointed (torchtitan wraps blocks only).
 
@@ -190,7 +195,12 @@ func (s *savedList) dropRecomputed(ac AC) {
 		mark(OpExpertAct, "silu_gate")
 		mark(OpExpertDown, "input")
 	}
-	s.rs = slices.DeleteFunc(s.rs, func(r SavedRecord) bool { return drop[SavedRecord{Op: r.Op, Tensor: r.Tensor}] })
+	moeLayer := ac.MoERecomputed(c, l)
+	s.rs = slices.DeleteFunc(s.rs, func(r SavedRecord) bool {
+		// moe keeps the layer's input, listed under the router.
+		inside := moeLayer && InMoELayer(r.Op) && !(r.Op == OpRouter && r.Tensor == "input")
+		return inside || drop[SavedRecord{Op: r.Op, Tensor: r.Tensor}]
+	})
 }
 
 // savedList accumulates the records of one layer for SavedTensors: T

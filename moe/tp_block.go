@@ -131,6 +131,12 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 	dh2 := make([]T, T_*D)
 	if c.MoELayer[L] {
 		lo, hi := tc.ExpertTokens(T_)
+		if st.rt == nil {
+			// modules: moe, the MoE layer again from its kept input (the
+			// gathered norm output, or the one just re-gathered), after
+			// the norm's recompute as in Megatron.
+			b.moeForwardRows(w, make([]T, T_*D), Recompute, false, lo, hi)
+		}
 		b.moeBackwardRows(w, g, dh2, dy, auxGrad, lo, hi)
 		tc.ExpertsDone(L)
 	} else {

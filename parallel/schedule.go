@@ -68,7 +68,7 @@ type Phase uint8
 // Phases of a step.
 const (
 	PhaseForward   Phase = iota
-	PhaseRecompute       // forward of a fully checkpointed block, re-run before its backward
+	PhaseRecompute       // forward of a fully checkpointed block (or of a MoE layer under modules:moe), re-run before its backward
 	PhaseBackward        // backward_data + backward_weight (plus selective recompute inside it)
 	PhaseOptimizer       // AdamW on this rank's shard
 )

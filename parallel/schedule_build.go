@@ -47,7 +47,8 @@ type ScheduleSpec struct {
 // MoE blocks with ep > 1 exchange per-expert counts and then tokens by
 // all-to-all before and after the experts, and in reverse in backward; a
 // fully checkpointed block re-runs its forward (all-to-alls included) before
-// its backward. After the last micro-step: loss (and selection-bias load)
+// its backward, and under the modules policy's moe a MoE block its MoE
+// layer's forward (moeRecompute). After the last micro-step: loss (and selection-bias load)
 // all-reduces over dp, the optimizer, and under zero1/zero2 the all-gather of
 // updated parameter shards. Under tensor parallelism every compute segment
 // is preceded and followed by the collectives TPCollectives places there, on
@@ -164,6 +165,10 @@ type schedBuilder struct {
 	tp             map[int][]TPColl
 	tpDue, tpLater []int
 	chain          int // the last op of the computation's chain (segment, all-to-all or tp collective), -1 before the first
+
+	// pass builds one pipeline stage's pass (StagePass): no FSDP
+	// collectives, which the pipeline program issues per stage.
+	pass bool
 }
 
 func (b *schedBuilder) add(o ScheduleOp) int {
@@ -215,7 +220,7 @@ func (b *schedBuilder) fsdp() bool { return b.l.Sharding == moe.ShardFSDP }
 
 // gather emits the all-gather of u if needed and returns its id or -1.
 func (b *schedBuilder) gather(u Unit, micro int) int {
-	if !b.fsdp() || b.gathered[u] {
+	if b.pass || !b.fsdp() || b.gathered[u] {
 		return -1
 	}
 	b.gathered[u] = true
@@ -374,6 +379,50 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 	return post
 }
 
+// backwardBlock emits block l's backward: its recompute first when the
+// block is fully checkpointed (its MoE layer's when the modules policy
+// recomputes moe, moeRecompute), then its segments in reverse with the
+// all-to-alls' gradients between them. done(u, id) runs as each of the
+// block's units has its gradients (id: the op that completes them), where
+// the step reduces them.
+func (b *schedBuilder) backwardBlock(micro, l int, done func(u Unit, id int)) {
+	dense, ex := Unit{Layer: l}, Unit{Layer: l, Experts: true}
+	if b.sp.AC.FullyCheckpointed(l) {
+		b.forwardBlock(micro, l, PhaseRecompute)
+	}
+	gd := b.gather(dense, micro)
+	if !b.cfg.MoELayer[l] {
+		done(dense, b.compute(micro, l, PhaseBackward, SegBlock, gd))
+		return
+	}
+	if b.sp.AC.MoERecomputed(b.cfg, l) {
+		gd = b.moeRecompute(micro, l, gd)
+	}
+	post := b.compute(micro, l, PhaseBackward, SegPost, gd)
+	ge := b.gather(ex, micro)
+	c := b.a2a(micro, l, PurposeCombineBwd, post)
+	e := b.compute(micro, l, PhaseBackward, SegExperts, c, ge)
+	done(ex, e)
+	d := b.a2a(micro, l, PurposeDispatchBwd, e)
+	done(dense, b.compute(micro, l, PhaseBackward, SegPre, d))
+}
+
+// moeRecompute emits, before a MoE block's backward, the forward of its
+// MoE layer again under the modules policy's moe (Megatron's
+// CheckpointFunction over MoELayer.forward): the router and permutation
+// (SegPre), the dispatch all-to-alls, the experts, the combine all-to-all
+// and the combine and shared experts (SegPost), as PhaseRecompute ops after
+// dep (the dense unit's gather). It returns the last op id, on which the
+// backward waits.
+func (b *schedBuilder) moeRecompute(micro, layer, dep int) int {
+	pre := b.compute(micro, layer, PhaseRecompute, SegPre, dep)
+	ge := b.gatherDep(Unit{Layer: layer, Experts: true}, micro)
+	d := b.a2a(micro, layer, PurposeDispatch, pre)
+	e := b.compute(micro, layer, PhaseRecompute, SegExperts, d, ge)
+	c := b.a2a(micro, layer, PurposeCombine, e)
+	return b.compute(micro, layer, PhaseRecompute, SegPost, c)
+}
+
 // reduceType is the type gradients are reduced in.
 func (b *schedBuilder) reduceType() moe.DType {
 	if t := b.sp.Memory.ReduceDType; t != "" {
@@ -433,11 +482,17 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 }
 
-func (b *schedBuilder) build() {
+// reset readies b for a program (build, StagePass): no unit gathered,
+// no chain yet, no reduce-scatter in flight.
+func (b *schedBuilder) reset() {
 	b.gathered = map[Unit]bool{}
 	b.gatherOp = map[Unit]int{}
 	b.chain = -1
 	b.prevRS, b.rsWait = -1, -1
+}
+
+func (b *schedBuilder) build() {
+	b.reset()
 	if b.l.TPDegree() > 1 {
 		b.tp = map[int][]TPColl{}
 		T := b.sp.LBS * b.sp.Seq
@@ -477,33 +532,12 @@ func (b *schedBuilder) build() {
 			b.free(hu)
 		}
 		for l := b.cfg.Layers - 1; l >= 0; l-- {
-			dense, ex := Unit{Layer: l}, Unit{Layer: l, Experts: true}
-			if b.sp.AC.FullyCheckpointed(l) {
-				b.forwardBlock(micro, l, PhaseRecompute)
-			}
-			gd := b.gather(dense, micro)
-			if !b.cfg.MoELayer[l] {
-				id = b.compute(micro, l, PhaseBackward, SegBlock, gd)
-				b.reduce(dense, micro, id)
+			b.backwardBlock(micro, l, func(u Unit, id int) {
+				b.reduce(u, micro, id)
 				if !keep || lastMicro {
-					b.free(dense)
+					b.free(u)
 				}
-				continue
-			}
-			post := b.compute(micro, l, PhaseBackward, SegPost, gd)
-			ge := b.gather(ex, micro)
-			c := b.a2a(micro, l, PurposeCombineBwd, post)
-			e := b.compute(micro, l, PhaseBackward, SegExperts, c, ge)
-			b.reduce(ex, micro, e)
-			if !keep || lastMicro {
-				b.free(ex)
-			}
-			d := b.a2a(micro, l, PurposeDispatchBwd, e)
-			pre := b.compute(micro, l, PhaseBackward, SegPre, d)
-			b.reduce(dense, micro, pre)
-			if !keep || lastMicro {
-				b.free(dense)
-			}
+			})
 		}
 		g = b.gather(emb, micro)
 		id = b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
@@ -541,4 +575,80 @@ func (b *schedBuilder) build() {
 			}
 		}
 	}
+}
+
+// StagePass is one pipeline micro-batch's forward (backward false) or
+// backward through stage s of p as BuildSchedule emits the same layers for
+// one micro-step of pp_microbatch_size sequences on the stage's layout:
+// the compute segments, the expert-parallel all-to-alls and the
+// tensor-parallel collectives (StageTPCollectives' list, in its order),
+// with the same dependencies. Under async TP each all-gather and
+// reduce-scatter is its exposed first chunk and its overlapped part
+// (tpColl), the computation waiting for the overlapped part one segment
+// later; the last collectives' overlapped parts have no segment after them
+// in the pass, which ends when they do (the stage's output, or its input's
+// gradient, is what they produce). A backward holds each fully
+// checkpointed block's recompute before its backward. Left out: the FSDP
+// collectives and the replicated gradients' all-reduce, which the pipeline
+// program issues once per stage and micro-step (BuildPipeline). Op ids are
+// the pass's own, from 0.
+func (p *Pipeline) StagePass(cfg *moe.Config, s, seq int, ac moe.AC, prec moe.Precision, backward bool) ([]ScheduleOp, error) {
+	if cfg == nil {
+		return nil, errors.New("stage pass: config is required")
+	}
+	if s < 0 || s >= len(p.Split) {
+		return nil, fmt.Errorf("stage pass: stage %d: must be in [0, %d)", s, len(p.Split))
+	}
+	if seq < 1 {
+		return nil, fmt.Errorf("stage pass: seq = %d: must be ≥ 1", seq)
+	}
+	if prec == (moe.Precision{}) {
+		prec = moe.DefaultPrecision
+	}
+	l := p.Stage.Layout
+	mbs := p.Layout.PPMicrobatchSize
+	b := &schedBuilder{sp: ScheduleSpec{Config: cfg, Mesh: p.Stage, AC: ac, LBS: mbs, Seq: seq, Micro: 1, Precision: prec, NoMemory: true},
+		cfg: cfg, paramIx: NewUnitIndex(cfg), m: p.Stage, l: l, prec: prec, s: &Schedule{Layout: l, AC: ac, LBS: mbs, Seq: seq, Micro: 1},
+		pass: true}
+	b.reset()
+	first, count := p.StageLayers(s)
+	last := s == len(p.Split)-1
+	if l.TPDegree() > 1 {
+		b.tp = map[int][]TPColl{}
+		layers := []int{}
+		if s == 0 {
+			layers = append(layers, moe.LayerEmbed)
+		}
+		for layer := first; layer < first+count; layer++ {
+			layers = append(layers, layer)
+		}
+		if last {
+			layers = append(layers, cfg.LayerHead())
+		}
+		for _, layer := range layers {
+			b.tp[layer] = TPCollectives(cfg, l, layer, mbs*seq, ac, prec.Activation)
+		}
+	}
+	if !backward {
+		if s == 0 {
+			b.compute(0, moe.LayerEmbed, PhaseForward, SegEmbed)
+		}
+		for layer := first; layer < first+count; layer++ {
+			b.forwardBlock(0, layer, PhaseForward)
+		}
+		if last {
+			b.compute(0, cfg.LayerHead(), PhaseForward, SegHead)
+		}
+		return b.s.Ops, nil
+	}
+	if last {
+		b.compute(0, cfg.LayerHead(), PhaseBackward, SegHead)
+	}
+	for layer := first + count - 1; layer >= first; layer-- {
+		b.backwardBlock(0, layer, func(Unit, int) {})
+	}
+	if s == 0 {
+		b.compute(0, moe.LayerEmbed, PhaseBackward, SegEmbed)
+	}
+	return b.s.Ops, nil
 }

@@ -63,6 +63,26 @@ func TestScheduleCollectiveCounts(t *testing.T) {
 	if a := got[PurposeDispatch] + got[PurposeCombine] + got[PurposeDispatchBwd] + got[PurposeCombineBwd]; a != 12 {
 		t.Errorf("full AC: %d token all-to-alls, want 12", a)
 	}
+	// Megatron's moe module re-runs each MoE layer's forward, its count
+	// exchange and dispatch and combine included (CheckpointFunction over
+	// MoELayer.forward, Megatron-LM d98e8a6 moe_layer.py): as many
+	// all-to-alls as full AC, 12 token and 4 count exchanges, the same 9
+	// gathers (the recompute gathers the experts the backward would), and
+	// per MoE layer three recompute segments, router, experts, combine.
+	s = schedFor(t, cfg, l, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, 1)
+	got = countColl(s)
+	if a := got[PurposeDispatch] + got[PurposeCombine] + got[PurposeDispatchBwd] + got[PurposeCombineBwd]; a != 12 || got[PurposeCounts] != 4 || got[PurposeGather] != 9 {
+		t.Errorf("modules:moe: %d token all-to-alls (want 12), %d count exchanges (want 4), %d gathers (want 9)", a, got[PurposeCounts], got[PurposeGather])
+	}
+	var rec []Segment
+	for _, o := range s.Ops {
+		if o.Type == OpCompute && o.Phase == PhaseRecompute {
+			rec = append(rec, o.Segment)
+		}
+	}
+	if want := []Segment{SegPre, SegExperts, SegPost, SegPre, SegExperts, SegPost}; !reflect.DeepEqual(rec, want) {
+		t.Errorf("modules:moe: recompute segments %v, want %v", rec, want)
+	}
 	// HSDP 2×2 (ep 1, so efsdp = dp_shard = 2 and expert units are sharded
 	// too), grad-accum 3, allreduce-last-only: reduce-scatters every
 	// micro-step, 6 units × 3 = 18; replica all-reduces only in the last, 6.

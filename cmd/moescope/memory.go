@@ -59,7 +59,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	lf := addLayoutFlags(fs)
 	precision := addPrecisionFlag(fs)
 	lf.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
-	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act)")
+	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)")
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required unless --max-lbs)")
 	seq := fs.Int("seq", 0, "tokens per sequence (required)")
 	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")

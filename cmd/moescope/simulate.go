@@ -79,7 +79,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	fs.StringVar(&hwf.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 	lf := addLayoutFlags(fs)
 	precision := addPrecisionFlag(fs)
-	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act)")
+	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)")
 	mf := addMemoryModelFlags(fs)
 	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
 	seq := fs.Int("seq", 0, "tokens per sequence (required)")

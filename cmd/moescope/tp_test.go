@@ -39,10 +39,11 @@ func TestTPFlags(t *testing.T) {
 		{[]string{"memory", "--model", "qwen3-30b-a3b", "--gpus", "8", "--tp", "2", "--ep", "2", "--etp", "4", "--lbs", "1", "--seq", "4096"}, "etp = 4: must be 1 or tp = 2"},
 		{[]string{"memory", "--model", "llama3-8b", "--gpus", "8", "--tp", "0", "--lbs", "1", "--seq", "4096"}, "--tp = 0"},
 		{[]string{"simulate", "--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--async-tp", "--compile=false", "--lbs", "1", "--seq", "4096"}, "async_tp"},
-		// train executes tp inside pipeline stages (TestTrainPipelineTP)
-		// and ep (TestTrainPipelineLosses) but not both there.
-		{[]string{"train", "--model", "tiny", "--gpus", "4", "--tp", "2", "--pp", "2", "--ep", "2", "--lbs", "1", "--seq", "8", "--steps", "1"},
-			"tp 2 × ep 2 (etp 1) inside a pipeline stage: not built in the numeric backend yet (gpus 4 = pp 2 × dp_replicate 1 × dp_shard 1 × tp 2"},
+		// train executes tp × ep inside pipeline stages
+		// (TestTrainPipelineTP) under FSDP, not under the other sharding
+		// modes: the refusal names every factor.
+		{[]string{"train", "--model", "tiny", "--gpus", "8", "--tp", "2", "--pp", "2", "--ep", "2", "--dp-shard", "2", "--sharding", "zero1", "--lbs", "1", "--seq", "8", "--steps", "1"},
+			"dp_replicate 1, ep 2, sharding zero1 inside a pipeline stage: not built in the numeric backend yet (gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2, etp 1"},
 	} {
 		out, err := runSimCmd(t, c.args...)
 		if err == nil || !strings.Contains(out+err.Error(), c.want) {

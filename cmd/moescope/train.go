@@ -132,7 +132,7 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs := newFlags("train", stderr)
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
 	a.lf = addLayoutFlags(fs)
-	fs.StringVar(&a.acFlag, "ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act)")
+	fs.StringVar(&a.acFlag, "ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)")
 	fs.IntVar(&a.lbs, "lbs", 0, "sequences per data-parallel rank per micro-step (required)")
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
 	fs.IntVar(&a.steps, "steps", 0, "optimizer steps to run (required)")

@@ -292,8 +292,8 @@ func TestTrainAbsurdPeakGFLOPSRefused(t *testing.T) {
 // alone, with dp_shard 2, with ep 2 borrowing the tp ranks (etp 1) and
 // with ep 2 over dp_shard at etp 2, within 1e-5 relative (the row-parallel
 // linears sum partial products in another order than one rank's GEMM,
-// TestNumericTPEqualsOneRank); the combinations the numeric backend does
-// not execute (tp × ep inside pipeline stages) are refused by name. Two sequences per micro-batch: with
+// TestNumericTPEqualsOneRank); a sequence tp cannot split is refused by
+// name. Two sequences per micro-batch: with
 // tiny's initialization one sequence of 8 tokens leaves the q/k
 // projections' gradients at about 1e-9, the float32 rounding level of the
 // partial sums, and AdamW turns that noise into ±lr updates (the losses
@@ -327,7 +327,6 @@ func TestTrainTP(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--gpus", "8", "--tp", "2", "--pp", "2", "--ep", "2"}, "tp 2 × ep 2 (etp 1) inside a pipeline stage: not built in the numeric backend yet (gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2"},
 		{[]string{"--gpus", "2", "--tp", "2", "--seq", "6"}, "seq = 6 is not divisible by tp × 2·cp"},
 	} {
 		var out, errb bytes.Buffer
@@ -361,7 +360,9 @@ func TestTrainTPResume(t *testing.T) {
 }
 
 // TestTrainPipelineTP: train --pp 2 --tp 2 --gpus 4 and train --pp 2 --tp
-// 2 --dp-shard 2 --gpus 8 print the losses of train --gpus 1 on the same
+// 2 --dp-shard 2 --gpus 8, alone and with --ep 2 (at etp 1 EP borrows the
+// stage's tp ranks; at --etp 2 its dp_shard ranks, each expert split over
+// tp, under ZBVZeroBubble), print the losses of train --gpus 1 on the same
 // micro-batches (PipelineTrainer's doc: lbs 4 in pipeline micro-batches of
 // 2 sequences are one rank's micro-steps of 2, grad-accum 2 per
 // data-parallel rank), within 1e-5 relative as TestTrainTP; TPS counts a
@@ -372,6 +373,11 @@ func TestTrainPipelineTP(t *testing.T) {
 			[]string{"--gpus", "4", "--pp", "2", "--tp", "2", "--lbs", "4", "--pp-microbatch-size", "2", "--steps", "3"}},
 		{[]string{"--gpus", "1", "--lbs", "2", "--grad-accum", "4", "--steps", "3"},
 			[]string{"--gpus", "8", "--pp", "2", "--tp", "2", "--dp-shard", "2", "--lbs", "4", "--pp-microbatch-size", "2", "--steps", "3"}},
+		{[]string{"--gpus", "1", "--lbs", "2", "--grad-accum", "2", "--steps", "3"},
+			[]string{"--gpus", "4", "--pp", "2", "--tp", "2", "--ep", "2", "--lbs", "4", "--pp-microbatch-size", "2", "--steps", "3"}},
+		{[]string{"--gpus", "1", "--lbs", "2", "--grad-accum", "4", "--steps", "3"},
+			[]string{"--gpus", "8", "--pp", "2", "--tp", "2", "--ep", "2", "--etp", "2", "--dp-shard", "2", "--lbs", "4", "--pp-microbatch-size", "2",
+				"--pp-schedule", "ZBVZeroBubble", "--steps", "3"}},
 	} {
 		one, pp := trainJSON(t, c.one...), trainJSON(t, c.pp...)
 		if len(one.Losses) != 3 || len(pp.Losses) != 3 {

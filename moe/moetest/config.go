@@ -244,10 +244,12 @@ func Tokens(r *rand.Rand, c *moe.Config, batch, seq int) [][]int {
 // Policies returns every checkpointing policy the tests run: none,
 // selective, full, layer:N for N = 1, 2, 3, which in the drawn models
 // of one to three layers checkpoint every block, every second and the
-// third, and Megatron's recompute modules one at a time and together.
+// third, and Megatron's recompute modules: layernorm, moe_act and moe
+// alone, layernorm with moe_act, and all three.
 func Policies() []moe.AC {
 	return []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull},
 		{Mode: moe.ACLayer, Every: 1}, {Mode: moe.ACLayer, Every: 2}, {Mode: moe.ACLayer, Every: 3},
 		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm}, {Mode: moe.ACModules, Modules: moe.RecomputeMoEAct},
-		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}}
+		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct},
+		{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, {Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct | moe.RecomputeMoE}}
 }

@@ -35,6 +35,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 		{4, 1, 4, moe.AC{Mode: moe.ACFull}},
 		{4, 1, 2, moe.AC{Mode: moe.ACSelective}},
 		{4, 2, 2, moe.AC{Mode: moe.ACNone}},
+		{4, 1, 2, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}}, // Megatron's moe module re-runs the all-to-alls
 	}
 	const lbs, seq = 2, 16
 	skewed := 0

@@ -60,7 +60,9 @@ type epStage struct {
 	// experts will be recomputed under selective checkpointing, which saves
 	// communication outputs (torchtitan's SAC list): the recompute reuses
 	// them instead of exchanging again. Fully checkpointed blocks re-run
-	// their all-to-alls, as torchtitan's full AC does.
+	// their all-to-alls, as torchtitan's full AC does, and so do MoE
+	// layers under the modules policy's moe (Megatron's checkpoint
+	// re-runs MoELayer.forward, its dispatch and combine included).
 	comm map[int]*epComm
 	err  error
 }
@@ -241,7 +243,7 @@ func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe
 		s.fail(err)
 		return out
 	}
-	if pass == moe.Forward && !keep && !s.ac.FullyCheckpointed(layer) {
+	if pass == moe.Forward && !keep && !s.ac.FullyCheckpointed(layer) && !s.ac.MoERecomputed(s.cfg, layer) {
 		s.comm[layer] = &epComm{recv: recv, byExpert: byExpert, sendCnt: send, recvCnt: got, out: back}
 	}
 	return back

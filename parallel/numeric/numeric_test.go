@@ -228,6 +228,9 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		{4, 2, 1, moe.ShardZeRO2, moe.AC{Mode: moe.ACNone}, 1, false, false},
 		{8, 1, 4, moe.ShardZeRO1, moe.AC{Mode: moe.ACLayer, Every: 2}, 2, false, false},
 		{2, 2, 1, moe.ShardDDP, moe.AC{Mode: moe.ACSelective}, 3, false, true},
+		// Megatron's moe module re-runs the MoE layer's all-to-alls.
+		{4, 1, 2, moe.ShardFSDP, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, 2, false, false},
+		{4, 2, 2, moe.ShardZeRO1, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, 2, true, false},
 	}
 	for _, tc := range cases {
 		l := moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/moescope/moescope/moe"
@@ -90,12 +91,24 @@ type PipelineSpec struct {
 // reduction (parallel.TPReplicatedElements); the aux loss's gradient
 // enters on tp rank 0 only, since every tp rank routes the same tokens.
 //
-// Expert parallelism inside a stage (ep > 1, tp 1): EP borrows the
-// stage's dp_shard ranks as the single-program trainer's ranks do
-// (parallel.Mesh over StageLayout: an EP group is ep consecutive dp_shard
-// ranks, the expert data-parallel group, efsdp, those ep apart). A rank
-// holds the routed experts of EP index e, [e·E/ep, (e+1)·E/ep), of its
-// stages' MoE layers, FSDP-chunked over its efsdp group; those blocks
+// Expert parallelism inside a stage (ep > 1): EP borrows the stage's
+// ranks as the single-program trainer's ranks do, on parallel.Mesh over
+// StageLayout, the placement of torchtitan v0.2.2's sparse mesh
+// (73a0e69, torchtitan/distributed/parallel_dims.py: (pp, dp_replicate,
+// efsdp, ep, etp) unflattened from the world, efsdp = dp_shard·cp·tp /
+// (etp·ep)). Without tp an EP group is ep consecutive dp_shard ranks and
+// efsdp those ep apart. With tp at etp 1 EP borrows dp_shard × tp: the
+// experts are whole, each tp rank dispatches the routed rows of its
+// contiguous 1/tp of the gathered tokens (tpComm.splitRows, torchtitan's
+// ReordererSequenceParallel), and when efsdp spans tp ranks (ep < tp) the
+// efsdp reduction sums those ranks' expert gradients. With tp at etp =
+// tp EP borrows dp_shard only: an EP group is the ranks of one tp index,
+// each expert is split over tp like a dense FFN (moe.TPShard by the etp
+// index) and every tp rank dispatches all the gathered tokens to its
+// pieces; the reduce-scatter after the block sums the pieces' partial
+// outputs. A rank holds the routed experts of EP index e, [e·E/ep,
+// (e+1)·E/ep), of its stages' MoE layers (their etp pieces),
+// FSDP-chunked over its efsdp group; those blocks
 // route their rows through an epStage on the stage's EP group, one per
 // micro-batch (each keeps its micro-batch's all-to-all counts and
 // activations from forward to backward while others are in flight). The
@@ -115,9 +128,8 @@ type PipelineSpec struct {
 // last backward (the loads of the selection bias too), as the
 // single-program trainer's HSDP does with its reduction.
 //
-// Not built here yet: other sharding modes and tp × ep inside a stage,
-// and tied embeddings (the table would live on the first and the last
-// stage).
+// Not built here yet: other sharding modes inside a stage, and tied
+// embeddings (the table would live on the first and the last stage).
 type PipelineTrainer struct {
 	spec  PipelineSpec
 	batch parallel.Batch // the equivalent one-rank batch (see above)
@@ -137,7 +149,7 @@ type pipeRank struct {
 	rank, d int // pipeline rank, data-parallel rank (replica·dp_shard + shard)
 	replica int
 	lane    int                 // its rank on the stage mesh, d·tp + tp rank: the neighbouring stages' rank it talks to
-	tpIdx   int                 // its tp rank
+	coord   parallel.Coord      // its place on the stage mesh (tp, ep and etp indices)
 	model   *moe.Model[float32] // every tensor (its tp pieces under tp); the rank uses its stages' only, gathered for the step
 	owned   []bool              // per Params entry: held by this rank (its stages' tensors; of their routed experts, its EP index's)
 	shard   [][]float32         // per owned tensor: this rank's chunk (the whole tensor without FSDP)
@@ -166,11 +178,8 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	case l.Stages() < 2:
 		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
 	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
-		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: FSDP over dp_shard with replicas, and tp or ep inside a stage)",
-			l.DPReplicate, l.EP, l.Sharding, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree())
-	case l.EP > 1 && l.TPDegree() > 1:
-		return nil, fmt.Errorf("numeric: pipeline: tp %d × ep %d (etp %d) inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d; built: ep over dp_shard with tp 1, or tp with ep 1)",
-			l.TPDegree(), l.EP, l.ExpertTP(), l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree())
+		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, etp %d; built: FSDP over dp_shard with replicas, with tp, ep, or both at etp 1 or tp inside a stage)",
+			l.DPReplicate, l.EP, l.Sharding, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), max(l.ETP, 1))
 	case cfg.TiedEmbeddings:
 		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
 	case spec.Seq < 1 || spec.Accum < 1:
@@ -251,13 +260,15 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 			if err != nil {
 				return nil, err
 			}
-			pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, tpIdx: co.TP, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+			pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, coord: co, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
 				group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
 			pr.stages = l.RankStages(r)
 			for i, t := range mod.Tensors() {
-				// With ep = 1 the routed experts are split over tp too
-				// (Layout.ExpertTP), by the same tp rank.
-				copy(t, moe.TPShard(ps[i], init[i], tp, co.TP))
+				// The routed experts are split over Layout.ExpertTP (tp
+				// with ep = 1 or etp = tp, whole at etp = 1) by the etp
+				// index, the rest over tp by the tp index.
+				n, idx := tpSplit(stage, co, ps[i])
+				copy(t, moe.TPShard(ps[i], init[i], n, idx))
 				layer := ps[i].Layer
 				if layer < 0 {
 					layer = cfg.LayerHead()
@@ -395,13 +406,13 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 		lcfg = cfg.TPLocal(p.tp, sp.Layout.ExpertTP())
 		g := mesh.Group(parallel.AxisTP, pr.lane)
 		tc = &tpComm{group: g, idx: g.IndexOf(pr.lane), batch: p.batch.LBS, seq: p.batch.Seq, hidden: cfg.Hidden,
-			act: sp.Precision.Activation, ac: sp.AC}
+			act: sp.Precision.Activation, ac: sp.AC, splitRows: sp.Layout.TokensPerExpertRank() > 1}
 		tc.bind(ctx, ep)
 	}
-	vocabLo := pr.tpIdx * ((cfg.Vocab + p.tp - 1) / p.tp) // the rank's first vocabulary row (embedding, LM head)
+	vocabLo := pr.coord.TP * ((cfg.Vocab + p.tp - 1) / p.tp) // the rank's first vocabulary row (embedding, LM head)
 	// Every tp rank routes the same tokens: the aux loss's gradient, and
 	// the micro-batch's loss, are one member's.
-	lead := pr.tpIdx == 0
+	lead := pr.coord.TP == 0
 	ts, gs := pr.model.Tensors(), pr.model.Grads()
 	for i, sh := range pr.shard {
 		if sh == nil || pr.group[i].Size() == 1 {
@@ -650,16 +661,23 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 		}
 	}
 	rep := mesh.Group(parallel.AxisReplicate, pr.lane)
-	if p.dp > 1 && cfg.SelectionBias {
-		// The step's loads over the stage's data-parallel ranks (its
-		// replica's, then over the replicas).
+	// The step's loads over the stage's data-parallel ranks (its replica's,
+	// then over the replicas). With the routed rows split over the tp
+	// ranks (ep > 1 at etp 1) each counted its own rows: they are summed
+	// over the tp group first; otherwise every tp rank counted the same
+	// rows and the dp_shard group of its tp index sums them once.
+	sums := []parallel.Group{group, rep}
+	if tc != nil && tc.splitRows {
+		sums = append([]parallel.Group{tc.group}, sums...)
+	}
+	if cfg.SelectionBias && slices.ContainsFunc(sums, func(g parallel.Group) bool { return g.Size() > 1 }) {
 		var flat []float32
 		for _, ld := range loads {
 			for _, c := range ld {
 				flat = append(flat, float32(c))
 			}
 		}
-		for _, g := range []parallel.Group{group, rep} {
+		for _, g := range sums {
 			if g.Size() == 1 {
 				continue
 			}
@@ -779,12 +797,12 @@ func (p *PipelineTrainer) localExperts(pr *pipeRank, e int) (weights, grads func
 }
 
 // Params reassembles the parameters (Config.Params order), each tensor
-// from the ranks of replica 0 that hold it: its tp pieces (the FSDP chunks of each tp
-// rank's, in the chunk group's order, which is the lanes', padding
-// dropped) put back in place; a routed expert under ep from its EP
-// index's ranks.
+// from the ranks of replica 0 that hold it: its tp pieces (etp pieces for
+// a routed expert; the FSDP chunks of each piece, in the chunk group's
+// order, which is the lanes', padding dropped) put back in place; a
+// routed expert under ep from its EP index's ranks.
 func (p *PipelineTrainer) Params() [][]float32 {
-	cfg := p.spec.Config
+	cfg, stage := p.spec.Config, p.spec.Layout.StageLayout()
 	ps := cfg.Params()
 	out := make([][]float32, len(ps))
 	for _, row := range p.ranks {
@@ -802,14 +820,15 @@ func (p *PipelineTrainer) Params() [][]float32 {
 			default:
 				n := len(holders[0].model.Tensors()[i])
 				out[i] = make([]float32, ps[i].Elements())
-				for j := range p.tp {
+				deg, _ := tpSplit(stage, holders[0].coord, ps[i])
+				for j := range deg {
 					var piece []float32
 					for _, pr := range holders {
-						if pr.tpIdx == j {
+						if _, idx := tpSplit(stage, pr.coord, ps[i]); idx == j {
 							piece = append(piece, pr.shard[i]...)
 						}
 					}
-					moe.TPUnshard(ps[i], piece[:n], out[i], p.tp, j, false)
+					moe.TPUnshard(ps[i], piece[:n], out[i], deg, j, false)
 				}
 			}
 		}

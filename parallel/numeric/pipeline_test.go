@@ -3,6 +3,7 @@ package numeric
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,7 +24,7 @@ func pipelineModel(layers int) *moe.Config {
 	return c
 }
 
-func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, accum, steps int) ([]StepResult, [][]float32) {
+func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, seq, accum, steps int) ([]StepResult, [][]float32) {
 	t.Helper()
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
@@ -33,7 +34,7 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, ac
 		t.Fatal(err)
 	}
 	init.InitRandom(7) // numericRun's initialization, data seed and optimizer
-	p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: ac, LBS: lbs, Seq: 4, Accum: accum, DataSeed: 11,
+	p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: ac, LBS: lbs, Seq: seq, Accum: accum, DataSeed: 11,
 		AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,8 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, ac
 // TestPipelineEqualsOneRank: pp × dp_replicate × dp_shard × tp ranks
 // (FSDP inside each stage when dp_shard > 1, HSDP with replicas, expert
 // parallelism over dp_shard when ep > 1, tensor parallelism when tp > 1,
-// whose ranks share their data-parallel rank's sequences) running lbs L per
+// whose ranks share their data-parallel rank's sequences, and both, EP
+// borrowing dp_shard × tp at etp 1 or dp_shard at etp = tp) running lbs L per
 // micro-step in pipeline micro-batches
 // of b sequences, grad-accum A, train 3 steps to the losses and parameters
 // of one rank at lbs b with grad-accum A·dp_replicate·dp_shard·L/b (the same
@@ -93,6 +95,8 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{4, moe.Layout{GPUs: 8, PP: 4, TP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
 		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // Megatron's recompute modules, as R140 and R143
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, false, "hf"}, // and as R145
 		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
 		// Zero-bubble schedules: backward split into input and weight
@@ -130,10 +134,34 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		{6, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, DPShard: 2, EP: 2, PPSchedule: moe.PPInterleaved1F1B}, 2, 1, moe.AC{Mode: moe.ACNone}, true, "hf"},
 		{4, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, TP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
 		{6, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble}, 2, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
+		// tp × ep inside the stages, on the stage mesh's placement
+		// (parallel.Mesh). At etp 1 EP borrows dp_shard × tp: whole experts,
+		// each tp rank routing its 1/tp of the tokens; with tp 2 the EP
+		// group is the tp group, with ep 4 over dp_shard 2 × tp 2 it spans
+		// both, and with tp 4 × ep 2 efsdp spans the tp ranks {0, 2} and
+		// {1, 3}, whose expert gradients it sums. At etp = tp EP borrows
+		// dp_shard only and each expert is split over tp. Every schedule,
+		// FSDP and replicas.
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
+		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 4, PPSchedule: moe.PPGPipe}, 2, 2, moe.AC{Mode: moe.ACFull}, true, ""},
+		{4, moe.Layout{GPUs: 8, PP: 2, TP: 4, EP: 2}, 2, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, TP: 2, EP: 2, PPSchedule: moe.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "seq"},
+		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, true, ""},
+		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // R140's shape: tp 2 × ep, interleaved, Megatron's recompute modules
 	} {
 		cfg := pipelineModel(c.layers)
-		if c.l.TP > 1 {
+		seq := 4
+		switch c.l.TP {
+		case 2:
 			cfg.KVHeads = 2 // tp 2 must divide the KV heads
+		case 4:
+			// tp 4 must divide the heads and the FFN widths, and seq by 2·tp.
+			cfg.Heads, cfg.KVHeads, cfg.DenseFFN, cfg.ExpertFFN = 4, 4, 8, 8
+			seq = 8
 		}
 		if c.bias {
 			cfg.Score, cfg.SelectionBias, cfg.RoutedScale = moe.Sigmoid, true, 2.5
@@ -145,11 +173,11 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		name := fmt.Sprintf("pp %d %s dp_replicate %d dp_shard %d tp %d ep %d mbs %d lbs %d accum %d %s aux %q", c.l.PP, c.l.PPSchedule, c.l.DPReplicate, c.l.DPShard, c.l.TP, c.l.EP, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac, c.aux)
-		pr, pp := pipelineRun(t, cfg, c.l, c.ac, c.lbs, c.accum, 3)
+		name := fmt.Sprintf("pp %d %s dp_replicate %d dp_shard %d tp %d ep %d etp %d mbs %d lbs %d accum %d %s aux %q", c.l.PP, c.l.PPSchedule, c.l.DPReplicate, c.l.DPShard, c.l.TP, c.l.EP, c.l.ETP, c.l.PPMicrobatchSize, c.lbs, c.accum, c.ac, c.aux)
+		pr, pp := pipelineRun(t, cfg, c.l, c.ac, c.lbs, seq, c.accum, 3)
 		mbs := max(c.l.PPMicrobatchSize, 1)
 		dp := max(c.l.DPReplicate, 1) * max(c.l.DPShard, 1)
-		or, op, _ := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), c.ac, mbs, c.accum*dp*c.lbs/mbs, 3)
+		or, op, _ := numericRunSeq(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), c.ac, mbs, seq, c.accum*dp*c.lbs/mbs, 3)
 		compareRuns(t, name, or, pr, op, pp, false, 1e-5)
 		for s := range or {
 			if d := pr[s].Loss - or[s].Loss; d*d > 1e-10*or[s].Loss*or[s].Loss {
@@ -169,7 +197,9 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 		cfg  func(*moe.Config)
 		want string
 	}{
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2}, nil, "tp 2 × ep 2 (etp 1) inside a pipeline stage: not built in the numeric backend yet (gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2"},
+		// What stays refused names every factor.
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, Sharding: moe.ShardZeRO1}, nil,
+			"dp_replicate 1, ep 2, sharding zero1 inside a pipeline stage: not built in the numeric backend yet (gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2, etp 1"},
 		{moe.Layout{GPUs: 4, PP: 2, Sharding: moe.ShardZeRO2}, nil, "sharding zero2 inside a pipeline stage: not built"},
 		{moe.Layout{GPUs: 2, PP: 2}, func(c *moe.Config) { c.TiedEmbeddings = true }, "tied embeddings"},
 		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 3}, nil, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
@@ -198,7 +228,9 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 // backward the all-reduces of its replicated tensors' gradients, one per
 // unit in the program's reduction order. One micro-step (the trainer
 // reduces once per step, the program once per micro-step), every policy
-// (Megatron's recompute modules too), 1F1B and Interleaved1F1B, with FSDP.
+// (Megatron's recompute modules too), 1F1B and Interleaved1F1B, with FSDP,
+// and with ep (the experts' all-to-alls are not on the tp group, etp 1 or
+// tp alike).
 func TestPipelineTPFollowsProgram(t *testing.T) {
 	cfg := pipelineModel(4)
 	cfg.KVHeads = 2
@@ -213,6 +245,9 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACSelective}},
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, moe.AC{Mode: moe.ACFull}},
 		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, moe.AC{Mode: moe.ACNone}},
+		// tp × ep: at etp 1 (the EP group the tp group) and at etp = tp.
+		{moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2}, moe.AC{Mode: moe.ACSelective}},
+		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACFull}},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
@@ -266,6 +301,77 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 				if fmt.Sprint(got) != fmt.Sprint(want) {
 					t.Errorf("%s pp rank %d lane %d: tp collectives\n%v\nthe program's\n%v", name, r, lane, got, want)
 				}
+			}
+		}
+	}
+}
+
+// TestPipelineTPEPPlacement: under tp × ep a stage's ranks hold the routed
+// experts, pieces and groups torchtitan v0.2.2's sparse mesh gives them
+// (73a0e69, torchtitan/distributed/parallel_dims.py: (pp, dp_replicate,
+// efsdp, ep, etp) unflattened from the world, efsdp =
+// dp_shard·tp/(etp·ep)), the placement parallel.Mesh gives the layout,
+// memory and sim packages. Worked by hand for a stage of dp_shard 2 × tp
+// 2, 4 experts over ep 2, from lane = shard·2 + tp rank = (efsdp index·ep
+// + ep index)·etp + etp index:
+//   - etp 1: etp index 0, ep index = lane mod 2, efsdp = lane / 2: lanes
+//     0 and 2 hold experts 0 and 1 whole, lanes 1 and 3 experts 2 and 3;
+//     EP groups {0, 1} and {2, 3} (each a tp group), efsdp {0, 2}, {1, 3};
+//   - etp 2: etp index = lane mod 2 = the tp rank, ep index = lane / 2,
+//     efsdp 1: lanes 0 and 1 hold experts 0 and 1, lanes 2 and 3 experts 2
+//     and 3, each its tp rank's half of every expert; EP groups {0, 2} and
+//     {1, 3}, efsdp one lane each.
+func TestPipelineTPEPPlacement(t *testing.T) {
+	cfg := pipelineModel(4)
+	cfg.KVHeads = 2
+	for _, c := range []struct {
+		etp     int
+		experts [4][]int // per lane, the routed experts of layer 0 it holds
+		piece   [4]int   // per lane, its etp piece of them (of etp pieces)
+		ep      [4][]int // per lane, its EP group
+		efsdp   [4][]int // per lane, the group its expert chunks span
+	}{
+		{1, [4][]int{{0, 1}, {2, 3}, {0, 1}, {2, 3}}, [4]int{0, 0, 0, 0},
+			[4][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [4][]int{{0, 2}, {1, 3}, {0, 2}, {1, 3}}},
+		{2, [4][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [4]int{0, 1, 0, 1},
+			[4][]int{{0, 2}, {1, 3}, {0, 2}, {1, 3}}, [4][]int{{0}, {1}, {2}, {3}}},
+	} {
+		l := moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: c.etp}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		init, _ := moe.NewModel[float32](cfg)
+		init.InitRandom(7)
+		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: moe.DefaultAdamW}, init.Tensors())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := cfg.Params()
+		for lane, pr := range p.ranks[0] {
+			var held []int
+			for i, q := range ps {
+				if q.Group != moe.GroupRouted || q.Layer != 0 || !pr.owned[i] {
+					continue
+				}
+				if !slices.Contains(held, q.Expert) {
+					held = append(held, q.Expert)
+				}
+				n, idx := tpSplit(l.StageLayout(), pr.coord, q)
+				if n != c.etp || idx != c.piece[lane] {
+					t.Errorf("etp %d lane %d: %s is piece %d of %d, want %d of %d", c.etp, lane, q.Name, idx, n, c.piece[lane], c.etp)
+				}
+				if whole := moe.TPShard(q, init.Tensors()[i], c.etp, c.piece[lane]); !slices.Equal(pr.model.Tensors()[i], whole) {
+					t.Errorf("etp %d lane %d: %s holds another piece than %d of %d", c.etp, lane, q.Name, c.piece[lane], c.etp)
+				}
+				if g := pr.group[i].Ranks; !slices.Equal(g, c.efsdp[lane]) {
+					t.Errorf("etp %d lane %d: %s chunked over %v, want %v", c.etp, lane, q.Name, g, c.efsdp[lane])
+				}
+			}
+			if !slices.Equal(held, c.experts[lane]) {
+				t.Errorf("etp %d lane %d: holds experts %v of layer 0, want %v", c.etp, lane, held, c.experts[lane])
+			}
+			if g := p.comms[0].Mesh().Group(parallel.AxisEP, lane).Ranks; !slices.Equal(g, c.ep[lane]) {
+				t.Errorf("etp %d lane %d: EP group %v, want %v", c.etp, lane, g, c.ep[lane])
 			}
 		}
 	}

@@ -177,14 +177,20 @@ func (r *numRank) tpPiece(p moe.Param, full []float32) []float32 {
 }
 
 // tpSplit is the degree and member index p is split by on this rank.
-func (r *numRank) tpSplit(p moe.Param) (n, idx int) {
-	l := r.spec.Mesh.Layout
+func (r *numRank) tpSplit(p moe.Param) (n, idx int) { return tpSplit(r.spec.Mesh.Layout, r.coord, p) }
+
+// tpSplit is the degree and member index parameter p is split by on the
+// rank at co of a (stage) mesh of layout l: a routed expert over
+// Layout.ExpertTP by the rank's etp index, the innermost factor of the
+// expert mesh (parallel.Mesh: s·tp + t = (f·ep + e)·etp + j), every other
+// split tensor over tp by its tp index.
+func tpSplit(l moe.Layout, co parallel.Coord, p moe.Param) (n, idx int) {
 	tp := l.TPDegree()
 	if p.Group == moe.GroupRouted {
 		x := l.ExpertTP()
-		return x, (r.coord.Shard*tp + r.coord.TP) % x
+		return x, (co.Shard*tp + co.TP) % x
 	}
-	return tp, r.coord.TP
+	return tp, co.TP
 }
 
 // tpReduceReplicated sums over the tp group the gradients g (u's tensors,

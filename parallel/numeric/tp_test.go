@@ -51,7 +51,8 @@ func TestNumericTPEqualsOneRank(t *testing.T) {
 		{gpus: 4, rep: 2, ep: 2, micro: 2, tp: 2, etp: 1}, // two replicas of ep 2 × tp 2
 	}
 	for _, ac := range []moe.AC{{Mode: moe.ACSelective}, {Mode: moe.ACNone}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2},
-		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}} {
+		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct},
+		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}} {
 		trainsAsOneRankAC(t, "tp", cfg, ac, cases)
 	}
 }
@@ -121,7 +122,8 @@ func tpLayouts(t *testing.T) []moe.Layout {
 }
 
 var tpPolicies = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2},
-	{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}}
+	{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct},
+	{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}}
 
 // TestTPCollectivesAreTheListed: per layer (embedding, each block, head)
 // and micro-step, every rank issues exactly the tensor-parallel

@@ -218,7 +218,12 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 // (module.compile()).
 func TorchtitanCompiled(target TorchtitanTarget, l moe.Layout, compiledModel bool) error {
 	if target == TorchtitanTOML && l.Stages() > 1 && l.PPSchedule.ZeroBubble() && compiledModel {
-		return fmt.Errorf("pp_schedule = %s with a compiled model: %s cannot express it (its per-block torch.compile wrappers are refused by PyTorch's input/weight backward split); use --compile=false or the config-registry form", l.PPSchedule, target)
+		way := "use --compile=false or the config-registry form"
+		if l.AsyncTP && l.TPDegree() > 1 {
+			// Eager is no way out: async TP is an Inductor pass.
+			way = "async_tp needs the compiled model (\"Async TP requires torch.compile\"), so only the config-registry form expresses async TP with this schedule"
+		}
+		return fmt.Errorf("pp_schedule = %s with a compiled model: %s cannot express it (its per-block torch.compile wrappers are refused by PyTorch's input/weight backward split); %s", l.PPSchedule, target, way)
 	}
 	return nil
 }

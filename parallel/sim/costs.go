@@ -126,7 +126,7 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 		switch r.Pass {
 		case moe.Forward:
 			addCost(segKey{r.Layer, seg, parallel.PhaseForward}, t, 0)
-			if block && in.AC.FullyCheckpointed(r.Layer) {
+			if block && reRun(cfg, in.AC, r.Layer, r.Op) {
 				addCost(segKey{r.Layer, seg, parallel.PhaseRecompute}, t, t)
 			}
 		case moe.BackwardData, moe.BackwardWeight:
@@ -138,10 +138,11 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []m
 				costs[k] = c
 			}
 		case moe.Recompute:
-			if block && in.AC.FullyCheckpointed(r.Layer) {
-				// The block's forward repeat is the PhaseRecompute op; what
-				// the record holds beyond it (flash attention's own QKᵀ)
-				// runs inside backward.
+			if block && reRun(cfg, in.AC, r.Layer, r.Op) {
+				// The block's (or MoE layer's) forward repeat is the
+				// PhaseRecompute op; what the record holds beyond it (flash
+				// attention's own QKᵀ, moe_act's activation inside the MoE
+				// layer's recompute) runs inside backward.
 				extra := r.Count - fwd[opKey{r.Layer, r.Op}]
 				if extra <= 0 {
 					continue
@@ -183,7 +184,9 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 }
 
 // simOps turns the schedule into engine ops with modelled costs.
-func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input, spec ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
+// The tp axis's collectives are priced on tpG (widestTPGroup, or a
+// pipeline's tpShape).
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG GroupShape, in Input, spec ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
 	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
 	shapes := map[parallel.Axis]GroupShape{}
@@ -214,7 +217,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 		if !ok {
 			g = ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
 			if o.Axis == parallel.AxisTP {
-				g = widestTPGroup(cl, mesh)
+				g = tpG
 			}
 			shapes[o.Axis] = g
 		}
@@ -264,6 +267,13 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, in Input,
 	}
 	sim.chargeComputeCopies(s, copies)
 	return sim, nil
+}
+
+// reRun reports whether block layer's op runs again, as a PhaseRecompute
+// op of the schedule, before the block's backward: every op of a fully
+// checkpointed block, the MoE layer's ops under the moe module.
+func reRun(cfg *moe.Config, ac moe.AC, layer int, op moe.Op) bool {
+	return ac.FullyCheckpointed(layer) || ac.MoERecomputed(cfg, layer) && moe.InMoELayer(op)
 }
 
 // computeCopy is the compute-stream part of FSDP2's copies around
@@ -324,8 +334,8 @@ func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []compute
 type optimizerCost struct{ update, clip float64 }
 
 // addRouting adds each MoE layer's token reorder (ComputeSpec.routingSeconds)
-// to its pre-expert segment, forward and, when the block is fully
-// checkpointed, recompute, as memory-bound time named routing.
+// to its pre-expert segment, forward and, when the block or its MoE layer
+// is recomputed whole, recompute, as memory-bound time named routing.
 func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec ComputeSpec) {
 	// Under tp with etp = 1 each tp rank reorders its 1/tp of the rows.
 	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq)/int64(in.Layout.TokensPerExpertRank()))
@@ -342,7 +352,7 @@ func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec Comput
 			continue
 		}
 		add(segKey{layer, parallel.SegPre, parallel.PhaseForward}, 0)
-		if in.AC.FullyCheckpointed(layer) {
+		if in.AC.FullyCheckpointed(layer) || in.AC.MoERecomputed(cfg, layer) {
 			add(segKey{layer, parallel.SegPre, parallel.PhaseRecompute}, t)
 		}
 	}

@@ -51,6 +51,12 @@ import (
 //     tensors' gradients over tp runs on the compute stream before the
 //     unit's reduce-scatter (FSDP2 redistributes the gradient on the
 //     default stream), and the messages are a tp rank's sequence shard;
+//   - under async TP a stage's forward and backward are instead walked on
+//     the engine as Simulate walks a step (asyncPasses): the stage's pass
+//     (parallel.Pipeline.StagePass) exposes the first of tp chunks of each
+//     all-gather and reduce-scatter and runs the rest beside the compute,
+//     which waits for it one segment later; the pass ends when its last
+//     op does;
 //   - after its last op and its communication, each rank runs its
 //     optimizer step over its own shard. The step ends with the last rank.
 //
@@ -71,7 +77,24 @@ type pipeCosts struct {
 
 	// tpFwd and tpBwd are the tensor-parallel collectives inside fwd and
 	// bwd, per stage and collective kind (tpKinds).
-	tpFwd, tpBwd [][len(tpKinds)]float64
+	tpFwd, tpBwd []tpSeconds
+	// inp and tpInp, set under async TP with a zero-bubble schedule, are
+	// the backward-input pass walked on its own (asyncPasses), per stage;
+	// nil: the input pass is bwd − wgt and holds tpBwd.
+	inp   []float64
+	tpInp []tpSeconds
+}
+
+// tpSeconds are tensor-parallel collectives' seconds by kind (tpKinds):
+// those the computation waits for (exposed), and how long they ran
+// (overlapped or not; equal to exposed but under async TP).
+type tpSeconds struct{ exposed, ran [len(tpKinds)]float64 }
+
+// add adds t seconds of a collective of kind k that the computation waits
+// for in full.
+func (x *tpSeconds) add(k int, t float64) {
+	x.exposed[k] += t
+	x.ran[k] += t
 }
 
 // compute is the duration of compute op o and the recompute inside it.
@@ -84,6 +107,8 @@ func (c pipeCosts) compute(o parallel.PipeOp) (d, rec float64) {
 		return c.bwd[s], c.rec[s]
 	case s == 0: // the first stage's input pass does nothing
 		return 0, 0
+	case o.Kind == parallel.PipeInput && c.inp != nil:
+		return c.inp[s], c.rec[s]
 	case o.Kind == parallel.PipeInput:
 		return c.bwd[s] - c.wgt[s], c.rec[s]
 	}
@@ -94,7 +119,7 @@ func (c pipeCosts) compute(o parallel.PipeOp) (d, rec float64) {
 // (tpKinds), nil for none: a forward's, and a backward's wherever its
 // backward-data runs (a full backward, an input pass, stage 0's weight
 // pass, as compute prices them).
-func (c pipeCosts) tpIn(o parallel.PipeOp) *[len(tpKinds)]float64 {
+func (c pipeCosts) tpIn(o parallel.PipeOp) *tpSeconds {
 	if c.tpFwd == nil {
 		return nil
 	}
@@ -102,6 +127,8 @@ func (c pipeCosts) tpIn(o parallel.PipeOp) *[len(tpKinds)]float64 {
 	switch {
 	case o.Kind == parallel.PipeForward:
 		return &c.tpFwd[s]
+	case s > 0 && o.Kind == parallel.PipeInput && c.tpInp != nil:
+		return &c.tpInp[s]
 	case o.Kind == parallel.PipeBackward, s == 0 && o.Kind == parallel.PipeWeight, s > 0 && o.Kind == parallel.PipeInput:
 		return &c.tpBwd[s]
 	}
@@ -135,8 +162,9 @@ type pipeRank struct {
 	recompute float64 // inside busy
 	// tp is the tensor-parallel collectives' seconds on the compute stream
 	// by kind (tpKinds): inside busy but for the gradient all-reduces,
-	// which run between backwards.
-	tp        [len(tpKinds)]float64
+	// which run between backwards; tpRan how long they ran (more under
+	// async TP, whose overlapped parts run beside the compute).
+	tp, tpRan [len(tpKinds)]float64
 	tpOutside float64 // the part of tp outside busy
 	gatherOn  float64 // seconds compute waited for FSDP gathers
 	computeAt float64 // when its last compute op ended
@@ -194,6 +222,7 @@ func walkPipeline(p *parallel.Pipeline, c pipeCosts) (pipeWalk, error) {
 						wr.spans = append(wr.spans, pipeSpan{op: o, start: clock[r], end: clock[r] + d, comm: true})
 						clock[r] += d
 						wr.tp[tpKind(o.Coll.Coll)] += d
+						wr.tpRan[tpKind(o.Coll.Coll)] += d
 						wr.tpOutside += d
 						break
 					}
@@ -210,8 +239,9 @@ func walkPipeline(p *parallel.Pipeline, c pipeCosts) (pipeWalk, error) {
 					d, rec := c.compute(o)
 					wr.recompute += rec
 					if tp := c.tpIn(o); tp != nil {
-						for k, v := range tp {
-							wr.tp[k] += v
+						for k := range tpKinds {
+							wr.tp[k] += tp.exposed[k]
+							wr.tpRan[k] += tp.ran[k]
 						}
 					}
 					start, end := clock[r], clock[r]+d
@@ -277,65 +307,20 @@ func simulatePipeline(in Input) (Result, error) {
 	if in.GradAccum == 0 {
 		in.GradAccum = 1
 	}
-	if err := checkInput(in); err != nil {
-		return Result{}, err
-	}
-	if in.SingleCommStream {
-		return Result{}, errors.New("simulate: single comm stream with pp > 1 is not modelled")
-	}
-	cfg, l := in.Config, in.Layout
-	dev, cl, err := resolveHardware(in)
+	su, err := setupPipeline(in)
 	if err != nil {
 		return Result{}, err
 	}
-	stageL := l.StageLayout()
-	if err := checkSkewBound(cfg, stageL, in.ExpertSkew); err != nil {
-		return Result{}, err
-	}
-	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: in.LBS, Seq: in.Seq, Accum: in.GradAccum,
-		Precision: in.Memory.Precision, ReduceDType: in.Memory.ReduceDType, GPUsPerNode: cl.GPUsPerNode})
-	if err != nil {
-		return Result{}, fmt.Errorf("simulate: %w", err)
-	}
-	mo := in.memoryOptions()
-	mem, err := memory.Estimate(cfg, l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, mo)
+	cfg, l, pl, dev, cl, exact := in.Config, in.Layout, su.pl, su.dev, su.cl, su.exact
+	mem, err := memory.Estimate(cfg, l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, su.mo)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory: %w", err)
-	}
-	mbs := l.PPMicrobatchSize
-	// A tp rank's ops at its local shapes (tpOps), as Simulate prices them.
-	recs, err := tpOps(cfg, stageL, flops.Shape{Seq: in.Seq, Batch: mbs}, in.AC)
-	if err != nil {
-		return Result{}, fmt.Errorf("simulate: flops: %w", err)
-	}
-	local, err := tpLocal(cfg, stageL)
-	if err != nil {
-		return Result{}, err
 	}
 	convs, hwFLOP, err := flopsPerToken(cfg, in)
 	if err != nil {
 		return Result{}, err
 	}
-	spec, err := ComputeSpecFor(dev, in.AttentionKernel)
-	if err != nil {
-		return Result{}, fmt.Errorf("simulate: %w", err)
-	}
-	spec = spec.withExperts(in.ExpertGEMM).Calibrated(in.Calibration)
-	spec.Compiled = in.Memory.Compile.Model
-	spec.CompositeNorm = in.Torch.before(fusedNormSince)
-	spec.FusedElementwise = in.FusedElementwise
-	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
-	if err := spec.Validate(); err != nil {
-		return Result{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
-	}
-	inMB := in
-	inMB.LBS, inMB.Layout = mbs, stageL
-	loads, exact := expertLoads(cfg, stageL, inMB)
-	costs, err := opCosts(local, stageL, inMB, spec, recs, loads)
-	if err != nil {
-		return Result{}, err
-	}
-	pc, tpLink, err := pipelinePrices(pl, cfg, cl, in, inMB, spec, costs, loads, mo)
+	pc, tpLink, err := pipelinePrices(pl, cfg, cl, in, su.inMB, su.spec, su.costs, su.loads, su.mo)
 	if err != nil {
 		return Result{}, err
 	}
@@ -374,13 +359,91 @@ func simulatePipeline(in Input) (Result, error) {
 	if l.TPDegree() > 1 {
 		res.TPLink = tpLink.String()
 		g := tpShape(cl, pl)
-		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks in %d NVLink domain(s)) (%s)",
-			g.Ranks, g.Domains, exact)
+		async := ""
+		if l.AsyncTP {
+			async = "; async TP: each stage's forward and backward walked on the step engine, the overlapped parts beside the compute"
+		}
+		res.Exactness = fmt.Sprintf("pipeline: one rank per stage simulated, standing for its stage's data-parallel and tp ranks; the tp collectives priced on the widest tp group of any stage (%d ranks in %d NVLink domain(s))%s (%s)",
+			g.Ranks, g.Domains, async, exact)
 	}
 	if in.KeepTimeline {
 		res.pipe = &walk
 	}
 	return res, nil
+}
+
+// pipelineSetup is what a pipeline's prices are computed from: the
+// program, the hardware, in at one micro-batch on the stage layout (inMB),
+// the compute spec, the stage's segment costs at that shape and the expert
+// loads.
+type pipelineSetup struct {
+	pl    *parallel.Pipeline
+	dev   hw.Device
+	cl    *hw.Cluster
+	inMB  Input
+	spec  ComputeSpec
+	costs map[segKey]segCost
+	loads map[int]expertShare
+	exact string // the expert loads' exactness
+	mo    memory.Options
+}
+
+// setupPipeline checks in (grad accumulation defaulted) and builds its
+// pipelineSetup.
+func setupPipeline(in Input) (pipelineSetup, error) {
+	if err := checkInput(in); err != nil {
+		return pipelineSetup{}, err
+	}
+	if in.SingleCommStream {
+		return pipelineSetup{}, errors.New("simulate: single comm stream with pp > 1 is not modelled")
+	}
+	cfg, l := in.Config, in.Layout
+	dev, cl, err := resolveHardware(in)
+	if err != nil {
+		return pipelineSetup{}, err
+	}
+	if err := checkAsyncTP(in); err != nil {
+		return pipelineSetup{}, err
+	}
+	stageL := l.StageLayout()
+	if err := checkSkewBound(cfg, stageL, in.ExpertSkew); err != nil {
+		return pipelineSetup{}, err
+	}
+	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: in.LBS, Seq: in.Seq, Accum: in.GradAccum,
+		Precision: in.Memory.Precision, ReduceDType: in.Memory.ReduceDType, GPUsPerNode: cl.GPUsPerNode})
+	if err != nil {
+		return pipelineSetup{}, fmt.Errorf("simulate: %w", err)
+	}
+	mbs := l.PPMicrobatchSize
+	// A tp rank's ops at its local shapes (tpOps), as Simulate prices them.
+	recs, err := tpOps(cfg, stageL, flops.Shape{Seq: in.Seq, Batch: mbs}, in.AC)
+	if err != nil {
+		return pipelineSetup{}, fmt.Errorf("simulate: flops: %w", err)
+	}
+	local, err := tpLocal(cfg, stageL)
+	if err != nil {
+		return pipelineSetup{}, err
+	}
+	spec, err := ComputeSpecFor(dev, in.AttentionKernel)
+	if err != nil {
+		return pipelineSetup{}, fmt.Errorf("simulate: %w", err)
+	}
+	spec = spec.withExperts(in.ExpertGEMM).Calibrated(in.Calibration)
+	spec.Compiled = in.Memory.Compile.Model
+	spec.CompositeNorm = in.Torch.before(fusedNormSince)
+	spec.FusedElementwise = in.FusedElementwise
+	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
+	if err := spec.Validate(); err != nil {
+		return pipelineSetup{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
+	}
+	inMB := in
+	inMB.LBS, inMB.Layout = mbs, stageL
+	loads, exact := expertLoads(cfg, stageL, inMB)
+	costs, err := opCosts(local, stageL, inMB, spec, recs, loads)
+	if err != nil {
+		return pipelineSetup{}, err
+	}
+	return pipelineSetup{pl: pl, dev: dev, cl: cl, inMB: inMB, spec: spec, costs: costs, loads: loads, exact: exact, mo: in.memoryOptions()}, nil
 }
 
 // pipelinePrices prices every op of the pipeline: per-stage forward and
@@ -399,7 +462,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	tpG := tpShape(cl, pl)
 	var tpLink hw.LinkClass
 	if l.TPDegree() > 1 {
-		pc.tpFwd, pc.tpBwd = make([][len(tpKinds)]float64, n), make([][len(tpKinds)]float64, n)
+		pc.tpFwd, pc.tpBwd = make([]tpSeconds, n), make([]tpSeconds, n)
 		for s := range n {
 			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, moe.DefaultPrecision.Activation) {
 				cc, err := CollectiveCost(cl, in.Calibration, c.Coll, tpG, float64(c.Bytes()))
@@ -410,10 +473,10 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 				t := cc.Seconds()
 				if c.Phase == parallel.PhaseForward {
 					pc.fwd[s] += t
-					pc.tpFwd[s][tpKind(c.Coll)] += t
+					pc.tpFwd[s].add(tpKind(c.Coll), t)
 				} else {
 					pc.bwd[s] += t
-					pc.tpBwd[s][tpKind(c.Coll)] += t
+					pc.tpBwd[s].add(tpKind(c.Coll), t)
 				}
 			}
 		}
@@ -449,10 +512,16 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		for layer := first; layer < first+count; layer++ {
 			pc.fwd[s] += a2a[layer].fwd
 			pc.bwd[s] += a2a[layer].bwd
-			if in.AC.FullyCheckpointed(layer) {
+			if in.AC.FullyCheckpointed(layer) || in.AC.MoERecomputed(cfg, layer) {
+				// the recompute's all-to-alls (the moe module's re-run too)
 				pc.bwd[s] += a2a[layer].fwd
 				pc.rec[s] += a2a[layer].fwd
 			}
+		}
+	}
+	if l.AsyncTP && l.TPDegree() > 1 {
+		if err := asyncPasses(&pc, pl, cfg, cl, inMB, spec, costs, loads, tpG); err != nil {
+			return pipeCosts{}, 0, err
 		}
 	}
 	sg := l.StageGPUs()
@@ -524,6 +593,91 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		pc.opt[r] = spec.MemorySeconds(params*spec.bytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.gradClipSeconds(params) + norm.Seconds()
 	}
 	return pc, tpLink, nil
+}
+
+// asyncPasses prices each stage's forward and backward of one micro-batch
+// under async TP by walking its pass (parallel.Pipeline.StagePass) on the
+// engine, as Simulate walks a step: the segments at their costs (costs),
+// the all-to-alls and tp collectives as simOps prices them (the tp ones on
+// tpG), the overlapped parts on a communication stream beside the compute,
+// which runs at the rate Simulate gives it while a collective moves bytes
+// there. A pass lasts until its last op ends, and that replaces the summed
+// fwd and bwd; its breakdown charges give the tp collectives' exposed
+// seconds (first chunks in full, the compute's waits for overlapped
+// parts), and their spans how long they ran. Under a zero-bubble schedule
+// the backward-input pass is walked on its own, its backward segments
+// without their weight-gradient ops (the weight pass, compute only, stays
+// wgt): the overlap hides behind the input pass's compute alone. Recompute
+// and weight seconds stay the sums.
+func asyncPasses(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, tpG GroupShape) error {
+	n := pl.Layout.PipelineStages()
+	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
+	walk := func(s int, bwd bool, cs map[segKey]segCost, d *float64, tp *tpSeconds) error {
+		ops, err := pl.StagePass(cfg, s, inMB.Seq, inMB.AC, moe.DefaultPrecision, bwd)
+		if err != nil {
+			return fmt.Errorf("simulate: %w", err)
+		}
+		t, err := passTiming(ops, cl, pl.Stage, tpG, inMB, spec, cs, loads, rate)
+		if err != nil {
+			return err
+		}
+		*d, *tp = t.seconds, t.tp
+		return nil
+	}
+	var input map[segKey]segCost
+	if pl.Layout.PPSchedule.ZeroBubble() {
+		input = make(map[segKey]segCost, len(costs))
+		for k, c := range costs {
+			if k.phase == parallel.PhaseBackward {
+				c.total -= c.weight
+			}
+			input[k] = c
+		}
+		pc.inp, pc.tpInp = make([]float64, n), make([]tpSeconds, n)
+	}
+	for s := range n {
+		if err := walk(s, false, costs, &pc.fwd[s], &pc.tpFwd[s]); err != nil {
+			return err
+		}
+		if err := walk(s, true, costs, &pc.bwd[s], &pc.tpBwd[s]); err != nil {
+			return err
+		}
+		if input != nil && s > 0 { // stage 0's input pass does nothing (pipeCosts.compute)
+			if err := walk(s, true, input, &pc.inp[s], &pc.tpInp[s]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// passTime is one stage pass as the engine walked it.
+type passTime struct {
+	seconds float64
+	tp      tpSeconds
+}
+
+// passTiming walks ops, one stage pass, on the engine (see asyncPasses).
+func passTiming(ops []parallel.ScheduleOp, cl *hw.Cluster, mesh *parallel.Mesh, tpG GroupShape, in Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, rate float64) (passTime, error) {
+	sched := &parallel.Schedule{Layout: mesh.Layout, Ops: ops}
+	sim, err := simOps(sched, cl, mesh, tpG, in, spec, costs, optimizerCost{}, loads)
+	if err != nil {
+		return passTime{}, err
+	}
+	spans, err := runEngineShared(sim.ops, rate)
+	if err != nil {
+		return passTime{}, err
+	}
+	var t passTime
+	for _, sp := range spans {
+		t.seconds = math.Max(t.seconds, sp.end)
+	}
+	b, _ := breakdown(sched, sim, spans, t.seconds)
+	for k, kind := range tpKinds {
+		t.tp.exposed[k] = b.ExposedCommS[string(kind)]
+		t.tp.ran[k] = b.CommS[string(kind)]
+	}
+	return t, nil
 }
 
 // tpShape is the shape of the tp group spanning the most NVLink domains
@@ -648,8 +802,9 @@ func pipelineBreakdown(w pipeWalk) (Breakdown, string) {
 	for _, v := range wr.tp {
 		tp += v
 	}
-	// The tp collectives block the computation: exposed in full, out of
-	// the forward and backward time they sit in.
+	// The tp collectives block the computation: exposed in full (under
+	// async TP, what the computation waits for), out of the forward and
+	// backward time they sit in.
 	b := Breakdown{ComputeS: wr.busy - wr.recompute - (tp - wr.tpOutside), RecomputeS: wr.recompute, OptimizerS: wr.optS,
 		ExposedCommS: map[string]float64{}, CommS: map[string]float64{}, ComputeByClassS: map[string]float64{}, OverheadS: map[string]float64{}}
 	trailing := math.Max(0, wr.commAt-wr.computeAt)
@@ -659,6 +814,8 @@ func pipelineBreakdown(w pipeWalk) (Breakdown, string) {
 	for k, v := range wr.tp {
 		if v > 0 {
 			b.ExposedCommS[string(tpKinds[k])] += v
+		}
+		if v := wr.tpRan[k]; v > 0 {
 			b.CommS[string(tpKinds[k])] += v
 		}
 	}

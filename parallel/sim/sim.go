@@ -179,6 +179,7 @@ type simPrep struct {
 	dev    hw.Device
 	cl     *hw.Cluster
 	mesh   *parallel.Mesh
+	tpG    GroupShape // the tp collectives' group (widestTPGroup)
 	sched  *parallel.Schedule
 	mem    memory.Report
 	recs   []moe.OpRecord
@@ -211,10 +212,8 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	p.l = in.Layout
-	if p.l.TPDegree() > 1 && p.l.AsyncTP && !in.Memory.Compile.Model {
-		// torchtitan v0.2.2 parallelize_qwen3/parallelize_llama: "Async
-		// TP requires torch.compile" (micro-pipeline TP is an Inductor pass).
-		return nil, fmt.Errorf("simulate: async_tp with tp = %d requires compile (torchtitan: async TP is an Inductor pass)", p.l.TPDegree())
+	if err := checkAsyncTP(in); err != nil {
+		return nil, err
 	}
 	if p.mesh, err = parallel.NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
@@ -249,7 +248,8 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
-	if w := widestTPGroup(p.cl, p.mesh); p.l.TPDegree() > 1 && w != ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
+	p.tpG = widestTPGroup(p.cl, p.mesh)
+	if w := p.tpG; p.l.TPDegree() > 1 && w != ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
 		p.exact = fmt.Sprintf("tp %d does not divide the NVLink domain of %d, so some tp groups span %d domains: their collectives, which block the step, are priced for every rank; otherwise ",
 			p.l.TPDegree(), p.cl.NVLinkDomain, w.Domains) + p.exact
 	}
@@ -379,7 +379,7 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	sim, err := simOps(p.sched, p.cl, p.mesh, in, spec, costs, opt, p.loads)
+	sim, err := simOps(p.sched, p.cl, p.mesh, p.tpG, in, spec, costs, opt, p.loads)
 	if err != nil {
 		return Result{}, err
 	}

@@ -35,6 +35,7 @@ func TestSimulateInvariants(t *testing.T) {
 	for _, in := range []Input{
 		simTestInput(t, "tiny", 16, 2, 2, 64, 1, "selective"),
 		simTestInput(t, "tiny", 8, 4, 1, 128, 3, "full"),
+		simTestInput(t, "tiny", 8, 4, 1, 128, 2, "modules:layernorm,moe"),
 		simTestInput(t, "tiny-dense", 4, 1, 2, 64, 2, "none"),
 		gradSyncLastOnly(simTestInput(t, "tiny", 8, 4, 1, 128, 3, "full")),
 	} {

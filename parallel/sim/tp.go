@@ -67,3 +67,19 @@ func tpOps(cfg *moe.Config, l moe.Layout, s flops.Shape, ac moe.AC) ([]moe.OpRec
 	}
 	return recs, nil
 }
+
+// checkAsyncTP refuses async TP without a compiled model, as torchtitan
+// does with or without pipeline parallelism: v0.2.2 (73a0e6979dd1)
+// models/qwen3/infra/parallelize.py raises "Async TP requires
+// torch.compile" and distributed/tensor_parallel.py maybe_enable_async_tp
+// "Async TP requires 'model' in --compile.components and --compile.enable"
+// (micro-pipeline TP is an Inductor pass, torch._inductor.config.
+// _micro_pipeline_tp), for every stage's model chunk that pipeline_llm
+// parallelizes; main (b5bcd76c66d0) CompileConfig.__post_init__ raises the
+// latter.
+func checkAsyncTP(in Input) error {
+	if tp := in.Layout.TPDegree(); tp > 1 && in.Layout.AsyncTP && !in.Memory.Compile.Model {
+		return fmt.Errorf("simulate: async_tp with tp = %d (pp = %d) requires compile (torchtitan: \"Async TP requires torch.compile\"; async TP is an Inductor pass)", tp, in.Layout.Stages())
+	}
+	return nil
+}
