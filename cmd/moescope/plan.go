@@ -214,7 +214,8 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	} else {
-		planWriteTable(stdout, title, rep, a.top, dev, slices.ContainsFunc(a.pps, func(pp int) bool { return pp > 1 }))
+		above1 := func(d int) bool { return d > 1 }
+		planWriteTable(stdout, title, rep, a.top, dev, slices.ContainsFunc(a.pps, above1), slices.ContainsFunc(a.tps, above1))
 	}
 	return a.writeFiles(stderr, title, rep, cfg, dev, simEv, simEv.Calibration, narrowed.String())
 }
@@ -260,9 +261,10 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.plotD, "plot", "", "write PNG and SVG pictures of the search into this directory")
 	fs.StringVar(&a.reportPath, "report", "", "write one self-contained HTML page: tables, plots, the best plan's breakdown and memory, the calibration")
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
-	fs.StringVar(&a.tpList, "tp", "1", "tensor-parallel degrees searched, comma-separated (e.g. 1,2,4); each within a host, etp 1 and tp tried with ep")
+	fs.StringVar(&a.tpList, "tp", "1", "tensor-parallel degrees searched, comma-separated (e.g. 1,2,4); each within a host, etp 1 and tp tried with ep, "+
+		"inside the pipeline stages too with --pp")
 	fs.StringVar(&a.ppList, "pp", "1", "pipeline-parallel degrees searched, comma-separated (e.g. 1,2,4,8); each where torchtitan's layer split is even, "+
-		"with the schedules of --pp-schedules")
+		"with the schedules of --pp-schedules and each degree of --tp")
 	fs.StringVar(&a.schedList, "pp-schedules", "1F1B,Interleaved1F1B", fmt.Sprintf("pipeline schedules tried with --pp above 1, comma-separated, of %v "+
 		"(multi-stage ones with 2 stages per rank)", moe.PPSchedules()))
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
@@ -566,16 +568,17 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *pl
 	return writeJSON(w, "plan", out)
 }
 
-// With pp searched, the stage table says which pp each stage's best plan
-// uses, so it shows at which scale a pipeline enters the lead.
-func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device, ppSearched bool) {
+// With pp (tp) searched, the stage table says which pp (tp) each stage's
+// best plan uses, so it shows at which scale a pipeline (tensor
+// parallelism) enters the lead; with both, both columns.
+func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device, ppSearched, tpSearched bool) {
 	mode := "hierarchical search"
 	if rep.Exhaustive {
 		mode = "exhaustive search"
 	}
 	fmt.Fprintf(w, "moescope plan: %s\n%s, %d candidates simulated\n\n", title, mode, rep.Simulated)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	ppCol := map[bool]string{true: "best pp\t"}[ppSearched]
+	ppCol := map[bool]string{true: "best pp\t"}[ppSearched] + map[bool]string{true: "best tp\t"}[tpSearched]
 	fmt.Fprintln(tw, "stage\tGPUs\tcandidates\tpruned\tsimulated\tcarried\tbest TPS\tscaling eff.\tgrew\t"+ppCol)
 	for i, st := range rep.Stages {
 		grew := st.Grew
@@ -589,6 +592,9 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 		pp := ""
 		if ppSearched && len(st.Survivors) > 0 {
 			pp = fmt.Sprintf("%d\t", st.Survivors[0].Point.Layout.Stages())
+		}
+		if tpSearched && len(st.Survivors) > 0 {
+			pp += fmt.Sprintf("%d\t", st.Survivors[0].Point.Layout.TPDegree())
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%.0f\t%.1f%%\t%s\t%s\n", i+1, st.GPUs, st.Candidates, st.Pruned, st.Simulated, carried, st.BestTPS, 100*st.ScalingEfficiency, grew, pp)
 	}

@@ -240,7 +240,10 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 	var fams []family
 	for _, pp := range q.PPs {
 		for _, tp := range q.TPs {
-			if n%(tp*pp) != 0 || (tp > 1 && tp > q.GPUsPerNode) || (pp > 1 && (tp > 1 || len(q.pipeVariants(moe.Layout{PP: pp})) == 0)) {
+			// tp lies inside a host; under pp inside each stage (the
+			// stage is a dp × tp mesh, moe.Layout.StageLayout), so the
+			// same bound holds with and without a pipeline.
+			if n%(tp*pp) != 0 || (tp > 1 && tp > q.GPUsPerNode) || (pp > 1 && len(q.pipeVariants(moe.Layout{PP: pp})) == 0) {
 				continue
 			}
 			dp := n / tp / pp
@@ -269,6 +272,33 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 		}
 	}
 	return fams
+}
+
+// unsearched says, for each pair of pp and tp degrees asked for that
+// gives no layout at n GPUs, why (enumerateFamilies' rules), so that an
+// empty search names the degree and the bound it broke.
+func (q *Request) unsearched(n int) []string {
+	var why []string
+	for _, pp := range q.PPs {
+		for _, tp := range q.TPs {
+			var w string
+			switch {
+			case n%(tp*pp) != 0:
+				w = fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
+			case tp > q.GPUsPerNode:
+				w = fmt.Sprintf("tp = %d exceeds a host (gpus_per_node = %d): tensor parallelism is searched inside one", tp, q.GPUsPerNode)
+			case pp > 1 && len(q.pipeVariants(moe.Layout{PP: pp})) == 0:
+				w = fmt.Sprintf("pp = %d: %d layers + 2 (the embedding and the output) do not split evenly into pp × virtual stages "+
+					"of at least 2 layers for any schedule of %v", pp, q.Layers, q.PPSchedules)
+			case pp > 1 && !slices.Contains(q.Shardings, moe.ShardFSDP):
+				w = fmt.Sprintf("pp = %d is searched with sharding fsdp only, which the modes %v leave out", pp, q.Shardings)
+			}
+			if w != "" && !slices.Contains(why, w) {
+				why = append(why, w)
+			}
+		}
+	}
+	return why
 }
 
 // pipeVariants returns base with each pipeline schedule and micro-batch
@@ -329,10 +359,20 @@ func lbsValid(l moe.Layout, lbs int) bool {
 	return err == nil
 }
 
-// lbsRange lists the valid local batches of l up to q.MaxLBS, increasing.
+// lbsTop is the largest local batch searched for l: MaxLBS, and at a
+// stage before the target no more than a data-parallel rank's share of
+// the target's global batch (perGPUCap × dpShare).
+func (q *Request) lbsTop(l moe.Layout) int {
+	if q.perGPUCap > 0 {
+		return min(q.MaxLBS, q.perGPUCap*dpShare(l))
+	}
+	return q.MaxLBS
+}
+
+// lbsRange lists the valid local batches of l up to lbsTop, increasing.
 func (q *Request) lbsRange(l moe.Layout) []int {
 	var out []int
-	for lbs := 1; lbs <= q.MaxLBS; lbs++ {
+	for lbs := 1; lbs <= q.lbsTop(l); lbs++ {
 		if lbsValid(l, lbs) {
 			out = append(out, lbs)
 		}

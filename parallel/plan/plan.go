@@ -122,9 +122,10 @@ type Request struct {
 	// refuse the degrees the model cannot split (moe.Layout.CheckModel).
 	TPs []int
 	// PPs are the pipeline-parallel degrees searched (default 1 only):
-	// each that divides a stage's GPUs (with tp 1: pp with tp is not built)
-	// and splits Layers + 2 (the embedding and the output counted as one
-	// layer each, torchtitan's pipeline_parallel_first/last_stage_less_layers)
+	// each that divides a stage's GPUs (pp × tp of them, with each tp of
+	// TPs: tensor parallelism inside every pipeline stage) and splits
+	// Layers + 2 (the embedding and the output counted as one layer each,
+	// torchtitan's pipeline_parallel_first/last_stage_less_layers)
 	// into pp × virtual stages equal parts of at least two, torchtitan's
 	// even split without remainder. A pipeline family is tried with each
 	// schedule of PPSchedules (1 stage per rank for single-stage
@@ -164,6 +165,12 @@ type Request struct {
 	// Progress, when set, is called after each evaluation with the stage
 	// number (1-based), points done and points to do in that stage.
 	Progress func(stage, done, total int)
+	// perGPUCap, set on the copy of the request a stage before the
+	// target runs with, is the target's global batch per GPU: no family
+	// there can use a local batch above perGPUCap × the GPUs that share a
+	// data-parallel rank's sequences (dpShare: its tp ranks and pipeline
+	// stages), so earlier stages do not rank it at one (lbsTop).
+	perGPUCap int
 }
 
 // Result is an evaluated point.

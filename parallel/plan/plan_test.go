@@ -375,13 +375,18 @@ func FuzzPlanSearch(f *testing.F) {
 	f.Add(uint8(6), uint8(50), uint8(4))
 	f.Add(uint8(0), uint8(100), uint8(1))
 	f.Add(uint8(5), uint8(10), uint8(3))
+	f.Add(uint8(10), uint8(92), uint8(11)) // 8 GPUs, tp 1, 2, pp 1, 2, global batch 16
 	m := planStandInModel(7, 16, 2048)
 	f.Fuzz(func(t *testing.T, gpuExp, targetPct, gbMult uint8) {
 		n := 1 << (gpuExp % 7)
 		target := float64(targetPct%101) / 100
 		// gpuExp / 7 picks the tensor-parallel degrees searched.
 		tps := [][]int{nil, {1, 2}, {1, 2, 4}}[int(gpuExp/7)%3]
-		req := Request{GPUs: n, GPUsPerNode: 8, Experts: 64, MemoryTarget: target, GlobalBatch: n * int(gbMult%9), MaxLBS: 16, TPs: tps}
+		// gbMult / 9 picks the pipeline degrees searched (with tp: pp × tp
+		// families; the stand-in's 16 layers + 2 split into 2 and 3 stages).
+		pps := [][]int{nil, {1, 2}, {1, 2, 3}}[int(gbMult/9)%3]
+		req := Request{GPUs: n, GPUsPerNode: 8, Experts: 64, MemoryTarget: target, GlobalBatch: n * int(gbMult%9), MaxLBS: 16, TPs: tps,
+			PPs: pps, Layers: 16}
 		rep, err := Search(req, m)
 		if target == 0 {
 			if err == nil {

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	"github.com/moescope/moescope/memory"
@@ -37,7 +38,7 @@ func (q *Request) exhaustive(ev Evaluator, perRank int) (*Report, error) {
 	st.GPUs = q.GPUs
 	rep.Simulated += st.Simulated
 	if len(res) == 0 {
-		return nil, q.explain(ev, q.GPUs, closest)
+		return nil, q.explain(ev, q.GPUs, closest, run.refused)
 	}
 	st.Survivors = bestPerFamily(res)
 	st.BestTPS, st.ScalingEfficiency = res[0].Score.TPS, 1
@@ -50,10 +51,7 @@ func (q *Request) exhaustive(ev Evaluator, perRank int) (*Report, error) {
 // at which anything fits, carry the best families, grow them stage by stage
 // to the target.
 func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
-	scales, err := q.probeScales(ev)
-	if err != nil {
-		return nil, err
-	}
+	scales := q.probeScales(ev)
 	rep := &Report{}
 	var carried []Result // best per family at the previous stage
 	for i, n := range scales {
@@ -70,10 +68,11 @@ func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
 			fams, ancestor = q.growFamilies(carried, n, pr > 0)
 		}
 		sq := *q
-		if !last && perRank > 0 && perRank < sq.MaxLBS {
-			// No local batch above the per-rank share of the global batch
-			// is usable at the target, so earlier stages do not rank by it.
-			sq.MaxLBS = perRank
+		if !last && perRank > 0 {
+			// No local batch above a data-parallel rank's share of the
+			// global batch is usable at the target, so earlier stages do
+			// not rank by it.
+			sq.perGPUCap = perRank
 		}
 		// TPS grows with the local batch (larger GEMMs, communication
 		// amortized over more tokens), so a family is ranked at its
@@ -87,7 +86,7 @@ func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
 		st.GPUs = n
 		rep.Simulated += st.Simulated
 		if len(res) == 0 {
-			return nil, q.explain(ev, n, closest)
+			return nil, q.explain(ev, n, closest, run.refused)
 		}
 		best := bestPerFamily(res)
 		st.BestTPS = res[0].Score.TPS
@@ -120,37 +119,35 @@ func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
 }
 
 // probeScales lists the stage scales: the first is the smallest host
-// multiple at which some family fits at local batch 1.
-func (q *Request) probeScales(ev Evaluator) ([]int, error) {
-	var probeErr error
-	scales := stageScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
+// multiple at which some family fits at local batch 1. A family the
+// evaluator cannot estimate does not fit (memory.Estimate refuses a tp
+// the model's heads or the sequence do not divide, which the caller's
+// Admit refuses too): the first stage evaluates its families again and
+// reports any error of one it keeps, and a scale the probe passes over
+// is never evaluated, so its errors would only hide a scale that fits.
+func (q *Request) probeScales(ev Evaluator) []int {
+	return stageScales(q.GPUs, q.GPUsPerNode, func(n int) bool {
 		// Families are probed on every worker; once one fits the rest
-		// are skipped. The answer (any fits) and the first error in
-		// family order do not depend on the order they finish in.
+		// are skipped. The answer (any fits) does not depend on the
+		// order they finish in.
 		fams := q.enumerateFamilies(n, false)
 		var found atomic.Bool
-		err := parallelDo(len(fams), q.Workers, func(i int) error {
+		parallelDo(len(fams), q.Workers, func(i int) error {
 			if found.Load() {
 				return nil
 			}
 			f := fams[i]
 			p := Point{f.layout, f.ac, minLBS(f.layout), 1}
 			if out, err := q.floored(ev, p); out || err != nil {
-				return err
+				return nil
 			}
-			m, err := ev.MemoryFraction(p)
-			if err == nil && memory.WithinTarget(m, q.MemoryTarget) {
+			if m, err := ev.MemoryFraction(p); err == nil && memory.WithinTarget(m, q.MemoryTarget) {
 				found.Store(true)
 			}
-			return err
+			return nil
 		})
-		if found.Load() {
-			return true
-		}
-		probeErr = err
-		return false
+		return found.Load()
 	})
-	return scales, probeErr
 }
 
 // lbsSweeps evaluates, for the best stage-1 family of each checkpointing
@@ -198,11 +195,18 @@ func (q *Request) lbsSweeps(ev Evaluator, best []Result) ([]Sweep, int, error) {
 
 // explain builds the infeasibility explanation at n GPUs: the closest
 // point and, by memory alone, the smallest multiple of the GPU count (up to
-// 64×) at which a layout would fit, or the memory target that would be needed.
-func (q *Request) explain(ev Evaluator, n int, closest *Result) error {
+// 64×) at which a layout would fit, or the memory target that would be
+// needed. With nothing evaluated it says why: the degrees asked for that
+// give no layout at n, or refused, Admit's first refusal.
+func (q *Request) explain(ev Evaluator, n int, closest *Result, refused error) error {
 	e := &InfeasibleError{GPUs: n, Closest: closest}
 	if closest == nil {
 		e.Reason = "no layout passes the filters"
+		if why := q.unsearched(n); len(q.enumerateFamilies(n, false)) == 0 && len(why) > 0 {
+			e.Reason += ": " + strings.Join(why, "; ")
+		} else if refused != nil {
+			e.Reason += ": every candidate was refused, e.g. " + strings.ReplaceAll(refused.Error(), "\n", "; ")
+		}
 		return e
 	}
 	if memory.WithinTarget(closest.Score.MemoryFraction, q.MemoryTarget) {

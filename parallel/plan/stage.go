@@ -19,7 +19,7 @@ type place struct {
 	minFrac float64 // memory fraction at lbs 1 (for explanations)
 }
 
-// sizeByMemory finds the largest lbs ≤ q.MaxLBS whose memory fraction is
+// sizeByMemory finds the largest lbs ≤ q.lbsTop whose memory fraction is
 // within the target; 0 when even lbs 1 does not fit. MemoryFraction is
 // non-decreasing in lbs and close to affine (state + activations ∝ lbs), so
 // the limit is first guessed from the slope between lbs 1 and 2 and the
@@ -36,11 +36,17 @@ type place struct {
 // "lbs 1" above for the smallest (one micro-batch).
 func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float64, error) {
 	perRank *= dpShare(f.layout) // sequences per data-parallel rank: its tp ranks and pipeline stages share them
-	at, top := func(i int) int { return i }, q.MaxLBS
+	at, top := func(i int) int { return i }, q.lbsTop(f.layout)
 	if f.layout.Stages() > 1 {
-		// Never empty: one micro-batch (pp_microbatch_size ≤ MaxLBS,
-		// withDefaults) is a valid batch of every schedule.
+		// One micro-batch (pp_microbatch_size ≤ MaxLBS, withDefaults) is
+		// a valid batch of every schedule, but may exceed a stage's share
+		// of the target's global batch (lbsTop): then no local batch is
+		// usable, and the memory of one micro-batch is what explains it.
 		r := q.lbsRange(f.layout)
+		if len(r) == 0 {
+			m, err := ev.MemoryFraction(Point{f.layout, f.ac, minLBS(f.layout), 1})
+			return 0, m, err
+		}
 		at, top = func(i int) int { return r[i-1] }, len(r)
 	}
 	fits := func(i int) (bool, float64, error) {
@@ -206,6 +212,9 @@ type stageRun struct {
 	perRank int // sequences per rank per step at this scale (0 = free)
 	all     bool
 	keep    int
+	// refused is Admit's first refusal, in family order: what an empty
+	// search says when every family was refused.
+	refused error
 }
 
 func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Result, err error) {
@@ -225,10 +234,15 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 	var usable []family
 	for _, f := range fams {
 		st.GPUs = f.layout.GPUs
-		if q.Admit != nil && q.Admit(first(f)) != nil {
-			st.Candidates++
-			st.Pruned++
-			continue
+		if q.Admit != nil {
+			if err := q.Admit(first(f)); err != nil {
+				if s.refused == nil {
+					s.refused = err
+				}
+				st.Candidates++
+				st.Pruned++
+				continue
+			}
 		}
 		usable = append(usable, f)
 	}

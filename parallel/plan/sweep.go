@@ -76,11 +76,7 @@ func DesignSweep(req Request, ev *SimEvaluator, maxJobs int) (*SweepDesign, erro
 	if err != nil {
 		return nil, err
 	}
-	scales, err := q.probeScales(ev)
-	if err != nil {
-		return nil, err
-	}
-	d := &SweepDesign{Scale: scales[0], TwoHost: 2 * q.GPUsPerNode}
+	d := &SweepDesign{Scale: q.probeScales(ev)[0], TwoHost: 2 * q.GPUsPerNode}
 	stage := req
 	stage.GPUs, stage.GlobalBatch, stage.Exhaustive = d.Scale, 0, false
 	rep, err := Search(stage, ev)

@@ -634,3 +634,108 @@ func TestTorchtitanZeroBubbleCompile(t *testing.T) {
 		t.Errorf("TOML eager: %v", err)
 	}
 }
+
+// TestTorchtitanPipelineTP exports pipelines with tensor parallelism
+// inside their stages in both pinned forms. Every key written is in the
+// form's schema excerpt; the degrees multiply to the GPUs as both
+// ParallelDims._validate require (dp_replicate × dp_shard × cp × tp × pp
+// = world, torchtitan 73a0e69 and b5bcd76 distributed/parallel_dims.py);
+// the batch reads back over the data-parallel ranks alone (the "batch"
+// mesh, dp_replicate × dp_shard: v0.2.2 train.py global_batch_size =
+// local_batch_size × batch degree × accumulation; main trainer.py
+// num_tokens_per_train_step over num_tokens_per_microbatch_per_dp_rank ×
+// num_pp_microbatches × dp degree); v0.2.2 writes etp and async TP beside
+// tp; main has no expert_tensor_parallel_degree and refuses etp = tp with
+// ep > 1 by name.
+func TestTorchtitanPipelineTP(t *testing.T) {
+	var tomlSchema torchtitanTOMLSchema
+	torchtitanLoad(t, "v0.2.2-job_config.json", &tomlSchema)
+	var pySchema torchtitanPySchema
+	torchtitanLoad(t, "main-b5bcd76-configs.json", &pySchema)
+	pyPar := map[string]any{}
+	if err := json.Unmarshal(pySchema.ConfigFields["parallelism"], &pyPar); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		model   string
+		layers  int
+		l       moe.Layout
+		lbs, ga int
+		pyErr   string // the Python form's refusal ("" = written)
+	}{
+		// 2 × 1 × 4 × 2 = 16 GPUs; ep 8 borrows dp_shard·tp = 8 (etp 1).
+		{"qwen3-30b-a3b", 48, moe.Layout{GPUs: 16, PP: 2, DPShard: 4, TP: 2, ETP: 1, EP: 8}, 4, 2, ""},
+		// 4 × 1 × 4 × 2 = 32 GPUs; ep·etp = 4 × 2 = dp_shard·tp (efsdp 1).
+		{"qwen3-30b-a3b", 48, moe.Layout{GPUs: 32, PP: 4, DPShard: 4, TP: 2, ETP: 2, EP: 4, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1,
+			"etp = tp = 2 with ep = 4"},
+		// A dense model: 2 × 2 × 1 × 4 = 16 GPUs, DDP over the replicas.
+		{"llama3-8b", 32, moe.Layout{GPUs: 16, PP: 2, DPReplicate: 2, DPShard: 1, TP: 4}, 2, 4, ""},
+	} {
+		l := c.l
+		l.Sharding = moe.ShardFSDP
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: c.lbs, GradAccum: c.ga}
+		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: p, Layers: c.layers}
+		var buf bytes.Buffer
+		if _, err := e.TOML(&buf); err != nil {
+			t.Fatal(err)
+		}
+		var doc map[string]map[string]any
+		if _, err := toml.Decode(buf.String(), &doc); err != nil {
+			t.Fatalf("%v\n%s", err, buf.String())
+		}
+		par, tr := doc["parallelism"], doc["training"]
+		for k, v := range par {
+			typ, ok := tomlSchema.Sections["parallelism"][k]
+			if !ok {
+				t.Errorf("%+v: [parallelism] %s not in v0.2.2's schema", l, k)
+				continue
+			}
+			torchtitanCheckValue(t, k, v, typ)
+		}
+		deg := func(k string) int { v, _ := par[k].(int64); return int(v) }
+		rep, shard, tp, pp := deg("data_parallel_replicate_degree"), deg("data_parallel_shard_degree"), deg("tensor_parallel_degree"), deg("pipeline_parallel_degree")
+		if rep*shard*tp*pp*deg("context_parallel_degree") != l.GPUs || tp != l.TP || pp != l.PP || deg("expert_parallel_degree") != l.EP ||
+			deg("expert_tensor_parallel_degree") != l.ETP || par["enable_async_tensor_parallel"] != false {
+			t.Errorf("%+v: TOML parallelism %v", l, par)
+		}
+		if lbs, gb := tr["local_batch_size"].(int64), tr["global_batch_size"].(int64); int(lbs) != c.lbs || int(gb) != c.lbs*rep*shard*c.ga ||
+			deg("pipeline_parallel_microbatch_size") != l.PPMicrobatchSize {
+			t.Errorf("%+v: TOML batch lbs %d global %d, parallelism %v", l, lbs, gb, par)
+		}
+
+		buf.Reset()
+		_, err := e.Python(&buf)
+		if c.pyErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.pyErr) {
+				t.Errorf("%+v: Python form: %v, want a refusal naming %q", l, err, c.pyErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		set := regexp.MustCompile(`(?m)^    config\.(\w+)\.(\w+) = (.*?)(  #.*)?$`)
+		got := map[string]any{}
+		for _, m := range set.FindAllStringSubmatch(buf.String(), -1) {
+			v := pythonLiteral(m[3])
+			got[m[2]] = v
+			if m[1] == "parallelism" {
+				typ, ok := pyPar[m[2]]
+				if !ok {
+					t.Errorf("%+v: config.parallelism.%s not in main's schema", l, m[2])
+					continue
+				}
+				torchtitanCheckValue(t, m[2], v, typ)
+			}
+		}
+		micro := int64(c.lbs / l.PPMicrobatchSize)
+		if got["tensor_parallel_degree"] != int64(l.TP) || got["pipeline_parallel_degree"] != int64(l.PP) || got["expert_parallel_degree"] != int64(l.EP) ||
+			got["num_pp_microbatches"] != micro || got["num_tokens_per_microbatch_per_dp_rank"] != int64(l.PPMicrobatchSize*4096) ||
+			got["num_tokens_per_train_step"] != int64(l.PPMicrobatchSize*4096)*micro*int64(l.DPReplicate*l.DPShard*c.ga) {
+			t.Errorf("%+v: Python fields %v", l, got)
+		}
+	}
+}
