@@ -505,23 +505,7 @@ func TestTorchtitanPipeline(t *testing.T) {
 		}
 		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: c.lbs, GradAccum: c.ga}
 		e := TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: p, Layers: layers}
-		var buf bytes.Buffer
-		if _, err := e.TOML(&buf); err != nil {
-			t.Fatal(err)
-		}
-		var doc map[string]map[string]any
-		if _, err := toml.Decode(buf.String(), &doc); err != nil {
-			t.Fatalf("%v\n%s", err, buf.String())
-		}
-		par, tr := doc["parallelism"], doc["training"]
-		for k, v := range par {
-			typ, ok := tomlSchema.Sections["parallelism"][k]
-			if !ok {
-				t.Errorf("%+v: [parallelism] %s not in v0.2.2's schema", l, k)
-				continue
-			}
-			torchtitanCheckValue(t, k, v, typ)
-		}
+		par, tr := exportParallelism(t, e, tomlSchema)
 		rep, shard, pp := par["data_parallel_replicate_degree"].(int64), par["data_parallel_shard_degree"].(int64), par["pipeline_parallel_degree"].(int64)
 		if int(rep*shard*pp) != l.GPUs || int(pp) != l.PP || par["pipeline_parallel_schedule"] != c.schedules || par["fsdp_reshard_after_forward"] != c.reshard {
 			t.Errorf("%+v: TOML parallelism %v", l, par)
@@ -532,7 +516,7 @@ func TestTorchtitanPipeline(t *testing.T) {
 		}
 		checkFQNs(t, "v0.2.2", par["module_fqns_per_model_part"], c.fqns, layers, "output")
 
-		buf.Reset()
+		var buf bytes.Buffer
 		if _, err := e.Python(&buf); err != nil {
 			t.Fatal(err)
 		}
@@ -678,23 +662,7 @@ func TestTorchtitanPipelineTP(t *testing.T) {
 		}
 		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: c.lbs, GradAccum: c.ga}
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: p, Layers: c.layers}
-		var buf bytes.Buffer
-		if _, err := e.TOML(&buf); err != nil {
-			t.Fatal(err)
-		}
-		var doc map[string]map[string]any
-		if _, err := toml.Decode(buf.String(), &doc); err != nil {
-			t.Fatalf("%v\n%s", err, buf.String())
-		}
-		par, tr := doc["parallelism"], doc["training"]
-		for k, v := range par {
-			typ, ok := tomlSchema.Sections["parallelism"][k]
-			if !ok {
-				t.Errorf("%+v: [parallelism] %s not in v0.2.2's schema", l, k)
-				continue
-			}
-			torchtitanCheckValue(t, k, v, typ)
-		}
+		par, tr := exportParallelism(t, e, tomlSchema)
 		deg := func(k string) int { v, _ := par[k].(int64); return int(v) }
 		rep, shard, tp, pp := deg("data_parallel_replicate_degree"), deg("data_parallel_shard_degree"), deg("tensor_parallel_degree"), deg("pipeline_parallel_degree")
 		if rep*shard*tp*pp*deg("context_parallel_degree") != l.GPUs || tp != l.TP || pp != l.PP || deg("expert_parallel_degree") != l.EP ||
@@ -706,7 +674,7 @@ func TestTorchtitanPipelineTP(t *testing.T) {
 			t.Errorf("%+v: TOML batch lbs %d global %d, parallelism %v", l, lbs, gb, par)
 		}
 
-		buf.Reset()
+		var buf bytes.Buffer
 		_, err := e.Python(&buf)
 		if c.pyErr != "" {
 			if err == nil || !strings.Contains(err.Error(), c.pyErr) {
@@ -738,4 +706,28 @@ func TestTorchtitanPipelineTP(t *testing.T) {
 			t.Errorf("%+v: Python fields %v", l, got)
 		}
 	}
+}
+
+// exportParallelism writes e's v0.2.2 TOML, decodes it, checks every
+// [parallelism] key against the pinned schema excerpt tomlSchema and returns the
+// [parallelism] and [training] sections.
+func exportParallelism(t *testing.T, e TorchtitanExport, tomlSchema torchtitanTOMLSchema) (par, tr map[string]any) {
+	t.Helper()
+	var buf bytes.Buffer
+	if _, err := e.TOML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]map[string]any
+	if _, err := toml.Decode(buf.String(), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+	for k, v := range doc["parallelism"] {
+		typ, ok := tomlSchema.Sections["parallelism"][k]
+		if !ok {
+			t.Errorf("%+v: [parallelism] %s not in v0.2.2's schema", e.Point.Layout, k)
+			continue
+		}
+		torchtitanCheckValue(t, k, v, typ)
+	}
+	return doc["parallelism"], doc["training"]
 }
