@@ -146,24 +146,30 @@ func TestPlanSearchPP(t *testing.T) {
 }
 
 // TestMemoryKeyExactPipeline: a pipeline's shared estimate (one replica,
-// no host size) equals its own memory.Estimate for several replica counts.
+// no host size) equals its own memory.Estimate for several replica counts,
+// without and with tp inside the stages.
 func TestMemoryKeyExactPipeline(t *testing.T) {
 	cfg, dev := qwenOnB200(t)
 	e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096}
-	for _, rep := range []int{1, 2, 4} {
-		l := moe.Layout{GPUs: 2 * 4 * rep, PP: 2, DPShard: 4, DPReplicate: rep, EP: 4, Sharding: moe.ShardFSDP, GPUsPerNode: 8,
-			PPSchedule: moe.PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}
-		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 4, GradAccum: 1}
-		got, err := e.MemoryFraction(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := memory.Estimate(cfg, l, memory.Batch{LBS: 4, Seq: 4096, GradAccum: 1}, memory.Options{AC: p.AC})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := float64(r.Peak.Reserved) / float64(dev.MemoryBytes); got != want {
-			t.Errorf("dp_replicate %d: shared estimate %.6f, own %.6f", rep, got, want)
+	for _, tp := range []int{1, 2} {
+		for _, rep := range []int{1, 2, 4} {
+			l := moe.Layout{GPUs: 2 * 4 * tp * rep, PP: 2, DPShard: 4, DPReplicate: rep, TP: tp, EP: 4, Sharding: moe.ShardFSDP, GPUsPerNode: 8,
+				PPSchedule: moe.PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}
+			if tp > 1 {
+				l.ETP = 1
+			}
+			p := Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 4, GradAccum: 1}
+			got, err := e.MemoryFraction(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := memory.Estimate(cfg, l, memory.Batch{LBS: 4, Seq: 4096, GradAccum: 1}, memory.Options{AC: p.AC})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := float64(r.Peak.Reserved) / float64(dev.MemoryBytes); got != want {
+				t.Errorf("tp %d, dp_replicate %d: shared estimate %.6f, own %.6f", tp, rep, got, want)
+			}
 		}
 	}
 }
