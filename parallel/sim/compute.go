@@ -542,10 +542,10 @@ func splitRows(rows int64, n int, weights []float64) []int64 {
 // object (the registry's devices all have one, each number sourced there):
 // the H100 SXM's measured rates (parallel/hw/devices/h100.json), which are
 // the most widely measured part's. The launch overhead is used for devices
-// whose entry gives no launch_overhead_s: a kernel launch costs microseconds
-// of host and device latency (NVIDIA, "Getting Started with CUDA Graphs",
-// developer.nvidia.com/blog/cuda-graphs); 4 µs also covers PyTorch eager
-// dispatch between kernels. Assumed; calibrate.
+// whose entry gives no launch_overhead_s: the registry's 4 µs, a direct
+// cuLaunchKernel dispatch measured on a B200 (parallel/hw/devices/b200.json
+// cites it); PyTorch eager's dispatch between kernels adds to it, so
+// calibrate.
 var fallbackKernels = hw.Kernels{GEMMEff: 0.803, GroupedEff: 0.36, GroupedHalfRows: 406, CuDNNFwdEff: 0.61,
 	CuDNNBwdEff: 0.51, Flash2FwdEff: 0.37, Flash2BwdEff: 0.32, MemEff: 0.84, NCCLCTAs: 16,
 	SustainedRatio: 0.848, SpeedSD: 0.010}
