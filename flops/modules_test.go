@@ -24,15 +24,10 @@ func recomputeCounts(recs []moe.OpRecord) map[recomputeKey]int64 {
 	return m
 }
 
-// TestModulesRecomputeTiny works the recompute of Megatron's layernorm and
-// moe_act modules on the built-in tiny model by hand (D 32; layer 0 dense,
-// layer 1 MoE with K 2, F 16; not MLA; two sequences of 8 tokens, T 16):
-// beyond flash attention's own recompute (the same as under none), only
-// layer 1's pre-MLP norm repeats its forward, T·D = 512 elements (the dense
-// layer's is fused into fc1 in Megatron's TE spec, attn_norm into
-// linear_qkv), and layer 1's routed-expert activation, T·K·F = 512. Both
-// are elementwise: the matmul FLOPs with recompute equal none's.
-func TestModulesRecomputeTiny(t *testing.T) {
+// tinyTwoSequences is the tiny model, two sequences of 8 tokens, and its
+// ops without checkpointing.
+func tinyTwoSequences(t *testing.T) (*moe.Config, Shape, []moe.OpRecord) {
+	t.Helper()
 	cfg, err := hf.Load("tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -42,6 +37,19 @@ func TestModulesRecomputeTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, s, none
+}
+
+// TestModulesRecomputeTiny works the recompute of Megatron's layernorm and
+// moe_act modules on the built-in tiny model by hand (D 32; layer 0 dense,
+// layer 1 MoE with K 2, F 16; not MLA; two sequences of 8 tokens, T 16):
+// beyond flash attention's own recompute (the same as under none), only
+// layer 1's pre-MLP norm repeats its forward, T·D = 512 elements (the dense
+// layer's is fused into fc1 in Megatron's TE spec, attn_norm into
+// linear_qkv), and layer 1's routed-expert activation, T·K·F = 512. Both
+// are elementwise: the matmul FLOPs with recompute equal none's.
+func TestModulesRecomputeTiny(t *testing.T) {
+	cfg, s, none := tinyTwoSequences(t)
 	ac, err := moe.ParseAC("modules:layernorm,moe_act")
 	if err != nil {
 		t.Fatal(err)
@@ -79,15 +87,7 @@ func TestModulesRecomputeTiny(t *testing.T) {
 // layernorm and moe_act too, the pre-MLP norm adds T·D = 512 and the
 // activation runs twice more than forward, 1024.
 func TestModuleMoERecomputeTiny(t *testing.T) {
-	cfg, err := hf.Load("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := Shape{Seq: 8, Batch: 2}
-	none, err := Ops(cfg, s, moe.AC{Mode: moe.ACNone}, ExactTile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, s, none := tinyTwoSequences(t)
 	for _, tc := range []struct {
 		ac    string
 		extra map[recomputeKey]int64

@@ -520,20 +520,7 @@ func TestTorchtitanPipeline(t *testing.T) {
 		if _, err := e.Python(&buf); err != nil {
 			t.Fatal(err)
 		}
-		set := regexp.MustCompile(`(?m)^    config\.(\w+)\.(\w+) = (.*?)(  #.*)?$`)
-		got := map[string]any{}
-		for _, m := range set.FindAllStringSubmatch(buf.String(), -1) {
-			v := pythonLiteral(m[3])
-			got[m[2]] = v
-			if m[1] == "parallelism" {
-				typ, ok := pyPar[m[2]]
-				if !ok {
-					t.Errorf("%+v: config.parallelism.%s not in main's schema", l, m[2])
-					continue
-				}
-				torchtitanCheckValue(t, m[2], v, typ)
-			}
-		}
+		got := pythonSettings(t, buf.String(), pyPar, l)
 		micro, _ := l.Microbatches(c.lbs)
 		if got["pipeline_parallel_degree"] != int64(l.PP) || got["num_pp_microbatches"] != int64(micro) ||
 			got["num_tokens_per_microbatch_per_dp_rank"] != int64(l.PPMicrobatchSize*4096) ||
@@ -685,20 +672,7 @@ func TestTorchtitanPipelineTP(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		set := regexp.MustCompile(`(?m)^    config\.(\w+)\.(\w+) = (.*?)(  #.*)?$`)
-		got := map[string]any{}
-		for _, m := range set.FindAllStringSubmatch(buf.String(), -1) {
-			v := pythonLiteral(m[3])
-			got[m[2]] = v
-			if m[1] == "parallelism" {
-				typ, ok := pyPar[m[2]]
-				if !ok {
-					t.Errorf("%+v: config.parallelism.%s not in main's schema", l, m[2])
-					continue
-				}
-				torchtitanCheckValue(t, m[2], v, typ)
-			}
-		}
+		got := pythonSettings(t, buf.String(), pyPar, l)
 		micro := int64(c.lbs / l.PPMicrobatchSize)
 		if got["tensor_parallel_degree"] != int64(l.TP) || got["pipeline_parallel_degree"] != int64(l.PP) || got["expert_parallel_degree"] != int64(l.EP) ||
 			got["num_pp_microbatches"] != micro || got["num_tokens_per_microbatch_per_dp_rank"] != int64(l.PPMicrobatchSize*4096) ||
@@ -730,4 +704,26 @@ func exportParallelism(t *testing.T, e TorchtitanExport, tomlSchema torchtitanTO
 		torchtitanCheckValue(t, k, v, typ)
 	}
 	return doc["parallelism"], doc["training"]
+}
+
+// pythonSettings reads the config.SECTION.KEY = VALUE lines of a Python
+// export, checks every parallelism key against main's schema excerpt
+// pyPar, and returns the values by key.
+func pythonSettings(t *testing.T, src string, pyPar map[string]any, l moe.Layout) map[string]any {
+	t.Helper()
+	set := regexp.MustCompile(`(?m)^    config\.(\w+)\.(\w+) = (.*?)(  #.*)?$`)
+	got := map[string]any{}
+	for _, m := range set.FindAllStringSubmatch(src, -1) {
+		v := pythonLiteral(m[3])
+		got[m[2]] = v
+		if m[1] == "parallelism" {
+			typ, ok := pyPar[m[2]]
+			if !ok {
+				t.Errorf("%+v: config.parallelism.%s not in main's schema", l, m[2])
+				continue
+			}
+			torchtitanCheckValue(t, m[2], v, typ)
+		}
+	}
+	return got
 }
