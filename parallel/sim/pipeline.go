@@ -464,7 +464,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	if l.TPDegree() > 1 {
 		pc.tpFwd, pc.tpBwd = make([]tpSeconds, n), make([]tpSeconds, n)
 		for s := range n {
-			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, moe.DefaultPrecision.Activation) {
+			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, in.precision().Activation) {
 				cc, err := CollectiveCost(cl, in.Calibration, c.Coll, tpG, float64(c.Bytes()))
 				if err != nil {
 					return pipeCosts{}, 0, fmt.Errorf("simulate: %w", err)
@@ -613,7 +613,7 @@ func asyncPasses(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.C
 	n := pl.Layout.PipelineStages()
 	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
 	walk := func(s int, bwd bool, cs map[segKey]segCost, d *float64, tp *tpSeconds) error {
-		ops, err := pl.StagePass(cfg, s, inMB.Seq, inMB.AC, moe.DefaultPrecision, bwd)
+		ops, err := pl.StagePass(cfg, s, inMB.Seq, inMB.AC, inMB.precision(), bwd)
 		if err != nil {
 			return fmt.Errorf("simulate: %w", err)
 		}
@@ -722,7 +722,7 @@ func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Inp
 	// Under tp with etp = 1 each tp rank sends its 1/tp of the rows
 	// (Layout.TokensPerExpertRank).
 	T := float64(inMB.LBS) * float64(inMB.Seq) / float64(l.TokensPerExpertRank())
-	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(moe.DefaultPrecision.Activation.Bytes()) *
+	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(inMB.precision().Activation.Bytes()) *
 		dispatchShare(inMB.Dispatcher, cfg, l.EP)
 	counts, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
 	if err != nil {

@@ -253,11 +253,7 @@ func prepareSim(in Input) (*simPrep, error) {
 		p.exact = fmt.Sprintf("tp %d does not divide the NVLink domain of %d, so some tp groups span %d domains: their collectives, which block the step, are priced for every rank; otherwise ",
 			p.l.TPDegree(), p.cl.NVLinkDomain, w.Domains) + p.exact
 	}
-	paramType := in.Memory.Precision.Param
-	if paramType == "" {
-		paramType = moe.DefaultPrecision.Param
-	}
-	p.params = float64(p.mem.State.Params / paramType.Bytes())
+	p.params = float64(p.mem.State.Params / in.precision().Param.Bytes())
 	// A rank's own tokens (torchtitan's TPS divides by cp·tp·pp): the tp
 	// ranks of a group share their data-parallel rank's micro-batches.
 	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(p.l.TPDegree())
@@ -446,6 +442,15 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 		res.memTimes = memEventTimes(p.sched, spans, p.mem.Events)
 	}
 	return res, nil
+}
+
+// precision is the run's storage types (in.Memory.Precision), torchtitan's
+// default mixed precision when unset.
+func (in Input) precision() moe.Precision {
+	if in.Memory.Precision == (moe.Precision{}) {
+		return moe.DefaultPrecision
+	}
+	return in.Memory.Precision
 }
 
 // memoryOptions is in.Memory with the input's checkpointing policy.
