@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
@@ -291,35 +292,23 @@ type computeCopy struct {
 // buffer to the collective), through any tensor-parallel collective
 // between them. A copy with no such compute op stays on its collective.
 func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []computeCopy) {
-	if len(copies) == 0 {
-		return
-	}
-	consumer := map[int]int{} // gather op → first compute op depending on it
-	for j, o := range s.Ops {
-		if o.Type != parallel.OpCompute {
-			continue
-		}
-		for _, d := range o.Deps {
-			if _, ok := consumer[d]; !ok {
-				consumer[d] = j
-			}
-		}
-	}
 	for _, c := range copies {
-		o := s.Ops[c.op]
-		j, ok := -1, false
-		if o.Purpose == parallel.PurposeGather {
-			j, ok = consumer[c.op]
+		j := -1
+		if s.Ops[c.op].Purpose == parallel.PurposeGather {
+			// The consumer follows its gather (prefetched a unit ahead).
+			for k := c.op + 1; k < len(s.Ops) && j < 0; k++ {
+				if s.Ops[k].Type == parallel.OpCompute && slices.Contains(s.Ops[k].Deps, c.op) {
+					j = k
+				}
+			}
 		} else {
-			for k := c.op; len(s.Ops[k].Deps) > 0; {
-				k = s.Ops[k].Deps[0]
-				if s.Ops[k].Type == parallel.OpCompute {
-					j, ok = k, true
-					break
+			for k := c.op; j < 0 && len(s.Ops[k].Deps) > 0; {
+				if k = s.Ops[k].Deps[0]; s.Ops[k].Type == parallel.OpCompute {
+					j = k
 				}
 			}
 		}
-		if !ok {
+		if j < 0 {
 			sim.ops[c.op].lat += c.seconds
 			sim.comm[c.op].LatencyS += c.seconds
 			continue
