@@ -232,15 +232,10 @@ func (p *Pipeline) StageUnits(cfg *moe.Config, s int) []Unit {
 	return us
 }
 
-// StageTPCollectives lists the tensor-parallel collectives of one
-// micro-batch through stage s in issue order (TPCollectives per layer on
-// the stage's layout): the forward's, embedding (stage 0), blocks, head
-// (last stage); then the backward's, head, blocks in reverse, embedding,
-// each block's recompute collectives before its backward ones. Empty
-// without tensor parallelism.
-func (p *Pipeline) StageTPCollectives(cfg *moe.Config, s, seq int, ac moe.AC, act moe.DType) []TPColl {
+// stageLayerIDs is stage s's layers in forward order: the embedding on
+// stage 0, its blocks, the head on the last stage.
+func (p *Pipeline) stageLayerIDs(cfg *moe.Config, s int) []int {
 	first, count := p.StageLayers(s)
-	tokens := p.Layout.PPMicrobatchSize * seq
 	layers := make([]int, 0, count+2)
 	if s == 0 {
 		layers = append(layers, moe.LayerEmbed)
@@ -251,6 +246,18 @@ func (p *Pipeline) StageTPCollectives(cfg *moe.Config, s, seq int, ac moe.AC, ac
 	if s == len(p.Split)-1 {
 		layers = append(layers, cfg.LayerHead())
 	}
+	return layers
+}
+
+// StageTPCollectives lists the tensor-parallel collectives of one
+// micro-batch through stage s in issue order (TPCollectives per layer on
+// the stage's layout): the forward's, embedding (stage 0), blocks, head
+// (last stage); then the backward's, head, blocks in reverse, embedding,
+// each block's recompute collectives before its backward ones. Empty
+// without tensor parallelism.
+func (p *Pipeline) StageTPCollectives(cfg *moe.Config, s, seq int, ac moe.AC, act moe.DType) []TPColl {
+	tokens := p.Layout.PPMicrobatchSize * seq
+	layers := p.stageLayerIDs(cfg, s)
 	per := make([][]TPColl, len(layers))
 	var out []TPColl
 	for i, layer := range layers {

@@ -615,17 +615,7 @@ func (p *Pipeline) StagePass(cfg *moe.Config, s, seq int, ac moe.AC, prec moe.Pr
 	last := s == len(p.Split)-1
 	if l.TPDegree() > 1 {
 		b.tp = map[int][]TPColl{}
-		layers := []int{}
-		if s == 0 {
-			layers = append(layers, moe.LayerEmbed)
-		}
-		for layer := first; layer < first+count; layer++ {
-			layers = append(layers, layer)
-		}
-		if last {
-			layers = append(layers, cfg.LayerHead())
-		}
-		for _, layer := range layers {
+		for _, layer := range p.stageLayerIDs(cfg, s) {
 			b.tp[layer] = TPCollectives(cfg, l, layer, mbs*seq, ac, prec.Activation)
 		}
 	}
