@@ -246,7 +246,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG Group
 		cc.Kind = parallel.CollKind(o.Coll)
 		// FSDP2's copies: the part on the collective's own stream delays
 		// it; the part on the compute stream is charged to the compute op
-		// that runs it (onComputeCopies). The split-size copy to the host
+		// that runs it (chargeComputeCopies). The split-size copy to the host
 		// stalls the stream that waits on it.
 		var fixed float64
 		onStream, onCompute := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)

@@ -120,7 +120,10 @@ type engine struct {
 // by stream.
 func newEngine(ops []simOp) (*engine, error) {
 	n := len(ops)
-	e := &engine{ops: ops, spans: make([]simSpan, n), done: make([]bool, n), busy: [numSimStreams]int{-1, -1, -1, -1}, rate: 1}
+	e := &engine{ops: ops, spans: make([]simSpan, n), done: make([]bool, n), rate: 1}
+	for s := range e.busy {
+		e.busy[s] = -1 // idle
+	}
 	for i, o := range ops {
 		if int(o.stream) >= int(numSimStreams) {
 			return nil, fmt.Errorf("sim: op %d on unknown stream %d", i, o.stream)
