@@ -38,10 +38,10 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 	perRank *= dpShare(f.layout) // sequences per data-parallel rank: its tp ranks and pipeline stages share them
 	at, top := func(i int) int { return i }, q.lbsTop(f.layout)
 	if f.layout.Stages() > 1 {
-		// One micro-batch (pp_microbatch_size ≤ MaxLBS, withDefaults) is
-		// a valid batch of every schedule, but may exceed a stage's share
-		// of the target's global batch (lbsTop): then no local batch is
-		// usable, and the memory of one micro-batch is what explains it.
+		// The smallest batch the schedule accepts (minLBS) may exceed a
+		// stage's share of the target's global batch (lbsTop) or MaxLBS:
+		// then no local batch is usable, and the memory of that smallest
+		// batch is what explains it.
 		r := q.lbsRange(f.layout)
 		if len(r) == 0 {
 			m, err := ev.MemoryFraction(Point{f.layout, f.ac, minLBS(f.layout), 1})
