@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -429,6 +430,50 @@ func TestPlanTargetSweeps(t *testing.T) {
 				t.Errorf("%s lbs %d × 64 × accum %d ≠ 384", sw.AC, p.LBS, p.GradAccum)
 			}
 		}
+	}
+}
+
+// pipeFake is planFake that refuses, as the simulator's memory estimate
+// does, a local batch the layout's pipeline schedule does not run.
+type pipeFake struct{ plan.Evaluator }
+
+func (f pipeFake) MemoryFraction(p plan.Point) (float64, error) {
+	if _, err := p.Layout.Microbatches(p.LBS); err != nil {
+		return 0, err
+	}
+	return f.Evaluator.MemoryFraction(p)
+}
+
+// TestPlanTargetSweepsPipeline: a pipeline's sweep holds only the local
+// batches its schedule accepts. DualPipeV at pp 2 with micro-batches of 2
+// sequences needs at least 2·pp = 4 micro-batches (PyTorch's
+// ScheduleDualPipeV), so by hand lbs 8, 10, 12, … (a whole number of
+// micro-batches): 1 to 7 and the odd ones are skipped, not an error.
+func TestPlanTargetSweepsPipeline(t *testing.T) {
+	sim := &plan.SimEvaluator{}
+	cfg, err := hf.Load("qwen3-30b-a3b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim.Model, sim.Device.MemoryBytes = cfg, 192<<30 // the fake's no-reshard weights fit, --max-lbs ends the sweep
+	ev := pipeFake{newPlanFake(sim)}
+	l := moe.Layout{GPUs: 64, PP: 2, DPShard: 32, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP,
+		PPSchedule: moe.PPDualPipeV, PPVirtualStages: 2, PPMicrobatchSize: 2}
+	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 8, GradAccum: 1}}
+	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
+	sweeps, err := planTargetSweeps(ev, rep, 0.92, 20, 0, []moe.AC{{Mode: moe.ACFull}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sweeps) != 1 {
+		t.Fatalf("%d sweeps, want 1 (full)", len(sweeps))
+	}
+	var got []int
+	for _, r := range sweeps[0].Points {
+		got = append(got, r.Point.LBS)
+	}
+	if want := []int{8, 10, 12, 14, 16, 18, 20}; !slices.Equal(got, want) {
+		t.Errorf("swept lbs %v, want %v", got, want)
 	}
 }
 
