@@ -23,11 +23,11 @@ import (
 // at stage 1 (one host), where the answer's local batch is not: FSDP over
 // more GPUs shards more state, so more sequences fit. Under pp only the
 // local batches the schedule accepts are swept. acs are the policies
-// searched (nil: the planner's default none, selective and full).
+// searched (nil: the planner's default, plan.DefaultACs).
 func planTargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLBS, globalBatch int, acs []moe.AC) ([]plan.Sweep, error) {
 	var sweeps []plan.Sweep
 	if acs == nil {
-		acs = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
+		acs = plan.DefaultACs()
 	}
 	for _, ac := range acs {
 		layout := rep.Best.Point.Layout

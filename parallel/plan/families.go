@@ -56,7 +56,7 @@ func (r *Request) withDefaults() (Request, error) {
 		q.Workers = runtime.GOMAXPROCS(0)
 	}
 	if len(q.ACs) == 0 {
-		q.ACs = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
+		q.ACs = DefaultACs()
 	}
 	if len(q.Shardings) == 0 {
 		q.Shardings = []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
@@ -104,6 +104,13 @@ func (r *Request) withDefaults() (Request, error) {
 		}
 	}
 	return q, nil
+}
+
+// DefaultACs are the checkpointing policies searched when a Request names
+// none: none, selective and full (a new slice each call, so a caller may
+// keep or change it).
+func DefaultACs() []moe.AC {
+	return []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
 }
 
 // roundUp rounds x up to a positive multiple of m.
