@@ -206,15 +206,11 @@ func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipeli
 	return ps, nil
 }
 
-// rank is pipeline rank r's report (pipelineRank).
+// rank builds and replays pipeline rank r's timeline and returns its
+// report; accum is the grad-accum micro-steps. buf, when not nil, is an
+// empty buffer the timeline may reuse.
 func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
-	return pipelineRank(cfg, l, ps.mb, accum, o, ps.sh, ps.chunks, ps.order[r], r, ps.m, buf)
-}
-
-// pipelineRank builds and replays pipeline rank r's timeline; mb is one
-// micro-batch's shape, accum the grad-accum micro-steps.
-// buf, when not nil, is an empty buffer the timeline may reuse.
-func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int, buf []Event) (Report, error) {
+	mb, sh, chunks, order, m := ps.mb, ps.sh, ps.chunks, ps.order[r], ps.m
 	n := len(chunks)
 	var units []Unit
 	builders := map[int]*stageBuilder{}
