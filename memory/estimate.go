@@ -205,6 +205,9 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if b, err = checkBatch(cfg, b, o.Attention); err != nil {
 		return Report{}, err
 	}
+	if err := l.CheckSeq(b.Seq); err != nil {
+		return Report{}, err
+	}
 	if l.Stages() > 1 {
 		if err := l.Validate(); err != nil {
 			return Report{}, err
@@ -215,11 +218,7 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
-	if err := l.CheckSeq(b.Seq); err != nil {
-		return Report{}, err
-	}
-	sh := Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
-		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
+	sh := stepShape(l, b, o)
 	r := Report{Units: units, State: StateOf(units, l.Sharding, o)}
 	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
 	if err != nil {
@@ -227,6 +226,13 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	}
 	r.Peak, err = Replay(r.Events, *o.Allocator, o.Segments)
 	return r, err
+}
+
+// stepShape is the activation shape of a micro-step of b under layout l
+// and options o (normalized): one pipeline micro-batch's when b is one.
+func stepShape(l moe.Layout, b Batch, o Options) Shape {
+	return Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
+		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
 }
 
 // MaxLBS returns the largest local batch whose peak reserved memory is at

@@ -194,15 +194,12 @@ func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipeli
 	if ps.chunks, err = StageUnits(all, ps.split); err != nil {
 		return ps, err
 	}
-	if err := l.CheckSeq(ps.mb.Seq); err != nil {
-		return ps, err
-	}
 	// Under tensor parallelism a stage's units hold their tp pieces
 	// (Units), its activations are split as tpSaved says and its receive
 	// buffers and sent outputs are the sequence-parallel shard, T/tp
 	// tokens (stepBuilder's dx): what a tp rank sends (parallel.Pipeline).
-	ps.sh = Shape{Batch: ps.mb.LBS, Seq: ps.mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
-		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
+	// Estimate has checked that the sequence splits (Layout.CheckSeq).
+	ps.sh = stepShape(l, ps.mb, o)
 	return ps, nil
 }
 
