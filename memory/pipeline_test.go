@@ -115,13 +115,21 @@ func TestPipelineMemory(t *testing.T) {
 			}
 		}
 		// The loss's own saved tensors, from the head's per-op table at one
-		// micro-batch's shape.
+		// micro-batch's shape: the setup's, whose tensor-parallel fields
+		// (the tp rank's share of the vocabulary's log-probabilities) must
+		// be the layout's.
 		no, err := o.normalized()
 		if err != nil {
 			t.Fatal(err)
 		}
-		headSaved, err := Saved(cfg, cfg.LayerHead(), Shape{Batch: l.PPMicrobatchSize, Seq: 8, AC: no.AC, Attention: no.Attention, EP: l.EP,
-			Act: no.Precision.Activation, Compile: no.Compile, LossDType: no.LossDType})
+		ps, err := newPipelineSetup(cfg, l, b, no)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sh := ps.sh; sh.Batch != l.PPMicrobatchSize || sh.TP != l.TPDegree() || sh.ExpertTP != l.ExpertTP() || sh.ExpertRows != l.TokensPerExpertRank() {
+			t.Errorf("%s: setup's shape %+v, want batch %d, tp %d, expert tp %d, expert rows %d", name, sh, l.PPMicrobatchSize, l.TPDegree(), l.ExpertTP(), l.TokensPerExpertRank())
+		}
+		headSaved, err := Saved(cfg, cfg.LayerHead(), ps.sh)
 		if err != nil {
 			t.Fatal(err)
 		}
