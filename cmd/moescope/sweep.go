@@ -84,8 +84,9 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	}
 	cfg, dev, cl := ev.Model, ev.Device, ev.Cluster
 	req := a.request(cfg, cl)
+	compiled := ev.Memory.Compile.Model
 	req.Admit = func(p plan.Point) error {
-		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p), plan.TorchtitanAdmit(plan.TorchtitanPy, p))
+		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p, compiled), plan.TorchtitanAdmit(plan.TorchtitanPy, p, compiled))
 	}
 	d, err := plan.DesignSweep(req, ev, *maxJobs)
 	if err != nil {

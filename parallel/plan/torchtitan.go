@@ -29,7 +29,8 @@ import (
 // Neither target has a field for ZeRO-1/2 sharding, for keeping weights
 // gathered between backward and the next forward, or for skipping the
 // replica all-reduce on non-final micro-steps; TorchtitanAdmit rejects
-// such points so the planner can keep to what the target expresses.
+// such points (and those the target cannot run compiled, or eager) so the
+// planner can keep to what the target expresses.
 const (
 	TorchtitanTOMLTag    = "v0.2.2"
 	TorchtitanTOMLCommit = "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce" // v0.2.2, 2026-02-20
@@ -66,9 +67,19 @@ var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryF
 	"deepseek-moe-16b": {"deepseek_v3", "16B", "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_16b"},
 }
 
-// TorchtitanAdmit returns nil when target can express p, else an error
-// naming the field it cannot export.
-func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
+// TorchtitanAdmit returns nil when target can express p run with a
+// compiled model (compiledModel) or eager, else an error joining one error
+// per field it cannot export.
+//
+// Two refusals depend on compiledModel: async TP is an Inductor pass
+// (v0.2.2 parallelize_qwen3: "Async TP requires torch.compile"), and
+// v0.2.2's apply_compile wraps each block in torch.compile (an
+// OptimizedModule; torchtitan 73a0e6979dd1,
+// models/llama3/infra/parallelize.py), which PyTorch's zero-bubble
+// schedules refuse (schedules.py at 00722e64,
+// _check_torch_compile_compatibility); main compiles the blocks in place
+// (module.compile()).
+func TorchtitanAdmit(target TorchtitanTarget, p Point, compiledModel bool) error {
 	l := p.Layout
 	var errs []error
 	switch {
@@ -98,6 +109,17 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
 		// Main's ParallelDims has no etp: EP always borrows from
 		// dp_shard·cp·tp (efsdp = dp_shard·cp·tp/ep), v0.2.2's etp = 1.
 		errs = append(errs, fmt.Errorf("etp = tp = %d with ep = %d: %s has no expert_tensor_parallel_degree (its EP always borrows the tp ranks, etp = 1)", l.ETP, l.EP, target))
+	}
+	if l.AsyncTP && l.TPDegree() > 1 && !compiledModel {
+		errs = append(errs, fmt.Errorf("async_tp = true without a compiled model: %s refuses it (\"Async TP requires torch.compile\")", target))
+	}
+	if target == TorchtitanTOML && l.Stages() > 1 && l.PPSchedule.ZeroBubble() && compiledModel {
+		way := "use --compile=false or the config-registry form"
+		if l.AsyncTP && l.TPDegree() > 1 {
+			// Eager is no way out: async TP is an Inductor pass.
+			way = "async_tp needs the compiled model (\"Async TP requires torch.compile\"), so only the config-registry form expresses async TP with this schedule"
+		}
+		errs = append(errs, fmt.Errorf("pp_schedule = %s with a compiled model: %s cannot express it (its per-block torch.compile wrappers are refused by PyTorch's input/weight backward split); %s", l.PPSchedule, target, way))
 	}
 	return errors.Join(errs...)
 }
@@ -200,32 +222,7 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 	if err := e.Point.Layout.Validate(); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	if l := e.Point.Layout; l.AsyncTP && l.TPDegree() > 1 && !e.Compile.Model {
-		return fmt.Errorf("export: async_tp = true without a compiled model: %s refuses it (\"Async TP requires torch.compile\")", target)
-	}
-	if err := TorchtitanCompiled(target, e.Point.Layout, e.Compile.Model); err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	return TorchtitanAdmit(target, e.Point)
-}
-
-// TorchtitanCompiled refuses a layout target cannot run with a compiled
-// model (compiledModel): v0.2.2's apply_compile wraps each block in
-// torch.compile (an OptimizedModule; torchtitan 73a0e6979dd1,
-// models/llama3/infra/parallelize.py), which PyTorch's zero-bubble
-// schedules refuse (schedules.py at 00722e64,
-// _check_torch_compile_compatibility); main compiles the blocks in place
-// (module.compile()).
-func TorchtitanCompiled(target TorchtitanTarget, l moe.Layout, compiledModel bool) error {
-	if target == TorchtitanTOML && l.Stages() > 1 && l.PPSchedule.ZeroBubble() && compiledModel {
-		way := "use --compile=false or the config-registry form"
-		if l.AsyncTP && l.TPDegree() > 1 {
-			// Eager is no way out: async TP is an Inductor pass.
-			way = "async_tp needs the compiled model (\"Async TP requires torch.compile\"), so only the config-registry form expresses async TP with this schedule"
-		}
-		return fmt.Errorf("pp_schedule = %s with a compiled model: %s cannot express it (its per-block torch.compile wrappers are refused by PyTorch's input/weight backward split); %s", l.PPSchedule, target, way)
-	}
-	return nil
+	return TorchtitanAdmit(target, e.Point, e.Compile.Model)
 }
 
 // torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a

@@ -332,7 +332,7 @@ func TestTorchtitanPython(t *testing.T) {
 
 func TestTorchtitanAdmit(t *testing.T) {
 	base := torchtitanPoint(2, 8, 2, moe.AC{Mode: moe.ACSelective}, 1, 2, true)
-	if err := TorchtitanAdmit(TorchtitanTOML, base); err != nil {
+	if err := TorchtitanAdmit(TorchtitanTOML, base, true); err != nil {
 		t.Errorf("plain FSDP rejected: %v", err)
 	}
 	for _, c := range []struct {
@@ -352,7 +352,7 @@ func TestTorchtitanAdmit(t *testing.T) {
 	} {
 		p := base
 		c.edit(&p)
-		err := TorchtitanAdmit(c.target, p)
+		err := TorchtitanAdmit(c.target, p, true)
 		if err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: err = %v, want one naming %q", c.target, err, c.field)
 		}
@@ -371,7 +371,7 @@ func TestTorchtitanAdmit(t *testing.T) {
 	// layer:N is expressible in the TOML era.
 	p := base
 	p.AC = moe.AC{Mode: moe.ACLayer, Every: 2}
-	if err := TorchtitanAdmit(TorchtitanTOML, p); err != nil {
+	if err := TorchtitanAdmit(TorchtitanTOML, p, true); err != nil {
 		t.Errorf("layer:2 for TOML: %v", err)
 	}
 }
@@ -576,6 +576,14 @@ func TestTorchtitanAsyncTPNeedsCompile(t *testing.T) {
 	if _, err := e.TOML(&buf); err != nil {
 		t.Errorf("compiled: %v", err)
 	}
+	// The planner's Admit refuses the point as the export does, so a
+	// search never ends on a plan its export would refuse.
+	if err := TorchtitanAdmit(TorchtitanPy, e.Point, false); err == nil || !strings.Contains(err.Error(), "async_tp") {
+		t.Errorf("Admit, eager: %v, want an error naming async_tp", err)
+	}
+	if err := TorchtitanAdmit(TorchtitanPy, e.Point, true); err != nil {
+		t.Errorf("Admit, compiled: %v", err)
+	}
 }
 
 // TestTorchtitanZeroBubbleCompile: torchtitan v0.2.2 compiles each block
@@ -603,6 +611,12 @@ func TestTorchtitanZeroBubbleCompile(t *testing.T) {
 	e.Compile = memory.Compile{}
 	if _, err := e.TOML(&buf); err != nil {
 		t.Errorf("TOML eager: %v", err)
+	}
+	if err := TorchtitanAdmit(TorchtitanTOML, e.Point, true); err == nil || !strings.Contains(err.Error(), "pp_schedule = ZBVZeroBubble with a compiled model") {
+		t.Errorf("Admit, TOML compiled: %v, want a refusal naming pp_schedule and compile", err)
+	}
+	if err := TorchtitanAdmit(TorchtitanTOML, e.Point, false); err != nil {
+		t.Errorf("Admit, TOML eager: %v", err)
 	}
 }
 
