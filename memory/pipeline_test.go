@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -273,14 +274,71 @@ func TestPipelineMemoryErrors(t *testing.T) {
 }
 
 // TestPipelineMaxLBS: where not every lbs is a pipeline batch, MaxLBS
-// refuses rather than search a space with holes.
+// searches only those the schedule runs. The valid lbs are derived by hand
+// (PyTorch's schedules via moe.Layout.Microbatches' rules): micro-batches
+// of 2 take even lbs; Interleaved1F1B and InterleavedZeroBubble at pp 2
+// take m micro-batches with m a multiple of max(1, m ÷ 2), so 1, 2, 3, 4,
+// then the even ones; DualPipeV at pp 2 needs m ≥ 2·pp = 4. The oracle is
+// a linear scan over those, with device sizes on and one byte either side
+// of a valid lbs's peak.
 func TestPipelineMaxLBS(t *testing.T) {
 	cfg := sixLayerMoE()
-	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B},
-		{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, {GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}} {
-		l := pipelineLayout(t, l)
-		if _, _, err := MaxLBS(cfg, l, 8, 1, Options{}, 64<<20, 0.92); err == nil || !strings.Contains(err.Error(), "not every lbs is a valid batch") {
-			t.Errorf("%+v: %v", l, err)
+	// Segments of one rounded block each, so that the tiny model's peak
+	// reserved grows with every micro-batch (PyTorch's 2 MiB segments
+	// would hold all of them).
+	o := Options{Allocator: &Allocator{RoundBytes: 512, SmallBytes: 512, SmallSegmentBytes: 512, LargeSegmentBytes: 512,
+		MinLargeAllocBytes: 512, RoundLargeBytes: 512}}
+	interleaved := []int{1, 2, 3, 4, 6, 8, 10, 12}
+	for _, c := range []struct {
+		l     moe.Layout
+		valid []int // the valid lbs up to 12, by hand
+	}{
+		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, []int{2, 4, 6, 8, 10, 12}},
+		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B}, interleaved},
+		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, interleaved},
+		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, []int{4, 5, 6, 7, 8, 9, 10, 11, 12}},
+	} {
+		l := pipelineLayout(t, c.l)
+		reserved := map[int]int64{}
+		var valid []int
+		for n := 1; n <= 12; n++ {
+			if r, err := Estimate(cfg, l, Batch{LBS: n, Seq: 8}, o); err == nil {
+				reserved[n] = r.Peak.Reserved
+				valid = append(valid, n)
+			}
+		}
+		if !slices.Equal(valid, c.valid) {
+			t.Fatalf("%s mbs %d: Estimate runs lbs %v of 1…12, want %v", l.PPSchedule, l.PPMicrobatchSize, valid, c.valid)
+		}
+		// Boundaries at valid lbs whose next valid lbs needs more than a
+		// byte more (the allocator's rounding makes some peaks equal).
+		var ks []int
+		for i, k := range valid[:len(valid)-1] {
+			if reserved[valid[i+1]] > reserved[k]+1 {
+				ks = append(ks, k)
+			}
+		}
+		if len(ks) == 0 {
+			t.Fatalf("%s: no two valid lbs up to 12 differ in peak", l.PPSchedule)
+		}
+		for _, k := range ks {
+			for _, delta := range []int64{-1, 0, 1} {
+				device := reserved[k] + delta // target 1: the limit is the device
+				want := 0
+				for _, n := range valid {
+					if reserved[n] > device {
+						break
+					}
+					want = n
+				}
+				got, r, err := MaxLBS(cfg, l, 8, 1, o, device, 1)
+				if err != nil || got != want {
+					t.Errorf("%s mbs %d, device %d (lbs %d %+d B): max lbs %d, %v; linear scan %d", l.PPSchedule, l.PPMicrobatchSize, device, k, delta, got, err, want)
+				}
+				if got > 0 && r.Peak.Reserved != reserved[got] {
+					t.Errorf("%s device %d: report is not lbs %d's", l.PPSchedule, device, got)
+				}
+			}
 		}
 	}
 }
