@@ -265,6 +265,41 @@ func TestPlanCommandRealModelInfeasible(t *testing.T) {
 	t.Log(err)
 }
 
+// TestPlanExportPrecision: an export that cannot write the run's storage
+// types is refused before the search, naming the export's flag, the type's
+// flag and its value, with a usage error and no file: torchtitan's
+// training.mixed_precision_reduce takes only "float32" (job_config.py at
+// v0.2.2, configs.py at b5bcd76c), and neither form stores bf16 gradients
+// or AdamW moments beside fp32 parameters. sweep writes both forms.
+func TestPlanExportPrecision(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"plan", "--reduce-dtype", "bf16", "--torchtitan-toml", filepath.Join(dir, "x.toml")},
+			[]string{"--torchtitan-toml", "reduce_dtype = bf16 (--reduce-dtype)"}},
+		{[]string{"plan", "--grad-dtype", "bf16", "--reduce-dtype", "f32", "--torchtitan-py", filepath.Join(dir, "x.py")},
+			[]string{"--torchtitan-py", "grad_dtype = bf16 (--grad-dtype)"}},
+		{[]string{"sweep", "--optimizer-dtype", "bf16", "--out", filepath.Join(dir, "sweep")},
+			[]string{"optimizer_dtype = bf16 (--optimizer-dtype)"}},
+	} {
+		var out, errb bytes.Buffer
+		err := run(&out, &errb, append(c.args, "--model", "tiny", "--gpus", "2", "--seq", "64"))
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: err = %v, want one naming %q", c.args, err, w)
+			}
+		}
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%v: %v is not a usage error", c.args, err)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("refused exports wrote %d files", len(ents))
+	}
+}
+
 // TestPlanCommandTrace plans the tiny model with the real evaluator and
 // writes the best plan's Chrome trace.
 func TestPlanCommandTrace(t *testing.T) {

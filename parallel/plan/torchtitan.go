@@ -136,6 +136,58 @@ type TorchtitanExport struct {
 	// Layers is the model's transformer layers, for a pipeline's layer
 	// split (needed when pp > 1).
 	Layers int
+	// Precision is the storage types the plan's memory and time assumed
+	// (the zero value is moe.DefaultPrecision) and ReduceDType the type
+	// gradients are reduced in ("" = Precision.Grad), as memory.Options
+	// has them; the export writes them or refuses (CheckPrecision).
+	Precision   moe.Precision
+	ReduceDType moe.DType
+}
+
+// torchtitanDTypes are the literals of both pinned forms' mixed-precision
+// fields (training.mixed_precision_param: Literal["bfloat16", "float32"],
+// mixed_precision_reduce: Literal["float32"]; Training in
+// torchtitan/config/job_config.py at v0.2.2 73a0e6979dd1, TrainingConfig in
+// torchtitan/config/configs.py at b5bcd76c).
+var torchtitanDTypes = map[moe.DType]string{moe.BF16: "bfloat16", moe.F32: "float32"}
+
+// CheckPrecision returns the literals target writes for the compute
+// (all-gather) type and the reduce type of prec and reduce ("" =
+// prec.Grad; a zero prec is moe.DefaultPrecision), or an error naming each
+// type it cannot express. Both forms keep the sharded parameters, and with
+// them the gradients (FSDP2's sharded gradients take the parameters' type)
+// and AdamW's moments (torch.optim's zeros_like of the parameter), in
+// fp32: their only other setting, training.dtype = "bfloat16", makes all
+// three bf16 at once. And both reduce in fp32 only.
+func (t TorchtitanTarget) CheckPrecision(prec moe.Precision, reduce moe.DType) (param, reduceLit string, err error) {
+	if prec == (moe.Precision{}) {
+		prec = moe.DefaultPrecision
+	}
+	if reduce == "" {
+		reduce = prec.Grad
+	}
+	var errs []error
+	if prec.Param != moe.F32 {
+		errs = append(errs, fmt.Errorf("param dtype = %s: %s keeps fp32 sharded parameters under mixed precision", prec.Param, t))
+	}
+	if prec.Grad != moe.F32 {
+		errs = append(errs, fmt.Errorf("grad_dtype = %s (--grad-dtype): %s has no field for it: gradients take the fp32 parameters' type "+
+			"(training.dtype = \"bfloat16\" would make the parameters and AdamW moments %s too)", prec.Grad, t, prec.Grad))
+	}
+	if prec.Optimizer != moe.F32 {
+		errs = append(errs, fmt.Errorf("optimizer_dtype = %s (--optimizer-dtype): %s has no field for it: AdamW's moments take the fp32 parameters' type", prec.Optimizer, t))
+	}
+	param, ok := torchtitanDTypes[prec.Compute]
+	if !ok {
+		errs = append(errs, fmt.Errorf("compute dtype = %s: %s's training.mixed_precision_param takes \"bfloat16\" or \"float32\"", prec.Compute, t))
+	}
+	if reduce != moe.F32 {
+		errs = append(errs, fmt.Errorf("reduce_dtype = %s (--reduce-dtype): %s's training.mixed_precision_reduce takes only \"float32\"", reduce, t))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return "", "", err
+	}
+	return param, torchtitanDTypes[reduce], nil
 }
 
 // torchtitanPipeline returns the pipeline fields of the export for target
@@ -222,7 +274,8 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 	if err := e.Point.Layout.Validate(); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	return TorchtitanAdmit(target, e.Point, e.Compile.Model)
+	_, _, perr := target.CheckPrecision(e.Precision, e.ReduceDType)
+	return errors.Join(TorchtitanAdmit(target, e.Point, e.Compile.Model), perr)
 }
 
 // torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a
@@ -278,6 +331,8 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 		fmt.Fprintf(&b, "# [model] name and flavor not written: torchtitan %s has no flavor known to moescope for %q.\n", TorchtitanTOMLTag, e.Model)
 	}
 	fmt.Fprintf(&b, "\n[training]\nlocal_batch_size = %d\nglobal_batch_size = %d\nseq_len = %d\n", p.LBS, p.GlobalBatch(), e.Seq)
+	param, reduce, _ := TorchtitanTOML.CheckPrecision(e.Precision, e.ReduceDType) // checked above
+	fmt.Fprintf(&b, "mixed_precision_param = %q\nmixed_precision_reduce = %q\n", param, reduce)
 	fmt.Fprintf(&b, "\n[parallelism]\ndata_parallel_replicate_degree = %d\ndata_parallel_shard_degree = %d\n", rep, shard)
 	fmt.Fprintf(&b, "fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
 	pipe, err := e.torchtitanPipeline(TorchtitanTOML)
@@ -377,6 +432,9 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	}
 	fmt.Fprintf(&b, "    config.training.num_tokens_per_train_step = %d  # global batch %d sequences (grad_accum %d)\n", p.GlobalBatch()*e.Seq, p.GlobalBatch(), p.GradAccum)
 	fmt.Fprintf(&b, "    config.training.max_context_length = %d\n", e.Seq)
+	param, reduce, _ := TorchtitanPy.CheckPrecision(e.Precision, e.ReduceDType) // checked above
+	fmt.Fprintf(&b, "    config.training.mixed_precision_param = %q\n", param)
+	fmt.Fprintf(&b, "    config.training.mixed_precision_reduce = %q\n", reduce)
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_replicate_degree = %d\n", rep)
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_shard_degree = %d\n", shard)
 	fmt.Fprintf(&b, "    config.parallelism.fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
