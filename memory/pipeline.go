@@ -207,6 +207,17 @@ func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipeli
 // report; accum is the grad-accum micro-steps. buf, when not nil, is an
 // empty buffer the timeline may reuse.
 func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
+	rep, err := ps.timeline(cfg, l, accum, o, r, buf)
+	if err != nil {
+		return Report{}, err
+	}
+	rep.Peak, err = Replay(rep.Events, *o.Allocator, o.Segments)
+	return rep, err
+}
+
+// timeline is rank r's report before its replay: units, state, saved
+// bytes and events, in ps.order[r]'s order of actions.
+func (ps pipelineSetup) timeline(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
 	mb, sh, chunks, order, m := ps.mb, ps.sh, ps.chunks, ps.order[r], ps.m
 	n := len(chunks)
 	var units []Unit
@@ -270,10 +281,7 @@ func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options
 	}
 	rank.events = events
 	rank.optimizerStep()
-	events = rank.events
-	rep := Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: events}
-	rep.Peak, err = Replay(events, *o.Allocator, o.Segments)
-	return rep, err
+	return Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: rank.events}, nil
 }
 
 // stageBuilder emits one pipeline stage's forward and backward actions.

@@ -144,6 +144,7 @@ func TestPipelineMemory(t *testing.T) {
 		var worst int64
 		for r := range l.PP {
 			var want, live int64
+			wantAt := []int64{0} // live after each action
 			for _, a := range order[r] {
 				// A zero-bubble input pass on a stage other than the first
 				// frees only the kept output; its weight pass the rest.
@@ -167,6 +168,34 @@ func TestPipelineMemory(t *testing.T) {
 					live -= perMB[a.Stage] - kept
 				}
 				want = max(want, live)
+				wantAt = append(wantAt, live)
+			}
+			// The timeline of each prefix of the order, one micro-step,
+			// leaves live the saved activations the per-action sums say.
+			// This sees what each pass frees: the most alone does not see
+			// a zero-bubble input pass free the loss's tensors, which the
+			// stage's weight pass follows at once.
+			for k := 1; k <= len(order[r]); k++ {
+				pk := ps
+				pk.order = slices.Clone(ps.order)
+				pk.order[r] = order[r][:k]
+				rk, err := pk.timeline(cfg, l, 1, no, r, nil)
+				if err != nil {
+					t.Fatalf("%s rank %d, first %d actions: %v", name, r, k, err)
+				}
+				var left int64
+				for _, e := range rk.Events {
+					switch {
+					case e.Category != CatActivations:
+					case e.Alloc:
+						left += e.Bytes
+					default:
+						left -= e.Bytes
+					}
+				}
+				if left != wantAt[k] {
+					t.Errorf("%s rank %d: %d B of saved activations live after %v (action %d), want %d", name, r, left, order[r][k-1], k, wantAt[k])
+				}
 			}
 			rr, err := pipelineRankReport(cfg, l, b, o, r)
 			if err != nil {
