@@ -86,3 +86,27 @@ func TestWeightQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightQueueDo: Do on a nil queue runs f at once; on a queue it runs
+// nothing until Run, which runs the queued functions in the order queued
+// and empties the queue (a second Run runs nothing).
+func TestWeightQueueDo(t *testing.T) {
+	var order []int
+	var none *moe.WeightQueue
+	none.Do(func() { order = append(order, 0) })
+	if !slices.Equal(order, []int{0}) {
+		t.Fatalf("nil queue: ran %v, want [0] at once", order)
+	}
+	q := &moe.WeightQueue{}
+	for i := 1; i <= 3; i++ {
+		q.Do(func() { order = append(order, i) })
+	}
+	if q.Len() != 3 || len(order) != 1 {
+		t.Fatalf("queue: Len %d, ran %v before Run; want 3 queued, nothing more run", q.Len(), order)
+	}
+	q.Run()
+	q.Run()
+	if want := []int{0, 1, 2, 3}; !slices.Equal(order, want) || q.Len() != 0 {
+		t.Errorf("after Run: ran %v, Len %d; want %v, 0", order, q.Len(), want)
+	}
+}

@@ -298,16 +298,11 @@ func (s *epStage) ExpertsBackward(layer int, dye []float32) []float32 {
 		dxE := make([]float32, M*D)
 		kernel.Sgemm(false, false, M, D, F, 1, dg, F, wg[e], D, 0, dxE, D)
 		kernel.Sgemm(false, false, M, D, F, 1, du, F, wu[e], D, 1, dxE, D)
-		dW := func() {
+		s.wq.Do(func() {
 			kernel.Sgemm(true, false, D, F, M, 1, dyE, D, a, F, 1, gd[e], F)
 			kernel.Sgemm(true, false, F, D, M, 1, dg, F, x, D, 1, gg[e], D)
 			kernel.Sgemm(true, false, F, D, M, 1, du, F, x, D, 1, gu[e], D)
-		}
-		if s.wq != nil {
-			s.wq.Defer(dW)
-		} else {
-			dW()
-		}
+		})
 		for i := 0; i < M; i++ {
 			dst := sv.perm[row+i]
 			copy(dx[dst*D:(dst+1)*D], dxE[i*D:(i+1)*D])
