@@ -161,6 +161,11 @@ func permutation(byExpert [][]int, el int) (perm, rowsPer []int) {
 	return perm, rowsPer
 }
 
+// DeferWeightGrads makes ExpertsBackward queue the experts'
+// weight-gradient GEMMs on q (run them at once for nil); moe.Block's
+// DeferWeightGrads hands its queue on to its stage through it.
+func (s *epStage) DeferWeightGrads(q *moe.WeightQueue) { s.wq = q }
+
 // ExpertsForward implements moe.ExpertStage.
 func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe.Pass, keep bool) []float32 {
 	D, F := s.cfg.Hidden, s.cfg.ExpertFFN

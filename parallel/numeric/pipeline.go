@@ -115,9 +115,10 @@ type PipelineSpec struct {
 // experts' gradients, the sum of every EP member's tokens routed to them,
 // are reduce-scattered over efsdp, the other tensors' over dp_shard.
 // Under zero-bubble schedules the experts' weight-gradient GEMMs are
-// queued in the input pass like the blocks' (epStage.wq) and run in the
-// weight pass; both all-to-alls of the experts' backward stay in the
-// input pass, which needs them for the input's gradient.
+// queued in the input pass like the blocks' (moe.Block.DeferWeightGrads
+// hands the block's queue to its epStage) and run in the weight pass;
+// both all-to-alls of the experts' backward stay in the input pass,
+// which needs them for the input's gradient.
 //
 // Replicas inside a stage (HSDP, dp_replicate > 1): the stage's
 // data-parallel ranks are dp_replicate × dp_shard, data-parallel rank
@@ -517,6 +518,17 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			for li := lo; li < hi; li++ {
 				stageBlocks = append(stageBlocks, blocks[j][li])
 			}
+			// deferGrads makes the stage's runners (its blocks with their EP
+			// stage, and the last stage's head) queue their weight-gradient
+			// GEMMs on q, or, given nil, run them again.
+			deferGrads := func(q *moe.WeightQueue) {
+				for _, blk := range stageBlocks {
+					blk.DeferWeightGrads(q)
+				}
+				if s == n-1 {
+					heads[j].DeferWeightGrads(q)
+				}
+			}
 			var q *moe.WeightQueue
 			switch {
 			case act.Kind == moe.PipeW && s > 0:
@@ -533,15 +545,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			case act.Kind == moe.PipeI:
 				q = &moe.WeightQueue{}
 				queues[j][s] = q
-				for _, blk := range stageBlocks {
-					blk.DeferWeightGrads(q)
-				}
-				if s == n-1 {
-					heads[j].DeferWeightGrads(q)
-				}
-				if stages != nil {
-					stages[j].wq = q
-				}
+				deferGrads(q)
 			}
 			if act.Kind == moe.PipeF {
 				// Stage 0 reads the micro-batch's tokens, the last stage its
@@ -637,13 +641,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				}
 			}
 			if q != nil {
-				for _, blk := range stageBlocks {
-					blk.DeferWeightGrads(nil)
-				}
-				heads[j].DeferWeightGrads(nil)
-				if stages != nil {
-					stages[j].wq = nil
-				}
+				deferGrads(nil)
 			}
 			switch {
 			case s == 0 && tc != nil:
