@@ -140,8 +140,9 @@ type PipelineTrainer struct {
 	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
 	order [][]moe.PipeAction
 	split []int
-	ranks [][]*pipeRank // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
-	comms []*Comm       // per pipeline rank, over its stage mesh
+	ranks [][]*pipeRank       // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
+	ux    *parallel.UnitIndex // the config's tensors by unit (read only)
+	comms []*Comm             // per pipeline rank, over its stage mesh
 	step  int
 }
 
@@ -216,7 +217,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, order: order, split: split}
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}
 	el := cfg.Experts / max(l.EP, 1) // routed experts per EP rank
 	// A tp rank's tensors and block runners have its local shapes
 	// (TPLocal; the same tensors in the same order as cfg's).
@@ -493,7 +494,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			return nil
 		}
 		if backwards[s]++; backwards[s] == p.m {
-			return p.tpReduceReplicated(ctx, ep, tc, pr, s)
+			return p.tpReduceReplicated(ctx, ep, tc, pr, s, firsts[s])
 		}
 		return nil
 	}
@@ -720,20 +721,16 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 }
 
 // tpReduceReplicated sums over pr's tp group the step's gradients of
-// stage s's replicated tensors, one all-reduce per unit in the order the
-// pipeline's reduction runs them (parallel.Pipeline: the stage's units in
-// backward order), in the type the gradients were accumulated in.
-func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s int) error {
+// stage s, whose first layer is first, of its replicated tensors, one
+// all-reduce per unit in the order the pipeline's reduction runs them
+// (parallel.Pipeline: the stage's units in backward order), in the type
+// the gradients were accumulated in.
+func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s, first int) error {
 	cfg := p.spec.Config
-	ux := parallel.NewUnitIndex(cfg)
 	ps, gs := cfg.Params(), pr.model.Grads()
 	dt := p.spec.Precision.Compute
 	if p.m > 1 {
 		dt = p.spec.Precision.Grad
-	}
-	first := 0
-	for _, c := range p.split[:s] {
-		first += c
 	}
 	var layers []int // the stage's units in backward order
 	if s == len(p.split)-1 {
@@ -746,23 +743,14 @@ func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, 
 		layers = append(layers, moe.LayerEmbed)
 	}
 	for _, layer := range layers {
-		var ix []int
-		var buf []float32
-		for _, i := range ux.ByLayer[layer] {
+		var rep [][]float32
+		for _, i := range p.ux.ByLayer[layer] {
 			if ps[i].TP == moe.TPReplicated {
-				ix = append(ix, i)
-				buf = append(buf, gs[i]...)
+				rep = append(rep, gs[i])
 			}
 		}
-		if len(buf) == 0 {
-			continue
-		}
-		if err := ep.AllReduce(ctx, tc.group, dt, buf); err != nil {
+		if err := allReduceJoined(ctx, ep, tc.group, dt, rep); err != nil {
 			return err
-		}
-		off := 0
-		for _, i := range ix {
-			off += copy(gs[i], buf[off:])
 		}
 	}
 	return nil

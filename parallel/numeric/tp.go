@@ -201,14 +201,11 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUn
 		return nil
 	}
 	ps := r.cfg.Params()
-	var buf []float32
+	var rep [][]float32
 	for k, ix := range u.params {
 		if ps[ix[0]].TP == moe.TPReplicated {
-			buf = append(buf, g[k]...)
+			rep = append(rep, g[k])
 		}
-	}
-	if len(buf) == 0 {
-		return nil
 	}
 	// The unsharded gradients' type, as parallel.TPReplicatedElements says:
 	// the compute type, or the gradient type they accumulate in when
@@ -217,14 +214,28 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUn
 	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
 		dt = r.spec.Precision.Grad
 	}
-	if err := ep.AllReduce(ctx, r.tp.group, dt, buf); err != nil {
+	return allReduceJoined(ctx, ep, r.tp.group, dt, rep)
+}
+
+// allReduceJoined sums gs over group g in one all-reduce of their
+// concatenation in type dt, writing the sums back into gs (nothing to
+// do for none): one unit's replicated gradients over its tp group, as
+// the schedule issues them, for the single-program and the pipeline
+// trainer alike.
+func allReduceJoined(ctx context.Context, ep *Endpoint, g parallel.Group, dt moe.DType, gs [][]float32) error {
+	var buf []float32
+	for _, v := range gs {
+		buf = append(buf, v...)
+	}
+	if len(buf) == 0 {
+		return nil
+	}
+	if err := ep.AllReduce(ctx, g, dt, buf); err != nil {
 		return err
 	}
 	off := 0
-	for k, ix := range u.params {
-		if ps[ix[0]].TP == moe.TPReplicated {
-			off += copy(g[k], buf[off:off+len(g[k])])
-		}
+	for _, v := range gs {
+		off += copy(v, buf[off:])
 	}
 	return nil
 }
