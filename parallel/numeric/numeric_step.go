@@ -270,7 +270,7 @@ func (r *numRank) headStep(ctx context.Context, ep *Endpoint, x []float32, label
 		loss = r.headRun.Forward(&gw, x, labels)
 		dx = r.headRun.Backward(&gw, &gg, scale)
 	}
-	if err := r.tpErr(); err != nil {
+	if err := r.tp.failed(); err != nil {
 		return 0, nil, err
 	}
 	r.rec.release(cfg.LayerHead())
@@ -348,7 +348,7 @@ func (r *numRank) backwardEmbed(ctx context.Context, ep *Endpoint, dx []float32,
 	_, gg := r.scratch.Globals()
 	if r.tp != nil {
 		r.embed.BackwardShard(gg.Embed, r.tp.Gather(moe.LayerEmbed, moe.BackwardData, dx), r.vocabLo())
-		if err := r.tpErr(); err != nil {
+		if err := r.tp.failed(); err != nil {
 			return err
 		}
 	} else {
@@ -375,7 +375,7 @@ func (r *numRank) stageErr() error {
 	if r.stage != nil && r.stage.err != nil {
 		return r.stage.err
 	}
-	return r.tpErr()
+	return r.tp.failed()
 }
 
 // gatherLayer makes layer li's dense and expert units live.

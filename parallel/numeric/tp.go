@@ -247,13 +247,6 @@ func (r *numRank) vocabLo() int {
 	return r.coord.TP * ((r.cfg.Vocab + tp - 1) / tp)
 }
 
-func (r *numRank) tpErr() error {
-	if r.tp != nil {
-		return r.tp.err
-	}
-	return nil
-}
-
 // failed is the first collective error of a tp communicator (nil for no
 // communicator: no tensor parallelism).
 func (c *tpComm) failed() error {
