@@ -406,12 +406,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	var tc *tpComm
 	if p.tp > 1 {
 		lcfg = cfg.TPLocal(p.tp, sp.Layout.ExpertTP())
-		g := mesh.Group(parallel.AxisTP, pr.lane)
-		tc = &tpComm{group: g, idx: g.IndexOf(pr.lane), batch: p.batch.LBS, seq: p.batch.Seq, hidden: cfg.Hidden,
-			act: sp.Precision.Activation, ac: sp.AC, splitRows: sp.Layout.TokensPerExpertRank() > 1}
+		tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.Precision, sp.AC)
 		tc.bind(ctx, ep)
 	}
-	vocabLo := pr.coord.TP * ((cfg.Vocab + p.tp - 1) / p.tp) // the rank's first vocabulary row (embedding, LM head)
 	// Every tp rank routes the same tokens: the aux loss's gradient, and
 	// the micro-batch's loss, are one member's.
 	lead := pr.coord.TP == 0
@@ -556,7 +553,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				var msg fwdMsg
 				switch {
 				case s == 0 && tc != nil:
-					x := tc.Scatter(moe.LayerEmbed, moe.Forward, embeds[j].ForwardShard(gw.Embed, ids, vocabLo))
+					x := tc.Scatter(moe.LayerEmbed, moe.Forward, embeds[j].ForwardShard(gw.Embed, ids, tc.vocabLo))
 					msg = fwdMsg{x: x, cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
 				case s == 0:
 					msg = fwdMsg{x: embeds[j].Forward(gw.Embed, ids), cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
@@ -600,7 +597,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				}
 				var loss float64
 				if tc != nil {
-					loss = heads[j].ForwardTP(&gw, msg.x, labels, vocabLo, cfg.Vocab, tc)
+					loss = heads[j].ForwardTP(&gw, msg.x, labels, tc.vocabLo, cfg.Vocab, tc)
 				} else {
 					loss = heads[j].Forward(&gw, msg.x, labels)
 				}
@@ -615,7 +612,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			var msg bwdMsg
 			switch {
 			case s == n-1 && tc != nil:
-				msg = bwdMsg{dx: heads[j].BackwardTP(&gw, &gg, scale, vocabLo, cfg.Vocab, tc), auxGrad: auxShared[j]}
+				msg = bwdMsg{dx: heads[j].BackwardTP(&gw, &gg, scale, tc.vocabLo, cfg.Vocab, tc), auxGrad: auxShared[j]}
 			case s == n-1:
 				msg = bwdMsg{dx: heads[j].Backward(&gw, &gg, scale), auxGrad: auxShared[j]}
 			default:
@@ -646,7 +643,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			}
 			switch {
 			case s == 0 && tc != nil:
-				embeds[j].BackwardShard(gg.Embed, tc.Gather(moe.LayerEmbed, moe.BackwardData, msg.dx), vocabLo)
+				embeds[j].BackwardShard(gg.Embed, tc.Gather(moe.LayerEmbed, moe.BackwardData, msg.dx), tc.vocabLo)
 			case s == 0:
 				embeds[j].Backward(gg.Embed, msg.dx)
 			default:

@@ -31,6 +31,7 @@ type tpComm struct {
 	idx   int // this rank's member index (its sequence-parallel positions)
 
 	batch, seq, hidden int
+	vocabLo            int // the first vocabulary row of this rank's embedding and LM head pieces
 	act                moe.DType
 	ac                 moe.AC
 	splitRows          bool // ep > 1 at etp = 1: Layout.TokensPerExpertRank() = tp
@@ -43,6 +44,21 @@ type tpComm struct {
 	// collective issued, as parallel.TPColl describes it (tests).
 	log map[int][]parallel.TPColl
 }
+
+// newTPComm returns the communicator of rank on its tp group g (a
+// group of the mesh of layout l, a stage's under pipeline parallelism)
+// for micro-batches of batch b: its member index is its tp index, since
+// the group lists its ranks in increasing order (parallel.Group).
+func newTPComm(g parallel.Group, rank int, b parallel.Batch, cfg *moe.Config, l moe.Layout, p moe.Precision, ac moe.AC) *tpComm {
+	idx := g.IndexOf(rank)
+	return &tpComm{group: g, idx: idx, batch: b.LBS, seq: b.Seq, hidden: cfg.Hidden, vocabLo: vocabLo(cfg.Vocab, g.Size(), idx),
+		act: p.Activation, ac: ac, splitRows: l.TokensPerExpertRank() > 1}
+}
+
+// vocabLo is the first vocabulary row held by member idx of tp members
+// that split vocab rows as moe.TPShard does (⌈vocab/tp⌉ each, the last
+// padded with zero rows).
+func vocabLo(vocab, tp, idx int) int { return idx * ((vocab + tp - 1) / tp) }
 
 func (c *tpComm) bind(ctx context.Context, ep *Endpoint) {
 	c.ctx, c.ep, c.err = ctx, ep, nil
@@ -238,13 +254,6 @@ func allReduceJoined(ctx context.Context, ep *Endpoint, g parallel.Group, dt moe
 		off += copy(v, buf[off:])
 	}
 	return nil
-}
-
-// vocabLo is the first vocabulary row of this rank's embedding and LM head
-// pieces.
-func (r *numRank) vocabLo() int {
-	tp := r.spec.Mesh.Layout.TPDegree()
-	return r.coord.TP * ((r.cfg.Vocab + tp - 1) / tp)
 }
 
 // failed is the first collective error of a tp communicator (nil for no
