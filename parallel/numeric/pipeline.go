@@ -138,6 +138,8 @@ type PipelineTrainer struct {
 	dp    int            // data-parallel ranks per stage, dp_replicate × dp_shard
 	tp    int            // tensor-parallel ranks per data-parallel rank
 	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
+	el    int            // routed experts per EP rank
+	lcfg  *moe.Config    // a tp rank's local shapes (moe.Config.TPLocal; the config itself without tp)
 	order [][]moe.PipeAction
 	split []int
 	ranks [][]*pipeRank       // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
@@ -217,14 +219,14 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}
-	el := cfg.Experts / max(l.EP, 1) // routed experts per EP rank
 	// A tp rank's tensors and block runners have its local shapes
 	// (TPLocal; the same tensors in the same order as cfg's).
 	lcfg := cfg
 	if tp > 1 {
 		lcfg = cfg.TPLocal(tp, l.ExpertTP())
 	}
+	el := cfg.Experts / max(l.EP, 1)
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, el: el, lcfg: lcfg, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}
 	first := make([]int, len(split)+1) // first layer of each stage
 	for s, n := range split {
 		first[s+1] = first[s] + n
@@ -402,10 +404,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	scale := 1 / float64(sp.Accum*p.dp*p.m)
 	mesh := ep.Comm().Mesh()
 	group := mesh.Group(parallel.AxisShard, pr.lane)
-	lcfg := cfg
+	lcfg := p.lcfg
 	var tc *tpComm
 	if p.tp > 1 {
-		lcfg = cfg.TPLocal(p.tp, sp.Layout.ExpertTP())
 		tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.Precision, sp.AC)
 		tc.bind(ctx, ep)
 	}
@@ -446,14 +447,14 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	var stages []*epStage // per micro-batch under ep
 	if p.ep > 1 {
 		stages = make([]*epStage, p.m)
-	}
-	weights, grads := p.localExperts(pr, mesh.Coord(pr.lane).EP)
-	for j := range p.m {
-		blocks[j] = map[int]*moe.Block[float32]{}
-		if stages != nil {
+		weights, grads := p.localExperts(pr)
+		for j := range stages {
 			stages[j] = &epStage{cfg: lcfg, dtype: sp.Precision.Activation, ac: sp.AC, weights: weights, grads: grads}
 			stages[j].bind(ctx, ep)
 		}
+	}
+	for j := range p.m {
+		blocks[j] = map[int]*moe.Block[float32]{}
 		for _, s := range pr.stages {
 			for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
 				blocks[j][li] = moe.NewBlock[float32](lcfg, li, p.batch.LBS, p.batch.Seq, o)
@@ -753,12 +754,12 @@ func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, 
 	return nil
 }
 
-// localExperts returns the epStage's views of pr's routed experts of EP
-// index e: per MoE layer of its stages, the weights and the gradient
-// accumulators of each local expert (gate, up, down).
-func (p *PipelineTrainer) localExperts(pr *pipeRank, e int) (weights, grads func(layer int) (gate, up, down [][]float32)) {
+// localExperts returns the epStage's views of pr's routed experts (those
+// of its EP index): per MoE layer of its stages, the weights and the
+// gradient accumulators of each local expert (gate, up, down).
+func (p *PipelineTrainer) localExperts(pr *pipeRank) (weights, grads func(layer int) (gate, up, down [][]float32)) {
 	cfg := p.spec.Config
-	el := cfg.Experts / max(p.ep, 1)
+	e, el := pr.coord.EP, p.el
 	ix := map[int][3][]int{}
 	for li, moeLayer := range cfg.MoELayer {
 		if moeLayer {
