@@ -182,8 +182,10 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	case l.Stages() < 2:
 		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
 	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
-		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, etp %d; built: FSDP over dp_shard with replicas, with tp, ep, or both at etp 1 or tp inside a stage)",
-			l.DPReplicate, l.EP, l.Sharding, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), max(l.ETP, 1))
+		// Only what dp_shard shards is unbuilt (replicas, tp and ep run
+		// under fsdp); without a dp_shard axis the modes are the same.
+		return nil, fmt.Errorf("numeric: pipeline: sharding %s over dp_shard %d inside a pipeline stage: not built (built: fsdp); gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, ep %d, etp %d",
+			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
 	case cfg.TiedEmbeddings:
 		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
 	case spec.Seq < 1 || spec.Accum < 1:
