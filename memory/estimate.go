@@ -107,11 +107,8 @@ func (o Options) normalized() (Options, error) {
 	if o.AC.Mode == "" {
 		o.AC = moe.AC{Mode: moe.ACNone}
 	}
-	if o.AC.Mode == moe.ACLayer && o.AC.Every < 1 {
-		return o, fmt.Errorf("ac = layer:%d: N must be ≥ 1", o.AC.Every)
-	}
-	if o.AC.Mode == moe.ACModules && o.AC.Modules == 0 {
-		return o, fmt.Errorf("ac = modules: needs at least one recompute module")
+	if err := o.AC.Validate(); err != nil {
+		return o, err
 	}
 	if o.Attention == "" {
 		o.Attention = Flash

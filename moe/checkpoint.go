@@ -168,6 +168,18 @@ func parseModule(name string) (RecomputeModules, error) {
 	return 0, fmt.Errorf("%q is not a Megatron-Core recompute module; built: %s", name, builtModules())
 }
 
+// Validate reports a policy no model can run: layer:N with N < 1, or the
+// modules policy without a module.
+func (a AC) Validate() error {
+	switch {
+	case a.Mode == ACLayer && a.Every < 1:
+		return fmt.Errorf("ac = %s: layer:N needs N ≥ 1", a)
+	case a.Mode == ACModules && a.Modules == 0:
+		return fmt.Errorf("ac = modules: needs at least one module (%s)", builtModules())
+	}
+	return nil
+}
+
 func (a AC) String() string {
 	switch a.Mode {
 	case ACLayer:

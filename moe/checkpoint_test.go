@@ -96,3 +96,25 @@ func TestModulesEmptyRefused(t *testing.T) {
 		t.Errorf("empty modules: %v", err)
 	}
 }
+
+// AC.Validate refuses what no model runs (layer:0, modules with none) by
+// naming it, and passes every policy ParseAC builds.
+func TestACValidate(t *testing.T) {
+	for _, c := range []struct {
+		ac   AC
+		want string
+	}{{AC{Mode: ACLayer}, "layer:N needs N ≥ 1"}, {AC{Mode: ACModules}, "needs at least one module"}} {
+		if err := c.ac.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error saying %q", c.ac, err, c.want)
+		}
+	}
+	for _, s := range []string{"none", "selective", "full", "layer:2", "modules:layernorm,moe_act", "modules:moe"} {
+		a, err := ParseAC(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Validate(); err != nil {
+			t.Errorf("%s: %v", s, err)
+		}
+	}
+}

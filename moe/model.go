@@ -305,11 +305,8 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 			return Result{}, fmt.Errorf("aux coefficient = %v: must be finite", o.AuxCoef)
 		}
 	}
-	if o.AC.Mode == ACLayer && o.AC.Every < 1 {
-		return Result{}, fmt.Errorf("ac = %s: layer:N needs N ≥ 1", o.AC)
-	}
-	if o.AC.Mode == ACModules && o.AC.Modules == 0 {
-		return Result{}, fmt.Errorf("ac = modules: needs at least one module (%s)", builtModules())
+	if err := o.AC.Validate(); err != nil {
+		return Result{}, err
 	}
 	ex := newExec(o)
 	data := m.Data

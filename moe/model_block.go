@@ -112,9 +112,16 @@ func NewBlock[T Float](c *Config, l, batch, seq int, o Options) *Block[T] {
 
 // DeferWeightGrads makes the block's backwards queue their
 // weight-gradient GEMMs on q (WeightQueue) until it is called with nil:
-// the local experts' and every linear's; an ExpertStage replacing the
-// local experts runs its backward whole.
-func (b *Block[T]) DeferWeightGrads(q *WeightQueue) { b.x.wq = q }
+// the local experts' and every linear's. An ExpertStage replacing the
+// local experts is handed q when it has a DeferWeightGrads(*WeightQueue)
+// method (numeric's expert-parallel stage: it then queues its experts'
+// GEMMs on q too); one without runs its backward whole.
+func (b *Block[T]) DeferWeightGrads(q *WeightQueue) {
+	b.x.wq = q
+	if s, ok := b.Experts.(interface{ DeferWeightGrads(*WeightQueue) }); ok {
+		s.DeferWeightGrads(q)
+	}
+}
 
 // Routing returns the routing the block holds (nil for dense layers, and
 // between forward and backward when the block or its MoE layer is

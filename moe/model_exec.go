@@ -53,22 +53,24 @@ func (q *WeightQueue) Run() {
 	q.fns = nil
 }
 
-// Defer queues f, the weight-gradient half of a backward computed outside
-// this package (numeric's expert-parallel stage), behind what is queued.
-func (q *WeightQueue) Defer(f func()) { q.fns = append(q.fns, f) }
+// Do queues f, the weight-gradient half of a backward, behind what is
+// queued, or runs it now when q is nil (weight gradients not deferred):
+// the one place that choice is made, for this package's ops and for
+// stages outside it (numeric's expert-parallel stage).
+func (q *WeightQueue) Do(f func()) {
+	if q == nil {
+		f()
+		return
+	}
+	q.fns = append(q.fns, f)
+}
 
 // Len is the number of queued weight-gradient GEMMs.
 func (q *WeightQueue) Len() int { return len(q.fns) }
 
 // weightPass runs f, the weight-gradient half of a backward op, now, or
 // queues it when weight gradients are deferred.
-func (x *exec) weightPass(f func()) {
-	if x.wq != nil {
-		x.wq.fns = append(x.wq.fns, f)
-		return
-	}
-	f()
-}
+func (x *exec) weightPass(f func()) { x.wq.Do(f) }
 
 func newExec(o Options) *exec {
 	p := o.Precision

@@ -543,7 +543,9 @@ func interleavedOrder(r, pp, v, m, perRound int, zb bool) []PipeAction {
 		local := v - 1 - (j/perRound)%v
 		a := PipeAction{Kind: kind, Stage: local*pp + r, Micro: nextB[local]}
 		nextB[local]++
-		waiting = append(waiting, PipeAction{Kind: PipeW, Stage: a.Stage, Micro: a.Micro})
+		if zb {
+			waiting = append(waiting, PipeAction{Kind: PipeW, Stage: a.Stage, Micro: a.Micro})
+		}
 		return a
 	}
 	out := make([]PipeAction, 0, 3*total)

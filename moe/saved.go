@@ -179,6 +179,9 @@ func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecor
 // dropRecomputed removes, under the modules policy, the tensors its
 // modules recompute in backward instead of keeping.
 func (s *savedList) dropRecomputed(ac AC) {
+	if ac.Mode != ACModules {
+		return // no module recomputes anything: keep all
+	}
 	c, l := s.c, s.layer
 	drop := map[SavedRecord]bool{}
 	mark := func(op Op, tensor string) { drop[SavedRecord{Op: op, Tensor: tensor}] = true }

@@ -86,3 +86,56 @@ func TestWeightQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestWeightQueueDo: Do on a nil queue runs f at once; on a queue it runs
+// nothing until Run, which runs the queued functions in the order queued
+// and empties the queue (a second Run runs nothing).
+func TestWeightQueueDo(t *testing.T) {
+	var order []int
+	var none *moe.WeightQueue
+	none.Do(func() { order = append(order, 0) })
+	if !slices.Equal(order, []int{0}) {
+		t.Fatalf("nil queue: ran %v, want [0] at once", order)
+	}
+	q := &moe.WeightQueue{}
+	for i := 1; i <= 3; i++ {
+		q.Do(func() { order = append(order, i) })
+	}
+	if q.Len() != 3 || len(order) != 1 {
+		t.Fatalf("queue: Len %d, ran %v before Run; want 3 queued, nothing more run", q.Len(), order)
+	}
+	q.Run()
+	q.Run()
+	if want := []int{0, 1, 2, 3}; !slices.Equal(order, want) || q.Len() != 0 {
+		t.Errorf("after Run: ran %v, Len %d; want %v, 0", order, q.Len(), want)
+	}
+}
+
+// queueStage is an ExpertStage that only keeps the weight queue a block
+// hands it (its experts are never run here).
+type queueStage struct{ q *moe.WeightQueue }
+
+func (s *queueStage) ExpertsForward(_ int, x []float32, _ []int, _ moe.Pass, _ bool) []float32 {
+	return x
+}
+func (s *queueStage) ExpertsBackward(_ int, dy []float32) []float32 { return dy }
+func (s *queueStage) DeferWeightGrads(q *moe.WeightQueue)           { s.q = q }
+
+// TestBlockHandsQueueToStage: a block's DeferWeightGrads hands the queue
+// to an ExpertStage that takes one, and nil again after, so that a stage
+// replacing the local experts defers with the block.
+func TestBlockHandsQueueToStage(t *testing.T) {
+	c := moetest.TinyMoELayers(true, false)
+	st := &queueStage{}
+	b := moe.NewBlock[float32](c, 0, 2, 4, moe.Options{})
+	b.Experts = st
+	q := &moe.WeightQueue{}
+	b.DeferWeightGrads(q)
+	if st.q != q {
+		t.Fatalf("stage holds queue %p, want the block's %p", st.q, q)
+	}
+	b.DeferWeightGrads(nil)
+	if st.q != nil {
+		t.Errorf("stage still holds queue %p after DeferWeightGrads(nil)", st.q)
+	}
+}

@@ -57,7 +57,7 @@ func TestPipelineFlags(t *testing.T) {
 		{[]string{"memory", "--pp-virtual-stages", "2"}, "pp_virtual_stages = 2: a pipeline option needs pp > 1"},
 		{[]string{"memory", "--pp", "2", "--pp-layers", "1,x"}, `pp_layers = 1,x: stage 1 = "x"`},
 		{[]string{"memory", "--pp", "2", "--pp-microbatch-size", "3"}, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
-		{[]string{"train", "--pp", "2", "--dp-shard", "2", "--sharding", "zero2", "--steps", "1"}, "dp_replicate 1, ep 1, sharding zero2 inside a pipeline stage: not built in the numeric backend yet"},
+		{[]string{"train", "--pp", "2", "--dp-shard", "2", "--sharding", "zero2", "--steps", "1"}, "sharding zero2 over dp_shard 2 inside a pipeline stage: not built (built: fsdp)"},
 		{[]string{"train", "--pp", "2", "--steps", "1", "--checkpoint", "x"}, "--checkpoint with --pp = 2: checkpoints under pipelines are not built"},
 	} {
 		args := append(c.args, "--model", "tiny", "--gpus", "4", "--lbs", "4", "--seq", "64")

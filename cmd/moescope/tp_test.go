@@ -43,7 +43,7 @@ func TestTPFlags(t *testing.T) {
 		// (TestTrainPipelineTP) under FSDP, not under the other sharding
 		// modes: the refusal names every factor.
 		{[]string{"train", "--model", "tiny", "--gpus", "8", "--tp", "2", "--pp", "2", "--ep", "2", "--dp-shard", "2", "--sharding", "zero1", "--lbs", "1", "--seq", "8", "--steps", "1"},
-			"dp_replicate 1, ep 2, sharding zero1 inside a pipeline stage: not built in the numeric backend yet (gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2, etp 1"},
+			"sharding zero1 over dp_shard 2 inside a pipeline stage: not built (built: fsdp); gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2, ep 2, etp 1"},
 	} {
 		out, err := runSimCmd(t, c.args...)
 		if err == nil || !strings.Contains(out+err.Error(), c.want) {

@@ -161,6 +161,11 @@ func permutation(byExpert [][]int, el int) (perm, rowsPer []int) {
 	return perm, rowsPer
 }
 
+// DeferWeightGrads makes ExpertsBackward queue the experts'
+// weight-gradient GEMMs on q (run them at once for nil); moe.Block's
+// DeferWeightGrads hands its queue on to its stage through it.
+func (s *epStage) DeferWeightGrads(q *moe.WeightQueue) { s.wq = q }
+
 // ExpertsForward implements moe.ExpertStage.
 func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe.Pass, keep bool) []float32 {
 	D, F := s.cfg.Hidden, s.cfg.ExpertFFN
@@ -298,16 +303,11 @@ func (s *epStage) ExpertsBackward(layer int, dye []float32) []float32 {
 		dxE := make([]float32, M*D)
 		kernel.Sgemm(false, false, M, D, F, 1, dg, F, wg[e], D, 0, dxE, D)
 		kernel.Sgemm(false, false, M, D, F, 1, du, F, wu[e], D, 1, dxE, D)
-		dW := func() {
+		s.wq.Do(func() {
 			kernel.Sgemm(true, false, D, F, M, 1, dyE, D, a, F, 1, gd[e], F)
 			kernel.Sgemm(true, false, F, D, M, 1, dg, F, x, D, 1, gg[e], D)
 			kernel.Sgemm(true, false, F, D, M, 1, du, F, x, D, 1, gu[e], D)
-		}
-		if s.wq != nil {
-			s.wq.Defer(dW)
-		} else {
-			dW()
-		}
+		})
 		for i := 0; i < M; i++ {
 			dst := sv.perm[row+i]
 			copy(dx[dst*D:(dst+1)*D], dxE[i*D:(i+1)*D])

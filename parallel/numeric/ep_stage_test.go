@@ -76,7 +76,7 @@ func TestEPStageDefersExpertWeightGrads(t *testing.T) {
 			st.ExpertsForward(0, xe[r], counts[r], moe.Forward, true)
 			var q moe.WeightQueue
 			if deferred {
-				st.wq = &q
+				st.DeferWeightGrads(&q)
 			}
 			res[r].dx = st.ExpertsBackward(0, dy[r])
 			res[r].queued = q.Len()

@@ -143,8 +143,7 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	r.rec = &rankRecorder{mem: &r.mem}
 	o := moe.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.Precision, AuxCoef: spec.AuxCoef}
 	if g := m.Group(parallel.AxisTP, rank); g.Size() > 1 {
-		r.tp = &tpComm{group: g, idx: g.IndexOf(rank), batch: spec.Batch.LBS, seq: spec.Batch.Seq, hidden: cfg.Hidden,
-			act: spec.Precision.Activation, ac: spec.AC, splitRows: m.Layout.TokensPerExpertRank() > 1}
+		r.tp = newTPComm(g, rank, spec.Batch, cfg, m.Layout, spec.Precision, spec.AC)
 	}
 	if m.Layout.EP > 1 {
 		r.stage = &epStage{cfg: lcfg, dtype: spec.Precision.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},

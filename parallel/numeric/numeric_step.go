@@ -216,7 +216,7 @@ func (r *numRank) forward(ctx context.Context, ep *Endpoint, ids []int, loads []
 	if r.tp != nil {
 		// RowwiseParallel embedding: partial rows, reduce-scattered into
 		// the sequence-parallel region.
-		x = r.tp.Scatter(moe.LayerEmbed, moe.Forward, r.embed.ForwardShard(gw.Embed, ids, r.vocabLo()))
+		x = r.tp.Scatter(moe.LayerEmbed, moe.Forward, r.embed.ForwardShard(gw.Embed, ids, r.tp.vocabLo))
 	} else {
 		x = r.embed.Forward(gw.Embed, ids)
 	}
@@ -264,13 +264,13 @@ func (r *numRank) headStep(ctx context.Context, ep *Endpoint, x []float32, label
 	var loss float64
 	var dx []float32
 	if r.tp != nil {
-		loss = r.headRun.ForwardTP(&gw, x, labels, r.vocabLo(), cfg.Vocab, r.tp)
-		dx = r.headRun.BackwardTP(&gw, &gg, scale, r.vocabLo(), cfg.Vocab, r.tp)
+		loss = r.headRun.ForwardTP(&gw, x, labels, r.tp.vocabLo, cfg.Vocab, r.tp)
+		dx = r.headRun.BackwardTP(&gw, &gg, scale, r.tp.vocabLo, cfg.Vocab, r.tp)
 	} else {
 		loss = r.headRun.Forward(&gw, x, labels)
 		dx = r.headRun.Backward(&gw, &gg, scale)
 	}
-	if err := r.tpErr(); err != nil {
+	if err := r.tp.failed(); err != nil {
 		return 0, nil, err
 	}
 	r.rec.release(cfg.LayerHead())
@@ -347,8 +347,8 @@ func (r *numRank) backwardEmbed(ctx context.Context, ep *Endpoint, dx []float32,
 	}
 	_, gg := r.scratch.Globals()
 	if r.tp != nil {
-		r.embed.BackwardShard(gg.Embed, r.tp.Gather(moe.LayerEmbed, moe.BackwardData, dx), r.vocabLo())
-		if err := r.tpErr(); err != nil {
+		r.embed.BackwardShard(gg.Embed, r.tp.Gather(moe.LayerEmbed, moe.BackwardData, dx), r.tp.vocabLo)
+		if err := r.tp.failed(); err != nil {
 			return err
 		}
 	} else {
@@ -375,7 +375,7 @@ func (r *numRank) stageErr() error {
 	if r.stage != nil && r.stage.err != nil {
 		return r.stage.err
 	}
-	return r.tpErr()
+	return r.tp.failed()
 }
 
 // gatherLayer makes layer li's dense and expert units live.

@@ -115,9 +115,10 @@ type PipelineSpec struct {
 // experts' gradients, the sum of every EP member's tokens routed to them,
 // are reduce-scattered over efsdp, the other tensors' over dp_shard.
 // Under zero-bubble schedules the experts' weight-gradient GEMMs are
-// queued in the input pass like the blocks' (epStage.wq) and run in the
-// weight pass; both all-to-alls of the experts' backward stay in the
-// input pass, which needs them for the input's gradient.
+// queued in the input pass like the blocks' (moe.Block.DeferWeightGrads
+// hands the block's queue to its epStage) and run in the weight pass;
+// both all-to-alls of the experts' backward stay in the input pass,
+// which needs them for the input's gradient.
 //
 // Replicas inside a stage (HSDP, dp_replicate > 1): the stage's
 // data-parallel ranks are dp_replicate × dp_shard, data-parallel rank
@@ -137,10 +138,13 @@ type PipelineTrainer struct {
 	dp    int            // data-parallel ranks per stage, dp_replicate × dp_shard
 	tp    int            // tensor-parallel ranks per data-parallel rank
 	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
+	el    int            // routed experts per EP rank
+	lcfg  *moe.Config    // a tp rank's local shapes (moe.Config.TPLocal; the config itself without tp)
 	order [][]moe.PipeAction
 	split []int
-	ranks [][]*pipeRank // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
-	comms []*Comm       // per pipeline rank, over its stage mesh
+	ranks [][]*pipeRank       // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
+	ux    *parallel.UnitIndex // the config's tensors by unit (read only)
+	comms []*Comm             // per pipeline rank, over its stage mesh
 	step  int
 }
 
@@ -178,8 +182,10 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	case l.Stages() < 2:
 		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
 	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
-		return nil, fmt.Errorf("numeric: pipeline: dp_replicate %d, ep %d, sharding %s inside a pipeline stage: not built in the numeric backend yet (gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, etp %d; built: FSDP over dp_shard with replicas, with tp, ep, or both at etp 1 or tp inside a stage)",
-			l.DPReplicate, l.EP, l.Sharding, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), max(l.ETP, 1))
+		// Only what dp_shard shards is unbuilt (replicas, tp and ep run
+		// under fsdp); without a dp_shard axis the modes are the same.
+		return nil, fmt.Errorf("numeric: pipeline: sharding %s over dp_shard %d inside a pipeline stage: not built (built: fsdp); gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, ep %d, etp %d",
+			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
 	case cfg.TiedEmbeddings:
 		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
 	case spec.Seq < 1 || spec.Accum < 1:
@@ -215,14 +221,14 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, order: order, split: split}
-	el := cfg.Experts / max(l.EP, 1) // routed experts per EP rank
 	// A tp rank's tensors and block runners have its local shapes
 	// (TPLocal; the same tensors in the same order as cfg's).
 	lcfg := cfg
 	if tp > 1 {
 		lcfg = cfg.TPLocal(tp, l.ExpertTP())
 	}
+	el := cfg.Experts / max(l.EP, 1)
+	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, el: el, lcfg: lcfg, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}
 	first := make([]int, len(split)+1) // first layer of each stage
 	for s, n := range split {
 		first[s+1] = first[s] + n
@@ -400,16 +406,12 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	scale := 1 / float64(sp.Accum*p.dp*p.m)
 	mesh := ep.Comm().Mesh()
 	group := mesh.Group(parallel.AxisShard, pr.lane)
-	lcfg := cfg
+	lcfg := p.lcfg
 	var tc *tpComm
 	if p.tp > 1 {
-		lcfg = cfg.TPLocal(p.tp, sp.Layout.ExpertTP())
-		g := mesh.Group(parallel.AxisTP, pr.lane)
-		tc = &tpComm{group: g, idx: g.IndexOf(pr.lane), batch: p.batch.LBS, seq: p.batch.Seq, hidden: cfg.Hidden,
-			act: sp.Precision.Activation, ac: sp.AC, splitRows: sp.Layout.TokensPerExpertRank() > 1}
+		tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.Precision, sp.AC)
 		tc.bind(ctx, ep)
 	}
-	vocabLo := pr.coord.TP * ((cfg.Vocab + p.tp - 1) / p.tp) // the rank's first vocabulary row (embedding, LM head)
 	// Every tp rank routes the same tokens: the aux loss's gradient, and
 	// the micro-batch's loss, are one member's.
 	lead := pr.coord.TP == 0
@@ -447,14 +449,14 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 	var stages []*epStage // per micro-batch under ep
 	if p.ep > 1 {
 		stages = make([]*epStage, p.m)
-	}
-	weights, grads := p.localExperts(pr, mesh.Coord(pr.lane).EP)
-	for j := range p.m {
-		blocks[j] = map[int]*moe.Block[float32]{}
-		if stages != nil {
+		weights, grads := p.localExperts(pr)
+		for j := range stages {
 			stages[j] = &epStage{cfg: lcfg, dtype: sp.Precision.Activation, ac: sp.AC, weights: weights, grads: grads}
 			stages[j].bind(ctx, ep)
 		}
+	}
+	for j := range p.m {
+		blocks[j] = map[int]*moe.Block[float32]{}
 		for _, s := range pr.stages {
 			for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
 				blocks[j][li] = moe.NewBlock[float32](lcfg, li, p.batch.LBS, p.batch.Seq, o)
@@ -492,7 +494,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			return nil
 		}
 		if backwards[s]++; backwards[s] == p.m {
-			return p.tpReduceReplicated(ctx, ep, tc, pr, s)
+			return p.tpReduceReplicated(ctx, ep, tc, pr, s, firsts[s])
 		}
 		return nil
 	}
@@ -517,6 +519,17 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			for li := lo; li < hi; li++ {
 				stageBlocks = append(stageBlocks, blocks[j][li])
 			}
+			// deferGrads makes the stage's runners (its blocks with their EP
+			// stage, and the last stage's head) queue their weight-gradient
+			// GEMMs on q, or, given nil, run them again.
+			deferGrads := func(q *moe.WeightQueue) {
+				for _, blk := range stageBlocks {
+					blk.DeferWeightGrads(q)
+				}
+				if s == n-1 {
+					heads[j].DeferWeightGrads(q)
+				}
+			}
 			var q *moe.WeightQueue
 			switch {
 			case act.Kind == moe.PipeW && s > 0:
@@ -533,15 +546,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			case act.Kind == moe.PipeI:
 				q = &moe.WeightQueue{}
 				queues[j][s] = q
-				for _, blk := range stageBlocks {
-					blk.DeferWeightGrads(q)
-				}
-				if s == n-1 {
-					heads[j].DeferWeightGrads(q)
-				}
-				if stages != nil {
-					stages[j].wq = q
-				}
+				deferGrads(q)
 			}
 			if act.Kind == moe.PipeF {
 				// Stage 0 reads the micro-batch's tokens, the last stage its
@@ -551,7 +556,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				var msg fwdMsg
 				switch {
 				case s == 0 && tc != nil:
-					x := tc.Scatter(moe.LayerEmbed, moe.Forward, embeds[j].ForwardShard(gw.Embed, ids, vocabLo))
+					x := tc.Scatter(moe.LayerEmbed, moe.Forward, embeds[j].ForwardShard(gw.Embed, ids, tc.vocabLo))
 					msg = fwdMsg{x: x, cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
 				case s == 0:
 					msg = fwdMsg{x: embeds[j].Forward(gw.Embed, ids), cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
@@ -595,7 +600,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				}
 				var loss float64
 				if tc != nil {
-					loss = heads[j].ForwardTP(&gw, msg.x, labels, vocabLo, cfg.Vocab, tc)
+					loss = heads[j].ForwardTP(&gw, msg.x, labels, tc.vocabLo, cfg.Vocab, tc)
 				} else {
 					loss = heads[j].Forward(&gw, msg.x, labels)
 				}
@@ -610,7 +615,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 			var msg bwdMsg
 			switch {
 			case s == n-1 && tc != nil:
-				msg = bwdMsg{dx: heads[j].BackwardTP(&gw, &gg, scale, vocabLo, cfg.Vocab, tc), auxGrad: auxShared[j]}
+				msg = bwdMsg{dx: heads[j].BackwardTP(&gw, &gg, scale, tc.vocabLo, cfg.Vocab, tc), auxGrad: auxShared[j]}
 			case s == n-1:
 				msg = bwdMsg{dx: heads[j].Backward(&gw, &gg, scale), auxGrad: auxShared[j]}
 			default:
@@ -637,17 +642,11 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 				}
 			}
 			if q != nil {
-				for _, blk := range stageBlocks {
-					blk.DeferWeightGrads(nil)
-				}
-				heads[j].DeferWeightGrads(nil)
-				if stages != nil {
-					stages[j].wq = nil
-				}
+				deferGrads(nil)
 			}
 			switch {
 			case s == 0 && tc != nil:
-				embeds[j].BackwardShard(gg.Embed, tc.Gather(moe.LayerEmbed, moe.BackwardData, msg.dx), vocabLo)
+				embeds[j].BackwardShard(gg.Embed, tc.Gather(moe.LayerEmbed, moe.BackwardData, msg.dx), tc.vocabLo)
 			case s == 0:
 				embeds[j].Backward(gg.Embed, msg.dx)
 			default:
@@ -722,20 +721,16 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 }
 
 // tpReduceReplicated sums over pr's tp group the step's gradients of
-// stage s's replicated tensors, one all-reduce per unit in the order the
-// pipeline's reduction runs them (parallel.Pipeline: the stage's units in
-// backward order), in the type the gradients were accumulated in.
-func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s int) error {
+// stage s, whose first layer is first, of its replicated tensors, one
+// all-reduce per unit in the order the pipeline's reduction runs them
+// (parallel.Pipeline: the stage's units in backward order), in the type
+// the gradients were accumulated in.
+func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s, first int) error {
 	cfg := p.spec.Config
-	ux := parallel.NewUnitIndex(cfg)
 	ps, gs := cfg.Params(), pr.model.Grads()
 	dt := p.spec.Precision.Compute
 	if p.m > 1 {
 		dt = p.spec.Precision.Grad
-	}
-	first := 0
-	for _, c := range p.split[:s] {
-		first += c
 	}
 	var layers []int // the stage's units in backward order
 	if s == len(p.split)-1 {
@@ -748,34 +743,25 @@ func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, 
 		layers = append(layers, moe.LayerEmbed)
 	}
 	for _, layer := range layers {
-		var ix []int
-		var buf []float32
-		for _, i := range ux.ByLayer[layer] {
+		var rep [][]float32
+		for _, i := range p.ux.ByLayer[layer] {
 			if ps[i].TP == moe.TPReplicated {
-				ix = append(ix, i)
-				buf = append(buf, gs[i]...)
+				rep = append(rep, gs[i])
 			}
 		}
-		if len(buf) == 0 {
-			continue
-		}
-		if err := ep.AllReduce(ctx, tc.group, dt, buf); err != nil {
+		if err := allReduceJoined(ctx, ep, tc.group, dt, rep); err != nil {
 			return err
-		}
-		off := 0
-		for _, i := range ix {
-			off += copy(gs[i], buf[off:])
 		}
 	}
 	return nil
 }
 
-// localExperts returns the epStage's views of pr's routed experts of EP
-// index e: per MoE layer of its stages, the weights and the gradient
-// accumulators of each local expert (gate, up, down).
-func (p *PipelineTrainer) localExperts(pr *pipeRank, e int) (weights, grads func(layer int) (gate, up, down [][]float32)) {
+// localExperts returns the epStage's views of pr's routed experts (those
+// of its EP index): per MoE layer of its stages, the weights and the
+// gradient accumulators of each local expert (gate, up, down).
+func (p *PipelineTrainer) localExperts(pr *pipeRank) (weights, grads func(layer int) (gate, up, down [][]float32)) {
 	cfg := p.spec.Config
-	el := cfg.Experts / max(p.ep, 1)
+	e, el := pr.coord.EP, p.el
 	ix := map[int][3][]int{}
 	for li, moeLayer := range cfg.MoELayer {
 		if moeLayer {

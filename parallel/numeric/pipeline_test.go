@@ -199,8 +199,8 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 	}{
 		// What stays refused names every factor.
 		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, Sharding: moe.ShardZeRO1}, nil,
-			"dp_replicate 1, ep 2, sharding zero1 inside a pipeline stage: not built in the numeric backend yet (gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2, etp 1"},
-		{moe.Layout{GPUs: 4, PP: 2, Sharding: moe.ShardZeRO2}, nil, "sharding zero2 inside a pipeline stage: not built"},
+			"sharding zero1 over dp_shard 2 inside a pipeline stage: not built (built: fsdp); gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2, ep 2, etp 1"},
+		{moe.Layout{GPUs: 4, PP: 2, Sharding: moe.ShardZeRO2}, nil, "sharding zero2 over dp_shard 2 inside a pipeline stage: not built (built: fsdp)"},
 		{moe.Layout{GPUs: 2, PP: 2}, func(c *moe.Config) { c.TiedEmbeddings = true }, "tied embeddings"},
 		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 3}, nil, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
 	} {

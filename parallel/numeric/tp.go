@@ -31,6 +31,7 @@ type tpComm struct {
 	idx   int // this rank's member index (its sequence-parallel positions)
 
 	batch, seq, hidden int
+	vocabLo            int // the first vocabulary row of this rank's embedding and LM head pieces
 	act                moe.DType
 	ac                 moe.AC
 	splitRows          bool // ep > 1 at etp = 1: Layout.TokensPerExpertRank() = tp
@@ -43,6 +44,21 @@ type tpComm struct {
 	// collective issued, as parallel.TPColl describes it (tests).
 	log map[int][]parallel.TPColl
 }
+
+// newTPComm returns the communicator of rank on its tp group g (a
+// group of the mesh of layout l, a stage's under pipeline parallelism)
+// for micro-batches of batch b: its member index is its tp index, since
+// the group lists its ranks in increasing order (parallel.Group).
+func newTPComm(g parallel.Group, rank int, b parallel.Batch, cfg *moe.Config, l moe.Layout, p moe.Precision, ac moe.AC) *tpComm {
+	idx := g.IndexOf(rank)
+	return &tpComm{group: g, idx: idx, batch: b.LBS, seq: b.Seq, hidden: cfg.Hidden, vocabLo: vocabLo(cfg.Vocab, g.Size(), idx),
+		act: p.Activation, ac: ac, splitRows: l.TokensPerExpertRank() > 1}
+}
+
+// vocabLo is the first vocabulary row held by member idx of tp members
+// that split vocab rows as moe.TPShard does (⌈vocab/tp⌉ each, the last
+// padded with zero rows).
+func vocabLo(vocab, tp, idx int) int { return idx * ((vocab + tp - 1) / tp) }
 
 func (c *tpComm) bind(ctx context.Context, ep *Endpoint) {
 	c.ctx, c.ep, c.err = ctx, ep, nil
@@ -201,14 +217,11 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUn
 		return nil
 	}
 	ps := r.cfg.Params()
-	var buf []float32
+	var rep [][]float32
 	for k, ix := range u.params {
 		if ps[ix[0]].TP == moe.TPReplicated {
-			buf = append(buf, g[k]...)
+			rep = append(rep, g[k])
 		}
-	}
-	if len(buf) == 0 {
-		return nil
 	}
 	// The unsharded gradients' type, as parallel.TPReplicatedElements says:
 	// the compute type, or the gradient type they accumulate in when
@@ -217,28 +230,28 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUn
 	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
 		dt = r.spec.Precision.Grad
 	}
-	if err := ep.AllReduce(ctx, r.tp.group, dt, buf); err != nil {
+	return allReduceJoined(ctx, ep, r.tp.group, dt, rep)
+}
+
+// allReduceJoined sums gs over group g in one all-reduce of their
+// concatenation in type dt, writing the sums back into gs (nothing to
+// do for none): one unit's replicated gradients over its tp group, as
+// the schedule issues them, for the single-program and the pipeline
+// trainer alike.
+func allReduceJoined(ctx context.Context, ep *Endpoint, g parallel.Group, dt moe.DType, gs [][]float32) error {
+	var buf []float32
+	for _, v := range gs {
+		buf = append(buf, v...)
+	}
+	if len(buf) == 0 {
+		return nil
+	}
+	if err := ep.AllReduce(ctx, g, dt, buf); err != nil {
 		return err
 	}
 	off := 0
-	for k, ix := range u.params {
-		if ps[ix[0]].TP == moe.TPReplicated {
-			off += copy(g[k], buf[off:off+len(g[k])])
-		}
-	}
-	return nil
-}
-
-// vocabLo is the first vocabulary row of this rank's embedding and LM head
-// pieces.
-func (r *numRank) vocabLo() int {
-	tp := r.spec.Mesh.Layout.TPDegree()
-	return r.coord.TP * ((r.cfg.Vocab + tp - 1) / tp)
-}
-
-func (r *numRank) tpErr() error {
-	if r.tp != nil {
-		return r.tp.err
+	for _, v := range gs {
+		off += copy(v, buf[off:])
 	}
 	return nil
 }

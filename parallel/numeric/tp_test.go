@@ -395,3 +395,23 @@ func TestNumericTPModelFeatures(t *testing.T) {
 		}
 	}
 }
+
+// TestVocabLo: member idx of tp holds the vocabulary rows from
+// idx·⌈vocab/tp⌉ (hand-derived: 30 rows over 4 are 8, 8, 8 and 6; 10 over
+// 4 are 3, 3, 3 and 1; 32 over 2 are 16 and 16).
+func TestVocabLo(t *testing.T) {
+	for _, c := range []struct {
+		vocab, tp int
+		want      []int
+	}{
+		{30, 4, []int{0, 8, 16, 24}},
+		{10, 4, []int{0, 3, 6, 9}},
+		{32, 2, []int{0, 16}},
+	} {
+		for idx, want := range c.want {
+			if got := vocabLo(c.vocab, c.tp, idx); got != want {
+				t.Errorf("vocabLo(%d, %d, %d) = %d, want %d", c.vocab, c.tp, idx, got, want)
+			}
+		}
+	}
+}
