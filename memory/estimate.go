@@ -202,6 +202,9 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if b, err = checkBatch(cfg, b, o.Attention); err != nil {
 		return Report{}, err
 	}
+	if err := l.CheckSeq(b.Seq); err != nil {
+		return Report{}, err
+	}
 	if l.Stages() > 1 {
 		if err := l.Validate(); err != nil {
 			return Report{}, err
@@ -212,11 +215,7 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
-	if err := l.CheckSeq(b.Seq); err != nil {
-		return Report{}, err
-	}
-	sh := Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
-		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
+	sh := stepShape(l, b, o)
 	r := Report{Units: units, State: StateOf(units, l.Sharding, o)}
 	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
 	if err != nil {
@@ -226,16 +225,28 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 	return r, err
 }
 
+// stepShape is the activation shape of a micro-step of b under layout l
+// and options o (normalized): one pipeline micro-batch's when b is one.
+func stepShape(l moe.Layout, b Batch, o Options) Shape {
+	return Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
+		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
+}
+
 // MaxLBS returns the largest local batch whose peak reserved memory is at
-// most target·deviceBytes, with its report; 0 and the report at lbs 1 when
-// even one sequence does not fit. The search ends at the largest lbs that
-// Estimate accepts (lbs·seq ≤ 2³² and byte counts far from overflow).
+// most target·deviceBytes, with its report; 0 and the report at the
+// smallest local batch when even that does not fit. Only local batches the
+// layout runs are searched (moe.Layout.Microbatches: under pp a whole
+// number of micro-batches the schedule accepts, at most
+// moe.MaxMicrobatches); the search ends at the largest lbs that Estimate
+// accepts (lbs·seq ≤ 2³² and byte counts far from overflow).
 //
 // Peak memory grows with lbs, so the answer is the boundary between lbs
-// that fit and lbs that do not. Peak reserved is close to affine in lbs:
-// secant steps (the line through the last two estimates, aimed at the
-// limit) land near the boundary, steps doubling away from the last estimate
-// bracket it, and bisection finishes.
+// that fit and lbs that do not. The search runs over every n ≥ 1 and
+// evaluates the largest valid lbs ≤ n, which keeps "n fits" monotone in n
+// through the holes of a pipeline's valid set. Peak reserved is close to
+// affine in lbs: secant steps (the line through the last two estimates,
+// aimed at the limit) land near the boundary, steps doubling away from the
+// last estimate bracket it, and bisection finishes.
 func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, deviceBytes int64, target float64) (int, Report, error) {
 	if deviceBytes < 1 {
 		return 0, Report{}, fmt.Errorf("device_bytes = %d: must be ≥ 1", deviceBytes)
@@ -243,29 +254,49 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 	if !(target > 0 && target <= 1) {
 		return 0, Report{}, fmt.Errorf("memory_target = %v: must be in (0, 1]", target)
 	}
-	if s := l.PPSchedule; l.Stages() > 1 && (l.PPMicrobatchSize > 1 || s == moe.PPInterleaved1F1B || s == moe.PPInterleavedZeroBubble || s == moe.PPDualPipeV) {
-		// The search assumes every lbs is a batch; these take only
-		// multiples of the micro-batch size or of the schedule's rounds,
-		// or (DualPipeV) at least 2·pp micro-batches.
-		return 0, Report{}, fmt.Errorf("max lbs with pp_schedule %s and pp_microbatch_size %d: not every lbs is a valid batch (moe.Layout.Microbatches); give lbs", l.PPSchedule, l.PPMicrobatchSize)
+	top := max(1, maxTokens/max(seq, 1))
+	if l.Stages() > 1 {
+		top = min(top, moe.MaxMicrobatches*max(l.PPMicrobatchSize, 1))
+	}
+	// valid is the largest lbs ≤ n the layout runs, 0 when there is none.
+	// Above a pipeline's smallest valid lbs its holes are shorter than pp
+	// micro-batches (the interleaved schedules' rounds), so the scan is
+	// short.
+	valid := func(n int) int {
+		for ; n >= 1; n-- {
+			if _, err := l.Microbatches(n); err == nil {
+				return n
+			}
+		}
+		return 0
+	}
+	first := 0
+	for n := 1; n <= top && first == 0; n++ {
+		if _, err := l.Microbatches(n); err == nil {
+			first = n
+		}
+	}
+	if first == 0 {
+		_, err := l.Microbatches(1)
+		return 0, Report{}, fmt.Errorf("max lbs: no local batch up to %d is one the layout runs: %w", top, err)
 	}
 	limit := int64(target * float64(deviceBytes))
 	at := func(lbs int) (Report, bool, error) {
 		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: seq, GradAccum: gradAccum}, o)
 		return r, err == nil && r.Peak.Reserved <= limit, err
 	}
-	r1, ok, err := at(1)
+	r1, ok, err := at(first)
 	if err != nil || !ok {
 		return 0, r1, err
 	}
-	// lo fits and hi does not; top+1 stands for "none known", an lbs whose
-	// estimate fails (overflow) counts as not fitting.
-	top := max(1, maxTokens/seq)
-	lo, best, hi := 1, r1, top+1
-	// probe estimates lbs n, narrows [lo, hi) and returns n's peak
-	// reserved bytes, or -1 when the estimate fails.
+	// lo fits and hi does not (n standing for valid(n)); top+1 stands for
+	// "none known", an lbs whose estimate fails (overflow) counts as not
+	// fitting.
+	lo, best, hi := first, r1, top+1
+	// probe estimates valid(n) (≥ first, as n > lo), narrows [lo, hi) and
+	// returns its peak reserved bytes, or -1 when the estimate fails.
 	probe := func(n int) int64 {
-		r, ok, err := at(n)
+		r, ok, err := at(valid(n))
 		if ok {
 			lo, best = n, r
 		} else {
@@ -276,9 +307,9 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 		}
 		return r.Peak.Reserved
 	}
-	pa, ma := 1, r1.Peak.Reserved // the previous estimate
-	pb, mb := 1, ma               // the last estimate
-	for n, i := 2, 0; i < 8 && lo < n && n < hi; i++ {
+	pa, ma := first, r1.Peak.Reserved // the previous estimate
+	pb, mb := first, ma               // the last estimate
+	for n, i := first+1, 0; i < 8 && lo < n && n < hi; i++ {
 		m := probe(n)
 		if m < 0 {
 			pb = n
@@ -307,5 +338,5 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 	for hi-lo > 1 {
 		probe(lo + (hi-lo)/2)
 	}
-	return lo, best, nil
+	return valid(lo), best, nil
 }

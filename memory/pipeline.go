@@ -194,27 +194,31 @@ func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipeli
 	if ps.chunks, err = StageUnits(all, ps.split); err != nil {
 		return ps, err
 	}
-	if err := l.CheckSeq(ps.mb.Seq); err != nil {
-		return ps, err
-	}
 	// Under tensor parallelism a stage's units hold their tp pieces
 	// (Units), its activations are split as tpSaved says and its receive
 	// buffers and sent outputs are the sequence-parallel shard, T/tp
 	// tokens (stepBuilder's dx): what a tp rank sends (parallel.Pipeline).
-	ps.sh = Shape{Batch: ps.mb.LBS, Seq: ps.mb.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
-		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
+	// Estimate has checked that the sequence splits (Layout.CheckSeq).
+	ps.sh = stepShape(l, ps.mb, o)
 	return ps, nil
 }
 
-// rank is pipeline rank r's report (pipelineRank).
+// rank builds and replays pipeline rank r's timeline and returns its
+// report; accum is the grad-accum micro-steps. buf, when not nil, is an
+// empty buffer the timeline may reuse.
 func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
-	return pipelineRank(cfg, l, ps.mb, accum, o, ps.sh, ps.chunks, ps.order[r], r, ps.m, buf)
+	rep, err := ps.timeline(cfg, l, accum, o, r, buf)
+	if err != nil {
+		return Report{}, err
+	}
+	rep.Peak, err = Replay(rep.Events, *o.Allocator, o.Segments)
+	return rep, err
 }
 
-// pipelineRank builds and replays pipeline rank r's timeline; mb is one
-// micro-batch's shape, accum the grad-accum micro-steps.
-// buf, when not nil, is an empty buffer the timeline may reuse.
-func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options, sh Shape, chunks [][]Unit, order []moe.PipeAction, r, m int, buf []Event) (Report, error) {
+// timeline is rank r's report before its replay: units, state, saved
+// bytes and events, in ps.order[r]'s order of actions.
+func (ps pipelineSetup) timeline(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
+	mb, sh, chunks, order, m := ps.mb, ps.sh, ps.chunks, ps.order[r], ps.m
 	n := len(chunks)
 	var units []Unit
 	builders := map[int]*stageBuilder{}
@@ -277,10 +281,7 @@ func pipelineRank(cfg *moe.Config, l moe.Layout, mb Batch, accum int, o Options,
 	}
 	rank.events = events
 	rank.optimizerStep()
-	events = rank.events
-	rep := Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: events}
-	rep.Peak, err = Replay(events, *o.Allocator, o.Segments)
-	return rep, err
+	return Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: rank.events}, nil
 }
 
 // stageBuilder emits one pipeline stage's forward and backward actions.

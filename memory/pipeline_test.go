@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -115,13 +116,21 @@ func TestPipelineMemory(t *testing.T) {
 			}
 		}
 		// The loss's own saved tensors, from the head's per-op table at one
-		// micro-batch's shape.
+		// micro-batch's shape: the setup's, whose tensor-parallel fields
+		// (the tp rank's share of the vocabulary's log-probabilities) must
+		// be the layout's.
 		no, err := o.normalized()
 		if err != nil {
 			t.Fatal(err)
 		}
-		headSaved, err := Saved(cfg, cfg.LayerHead(), Shape{Batch: l.PPMicrobatchSize, Seq: 8, AC: no.AC, Attention: no.Attention, EP: l.EP,
-			Act: no.Precision.Activation, Compile: no.Compile, LossDType: no.LossDType})
+		ps, err := newPipelineSetup(cfg, l, b, no)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sh := ps.sh; sh.Batch != l.PPMicrobatchSize || sh.TP != l.TPDegree() || sh.ExpertTP != l.ExpertTP() || sh.ExpertRows != l.TokensPerExpertRank() {
+			t.Errorf("%s: setup's shape %+v, want batch %d, tp %d, expert tp %d, expert rows %d", name, sh, l.PPMicrobatchSize, l.TPDegree(), l.ExpertTP(), l.TokensPerExpertRank())
+		}
+		headSaved, err := Saved(cfg, cfg.LayerHead(), ps.sh)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,6 +144,7 @@ func TestPipelineMemory(t *testing.T) {
 		var worst int64
 		for r := range l.PP {
 			var want, live int64
+			wantAt := []int64{0} // live after each action
 			for _, a := range order[r] {
 				// A zero-bubble input pass on a stage other than the first
 				// frees only the kept output; its weight pass the rest.
@@ -158,6 +168,34 @@ func TestPipelineMemory(t *testing.T) {
 					live -= perMB[a.Stage] - kept
 				}
 				want = max(want, live)
+				wantAt = append(wantAt, live)
+			}
+			// The timeline of each prefix of the order, one micro-step,
+			// leaves live the saved activations the per-action sums say.
+			// This sees what each pass frees: the most alone does not see
+			// a zero-bubble input pass free the loss's tensors, which the
+			// stage's weight pass follows at once.
+			for k := 1; k <= len(order[r]); k++ {
+				pk := ps
+				pk.order = slices.Clone(ps.order)
+				pk.order[r] = order[r][:k]
+				rk, err := pk.timeline(cfg, l, 1, no, r, nil)
+				if err != nil {
+					t.Fatalf("%s rank %d, first %d actions: %v", name, r, k, err)
+				}
+				var left int64
+				for _, e := range rk.Events {
+					switch {
+					case e.Category != CatActivations:
+					case e.Alloc:
+						left += e.Bytes
+					default:
+						left -= e.Bytes
+					}
+				}
+				if left != wantAt[k] {
+					t.Errorf("%s rank %d: %d B of saved activations live after %v (action %d), want %d", name, r, left, order[r][k-1], k, wantAt[k])
+				}
 			}
 			rr, err := pipelineRankReport(cfg, l, b, o, r)
 			if err != nil {
@@ -265,14 +303,71 @@ func TestPipelineMemoryErrors(t *testing.T) {
 }
 
 // TestPipelineMaxLBS: where not every lbs is a pipeline batch, MaxLBS
-// refuses rather than search a space with holes.
+// searches only those the schedule runs. The valid lbs are derived by hand
+// (PyTorch's schedules via moe.Layout.Microbatches' rules): micro-batches
+// of 2 take even lbs; Interleaved1F1B and InterleavedZeroBubble at pp 2
+// take m micro-batches with m a multiple of max(1, m ÷ 2), so 1, 2, 3, 4,
+// then the even ones; DualPipeV at pp 2 needs m ≥ 2·pp = 4. The oracle is
+// a linear scan over those, with device sizes on and one byte either side
+// of a valid lbs's peak.
 func TestPipelineMaxLBS(t *testing.T) {
 	cfg := sixLayerMoE()
-	for _, l := range []moe.Layout{{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, {GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B},
-		{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, {GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}} {
-		l := pipelineLayout(t, l)
-		if _, _, err := MaxLBS(cfg, l, 8, 1, Options{}, 64<<20, 0.92); err == nil || !strings.Contains(err.Error(), "not every lbs is a valid batch") {
-			t.Errorf("%+v: %v", l, err)
+	// Segments of one rounded block each, so that the tiny model's peak
+	// reserved grows with every micro-batch (PyTorch's 2 MiB segments
+	// would hold all of them).
+	o := Options{Allocator: &Allocator{RoundBytes: 512, SmallBytes: 512, SmallSegmentBytes: 512, LargeSegmentBytes: 512,
+		MinLargeAllocBytes: 512, RoundLargeBytes: 512}}
+	interleaved := []int{1, 2, 3, 4, 6, 8, 10, 12}
+	for _, c := range []struct {
+		l     moe.Layout
+		valid []int // the valid lbs up to 12, by hand
+	}{
+		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, []int{2, 4, 6, 8, 10, 12}},
+		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B}, interleaved},
+		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, interleaved},
+		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, []int{4, 5, 6, 7, 8, 9, 10, 11, 12}},
+	} {
+		l := pipelineLayout(t, c.l)
+		reserved := map[int]int64{}
+		var valid []int
+		for n := 1; n <= 12; n++ {
+			if r, err := Estimate(cfg, l, Batch{LBS: n, Seq: 8}, o); err == nil {
+				reserved[n] = r.Peak.Reserved
+				valid = append(valid, n)
+			}
+		}
+		if !slices.Equal(valid, c.valid) {
+			t.Fatalf("%s mbs %d: Estimate runs lbs %v of 1…12, want %v", l.PPSchedule, l.PPMicrobatchSize, valid, c.valid)
+		}
+		// Boundaries at valid lbs whose next valid lbs needs more than a
+		// byte more (the allocator's rounding makes some peaks equal).
+		var ks []int
+		for i, k := range valid[:len(valid)-1] {
+			if reserved[valid[i+1]] > reserved[k]+1 {
+				ks = append(ks, k)
+			}
+		}
+		if len(ks) == 0 {
+			t.Fatalf("%s: no two valid lbs up to 12 differ in peak", l.PPSchedule)
+		}
+		for _, k := range ks {
+			for _, delta := range []int64{-1, 0, 1} {
+				device := reserved[k] + delta // target 1: the limit is the device
+				want := 0
+				for _, n := range valid {
+					if reserved[n] > device {
+						break
+					}
+					want = n
+				}
+				got, r, err := MaxLBS(cfg, l, 8, 1, o, device, 1)
+				if err != nil || got != want {
+					t.Errorf("%s mbs %d, device %d (lbs %d %+d B): max lbs %d, %v; linear scan %d", l.PPSchedule, l.PPMicrobatchSize, device, k, delta, got, err, want)
+				}
+				if got > 0 && r.Peak.Reserved != reserved[got] {
+					t.Errorf("%s device %d: report is not lbs %d's", l.PPSchedule, device, got)
+				}
+			}
 		}
 	}
 }

@@ -187,6 +187,14 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	cfg, dev, cl := simEv.Model, simEv.Device, simEv.Cluster
 	req := a.request(cfg, cl)
+	if a.narrow != nil {
+		// Storage types an export cannot write refuse it before the search.
+		for i, t := range a.narrow.targets {
+			if _, _, err := t.CheckPrecision(simEv.Memory.Precision, simEv.Memory.ReduceDType); err != nil {
+				return fmt.Errorf("%w: %s: %v", errUsage, a.narrow.flags[i], err)
+			}
+		}
+	}
 	bar := newProgressBar(stderr)
 	if bar != nil {
 		req.Progress = bar.update
@@ -464,7 +472,8 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS),
 		allocNote}
-	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile, Layers: cfg.Layers}
+	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile, Layers: cfg.Layers,
+		Precision: simEv.Memory.Precision, ReduceDType: simEv.Memory.ReduceDType}
 	for _, x := range []struct {
 		path, what string
 		write      func(io.Writer) ([]string, error)

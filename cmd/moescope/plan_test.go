@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -264,6 +265,41 @@ func TestPlanCommandRealModelInfeasible(t *testing.T) {
 	t.Log(err)
 }
 
+// TestPlanExportPrecision: an export that cannot write the run's storage
+// types is refused before the search, naming the export's flag, the type's
+// flag and its value, with a usage error and no file: torchtitan's
+// training.mixed_precision_reduce takes only "float32" (job_config.py at
+// v0.2.2, configs.py at b5bcd76c), and neither form stores bf16 gradients
+// or AdamW moments beside fp32 parameters. sweep writes both forms.
+func TestPlanExportPrecision(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"plan", "--reduce-dtype", "bf16", "--torchtitan-toml", filepath.Join(dir, "x.toml")},
+			[]string{"--torchtitan-toml", "reduce_dtype = bf16 (--reduce-dtype)"}},
+		{[]string{"plan", "--grad-dtype", "bf16", "--reduce-dtype", "f32", "--torchtitan-py", filepath.Join(dir, "x.py")},
+			[]string{"--torchtitan-py", "grad_dtype = bf16 (--grad-dtype)"}},
+		{[]string{"sweep", "--optimizer-dtype", "bf16", "--out", filepath.Join(dir, "sweep")},
+			[]string{"optimizer_dtype = bf16 (--optimizer-dtype)"}},
+	} {
+		var out, errb bytes.Buffer
+		err := run(&out, &errb, append(c.args, "--model", "tiny", "--gpus", "2", "--seq", "64"))
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: err = %v, want one naming %q", c.args, err, w)
+			}
+		}
+		if !errors.Is(err, errUsage) {
+			t.Errorf("%v: %v is not a usage error", c.args, err)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("refused exports wrote %d files", len(ents))
+	}
+}
+
 // TestPlanCommandTrace plans the tiny model with the real evaluator and
 // writes the best plan's Chrome trace.
 func TestPlanCommandTrace(t *testing.T) {
@@ -429,6 +465,50 @@ func TestPlanTargetSweeps(t *testing.T) {
 				t.Errorf("%s lbs %d × 64 × accum %d ≠ 384", sw.AC, p.LBS, p.GradAccum)
 			}
 		}
+	}
+}
+
+// pipeFake is planFake that refuses, as the simulator's memory estimate
+// does, a local batch the layout's pipeline schedule does not run.
+type pipeFake struct{ plan.Evaluator }
+
+func (f pipeFake) MemoryFraction(p plan.Point) (float64, error) {
+	if _, err := p.Layout.Microbatches(p.LBS); err != nil {
+		return 0, err
+	}
+	return f.Evaluator.MemoryFraction(p)
+}
+
+// TestPlanTargetSweepsPipeline: a pipeline's sweep holds only the local
+// batches its schedule accepts. DualPipeV at pp 2 with micro-batches of 2
+// sequences needs at least 2·pp = 4 micro-batches (PyTorch's
+// ScheduleDualPipeV), so by hand lbs 8, 10, 12, … (a whole number of
+// micro-batches): 1 to 7 and the odd ones are skipped, not an error.
+func TestPlanTargetSweepsPipeline(t *testing.T) {
+	sim := &plan.SimEvaluator{}
+	cfg, err := hf.Load("qwen3-30b-a3b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim.Model, sim.Device.MemoryBytes = cfg, 192<<30 // the fake's no-reshard weights fit, --max-lbs ends the sweep
+	ev := pipeFake{newPlanFake(sim)}
+	l := moe.Layout{GPUs: 64, PP: 2, DPShard: 32, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP,
+		PPSchedule: moe.PPDualPipeV, PPVirtualStages: 2, PPMicrobatchSize: 2}
+	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 8, GradAccum: 1}}
+	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
+	sweeps, err := planTargetSweeps(ev, rep, 0.92, 20, 0, []moe.AC{{Mode: moe.ACFull}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sweeps) != 1 {
+		t.Fatalf("%d sweeps, want 1 (full)", len(sweeps))
+	}
+	var got []int
+	for _, r := range sweeps[0].Points {
+		got = append(got, r.Point.LBS)
+	}
+	if want := []int{8, 10, 12, 14, 16, 18, 20}; !slices.Equal(got, want) {
+		t.Errorf("swept lbs %v, want %v", got, want)
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 type exportNarrowing struct {
 	flags    []string
 	targets  []plan.TorchtitanTarget
-	compiled bool // the model is compiled (plan.TorchtitanCompiled)
+	compiled bool // the model is compiled (plan.TorchtitanAdmit's compiledModel)
 
 	mu      sync.Mutex
 	refused int
@@ -32,10 +32,7 @@ var reasonValue = regexp.MustCompile(`= [0-9]+`)
 
 func (n *exportNarrowing) admit(p plan.Point) error {
 	for _, t := range n.targets {
-		err := plan.TorchtitanAdmit(t, p)
-		if err == nil {
-			err = plan.TorchtitanCompiled(t, p.Layout, n.compiled)
-		}
+		err := plan.TorchtitanAdmit(t, p, n.compiled)
 		if err == nil {
 			continue
 		}

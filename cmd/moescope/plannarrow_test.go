@@ -51,7 +51,7 @@ func TestExportNarrowingCounts(t *testing.T) {
 }
 
 // TestExportNarrowingZeroBubbleCompiled: with a compiled model the TOML
-// export leaves out zero-bubble pipelines (plan.TorchtitanCompiled), the
+// export leaves out zero-bubble pipelines (plan.TorchtitanAdmit with a compiled model), the
 // config-registry export and an eager TOML export keep them.
 func TestExportNarrowingZeroBubbleCompiled(t *testing.T) {
 	l := moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPZBVZeroBubble, Sharding: moe.ShardFSDP}

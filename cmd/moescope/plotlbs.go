@@ -21,12 +21,13 @@ import (
 // of that policy, or the best plan's layout under it when the search
 // carried no family of that policy to the end. The search's own sweeps are
 // at stage 1 (one host), where the answer's local batch is not: FSDP over
-// more GPUs shards more state, so more sequences fit. acs are the policies
-// searched (nil: the planner's default none, selective and full).
+// more GPUs shards more state, so more sequences fit. Under pp only the
+// local batches the schedule accepts are swept. acs are the policies
+// searched (nil: the planner's default, plan.DefaultACs).
 func planTargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLBS, globalBatch int, acs []moe.AC) ([]plan.Sweep, error) {
 	var sweeps []plan.Sweep
 	if acs == nil {
-		acs = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
+		acs = plan.DefaultACs()
 	}
 	for _, ac := range acs {
 		layout := rep.Best.Point.Layout
@@ -38,6 +39,12 @@ func planTargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLB
 		}
 		var points []plan.Point
 		for lbs := 1; lbs <= maxLBS; lbs++ {
+			if _, err := layout.Microbatches(lbs); err != nil {
+				// A pipeline runs only whole micro-batches its schedule
+				// accepts (DualPipeV: at least 2·pp of them); the
+				// evaluator refuses the others.
+				continue
+			}
 			accum := 1
 			if globalBatch > 0 {
 				if globalBatch%(lbs*layout.DP()) != 0 {

@@ -84,15 +84,23 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	}
 	cfg, dev, cl := ev.Model, ev.Device, ev.Cluster
 	req := a.request(cfg, cl)
+	for _, t := range []plan.TorchtitanTarget{plan.TorchtitanTOML, plan.TorchtitanPy} {
+		// Every job is written in both forms: storage types either cannot
+		// write refuse the sweep before it is designed.
+		if _, _, err := t.CheckPrecision(ev.Memory.Precision, ev.Memory.ReduceDType); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
+	compiled := ev.Memory.Compile.Model
 	req.Admit = func(p plan.Point) error {
-		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p), plan.TorchtitanAdmit(plan.TorchtitanPy, p))
+		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p, compiled), plan.TorchtitanAdmit(plan.TorchtitanPy, p, compiled))
 	}
 	d, err := plan.DesignSweep(req, ev, *maxJobs)
 	if err != nil {
 		return err
 	}
 	m := sweepManifestFor(d, a, cfg.Name, dev, cl, *out, *steps)
-	return writeSweep(stdout, *out, a.force, m, d, cfg.Name, ev.Memory.Compile)
+	return writeSweep(stdout, *out, a.force, m, d, cfg.Name, ev.Memory)
 }
 
 // sweepManifestFor lays the design out as the manifest, naming each job's
@@ -131,8 +139,10 @@ func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Dev
 
 // writeSweep writes every job's two exports, manifest.json and
 // manifest.txt into dir, after checking that none of them exists (unless
-// --force): a refused sweep writes nothing.
-func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, compile memory.Compile) error {
+// --force): a refused sweep writes nothing. mem is the memory model's
+// options the jobs were designed under: the exports write its compile
+// settings and storage types.
+func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, mem memory.Options) error {
 	var outs []output
 	for _, j := range m.Jobs {
 		outs = append(outs, output{Flag: "--out", Path: j.TOML}, output{Flag: "--out", Path: j.Python})
@@ -154,7 +164,8 @@ func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *pl
 		header := []string{fmt.Sprintf("moescope sweep job %d of %d: %s", i+1, len(d.Jobs), m.Jobs[i].Name),
 			fmt.Sprintf("modelled: %.0f TPS per GPU, memory %.1f%% of %s", j.Score.TPS, 100*j.Score.MemoryFraction, m.GPU),
 			"why: " + j.Why}
-		e := plan.TorchtitanExport{Model: model, Seq: m.Seq, Point: j.Point, Header: header, Compile: compile}
+		e := plan.TorchtitanExport{Model: model, Seq: m.Seq, Point: j.Point, Header: header, Compile: mem.Compile,
+			Precision: mem.Precision, ReduceDType: mem.ReduceDType}
 		for _, x := range []struct {
 			path  string
 			write func(io.Writer) ([]string, error)

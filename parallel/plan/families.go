@@ -56,7 +56,7 @@ func (r *Request) withDefaults() (Request, error) {
 		q.Workers = runtime.GOMAXPROCS(0)
 	}
 	if len(q.ACs) == 0 {
-		q.ACs = []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
+		q.ACs = DefaultACs()
 	}
 	if len(q.Shardings) == 0 {
 		q.Shardings = []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
@@ -104,6 +104,13 @@ func (r *Request) withDefaults() (Request, error) {
 		}
 	}
 	return q, nil
+}
+
+// DefaultACs are the checkpointing policies searched when a Request names
+// none: none, selective and full (a new slice each call, so a caller may
+// keep or change it).
+func DefaultACs() []moe.AC {
+	return []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
 }
 
 // roundUp rounds x up to a positive multiple of m.
@@ -240,10 +247,7 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 	var fams []family
 	for _, pp := range q.PPs {
 		for _, tp := range q.TPs {
-			// tp lies inside a host; under pp inside each stage (the
-			// stage is a dp × tp mesh, moe.Layout.StageLayout), so the
-			// same bound holds with and without a pipeline.
-			if n%(tp*pp) != 0 || (tp > 1 && tp > q.GPUsPerNode) || (pp > 1 && len(q.pipeVariants(moe.Layout{PP: pp})) == 0) {
+			if q.skipped(n, pp, tp) != "" {
 				continue
 			}
 			dp := n / tp / pp
@@ -275,30 +279,38 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 }
 
 // unsearched says, for each pair of pp and tp degrees asked for that
-// gives no layout at n GPUs, why (enumerateFamilies' rules), so that an
-// empty search names the degree and the bound it broke.
+// gives no layout at n GPUs, why (skipped), so that an empty search names
+// the degree and the bound it broke.
 func (q *Request) unsearched(n int) []string {
 	var why []string
 	for _, pp := range q.PPs {
 		for _, tp := range q.TPs {
-			var w string
-			switch {
-			case n%(tp*pp) != 0:
-				w = fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
-			case tp > q.GPUsPerNode:
-				w = fmt.Sprintf("tp = %d exceeds a host (gpus_per_node = %d): tensor parallelism is searched inside one", tp, q.GPUsPerNode)
-			case pp > 1 && len(q.pipeVariants(moe.Layout{PP: pp})) == 0:
-				w = fmt.Sprintf("pp = %d: %d layers + 2 (the embedding and the output) do not split evenly into pp × virtual stages "+
-					"of at least 2 layers for any schedule of %v", pp, q.Layers, q.PPSchedules)
-			case pp > 1 && !slices.Contains(q.Shardings, moe.ShardFSDP):
-				w = fmt.Sprintf("pp = %d is searched with sharding fsdp only, which the modes %v leave out", pp, q.Shardings)
-			}
-			if w != "" && !slices.Contains(why, w) {
+			if w := q.skipped(n, pp, tp); w != "" && !slices.Contains(why, w) {
 				why = append(why, w)
 			}
 		}
 	}
 	return why
+}
+
+// skipped returns why the search enumerates no layout of pipeline degree
+// pp and tensor degree tp at n GPUs, or "" when it enumerates some.
+func (q *Request) skipped(n, pp, tp int) string {
+	switch {
+	case n%(tp*pp) != 0:
+		return fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
+	case tp > q.GPUsPerNode:
+		// tp lies inside a host; under pp inside each stage (the stage is
+		// a dp × tp mesh, moe.Layout.StageLayout), so the same bound holds
+		// with and without a pipeline.
+		return fmt.Sprintf("tp = %d exceeds a host (gpus_per_node = %d): tensor parallelism is searched inside one", tp, q.GPUsPerNode)
+	case pp > 1 && len(q.pipeVariants(moe.Layout{PP: pp})) == 0:
+		return fmt.Sprintf("pp = %d: %d layers + 2 (the embedding and the output) do not split evenly into pp × virtual stages "+
+			"of at least 2 layers for any schedule of %v", pp, q.Layers, q.PPSchedules)
+	case pp > 1 && len(q.shardVariants(moe.Layout{PP: pp}, false)) == 0:
+		return fmt.Sprintf("pp = %d is searched with sharding fsdp only, which the modes %v leave out", pp, q.Shardings)
+	}
+	return ""
 }
 
 // pipeVariants returns base with each pipeline schedule and micro-batch

@@ -110,7 +110,7 @@ type Request struct {
 	GlobalBatch int
 	// MaxLBS caps the local batch (default 256).
 	MaxLBS int
-	// ACs are the checkpointing policies searched (default none, selective, full).
+	// ACs are the checkpointing policies searched (default DefaultACs: none, selective, full).
 	ACs []moe.AC
 	// Shardings are the modes the dp_shard axis may use (default fsdp,
 	// zero2, zero1, ddp).

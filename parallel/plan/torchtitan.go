@@ -29,7 +29,8 @@ import (
 // Neither target has a field for ZeRO-1/2 sharding, for keeping weights
 // gathered between backward and the next forward, or for skipping the
 // replica all-reduce on non-final micro-steps; TorchtitanAdmit rejects
-// such points so the planner can keep to what the target expresses.
+// such points (and those the target cannot run compiled, or eager) so the
+// planner can keep to what the target expresses.
 const (
 	TorchtitanTOMLTag    = "v0.2.2"
 	TorchtitanTOMLCommit = "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce" // v0.2.2, 2026-02-20
@@ -66,9 +67,19 @@ var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryF
 	"deepseek-moe-16b": {"deepseek_v3", "16B", "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_16b"},
 }
 
-// TorchtitanAdmit returns nil when target can express p, else an error
-// naming the field it cannot export.
-func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
+// TorchtitanAdmit returns nil when target can express p run with a
+// compiled model (compiledModel) or eager, else an error joining one error
+// per field it cannot export.
+//
+// Two refusals depend on compiledModel: async TP is an Inductor pass
+// (v0.2.2 parallelize_qwen3: "Async TP requires torch.compile"), and
+// v0.2.2's apply_compile wraps each block in torch.compile (an
+// OptimizedModule; torchtitan 73a0e6979dd1,
+// models/llama3/infra/parallelize.py), which PyTorch's zero-bubble
+// schedules refuse (schedules.py at 00722e64,
+// _check_torch_compile_compatibility); main compiles the blocks in place
+// (module.compile()).
+func TorchtitanAdmit(target TorchtitanTarget, p Point, compiledModel bool) error {
 	l := p.Layout
 	var errs []error
 	switch {
@@ -99,6 +110,17 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point) error {
 		// dp_shard·cp·tp (efsdp = dp_shard·cp·tp/ep), v0.2.2's etp = 1.
 		errs = append(errs, fmt.Errorf("etp = tp = %d with ep = %d: %s has no expert_tensor_parallel_degree (its EP always borrows the tp ranks, etp = 1)", l.ETP, l.EP, target))
 	}
+	if l.AsyncTP && l.TPDegree() > 1 && !compiledModel {
+		errs = append(errs, fmt.Errorf("async_tp = true without a compiled model: %s refuses it (\"Async TP requires torch.compile\")", target))
+	}
+	if target == TorchtitanTOML && l.Stages() > 1 && l.PPSchedule.ZeroBubble() && compiledModel {
+		way := "use --compile=false or the config-registry form"
+		if l.AsyncTP && l.TPDegree() > 1 {
+			// Eager is no way out: async TP is an Inductor pass.
+			way = "async_tp needs the compiled model (\"Async TP requires torch.compile\"), so only the config-registry form expresses async TP with this schedule"
+		}
+		errs = append(errs, fmt.Errorf("pp_schedule = %s with a compiled model: %s cannot express it (its per-block torch.compile wrappers are refused by PyTorch's input/weight backward split); %s", l.PPSchedule, target, way))
+	}
 	return errors.Join(errs...)
 }
 
@@ -114,6 +136,58 @@ type TorchtitanExport struct {
 	// Layers is the model's transformer layers, for a pipeline's layer
 	// split (needed when pp > 1).
 	Layers int
+	// Precision is the storage types the plan's memory and time assumed
+	// (the zero value is moe.DefaultPrecision) and ReduceDType the type
+	// gradients are reduced in ("" = Precision.Grad), as memory.Options
+	// has them; the export writes them or refuses (CheckPrecision).
+	Precision   moe.Precision
+	ReduceDType moe.DType
+}
+
+// torchtitanDTypes are the literals of both pinned forms' mixed-precision
+// fields (training.mixed_precision_param: Literal["bfloat16", "float32"],
+// mixed_precision_reduce: Literal["float32"]; Training in
+// torchtitan/config/job_config.py at v0.2.2 73a0e6979dd1, TrainingConfig in
+// torchtitan/config/configs.py at b5bcd76c).
+var torchtitanDTypes = map[moe.DType]string{moe.BF16: "bfloat16", moe.F32: "float32"}
+
+// CheckPrecision returns the literals target writes for the compute
+// (all-gather) type and the reduce type of prec and reduce ("" =
+// prec.Grad; a zero prec is moe.DefaultPrecision), or an error naming each
+// type it cannot express. Both forms keep the sharded parameters, and with
+// them the gradients (FSDP2's sharded gradients take the parameters' type)
+// and AdamW's moments (torch.optim's zeros_like of the parameter), in
+// fp32: their only other setting, training.dtype = "bfloat16", makes all
+// three bf16 at once. And both reduce in fp32 only.
+func (t TorchtitanTarget) CheckPrecision(prec moe.Precision, reduce moe.DType) (param, reduceLit string, err error) {
+	if prec == (moe.Precision{}) {
+		prec = moe.DefaultPrecision
+	}
+	if reduce == "" {
+		reduce = prec.Grad
+	}
+	var errs []error
+	if prec.Param != moe.F32 {
+		errs = append(errs, fmt.Errorf("param dtype = %s: %s keeps fp32 sharded parameters under mixed precision", prec.Param, t))
+	}
+	if prec.Grad != moe.F32 {
+		errs = append(errs, fmt.Errorf("grad_dtype = %s (--grad-dtype): %s has no field for it: gradients take the fp32 parameters' type "+
+			"(training.dtype = \"bfloat16\" would make the parameters and AdamW moments %s too)", prec.Grad, t, prec.Grad))
+	}
+	if prec.Optimizer != moe.F32 {
+		errs = append(errs, fmt.Errorf("optimizer_dtype = %s (--optimizer-dtype): %s has no field for it: AdamW's moments take the fp32 parameters' type", prec.Optimizer, t))
+	}
+	param, ok := torchtitanDTypes[prec.Compute]
+	if !ok {
+		errs = append(errs, fmt.Errorf("compute dtype = %s: %s's training.mixed_precision_param takes \"bfloat16\" or \"float32\"", prec.Compute, t))
+	}
+	if reduce != moe.F32 {
+		errs = append(errs, fmt.Errorf("reduce_dtype = %s (--reduce-dtype): %s's training.mixed_precision_reduce takes only \"float32\"", reduce, t))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return "", "", err
+	}
+	return param, torchtitanDTypes[reduce], nil
 }
 
 // torchtitanPipeline returns the pipeline fields of the export for target
@@ -200,32 +274,8 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 	if err := e.Point.Layout.Validate(); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	if l := e.Point.Layout; l.AsyncTP && l.TPDegree() > 1 && !e.Compile.Model {
-		return fmt.Errorf("export: async_tp = true without a compiled model: %s refuses it (\"Async TP requires torch.compile\")", target)
-	}
-	if err := TorchtitanCompiled(target, e.Point.Layout, e.Compile.Model); err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	return TorchtitanAdmit(target, e.Point)
-}
-
-// TorchtitanCompiled refuses a layout target cannot run with a compiled
-// model (compiledModel): v0.2.2's apply_compile wraps each block in
-// torch.compile (an OptimizedModule; torchtitan 73a0e6979dd1,
-// models/llama3/infra/parallelize.py), which PyTorch's zero-bubble
-// schedules refuse (schedules.py at 00722e64,
-// _check_torch_compile_compatibility); main compiles the blocks in place
-// (module.compile()).
-func TorchtitanCompiled(target TorchtitanTarget, l moe.Layout, compiledModel bool) error {
-	if target == TorchtitanTOML && l.Stages() > 1 && l.PPSchedule.ZeroBubble() && compiledModel {
-		way := "use --compile=false or the config-registry form"
-		if l.AsyncTP && l.TPDegree() > 1 {
-			// Eager is no way out: async TP is an Inductor pass.
-			way = "async_tp needs the compiled model (\"Async TP requires torch.compile\"), so only the config-registry form expresses async TP with this schedule"
-		}
-		return fmt.Errorf("pp_schedule = %s with a compiled model: %s cannot express it (its per-block torch.compile wrappers are refused by PyTorch's input/weight backward split); %s", l.PPSchedule, target, way)
-	}
-	return nil
+	_, _, perr := target.CheckPrecision(e.Precision, e.ReduceDType)
+	return errors.Join(TorchtitanAdmit(target, e.Point, e.Compile.Model), perr)
 }
 
 // torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a
@@ -281,6 +331,8 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 		fmt.Fprintf(&b, "# [model] name and flavor not written: torchtitan %s has no flavor known to moescope for %q.\n", TorchtitanTOMLTag, e.Model)
 	}
 	fmt.Fprintf(&b, "\n[training]\nlocal_batch_size = %d\nglobal_batch_size = %d\nseq_len = %d\n", p.LBS, p.GlobalBatch(), e.Seq)
+	param, reduce, _ := TorchtitanTOML.CheckPrecision(e.Precision, e.ReduceDType) // checked above
+	fmt.Fprintf(&b, "mixed_precision_param = %q\nmixed_precision_reduce = %q\n", param, reduce)
 	fmt.Fprintf(&b, "\n[parallelism]\ndata_parallel_replicate_degree = %d\ndata_parallel_shard_degree = %d\n", rep, shard)
 	fmt.Fprintf(&b, "fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
 	pipe, err := e.torchtitanPipeline(TorchtitanTOML)
@@ -380,6 +432,9 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	}
 	fmt.Fprintf(&b, "    config.training.num_tokens_per_train_step = %d  # global batch %d sequences (grad_accum %d)\n", p.GlobalBatch()*e.Seq, p.GlobalBatch(), p.GradAccum)
 	fmt.Fprintf(&b, "    config.training.max_context_length = %d\n", e.Seq)
+	param, reduce, _ := TorchtitanPy.CheckPrecision(e.Precision, e.ReduceDType) // checked above
+	fmt.Fprintf(&b, "    config.training.mixed_precision_param = %q\n", param)
+	fmt.Fprintf(&b, "    config.training.mixed_precision_reduce = %q\n", reduce)
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_replicate_degree = %d\n", rep)
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_shard_degree = %d\n", shard)
 	fmt.Fprintf(&b, "    config.parallelism.fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))

@@ -332,7 +332,7 @@ func TestTorchtitanPython(t *testing.T) {
 
 func TestTorchtitanAdmit(t *testing.T) {
 	base := torchtitanPoint(2, 8, 2, moe.AC{Mode: moe.ACSelective}, 1, 2, true)
-	if err := TorchtitanAdmit(TorchtitanTOML, base); err != nil {
+	if err := TorchtitanAdmit(TorchtitanTOML, base, true); err != nil {
 		t.Errorf("plain FSDP rejected: %v", err)
 	}
 	for _, c := range []struct {
@@ -352,7 +352,7 @@ func TestTorchtitanAdmit(t *testing.T) {
 	} {
 		p := base
 		c.edit(&p)
-		err := TorchtitanAdmit(c.target, p)
+		err := TorchtitanAdmit(c.target, p, true)
 		if err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: err = %v, want one naming %q", c.target, err, c.field)
 		}
@@ -371,7 +371,7 @@ func TestTorchtitanAdmit(t *testing.T) {
 	// layer:N is expressible in the TOML era.
 	p := base
 	p.AC = moe.AC{Mode: moe.ACLayer, Every: 2}
-	if err := TorchtitanAdmit(TorchtitanTOML, p); err != nil {
+	if err := TorchtitanAdmit(TorchtitanTOML, p, true); err != nil {
 		t.Errorf("layer:2 for TOML: %v", err)
 	}
 }
@@ -576,6 +576,14 @@ func TestTorchtitanAsyncTPNeedsCompile(t *testing.T) {
 	if _, err := e.TOML(&buf); err != nil {
 		t.Errorf("compiled: %v", err)
 	}
+	// The planner's Admit refuses the point as the export does, so a
+	// search never ends on a plan its export would refuse.
+	if err := TorchtitanAdmit(TorchtitanPy, e.Point, false); err == nil || !strings.Contains(err.Error(), "async_tp") {
+		t.Errorf("Admit, eager: %v, want an error naming async_tp", err)
+	}
+	if err := TorchtitanAdmit(TorchtitanPy, e.Point, true); err != nil {
+		t.Errorf("Admit, compiled: %v", err)
+	}
 }
 
 // TestTorchtitanZeroBubbleCompile: torchtitan v0.2.2 compiles each block
@@ -603,6 +611,12 @@ func TestTorchtitanZeroBubbleCompile(t *testing.T) {
 	e.Compile = memory.Compile{}
 	if _, err := e.TOML(&buf); err != nil {
 		t.Errorf("TOML eager: %v", err)
+	}
+	if err := TorchtitanAdmit(TorchtitanTOML, e.Point, true); err == nil || !strings.Contains(err.Error(), "pp_schedule = ZBVZeroBubble with a compiled model") {
+		t.Errorf("Admit, TOML compiled: %v, want a refusal naming pp_schedule and compile", err)
+	}
+	if err := TorchtitanAdmit(TorchtitanTOML, e.Point, false); err != nil {
+		t.Errorf("Admit, TOML eager: %v", err)
 	}
 }
 
@@ -726,4 +740,75 @@ func pythonSettings(t *testing.T, src string, pyPar map[string]any, l moe.Layout
 		}
 	}
 	return got
+}
+
+// TestTorchtitanPrecision: both pinned forms write the run's compute and
+// reduce types as training.mixed_precision_param and
+// mixed_precision_reduce (Literal["bfloat16", "float32"] and
+// Literal["float32"] in job_config.py at v0.2.2 and configs.py at
+// b5bcd76c), and refuse, naming the flag and value, the storage types they
+// cannot express: bf16 reduces, and bf16 gradients or AdamW moments beside
+// fp32 parameters (training.dtype = "bfloat16" makes all three bf16).
+func TestTorchtitanPrecision(t *testing.T) {
+	p := torchtitanPoint(1, 8, 1, moe.AC{Mode: moe.ACFull}, 1, 1, true)
+	write := func(target TorchtitanTarget, e TorchtitanExport) (string, error) {
+		var buf bytes.Buffer
+		var err error
+		if target == TorchtitanTOML {
+			_, err = e.TOML(&buf)
+		} else {
+			_, err = e.Python(&buf)
+		}
+		return buf.String(), err
+	}
+	f32Compute := moe.DefaultPrecision
+	f32Compute.Compute = moe.F32
+	for _, c := range []struct {
+		prec   moe.Precision
+		reduce moe.DType
+		toml   string // the [training] lines written, by hand
+		py     string
+	}{
+		{moe.Precision{}, "", "mixed_precision_param = \"bfloat16\"\nmixed_precision_reduce = \"float32\"\n",
+			"    config.training.mixed_precision_param = \"bfloat16\"\n    config.training.mixed_precision_reduce = \"float32\"\n"},
+		{f32Compute, moe.F32, "mixed_precision_param = \"float32\"\nmixed_precision_reduce = \"float32\"\n",
+			"    config.training.mixed_precision_param = \"float32\"\n    config.training.mixed_precision_reduce = \"float32\"\n"},
+	} {
+		e := TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: p, Precision: c.prec, ReduceDType: c.reduce}
+		for target, want := range map[TorchtitanTarget]string{TorchtitanTOML: c.toml, TorchtitanPy: c.py} {
+			got, err := write(target, e)
+			if err != nil || !strings.Contains(got, want) {
+				t.Errorf("%s, %+v reduce %q: err %v, output lacks\n%s\ngot:\n%s", target, c.prec, c.reduce, err, want, got)
+			}
+		}
+	}
+	bf16Grad, bf16Opt := moe.DefaultPrecision, moe.DefaultPrecision
+	bf16Grad.Grad, bf16Opt.Optimizer = moe.BF16, moe.BF16
+	for _, c := range []struct {
+		prec   moe.Precision
+		reduce moe.DType
+		want   []string
+	}{
+		{moe.DefaultPrecision, moe.BF16, []string{"reduce_dtype = bf16 (--reduce-dtype)"}},
+		// The reduce type defaults to the gradients' (memory.Options).
+		{bf16Grad, "", []string{"grad_dtype = bf16 (--grad-dtype)", "reduce_dtype = bf16 (--reduce-dtype)"}},
+		{bf16Grad, moe.F32, []string{"grad_dtype = bf16 (--grad-dtype)"}},
+		{bf16Opt, "", []string{"optimizer_dtype = bf16 (--optimizer-dtype)"}},
+	} {
+		e := TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: p, Precision: c.prec, ReduceDType: c.reduce}
+		for _, target := range []TorchtitanTarget{TorchtitanTOML, TorchtitanPy} {
+			got, err := write(target, e)
+			for _, w := range c.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("%s, %+v reduce %q: err %v, want one naming %q", target, c.prec, c.reduce, err, w)
+				}
+			}
+			if err != nil && len(c.want) == 1 && strings.Count(err.Error(), "(--") != 1 {
+				t.Errorf("%s, %+v reduce %q: %v, want only %q", target, c.prec, c.reduce, err, c.want[0])
+			}
+			if got != "" {
+				t.Errorf("%s, %+v reduce %q: wrote %d bytes of a refused export", target, c.prec, c.reduce, len(got))
+			}
+		}
+	}
 }

@@ -11,6 +11,8 @@ def moescope_qwen3_30b_a3b_512gpu() -> Trainer.Config:
     config.training.num_tokens_per_microbatch_per_dp_rank = 8192  # lbs 2 × seq 4096
     config.training.num_tokens_per_train_step = 16777216  # global batch 4096 sequences (grad_accum 4)
     config.training.max_context_length = 4096
+    config.training.mixed_precision_param = "bfloat16"
+    config.training.mixed_precision_reduce = "float32"
     config.parallelism.data_parallel_replicate_degree = 8
     config.parallelism.data_parallel_shard_degree = 64
     config.parallelism.fsdp_reshard_after_forward = "default"
