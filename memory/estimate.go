@@ -270,13 +270,8 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 		}
 		return 0
 	}
-	first := 0
-	for n := 1; n <= top && first == 0; n++ {
-		if _, err := l.Microbatches(n); err == nil {
-			first = n
-		}
-	}
-	if first == 0 {
+	first := l.MinLBS()
+	if first == 0 || first > top {
 		_, err := l.Microbatches(1)
 		return 0, Report{}, fmt.Errorf("max lbs: no local batch up to %d is one the layout runs: %w", top, err)
 	}

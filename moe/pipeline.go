@@ -392,6 +392,22 @@ func (l Layout) Microbatches(lbs int) (int, error) {
 	return m, nil
 }
 
+// MinLBS is the smallest local batch the layout runs (Microbatches
+// accepts it): one sequence without pipeline parallelism, else the fewest
+// whole micro-batches its schedule takes (DualPipeV: 2·pp); 0 for an
+// unresolved layout.
+func (l Layout) MinLBS() int {
+	if l.Stages() == 1 {
+		return 1
+	}
+	for m := 1; m <= MaxMicrobatches; m++ {
+		if _, err := l.Microbatches(m * l.PPMicrobatchSize); err == nil {
+			return m * l.PPMicrobatchSize
+		}
+	}
+	return 0
+}
+
 // PipeKind is what a pipeline compute action runs (PyTorch's
 // _ComputationType F, B, I, W).
 type PipeKind uint8

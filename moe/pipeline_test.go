@@ -455,3 +455,22 @@ func TestZBVInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestMinLBS: the smallest local batch a layout runs is one sequence
+// without pp, one micro-batch under 1F1B, and under DualPipeV on pp 2
+// (2·pp = 4 stages in a V) the 4 micro-batches PyTorch's schedule needs,
+// 4 × pp_microbatch_size 2 = 8 sequences.
+func TestMinLBS(t *testing.T) {
+	for _, c := range []struct {
+		l    Layout
+		want int
+	}{
+		{Layout{}, 1},
+		{Layout{PP: 2, PPSchedule: PP1F1B, PPMicrobatchSize: 2, PPVirtualStages: 1}, 2},
+		{Layout{PP: 2, PPSchedule: PPDualPipeV, PPMicrobatchSize: 2, PPVirtualStages: 2}, 8},
+	} {
+		if got := c.l.MinLBS(); got != c.want {
+			t.Errorf("%+v: MinLBS %d, want %d", c.l, got, c.want)
+		}
+	}
+}

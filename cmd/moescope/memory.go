@@ -125,7 +125,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		}
 		rep.MaxLBS, rep.MemoryTarget = &n, *target
 		if *lbs == 0 {
-			r, rep.LBS = rm, max(n, 1)
+			// The report is at the largest fitting batch, or at the
+			// smallest the layout runs when none fits.
+			r, rep.LBS = rm, max(n, l.MinLBS())
 		}
 	}
 	if rep.MaxLBS == nil || *lbs > 0 {

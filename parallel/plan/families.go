@@ -350,23 +350,6 @@ func evenSplit(layers, stages int) bool {
 	return eff%stages == 0 && eff/stages >= 2
 }
 
-// minLBS is the smallest local batch a layout runs: one sequence without
-// pp; under pp the fewest whole micro-batches its schedule accepts
-// (lbsValid: DualPipeV, for one, needs 2·pp of them).
-func minLBS(l moe.Layout) int {
-	if l.Stages() == 1 {
-		return 1
-	}
-	mbs := l.PPMicrobatchSize
-	// No schedule asks for more than two micro-batches per stage.
-	for m := 1; m <= 2*l.PipelineStages(); m++ {
-		if lbsValid(l, m*mbs) {
-			return m * mbs
-		}
-	}
-	return mbs
-}
-
 // lbsValid reports whether lbs is a local batch the layout runs: any under
 // no pipeline; under pp a whole number of micro-batches within the
 // schedule's rules (moe.Layout.Microbatches, which memory and the

@@ -173,25 +173,3 @@ func TestMemoryKeyExactPipeline(t *testing.T) {
 		}
 	}
 }
-
-// TestMinLBS: the smallest local batch a layout runs is one sequence
-// without pp, one micro-batch under 1F1B, and under DualPipeV on pp 2
-// (2·pp = 4 stages in a V) the 4 micro-batches PyTorch's schedule needs,
-// 4 × pp_microbatch_size 2 = 8 sequences.
-func TestMinLBS(t *testing.T) {
-	for _, c := range []struct {
-		l    moe.Layout
-		want int
-	}{
-		{moe.Layout{}, 1},
-		{moe.Layout{PP: 2, PPSchedule: moe.PP1F1B, PPMicrobatchSize: 2, PPVirtualStages: 1}, 2},
-		{moe.Layout{PP: 2, PPSchedule: moe.PPDualPipeV, PPMicrobatchSize: 2, PPVirtualStages: 2}, 8},
-	} {
-		if got := minLBS(c.l); got != c.want {
-			t.Errorf("%+v: minLBS %d, want %d", c.l, got, c.want)
-		}
-		if c.l.Stages() > 1 && (!lbsValid(c.l, c.want) || lbsValid(c.l, c.want-c.l.PPMicrobatchSize)) {
-			t.Errorf("%+v: %d is not the smallest valid local batch", c.l, c.want)
-		}
-	}
-}

@@ -137,7 +137,7 @@ func (q *Request) probeScales(ev Evaluator) []int {
 				return nil
 			}
 			f := fams[i]
-			p := Point{f.layout, f.ac, minLBS(f.layout), 1}
+			p := Point{f.layout, f.ac, f.layout.MinLBS(), 1}
 			if out, err := q.floored(ev, p); out || err != nil {
 				return nil
 			}
@@ -175,7 +175,7 @@ func (q *Request) lbsSweeps(ev Evaluator, best []Result) ([]Sweep, int, error) {
 		}
 		step := (max + 7) / 8
 		var pts []Point
-		for lbs := minLBS(f.layout); lbs <= max; lbs += step {
+		for lbs := f.layout.MinLBS(); lbs <= max; lbs += step {
 			if lbsValid(f.layout, lbs) {
 				pts = append(pts, Point{f.layout, ac, lbs, 1})
 			}
@@ -223,7 +223,7 @@ func (q *Request) explain(ev Evaluator, n int, closest *Result, refused error) e
 			if f.layout.DPReplicate != 1 {
 				continue
 			}
-			p := Point{f.layout, f.ac, minLBS(f.layout), 1}
+			p := Point{f.layout, f.ac, f.layout.MinLBS(), 1}
 			fr, err := ev.MemoryFraction(p)
 			if err == nil && memory.WithinTarget(fr, q.MemoryTarget) {
 				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",

@@ -38,13 +38,13 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 	perRank *= dpShare(f.layout) // sequences per data-parallel rank: its tp ranks and pipeline stages share them
 	at, top := func(i int) int { return i }, q.lbsTop(f.layout)
 	if f.layout.Stages() > 1 {
-		// The smallest batch the schedule accepts (minLBS) may exceed a
+		// The smallest batch the schedule accepts (moe.Layout.MinLBS) may exceed a
 		// stage's share of the target's global batch (lbsTop) or MaxLBS:
 		// then no local batch is usable, and the memory of that smallest
 		// batch is what explains it.
 		r := q.lbsRange(f.layout)
 		if len(r) == 0 {
-			m, err := ev.MemoryFraction(Point{f.layout, f.ac, minLBS(f.layout), 1})
+			m, err := ev.MemoryFraction(Point{f.layout, f.ac, f.layout.MinLBS(), 1})
 			return 0, m, err
 		}
 		at, top = func(i int) int { return r[i-1] }, len(r)
@@ -222,7 +222,7 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 	// first is a family's smallest point: its smallest local batch with
 	// the accumulation a global batch then needs.
 	first := func(f family) Point {
-		lbs := minLBS(f.layout)
+		lbs := f.layout.MinLBS()
 		ga := 1
 		if s.perRank > 0 {
 			ga = max(1, s.perRank*dpShare(f.layout)/lbs)
