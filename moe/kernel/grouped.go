@@ -119,6 +119,6 @@ func sgemmSeq(ar *arena, transA, transB bool, m, n, k int, alpha float32, a []fl
 	}
 	g := gemmCall{mk: active(), transA: transA, transB: transB, m: m, n: n, k: k,
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc}
-	g.bs = blockSizes(g.mk)
+	g.bs = blockSizes(g.mk, false)
 	g.block(ar, 0, m, 0, n)
 }
