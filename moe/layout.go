@@ -16,6 +16,24 @@ const (
 	ShardDDP   Sharding = "ddp"   // nothing
 )
 
+// FSDPImpl names the FSDP implementation whose schedule fsdp sharding
+// follows: when a unit's all-gather is issued and how many gradient
+// reductions may be in flight (parallel.BuildSchedule). Both shard the same
+// tensors, so memory does not depend on it.
+type FSDPImpl string
+
+// FSDP implementations.
+const (
+	// FSDPTorch is PyTorch's FSDP2 (fully_shard) as torchtitan applies it:
+	// a block and, with ep > 1, its routed experts are separate units.
+	FSDPTorch FSDPImpl = "fsdp2"
+	// FSDPMegatron is Megatron-Core's own FSDP (--use-custom-fsdp with
+	// --data-parallel-sharding-strategy optim_grads_params, Megatron-LM
+	// 1e057005 megatron/core/distributed/custom_fsdp): a transformer layer
+	// is one unit.
+	FSDPMegatron FSDPImpl = "megatron"
+)
+
 // Layout is a training layout as a plain value: degrees, sharding mode,
 // FSDP and pipeline options. world = PP × DPReplicate × DPShard × TP (pp
 // outermost, tp innermost, as torchtitan's mesh); the expert mesh of each
@@ -39,8 +57,11 @@ type Layout struct {
 	// tp ranks too) or TP (EP borrows from dp_shard only); 0 in JSON = 1,
 	// its default. With ep = 1 the experts are split over tp whatever ETP
 	// says (ExpertTP).
-	ETP                 int      `json:"etp,omitempty"`
-	Sharding            Sharding `json:"sharding"`
+	ETP      int      `json:"etp,omitempty"`
+	Sharding Sharding `json:"sharding"`
+	// FSDPImpl is the FSDP implementation under fsdp sharding; "" in JSON
+	// = fsdp2.
+	FSDPImpl            FSDPImpl `json:"fsdp_impl,omitempty"`
 	ReshardAfterForward bool     `json:"reshard_after_forward"`
 	KeepGathered        bool     `json:"keep_gathered"`
 	AllreduceLastOnly   bool     `json:"allreduce_last_only"`
@@ -143,6 +164,9 @@ func (l *Layout) Resolve() error {
 	case l.GPUs == 0:
 		return errors.New("gpus: give --gpus or --dp-shard")
 	}
+	if l.FSDPImpl == FSDPTorch {
+		l.FSDPImpl = "" // the default, one key for the planner's maps
+	}
 	if l.Sharding == "" {
 		l.Sharding = ShardFSDP
 	}
@@ -209,6 +233,21 @@ func (l Layout) Validate() error {
 	case ShardFSDP, ShardZeRO2, ShardZeRO1, ShardDDP:
 	default:
 		errs = append(errs, FieldError{"sharding", l.Sharding, "must be fsdp, zero2, zero1 or ddp"})
+	}
+	switch l.FSDPImpl {
+	case "", FSDPTorch:
+	case FSDPMegatron:
+		if l.Sharding != ShardFSDP {
+			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, fmt.Sprintf("needs sharding fsdp (Megatron's optim_grads_params), not %s", l.Sharding)})
+		}
+		if l.PP > 1 {
+			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, fmt.Sprintf("with pp = %d is not modelled (only fsdp2 inside pipeline stages)", l.PP)})
+		}
+		if l.GradSyncLastOnly || l.KeepGathered || !l.ReshardAfterForward {
+			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, "reduces gradients every micro-step and frees a layer's weights after its forward and its backward: grad_sync_last_only and keep_gathered must be false, reshard_after_forward true"})
+		}
+	default:
+		errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, "must be fsdp2 or megatron"})
 	}
 	if l.GradSyncLastOnly && l.Sharding != ShardFSDP {
 		errs = append(errs, FieldError{"grad_sync_last_only", true, fmt.Sprintf("needs sharding fsdp (FSDP2's set_requires_gradient_sync), not %s", l.Sharding)})

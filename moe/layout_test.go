@@ -23,3 +23,32 @@ func TestLayoutGradSyncLastOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestLayoutFSDPImpl: fsdp2 (the default, stored as "") and megatron are
+// accepted under fsdp; megatron is refused, naming fsdp_impl and the
+// offending setting, with another sharding, with pp, and with FSDP2-only
+// options; an unknown implementation is refused with the allowed names.
+func TestLayoutFSDPImpl(t *testing.T) {
+	l := Layout{GPUs: 4, FSDPImpl: FSDPTorch, ReshardAfterForward: true}
+	if err := l.Resolve(); err != nil || l.FSDPImpl != "" {
+		t.Errorf("fsdp2: err %v, impl %q (want the default, \"\")", err, l.FSDPImpl)
+	}
+	if l = (Layout{GPUs: 4, FSDPImpl: FSDPMegatron, ReshardAfterForward: true}); l.Resolve() != nil {
+		t.Errorf("megatron under fsdp: %v", l.Resolve())
+	}
+	for _, c := range []struct {
+		l    Layout
+		want string
+	}{
+		{Layout{GPUs: 4, FSDPImpl: "deepspeed", ReshardAfterForward: true}, "fsdp2 or megatron"},
+		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron, Sharding: ShardZeRO1, ReshardAfterForward: true}, "zero1"},
+		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron, PP: 2, ReshardAfterForward: true}, "pp = 2"},
+		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron, KeepGathered: true, ReshardAfterForward: true}, "keep_gathered"},
+		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron}, "reshard_after_forward"},
+	} {
+		err := c.l.Resolve()
+		if err == nil || !strings.Contains(err.Error(), "fsdp_impl") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: err = %v, want one naming fsdp_impl and %q", c.l, err, c.want)
+		}
+	}
+}

@@ -153,7 +153,7 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 	}
 	p := &Pipeline{Layout: l, Split: split, M: m, Accum: sp.Accum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
 	b := &schedBuilder{cfg: cfg, paramIx: NewUnitIndex(cfg), m: stage, l: stage.Layout, prec: prec,
-		sp: ScheduleSpec{Memory: memory.Options{ReduceDType: sp.ReduceDType}}, prevRS: -1, rsWait: -1}
+		sp: ScheduleSpec{Memory: memory.Options{ReduceDType: sp.ReduceDType}}}
 	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) / int64(l.TPDegree()) * int64(cfg.Hidden) * prec.Activation.Bytes()
 	n := l.PipelineStages()
 	for r, actions := range order {

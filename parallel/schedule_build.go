@@ -148,16 +148,28 @@ type schedBuilder struct {
 	s       *Schedule
 
 	gathered map[Unit]bool // unit weights currently unsharded
-	gatherOp map[Unit]int  // id of the gather that made them so, or -1
-	lastRS   []int         // grad collectives of the current micro-step
-	// FSDP2 keeps one reduce-scatter in flight: a unit's post-backward
-	// hook makes the compute stream wait for the previous unit's
-	// reduce-scatter (comm_ctx.reduce_scatter_state) before its own, and
-	// the backward's final callback for the last one. prevRS is the
-	// shard-axis gradient reduction issued last in this backward (-1:
-	// none); rsWait the one the next compute op waits for (-1: none).
-	prevRS, rsWait int
-	computes       []int // compute op ids in issue order, for prefetch deps
+	// prefetched holds, for each unit an explicit prefetch has asked for
+	// and whose all-gather is not yet emitted, the op it waits for (-1:
+	// none).
+	prefetched map[Unit]int
+	gatherOp   map[Unit]int // id of the gather that made them so, or -1
+	lastRS     []int        // grad collectives of the current micro-step
+	// Gradient reductions in flight. FSDP2 keeps one: a unit's
+	// post-backward hook makes the compute stream wait for the previous
+	// unit's reduce-scatter (comm_ctx.reduce_scatter_state) before its own,
+	// and the backward's final callback for the last one. Megatron's FSDP
+	// keeps a queue of up to twice the mean unit (rsDepth). rsUnits are the
+	// shard-axis reductions of each unit (a layer, under Megatron) reduced
+	// in this backward, oldest first; rsWait the ones the next compute op
+	// waits for.
+	rsUnits  [][]int
+	rsLayer  int // the layer of rsUnits' last entry
+	rsWait   []int
+	computes []int // compute op ids in issue order, for prefetch deps
+	// unitFrom is the op the first compute of the unit begun last waited
+	// on in the computation's chain: FSDP2 copies that unit's all-gather
+	// out there, and its next all-gathers wait for that copy-out.
+	unitFrom int
 
 	// Tensor parallelism: each layer's collectives (TPCollectives) and,
 	// under async TP, the overlapped parts of collectives the next compute
@@ -218,10 +230,73 @@ func (b *schedBuilder) sizes(u Unit) (full, padded, shard int64) {
 
 func (b *schedBuilder) fsdp() bool { return b.l.Sharding == moe.ShardFSDP }
 
-// gather emits the all-gather of u if needed and returns its id or -1.
+// megatron says whether fsdp sharding follows Megatron's FSDP.
+func (b *schedBuilder) megatron() bool { return b.fsdp() && b.l.FSDPImpl == moe.FSDPMegatron }
+
+// explicitPrefetch says whether each block's all-gathers are issued one
+// block ahead, at the previous block's pre-forward (in backward, the next
+// block's pre-backward), rather than when its compute needs them:
+// torchtitan v0.2.2 sets FSDP2's explicit prefetching when ep > 1
+// (73a0e69 models/llama4/infra/parallelize.py apply_fsdp, "D2H syncs in EP
+// could interfere with implicit prefetching"), and Megatron's FSDP always
+// gathers the next unit with the current one (Megatron-LM 1e057005
+// custom_fsdp AllGatherPipeline.all_gather_params, prefetching up to
+// suggested_communication_unit_size, twice the mean unit).
+func (b *schedBuilder) explicitPrefetch() bool {
+	return b.fsdp() && !b.pass && (b.megatron() || b.l.EP > 1)
+}
+
+// blockUnits are the units of block l gathered together by an explicit
+// prefetch; torchtitan's embedding and head prefetch a block without its
+// experts (withExperts false).
+func (b *schedBuilder) blockUnits(l int, withExperts bool) []Unit {
+	us := []Unit{{Layer: l}}
+	if (withExperts || b.megatron()) && l >= 0 && l < b.cfg.Layers && b.cfg.MoELayer[l] {
+		us = append(us, Unit{Layer: l, Experts: true})
+	}
+	return us
+}
+
+// prefetch marks the units us, not yet gathered, as prefetched now: their
+// all-gathers wait for what a gather issued at this point waits for. In
+// forward that is the copy-out of the unit begun last (FSDP2's
+// all_gather_state event) or, under Megatron, the work already on the
+// compute stream (c10d's NCCL stream waits for the current stream when a
+// collective is issued); in backward the work before the block, under
+// both. The all-gathers are still emitted where the unit's compute asks for
+// them (gather): ops of a stream run in list order, and the all-gather
+// stream's order is the same either way.
+func (b *schedBuilder) prefetch(backward bool, us ...Unit) {
+	if !b.fsdp() || b.pass {
+		return
+	}
+	dep := b.chain
+	if !backward && !b.megatron() {
+		dep = b.unitFrom
+	}
+	for _, u := range us {
+		if !b.gathered[u] {
+			b.prefetched[u] = dep
+		}
+	}
+}
+
+// gather emits the all-gather of u if needed and returns its id or -1. A
+// prefetched unit's waits for its prefetch point; any other's for the
+// compute two ops back (at most two gathered units live under FSDP2's
+// implicit prefetching).
 func (b *schedBuilder) gather(u Unit, micro int) int {
 	if b.pass || !b.fsdp() || b.gathered[u] {
 		return -1
+	}
+	var deps []int
+	if d, ok := b.prefetched[u]; ok {
+		delete(b.prefetched, u)
+		if d >= 0 {
+			deps = []int{d}
+		}
+	} else if k := len(b.computes); k >= 2 {
+		deps = []int{b.computes[k-2]}
 	}
 	b.gathered[u] = true
 	n := b.axisSize(b.shardAxis(u))
@@ -230,10 +305,6 @@ func (b *schedBuilder) gather(u Unit, micro int) int {
 		return -1
 	}
 	_, padded, _ := b.sizes(u)
-	var deps []int
-	if k := len(b.computes); k >= 2 {
-		deps = []int{b.computes[k-2]}
-	}
 	id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: deps,
 		Coll: CollAllGather, Axis: b.shardAxis(u), Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded})
 	b.gatherOp[u] = id
@@ -292,10 +363,8 @@ func (b *schedBuilder) compute(micro, layer int, ph Phase, seg Segment, deps ...
 		b.tpDue = append(b.tpLater, before...)
 		b.tpLater = nil
 	}
-	if b.rsWait >= 0 {
-		ds = append(ds, b.rsWait)
-		b.rsWait = -1
-	}
+	ds = append(ds, b.rsWait...)
+	b.rsWait = nil
 	o := ScheduleOp{Type: OpCompute, Stream: StreamCompute, Micro: micro, Layer: layer, Phase: ph, Segment: seg, Deps: ds}
 	id := b.add(o)
 	b.computes = append(b.computes, id)
@@ -366,6 +435,7 @@ func (b *schedBuilder) a2a(micro, layer int, p Purpose, dep int) int {
 func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 	dense := Unit{Layer: layer}
 	g := b.gatherDep(dense, micro)
+	b.unitFrom = b.chain
 	if !b.cfg.MoELayer[layer] {
 		return b.compute(micro, layer, ph, SegBlock, g)
 	}
@@ -373,6 +443,7 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 	pre := b.compute(micro, layer, ph, SegPre, g)
 	ge := b.gatherDep(ex, micro)
 	d := b.a2a(micro, layer, PurposeDispatch, pre)
+	b.unitFrom = d
 	e := b.compute(micro, layer, ph, SegExperts, d, ge)
 	c := b.a2a(micro, layer, PurposeCombine, e)
 	post := b.compute(micro, layer, ph, SegPost, c)
@@ -470,10 +541,7 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 	if last != orig {
 		b.lastRS = append(b.lastRS, last)
-		// pytorch 010ae4a8 _fsdp_param_group.py post_backward: the compute
-		// stream waits for the previous unit's reduce-scatter event before
-		// this unit's copy-in and reduce-scatter.
-		b.rsWait, b.prevRS = b.prevRS, last
+		b.rsIssued(u, last)
 	}
 	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.Micro-1) {
 		id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{last},
@@ -482,13 +550,55 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 }
 
+// rsDepth is how many units' gradient reductions, besides the one being
+// issued, the compute stream lets run before it waits for the oldest.
+// FSDP2: one (pytorch 010ae4a8 _fsdp_param_group.py post_backward waits for
+// the previous unit's reduce-scatter event before its own). Megatron: a
+// unit waits, before its reduce-scatter, until the queue holds at most
+// twice the mean unit's elements (GradReducePipeline
+// wait_for_previous_grad_reduce with suggested_communication_unit_size),
+// so the two layers reduced before it may still run.
+func (b *schedBuilder) rsDepth() int {
+	if b.megatron() {
+		return 2
+	}
+	return 1
+}
+
+// rsIssued records a unit's shard-axis gradient reduction and makes the
+// next compute op wait for the reductions rsDepth allows no longer. Under
+// Megatron a layer is one unit: the reductions of its experts and of its
+// dense weights (build issues them together) share one entry.
+func (b *schedBuilder) rsIssued(u Unit, id int) {
+	if n := len(b.rsUnits); n > 0 && b.megatron() && b.rsLayer == u.Layer {
+		b.rsUnits[n-1] = append(b.rsUnits[n-1], id)
+		return
+	}
+	if k := len(b.rsUnits) - b.rsDepth(); k >= 0 {
+		b.rsWait = append(b.rsWait, b.rsUnits[k]...)
+	}
+	b.rsUnits = append(b.rsUnits, []int{id})
+	b.rsLayer = u.Layer
+}
+
+// rsDrain makes the next compute op wait for every reduction in flight:
+// FSDP2's root post-backward final callback, Megatron's
+// GradReducePipeline.reset (wait_for_previous_grad_reduce(0)).
+func (b *schedBuilder) rsDrain() {
+	for _, ids := range b.rsUnits {
+		b.rsWait = append(b.rsWait, ids...)
+	}
+	b.rsUnits = nil
+}
+
 // reset readies b for a program (build, StagePass): no unit gathered,
 // no chain yet, no reduce-scatter in flight.
 func (b *schedBuilder) reset() {
 	b.gathered = map[Unit]bool{}
 	b.gatherOp = map[Unit]int{}
-	b.chain = -1
-	b.prevRS, b.rsWait = -1, -1
+	b.prefetched = map[Unit]int{}
+	b.chain, b.unitFrom = -1, -1
+	b.rsUnits, b.rsWait = nil, nil
 }
 
 func (b *schedBuilder) build() {
@@ -503,18 +613,29 @@ func (b *schedBuilder) build() {
 	head := b.cfg.LayerHead()
 	ra := b.l.ReshardAfterForward
 	keep := b.l.KeepGathered
+	explicit := b.explicitPrefetch()
 	for micro := 0; micro < b.sp.Micro; micro++ {
 		lastMicro := micro == b.sp.Micro-1
 		// Forward.
 		emb := Unit{Layer: moe.LayerEmbed}
 		g := b.gather(emb, micro)
+		b.unitFrom = b.chain
+		if explicit {
+			b.prefetch(false, b.blockUnits(0, false)...)
+		}
 		id := b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
 		if ra && !b.cfg.TiedEmbeddings { // tied: the head reads the embedding's weights
 			b.free(emb)
 		}
 		for l := 0; l < b.cfg.Layers; l++ {
+			if explicit {
+				b.prefetch(false, b.blockUnits(l+1, true)...)
+			}
 			id = b.forwardBlock(micro, l, PhaseForward)
-			if ra && l != b.cfg.Layers-1 {
+			// Megatron frees every layer after its forward
+			// (_post_forward release_module_parameters); torchtitan
+			// keeps the last block for the backward.
+			if ra && (l != b.cfg.Layers-1 || b.megatron()) {
 				b.free(Unit{Layer: l})
 				if b.cfg.MoELayer[l] {
 					b.free(Unit{Layer: l, Experts: true})
@@ -526,17 +647,37 @@ func (b *schedBuilder) build() {
 		b.compute(micro, head, PhaseForward, SegHead, g)
 		// Backward.
 		b.lastRS = nil
+		if explicit {
+			b.prefetch(true, b.blockUnits(b.cfg.Layers-1, false)...)
+		}
 		id = b.compute(micro, head, PhaseBackward, SegHead)
 		b.reduce(hu, micro, id)
 		if !keep || lastMicro {
 			b.free(hu)
 		}
 		for l := b.cfg.Layers - 1; l >= 0; l-- {
+			if explicit {
+				b.prefetch(true, b.blockUnits(l-1, true)...)
+			}
+			// Megatron's post-backward hook is the layer's: its
+			// experts' gradients are reduced with its dense ones,
+			// once the whole layer's backward has run.
+			exDone := false
 			b.backwardBlock(micro, l, func(u Unit, id int) {
-				b.reduce(u, micro, id)
-				if !keep || lastMicro {
-					b.free(u)
+				if b.megatron() && u.Experts {
+					exDone = true
+					return
 				}
+				done := func(u Unit, id int) {
+					b.reduce(u, micro, id)
+					if !keep || lastMicro {
+						b.free(u)
+					}
+				}
+				if exDone {
+					done(Unit{Layer: l, Experts: true}, id)
+				}
+				done(u, id)
 			})
 		}
 		g = b.gather(emb, micro)
@@ -546,10 +687,10 @@ func (b *schedBuilder) build() {
 			b.free(emb)
 		}
 		// The root's post-backward final callback: the compute stream
-		// waits for the backward's last reduce-scatter (FSDPState
+		// waits for the backward's reductions (FSDPState
 		// _root_post_backward_final_callback), so the next micro-step's
-		// forward starts after it.
-		b.rsWait, b.prevRS = b.prevRS, -1
+		// forward starts after them.
+		b.rsDrain()
 	}
 	// Step end.
 	deps := append([]int(nil), b.lastRS...)

@@ -15,7 +15,7 @@ type layoutFlags struct {
 	fs                                          *flag.FlagSet // to tell a flag given as 0 from one left out
 	gpus, dpShard, dpReplicate, ep, gpusPerNode int
 	tp, etp                                     int
-	sharding                                    string
+	sharding, fsdpImpl                          string
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly, asyncTP                  bool
 	pp, ppMicrobatchSize, ppVirtualStages       int
@@ -36,6 +36,7 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.IntVar(&f.etp, "etp", 1, "tensor-parallel degree of routed experts when ep > 1: 1 (EP borrows the tp ranks) or the tp degree")
 	fs.BoolVar(&f.asyncTP, "async-tp", false, "async tensor parallelism: overlap TP collectives with the matmuls they feed (needs --compile)")
 	fs.StringVar(&f.sharding, "sharding", "fsdp", "what dp-shard shards: fsdp|zero2|zero1|ddp")
+	fs.StringVar(&f.fsdpImpl, "fsdp-impl", "fsdp2", "whose FSDP schedule fsdp sharding follows: fsdp2 (PyTorch's, as torchtitan applies it) or megatron (Megatron-Core's --use-custom-fsdp, a layer per unit)")
 	fs.BoolVar(&f.reshardAfterForward, "reshard-after-forward", true, "free gathered weights after each block's forward (default off with --pp > 1, as torchtitan)")
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
@@ -73,7 +74,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 	}
 	l := moe.Layout{
 		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep, TP: f.tp, ETP: f.etp,
-		Sharding: moe.Sharding(f.sharding), ReshardAfterForward: f.reshardAfterForward,
+		Sharding: moe.Sharding(f.sharding), FSDPImpl: moe.FSDPImpl(f.fsdpImpl), ReshardAfterForward: f.reshardAfterForward,
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, AsyncTP: f.asyncTP, GPUsPerNode: f.gpusPerNode,
 		PP: f.pp, PPSchedule: moe.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
 		PPVirtualStages: f.ppVirtualStages, PPLayers: moe.StageLayers(f.ppLayers),

@@ -232,8 +232,12 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	if l.Stages() > 1 {
 		pp = fmt.Sprintf("pp %d × ", l.PP)
 	}
+	sharding := string(l.Sharding)
+	if l.FSDPImpl == moe.FSDPMegatron {
+		sharding += " (Megatron's FSDP schedule)"
+	}
 	fmt.Fprintf(w, "%s on %d × %s (%s): %sdp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",
-		r.Model, l.GPUs, r.Device, r.Cluster, pp, l.DPReplicate, l.DPShard, l.EP, l.Sharding, r.AC, r.LBS, r.Seq, r.GradAccum)
+		r.Model, l.GPUs, r.Device, r.Cluster, pp, l.DPReplicate, l.DPShard, l.EP, sharding, r.AC, r.LBS, r.Seq, r.GradAccum)
 	if tp := l.TPDegree(); tp > 1 {
 		async := ""
 		if l.AsyncTP {

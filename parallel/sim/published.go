@@ -41,6 +41,7 @@ type Run struct {
 	ETP                 int    `json:"etp,omitempty"` // expert tensor-parallel degree, 1 or tp (absent = 1)
 	AsyncTP             *bool  `json:"async_tp,omitempty"`
 	Sharding            string `json:"sharding,omitempty"`
+	FSDPImpl            string `json:"fsdp_impl,omitempty"` // fsdp2 (absent) or megatron, moe.FSDPImpl
 	ReshardAfterForward *bool  `json:"reshard_after_forward,omitempty"`
 	KeepGathered        *bool  `json:"keep_gathered,omitempty"`
 	AllreduceLastOnly   *bool  `json:"allreduce_last_only,omitempty"`
@@ -209,7 +210,7 @@ func (r Run) MemoryOptions() (memory.Options, error) {
 // Layout returns the run's layout, resolved and validated.
 func (r Run) Layout() (moe.Layout, error) {
 	l := moe.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP, TP: r.TP, ETP: r.ETP,
-		Sharding: moe.Sharding(r.Sharding), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode,
+		Sharding: moe.Sharding(r.Sharding), FSDPImpl: moe.FSDPImpl(r.FSDPImpl), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode,
 		PP: r.PP, PPSchedule: moe.PPSchedule(r.PPSchedule), PPMicrobatchSize: r.PPMicrobatchSize,
 		PPVirtualStages: r.PPVirtualStages, PPLayers: r.PPLayers}
 	// torchtitan's default reshards after forward except under PP
