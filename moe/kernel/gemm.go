@@ -108,10 +108,11 @@ type blocking struct {
 // by columns on one core in paired runs over the square and expert shapes,
 // while the 6×16 kernel there (kc = 512: nc would be 512) gained nothing.
 // Otherwise, and for a B panel shared by the cores (shared: sharedB, where
-// each core packs half of it and the panel is not in one core's L2; by rows
-// 2048×4096×2048 on 2 threads there ran 145–166 GFLOP/s against 155–178 by
-// columns, medians of three paired runs), tiles go by columns with the A
-// block in half of L2 and nc = 4096.
+// each core packs half of it, so it is in neither core's L2 whole; by rows
+// it gained nothing there, 0.97–1.01× by columns on 2 threads over 1024³,
+// 2048³, 2048×512×2048, 2048×2048×4096 and 4096×2048×2048 in paired runs,
+// and nc = 1024 cuts a product into four times as many fork/join phases),
+// tiles go by columns with the A block in half of L2 and nc = 4096.
 func blockSizes(mk *microKernel, shared bool) blocking {
 	l1, l2 := cacheL1, cacheL2
 	kc := min(max(l1*2/3/(4*mk.nr), 64), 512) &^ 7
