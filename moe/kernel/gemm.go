@@ -104,7 +104,7 @@ type blocking struct {
 // on one core against 79% with kc = 192). Where half of L2 holds a B panel
 // at least 1024 columns wide, tiles go by rows with that panel and an A
 // block in a quarter of L2: on the 2-vCPU Sapphire Rapids guest (2 MiB L2)
-// the 12×32 kernel (kc = 256, nc = 1024, mc = 504) ran 2–13% faster than
+// the 12×32 kernel (kc = 256, nc = 1024, mc = 504) ran 1–12% faster than
 // by columns on one core in paired runs over the square and expert shapes,
 // while the 6×16 kernel there (kc = 512: nc would be 512) gained nothing.
 // Otherwise, and for a B panel shared by the cores (shared: sharedB, where
