@@ -139,12 +139,12 @@ func printBench(w io.Writer, r *bench.Report) {
 	fmt.Fprintf(w, "peak (float32 FMA loop, measured, best of 20 runs): clock %.2f GHz, %.1f FLOP/cycle, %.1f GFLOP/s per core, %.1f GFLOP/s on %d threads\n",
 		p.ClockGHz, p.FLOPPerCycle, p.PerCoreGFLOPS, p.AllCoreGFLOPS, p.Threads)
 	if len(r.GEMM) > 0 {
-		fmt.Fprintf(w, "\n%-24s %-6s %6s %6s %6s %7s %9s %6s %11s %9s\n", "gemm", "layout", "m", "n", "k", "threads", "GFLOP/s", "%peak", "GFLOP/s cpu", "%peak cpu")
+		fmt.Fprintf(w, "\n%-24s %-6s %6s %6s %6s %7s %9s %6s %8s %7s %11s %9s\n", "gemm", "layout", "m", "n", "k", "threads", "GFLOP/s", "%peak", "median", "%peak", "GFLOP/s cpu", "%peak cpu")
 		for _, g := range r.GEMM {
-			fmt.Fprintf(w, "%-24s %-6s %6d %6d %6d %7d %9.1f %5.1f%% %11.1f %8.1f%%\n", g.Op, g.Layout, g.M, g.N, g.K, g.Threads,
-				g.GFLOPS, 100*g.PeakFraction, g.CPUGFLOPS, 100*g.CPUPeakFraction)
+			fmt.Fprintf(w, "%-24s %-6s %6d %6d %6d %7d %9.1f %5.1f%% %8.1f %6.1f%% %11.1f %8.1f%%\n", g.Op, g.Layout, g.M, g.N, g.K, g.Threads,
+				g.GFLOPS, 100*g.PeakFraction, g.MedianGFLOPS, 100*g.MedianPeakFraction, g.CPUGFLOPS, 100*g.CPUPeakFraction)
 		}
-		fmt.Fprintln(w, "(GFLOP/s: best wall time; cpu: the same work over process CPU time ÷ threads, what the cores delivered while this process held them)")
+		fmt.Fprintln(w, "(GFLOP/s: best wall time of a call; median: the median call's; cpu: the same work over process CPU time ÷ threads, what the cores delivered while this process held them)")
 	}
 	if l := r.Layer; l != nil {
 		fmt.Fprintf(w, "\nlayer %s (%d experts, top-%d), one sequence of %d tokens, %d threads, forward+backward (best of runs):\n",

@@ -21,6 +21,7 @@ func TestBenchJSON(t *testing.T) {
 			M, N, K, Threads int
 			GFLOPS           float64 `json:"gflops"`
 			PeakFraction     float64 `json:"peak_fraction"`
+			MedianGFLOPS     float64 `json:"median_gflops"`
 		} `json:"gemm"`
 		Layer struct {
 			TokensPerS   float64 `json:"tokens_per_s"`
@@ -43,6 +44,10 @@ func TestBenchJSON(t *testing.T) {
 	for _, g := range r.GEMM {
 		if g.GFLOPS <= 0 || g.PeakFraction <= 0 || g.M <= 0 || (g.Threads != 1 && g.Threads != 2) {
 			t.Errorf("implausible GEMM row %+v", g)
+		}
+		// The median call takes at least as long as the best one.
+		if g.MedianGFLOPS <= 0 || g.MedianGFLOPS > g.GFLOPS {
+			t.Errorf("median %v GFLOP/s against best %v: want 0 < median ≤ best", g.MedianGFLOPS, g.GFLOPS)
 		}
 	}
 	if r.Layer.Seq != 40 || r.Layer.TokensPerS <= 0 || r.Layer.GFLOPS <= 0 || r.Layer.ModelFLOPs <= 0 {

@@ -20,6 +20,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +52,12 @@ type GEMM struct {
 	Seconds      float64 `json:"seconds"` // best wall time of repeated calls
 	GFLOPS       float64 `json:"gflops"`  // 2·m·n·k / seconds / 1e9
 	PeakFraction float64 `json:"peak_fraction"`
+	// The same from the median call: on a shared machine the best of many
+	// short calls (a 256³ product lasts a quarter of a millisecond) catches
+	// a quiet instant that the best of a few long ones does not, so sizes
+	// compare fairly by the median.
+	MedianGFLOPS       float64 `json:"median_gflops"`
+	MedianPeakFraction float64 `json:"median_peak_fraction"`
 	CPURates
 }
 
@@ -204,18 +211,22 @@ func withExperts(c *moe.Config, e int) *moe.Config {
 
 // bestTime runs f in at least minBatches batches of at least batchLen
 // each (one run per batch if a run is longer) and returns the shortest wall
-// time of a single run and the shortest per-run process CPU time of a batch
-// (0 where unknown). CPU time is taken over batches because Linux updates a
-// thread's CPU time on other cores only at scheduler ticks.
-func bestTime(minBatches int, batchLen time.Duration, f func()) (wall, cpu time.Duration) {
+// time of a single run, the median wall time of the runs, and the shortest
+// per-run process CPU time of a batch (0 where unknown). CPU time is taken
+// over batches because Linux updates a thread's CPU time on other cores only
+// at scheduler ticks.
+func bestTime(minBatches int, batchLen time.Duration, f func()) (wall, median, cpu time.Duration) {
 	wall, cpu = time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
+	var runs []time.Duration
 	for range minBatches {
 		c0, ok := kernel.ProcessCPUTime()
 		start, n := time.Now(), 0
 		for n == 0 || time.Since(start) < batchLen {
 			t := time.Now()
 			f()
-			wall = min(wall, time.Since(t))
+			d := time.Since(t)
+			wall = min(wall, d)
+			runs = append(runs, d)
 			n++
 		}
 		c1, _ := kernel.ProcessCPUTime()
@@ -225,7 +236,8 @@ func bestTime(minBatches int, batchLen time.Duration, f func()) (wall, cpu time.
 		}
 		cpu = min(cpu, (c1-c0)/time.Duration(n))
 	}
-	return wall, cpu
+	slices.Sort(runs)
+	return wall, runs[len(runs)/2], cpu
 }
 
 // GEMMs times square products (NN) and the expert GEMMs of the layer
@@ -274,14 +286,15 @@ func GEMMs(c *moe.Config, squares []int, tokens, threads int, p kernel.Peak) []G
 		}
 		for _, t := range counts {
 			prev := kernel.SetThreads(t)
-			d, cpu := bestTime(3, 150*time.Millisecond, func() {
+			d, med, cpu := bestTime(3, 150*time.Millisecond, func() {
 				kernel.Sgemm(ta, tb, s.m, s.n, s.k, 1, a, lda, b, ldb, 0, cc, s.n)
 			})
 			kernel.SetThreads(prev)
 			flop := 2 * float64(s.m) * float64(s.n) * float64(s.k)
-			gf := flop / d.Seconds() / 1e9
+			gf, gfMed := flop/d.Seconds()/1e9, flop/med.Seconds()/1e9
 			out = append(out, GEMM{Op: s.op, Layout: s.layout, M: s.m, N: s.n, K: s.k, Threads: t,
 				Seconds: d.Seconds(), GFLOPS: gf, PeakFraction: gf / peakFor(p, t),
+				MedianGFLOPS: gfMed, MedianPeakFraction: gfMed / peakFor(p, t),
 				CPURates: newCPURates(flop, cpu, t, peakFor(p, t))})
 		}
 	}
@@ -345,7 +358,7 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 	flops := 2 * (matmul + attn)
 
 	bestFwd := time.Duration(math.MaxInt64)
-	best, cpu := bestTime(iters, 0, func() {
+	best, _, cpu := bestTime(iters, 0, func() {
 		t0 := time.Now()
 		blk.Forward(&w, x)
 		bestFwd = min(bestFwd, time.Since(t0))

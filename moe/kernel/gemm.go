@@ -25,8 +25,8 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 	g := gemmCalls.Get().(*gemmCall)
 	*g = gemmCall{mk: active(), transA: transA, transB: transB, m: m, n: n, k: k,
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc}
-	g.bs = blockSizes(g.mk)
 	g.split(Threads())
+	g.bs = blockSizes(g.mk, g.parts > 1 && g.splitRows)
 	switch {
 	case g.parts == 1:
 		ar := arenas.Get().(*arena)
@@ -86,21 +86,54 @@ func scaleC(m, n int, beta float32, c []float32, ldc int) {
 	}
 }
 
-// blocking holds the cache block sizes: an mc×kc block of packed A stays in
-// L2 while a kc×nr sliver of packed B stays in L1; nc bounds the B panel.
-type blocking struct{ mc, kc, nc int }
+// blocking holds the cache block sizes and the order macro visits tiles
+// in. By columns (BLIS's order): a kc×nr sliver of packed B stays in L1
+// while the mr×kc slivers of an mc×kc block of packed A stream past it from
+// L2, and nc bounds the B panel. By rows: an A sliver stays in L1 while the
+// B slivers of a kc×nc panel held in L2 stream past it, so C is updated
+// along its rows, and mc bounds the A block.
+type blocking struct {
+	mc, kc, nc int
+	rows       bool
+}
 
 // blockSizes derives the blocking for micro-kernel mk from the cache sizes
-// cpuid reports (two thirds of L1 for the B sliver, half of L2 for the A
-// block, after the BLIS analytic rule), with common sizes where cpuid does
-// not say. On Zen 5 (48 KiB L1) this gives kc = 256 for the 12×32 kernel:
-// 2048³ on one core measured 82% of peak against 79% with half of L1
-// (kc = 192), 1024³ the same within noise.
-func blockSizes(mk *microKernel) blocking {
+// cpuid reports, with common sizes where cpuid does not say. kc takes two
+// thirds of L1 for one B sliver (after the BLIS analytic rule; on Zen 5,
+// 48 KiB L1, kc = 256 for the 12×32 kernel measured 82% of peak at 2048³
+// on one core against 79% with kc = 192). Where half of L2 holds a B panel
+// at least 1024 columns wide, tiles go by rows with that panel and an A
+// block in a quarter of L2: on the 2-vCPU Sapphire Rapids guest (2 MiB L2)
+// the 12×32 kernel (kc = 256, nc = 1024, mc = 504) ran 1–12% faster than
+// by columns on one core in paired runs over the square and expert shapes,
+// while the 6×16 kernel there (kc = 512: nc would be 512) gained nothing.
+// Otherwise, and for a B panel shared by the cores (shared: sharedB, where
+// each core packs half of it, so it is in neither core's L2 whole; by rows
+// it gained nothing there, 0.97–1.01× by columns on 2 threads over 1024³,
+// 2048³, 2048×512×2048, 2048×2048×4096 and 4096×2048×2048 in paired runs,
+// and nc = 1024 cuts a product into four times as many fork/join phases),
+// tiles go by columns with the A block in half of L2 and nc = 4096.
+func blockSizes(mk *microKernel, shared bool) blocking {
 	l1, l2 := cacheL1, cacheL2
 	kc := min(max(l1*2/3/(4*mk.nr), 64), 512) &^ 7
+	if nc := l2 / 2 / (4 * kc) / mk.nr * mk.nr; nc >= 1024 && !shared {
+		mc := min(max(l2/4/(4*kc), mk.mr), 1024) / mk.mr * mk.mr
+		return blocking{mc: mc, kc: kc, nc: min(nc, 4096), rows: true}
+	}
 	mc := min(max(l2/2/(4*kc), mk.mr), 1024) / mk.mr * mk.mr
 	return blocking{mc: mc, kc: kc, nc: 4096 / mk.nr * mk.nr}
+}
+
+// blockLen splits total into the fewest blocks of at most most (a multiple
+// of unit) and returns the block length that makes them equal, rounded up
+// to unit: 1024 rows in blocks of at most 504 become 348, 348, 328 rather
+// than 504, 504, 16, whose thin last block would run mostly edge tiles.
+func blockLen(total, most, unit int) int {
+	if total <= most {
+		return total
+	}
+	blocks := (total + most - 1) / most
+	return roundUp((total+blocks-1)/blocks, unit)
 }
 
 // gemmCall is one Sgemm: its arguments and how C is split into parts, each
@@ -166,12 +199,13 @@ func (g *gemmCall) sharedB() {
 		scaleC(g.m, g.n, g.beta, g.c, g.ldc)
 	}
 	ar := arenas.Get().(*arena)
-	bp := ar.scratch(0, min(bs.kc, g.k)*roundUp(min(bs.nc, g.n), mk.nr))
+	ncB, kcB := blockLen(g.n, bs.nc, mk.nr), blockLen(g.k, bs.kc, 4)
+	bp := ar.scratch(0, kcB*roundUp(ncB, mk.nr))
 	g.sharedBP = bp
-	for jc := 0; jc < g.n; jc += bs.nc {
-		for pc := 0; pc < g.k; pc += bs.kc {
-			g.jc, g.nc = jc, min(bs.nc, g.n-jc)
-			g.pc, g.kc = pc, min(bs.kc, g.k-pc)
+	for jc := 0; jc < g.n; jc += ncB {
+		for pc := 0; pc < g.k; pc += kcB {
+			g.jc, g.nc = jc, min(ncB, g.n-jc)
+			g.pc, g.kc = pc, min(kcB, g.k-pc)
 			g.phase = phasePackB
 			parallel(g.parts, g)
 			g.phase = phaseRows
@@ -197,12 +231,13 @@ func (g *gemmCall) task(ar *arena, t int) {
 	case phaseRows:
 		mr := g.mk.mr
 		i0, i1 := t*g.chunk, min((t+1)*g.chunk, g.m)
-		ar.ap = grow(ar.ap, g.kc*roundUp(min(g.bs.mc, i1-i0), mr))
+		mcB := blockLen(i1-i0, g.bs.mc, mr)
+		ar.ap = grow(ar.ap, g.kc*roundUp(mcB, mr))
 		acc := g.beta != 0 || g.pc > 0
-		for ic := i0; ic < i1; ic += g.bs.mc {
-			mc := min(g.bs.mc, i1-ic)
+		for ic := i0; ic < i1; ic += mcB {
+			mc := min(mcB, i1-ic)
 			packA(ar.ap, g.transA, g.a, g.lda, ic, g.pc, mc, g.kc, mr, g.alpha)
-			macro(ar, g.mk, g.kc, mc, g.nc, ar.ap, g.sharedBP, g.c[ic*g.ldc+g.jc:], g.ldc, acc)
+			g.bs.macro(ar, g.mk, g.kc, mc, g.nc, ar.ap, g.sharedBP, g.c[ic*g.ldc+g.jc:], g.ldc, acc)
 		}
 		return
 	}
@@ -227,19 +262,19 @@ func (g *gemmCall) block(ar *arena, i0, i1, j0, j1 int) {
 			}
 		}
 	}
-	kcMax := min(bs.kc, g.k)
-	ar.bp = grow(ar.bp, kcMax*roundUp(min(bs.nc, j1-j0), nr))
-	ar.ap = grow(ar.ap, kcMax*roundUp(min(bs.mc, i1-i0), mr))
-	for jc := j0; jc < j1; jc += bs.nc {
-		nc := min(bs.nc, j1-jc)
-		for pc := 0; pc < g.k; pc += bs.kc {
-			kc := min(bs.kc, g.k-pc)
+	ncB, kcB, mcB := blockLen(j1-j0, bs.nc, nr), blockLen(g.k, bs.kc, 4), blockLen(i1-i0, bs.mc, mr)
+	ar.bp = grow(ar.bp, kcB*roundUp(ncB, nr))
+	ar.ap = grow(ar.ap, kcB*roundUp(mcB, mr))
+	for jc := j0; jc < j1; jc += ncB {
+		nc := min(ncB, j1-jc)
+		for pc := 0; pc < g.k; pc += kcB {
+			kc := min(kcB, g.k-pc)
 			packB(ar.bp, g.transB, g.b, g.ldb, pc, jc, kc, nc, nr)
 			acc := g.beta != 0 || pc > 0
-			for ic := i0; ic < i1; ic += bs.mc {
-				mc := min(bs.mc, i1-ic)
+			for ic := i0; ic < i1; ic += mcB {
+				mc := min(mcB, i1-ic)
 				packA(ar.ap, g.transA, g.a, g.lda, ic, pc, mc, kc, mr, g.alpha)
-				macro(ar, mk, kc, mc, nc, ar.ap, ar.bp, g.c[ic*g.ldc+jc:], g.ldc, acc)
+				bs.macro(ar, mk, kc, mc, nc, ar.ap, ar.bp, g.c[ic*g.ldc+jc:], g.ldc, acc)
 			}
 		}
 	}
@@ -248,36 +283,60 @@ func (g *gemmCall) block(ar *arena, i0, i1, j0, j1 int) {
 // macro computes C (+)= A·B for an m×n block of C from packed panels: ap
 // holds ⌈m/mr⌉ slivers of kc·mr values (packA's layout), bp ⌈n/nr⌉ slivers
 // of kc·nr (packB's), c starts at the block's first element. acc false
-// overwrites C. Edge tiles go through the arena's tile buffer.
+// overwrites C. It visits the tiles column of tiles by column (each B
+// sliver reused from L1 down the block); macroRows row by row.
 func macro(ar *arena, mk *microKernel, kc, m, n int, ap, bp, c []float32, ldc int, acc bool) {
-	mr, nr := mk.mr, mk.nr
-	ar.tile = grow(ar.tile, mr*nr)
-	tile := ar.tile
-	for jr := 0; jr < n; jr += nr {
-		nj := min(nr, n-jr)
-		bsl := bp[jr*kc:]
-		for ir := 0; ir < m; ir += mr {
-			mi := min(mr, m-ir)
-			asl := ap[ir*kc:]
-			co := ir*ldc + jr
-			if mi == mr && nj == nr {
-				mk.tile(kc, asl, bsl, c[co:], ldc, acc)
-				continue
-			}
-			mk.tile(kc, asl, bsl, tile, nr, false)
-			for i := 0; i < mi; i++ {
-				dst := c[co+i*ldc : co+i*ldc+nj]
-				src := tile[i*nr : i*nr+nj]
-				if acc {
-					for j, v := range src {
-						dst[j] += v
-					}
-				} else {
-					copy(dst, src)
-				}
-			}
+	for jr := 0; jr < n; jr += mk.nr {
+		for ir := 0; ir < m; ir += mk.mr {
+			tileAt(ar, mk, kc, m, n, ir, jr, ap, bp, c, ldc, acc)
 		}
 	}
+}
+
+// macroRows is macro visiting the tiles row of tiles by row: each A sliver
+// is reused from L1 along the block and C is updated along its rows.
+func macroRows(ar *arena, mk *microKernel, kc, m, n int, ap, bp, c []float32, ldc int, acc bool) {
+	for ir := 0; ir < m; ir += mk.mr {
+		for jr := 0; jr < n; jr += mk.nr {
+			tileAt(ar, mk, kc, m, n, ir, jr, ap, bp, c, ldc, acc)
+		}
+	}
+}
+
+// tileAt runs the micro-kernel on the tile of C at row ir, column jr of an
+// m×n block; a ragged edge tile goes through the arena's tile buffer.
+func tileAt(ar *arena, mk *microKernel, kc, m, n, ir, jr int, ap, bp, c []float32, ldc int, acc bool) {
+	mr, nr := mk.mr, mk.nr
+	mi, nj := min(mr, m-ir), min(nr, n-jr)
+	asl, bsl := ap[ir*kc:], bp[jr*kc:]
+	co := ir*ldc + jr
+	if mi == mr && nj == nr {
+		mk.tile(kc, asl, bsl, c[co:], ldc, acc)
+		return
+	}
+	ar.tile = grow(ar.tile, mr*nr)
+	tile := ar.tile
+	mk.tile(kc, asl, bsl, tile, nr, false)
+	for i := 0; i < mi; i++ {
+		dst := c[co+i*ldc : co+i*ldc+nj]
+		src := tile[i*nr : i*nr+nj]
+		if acc {
+			for j, v := range src {
+				dst[j] += v
+			}
+		} else {
+			copy(dst, src)
+		}
+	}
+}
+
+// macro is macro or macroRows, as the blocking says.
+func (bs blocking) macro(ar *arena, mk *microKernel, kc, m, n int, ap, bp, c []float32, ldc int, acc bool) {
+	if bs.rows {
+		macroRows(ar, mk, kc, m, n, ap, bp, c, ldc, acc)
+		return
+	}
+	macro(ar, mk, kc, m, n, ap, bp, c, ldc, acc)
 }
 
 func roundUp(x, unit int) int { return (x + unit - 1) / unit * unit }

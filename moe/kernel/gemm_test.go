@@ -101,13 +101,70 @@ func TestSgemmBlocks(t *testing.T) {
 		ab := [][2]float32{{0.5, 0}, {-1.5, 0.75}, {1, 1}}
 		// {300, 97, 600} and {250, 250, 530} split rows over threads and
 		// share the packed B panels.
-		for i, s := range [][3]int{{97, 130, 600}, {700, 20, 40}, {40, 300, 1030}, {130, 97, 7}, {300, 97, 600}, {250, 250, 530}} {
+		// {29, 1031, 263} crosses nc = 1024 (blocking by rows) and kc with
+		// primes, so the last tile row, column and panel are ragged.
+		for i, s := range [][3]int{{97, 130, 600}, {700, 20, 40}, {40, 300, 1030}, {130, 97, 7}, {300, 97, 600}, {250, 250, 530}, {29, 1031, 263}} {
 			for j, tr := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
 				c := ab[(i+j)%len(ab)]
 				gemmCase(t, r, tr[0], tr[1], s[0], s[1], s[2], (i+j)%3, c[0], c[1])
 			}
 		}
 	})
+}
+
+func TestBlockLen(t *testing.T) {
+	// Hand-derived: ⌈total/most⌉ blocks, each ⌈total/blocks⌉ rounded up to
+	// unit, the last one shorter.
+	for _, c := range []struct{ total, most, unit, want int }{
+		{100, 256, 4, 100},    // one block, as it is
+		{256, 256, 4, 256},    // exactly one block
+		{300, 256, 4, 152},    // 2 blocks: 150 → 152, last 148
+		{1024, 504, 12, 348},  // 3 blocks: 342 → 348, last 328
+		{1025, 1024, 32, 544}, // 2 blocks: 513 → 544, last 481
+		{2048, 1024, 32, 1024},
+	} {
+		if got := blockLen(c.total, c.most, c.unit); got != c.want {
+			t.Errorf("blockLen(%d, %d, %d) = %d, want %d", c.total, c.most, c.unit, got, c.want)
+		}
+	}
+}
+
+func TestBlockSizes(t *testing.T) {
+	defer func(l1, l2 int) { cacheL1, cacheL2 = l1, l2 }(cacheL1, cacheL2)
+	k12x32, k6x16 := &microKernel{mr: 12, nr: 32}, &microKernel{mr: 6, nr: 16}
+	// Hand-derived from blockSizes' rule: kc = ⌊L1·2/3/(4·nr)⌋ &^ 7 in
+	// [64, 512]; by rows when ⌊L2/2/(4·kc)⌋ (to nr) ≥ 1024 and the panel
+	// is not shared, then mc = ⌊L2/4/(4·kc)⌋ to mr; by columns mc =
+	// ⌊L2/2/(4·kc)⌋ to mr, nc = 4096.
+	for _, c := range []struct {
+		name   string
+		l1, l2 int
+		mk     *microKernel
+		want   blocking
+		shared blocking // a B panel shared by the cores: always by columns
+	}{
+		// Sapphire Rapids: kc = 32768/128 = 256, nc = 1 MiB/1 KiB = 1024,
+		// mc = 512 → 504; shared, by columns: mc = 1 MiB/1 KiB = 1024 →
+		// 1020.
+		{"spr 12x32", 48 << 10, 2 << 20, k12x32, blocking{mc: 504, kc: 256, nc: 1024, rows: true}, blocking{mc: 1020, kc: 256, nc: 4096}},
+		// kc = 32768/64 = 512, nc = 1 MiB/2 KiB = 512 < 1024: by columns,
+		// mc = 1 MiB/2 KiB = 512 → 510.
+		{"spr 6x16", 48 << 10, 2 << 20, k6x16, blocking{mc: 510, kc: 512, nc: 4096}, blocking{mc: 510, kc: 512, nc: 4096}},
+		// Zen 5 (1 MiB L2): kc = 256, nc = 512 KiB/1 KiB = 512: by columns,
+		// mc = 512 → 504.
+		{"zen5 12x32", 48 << 10, 1 << 20, k12x32, blocking{mc: 504, kc: 256, nc: 4096}, blocking{mc: 504, kc: 256, nc: 4096}},
+		// Zen 3 (32 KiB L1, 512 KiB L2): kc = 21845/64 = 341 → 336, mc =
+		// 262144/1344 = 195 → 192.
+		{"zen3 6x16", 32 << 10, 512 << 10, k6x16, blocking{mc: 192, kc: 336, nc: 4096}, blocking{mc: 192, kc: 336, nc: 4096}},
+	} {
+		cacheL1, cacheL2 = c.l1, c.l2
+		if got := blockSizes(c.mk, false); got != c.want {
+			t.Errorf("%s: blockSizes = %+v, want %+v", c.name, got, c.want)
+		}
+		if got := blockSizes(c.mk, true); got != c.shared {
+			t.Errorf("%s: blockSizes(shared) = %+v, want %+v", c.name, got, c.shared)
+		}
+	}
 }
 
 func TestSgemmDegenerate(t *testing.T) {

@@ -1,6 +1,9 @@
 package kernel
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // Grouped expert GEMMs. Routed tokens are sorted by expert, so expert e owns
 // the contiguous rows [offsets[e], offsets[e+1]) of the token matrices
@@ -50,6 +53,7 @@ type groupedCall struct {
 	w       [][]float32
 	offsets []int
 	n, k    int
+	order   []int // the experts, most rows first (largestFirst)
 }
 
 var groupedCalls = sync.Pool{New: func() any { return new(groupedCall) }}
@@ -57,10 +61,27 @@ var groupedCalls = sync.Pool{New: func() any { return new(groupedCall) }}
 func runGrouped(kind groupedKind, s, t []float32, w [][]float32, offsets []int, n, k int) {
 	checkGrouped(kind, s, t, w, offsets, n, k)
 	g := groupedCalls.Get().(*groupedCall)
-	*g = groupedCall{kind: kind, s: s, t: t, w: w, offsets: offsets, n: n, k: k}
-	parallel(len(offsets)-1, g)
-	*g = groupedCall{}
+	*g = groupedCall{kind: kind, s: s, t: t, w: w, offsets: offsets, n: n, k: k,
+		order: largestFirst(g.order, offsets)}
+	parallel(len(g.order), g)
+	*g = groupedCall{order: g.order[:0]}
 	groupedCalls.Put(g)
+}
+
+// largestFirst returns the experts 0..E−1 of offsets in order of decreasing
+// rows (ties by index), reusing order's storage. The cores claim experts in
+// this order: a core that finds the others still busy then takes a small
+// expert, so the idle tail of the call is at most the smallest expert's
+// time, where claiming by index leaves whatever expert comes last (Graham's
+// longest-processing-time rule, within 4/3 of the best split).
+func largestFirst(order, offsets []int) []int {
+	order = order[:0]
+	for e := range len(offsets) - 1 {
+		order = append(order, e)
+	}
+	rows := func(e int) int { return offsets[e+1] - offsets[e] }
+	slices.SortStableFunc(order, func(a, b int) int { return rows(b) - rows(a) })
+	return order
 }
 
 // checkGrouped panics with a constant message on inconsistent arguments.
@@ -89,8 +110,9 @@ func checkGrouped(kind groupedKind, s, t []float32, w [][]float32, offsets []int
 	}
 }
 
-// task runs expert e's GEMM on one core.
-func (g *groupedCall) task(ar *arena, e int) {
+// task runs the GEMM of expert order[t] on one core.
+func (g *groupedCall) task(ar *arena, t int) {
+	e := g.order[t]
 	r0, r1 := g.offsets[e], g.offsets[e+1]
 	m, n, k := r1-r0, g.n, g.k
 	if m == 0 {
@@ -119,6 +141,6 @@ func sgemmSeq(ar *arena, transA, transB bool, m, n, k int, alpha float32, a []fl
 	}
 	g := gemmCall{mk: active(), transA: transA, transB: transB, m: m, n: n, k: k,
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc}
-	g.bs = blockSizes(g.mk)
+	g.bs = blockSizes(g.mk, false)
 	g.block(ar, 0, m, 0, n)
 }

@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -50,4 +51,13 @@ func TestGrouped(t *testing.T) {
 			near("dw", dw[e], wantDw[e])
 		}
 	})
+}
+
+func TestLargestFirst(t *testing.T) {
+	// Rows per expert 2, 8, 0, 5, 8 (hand-read from the offsets): the
+	// largest first, the two 8s in index order, the empty one last.
+	got := largestFirst(make([]int, 0, 1), []int{0, 2, 10, 10, 15, 23})
+	if want := []int{1, 4, 3, 0, 2}; !slices.Equal(got, want) {
+		t.Fatalf("largestFirst = %v, want %v", got, want)
+	}
 }
