@@ -176,9 +176,10 @@ const (
 	slotV           // packed V_j (B panel)
 	slotKn          // packed K_j as B (for dQ = dS·K)
 	slotAp          // packed P or dS as A
-	slotBp          // packed dO_i or Q_i as B
 	slotDQ          // dQ accumulators of the task
 	slotDKV         // dK_j, dV_j accumulators of one key tile
+	slotQB          // packed Q_i as B (for dK = dSᵀ·Q), every query tile of the task
+	slotDOB         // packed dO_i as B (for dV = Pᵀ·dO), every query tile of the task
 )
 
 // fwd runs query tile it of KV head g of sequence b, t = (b·G + g)·tiles +
@@ -226,7 +227,8 @@ func (c *attnCall) fwd(ar *arena, t int) {
 		for r := range rep {
 			macro(ar, mk, d, br, bc, Qp[r*brp*d:], Kp, S, bc, false) // S = c·Q·Kᵀ
 			// Per row: new running max m, rescale factor exp(old − m) (one
-			// vector exp over the rows), probabilities exp(S − m).
+			// vector exp over the rows), probabilities exp(S − m) over the
+			// visible keys and 0 over the masked ones (no exp spent there).
 			for i := 0; i < br; i++ {
 				row := S[i*bc : i*bc+bc]
 				q := r*br + i
@@ -236,23 +238,20 @@ func (c *attnCall) fwd(ar *arena, t int) {
 					mNew[i], alpha[i] = mx[q], 0 // exp(0) = 1: unchanged
 					continue
 				}
-				for j := j0; j < lo; j++ {
-					row[j-j0] = float32(math.Inf(-1))
-				}
-				for j := hi; j < j1; j++ {
-					row[j-j0] = float32(math.Inf(-1))
-				}
 				mNew[i] = maxRow(row[lo-j0:hi-j0], mx[q])
 				alpha[i] = mx[q] - mNew[i] // −∞ while mx[q] is: exp gives 0
 			}
 			expSubSumRow(alpha, 0)
 			for i := 0; i < br; i++ {
 				q := r*br + i
-				if lo, hi := a.visibleKeys(i0+i, j0, j1); lo >= hi {
+				lo, hi := a.visibleKeys(i0+i, j0, j1)
+				if lo >= hi {
 					continue // row cleared above, state unchanged
 				}
 				row := S[i*bc : i*bc+bc]
-				sum := expSubSumRow(row, mNew[i])
+				sum := expSubSumRow(row[lo-j0:hi-j0], mNew[i])
+				clear(row[:lo-j0])
+				clear(row[hi-j0:])
 				mx[q], l[q] = mNew[i], l[q]*alpha[i]+sum
 				if alpha[i] != 1 {
 					scaleRow(O[q*d:q*d+d], alpha[i])
@@ -278,7 +277,9 @@ func (c *attnCall) fwd(ar *arena, t int) {
 
 // bwd runs the backward of KV head t%G of sequence t/G: for every key tile
 // (K_j, V_j packed once), every query head of the group and every query tile
-// that sees it. Q and dO of the group are packed once per task. dQ, dK_j and
+// that sees it. Q and dO of the group are packed once per task, as A (for
+// the scores and dP) and as B (for dK and dV; packed per key tile instead,
+// copying them was 10% of the backward's CPU time). dQ, dK_j and
 // dV_j accumulate in contiguous buffers (rows d apart: the strided rows of
 // dq, H·d apart, alias in L1) and are added to dq, dk, dv once.
 func (c *attnCall) bwd(ar *arena, t int) {
@@ -298,6 +299,9 @@ func (c *attnCall) bwd(ar *arena, t int) {
 	D := ar.scratch(slotD, rep*s)
 	Qa := ar.scratch(slotQ, rep*tiles*brp*d)
 	dOa := ar.scratch(slotDO, rep*tiles*brp*d)
+	dn := roundUp(d, nr)
+	Qb := ar.scratch(slotQB, rep*tiles*tq*dn) // head r, query tile it at (r·tiles+it)·tq·dn
+	dOb := ar.scratch(slotDOB, rep*tiles*tq*dn)
 	for r := range rep {
 		h := g*rep + r
 		for i := 0; i < s; i++ {
@@ -309,6 +313,9 @@ func (c *attnCall) bwd(ar *arena, t int) {
 			off := (r*tiles + it) * brp * d
 			packA(Qa[off:], false, c.q[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, scale)
 			packA(dOa[off:], false, c.do[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, 1)
+			off = (r*tiles + it) * tq * dn
+			packB(Qb[off:], false, c.q[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, nr)
+			packB(dOb[off:], false, c.do[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, nr)
 		}
 	}
 	P := ar.scratch(slotS, tq*tk)
@@ -317,7 +324,6 @@ func (c *attnCall) bwd(ar *arena, t int) {
 	Vt := ar.scratch(slotV, roundUp(tk, nr)*d)
 	Kn := ar.scratch(slotKn, tk*roundUp(d, nr))
 	Ap := ar.scratch(slotAp, max(roundUp(tk, mr)*tq, roundUp(tq, mr)*tk))
-	Bp := ar.scratch(slotBp, tq*roundUp(d, nr))
 	dQ := ar.scratch(slotDQ, rep*tiles*tq*d) // head r, query tile it at (r·tiles+it)·tq·d
 	clear(dQ)
 	dKV := ar.scratch(slotDKV, 2*tk*d)
@@ -331,7 +337,6 @@ func (c *attnCall) bwd(ar *arena, t int) {
 		clear(dKV)
 		for r := range rep {
 			h := g*rep + r
-			qh := (b*s*H + h) * d // Q, dO, dQ rows of this head: qh + i·ldq
 			for it := range tiles {
 				i0, i1 := it*tq, min((it+1)*tq, s)
 				if js, je := a.keyTiles(i0, i1); j0 < js || j0 >= je {
@@ -351,12 +356,11 @@ func (c *attnCall) bwd(ar *arena, t int) {
 					clear(row[hi:])
 					dsRow(dS[i*bc:i*bc+bc], row, D[r*s+i0+i], scale) // dS·c
 				}
-				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1) // Pᵀ: bc × br
-				packB(Bp, false, c.do[qh:], ldq, i0, 0, br, d, nr)
-				macro(ar, mk, br, bc, d, Ap, Bp, dvt, d, true) // dV_j += Pᵀ·dO_i
-				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1)   // dSᵀ
-				packB(Bp, false, c.q[qh:], ldq, i0, 0, br, d, nr)
-				macro(ar, mk, br, bc, d, Ap, Bp, dkt, d, true) // dK_j += c·dSᵀ·Q_i
+				boff := (r*tiles + it) * tq * dn
+				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1)            // Pᵀ: bc × br
+				macro(ar, mk, br, bc, d, Ap, dOb[boff:], dvt, d, true) // dV_j += Pᵀ·dO_i
+				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1)           // dSᵀ
+				macro(ar, mk, br, bc, d, Ap, Qb[boff:], dkt, d, true)  // dK_j += c·dSᵀ·Q_i
 				packA(Ap, false, dS, bc, 0, 0, br, bc, mr, 1)
 				macro(ar, mk, bc, br, d, Ap, Kn, dQ[(r*tiles+it)*tq*d:], d, true) // dQ_i += c·dS·K_j
 			}
