@@ -217,8 +217,10 @@ func stackRows(dst, x []float32, ld, d, h0, hb, i0, i1 int) {
 	}
 }
 
-// fwd runs query tile it of KV head g of sequence b, t = (b·G + g)·tiles +
-// it, for all H/G query heads sharing the head, stacked hb at a time
+// fwd runs query tile it of KV head g of sequence b, t = (tiles−1−it)·B·G
+// + b·G + g (the last query tiles, which see the most keys, are handed out
+// first, so the call's idle tail is at most a short tile), for all H/G
+// query heads sharing the head, stacked hb at a time
 // (stackHeads): K_j and V_j are packed once per key tile for all of them,
 // the Q tiles once per task.
 func (c *attnCall) fwd(ar *arena, t int) {
@@ -228,7 +230,7 @@ func (c *attnCall) fwd(ar *arena, t int) {
 	mk := active()
 	mr, nr := mk.mr, mk.nr
 	tiles := (s + tq - 1) / tq
-	it, bg := t%tiles, t/tiles
+	it, bg := tiles-1-t/(a.Batch*G), t%(a.Batch*G)
 	b, g := bg/G, bg%G
 	rep := H / G
 	hb := stackHeads(rep, tq)
