@@ -17,9 +17,9 @@ const (
 )
 
 // FSDPImpl names the FSDP implementation whose schedule fsdp sharding
-// follows: when a unit's all-gather is issued and how many gradient
-// reductions may be in flight (parallel.BuildSchedule). Both shard the same
-// tensors, so memory does not depend on it.
+// follows: its units, when their all-gathers are issued and how many
+// gradient reductions may be in flight (parallel.BuildSchedule). Both shard
+// the same tensors; the memory package models FSDP2's buffers only.
 type FSDPImpl string
 
 // FSDP implementations.
@@ -242,6 +242,10 @@ func (l Layout) Validate() error {
 		}
 		if l.PP > 1 {
 			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, fmt.Sprintf("with pp = %d is not modelled (only fsdp2 inside pipeline stages)", l.PP)})
+		}
+		if l.DPReplicate > 1 {
+			// fully_sharded_data_parallel.py: "TODO: add hybrid FSDP".
+			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, fmt.Sprintf("with dp_replicate = %d: Megatron-LM 1e057005's FSDP has no hybrid (replicated) sharding", l.DPReplicate)})
 		}
 		if l.GradSyncLastOnly || l.KeepGathered || !l.ReshardAfterForward {
 			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, "reduces gradients every micro-step and frees a layer's weights after its forward and its backward: grad_sync_last_only and keep_gathered must be false, reshard_after_forward true"})

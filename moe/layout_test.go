@@ -26,8 +26,8 @@ func TestLayoutGradSyncLastOnly(t *testing.T) {
 
 // TestLayoutFSDPImpl: fsdp2 (the default, stored as "") and megatron are
 // accepted under fsdp; megatron is refused, naming fsdp_impl and the
-// offending setting, with another sharding, with pp, and with FSDP2-only
-// options; an unknown implementation is refused with the allowed names.
+// offending setting, with another sharding, with pp, with replicas (HSDP)
+// and with FSDP2-only options; an unknown implementation is refused with the allowed names.
 func TestLayoutFSDPImpl(t *testing.T) {
 	l := Layout{GPUs: 4, FSDPImpl: FSDPTorch, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil || l.FSDPImpl != "" {
@@ -43,6 +43,7 @@ func TestLayoutFSDPImpl(t *testing.T) {
 		{Layout{GPUs: 4, FSDPImpl: "deepspeed", ReshardAfterForward: true}, "fsdp2 or megatron"},
 		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron, Sharding: ShardZeRO1, ReshardAfterForward: true}, "zero1"},
 		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron, PP: 2, ReshardAfterForward: true}, "pp = 2"},
+		{Layout{GPUs: 4, DPReplicate: 2, FSDPImpl: FSDPMegatron, ReshardAfterForward: true}, "dp_replicate = 2"},
 		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron, KeepGathered: true, ReshardAfterForward: true}, "keep_gathered"},
 		{Layout{GPUs: 4, FSDPImpl: FSDPMegatron}, "reshard_after_forward"},
 	} {

@@ -149,26 +149,20 @@ type schedBuilder struct {
 
 	gathered map[Unit]bool // unit weights currently unsharded
 	// prefetched holds, for each unit an explicit prefetch has asked for
-	// and whose all-gather is not yet emitted, the op it waits for (-1:
-	// none).
-	prefetched map[Unit]int
+	// and whose all-gather is not yet emitted, the ops it waits for.
+	prefetched map[Unit][]int
 	gatherOp   map[Unit]int // id of the gather that made them so, or -1
 	lastRS     []int        // grad collectives of the current micro-step
-	// Gradient reductions in flight. FSDP2 keeps one: a unit's
-	// post-backward hook makes the compute stream wait for the previous
-	// unit's reduce-scatter (comm_ctx.reduce_scatter_state) before its own,
-	// and the backward's final callback for the last one. Megatron's FSDP
-	// keeps a queue of up to twice the mean unit (rsDepth). rsUnits are the
-	// shard-axis reductions of each unit (a layer, under Megatron) reduced
-	// in this backward, oldest first; rsWait the ones the next compute op
-	// waits for.
-	rsUnits  [][]int
-	rsLayer  int // the layer of rsUnits' last entry
-	rsWait   []int
+	// Gradient reductions in flight (rsIssued), oldest first, and the
+	// ones the next compute op waits for (rsWait).
+	rsQueue []rsEntry
+	rsWait  []int
+	// rsCap is Megatron's reduce queue capacity, in elements.
+	rsCap    int64
 	computes []int // compute op ids in issue order, for prefetch deps
-	// unitFrom is the op the first compute of the unit begun last waited
-	// on in the computation's chain: FSDP2 copies that unit's all-gather
-	// out there, and its next all-gathers wait for that copy-out.
+	// unitFrom is the op before the first compute of the unit begun last
+	// in the computation's chain: FSDP2 copies that unit's all-gather out
+	// there, and its next all-gathers wait for that copy-out.
 	unitFrom int
 
 	// Tensor parallelism: each layer's collectives (TPCollectives) and,
@@ -247,8 +241,8 @@ func (b *schedBuilder) explicitPrefetch() bool {
 }
 
 // blockUnits are the units of block l gathered together by an explicit
-// prefetch; torchtitan's embedding and head prefetch a block without its
-// experts (withExperts false).
+// prefetch: torchtitan's embedding and head prefetch a block without its
+// experts (withExperts false); Megatron's unit is the whole layer.
 func (b *schedBuilder) blockUnits(l int, withExperts bool) []Unit {
 	us := []Unit{{Layer: l}}
 	if (withExperts || b.megatron()) && l >= 0 && l < b.cfg.Layers && b.cfg.MoELayer[l] {
@@ -257,46 +251,56 @@ func (b *schedBuilder) blockUnits(l int, withExperts bool) []Unit {
 	return us
 }
 
-// prefetch marks the units us, not yet gathered, as prefetched now: their
-// all-gathers wait for what a gather issued at this point waits for. In
-// forward that is the copy-out of the unit begun last (FSDP2's
-// all_gather_state event) or, under Megatron, the work already on the
-// compute stream (c10d's NCCL stream waits for the current stream when a
-// collective is issued); in backward the work before the block, under
-// both. The all-gathers are still emitted where the unit's compute asks for
-// them (gather): ops of a stream run in list order, and the all-gather
-// stream's order is the same either way.
-func (b *schedBuilder) prefetch(backward bool, us ...Unit) {
-	if !b.fsdp() || b.pass {
-		return
-	}
+// issuedNow is what a collective issued at this point waits for, besides
+// its stream's order: the compute stream's work so far (the chain's last
+// op and the reductions the next compute op is to wait for) when FSDP2's
+// all-gather streams wait on a copy-out event recorded now, or c10d's
+// NCCL stream on the current stream (Megatron); in FSDP2's forward, the
+// copy-out of the unit begun last (wait_for_unshard's deferred
+// all_gather_state event), unitFrom.
+func (b *schedBuilder) issuedNow(backward bool) []int {
 	dep := b.chain
 	if !backward && !b.megatron() {
 		dep = b.unitFrom
 	}
+	var deps []int
+	if dep >= 0 {
+		deps = append(deps, dep)
+	}
+	return append(deps, b.rsWait...)
+}
+
+// prefetch marks the units us, not yet gathered, as prefetched now: their
+// all-gathers wait for issuedNow. They are still emitted where the unit's
+// compute asks for them (gather): ops of a stream run in list order, and
+// the all-gather stream's order is the same either way.
+func (b *schedBuilder) prefetch(backward bool, us ...Unit) {
 	for _, u := range us {
 		if !b.gathered[u] {
-			b.prefetched[u] = dep
+			b.prefetched[u] = b.issuedNow(backward)
 		}
 	}
 }
 
 // gather emits the all-gather of u if needed and returns its id or -1. A
-// prefetched unit's waits for its prefetch point; any other's for the
-// compute two ops back (at most two gathered units live under FSDP2's
-// implicit prefetching).
+// prefetched unit's waits for its prefetch point; under Megatron any
+// other's for the work before it (the unit's own hook issues it); under
+// FSDP2 for the compute two ops back (at most two gathered units live
+// under implicit prefetching).
 func (b *schedBuilder) gather(u Unit, micro int) int {
 	if b.pass || !b.fsdp() || b.gathered[u] {
 		return -1
 	}
-	var deps []int
-	if d, ok := b.prefetched[u]; ok {
-		delete(b.prefetched, u)
-		if d >= 0 {
-			deps = []int{d}
+	deps, ok := b.prefetched[u]
+	delete(b.prefetched, u)
+	switch {
+	case ok:
+	case b.megatron():
+		deps = b.issuedNow(true)
+	default:
+		if k := len(b.computes); k >= 2 {
+			deps = []int{b.computes[k-2]}
 		}
-	} else if k := len(b.computes); k >= 2 {
-		deps = []int{b.computes[k-2]}
 	}
 	b.gathered[u] = true
 	n := b.axisSize(b.shardAxis(u))
@@ -410,9 +414,10 @@ func (b *schedBuilder) tpColl(micro, layer int, c TPColl, deps []int, overlapped
 	return id, append(overlapped, b.add(o))
 }
 
-// a2a emits an all-to-all on the EP group after op dep; rows is the rows this
-// rank sends under uniform routing (T·K), width the row width.
-func (b *schedBuilder) a2a(micro, layer int, p Purpose, dep int) int {
+// a2a emits an all-to-all on the EP group after op dep (and, for a dispatch,
+// after the ops in also, none of them -1); rows is the rows this rank sends
+// under uniform routing (T·K), width the row width.
+func (b *schedBuilder) a2a(micro, layer int, p Purpose, dep int, also ...int) int {
 	if b.l.EP == 1 {
 		return dep
 	}
@@ -421,7 +426,13 @@ func (b *schedBuilder) a2a(micro, layer int, p Purpose, dep int) int {
 	T := int64(b.sp.LBS) * int64(b.sp.Seq)
 	rows := T * int64(b.cfg.TopK) / int64(b.l.TokensPerExpertRank())
 	if p == PurposeDispatch {
-		dep = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: []int{dep},
+		deps := []int{dep}
+		for _, a := range also {
+			if a >= 0 {
+				deps = append(deps, a)
+			}
+		}
+		dep = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: layer, Deps: deps,
 			Coll: CollAllToAll, Axis: AxisEP, Purpose: PurposeCounts, DType: moe.I64, Elements: int64(b.cfg.Experts)})
 	}
 	el := rows * int64(b.cfg.Hidden)
@@ -440,10 +451,22 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 		return b.compute(micro, layer, ph, SegBlock, g)
 	}
 	ex := Unit{Layer: layer, Experts: true}
-	pre := b.compute(micro, layer, ph, SegPre, g)
-	ge := b.gatherDep(ex, micro)
-	d := b.a2a(micro, layer, PurposeDispatch, pre)
-	b.unitFrom = d
+	var pre, ge int
+	if b.megatron() {
+		// The layer's pre-forward waits for all its buckets
+		// (_pre_forward_param_unshard, wait_bucket_ready).
+		ge = b.gatherDep(ex, micro)
+		pre = b.compute(micro, layer, ph, SegPre, g, ge)
+	} else {
+		pre = b.compute(micro, layer, ph, SegPre, g)
+		// FSDP2's pre-forward hook on the experts is prepended
+		// (_fsdp_state.py), so their copy-out precedes torchtitan's
+		// dispatch input hook (expert_parallel.py _token_dispatch):
+		// the dispatch waits for their all-gather.
+		b.unitFrom = pre
+		ge = b.gatherDep(ex, micro)
+	}
+	d := b.a2a(micro, layer, PurposeDispatch, pre, ge)
 	e := b.compute(micro, layer, ph, SegExperts, d, ge)
 	c := b.a2a(micro, layer, PurposeCombine, e)
 	post := b.compute(micro, layer, ph, SegPost, c)
@@ -456,26 +479,54 @@ func (b *schedBuilder) forwardBlock(micro, layer int, ph Phase) int {
 // all-to-alls' gradients between them. done(u, id) runs as each of the
 // block's units has its gradients (id: the op that completes them), where
 // the step reduces them.
+//
+// With explicit prefetching the block's pre-backward first prefetches the
+// block before it: before the recompute under FSDP2 (its hook is on the
+// block's outputs), after it under Megatron (a reentrant checkpoint runs
+// its forward without autograd, so the layer's pre-backward hook sits on
+// the recomputed outputs). Megatron's post-backward hook is the layer's:
+// the experts' gradients are handed over with the dense ones, after the
+// layer's whole backward, and its pre-backward waits for all its buckets.
 func (b *schedBuilder) backwardBlock(micro, l int, done func(u Unit, id int)) {
 	dense, ex := Unit{Layer: l}, Unit{Layer: l, Experts: true}
-	if b.sp.AC.FullyCheckpointed(l) {
+	full := b.sp.AC.FullyCheckpointed(l)
+	late := full && b.megatron()
+	if b.explicitPrefetch() && !late {
+		b.prefetch(true, b.blockUnits(l-1, true)...)
+	}
+	if full {
 		b.forwardBlock(micro, l, PhaseRecompute)
+	}
+	if b.explicitPrefetch() && late {
+		b.prefetch(true, b.blockUnits(l-1, true)...)
 	}
 	gd := b.gather(dense, micro)
 	if !b.cfg.MoELayer[l] {
 		done(dense, b.compute(micro, l, PhaseBackward, SegBlock, gd))
 		return
 	}
+	ge := -1
+	if b.megatron() {
+		ge = b.gather(ex, micro)
+	}
 	if b.sp.AC.MoERecomputed(b.cfg, l) {
 		gd = b.moeRecompute(micro, l, gd)
 	}
-	post := b.compute(micro, l, PhaseBackward, SegPost, gd)
-	ge := b.gather(ex, micro)
+	post := b.compute(micro, l, PhaseBackward, SegPost, gd, ge)
+	if !b.megatron() {
+		ge = b.gather(ex, micro)
+	}
 	c := b.a2a(micro, l, PurposeCombineBwd, post)
 	e := b.compute(micro, l, PhaseBackward, SegExperts, c, ge)
-	done(ex, e)
+	if !b.megatron() {
+		done(ex, e)
+	}
 	d := b.a2a(micro, l, PurposeDispatchBwd, e)
-	done(dense, b.compute(micro, l, PhaseBackward, SegPre, d))
+	p := b.compute(micro, l, PhaseBackward, SegPre, d)
+	if b.megatron() {
+		done(ex, p)
+	}
+	done(dense, p)
 }
 
 // moeRecompute emits, before a MoE block's backward, the forward of its
@@ -541,7 +592,7 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 	if last != orig {
 		b.lastRS = append(b.lastRS, last)
-		b.rsIssued(u, last)
+		b.rsIssued(last, padded)
 	}
 	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.Micro-1) {
 		id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{last},
@@ -550,45 +601,62 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	}
 }
 
-// rsDepth is how many units' gradient reductions, besides the one being
-// issued, the compute stream lets run before it waits for the oldest.
-// FSDP2: one (pytorch 010ae4a8 _fsdp_param_group.py post_backward waits for
-// the previous unit's reduce-scatter event before its own). Megatron: a
-// unit waits, before its reduce-scatter, until the queue holds at most
-// twice the mean unit's elements (GradReducePipeline
-// wait_for_previous_grad_reduce with suggested_communication_unit_size),
-// so the two layers reduced before it may still run.
-func (b *schedBuilder) rsDepth() int {
-	if b.megatron() {
-		return 2
-	}
-	return 1
+// rsEntry is a gradient reduction in flight and its bucket's elements.
+type rsEntry struct {
+	id       int
+	elements int64
 }
 
-// rsIssued records a unit's shard-axis gradient reduction and makes the
-// next compute op wait for the reductions rsDepth allows no longer. Under
-// Megatron a layer is one unit: the reductions of its experts and of its
-// dense weights (build issues them together) share one entry.
-func (b *schedBuilder) rsIssued(u Unit, id int) {
-	if n := len(b.rsUnits); n > 0 && b.megatron() && b.rsLayer == u.Layer {
-		b.rsUnits[n-1] = append(b.rsUnits[n-1], id)
-		return
+// rsIssued records a shard-axis gradient reduction of elements and makes
+// the next compute op wait for the reductions the implementation no longer
+// lets run. FSDP2 keeps one in flight: a unit's post-backward waits for the
+// previous unit's reduce-scatter event before its own (pytorch 010ae4a8
+// _fsdp_param_group.py post_backward, comm_ctx.reduce_scatter_state).
+// Megatron, before each bucket's reduction, waits for the oldest while the
+// queued buckets hold more than twice the mean layer's elements
+// (GradReducePipeline.wait_for_previous_grad_reduce with
+// suggested_communication_unit_size): with equal layers, a layer's
+// reduction waits for the experts of the layer two before it.
+func (b *schedBuilder) rsIssued(id int, elements int64) {
+	if b.megatron() {
+		var queued int64
+		for _, e := range b.rsQueue {
+			queued += e.elements
+		}
+		for len(b.rsQueue) > 0 && queued > b.rsCap {
+			b.rsWait = append(b.rsWait, b.rsQueue[0].id)
+			queued -= b.rsQueue[0].elements
+			b.rsQueue = b.rsQueue[1:]
+		}
+	} else {
+		b.rsDrain()
 	}
-	if k := len(b.rsUnits) - b.rsDepth(); k >= 0 {
-		b.rsWait = append(b.rsWait, b.rsUnits[k]...)
-	}
-	b.rsUnits = append(b.rsUnits, []int{id})
-	b.rsLayer = u.Layer
+	b.rsQueue = append(b.rsQueue, rsEntry{id, elements})
 }
 
 // rsDrain makes the next compute op wait for every reduction in flight:
 // FSDP2's root post-backward final callback, Megatron's
 // GradReducePipeline.reset (wait_for_previous_grad_reduce(0)).
 func (b *schedBuilder) rsDrain() {
-	for _, ids := range b.rsUnits {
-		b.rsWait = append(b.rsWait, ids...)
+	for _, e := range b.rsQueue {
+		b.rsWait = append(b.rsWait, e.id)
 	}
-	b.rsUnits = nil
+	b.rsQueue = nil
+}
+
+// megatronQueueCap is Megatron's default suggested_communication_unit_size
+// under optim_grads_params: twice the mean parameter count of its FSDP
+// units, the transformer layers (fully_sharded_data_parallel.py; the
+// embedding and output layer are not units).
+func (b *schedBuilder) megatronQueueCap() int64 {
+	var total int64
+	for l := 0; l < b.cfg.Layers; l++ {
+		for _, u := range b.blockUnits(l, true) {
+			full, _, _ := b.sizes(u)
+			total += full
+		}
+	}
+	return total / int64(b.cfg.Layers) * 2
 }
 
 // reset readies b for a program (build, StagePass): no unit gathered,
@@ -596,9 +664,9 @@ func (b *schedBuilder) rsDrain() {
 func (b *schedBuilder) reset() {
 	b.gathered = map[Unit]bool{}
 	b.gatherOp = map[Unit]int{}
-	b.prefetched = map[Unit]int{}
+	b.prefetched = map[Unit][]int{}
 	b.chain, b.unitFrom = -1, -1
-	b.rsUnits, b.rsWait = nil, nil
+	b.rsQueue, b.rsWait = nil, nil
 }
 
 func (b *schedBuilder) build() {
@@ -614,17 +682,32 @@ func (b *schedBuilder) build() {
 	ra := b.l.ReshardAfterForward
 	keep := b.l.KeepGathered
 	explicit := b.explicitPrefetch()
+	mg := b.megatron()
+	if mg {
+		b.rsCap = b.megatronQueueCap()
+	}
+	emb, hu := Unit{Layer: moe.LayerEmbed}, Unit{Layer: head}
+	// Megatron's embedding and output layer are not FSDP units: gathered
+	// by their first forward, they stay so for the step, and their
+	// gradients are reduced at the end of each backward
+	// (_root_post_backward).
+	freeEnds := func(lastMicro bool) bool { return !mg && (!keep || lastMicro) }
 	for micro := 0; micro < b.sp.Micro; micro++ {
 		lastMicro := micro == b.sp.Micro-1
+		done := func(u Unit, id int) {
+			b.reduce(u, micro, id)
+			if !keep || lastMicro {
+				b.free(u)
+			}
+		}
 		// Forward.
-		emb := Unit{Layer: moe.LayerEmbed}
 		g := b.gather(emb, micro)
 		b.unitFrom = b.chain
 		if explicit {
 			b.prefetch(false, b.blockUnits(0, false)...)
 		}
 		id := b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
-		if ra && !b.cfg.TiedEmbeddings { // tied: the head reads the embedding's weights
+		if ra && !b.cfg.TiedEmbeddings && !mg { // tied: the head reads the embedding's weights
 			b.free(emb)
 		}
 		for l := 0; l < b.cfg.Layers; l++ {
@@ -632,58 +715,43 @@ func (b *schedBuilder) build() {
 				b.prefetch(false, b.blockUnits(l+1, true)...)
 			}
 			id = b.forwardBlock(micro, l, PhaseForward)
-			// Megatron frees every layer after its forward
-			// (_post_forward release_module_parameters); torchtitan
-			// keeps the last block for the backward.
-			if ra && (l != b.cfg.Layers-1 || b.megatron()) {
+			// The schedule keeps the last block gathered into the
+			// backward, as the memory package's timeline does; Megatron
+			// frees every layer after its forward (_post_forward
+			// release_module_parameters).
+			if ra && (l != b.cfg.Layers-1 || mg) {
 				b.free(Unit{Layer: l})
 				if b.cfg.MoELayer[l] {
 					b.free(Unit{Layer: l, Experts: true})
 				}
 			}
 		}
-		hu := Unit{Layer: head}
 		g = b.gather(hu, micro)
 		b.compute(micro, head, PhaseForward, SegHead, g)
-		// Backward.
+		// Backward. torchtitan's output layer prefetches the last block
+		// (set_modules_to_backward_prefetch); Megatron's is no unit and
+		// has no pre-backward hook.
 		b.lastRS = nil
-		if explicit {
+		if explicit && !mg {
 			b.prefetch(true, b.blockUnits(b.cfg.Layers-1, false)...)
 		}
-		id = b.compute(micro, head, PhaseBackward, SegHead)
-		b.reduce(hu, micro, id)
-		if !keep || lastMicro {
+		hid := b.compute(micro, head, PhaseBackward, SegHead)
+		if !mg {
+			b.reduce(hu, micro, hid)
+		}
+		if freeEnds(lastMicro) {
 			b.free(hu)
 		}
 		for l := b.cfg.Layers - 1; l >= 0; l-- {
-			if explicit {
-				b.prefetch(true, b.blockUnits(l-1, true)...)
-			}
-			// Megatron's post-backward hook is the layer's: its
-			// experts' gradients are reduced with its dense ones,
-			// once the whole layer's backward has run.
-			exDone := false
-			b.backwardBlock(micro, l, func(u Unit, id int) {
-				if b.megatron() && u.Experts {
-					exDone = true
-					return
-				}
-				done := func(u Unit, id int) {
-					b.reduce(u, micro, id)
-					if !keep || lastMicro {
-						b.free(u)
-					}
-				}
-				if exDone {
-					done(Unit{Layer: l, Experts: true}, id)
-				}
-				done(u, id)
-			})
+			b.backwardBlock(micro, l, done)
 		}
 		g = b.gather(emb, micro)
 		id = b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
+		if mg {
+			b.reduce(hu, micro, id)
+		}
 		b.reduce(emb, micro, id)
-		if !keep || lastMicro {
+		if freeEnds(lastMicro) {
 			b.free(emb)
 		}
 		// The root's post-backward final callback: the compute stream

@@ -97,6 +97,16 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 	return l, nil
 }
 
+// refuseMegatron is the error of a command that cannot follow Megatron's
+// FSDP when the layout asks for it (nil otherwise): only fsdp2 is refused
+// by no command.
+func refuseMegatron(l moe.Layout, cmd, why string) error {
+	if l.FSDPImpl != moe.FSDPMegatron {
+		return nil
+	}
+	return fmt.Errorf("%w: --fsdp-impl = megatron: not modelled by %s: %s (simulate prices its schedule)", errUsage, cmd, why)
+}
+
 // refuse makes a layout flag the command does not use an error when given,
 // saying why in its help and in the error (a flag accepted and ignored
 // once let memory --gpus-per-node 9223372036854775807 pass).

@@ -110,6 +110,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := refuseMegatron(l, "memory", "the memory model holds FSDP2's buffers, and Megatron's FSDP keeps its embedding and output layer gathered for the step"); err != nil {
+		return err
+	}
 	o := memory.Options{AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
 	if err := mf.apply(&o); err != nil {
 		return err

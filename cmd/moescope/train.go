@@ -132,7 +132,6 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs := newFlags("train", stderr)
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
 	a.lf = addLayoutFlags(fs)
-	a.lf.refuse("fsdp-impl", "the numeric backend issues FSDP2's collectives in FSDP2's order (Megatron's FSDP computes the same step; simulate prices its schedule)")
 	fs.StringVar(&a.acFlag, "ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)")
 	fs.IntVar(&a.lbs, "lbs", 0, "sequences per data-parallel rank per micro-step (required)")
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
@@ -201,11 +200,11 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if a.lf.gpus == 0 && a.lf.dpShard == 0 {
 		return nil, fmt.Errorf("%w: --gpus is required", errUsage)
 	}
-	if err := a.lf.checkRefused(); err != nil {
-		return nil, err
-	}
 	layout, err := a.lf.layout(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := refuseMegatron(layout, "train", "the numeric backend issues FSDP2's collectives in FSDP2's order"); err != nil {
 		return nil, err
 	}
 	if layout.TPDegree() > 1 {

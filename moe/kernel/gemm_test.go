@@ -9,16 +9,23 @@ import (
 
 // forEachPath runs f once per micro-kernel this machine can run and per
 // thread count (1 and 2), so every dispatch path is compared with sgemmRef.
+// forEachPath runs f on every kernel, on one and two threads, and with the
+// L2 sizes of a 512 KiB and a 2 MiB core: blockSizes chooses the tile order
+// (rows, or columns) from the cache sizes, so both orders run on any host.
 func forEachPath(t *testing.T, f func(t *testing.T)) {
 	for _, name := range KernelNames() {
 		for _, threads := range []int{1, 2} {
-			t.Run(fmt.Sprintf("%s/threads=%d", name, threads), func(t *testing.T) {
-				restore, _ := UseKernel(name)
-				defer restore()
-				prev := SetThreads(threads)
-				defer SetThreads(prev)
-				f(t)
-			})
+			for _, l2 := range []int{512 << 10, 2 << 20} {
+				t.Run(fmt.Sprintf("%s/threads=%d/l2=%dKiB", name, threads, l2>>10), func(t *testing.T) {
+					restore, _ := UseKernel(name)
+					defer restore()
+					prev := SetThreads(threads)
+					defer SetThreads(prev)
+					defer func(l2 int) { cacheL2 = l2 }(cacheL2)
+					cacheL2 = l2
+					f(t)
+				})
+			}
 		}
 	}
 }
