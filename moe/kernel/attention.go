@@ -183,17 +183,17 @@ const (
 	slotRows        // one stack's rows of Q or dO, contiguous, before packing
 )
 
-// stackHeads is how many of a KV head's query heads one product stacks:
-// their rows of a query tile are one operand of hb·Br rows (head-major), so
-// a product pads to the micro-kernel's mr once per stack instead of once
-// per head (128 rows are 10⅔ slivers of 12), and dK, dV reduce over hb·Br
-// rows in one call instead of hb calls of Br. It is the largest divisor of
-// rep with at most maxStackRows rows: a stack's scores, packed P and
-// output accumulators are then 512 KiB each at most. On the Xeon of the
-// README (2 MiB L2), forward + backward of 2048 positions, 32 query heads
-// of 128 on 4 KV heads, one core, ran 1.07, 1.07, 1.09 and 1.10× as fast
-// as unstacked with stacks of 1, 2, 4 and 8 heads on AVX-512 (the 1 is the
-// once-per-task packing alone) and 1.01, 1.05, 1.10, 1.10× on AVX2.
+// stackHeads is how many of a KV head's query heads one forward product
+// stacks: their rows of a query tile are one operand of hb·Br rows
+// (head-major), so S = Q·Kᵀ and O += P·V pad to the micro-kernel's mr once
+// per stack instead of once per head (128 rows are 10⅔ slivers of 12).
+// Every output element is the same sum in the same order as unstacked, so
+// the results keep their bits. It is the largest divisor of rep with at
+// most maxStackRows rows: a stack's scores, packed P and output
+// accumulators are then 512 KiB each at most. The backward does not stack:
+// there dK and dV would reduce over the stacked rows in one call, a
+// different rounding, which moved the losses `train` prints under expert
+// parallelism (TestTrainPipelineLosses) against the one-rank run.
 func stackHeads(rep, tq int) int {
 	const maxStackRows = 1024
 	hb := 1
@@ -270,8 +270,7 @@ func (c *attnCall) fwd(ar *arena, t int) {
 		for st := range rep / hb {
 			macro(ar, mk, d, m, bc, Qp[st*mp*d:], Kp, S, bc, false) // S = c·Q·Kᵀ
 			// Per row: new running max m, rescale factor exp(old − m) (one
-			// vector exp over the rows), probabilities exp(S − m) over the
-			// visible keys and 0 over the masked ones (no exp spent there).
+			// vector exp over the rows), probabilities exp(S − m).
 			for R := 0; R < m; R++ {
 				row := S[R*bc : R*bc+bc]
 				q := st*m + R
@@ -281,20 +280,23 @@ func (c *attnCall) fwd(ar *arena, t int) {
 					mNew[R], alpha[R] = mx[q], 0 // exp(0) = 1: unchanged
 					continue
 				}
+				for j := j0; j < lo; j++ {
+					row[j-j0] = float32(math.Inf(-1))
+				}
+				for j := hi; j < j1; j++ {
+					row[j-j0] = float32(math.Inf(-1))
+				}
 				mNew[R] = maxRow(row[lo-j0:hi-j0], mx[q])
 				alpha[R] = mx[q] - mNew[R] // −∞ while mx[q] is: exp gives 0
 			}
 			expSubSumRow(alpha, 0)
 			for R := 0; R < m; R++ {
 				q := st*m + R
-				lo, hi := a.visibleKeys(i0+R%br, j0, j1)
-				if lo >= hi {
+				if lo, hi := a.visibleKeys(i0+R%br, j0, j1); lo >= hi {
 					continue // row cleared above, state unchanged
 				}
 				row := S[R*bc : R*bc+bc]
-				sum := expSubSumRow(row[lo-j0:hi-j0], mNew[R])
-				clear(row[:lo-j0])
-				clear(row[hi-j0:])
+				sum := expSubSumRow(row, mNew[R])
 				mx[q], l[q] = mNew[R], l[q]*alpha[R]+sum
 				if alpha[R] != 1 {
 					scaleRow(O[q*d:q*d+d], alpha[R])
@@ -319,13 +321,12 @@ func (c *attnCall) fwd(ar *arena, t int) {
 }
 
 // bwd runs the backward of KV head t%G of sequence t/G: for every key tile
-// (K_j, V_j packed once), every query tile that sees it and every stack of
-// hb query heads of the group (stackHeads). Q and dO of the group are
-// packed once per task, as A (for the scores and dP) and as B (for dK and
-// dV; packed per key tile instead, copying them was 10% of the backward's
-// CPU time). dQ, dK_j and dV_j accumulate in contiguous buffers (rows d
-// apart: the strided rows of dq, H·d apart, alias in L1) and are added to
-// dq, dk, dv once.
+// (K_j, V_j packed once), every query head of the group and every query tile
+// that sees it. Q and dO of the group are packed once per task, as A (for
+// the scores and dP) and as B (for dK and dV; packed per key tile instead,
+// copying them was 10% of the backward's CPU time). dQ, dK_j and
+// dV_j accumulate in contiguous buffers (rows d apart: the strided rows of
+// dq, H·d apart, alias in L1) and are added to dq, dk, dv once.
 func (c *attnCall) bwd(ar *arena, t int) {
 	a := c.shape
 	H, G, d, s := a.Heads, a.KVHeads, a.HeadDim, a.Seq
@@ -335,50 +336,40 @@ func (c *attnCall) bwd(ar *arena, t int) {
 	mk := active()
 	mr, nr := mk.mr, mk.nr
 	tiles := (s + tq - 1) / tq
-	hb := stackHeads(rep, tq)
-	nst := rep / hb
-	mq := hb * tq // most rows of a stack
-	mqp, dn := roundUp(mq, mr), roundUp(d, nr)
+	brp := roundUp(tq, mr)
 	scale := float32(1 / math.Sqrt(float64(d)))
 	ldq, ldk := H*d, G*d
 	kv := (b*s*G + g) * d
-	qs := b * s * ldq // Q, dO, dQ rows of this sequence: qs + i·ldq
 
-	// Stack st of query tile it: packed as A at (it·nst+st)·mqp·d, as B at
-	// (it·nst+st)·mq·dn, its dQ rows at (it·nst+st)·mq·d.
 	D := ar.scratch(slotD, rep*s)
-	Qa := ar.scratch(slotQ, tiles*nst*mqp*d)
-	dOa := ar.scratch(slotDO, tiles*nst*mqp*d)
-	Qb := ar.scratch(slotQB, tiles*nst*mq*dn)
-	dOb := ar.scratch(slotDOB, tiles*nst*mq*dn)
-	X := ar.scratch(slotRows, mq*d)
+	Qa := ar.scratch(slotQ, rep*tiles*brp*d)
+	dOa := ar.scratch(slotDO, rep*tiles*brp*d)
+	dn := roundUp(d, nr)
+	Qb := ar.scratch(slotQB, rep*tiles*tq*dn) // head r, query tile it at (r·tiles+it)·tq·dn
+	dOb := ar.scratch(slotDOB, rep*tiles*tq*dn)
 	for r := range rep {
 		h := g*rep + r
 		for i := 0; i < s; i++ {
-			o := qs + i*ldq + h*d
+			o := ((b*s+i)*H + h) * d
 			D[r*s+i] = dotRow(c.o[o:o+d], c.do[o:o+d])
 		}
-	}
-	for it := range tiles {
-		i0, i1 := it*tq, min((it+1)*tq, s)
-		m := hb * (i1 - i0)
-		for st := range nst {
-			u := it*nst + st
-			stackRows(X, c.q[qs:], ldq, d, g*rep+st*hb, hb, i0, i1)
-			packA(Qa[u*mqp*d:], false, X, d, 0, 0, m, d, mr, scale)
-			packB(Qb[u*mq*dn:], false, X, d, 0, 0, m, d, nr)
-			stackRows(X, c.do[qs:], ldq, d, g*rep+st*hb, hb, i0, i1)
-			packA(dOa[u*mqp*d:], false, X, d, 0, 0, m, d, mr, 1)
-			packB(dOb[u*mq*dn:], false, X, d, 0, 0, m, d, nr)
+		for it := range tiles {
+			i0, i1 := it*tq, min((it+1)*tq, s)
+			off := (r*tiles + it) * brp * d
+			packA(Qa[off:], false, c.q[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, scale)
+			packA(dOa[off:], false, c.do[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, 1)
+			off = (r*tiles + it) * tq * dn
+			packB(Qb[off:], false, c.q[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, nr)
+			packB(dOb[off:], false, c.do[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, nr)
 		}
 	}
-	P := ar.scratch(slotS, mq*tk)
-	dS := ar.scratch(slotDP, mq*tk)
+	P := ar.scratch(slotS, tq*tk)
+	dS := ar.scratch(slotDP, tq*tk)
 	Kt := ar.scratch(slotK, roundUp(tk, nr)*d)
 	Vt := ar.scratch(slotV, roundUp(tk, nr)*d)
-	Kn := ar.scratch(slotKn, tk*dn)
-	Ap := ar.scratch(slotAp, max(roundUp(tk, mr)*mq, mqp*tk))
-	dQ := ar.scratch(slotDQ, tiles*nst*mq*d)
+	Kn := ar.scratch(slotKn, tk*roundUp(d, nr))
+	Ap := ar.scratch(slotAp, max(roundUp(tk, mr)*tq, roundUp(tq, mr)*tk))
+	dQ := ar.scratch(slotDQ, rep*tiles*tq*d) // head r, query tile it at (r·tiles+it)·tq·d
 	clear(dQ)
 	dKV := ar.scratch(slotDKV, 2*tk*d)
 	dkt, dvt := dKV[:tk*d], dKV[tk*d:]
@@ -389,34 +380,34 @@ func (c *attnCall) bwd(ar *arena, t int) {
 		packB(Vt, true, c.v[kv:], ldk, 0, j0, d, bc, nr)  // Vᵀ: d × bc
 		packB(Kn, false, c.k[kv:], ldk, j0, 0, bc, d, nr) // K: bc × d
 		clear(dKV)
-		for it := range tiles {
-			i0, i1 := it*tq, min((it+1)*tq, s)
-			if js, je := a.keyTiles(i0, i1); j0 < js || j0 >= je {
-				continue
-			}
-			br := i1 - i0
-			m := hb * br
-			for st := range nst {
-				u := it*nst + st
-				macro(ar, mk, d, m, bc, Qa[u*mqp*d:], Kt, P, bc, false)   // S = c·Q·Kᵀ
-				macro(ar, mk, d, m, bc, dOa[u*mqp*d:], Vt, dS, bc, false) // dP = dO·Vᵀ
-				for R := 0; R < m; R++ {
-					r, i := st*hb+R/br, R%br
-					row := P[R*bc : R*bc+bc]
+		for r := range rep {
+			h := g*rep + r
+			for it := range tiles {
+				i0, i1 := it*tq, min((it+1)*tq, s)
+				if js, je := a.keyTiles(i0, i1); j0 < js || j0 >= je {
+					continue
+				}
+				br := i1 - i0
+				off := (r*tiles + it) * brp * d
+				macro(ar, mk, d, br, bc, Qa[off:], Kt, P, bc, false)   // S = c·Q·Kᵀ
+				macro(ar, mk, d, br, bc, dOa[off:], Vt, dS, bc, false) // dP = dO·Vᵀ
+				for i := 0; i < br; i++ {
+					row := P[i*bc : i*bc+bc]
 					lo, hi := a.visibleKeys(i0+i, j0, j1)
 					lo = min(lo, j1) - j0
 					hi = max(hi-j0, lo)
-					expSubSumRow(row[lo:hi], c.lse[(b*s+i0+i)*H+g*rep+r])
+					expSubSumRow(row[lo:hi], c.lse[(b*s+i0+i)*H+h])
 					clear(row[:lo])
 					clear(row[hi:])
-					dsRow(dS[R*bc:R*bc+bc], row, D[r*s+i0+i], scale) // dS·c
+					dsRow(dS[i*bc:i*bc+bc], row, D[r*s+i0+i], scale) // dS·c
 				}
-				packA(Ap, true, P, bc, 0, 0, bc, m, mr, 1)               // Pᵀ: bc × m
-				macro(ar, mk, m, bc, d, Ap, dOb[u*mq*dn:], dvt, d, true) // dV_j += Pᵀ·dO_i
-				packA(Ap, true, dS, bc, 0, 0, bc, m, mr, 1)              // dSᵀ
-				macro(ar, mk, m, bc, d, Ap, Qb[u*mq*dn:], dkt, d, true)  // dK_j += c·dSᵀ·Q_i
-				packA(Ap, false, dS, bc, 0, 0, m, bc, mr, 1)
-				macro(ar, mk, bc, m, d, Ap, Kn, dQ[u*mq*d:], d, true) // dQ_i += c·dS·K_j
+				boff := (r*tiles + it) * tq * dn
+				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1)            // Pᵀ: bc × br
+				macro(ar, mk, br, bc, d, Ap, dOb[boff:], dvt, d, true) // dV_j += Pᵀ·dO_i
+				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1)           // dSᵀ
+				macro(ar, mk, br, bc, d, Ap, Qb[boff:], dkt, d, true)  // dK_j += c·dSᵀ·Q_i
+				packA(Ap, false, dS, bc, 0, 0, br, bc, mr, 1)
+				macro(ar, mk, bc, br, d, Ap, Kn, dQ[(r*tiles+it)*tq*d:], d, true) // dQ_i += c·dS·K_j
 			}
 		}
 		for j := 0; j < bc; j++ {
@@ -424,15 +415,11 @@ func (c *attnCall) bwd(ar *arena, t int) {
 			addRow(c.dv[kv+(j0+j)*ldk:][:d], dvt[j*d:j*d+d])
 		}
 	}
-	for it := range tiles {
-		i0, i1 := it*tq, min((it+1)*tq, s)
-		br := i1 - i0
-		for st := range nst {
-			u := it*nst + st
-			for R := 0; R < hb*br; R++ {
-				h, i := g*rep+st*hb+R/br, R%br
-				addRow(c.dq[qs+(i0+i)*ldq+h*d:][:d], dQ[(u*mq+R)*d:][:d])
-			}
+	for r := range rep {
+		qh := (b*s*H + g*rep + r) * d
+		for i := 0; i < s; i++ {
+			it := i / tq
+			addRow(c.dq[qh+i*ldq:][:d], dQ[((r*tiles+it)*tq+i-it*tq)*d:][:d])
 		}
 	}
 }
