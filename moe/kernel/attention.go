@@ -165,8 +165,8 @@ func (c *attnCall) task(ar *arena, t int) {
 
 // Arena scratch slots used by attention.
 const (
-	slotS    = iota // scores / probabilities of one stack × key tile
-	slotDP          // dP / dS of one stack × key tile
+	slotS    = iota // scores / probabilities: one stack × Bc (forward), Br×Bc (backward)
+	slotDP          // forward: row max and rescale of a stack; backward: Br×Bc dP / dS
 	slotO           // output accumulators
 	slotStat        // running max and sum
 	slotD           // D_i = Σ dO·O per query
@@ -180,7 +180,7 @@ const (
 	slotDKV         // dK_j, dV_j accumulators of one key tile
 	slotQB          // packed Q_i as B (for dK = dSᵀ·Q), every query tile of the task
 	slotDOB         // packed dO_i as B (for dV = Pᵀ·dO), every query tile of the task
-	slotRows        // one stack's rows of Q or dO, contiguous, before packing
+	slotRows        // one stack's rows of Q, contiguous, before packing
 )
 
 // stackHeads is how many of a KV head's query heads one forward product
