@@ -165,8 +165,8 @@ func (c *attnCall) task(ar *arena, t int) {
 
 // Arena scratch slots used by attention.
 const (
-	slotS    = iota // Br×Bc scores / probabilities
-	slotDP          // Br×Bc dP / dS
+	slotS    = iota // scores / probabilities: one stack × Bc (forward), Br×Bc (backward)
+	slotDP          // forward: row max and rescale of a stack; backward: Br×Bc dP / dS
 	slotO           // output accumulators
 	slotStat        // running max and sum
 	slotD           // D_i = Σ dO·O per query
@@ -176,14 +176,53 @@ const (
 	slotV           // packed V_j (B panel)
 	slotKn          // packed K_j as B (for dQ = dS·K)
 	slotAp          // packed P or dS as A
-	slotBp          // packed dO_i or Q_i as B
 	slotDQ          // dQ accumulators of the task
 	slotDKV         // dK_j, dV_j accumulators of one key tile
+	slotQB          // packed Q_i as B (for dK = dSᵀ·Q), every query tile of the task
+	slotDOB         // packed dO_i as B (for dV = Pᵀ·dO), every query tile of the task
+	slotRows        // one stack's rows of Q, contiguous, before packing
 )
 
-// fwd runs query tile it of KV head g of sequence b, t = (b·G + g)·tiles +
-// it, for all H/G query heads sharing the head: K_j and V_j are packed once
-// per key tile for all of them, each head's Q tile once per task.
+// stackHeads is how many of a KV head's query heads one forward product
+// stacks: their rows of a query tile are one operand of hb·Br rows
+// (head-major), so S = Q·Kᵀ and O += P·V pad to the micro-kernel's mr once
+// per stack instead of once per head (128 rows are 10⅔ slivers of 12).
+// Every output element is the same sum in the same order as unstacked, so
+// the results keep their bits. It is the largest divisor of rep with at
+// most maxStackRows rows: a stack's scores, packed P and output
+// accumulators are then 512 KiB each at most. The backward does not stack:
+// there dK and dV would reduce over the stacked rows in one call, a
+// different rounding, which moved the losses `train` prints under expert
+// parallelism (TestTrainPipelineLosses) against the one-rank run.
+func stackHeads(rep, tq int) int {
+	const maxStackRows = 1024
+	hb := 1
+	for n := 1; n <= rep; n++ {
+		if rep%n == 0 && n*tq <= maxStackRows {
+			hb = n
+		}
+	}
+	return hb
+}
+
+// stackRows copies rows [i0, i1) of query heads h0 … h0+hb−1 of x (rows
+// ld apart, head h at column h·d) into dst head-major: row r·(i1−i0)+i is
+// position i0+i of head h0+r.
+func stackRows(dst, x []float32, ld, d, h0, hb, i0, i1 int) {
+	br := i1 - i0
+	for r := range hb {
+		for i := range br {
+			copy(dst[(r*br+i)*d:][:d], x[(i0+i)*ld+(h0+r)*d:][:d])
+		}
+	}
+}
+
+// fwd runs query tile it of KV head g of sequence b, t = (tiles−1−it)·B·G
+// + b·G + g (the last query tiles, which see the most keys, are handed out
+// first, so the call's idle tail is at most a short tile), for all H/G
+// query heads sharing the head, stacked hb at a time
+// (stackHeads): K_j and V_j are packed once per key tile for all of them,
+// the Q tiles once per task.
 func (c *attnCall) fwd(ar *arena, t int) {
 	a := c.shape
 	H, G, d, s := a.Heads, a.KVHeads, a.HeadDim, a.Seq
@@ -191,30 +230,35 @@ func (c *attnCall) fwd(ar *arena, t int) {
 	mk := active()
 	mr, nr := mk.mr, mk.nr
 	tiles := (s + tq - 1) / tq
-	it, bg := t%tiles, t/tiles
+	it, bg := tiles-1-t/(a.Batch*G), t%(a.Batch*G)
 	b, g := bg/G, bg%G
 	rep := H / G
+	hb := stackHeads(rep, tq)
 	i0, i1 := it*tq, min((it+1)*tq, s)
-	br, brp := i1-i0, roundUp(i1-i0, mr)
+	br := i1 - i0
+	m := hb * br // rows of one stack: r·br + i is query i0+i of its head r
+	mp := roundUp(m, mr)
 	scale := float32(1 / math.Sqrt(float64(d)))
 	ldq, ldk := H*d, G*d
 	kv := (b*s*G + g) * d // K, V rows of this sequence and head: kv + j·ldk
 
-	Qp := ar.scratch(slotQ, rep*brp*d)
-	for r := range rep {
-		packA(Qp[r*brp*d:], false, c.q[(b*s*H+g*rep+r)*d:], ldq, i0, 0, br, d, mr, scale)
+	Qc := ar.scratch(slotRows, m*d)
+	Qp := ar.scratch(slotQ, rep/hb*mp*d) // stack st at st·mp·d
+	for st := range rep / hb {
+		stackRows(Qc, c.q[b*s*ldq:], ldq, d, g*rep+st*hb, hb, i0, i1)
+		packA(Qp[st*mp*d:], false, Qc, d, 0, 0, m, d, mr, scale)
 	}
-	O := ar.scratch(slotO, rep*br*d)
+	O := ar.scratch(slotO, rep*br*d) // row q = r·br + i: query i0+i of head g·rep+r
 	clear(O)
 	stat := ar.scratch(slotStat, 2*rep*br)
 	mx, l := stat[:rep*br], stat[rep*br:]
 	for i := range mx {
 		mx[i], l[i] = float32(math.Inf(-1)), 0
 	}
-	S := ar.scratch(slotS, br*tk)
-	rows := ar.scratch(slotDP, 2*br)
-	mNew, alpha := rows[:br], rows[br:]
-	Pp := ar.scratch(slotAp, brp*tk)
+	S := ar.scratch(slotS, m*tk)
+	rows := ar.scratch(slotDP, 2*m)
+	mNew, alpha := rows[:m], rows[m:]
+	Pp := ar.scratch(slotAp, mp*tk)
 	Kp := ar.scratch(slotK, roundUp(tk, nr)*d)
 	Vp := ar.scratch(slotV, tk*roundUp(d, nr))
 	jStart, jEnd := a.keyTiles(i0, i1)
@@ -223,17 +267,17 @@ func (c *attnCall) fwd(ar *arena, t int) {
 		bc := j1 - j0
 		packB(Kp, true, c.k[kv:], ldk, 0, j0, d, bc, nr)  // Kᵀ: d × bc
 		packB(Vp, false, c.v[kv:], ldk, j0, 0, bc, d, nr) // V: bc × d
-		for r := range rep {
-			macro(ar, mk, d, br, bc, Qp[r*brp*d:], Kp, S, bc, false) // S = c·Q·Kᵀ
+		for st := range rep / hb {
+			macro(ar, mk, d, m, bc, Qp[st*mp*d:], Kp, S, bc, false) // S = c·Q·Kᵀ
 			// Per row: new running max m, rescale factor exp(old − m) (one
 			// vector exp over the rows), probabilities exp(S − m).
-			for i := 0; i < br; i++ {
-				row := S[i*bc : i*bc+bc]
-				q := r*br + i
-				lo, hi := a.visibleKeys(i0+i, j0, j1)
-				if lo >= hi { // nothing visible to query i0+i in this tile
+			for R := 0; R < m; R++ {
+				row := S[R*bc : R*bc+bc]
+				q := st*m + R
+				lo, hi := a.visibleKeys(i0+R%br, j0, j1)
+				if lo >= hi { // nothing visible to this query in this tile
 					clear(row)
-					mNew[i], alpha[i] = mx[q], 0 // exp(0) = 1: unchanged
+					mNew[R], alpha[R] = mx[q], 0 // exp(0) = 1: unchanged
 					continue
 				}
 				for j := j0; j < lo; j++ {
@@ -242,24 +286,24 @@ func (c *attnCall) fwd(ar *arena, t int) {
 				for j := hi; j < j1; j++ {
 					row[j-j0] = float32(math.Inf(-1))
 				}
-				mNew[i] = maxRow(row[lo-j0:hi-j0], mx[q])
-				alpha[i] = mx[q] - mNew[i] // −∞ while mx[q] is: exp gives 0
+				mNew[R] = maxRow(row[lo-j0:hi-j0], mx[q])
+				alpha[R] = mx[q] - mNew[R] // −∞ while mx[q] is: exp gives 0
 			}
 			expSubSumRow(alpha, 0)
-			for i := 0; i < br; i++ {
-				q := r*br + i
-				if lo, hi := a.visibleKeys(i0+i, j0, j1); lo >= hi {
+			for R := 0; R < m; R++ {
+				q := st*m + R
+				if lo, hi := a.visibleKeys(i0+R%br, j0, j1); lo >= hi {
 					continue // row cleared above, state unchanged
 				}
-				row := S[i*bc : i*bc+bc]
-				sum := expSubSumRow(row, mNew[i])
-				mx[q], l[q] = mNew[i], l[q]*alpha[i]+sum
-				if alpha[i] != 1 {
-					scaleRow(O[q*d:q*d+d], alpha[i])
+				row := S[R*bc : R*bc+bc]
+				sum := expSubSumRow(row, mNew[R])
+				mx[q], l[q] = mNew[R], l[q]*alpha[R]+sum
+				if alpha[R] != 1 {
+					scaleRow(O[q*d:q*d+d], alpha[R])
 				}
 			}
-			packA(Pp, false, S, bc, 0, 0, br, bc, mr, 1)
-			macro(ar, mk, bc, br, d, Pp, Vp, O[r*br*d:], d, true) // O += P·V
+			packA(Pp, false, S, bc, 0, 0, m, bc, mr, 1)
+			macro(ar, mk, bc, m, d, Pp, Vp, O[st*m*d:], d, true) // O += P·V
 		}
 	}
 	for r := range rep {
@@ -278,7 +322,9 @@ func (c *attnCall) fwd(ar *arena, t int) {
 
 // bwd runs the backward of KV head t%G of sequence t/G: for every key tile
 // (K_j, V_j packed once), every query head of the group and every query tile
-// that sees it. Q and dO of the group are packed once per task. dQ, dK_j and
+// that sees it. Q and dO of the group are packed once per task, as A (for
+// the scores and dP) and as B (for dK and dV; packed per key tile instead,
+// copying them was 10% of the backward's CPU time). dQ, dK_j and
 // dV_j accumulate in contiguous buffers (rows d apart: the strided rows of
 // dq, H·d apart, alias in L1) and are added to dq, dk, dv once.
 func (c *attnCall) bwd(ar *arena, t int) {
@@ -298,6 +344,9 @@ func (c *attnCall) bwd(ar *arena, t int) {
 	D := ar.scratch(slotD, rep*s)
 	Qa := ar.scratch(slotQ, rep*tiles*brp*d)
 	dOa := ar.scratch(slotDO, rep*tiles*brp*d)
+	dn := roundUp(d, nr)
+	Qb := ar.scratch(slotQB, rep*tiles*tq*dn) // head r, query tile it at (r·tiles+it)·tq·dn
+	dOb := ar.scratch(slotDOB, rep*tiles*tq*dn)
 	for r := range rep {
 		h := g*rep + r
 		for i := 0; i < s; i++ {
@@ -309,6 +358,9 @@ func (c *attnCall) bwd(ar *arena, t int) {
 			off := (r*tiles + it) * brp * d
 			packA(Qa[off:], false, c.q[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, scale)
 			packA(dOa[off:], false, c.do[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, mr, 1)
+			off = (r*tiles + it) * tq * dn
+			packB(Qb[off:], false, c.q[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, nr)
+			packB(dOb[off:], false, c.do[(b*s*H+h)*d:], ldq, i0, 0, i1-i0, d, nr)
 		}
 	}
 	P := ar.scratch(slotS, tq*tk)
@@ -317,7 +369,6 @@ func (c *attnCall) bwd(ar *arena, t int) {
 	Vt := ar.scratch(slotV, roundUp(tk, nr)*d)
 	Kn := ar.scratch(slotKn, tk*roundUp(d, nr))
 	Ap := ar.scratch(slotAp, max(roundUp(tk, mr)*tq, roundUp(tq, mr)*tk))
-	Bp := ar.scratch(slotBp, tq*roundUp(d, nr))
 	dQ := ar.scratch(slotDQ, rep*tiles*tq*d) // head r, query tile it at (r·tiles+it)·tq·d
 	clear(dQ)
 	dKV := ar.scratch(slotDKV, 2*tk*d)
@@ -331,7 +382,6 @@ func (c *attnCall) bwd(ar *arena, t int) {
 		clear(dKV)
 		for r := range rep {
 			h := g*rep + r
-			qh := (b*s*H + h) * d // Q, dO, dQ rows of this head: qh + i·ldq
 			for it := range tiles {
 				i0, i1 := it*tq, min((it+1)*tq, s)
 				if js, je := a.keyTiles(i0, i1); j0 < js || j0 >= je {
@@ -351,12 +401,11 @@ func (c *attnCall) bwd(ar *arena, t int) {
 					clear(row[hi:])
 					dsRow(dS[i*bc:i*bc+bc], row, D[r*s+i0+i], scale) // dS·c
 				}
-				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1) // Pᵀ: bc × br
-				packB(Bp, false, c.do[qh:], ldq, i0, 0, br, d, nr)
-				macro(ar, mk, br, bc, d, Ap, Bp, dvt, d, true) // dV_j += Pᵀ·dO_i
-				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1)   // dSᵀ
-				packB(Bp, false, c.q[qh:], ldq, i0, 0, br, d, nr)
-				macro(ar, mk, br, bc, d, Ap, Bp, dkt, d, true) // dK_j += c·dSᵀ·Q_i
+				boff := (r*tiles + it) * tq * dn
+				packA(Ap, true, P, bc, 0, 0, bc, br, mr, 1)            // Pᵀ: bc × br
+				macro(ar, mk, br, bc, d, Ap, dOb[boff:], dvt, d, true) // dV_j += Pᵀ·dO_i
+				packA(Ap, true, dS, bc, 0, 0, bc, br, mr, 1)           // dSᵀ
+				macro(ar, mk, br, bc, d, Ap, Qb[boff:], dkt, d, true)  // dK_j += c·dSᵀ·Q_i
 				packA(Ap, false, dS, bc, 0, 0, br, bc, mr, 1)
 				macro(ar, mk, bc, br, d, Ap, Kn, dQ[(r*tiles+it)*tq*d:], d, true) // dQ_i += c·dS·K_j
 			}

@@ -98,6 +98,10 @@ func TestAttention(t *testing.T) {
 		{Batch: 1, Seq: 130, Heads: 2, KVHeads: 1, HeadDim: 32, Window: 1},
 		{Batch: 1, Seq: 50, Heads: 4, KVHeads: 2, HeadDim: 8, Window: 7, TileQ: 8, TileK: 16},
 		{Batch: 1, Seq: 9, Heads: 2, KVHeads: 1, HeadDim: 3, TileQ: 1, TileK: 1},
+		// Query heads stacked per product (stackHeads): two stacks of two
+		// heads, and three stacks of one, each with a short last tile.
+		{Batch: 2, Seq: 360, Heads: 8, KVHeads: 2, HeadDim: 8, TileQ: 300, TileK: 48},
+		{Batch: 1, Seq: 410, Heads: 6, KVHeads: 2, HeadDim: 8, Window: 90, TileQ: 400, TileK: 40},
 	}
 	forEachPath(t, func(t *testing.T) {
 		for _, a := range shapes {
@@ -244,4 +248,15 @@ func FuzzAttention(f *testing.F) {
 		closeTo(t, "dk", dk, wdk, 3e-5)
 		closeTo(t, "dv", dv, wdv, 3e-5)
 	})
+}
+
+// TestStackHeads: the stack is the largest divisor of rep within 1024 rows
+// (hand-derived: 8 heads of 128 rows stack all 8 = 1024 rows; 4 of 300
+// stack 2 = 600, as 4 would be 1200; 3 of 400 stack 1).
+func TestStackHeads(t *testing.T) {
+	for _, c := range []struct{ rep, tq, want int }{{8, 128, 8}, {16, 128, 8}, {3, 128, 3}, {4, 300, 2}, {3, 400, 1}, {1, 2000, 1}, {16, 1, 16}} {
+		if got := stackHeads(c.rep, c.tq); got != c.want {
+			t.Errorf("stackHeads(%d, %d) = %d, want %d", c.rep, c.tq, got, c.want)
+		}
+	}
 }
