@@ -103,14 +103,13 @@ func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoin
 	err := g.Wait()
 	close(stop)
 	watcher.Wait()
-	if cause := context.Cause(ctx); errors.Is(err, context.Canceled) && cause != nil && !errors.Is(cause, context.Canceled) {
-		// A rank woken by the cancellation can return before the rank
-		// whose failure caused it: the first failure is the cause.
-		err = cause
-	}
 	if stall != nil && !errors.Is(err, stall) {
 		// fn returned ctx.Err() without its cause: keep the diagnosis.
 		err = errors.Join(stall, err)
+	} else if cause := context.Cause(ctx); stall == nil && errors.Is(err, context.Canceled) && cause != nil && !errors.Is(cause, context.Canceled) {
+		// A rank woken by the cancellation can return before the rank
+		// whose failure caused it: the first failure is the cause.
+		err = cause
 	}
 	return err
 }
