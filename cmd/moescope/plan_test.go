@@ -92,6 +92,26 @@ func planRun(t *testing.T, args ...string) (string, string, error) {
 	return out.String(), errb.String(), err
 }
 
+// planTextAndJSON runs plan with the real evaluator twice, for its text
+// and its --json report.
+func planTextAndJSON(t *testing.T, args ...string) (string, planReportJSON) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, append([]string{"plan"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	out.Reset()
+	if err := run(&out, &errb, append([]string{"plan", "--json"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	var rep planReportJSON
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	return text, rep
+}
+
 func TestPlanCommandGolden(t *testing.T) {
 	args := []string{"--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--top", "5"}
 	out, _, err := planRun(t, args...)
@@ -539,21 +559,9 @@ func TestLinearTicks(t *testing.T) {
 // pipelines of the tiny model; the stage table gains its best-pp column,
 // and every pipeline plan in --json carries its pipeline fields.
 func TestPlanCommandPipeline(t *testing.T) {
-	args := []string{"plan", "--model", "tiny", "--gpus", "16", "--seq", "64", "--max-lbs", "4", "--pp", "1,2", "--exhaustive", "--top", "1000"}
-	var out, errb bytes.Buffer
-	if err := run(&out, &errb, args); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "best pp") || !strings.Contains(out.String(), "pipeline: PP ") {
-		t.Errorf("stage table without the best-pp column, or no pipeline verdict:\n%s", out.String())
-	}
-	out.Reset()
-	if err := run(&out, &errb, append(args, "--json")); err != nil {
-		t.Fatal(err)
-	}
-	var rep planReportJSON
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatal(err)
+	text, rep := planTextAndJSON(t, "--model", "tiny", "--gpus", "16", "--seq", "64", "--max-lbs", "4", "--pp", "1,2", "--exhaustive", "--top", "1000")
+	if !strings.Contains(text, "best pp") || !strings.Contains(text, "pipeline: PP ") {
+		t.Errorf("stage table without the best-pp column, or no pipeline verdict:\n%s", text)
 	}
 	pipes := 0
 	for _, p := range rep.Plans {

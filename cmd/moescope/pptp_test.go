@@ -14,22 +14,10 @@ import (
 // global batch over the data-parallel ranks only.
 func TestPlanCommandPPTP(t *testing.T) {
 	// One host: the search's one stage keeps every family's best plan.
-	args := []string{"plan", "--model", "tiny", "--gpus", "8", "--seq", "64", "--max-lbs", "4", "--global-batch", "32",
-		"--pp", "1,2", "--tp", "1,2", "--top", "100000"}
-	var out, errb bytes.Buffer
-	if err := run(&out, &errb, args); err != nil {
-		t.Fatal(err)
-	}
-	if s := out.String(); !strings.Contains(s, "best pp") || !strings.Contains(s, "best tp") {
-		t.Errorf("stage table without the best-pp and best-tp columns:\n%s", s)
-	}
-	out.Reset()
-	if err := run(&out, &errb, append(args, "--json")); err != nil {
-		t.Fatal(err)
-	}
-	var rep planReportJSON
-	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
-		t.Fatal(err)
+	text, rep := planTextAndJSON(t, "--model", "tiny", "--gpus", "8", "--seq", "64", "--max-lbs", "4", "--global-batch", "32",
+		"--pp", "1,2", "--tp", "1,2", "--top", "100000")
+	if !strings.Contains(text, "best pp") || !strings.Contains(text, "best tp") {
+		t.Errorf("stage table without the best-pp and best-tp columns:\n%s", text)
 	}
 	both := 0
 	for _, p := range rep.Plans {

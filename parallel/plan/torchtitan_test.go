@@ -463,6 +463,21 @@ func tomlCompile(sec map[string]any) memory.Compile {
 	return c
 }
 
+// torchtitanSchemas loads v0.2.2's TOML schema and main's parallelism
+// fields, the pinned schemas both export forms are checked against.
+func torchtitanSchemas(t *testing.T) (torchtitanTOMLSchema, map[string]any) {
+	t.Helper()
+	var tomlSchema torchtitanTOMLSchema
+	torchtitanLoad(t, "v0.2.2-job_config.json", &tomlSchema)
+	var pySchema torchtitanPySchema
+	torchtitanLoad(t, "main-b5bcd76-configs.json", &pySchema)
+	pyPar := map[string]any{}
+	if err := json.Unmarshal(pySchema.ConfigFields["parallelism"], &pyPar); err != nil {
+		t.Fatal(err)
+	}
+	return tomlSchema, pyPar
+}
+
 // TestTorchtitanPipeline exports pipeline layouts in both pinned forms:
 // every key is in the form's schema excerpt, the degrees multiply to the
 // GPUs (pp × replicate × shard), the batch reads back (v0.2.2: local
@@ -472,14 +487,7 @@ func tomlCompile(sec map[string]any) memory.Compile {
 // module, each layer once, the embedding first and the norm and output
 // (v0.2.2 "output", main "lm_head") last.
 func TestTorchtitanPipeline(t *testing.T) {
-	var tomlSchema torchtitanTOMLSchema
-	torchtitanLoad(t, "v0.2.2-job_config.json", &tomlSchema)
-	var pySchema torchtitanPySchema
-	torchtitanLoad(t, "main-b5bcd76-configs.json", &pySchema)
-	pyPar := map[string]any{}
-	if err := json.Unmarshal(pySchema.ConfigFields["parallelism"], &pyPar); err != nil {
-		t.Fatal(err)
-	}
+	tomlSchema, pyPar := torchtitanSchemas(t)
 	const layers = 48
 	for _, c := range []struct {
 		l         moe.Layout
@@ -633,14 +641,7 @@ func TestTorchtitanZeroBubbleCompile(t *testing.T) {
 // tp; main has no expert_tensor_parallel_degree and refuses etp = tp with
 // ep > 1 by name.
 func TestTorchtitanPipelineTP(t *testing.T) {
-	var tomlSchema torchtitanTOMLSchema
-	torchtitanLoad(t, "v0.2.2-job_config.json", &tomlSchema)
-	var pySchema torchtitanPySchema
-	torchtitanLoad(t, "main-b5bcd76-configs.json", &pySchema)
-	pyPar := map[string]any{}
-	if err := json.Unmarshal(pySchema.ConfigFields["parallelism"], &pyPar); err != nil {
-		t.Fatal(err)
-	}
+	tomlSchema, pyPar := torchtitanSchemas(t)
 	for _, c := range []struct {
 		model   string
 		layers  int
