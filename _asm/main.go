@@ -19,5 +19,6 @@ func main() {
 	actOps()
 	addOps()
 	copyRowsKernels()
+	normOps()
 	Generate()
 }

@@ -22,9 +22,18 @@ import (
 // Both run on every core (kernel.ParallelFor) and compute exactly what one
 // core computes: forward and backward's dx are independent per row, and
 // backward's dw is split by columns, each summed over the rows in order.
+// In float32 they are kernel.RMSNorm and kernel.RMSNormBackward: these
+// loops' formulas in AVX2 vectors where the CPU has them (their sums of
+// squares and means add in float64 lanes, so r and the mean can differ
+// from these loops' in float32's last place; every other rounding is the
+// same).
 
 // rmsNormFwd writes y [rows,n] and rstd [rows] from x [rows,n] and w [n].
 func rmsNormFwd[T Float](y, rstd, x, w []T, n int, eps float64) {
+	if x32, ok := any(x).([]float32); ok {
+		kernel.RMSNorm(any(y).([]float32), any(rstd).([]float32), x32, any(w).([]float32), n, eps)
+		return
+	}
 	kernel.ParallelFor(len(x)/n, 2*n, func(lo, hi int) { rmsNormFwdRows(y, rstd, x, w, n, eps, lo, hi) })
 }
 
@@ -47,6 +56,10 @@ func rmsNormFwdRows[T Float](y, rstd, x, w []T, n int, eps float64, lo, hi int) 
 
 // rmsNormBwd accumulates dx and dw from dy, the saved input x and rstd.
 func rmsNormBwd[T Float](dx, dw, dy, x, rstd, w []T, n int) {
+	if x32, ok := any(x).([]float32); ok {
+		kernel.RMSNormBackward(any(dx).([]float32), any(dw).([]float32), any(dy).([]float32), x32, any(rstd).([]float32), any(w).([]float32), n)
+		return
+	}
 	rows := len(x) / n
 	kernel.ParallelFor(rows, 3*n, func(lo, hi int) {
 		for i := lo; i < hi; i++ {

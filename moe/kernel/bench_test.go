@@ -168,3 +168,33 @@ func BenchmarkSwiGLU(b *testing.B) {
 	}
 	useAsmRows(true)
 }
+
+// BenchmarkRMSNorm runs RMSNorm forward and backward over the rows of the
+// default bench layer (2048 tokens of D = 2048), with the assembly and with
+// the plain-Go loops, on one and two cores, reporting elements per second.
+func BenchmarkRMSNorm(b *testing.B) {
+	const rows, n = 2048, 2048
+	r := rand.New(rand.NewPCG(6, 6))
+	x, w, dy := normInputs(r, rows, n)
+	y, rstd, dx, dw := make([]float32, rows*n), make([]float32, rows), make([]float32, rows*n), make([]float32, n)
+	for _, path := range []string{"asm", "go"} {
+		useAsmRows(path == "asm")
+		for _, threads := range []int{1, 2} {
+			prev := SetThreads(threads)
+			b.Run(fmt.Sprintf("%s/forward/threads=%d", path, threads), func(b *testing.B) {
+				for b.Loop() {
+					RMSNorm(y, rstd, x, w, n, 1e-6)
+				}
+				b.ReportMetric(float64(rows*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+			})
+			b.Run(fmt.Sprintf("%s/backward/threads=%d", path, threads), func(b *testing.B) {
+				for b.Loop() {
+					RMSNormBackward(dx, dw, dy, x, rstd, w, n)
+				}
+				b.ReportMetric(float64(rows*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+			})
+			SetThreads(prev)
+		}
+	}
+	useAsmRows(true)
+}

@@ -73,13 +73,55 @@ func init() {
 }
 
 // useAsmRows switches the attention row operations and the element-wise
-// kernels (SwiGLU, Add, Axpy) between the assembly (on) and the plain Go versions (off, for
+// kernels (SwiGLU, Add, Axpy, RMSNorm's rows) between the assembly (on) and the plain Go versions (off, for
 // tests).
 func useAsmRows(on bool) {
 	if !on {
 		expSubSumRow, maxRow, scaleRow, dsRow, dotRow = expSubSumGo, maxGo, scaleGo, dsGo, dotGo
 		swigluRow, swigluBwdRow, addRowF, axpyRowF = swigluGo, swigluBwdGo, addGo, axpyGo
+		normSumSqRow, normScaleRow, normDotRow, normDxRow, normDwRow = normSumSqGo, normScaleGo, normDotGo, normDxGo, normDwGo
 		return
+	}
+	normSumSqRow = func(x []float32) float64 {
+		n := len(x) &^ 7
+		var s float64
+		if n > 0 {
+			s = normSumSq(&x[0], n)
+		}
+		return s + normSumSqGo(x[n:])
+	}
+	normScaleRow = func(y, x, w []float32, r float32) {
+		n := len(x) &^ 7
+		if n > 0 {
+			y, w = y[:len(x)], w[:len(x)]
+			normScale(&y[0], &x[0], &w[0], n, r)
+		}
+		normScaleGo(y[n:], x[n:], w[n:], r)
+	}
+	normDotRow = func(dy, w, x []float32, r float32) float64 {
+		n := len(x) &^ 7
+		var s float64
+		if n > 0 {
+			dy, w = dy[:len(x)], w[:len(x)]
+			s = normDot(&dy[0], &w[0], &x[0], n, r)
+		}
+		return s + normDotGo(dy[n:], w[n:], x[n:], r)
+	}
+	normDxRow = func(dx, dy, w, x []float32, r, mean float32) {
+		n := len(x) &^ 7
+		if n > 0 {
+			dx, dy, w = dx[:len(x)], dy[:len(x)], w[:len(x)]
+			normDx(&dx[0], &dy[0], &w[0], &x[0], n, r, mean)
+		}
+		normDxGo(dx[n:], dy[n:], w[n:], x[n:], r, mean)
+	}
+	normDwRow = func(dw, dy, x []float32, r float32) {
+		n := len(x) &^ 7
+		if n > 0 {
+			dw, dy = dw[:len(x)], dy[:len(x)]
+			normDw(&dw[0], &dy[0], &x[0], n, r)
+		}
+		normDwGo(dw[n:], dy[n:], x[n:], r)
 	}
 	addRowF = func(dst, a, b []float32) {
 		n := len(dst) &^ 7

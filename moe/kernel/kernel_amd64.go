@@ -102,3 +102,28 @@ func copyRows6(dst *float32, src *float32, ld int, kc int)
 //
 //go:noescape
 func copyRows4(dst *float32, src *float32, ld int, kc int)
+
+// normSumSq returns Σ x[j]² over j < n (n a multiple of 8), each square exact in float64 and summed in four float64 lanes per half.
+//
+//go:noescape
+func normSumSq(x *float32, n int) float64
+
+// normScale sets y[j] = w[j]·(x[j]·r) for j < n (n a multiple of 8).
+//
+//go:noescape
+func normScale(y *float32, x *float32, w *float32, n int, r float32)
+
+// normDot returns Σ (dy[j]·w[j])·(x[j]·r) over j < n (n a multiple of 8), each term rounded to float32 and summed in float64 lanes.
+//
+//go:noescape
+func normDot(dy *float32, w *float32, x *float32, n int, r float32) float64
+
+// normDx sets dx[j] += r·(dy[j]·w[j] − (x[j]·r)·mean) for j < n (n a multiple of 8).
+//
+//go:noescape
+func normDx(dx *float32, dy *float32, w *float32, x *float32, n int, r float32, mean float32)
+
+// normDw sets dw[j] += dy[j]·(x[j]·r) for j < n (n a multiple of 8).
+//
+//go:noescape
+func normDw(dw *float32, dy *float32, x *float32, n int, r float32)

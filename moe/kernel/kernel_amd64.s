@@ -1432,3 +1432,158 @@ copyRows4_loop:
 copyRows4_done:
 	VZEROUPPER
 	RET
+
+// func normSumSq(x *float32, n int) float64
+// Requires: AVX, FMA3, SSE2
+TEXT ·normSumSq(SB), NOSPLIT, $0-24
+	MOVQ   x+0(FP), AX
+	MOVQ   n+8(FP), CX
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	SHRQ   $0x03, CX
+	JZ     normSumSq_done
+
+normSumSq_loop:
+	VCVTPS2PD   (AX), Y2
+	VCVTPS2PD   16(AX), Y3
+	VFMADD231PD Y2, Y2, Y0
+	VFMADD231PD Y3, Y3, Y1
+	ADDQ        $0x20, AX
+	DECQ        CX
+	JNZ         normSumSq_loop
+
+normSumSq_done:
+	VADDPD       Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPD       X1, X0, X0
+	VHADDPD      X0, X0, X0
+	VZEROUPPER
+	MOVSD        X0, ret+16(FP)
+	RET
+
+// func normScale(y *float32, x *float32, w *float32, n int, r float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·normScale(SB), NOSPLIT, $0-36
+	MOVQ         y+0(FP), AX
+	MOVQ         x+8(FP), CX
+	MOVQ         w+16(FP), DX
+	MOVQ         n+24(FP), BX
+	MOVSS        r+32(FP), X0
+	VBROADCASTSS X0, Y0
+	SHRQ         $0x03, BX
+	JZ           normScale_done
+
+normScale_loop:
+	VMULPS  (CX), Y0, Y1
+	VMULPS  (DX), Y1, Y1
+	VMOVUPS Y1, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	ADDQ    $0x20, DX
+	DECQ    BX
+	JNZ     normScale_loop
+
+normScale_done:
+	VZEROUPPER
+	RET
+
+// func normDot(dy *float32, w *float32, x *float32, n int, r float32) float64
+// Requires: AVX, AVX2, SSE, SSE2
+TEXT ·normDot(SB), NOSPLIT, $0-48
+	MOVQ         dy+0(FP), AX
+	MOVQ         w+8(FP), CX
+	MOVQ         x+16(FP), DX
+	MOVQ         n+24(FP), BX
+	MOVSS        r+32(FP), X0
+	VBROADCASTSS X0, Y0
+	VXORPD       Y1, Y1, Y1
+	VXORPD       Y2, Y2, Y2
+	SHRQ         $0x03, BX
+	JZ           normDot_done
+
+normDot_loop:
+	VMOVUPS      (AX), Y3
+	VMULPS       (CX), Y3, Y3
+	VMULPS       (DX), Y0, Y4
+	VMULPS       Y4, Y3, Y3
+	VCVTPS2PD    X3, Y4
+	VEXTRACTF128 $0x01, Y3, X3
+	VCVTPS2PD    X3, Y3
+	VADDPD       Y4, Y1, Y1
+	VADDPD       Y3, Y2, Y2
+	ADDQ         $0x20, AX
+	ADDQ         $0x20, CX
+	ADDQ         $0x20, DX
+	DECQ         BX
+	JNZ          normDot_loop
+
+normDot_done:
+	VADDPD       Y2, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPD       X0, X1, X1
+	VHADDPD      X1, X1, X1
+	VZEROUPPER
+	MOVSD        X1, ret+40(FP)
+	RET
+
+// func normDx(dx *float32, dy *float32, w *float32, x *float32, n int, r float32, mean float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·normDx(SB), NOSPLIT, $0-48
+	MOVQ         dx+0(FP), AX
+	MOVQ         dy+8(FP), CX
+	MOVQ         w+16(FP), DX
+	MOVQ         x+24(FP), BX
+	MOVQ         n+32(FP), SI
+	MOVSS        r+40(FP), X0
+	VBROADCASTSS X0, Y0
+	MOVSS        mean+44(FP), X1
+	VBROADCASTSS X1, Y1
+	SHRQ         $0x03, SI
+	JZ           normDx_done
+
+normDx_loop:
+	VMOVUPS (CX), Y2
+	VMULPS  (DX), Y2, Y2
+	VMULPS  (BX), Y0, Y3
+	VMULPS  Y1, Y3, Y3
+	VSUBPS  Y3, Y2, Y2
+	VMULPS  Y0, Y2, Y2
+	VADDPS  (AX), Y2, Y2
+	VMOVUPS Y2, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	ADDQ    $0x20, DX
+	ADDQ    $0x20, BX
+	DECQ    SI
+	JNZ     normDx_loop
+
+normDx_done:
+	VZEROUPPER
+	RET
+
+// func normDw(dw *float32, dy *float32, x *float32, n int, r float32)
+// Requires: AVX, AVX2, SSE
+TEXT ·normDw(SB), NOSPLIT, $0-36
+	MOVQ         dw+0(FP), AX
+	MOVQ         dy+8(FP), CX
+	MOVQ         x+16(FP), DX
+	MOVQ         n+24(FP), BX
+	MOVSS        r+32(FP), X0
+	VBROADCASTSS X0, Y0
+	SHRQ         $0x03, BX
+	JZ           normDw_done
+
+normDw_loop:
+	VMULPS  (DX), Y0, Y1
+	VMULPS  (CX), Y1, Y1
+	VADDPS  (AX), Y1, Y1
+	VMOVUPS Y1, (AX)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, CX
+	ADDQ    $0x20, DX
+	DECQ    BX
+	JNZ     normDw_loop
+
+normDw_done:
+	VZEROUPPER
+	RET
