@@ -26,8 +26,8 @@ func gemmKernels() {
 	// broadcast into a register feeding two FMAs measured 99% of the FMA
 	// peak in L1 on Zen 5; an embedded-broadcast memory operand per FMA
 	// (twice the loads) 91%. On the Sapphire Rapids guest the same kernel
-	// in L1 reaches only ~80% of its FMA loop: with one broadcast per step
-	// instead of twelve it reaches 97%, with embedded broadcasts 70%, and
+	// in L1 reaches only 71–81% of its FMA loop: with one broadcast per
+	// step instead of twelve 92–98%, with embedded broadcasts 70–74%, and
 	// 14×32, 8×48 and 6×64 tiles were no better, so this part's limit is
 	// the broadcast loads. OpenBLAS 0.3.21's SkylakeX sgemm (Debian's
 	// libopenblas0-pthread under PyTorch) reached 132 and 141 GFLOP/s at
