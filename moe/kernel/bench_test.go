@@ -138,63 +138,48 @@ func BenchmarkAttention(b *testing.B) {
 	}
 }
 
-// BenchmarkSwiGLU runs the SwiGLU activation forward and backward over the
-// expert rows of the default bench layer (2048 tokens × top-4 = 8192 rows of
-// F = 768), with the assembly and with the plain-Go loops, on one and two
-// cores, reporting elements per second.
-func BenchmarkSwiGLU(b *testing.B) {
-	const n = 8192 * 768
-	r := rand.New(rand.NewPCG(4, 4))
-	g, u, da := randSlice(r, n), randSlice(r, n), randSlice(r, n)
-	sg, a, dg, du := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+// benchRowOps runs forward and backward, element-wise operations over
+// elems elements, with the assembly rows and with the plain-Go loops, on
+// one and two cores, reporting elements per second.
+func benchRowOps(b *testing.B, elems int, forward, backward func()) {
 	for _, path := range []string{"asm", "go"} {
 		useAsmRows(path == "asm")
 		for _, threads := range []int{1, 2} {
 			prev := SetThreads(threads)
-			b.Run(fmt.Sprintf("%s/forward/threads=%d", path, threads), func(b *testing.B) {
-				for b.Loop() {
-					SwiGLU(sg, a, g, u)
-				}
-				b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
-			})
-			b.Run(fmt.Sprintf("%s/backward/threads=%d", path, threads), func(b *testing.B) {
-				for b.Loop() {
-					SwiGLUBackward(dg, du, da, g, sg, u)
-				}
-				b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
-			})
+			for _, op := range []struct {
+				name string
+				f    func()
+			}{{"forward", forward}, {"backward", backward}} {
+				b.Run(fmt.Sprintf("%s/%s/threads=%d", path, op.name, threads), func(b *testing.B) {
+					for b.Loop() {
+						op.f()
+					}
+					b.ReportMetric(float64(elems)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+				})
+			}
 			SetThreads(prev)
 		}
 	}
 	useAsmRows(true)
 }
 
+// BenchmarkSwiGLU runs the SwiGLU activation forward and backward over the
+// expert rows of the default bench layer (2048 tokens × top-4 = 8192 rows of
+// F = 768) (benchRowOps).
+func BenchmarkSwiGLU(b *testing.B) {
+	const n = 8192 * 768
+	r := rand.New(rand.NewPCG(4, 4))
+	g, u, da := randSlice(r, n), randSlice(r, n), randSlice(r, n)
+	sg, a, dg, du := make([]float32, n), make([]float32, n), make([]float32, n), make([]float32, n)
+	benchRowOps(b, n, func() { SwiGLU(sg, a, g, u) }, func() { SwiGLUBackward(dg, du, da, g, sg, u) })
+}
+
 // BenchmarkRMSNorm runs RMSNorm forward and backward over the rows of the
-// default bench layer (2048 tokens of D = 2048), with the assembly and with
-// the plain-Go loops, on one and two cores, reporting elements per second.
+// default bench layer (2048 tokens of D = 2048) (benchRowOps).
 func BenchmarkRMSNorm(b *testing.B) {
 	const rows, n = 2048, 2048
 	r := rand.New(rand.NewPCG(6, 6))
 	x, w, dy := normInputs(r, rows, n)
 	y, rstd, dx, dw := make([]float32, rows*n), make([]float32, rows), make([]float32, rows*n), make([]float32, n)
-	for _, path := range []string{"asm", "go"} {
-		useAsmRows(path == "asm")
-		for _, threads := range []int{1, 2} {
-			prev := SetThreads(threads)
-			b.Run(fmt.Sprintf("%s/forward/threads=%d", path, threads), func(b *testing.B) {
-				for b.Loop() {
-					RMSNorm(y, rstd, x, w, n, 1e-6)
-				}
-				b.ReportMetric(float64(rows*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
-			})
-			b.Run(fmt.Sprintf("%s/backward/threads=%d", path, threads), func(b *testing.B) {
-				for b.Loop() {
-					RMSNormBackward(dx, dw, dy, x, rstd, w, n)
-				}
-				b.ReportMetric(float64(rows*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
-			})
-			SetThreads(prev)
-		}
-	}
-	useAsmRows(true)
+	benchRowOps(b, rows*n, func() { RMSNorm(y, rstd, x, w, n, 1e-6) }, func() { RMSNormBackward(dx, dw, dy, x, rstd, w, n) })
 }
