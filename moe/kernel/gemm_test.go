@@ -248,3 +248,45 @@ func TestSgemmPackGo(t *testing.T) {
 		gemmCase(t, r, tr[0], tr[1], 50, 70, 300+j, j%2, 1, 0.5)
 	}
 }
+
+// TestPackBLayout checks packB against its definition, written out here:
+// sliver s holds rows p < kc of op(B)[p0+p][j0+s·nr+j] at s·kc·nr + p·nr + j,
+// zero beyond column nc, for widths that leave a ragged last sliver and
+// heights that leave a ragged last row group, both layouts, Go and
+// assembly copies.
+func TestPackBLayout(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 5))
+	for _, asm := range []bool{true, false} {
+		usePackAsm = asm
+		for _, nr := range []int{4, 16, 32} {
+			for _, trans := range []bool{false, true} {
+				for _, dims := range [][2]int{{1, 1}, {7, 2 * nr}, {13, 3*nr + 5}, {17, nr - 1}, {64, 5 * nr}} {
+					kc, nc := dims[0], dims[1]
+					p0, j0, ld := 3, 2, nc+kc+9
+					b := randSlice(r, (p0+kc+nc+j0+4)*ld)
+					slivers := (nc + nr - 1) / nr
+					bp := randSlice(r, slivers*kc*nr)
+					packB(bp, trans, b, ld, p0, j0, kc, nc, nr)
+					for s := 0; s < slivers; s++ {
+						for p := 0; p < kc; p++ {
+							for j := 0; j < nr; j++ {
+								var want float32
+								if col := s*nr + j; col < nc {
+									if trans {
+										want = b[(j0+col)*ld+p0+p]
+									} else {
+										want = b[(p0+p)*ld+j0+col]
+									}
+								}
+								if got := bp[s*kc*nr+p*nr+j]; got != want {
+									t.Fatalf("asm=%v nr=%d trans=%v kc=%d nc=%d: sliver %d row %d col %d = %v, want %v", asm, nr, trans, kc, nc, s, p, j, got, want)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	usePackAsm = true
+}

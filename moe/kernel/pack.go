@@ -85,6 +85,25 @@ func packA(ap []float32, trans bool, a []float32, lda, i0, p0, mc, kc, mr int, a
 // packB writes op(B)[p0:p0+kc, j0:j0+nc] into bp as ⌈nc/nr⌉ slivers of kc·nr
 // values. op(B)[p][j] is b[p·ldb+j], or b[j·ldb+p] when trans.
 func packB(bp []float32, trans bool, b []float32, ldb, p0, j0, kc, nc, nr int) {
+	if full := nc / nr; !trans && full > 1 {
+		// Full slivers row group by row group: each group reads its rows
+		// left to right, as the prefetchers follow, where one sliver at a
+		// time reads nr values from every row, ldb apart. Paired against
+		// sliver by sliver on the Sapphire Rapids guest with the sources
+		// out of cache (one process, alternating, median of 15 time
+		// ratios): Sgemm 1.00–1.05× on one core over 1024³, 2048³ and the
+		// expert shapes on both kernels, 0.96–1.03× on two.
+		for p := 0; p < kc; p += packRowGroup {
+			g := min(packRowGroup, kc-p)
+			for s := 0; s < full; s++ {
+				copyRows(bp[s*kc*nr+p*nr:], b, (p0+p)*ldb+j0+s*nr, ldb, g, nr)
+			}
+		}
+		if full*nr < nc {
+			packB(bp[full*kc*nr:], false, b, ldb, p0, j0+full*nr, kc, nc-full*nr, nr)
+		}
+		return
+	}
 	for s := 0; s*nr < nc; s++ {
 		cols := min(nr, nc-s*nr)
 		dst := bp[s*kc*nr : (s+1)*kc*nr]
@@ -131,6 +150,10 @@ func packB(bp []float32, trans bool, b []float32, ldb, p0, j0, kc, nc, nr int) {
 		}
 	}
 }
+
+// packRowGroup is how many rows of op(B) packB copies across all full
+// slivers before moving on.
+const packRowGroup = 8
 
 // copyRows copies rows p < kc of w values, src[off+p·ld:][:w], to
 // dst[p·w:][:w], for the widths of the micro-kernels: in assembly where
