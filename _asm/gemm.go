@@ -15,8 +15,8 @@ import (
 //	c[i·ldc+j] = t[i][j]            (accumulate == 0)
 //	c[i·ldc+j] += t[i][j]           (accumulate != 0)
 func gemmKernels() {
-	// AVX2: each step also prefetches A 1 KiB (about 40 steps) ahead into
-	// L1, one prefetch per 64-byte line of A. Paired with the same kernel
+	// AVX2: the loop also prefetches A 1 KiB (about 40 steps) ahead into
+	// L1, about once per 64-byte line of A. Paired with the same kernel
 	// without it on the 2-vCPU Sapphire Rapids guest (one process, runs
 	// alternated, median of 15 time ratios): 1.01× at 1024³ and 1.09× at
 	// 2048³ on one core, 1.03× for the expert dW shape; 512 and 2048 bytes
@@ -85,7 +85,9 @@ func gemmKernel(name string, mr, nvec int, vec func() reg.VecVirtual, lanes int,
 		for v := range bv {
 			VMOVUPS(Mem{Base: b, Disp: 4 * (p*nr + v*lanes)}, bv[v])
 		}
-		// Once per new 64-byte line of A (and at the first step).
+		// At the first step and at each step whose mr floats straddle a
+		// 64-byte line: for mr = 6, two prefetches per 96 bytes of A, so
+		// every line ahead is touched once or twice.
 		if ahead > 0 && (p == 0 || (p*mr*4)/64 != ((p+1)*mr*4-1)/64) {
 			PREFETCHT0(Mem{Base: a, Disp: 4*p*mr + ahead})
 		}

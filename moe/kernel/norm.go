@@ -25,6 +25,9 @@ var (
 // RMSNorm writes y and rstd (one r per row) from x and w for rows of n
 // elements (len(x)/n rows), in parallel over rows.
 func RMSNorm(y, rstd, x, w []float32, n int, eps float64) {
+	if n <= 0 {
+		panic("kernel: RMSNorm: row length n must be positive")
+	}
 	rows := len(x) / n
 	if len(y) < rows*n || len(rstd) < rows || len(w) < n {
 		panic("kernel: RMSNorm: slices shorter than x's rows")
@@ -43,6 +46,9 @@ func RMSNorm(y, rstd, x, w []float32, n int, eps float64) {
 // rstd and w: dx in parallel over rows, dw over columns, each column summed
 // over the rows in order, so the result does not depend on the cores.
 func RMSNormBackward(dx, dw, dy, x, rstd, w []float32, n int) {
+	if n <= 0 {
+		panic("kernel: RMSNormBackward: row length n must be positive")
+	}
 	rows := len(x) / n
 	if len(dx) < rows*n || len(dy) < rows*n || len(rstd) < rows || len(dw) < n || len(w) < n {
 		panic("kernel: RMSNormBackward: slices shorter than x's rows")

@@ -133,3 +133,21 @@ func TestNormRowsBits(t *testing.T) {
 		}
 	}
 }
+
+// TestRMSNormPanics: a row length of zero is a programming error with a
+// message, not an integer division by zero.
+func TestRMSNormPanics(t *testing.T) {
+	for name, f := range map[string]func(){
+		"RMSNorm":         func() { RMSNorm(nil, nil, nil, nil, 0, 1e-6) },
+		"RMSNormBackward": func() { RMSNormBackward(nil, nil, nil, nil, nil, nil, 0) },
+	} {
+		func() {
+			defer func() {
+				if r, ok := recover().(string); !ok || r != "kernel: "+name+": row length n must be positive" {
+					t.Errorf("%s with n = 0: recovered %v", name, r)
+				}
+			}()
+			f()
+		}()
+	}
+}
