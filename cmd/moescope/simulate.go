@@ -13,6 +13,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -24,7 +25,7 @@ func init() {
 // simulateReport is the JSON output of `moescope simulate`.
 type simulateReport struct {
 	Model       string     `json:"model"`
-	Layout      moe.Layout `json:"layout"`
+	Layout      job.Layout `json:"layout"`
 	AC          moe.AC     `json:"ac"`
 	LBS         int        `json:"lbs"`
 	Seq         int        `json:"seq"`
@@ -233,7 +234,7 @@ func printSimulate(w io.Writer, r simulateReport) error {
 		pp = fmt.Sprintf("pp %d × ", l.PP)
 	}
 	sharding := string(l.Sharding)
-	if l.FSDPImpl == moe.FSDPMegatron {
+	if l.FSDPImpl == job.FSDPMegatron {
 		sharding += " (Megatron's FSDP schedule)"
 	}
 	fmt.Fprintf(w, "%s on %d × %s (%s): %sdp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",

@@ -30,6 +30,7 @@ var layers = [][]string{
 	{"parallel/hw", "moe/bench"},
 	{"flops", "memory"},
 	{"moe/moetest"},
+	{"moe/job"},
 	{"moe/hf"},
 	{"moe"},
 	{"moe/attn"},
