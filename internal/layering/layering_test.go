@@ -29,7 +29,7 @@ var layers = [][]string{
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},
 	{"parallel"},
-	{"parallel/hw", "moe/bench"},
+	{"parallel/hw", "bench"},
 	{"flops", "memory"},
 	{"moe/moetest"},
 	{"moe/hf"},
