@@ -20,14 +20,16 @@ const module = "github.com/moescope/moescope"
 // layers lists moescope's packages from the top down; a package may import
 // only packages of a later layer. Packages that share a layer never import
 // each other: the two backends of one schedule (numeric, sim), the two
-// analytic accountings (flops, memory), and the leaves below moe.
+// analytic accountings (flops, memory), and the leaves below moe. The
+// commands sit at the top: sizecheck, the CI's size check, imports only
+// internal/sizes, which like every internal package sits at the bottom.
 var layers = [][]string{
-	{"cmd/moescope"},
+	{"cmd/moescope", "internal/sizes/cmd/sizecheck"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},
 	{"parallel"},
-	{"parallel/hw", "moe/bench"},
+	{"parallel/hw", "bench"},
 	{"flops", "memory"},
 	{"moe/moetest"},
 	{"moe/job"},
@@ -35,7 +37,7 @@ var layers = [][]string{
 	{"moe"},
 	{"moe/attn"},
 	{"moe/kernel", "moe/safetensors"},
-	{"internal/fileio", "internal/golden", "internal/layering"},
+	{"internal/fileio", "internal/golden", "internal/layering", "internal/sizes"},
 }
 
 // testSupport are imported by tests only, from any layer: the shared random

@@ -6,7 +6,8 @@
 // it reaches, by wall time and by process CPU time.
 //
 // It runs moe.Block, so it sits above moe; it sizes the layer run with
-// memory.Estimate, so above memory too. Only cmd/moescope imports it.
+// memory.Estimate, so above memory too, which is why it is a package of its
+// own rather than one under moe. Only cmd/moescope imports it.
 package bench
 
 import (
