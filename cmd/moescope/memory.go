@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/memory"
@@ -56,48 +57,26 @@ type memoryReport struct {
 func runMemory(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("memory", stderr)
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
-	gpu := fs.String("gpu", hw.DefaultDeviceName, "device from the registry (its capacity as PyTorch reports it)")
-	lf := addLayoutFlags(fs)
-	precision := addPrecisionFlag(fs)
-	lf.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
-	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)")
-	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required unless --max-lbs)")
-	seq := fs.Int("seq", 0, "tokens per sequence (required)")
-	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
-	attn := fs.String("attention", "flash", "attention kernel: flash|eager")
-	chunks := fs.Int("loss-chunks", 0, "chunked cross-entropy over this many token chunks (0 = unchunked)")
-	optImpl := fs.String("optimizer-impl", memory.Fused, "AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)")
-	mf := addMemoryModelFlags(fs)
+	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose memory the step is judged against: "+strings.Join(hw.DeviceNames(), ", "))
+	rf := addRunFlags(fs)
+	rf.layout.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
+	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version", "expert-skew")
+	fs.Lookup("lbs").Usage = "sequences per data-parallel rank per micro-step (required unless --max-lbs)"
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")
-	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory a step may use to be within target (and --max-lbs's bound), in (0, 1]")
+	target := addTargetFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := lf.checkRefused(); err != nil {
+	if err := rf.layout.checkRefused(); err != nil {
 		return err
 	}
-	if err := checkPrecisionFlag(*precision); err != nil {
+	if err := checkTarget(*target); err != nil {
 		return err
 	}
-	if *seq < 1 {
-		return fmt.Errorf("%w: --seq = %d: must be ≥ 1", errUsage, *seq)
-	}
-	if *lbs < 1 && !*maxLBS {
-		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
-	}
-	if *lbs < 0 {
-		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
-	}
-	if *accum < 1 {
-		return fmt.Errorf("%w: --grad-accum = %d: must be ≥ 1", errUsage, *accum)
-	}
-	if !(*target > 0 && *target <= 1) {
-		return fmt.Errorf("%w: --memory-target = %v: must be in (0, 1]", errUsage, *target)
-	}
-	ac, err := moe.ParseAC(*acFlag)
-	if err != nil {
-		return fmt.Errorf("%w: --ac: %v", errUsage, err)
+	searchOnly := *maxLBS && !setFlags(fs)["lbs"]
+	if searchOnly {
+		rf.batch.LBS = 1 // a valid batch for the checks; the search sets the one reported
 	}
 	dev, err := hw.LookupDevice(*gpu)
 	if err != nil {
@@ -107,36 +86,33 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	l, err := lf.layout(cfg)
+	spec, err := rf.spec(cfg, nil)
 	if err != nil {
 		return err
 	}
+	l := spec.Layout
 	if err := refuseMegatron(l, "memory", "the memory model holds FSDP2's buffers, and Megatron's FSDP keeps its embedding and output layer gathered for the step"); err != nil {
 		return err
 	}
-	o := memory.Options{AC: ac, Attention: memory.Attention(*attn), LossChunks: *chunks, OptimizerImpl: *optImpl}
-	if err := mf.apply(&o); err != nil {
-		return err
-	}
-	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: ac, Attention: *attn, LossChunks: *chunks,
-		LBS: *lbs, Seq: *seq, GradAccum: *accum, DeviceBytes: dev.MemoryBytes,
-		Compile: o.Compile, ExpandableSegments: o.Segments == memory.Expandable, LossDType: o.LossDType}
+	o := memory.OptionsOf(spec.Recipe, spec.AC)
+	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: spec.AC, Attention: string(o.Attention), LossChunks: spec.LossChunks,
+		LBS: spec.LBS, Seq: spec.Seq, GradAccum: spec.GradAccum, DeviceBytes: dev.MemoryBytes,
+		Compile: o.Compile, ExpandableSegments: spec.ExpandableSegments, LossDType: spec.LossDType}
 	var r memory.Report
 	if *maxLBS {
-		n, rm, err := memory.MaxLBS(cfg, l, *seq, *accum, o, dev.MemoryBytes, *target)
+		n, rm, err := memory.MaxLBS(cfg, l, spec.Seq, spec.GradAccum, o, dev.MemoryBytes, *target)
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		rep.MaxLBS, rep.MemoryTarget = &n, *target
-		if *lbs == 0 {
+		if searchOnly {
 			// The report is at the largest fitting batch, or at the
 			// smallest the layout runs when none fits.
 			r, rep.LBS = rm, max(n, l.MinLBS())
 		}
 	}
-	if rep.MaxLBS == nil || *lbs > 0 {
-		r, err = memory.Estimate(cfg, l, memory.Batch{LBS: *lbs, Seq: *seq, GradAccum: *accum}, o)
-		if err != nil {
+	if !searchOnly {
+		if r, err = memory.EstimateRun(spec, nil); err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}

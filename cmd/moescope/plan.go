@@ -146,7 +146,8 @@ func planOptions(l job.Layout) string {
 }
 
 type planArgs struct {
-	model, gpu, cluster, calibration   string
+	hardwareFlags
+	model                              string
 	gpus, gpusPerNode, seq             int
 	target                             float64
 	globalBatch, top, carry, maxLBS    int
@@ -161,7 +162,7 @@ type planArgs struct {
 	scheds                             []job.PPSchedule // parsed --pp-schedules
 	acFlag                             string
 	acs                                []moe.AC // parsed --ac (nil: the planner's default policies)
-	mem                                *memoryModelFlags
+	recipe                             *recipeFlags
 	narrow                             *exportNarrowing // set by request when an export is asked for
 }
 
@@ -186,12 +187,14 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, dev, cl := simEv.Model, simEv.Device, simEv.Cluster
+	cfg, dev, cl := simEv.Run.Model, simEv.Device, simEv.Cluster
 	req := a.request(cfg, cl)
 	if a.narrow != nil {
 		// Storage types an export cannot write refuse it before the search.
 		for i, t := range a.narrow.targets {
-			if _, _, err := t.CheckPrecision(simEv.Memory.Precision, simEv.Memory.ReduceDType); err != nil {
+			x := plan.RecipeExport(simEv.Run.Recipe)
+			_, _, err := t.CheckPrecision(x.Precision, x.ReduceDType)
+			if err = errors.Join(err, t.CheckRecipe(simEv.Run.Recipe)); err != nil {
 				return fmt.Errorf("%w: %s: %v", errUsage, a.narrow.flags[i], err)
 			}
 		}
@@ -236,11 +239,12 @@ func (a *planArgs) evaluator() (*plan.SimEvaluator, error) {
 	if err != nil {
 		return nil, err
 	}
-	ev := &plan.SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Calibration: cal, Seq: a.seq}
-	if err := a.mem.apply(&ev.Memory); err != nil {
+	rec, err := a.recipe.recipe()
+	if err != nil {
 		return nil, err
 	}
-	return ev, nil
+	run := job.Spec{Model: cfg, Batch: job.Batch{Seq: a.seq, GradAccum: 1}, Recipe: rec}
+	return &plan.SimEvaluator{Run: run, Device: dev, Cluster: cl, Calibration: cal}, nil
 }
 
 // parsePlanArgs reads and checks plan's flags.
@@ -248,15 +252,12 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs := newFlags("plan", stderr)
 	a := &planArgs{}
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
-	fs.StringVar(&a.gpu, "gpu", hw.DefaultDeviceName, "device from the registry")
-	fs.StringVar(&a.cluster, "cluster", "", "cluster name or JSON path (default: the GPU's usual cluster)")
+	a.hardwareFlags.addTo(fs)
 	fs.IntVar(&a.gpus, "gpus", 0, "GPUs in the job, the target scale (required)")
 	fs.IntVar(&a.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
-	precision := addPrecisionFlag(fs)
-	fs.Float64Var(&a.target, "memory-target", 0.92, "largest memory fraction (peak reserved / device memory) a plan may use, in (0, 1]")
+	fs.Float64Var(&a.target, "memory-target", memory.DefaultMemoryTarget, "largest memory fraction (peak reserved / device memory) a plan may use, in (0, 1]")
 	fs.IntVar(&a.globalBatch, "global-batch", 0, "sequences per optimizer step at the target scale (0 = free: no accumulation)")
-	fs.StringVar(&a.calibration, "calibration", "", "calibration JSON from moescope calibrate")
 	fs.IntVar(&a.top, "top", 10, "plans shown in the table and in --json")
 	fs.IntVar(&a.carry, "carry", 8, "layout families each stage carries to the next")
 	fs.IntVar(&a.maxLBS, "max-lbs", 256, "largest local batch searched")
@@ -279,7 +280,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
 	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: none|selective|full|layer:N|modules:M,… "+
 		"(default: none, selective and full)")
-	a.mem = addMemoryModelFlags(fs)
+	a.recipe = addRecipeFlags(fs)
 	mtp := addMTPFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
@@ -288,7 +289,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 		return nil, err
 	}
 	a.gpusPerNodeSet = setFlags(fs)["gpus-per-node"]
-	if err := checkPrecisionFlag(*precision); err != nil {
+	if _, err := a.recipe.recipe(); err != nil {
 		return nil, err
 	}
 	return a, a.validate()
@@ -439,7 +440,7 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
 	}
-	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, *a.mem.compile); a.narrow != nil {
+	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, a.recipe.r.Compile); a.narrow != nil {
 		req.Admit = a.narrow.admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
@@ -466,15 +467,15 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
 	cal *sim.Calibration, narrowed string) error {
 	allocNote := "memory assumed fixed allocator segments (no expandable_segments)"
-	if simEv.Memory.Segments == memory.Expandable {
+	if simEv.Run.ExpandableSegments {
 		allocNote = "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets"
 	}
 	header := []string{"moescope plan: " + title,
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS),
 		allocNote}
-	export := plan.TorchtitanExport{Model: cfg.Name, Seq: a.seq, Point: rep.Best.Point, Header: header, Compile: simEv.Memory.Compile, Layers: cfg.Layers,
-		Precision: simEv.Memory.Precision, ReduceDType: simEv.Memory.ReduceDType}
+	export := plan.RecipeExport(simEv.Run.Recipe)
+	export.Model, export.Seq, export.Point, export.Header, export.Layers = cfg.Name, a.seq, rep.Best.Point, header, cfg.Layers
 	for _, x := range []struct {
 		path, what string
 		write      func(io.Writer) ([]string, error)

@@ -36,7 +36,7 @@ type planFake struct {
 }
 
 func newPlanFake(sim *plan.SimEvaluator) plan.Evaluator {
-	c := sim.Model
+	c := sim.Run.Model
 	n := 0.0
 	for _, p := range c.Params() {
 		k := 1.0
@@ -448,7 +448,7 @@ func TestPlanTargetSweeps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim.Model, sim.Device.MemoryBytes = cfg, 24<<30 // small enough that the target, not --max-lbs, ends each sweep
+	sim.Run.Model, sim.Device.MemoryBytes = cfg, 24<<30 // small enough that the target, not --max-lbs, ends each sweep
 	ev := newPlanFake(sim)
 	l := job.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1}}
@@ -511,7 +511,7 @@ func TestPlanTargetSweepsPipeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim.Model, sim.Device.MemoryBytes = cfg, 192<<30 // the fake's no-reshard weights fit, --max-lbs ends the sweep
+	sim.Run.Model, sim.Device.MemoryBytes = cfg, 192<<30 // the fake's no-reshard weights fit, --max-lbs ends the sweep
 	ev := pipeFake{newPlanFake(sim)}
 	l := job.Layout{GPUs: 64, PP: 2, DPShard: 32, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP,
 		PPSchedule: job.PPDualPipeV, PPVirtualStages: 2, PPMicrobatchSize: 2}

@@ -40,10 +40,15 @@ type hardwareFlags struct{ gpu, cluster, calibration string }
 
 func addHardwareFlags(fs *flag.FlagSet) *hardwareFlags {
 	h := &hardwareFlags{}
+	h.addTo(fs)
+	return h
+}
+
+// addTo defines the flags on fs.
+func (h *hardwareFlags) addTo(fs *flag.FlagSet) {
 	fs.StringVar(&h.gpu, "gpu", hw.DefaultDeviceName, "device from the registry: "+strings.Join(hw.DeviceNames(), ", "))
 	fs.StringVar(&h.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one)")
 	fs.StringVar(&h.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
-	return h
 }
 
 func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error) {
@@ -126,7 +131,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	in := simInput(spec, dev, cl, cal)
+	in := sim.InputFor(spec, dev, cl, cal)
 	in.KeepTimeline, in.MemoryTarget = sf.tracePath != "", *sf.target
 	res, err := sim.Simulate(in)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
 )
@@ -57,17 +58,15 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("sweep", stderr)
 	a := &planArgs{}
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
-	fs.StringVar(&a.gpu, "gpu", hw.DefaultDeviceName, "device from the registry")
-	fs.StringVar(&a.cluster, "cluster", "", "cluster name or JSON path (default: the GPU's usual one)")
+	a.hardwareFlags.addTo(fs)
 	fs.IntVar(&a.gpus, "gpus", 0, "GPUs of the job to calibrate for (required); the sweep runs at its plan's smallest scale")
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
-	fs.Float64Var(&a.target, "memory-target", 0.92, "largest memory fraction a job may use, in (0, 1]")
-	fs.StringVar(&a.calibration, "calibration", "", "calibration JSON to start from (default: the uncalibrated model)")
+	fs.Float64Var(&a.target, "memory-target", memory.DefaultMemoryTarget, "largest memory fraction a job may use, in (0, 1]")
 	out := fs.String("out", "sweep", "directory to write the jobs and the manifest into (made if missing)")
 	maxJobs := fs.Int("max-jobs", 6, "most jobs to pick, in [3, 32]")
 	steps := fs.Int("steps", 30, "training steps each job's command runs, in [3, 100000] (logged every step)")
 	fs.BoolVar(&a.force, "force", false, "replace the sweep's own files in --out (never any other file)")
-	a.mem = addMemoryModelFlags(fs)
+	a.recipe = addRecipeFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -82,16 +81,18 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, dev, cl := ev.Model, ev.Device, ev.Cluster
+	cfg, dev, cl := ev.Run.Model, ev.Device, ev.Cluster
 	req := a.request(cfg, cl)
 	for _, t := range []plan.TorchtitanTarget{plan.TorchtitanTOML, plan.TorchtitanPy} {
 		// Every job is written in both forms: storage types either cannot
 		// write refuse the sweep before it is designed.
-		if _, _, err := t.CheckPrecision(ev.Memory.Precision, ev.Memory.ReduceDType); err != nil {
+		x := plan.RecipeExport(ev.Run.Recipe)
+		_, _, err := t.CheckPrecision(x.Precision, x.ReduceDType)
+		if err = errors.Join(err, t.CheckRecipe(ev.Run.Recipe)); err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 	}
-	compiled := ev.Memory.Compile.Model
+	compiled, _ := ev.Run.Compiled()
 	req.Admit = func(p plan.Point) error {
 		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p, compiled), plan.TorchtitanAdmit(plan.TorchtitanPy, p, compiled))
 	}
@@ -100,7 +101,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	m := sweepManifestFor(d, a, cfg.Name, dev, cl, *out, *steps)
-	return writeSweep(stdout, *out, a.force, m, d, cfg.Name, ev.Memory)
+	return writeSweep(stdout, *out, a.force, m, d, cfg.Name, ev.Run.Recipe)
 }
 
 // sweepManifestFor lays the design out as the manifest, naming each job's
@@ -142,7 +143,7 @@ func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Dev
 // --force): a refused sweep writes nothing. mem is the memory model's
 // options the jobs were designed under: the exports write its compile
 // settings and storage types.
-func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, mem memory.Options) error {
+func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, r job.Recipe) error {
 	var outs []output
 	for _, j := range m.Jobs {
 		outs = append(outs, output{Flag: "--out", Path: j.TOML}, output{Flag: "--out", Path: j.Python})
@@ -164,8 +165,8 @@ func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *pl
 		header := []string{fmt.Sprintf("moescope sweep job %d of %d: %s", i+1, len(d.Jobs), m.Jobs[i].Name),
 			fmt.Sprintf("modelled: %.0f TPS per GPU, memory %.1f%% of %s", j.Score.TPS, 100*j.Score.MemoryFraction, m.GPU),
 			"why: " + j.Why}
-		e := plan.TorchtitanExport{Model: model, Seq: m.Seq, Point: j.Point, Header: header, Compile: mem.Compile,
-			Precision: mem.Precision, ReduceDType: mem.ReduceDType}
+		e := plan.RecipeExport(r)
+		e.Model, e.Seq, e.Point, e.Header = model, m.Seq, j.Point, header
 		for _, x := range []struct {
 			path  string
 			write func(io.Writer) ([]string, error)

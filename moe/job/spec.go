@@ -91,6 +91,18 @@ func (s Spec) check() error {
 	return nil
 }
 
+// MaxExpertSkew is the largest ExpertSkew the run's layout allows: the
+// most loaded expert-parallel rank receives at most min(top-k, experts/ep)
+// of a token's top-k rows, so at most ep·min(k, E/ep)/k × the mean (1
+// without routed experts or expert parallelism).
+func (s Spec) MaxExpertSkew() float64 {
+	cfg := s.Model
+	if !cfg.IsMoE() {
+		return 1
+	}
+	return float64(s.EP*min(cfg.TopK, cfg.Experts/s.EP)) / float64(cfg.TopK)
+}
+
 // TokensPerStep is the tokens one rank processes per optimizer step,
 // lbs·seq·grad_accum: the numerator of TPS (torchtitan's definition).
 func (s Spec) TokensPerStep() int64 { return s.Batch.StepTokens() }

@@ -6,7 +6,7 @@ import (
 	"sync"
 
 	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -16,14 +16,13 @@ import (
 // the virtual-time backend. It holds no mutable state, so the planner's
 // goroutines share it.
 type SimEvaluator struct {
-	Model       *moe.Config
+	// Run is the run every point is applied to (Spec): its model, its
+	// sequence length and its recipe; the layout, checkpointing, local
+	// batch and accumulation are each point's.
+	Run         job.Spec
 	Device      hw.Device
 	Cluster     *hw.Cluster
 	Calibration *sim.Calibration // nil: uncalibrated defaults
-	Seq         int              // tokens per sequence
-	// Memory carries the memory options besides AC (precision, attention
-	// kernel, loss chunks, allocator); AC comes from each point.
-	Memory memory.Options
 
 	// Results are cached per point: the search asks for some points more
 	// than once (sizing, stages, sweeps).
@@ -64,20 +63,22 @@ func (e *SimEvaluator) store(p Point, m *float64, s *Score) {
 	}
 }
 
-// memoryOptions returns the memory options for p: its AC, and the
-// calibrated allocator overhead when the calibration has one.
-func (e *SimEvaluator) memoryOptions(p Point) memory.Options {
-	o := e.Memory
-	o.AC = p.AC
-	if e.Calibration != nil && e.Calibration.AllocatorOverhead > 0 {
-		a := memory.DefaultAllocator
-		if o.Allocator != nil {
-			a = *o.Allocator
-		}
-		a.Fragmentation = e.Calibration.AllocatorOverhead
-		o.Allocator = &a
-	}
-	return o
+// Spec is the evaluator's run with p's searched part applied: the one
+// description of p that memory and the simulator read.
+func (e *SimEvaluator) Spec(p Point) job.Spec {
+	s := e.Run
+	s.Layout, s.AC, s.LBS, s.GradAccum = p.Layout, p.AC, p.LBS, p.GradAccum
+	// A stated expert skew is the most loaded expert-parallel rank's; a
+	// layout with fewer EP ranks cannot be that uneven and is priced at
+	// its own bound (balanced without expert parallelism).
+	s.ExpertSkew = min(s.ExpertSkew, max(s.MaxExpertSkew(), 1))
+	return s
+}
+
+// allocator is the allocator model under the evaluator's calibration.
+func (e *SimEvaluator) allocator() *memory.Allocator {
+	a := e.Calibration.Allocator(memory.DefaultAllocator)
+	return &a
 }
 
 // MemoryFraction is peak reserved bytes / device memory (as PyTorch reports it).
@@ -89,7 +90,7 @@ func (e *SimEvaluator) MemoryFraction(p Point) (float64, error) {
 	if m, ok := e.cachedMemory(key); ok {
 		return m, nil
 	}
-	r, err := memory.Estimate(e.Model, key.Layout, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
+	r, err := memory.EstimateRun(e.Spec(key), e.allocator())
 	if err != nil {
 		return 0, err
 	}
@@ -113,7 +114,9 @@ func (e *SimEvaluator) MemoryFloor(p Point) (float64, error) {
 	if ok {
 		return f, nil
 	}
-	b, err := memory.SetupBytes(e.Model, key.Layout, e.memoryOptions(p))
+	o := memory.OptionsOf(e.Run.Recipe, p.AC)
+	o.Allocator = e.allocator()
+	b, err := memory.SetupBytes(e.Run.Model, key.Layout, o)
 	if err != nil {
 		return 0, err
 	}
@@ -135,7 +138,9 @@ func (e *SimEvaluator) MemoryReport(p Point) (memory.Report, error) {
 	if l.GPUsPerNode == 0 && e.Cluster != nil {
 		l.GPUsPerNode = e.Cluster.GPUsPerNode
 	}
-	return memory.Estimate(e.Model, l, memory.Batch{LBS: p.LBS, Seq: e.Seq, GradAccum: p.GradAccum}, e.memoryOptions(p))
+	s := e.Spec(p)
+	s.Layout = l
+	return memory.EstimateRun(s, e.allocator())
 }
 
 // memoryKey is p with what a rank's memory does not depend on made
@@ -153,14 +158,19 @@ func memoryKey(p Point) Point {
 	return p
 }
 
+// input is the simulator's input for p.
+func (e *SimEvaluator) input(p Point) sim.Input {
+	return sim.InputFor(e.Spec(p), e.Device, e.Cluster, e.Calibration)
+}
+
 // Evaluate simulates p on the virtual-time backend.
 func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 	if s, ok := e.cachedScore(p); ok {
 		return s, nil
 	}
-	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
-		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory,
-		SkipInterval: true})
+	in := e.input(p)
+	in.SkipInterval = true
+	r, err := sim.Simulate(in)
 	if err != nil {
 		return Score{}, err
 	}
@@ -177,8 +187,7 @@ func (e *SimEvaluator) Interval(p Point) (*[2]float64, error) {
 	if e.Calibration == nil {
 		return nil, nil
 	}
-	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
-		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, Memory: e.Memory})
+	r, err := sim.Simulate(e.input(p))
 	if err != nil {
 		return nil, err
 	}
@@ -188,9 +197,9 @@ func (e *SimEvaluator) Interval(p Point) (*[2]float64, error) {
 // Trace simulates p keeping its timeline and writes the step as a Chrome
 // trace (rank 0; every rank runs the same program, see Simulate).
 func (e *SimEvaluator) Trace(w io.Writer, p Point) error {
-	r, err := sim.Simulate(sim.Input{Config: e.Model, Layout: p.Layout, AC: p.AC, LBS: p.LBS, Seq: e.Seq,
-		GradAccum: p.GradAccum, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration, KeepTimeline: true,
-		Memory: e.Memory})
+	in := e.input(p)
+	in.KeepTimeline = true
+	r, err := sim.Simulate(in)
 	if err != nil {
 		return err
 	}

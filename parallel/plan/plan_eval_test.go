@@ -32,7 +32,7 @@ func BenchmarkPlanSimMemory(b *testing.B) {
 	cfg, dev := qwenOnB200(b)
 	p := benchPoint
 	for b.Loop() {
-		e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
+		e := &SimEvaluator{Run: eagerRun(cfg, 4096), Device: dev} // fresh: no cached results
 		if _, err := e.MemoryFraction(p); err != nil {
 			b.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func BenchmarkPlanSimEvaluate(b *testing.B) {
 	cfg, dev := qwenOnB200(b)
 	p := benchPoint
 	for b.Loop() {
-		e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096} // fresh: no cached results
+		e := &SimEvaluator{Run: eagerRun(cfg, 4096), Device: dev} // fresh: no cached results
 		if _, err := e.Evaluate(p); err != nil {
 			b.Fatal(err)
 		}
@@ -76,7 +76,7 @@ func TestPlanSimHierarchicalNearExhaustive(t *testing.T) {
 		mem      int64
 		pps      []int
 	}{{16, 64, 12 << 20, nil}, {16, 64, 12 << 20, []int{1, 2, 4}}} { // 12 MiB: none fits lbs ≈ 5, selective more, full ≈ 12 (8 searched)
-		ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, c.mem), Seq: 256}
+		ev := &SimEvaluator{Run: eagerRun(cfg, 256), Device: planSmallDevice(t, c.mem)}
 		req := Request{GPUs: c.gpus, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: c.gb, MaxLBS: 8, PPs: c.pps, Layers: cfg.Layers}
 		hier, err := Search(req, ev)
 		if err != nil {
@@ -108,7 +108,7 @@ func BenchmarkSearchPlans(b *testing.B) {
 	}
 	var sims int
 	for b.Loop() {
-		ev := &SimEvaluator{Model: cfg, Device: dev, Cluster: cl, Seq: 4096} // fresh cache each search
+		ev := &SimEvaluator{Run: eagerRun(cfg, 4096), Device: dev, Cluster: cl} // fresh cache each search
 		rep, err := Search(Request{GPUs: 512, GPUsPerNode: cl.GPUsPerNode, Experts: cfg.Experts, MemoryTarget: 0.92}, ev)
 		if err != nil {
 			b.Fatal(err)
@@ -122,7 +122,7 @@ func BenchmarkSearchPlans(b *testing.B) {
 // memory.Estimate, for replica counts and host sizes that share a key.
 func TestMemoryKeyExact(t *testing.T) {
 	cfg, dev := qwenOnB200(t)
-	e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096}
+	e := &SimEvaluator{Run: eagerRun(cfg, 4096), Device: dev}
 	for _, c := range []struct {
 		rep, shard, ep, ga int
 		lastOnly           bool
@@ -142,4 +142,17 @@ func TestMemoryKeyExact(t *testing.T) {
 			t.Errorf("%+v: shared estimate %.6f, own %.6f", c, got, want)
 		}
 	}
+}
+
+// eagerRun is the run these tests evaluate: cfg at seq tokens per sequence
+// with the recipe an evaluator had before it took a job.Spec (eager: no
+// torch.compile; expandable segments; torchtitan's storage types).
+func eagerRun(cfg *moe.Config, seq int) job.Spec {
+	s := job.DefaultSpec(cfg)
+	s.Seq = seq
+	s.Recipe.Compile = false
+	if err := s.Recipe.Resolve(); err != nil {
+		panic(err)
+	}
+	return s
 }

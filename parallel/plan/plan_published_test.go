@@ -51,7 +51,7 @@ func TestPlanPublishedReport(t *testing.T) {
 			c := cl.WithGPUsPerNode(r.GPUsPerNode)
 			cl = &c
 		}
-		ev := &SimEvaluator{Model: in.Config, Device: in.Device, Cluster: cl, Seq: r.Seq}
+		ev := &SimEvaluator{Run: eagerRun(in.Config, r.Seq), Device: in.Device, Cluster: cl}
 		req := Request{GPUs: r.GPUs, GPUsPerNode: cl.GPUsPerNode, MemoryTarget: 0.92}
 		if in.Config.IsMoE() {
 			req.Experts = in.Config.Experts

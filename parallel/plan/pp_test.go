@@ -123,7 +123,7 @@ func TestPlanSearchPP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256}
+	ev := &SimEvaluator{Run: eagerRun(cfg, 256), Device: planSmallDevice(t, 12<<20)}
 	req := Request{GPUs: 16, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: 64, MaxLBS: 8, PPs: []int{1, 2}, Layers: cfg.Layers}
 	rep, err := Search(req, ev)
 	if err != nil {
@@ -151,7 +151,7 @@ func TestPlanSearchPP(t *testing.T) {
 // without and with tp inside the stages.
 func TestMemoryKeyExactPipeline(t *testing.T) {
 	cfg, dev := qwenOnB200(t)
-	e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096}
+	e := &SimEvaluator{Run: eagerRun(cfg, 4096), Device: dev}
 	for _, tp := range []int{1, 2} {
 		for _, rep := range []int{1, 2, 4} {
 			l := job.Layout{GPUs: 2 * 4 * tp * rep, PP: 2, DPShard: 4, DPReplicate: rep, TP: tp, EP: 4, Sharding: job.ShardFSDP, GPUsPerNode: 8,

@@ -94,13 +94,13 @@ func TestPlanSimPPTPSearchEqualsExhaustive(t *testing.T) {
 	// at seq 1024 on 6 MiB their limits spread over the range, so memory
 	// decides the pp × tp search. With every degree, 12 MiB at seq 256
 	// binds the flat families (none fits lbs ≈ 5, full ≈ 12).
-	small := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 6<<20), Seq: 1024}
+	small := &SimEvaluator{Run: eagerRun(cfg, 1024), Device: planSmallDevice(t, 6<<20)}
 	for _, admit := range []func(Point) error{onlyPPTP, nil} {
 		ev := small
 		req := Request{GPUs: 16, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: 64, MaxLBS: 8,
 			PPs: []int{1, 2}, TPs: []int{1, 2}, Layers: cfg.Layers, Admit: admit}
 		if admit == nil {
-			ev = &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256}
+			ev = &SimEvaluator{Run: eagerRun(cfg, 256), Device: planSmallDevice(t, 12<<20)}
 			// fsdp and two policies: the other modes and selective AC
 			// multiply the flat families' points (pipelines are searched
 			// with fsdp alone), not what is checked.
@@ -177,7 +177,7 @@ func TestPlanPPTPSameUnderGOMAXPROCS(t *testing.T) {
 	var reps []*Report
 	for _, procs := range []int{1, 2} {
 		runtime.GOMAXPROCS(procs)
-		ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256} // fresh caches
+		ev := &SimEvaluator{Run: eagerRun(cfg, 256), Device: planSmallDevice(t, 12<<20)} // fresh caches
 		rep, err := Search(Request{GPUs: 32, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: 128, MaxLBS: 8,
 			PPs: []int{1, 2}, TPs: []int{1, 2}, Layers: cfg.Layers}, ev)
 		if err != nil {
@@ -287,7 +287,7 @@ func TestPlanStageCapPerDPRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256}
+	ev := &SimEvaluator{Run: eagerRun(cfg, 256), Device: planSmallDevice(t, 12<<20)}
 	req := Request{GPUs: 16, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: 16, MaxLBS: 8,
 		PPs: []int{1, 2}, TPs: []int{1, 2}, Layers: cfg.Layers, PPMicrobatchSizes: []int{2}, Admit: onlyPPTP}
 	rep, err := Search(req, ev)

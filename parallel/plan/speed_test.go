@@ -18,7 +18,7 @@ func TestPlanSimSizeByMemoryScan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256}
+	ev := &SimEvaluator{Run: eagerRun(cfg, 256), Device: planSmallDevice(t, 12<<20)}
 	q, err := (&Request{GPUs: 8, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, MaxLBS: 24, PPs: []int{1, 2}, Layers: cfg.Layers}).withDefaults()
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func TestPlanSameUnderGOMAXPROCS(t *testing.T) {
 	var reps []*Report
 	for _, procs := range []int{1, 2} {
 		runtime.GOMAXPROCS(procs)
-		ev := &SimEvaluator{Model: cfg, Device: planSmallDevice(t, 12<<20), Seq: 256} // fresh caches
+		ev := &SimEvaluator{Run: eagerRun(cfg, 256), Device: planSmallDevice(t, 12<<20)} // fresh caches
 		rep, err := Search(Request{GPUs: 32, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, GlobalBatch: 128, MaxLBS: 8, PPs: []int{1, 2}, Layers: cfg.Layers}, ev)
 		if err != nil {
 			t.Fatal(err)

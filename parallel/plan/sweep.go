@@ -196,7 +196,7 @@ func sensitivities(ev *SimEvaluator, cands []Result) ([]SweepJob, error) {
 	for _, c := range cands {
 		j := SweepJob{Result: c, Sensitivity: map[string]float64{}}
 		for _, name := range SweepParams {
-			pe := &SimEvaluator{Model: ev.Model, Device: ev.Device, Cluster: ev.Cluster, Seq: ev.Seq, Memory: ev.Memory,
+			pe := &SimEvaluator{Run: ev.Run, Device: ev.Device, Cluster: ev.Cluster,
 				Calibration: perturbed(ev, name, math.Exp(sim.SensitivityStep))}
 			s, err := pe.Evaluate(c.Point)
 			if err != nil {

@@ -1,0 +1,40 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/moescope/moescope/moe/job"
+)
+
+// RecipeExport is an export with what it writes of recipe r set: the
+// compiled components and the storage types (Compile, Precision and
+// ReduceDType); the caller sets the rest.
+func RecipeExport(r job.Recipe) TorchtitanExport {
+	e := TorchtitanExport{Precision: r.Storage(), ReduceDType: r.ReduceDType}
+	e.Compile.Model, e.Compile.Loss = r.Compiled()
+	return e
+}
+
+// CheckRecipe refuses, naming each flag, the recipe settings target has no
+// field for, which an export would otherwise drop silently: torchtitan at
+// both pinned commits dispatches experts by all-to-all into
+// torch._grouped_mm, runs PyTorch's own elementwise kernels and an
+// unchunked loss in its job config, sets cuDNN first in its SDPA priority
+// and builds fused AdamW. Storage types are CheckPrecision's.
+func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
+	d := job.DefaultRecipe()
+	var errs []error
+	refuse := func(on bool, flag string, v any) {
+		if on {
+			errs = append(errs, fmt.Errorf("--%s = %v: %s writes no field for it (torchtitan's is the default)", flag, v, t))
+		}
+	}
+	refuse(r.Dispatcher != d.Dispatcher, "dispatcher", r.Dispatcher)
+	refuse(r.ExpertGEMM != d.ExpertGEMM, "expert-gemm", r.ExpertGEMM)
+	refuse(r.FusedElementwise, "fused-elementwise", r.FusedElementwise)
+	refuse(r.LossChunks > 1, "loss-chunks", r.LossChunks)
+	refuse(r.Attention != d.Attention, "attention-kernel", r.Attention)
+	refuse(r.Optimizer != d.Optimizer, "optimizer-impl", r.Optimizer)
+	return errors.Join(errs...)
+}
