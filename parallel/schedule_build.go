@@ -241,6 +241,9 @@ func (b *schedBuilder) reset() {
 	b.rsQueue, b.rsWait = nil, nil
 }
 
+// build emits the step: per micro-step its forward and backward, then the
+// step's end (BuildSchedule says what each holds). Each is a method of its
+// own so that the step's order reads here at a glance.
 func (b *schedBuilder) build() {
 	b.reset()
 	if b.l.TPDegree() > 1 {
@@ -250,89 +253,118 @@ func (b *schedBuilder) build() {
 			b.tp[l] = TPCollectives(b.cfg, b.l, l, T, b.sp.AC, b.prec.Activation)
 		}
 	}
+	if b.megatron() {
+		b.rsCap = b.megatronQueueCap()
+	}
+	for micro := 0; micro < b.sp.Micro; micro++ {
+		b.forward(micro)
+		b.backward(micro)
+	}
+	b.stepEnd()
+}
+
+// forward emits micro-step micro's forward (a step of build): the
+// embedding, the blocks with their prefetches and resharding, the head.
+func (b *schedBuilder) forward(micro int) {
 	head := b.cfg.LayerHead()
 	ra := b.l.ReshardAfterForward
+	explicit := b.explicitPrefetch()
+	mg := b.megatron()
+	emb, hu := Unit{Layer: moe.LayerEmbed}, Unit{Layer: head}
+	g := b.gather(emb, micro)
+	b.unitFrom = b.chain
+	if explicit {
+		b.prefetch(false, b.blockUnits(0, false)...)
+	}
+	b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
+	if ra && !b.cfg.TiedEmbeddings && !mg { // tied: the head reads the embedding's weights
+		b.free(emb)
+	}
+	for l := 0; l < b.cfg.Layers; l++ {
+		if explicit {
+			b.prefetch(false, b.blockUnits(l+1, true)...)
+		}
+		b.forwardBlock(micro, l, PhaseForward)
+		// The schedule keeps the last block gathered into the
+		// backward, as the memory package's timeline does; Megatron
+		// frees every layer after its forward (_post_forward
+		// release_module_parameters).
+		if ra && (l != b.cfg.Layers-1 || mg) {
+			b.free(Unit{Layer: l})
+			if b.cfg.MoELayer[l] {
+				b.free(Unit{Layer: l, Experts: true})
+			}
+		}
+	}
+	g = b.gather(hu, micro)
+	b.compute(micro, head, PhaseForward, SegHead, g)
+}
+
+// freeEnds says whether the embedding's and the head's gathered weights
+// are freed after micro-step lastMicro's backward (a rule backward applies
+// twice). Megatron's embedding and output layer are not FSDP units:
+// gathered by their first forward, they stay so for the step, and their
+// gradients are reduced at the end of each backward
+// (_root_post_backward).
+func (b *schedBuilder) freeEnds(lastMicro bool) bool {
+	return !b.megatron() && (!b.l.KeepGathered || lastMicro)
+}
+
+// backward emits micro-step micro's backward (a step of build): the head,
+// the blocks in reverse, the embedding, each unit's gradients reduced as
+// they are complete, then the wait for the reductions.
+func (b *schedBuilder) backward(micro int) {
+	head := b.cfg.LayerHead()
 	keep := b.l.KeepGathered
 	explicit := b.explicitPrefetch()
 	mg := b.megatron()
-	if mg {
-		b.rsCap = b.megatronQueueCap()
-	}
 	emb, hu := Unit{Layer: moe.LayerEmbed}, Unit{Layer: head}
-	// Megatron's embedding and output layer are not FSDP units: gathered
-	// by their first forward, they stay so for the step, and their
-	// gradients are reduced at the end of each backward
-	// (_root_post_backward).
-	freeEnds := func(lastMicro bool) bool { return !mg && (!keep || lastMicro) }
-	for micro := 0; micro < b.sp.Micro; micro++ {
-		lastMicro := micro == b.sp.Micro-1
-		done := func(u Unit, id int) {
-			b.reduce(u, micro, id)
-			if !keep || lastMicro {
-				b.free(u)
-			}
+	lastMicro := micro == b.sp.Micro-1
+	done := func(u Unit, id int) {
+		b.reduce(u, micro, id)
+		if !keep || lastMicro {
+			b.free(u)
 		}
-		// Forward.
-		g := b.gather(emb, micro)
-		b.unitFrom = b.chain
-		if explicit {
-			b.prefetch(false, b.blockUnits(0, false)...)
-		}
-		id := b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
-		if ra && !b.cfg.TiedEmbeddings && !mg { // tied: the head reads the embedding's weights
-			b.free(emb)
-		}
-		for l := 0; l < b.cfg.Layers; l++ {
-			if explicit {
-				b.prefetch(false, b.blockUnits(l+1, true)...)
-			}
-			id = b.forwardBlock(micro, l, PhaseForward)
-			// The schedule keeps the last block gathered into the
-			// backward, as the memory package's timeline does; Megatron
-			// frees every layer after its forward (_post_forward
-			// release_module_parameters).
-			if ra && (l != b.cfg.Layers-1 || mg) {
-				b.free(Unit{Layer: l})
-				if b.cfg.MoELayer[l] {
-					b.free(Unit{Layer: l, Experts: true})
-				}
-			}
-		}
-		g = b.gather(hu, micro)
-		b.compute(micro, head, PhaseForward, SegHead, g)
-		// Backward. torchtitan's output layer prefetches the last block
-		// (set_modules_to_backward_prefetch); Megatron's is no unit and
-		// has no pre-backward hook.
-		b.lastRS = nil
-		if explicit && !mg {
-			b.prefetch(true, b.blockUnits(b.cfg.Layers-1, false)...)
-		}
-		hid := b.compute(micro, head, PhaseBackward, SegHead)
-		if !mg {
-			b.reduce(hu, micro, hid)
-		}
-		if freeEnds(lastMicro) {
-			b.free(hu)
-		}
-		for l := b.cfg.Layers - 1; l >= 0; l-- {
-			b.backwardBlock(micro, l, done)
-		}
-		g = b.gather(emb, micro)
-		id = b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
-		if mg {
-			b.reduce(hu, micro, id)
-		}
-		b.reduce(emb, micro, id)
-		if freeEnds(lastMicro) {
-			b.free(emb)
-		}
-		// The root's post-backward final callback: the compute stream
-		// waits for the backward's reductions (FSDPState
-		// _root_post_backward_final_callback), so the next micro-step's
-		// forward starts after them.
-		b.rsDrain()
 	}
-	// Step end.
+	// torchtitan's output layer prefetches the last block
+	// (set_modules_to_backward_prefetch); Megatron's is no unit and
+	// has no pre-backward hook.
+	b.lastRS = nil
+	if explicit && !mg {
+		b.prefetch(true, b.blockUnits(b.cfg.Layers-1, false)...)
+	}
+	hid := b.compute(micro, head, PhaseBackward, SegHead)
+	if !mg {
+		b.reduce(hu, micro, hid)
+	}
+	if b.freeEnds(lastMicro) {
+		b.free(hu)
+	}
+	for l := b.cfg.Layers - 1; l >= 0; l-- {
+		b.backwardBlock(micro, l, done)
+	}
+	g := b.gather(emb, micro)
+	id := b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
+	if mg {
+		b.reduce(hu, micro, id)
+	}
+	b.reduce(emb, micro, id)
+	if b.freeEnds(lastMicro) {
+		b.free(emb)
+	}
+	// The root's post-backward final callback: the compute stream
+	// waits for the backward's reductions (FSDPState
+	// _root_post_backward_final_callback), so the next micro-step's
+	// forward starts after them.
+	b.rsDrain()
+}
+
+// stepEnd emits what follows the last micro-step (a step of build): the
+// loss and selection-bias collectives, the optimizer after them and the
+// last micro-step's gradient reductions, and under zero1/zero2 the
+// all-gather of the updated parameter shards.
+func (b *schedBuilder) stepEnd() {
+	head := b.cfg.LayerHead()
 	deps := append([]int(nil), b.lastRS...)
 	if b.l.GPUs > 1 {
 		// Each rank's per-micro-batch cross-entropy and aux loss as float64
