@@ -217,53 +217,15 @@ type stageRun struct {
 	refused error
 }
 
+// run evaluates fams: it drops the families Admit refuses (admit), sizes
+// the others by memory (sizeAll), enumerates the local batches of those
+// that fit (choose), simulates them and keeps those within the target,
+// best first. closest is the point nearest the target by memory, for the
+// explanation of an empty result.
 func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Result, err error) {
 	q := s.q
-	// first is a family's smallest point: its smallest local batch with
-	// the accumulation a global batch then needs.
-	first := func(f family) Point {
-		lbs := f.layout.MinLBS()
-		ga := 1
-		if s.perRank > 0 {
-			ga = max(1, s.perRank*dpShare(f.layout)/lbs)
-		}
-		return Point{f.layout, f.ac, lbs, ga}
-	}
-	// Families the caller cannot use are dropped before anything is
-	// evaluated (Admit does not depend on the local batch).
-	var usable []family
-	for _, f := range fams {
-		st.GPUs = f.layout.GPUs
-		if q.Admit != nil {
-			if err := q.Admit(first(f)); err != nil {
-				if s.refused == nil {
-					s.refused = err
-				}
-				st.Candidates++
-				st.Pruned++
-				continue
-			}
-		}
-		usable = append(usable, f)
-	}
-	// Size every family by memory, in parallel; a family whose state
-	// alone exceeds the target (floored) is not sized, and its memory at
-	// its smallest point is estimated only if nothing fits, for the
-	// explanation.
-	type sized struct {
-		maxLBS  int
-		m1      float64
-		floored bool
-	}
-	sizes := make([]sized, len(usable))
-	err = parallelDo(len(usable), q.Workers, func(i int) error {
-		var err error
-		if sizes[i].floored, err = q.floored(s.ev, first(usable[i])); sizes[i].floored || err != nil {
-			return err
-		}
-		sizes[i].maxLBS, sizes[i].m1, err = q.sizeByMemory(s.ev, usable[i], s.perRank)
-		return err
-	})
+	usable := s.admit(fams, &st)
+	sizes, err := s.sizeAll(usable)
 	if err != nil {
 		return nil, st, nil, err
 	}
@@ -274,36 +236,7 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 			closest = &r
 		}
 	}
-	var points []Point
-	for i, f := range usable {
-		maxLBS, m1 := sizes[i].maxLBS, sizes[i].m1
-		if maxLBS == 0 {
-			st.Candidates++
-			st.Pruned++
-			if !sizes[i].floored {
-				nearer(Result{first(f), Score{MemoryFraction: m1}})
-			}
-			continue
-		}
-		l := f.layout
-		choices := lbsChoices(maxLBS, s.perRank*dpShare(l), s.all, s.keep, func(lbs int) bool { return lbsValid(l, lbs) })
-		for _, c := range choices {
-			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly || f.layout.GradSyncLastOnly) {
-				continue // without accumulation these options change nothing
-			}
-			p := Point{f.layout, f.ac, c[0], c[1]}
-			st.Candidates++
-			if q.Admit != nil && q.Admit(p) != nil {
-				st.Pruned++
-				continue
-			}
-			points = append(points, p)
-		}
-		if len(choices) == 0 { // a global batch no fitting lbs divides
-			st.Candidates++
-			st.Pruned++
-		}
-	}
+	points := s.choose(usable, sizes, &st, nearer)
 	results, err = evaluateAll(s.ev, points, q.Workers, func(done int) {
 		if q.Progress != nil {
 			q.Progress(s.stage, done, len(points))
@@ -327,24 +260,143 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 		// is found again in the same order as if none had been floored
 		// (results is intact: nothing was kept).
 		closest = nil
-		for i, f := range usable {
-			if sizes[i].maxLBS > 0 {
-				continue
-			}
-			m1 := sizes[i].m1
-			if sizes[i].floored {
-				if m1, err = s.ev.MemoryFraction(first(f)); err != nil {
-					return nil, st, nil, err
-				}
-			}
-			nearer(Result{first(f), Score{MemoryFraction: m1}})
-		}
-		for _, r := range results {
-			nearer(r)
+		if err := s.nearestUnsized(usable, sizes, results, nearer); err != nil {
+			return nil, st, nil, err
 		}
 	}
 	sortResults(kept)
 	return kept, st, closest, nil
+}
+
+// first is a family's smallest point: its smallest local batch with the
+// accumulation a global batch then needs. A method, as every step of run
+// starts a family from it.
+func (s *stageRun) first(f family) Point {
+	lbs := f.layout.MinLBS()
+	ga := 1
+	if s.perRank > 0 {
+		ga = max(1, s.perRank*dpShare(f.layout)/lbs)
+	}
+	return Point{f.layout, f.ac, lbs, ga}
+}
+
+// admit is run's first step: families the caller cannot use are dropped
+// before anything is evaluated (Admit does not depend on the local batch),
+// each counted in st as a pruned candidate, the first refusal kept in
+// s.refused.
+func (s *stageRun) admit(fams []family, st *Stage) []family {
+	q := s.q
+	var usable []family
+	for _, f := range fams {
+		st.GPUs = f.layout.GPUs
+		if q.Admit != nil {
+			if err := q.Admit(s.first(f)); err != nil {
+				if s.refused == nil {
+					s.refused = err
+				}
+				st.Candidates++
+				st.Pruned++
+				continue
+			}
+		}
+		usable = append(usable, f)
+	}
+	return usable
+}
+
+// sized is what run's sizing step (sizeAll) finds of a family: its
+// largest local batch within the target (0: none), its memory fraction at
+// its smallest point, and whether its state alone exceeds the target
+// (floored: neither was estimated).
+type sized struct {
+	maxLBS  int
+	m1      float64
+	floored bool
+}
+
+// sizeAll is run's second step: every family sized by memory, in
+// parallel; a family whose state alone exceeds the target (floored) is not
+// sized, and its memory at its smallest point is estimated only if nothing
+// fits, for the explanation (nearestUnsized).
+func (s *stageRun) sizeAll(usable []family) ([]sized, error) {
+	q := s.q
+	sizes := make([]sized, len(usable))
+	err := parallelDo(len(usable), q.Workers, func(i int) error {
+		var err error
+		if sizes[i].floored, err = q.floored(s.ev, s.first(usable[i])); sizes[i].floored || err != nil {
+			return err
+		}
+		sizes[i].maxLBS, sizes[i].m1, err = q.sizeByMemory(s.ev, usable[i], s.perRank)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sizes, nil
+}
+
+// choose is run's third step: the points to simulate, each fitting
+// family's local batches (lbsChoices) that Admit accepts, counted in st.
+// A family that fits at no local batch is handed to nearer (unless
+// floored) at its smallest point.
+func (s *stageRun) choose(usable []family, sizes []sized, st *Stage, nearer func(Result)) []Point {
+	q := s.q
+	var points []Point
+	for i, f := range usable {
+		maxLBS, m1 := sizes[i].maxLBS, sizes[i].m1
+		if maxLBS == 0 {
+			st.Candidates++
+			st.Pruned++
+			if !sizes[i].floored {
+				nearer(Result{s.first(f), Score{MemoryFraction: m1}})
+			}
+			continue
+		}
+		l := f.layout
+		choices := lbsChoices(maxLBS, s.perRank*dpShare(l), s.all, s.keep, func(lbs int) bool { return lbsValid(l, lbs) })
+		for _, c := range choices {
+			if c[1] == 1 && (f.layout.KeepGathered || f.layout.AllreduceLastOnly || f.layout.GradSyncLastOnly) {
+				continue // without accumulation these options change nothing
+			}
+			p := Point{f.layout, f.ac, c[0], c[1]}
+			st.Candidates++
+			if q.Admit != nil && q.Admit(p) != nil {
+				st.Pruned++
+				continue
+			}
+			points = append(points, p)
+		}
+		if len(choices) == 0 { // a global batch no fitting lbs divides
+			st.Candidates++
+			st.Pruned++
+		}
+	}
+	return points
+}
+
+// nearestUnsized hands nearer, when nothing fits, every family that fits
+// at no local batch at its smallest point, estimating the memory of the
+// floored ones, then every result, so that closest is found in the same
+// order as if none had been floored. A step of its own, as only the
+// explanation of an empty result needs it.
+func (s *stageRun) nearestUnsized(usable []family, sizes []sized, results []Result, nearer func(Result)) error {
+	for i, f := range usable {
+		if sizes[i].maxLBS > 0 {
+			continue
+		}
+		m1 := sizes[i].m1
+		if sizes[i].floored {
+			var err error
+			if m1, err = s.ev.MemoryFraction(s.first(f)); err != nil {
+				return err
+			}
+		}
+		nearer(Result{s.first(f), Score{MemoryFraction: m1}})
+	}
+	for _, r := range results {
+		nearer(r)
+	}
+	return nil
 }
 
 // memoryFloor is implemented by evaluators that bound MemoryFraction from
