@@ -282,6 +282,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 		"(default: none, selective and full)")
 	a.recipe = addRecipeFlags(fs)
 	mtp := addMTPFlag(fs)
+	refuseRest(fs, "plan searches the layout and the local batch (--gpus, --tp, --pp, --pp-schedules, --pp-microbatch-sizes, --ac, --max-lbs, --global-batch bound it)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}

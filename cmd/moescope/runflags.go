@@ -38,7 +38,11 @@ func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
 			name = strings.ReplaceAll(key, "_", "-")
 		}
 		f.byKey[key] = name
-		bindField(fs, name, sf.Tag.Get("help"), fv)
+		help := sf.Tag.Get("help")
+		if e, ok := fv.Interface().(interface{ Values() []string }); ok {
+			help = strings.ReplaceAll(help, "{values}", strings.Join(e.Values(), "|"))
+		}
+		bindField(fs, name, help, fv)
 	}
 	return f
 }
@@ -267,3 +271,28 @@ func (r *runFlags) spec(cfg *moe.Config, cl *hw.Cluster) (job.Spec, error) {
 	}
 	return s, nil
 }
+
+// refuseRest defines on fs, as flags refused by name, every run-description
+// flag (addRunFlags) that fs does not define: a command that searches a part
+// of the run (plan, sweep) answers a flag for that part with why, not with
+// flag's "not defined".
+func refuseRest(fs *flag.FlagSet, why string) {
+	all := flag.NewFlagSet("", flag.ContinueOnError)
+	addRunFlags(all)
+	all.VisitAll(func(f *flag.Flag) {
+		if fs.Lookup(f.Name) == nil {
+			b, _ := f.Value.(interface{ IsBoolFlag() bool })
+			fs.Var(refusedFlag{why: why, boolean: b != nil && b.IsBoolFlag()}, f.Name, "not used here (refused): "+why)
+		}
+	})
+}
+
+// refusedFlag is a flag whose every value is refused, saying why.
+type refusedFlag struct {
+	why     string
+	boolean bool
+}
+
+func (r refusedFlag) String() string     { return "" }
+func (r refusedFlag) IsBoolFlag() bool   { return r.boolean }
+func (r refusedFlag) Set(x string) error { return errors.New("not used here: " + r.why) }

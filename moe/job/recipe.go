@@ -15,10 +15,11 @@ import (
 // DESIGN's flag names with underscores; a key left out keeps its default
 // (DefaultRecipe), and Resolve fills what depends on another field. The
 // command line is derived from this struct: one flag per field, named for
-// its JSON key with dashes (or its flag tag), with its help tag.
+// its JSON key with dashes (or its flag tag), with its help tag ({values}
+// there lists the type's Values).
 type Recipe struct {
 	// Precision is the training recipe (DESIGN's --precision).
-	Precision Precision `json:"precision" help:"training recipe (only the priced ones run: bf16; the others are refused)"`
+	Precision Precision `json:"precision" help:"training recipe: {values} (priced: bf16; the others are refused)"`
 	// Storage types (DESIGN's "Precision and compile"): sharded
 	// parameters, gradients, the type gradients are reduced in (FSDP2's
 	// reduce_dtype; Resolve sets it to GradDType when left empty), AdamW
