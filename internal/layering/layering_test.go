@@ -20,12 +20,16 @@ const module = "github.com/moescope/moescope"
 // layers lists moescope's packages from the top down; a package may import
 // only packages of a later layer. Packages that share a layer never import
 // each other: the two backends of one schedule (numeric, sim), the two
-// analytic accountings (flops, memory), and the leaves below moe.
+// analytic accountings (flops, memory), and the leaves below moe. Package
+// numeric's communicator (parallel/numeric/collective: goroutine ranks'
+// collectives, knowing no model) sits below numeric and above parallel,
+// whose meshes and groups it serves.
 var layers = [][]string{
 	{"cmd/moescope"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},
+	{"parallel/numeric/collective"},
 	{"parallel"},
 	{"parallel/hw", "moe/bench"},
 	{"flops", "memory"},

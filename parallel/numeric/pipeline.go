@@ -10,6 +10,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // PipelineSpec describes a numeric run under pipeline parallelism: one
@@ -144,7 +145,7 @@ type PipelineTrainer struct {
 	split []int
 	ranks [][]*pipeRank       // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
 	ux    *parallel.UnitIndex // the config's tensors by unit (read only)
-	comms []*Comm             // per pipeline rank, over its stage mesh
+	comms []*collective.Comm  // per pipeline rank, over its stage mesh
 	step  int
 }
 
@@ -258,7 +259,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 		if err != nil {
 			return nil, fmt.Errorf("numeric: pipeline: %w", err)
 		}
-		p.comms = append(p.comms, NewComm(mesh))
+		p.comms = append(p.comms, collective.New(mesh))
 		var row []*pipeRank
 		for lane := range stage.GPUs {
 			co := mesh.Coord(lane)
@@ -370,7 +371,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 			// A stage's data-parallel ranks run on its communicator; an
 			// error anywhere cancels every stage (a neighbour waiting on a
 			// message included).
-			errs[r] = p.comms[r].Run(ctx, func(ctx context.Context, ep *Endpoint) error {
+			errs[r] = p.comms[r].Run(ctx, func(ctx context.Context, ep *collective.Endpoint) error {
 				return p.runRank(ctx, ep, p.ranks[r][ep.Rank()], losses, auxes, links)
 			})
 			if errs[r] != nil {
@@ -399,7 +400,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 // runRank is one (pipeline rank, data-parallel rank)'s step over the
 // micro-steps' channels links; it writes its last stage's micro-batch
 // losses into losses.
-func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRank, losses, auxes []float64, links [][]*pipeLinks) error {
+func (p *PipelineTrainer) runRank(ctx context.Context, ep *collective.Endpoint, pr *pipeRank, losses, auxes []float64, links [][]*pipeLinks) error {
 	cfg, sp := p.spec.Config, p.spec
 	n := len(p.split)
 	o := moe.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
@@ -725,7 +726,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRan
 // all-reduce per unit in the order the pipeline's reduction runs them
 // (parallel.Pipeline: the stage's units in backward order), in the type
 // the gradients were accumulated in.
-func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s, first int) error {
+func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *collective.Endpoint, tc *tpComm, pr *pipeRank, s, first int) error {
 	cfg := p.spec.Config
 	ps, gs := cfg.Params(), pr.model.Grads()
 	dt := p.spec.Precision.Compute
