@@ -143,6 +143,7 @@ type PipelineTrainer struct {
 	lcfg  *moe.Config    // a tp rank's local shapes (moe.Config.TPLocal; the config itself without tp)
 	order [][]moe.PipeAction
 	split []int
+	first []int               // first layer of each stage, then cfg.Layers
 	ranks [][]*pipeRank       // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
 	ux    *parallel.UnitIndex // the config's tensors by unit (read only)
 	comms []*collective.Comm  // per pipeline rank, over its stage mesh
@@ -169,35 +170,10 @@ func chunk(n, k int) int { return (n + k - 1) / k }
 // NewPipelineTrainer checks spec and gives every pipeline rank the initial
 // parameters init (moe.Config.Params order).
 func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, error) {
+	if err := checkPipelineSpec(spec); err != nil {
+		return nil, err
+	}
 	cfg, l := spec.Config, spec.Layout
-	if cfg == nil {
-		return nil, errors.New("numeric: pipeline: config is required")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := l.Validate(); err != nil {
-		return nil, err
-	}
-	switch {
-	case l.Stages() < 2:
-		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
-	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
-		// Only what dp_shard shards is unbuilt (replicas, tp and ep run
-		// under fsdp); without a dp_shard axis the modes are the same.
-		return nil, fmt.Errorf("numeric: pipeline: sharding %s over dp_shard %d inside a pipeline stage: not built (built: fsdp); gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, ep %d, etp %d",
-			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
-	case cfg.TiedEmbeddings:
-		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
-	case spec.Seq < 1 || spec.Accum < 1:
-		return nil, fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
-	}
-	if err := l.CheckModel(cfg); err != nil {
-		return nil, err
-	}
-	if err := l.CheckSeq(spec.Seq); err != nil {
-		return nil, err
-	}
 	m, err := l.Microbatches(spec.LBS)
 	if err != nil {
 		return nil, err
@@ -230,81 +206,139 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	}
 	el := cfg.Experts / max(l.EP, 1)
 	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, el: el, lcfg: lcfg, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}
-	first := make([]int, len(split)+1) // first layer of each stage
+	p.first = make([]int, len(split)+1)
 	for s, n := range split {
-		first[s+1] = first[s] + n
-	}
-	stageOf := func(layer int) int {
-		switch {
-		case layer == moe.LayerEmbed:
-			return 0
-		case layer == cfg.LayerHead():
-			return len(split) - 1
-		}
-		for s := range split {
-			if layer < first[s+1] {
-				return s
-			}
-		}
-		return len(split) - 1
+		p.first[s+1] = p.first[s] + n
 	}
 	for i := range ps {
 		if int64(len(init[i])) != ps[i].Elements() {
 			return nil, fmt.Errorf("numeric: %s has %d elements, want %d", ps[i].Name, len(init[i]), ps[i].Elements())
 		}
 	}
-	stage := l.StageLayout()
 	for r := range l.Stages() {
-		mesh, err := parallel.NewMesh(stage, cfg, stage.GPUs)
-		if err != nil {
-			return nil, fmt.Errorf("numeric: pipeline: %w", err)
+		if err := p.addStage(r, init); err != nil {
+			return nil, err
 		}
-		p.comms = append(p.comms, collective.New(mesh))
-		var row []*pipeRank
-		for lane := range stage.GPUs {
-			co := mesh.Coord(lane)
-			mod, err := moe.NewModel[float32](lcfg)
-			if err != nil {
-				return nil, err
-			}
-			pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, coord: co, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
-				group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
-			pr.stages = l.RankStages(r)
-			for i, t := range mod.Tensors() {
-				// The routed experts are split over Layout.ExpertTP (tp
-				// with ep = 1 or etp = tp, whole at etp = 1) by the etp
-				// index, the rest over tp by the tp index.
-				n, idx := tpSplit(stage, co, ps[i])
-				copy(t, moe.TPShard(ps[i], init[i], n, idx))
-				layer := ps[i].Layer
-				if layer < 0 {
-					layer = cfg.LayerHead()
-					if ps[i].Group == moe.GroupEmbedding {
-						layer = moe.LayerEmbed
-					}
-				}
-				pr.owned[i] = l.StageRank(stageOf(layer)) == r
-				pr.group[i] = mesh.Group(parallel.AxisShard, lane)
-				if l.EP > 1 && ps[i].Group == moe.GroupRouted {
-					pr.owned[i] = pr.owned[i] && ps[i].Expert/el == co.EP
-					pr.group[i] = mesh.Group(parallel.AxisEFSDP, lane)
-				}
-				g := pr.group[i]
-				switch {
-				case !pr.owned[i] || ps[i].Buffer:
-				case g.Size() == 1: // without FSDP the chunk is the tensor
-					pr.shard[i] = t
-				default:
-					c, d := chunk(len(t), g.Size()), g.IndexOf(lane)
-					pr.shard[i] = make([]float32, c)
-					copy(pr.shard[i], t[min(d*c, len(t)):min((d+1)*c, len(t))])
-				}
-			}
-			row = append(row, pr)
-		}
-		p.ranks = append(p.ranks, row)
 	}
 	return p, nil
+}
+
+// checkPipelineSpec refuses what the pipeline trainer cannot run: an
+// invalid config or layout, fewer than two stages, what is not built
+// inside a stage yet, a model or sequence length the layout cannot split.
+func checkPipelineSpec(spec PipelineSpec) error {
+	cfg, l := spec.Config, spec.Layout
+	if cfg == nil {
+		return errors.New("numeric: pipeline: config is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case l.Stages() < 2:
+		return fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
+	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
+		// Only what dp_shard shards is unbuilt (replicas, tp and ep run
+		// under fsdp); without a dp_shard axis the modes are the same.
+		return fmt.Errorf("numeric: pipeline: sharding %s over dp_shard %d inside a pipeline stage: not built (built: fsdp); gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, ep %d, etp %d",
+			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
+	case cfg.TiedEmbeddings:
+		return errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
+	case spec.Seq < 1 || spec.Accum < 1:
+		return fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
+	}
+	if err := l.CheckModel(cfg); err != nil {
+		return err
+	}
+	return l.CheckSeq(spec.Seq)
+}
+
+// stageOf is the stage that runs layer: the embedding's is the first, the
+// head's the last.
+func (p *PipelineTrainer) stageOf(layer int) int {
+	switch {
+	case layer == moe.LayerEmbed:
+		return 0
+	case layer == p.spec.Config.LayerHead():
+		return len(p.split) - 1
+	}
+	for s := range p.split {
+		if layer < p.first[s+1] {
+			return s
+		}
+	}
+	return len(p.split) - 1
+}
+
+// addStage makes pipeline rank r's communicator over its stage's mesh and
+// a pipeRank on every lane of it.
+func (p *PipelineTrainer) addStage(r int, init [][]float32) error {
+	stage := p.spec.Layout.StageLayout()
+	mesh, err := parallel.NewMesh(stage, p.spec.Config, stage.GPUs)
+	if err != nil {
+		return fmt.Errorf("numeric: pipeline: %w", err)
+	}
+	p.comms = append(p.comms, collective.New(mesh))
+	var row []*pipeRank
+	for lane := range stage.GPUs {
+		pr, err := p.newPipeRank(mesh, r, lane, init)
+		if err != nil {
+			return err
+		}
+		row = append(row, pr)
+	}
+	p.ranks = append(p.ranks, row)
+	return nil
+}
+
+// newPipeRank makes the rank on lane of pipeline rank r's stage mesh: its
+// model holds its tp pieces of init, and it keeps its chunk of every
+// tensor it owns.
+func (p *PipelineTrainer) newPipeRank(mesh *parallel.Mesh, r, lane int, init [][]float32) (*pipeRank, error) {
+	cfg, l := p.spec.Config, p.spec.Layout
+	ps := cfg.Params()
+	co := mesh.Coord(lane)
+	mod, err := moe.NewModel[float32](p.lcfg)
+	if err != nil {
+		return nil, err
+	}
+	pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, coord: co, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+		group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
+	pr.stages = l.RankStages(r)
+	for i, t := range mod.Tensors() {
+		// The routed experts are split over Layout.ExpertTP (tp
+		// with ep = 1 or etp = tp, whole at etp = 1) by the etp
+		// index, the rest over tp by the tp index.
+		n, idx := tpSplit(mesh.Layout, co, ps[i])
+		copy(t, moe.TPShard(ps[i], init[i], n, idx))
+		layer := ps[i].Layer
+		if layer < 0 {
+			layer = cfg.LayerHead()
+			if ps[i].Group == moe.GroupEmbedding {
+				layer = moe.LayerEmbed
+			}
+		}
+		pr.owned[i] = l.StageRank(p.stageOf(layer)) == r
+		pr.group[i] = mesh.Group(parallel.AxisShard, lane)
+		if l.EP > 1 && ps[i].Group == moe.GroupRouted {
+			pr.owned[i] = pr.owned[i] && ps[i].Expert/p.el == co.EP
+			pr.group[i] = mesh.Group(parallel.AxisEFSDP, lane)
+		}
+		g := pr.group[i]
+		switch {
+		case !pr.owned[i] || ps[i].Buffer:
+		case g.Size() == 1: // without FSDP the chunk is the tensor
+			pr.shard[i] = t
+		default:
+			c, d := chunk(len(t), g.Size()), g.IndexOf(lane)
+			pr.shard[i] = make([]float32, c)
+			copy(pr.shard[i], t[min(d*c, len(t)):min((d+1)*c, len(t))])
+		}
+	}
+	return pr, nil
 }
 
 // pipeLinks are the channels of one micro-step: act[s][j] carries
