@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // BenchmarkEstimatePipeline is the pipeline estimate the planner sizes
@@ -16,8 +17,8 @@ func BenchmarkEstimatePipeline(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := moe.Layout{GPUs: 256, PP: 8, DPShard: 32, DPReplicate: 1, EP: 8, Sharding: moe.ShardFSDP,
-		PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}
+	l := job.Layout{GPUs: 256, PP: 8, DPShard: 32, DPReplicate: 1, EP: 8, Sharding: job.ShardFSDP,
+		PPSchedule: job.PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}
 	for b.Loop() {
 		if _, err := memory.Estimate(cfg, l, memory.Batch{LBS: 256, Seq: 4096}, memory.Options{AC: moe.AC{Mode: moe.ACFull}}); err != nil {
 			b.Fatal(err)

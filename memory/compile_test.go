@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // recordNames lists records as "op tensor", sorted.
@@ -86,7 +87,7 @@ func TestCompiledBlockDrops(t *testing.T) {
 // hold at once over a step's events, divided by tokens × vocabulary.
 func lossPeakPerLogit(t *testing.T, cfg *moe.Config, o Options, tokens int) int64 {
 	t.Helper()
-	r, err := Estimate(cfg, moe.Layout{GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true},
+	r, err := Estimate(cfg, job.Layout{GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true},
 		Batch{LBS: 1, Seq: tokens}, o)
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +185,7 @@ func TestCompileLowersPeak(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l := moe.Layout{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+		l := job.Layout{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 		for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}} {
 			est := func(o Options) Peak {
 				o.AC = ac

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Options are the choices besides model, layout and batch.
@@ -191,7 +192,7 @@ func checkBatch(cfg *moe.Config, b Batch, attn Attention) (Batch, error) {
 // Estimate sizes one rank's memory for one training step of cfg under
 // layout l: training state, saved activations, the step's allocation
 // timeline and its peaks through the allocator model.
-func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error) {
+func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}
@@ -227,7 +228,7 @@ func Estimate(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error)
 
 // stepShape is the activation shape of a micro-step of b under layout l
 // and options o (normalized): one pipeline micro-batch's when b is one.
-func stepShape(l moe.Layout, b Batch, o Options) Shape {
+func stepShape(l job.Layout, b Batch, o Options) Shape {
 	return Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
 		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
 }
@@ -235,9 +236,9 @@ func stepShape(l moe.Layout, b Batch, o Options) Shape {
 // MaxLBS returns the largest local batch whose peak reserved memory is at
 // most target·deviceBytes, with its report; 0 and the report at the
 // smallest local batch when even that does not fit. Only local batches the
-// layout runs are searched (moe.Layout.Microbatches: under pp a whole
+// layout runs are searched (job.Layout.Microbatches: under pp a whole
 // number of micro-batches the schedule accepts, at most
-// moe.MaxMicrobatches); the search ends at the largest lbs that Estimate
+// job.MaxMicrobatches); the search ends at the largest lbs that Estimate
 // accepts (lbs·seq ≤ 2³² and byte counts far from overflow).
 //
 // Peak memory grows with lbs, so the answer is the boundary between lbs
@@ -247,7 +248,7 @@ func stepShape(l moe.Layout, b Batch, o Options) Shape {
 // affine in lbs: secant steps (the line through the last two estimates,
 // aimed at the limit) land near the boundary, steps doubling away from the
 // last estimate bracket it, and bisection finishes.
-func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, deviceBytes int64, target float64) (int, Report, error) {
+func MaxLBS(cfg *moe.Config, l job.Layout, seq, gradAccum int, o Options, deviceBytes int64, target float64) (int, Report, error) {
 	if deviceBytes < 1 {
 		return 0, Report{}, fmt.Errorf("device_bytes = %d: must be ≥ 1", deviceBytes)
 	}
@@ -256,7 +257,7 @@ func MaxLBS(cfg *moe.Config, l moe.Layout, seq, gradAccum int, o Options, device
 	}
 	top := max(1, maxTokens/max(seq, 1))
 	if l.Stages() > 1 {
-		top = min(top, moe.MaxMicrobatches*max(l.PPMicrobatchSize, 1))
+		top = min(top, job.MaxMicrobatches*max(l.PPMicrobatchSize, 1))
 	}
 	// valid is the largest lbs ≤ n the layout runs, 0 when there is none.
 	// Above a pipeline's smallest valid lbs its holes are shorter than pp

@@ -12,6 +12,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -24,19 +25,19 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // must change no byte.
 func TestEstimateGolden(t *testing.T) {
 	small, big := builtinModel(t, "qwen3-30b-a3b"), builtinModel(t, "qwen3-235b-a22b")
-	fsdp := func(gpus, shard, rep, ep int) moe.Layout {
-		return moe.Layout{GPUs: gpus, DPShard: shard, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	fsdp := func(gpus, shard, rep, ep int) job.Layout {
+		return job.Layout{GPUs: gpus, DPShard: shard, DPReplicate: rep, EP: ep, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	}
 	sel, full, none := moe.AC{Mode: moe.ACSelective}, moe.AC{Mode: moe.ACFull}, moe.AC{Mode: moe.ACNone}
 	type tc struct {
 		name string
 		cfg  *moe.Config
-		l    moe.Layout
+		l    job.Layout
 		b    memory.Batch
 		o    memory.Options
 	}
 	zero1 := fsdp(8, 8, 1, 8)
-	zero1.Sharding, zero1.ReshardAfterForward = moe.ShardZeRO1, false
+	zero1.Sharding, zero1.ReshardAfterForward = job.ShardZeRO1, false
 	keep := fsdp(16, 8, 2, 8)
 	keep.KeepGathered, keep.AllreduceLastOnly = true, true
 	noRAF := fsdp(8, 8, 1, 1)
@@ -45,7 +46,7 @@ func TestEstimateGolden(t *testing.T) {
 	tp.TP, tp.ETP = 2, 1
 	sync := fsdp(8, 8, 1, 8)
 	sync.GradSyncLastOnly = true
-	pipe := func(pp, shard, ep int, sch moe.PPSchedule, mbs, v int) moe.Layout {
+	pipe := func(pp, shard, ep int, sch job.PPSchedule, mbs, v int) job.Layout {
 		l := fsdp(pp*shard, shard, 1, ep)
 		l.PP, l.PPSchedule, l.PPMicrobatchSize, l.PPVirtualStages = pp, sch, mbs, v
 		l.ReshardAfterForward = false
@@ -60,9 +61,9 @@ func TestEstimateGolden(t *testing.T) {
 		{"no-reshard layer:2 chunks foreach", small, noRAF, memory.Batch{LBS: 2, Seq: 4096}, memory.Options{AC: moe.AC{Mode: moe.ACLayer, Every: 2}, LossChunks: 4, OptimizerImpl: memory.Foreach}},
 		{"tp2 etp1", small, tp, memory.Batch{LBS: 2, Seq: 4096}, memory.Options{AC: sel}},
 		{"grad-sync-last-only ga2", small, sync, memory.Batch{LBS: 2, Seq: 4096, GradAccum: 2}, memory.Options{AC: sel, ReduceDType: moe.F32}},
-		{"pp4 1F1B", big, pipe(4, 8, 8, moe.PP1F1B, 1, 1), memory.Batch{LBS: 8, Seq: 4096}, memory.Options{AC: full}},
-		{"pp2 GPipe mbs2 ga2", big, pipe(2, 16, 16, moe.PPGPipe, 2, 1), memory.Batch{LBS: 4, Seq: 4096, GradAccum: 2}, memory.Options{AC: sel}},
-		{"pp8 Interleaved1F1B v2", big, pipe(8, 4, 4, moe.PPInterleaved1F1B, 1, 2), memory.Batch{LBS: 16, Seq: 4096}, memory.Options{AC: full}},
+		{"pp4 1F1B", big, pipe(4, 8, 8, job.PP1F1B, 1, 1), memory.Batch{LBS: 8, Seq: 4096}, memory.Options{AC: full}},
+		{"pp2 GPipe mbs2 ga2", big, pipe(2, 16, 16, job.PPGPipe, 2, 1), memory.Batch{LBS: 4, Seq: 4096, GradAccum: 2}, memory.Options{AC: sel}},
+		{"pp8 Interleaved1F1B v2", big, pipe(8, 4, 4, job.PPInterleaved1F1B, 1, 2), memory.Batch{LBS: 16, Seq: 4096}, memory.Options{AC: full}},
 	}
 	var b strings.Builder
 	for _, c := range cases {

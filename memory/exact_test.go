@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 )
 
@@ -25,7 +26,7 @@ func TestSavedEqualsReference(t *testing.T) {
 		m.InitRandom(uint64(i))
 		batch, seq := 1+r.IntN(2), 2+r.IntN(6)
 		tokens := moetest.Tokens(r, cfg, batch, seq)
-		units, err := Units(cfg, moe.DefaultLayout())
+		units, err := Units(cfg, job.DefaultLayout())
 		if err != nil {
 			t.Fatal(err)
 		}

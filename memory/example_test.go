@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Estimate sizes one rank of Qwen3-30B-A3B on 64 GPUs (FSDP over 64,
@@ -20,7 +21,7 @@ func ExampleEstimate() {
 	if err != nil {
 		panic(err)
 	}
-	l := moe.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 8, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	r, err := memory.Estimate(cfg, l, memory.Batch{LBS: 2, Seq: 4096}, memory.Options{AC: moe.AC{Mode: moe.ACSelective}})
 	if err != nil {
 		panic(err)

@@ -1,6 +1,9 @@
 package memory
 
-import "github.com/moescope/moescope/moe"
+import (
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+)
 
 // SetupBytes is a lower bound of the peak reserved bytes of one rank of
 // layout l under options o, whatever the batch: the parameters and
@@ -11,7 +14,7 @@ import "github.com/moescope/moescope/moe"
 // and reserved memory holds every live block, so Estimate's
 // Peak.Reserved is never below it. A planner prunes with it a layout whose
 // state alone exceeds the device, without building a timeline.
-func SetupBytes(cfg *moe.Config, l moe.Layout, o Options) (int64, error) {
+func SetupBytes(cfg *moe.Config, l job.Layout, o Options) (int64, error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}

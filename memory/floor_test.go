@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TestSetupBytes: the bound equals the setup events' bytes of the
@@ -14,14 +15,14 @@ import (
 // layouts, policies and options.
 func TestSetupBytes(t *testing.T) {
 	small, big := builtinModel(t, "qwen3-30b-a3b"), builtinModel(t, "qwen3-235b-a22b")
-	zero1 := moe.Layout{GPUs: 16, DPShard: 8, DPReplicate: 2, EP: 4, Sharding: moe.ShardZeRO1}
-	ddp := moe.Layout{GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 4, Sharding: moe.ShardDDP}
-	fsdp := moe.Layout{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
-	pipe := moe.Layout{GPUs: 32, PP: 4, DPShard: 8, DPReplicate: 1, EP: 8, Sharding: moe.ShardFSDP,
-		PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}
+	zero1 := job.Layout{GPUs: 16, DPShard: 8, DPReplicate: 2, EP: 4, Sharding: job.ShardZeRO1}
+	ddp := job.Layout{GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 4, Sharding: job.ShardDDP}
+	fsdp := job.Layout{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 8, Sharding: job.ShardFSDP, ReshardAfterForward: true}
+	pipe := job.Layout{GPUs: 32, PP: 4, DPShard: 8, DPReplicate: 1, EP: 8, Sharding: job.ShardFSDP,
+		PPSchedule: job.PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}
 	for _, c := range []struct {
 		cfg *moe.Config
-		l   moe.Layout
+		l   job.Layout
 		lbs int
 		o   memory.Options
 	}{

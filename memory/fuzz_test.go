@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // FuzzEstimate checks the invariants of any accepted input: the timeline
@@ -23,8 +24,8 @@ func FuzzEstimate(f *testing.F) {
 		if model%2 == 1 {
 			cfg = moeCfg()
 		}
-		l := moe.Layout{GPUs: gpus, DPShard: shard, EP: ep, KeepGathered: keep, ReshardAfterForward: reshard,
-			Sharding: []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}[sharding%4]}
+		l := job.Layout{GPUs: gpus, DPShard: shard, EP: ep, KeepGathered: keep, ReshardAfterForward: reshard,
+			Sharding: []job.Sharding{job.ShardFSDP, job.ShardZeRO2, job.ShardZeRO1, job.ShardDDP}[sharding%4]}
 		if l.Resolve() != nil {
 			return
 		}

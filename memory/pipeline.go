@@ -6,12 +6,13 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Memory of a pipeline stage (pp > 1). Each pipeline rank holds the units
-// of its stages (moe.Layout.StageSplit, on the ranks of
-// moe.Layout.RankStages: looped, or a V) and runs
-// its actions in moe.PipelineOrder's order, one pipeline micro-batch
+// of its stages (job.Layout.StageSplit, on the ranks of
+// job.Layout.RankStages: looped, or a V) and runs
+// its actions in job.PipelineOrder's order, one pipeline micro-batch
 // (pp_microbatch_size sequences) per action; each of the grad-accum
 // micro-steps runs the whole order. A rank's timeline:
 //
@@ -73,7 +74,7 @@ type StagePeak struct {
 	Rank     int   `json:"rank"`
 	Stages   []int `json:"stages"`    // the pipeline stages it runs
 	Layers   int   `json:"layers"`    // transformer layers over those stages
-	InFlight int   `json:"in_flight"` // most micro-batch activations held at once (moe.InFlight)
+	InFlight int   `json:"in_flight"` // most micro-batch activations held at once (job.InFlight)
 	Peak     Peak  `json:"-"`
 	// PeakAllocatedBytes and PeakReservedBytes are Peak's, for JSON.
 	PeakAllocatedBytes int64 `json:"peak_allocated_bytes"`
@@ -81,7 +82,7 @@ type StagePeak struct {
 }
 
 // StageUnits splits units (in forward order: embedding, blocks, head) over
-// the pipeline stages of split (moe.Layout.StageSplit): stage 0 takes the
+// the pipeline stages of split (job.Layout.StageSplit): stage 0 takes the
 // embedding, the last stage the head, and each stage its count of blocks
 // in order.
 func StageUnits(units []Unit, split []int) ([][]Unit, error) {
@@ -119,7 +120,7 @@ func StageUnits(units []Unit, split []int) ([][]Unit, error) {
 // (see above), the report of the rank with the highest peak reserved (the
 // worst stage decides whether the layout fits), with every rank's peak in
 // Stages.
-func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report, error) {
+func estimatePipeline(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error) {
 	if l.AllreduceLastOnly {
 		return Report{}, errors.New("memory: allreduce_last_only with pp > 1 is not modelled (the pipeline reduces once per micro-step already)")
 	}
@@ -139,7 +140,7 @@ func estimatePipeline(cfg *moe.Config, l moe.Layout, b Batch, o Options) (Report
 			return Report{}, err
 		}
 		spare = nil
-		sp := StagePeak{Rank: r, InFlight: moe.InFlight(ps.order[r]), Peak: rep.Peak,
+		sp := StagePeak{Rank: r, InFlight: job.InFlight(ps.order[r]), Peak: rep.Peak,
 			PeakAllocatedBytes: rep.Peak.Allocated, PeakReservedBytes: rep.Peak.Reserved}
 		for _, s := range l.RankStages(r) {
 			sp.Stages = append(sp.Stages, s)
@@ -165,12 +166,12 @@ type pipelineSetup struct {
 	mb     Batch
 	m      int
 	split  []int
-	order  [][]moe.PipeAction
+	order  [][]job.PipeAction
 	chunks [][]Unit
 	sh     Shape
 }
 
-func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipelineSetup, error) {
+func newPipelineSetup(cfg *moe.Config, l job.Layout, b Batch, o Options) (pipelineSetup, error) {
 	var ps pipelineSetup
 	var err error
 	if ps.m, err = l.Microbatches(b.LBS); err != nil {
@@ -179,7 +180,7 @@ func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipeli
 	if ps.split, err = l.StageSplit(cfg.Layers); err != nil {
 		return ps, err
 	}
-	if ps.order, err = moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), ps.m); err != nil {
+	if ps.order, err = job.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), ps.m); err != nil {
 		return ps, err
 	}
 	ps.mb = b
@@ -206,7 +207,7 @@ func newPipelineSetup(cfg *moe.Config, l moe.Layout, b Batch, o Options) (pipeli
 // rank builds and replays pipeline rank r's timeline and returns its
 // report; accum is the grad-accum micro-steps. buf, when not nil, is an
 // empty buffer the timeline may reuse.
-func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
+func (ps pipelineSetup) rank(cfg *moe.Config, l job.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
 	rep, err := ps.timeline(cfg, l, accum, o, r, buf)
 	if err != nil {
 		return Report{}, err
@@ -217,7 +218,7 @@ func (ps pipelineSetup) rank(cfg *moe.Config, l moe.Layout, accum int, o Options
 
 // timeline is rank r's report before its replay: units, state, saved
 // bytes and events, in ps.order[r]'s order of actions.
-func (ps pipelineSetup) timeline(cfg *moe.Config, l moe.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
+func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Options, r int, buf []Event) (Report, error) {
 	mb, sh, chunks, order, m := ps.mb, ps.sh, ps.chunks, ps.order[r], ps.m
 	n := len(chunks)
 	var units []Unit
@@ -266,12 +267,12 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l moe.Layout, accum int, o Opt
 			sb.events = events
 			sb.micro = micro*m + a.Micro
 			switch {
-			case a.Kind == moe.PipeF:
+			case a.Kind == job.PipeF:
 				sb.forwardStage()
-			case a.Kind == moe.PipeB, sb.first && a.Kind == moe.PipeW:
+			case a.Kind == job.PipeB, sb.first && a.Kind == job.PipeW:
 				sb.backwardStage(a.Micro, micro)
 			case sb.first: // the first stage's input pass does nothing
-			case a.Kind == moe.PipeI:
+			case a.Kind == job.PipeI:
 				sb.inputStage()
 			default:
 				sb.weightStage(a.Micro, micro)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 )
 
@@ -15,7 +16,7 @@ func sixLayerMoE() *moe.Config {
 	return moetest.TinyMoELayers(true, true, true, true, true, true)
 }
 
-func pipelineLayout(t *testing.T, l moe.Layout) moe.Layout {
+func pipelineLayout(t *testing.T, l job.Layout) job.Layout {
 	t.Helper()
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
@@ -46,27 +47,27 @@ func pipelineLayout(t *testing.T, l moe.Layout) moe.Layout {
 func TestPipelineMemory(t *testing.T) {
 	cfg := sixLayerMoE()
 	for _, c := range []struct {
-		l   moe.Layout
+		l   job.Layout
 		lbs int
 	}{
-		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2}, 4},                                                         // 1F1B, split [3, 3]
-		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPGPipe}, 3},                                            // split [1, 2, 2, 1]
-		{moe.Layout{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: moe.PPInterleaved1F1B}, 8},                      // 8 stages [0, 1, 1, 1, 1, 1, 1, 0]
-		{moe.Layout{GPUs: 2, PP: 2, PPLayers: "1,5", PPMicrobatchSize: 2}, 6},                               // explicit split, 3 micro-batches of 2
-		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "2,1,1,2"}, 2}, // m < pp·v
-		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardZeRO1}, 4},                               // weights cast, not gathered
-		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardDDP, PPSchedule: moe.PPGPipe}, 2},
+		{job.Layout{GPUs: 4, PP: 2, DPShard: 2}, 4},                                                         // 1F1B, split [3, 3]
+		{job.Layout{GPUs: 4, PP: 4, PPSchedule: job.PPGPipe}, 3},                                            // split [1, 2, 2, 1]
+		{job.Layout{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: job.PPInterleaved1F1B}, 8},                      // 8 stages [0, 1, 1, 1, 1, 1, 1, 0]
+		{job.Layout{GPUs: 2, PP: 2, PPLayers: "1,5", PPMicrobatchSize: 2}, 6},                               // explicit split, 3 micro-batches of 2
+		{job.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: job.PPInterleaved1F1B, PPLayers: "2,1,1,2"}, 2}, // m < pp·v
+		{job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardZeRO1}, 4},                               // weights cast, not gathered
+		{job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardDDP, PPSchedule: job.PPGPipe}, 2},
 		// Tensor parallelism inside the stages: tp pieces, split
 		// activations, sequence-parallel messages of T/tp tokens.
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, 4},
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, ETP: 1, PPSchedule: moe.PPInterleaved1F1B}, 4}, // ep borrowing the tp ranks
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4},
-		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble}, 4},                  // V: stages (0, 3), (1, 2)
-		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "0,1,1,1,1,1,1,0"}, 3}, // m < 2·pp − 1
-		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4},
-		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble, Sharding: moe.ShardZeRO1}, 2},
-		{moe.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPDualPipeV}, 4}, // B, I and W on one stage
-		{moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,1,1,1,1,0"}, 9},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, 4},
+		{job.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, ETP: 1, PPSchedule: job.PPInterleaved1F1B}, 4}, // ep borrowing the tp ranks
+		{job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPZBVZeroBubble}, 4},
+		{job.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: job.PPZBVZeroBubble}, 4},                  // V: stages (0, 3), (1, 2)
+		{job.Layout{GPUs: 4, PP: 4, PPSchedule: job.PPZBVZeroBubble, PPLayers: "0,1,1,1,1,1,1,0"}, 3}, // m < 2·pp − 1
+		{job.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: job.PPInterleavedZeroBubble}, 4},
+		{job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPInterleavedZeroBubble, Sharding: job.ShardZeRO1}, 2},
+		{job.Layout{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: job.PPDualPipeV}, 4}, // B, I and W on one stage
+		{job.Layout{GPUs: 4, PP: 4, PPSchedule: job.PPDualPipeV, PPLayers: "0,1,1,1,1,1,1,0"}, 9},
 	} {
 		cfg := cfg
 		if c.l.TP > 1 {
@@ -91,7 +92,7 @@ func TestPipelineMemory(t *testing.T) {
 		}
 		m, _ := l.Microbatches(c.lbs)
 		split, _ := l.StageSplit(cfg.Layers)
-		order, _ := moe.PipelineOrder(l.PPSchedule, l.PP, l.PPVirtualStages, m)
+		order, _ := job.PipelineOrder(l.PPSchedule, l.PP, l.PPVirtualStages, m)
 		// A message and a receive buffer: the tp rank's T/tp tokens.
 		dx := int64(l.PPMicrobatchSize) * 8 / int64(l.TPDegree()) * int64(cfg.Hidden) * moe.DefaultPrecision.Activation.Bytes()
 		n := l.PipelineStages()
@@ -154,15 +155,15 @@ func TestPipelineMemory(t *testing.T) {
 					kept = lossSaved
 				}
 				switch {
-				case a.Kind == moe.PipeF:
+				case a.Kind == job.PipeF:
 					live += perMB[a.Stage]
-				case a.Kind == moe.PipeB:
+				case a.Kind == job.PipeB:
 					live -= perMB[a.Stage]
 				case a.Stage == 0:
-					if a.Kind == moe.PipeW {
+					if a.Kind == job.PipeW {
 						live -= perMB[a.Stage]
 					}
-				case a.Kind == moe.PipeI:
+				case a.Kind == job.PipeI:
 					live -= kept
 				default:
 					live -= perMB[a.Stage] - kept
@@ -256,8 +257,8 @@ func TestPipelineMemory(t *testing.T) {
 			if rr.Peak.Reserved > worst {
 				worst = rr.Peak.Reserved
 			}
-			if rep.Stages[r].InFlight != moe.InFlight(order[r]) {
-				t.Errorf("%s rank %d: in flight %d, want %d", name, r, rep.Stages[r].InFlight, moe.InFlight(order[r]))
+			if rep.Stages[r].InFlight != job.InFlight(order[r]) {
+				t.Errorf("%s rank %d: in flight %d, want %d", name, r, rep.Stages[r].InFlight, job.InFlight(order[r]))
 			}
 		}
 		if params != one.State.Params || opt != one.State.Optimizer {
@@ -270,7 +271,7 @@ func TestPipelineMemory(t *testing.T) {
 }
 
 // pipelineRankReport rebuilds rank r's report alone.
-func pipelineRankReport(cfg *moe.Config, l moe.Layout, b Batch, o Options, r int) (Report, error) {
+func pipelineRankReport(cfg *moe.Config, l job.Layout, b Batch, o Options, r int) (Report, error) {
 	o, err := o.normalized()
 	if err != nil {
 		return Report{}, err
@@ -285,14 +286,14 @@ func pipelineRankReport(cfg *moe.Config, l moe.Layout, b Batch, o Options, r int
 func TestPipelineMemoryErrors(t *testing.T) {
 	cfg := sixLayerMoE()
 	for _, c := range []struct {
-		l    moe.Layout
+		l    job.Layout
 		lbs  int
 		want string
 	}{
-		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 3, "lbs = 3 is not a multiple of pp_microbatch_size = 2"},
-		{moe.Layout{GPUs: 4, PP: 2, DPReplicate: 2, AllreduceLastOnly: true}, 2, "allreduce_last_only with pp > 1 is not modelled"},
-		{moe.Layout{GPUs: 9, PP: 9}, 9, "torchtitan's split needs at least one effective layer per stage"},
-		{moe.Layout{GPUs: 2, PP: 2, PPLayers: "2,2"}, 2, "must sum to the model's 6 layers"},
+		{job.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 3, "lbs = 3 is not a multiple of pp_microbatch_size = 2"},
+		{job.Layout{GPUs: 4, PP: 2, DPReplicate: 2, AllreduceLastOnly: true}, 2, "allreduce_last_only with pp > 1 is not modelled"},
+		{job.Layout{GPUs: 9, PP: 9}, 9, "torchtitan's split needs at least one effective layer per stage"},
+		{job.Layout{GPUs: 2, PP: 2, PPLayers: "2,2"}, 2, "must sum to the model's 6 layers"},
 	} {
 		l := pipelineLayout(t, c.l)
 		_, err := Estimate(cfg, l, Batch{LBS: c.lbs, Seq: 8, GradAccum: 1}, Options{})
@@ -304,7 +305,7 @@ func TestPipelineMemoryErrors(t *testing.T) {
 
 // TestPipelineMaxLBS: where not every lbs is a pipeline batch, MaxLBS
 // searches only those the schedule runs. The valid lbs are derived by hand
-// (PyTorch's schedules via moe.Layout.Microbatches' rules): micro-batches
+// (PyTorch's schedules via job.Layout.Microbatches' rules): micro-batches
 // of 2 take even lbs; Interleaved1F1B and InterleavedZeroBubble at pp 2
 // take m micro-batches with m a multiple of max(1, m ÷ 2), so 1, 2, 3, 4,
 // then the even ones; DualPipeV at pp 2 needs m ≥ 2·pp = 4. The oracle is
@@ -319,13 +320,13 @@ func TestPipelineMaxLBS(t *testing.T) {
 		MinLargeAllocBytes: 512, RoundLargeBytes: 512}}
 	interleaved := []int{1, 2, 3, 4, 6, 8, 10, 12}
 	for _, c := range []struct {
-		l     moe.Layout
+		l     job.Layout
 		valid []int // the valid lbs up to 12, by hand
 	}{
-		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, []int{2, 4, 6, 8, 10, 12}},
-		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B}, interleaved},
-		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, interleaved},
-		{moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, []int{4, 5, 6, 7, 8, 9, 10, 11, 12}},
+		{job.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, []int{2, 4, 6, 8, 10, 12}},
+		{job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPInterleaved1F1B}, interleaved},
+		{job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPInterleavedZeroBubble}, interleaved},
+		{job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPDualPipeV}, []int{4, 5, 6, 7, 8, 9, 10, 11, 12}},
 	} {
 		l := pipelineLayout(t, c.l)
 		reserved := map[int]int64{}

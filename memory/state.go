@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Unit is one FSDP unit as torchtitan wraps the model: the token embedding,
@@ -38,7 +39,7 @@ type Unit struct {
 // being dp_shard·tp/(ep·etp)), each tp rank holding a ⌈n/tp⌉ chunk (the
 // largest, as DTensor's uneven Shard gives rank 0), and FSDP shards that
 // local tensor on its dim 0.
-func Units(cfg *moe.Config, l moe.Layout) ([]Unit, error) {
+func Units(cfg *moe.Config, l job.Layout) ([]Unit, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
@@ -78,7 +79,7 @@ type unitsKey struct {
 }
 
 // units computes Units (the layout already checked) from cfg's params.
-func units(cfg *moe.Config, l moe.Layout, params []moe.Param) []Unit {
+func units(cfg *moe.Config, l job.Layout, params []moe.Param) []Unit {
 	head := cfg.LayerHead()
 	units := make([]Unit, 0, cfg.Layers+2)
 	index := map[int]int{}
@@ -176,7 +177,7 @@ func (s State) Total() int64 { return s.Params + s.Grads + s.Optimizer }
 // zero2 gradients and optimizer state; zero1 optimizer state; ddp nothing.
 // With moe.DefaultPrecision and fsdp this is (4 + 4 + 2·4)·Ψ_shard = 16·Ψ_shard
 // bytes (Ψ_shard = Σ Unit.Shard), ZeRO-3's 16Ψ/N_d up to padding.
-func StateOf(units []Unit, sharding moe.Sharding, o Options) State {
+func StateOf(units []Unit, sharding job.Sharding, o Options) State {
 	var local, shard, buffers int64
 	for _, u := range units {
 		local += u.Local
@@ -185,11 +186,11 @@ func StateOf(units []Unit, sharding moe.Sharding, o Options) State {
 	}
 	p, g, opt := local, local, shard
 	switch sharding {
-	case moe.ShardFSDP:
+	case job.ShardFSDP:
 		p, g = shard, shard
-	case moe.ShardZeRO2:
+	case job.ShardZeRO2:
 		g = shard
-	case moe.ShardDDP:
+	case job.ShardDDP:
 		opt = local
 	}
 	return State{

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // denseCfg is a small dense model whose sizes divide by 8 everywhere.
@@ -27,8 +28,8 @@ func moeCfg() *moe.Config {
 		QKNorm: moe.QKNormHead, RotaryFraction: 1, RopeTheta: 10000, NormEps: 1e-6, InitRange: 0.02}
 }
 
-func layout(gpus, shard, ep int, s moe.Sharding) moe.Layout {
-	return moe.Layout{GPUs: gpus, DPShard: shard, DPReplicate: gpus / shard, EP: ep, Sharding: s, ReshardAfterForward: true}
+func layout(gpus, shard, ep int, s job.Sharding) job.Layout {
+	return job.Layout{GPUs: gpus, DPShard: shard, DPReplicate: gpus / shard, EP: ep, Sharding: s, ReshardAfterForward: true}
 }
 
 func sum(units []Unit) (local, shard, buffers int64) {
@@ -56,17 +57,17 @@ func TestZeROClosedForms(t *testing.T) {
 	cases := []struct {
 		name string
 		o    Options
-		s    moe.Sharding
+		s    job.Sharding
 		want int64
 	}{
-		{"zero3", zero, moe.ShardFSDP, (2 + 2 + 12) * psi / n},
-		{"zero2", zero, moe.ShardZeRO2, 2*psi + (2+12)*psi/n},
-		{"zero1", zero, moe.ShardZeRO1, (2+2)*psi + 12*psi/n},
-		{"ddp", zero, moe.ShardDDP, 16 * psi},
-		{"titan-fsdp", def, moe.ShardFSDP, 16 * psi / n},
-		{"titan-zero2", def, moe.ShardZeRO2, 4*psi + 12*psi/n},
-		{"titan-zero1", def, moe.ShardZeRO1, 8*psi + 8*psi/n},
-		{"titan-ddp", def, moe.ShardDDP, 16 * psi},
+		{"zero3", zero, job.ShardFSDP, (2 + 2 + 12) * psi / n},
+		{"zero2", zero, job.ShardZeRO2, 2*psi + (2+12)*psi/n},
+		{"zero1", zero, job.ShardZeRO1, (2+2)*psi + 12*psi/n},
+		{"ddp", zero, job.ShardDDP, 16 * psi},
+		{"titan-fsdp", def, job.ShardFSDP, 16 * psi / n},
+		{"titan-zero2", def, job.ShardZeRO2, 4*psi + 12*psi/n},
+		{"titan-zero1", def, job.ShardZeRO1, 8*psi + 8*psi/n},
+		{"titan-ddp", def, job.ShardDDP, 16 * psi},
 	}
 	for _, c := range cases {
 		units, err := Units(cfg, layout(n, n, 1, c.s))
@@ -86,7 +87,7 @@ func TestShardPadding(t *testing.T) {
 	// dim 0 of every tensor of denseCfg is 64, 32 or 16; over 3 ranks
 	// torch.chunk gives ⌈64/3⌉ = 22, ⌈32/3⌉ = 11, ⌈16/3⌉ = 6 rows.
 	cfg := denseCfg()
-	units, err := Units(cfg, layout(3, 3, 1, moe.ShardFSDP))
+	units, err := Units(cfg, layout(3, 3, 1, job.ShardFSDP))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func TestExpertSharding(t *testing.T) {
 		{16, 8, nonExpert + 2*expertsPerLayer/8, 258 + 2*230 + 2*768, "dim 1"},
 	}
 	for _, c := range cases {
-		units, err := Units(cfg, layout(c.gpus, c.gpus, c.ep, moe.ShardFSDP))
+		units, err := Units(cfg, layout(c.gpus, c.gpus, c.ep, job.ShardFSDP))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +139,7 @@ func TestExpertSharding(t *testing.T) {
 			t.Errorf("%s: local %d shard %d buffers %d, want %d %d 16", c.explaining, local, shard, buffers, c.local, c.shard)
 		}
 		// Buffers: fp32, never sharded, no gradient or optimizer state.
-		s := StateOf(units, moe.ShardFSDP, Options{Precision: moe.DefaultPrecision})
+		s := StateOf(units, job.ShardFSDP, Options{Precision: moe.DefaultPrecision})
 		if s.Params != 4*shard+4*16 || s.Grads != 4*shard || s.Optimizer != 8*shard {
 			t.Errorf("%s: state %+v", c.explaining, s)
 		}
@@ -147,10 +148,10 @@ func TestExpertSharding(t *testing.T) {
 
 func TestLayoutErrors(t *testing.T) {
 	cfg := moeCfg()
-	for _, l := range []moe.Layout{
-		{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 3, Sharding: moe.ShardFSDP},    // ep ∤ dp_shard
-		{GPUs: 8, DPShard: 3, DPReplicate: 2, EP: 1, Sharding: moe.ShardFSDP},    // 2·3 ≠ 8
-		{GPUs: 16, DPShard: 16, DPReplicate: 1, EP: 16, Sharding: moe.ShardFSDP}, // 16 ∤ 8 experts
+	for _, l := range []job.Layout{
+		{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 3, Sharding: job.ShardFSDP},    // ep ∤ dp_shard
+		{GPUs: 8, DPShard: 3, DPReplicate: 2, EP: 1, Sharding: job.ShardFSDP},    // 2·3 ≠ 8
+		{GPUs: 16, DPShard: 16, DPReplicate: 1, EP: 16, Sharding: job.ShardFSDP}, // 16 ∤ 8 experts
 		{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1, Sharding: "zero4"},
 	} {
 		if _, err := Units(cfg, l); err == nil {

@@ -6,13 +6,14 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // stepBuilder emits the events of one training step (see the package doc
 // for their order). newStepBuilder derives, once, what the phases read.
 type stepBuilder struct {
 	cfg   *moe.Config
-	l     moe.Layout
+	l     job.Layout
 	o     Options
 	sh    Shape
 	units []Unit
@@ -175,9 +176,9 @@ func missing(none, saved []moe.SavedRecord) []moe.SavedRecord {
 // newStepBuilder reads the saved tensors of every unit and derives the
 // layout's choices and the buffer sizes. It returns the saved bytes per unit
 // too.
-func newStepBuilder(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, units []Unit) (*stepBuilder, []int64, error) {
+func newStepBuilder(cfg *moe.Config, l job.Layout, b Batch, o Options, sh Shape, units []Unit) (*stepBuilder, []int64, error) {
 	p := o.Precision
-	fsdp := l.Sharding == moe.ShardFSDP
+	fsdp := l.Sharding == job.ShardFSDP
 	s := &stepBuilder{cfg: cfg, l: l, o: o, sh: sh, units: units, last: len(units) - 1,
 		fsdp: fsdp, gathered: fsdp || p.Compute != p.Param, keep: fsdp && l.KeepGathered,
 		T: int64(sh.Batch) * int64(sh.Seq), V: int64(cfg.Vocab)}
@@ -289,7 +290,7 @@ func (s *stepBuilder) weights(u Unit) int64 { return u.Local * s.o.Precision.Com
 // gradShard is the bytes of unit u's reduced gradient: sharded under fsdp
 // and zero2, whole otherwise.
 func (s *stepBuilder) gradShard(u Unit) int64 {
-	if s.l.Sharding == moe.ShardFSDP || s.l.Sharding == moe.ShardZeRO2 {
+	if s.l.Sharding == job.ShardFSDP || s.l.Sharding == job.ShardZeRO2 {
 		return u.Shard * s.o.Precision.Grad.Bytes()
 	}
 	return u.Local * s.o.Precision.Grad.Bytes()
@@ -329,7 +330,7 @@ func (s *stepBuilder) emitAt(m int, alloc bool, layer int, label string, bytes i
 }
 
 // buildTimeline returns the events of one step and the saved bytes per unit.
-func buildTimeline(cfg *moe.Config, l moe.Layout, b Batch, o Options, sh Shape, units []Unit) ([]Event, []int64, error) {
+func buildTimeline(cfg *moe.Config, l job.Layout, b Batch, o Options, sh Shape, units []Unit) ([]Event, []int64, error) {
 	s, savedBytes, err := newStepBuilder(cfg, l, b, o, sh, units)
 	if err != nil {
 		return nil, nil, err
@@ -598,7 +599,7 @@ func (s *stepBuilder) reduceGradients(i, m int, freeGrads func()) {
 func (s *stepBuilder) optimizerStep() {
 	s.phase, s.micro = Optimizer, -1
 	optTemp := func(u Unit) int64 {
-		if s.l.Sharding == moe.ShardDDP {
+		if s.l.Sharding == job.ShardDDP {
 			return u.Local * s.o.Precision.Optimizer.Bytes()
 		}
 		return u.Shard * s.o.Precision.Optimizer.Bytes()

@@ -7,23 +7,24 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
-func estimates(t *testing.T, f func(name string, cfg *moe.Config, l moe.Layout, b Batch, o Options, r Report)) {
+func estimates(t *testing.T, f func(name string, cfg *moe.Config, l job.Layout, b Batch, o Options, r Report)) {
 	t.Helper()
 	policies := []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2}}
 	for _, cfg := range []*moe.Config{denseCfg(), moeCfg()} {
-		for _, l := range []moe.Layout{
-			layout(8, 8, 1, moe.ShardFSDP),
-			layout(8, 4, 2, moe.ShardFSDP),
-			layout(4, 4, 1, moe.ShardZeRO2),
-			layout(4, 2, 1, moe.ShardZeRO1),
-			layout(2, 2, 1, moe.ShardDDP),
-			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: moe.ShardFSDP, KeepGathered: true},
-			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: moe.ShardFSDP, AllreduceLastOnly: true},
-			{GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP},
-			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true, GradSyncLastOnly: true},
-			{GPUs: 2, DPShard: 2, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, KeepGathered: true, AllreduceLastOnly: true, GradSyncLastOnly: true},
+		for _, l := range []job.Layout{
+			layout(8, 8, 1, job.ShardFSDP),
+			layout(8, 4, 2, job.ShardFSDP),
+			layout(4, 4, 1, job.ShardZeRO2),
+			layout(4, 2, 1, job.ShardZeRO1),
+			layout(2, 2, 1, job.ShardDDP),
+			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: job.ShardFSDP, KeepGathered: true},
+			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: job.ShardFSDP, AllreduceLastOnly: true},
+			{GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP},
+			{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true, GradSyncLastOnly: true},
+			{GPUs: 2, DPShard: 2, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, KeepGathered: true, AllreduceLastOnly: true, GradSyncLastOnly: true},
 		} {
 			if l.EP > 1 && !cfg.IsMoE() {
 				continue
@@ -50,7 +51,7 @@ func estimates(t *testing.T, f func(name string, cfg *moe.Config, l moe.Layout, 
 // except the persistent state (parameters, optimizer, kept weights), and
 // the setup holds exactly StateOf's parameters and optimizer state.
 func TestTimelineBalanced(t *testing.T) {
-	estimates(t, func(name string, cfg *moe.Config, l moe.Layout, b Batch, o Options, r Report) {
+	estimates(t, func(name string, cfg *moe.Config, l job.Layout, b Batch, o Options, r Report) {
 		live := map[Category]int64{}
 		for _, e := range r.Events {
 			if e.Alloc {
@@ -78,7 +79,7 @@ func TestTimelineBalanced(t *testing.T) {
 // plain running sum, independently of Replay's bookkeeping, and checks
 // the reserved bytes are at least the allocated ones.
 func TestPeakIsPrefixMaximum(t *testing.T) {
-	estimates(t, func(name string, cfg *moe.Config, l moe.Layout, b Batch, o Options, r Report) {
+	estimates(t, func(name string, cfg *moe.Config, l job.Layout, b Batch, o Options, r Report) {
 		var cur, peak int64
 		for _, e := range r.Events {
 			n := (e.Bytes + 511) / 512 * 512
@@ -106,7 +107,7 @@ func TestPeakIsPrefixMaximum(t *testing.T) {
 
 func TestPeakGrowsWithBatch(t *testing.T) {
 	cfg := moeCfg()
-	l := layout(8, 8, 2, moe.ShardFSDP)
+	l := layout(8, 8, 2, job.ShardFSDP)
 	var prevA, prevR int64
 	for lbs := 1; lbs <= 16; lbs++ {
 		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: 32}, Options{AC: moe.AC{Mode: moe.ACSelective}})
@@ -128,7 +129,7 @@ func TestPeakGrowsWithBatch(t *testing.T) {
 // peak (current and prefetched).
 func TestKeepGatheredHoldsAllWeights(t *testing.T) {
 	cfg := denseCfg()
-	base := layout(8, 8, 1, moe.ShardFSDP)
+	base := layout(8, 8, 1, job.ShardFSDP)
 	keep := base
 	keep.KeepGathered = true
 	b := Batch{LBS: 2, Seq: 16}
@@ -220,7 +221,7 @@ func TestAllocatorModel(t *testing.T) {
 
 func TestMaxLBS(t *testing.T) {
 	cfg := moeCfg()
-	l := layout(8, 8, 2, moe.ShardFSDP)
+	l := layout(8, 8, 2, job.ShardFSDP)
 	o := Options{AC: moe.AC{Mode: moe.ACSelective}}
 	r37, err := Estimate(cfg, l, Batch{LBS: 37, Seq: 64}, o)
 	if err != nil {
@@ -251,7 +252,7 @@ func TestMaxLBS(t *testing.T) {
 // put the boundary exactly on, and one byte either side of, several lbs.
 func TestMaxLBSLinearScan(t *testing.T) {
 	cfg := moeCfg()
-	l := layout(8, 8, 2, moe.ShardFSDP)
+	l := layout(8, 8, 2, job.ShardFSDP)
 	o := Options{AC: moe.AC{Mode: moe.ACFull}}
 	reserved := func(lbs int) int64 {
 		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: 32}, o)
@@ -280,7 +281,7 @@ func TestMaxLBSLinearScan(t *testing.T) {
 
 func TestEstimateBadInput(t *testing.T) {
 	cfg := moeCfg()
-	l := layout(8, 8, 1, moe.ShardFSDP)
+	l := layout(8, 8, 1, job.ShardFSDP)
 	for _, b := range []Batch{{LBS: 0, Seq: 16}, {LBS: 1, Seq: 0}, {LBS: 1 << 30, Seq: 1 << 30}, {LBS: 1, Seq: 16, GradAccum: -1}} {
 		if _, err := Estimate(cfg, l, b, Options{}); err == nil {
 			t.Errorf("batch %+v accepted", b)
@@ -319,7 +320,7 @@ func TestEstimateBadInput(t *testing.T) {
 func TestPeakByHand(t *testing.T) {
 	cfg := denseCfg()
 	cfg.Vocab = 4096
-	r, err := Estimate(cfg, moe.DefaultLayout(), Batch{LBS: 2, Seq: 16}, Options{AC: moe.AC{Mode: moe.ACFull}, OptimizerImpl: Foreach})
+	r, err := Estimate(cfg, job.DefaultLayout(), Batch{LBS: 2, Seq: 16}, Options{AC: moe.AC{Mode: moe.ACFull}, OptimizerImpl: Foreach})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,7 +389,7 @@ func TestChunkedLossEvents(t *testing.T) {
 			"backward -saved loss labels 40",
 		}},
 	} {
-		r, err := Estimate(cfg, moe.DefaultLayout(), b, Options{LossChunks: tc.chunks})
+		r, err := Estimate(cfg, job.DefaultLayout(), b, Options{LossChunks: tc.chunks})
 		if err != nil {
 			t.Fatal(err)
 		}

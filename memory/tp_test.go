@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // tpDense is a one-block dense model small enough to size by hand: D 8,
@@ -20,7 +21,7 @@ func tpDense() *moe.Config {
 // vocabulary rows; row-wise o and down; norms replicated).
 func TestUnitsTP(t *testing.T) {
 	cfg := tpDense()
-	l := moe.Layout{GPUs: 2, TP: 2}
+	l := job.Layout{GPUs: 2, TP: 2}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestSavedTP(t *testing.T) {
 // TestEstimateTPSeq: the memory estimate refuses a sequence length tp
 // cannot split as torchtitan does.
 func TestEstimateTPSeq(t *testing.T) {
-	l := moe.Layout{GPUs: 2, TP: 2}
+	l := job.Layout{GPUs: 2, TP: 2}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

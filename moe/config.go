@@ -1,7 +1,7 @@
 // Package moe describes Mixture-of-Experts transformers and executes them.
 //
 // It holds the normalized architecture (Config, which moe/hf reads from a
-// Hugging Face config.json), the training layout as a plain value (Layout), the op
+// Hugging Face config.json), the op
 // vocabulary shared with the flops and memory packages (Op, Pass, Recorder),
 // the parameter list with Hugging Face tensor names (Params), and the
 // reference implementation that runs forward, backward and AdamW on the CPU.
@@ -212,7 +212,8 @@ func (c *Config) RotaryDim() int {
 // IsMoE reports whether the model has any routed experts.
 func (c *Config) IsMoE() bool { return c.Experts > 0 && c.MoELayers() > 0 }
 
-// FieldError is one violated constraint of a Config or Layout.
+// FieldError is one violated constraint of a Config or of a run
+// description (moe/job).
 type FieldError struct {
 	Field   string // JSON field name
 	Value   any    // offending value

@@ -4,7 +4,7 @@
 // borrowed from dp_shard × tp as torchtitan v0.2.2's ParallelDims does), the
 // tensor-parallel collectives of each layer (TPCollectives), the per-rank
 // program of one training step (Schedule, built by
-// BuildSchedule from a moe.Layout: compute ops, collectives on their groups,
+// BuildSchedule from a job.Layout: compute ops, collectives on their groups,
 // stream assignment and dependencies, in the order package memory's
 // allocation timeline assumes), FSDP shard geometry, and the batch plan
 // (which sequences each rank and micro-step takes).

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Axis names one dimension of the device mesh (DESIGN.md, Layout contract).
@@ -48,7 +49,7 @@ func MeshAxes() [6]Axis {
 // x = Layout.ExpertTP(), f its efsdp index, e its ep index and j its etp
 // index. Rank r sits on node r / GPUsPerNode as local GPU r mod GPUsPerNode.
 type Mesh struct {
-	Layout      moe.Layout
+	Layout      job.Layout
 	GPUsPerNode int
 }
 
@@ -67,19 +68,19 @@ type Coord struct {
 // DPRank is the rank's data-parallel index, Replica·dp_shard + Shard: the
 // index the batch plan gives its sequences by (the tp ranks of one group
 // read the same sequences).
-func (c Coord) DPRank(l moe.Layout) int { return c.Replica*l.DPShard + c.Shard }
+func (c Coord) DPRank(l job.Layout) int { return c.Replica*l.DPShard + c.Shard }
 
 // NewMesh validates a resolved layout (and, when cfg is not nil, that ep
 // divides the experts) and places its ranks, gpusPerNode per node. Every
 // failing constraint is reported with all the factors involved.
-func NewMesh(l moe.Layout, cfg *moe.Config, gpusPerNode int) (*Mesh, error) {
+func NewMesh(l job.Layout, cfg *moe.Config, gpusPerNode int) (*Mesh, error) {
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("mesh: %w", err)
 	}
 	if l.Stages() > 1 {
 		// The mesh's coordinates and groups are those of one stage;
 		// BuildPipeline places the stages (pp outermost).
-		return nil, fmt.Errorf("mesh: pp = %d: a mesh places one pipeline stage's ranks (moe.Layout.StageLayout: gpus %d = dp_replicate %d × dp_shard %d); pipelines are built by BuildPipeline", l.PP, l.DP(), l.DPReplicate, l.DPShard)
+		return nil, fmt.Errorf("mesh: pp = %d: a mesh places one pipeline stage's ranks (job.Layout.StageLayout: gpus %d = dp_replicate %d × dp_shard %d); pipelines are built by BuildPipeline", l.PP, l.DP(), l.DPReplicate, l.DPShard)
 	}
 	var errs []error
 	if cfg != nil {

@@ -3,14 +3,14 @@ package parallel_test
 import (
 	"fmt"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 )
 
 // Eight ranks as 2 replicas × 4 shards with expert parallelism 2, four GPUs
 // per node: the groups rank 6 belongs to.
 func ExampleNewMesh() {
-	l := moe.Layout{GPUs: 8, DPReplicate: 2, EP: 2, Sharding: moe.ShardFSDP}
+	l := job.Layout{GPUs: 8, DPReplicate: 2, EP: 2, Sharding: job.ShardFSDP}
 	if err := l.Resolve(); err != nil {
 		fmt.Println(err)
 		return

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 )
 
@@ -76,7 +77,7 @@ func TestMeshErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "gpus_per_node = 8 does not divide gpus = 12") {
 		t.Errorf("gpn ∤ gpus: err = %v", err)
 	}
-	bad := moe.Layout{GPUs: 8, DPShard: 4, DPReplicate: 2, EP: 3, Sharding: moe.ShardFSDP}
+	bad := job.Layout{GPUs: 8, DPShard: 4, DPReplicate: 2, EP: 3, Sharding: job.ShardFSDP}
 	if _, err := NewMesh(bad, nil, 8); err == nil || !strings.Contains(err.Error(), "ep = 3 does not divide dp_shard = 4") {
 		t.Errorf("ep ∤ dp_shard: err = %v", err)
 	}
@@ -103,24 +104,24 @@ func TestExpertShardDim(t *testing.T) {
 func TestMeshGroupsTP(t *testing.T) {
 	for _, c := range []struct {
 		name   string
-		l      moe.Layout
+		l      job.Layout
 		groups map[Axis][]int
 	}{
 		// etp 1, ep 4: EP borrows the tp ranks; efsdp = 4·2/4 = 2;
 		// position 3 = f 0 · 4 + e 3.
-		{"etp 1", moe.Layout{GPUs: 16, DPReplicate: 2, TP: 2, EP: 4, ETP: 1}, map[Axis][]int{
+		{"etp 1", job.Layout{GPUs: 16, DPReplicate: 2, TP: 2, EP: 4, ETP: 1}, map[Axis][]int{
 			AxisTP: {10, 11}, AxisShard: {9, 11, 13, 15}, AxisReplicate: {3, 11},
 			AxisEP: {8, 9, 10, 11}, AxisEFSDP: {11, 15},
 		}},
 		// etp = tp = 2, ep 2: EP borrows dp_shard only; efsdp = 4·2/(2·2)
 		// = 2; position 3 = (f 0 · 2 + e 1) · 2 + j 1.
-		{"etp tp", moe.Layout{GPUs: 16, DPReplicate: 2, TP: 2, EP: 2, ETP: 2}, map[Axis][]int{
+		{"etp tp", job.Layout{GPUs: 16, DPReplicate: 2, TP: 2, EP: 2, ETP: 2}, map[Axis][]int{
 			AxisTP: {10, 11}, AxisShard: {9, 11, 13, 15}, AxisReplicate: {3, 11},
 			AxisEP: {9, 11}, AxisEFSDP: {11, 15},
 		}},
 	} {
 		l := c.l
-		l.Sharding = moe.ShardFSDP
+		l.Sharding = job.ShardFSDP
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}

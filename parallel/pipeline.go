@@ -6,13 +6,14 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // A Pipeline is the program of one training step under pipeline
 // parallelism (pp > 1): one op list per pipeline rank, in issue order.
-// Each rank runs the actions moe.PipelineOrder gives it, one pipeline
+// Each rank runs the actions job.PipelineOrder gives it, one pipeline
 // micro-batch each, framed by the point-to-point transfers between
-// neighbouring stages (stage s on pp rank moe.Layout.StageRank(s): s mod
+// neighbouring stages (stage s on pp rank job.Layout.StageRank(s): s mod
 // pp, or in a V; pp is the outermost mesh axis, so pp rank p's
 // data-parallel rank d is global rank p·DP + d and talks to the same d of
 // the neighbouring stage):
@@ -48,14 +49,14 @@ import (
 // after forward under PP by default, and PyTorch's stage does not reshard
 // after backward until the last one), and their gradients are reduced
 // once, after the micro-step's last backward of the stage (PyTorch's
-// backward_maybe_with_nosync; references in moe/pipeline.go and
+// backward_maybe_with_nosync; references in moe/job/pipeline.go and
 // memory/pipeline.go). Under zero-bubble schedules a stage's last
 // backward is its last full backward or weight pass (PyTorch counts both).
 // Each of the grad-accum micro-steps runs the whole order; the optimizer
 // runs after the last.
 type Pipeline struct {
-	Layout moe.Layout
-	Split  []int // transformer layers per stage (moe.Layout.StageSplit)
+	Layout job.Layout
+	Split  []int // transformer layers per stage (job.Layout.StageSplit)
 	M      int   // pipeline micro-batches per accumulation micro-step
 	Accum  int   // accumulation micro-steps
 	Ranks  [][]PipeOp
@@ -100,7 +101,7 @@ type PipeOp struct {
 // PipelineSpec is what a pipeline program is built from.
 type PipelineSpec struct {
 	Config    *moe.Config
-	Layout    moe.Layout // resolved, pp > 1
+	Layout    job.Layout // resolved, pp > 1
 	LBS, Seq  int        // sequences per data-parallel rank per micro-step, tokens per sequence
 	Accum     int        // grad-accum micro-steps (≥ 1)
 	Precision moe.Precision
@@ -139,7 +140,7 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
-	order, err := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
+	order, err := job.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
@@ -167,7 +168,7 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 				// remote: the neighbouring stage runs on another rank.
 				remote := func(peer int) bool { return l.StageRank(peer) != r }
 				switch a.Kind {
-				case moe.PipeF:
+				case job.PipeF:
 					if !gathered[a.Stage] {
 						gathered[a.Stage] = true
 						ops = append(ops, p.stageCollectives(b, a.Stage, false)...)
@@ -180,22 +181,22 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 						ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Bytes: msg})
 					}
 					continue
-				case moe.PipeB, moe.PipeI:
+				case job.PipeB, job.PipeI:
 					if a.Stage < n-1 && remote(a.Stage+1) {
 						ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Grad: true, Bytes: msg})
 					}
 					kind := PipeBackward
-					if a.Kind == moe.PipeI {
+					if a.Kind == job.PipeI {
 						kind = PipeInput
 					}
 					ops = append(ops, PipeOp{Kind: kind, Stage: a.Stage, Micro: micro})
 					if a.Stage > 0 && remote(a.Stage-1) {
 						ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Grad: true, Bytes: msg})
 					}
-					if a.Kind == moe.PipeI {
+					if a.Kind == job.PipeI {
 						continue
 					}
-				case moe.PipeW:
+				case job.PipeW:
 					ops = append(ops, PipeOp{Kind: PipeWeight, Stage: a.Stage, Micro: micro})
 				}
 				if backwards[a.Stage]++; backwards[a.Stage] == m {
@@ -328,7 +329,7 @@ func (p *Pipeline) stageCollectives(b *schedBuilder, s int, reduce bool) []PipeO
 		n := b.axisSize(a)
 		full, padded, shard := b.sizes(u)
 		switch b.l.Sharding {
-		case moe.ShardFSDP, moe.ShardZeRO2:
+		case job.ShardFSDP, job.ShardZeRO2:
 			if n > 1 {
 				add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollReduceScatter, Axis: a,
 					Purpose: PurposeGradReduce, Unit: u, DType: b.reduceType(), Elements: padded})

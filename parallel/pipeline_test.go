@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 )
 
@@ -13,7 +14,7 @@ import (
 // micro-batch, direction and size on the peer stage's rank; each rank
 // computes every (stage, micro-batch) of its stages once forward and once
 // backward per step (a full backward, or an input then a weight pass), in
-// moe.PipelineOrder's order, on its stage's rank; FSDP gathers run once
+// job.PipelineOrder's order, on its stage's rank; FSDP gathers run once
 // per stage per step before its first forward, gradient reductions once
 // per stage per accumulation micro-step after its last backward or weight
 // pass; neighbouring stages on one rank (the bottom of a V) exchange no
@@ -21,14 +22,14 @@ import (
 func TestBuildPipeline(t *testing.T) {
 	small := moetest.TinyMoELayers(true, false, true, true)
 	eight := moetest.TinyMoELayers(true, false, true, true, true, false, true, true)
-	for _, lt := range []moe.Layout{
+	for _, lt := range []job.Layout{
 		{GPUs: 4, PP: 2, DPShard: 2},
-		{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B},
-		{GPUs: 8, PP: 4, EP: 2, PPSchedule: moe.PPGPipe},
-		{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: moe.PPZBVZeroBubble},
-		{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"},
-		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPInterleavedZeroBubble},
-		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: moe.PPDualPipeV},
+		{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: job.PPInterleaved1F1B},
+		{GPUs: 8, PP: 4, EP: 2, PPSchedule: job.PPGPipe},
+		{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: job.PPZBVZeroBubble},
+		{GPUs: 8, PP: 4, DPShard: 2, PPSchedule: job.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"},
+		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: job.PPInterleavedZeroBubble},
+		{GPUs: 4, PP: 2, DPShard: 2, PPSchedule: job.PPDualPipeV},
 	} {
 		l := lt
 		cfg := small
@@ -46,7 +47,7 @@ func TestBuildPipeline(t *testing.T) {
 		}
 		name := fmt.Sprintf("pp %d %s v %d dp_shard %d rep %d", l.PP, l.PPSchedule, l.PPVirtualStages, l.DPShard, l.DPReplicate)
 		n := l.PipelineStages()
-		order, _ := moe.PipelineOrder(l.PPSchedule, l.PP, l.PPVirtualStages, p.M)
+		order, _ := job.PipelineOrder(l.PPSchedule, l.PP, l.PPVirtualStages, p.M)
 		type msg struct {
 			from, to, micro int
 			grad            bool
@@ -54,7 +55,7 @@ func TestBuildPipeline(t *testing.T) {
 		sends, recvs := map[msg]int{}, map[msg]int{}
 		msgBytes := int64(l.PPMicrobatchSize) * 8 * int64(cfg.Hidden) * 2 // bf16 hidden states
 		for r, ops := range p.Ranks {
-			var compute []moe.PipeAction
+			var compute []job.PipeAction
 			gathers, reduces := map[int]int{}, map[int]int{}
 			for _, o := range ops {
 				if l.StageRank(o.Stage) != r {
@@ -62,9 +63,9 @@ func TestBuildPipeline(t *testing.T) {
 				}
 				switch o.Kind {
 				case PipeForward, PipeBackward, PipeInput, PipeWeight:
-					kind := map[PipeOpKind]moe.PipeKind{PipeForward: moe.PipeF, PipeBackward: moe.PipeB, PipeInput: moe.PipeI, PipeWeight: moe.PipeW}[o.Kind]
+					kind := map[PipeOpKind]job.PipeKind{PipeForward: job.PipeF, PipeBackward: job.PipeB, PipeInput: job.PipeI, PipeWeight: job.PipeW}[o.Kind]
 					if acc := o.Micro / p.M; acc == 0 {
-						compute = append(compute, moe.PipeAction{Kind: kind, Stage: o.Stage, Micro: o.Micro})
+						compute = append(compute, job.PipeAction{Kind: kind, Stage: o.Stage, Micro: o.Micro})
 					}
 				case PipeSend:
 					sends[msg{o.Stage, o.Peer, o.Micro, o.Grad}]++
@@ -128,7 +129,7 @@ func TestBuildPipeline(t *testing.T) {
 }
 
 func TestMeshRefusesPipeline(t *testing.T) {
-	l := moe.Layout{GPUs: 4, PP: 2}
+	l := job.Layout{GPUs: 4, PP: 2}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestMeshRefusesPipeline(t *testing.T) {
 func TestBuildPipelineTP(t *testing.T) {
 	cfg := moetest.TinyMoELayers(true, false, true, true)
 	cfg.KVHeads = 2
-	l := moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}
+	l := job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestBuildPipelineTP(t *testing.T) {
 func TestBuildPipelineReduceDType(t *testing.T) {
 	cfg := moetest.TinyMoELayers(true, false, true, true)
 	cfg.KVHeads = 2
-	l := moe.Layout{GPUs: 16, PP: 2, DPReplicate: 2, DPShard: 2, TP: 2}
+	l := job.Layout{GPUs: 16, PP: 2, DPReplicate: 2, DPShard: 2, TP: 2}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // A Schedule is the per-rank program of one training step: compute segments
@@ -26,7 +27,7 @@ import (
 //     memory: Setup, then each op's Mem in op order, is that timeline
 //     event for event (memory.Replay gives Peak).
 type Schedule struct {
-	Layout moe.Layout
+	Layout job.Layout
 	AC     moe.AC
 	LBS    int // sequences per rank per micro-step
 	Seq    int // tokens per sequence

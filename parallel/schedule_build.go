@@ -6,6 +6,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // ScheduleSpec is what a schedule is built from.
@@ -143,7 +144,7 @@ type schedBuilder struct {
 	cfg     *moe.Config
 	paramIx *UnitIndex
 	m       *Mesh
-	l       moe.Layout
+	l       job.Layout
 	prec    moe.Precision
 	s       *Schedule
 
@@ -222,10 +223,10 @@ func (b *schedBuilder) sizes(u Unit) (full, padded, shard int64) {
 	return unitSizes(UnitTensors(b.cfg, b.paramIx, b.m, u, b.axisSize(a)))
 }
 
-func (b *schedBuilder) fsdp() bool { return b.l.Sharding == moe.ShardFSDP }
+func (b *schedBuilder) fsdp() bool { return b.l.Sharding == job.ShardFSDP }
 
 // megatron says whether fsdp sharding follows Megatron's FSDP.
-func (b *schedBuilder) megatron() bool { return b.fsdp() && b.l.FSDPImpl == moe.FSDPMegatron }
+func (b *schedBuilder) megatron() bool { return b.fsdp() && b.l.FSDPImpl == job.FSDPMegatron }
 
 // explicitPrefetch says whether each block's all-gathers are issued one
 // block ahead, at the previous block's pre-forward (in backward, the next
@@ -578,7 +579,7 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 	full, padded, shard := b.sizes(u)
 	last := dep
 	switch b.l.Sharding {
-	case moe.ShardFSDP, moe.ShardZeRO2:
+	case job.ShardFSDP, job.ShardZeRO2:
 		if n > 1 {
 			last = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
 				Coll: CollReduceScatter, Axis: a, Purpose: PurposeGradReduce, Unit: u, DType: b.reduceType(), Elements: padded})
@@ -774,7 +775,7 @@ func (b *schedBuilder) build() {
 		}
 	}
 	opt := b.compute(-1, moe.LayerEmbed, PhaseOptimizer, SegUpdate, deps...)
-	if b.l.Sharding == moe.ShardZeRO1 || b.l.Sharding == moe.ShardZeRO2 {
+	if b.l.Sharding == job.ShardZeRO1 || b.l.Sharding == job.ShardZeRO2 {
 		for _, u := range b.units() {
 			a := b.shardAxis(u)
 			if n := b.axisSize(a); n > 1 {

@@ -5,12 +5,13 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 )
 
 // prefetchSched is the one-micro-step schedule of a three-block MoE on 4
 // ranks with ep 2 (no recompute) under impl.
-func prefetchSched(t *testing.T, ep int, impl moe.FSDPImpl) *Schedule {
+func prefetchSched(t *testing.T, ep int, impl job.FSDPImpl) *Schedule {
 	t.Helper()
 	cfg := moetest.TinyMoELayers(true, true, true)
 	if err := cfg.Validate(); err != nil {
@@ -77,7 +78,7 @@ func dispatchOf(layer int) func(ScheduleOp) bool {
 // (implicit prefetching) block 2's dense gather still waits for the
 // compute two ops back, block 1's experts.
 func TestSchedulePrefetchFSDP2(t *testing.T) {
-	s := prefetchSched(t, 2, moe.FSDPTorch)
+	s := prefetchSched(t, 2, job.FSDPTorch)
 	pre0 := opWhere(t, s, "block 0's pre", computeOf(0, PhaseForward, SegPre))
 	pre1 := opWhere(t, s, "block 1's pre", computeOf(1, PhaseForward, SegPre))
 	for _, u := range []Unit{{Layer: 2}, {Layer: 2, Experts: true}} {
@@ -111,7 +112,7 @@ func TestSchedulePrefetchFSDP2(t *testing.T) {
 		t.Errorf("the embedding's backward all-gather waits for %v, want %v", g.Deps, want)
 	}
 
-	s = prefetchSched(t, 1, moe.FSDPTorch)
+	s = prefetchSched(t, 1, job.FSDPTorch)
 	ex1 := opWhere(t, s, "block 1's experts", computeOf(1, PhaseForward, SegExperts))
 	if g := s.Ops[nthGather(t, s, Unit{Layer: 2}, 0)]; !reflect.DeepEqual(g.Deps, []int{ex1}) {
 		t.Errorf("ep 1: block 2's all-gather waits for %v, want block 1's experts %d (implicit prefetching)", g.Deps, ex1)
@@ -136,7 +137,7 @@ func TestSchedulePrefetchFSDP2(t *testing.T) {
 //     oldest, layer 2's experts, is waited for, and nothing else: the
 //     embedding's backward waits for layer 2's experts only.
 func TestScheduleMegatronFSDP(t *testing.T) {
-	s := prefetchSched(t, 2, moe.FSDPMegatron)
+	s := prefetchSched(t, 2, job.FSDPMegatron)
 	post0 := opWhere(t, s, "block 0's post", computeOf(0, PhaseForward, SegPost))
 	for _, u := range []Unit{{Layer: 2}, {Layer: 2, Experts: true}} {
 		if g := s.Ops[nthGather(t, s, u, 0)]; !reflect.DeepEqual(g.Deps, []int{post0}) {
@@ -178,7 +179,7 @@ func TestScheduleMegatronFSDP(t *testing.T) {
 
 	cfg := moetest.TinyMoELayers(true, true, true)
 	l := moetest.FSDPLayout(t, 4, 1, 2)
-	l.FSDPImpl = moe.FSDPMegatron
+	l.FSDPImpl = job.FSDPMegatron
 	s = schedFor(t, cfg, l, moe.AC{Mode: moe.ACNone}, 2)
 	for _, u := range []Unit{{Layer: 3}, {Layer: moe.LayerEmbed}} {
 		n := 0

@@ -6,12 +6,13 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 
 	"github.com/moescope/moescope/moe"
 )
 
-func schedFor(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, micro int) *Schedule {
+func schedFor(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, micro int) *Schedule {
 	t.Helper()
 	m, err := NewMesh(l, cfg, 8)
 	if err != nil {
@@ -138,7 +139,7 @@ func TestScheduleBytes(t *testing.T) {
 
 func TestScheduleDepsAcyclic(t *testing.T) {
 	cfg := moetest.TinyMoE()
-	for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
+	for _, sh := range []job.Sharding{job.ShardFSDP, job.ShardZeRO2, job.ShardZeRO1, job.ShardDDP} {
 		l := moetest.FSDPLayout(t, 8, 2, 2)
 		l.Sharding = sh
 		s := schedFor(t, cfg, l, moe.AC{Mode: moe.ACLayer, Every: 2}, 2)
@@ -231,7 +232,7 @@ func TestScheduleGradSyncLastOnly(t *testing.T) {
 // ops in the same order; only Setup, each op's Mem and Peak are empty.
 func TestScheduleNoMemory(t *testing.T) {
 	cfg := moetest.TinyMoE()
-	l := moe.Layout{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 2, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: 4, DPShard: 2, DPReplicate: 2, EP: 2, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	m, err := NewMesh(l, cfg, 8)
 	if err != nil {
 		t.Fatal(err)

@@ -7,12 +7,13 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 )
 
 // stagePassPipeline builds the pipeline of cfg under l: one sequence of 8
 // tokens per micro-batch, one micro-batch.
-func stagePassPipeline(t *testing.T, cfg *moe.Config, l moe.Layout) *Pipeline {
+func stagePassPipeline(t *testing.T, cfg *moe.Config, l job.Layout) *Pipeline {
 	t.Helper()
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
@@ -45,7 +46,7 @@ func TestStagePassAsSchedule(t *testing.T) {
 		for _, ep := range []int{1, 2} {
 			for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACModules, Modules: moe.RecomputeMoE}} {
 				name := fmt.Sprintf("async %v ep %d %s", async, ep, ac)
-				ref := moe.Layout{GPUs: 2, TP: 2, EP: ep, AsyncTP: async, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+				ref := job.Layout{GPUs: 2, TP: 2, EP: ep, AsyncTP: async, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 				if err := ref.Resolve(); err != nil {
 					t.Fatal(err)
 				}
@@ -64,7 +65,7 @@ func TestStagePassAsSchedule(t *testing.T) {
 					}
 					want = append(want, o)
 				}
-				p := stagePassPipeline(t, cfg, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: ep, AsyncTP: async})
+				p := stagePassPipeline(t, cfg, job.Layout{GPUs: 4, PP: 2, TP: 2, EP: ep, AsyncTP: async})
 				var got [][]ScheduleOp
 				for _, pass := range []struct {
 					stage int
@@ -171,7 +172,7 @@ func TestStagePassAsyncBytes(t *testing.T) {
 		{moe.AC{Mode: moe.ACFull}, [2]bytes{{320, 320, 0}, {320 + 96, 320, 96}}, [2]bytes{{576, 576, 0}, {576, 576, 0}}},
 	} {
 		for _, async := range []bool{true, false} {
-			p := stagePassPipeline(t, cfg, moe.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: async})
+			p := stagePassPipeline(t, cfg, job.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: async})
 			for s := range 2 {
 				for _, bwd := range []bool{false, true} {
 					ops, err := p.StagePass(cfg, s, 8, c.ac, moe.Precision{}, bwd)
@@ -215,7 +216,7 @@ func TestStagePassAsyncBytes(t *testing.T) {
 func TestStagePassErrors(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	cfg.KVHeads = 2
-	p := stagePassPipeline(t, cfg, moe.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: true})
+	p := stagePassPipeline(t, cfg, job.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: true})
 	for _, c := range []struct {
 		cfg  *moe.Config
 		s    int

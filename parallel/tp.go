@@ -1,6 +1,9 @@
 package parallel
 
-import "github.com/moescope/moescope/moe"
+import (
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+)
 
 // Tensor-parallel collectives (torchtitan v0.2.2, 73a0e69:
 // models/qwen3/infra/parallelize.py apply_non_moe_tp and
@@ -104,7 +107,7 @@ func (c TPColl) Bytes() int64 { return c.Elements * c.DType.Bytes() }
 // (moe.LayerEmbed, a block, or cfg.LayerHead()) in one micro-step of tokens
 // tokens per data-parallel rank under policy ac, in issue order: forward,
 // the recompute's, backward. Empty when tp = 1.
-func TPCollectives(cfg *moe.Config, l moe.Layout, layer, tokens int, ac moe.AC, act moe.DType) []TPColl {
+func TPCollectives(cfg *moe.Config, l job.Layout, layer, tokens int, ac moe.AC, act moe.DType) []TPColl {
 	if l.TPDegree() == 1 {
 		return nil
 	}

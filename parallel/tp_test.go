@@ -1,10 +1,12 @@
 package parallel
 
 import (
-	"github.com/moescope/moescope/memory"
 	"testing"
 
+	"github.com/moescope/moescope/memory"
+
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 )
 
@@ -20,7 +22,7 @@ import (
 func TestTPCollectivesBytes(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	cfg.KVHeads = 2 // tp 2 must divide the KV heads
-	l := moe.Layout{GPUs: 2, TP: 2}
+	l := job.Layout{GPUs: 2, TP: 2}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -107,13 +109,13 @@ func TestTPCollectivesBytes(t *testing.T) {
 func TestUnitTensorsTP(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	cfg.KVHeads, cfg.SharedExperts, cfg.SharedFFN = 2, 1, 6
-	for _, l := range []moe.Layout{
+	for _, l := range []job.Layout{
 		{GPUs: 8, TP: 2},
 		{GPUs: 8, TP: 2, EP: 2, ETP: 2},
 		{GPUs: 8, TP: 2, EP: 4, ETP: 1},
 		{GPUs: 16, TP: 2, EP: 4, ETP: 1, DPReplicate: 2},
 	} {
-		l.Sharding, l.ReshardAfterForward = moe.ShardFSDP, true
+		l.Sharding, l.ReshardAfterForward = job.ShardFSDP, true
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +163,7 @@ func TestScheduleTP(t *testing.T) {
 	cfg.KVHeads = 2
 	// T = lbs 2 × seq 4 = 8 tokens, divisible by 2·tp.
 	for _, async := range []bool{false, true} {
-		l := moe.Layout{GPUs: 4, TP: 2, EP: 2, AsyncTP: async, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+		l := job.Layout{GPUs: 4, TP: 2, EP: 2, AsyncTP: async, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -217,7 +219,7 @@ func TestScheduleTPGradSync(t *testing.T) {
 	cfg.KVHeads = 2
 	want := map[int]int64{0: 56, 1: 56, cfg.LayerHead(): 8}
 	for _, last := range []bool{false, true} {
-		l := moe.Layout{GPUs: 4, TP: 2, EP: 2, Sharding: moe.ShardFSDP, ReshardAfterForward: true, GradSyncLastOnly: last}
+		l := job.Layout{GPUs: 4, TP: 2, EP: 2, Sharding: job.ShardFSDP, ReshardAfterForward: true, GradSyncLastOnly: last}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/moescope/moescope/bench"
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/moe/bench"
 	"github.com/moescope/moescope/moe/hf"
 )
 

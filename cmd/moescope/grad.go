@@ -16,6 +16,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 func init() {
@@ -250,7 +251,7 @@ const gradHeapFactor = 1.5
 // allocated for one rank holding everything in float32, the reference's
 // storage type, times gradHeapFactor.
 func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, limit hostLimit) error {
-	l := moe.Layout{GPUs: 1, Sharding: moe.ShardDDP}
+	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
 	if err := l.Resolve(); err != nil {
 		return err
 	}

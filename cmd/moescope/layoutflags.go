@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -44,7 +45,7 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); fsdp only)")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	fs.IntVar(&f.pp, "pp", 0, "pipeline-parallel stages (outermost mesh axis; default 1)")
-	fs.StringVar(&f.ppSchedule, "pp-schedule", "", fmt.Sprintf("pipeline schedule, torchtitan's names: %v (default 1F1B)", moe.PPSchedules()))
+	fs.StringVar(&f.ppSchedule, "pp-schedule", "", fmt.Sprintf("pipeline schedule, torchtitan's names: %v (default 1F1B)", job.PPSchedules()))
 	fs.IntVar(&f.ppMicrobatchSize, "pp-microbatch-size", 0, "sequences per pipeline micro-batch; micro-batches per micro-step = lbs ÷ it (default 1)")
 	fs.IntVar(&f.ppVirtualStages, "pp-virtual-stages", 0, "pipeline stages per rank (default 1; 2 for multi-stage schedules, as torchtitan)")
 	fs.StringVar(&f.ppLayers, "pp-layers", "", "explicit split of the transformer layers over the pp × virtual stages, e.g. 10,12,12,10 (default torchtitan's even split)")
@@ -55,9 +56,9 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 // layout resolves the flags into a validated layout for the model. A
 // degree left out is derived from the others; one given must be ≥ 1 (an
 // explicit --gpus 0 once derived the world from --dp-shard and ran).
-func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
+func (f *layoutFlags) layout(cfg *moe.Config) (job.Layout, error) {
 	if err := f.mtp(); err != nil {
-		return moe.Layout{}, err
+		return job.Layout{}, err
 	}
 	set := setFlags(f.fs)
 	for _, d := range []struct {
@@ -66,18 +67,18 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}, {"tp", f.tp}, {"etp", f.etp}, {"pp", f.pp},
 		{"pp-microbatch-size", f.ppMicrobatchSize}, {"pp-virtual-stages", f.ppVirtualStages}} {
 		if set[d.name] && d.v < 1 {
-			return moe.Layout{}, fmt.Errorf("%w: --%s = %d: must be in [1, %d] (leave it out for its default)", errUsage, d.name, d.v, moe.MaxDegree)
+			return job.Layout{}, fmt.Errorf("%w: --%s = %d: must be in [1, %d] (leave it out for its default)", errUsage, d.name, d.v, job.MaxDegree)
 		}
 	}
 	if set["gpus-per-node"] && (f.gpusPerNode < 1 || f.gpusPerNode > hw.MaxGPUsPerNode) {
-		return moe.Layout{}, fmt.Errorf("%w: --gpus-per-node = %d: must be in [1, %d] (leave it out for the cluster's)", errUsage, f.gpusPerNode, hw.MaxGPUsPerNode)
+		return job.Layout{}, fmt.Errorf("%w: --gpus-per-node = %d: must be in [1, %d] (leave it out for the cluster's)", errUsage, f.gpusPerNode, hw.MaxGPUsPerNode)
 	}
-	l := moe.Layout{
+	l := job.Layout{
 		GPUs: f.gpus, DPShard: f.dpShard, DPReplicate: f.dpReplicate, EP: f.ep, TP: f.tp, ETP: f.etp,
-		Sharding: moe.Sharding(f.sharding), FSDPImpl: moe.FSDPImpl(f.fsdpImpl), ReshardAfterForward: f.reshardAfterForward,
+		Sharding: job.Sharding(f.sharding), FSDPImpl: job.FSDPImpl(f.fsdpImpl), ReshardAfterForward: f.reshardAfterForward,
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, AsyncTP: f.asyncTP, GPUsPerNode: f.gpusPerNode,
-		PP: f.pp, PPSchedule: moe.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
-		PPVirtualStages: f.ppVirtualStages, PPLayers: moe.StageLayers(f.ppLayers),
+		PP: f.pp, PPSchedule: job.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
+		PPVirtualStages: f.ppVirtualStages, PPLayers: job.StageLayers(f.ppLayers),
 		GradSyncLastOnly: f.gradSyncLastOnly,
 	}
 	if l.PP > 1 && !set["reshard-after-forward"] {
@@ -100,8 +101,8 @@ func (f *layoutFlags) layout(cfg *moe.Config) (moe.Layout, error) {
 // refuseMegatron is the error of a command that cannot follow Megatron's
 // FSDP when the layout asks for it (nil otherwise): only fsdp2 is refused
 // by no command.
-func refuseMegatron(l moe.Layout, cmd, why string) error {
-	if l.FSDPImpl != moe.FSDPMegatron {
+func refuseMegatron(l job.Layout, cmd, why string) error {
+	if l.FSDPImpl != job.FSDPMegatron {
 		return nil
 	}
 	return fmt.Errorf("%w: --fsdp-impl = megatron: not modelled by %s: %s (simulate prices its schedule)", errUsage, cmd, why)

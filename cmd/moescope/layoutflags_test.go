@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -49,8 +49,8 @@ func TestTrainExplicitZeroGPUsRefused(t *testing.T) {
 // (a rank's memory does not depend on hosts), and train, simulate and plan,
 // which use it, refuse 0, negatives and more than 65536 GPUs per host.
 func TestGPUsPerNodeAbsurdRefused(t *testing.T) {
-	if hw.MaxGPUsPerNode != moe.MaxGPUsPerNode {
-		t.Fatalf("hw.MaxGPUsPerNode %d ≠ moe.MaxGPUsPerNode %d", hw.MaxGPUsPerNode, moe.MaxGPUsPerNode)
+	if hw.MaxGPUsPerNode != job.MaxGPUsPerNode {
+		t.Fatalf("hw.MaxGPUsPerNode %d ≠ job.MaxGPUsPerNode %d", hw.MaxGPUsPerNode, job.MaxGPUsPerNode)
 	}
 	for _, v := range []string{"9223372036854775807", "8", "0"} {
 		_, err := runCmd(t, "memory", "--model", "tiny", "--gpus", "8", "--lbs", "1", "--seq", "8", "--gpus-per-node", v)

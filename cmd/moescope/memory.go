@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -18,7 +19,7 @@ func init() {
 type memoryReport struct {
 	Model              string           `json:"model"`
 	GPU                string           `json:"gpu"`
-	Layout             moe.Layout       `json:"layout"`
+	Layout             job.Layout       `json:"layout"`
 	AC                 moe.AC           `json:"ac"`
 	Attention          string           `json:"attention"`
 	LossChunks         int              `json:"loss_chunks"`

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -158,7 +158,7 @@ func TestMemoryGradSyncLastOnly(t *testing.T) {
 	args := []string{"--model", "llama3-8b", "--gpu", "h200", "--gpus", "4", "--ac", "full", "--lbs", "4", "--seq", "4096",
 		"--grad-accum", "2", "--grad-dtype", "bf16", "--optimizer-dtype", "bf16", "--reduce-dtype", "f32", "--json"}
 	var r struct {
-		Layout    moe.Layout       `json:"layout"`
+		Layout    job.Layout       `json:"layout"`
 		Breakdown map[string]int64 `json:"breakdown"`
 	}
 	out, err := runMem(t, append(args, "--grad-sync-last-only")...)

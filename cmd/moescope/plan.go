@@ -18,6 +18,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
@@ -39,13 +40,13 @@ type planJSON struct {
 	EP                  int            `json:"ep"`
 	TP                  int            `json:"tp,omitempty"`  // absent = 1
 	ETP                 int            `json:"etp,omitempty"` // with tp
-	Sharding            moe.Sharding   `json:"sharding"`
+	Sharding            job.Sharding   `json:"sharding"`
 	ReshardAfterForward bool           `json:"reshard_after_forward"`
 	KeepGathered        bool           `json:"keep_gathered"`
 	AllreduceLastOnly   bool           `json:"allreduce_last_only"`
 	GradSyncLastOnly    bool           `json:"grad_sync_last_only,omitempty"`
 	PP                  int            `json:"pp,omitempty"` // absent = 1; the pipeline fields with it
-	PPSchedule          moe.PPSchedule `json:"pp_schedule,omitempty"`
+	PPSchedule          job.PPSchedule `json:"pp_schedule,omitempty"`
 	PPMicrobatchSize    int            `json:"pp_microbatch_size,omitempty"`
 	PPVirtualStages     int            `json:"pp_virtual_stages,omitempty"`
 	AC                  moe.AC         `json:"ac"`
@@ -107,9 +108,9 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 }
 
 // planOptions names the FSDP options of a layout for the table.
-func planOptions(l moe.Layout) string {
+func planOptions(l job.Layout) string {
 	var o []string
-	if l.Sharding == moe.ShardFSDP && l.DPShard > 1 {
+	if l.Sharding == job.ShardFSDP && l.DPShard > 1 {
 		if l.ReshardAfterForward {
 			o = append(o, "reshard")
 		} else {
@@ -157,7 +158,7 @@ type planArgs struct {
 	ppList, mbsList                    string
 	tps, pps, mbss                     []int // parsed --tp, --pp, --pp-microbatch-sizes
 	schedList                          string
-	scheds                             []moe.PPSchedule // parsed --pp-schedules
+	scheds                             []job.PPSchedule // parsed --pp-schedules
 	acFlag                             string
 	acs                                []moe.AC // parsed --ac (nil: the planner's default policies)
 	mem                                *memoryModelFlags
@@ -274,7 +275,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.ppList, "pp", "1", "pipeline-parallel degrees searched, comma-separated (e.g. 1,2,4,8); each where torchtitan's layer split is even, "+
 		"with the schedules of --pp-schedules and each degree of --tp")
 	fs.StringVar(&a.schedList, "pp-schedules", "1F1B,Interleaved1F1B", fmt.Sprintf("pipeline schedules tried with --pp above 1, comma-separated, of %v "+
-		"(multi-stage ones with 2 stages per rank)", moe.PPSchedules()))
+		"(multi-stage ones with 2 stages per rank)", job.PPSchedules()))
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
 	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: none|selective|full|layer:N|modules:M,… "+
 		"(default: none, selective and full)")
@@ -310,14 +311,14 @@ func (a *planArgs) validate() error {
 	}
 	// Commands reusing the plan flags without these (sweep) leave them
 	// empty: degree 1, the default sizes.
-	a.tps = intList(&errs, "--tp", a.tpList, moe.MaxDegree)
-	a.pps = intList(&errs, "--pp", a.ppList, moe.MaxDegree)
+	a.tps = intList(&errs, "--tp", a.tpList, job.MaxDegree)
+	a.pps = intList(&errs, "--pp", a.ppList, job.MaxDegree)
 	a.mbss = intList(&errs, "--pp-microbatch-sizes", a.mbsList, max(a.maxLBS, 1))
 	for f := range strings.SplitSeq(a.schedList, ",") {
 		if a.schedList == "" {
 			break // sweep: no --pp-schedules, the planner's default
 		}
-		s := moe.PPSchedule(strings.TrimSpace(f))
+		s := job.PPSchedule(strings.TrimSpace(f))
 		if err := s.Check(); err != nil {
 			errs = append(errs, fmt.Errorf("--pp-schedules = %q: %w", a.schedList, err))
 			continue

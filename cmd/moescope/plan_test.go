@@ -17,6 +17,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -59,7 +60,7 @@ func planLog2(n int) float64 {
 func (f *planFake) MemoryFraction(p plan.Point) (float64, error) {
 	l := p.Layout
 	s := float64(l.DPShard)
-	state := map[moe.Sharding]float64{moe.ShardFSDP: 16 / s, moe.ShardZeRO2: 6 + 10/s, moe.ShardZeRO1: 10 + 6/s, moe.ShardDDP: 18}[l.Sharding] * f.params
+	state := map[job.Sharding]float64{job.ShardFSDP: 16 / s, job.ShardZeRO2: 6 + 10/s, job.ShardZeRO1: 10 + 6/s, job.ShardDDP: 18}[l.Sharding] * f.params
 	if !l.ReshardAfterForward || l.KeepGathered {
 		state += 2 * f.params / float64(l.EP)
 	}
@@ -449,7 +450,7 @@ func TestPlanTargetSweeps(t *testing.T) {
 	}
 	sim.Model, sim.Device.MemoryBytes = cfg, 24<<30 // small enough that the target, not --max-lbs, ends each sweep
 	ev := newPlanFake(sim)
-	l := moe.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1}}
 	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
 	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0, nil)
@@ -512,8 +513,8 @@ func TestPlanTargetSweepsPipeline(t *testing.T) {
 	}
 	sim.Model, sim.Device.MemoryBytes = cfg, 192<<30 // the fake's no-reshard weights fit, --max-lbs ends the sweep
 	ev := pipeFake{newPlanFake(sim)}
-	l := moe.Layout{GPUs: 64, PP: 2, DPShard: 32, DPReplicate: 1, EP: 1, Sharding: moe.ShardFSDP,
-		PPSchedule: moe.PPDualPipeV, PPVirtualStages: 2, PPMicrobatchSize: 2}
+	l := job.Layout{GPUs: 64, PP: 2, DPShard: 32, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP,
+		PPSchedule: job.PPDualPipeV, PPVirtualStages: 2, PPMicrobatchSize: 2}
 	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 8, GradAccum: 1}}
 	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
 	sweeps, err := planTargetSweeps(ev, rep, 0.92, 20, 0, []moe.AC{{Mode: moe.ACFull}})

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 )
 
@@ -14,13 +15,13 @@ import (
 // point (two reasons, one candidate) and two FSDP points torchtitan can run.
 func TestExportNarrowingCounts(t *testing.T) {
 	n := newExportNarrowing("job.toml", "", false)
-	pt := func(s moe.Sharding, shard int, keep bool) plan.Point {
-		return plan.Point{Layout: moe.Layout{GPUs: 64, DPShard: shard, DPReplicate: 64 / shard, EP: 1, Sharding: s,
+	pt := func(s job.Sharding, shard int, keep bool) plan.Point {
+		return plan.Point{Layout: job.Layout{GPUs: 64, DPShard: shard, DPReplicate: 64 / shard, EP: 1, Sharding: s,
 			ReshardAfterForward: true, KeepGathered: keep}, AC: moe.AC{Mode: moe.ACFull}, LBS: 1, GradAccum: 2}
 	}
 	refused := 0
-	for _, p := range []plan.Point{pt(moe.ShardZeRO1, 8, false), pt(moe.ShardZeRO2, 8, false), pt(moe.ShardDDP, 8, false),
-		pt(moe.ShardDDP, 32, false), pt(moe.ShardZeRO2, 8, true), pt(moe.ShardFSDP, 8, false), pt(moe.ShardDDP, 1, false)} {
+	for _, p := range []plan.Point{pt(job.ShardZeRO1, 8, false), pt(job.ShardZeRO2, 8, false), pt(job.ShardDDP, 8, false),
+		pt(job.ShardDDP, 32, false), pt(job.ShardZeRO2, 8, true), pt(job.ShardFSDP, 8, false), pt(job.ShardDDP, 1, false)} {
 		if n.admit(p) != nil {
 			refused++
 		}
@@ -54,7 +55,7 @@ func TestExportNarrowingCounts(t *testing.T) {
 // export leaves out zero-bubble pipelines (plan.TorchtitanAdmit with a compiled model), the
 // config-registry export and an eager TOML export keep them.
 func TestExportNarrowingZeroBubbleCompiled(t *testing.T) {
-	l := moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPZBVZeroBubble, Sharding: moe.ShardFSDP}
+	l := job.Layout{GPUs: 16, PP: 2, PPSchedule: job.PPZBVZeroBubble, Sharding: job.ShardFSDP}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/plot"
@@ -204,7 +205,7 @@ func addLevel(p *plot.Plot, x0, x1, y float64, label string, where int) error {
 }
 
 // planLayoutShort names a layout compactly: "fsdp 128×4 ep 1 no-reshard".
-func planLayoutShort(l moe.Layout) string {
+func planLayoutShort(l job.Layout) string {
 	s := fmt.Sprintf("%s %d×%d ep %d", l.Sharding, l.DPShard, l.DPReplicate, l.EP)
 	if o := planOptions(l); o != "-" {
 		s += " " + o

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -10,9 +11,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -24,7 +25,7 @@ func init() {
 // simulateReport is the JSON output of `moescope simulate`.
 type simulateReport struct {
 	Model       string     `json:"model"`
-	Layout      moe.Layout `json:"layout"`
+	Layout      job.Layout `json:"layout"`
 	AC          moe.AC     `json:"ac"`
 	LBS         int        `json:"lbs"`
 	Seq         int        `json:"seq"`
@@ -33,8 +34,17 @@ type simulateReport struct {
 	sim.Result
 }
 
-// hardwareFlags are --gpu, --cluster and --calibration, shared with calibrate.
+// hardwareFlags are --gpu, --cluster and --calibration, shared by the
+// commands that predict time.
 type hardwareFlags struct{ gpu, cluster, calibration string }
+
+func addHardwareFlags(fs *flag.FlagSet) *hardwareFlags {
+	h := &hardwareFlags{}
+	fs.StringVar(&h.gpu, "gpu", hw.DefaultDeviceName, "device from the registry: "+strings.Join(hw.DeviceNames(), ", "))
+	fs.StringVar(&h.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one)")
+	fs.StringVar(&h.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
+	return h
+}
 
 func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error) {
 	dev, err := hw.LookupDevice(h.gpu)
@@ -70,76 +80,39 @@ func readCalibration(path string) (*sim.Calibration, error) {
 	return cal, nil
 }
 
+// simulateFlags are simulate's own flags besides the run and the hardware.
+type simulateFlags struct {
+	tracePath, traceRanks string
+	force, jsonOut        bool
+	target                *float64
+}
+
 func runSimulate(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("simulate", stderr)
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
-	var hwf hardwareFlags
-	fs.StringVar(&hwf.gpu, "gpu", hw.DefaultDeviceName, "device from the registry: "+strings.Join(hw.DeviceNames(), ", "))
-	fs.StringVar(&hwf.cluster, "cluster", "", "built-in cluster ("+strings.Join(hw.ClusterNames(), ", ")+") or a cluster JSON path (default: the GPU's usual one)")
-	fs.StringVar(&hwf.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
-	lf := addLayoutFlags(fs)
-	precision := addPrecisionFlag(fs)
-	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)")
-	mf := addMemoryModelFlags(fs)
-	lbs := fs.Int("lbs", 0, "sequences per data-parallel rank per micro-step (required)")
-	seq := fs.Int("seq", 0, "tokens per sequence (required)")
-	accum := fs.Int("grad-accum", 1, "micro-steps per optimizer step")
-	skew := fs.Float64("expert-skew", 0, "rows of the most loaded expert-parallel rank ÷ the mean (≥ 1; 0 = balanced routing)")
-	tracePath := fs.String("trace", "", "write a Chrome trace (Perfetto) of one step to this file")
-	traceRanks := fs.String("trace-ranks", "", "ranks in the trace: all, or a comma list (default: all up to 16 ranks, else the first host)")
-	force := fs.Bool("force", false, "overwrite an existing --trace file")
-	jsonOut := fs.Bool("json", false, "print one JSON object")
-	target := fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory the layout may use to count as within target, in (0, 1]")
-	torchFlag := fs.String("torch-version", "", "PyTorch release of the job, MAJOR.MINOR (default: 2.9 or later); before 2.9 eager RMSNorm is a composite of fp32 kernels")
-	dispFlag := fs.String("dispatcher", "all_to_all", "how expert parallelism moves tokens: all_to_all (torchtitan's, a row per top-k slot), deepep or hybridep (a row per destination rank)")
-	expFlag := fs.String("expert-gemm", "grouped_mm", "routed experts' matmul kernel: grouped_mm (torch._grouped_mm, torchtitan's) or cublas (TransformerEngine's GroupedLinear, one cuBLAS GEMM per expert)")
-	fusedFlag := fs.Bool("fused-elementwise", false, "the framework runs each elementwise op as one fused kernel (TransformerEngine/Megatron-Core fusions) instead of PyTorch's eager decomposition")
+	hwf := addHardwareFlags(fs)
+	rf := addRunFlags(fs)
+	var sf simulateFlags
+	fs.StringVar(&sf.tracePath, "trace", "", "write a Chrome trace (Perfetto) of one step to this file")
+	fs.StringVar(&sf.traceRanks, "trace-ranks", "", "ranks in the trace: all, or a comma list (default: all up to 16 ranks, else the first host)")
+	fs.BoolVar(&sf.force, "force", false, "overwrite an existing --trace file")
+	fs.BoolVar(&sf.jsonOut, "json", false, "print one JSON object")
+	sf.target = addTargetFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	torchV, err := sim.ParseTorchVersion("--torch-version", *torchFlag)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	disp, err := sim.ParseDispatcher("--dispatcher", *dispFlag)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	experts, err := sim.ParseExpertGEMM("--expert-gemm", *expFlag)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if err := checkPrecisionFlag(*precision); err != nil {
 		return err
 	}
 	if *model == "" {
 		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, hf.Builtins())
 	}
-	if !(*target > 0 && *target <= 1) {
-		return fmt.Errorf("%w: --memory-target = %v: must be in (0, 1]", errUsage, *target)
+	if err := checkTarget(*sf.target); err != nil {
+		return err
 	}
-	if *lbs < 1 {
-		return fmt.Errorf("%w: --lbs = %d: must be ≥ 1", errUsage, *lbs)
-	}
-	if *seq < 1 {
-		return fmt.Errorf("%w: --seq = %d: must be ≥ 1", errUsage, *seq)
-	}
-	if *accum < 1 {
-		return fmt.Errorf("%w: --grad-accum = %d: must be ≥ 1", errUsage, *accum)
-	}
-	if *skew != 0 && !(*skew >= 1) {
-		return fmt.Errorf("%w: --expert-skew = %v: must be ≥ 1 (0 = balanced)", errUsage, *skew)
-	}
-	if *traceRanks != "" && *tracePath == "" {
+	if sf.traceRanks != "" && sf.tracePath == "" {
 		return fmt.Errorf("%w: --trace-ranks needs --trace", errUsage)
 	}
 	ins := []input{{Flag: "--model", Path: *model}, {Flag: "--cluster", Path: hwf.cluster}, {Flag: "--calibration", Path: hwf.calibration}}
-	if err := checkIO(*force, ins, output{Flag: "--trace", Path: *tracePath}); err != nil {
+	if err := checkIO(sf.force, ins, output{Flag: "--trace", Path: sf.tracePath}); err != nil {
 		return err
-	}
-	ac, err := moe.ParseAC(*acFlag)
-	if err != nil {
-		return fmt.Errorf("%w: --ac: %v", errUsage, err)
 	}
 	cfg, err := hf.Load(*model)
 	if err != nil {
@@ -149,49 +122,54 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if !setFlags(fs)["gpus-per-node"] {
-		lf.gpusPerNode = cl.GPUsPerNode
-	}
-	l, err := lf.layout(cfg)
+	spec, err := rf.spec(cfg, cl)
 	if err != nil {
 		return err
 	}
-	in := sim.Input{Config: cfg, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum,
-		Device: dev, Cluster: cl, Calibration: cal, ExpertSkew: *skew, KeepTimeline: *tracePath != "", MemoryTarget: *target,
-		Precision: *precision, Torch: torchV, Dispatcher: disp, ExpertGEMM: experts, FusedElementwise: *fusedFlag}
-	if err := mf.apply(&in.Memory); err != nil {
-		return err
-	}
+	in := simInput(spec, dev, cl, cal)
+	in.KeepTimeline, in.MemoryTarget = sf.tracePath != "", *sf.target
 	res, err := sim.Simulate(in)
 	if err != nil {
 		return err
 	}
-	if *tracePath != "" && l.Stages() > 1 {
-		if *traceRanks != "" {
-			return fmt.Errorf("%w: --trace-ranks = %s: with --pp > 1 the trace has one process per pipeline rank (one data-parallel rank of each stage)", errUsage, *traceRanks)
-		}
-		if err := fileio.WriteFileAtomic(*tracePath, *force, func(w io.Writer) error { return res.WriteTrace(w, nil) }); err != nil {
-			return err
-		}
-		fmt.Fprintf(stderr, "trace of %d pipeline rank(s) written to %s (open in https://ui.perfetto.dev)\n", l.PP, *tracePath)
-	} else if *tracePath != "" {
-		ranks, err := parseTraceRanks(*traceRanks, l.GPUs, cl.GPUsPerNode)
-		if err != nil {
-			return err
-		}
-		if err := fileio.WriteFileAtomic(*tracePath, *force, func(w io.Writer) error { return res.WriteTrace(w, ranks) }); err != nil {
-			return err
-		}
-		fmt.Fprintf(stderr, "trace of %d rank(s) written to %s (open in https://ui.perfetto.dev)\n", len(ranks), *tracePath)
+	if err := writeSimTrace(stderr, sf, res, spec.Layout, cl); err != nil {
+		return err
 	}
-	rep := simulateReport{Model: cfg.Name, Layout: l, AC: ac, LBS: *lbs, Seq: *seq, GradAccum: *accum, Result: res}
+	rep := simulateReport{Model: cfg.Name, Layout: spec.Layout, AC: spec.AC, LBS: spec.LBS, Seq: spec.Seq, GradAccum: spec.GradAccum, Result: res}
 	if cal != nil {
 		rep.Calibration = hwf.calibration
 	}
-	if *jsonOut {
+	if sf.jsonOut {
 		return writeJSON(stdout, "simulate", rep)
 	}
 	return printSimulate(stdout, rep)
+}
+
+// writeSimTrace writes --trace: one process per pipeline rank under pp,
+// else the ranks --trace-ranks names.
+func writeSimTrace(stderr io.Writer, sf simulateFlags, res sim.Result, l job.Layout, cl *hw.Cluster) error {
+	switch {
+	case sf.tracePath == "":
+		return nil
+	case l.Stages() > 1:
+		if sf.traceRanks != "" {
+			return fmt.Errorf("%w: --trace-ranks = %s: with --pp > 1 the trace has one process per pipeline rank (one data-parallel rank of each stage)", errUsage, sf.traceRanks)
+		}
+		if err := fileio.WriteFileAtomic(sf.tracePath, sf.force, func(w io.Writer) error { return res.WriteTrace(w, nil) }); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "trace of %d pipeline rank(s) written to %s (open in https://ui.perfetto.dev)\n", l.PP, sf.tracePath)
+		return nil
+	}
+	ranks, err := parseTraceRanks(sf.traceRanks, l.GPUs, cl.GPUsPerNode)
+	if err != nil {
+		return err
+	}
+	if err := fileio.WriteFileAtomic(sf.tracePath, sf.force, func(w io.Writer) error { return res.WriteTrace(w, ranks) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "trace of %d rank(s) written to %s (open in https://ui.perfetto.dev)\n", len(ranks), sf.tracePath)
+	return nil
 }
 
 // parseTraceRanks reads --trace-ranks.
@@ -233,7 +211,7 @@ func printSimulate(w io.Writer, r simulateReport) error {
 		pp = fmt.Sprintf("pp %d × ", l.PP)
 	}
 	sharding := string(l.Sharding)
-	if l.FSDPImpl == moe.FSDPMegatron {
+	if l.FSDPImpl == job.FSDPMegatron {
 		sharding += " (Megatron's FSDP schedule)"
 	}
 	fmt.Fprintf(w, "%s on %d × %s (%s): %sdp_replicate %d × dp_shard %d, ep %d, %s, ac %s, lbs %d, seq %d, grad-accum %d\n",

@@ -12,6 +12,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
@@ -25,7 +26,7 @@ func init() {
 // trainReport is the JSON output of `moescope train`.
 type trainReport struct {
 	Model     string     `json:"model"`
-	Layout    moe.Layout `json:"layout"`
+	Layout    job.Layout `json:"layout"`
 	AC        moe.AC     `json:"ac"`
 	LBS       int        `json:"lbs"`
 	Seq       int        `json:"seq"`
@@ -61,7 +62,7 @@ type trainArgs struct {
 // trainRun is what a run of train is built from.
 type trainRun struct {
 	cfg    *moe.Config
-	layout moe.Layout
+	layout job.Layout
 	mesh   *parallel.Mesh
 	ac     moe.AC
 	batch  parallel.Batch
@@ -367,7 +368,7 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 // checkHostMemory refuses a run whose float32 tensors would need more host
 // memory than --host-memory-gib, naming the term that does not fit
 // (numeric.EstimateHostMemory).
-func checkHostMemory(cfg *moe.Config, l moe.Layout, b memory.Batch, ac moe.AC, limitGiB float64) error {
+func checkHostMemory(cfg *moe.Config, l job.Layout, b memory.Batch, ac moe.AC, limitGiB float64) error {
 	h, err := numeric.EstimateHostMemory(cfg, l, b, ac)
 	limit := limitGiB * (1 << 30)
 	switch {

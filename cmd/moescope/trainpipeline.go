@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/parallel/numeric"
 )
@@ -35,7 +36,7 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 	// Every rank holds a whole float32 copy of the model here (it uses its
 	// stages' tensors only) and at most lbs sequences of activations in
 	// flight: gpus replicas of one rank.
-	host := moe.Layout{GPUs: r.layout.GPUs, DPShard: 1, DPReplicate: r.layout.GPUs, EP: 1, Sharding: moe.ShardDDP}
+	host := job.Layout{GPUs: r.layout.GPUs, DPShard: 1, DPReplicate: r.layout.GPUs, EP: 1, Sharding: job.ShardDDP}
 	if err := checkHostMemory(cfg, host, memory.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum}, r.ac, a.hostGiB); err != nil {
 		return err
 	}
@@ -98,7 +99,7 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 // stageEP says, with ep > 1, which of a stage's ranks EP borrows:
 // dp_shard's, and the tp ranks too at etp 1 (torchtitan v0.2.2's
 // ParallelDims: efsdp = dp_shard·tp/(ep·etp)).
-func stageEP(l moe.Layout) string {
+func stageEP(l job.Layout) string {
 	switch {
 	case l.EP == 1:
 		return ""

@@ -23,22 +23,25 @@ const module = "github.com/moescope/moescope"
 // analytic accountings (flops, memory), and the leaves below moe. Package
 // numeric's communicator (parallel/numeric/collective: goroutine ranks'
 // collectives, knowing no model) sits below numeric and above parallel,
-// whose meshes and groups it serves.
+// whose meshes and groups it serves. The commands sit at the top:
+// sizecheck, the CI's size check, imports only internal/sizes, which like
+// every internal package sits at the bottom.
 var layers = [][]string{
-	{"cmd/moescope"},
+	{"cmd/moescope", "internal/sizes/cmd/sizecheck"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},
 	{"parallel/numeric/collective"},
 	{"parallel"},
-	{"parallel/hw", "moe/bench"},
+	{"parallel/hw", "bench"},
 	{"flops", "memory"},
 	{"moe/moetest"},
+	{"moe/job"},
 	{"moe/hf"},
 	{"moe"},
 	{"moe/attn"},
 	{"moe/kernel", "moe/safetensors"},
-	{"internal/fileio", "internal/golden", "internal/layering"},
+	{"internal/fileio", "internal/golden", "internal/layering", "internal/sizes"},
 }
 
 // testSupport are imported by tests only, from any layer: the shared random

@@ -76,9 +76,16 @@ func init() {
 // kernels (SwiGLU, Add, Axpy, RMSNorm's rows) between the assembly (on) and the plain Go versions (off, for
 // tests).
 func useAsmRows(on bool) {
+	useAsmNormRows(on)
+	useAsmElementwiseRows(on)
+	useAsmAttentionRows(on)
+}
+
+// useAsmNormRows switches RMSNorm's row operations (norm.go) between the
+// assembly, over the rows' multiple-of-8 prefixes with the plain Go
+// version finishing each tail, and the plain Go versions.
+func useAsmNormRows(on bool) {
 	if !on {
-		expSubSumRow, maxRow, scaleRow, dsRow, dotRow = expSubSumGo, maxGo, scaleGo, dsGo, dotGo
-		swigluRow, swigluBwdRow, addRowF, axpyRowF = swigluGo, swigluBwdGo, addGo, axpyGo
 		normSumSqRow, normScaleRow, normDotRow, normDxRow, normDwRow = normSumSqGo, normScaleGo, normDotGo, normDxGo, normDwGo
 		return
 	}
@@ -123,6 +130,17 @@ func useAsmRows(on bool) {
 		}
 		normDwGo(dw[n:], dy[n:], x[n:], r)
 	}
+}
+
+// useAsmElementwiseRows switches the element-wise rows (elementwise.go:
+// Add's, Axpy's, SwiGLU's forward and backward) between the assembly, over
+// the rows' multiple-of-8 prefixes with the plain Go version finishing each
+// tail, and the plain Go versions.
+func useAsmElementwiseRows(on bool) {
+	if !on {
+		swigluRow, swigluBwdRow, addRowF, axpyRowF = swigluGo, swigluBwdGo, addGo, axpyGo
+		return
+	}
 	addRowF = func(dst, a, b []float32) {
 		n := len(dst) &^ 7
 		if n > 0 {
@@ -154,6 +172,16 @@ func useAsmRows(on bool) {
 			swigluBwd(&dg[0], &du[0], &da[0], &g[0], &sg[0], &u[0], n)
 		}
 		swigluBwdGo(dg[n:], du[n:], da[n:], g[n:], sg[n:], u[n:])
+	}
+}
+
+// useAsmAttentionRows switches attention's row operations (rows.go) between
+// the assembly, over the rows' multiple-of-8 prefixes with the plain Go
+// version finishing each tail, and the plain Go versions.
+func useAsmAttentionRows(on bool) {
+	if !on {
+		expSubSumRow, maxRow, scaleRow, dsRow, dotRow = expSubSumGo, maxGo, scaleGo, dsGo, dotGo
+		return
 	}
 	expSubSumRow = func(x []float32, m float32) float32 {
 		n := len(x) &^ 7

@@ -34,5 +34,6 @@
 // Programming errors (slices shorter than their shapes) panic with a
 // constant message at the exported entry.
 //
-// It imports nothing of moescope; moe and moe/bench import it.
+// It imports nothing of moescope; the reference implementation (moe,
+// moe/attn), bench, the numeric backend and the CLI import it.
 package kernel

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TinyMoE is a fixed 2-layer MoE model small enough for -race tests of
@@ -37,9 +38,9 @@ func TinyMoELayers(moeLayers ...bool) *moe.Config {
 
 // FSDPLayout is the resolved FSDP layout of gpus ranks in rep replicas with
 // expert parallelism ep, resharding after forward (torchtitan's default).
-func FSDPLayout(t testing.TB, gpus, rep, ep int) moe.Layout {
+func FSDPLayout(t testing.TB, gpus, rep, ep int) job.Layout {
 	t.Helper()
-	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: gpus, DPReplicate: rep, EP: ep, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

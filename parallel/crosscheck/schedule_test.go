@@ -8,6 +8,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric"
 	"github.com/moescope/moescope/parallel/sim"
@@ -40,7 +41,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 	const lbs, seq = 2, 16
 	skewed := 0
 	for _, tc := range cases {
-		l := moe.Layout{GPUs: tc.gpus, DPReplicate: tc.rep, DPShard: tc.gpus / tc.rep, EP: tc.ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+		l := job.Layout{GPUs: tc.gpus, DPReplicate: tc.rep, DPShard: tc.gpus / tc.rep, EP: tc.ep, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 		name := fmt.Sprintf("%d×%d ep %d %s", tc.rep, tc.gpus/tc.rep, tc.ep, tc.ac)
 		m, err := parallel.NewMesh(l, cfg, 8)
 		if err != nil {

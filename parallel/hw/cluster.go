@@ -66,7 +66,7 @@ func (l LinkClass) String() string {
 
 // MaxGPUsPerNode bounds gpus_per_node (and --gpus-per-node): an HGX host
 // holds 8 GPUs, a GB200 NVL72 compute tray 4; 65536 is far above any host.
-// moe.MaxGPUsPerNode, the layout's bound, is the same (hw imports no moe).
+// job.MaxGPUsPerNode, the layout's bound, is the same (hw imports no moe).
 const MaxGPUsPerNode = 1 << 16
 
 // DefaultClusterName is the cluster used when none is given (DESIGN: hgx).

@@ -13,6 +13,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/safetensors"
 )
 
@@ -36,7 +37,7 @@ import (
 type TrainState struct {
 	Model     string     `json:"model"`
 	Step      int        `json:"step"` // optimizer steps taken
-	Layout    moe.Layout `json:"layout"`
+	Layout    job.Layout `json:"layout"`
 	AC        string     `json:"ac"`
 	LBS       int        `json:"lbs"`
 	Seq       int        `json:"seq"`

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
@@ -22,7 +23,7 @@ import (
 // routed rows including an expert with none.
 func TestEPStageDefersExpertWeightGrads(t *testing.T) {
 	cfg := moetest.TinyMoE()
-	l := moe.Layout{GPUs: 2, EP: 2}
+	l := job.Layout{GPUs: 2, EP: 2}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package numeric
 import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // HostMemory is what a numeric run of Trainer needs of this machine's
@@ -51,7 +52,7 @@ const PaddedCopies = 1.0
 // EstimateHostMemory sizes a numeric run of cfg on l's world of ranks. The
 // Params term (and Parameters) is filled even when the activation estimate
 // fails, so a caller can refuse an oversized model first.
-func EstimateHostMemory(cfg *moe.Config, l moe.Layout, b memory.Batch, ac moe.AC) (HostMemory, error) {
+func EstimateHostMemory(cfg *moe.Config, l job.Layout, b memory.Batch, ac moe.AC) (HostMemory, error) {
 	var h HostMemory
 	for _, p := range cfg.Params() {
 		h.Parameters += p.Elements()

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -111,9 +112,9 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 		}
 		g := m.Group(axis, rank)
 		nu := &numUnit{u: u, group: g, idx: g.IndexOf(rank), shards: parallel.UnitTensors(cfg, ux, m, u, g.Size())}
-		nu.fullData = sh != moe.ShardFSDP
-		nu.shardGrad = sh == moe.ShardFSDP || sh == moe.ShardZeRO2
-		nu.shardOpt = sh != moe.ShardDDP
+		nu.fullData = sh != job.ShardFSDP
+		nu.shardGrad = sh == job.ShardFSDP || sh == job.ShardZeRO2
+		nu.shardOpt = sh != job.ShardDDP
 		if u.Experts {
 			el := cfg.Experts / m.Layout.EP
 			lo := r.coord.EP * el

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
@@ -18,13 +19,13 @@ import (
 
 // numericRun trains steps optimizer steps of cfg under layout l and returns
 // the per-step losses and the final parameters.
-func numericRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, micro, steps int) ([]StepResult, [][]float32, *Trainer) {
+func numericRun(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, micro, steps int) ([]StepResult, [][]float32, *Trainer) {
 	t.Helper()
 	return numericRunSeq(t, cfg, l, ac, lbs, 4, micro, steps)
 }
 
 // numericRunSeq is numericRun on sequences of seq tokens.
-func numericRunSeq(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, seq, micro, steps int) ([]StepResult, [][]float32, *Trainer) {
+func numericRunSeq(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, seq, micro, steps int) ([]StepResult, [][]float32, *Trainer) {
 	t.Helper()
 	m, err := parallel.NewMesh(l, cfg, 4)
 	if err != nil {
@@ -100,7 +101,7 @@ func compareRuns(t *testing.T, name string, a, b []StepResult, pa, pb [][]float3
 func TestNumericEqualsOneRank(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	acs := []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACLayer, Every: 2}}
-	shardings := []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
+	shardings := []job.Sharding{job.ShardFSDP, job.ShardZeRO2, job.ShardZeRO1, job.ShardDDP}
 	type mesh struct{ gpus, rep, ep int }
 	meshes := []mesh{{1, 1, 1}, {2, 1, 1}, {2, 1, 2}, {4, 1, 1}, {4, 1, 2}, {4, 1, 4}, {4, 2, 1}, {4, 2, 2}, {8, 1, 1}, {8, 1, 2}, {8, 1, 4}}
 	const steps = 3
@@ -219,19 +220,19 @@ func TestNumericFollowsSchedule(t *testing.T) {
 	cfg := moetest.TinyMoE()
 	cases := []struct {
 		gpus, rep, ep int
-		sh            moe.Sharding
+		sh            job.Sharding
 		ac            moe.AC
 		micro         int
 		keep, last    bool
 	}{
-		{4, 1, 2, moe.ShardFSDP, moe.AC{Mode: moe.ACFull}, 2, false, false},
-		{4, 2, 2, moe.ShardFSDP, moe.AC{Mode: moe.ACSelective}, 2, true, true},
-		{4, 2, 1, moe.ShardZeRO2, moe.AC{Mode: moe.ACNone}, 1, false, false},
-		{8, 1, 4, moe.ShardZeRO1, moe.AC{Mode: moe.ACLayer, Every: 2}, 2, false, false},
-		{2, 2, 1, moe.ShardDDP, moe.AC{Mode: moe.ACSelective}, 3, false, true},
+		{4, 1, 2, job.ShardFSDP, moe.AC{Mode: moe.ACFull}, 2, false, false},
+		{4, 2, 2, job.ShardFSDP, moe.AC{Mode: moe.ACSelective}, 2, true, true},
+		{4, 2, 1, job.ShardZeRO2, moe.AC{Mode: moe.ACNone}, 1, false, false},
+		{8, 1, 4, job.ShardZeRO1, moe.AC{Mode: moe.ACLayer, Every: 2}, 2, false, false},
+		{2, 2, 1, job.ShardDDP, moe.AC{Mode: moe.ACSelective}, 3, false, true},
 		// Megatron's moe module re-runs the MoE layer's all-to-alls.
-		{4, 1, 2, moe.ShardFSDP, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, 2, false, false},
-		{4, 2, 2, moe.ShardZeRO1, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, 2, true, false},
+		{4, 1, 2, job.ShardFSDP, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, 2, false, false},
+		{4, 2, 2, job.ShardZeRO1, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, 2, true, false},
 	}
 	for _, tc := range cases {
 		l := moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep)
@@ -420,7 +421,7 @@ func TestNumericStateEqualsMemory(t *testing.T) {
 	bias.Score, bias.SelectionBias, bias.AuxLossCoef = moe.Sigmoid, true, 0
 	for _, cfg := range []*moe.Config{moetest.TinyMoE(), bias} {
 		for _, c := range [][3]int{{1, 1, 1}, {2, 1, 2}, {4, 2, 1}, {8, 1, 1}, {8, 2, 4}, {8, 1, 4}} {
-			for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
+			for _, sh := range []job.Sharding{job.ShardFSDP, job.ShardZeRO2, job.ShardZeRO1, job.ShardDDP} {
 				l := moetest.FSDPLayout(t, c[0], c[1], c[2])
 				l.Sharding = sh
 				m, err := parallel.NewMesh(l, cfg, 8)
@@ -496,12 +497,12 @@ type rankCase struct {
 }
 
 // layout resolves the case's layout (FSDP, resharding after forward).
-func (c rankCase) layout(t *testing.T) moe.Layout {
+func (c rankCase) layout(t *testing.T) job.Layout {
 	t.Helper()
 	if c.tp <= 1 {
 		return moetest.FSDPLayout(t, c.gpus, c.rep, c.ep)
 	}
-	l := moe.Layout{GPUs: c.gpus, DPReplicate: c.rep, EP: c.ep, TP: c.tp, ETP: c.etp, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: c.gpus, DPReplicate: c.rep, EP: c.ep, TP: c.tp, ETP: c.etp, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -16,7 +17,7 @@ import (
 // goroutine per pipeline rank, each running its stages' layers.
 type PipelineSpec struct {
 	Config    *moe.Config
-	Layout    moe.Layout // resolved, pp > 1, one data-parallel rank per stage
+	Layout    job.Layout // resolved, pp > 1, one data-parallel rank per stage
 	AC        moe.AC
 	LBS, Seq  int // sequences per micro-step (split into pipeline micro-batches), tokens per sequence
 	Accum     int // grad-accum micro-steps
@@ -28,7 +29,7 @@ type PipelineSpec struct {
 }
 
 // PipelineTrainer trains the reference model with one goroutine per
-// pipeline rank. Each runs its actions in moe.PipelineOrder's order; a
+// pipeline rank. Each runs its actions in job.PipelineOrder's order; a
 // forward of stage s receives its input from stage s − 1 (stage 0 embeds
 // its micro-batch's tokens), runs the stage's blocks and sends the output
 // to stage s + 1 (the last stage computes the loss); a backward receives
@@ -56,7 +57,7 @@ type PipelineSpec struct {
 // layers from their loads and applies AdamW to its own parameters.
 //
 // FSDP inside a stage: each stage has dp_shard data-parallel ranks (its
-// own communicator over the stage's mesh, moe.Layout.StageLayout), rank d
+// own communicator over the stage's mesh, job.Layout.StageLayout), rank d
 // talking to rank d of the neighbouring stages. Each holds a 1/dp_shard
 // chunk of every tensor of its stages (flat, the last chunk padded) with
 // its AdamW moments; the stage's tensors are all-gathered at the start of
@@ -77,7 +78,7 @@ type PipelineSpec struct {
 // so the run equals that rank's up to float32 summation order.
 //
 // Tensor parallelism inside a stage (tp > 1): a stage's ranks are dp_shard
-// × tp (tp innermost, moe.Layout.StageLayout); the tp ranks of a
+// × tp (tp innermost, job.Layout.StageLayout); the tp ranks of a
 // data-parallel rank read its micro-batches, each holds its tp pieces of
 // the stage's tensors (moe.TPShard, as the single-program trainer's ranks
 // do, which FSDP then chunks over dp_shard) and runs the blocks with
@@ -140,7 +141,7 @@ type PipelineTrainer struct {
 	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
 	el    int            // routed experts per EP rank
 	lcfg  *moe.Config    // a tp rank's local shapes (moe.Config.TPLocal; the config itself without tp)
-	order [][]moe.PipeAction
+	order [][]job.PipeAction
 	split []int
 	first []int               // first layer of each stage, then cfg.Layers
 	ranks [][]*pipeRank       // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
@@ -177,7 +178,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if err != nil {
 		return nil, err
 	}
-	order, err := moe.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
+	order, err := job.PipelineOrder(l.PPSchedule, l.Stages(), l.VirtualStages(), m)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +240,7 @@ func checkPipelineSpec(spec PipelineSpec) error {
 	switch {
 	case l.Stages() < 2:
 		return fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
-	case l.DPShard > 1 && l.Sharding != moe.ShardFSDP:
+	case l.DPShard > 1 && l.Sharding != job.ShardFSDP:
 		// Only what dp_shard shards is unbuilt (replicas, tp and ep run
 		// under fsdp); without a dp_shard axis the modes are the same.
 		return fmt.Errorf("numeric: pipeline: sharding %s over dp_shard %d inside a pipeline stage: not built (built: fsdp); gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, ep %d, etp %d",

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -171,7 +172,7 @@ func (st *pipeStep) epFailed() error {
 }
 
 // run runs action act of micro-step a, whose channels are links.
-func (st *pipeStep) run(a int, act moe.PipeAction, links *pipeLinks) error {
+func (st *pipeStep) run(a int, act job.PipeAction, links *pipeLinks) error {
 	p := st.p
 	// A failed tp collective left zeros behind it: stop at the
 	// next action (the communicator cancels the other ranks).
@@ -181,15 +182,15 @@ func (st *pipeStep) run(a int, act moe.PipeAction, links *pipeLinks) error {
 	s, j := act.Stage, act.Micro
 	k := (a*p.dp+st.pr.d)*p.m + j // the micro-batch in one rank's order
 	switch {
-	case act.Kind == moe.PipeF:
+	case act.Kind == job.PipeF:
 		return st.forward(s, j, k, links)
-	case act.Kind == moe.PipeW && s > 0:
+	case act.Kind == job.PipeW && s > 0:
 		return st.weightPass(a, s, j)
-	case act.Kind == moe.PipeI && s == 0:
+	case act.Kind == job.PipeI && s == 0:
 		// PyTorch's first stage runs nothing at its input pass and
 		// the whole backward at its weight pass.
 		return nil
-	case act.Kind == moe.PipeI:
+	case act.Kind == job.PipeI:
 		q := &moe.WeightQueue{}
 		st.queues[j][s] = q
 		st.deferGrads(s, j, q)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
@@ -25,7 +26,7 @@ func pipelineModel(layers int) *moe.Config {
 	return c
 }
 
-func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, seq, accum, steps int) ([]StepResult, [][]float32) {
+func pipelineRun(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, seq, accum, steps int) ([]StepResult, [][]float32) {
 	t.Helper()
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
@@ -66,75 +67,75 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, lbs, se
 func TestPipelineEqualsOneRank(t *testing.T) {
 	for _, c := range []struct {
 		layers int
-		l      moe.Layout
+		l      job.Layout
 		lbs    int
 		accum  int
 		ac     moe.AC
 		bias   bool
 		aux    string // "", "hf" (HF's loss over every layer) or "seq" (DeepSeek-MoE's per layer)
 	}{
-		{4, moe.Layout{GPUs: 2, PP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
-		{4, moe.Layout{GPUs: 4, PP: 4}, 8, 2, moe.AC{Mode: moe.ACNone}, false, ""},
-		{4, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPGPipe}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
-		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
-		{4, moe.Layout{GPUs: 2, PP: 2, PPLayers: "3,1"}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		{4, job.Layout{GPUs: 2, PP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{4, job.Layout{GPUs: 4, PP: 4}, 8, 2, moe.AC{Mode: moe.ACNone}, false, ""},
+		{4, job.Layout{GPUs: 4, PP: 4, PPSchedule: job.PPGPipe}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		{6, job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{4, job.Layout{GPUs: 2, PP: 2, PPLayers: "3,1"}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
 		// FSDP inside the stages.
-		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
-		{4, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: moe.ShardFSDP}, 4, 1, moe.AC{Mode: moe.ACNone}, false, ""},
-		{6, moe.Layout{GPUs: 6, PP: 2, DPShard: 3, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		{4, job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		{4, job.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: job.ShardFSDP}, 4, 1, moe.AC{Mode: moe.ACNone}, false, ""},
+		{6, job.Layout{GPUs: 6, PP: 2, DPShard: 3, Sharding: job.ShardFSDP, PPSchedule: job.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
 		// The aux loss across stages.
-		{4, moe.Layout{GPUs: 4, PP: 4}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "hf"},
-		{4, moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{4, job.Layout{GPUs: 4, PP: 4}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardFSDP, PPSchedule: job.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "hf"},
+		{4, job.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, false, "seq"},
 		// Tensor parallelism inside the stages (sequence parallelism, the
 		// stages exchanging each tp rank's sequence shard), alone, with
 		// FSDP, with an interleaved schedule, the aux losses and the
 		// selection bias.
-		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
-		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, Sharding: moe.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACNone}, true, ""},
-		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
-		{4, moe.Layout{GPUs: 8, PP: 4, TP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
-		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+		{4, job.Layout{GPUs: 4, PP: 2, TP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{4, job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, Sharding: job.ShardFSDP}, 2, 2, moe.AC{Mode: moe.ACNone}, true, ""},
+		{6, job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
+		{4, job.Layout{GPUs: 8, PP: 4, TP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{4, job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // Megatron's recompute modules, as R140 and R143
-		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+		{4, job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, false, "hf"}, // and as R145
-		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP}, 2, 1,
+		{4, job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardFSDP}, 2, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, ""},
 		// Zero-bubble schedules: backward split into input and weight
 		// passes, V placement for ZBVZeroBubble.
-		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
-		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 2, 2, moe.AC{Mode: moe.ACFull}, true, "hf"},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, ""},
-		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
-		{8, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"}, 7, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
-		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPInterleavedZeroBubble, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		{6, job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, ""},
+		{6, job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPZBVZeroBubble}, 2, 2, moe.AC{Mode: moe.ACFull}, true, "hf"},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardFSDP, PPSchedule: job.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, ""},
+		{8, job.Layout{GPUs: 4, PP: 4, PPSchedule: job.PPZBVZeroBubble, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{8, job.Layout{GPUs: 8, PP: 4, DPShard: 2, Sharding: job.ShardFSDP, PPSchedule: job.PPZBVZeroBubble, PPLayers: "1,1,1,1,1,1,1,1"}, 7, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardFSDP, PPSchedule: job.PPInterleavedZeroBubble, PPMicrobatchSize: 2}, 4, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
 		// DualPipeV: full backwards, input and weight passes on one stage.
-		{6, moe.Layout{GPUs: 2, PP: 2, PPSchedule: moe.PPDualPipeV}, 5, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: moe.ShardFSDP, PPSchedule: moe.PPDualPipeV}, 4, 2, moe.AC{Mode: moe.ACFull}, true, ""},
-		{8, moe.Layout{GPUs: 4, PP: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
+		{6, job.Layout{GPUs: 2, PP: 2, PPSchedule: job.PPDualPipeV}, 5, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, Sharding: job.ShardFSDP, PPSchedule: job.PPDualPipeV}, 4, 2, moe.AC{Mode: moe.ACFull}, true, ""},
+		{8, job.Layout{GPUs: 4, PP: 4, PPSchedule: job.PPDualPipeV, PPLayers: "0,1,1,2,2,1,1,0"}, 8, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
 		// Zero-bubble schedules with tp inside the stages.
-		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
-		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
-		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
+		{6, job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{6, job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: job.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		{6, job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
 		// Expert parallelism inside the stages, borrowing dp_shard (the
 		// experts FSDP-chunked over efsdp when dp_shard > ep), with every
 		// schedule kind: 1F1B, GPipe, interleaved, and the zero-bubble ones
 		// (the experts' weight gradients queued in the input pass).
-		{4, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
-		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2}, 2, 1, moe.AC{Mode: moe.ACNone}, true, "seq"},
-		{4, moe.Layout{GPUs: 8, PP: 4, DPShard: 2, EP: 2, PPSchedule: moe.PPGPipe}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
-		{6, moe.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: moe.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
+		{4, job.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: job.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
+		{4, job.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2}, 2, 1, moe.AC{Mode: moe.ACNone}, true, "seq"},
+		{4, job.Layout{GPUs: 8, PP: 4, DPShard: 2, EP: 2, PPSchedule: job.PPGPipe}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: job.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: job.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACFull}, false, ""},
+		{6, job.Layout{GPUs: 4, PP: 2, DPShard: 2, EP: 2, PPSchedule: job.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
 		// Replicas inside the stages (HSDP: the replicate all-reduce after
 		// the dp_shard reduce-scatter), alone, with FSDP and EP, with tp,
 		// under a zero-bubble schedule.
-		{4, moe.Layout{GPUs: 4, PP: 2, DPReplicate: 2}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
-		{6, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, DPShard: 2, EP: 2, PPSchedule: moe.PPInterleaved1F1B}, 2, 1, moe.AC{Mode: moe.ACNone}, true, "hf"},
-		{4, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, TP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
-		{6, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, DPShard: 2, PPSchedule: moe.PPZBVZeroBubble}, 2, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
+		{4, job.Layout{GPUs: 4, PP: 2, DPReplicate: 2}, 2, 2, moe.AC{Mode: moe.ACSelective}, true, ""},
+		{6, job.Layout{GPUs: 8, PP: 2, DPReplicate: 2, DPShard: 2, EP: 2, PPSchedule: job.PPInterleaved1F1B}, 2, 1, moe.AC{Mode: moe.ACNone}, true, "hf"},
+		{4, job.Layout{GPUs: 8, PP: 2, DPReplicate: 2, TP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "seq"},
+		{6, job.Layout{GPUs: 8, PP: 2, DPReplicate: 2, DPShard: 2, PPSchedule: job.PPZBVZeroBubble}, 2, 1, moe.AC{Mode: moe.ACFull}, false, "hf"},
 		// tp × ep inside the stages, on the stage mesh's placement
 		// (parallel.Mesh). At etp 1 EP borrows dp_shard × tp: whole experts,
 		// each tp rank routing its 1/tp of the tokens; with tp 2 the EP
@@ -143,15 +144,15 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 		// {1, 3}, whose expert gradients it sums. At etp = tp EP borrows
 		// dp_shard only and each expert is split over tp. Every schedule,
 		// FSDP and replicas.
-		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
-		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
-		{4, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 4, PPSchedule: moe.PPGPipe}, 2, 2, moe.AC{Mode: moe.ACFull}, true, ""},
-		{4, moe.Layout{GPUs: 8, PP: 2, TP: 4, EP: 2}, 2, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
-		{6, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
-		{6, moe.Layout{GPUs: 8, PP: 2, DPReplicate: 2, TP: 2, EP: 2, PPSchedule: moe.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
-		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "seq"},
-		{6, moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, true, ""},
-		{4, moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
+		{4, job.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{4, job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, PPMicrobatchSize: 2}, 4, 1, moe.AC{Mode: moe.ACNone}, false, "seq"},
+		{4, job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 4, PPSchedule: job.PPGPipe}, 2, 2, moe.AC{Mode: moe.ACFull}, true, ""},
+		{4, job.Layout{GPUs: 8, PP: 2, TP: 4, EP: 2}, 2, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, job.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, PPSchedule: job.PPZBVZeroBubble}, 4, 1, moe.AC{Mode: moe.ACSelective}, false, "hf"},
+		{6, job.Layout{GPUs: 8, PP: 2, DPReplicate: 2, TP: 2, EP: 2, PPSchedule: job.PPDualPipeV}, 4, 1, moe.AC{Mode: moe.ACSelective}, true, "hf"},
+		{6, job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: job.PPInterleaved1F1B}, 4, 1, moe.AC{Mode: moe.ACFull}, false, "seq"},
+		{6, job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: job.PPInterleavedZeroBubble}, 4, 1, moe.AC{Mode: moe.ACNone}, true, ""},
+		{4, job.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2, PPSchedule: job.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, 4, 1,
 			moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}, false, "hf"}, // R140's shape: tp 2 × ep, interleaved, Megatron's recompute modules
 	} {
 		cfg := pipelineModel(c.layers)
@@ -194,16 +195,16 @@ func TestPipelineEqualsOneRank(t *testing.T) {
 func TestPipelineTrainerRefuses(t *testing.T) {
 	cfg := pipelineModel(4)
 	for _, c := range []struct {
-		l    moe.Layout
+		l    job.Layout
 		cfg  func(*moe.Config)
 		want string
 	}{
 		// What stays refused names every factor.
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, Sharding: moe.ShardZeRO1}, nil,
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, Sharding: job.ShardZeRO1}, nil,
 			"sharding zero1 over dp_shard 2 inside a pipeline stage: not built (built: fsdp); gpus 8 = pp 2 × dp_replicate 1 × dp_shard 2 × tp 2, ep 2, etp 1"},
-		{moe.Layout{GPUs: 4, PP: 2, Sharding: moe.ShardZeRO2}, nil, "sharding zero2 over dp_shard 2 inside a pipeline stage: not built (built: fsdp)"},
-		{moe.Layout{GPUs: 2, PP: 2}, func(c *moe.Config) { c.TiedEmbeddings = true }, "tied embeddings"},
-		{moe.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 3}, nil, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
+		{job.Layout{GPUs: 4, PP: 2, Sharding: job.ShardZeRO2}, nil, "sharding zero2 over dp_shard 2 inside a pipeline stage: not built (built: fsdp)"},
+		{job.Layout{GPUs: 2, PP: 2}, func(c *moe.Config) { c.TiedEmbeddings = true }, "tied embeddings"},
+		{job.Layout{GPUs: 2, PP: 2, PPMicrobatchSize: 3}, nil, "lbs = 4 is not a multiple of pp_microbatch_size = 3"},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
@@ -236,19 +237,19 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 	cfg := pipelineModel(4)
 	cfg.KVHeads = 2
 	for _, c := range []struct {
-		l  moe.Layout
+		l  job.Layout
 		ac moe.AC
 	}{
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACSelective}},
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, moe.AC{Mode: moe.ACFull}},
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, moe.AC{Mode: moe.ACNone}},
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}},
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACSelective}},
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: moe.PPDualPipeV}, moe.AC{Mode: moe.ACFull}},
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: moe.PPInterleavedZeroBubble}, moe.AC{Mode: moe.ACNone}},
+		{job.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACSelective}},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2}, moe.AC{Mode: moe.ACFull}},
+		{job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, moe.AC{Mode: moe.ACNone}},
+		{job.Layout{GPUs: 4, PP: 2, TP: 2}, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct}},
+		{job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPZBVZeroBubble}, moe.AC{Mode: moe.ACSelective}},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, PPSchedule: job.PPDualPipeV}, moe.AC{Mode: moe.ACFull}},
+		{job.Layout{GPUs: 4, PP: 2, TP: 2, PPSchedule: job.PPInterleavedZeroBubble}, moe.AC{Mode: moe.ACNone}},
 		// tp × ep: at etp 1 (the EP group the tp group) and at etp = tp.
-		{moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2}, moe.AC{Mode: moe.ACSelective}},
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: moe.PPZBVZeroBubble}, moe.AC{Mode: moe.ACFull}},
+		{job.Layout{GPUs: 4, PP: 2, TP: 2, EP: 2}, moe.AC{Mode: moe.ACSelective}},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: 2, PPSchedule: job.PPZBVZeroBubble}, moe.AC{Mode: moe.ACFull}},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
@@ -337,7 +338,7 @@ func TestPipelineTPEPPlacement(t *testing.T) {
 		{2, [4][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [4]int{0, 1, 0, 1},
 			[4][]int{{0, 2}, {1, 3}, {0, 2}, {1, 3}}, [4][]int{{0}, {1}, {2}, {3}}},
 	} {
-		l := moe.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: c.etp}
+		l := job.Layout{GPUs: 8, PP: 2, DPShard: 2, TP: 2, EP: 2, ETP: c.etp}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}

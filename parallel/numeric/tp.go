@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -50,7 +51,7 @@ type tpComm struct {
 // group of the mesh of layout l, a stage's under pipeline parallelism)
 // for micro-batches of batch b: its member index is its tp index, since
 // the group lists its ranks in increasing order (parallel.Group).
-func newTPComm(g parallel.Group, rank int, b parallel.Batch, cfg *moe.Config, l moe.Layout, p moe.Precision, ac moe.AC) *tpComm {
+func newTPComm(g parallel.Group, rank int, b parallel.Batch, cfg *moe.Config, l job.Layout, p moe.Precision, ac moe.AC) *tpComm {
 	idx := g.IndexOf(rank)
 	return &tpComm{group: g, idx: idx, batch: b.LBS, seq: b.Seq, hidden: cfg.Hidden, vocabLo: vocabLo(cfg.Vocab, g.Size(), idx),
 		act: p.Activation, ac: ac, splitRows: l.TokensPerExpertRank() > 1}
@@ -201,7 +202,7 @@ func (r *numRank) tpSplit(p moe.Param) (n, idx int) { return tpSplit(r.spec.Mesh
 // Layout.ExpertTP by the rank's etp index, the innermost factor of the
 // expert mesh (parallel.Mesh: s·tp + t = (f·ep + e)·etp + j), every other
 // split tensor over tp by its tp index.
-func tpSplit(l moe.Layout, co parallel.Coord, p moe.Param) (n, idx int) {
+func tpSplit(l job.Layout, co parallel.Coord, p moe.Param) (n, idx int) {
 	tp := l.TPDegree()
 	if p.Group == moe.GroupRouted {
 		x := l.ExpertTP()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
@@ -63,14 +64,14 @@ func TestNumericTPEqualsOneRank(t *testing.T) {
 func TestNumericTPRefuses(t *testing.T) {
 	cfg := tpModel(t)
 	for _, tc := range []struct {
-		l    moe.Layout
+		l    job.Layout
 		seq  int
 		want string
 	}{
-		{moe.Layout{GPUs: 4, TP: 4}, 4, "seq = 4 is not divisible by tp × 2·cp"},
+		{job.Layout{GPUs: 4, TP: 4}, 4, "seq = 4 is not divisible by tp × 2·cp"},
 	} {
 		l := tc.l
-		l.Sharding, l.ReshardAfterForward = moe.ShardFSDP, true
+		l.Sharding, l.ReshardAfterForward = job.ShardFSDP, true
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +90,7 @@ func TestNumericTPRefuses(t *testing.T) {
 // tpTrainer builds a trainer of cfg under l (one micro-step of lbs 2 on
 // sequences of 2·tp tokens) whose ranks log their tensor-parallel
 // collectives and saved tensors.
-func tpTrainer(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, micro int) (*Trainer, []*[]moe.SavedRecord) {
+func tpTrainer(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, micro int) (*Trainer, []*[]moe.SavedRecord) {
 	t.Helper()
 	m, err := parallel.NewMesh(l, cfg, 8)
 	if err != nil {
@@ -112,9 +113,9 @@ func tpTrainer(t *testing.T, cfg *moe.Config, l moe.Layout, ac moe.AC, micro int
 	return n, logs
 }
 
-func tpLayouts(t *testing.T) []moe.Layout {
+func tpLayouts(t *testing.T) []job.Layout {
 	t.Helper()
-	var ls []moe.Layout
+	var ls []job.Layout
 	for _, c := range []rankCase{{gpus: 2, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 1, tp: 2}, {gpus: 4, rep: 1, ep: 2, tp: 2, etp: 2},
 		{gpus: 2, rep: 1, ep: 2, tp: 2, etp: 1}, {gpus: 4, rep: 1, ep: 1, tp: 4}} {
 		ls = append(ls, c.layout(t))
@@ -227,7 +228,7 @@ func seqInts(n int) []int {
 }
 
 // memoryShape is the memory package's shape of a numeric run's micro-batch.
-func memoryShape(l moe.Layout, b parallel.Batch, ac moe.AC) memory.Shape {
+func memoryShape(l job.Layout, b parallel.Batch, ac moe.AC) memory.Shape {
 	return memory.Shape{Batch: b.LBS, Seq: b.Seq, AC: ac, EP: l.EP, Act: moe.DefaultPrecision.Activation,
 		TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
 }
@@ -270,7 +271,7 @@ func diffRecords(got, want []moe.SavedRecord) string {
 func TestNumericTPFollowsSchedule(t *testing.T) {
 	cfg := tpModel(t)
 	const micro = 2
-	shardings := []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
+	shardings := []job.Sharding{job.ShardFSDP, job.ShardZeRO2, job.ShardZeRO1, job.ShardDDP}
 	for k, l := range tpLayouts(t) {
 		for j, ac := range tpPolicies {
 			l.Sharding = shardings[(j+k)%len(shardings)]
@@ -319,7 +320,7 @@ func TestNumericTPFollowsSchedule(t *testing.T) {
 func TestNumericTPStateEqualsMemory(t *testing.T) {
 	cfg := tpModel(t)
 	for _, l := range tpLayouts(t) {
-		for _, sh := range []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP} {
+		for _, sh := range []job.Sharding{job.ShardFSDP, job.ShardZeRO2, job.ShardZeRO1, job.ShardDDP} {
 			l.Sharding = sh
 			m, err := parallel.NewMesh(l, cfg, 8)
 			if err != nil {

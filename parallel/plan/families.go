@@ -7,12 +7,13 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // family is a point without its local batch and accumulation: the unit
 // the stages carry forward.
 type family struct {
-	layout moe.Layout
+	layout job.Layout
 	ac     moe.AC
 }
 
@@ -59,19 +60,19 @@ func (r *Request) withDefaults() (Request, error) {
 		q.ACs = DefaultACs()
 	}
 	if len(q.Shardings) == 0 {
-		q.Shardings = []moe.Sharding{moe.ShardFSDP, moe.ShardZeRO2, moe.ShardZeRO1, moe.ShardDDP}
+		q.Shardings = []job.Sharding{job.ShardFSDP, job.ShardZeRO2, job.ShardZeRO1, job.ShardDDP}
 	}
 	for _, tp := range q.TPs {
-		if tp < 1 || tp > moe.MaxDegree {
-			return q, moe.FieldError{Field: "tp", Value: tp, Allowed: fmt.Sprintf("each must be in [1, %d]", moe.MaxDegree)}
+		if tp < 1 || tp > job.MaxDegree {
+			return q, moe.FieldError{Field: "tp", Value: tp, Allowed: fmt.Sprintf("each must be in [1, %d]", job.MaxDegree)}
 		}
 	}
 	if len(q.TPs) == 0 {
 		q.TPs = []int{1}
 	}
 	for _, pp := range q.PPs {
-		if pp < 1 || pp > moe.MaxDegree {
-			return q, moe.FieldError{Field: "pp", Value: pp, Allowed: fmt.Sprintf("each must be in [1, %d]", moe.MaxDegree)}
+		if pp < 1 || pp > job.MaxDegree {
+			return q, moe.FieldError{Field: "pp", Value: pp, Allowed: fmt.Sprintf("each must be in [1, %d]", job.MaxDegree)}
 		}
 		if pp > 1 && q.Layers < 1 {
 			return q, moe.FieldError{Field: "layers", Value: q.Layers, Allowed: "must be ≥ 1 to search pp > 1 (the stages split the layers)"}
@@ -94,7 +95,7 @@ func (r *Request) withDefaults() (Request, error) {
 		}
 	}
 	if len(q.PPSchedules) == 0 {
-		q.PPSchedules = []moe.PPSchedule{moe.PP1F1B, moe.PPInterleaved1F1B}
+		q.PPSchedules = []job.PPSchedule{job.PP1F1B, job.PPInterleaved1F1B}
 	}
 	if q.GlobalBatch > 0 {
 		if q.GlobalBatch < q.GPUs || q.GlobalBatch%q.GPUs != 0 {
@@ -182,8 +183,8 @@ func stageScales(gpus, perNode int, feasible func(n int) bool) []int {
 // layout. Options only exist where they change something: reshard-after-
 // forward for fsdp with dp_shard > 1; keep-gathered (fsdp) and all-reduce on
 // the last micro-step only (dp_replicate > 1) only with accumulation.
-func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
-	var out []moe.Layout
+func (q *Request) shardVariants(base job.Layout, accum bool) []job.Layout {
+	var out []job.Layout
 	if base.Stages() > 1 {
 		// Under pp torchtitan shards each stage with FSDP and does not
 		// reshard after forward (apply_fsdp's default under pp); the
@@ -192,21 +193,21 @@ func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
 		// micro-step (allreduce- and grad-sync-last-only are not modelled
 		// with it). The other modes are left out of pipeline families: each
 		// would multiply the pipeline's costliest estimates by four.
-		if !slices.Contains(q.Shardings, moe.ShardFSDP) {
+		if !slices.Contains(q.Shardings, job.ShardFSDP) {
 			return nil
 		}
-		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, false
-		return []moe.Layout{base}
+		base.Sharding, base.ReshardAfterForward = job.ShardFSDP, false
+		return []job.Layout{base}
 	}
 	if base.DPShard == 1 {
-		base.Sharding, base.ReshardAfterForward = moe.ShardFSDP, true
+		base.Sharding, base.ReshardAfterForward = job.ShardFSDP, true
 		out = append(out, base)
 	} else {
 		for _, s := range q.Shardings {
 			l := base
 			l.Sharding, l.ReshardAfterForward = s, true
 			out = append(out, l)
-			if s == moe.ShardFSDP {
+			if s == job.ShardFSDP {
 				l.ReshardAfterForward = false
 				out = append(out, l)
 				if accum {
@@ -225,7 +226,7 @@ func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
 	if accum && q.GradSyncLastOnly {
 		for _, l := range out {
 			// It skips the replica all-reduces of allreduce-last-only too.
-			if l.Sharding == moe.ShardFSDP && !l.AllreduceLastOnly {
+			if l.Sharding == job.ShardFSDP && !l.AllreduceLastOnly {
 				l.GradSyncLastOnly = true
 				out = append(out, l)
 			}
@@ -238,8 +239,8 @@ func (q *Request) shardVariants(base moe.Layout, accum bool) []moe.Layout {
 // DDP without expert parallelism shards nothing along dp_shard, so every
 // split of the GPUs is the layout with dp_shard 1 and dp_replicate = gpus,
 // which the search enumerates as such.
-func redundant(l moe.Layout) bool {
-	return l.Sharding == moe.ShardDDP && l.EP == 1 && l.DPShard > 1
+func redundant(l job.Layout) bool {
+	return l.Sharding == job.ShardDDP && l.EP == 1 && l.DPShard > 1
 }
 
 // enumerateFamilies enumerates every family at n GPUs.
@@ -259,7 +260,7 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 					if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
 						continue
 					}
-					for _, l := range tpVariants(moe.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode, PP: pp}, tp) {
+					for _, l := range tpVariants(job.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode, PP: pp}, tp) {
 						for _, l := range q.pipeVariants(l) {
 							for _, l := range q.shardVariants(l, accum) {
 								if redundant(l) {
@@ -301,13 +302,13 @@ func (q *Request) skipped(n, pp, tp int) string {
 		return fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
 	case tp > q.GPUsPerNode:
 		// tp lies inside a host; under pp inside each stage (the stage is
-		// a dp × tp mesh, moe.Layout.StageLayout), so the same bound holds
+		// a dp × tp mesh, job.Layout.StageLayout), so the same bound holds
 		// with and without a pipeline.
 		return fmt.Sprintf("tp = %d exceeds a host (gpus_per_node = %d): tensor parallelism is searched inside one", tp, q.GPUsPerNode)
-	case pp > 1 && len(q.pipeVariants(moe.Layout{PP: pp})) == 0:
+	case pp > 1 && len(q.pipeVariants(job.Layout{PP: pp})) == 0:
 		return fmt.Sprintf("pp = %d: %d layers + 2 (the embedding and the output) do not split evenly into pp × virtual stages "+
 			"of at least 2 layers for any schedule of %v", pp, q.Layers, q.PPSchedules)
-	case pp > 1 && len(q.shardVariants(moe.Layout{PP: pp}, false)) == 0:
+	case pp > 1 && len(q.shardVariants(job.Layout{PP: pp}, false)) == 0:
 		return fmt.Sprintf("pp = %d is searched with sharding fsdp only, which the modes %v leave out", pp, q.Shardings)
 	}
 	return ""
@@ -317,12 +318,12 @@ func (q *Request) skipped(n, pp, tp int) string {
 // size the search tries for its pp (base itself when pp ≤ 1): each of
 // PPSchedules, single-stage ones with one stage per rank and multi-stage
 // ones with two, each where the split is even (evenSplit).
-func (q *Request) pipeVariants(base moe.Layout) []moe.Layout {
+func (q *Request) pipeVariants(base job.Layout) []job.Layout {
 	if base.Stages() == 1 {
 		base.PP = 0 // no pipeline: the layout's zero value, as everywhere else
-		return []moe.Layout{base}
+		return []job.Layout{base}
 	}
-	var out []moe.Layout
+	var out []job.Layout
 	for _, sched := range q.PPSchedules {
 		v := 1
 		if sched.MultiStage() {
@@ -343,7 +344,7 @@ func (q *Request) pipeVariants(base moe.Layout) []moe.Layout {
 // evenSplit reports whether torchtitan's default split gives each of the
 // stages the same number of effective layers, at least two: layers + 2
 // (the embedding and the output counted as one layer each) divides into
-// stages equal parts (moe.Layout.StageSplit then gives the first and
+// stages equal parts (job.Layout.StageSplit then gives the first and
 // last stage one transformer layer less).
 func evenSplit(layers, stages int) bool {
 	eff := layers + 2
@@ -352,9 +353,9 @@ func evenSplit(layers, stages int) bool {
 
 // lbsValid reports whether lbs is a local batch the layout runs: any under
 // no pipeline; under pp a whole number of micro-batches within the
-// schedule's rules (moe.Layout.Microbatches, which memory and the
+// schedule's rules (job.Layout.Microbatches, which memory and the
 // simulator apply).
-func lbsValid(l moe.Layout, lbs int) bool {
+func lbsValid(l job.Layout, lbs int) bool {
 	if l.Stages() == 1 {
 		return lbs >= 1
 	}
@@ -365,7 +366,7 @@ func lbsValid(l moe.Layout, lbs int) bool {
 // lbsTop is the largest local batch searched for l: MaxLBS, and at a
 // stage before the target no more than a data-parallel rank's share of
 // the target's global batch (perGPUCap × dpShare).
-func (q *Request) lbsTop(l moe.Layout) int {
+func (q *Request) lbsTop(l job.Layout) int {
 	if q.perGPUCap > 0 {
 		return min(q.MaxLBS, q.perGPUCap*dpShare(l))
 	}
@@ -373,7 +374,7 @@ func (q *Request) lbsTop(l moe.Layout) int {
 }
 
 // lbsRange lists the valid local batches of l up to lbsTop, increasing.
-func (q *Request) lbsRange(l moe.Layout) []int {
+func (q *Request) lbsRange(l job.Layout) []int {
 	var out []int
 	for lbs := 1; lbs <= q.lbsTop(l); lbs++ {
 		if lbsValid(l, lbs) {
@@ -386,11 +387,11 @@ func (q *Request) lbsRange(l moe.Layout) []int {
 // tpVariants returns base with tensor parallelism tp and each etp whose
 // expert mesh is whole (ep·etp divides dp_shard·tp): etp 1, and etp = tp
 // when ep > 1. Without tp, base alone (tp and etp left 0, read as 1).
-func tpVariants(base moe.Layout, tp int) []moe.Layout {
+func tpVariants(base job.Layout, tp int) []job.Layout {
 	if tp == 1 {
-		return []moe.Layout{base}
+		return []job.Layout{base}
 	}
-	var out []moe.Layout
+	var out []job.Layout
 	for _, etp := range []int{1, tp} {
 		if etp == tp && base.EP == 1 {
 			continue // etp has no effect without EP
@@ -405,13 +406,13 @@ func tpVariants(base moe.Layout, tp int) []moe.Layout {
 }
 
 // expertMeshWhole reports whether ep·etp divides dp_shard·tp, so that
-// efsdp = dp_shard·tp/(ep·etp) is whole (moe.Layout.Validate's rule).
-func expertMeshWhole(l moe.Layout) bool {
+// efsdp = dp_shard·tp/(ep·etp) is whole (job.Layout.Validate's rule).
+func expertMeshWhole(l job.Layout) bool {
 	return (l.DPShard*l.TPDegree())%(l.EP*l.ExpertTP()) == 0
 }
 
 // growth names how layout b grew from a.
-func growth(a, b moe.Layout) string {
+func growth(a, b job.Layout) string {
 	var parts []string
 	if b.DPShard != a.DPShard {
 		parts = append(parts, fmt.Sprintf("dp_shard ×%d", b.DPShard/a.DPShard))
@@ -436,9 +437,9 @@ func growth(a, b moe.Layout) string {
 // f = n / previous into a·b grows dp_replicate by a and dp_shard by b (b = f
 // is growing FSDP alone, a = f DP alone); ep stays or grows with dp_shard by
 // b; the FSDP options are tried afresh. ancestor maps each new family to the carried layout it came from.
-func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, map[family]moe.Layout) {
+func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, map[family]job.Layout) {
 	seen := map[family]bool{}
-	ancestor := map[family]moe.Layout{}
+	ancestor := map[family]job.Layout{}
 	var out []family
 	for _, c := range carried {
 		old := c.Point.Layout
@@ -460,7 +461,7 @@ func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, m
 				// option that did not fit on fewer GPUs may fit now); a
 				// layout that had nothing to shard gains every mode. A
 				// pipeline keeps its degree, schedule and micro-batches.
-				var vars []moe.Layout
+				var vars []job.Layout
 				for _, l := range q.shardVariants(base, accum) {
 					if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {
 						vars = append(vars, l)

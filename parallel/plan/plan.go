@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 )
 
@@ -22,7 +23,7 @@ import (
 // policy, a local batch (sequences per data-parallel rank per micro-step)
 // and the gradient-accumulation micro-steps per optimizer step.
 type Point struct {
-	Layout    moe.Layout
+	Layout    job.Layout
 	AC        moe.AC
 	LBS       int
 	GradAccum int
@@ -114,12 +115,12 @@ type Request struct {
 	ACs []moe.AC
 	// Shardings are the modes the dp_shard axis may use (default fsdp,
 	// zero2, zero1, ddp).
-	Shardings []moe.Sharding
+	Shardings []job.Sharding
 	// TPs are the tensor-parallel degrees searched (default 1 only): each
 	// that divides a stage's GPUs and fits in a host (GPUsPerNode, the
 	// NVLink domain of the usual clusters); with ep > 1 both etp = 1 and
 	// etp = tp are tried. A family keeps its tp as it grows. Admit should
-	// refuse the degrees the model cannot split (moe.Layout.CheckModel).
+	// refuse the degrees the model cannot split (job.Layout.CheckModel).
 	TPs []int
 	// PPs are the pipeline-parallel degrees searched (default 1 only):
 	// each that divides a stage's GPUs (pp × tp of them, with each tp of
@@ -140,7 +141,7 @@ type Request struct {
 	// PPSchedules are the pipeline schedules tried with pp > 1 (default
 	// 1F1B and Interleaved1F1B; the zero-bubble ones only when asked, each
 	// doubling a pipeline family's evaluations).
-	PPSchedules []moe.PPSchedule
+	PPSchedules []job.PPSchedule
 	// PPMicrobatchSizes are the sequences per pipeline micro-batch tried
 	// (default 1 and 2); a pipeline's local batch is a multiple of one.
 	PPMicrobatchSizes []int
@@ -154,7 +155,7 @@ type Request struct {
 	Exhaustive bool
 	// GradSyncLastOnly also searches, for every fsdp layout with
 	// accumulation, its variant that reduces gradients on the last
-	// micro-step only (moe.Layout.GradSyncLastOnly); off by default, as
+	// micro-step only (job.Layout.GradSyncLastOnly); off by default, as
 	// torchtitan cannot run it.
 	GradSyncLastOnly bool
 	// Admit, when set, rejects points the caller cannot use (an export

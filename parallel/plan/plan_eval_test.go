@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -24,7 +25,7 @@ func qwenOnB200(tb testing.TB) (*moe.Config, hw.Device) {
 }
 
 // benchPoint is the benchmarks' candidate: 512 GPUs, fsdp 64 × 8 replicas, ep 8.
-var benchPoint = Point{Layout: moe.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: moe.ShardFSDP,
+var benchPoint = Point{Layout: job.Layout{GPUs: 512, DPShard: 64, DPReplicate: 8, EP: 8, Sharding: job.ShardFSDP,
 	ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
 
 func BenchmarkPlanSimMemory(b *testing.B) {
@@ -126,7 +127,7 @@ func TestMemoryKeyExact(t *testing.T) {
 		rep, shard, ep, ga int
 		lastOnly           bool
 	}{{1, 8, 8, 1, false}, {4, 8, 8, 1, false}, {16, 8, 4, 2, false}, {4, 8, 8, 2, true}, {1, 8, 8, 2, true}} {
-		l := moe.Layout{GPUs: c.rep * c.shard, DPShard: c.shard, DPReplicate: c.rep, EP: c.ep, Sharding: moe.ShardFSDP,
+		l := job.Layout{GPUs: c.rep * c.shard, DPShard: c.shard, DPReplicate: c.rep, EP: c.ep, Sharding: job.ShardFSDP,
 			ReshardAfterForward: true, AllreduceLastOnly: c.lastOnly, GPUsPerNode: 8}
 		p := Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: c.ga}
 		got, err := e.MemoryFraction(p)

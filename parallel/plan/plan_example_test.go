@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 )
 
@@ -37,7 +38,7 @@ func ExampleSearch() {
 	rep, err := plan.Search(plan.Request{
 		GPUs: 64, GPUsPerNode: 8, Experts: 0, MemoryTarget: 0.92,
 		ACs:       []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACFull}},
-		Shardings: []moe.Sharding{moe.ShardFSDP},
+		Shardings: []job.Sharding{job.ShardFSDP},
 	}, toyEvaluator{})
 	if err != nil {
 		fmt.Println(err)

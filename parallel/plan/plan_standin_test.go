@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 )
 
@@ -37,7 +38,7 @@ func planStandInModel(totalB float64, layers, hidden int) *planStandIn {
 	}
 }
 
-func (m *planStandIn) perGPUParams(l moe.Layout) float64 {
+func (m *planStandIn) perGPUParams(l job.Layout) float64 {
 	return m.denseParams + m.expertParams/float64(l.EP)
 }
 
@@ -50,16 +51,16 @@ func (m *planStandIn) MemoryFraction(p Point) (float64, error) {
 	s := float64(l.DPShard)
 	var state float64 // bytes: fp32 params 4, bf16 compute 2, fp32 grads 4, Adam 8
 	switch l.Sharding {
-	case moe.ShardFSDP:
+	case job.ShardFSDP:
 		state = 16 * (m.denseParams + m.expertParams) / s // experts: ep × dp_shard/ep = dp_shard ways
 		if !l.ReshardAfterForward || l.KeepGathered {
 			state += 2 * n
 		} else {
 			state += 2 * 2 * n / m.layers
 		}
-	case moe.ShardZeRO2:
+	case job.ShardZeRO2:
 		state = 6*n + 12*n/s
-	case moe.ShardZeRO1:
+	case job.ShardZeRO1:
 		state = 10*n + 8*n/s
 	default:
 		state = 18 * n
@@ -97,7 +98,7 @@ func (m *planStandIn) Evaluate(p Point) (Score, error) {
 	n := m.perGPUParams(l)
 	s := float64(l.DPShard)
 	var fsdp float64 // seconds of parameter/gradient traffic per micro-step
-	if l.Sharding == moe.ShardFSDP && l.DPShard > 1 {
+	if l.Sharding == job.ShardFSDP && l.DPShard > 1 {
 		gathers := 2.0
 		if !l.ReshardAfterForward {
 			gathers = 1

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 func TestPlanDivisors(t *testing.T) {
@@ -92,12 +92,12 @@ func TestPlanShardVariants(t *testing.T) {
 		{1, 8, false, 1},
 		{1, 8, true, 2},
 	} {
-		base := moe.Layout{GPUs: c.shard * c.rep, DPShard: c.shard, DPReplicate: c.rep, EP: 1}
+		base := job.Layout{GPUs: c.shard * c.rep, DPShard: c.shard, DPReplicate: c.rep, EP: 1}
 		got := q.shardVariants(base, c.accum)
 		if len(got) != c.want {
 			t.Errorf("shard %d rep %d accum %v: %d variants, want %d: %v", c.shard, c.rep, c.accum, len(got), c.want, got)
 		}
-		seen := map[moe.Layout]bool{}
+		seen := map[job.Layout]bool{}
 		for _, l := range got {
 			if seen[l] {
 				t.Errorf("duplicate variant %+v", l)
@@ -130,7 +130,7 @@ func TestPlanShardVariantsGradSyncLastOnly(t *testing.T) {
 		{8, 1, true, 9}, // 6 + the same 3
 		{1, 8, true, 3}, // fsdp, its all-reduce-last variant, its grad-sync-last variant
 	} {
-		base := moe.Layout{GPUs: c.shard * c.rep, DPShard: c.shard, DPReplicate: c.rep, EP: 1}
+		base := job.Layout{GPUs: c.shard * c.rep, DPShard: c.shard, DPReplicate: c.rep, EP: 1}
 		got := q.shardVariants(base, c.accum)
 		n := 0
 		for _, l := range got {
@@ -352,7 +352,7 @@ func TestPlanAdmit(t *testing.T) {
 	m := planStandInModel(30.5, 48, 2048)
 	req := Request{GPUs: 64, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92, GlobalBatch: 512,
 		Admit: func(p Point) error {
-			if p.Layout.Sharding != moe.ShardFSDP || p.Layout.KeepGathered || p.Layout.AllreduceLastOnly {
+			if p.Layout.Sharding != job.ShardFSDP || p.Layout.KeepGathered || p.Layout.AllreduceLastOnly {
 				return fmt.Errorf("not expressible")
 			}
 			return nil

@@ -7,6 +7,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TestEnumeratePP: the pipeline families of a dense 6-layer model on 8 GPUs,
@@ -25,7 +26,7 @@ func TestEnumeratePP(t *testing.T) {
 	}
 	type key struct {
 		pp, r int
-		sched moe.PPSchedule
+		sched job.PPSchedule
 		mbs   int
 	}
 	seen := map[key]int{}
@@ -39,7 +40,7 @@ func TestEnumeratePP(t *testing.T) {
 			continue
 		}
 		pipelines++
-		if l.Sharding != moe.ShardFSDP || l.ReshardAfterForward || l.KeepGathered || l.AllreduceLastOnly {
+		if l.Sharding != job.ShardFSDP || l.ReshardAfterForward || l.KeepGathered || l.AllreduceLastOnly {
 			t.Errorf("%+v: a pipeline family is fsdp without reshard-after-forward and no accumulation options", l)
 		}
 		if _, err := l.StageSplit(cfg.Layers); err != nil {
@@ -50,12 +51,12 @@ func TestEnumeratePP(t *testing.T) {
 	if pipelines != 16 {
 		t.Errorf("%d pipeline families, want 16", pipelines)
 	}
-	for _, k := range []key{{2, 1, moe.PP1F1B, 1}, {2, 4, moe.PPInterleaved1F1B, 2}, {4, 2, moe.PP1F1B, 2}} {
+	for _, k := range []key{{2, 1, job.PP1F1B, 1}, {2, 4, job.PPInterleaved1F1B, 2}, {4, 2, job.PP1F1B, 2}} {
 		if seen[k] != 1 {
 			t.Errorf("family %+v seen %d times, want once", k, seen[k])
 		}
 	}
-	for _, k := range []key{{4, 1, moe.PPInterleaved1F1B, 1}, {8, 1, moe.PP1F1B, 1}} {
+	for _, k := range []key{{4, 1, job.PPInterleaved1F1B, 1}, {8, 1, job.PP1F1B, 1}} {
 		if seen[k] != 0 {
 			t.Errorf("family %+v searched: its split is not even", k)
 		}
@@ -64,10 +65,10 @@ func TestEnumeratePP(t *testing.T) {
 	// Interleaved1F1B (2 stages per rank: pp 2 only): with PPSchedules
 	// 1F1B and ZBVZeroBubble the same 16 families, ZBVZeroBubble in
 	// Interleaved1F1B's place.
-	q.PPSchedules = []moe.PPSchedule{moe.PP1F1B, moe.PPZBVZeroBubble}
+	q.PPSchedules = []job.PPSchedule{job.PP1F1B, job.PPZBVZeroBubble}
 	zbv := 0
 	for _, f := range q.enumerateFamilies(8, false) {
-		if l := f.layout; l.PPSchedule == moe.PPZBVZeroBubble {
+		if l := f.layout; l.PPSchedule == job.PPZBVZeroBubble {
 			zbv++
 			if l.PP != 2 || l.PPVirtualStages != 2 || l.Validate() != nil {
 				t.Errorf("%+v: a ZBVZeroBubble family is pp 2 with 2 stages per rank", l)
@@ -78,7 +79,7 @@ func TestEnumeratePP(t *testing.T) {
 		t.Errorf("%d ZBVZeroBubble families, want 6 (pp 2: 3 replica degrees × 2 micro-batch sizes)", zbv)
 	}
 	for _, bad := range []Request{
-		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPSchedules: []moe.PPSchedule{"LoopedBFS"}},
+		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPSchedules: []job.PPSchedule{"LoopedBFS"}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{0}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}},
 		{GPUs: 8, MemoryTarget: 0.92, PPs: []int{2}, Layers: 6, PPMicrobatchSizes: []int{512}},
@@ -94,7 +95,7 @@ func TestEnumeratePP(t *testing.T) {
 // 2, 4, 8 and the limit 10; Interleaved1F1B on pp 4 also needs a multiple
 // of its rounds max(1, m/4), so of 1..12 micro-batches 9 and 11 drop out.
 func TestPlanLBSChoicesPipeline(t *testing.T) {
-	l := moe.Layout{PP: 2, PPSchedule: moe.PP1F1B, PPMicrobatchSize: 2, PPVirtualStages: 1}
+	l := job.Layout{PP: 2, PPSchedule: job.PP1F1B, PPMicrobatchSize: 2, PPVirtualStages: 1}
 	got := lbsChoices(10, 0, false, 0, func(lbs int) bool { return lbsValid(l, lbs) })
 	want := [][2]int{{2, 1}, {4, 1}, {8, 1}, {10, 1}}
 	if len(got) != len(want) {
@@ -106,7 +107,7 @@ func TestPlanLBSChoicesPipeline(t *testing.T) {
 		}
 	}
 	q := Request{MaxLBS: 12}
-	il := moe.Layout{PP: 4, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}
+	il := job.Layout{PP: 4, PPSchedule: job.PPInterleaved1F1B, PPMicrobatchSize: 1, PPVirtualStages: 2}
 	r := q.lbsRange(il)
 	if len(r) != 10 || r[7] != 8 || r[8] != 10 || r[9] != 12 {
 		t.Errorf("interleaved pp 4 local batches %v, want 1..8, 10, 12", r)
@@ -153,8 +154,8 @@ func TestMemoryKeyExactPipeline(t *testing.T) {
 	e := &SimEvaluator{Model: cfg, Device: dev, Seq: 4096}
 	for _, tp := range []int{1, 2} {
 		for _, rep := range []int{1, 2, 4} {
-			l := moe.Layout{GPUs: 2 * 4 * tp * rep, PP: 2, DPShard: 4, DPReplicate: rep, TP: tp, EP: 4, Sharding: moe.ShardFSDP, GPUsPerNode: 8,
-				PPSchedule: moe.PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}
+			l := job.Layout{GPUs: 2 * 4 * tp * rep, PP: 2, DPShard: 4, DPReplicate: rep, TP: tp, EP: 4, Sharding: job.ShardFSDP, GPUsPerNode: 8,
+				PPSchedule: job.PP1F1B, PPMicrobatchSize: 1, PPVirtualStages: 1}
 			if tp > 1 {
 				l.ETP = 1
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TestEnumeratePPTP: pipelines with tensor parallelism inside their
@@ -32,8 +33,8 @@ func TestEnumeratePPTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	q, err := (&Request{GPUs: 16, GPUsPerNode: 8, Experts: cfg.Experts, MemoryTarget: 0.92, PPs: []int{1, 2}, TPs: []int{1, 2, 16},
-		Layers: cfg.Layers, PPSchedules: []moe.PPSchedule{moe.PP1F1B}, PPMicrobatchSizes: []int{1},
-		ACs: []moe.AC{{Mode: moe.ACFull}}, Shardings: []moe.Sharding{moe.ShardFSDP}}).withDefaults()
+		Layers: cfg.Layers, PPSchedules: []job.PPSchedule{job.PP1F1B}, PPMicrobatchSizes: []int{1},
+		ACs: []moe.AC{{Mode: moe.ACFull}}, Shardings: []job.Sharding{job.ShardFSDP}}).withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,7 @@ func TestEnumeratePPTP(t *testing.T) {
 		if err := l.CheckModel(cfg); err != nil {
 			t.Errorf("%+v: %v", l, err)
 		}
-		if l.Sharding != moe.ShardFSDP || l.ReshardAfterForward || l.StageGPUs() != 8 {
+		if l.Sharding != job.ShardFSDP || l.ReshardAfterForward || l.StageGPUs() != 8 {
 			t.Errorf("%+v: want fsdp without reshard-after-forward on stages of 8 GPUs", l)
 		}
 		seen[key{l.DPReplicate, l.DPShard, l.EP, max(l.ETP, 1)}]++
@@ -103,7 +104,7 @@ func TestPlanSimPPTPSearchEqualsExhaustive(t *testing.T) {
 			// fsdp and two policies: the other modes and selective AC
 			// multiply the flat families' points (pipelines are searched
 			// with fsdp alone), not what is checked.
-			req.Shardings, req.ACs = []moe.Sharding{moe.ShardFSDP}, []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACFull}}
+			req.Shardings, req.ACs = []job.Sharding{job.ShardFSDP}, []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACFull}}
 		}
 		hier, err := Search(req, ev)
 		if err != nil {
@@ -207,7 +208,7 @@ func TestPlanPPTPBadInput(t *testing.T) {
 		{Request{PPs: []int{2}, TPs: []int{16}}, []string{"pp × tp = 2 × 16 does not divide gpus = 16"}},
 		{Request{PPs: []int{1}, TPs: []int{16}}, []string{"tp = 16 exceeds a host (gpus_per_node = 8)"}},
 		{Request{PPs: []int{4}, TPs: []int{2}}, []string{"pp = 4: 2 layers + 2", "[1F1B Interleaved1F1B]"}},
-		{Request{PPs: []int{2}, TPs: []int{2}, Shardings: []moe.Sharding{moe.ShardZeRO1}}, []string{"pp = 2 is searched with sharding fsdp only"}},
+		{Request{PPs: []int{2}, TPs: []int{2}, Shardings: []job.Sharding{job.ShardZeRO1}}, []string{"pp = 2 is searched with sharding fsdp only"}},
 		{Request{PPs: []int{2}, TPs: []int{8}, Admit: checkModel}, []string{"every candidate was refused", "tp = 8 does not divide heads = 4", "tp = 8 does not divide kv_heads = 2"}},
 	} {
 		req := c.req
@@ -256,7 +257,7 @@ func (f failsTP8) Evaluate(p Point) (Score, error) {
 func TestPlanProbeSkipsUnestimable(t *testing.T) {
 	ev := failsTP8{planStandInModel(120, 48, 2048)}
 	req := Request{GPUs: 16, GPUsPerNode: 8, Experts: 128, MemoryTarget: 0.92, MaxLBS: 16, TPs: []int{1, 8}, PPs: []int{1, 2}, Layers: 48,
-		Shardings: []moe.Sharding{moe.ShardFSDP}, Admit: func(p Point) error {
+		Shardings: []job.Sharding{job.ShardFSDP}, Admit: func(p Point) error {
 			if p.Layout.TPDegree() == 8 {
 				return fmt.Errorf("tp = 8 refused")
 			}

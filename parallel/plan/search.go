@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Search runs the planner: hierarchical stages by default, or one
@@ -61,7 +61,7 @@ func (q *Request) hierarchical(ev Evaluator, perRank int) (*Report, error) {
 			pr = perRank
 		}
 		var fams []family
-		ancestor := map[family]moe.Layout{}
+		ancestor := map[family]job.Layout{}
 		if i == 0 {
 			fams = q.enumerateFamilies(n, pr > 0)
 		} else {

@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // place is what the search knows about a family at one scale before
@@ -38,7 +38,7 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 	perRank *= dpShare(f.layout) // sequences per data-parallel rank: its tp ranks and pipeline stages share them
 	at, top := func(i int) int { return i }, q.lbsTop(f.layout)
 	if f.layout.Stages() > 1 {
-		// The smallest batch the schedule accepts (moe.Layout.MinLBS) may exceed a
+		// The smallest batch the schedule accepts (job.Layout.MinLBS) may exceed a
 		// stage's share of the target's global batch (lbsTop) or MaxLBS:
 		// then no local batch is usable, and the memory of that smallest
 		// batch is what explains it.
@@ -147,7 +147,7 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 
 // dpShare is how many GPUs share one data-parallel rank's sequences: its
 // tp ranks and its pipeline stages.
-func dpShare(l moe.Layout) int { return l.TPDegree() * l.Stages() }
+func dpShare(l job.Layout) int { return l.TPDegree() * l.Stages() }
 
 // lbsChoices are the local batches simulated for a family whose memory
 // limit is max: every power of two below max and max itself (all of 1..max

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 )
 
@@ -172,7 +172,7 @@ func (q *Request) twoHost(ev Evaluator, rep *Report, n int) []Result {
 				base = r
 			}
 		}
-		for _, grow := range []func(*moe.Layout){func(l *moe.Layout) { l.DPShard *= 2 }, func(l *moe.Layout) { l.DPReplicate *= 2 }} {
+		for _, grow := range []func(*job.Layout){func(l *job.Layout) { l.DPShard *= 2 }, func(l *job.Layout) { l.DPReplicate *= 2 }} {
 			p := base.Point
 			grow(&p.Layout)
 			p.Layout.GPUs = n

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Exports of a plan as torchtitan configuration. Two targets, each pinned to
@@ -83,9 +84,9 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point, compiledModel bool) error
 	l := p.Layout
 	var errs []error
 	switch {
-	case l.Sharding == moe.ShardZeRO1 || l.Sharding == moe.ShardZeRO2:
+	case l.Sharding == job.ShardZeRO1 || l.Sharding == job.ShardZeRO2:
 		errs = append(errs, fmt.Errorf("sharding = %s: %s has no field for it (FSDP2 shards parameters, gradients and optimizer state together)", l.Sharding, target))
-	case l.Sharding == moe.ShardDDP && l.DPShard > 1:
+	case l.Sharding == job.ShardDDP && l.DPShard > 1:
 		errs = append(errs, fmt.Errorf("sharding = ddp with dp_shard = %d: %s expresses DDP only as data_parallel_shard_degree = 1", l.DPShard, target))
 	}
 	if l.KeepGathered {
@@ -280,14 +281,14 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 
 // torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a
 // layout that shards nothing is DDP over all data-parallel ranks.
-func torchtitanDegrees(l moe.Layout) (rep, shard int) {
-	if l.Sharding == moe.ShardDDP || l.DPShard == 1 {
+func torchtitanDegrees(l job.Layout) (rep, shard int) {
+	if l.Sharding == job.ShardDDP || l.DPShard == 1 {
 		return l.DP(), 1
 	}
 	return l.DPReplicate, l.DPShard
 }
 
-func torchtitanReshard(l moe.Layout) string {
+func torchtitanReshard(l job.Layout) string {
 	// "default" reshards after forward when pipeline parallelism is off
 	// and keeps the gathered weights when it is on (apply_fsdp:
 	// reshard_after_forward = not pp_enabled); "always" and "never" say so

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TestTorchtitanPipelineAsyncTP exports async TP inside pipeline stages,
@@ -35,15 +36,15 @@ func TestTorchtitanPipelineAsyncTP(t *testing.T) {
 	if err := json.Unmarshal(pySchema.ConfigFields["compile"], &pyCompile); err != nil {
 		t.Fatal(err)
 	}
-	export := func(sch moe.PPSchedule, compile memory.Compile) TorchtitanExport {
-		l := moe.Layout{GPUs: 16, PP: 2, TP: 2, DPShard: 4, AsyncTP: true, PPSchedule: sch, Sharding: moe.ShardFSDP}
+	export := func(sch job.PPSchedule, compile memory.Compile) TorchtitanExport {
+		l := job.Layout{GPUs: 16, PP: 2, TP: 2, DPShard: 4, AsyncTP: true, PPSchedule: sch, Sharding: job.ShardFSDP}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
 		return TorchtitanExport{Model: "qwen3-30b-a3b", Seq: 4096, Point: Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1},
 			Layers: 48, Compile: compile}
 	}
-	for _, sch := range []moe.PPSchedule{moe.PP1F1B, moe.PPInterleaved1F1B} {
+	for _, sch := range []job.PPSchedule{job.PP1F1B, job.PPInterleaved1F1B} {
 		e := export(sch, memory.Compile{Model: true, Loss: true})
 		var buf bytes.Buffer
 		if _, err := e.TOML(&buf); err != nil {
@@ -93,7 +94,7 @@ func TestTorchtitanPipelineAsyncTP(t *testing.T) {
 		}
 	}
 	var buf bytes.Buffer
-	zb := export(moe.PPZBVZeroBubble, memory.Compile{Model: true, Loss: true})
+	zb := export(job.PPZBVZeroBubble, memory.Compile{Model: true, Loss: true})
 	if _, err := zb.TOML(&buf); err == nil || !strings.Contains(err.Error(), "pp_schedule = ZBVZeroBubble with a compiled model") ||
 		!strings.Contains(err.Error(), "async_tp needs the compiled model") {
 		t.Errorf("TOML ZBVZeroBubble with async TP: %v; want a refusal naming pp_schedule, compile and async_tp", err)
@@ -102,7 +103,7 @@ func TestTorchtitanPipelineAsyncTP(t *testing.T) {
 	if _, err := zb.Python(&buf); err != nil || !strings.Contains(buf.String(), "config.compile.enable_async_tensor_parallel = True") {
 		t.Errorf("Python ZBVZeroBubble with async TP: %v\n%s", err, buf.String())
 	}
-	eager := export(moe.PP1F1B, memory.Compile{})
+	eager := export(job.PP1F1B, memory.Compile{})
 	if _, err := eager.TOML(&buf); err == nil || !strings.Contains(err.Error(), "async_tp = true without a compiled model") {
 		t.Errorf("TOML eager: %v; want the async_tp refusal", err)
 	}

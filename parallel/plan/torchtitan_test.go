@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/internal/golden"
+	"github.com/moescope/moescope/moe/job"
 
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/memory"
@@ -105,8 +106,8 @@ func torchtitanCheckValue(t *testing.T, key string, v, typ any) {
 }
 
 func torchtitanPoint(rep, shard, ep int, ac moe.AC, lbs, ga int, reshard bool) Point {
-	return Point{Layout: moe.Layout{GPUs: rep * shard, DPShard: shard, DPReplicate: rep, EP: ep,
-		Sharding: moe.ShardFSDP, ReshardAfterForward: reshard}, AC: ac, LBS: lbs, GradAccum: ga}
+	return Point{Layout: job.Layout{GPUs: rep * shard, DPShard: shard, DPReplicate: rep, EP: ep,
+		Sharding: job.ShardFSDP, ReshardAfterForward: reshard}, AC: ac, LBS: lbs, GradAccum: ga}
 }
 
 // torchtitanTPPoint is torchtitanPoint with tensor parallelism tp (etp,
@@ -340,9 +341,9 @@ func TestTorchtitanAdmit(t *testing.T) {
 		target TorchtitanTarget
 		field  string
 	}{
-		{func(p *Point) { p.Layout.Sharding = moe.ShardZeRO2 }, TorchtitanTOML, "sharding = zero2"},
-		{func(p *Point) { p.Layout.Sharding = moe.ShardZeRO1 }, TorchtitanPy, "sharding = zero1"},
-		{func(p *Point) { p.Layout.Sharding = moe.ShardDDP }, TorchtitanTOML, "sharding = ddp"},
+		{func(p *Point) { p.Layout.Sharding = job.ShardZeRO2 }, TorchtitanTOML, "sharding = zero2"},
+		{func(p *Point) { p.Layout.Sharding = job.ShardZeRO1 }, TorchtitanPy, "sharding = zero1"},
+		{func(p *Point) { p.Layout.Sharding = job.ShardDDP }, TorchtitanTOML, "sharding = ddp"},
 		{func(p *Point) { p.Layout.KeepGathered = true }, TorchtitanTOML, "keep_gathered"},
 		{func(p *Point) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
 		{func(p *Point) { p.Layout.GradSyncLastOnly = true }, TorchtitanTOML, "grad_sync_last_only"},
@@ -490,24 +491,24 @@ func TestTorchtitanPipeline(t *testing.T) {
 	tomlSchema, pyPar := torchtitanSchemas(t)
 	const layers = 48
 	for _, c := range []struct {
-		l         moe.Layout
+		l         job.Layout
 		lbs, ga   int
 		fqns      int // stages written module by module (0: torchtitan's own split)
 		reshard   string
 		schedules string
 	}{
-		{moe.Layout{GPUs: 64, PP: 4, DPShard: 16, EP: 8}, 8, 2, 0, "default", "1F1B"},
-		{moe.Layout{GPUs: 64, PP: 4, DPShard: 8, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2, ReshardAfterForward: true}, 8, 1, 0, "always", "Interleaved1F1B"},
-		{moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPInterleaved1F1B, PPVirtualStages: 3}, 4, 1, 6, "default", "Interleaved1F1B"},
-		{moe.Layout{GPUs: 16, PP: 2, PPLayers: "20,28"}, 4, 1, 2, "default", "1F1B"},
+		{job.Layout{GPUs: 64, PP: 4, DPShard: 16, EP: 8}, 8, 2, 0, "default", "1F1B"},
+		{job.Layout{GPUs: 64, PP: 4, DPShard: 8, DPReplicate: 2, PPSchedule: job.PPInterleaved1F1B, PPMicrobatchSize: 2, ReshardAfterForward: true}, 8, 1, 0, "always", "Interleaved1F1B"},
+		{job.Layout{GPUs: 16, PP: 2, PPSchedule: job.PPInterleaved1F1B, PPVirtualStages: 3}, 4, 1, 6, "default", "Interleaved1F1B"},
+		{job.Layout{GPUs: 16, PP: 2, PPLayers: "20,28"}, 4, 1, 2, "default", "1F1B"},
 		// The zero-bubble schedules under torchtitan's names; ZBV's V
 		// placement is torchtitan's own (style "v" from the name), so the
 		// stages are written in stage order as for any schedule.
-		{moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPZBVZeroBubble}, 4, 1, 0, "default", "ZBVZeroBubble"},
-		{moe.Layout{GPUs: 16, PP: 4, PPSchedule: moe.PPInterleavedZeroBubble}, 8, 1, 0, "default", "InterleavedZeroBubble"},
+		{job.Layout{GPUs: 16, PP: 2, PPSchedule: job.PPZBVZeroBubble}, 4, 1, 0, "default", "ZBVZeroBubble"},
+		{job.Layout{GPUs: 16, PP: 4, PPSchedule: job.PPInterleavedZeroBubble}, 8, 1, 0, "default", "InterleavedZeroBubble"},
 	} {
 		l := c.l
-		l.Sharding = moe.ShardFSDP
+		l.Sharding = job.ShardFSDP
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -603,7 +604,7 @@ func TestTorchtitanAsyncTPNeedsCompile(t *testing.T) {
 // transformer_block.compile), so its form writes it, and the TOML form
 // writes it eager.
 func TestTorchtitanZeroBubbleCompile(t *testing.T) {
-	l := moe.Layout{GPUs: 16, PP: 2, PPSchedule: moe.PPZBVZeroBubble, Sharding: moe.ShardFSDP}
+	l := job.Layout{GPUs: 16, PP: 2, PPSchedule: job.PPZBVZeroBubble, Sharding: job.ShardFSDP}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -645,20 +646,20 @@ func TestTorchtitanPipelineTP(t *testing.T) {
 	for _, c := range []struct {
 		model   string
 		layers  int
-		l       moe.Layout
+		l       job.Layout
 		lbs, ga int
 		pyErr   string // the Python form's refusal ("" = written)
 	}{
 		// 2 × 1 × 4 × 2 = 16 GPUs; ep 8 borrows dp_shard·tp = 8 (etp 1).
-		{"qwen3-30b-a3b", 48, moe.Layout{GPUs: 16, PP: 2, DPShard: 4, TP: 2, ETP: 1, EP: 8}, 4, 2, ""},
+		{"qwen3-30b-a3b", 48, job.Layout{GPUs: 16, PP: 2, DPShard: 4, TP: 2, ETP: 1, EP: 8}, 4, 2, ""},
 		// 4 × 1 × 4 × 2 = 32 GPUs; ep·etp = 4 × 2 = dp_shard·tp (efsdp 1).
-		{"qwen3-30b-a3b", 48, moe.Layout{GPUs: 32, PP: 4, DPShard: 4, TP: 2, ETP: 2, EP: 4, PPSchedule: moe.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1,
+		{"qwen3-30b-a3b", 48, job.Layout{GPUs: 32, PP: 4, DPShard: 4, TP: 2, ETP: 2, EP: 4, PPSchedule: job.PPInterleaved1F1B, PPMicrobatchSize: 2}, 8, 1,
 			"etp = tp = 2 with ep = 4"},
 		// A dense model: 2 × 2 × 1 × 4 = 16 GPUs, DDP over the replicas.
-		{"llama3-8b", 32, moe.Layout{GPUs: 16, PP: 2, DPReplicate: 2, DPShard: 1, TP: 4}, 2, 4, ""},
+		{"llama3-8b", 32, job.Layout{GPUs: 16, PP: 2, DPReplicate: 2, DPShard: 1, TP: 4}, 2, 4, ""},
 	} {
 		l := c.l
-		l.Sharding = moe.ShardFSDP
+		l.Sharding = job.ShardFSDP
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -724,7 +725,7 @@ func exportParallelism(t *testing.T, e TorchtitanExport, tomlSchema torchtitanTO
 // pythonSettings reads the config.SECTION.KEY = VALUE lines of a Python
 // export, checks every parallelism key against main's schema excerpt
 // pyPar, and returns the values by key.
-func pythonSettings(t *testing.T, src string, pyPar map[string]any, l moe.Layout) map[string]any {
+func pythonSettings(t *testing.T, src string, pyPar map[string]any, l job.Layout) map[string]any {
 	t.Helper()
 	set := regexp.MustCompile(`(?m)^    config\.(\w+)\.(\w+) = (.*?)(  #.*)?$`)
 	got := map[string]any{}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TestEnumerateTP: with tensor-parallel degrees to search, the families at
@@ -14,7 +15,7 @@ import (
 // etp 2 (ep 2, 4, 8; ep 1 has no etp).
 func TestEnumerateTP(t *testing.T) {
 	q, err := (&Request{GPUs: 16, GPUsPerNode: 8, Experts: 8, MemoryTarget: 0.92, TPs: []int{1, 2, 4, 16},
-		ACs: []moe.AC{{Mode: moe.ACFull}}, Shardings: []moe.Sharding{moe.ShardFSDP}}).withDefaults()
+		ACs: []moe.AC{{Mode: moe.ACFull}}, Shardings: []job.Sharding{job.ShardFSDP}}).withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}

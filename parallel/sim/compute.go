@@ -8,6 +8,7 @@ import (
 	"gonum.org/v1/gonum/integrate/quad"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -149,7 +150,7 @@ func SlowestShare(sd float64, n int) float64 {
 
 // ExpectedMaxNormal is E[max of n independent standard normals],
 // ∫ x·n·φ(x)·Φ(x)^(n−1) dx, by Gauss–Legendre quadrature on [−12, 12]
-// (what lies beyond is below n·φ(12) < 1e-25 for n up to moe.MaxDegree);
+// (what lies beyond is below n·φ(12) < 1e-25 for n up to job.MaxDegree);
 // memoized, as every simulation of a layout asks for its world size.
 func ExpectedMaxNormal(n int) float64 {
 	if n <= 1 {
@@ -197,8 +198,8 @@ func (c ComputeSpec) Validate() error {
 	if !(c.SpeedSD >= 0 && c.SpeedSD <= hw.MaxSpeedSD) {
 		return fmt.Errorf("compute: speed_sd = %v must be in [0, %v]", c.SpeedSD, hw.MaxSpeedSD)
 	}
-	if c.GPUs < 0 || c.GPUs > moe.MaxDegree {
-		return fmt.Errorf("compute: gpus = %d must be in [0, %d]", c.GPUs, moe.MaxDegree)
+	if c.GPUs < 0 || c.GPUs > job.MaxDegree {
+		return fmt.Errorf("compute: gpus = %d must be in [0, %d]", c.GPUs, job.MaxDegree)
 	}
 	if c.NCCLCTAs < 0 || c.NCCLCTAs >= c.SMs {
 		return fmt.Errorf("compute: nccl_ctas = %d must be in [0, sms = %d)", c.NCCLCTAs, c.SMs)

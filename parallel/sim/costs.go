@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
@@ -42,7 +43,7 @@ type segCost struct {
 // opCosts sums modelled op times per (layer, segment, phase) for one
 // micro-step of the simulated rank. Counts come from flops.Ops with a GPU
 // flash-attention tile (flops.DefaultTile): the work the GPU executes.
-func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) (map[segKey]segCost, error) {
+func opCosts(cfg *moe.Config, l job.Layout, in Input, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) (map[segKey]segCost, error) {
 	type opKey struct {
 		layer int
 		op    moe.Op

@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TestDispatchShare checks DeepEP's rows per (token, slot) against a count
@@ -70,7 +71,7 @@ func TestSimulateDeepEPBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := moe.Layout{GPUs: 8, DPShard: 8, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: 8, DPShard: 8, EP: 8, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

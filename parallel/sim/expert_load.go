@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // expertShare is the simulated rank's routed rows in one MoE layer
@@ -17,7 +18,7 @@ type expertShare struct {
 
 // expertLoads returns the simulated rank's share per MoE layer (absent:
 // balanced) and the exactness statement.
-func expertLoads(cfg *moe.Config, l moe.Layout, in Input) (map[int]expertShare, string) {
+func expertLoads(cfg *moe.Config, l job.Layout, in Input) (map[int]expertShare, string) {
 	const sym = "one rank simulated: all ranks run the same program on same-shaped groups with balanced routing"
 	if !cfg.IsMoE() {
 		return nil, sym

@@ -13,6 +13,7 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
@@ -32,7 +33,7 @@ import (
 //     the norms' and embedding's weight gradients), the two summing to the
 //     full backward; the input gradient is sent when the input pass ends.
 //     On the first stage the input pass is empty and the weight pass runs
-//     the whole backward, as PyTorch's stage does (moe/pipeline.go);
+//     the whole backward, as PyTorch's stage does (moe/job/pipeline.go);
 //   - neighbouring stages on one rank (a V's bottom) exchange no message;
 //   - a send is asynchronous: the message arrives a transfer time after the
 //     sender's compute ends (one link between the two ranks: NVLink inside
@@ -293,7 +294,7 @@ type StageTiming struct {
 
 // PipelineTiming is the pipeline's part of a Result.
 type PipelineTiming struct {
-	Schedule         moe.PPSchedule `json:"schedule"`
+	Schedule         job.PPSchedule `json:"schedule"`
 	Microbatches     int            `json:"microbatches"` // per accumulation micro-step
 	VirtualStages    int            `json:"virtual_stages"`
 	MessageBytes     int64          `json:"message_bytes"`
@@ -703,7 +704,7 @@ func tpShape(cl *hw.Cluster, pl *parallel.Pipeline) GroupShape {
 // pipeMessageBytes is one pipeline message: a micro-batch's hidden states
 // as one tp rank holds them, seq/tp tokens of each sequence
 // (parallel.Pipeline's sequence-parallel boundary).
-func pipeMessageBytes(l moe.Layout, seq, hidden int) int64 {
+func pipeMessageBytes(l job.Layout, seq, hidden int) int64 {
 	return int64(l.PPMicrobatchSize) * int64(seq) / int64(l.TPDegree()) * int64(hidden) * moe.DefaultPrecision.Activation.Bytes()
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
@@ -93,7 +94,7 @@ func TestAsyncPassByHand(t *testing.T) {
 		{1, false, 4*c + 13*w, byKind(3*2*w, 2*2*w, 3*w), byKind(3*2*w, 2*2*w, 3*w)},
 		{1, true, 4*c + 10*w, byKind(5*w, 2*w, 3*w), byKind(8*w, 6*w, 3*w)},
 	} {
-		l := moe.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: x.async}
+		l := job.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: x.async}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -135,10 +136,10 @@ func TestAsyncPassesWithoutAsyncAreSums(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sch := range []moe.PPSchedule{moe.PP1F1B, moe.PPZBVZeroBubble} {
+	for _, sch := range []job.PPSchedule{job.PP1F1B, job.PPZBVZeroBubble} {
 		for _, ep := range []int{1, 2} {
 			for _, ac := range []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}, {Mode: moe.ACModules, Modules: moe.RecomputeMoE}} {
-				l := moe.Layout{GPUs: 4, PP: 2, TP: 2, EP: ep, PPSchedule: sch}
+				l := job.Layout{GPUs: 4, PP: 2, TP: 2, EP: ep, PPSchedule: sch}
 				if err := l.Resolve(); err != nil {
 					t.Fatal(err)
 				}
@@ -198,8 +199,8 @@ func TestSimulatePipelineAsyncTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := func(sch moe.PPSchedule, async bool, compile memory.Compile) (Result, error) {
-		l := moe.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: async, PPSchedule: sch}
+	run := func(sch job.PPSchedule, async bool, compile memory.Compile) (Result, error) {
+		l := job.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: async, PPSchedule: sch}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +210,7 @@ func TestSimulatePipelineAsyncTP(t *testing.T) {
 	tpExposed := func(r Result) float64 {
 		return r.Breakdown.ExposedCommS[string(parallel.CollAllGather)] + r.Breakdown.ExposedCommS[string(parallel.CollReduceScatter)]
 	}
-	for _, sch := range []moe.PPSchedule{moe.PP1F1B, moe.PPInterleavedZeroBubble, moe.PPZBVZeroBubble} {
+	for _, sch := range []job.PPSchedule{job.PP1F1B, job.PPInterleavedZeroBubble, job.PPZBVZeroBubble} {
 		sync, err := run(sch, false, memory.Compiled)
 		if err != nil {
 			t.Fatal(err)
@@ -241,7 +242,7 @@ func TestSimulatePipelineAsyncTP(t *testing.T) {
 			}
 		}
 	}
-	_, err = run(moe.PP1F1B, true, memory.Compile{})
+	_, err = run(job.PP1F1B, true, memory.Compile{})
 	for _, w := range []string{"async_tp", "tp = 2", "pp = 2", "requires compile"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("eager async TP with pp: %v; want an error containing %q", err, w)

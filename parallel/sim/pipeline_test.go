@@ -9,6 +9,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
@@ -29,22 +30,22 @@ func pipelineConfig(layers int) *moe.Config {
 // (pp − 1)/(v·m + pp − 1), on every rank.
 func TestPipelineBubble(t *testing.T) {
 	for _, c := range []struct {
-		s        moe.PPSchedule
+		s        job.PPSchedule
 		pp, v, m int
 		f, b     float64
 	}{
-		{moe.PP1F1B, 4, 1, 8, 1, 2},
-		{moe.PP1F1B, 2, 1, 2, 0.3, 0.6},
-		{moe.PP1F1B, 8, 1, 16, 1, 1},
-		{moe.PPGPipe, 4, 1, 8, 1, 2},
-		{moe.PPGPipe, 3, 1, 6, 0.5, 1.5},
-		{moe.PPInterleaved1F1B, 2, 2, 4, 1, 2},
-		{moe.PPInterleaved1F1B, 4, 2, 8, 1, 2},
-		{moe.PPInterleaved1F1B, 4, 3, 8, 1, 1},
-		{moe.PPInterleaved1F1B, 4, 2, 4, 1, 2},
+		{job.PP1F1B, 4, 1, 8, 1, 2},
+		{job.PP1F1B, 2, 1, 2, 0.3, 0.6},
+		{job.PP1F1B, 8, 1, 16, 1, 1},
+		{job.PPGPipe, 4, 1, 8, 1, 2},
+		{job.PPGPipe, 3, 1, 6, 0.5, 1.5},
+		{job.PPInterleaved1F1B, 2, 2, 4, 1, 2},
+		{job.PPInterleaved1F1B, 4, 2, 8, 1, 2},
+		{job.PPInterleaved1F1B, 4, 3, 8, 1, 1},
+		{job.PPInterleaved1F1B, 4, 2, 4, 1, 2},
 	} {
 		name := fmt.Sprintf("%s pp %d v %d m %d f %g b %g", c.s, c.pp, c.v, c.m, c.f, c.b)
-		l := moe.Layout{GPUs: c.pp, PP: c.pp, PPSchedule: c.s, PPVirtualStages: c.v, PPLayers: moe.NewStageLayers(ones(c.pp * c.v))}
+		l := job.Layout{GPUs: c.pp, PP: c.pp, PPSchedule: c.s, PPVirtualStages: c.v, PPLayers: job.NewStageLayers(ones(c.pp * c.v))}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -122,22 +123,22 @@ func TestPipelineBubble(t *testing.T) {
 // 0I3 at 23, 0W3 [23, 25]: step 25, busy 24 on each, idle 1/25.
 func TestPipelineBubbleZeroBubble(t *testing.T) {
 	for _, c := range []struct {
-		s     moe.PPSchedule
+		s     job.PPSchedule
 		pp, m int
 		want  float64
 	}{
-		{moe.PPZBVZeroBubble, 2, 3, 1.0 / 19},
-		{moe.PPZBVZeroBubble, 2, 8, 1.0 / 49},
-		{moe.PPZBVZeroBubble, 3, 5, 2.0 / 32},
-		{moe.PPZBVZeroBubble, 3, 8, 2.0 / 50},
-		{moe.PPZBVZeroBubble, 4, 7, 3.0 / 45},
-		{moe.PPZBVZeroBubble, 4, 16, 3.0 / 99},
-		{moe.PPInterleavedZeroBubble, 2, 2, 1.0 / 13},
-		{moe.PPDualPipeV, 2, 4, 1.0 / 25},
+		{job.PPZBVZeroBubble, 2, 3, 1.0 / 19},
+		{job.PPZBVZeroBubble, 2, 8, 1.0 / 49},
+		{job.PPZBVZeroBubble, 3, 5, 2.0 / 32},
+		{job.PPZBVZeroBubble, 3, 8, 2.0 / 50},
+		{job.PPZBVZeroBubble, 4, 7, 3.0 / 45},
+		{job.PPZBVZeroBubble, 4, 16, 3.0 / 99},
+		{job.PPInterleavedZeroBubble, 2, 2, 1.0 / 13},
+		{job.PPDualPipeV, 2, 4, 1.0 / 25},
 	} {
 		name := fmt.Sprintf("%s pp %d m %d", c.s, c.pp, c.m)
 		n := 2 * c.pp
-		l := moe.Layout{GPUs: c.pp, PP: c.pp, PPSchedule: c.s, PPLayers: moe.NewStageLayers(ones(n))}
+		l := job.Layout{GPUs: c.pp, PP: c.pp, PPSchedule: c.s, PPLayers: job.NewStageLayers(ones(n))}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -187,15 +188,15 @@ func TestSimulatePipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		l    moe.Layout
+		l    job.Layout
 		link string
 	}{
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2}, "nvlink"},
-		{moe.Layout{GPUs: 16, PP: 2, DPShard: 8}, "network"},
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: moe.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, "nvlink"},
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: moe.PPZBVZeroBubble, PPLayers: "1,1,1,1"}, "nvlink"},
-		{moe.Layout{GPUs: 16, PP: 2, DPShard: 8, PPSchedule: moe.PPInterleavedZeroBubble, PPLayers: "1,1,1,1"}, "network"},
-		{moe.Layout{GPUs: 8, PP: 2, DPShard: 4, PPSchedule: moe.PPDualPipeV, PPLayers: "1,1,1,1"}, "nvlink"},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2}, "nvlink"},
+		{job.Layout{GPUs: 16, PP: 2, DPShard: 8}, "network"},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 2, DPReplicate: 2, PPSchedule: job.PPInterleaved1F1B, PPLayers: "1,1,1,1"}, "nvlink"},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 4, EP: 2, PPSchedule: job.PPZBVZeroBubble, PPLayers: "1,1,1,1"}, "nvlink"},
+		{job.Layout{GPUs: 16, PP: 2, DPShard: 8, PPSchedule: job.PPInterleavedZeroBubble, PPLayers: "1,1,1,1"}, "network"},
+		{job.Layout{GPUs: 8, PP: 2, DPShard: 4, PPSchedule: job.PPDualPipeV, PPLayers: "1,1,1,1"}, "nvlink"},
 	} {
 		l := c.l
 		if err := l.Resolve(); err != nil {
@@ -297,7 +298,7 @@ func TestSimulatePipelineTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(perNode int) Result {
-		l := moe.Layout{GPUs: 4, PP: 2, TP: 2, GPUsPerNode: perNode}
+		l := job.Layout{GPUs: 4, PP: 2, TP: 2, GPUsPerNode: perNode}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -366,7 +367,7 @@ func TestPipelineTPSecondsAsSchedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := func(l moe.Layout, lbs int) Result {
+	sim := func(l job.Layout, lbs int) Result {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
@@ -376,14 +377,14 @@ func TestPipelineTPSecondsAsSchedule(t *testing.T) {
 		}
 		return res
 	}
-	one := sim(moe.Layout{GPUs: 2, TP: 2}, 1)
+	one := sim(job.Layout{GPUs: 2, TP: 2}, 1)
 	var s float64
 	for i, ot := range one.OpTimings() {
 		if o := one.Schedule.Ops[i]; o.Type == parallel.OpCollective && o.Axis == parallel.AxisTP && o.Purpose != parallel.PurposeTPGradSync {
 			s += ot.EndS - ot.StartS
 		}
 	}
-	pp := sim(moe.Layout{GPUs: 4, PP: 2, TP: 2}, 4)
+	pp := sim(job.Layout{GPUs: 4, PP: 2, TP: 2}, 4)
 	var got float64
 	for _, wr := range pp.pipe.ranks {
 		for _, v := range wr.tp {

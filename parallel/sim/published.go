@@ -13,6 +13,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Run is one measured training run in the published-runs schema of
@@ -41,18 +42,18 @@ type Run struct {
 	ETP                 int    `json:"etp,omitempty"` // expert tensor-parallel degree, 1 or tp (absent = 1)
 	AsyncTP             *bool  `json:"async_tp,omitempty"`
 	Sharding            string `json:"sharding,omitempty"`
-	FSDPImpl            string `json:"fsdp_impl,omitempty"` // fsdp2 (absent) or megatron, moe.FSDPImpl
+	FSDPImpl            string `json:"fsdp_impl,omitempty"` // fsdp2 (absent) or megatron, job.FSDPImpl
 	ReshardAfterForward *bool  `json:"reshard_after_forward,omitempty"`
 	KeepGathered        *bool  `json:"keep_gathered,omitempty"`
 	AllreduceLastOnly   *bool  `json:"allreduce_last_only,omitempty"`
 	GradAccum           int    `json:"grad_accum,omitempty"`
 	// Pipeline options (DESIGN's schema; absent = no pipeline parallelism,
-	// or torchtitan's defaults under pp > 1, moe.Layout.Resolve).
+	// or torchtitan's defaults under pp > 1, job.Layout.Resolve).
 	PP                int             `json:"pp,omitempty"`
 	PPSchedule        string          `json:"pp_schedule,omitempty"`
 	PPMicrobatchSize  int             `json:"pp_microbatch_size,omitempty"`
 	PPVirtualStages   int             `json:"pp_virtual_stages,omitempty"`
-	PPLayers          moe.StageLayers `json:"pp_layers,omitempty"`
+	PPLayers          job.StageLayers `json:"pp_layers,omitempty"`
 	Compile           *bool           `json:"compile,omitempty"`
 	Framework         string          `json:"framework,omitempty"`
 	FrameworkVersion  string          `json:"framework_version,omitempty"`
@@ -208,10 +209,10 @@ func (r Run) MemoryOptions() (memory.Options, error) {
 }
 
 // Layout returns the run's layout, resolved and validated.
-func (r Run) Layout() (moe.Layout, error) {
-	l := moe.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP, TP: r.TP, ETP: r.ETP,
-		Sharding: moe.Sharding(r.Sharding), FSDPImpl: moe.FSDPImpl(r.FSDPImpl), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode,
-		PP: r.PP, PPSchedule: moe.PPSchedule(r.PPSchedule), PPMicrobatchSize: r.PPMicrobatchSize,
+func (r Run) Layout() (job.Layout, error) {
+	l := job.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP, TP: r.TP, ETP: r.ETP,
+		Sharding: job.Sharding(r.Sharding), FSDPImpl: job.FSDPImpl(r.FSDPImpl), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode,
+		PP: r.PP, PPSchedule: job.PPSchedule(r.PPSchedule), PPMicrobatchSize: r.PPMicrobatchSize,
 		PPVirtualStages: r.PPVirtualStages, PPLayers: r.PPLayers}
 	// torchtitan's default reshards after forward except under PP
 	// (apply_fsdp: reshard_after_forward = not pp_enabled).

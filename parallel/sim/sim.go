@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
@@ -17,7 +18,7 @@ import (
 // hardware and an optional calibration.
 type Input struct {
 	Config    *moe.Config
-	Layout    moe.Layout // resolved (moe.Layout.Resolve); GPUsPerNode 0 = the cluster's
+	Layout    job.Layout // resolved (job.Layout.Resolve); GPUsPerNode 0 = the cluster's
 	AC        moe.AC
 	LBS       int // sequences per rank per micro-step
 	Seq       int // tokens per sequence
@@ -175,7 +176,7 @@ type simPrep struct {
 	in     Input
 	cfg    *moe.Config
 	local  *moe.Config // cfg as one tp rank holds it (tpLocal); cfg without tp
-	l      moe.Layout
+	l      job.Layout
 	dev    hw.Device
 	cl     *hw.Cluster
 	mesh   *parallel.Mesh
@@ -334,7 +335,7 @@ func resolveHardware(in Input) (hw.Device, *hw.Cluster, error) {
 // rank holding E/ep experts receives at most min(K, E/ep) rows per token,
 // of a mean of K/ep: the skew is at most ep·min(K, E/ep)/K (1 without EP
 // or routed experts).
-func checkSkewBound(cfg *moe.Config, l moe.Layout, skew float64) error {
+func checkSkewBound(cfg *moe.Config, l job.Layout, skew float64) error {
 	if !(skew > 1) {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 )
 
 func benchSimulate(b *testing.B, gpus int) {
@@ -12,7 +13,7 @@ func benchSimulate(b *testing.B, gpus int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := moe.Layout{GPUs: gpus, DPShard: 64, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: gpus, DPShard: 64, EP: 8, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
@@ -37,7 +38,7 @@ func benchRun(b *testing.B, gpus int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := moe.Layout{GPUs: gpus, DPShard: 64, EP: 8, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: gpus, DPShard: 64, EP: 8, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func BenchmarkSimulateDense512(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := moe.Layout{GPUs: 512, DPShard: 64, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: 512, DPShard: 64, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -17,7 +18,7 @@ func ExampleSimulate() {
 	if err != nil {
 		panic(err)
 	}
-	l := moe.Layout{GPUs: 16, EP: 4, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: 16, EP: 4, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		panic(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 )
 
@@ -18,7 +19,7 @@ func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac 
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := moe.Layout{GPUs: gpus, EP: ep, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: gpus, EP: ep, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +210,7 @@ func TestSimulateLargeWorld(t *testing.T) {
 // timings by list-scheduling effects).
 func TestSimulateAllreduceLastOnly(t *testing.T) {
 	in := simTestInput(t, "tiny", 32, 1, 1, 64, 4, "none")
-	in.Layout = moe.Layout{GPUs: 32, DPShard: 8, DPReplicate: 4, EP: 1, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	in.Layout = job.Layout{GPUs: 32, DPShard: 8, DPReplicate: 4, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	every, err := Simulate(in)
 	if err != nil {
 		t.Fatal(err)
@@ -406,7 +407,7 @@ func TestFSDPCopySeconds(t *testing.T) {
 // (foreach_reduce): the next unit's reduce-scatter never queues behind it.
 func TestSimulateReplicaAllReduceStream(t *testing.T) {
 	in := simTestInput(t, "tiny", 8, 1, 2, 128, 1, "none")
-	in.Layout = moe.Layout{GPUs: 8, DPReplicate: 2, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	in.Layout = job.Layout{GPUs: 8, DPReplicate: 2, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := in.Layout.Resolve(); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Compute under tensor parallelism is priced at the shapes one tp rank
@@ -19,7 +20,7 @@ import (
 // tpLocal is cfg as one tp rank of l holds it: the heads, KV heads and FFN
 // widths divided by tp, the experts' width by the expert TP degree, the
 // vocabulary by ⌈V/tp⌉. cfg itself when tp = 1.
-func tpLocal(cfg *moe.Config, l moe.Layout) (*moe.Config, error) {
+func tpLocal(cfg *moe.Config, l job.Layout) (*moe.Config, error) {
 	tp := l.TPDegree()
 	if tp == 1 {
 		return cfg, nil
@@ -47,7 +48,7 @@ func tpLocal(cfg *moe.Config, l moe.Layout) (*moe.Config, error) {
 // tpOps returns the op records of one micro-step as one tp rank of l runs
 // them: flops.Ops of the local config (tpLocal), with the
 // sequence-parallel ops' tokens and, under etp = 1, the routed rows divided.
-func tpOps(cfg *moe.Config, l moe.Layout, s flops.Shape, ac moe.AC) ([]moe.OpRecord, error) {
+func tpOps(cfg *moe.Config, l job.Layout, s flops.Shape, ac moe.AC) ([]moe.OpRecord, error) {
 	local, err := tpLocal(cfg, l)
 	if err != nil {
 		return nil, err

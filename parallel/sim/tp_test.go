@@ -8,6 +8,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 )
@@ -18,7 +19,7 @@ func tpInput(t *testing.T, model string, gpus, tp int, async bool) Input {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := moe.Layout{GPUs: gpus, TP: tp, AsyncTP: async, Sharding: moe.ShardFSDP, ReshardAfterForward: true}
+	l := job.Layout{GPUs: gpus, TP: tp, AsyncTP: async, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestTPOpsShapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tp := range []int{2, 8} {
-		l := moe.Layout{GPUs: tp, TP: tp}
+		l := job.Layout{GPUs: tp, TP: tp}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}

@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 )
 
 func testComm(t testing.TB, gpus, rep, gpn int) *Comm {
 	t.Helper()
-	l := moe.Layout{GPUs: gpus, DPReplicate: rep, EP: 1, Sharding: moe.ShardFSDP}
+	l := job.Layout{GPUs: gpus, DPReplicate: rep, EP: 1, Sharding: job.ShardFSDP}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -12,7 +13,7 @@ import (
 // Four goroutine ranks all-reduce their rank numbers; the bytes each sent
 // follow the ring algorithm: 2·(n−1)/n·S = 2·3/4·(1 × 4 B) = 6 B.
 func ExampleComm_Run() {
-	l := moe.Layout{GPUs: 4, Sharding: moe.ShardFSDP}
+	l := job.Layout{GPUs: 4, Sharding: job.ShardFSDP}
 	_ = l.Resolve()
 	m, _ := parallel.NewMesh(l, nil, 8)
 	c := collective.New(m)

@@ -1,8 +1,10 @@
-package moe
+package job
 
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // FuzzLayoutJSON: any JSON layout (the published-runs and plan schema) is
@@ -65,7 +67,7 @@ func FuzzLayoutJSON(f *testing.F) {
 	})
 }
 
-// FuzzParseAC: ParseAC accepts exactly what it prints: a policy it reads
+// FuzzParseAC: moe.ParseAC accepts exactly what it prints: a policy it reads
 // prints as a string that reads back to the same policy, with N ≥ 1 for
 // layer:N.
 func FuzzParseAC(f *testing.F) {
@@ -74,14 +76,14 @@ func FuzzParseAC(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		a, err := ParseAC(s)
+		a, err := moe.ParseAC(s)
 		if err != nil {
 			return
 		}
-		if a.Mode == ACLayer && a.Every < 1 {
+		if a.Mode == moe.ACLayer && a.Every < 1 {
 			t.Fatalf("%q parsed to layer:%d", s, a.Every)
 		}
-		b, err := ParseAC(a.String())
+		b, err := moe.ParseAC(a.String())
 		if err != nil || b != a {
 			t.Fatalf("%q → %v prints %q, which reads back as %v, %v", s, a, a.String(), b, err)
 		}

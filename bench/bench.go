@@ -6,7 +6,8 @@
 // it reaches, by wall time and by process CPU time.
 //
 // It runs moe.Block, so it sits above moe; it sizes the layer run with
-// memory.Estimate, so above memory too. Only cmd/moescope imports it.
+// memory.Estimate, so above memory too, which is why it is a package of its
+// own rather than one under moe. Only cmd/moescope imports it.
 package bench
 
 import (
@@ -27,6 +28,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
 )
 
@@ -190,7 +192,7 @@ func CheckMemory(c *moe.Config, tokens int, avail uint64) error {
 // layerBytes is the resident memory of the layer benchmark at tokens: the
 // float32 peak allocated bytes (no checkpointing) × HeapFactor.
 func layerBytes(c *moe.Config, tokens int) (float64, error) {
-	l := moe.Layout{GPUs: 1, Sharding: moe.ShardDDP}
+	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
 	if err := l.Resolve(); err != nil {
 		return 0, err
 	}

@@ -1,8 +1,10 @@
-package moe
+package job
 
 import (
 	"errors"
 	"fmt"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // Sharding says what the dp_shard axis shards.
@@ -115,7 +117,7 @@ func (l *Layout) Resolve() error {
 		v    int
 	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"pp", l.PP}} {
 		if f.v < 0 || f.v > MaxDegree {
-			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d] (0 = derive from the others)", MaxDegree)})
+			errs = append(errs, moe.FieldError{Field: f.name, Value: f.v, Allowed: fmt.Sprintf("must be in [1, %d] (0 = derive from the others)", MaxDegree)})
 		}
 	}
 	for _, f := range []struct {
@@ -123,7 +125,7 @@ func (l *Layout) Resolve() error {
 		v    *int
 	}{{"ep", &l.EP}, {"tp", &l.TP}, {"etp", &l.ETP}} {
 		if *f.v < 0 || *f.v > MaxDegree {
-			errs = append(errs, FieldError{f.name, *f.v, fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
+			errs = append(errs, moe.FieldError{Field: f.name, Value: *f.v, Allowed: fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
 		}
 	}
 	if len(errs) > 0 {
@@ -136,7 +138,7 @@ func (l *Layout) Resolve() error {
 	}
 	pp := l.Stages()
 	if pp > MaxDegree {
-		return FieldError{"pp", l.PP, fmt.Sprintf("must be in [1, %d]", MaxDegree)}
+		return moe.FieldError{Field: "pp", Value: l.PP, Allowed: fmt.Sprintf("must be in [1, %d]", MaxDegree)}
 	}
 	switch {
 	case l.GPUs == 0 && l.DPShard > 0:
@@ -144,7 +146,7 @@ func (l *Layout) Resolve() error {
 			l.DPReplicate = 1
 		}
 		if n := int64(pp) * int64(l.DPShard) * int64(l.DPReplicate) * int64(l.TP); n > MaxDegree {
-			return FieldError{"gpus", n, fmt.Sprintf("pp × dp_shard × dp_replicate × tp = %d × %d × %d × %d must be at most %d", pp, l.DPShard, l.DPReplicate, l.TP, MaxDegree)}
+			return moe.FieldError{Field: "gpus", Value: n, Allowed: fmt.Sprintf("pp × dp_shard × dp_replicate × tp = %d × %d × %d × %d must be at most %d", pp, l.DPShard, l.DPReplicate, l.TP, MaxDegree)}
 		}
 		l.GPUs = pp * l.DPShard * l.DPReplicate * l.TP
 	case l.GPUs > 0 && l.DPShard == 0:
@@ -184,7 +186,7 @@ func (l Layout) Validate() error {
 		v    int
 	}{{"gpus", l.GPUs}, {"dp_shard", l.DPShard}, {"dp_replicate", l.DPReplicate}, {"ep", l.EP}} {
 		if f.v < 1 || f.v > MaxDegree {
-			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d]", MaxDegree)})
+			errs = append(errs, moe.FieldError{Field: f.name, Value: f.v, Allowed: fmt.Sprintf("must be in [1, %d]", MaxDegree)})
 		}
 	}
 	// tp and etp may be left at 0 (= 1) by a layout written before they
@@ -194,7 +196,7 @@ func (l Layout) Validate() error {
 		v    int
 	}{{"tp", l.TP}, {"etp", l.ETP}} {
 		if f.v < 0 || f.v > MaxDegree {
-			errs = append(errs, FieldError{f.name, f.v, fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
+			errs = append(errs, moe.FieldError{Field: f.name, Value: f.v, Allowed: fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
 		}
 	}
 	if len(errs) > 0 {
@@ -215,7 +217,7 @@ func (l Layout) Validate() error {
 	// only shapes its unused sparse mesh; moescope refuses it whatever ep
 	// is rather than carry a degree that means nothing.
 	if etp != 1 && etp != tp {
-		errs = append(errs, FieldError{"etp", etp, fmt.Sprintf("must be 1 or tp = %d (torchtitan v0.2.2 supports only etp = tp or etp = 1)", tp)})
+		errs = append(errs, moe.FieldError{Field: "etp", Value: etp, Allowed: fmt.Sprintf("must be 1 or tp = %d (torchtitan v0.2.2 supports only etp = tp or etp = 1)", tp)})
 	} else if region := l.DPShard * tp; region%(l.EP*l.ExpertTP()) != 0 {
 		// The sparse mesh (dp_replicate, efsdp, ep, etp) unflattens
 		// dp_shard·cp·tp: ep·etp must divide it (v0.2.2; torchtitan main,
@@ -232,32 +234,32 @@ func (l Layout) Validate() error {
 	switch l.Sharding {
 	case ShardFSDP, ShardZeRO2, ShardZeRO1, ShardDDP:
 	default:
-		errs = append(errs, FieldError{"sharding", l.Sharding, "must be fsdp, zero2, zero1 or ddp"})
+		errs = append(errs, moe.FieldError{Field: "sharding", Value: l.Sharding, Allowed: "must be fsdp, zero2, zero1 or ddp"})
 	}
 	switch l.FSDPImpl {
 	case "", FSDPTorch:
 	case FSDPMegatron:
 		if l.Sharding != ShardFSDP {
-			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, fmt.Sprintf("needs sharding fsdp (Megatron's optim_grads_params), not %s", l.Sharding)})
+			errs = append(errs, moe.FieldError{Field: "fsdp_impl", Value: l.FSDPImpl, Allowed: fmt.Sprintf("needs sharding fsdp (Megatron's optim_grads_params), not %s", l.Sharding)})
 		}
 		if l.PP > 1 {
-			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, fmt.Sprintf("with pp = %d is not modelled (only fsdp2 inside pipeline stages)", l.PP)})
+			errs = append(errs, moe.FieldError{Field: "fsdp_impl", Value: l.FSDPImpl, Allowed: fmt.Sprintf("with pp = %d is not modelled (only fsdp2 inside pipeline stages)", l.PP)})
 		}
 		if l.DPReplicate > 1 {
 			// fully_sharded_data_parallel.py: "TODO: add hybrid FSDP".
-			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, fmt.Sprintf("with dp_replicate = %d: Megatron-LM 1e057005's FSDP has no hybrid (replicated) sharding", l.DPReplicate)})
+			errs = append(errs, moe.FieldError{Field: "fsdp_impl", Value: l.FSDPImpl, Allowed: fmt.Sprintf("with dp_replicate = %d: Megatron-LM 1e057005's FSDP has no hybrid (replicated) sharding", l.DPReplicate)})
 		}
 		if l.GradSyncLastOnly || l.KeepGathered || !l.ReshardAfterForward {
-			errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, "reduces gradients every micro-step and frees a layer's weights after its forward and its backward: grad_sync_last_only and keep_gathered must be false, reshard_after_forward true"})
+			errs = append(errs, moe.FieldError{Field: "fsdp_impl", Value: l.FSDPImpl, Allowed: "reduces gradients every micro-step and frees a layer's weights after its forward and its backward: grad_sync_last_only and keep_gathered must be false, reshard_after_forward true"})
 		}
 	default:
-		errs = append(errs, FieldError{"fsdp_impl", l.FSDPImpl, "must be fsdp2 or megatron"})
+		errs = append(errs, moe.FieldError{Field: "fsdp_impl", Value: l.FSDPImpl, Allowed: "must be fsdp2 or megatron"})
 	}
 	if l.GradSyncLastOnly && l.Sharding != ShardFSDP {
-		errs = append(errs, FieldError{"grad_sync_last_only", true, fmt.Sprintf("needs sharding fsdp (FSDP2's set_requires_gradient_sync), not %s", l.Sharding)})
+		errs = append(errs, moe.FieldError{Field: "grad_sync_last_only", Value: true, Allowed: fmt.Sprintf("needs sharding fsdp (FSDP2's set_requires_gradient_sync), not %s", l.Sharding)})
 	}
 	if l.GPUsPerNode < 0 || l.GPUsPerNode > MaxGPUsPerNode {
-		errs = append(errs, FieldError{"gpus_per_node", l.GPUsPerNode, fmt.Sprintf("must be in [1, %d] (0 = from the cluster)", MaxGPUsPerNode)})
+		errs = append(errs, moe.FieldError{Field: "gpus_per_node", Value: l.GPUsPerNode, Allowed: fmt.Sprintf("must be in [1, %d] (0 = from the cluster)", MaxGPUsPerNode)})
 	}
 	return errors.Join(errs...)
 }
@@ -268,7 +270,7 @@ func (l Layout) Validate() error {
 // and the pipeline's stages must split the model's layers (StageSplit).
 // Under TP, MLA attention and a q/k norm over all heads are refused: they
 // are not part of the plan torchtitan applies to the models moescope runs.
-func (l Layout) CheckModel(c *Config) error {
+func (l Layout) CheckModel(c *moe.Config) error {
 	var errs []error
 	if l.EP > 1 && (c.Experts == 0 || c.Experts%l.EP != 0) {
 		errs = append(errs, fmt.Errorf("ep = %d does not divide experts = %d", l.EP, c.Experts))
@@ -277,7 +279,7 @@ func (l Layout) CheckModel(c *Config) error {
 		if c.IsMLA() {
 			errs = append(errs, fmt.Errorf("tp = %d with MLA attention is not built (tp > 1 needs multi-head or grouped-query attention)", tp))
 		}
-		if c.QKNorm == QKNormFull {
+		if c.QKNorm == moe.QKNormFull {
 			errs = append(errs, fmt.Errorf("tp = %d with a q/k norm over all heads (qk_norm full) is not built: it would need the heads of every tp rank", tp))
 		}
 		for _, d := range []struct {

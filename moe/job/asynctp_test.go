@@ -1,4 +1,4 @@
-package moe
+package job
 
 import "testing"
 

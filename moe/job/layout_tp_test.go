@@ -1,8 +1,10 @@
-package moe
+package job
 
 import (
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // TestResolveTP: tensor parallelism takes the innermost factor of the
@@ -71,25 +73,25 @@ func TestResolveTPErrors(t *testing.T) {
 // TestCheckModelTP: tp must divide the query heads, the KV heads and every
 // FFN width it splits; the error names the factor.
 func TestCheckModelTP(t *testing.T) {
-	base := Config{Hidden: 64, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 8, Vocab: 100,
+	base := moe.Config{Hidden: 64, Layers: 2, Heads: 8, KVHeads: 4, HeadDim: 8, Vocab: 100,
 		Experts: 8, TopK: 2, ExpertFFN: 24, DenseFFN: 96, MoELayer: []bool{false, true}}
 	for _, c := range []struct {
 		tp, ep, etp int
-		edit        func(*Config)
+		edit        func(*moe.Config)
 		want        string // "" = accepted
 	}{
 		{2, 1, 1, nil, ""},
 		{4, 1, 1, nil, ""},
 		{8, 1, 1, nil, "tp = 8 does not divide kv_heads = 4"},
 		{3, 1, 1, nil, "tp = 3 does not divide heads = 8"},
-		{2, 1, 1, func(c *Config) { c.DenseFFN = 97 }, "tp = 2 does not divide dense_ffn = 97"},
+		{2, 1, 1, func(c *moe.Config) { c.DenseFFN = 97 }, "tp = 2 does not divide dense_ffn = 97"},
 		// ep = 1: experts split over tp; 24 % 16 ≠ 0 is never reached, 24 % 4 = 0.
-		{4, 1, 1, func(c *Config) { c.ExpertFFN = 26 }, "expert tensor-parallel degree 4 (tp = 4, etp = 1, ep = 1) does not divide expert_ffn = 26"},
+		{4, 1, 1, func(c *moe.Config) { c.ExpertFFN = 26 }, "expert tensor-parallel degree 4 (tp = 4, etp = 1, ep = 1) does not divide expert_ffn = 26"},
 		// ep 2, etp 1: experts whole, any width.
-		{4, 2, 1, func(c *Config) { c.ExpertFFN = 26 }, ""},
-		{2, 2, 2, func(c *Config) { c.ExpertFFN = 25 }, "expert tensor-parallel degree 2"},
-		{2, 1, 1, func(c *Config) { c.SharedExperts, c.SharedFFN = 1, 33 }, "tp = 2 does not divide shared_experts × shared_ffn = 33"},
-		{2, 1, 1, func(c *Config) { c.QKNorm = QKNormFull }, "qk_norm full"},
+		{4, 2, 1, func(c *moe.Config) { c.ExpertFFN = 26 }, ""},
+		{2, 2, 2, func(c *moe.Config) { c.ExpertFFN = 25 }, "expert tensor-parallel degree 2"},
+		{2, 1, 1, func(c *moe.Config) { c.SharedExperts, c.SharedFFN = 1, 33 }, "tp = 2 does not divide shared_experts × shared_ffn = 33"},
+		{2, 1, 1, func(c *moe.Config) { c.QKNorm = moe.QKNormFull }, "qk_norm full"},
 	} {
 		cfg := base
 		cfg.MoELayer = append([]bool(nil), base.MoELayer...)

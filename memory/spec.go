@@ -1,0 +1,32 @@
+package memory
+
+import (
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+)
+
+// OptionsOf is the memory model's view of a run's recipe and checkpointing
+// policy: its storage types, attention (cuDNN and FlashAttention-2 save what
+// flash attention saves), loss chunks, AdamW implementation, compiled
+// components, loss and reduce types and allocator segments. r must be
+// resolved (job.Recipe.Resolve).
+func OptionsOf(r job.Recipe, ac moe.AC) Options {
+	o := Options{Precision: r.Storage(), AC: ac, Attention: Flash, LossChunks: r.LossChunks,
+		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed}
+	if r.Attention == job.EagerAttention {
+		o.Attention = Eager
+	}
+	o.Compile.Model, o.Compile.Loss = r.Compiled()
+	if r.ExpandableSegments {
+		o.Segments = Expandable
+	}
+	return o
+}
+
+// EstimateRun is Estimate for the run s, under allocator model a (nil:
+// DefaultAllocator).
+func EstimateRun(s job.Spec, a *Allocator) (Report, error) {
+	o := OptionsOf(s.Recipe, s.AC)
+	o.Allocator = a
+	return Estimate(s.Model, s.Layout, Batch{LBS: s.LBS, Seq: s.Seq, GradAccum: s.GradAccum}, o)
+}

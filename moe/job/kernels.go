@@ -1,0 +1,182 @@
+package job
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Precision is a training recipe (DESIGN's --precision contract).
+type Precision string
+
+// Training recipes.
+const (
+	BF16          Precision = "bf16"
+	FP8Tensorwise Precision = "fp8-tensorwise"
+	FP8Rowwise    Precision = "fp8-rowwise"
+	MXFP8         Precision = "mxfp8"
+	FP8Delayed    Precision = "fp8-delayed"
+	FP8Current    Precision = "fp8-current"
+	FP8Blockwise  Precision = "fp8-blockwise"
+	NVFP4         Precision = "nvfp4"
+)
+
+// Precisions are DESIGN's recipes; PricedPrecisions those the time and
+// memory models price. Every other recipe is refused until a model of it
+// is built.
+var (
+	Precisions       = []Precision{BF16, FP8Tensorwise, FP8Rowwise, MXFP8, FP8Delayed, FP8Current, FP8Blockwise, NVFP4}
+	PricedPrecisions = []Precision{BF16}
+)
+
+// Check accepts a priced recipe and refuses the others with the list of
+// priced ones (and, for a name outside DESIGN's list, that list too).
+// field names the flag or JSON key in the message.
+func (p Precision) Check(field string) error {
+	if slices.Contains(PricedPrecisions, p) {
+		return nil
+	}
+	if slices.Contains(Precisions, p) {
+		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet (priced: " + joinValues(PricedPrecisions) + ")"}
+	}
+	return moe.FieldError{Field: field, Value: string(p), Allowed: "unknown recipe (known: " + joinValues(Precisions) + "; priced: " + joinValues(PricedPrecisions) + ")"}
+}
+
+// OptimizerImpl is the AdamW implementation.
+type OptimizerImpl string
+
+// AdamW implementations: fused (torchtitan's default since 2025: no
+// temporaries) and foreach (torch's _multi_tensor_adamw, torchtitan's
+// default before: sqrt(v) is materialized for every local element during
+// the step).
+const (
+	FusedAdamW   OptimizerImpl = "fused"
+	ForeachAdamW OptimizerImpl = "foreach"
+)
+
+// AttentionKernel names the attention implementation.
+type AttentionKernel string
+
+// Attention kernels.
+const (
+	// CuDNNAttention is cuDNN's fused attention, first in torchtitan's SDPA
+	// priority (torchtitan/models/attention.py at 0012170a,
+	// ScaledDotProductAttentionWrapper: CUDNN_ATTENTION, FLASH_ATTENTION,
+	// EFFICIENT_ATTENTION, MATH with set_priority=True): the default.
+	CuDNNAttention AttentionKernel = "cudnn"
+	// Flash2Attention is FlashAttention-2, PyTorch's own first SDPA choice
+	// (its default priority order puts flash first), which torchtitan ran
+	// before it set the priority.
+	Flash2Attention AttentionKernel = "flash2"
+	// EagerAttention is attention in plain ops (SDPA's math backend): it
+	// saves the probabilities for backward. The memory model sizes it;
+	// the time model does not price it.
+	EagerAttention AttentionKernel = "eager"
+)
+
+// Dispatcher names how expert parallelism moves tokens.
+type Dispatcher string
+
+// Dispatchers.
+const (
+	// AllToAll is torchtitan's: an all-to-all of every routed row, one per
+	// top-k slot.
+	AllToAll Dispatcher = "all_to_all"
+	// DeepEP and HybridEP send one row per token and destination rank
+	// (DeepEP's kernels; HybridEP is its NVLink-domain variant, priced the
+	// same).
+	DeepEP   Dispatcher = "deepep"
+	HybridEP Dispatcher = "hybridep"
+)
+
+// RowPerRank says the dispatcher sends a token once to each destination
+// rank rather than once per top-k slot.
+func (d Dispatcher) RowPerRank() bool { return d == DeepEP || d == HybridEP }
+
+// ExpertGEMM names the routed experts' matmul kernel.
+type ExpertGEMM string
+
+// Expert matmul kernels.
+const (
+	// GroupedMM is torch._grouped_mm, torchtitan's.
+	GroupedMM ExpertGEMM = "grouped_mm"
+	// CuBLASExperts is TransformerEngine's GroupedLinear: one cuBLAS GEMM
+	// per expert.
+	CuBLASExperts ExpertGEMM = "cublas"
+)
+
+// Values lists each enum's allowed values: Recipe.Validate checks against
+// it, and the command line's help prints it.
+func (Precision) Values() []string     { return names(Precisions) }
+func (OptimizerImpl) Values() []string { return names([]OptimizerImpl{FusedAdamW, ForeachAdamW}) }
+func (AttentionKernel) Values() []string {
+	return names([]AttentionKernel{CuDNNAttention, Flash2Attention, EagerAttention})
+}
+func (Dispatcher) Values() []string { return names([]Dispatcher{AllToAll, DeepEP, HybridEP}) }
+func (ExpertGEMM) Values() []string { return names([]ExpertGEMM{GroupedMM, CuBLASExperts}) }
+func (Component) Values() []string  { return names([]Component{ModelComponent, LossComponent}) }
+
+func names[T ~string](vs []T) []string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = string(v)
+	}
+	return s
+}
+
+// joinValues lists an enum's values for a message: "a, b, c".
+func joinValues[T ~string](vs []T) string { return strings.Join(names(vs), ", ") }
+
+// TorchVersion is the PyTorch release a run uses, as MAJOR.MINOR; the
+// zero value is a release recent enough for every kernel the time model
+// knows (2.9 or later). JSON: the string "MAJOR.MINOR".
+type TorchVersion struct{ Major, Minor int }
+
+// ParseTorchVersion reads "MAJOR.MINOR" with an optional tail of a patch
+// level or local build ("2.6", "2.9.0", "2.10.0.dev20250916+cu130"); ""
+// is the zero value. field names the flag or key in errors.
+func ParseTorchVersion(field, s string) (TorchVersion, error) {
+	if s == "" {
+		return TorchVersion{}, nil
+	}
+	parts := strings.SplitN(s, ".", 3)
+	bad := moe.FieldError{Field: field, Value: s, Allowed: "must be a PyTorch release MAJOR.MINOR (e.g. 2.6 or 2.9.0), major in [1, 9], minor in [0, 99]"}
+	if len(parts) < 2 {
+		return TorchVersion{}, bad
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil || major < 1 || major > 9 || minor < 0 || minor > 99 {
+		return TorchVersion{}, bad
+	}
+	return TorchVersion{major, minor}, nil
+}
+
+// Before reports whether v is a stated release older than w (the zero
+// value is never older).
+func (v TorchVersion) Before(w TorchVersion) bool {
+	if v == (TorchVersion{}) {
+		return false
+	}
+	return v.Major < w.Major || v.Major == w.Major && v.Minor < w.Minor
+}
+
+func (v TorchVersion) String() string {
+	if v == (TorchVersion{}) {
+		return ""
+	}
+	return fmt.Sprintf("%d.%d", v.Major, v.Minor)
+}
+
+// MarshalText writes "MAJOR.MINOR".
+func (v TorchVersion) MarshalText() ([]byte, error) { return []byte(v.String()), nil }
+
+// UnmarshalText reads what ParseTorchVersion reads.
+func (v *TorchVersion) UnmarshalText(b []byte) error {
+	t, err := ParseTorchVersion("torch_version", string(b))
+	*v = t
+	return err
+}

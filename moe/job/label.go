@@ -1,0 +1,35 @@
+package job
+
+import "fmt"
+
+// Label is the layout in one line of key=value words, the degrees first
+// and then each option that differs from torchtitan's default: the form
+// plan listings and messages print.
+func (l Layout) Label() string {
+	s := fmt.Sprintf("gpus=%d dp_shard=%d dp_replicate=%d ep=%d sharding=%s", l.GPUs, l.DPShard, l.DPReplicate, l.EP, l.Sharding)
+	if tp := l.TPDegree(); tp > 1 {
+		s += fmt.Sprintf(" tp=%d etp=%d", tp, max(l.ETP, 1))
+		if l.AsyncTP {
+			s += " async-tp"
+		}
+	}
+	if !l.ReshardAfterForward {
+		s += " no-reshard"
+	}
+	if l.KeepGathered {
+		s += " keep-gathered"
+	}
+	if l.AllreduceLastOnly {
+		s += " allreduce-last-only"
+	}
+	if l.GradSyncLastOnly {
+		s += " grad-sync-last-only"
+	}
+	if l.Stages() > 1 {
+		s += fmt.Sprintf(" pp=%d pp_schedule=%s pp_microbatch_size=%d", l.PP, l.PPSchedule, l.PPMicrobatchSize)
+		if l.VirtualStages() > 1 {
+			s += fmt.Sprintf(" pp_virtual_stages=%d", l.VirtualStages())
+		}
+	}
+	return s
+}

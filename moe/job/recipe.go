@@ -1,0 +1,186 @@
+package job
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Recipe is what a run executes with besides its model, layout, batch and
+// checkpointing: the precision recipe and storage types, torch.compile, the
+// allocator, the kernels and the expert-parallel dispatcher. JSON keys are
+// DESIGN's flag names with underscores; a key left out keeps its default
+// (DefaultRecipe), and Resolve fills what depends on another field. The
+// command line is derived from this struct: one flag per field, named for
+// its JSON key with dashes (or its flag tag), with its help tag.
+type Recipe struct {
+	// Precision is the training recipe (DESIGN's --precision).
+	Precision Precision `json:"precision" help:"training recipe (only the priced ones run: bf16; the others are refused)"`
+	// Storage types (DESIGN's "Precision and compile"): sharded
+	// parameters, gradients, the type gradients are reduced in (FSDP2's
+	// reduce_dtype; Resolve sets it to GradDType when left empty), AdamW
+	// moments, and the type the eager cross-entropy computes in.
+	ParamDType     moe.DType `json:"param_dtype" help:"sharded parameter storage type: f32|bf16"`
+	GradDType      moe.DType `json:"grad_dtype" help:"gradient storage type: f32|bf16"`
+	ReduceDType    moe.DType `json:"reduce_dtype" help:"type gradients are reduced in (FSDP2 reduce_dtype) and, with --grad-sync-last-only, accumulated in: f32|bf16 (default: the --grad-dtype)"`
+	OptimizerDType moe.DType `json:"optimizer_dtype" help:"AdamW moment storage type: f32|bf16"`
+	LossDType      moe.DType `json:"loss_dtype" help:"type the eager cross-entropy computes in: f32 (torchtitan's pred.float()) or bf16 (no upcast)"`
+	// Compile is torch.compile on (torchtitan's compile.enable);
+	// CompileComponents what it compiles (torchtitan's compile.components,
+	// empty = model and loss).
+	Compile           bool       `json:"compile" help:"torch.compile the blocks and the loss as torchtitan's --compile.enable does (fused intermediates are not saved; --compile=false is eager)"`
+	CompileComponents Components `json:"compile_components,omitempty" help:"what torch.compile compiles, comma-separated (torchtitan's compile.components; default: model,loss)"`
+	// ExpandableSegments is PYTORCH_ALLOC_CONF=expandable_segments:True,
+	// which torchtitan's run_train.sh sets.
+	ExpandableSegments bool `json:"expandable_segments" help:"the caching allocator grows segments in place (PYTORCH_ALLOC_CONF=expandable_segments:True, as torchtitan's run_train.sh sets; false = fixed segments)"`
+	// LossChunks > 1 computes logits, loss and their gradients chunk by
+	// chunk over tokens (0 or 1 = one piece).
+	LossChunks int `json:"loss_chunks,omitempty" help:"chunked cross-entropy over this many token chunks (0 or 1 = one piece)"`
+	// Optimizer is the AdamW implementation.
+	Optimizer OptimizerImpl `json:"optimizer" flag:"optimizer-impl" help:"AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)"`
+	// Attention is the attention kernel.
+	Attention AttentionKernel `json:"attention_kernel" help:"attention kernel: cudnn (torchtitan's SDPA priority), flash2 (FlashAttention-2) or eager (plain ops, saves the probabilities; memory only)"`
+	// Dispatcher moves the expert-parallel tokens; ExpertGEMM runs the
+	// routed experts' matmuls.
+	Dispatcher Dispatcher `json:"dispatcher" help:"how expert parallelism moves tokens: all_to_all (torchtitan's, a row per top-k slot), deepep or hybridep (a row per destination rank)"`
+	ExpertGEMM ExpertGEMM `json:"expert_gemm" help:"routed experts' matmul kernel: grouped_mm (torch._grouped_mm, torchtitan's) or cublas (TransformerEngine's GroupedLinear, one cuBLAS GEMM per expert)"`
+	// FusedElementwise: the framework runs each elementwise op as one
+	// fused kernel of its own (TransformerEngine / Megatron-Core fusions)
+	// where eager PyTorch runs several.
+	FusedElementwise bool `json:"fused_elementwise,omitempty" help:"the framework runs each elementwise op as one fused kernel (TransformerEngine/Megatron-Core fusions) instead of PyTorch's eager decomposition"`
+	// Torch is the PyTorch release (the zero value: 2.9 or later).
+	Torch TorchVersion `json:"torch_version,omitzero" help:"PyTorch release of the job, MAJOR.MINOR (default: 2.9 or later); before 2.9 eager RMSNorm is a composite of fp32 kernels"`
+	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
+	// ExpertSkew × the mean rows; 0 or 1 is balanced routing.
+	ExpertSkew float64 `json:"expert_skew,omitempty" help:"rows of the most loaded expert-parallel rank ÷ the mean (≥ 1; 0 = balanced routing)"`
+}
+
+// DefaultRecipe is torchtitan's: bf16 training with FSDP2 mixed precision
+// (fp32 parameters, gradients and AdamW moments, an fp32 cross-entropy;
+// ReduceDType is left to Resolve, which reduces in the gradient type), compiled model and loss, expandable segments, fused
+// AdamW, cuDNN attention, the all-to-all dispatcher and
+// torch._grouped_mm experts.
+func DefaultRecipe() Recipe {
+	return Recipe{Precision: BF16, ParamDType: moe.F32, GradDType: moe.F32, OptimizerDType: moe.F32,
+		LossDType: moe.F32, Compile: true, ExpandableSegments: true, Optimizer: FusedAdamW, Attention: CuDNNAttention,
+		Dispatcher: AllToAll, ExpertGEMM: GroupedMM}
+}
+
+// Resolve fills what is left empty with its default (ReduceDType with
+// GradDType) and validates.
+func (r *Recipe) Resolve() error {
+	d := DefaultRecipe()
+	fill := func(dst *moe.DType, v moe.DType) {
+		if *dst == "" {
+			*dst = v
+		}
+	}
+	fill(&r.ParamDType, d.ParamDType)
+	fill(&r.GradDType, d.GradDType)
+	fill(&r.ReduceDType, r.GradDType)
+	fill(&r.OptimizerDType, d.OptimizerDType)
+	fill(&r.LossDType, d.LossDType)
+	orDefault(&r.Precision, d.Precision)
+	orDefault(&r.Optimizer, d.Optimizer)
+	orDefault(&r.Attention, d.Attention)
+	orDefault(&r.Dispatcher, d.Dispatcher)
+	orDefault(&r.ExpertGEMM, d.ExpertGEMM)
+	return r.Validate()
+}
+
+func orDefault[T ~string](dst *T, v T) {
+	if *dst == "" {
+		*dst = v
+	}
+}
+
+// Validate names every field out of its allowed values.
+func (r Recipe) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	add(r.Precision.Check("precision"))
+	for _, f := range []struct {
+		name string
+		v    moe.DType
+	}{ // reduce_dtype equal to a bad grad_dtype was derived from it: reported once
+		{"param_dtype", r.ParamDType}, {"grad_dtype", r.GradDType}, {"reduce_dtype", r.ReduceDType},
+		{"optimizer_dtype", r.OptimizerDType}, {"loss_dtype", r.LossDType}} {
+		if f.v != moe.F32 && f.v != moe.BF16 && !(f.name == "reduce_dtype" && f.v == r.GradDType) {
+			errs = append(errs, moe.FieldError{Field: f.name, Value: string(f.v), Allowed: "must be f32 or bf16"})
+		}
+	}
+	add(r.CompileComponents.check())
+	if r.LossChunks < 0 || r.LossChunks > 1<<20 {
+		errs = append(errs, moe.FieldError{Field: "loss_chunks", Value: r.LossChunks, Allowed: "must be in [1, 1048576] (0 = 1)"})
+	}
+	add(checkEnum("optimizer", r.Optimizer))
+	add(checkEnum("attention_kernel", r.Attention))
+	add(checkEnum("dispatcher", r.Dispatcher))
+	add(checkEnum("expert_gemm", r.ExpertGEMM))
+	if r.ExpertSkew != 0 && !(r.ExpertSkew >= 1) || math.IsInf(r.ExpertSkew, 0) {
+		errs = append(errs, moe.FieldError{Field: "expert_skew", Value: r.ExpertSkew, Allowed: "must be ≥ 1 and finite (0 = balanced)"})
+	}
+	return errors.Join(errs...)
+}
+
+// Storage is the recipe's storage types as the memory model reads them:
+// bf16 compute weights and activations (the only priced recipe, bf16),
+// the rest as stated.
+func (r Recipe) Storage() moe.Precision {
+	return moe.Precision{Param: r.ParamDType, Compute: moe.BF16, Grad: r.GradDType, Optimizer: r.OptimizerDType, Activation: moe.BF16}
+}
+
+// Compiled says what torch.compile compiles: nothing when Compile is off,
+// else the listed components (both when none is listed).
+func (r Recipe) Compiled() (model, loss bool) {
+	if !r.Compile {
+		return false, false
+	}
+	if len(r.CompileComponents) == 0 {
+		return true, true
+	}
+	return slices.Contains(r.CompileComponents, ModelComponent), slices.Contains(r.CompileComponents, LossComponent)
+}
+
+// Components lists what torch.compile compiles (torchtitan's
+// compile.components).
+type Components []Component
+
+// Component is one entry of Components.
+type Component string
+
+// Compile components.
+const (
+	ModelComponent Component = "model"
+	LossComponent  Component = "loss"
+)
+
+func (c Components) check() error {
+	for _, v := range c {
+		if err := checkEnum("compile_components", v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enum is a string type whose Values method lists its allowed values.
+type enum interface {
+	~string
+	Values() []string
+}
+
+// checkEnum accepts v when it is one of its type's values.
+func checkEnum[T enum](field string, v T) error {
+	if slices.Contains(v.Values(), string(v)) {
+		return nil
+	}
+	return moe.FieldError{Field: field, Value: string(v), Allowed: "must be one of " + strings.Join(v.Values(), ", ")}
+}
