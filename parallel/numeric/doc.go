@@ -9,8 +9,8 @@
 // N ranks produce what one rank produces: that proves the schedule of
 // package parallel correct.
 //
-// It imports parallel/numeric/collective, parallel, memory and moe (with
-// moe/hf, moe/kernel and moe/safetensors); only cmd/moescope and
-// parallel/plan-level code import it. It never imports parallel/sim, nor
+// It imports parallel/numeric/collective, parallel, memory, moe/job and moe
+// (with moe/hf, moe/kernel and moe/safetensors), and internal/fileio; only
+// cmd/moescope and parallel/plan-level code import it. It never imports parallel/sim, nor
 // sim it: the two backends of one schedule stay apart.
 package numeric
