@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/parallel/numeric"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // faultFlags are train's testing aids: they inject a rank fault to show
@@ -31,7 +32,7 @@ func addFaultFlags(fs *flag.FlagSet) *faultFlags {
 	fs.IntVar(&f.failRank, "fail-rank", -1, "testing aid: rank R returns an error at the start of step --fail-step; every rank is cancelled and nothing is saved")
 	fs.IntVar(&f.stallRank, "stall-rank", -1, "testing aid: rank R stops making progress at the first op of step --fail-step, until the watchdog stops the run (after half of --collective-timeout)")
 	fs.IntVar(&f.step, "fail-step", 0, "testing aid: the step of this run, in [1, --steps], at which --fail-rank or --stall-rank strikes (default 1)")
-	fs.DurationVar(&f.timeout, "collective-timeout", numeric.DefaultCollectiveTimeout,
+	fs.DurationVar(&f.timeout, "collective-timeout", collective.DefaultTimeout,
 		fmt.Sprintf("testing aid: bound on one collective wait, in [%v, %v]; a rank computing for half of it without finishing an op is stopped as stalled", minCollectiveTimeout, maxCollectiveTimeout))
 	return f
 }

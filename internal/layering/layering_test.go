@@ -20,14 +20,18 @@ const module = "github.com/moescope/moescope"
 // layers lists moescope's packages from the top down; a package may import
 // only packages of a later layer. Packages that share a layer never import
 // each other: the two backends of one schedule (numeric, sim), the two
-// analytic accountings (flops, memory), and the leaves below moe. The
-// commands sit at the top: sizecheck, the CI's size check, imports only
-// internal/sizes, which like every internal package sits at the bottom.
+// analytic accountings (flops, memory), and the leaves below moe. Package
+// numeric's communicator (parallel/numeric/collective: goroutine ranks'
+// collectives, knowing no model) sits below numeric and above parallel,
+// whose meshes and groups it serves. The commands sit at the top:
+// sizecheck, the CI's size check, imports only internal/sizes, which like
+// every internal package sits at the bottom.
 var layers = [][]string{
 	{"cmd/moescope", "internal/sizes/cmd/sizecheck"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},
+	{"parallel/numeric/collective"},
 	{"parallel"},
 	{"parallel/hw", "bench"},
 	{"flops", "memory"},

@@ -8,6 +8,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // epStage runs one rank's routed experts under expert parallelism; it is
@@ -30,7 +31,7 @@ import (
 // checks it after each block call.
 type epStage struct {
 	ctx   context.Context
-	ep    *Endpoint
+	ep    *collective.Endpoint
 	group parallel.Group
 	cfg   *moe.Config
 	dtype moe.DType // all-to-all payload type (activation dtype)
@@ -76,7 +77,7 @@ type epComm struct {
 }
 
 // bind attaches the stage to a step's context and endpoint.
-func (s *epStage) bind(ctx context.Context, ep *Endpoint) {
+func (s *epStage) bind(ctx context.Context, ep *collective.Endpoint) {
 	s.ctx, s.ep, s.err = ctx, ep, nil
 	s.group = ep.Comm().Mesh().Group(parallel.AxisEP, ep.Rank())
 	s.saved = map[int]*epSaved{}

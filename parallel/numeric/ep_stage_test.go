@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // TestEPStageDefersExpertWeightGrads: given a moe.WeightQueue (the
@@ -62,7 +63,7 @@ func TestEPStageDefersExpertWeightGrads(t *testing.T) {
 	}
 	run := func(deferred bool) [2]result {
 		var res [2]result
-		err := NewComm(mesh).Run(context.Background(), func(ctx context.Context, ep *Endpoint) error {
+		err := collective.New(mesh).Run(context.Background(), func(ctx context.Context, ep *collective.Endpoint) error {
 			r := ep.Rank()
 			g := &res[r].grads
 			for k := range g {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // Fault is an injected rank fault: a testing aid that exercises the
@@ -58,7 +59,7 @@ type cancelled struct{ err error }
 
 // runStep is trainStep with a cancellation raised between two ops turned
 // back into the rank's error; any other panic goes on.
-func (r *numRank) runStep(ctx context.Context, ep *Endpoint, t int) (ls []float64, err error) {
+func (r *numRank) runStep(ctx context.Context, ep *collective.Endpoint, t int) (ls []float64, err error) {
 	r.rec.bind(ctx, ep)
 	defer func() {
 		r.rec.bind(nil, nil)
@@ -75,7 +76,7 @@ func (r *numRank) runStep(ctx context.Context, ep *Endpoint, t int) (ls []float6
 
 // bind attaches the recorder to a step's context and endpoint (nil, nil:
 // outside a step, where ops are neither watched nor cancelled).
-func (r *rankRecorder) bind(ctx context.Context, ep *Endpoint) {
+func (r *rankRecorder) bind(ctx context.Context, ep *collective.Endpoint) {
 	r.ctx, r.ep, r.stall = ctx, ep, false
 }
 
@@ -86,7 +87,7 @@ func (r *rankRecorder) RecordOp(o moe.OpRecord) {
 	if r.ep == nil {
 		return
 	}
-	r.ep.beat()
+	r.ep.Beat()
 	if r.stall {
 		<-r.ctx.Done()
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // Spec describes a numeric (goroutine-rank) training run.
@@ -22,12 +23,12 @@ type Spec struct {
 	AuxCoef   float64 // coefficient of HF's load-balancing loss; 0 neither computes nor adds it
 	BiasRate  float64 // selection-bias update rate γ (sigmoid routers with a selection bias)
 	Precision moe.Precision
-	Timeout   time.Duration // per collective wait; 0 means DefaultCollectiveTimeout
+	Timeout   time.Duration // per collective wait; 0 means collective.DefaultTimeout
 }
 
 // Trainer trains the reference model with one goroutine per rank, each
 // holding its own shards, optimizer state and memory account, and moving
-// data only through the collectives of Comm. It runs the program
+// data only through the collectives of collective.Comm. It runs the program
 // BuildSchedule describes (the same collectives, in the same order, on the
 // same groups, at the same sizes; TestNumericFollowsSchedule checks it).
 //
@@ -59,7 +60,7 @@ type Spec struct {
 // reduces the sum as above.
 type Trainer struct {
 	spec  Spec
-	comm  *Comm
+	comm  *collective.Comm
 	ranks []*numRank
 	step  int
 
@@ -119,7 +120,7 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 	if spec.Precision == (moe.Precision{}) {
 		spec.Precision = moe.DefaultPrecision
 	}
-	n := &Trainer{spec: spec, comm: NewComm(m)}
+	n := &Trainer{spec: spec, comm: collective.New(m)}
 	n.comm.Timeout = spec.Timeout
 	for r := 0; r < m.World(); r++ {
 		nr, err := newNumRank(&n.spec, r, init)
@@ -132,7 +133,7 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 }
 
 // Comm returns the communicator (its Stats hold every byte moved).
-func (n *Trainer) Comm() *Comm { return n.comm }
+func (n *Trainer) Comm() *collective.Comm { return n.comm }
 
 // StepIndex is the number of optimizer steps taken.
 func (n *Trainer) StepIndex() int { return n.step }
@@ -143,7 +144,7 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 	res := StepResult{Step: n.step}
 	losses := make([][]float64, len(n.ranks))
 	n.rankErrs = make([]error, len(n.ranks))
-	err := n.comm.Run(ctx, func(ctx context.Context, ep *Endpoint) error {
+	err := n.comm.Run(ctx, func(ctx context.Context, ep *collective.Endpoint) error {
 		r := n.ranks[ep.Rank()]
 		r.fault = n.fault
 		ls, err := r.runStep(ctx, ep, n.step)

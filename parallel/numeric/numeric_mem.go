@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // memAccount tracks one rank's live bytes at the modelled dtypes (what a GPU
@@ -35,7 +36,7 @@ type rankRecorder struct {
 	// During a step (bind, fault.go): the rank's context and endpoint,
 	// and whether an injected stall strikes at the next op.
 	ctx   context.Context
-	ep    *Endpoint
+	ep    *collective.Endpoint
 	stall bool
 }
 

@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // numUnit is one rank's state of one FSDP unit. Its tensors (FSDPShard
@@ -242,7 +243,7 @@ func (r *numRank) stateBytes() int64 {
 
 // gather makes u's whole weights live (an all-gather of the compute dtype
 // under fsdp) and installs them where the block runners read them.
-func (r *numRank) gather(ctx context.Context, ep *Endpoint, u *numUnit) error {
+func (r *numRank) gather(ctx context.Context, ep *collective.Endpoint, u *numUnit) error {
 	if u.full != nil {
 		return nil
 	}
@@ -358,7 +359,7 @@ func addLocal(acc, in []float32) {
 
 // reduce reduces u's micro-step gradients (whole, per tensor) into its
 // accumulated gradient, as the type comment of Trainer describes.
-func (r *numRank) reduce(ctx context.Context, ep *Endpoint, u *numUnit, g [][]float32, micro int) error {
+func (r *numRank) reduce(ctx context.Context, ep *collective.Endpoint, u *numUnit, g [][]float32, micro int) error {
 	l := r.spec.Mesh.Layout
 	if l.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
 		var last bool
@@ -443,7 +444,7 @@ func (r *numRank) accumulate(u *numUnit, g [][]float32, micro int) ([][]float32,
 
 // optimize applies AdamW to the rank's share and, under zero1/zero2,
 // all-gathers the updated shards.
-func (r *numRank) optimize(ctx context.Context, ep *Endpoint) error {
+func (r *numRank) optimize(ctx context.Context, ep *collective.Endpoint) error {
 	r.optStep++
 	a := r.spec.AdamW
 	for _, u := range r.units {

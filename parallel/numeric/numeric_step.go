@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // trainStep runs one optimizer step of this rank: every micro-step's
@@ -14,7 +15,7 @@ import (
 // then the loss exchange, the selection-bias update and AdamW. It returns
 // every micro-batch's (loss, aux) of the step in one rank's order (micro-step
 // m, then data-parallel rank r).
-func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64, error) {
+func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int) ([]float64, error) {
 	cfg, sp := r.cfg, r.spec
 	b := sp.Batch
 	r.mem.resetPeak()
@@ -101,7 +102,7 @@ func (r *numRank) trainStep(ctx context.Context, ep *Endpoint, t int) ([]float64
 // updateSelectionBias sums the step's routed rows per expert, loads
 // [layer][expert], over the data-parallel group dp, so that every replica
 // moves its selection biases by the same global load, and moves them.
-func (r *numRank) updateSelectionBias(ctx context.Context, ep *Endpoint, dp parallel.Group, loads [][]int64) error {
+func (r *numRank) updateSelectionBias(ctx context.Context, ep *collective.Endpoint, dp parallel.Group, loads [][]int64) error {
 	var flat []float32
 	for _, ld := range loads {
 		for _, n := range ld {
@@ -142,7 +143,7 @@ func wordsF64(w []float32) float64 {
 
 // reduceUnit takes u's micro-step gradients from the scratch views,
 // reduces them and releases the unsharded gradient buffer.
-func (r *numRank) reduceUnit(ctx context.Context, ep *Endpoint, u *numUnit, micro int) error {
+func (r *numRank) reduceUnit(ctx context.Context, ep *collective.Endpoint, u *numUnit, micro int) error {
 	g := r.takeGrads(u)
 	var n int64
 	for _, t := range g {
@@ -160,7 +161,7 @@ func (r *numRank) reduceUnit(ctx context.Context, ep *Endpoint, u *numUnit, micr
 // through the blocks and the embedding, each unit's gradients reduced as
 // its backward ends. loads accumulates each MoE layer's routed rows per
 // expert.
-func (r *numRank) microStep(ctx context.Context, ep *Endpoint, seqs [][]int32, micro int, scale float64, loads [][]int64) (loss, aux float64, err error) {
+func (r *numRank) microStep(ctx context.Context, ep *collective.Endpoint, seqs [][]int32, micro int, scale float64, loads [][]int64) (loss, aux float64, err error) {
 	ids, labels := nextTokenPairs(seqs, r.spec.Batch.Seq)
 	x, err := r.forward(ctx, ep, ids, loads)
 	if err != nil {
@@ -204,7 +205,7 @@ func nextTokenPairs(seqs [][]int32, S int) (ids, labels []int) {
 // layer, backward starts with it), and gathers the head. It returns the
 // last block's output x [T,D] and adds each MoE layer's routed rows to
 // loads.
-func (r *numRank) forward(ctx context.Context, ep *Endpoint, ids []int, loads [][]int64) ([]float32, error) {
+func (r *numRank) forward(ctx context.Context, ep *collective.Endpoint, ids []int, loads [][]int64) ([]float32, error) {
 	cfg := r.cfg
 	ra := r.spec.Mesh.Layout.ReshardAfterForward
 	emb := r.byKey[parallel.Unit{Layer: moe.LayerEmbed}]
@@ -251,7 +252,7 @@ func (r *numRank) forward(ctx context.Context, ep *Endpoint, ids []int, loads []
 // headStep runs the head's forward and backward on x [T,D] (the loss's
 // gradient starts here, scaled by scale) and reduces the head's gradients.
 // It returns the loss and the gradient dx [T,D] of the head's input.
-func (r *numRank) headStep(ctx context.Context, ep *Endpoint, x []float32, labels []int, scale float64, micro int) (float64, []float32, error) {
+func (r *numRank) headStep(ctx context.Context, ep *collective.Endpoint, x []float32, labels []int, scale float64, micro int) (float64, []float32, error) {
 	cfg := r.cfg
 	head := r.byKey[parallel.Unit{Layer: cfg.LayerHead()}]
 	r.zeroGrads(head)
@@ -287,7 +288,7 @@ func (r *numRank) headStep(ctx context.Context, ep *Endpoint, x []float32, label
 // (auxGrad, when set, adds each layer's load-balancing gradient), and
 // reduces each layer's gradients as its backward ends. It returns the
 // gradient of the first block's input.
-func (r *numRank) backwardBlocks(ctx context.Context, ep *Endpoint, dy []float32, auxGrad [][]float32, micro int) ([]float32, error) {
+func (r *numRank) backwardBlocks(ctx context.Context, ep *collective.Endpoint, dy []float32, auxGrad [][]float32, micro int) ([]float32, error) {
 	dx := dy
 	for li := r.cfg.Layers - 1; li >= 0; li-- {
 		if err := r.gatherLayer(ctx, ep, li); err != nil {
@@ -337,7 +338,7 @@ func (r *numRank) backwardBlocks(ctx context.Context, ep *Endpoint, dy []float32
 
 // backwardEmbed scatter-adds the input gradient dx [T,D] into the
 // embedding rows read and reduces the embedding's gradients.
-func (r *numRank) backwardEmbed(ctx context.Context, ep *Endpoint, dx []float32, micro int) error {
+func (r *numRank) backwardEmbed(ctx context.Context, ep *collective.Endpoint, dx []float32, micro int) error {
 	emb := r.byKey[parallel.Unit{Layer: moe.LayerEmbed}]
 	if err := r.gather(ctx, ep, emb); err != nil {
 		return err
@@ -379,7 +380,7 @@ func (r *numRank) stageErr() error {
 }
 
 // gatherLayer makes layer li's dense and expert units live.
-func (r *numRank) gatherLayer(ctx context.Context, ep *Endpoint, li int) error {
+func (r *numRank) gatherLayer(ctx context.Context, ep *collective.Endpoint, li int) error {
 	if err := r.gather(ctx, ep, r.byKey[parallel.Unit{Layer: li}]); err != nil {
 		return err
 	}

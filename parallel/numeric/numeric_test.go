@@ -14,6 +14,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // numericRun trains steps optimizer steps of cfg under layout l and returns
@@ -245,10 +246,10 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var want []CollRecord
+		var want []collective.Record
 		for _, o := range s.Ops {
 			if o.Type == parallel.OpCollective {
-				want = append(want, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+				want = append(want, collective.Record{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 			}
 		}
 		init, _ := moe.NewModel[float32](cfg)
@@ -270,10 +271,10 @@ func TestNumericFollowsSchedule(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var w []CollRecord
+			var w []collective.Record
 			for _, o := range sr.Ops {
 				if o.Type == parallel.OpCollective {
-					w = append(w, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+					w = append(w, collective.Record{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 				}
 			}
 			if !reflect.DeepEqual(got, w) {
@@ -386,10 +387,10 @@ func TestNumericTiedEmbeddings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var want []CollRecord
+		var want []collective.Record
 		for _, o := range sr.Ops {
 			if o.Type == parallel.OpCollective {
-				want = append(want, CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+				want = append(want, collective.Record{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 			}
 		}
 		if !reflect.DeepEqual(got, want) {

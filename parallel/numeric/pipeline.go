@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // PipelineSpec describes a numeric run under pipeline parallelism: one
@@ -143,9 +143,10 @@ type PipelineTrainer struct {
 	lcfg  *moe.Config    // a tp rank's local shapes (moe.Config.TPLocal; the config itself without tp)
 	order [][]job.PipeAction
 	split []int
+	first []int               // first layer of each stage, then cfg.Layers
 	ranks [][]*pipeRank       // [pipeline rank][stage rank: data-parallel rank × tp + tp rank]
 	ux    *parallel.UnitIndex // the config's tensors by unit (read only)
-	comms []*Comm             // per pipeline rank, over its stage mesh
+	comms []*collective.Comm  // per pipeline rank, over its stage mesh
 	step  int
 }
 
@@ -169,35 +170,10 @@ func chunk(n, k int) int { return (n + k - 1) / k }
 // NewPipelineTrainer checks spec and gives every pipeline rank the initial
 // parameters init (moe.Config.Params order).
 func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, error) {
+	if err := checkPipelineSpec(spec); err != nil {
+		return nil, err
+	}
 	cfg, l := spec.Config, spec.Layout
-	if cfg == nil {
-		return nil, errors.New("numeric: pipeline: config is required")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if err := l.Validate(); err != nil {
-		return nil, err
-	}
-	switch {
-	case l.Stages() < 2:
-		return nil, fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
-	case l.DPShard > 1 && l.Sharding != job.ShardFSDP:
-		// Only what dp_shard shards is unbuilt (replicas, tp and ep run
-		// under fsdp); without a dp_shard axis the modes are the same.
-		return nil, fmt.Errorf("numeric: pipeline: sharding %s over dp_shard %d inside a pipeline stage: not built (built: fsdp); gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, ep %d, etp %d",
-			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
-	case cfg.TiedEmbeddings:
-		return nil, errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
-	case spec.Seq < 1 || spec.Accum < 1:
-		return nil, fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
-	}
-	if err := l.CheckModel(cfg); err != nil {
-		return nil, err
-	}
-	if err := l.CheckSeq(spec.Seq); err != nil {
-		return nil, err
-	}
 	m, err := l.Microbatches(spec.LBS)
 	if err != nil {
 		return nil, err
@@ -230,81 +206,139 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	}
 	el := cfg.Experts / max(l.EP, 1)
 	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, el: el, lcfg: lcfg, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}
-	first := make([]int, len(split)+1) // first layer of each stage
+	p.first = make([]int, len(split)+1)
 	for s, n := range split {
-		first[s+1] = first[s] + n
-	}
-	stageOf := func(layer int) int {
-		switch {
-		case layer == moe.LayerEmbed:
-			return 0
-		case layer == cfg.LayerHead():
-			return len(split) - 1
-		}
-		for s := range split {
-			if layer < first[s+1] {
-				return s
-			}
-		}
-		return len(split) - 1
+		p.first[s+1] = p.first[s] + n
 	}
 	for i := range ps {
 		if int64(len(init[i])) != ps[i].Elements() {
 			return nil, fmt.Errorf("numeric: %s has %d elements, want %d", ps[i].Name, len(init[i]), ps[i].Elements())
 		}
 	}
-	stage := l.StageLayout()
 	for r := range l.Stages() {
-		mesh, err := parallel.NewMesh(stage, cfg, stage.GPUs)
-		if err != nil {
-			return nil, fmt.Errorf("numeric: pipeline: %w", err)
+		if err := p.addStage(r, init); err != nil {
+			return nil, err
 		}
-		p.comms = append(p.comms, NewComm(mesh))
-		var row []*pipeRank
-		for lane := range stage.GPUs {
-			co := mesh.Coord(lane)
-			mod, err := moe.NewModel[float32](lcfg)
-			if err != nil {
-				return nil, err
-			}
-			pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, coord: co, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
-				group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
-			pr.stages = l.RankStages(r)
-			for i, t := range mod.Tensors() {
-				// The routed experts are split over Layout.ExpertTP (tp
-				// with ep = 1 or etp = tp, whole at etp = 1) by the etp
-				// index, the rest over tp by the tp index.
-				n, idx := tpSplit(stage, co, ps[i])
-				copy(t, moe.TPShard(ps[i], init[i], n, idx))
-				layer := ps[i].Layer
-				if layer < 0 {
-					layer = cfg.LayerHead()
-					if ps[i].Group == moe.GroupEmbedding {
-						layer = moe.LayerEmbed
-					}
-				}
-				pr.owned[i] = l.StageRank(stageOf(layer)) == r
-				pr.group[i] = mesh.Group(parallel.AxisShard, lane)
-				if l.EP > 1 && ps[i].Group == moe.GroupRouted {
-					pr.owned[i] = pr.owned[i] && ps[i].Expert/el == co.EP
-					pr.group[i] = mesh.Group(parallel.AxisEFSDP, lane)
-				}
-				g := pr.group[i]
-				switch {
-				case !pr.owned[i] || ps[i].Buffer:
-				case g.Size() == 1: // without FSDP the chunk is the tensor
-					pr.shard[i] = t
-				default:
-					c, d := chunk(len(t), g.Size()), g.IndexOf(lane)
-					pr.shard[i] = make([]float32, c)
-					copy(pr.shard[i], t[min(d*c, len(t)):min((d+1)*c, len(t))])
-				}
-			}
-			row = append(row, pr)
-		}
-		p.ranks = append(p.ranks, row)
 	}
 	return p, nil
+}
+
+// checkPipelineSpec refuses what the pipeline trainer cannot run: an
+// invalid config or layout, fewer than two stages, what is not built
+// inside a stage yet, a model or sequence length the layout cannot split.
+func checkPipelineSpec(spec PipelineSpec) error {
+	cfg, l := spec.Config, spec.Layout
+	if cfg == nil {
+		return errors.New("numeric: pipeline: config is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case l.Stages() < 2:
+		return fmt.Errorf("numeric: pipeline: pp = %d: needs pp ≥ 2", l.PP)
+	case l.DPShard > 1 && l.Sharding != job.ShardFSDP:
+		// Only what dp_shard shards is unbuilt (replicas, tp and ep run
+		// under fsdp); without a dp_shard axis the modes are the same.
+		return fmt.Errorf("numeric: pipeline: sharding %s over dp_shard %d inside a pipeline stage: not built (built: fsdp); gpus %d = pp %d × dp_replicate %d × dp_shard %d × tp %d, ep %d, etp %d",
+			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
+	case cfg.TiedEmbeddings:
+		return errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
+	case spec.Seq < 1 || spec.Accum < 1:
+		return fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
+	}
+	if err := l.CheckModel(cfg); err != nil {
+		return err
+	}
+	return l.CheckSeq(spec.Seq)
+}
+
+// stageOf is the stage that runs layer: the embedding's is the first, the
+// head's the last.
+func (p *PipelineTrainer) stageOf(layer int) int {
+	switch {
+	case layer == moe.LayerEmbed:
+		return 0
+	case layer == p.spec.Config.LayerHead():
+		return len(p.split) - 1
+	}
+	for s := range p.split {
+		if layer < p.first[s+1] {
+			return s
+		}
+	}
+	return len(p.split) - 1
+}
+
+// addStage makes pipeline rank r's communicator over its stage's mesh and
+// a pipeRank on every lane of it.
+func (p *PipelineTrainer) addStage(r int, init [][]float32) error {
+	stage := p.spec.Layout.StageLayout()
+	mesh, err := parallel.NewMesh(stage, p.spec.Config, stage.GPUs)
+	if err != nil {
+		return fmt.Errorf("numeric: pipeline: %w", err)
+	}
+	p.comms = append(p.comms, collective.New(mesh))
+	var row []*pipeRank
+	for lane := range stage.GPUs {
+		pr, err := p.newPipeRank(mesh, r, lane, init)
+		if err != nil {
+			return err
+		}
+		row = append(row, pr)
+	}
+	p.ranks = append(p.ranks, row)
+	return nil
+}
+
+// newPipeRank makes the rank on lane of pipeline rank r's stage mesh: its
+// model holds its tp pieces of init, and it keeps its chunk of every
+// tensor it owns.
+func (p *PipelineTrainer) newPipeRank(mesh *parallel.Mesh, r, lane int, init [][]float32) (*pipeRank, error) {
+	cfg, l := p.spec.Config, p.spec.Layout
+	ps := cfg.Params()
+	co := mesh.Coord(lane)
+	mod, err := moe.NewModel[float32](p.lcfg)
+	if err != nil {
+		return nil, err
+	}
+	pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, coord: co, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
+		group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
+	pr.stages = l.RankStages(r)
+	for i, t := range mod.Tensors() {
+		// The routed experts are split over Layout.ExpertTP (tp
+		// with ep = 1 or etp = tp, whole at etp = 1) by the etp
+		// index, the rest over tp by the tp index.
+		n, idx := tpSplit(mesh.Layout, co, ps[i])
+		copy(t, moe.TPShard(ps[i], init[i], n, idx))
+		layer := ps[i].Layer
+		if layer < 0 {
+			layer = cfg.LayerHead()
+			if ps[i].Group == moe.GroupEmbedding {
+				layer = moe.LayerEmbed
+			}
+		}
+		pr.owned[i] = l.StageRank(p.stageOf(layer)) == r
+		pr.group[i] = mesh.Group(parallel.AxisShard, lane)
+		if l.EP > 1 && ps[i].Group == moe.GroupRouted {
+			pr.owned[i] = pr.owned[i] && ps[i].Expert/p.el == co.EP
+			pr.group[i] = mesh.Group(parallel.AxisEFSDP, lane)
+		}
+		g := pr.group[i]
+		switch {
+		case !pr.owned[i] || ps[i].Buffer:
+		case g.Size() == 1: // without FSDP the chunk is the tensor
+			pr.shard[i] = t
+		default:
+			c, d := chunk(len(t), g.Size()), g.IndexOf(lane)
+			pr.shard[i] = make([]float32, c)
+			copy(pr.shard[i], t[min(d*c, len(t)):min((d+1)*c, len(t))])
+		}
+	}
+	return pr, nil
 }
 
 // pipeLinks are the channels of one micro-step: act[s][j] carries
@@ -371,7 +405,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 			// A stage's data-parallel ranks run on its communicator; an
 			// error anywhere cancels every stage (a neighbour waiting on a
 			// message included).
-			errs[r] = p.comms[r].Run(ctx, func(ctx context.Context, ep *Endpoint) error {
+			errs[r] = p.comms[r].Run(ctx, func(ctx context.Context, ep *collective.Endpoint) error {
 				return p.runRank(ctx, ep, p.ranks[r][ep.Rank()], losses, auxes, links)
 			})
 			if errs[r] != nil {
@@ -395,392 +429,6 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 		return res, fmt.Errorf("step %d: loss %v: training diverged", res.Step+1, res.Loss)
 	}
 	return res, nil
-}
-
-// runRank is one (pipeline rank, data-parallel rank)'s step over the
-// micro-steps' channels links; it writes its last stage's micro-batch
-// losses into losses.
-func (p *PipelineTrainer) runRank(ctx context.Context, ep *Endpoint, pr *pipeRank, losses, auxes []float64, links [][]*pipeLinks) error {
-	cfg, sp := p.spec.Config, p.spec
-	n := len(p.split)
-	o := moe.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
-	scale := 1 / float64(sp.Accum*p.dp*p.m)
-	mesh := ep.Comm().Mesh()
-	group := mesh.Group(parallel.AxisShard, pr.lane)
-	lcfg := p.lcfg
-	var tc *tpComm
-	if p.tp > 1 {
-		tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.Precision, sp.AC)
-		tc.bind(ctx, ep)
-	}
-	// Every tp rank routes the same tokens: the aux loss's gradient, and
-	// the micro-batch's loss, are one member's.
-	lead := pr.coord.TP == 0
-	ts, gs := pr.model.Tensors(), pr.model.Grads()
-	for i, sh := range pr.shard {
-		if sh == nil || pr.group[i].Size() == 1 {
-			continue
-		}
-		full, err := ep.AllGather(ctx, pr.group[i], moe.F32, sh)
-		if err != nil {
-			return err
-		}
-		copy(ts[i], full)
-	}
-	gw, gg := pr.model.Globals()
-	first := 0
-	firsts := make([]int, n)
-	for s, c := range p.split {
-		firsts[s] = first
-		first += c
-	}
-	loads := make([][]int64, cfg.Layers)
-	for _, s := range pr.stages {
-		for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
-			if cfg.MoELayer[li] {
-				loads[li] = make([]int64, cfg.Experts)
-			}
-		}
-	}
-	// Per micro-batch runners: a block keeps its micro-batch's state from
-	// forward to backward, and several micro-batches are in flight.
-	blocks := make([]map[int]*moe.Block[float32], p.m)
-	embeds := make([]*moe.Embedding[float32], p.m)
-	heads := make([]*moe.Head[float32], p.m)
-	var stages []*epStage // per micro-batch under ep
-	if p.ep > 1 {
-		stages = make([]*epStage, p.m)
-		weights, grads := p.localExperts(pr)
-		for j := range stages {
-			stages[j] = &epStage{cfg: lcfg, dtype: sp.Precision.Activation, ac: sp.AC, weights: weights, grads: grads}
-			stages[j].bind(ctx, ep)
-		}
-	}
-	for j := range p.m {
-		blocks[j] = map[int]*moe.Block[float32]{}
-		for _, s := range pr.stages {
-			for li := firsts[s]; li < firsts[s]+p.split[s]; li++ {
-				blocks[j][li] = moe.NewBlock[float32](lcfg, li, p.batch.LBS, p.batch.Seq, o)
-				if stages != nil && cfg.MoELayer[li] {
-					blocks[j][li].Experts = stages[j]
-				}
-			}
-		}
-		embeds[j], heads[j] = moe.NewEmbedding[float32](lcfg, o), moe.NewHead[float32](lcfg, o)
-	}
-	// An EP all-to-all that failed left zeros behind it (moe.ExpertStage
-	// has no error result): the rank stops at the next action.
-	epFailed := func() error {
-		for _, st := range stages {
-			if st.err != nil {
-				return st.err
-			}
-		}
-		return nil
-	}
-	useAux := sp.AuxCoef != 0 && cfg.IsMoE()
-	coef := scale * sp.AuxCoef
-	// Per micro-batch, what backward needs of the aux loss: HF's shared
-	// gradient (the last stage's), or with SeqAuxLoss each layer's own.
-	auxShared := make([][]float32, p.m)
-	auxLayer := make([]map[int][]float32, p.m)
-	backwards := map[int]int{} // per stage, backwards run in the step's last micro-step
-	// completed is called after each action that completes a micro-batch's
-	// weight gradients of stage s in micro-step a (a full backward or a
-	// weight pass): the stage's gradients are complete after its last of
-	// the step, and the replicated ones are summed over tp there, where
-	// the program's reduction of the stage starts.
-	completed := func(a, s int) error {
-		if a < sp.Accum-1 || tc == nil {
-			return nil
-		}
-		if backwards[s]++; backwards[s] == p.m {
-			return p.tpReduceReplicated(ctx, ep, tc, pr, s, firsts[s])
-		}
-		return nil
-	}
-	// Per micro-batch and stage, the weight gradients a backward-input
-	// pass queued for its weight pass.
-	queues := make([]map[int]*moe.WeightQueue, p.m)
-	for j := range queues {
-		queues[j] = map[int]*moe.WeightQueue{}
-	}
-	for a := range sp.Accum {
-		links := links[a][pr.lane]
-		for _, act := range p.order[pr.rank] {
-			// A failed tp collective left zeros behind it: stop at the
-			// next action (the communicator cancels the other ranks).
-			if err := errors.Join(tc.failed(), epFailed()); err != nil {
-				return err
-			}
-			s, j := act.Stage, act.Micro
-			k := (a*p.dp+pr.d)*p.m + j // the micro-batch in one rank's order
-			lo, hi := firsts[s], firsts[s]+p.split[s]
-			stageBlocks := make([]*moe.Block[float32], 0, hi-lo)
-			for li := lo; li < hi; li++ {
-				stageBlocks = append(stageBlocks, blocks[j][li])
-			}
-			// deferGrads makes the stage's runners (its blocks with their EP
-			// stage, and the last stage's head) queue their weight-gradient
-			// GEMMs on q, or, given nil, run them again.
-			deferGrads := func(q *moe.WeightQueue) {
-				for _, blk := range stageBlocks {
-					blk.DeferWeightGrads(q)
-				}
-				if s == n-1 {
-					heads[j].DeferWeightGrads(q)
-				}
-			}
-			var q *moe.WeightQueue
-			switch {
-			case act.Kind == job.PipeW && s > 0:
-				queues[j][s].Run()
-				delete(queues[j], s)
-				if err := completed(a, s); err != nil {
-					return err
-				}
-				continue
-			case act.Kind == job.PipeI && s == 0:
-				// PyTorch's first stage runs nothing at its input pass and
-				// the whole backward at its weight pass.
-				continue
-			case act.Kind == job.PipeI:
-				q = &moe.WeightQueue{}
-				queues[j][s] = q
-				deferGrads(q)
-			}
-			if act.Kind == job.PipeF {
-				// Stage 0 reads the micro-batch's tokens, the last stage its
-				// labels (the data loader feeds both, as torchtitan's does).
-				seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
-				ids, labels := nextTokenPairs(seqs, sp.Seq)
-				var msg fwdMsg
-				switch {
-				case s == 0 && tc != nil:
-					x := tc.Scatter(moe.LayerEmbed, moe.Forward, embeds[j].ForwardShard(gw.Embed, ids, tc.vocabLo))
-					msg = fwdMsg{x: x, cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
-				case s == 0:
-					msg = fwdMsg{x: embeds[j].Forward(gw.Embed, ids), cnt: make([]float64, cfg.Experts), sum: make([]float64, cfg.Experts)}
-				default:
-					select {
-					case msg = <-links.act[s-1][j]:
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}
-				for li := lo; li < hi; li++ {
-					w, _ := pr.model.Layer(li)
-					if tc != nil {
-						msg.x = blocks[j][li].ForwardSP(&w, msg.x, tc)
-					} else {
-						msg.x = blocks[j][li].Forward(&w, msg.x)
-					}
-					for e, c := range blocks[j][li].ExpertCounts() {
-						loads[li][e] += int64(c)
-					}
-				}
-				if useAux {
-					if cfg.SeqAuxLoss {
-						v, grads := moe.AuxLoss(cfg, stageBlocks, coef)
-						msg.aux += v
-						if auxLayer[j] == nil {
-							// Kept across the rank's stages: one micro-batch
-							// may be in flight in two of them.
-							auxLayer[j] = map[int][]float32{}
-						}
-						for i, g := range grads {
-							auxLayer[j][lo+i] = g
-						}
-					} else {
-						moe.AuxPartial(stageBlocks, msg.cnt, msg.sum)
-					}
-				}
-				if s < n-1 {
-					links.act[s][j] <- msg
-					continue
-				}
-				var loss float64
-				if tc != nil {
-					loss = heads[j].ForwardTP(&gw, msg.x, labels, tc.vocabLo, cfg.Vocab, tc)
-				} else {
-					loss = heads[j].Forward(&gw, msg.x, labels)
-				}
-				if useAux && !cfg.SeqAuxLoss {
-					msg.aux, auxShared[j] = moe.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, coef)
-				}
-				if lead {
-					losses[k], auxes[k] = loss, msg.aux
-				}
-				continue
-			}
-			var msg bwdMsg
-			switch {
-			case s == n-1 && tc != nil:
-				msg = bwdMsg{dx: heads[j].BackwardTP(&gw, &gg, scale, tc.vocabLo, cfg.Vocab, tc), auxGrad: auxShared[j]}
-			case s == n-1:
-				msg = bwdMsg{dx: heads[j].Backward(&gw, &gg, scale), auxGrad: auxShared[j]}
-			default:
-				select {
-				case msg = <-links.grad[s+1][j]:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			for li := hi - 1; li >= lo; li-- {
-				w, g := pr.model.Layer(li)
-				var ag []float32
-				switch {
-				case !useAux || !cfg.MoELayer[li] || !lead:
-				case cfg.SeqAuxLoss:
-					ag = auxLayer[j][li]
-				default:
-					ag = msg.auxGrad
-				}
-				if tc != nil {
-					msg.dx = blocks[j][li].BackwardSP(&w, &g, msg.dx, ag, tc)
-				} else {
-					msg.dx = blocks[j][li].Backward(&w, &g, msg.dx, ag)
-				}
-			}
-			if q != nil {
-				deferGrads(nil)
-			}
-			switch {
-			case s == 0 && tc != nil:
-				embeds[j].BackwardShard(gg.Embed, tc.Gather(moe.LayerEmbed, moe.BackwardData, msg.dx), tc.vocabLo)
-			case s == 0:
-				embeds[j].Backward(gg.Embed, msg.dx)
-			default:
-				links.grad[s][j] <- msg
-			}
-			if act.Kind != job.PipeI {
-				if err := completed(a, s); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	rep := mesh.Group(parallel.AxisReplicate, pr.lane)
-	// The step's loads over the stage's data-parallel ranks (its replica's,
-	// then over the replicas). With the routed rows split over the tp
-	// ranks (ep > 1 at etp 1) each counted its own rows: they are summed
-	// over the tp group first; otherwise every tp rank counted the same
-	// rows and the dp_shard group of its tp index sums them once.
-	sums := []parallel.Group{group, rep}
-	if tc != nil && tc.splitRows {
-		sums = append([]parallel.Group{tc.group}, sums...)
-	}
-	if cfg.SelectionBias && slices.ContainsFunc(sums, func(g parallel.Group) bool { return g.Size() > 1 }) {
-		var flat []float32
-		for _, ld := range loads {
-			for _, c := range ld {
-				flat = append(flat, float32(c))
-			}
-		}
-		for _, g := range sums {
-			if g.Size() == 1 {
-				continue
-			}
-			if err := ep.AllReduce(ctx, g, moe.F32, flat); err != nil {
-				return err
-			}
-		}
-		at := 0
-		for _, ld := range loads {
-			for e := range ld {
-				ld[e] = int64(flat[at])
-				at++
-			}
-		}
-	}
-	if err := errors.Join(tc.failed(), epFailed()); err != nil {
-		return err
-	}
-	pr.model.UpdateSelectionBias(loads, sp.BiasRate)
-	for i := range ts {
-		if pr.shard[i] == nil {
-			continue
-		}
-		g := gs[i]
-		if n := pr.group[i].Size(); n > 1 {
-			padded := make([]float32, n*len(pr.shard[i]))
-			copy(padded, gs[i])
-			g = make([]float32, len(pr.shard[i]))
-			if err := ep.ReduceScatter(ctx, pr.group[i], moe.F32, padded, g); err != nil {
-				return err
-			}
-		}
-		if rep.Size() > 1 {
-			if err := ep.AllReduce(ctx, rep, moe.F32, g); err != nil {
-				return err
-			}
-		}
-		moe.AdamWStep(sp.AdamW, &pr.adam[i], pr.shard[i], g)
-		clear(gs[i])
-	}
-	return nil
-}
-
-// tpReduceReplicated sums over pr's tp group the step's gradients of
-// stage s, whose first layer is first, of its replicated tensors, one
-// all-reduce per unit in the order the pipeline's reduction runs them
-// (parallel.Pipeline: the stage's units in backward order), in the type
-// the gradients were accumulated in.
-func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *Endpoint, tc *tpComm, pr *pipeRank, s, first int) error {
-	cfg := p.spec.Config
-	ps, gs := cfg.Params(), pr.model.Grads()
-	dt := p.spec.Precision.Compute
-	if p.m > 1 {
-		dt = p.spec.Precision.Grad
-	}
-	var layers []int // the stage's units in backward order
-	if s == len(p.split)-1 {
-		layers = append(layers, cfg.LayerHead())
-	}
-	for li := first + p.split[s] - 1; li >= first; li-- {
-		layers = append(layers, li)
-	}
-	if s == 0 {
-		layers = append(layers, moe.LayerEmbed)
-	}
-	for _, layer := range layers {
-		var rep [][]float32
-		for _, i := range p.ux.ByLayer[layer] {
-			if ps[i].TP == moe.TPReplicated {
-				rep = append(rep, gs[i])
-			}
-		}
-		if err := allReduceJoined(ctx, ep, tc.group, dt, rep); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// localExperts returns the epStage's views of pr's routed experts (those
-// of its EP index): per MoE layer of its stages, the weights and the
-// gradient accumulators of each local expert (gate, up, down).
-func (p *PipelineTrainer) localExperts(pr *pipeRank) (weights, grads func(layer int) (gate, up, down [][]float32)) {
-	cfg := p.spec.Config
-	e, el := pr.coord.EP, p.el
-	ix := map[int][3][]int{}
-	for li, moeLayer := range cfg.MoELayer {
-		if moeLayer {
-			ix[li] = expertParamIndex(cfg, li, e*el, (e+1)*el)
-		}
-	}
-	view := func(ts [][]float32) func(int) ([][]float32, [][]float32, [][]float32) {
-		return func(layer int) (gate, up, down [][]float32) {
-			var out [3][][]float32
-			for k, is := range ix[layer] {
-				for _, i := range is {
-					out[k] = append(out[k], ts[i])
-				}
-			}
-			return out[0], out[1], out[2]
-		}
-	}
-	return view(pr.model.Tensors()), view(pr.model.Grads())
 }
 
 // Params reassembles the parameters (Config.Params order), each tensor

@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // pipelineModel is moetest's tiny MoE with layers blocks, alternating MoE
@@ -274,7 +275,7 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		act := moe.DefaultPrecision.Activation
 		name := fmt.Sprintf("pp %d %s dp_shard %d tp %d %s", l.PP, l.PPSchedule, l.DPShard, l.TP, c.ac)
 		for r, ops := range prog.Ranks {
-			var want []CollRecord
+			var want []collective.Record
 			for _, o := range ops {
 				// A backward's tp collectives run where its backward-data
 				// does: a full backward, an input pass, stage 0's weight pass.
@@ -283,17 +284,17 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 				case o.Kind == parallel.PipeForward || bwd:
 					for _, tc := range prog.StageTPCollectives(cfg, o.Stage, seq, c.ac, act) {
 						if (tc.Phase == parallel.PhaseForward) == (o.Kind == parallel.PipeForward) {
-							want = append(want, CollRecord{Kind: tc.Coll, Axis: parallel.AxisTP, DType: tc.DType, Elements: tc.Elements})
+							want = append(want, collective.Record{Kind: tc.Coll, Axis: parallel.AxisTP, DType: tc.DType, Elements: tc.Elements})
 						}
 					}
 				case o.Kind == parallel.PipeColl:
 					if o.Coll.Axis == parallel.AxisTP {
-						want = append(want, CollRecord{Kind: o.Coll.Coll, Axis: parallel.AxisTP, DType: o.Coll.DType, Elements: o.Coll.Elements})
+						want = append(want, collective.Record{Kind: o.Coll.Coll, Axis: parallel.AxisTP, DType: o.Coll.DType, Elements: o.Coll.Elements})
 					}
 				}
 			}
 			for lane, trace := range p.comms[r].Traces() {
-				var got []CollRecord
+				var got []collective.Record
 				for _, x := range trace {
 					if x.Axis == parallel.AxisTP {
 						got = append(got, x)

@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // Tensor parallelism with sequence parallelism (torchtitan v0.2.2,
@@ -27,7 +28,7 @@ import (
 // tpComm is one rank's moe.TPComm on its tensor-parallel group.
 type tpComm struct {
 	ctx   context.Context
-	ep    *Endpoint
+	ep    *collective.Endpoint
 	group parallel.Group
 	idx   int // this rank's member index (its sequence-parallel positions)
 
@@ -61,7 +62,7 @@ func newTPComm(g parallel.Group, rank int, b parallel.Batch, cfg *moe.Config, l 
 // padded with zero rows).
 func vocabLo(vocab, tp, idx int) int { return idx * ((vocab + tp - 1) / tp) }
 
-func (c *tpComm) bind(ctx context.Context, ep *Endpoint) {
+func (c *tpComm) bind(ctx context.Context, ep *collective.Endpoint) {
 	c.ctx, c.ep, c.err = ctx, ep, nil
 }
 
@@ -213,7 +214,7 @@ func tpSplit(l job.Layout, co parallel.Coord, p moe.Param) (n, idx int) {
 // tpReduceReplicated sums over the tp group the gradients g (u's tensors,
 // whole) of u's replicated tensors, which each member computed from its
 // own tokens or heads.
-func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUnit, g [][]float32) error {
+func (r *numRank) tpReduceReplicated(ctx context.Context, ep *collective.Endpoint, u *numUnit, g [][]float32) error {
 	if r.tp == nil || u.u.Experts {
 		return nil
 	}
@@ -239,7 +240,7 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *Endpoint, u *numUn
 // do for none): one unit's replicated gradients over its tp group, as
 // the schedule issues them, for the single-program and the pipeline
 // trainer alike.
-func allReduceJoined(ctx context.Context, ep *Endpoint, g parallel.Group, dt moe.DType, gs [][]float32) error {
+func allReduceJoined(ctx context.Context, ep *collective.Endpoint, g parallel.Group, dt moe.DType, gs [][]float32) error {
 	var buf []float32
 	for _, v := range gs {
 		buf = append(buf, v...)

@@ -12,6 +12,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // tpModel is a tiny model every tp ≤ 4 splits: 4 query and 4 KV heads, a
@@ -291,13 +292,13 @@ func TestNumericTPFollowsSchedule(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, want := map[parallel.Axis][]CollRecord{}, map[parallel.Axis][]CollRecord{}
+				got, want := map[parallel.Axis][]collective.Record{}, map[parallel.Axis][]collective.Record{}
 				for _, c := range trace {
 					got[c.Axis] = append(got[c.Axis], c)
 				}
 				for _, o := range sr.Ops {
 					if o.Type == parallel.OpCollective {
-						want[o.Axis] = append(want[o.Axis], CollRecord{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
+						want[o.Axis] = append(want[o.Axis], collective.Record{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 					}
 				}
 				for _, ax := range parallel.MeshAxes() {

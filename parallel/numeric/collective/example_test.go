@@ -1,4 +1,4 @@
-package numeric_test
+package collective_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
-	"github.com/moescope/moescope/parallel/numeric"
+	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // Four goroutine ranks all-reduce their rank numbers; the bytes each sent
@@ -16,9 +16,9 @@ func ExampleComm_Run() {
 	l := job.Layout{GPUs: 4, Sharding: job.ShardFSDP}
 	_ = l.Resolve()
 	m, _ := parallel.NewMesh(l, nil, 8)
-	c := numeric.NewComm(m)
+	c := collective.New(m)
 	sums := make([]float32, 4)
-	err := c.Run(context.Background(), func(ctx context.Context, ep *numeric.Endpoint) error {
+	err := c.Run(context.Background(), func(ctx context.Context, ep *collective.Endpoint) error {
 		buf := []float32{float32(ep.Rank())}
 		if err := ep.AllReduce(ctx, m.Group(parallel.AxisShard, ep.Rank()), moe.F32, buf); err != nil {
 			return err

@@ -1,4 +1,4 @@
-package numeric
+package collective
 
 import (
 	"context"

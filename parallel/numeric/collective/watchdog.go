@@ -1,4 +1,4 @@
-package numeric
+package collective
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 // business; one stuck in compute (a hung kernel, an injected stall) joins
 // no collective and would let its peers time out one by one, or, with no
 // peer waiting for it (one rank, or the others finished), hang the run.
-// Each rank beats at every op the reference reports (rankRecorder.RecordOp)
-// and whenever it leaves a collective (while it waits in one it is not
-// watched); a computing rank silent for
-// half the collective timeout cancels the run with a StallError. Half, so
-// that the watchdog names the stalled rank before the collectives its
-// peers joined after its last progress time out (they would only say it
-// is missing), and a stall is always detected within the collective
-// timeout.
+// Each rank beats at every op the reference reports (Endpoint.Beat, which
+// package numeric's rankRecorder.RecordOp calls) and whenever it leaves a
+// collective (while it waits in one it is not watched); a computing rank
+// silent for half the collective timeout cancels the run with a
+// StallError. Half, so that the watchdog names the stalled rank before
+// the collectives its peers joined after its last progress time out (they
+// would only say it is missing), and a stall is always detected within the
+// collective timeout.
 
 // StallError reports a rank that made no progress for half the collective
 // timeout while computing.
@@ -37,7 +37,7 @@ func (c *Comm) timeout() time.Duration {
 	if c.Timeout > 0 {
 		return c.Timeout
 	}
-	return DefaultCollectiveTimeout
+	return DefaultTimeout
 }
 
 // now is the time since Run started (monotonic).
@@ -46,8 +46,9 @@ func (c *Comm) now() time.Duration { return time.Since(c.start) }
 // beat records that rank made progress now.
 func (c *Comm) beat(rank int) { c.beats[rank].Store(int64(c.now())) }
 
-// beat records that this endpoint's rank made progress now (an op ended).
-func (e *Endpoint) beat() { e.c.beat(e.rank) }
+// Beat records that this endpoint's rank made progress now (an op ended):
+// the watchdog's view of a rank that computes outside the collectives.
+func (e *Endpoint) Beat() { e.c.beat(e.rank) }
 
 // watch wakes when the earliest computing rank could have been silent for
 // half the timeout, and returns the first rank found stalled; nil once ctx is

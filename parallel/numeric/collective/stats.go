@@ -1,4 +1,4 @@
-package numeric
+package collective
 
 import (
 	"sync"
@@ -6,9 +6,9 @@ import (
 	"github.com/moescope/moescope/parallel"
 )
 
-// CommBytes is what one rank moved in one kind of collective, split by
+// Bytes is what one rank moved in one kind of collective, split by
 // whether the peer sits on another node.
-type CommBytes struct {
+type Bytes struct {
 	Calls     int64
 	SentIntra int64
 	SentInter int64
@@ -17,12 +17,12 @@ type CommBytes struct {
 }
 
 // Sent is all bytes sent.
-func (b CommBytes) Sent() int64 { return b.SentIntra + b.SentInter }
+func (b Bytes) Sent() int64 { return b.SentIntra + b.SentInter }
 
 // Recv is all bytes received.
-func (b CommBytes) Recv() int64 { return b.RecvIntra + b.RecvInter }
+func (b Bytes) Recv() int64 { return b.RecvIntra + b.RecvInter }
 
-func (b *CommBytes) add(o CommBytes) {
+func (b *Bytes) add(o Bytes) {
 	b.Calls += o.Calls
 	b.SentIntra += o.SentIntra
 	b.SentInter += o.SentInter
@@ -30,7 +30,7 @@ func (b *CommBytes) add(o CommBytes) {
 	b.RecvInter += o.RecvInter
 }
 
-// CommStats accumulates per rank and per collective kind the bytes each
+// Stats accumulates per rank and per collective kind the bytes each
 // rank sends and receives, at the dtype each call names, under NCCL's
 // algorithms on a group of n members (member i's ring successor is member
 // i+1 mod n, its predecessor i−1):
@@ -43,25 +43,25 @@ func (b *CommBytes) add(o CommBytes) {
 //	all-to-all:                     exactly the rows sent to / received from each
 //	                                other member (counts × width); own rows stay
 //	barrier:                        no bytes
-type CommStats struct {
+type Stats struct {
 	mu     sync.Mutex
-	byRank []map[parallel.CollKind]*CommBytes
+	byRank []map[parallel.CollKind]*Bytes
 }
 
-// NewCommStats makes empty statistics for world ranks.
-func NewCommStats(world int) *CommStats {
-	s := &CommStats{byRank: make([]map[parallel.CollKind]*CommBytes, world)}
+// NewStats makes empty statistics for world ranks.
+func NewStats(world int) *Stats {
+	s := &Stats{byRank: make([]map[parallel.CollKind]*Bytes, world)}
 	for r := range s.byRank {
-		s.byRank[r] = map[parallel.CollKind]*CommBytes{}
+		s.byRank[r] = map[parallel.CollKind]*Bytes{}
 	}
 	return s
 }
 
 // Rank returns rank's totals per kind.
-func (s *CommStats) Rank(rank int) map[parallel.CollKind]CommBytes {
+func (s *Stats) Rank(rank int) map[parallel.CollKind]Bytes {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[parallel.CollKind]CommBytes{}
+	out := map[parallel.CollKind]Bytes{}
 	for k, b := range s.byRank[rank] {
 		out[k] = *b
 	}
@@ -69,10 +69,10 @@ func (s *CommStats) Rank(rank int) map[parallel.CollKind]CommBytes {
 }
 
 // Total sums every rank's bytes per kind.
-func (s *CommStats) Total() map[parallel.CollKind]CommBytes {
+func (s *Stats) Total() map[parallel.CollKind]Bytes {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[parallel.CollKind]CommBytes{}
+	out := map[parallel.CollKind]Bytes{}
 	for _, m := range s.byRank {
 		for k, b := range m {
 			t := out[k]
@@ -84,20 +84,20 @@ func (s *CommStats) Total() map[parallel.CollKind]CommBytes {
 }
 
 // Reset clears all counts.
-func (s *CommStats) Reset() {
+func (s *Stats) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for r := range s.byRank {
-		s.byRank[r] = map[parallel.CollKind]*CommBytes{}
+		s.byRank[r] = map[parallel.CollKind]*Bytes{}
 	}
 }
 
 // record adds one completed collective.
-func (s *CommStats) record(m *parallel.Mesh, g parallel.Group, calls []*call) {
+func (s *Stats) record(m *parallel.Mesh, g parallel.Group, calls []*call) {
 	n := len(calls)
 	first := calls[0]
 	b := first.dtype.Bytes()
-	per := make([]CommBytes, n)
+	per := make([]Bytes, n)
 	ring := func(i int, bytes int64) {
 		succ, pred := g.Ranks[(i+1)%n], g.Ranks[(i+n-1)%n]
 		me := g.Ranks[i]
@@ -172,7 +172,7 @@ func (s *CommStats) record(m *parallel.Mesh, g parallel.Group, calls []*call) {
 	for i, r := range g.Ranks {
 		t := s.byRank[r][first.kind]
 		if t == nil {
-			t = &CommBytes{}
+			t = &Bytes{}
 			s.byRank[r][first.kind] = t
 		}
 		t.add(per[i])

@@ -1,4 +1,4 @@
-package numeric
+package collective
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func testComm(t testing.TB, gpus, rep, gpn int) *Comm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewComm(m)
+	return New(m)
 }
 
 func TestCollectiveResults(t *testing.T) {
@@ -201,7 +201,7 @@ func TestCollectiveMismatch(t *testing.T) {
 		_, err := ep.AllGather(ctx, g, moe.F32, make([]float32, 3+ep.Rank()))
 		return err
 	})
-	var ce *CollectiveError
+	var ce *Error
 	if !errors.As(err, &ce) || ce.Reason != "mismatch" || !strings.Contains(err.Error(), "rank 0: all_gather f32 × 3") ||
 		!strings.Contains(err.Error(), "rank 1: all_gather f32 × 4") {
 		t.Errorf("size mismatch: %v", err)
@@ -246,7 +246,7 @@ func TestCollectiveTimeout(t *testing.T) {
 				for range 3600 {
 					select {
 					case <-time.After(100 * time.Millisecond):
-						ep.beat()
+						ep.Beat()
 					case <-ctx.Done():
 						return ctx.Err()
 					}
@@ -254,7 +254,7 @@ func TestCollectiveTimeout(t *testing.T) {
 			}
 			return ep.Barrier(ctx, c.Mesh().Group(parallel.AxisShard, ep.Rank()))
 		})
-		var ce *CollectiveError
+		var ce *Error
 		if !errors.As(err, &ce) || ce.Reason != "timeout" || !strings.Contains(err.Error(), "missing ranks [1]") {
 			t.Errorf("timeout: %v", err)
 		}

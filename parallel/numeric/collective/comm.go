@@ -1,4 +1,4 @@
-package numeric
+package collective
 
 import (
 	"context"
@@ -31,15 +31,15 @@ import (
 // (StallError).
 type Comm struct {
 	mesh    *parallel.Mesh
-	Timeout time.Duration // per collective wait; 0 means DefaultCollectiveTimeout
-	Stats   *CommStats
+	Timeout time.Duration // per collective wait; 0 means DefaultTimeout
+	Stats   *Stats
 
 	// Trace, when set before Run, keeps every rank's sequence of
 	// collectives (see Traces).
 	Trace bool
 
 	mu      sync.Mutex
-	traces  [][]CollRecord
+	traces  [][]Record
 	slots   map[slotKey]*slot
 	waiting []*slot // per rank: the slot it waits in, or nil
 	exited  []bool
@@ -47,12 +47,12 @@ type Comm struct {
 	beats   []atomic.Int64 // per rank: time since start of its last progress, in ns (watchdog.go)
 }
 
-// DefaultCollectiveTimeout bounds one collective wait.
-const DefaultCollectiveTimeout = 2 * time.Minute
+// DefaultTimeout bounds one collective wait.
+const DefaultTimeout = 2 * time.Minute
 
-// NewComm makes the communicator of a mesh.
-func NewComm(m *parallel.Mesh) *Comm {
-	return &Comm{mesh: m, Stats: NewCommStats(m.World()), slots: map[slotKey]*slot{},
+// New makes the communicator of a mesh.
+func New(m *parallel.Mesh) *Comm {
+	return &Comm{mesh: m, Stats: NewStats(m.World()), slots: map[slotKey]*slot{},
 		waiting: make([]*slot, m.World()), exited: make([]bool, m.World()), beats: make([]atomic.Int64, m.World())}
 }
 
@@ -67,7 +67,7 @@ func (c *Comm) Mesh() *parallel.Mesh { return c.mesh }
 func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoint) error) error {
 	c.mu.Lock()
 	c.slots = map[slotKey]*slot{}
-	c.traces = make([][]CollRecord, c.mesh.World())
+	c.traces = make([][]Record, c.mesh.World())
 	c.start = time.Now()
 	for r := range c.exited {
 		c.exited[r], c.waiting[r] = false, nil
@@ -114,11 +114,11 @@ func (c *Comm) Run(ctx context.Context, fn func(ctx context.Context, ep *Endpoin
 	return err
 }
 
-// CollRecord is one collective as a rank issued it, sized as a schedule
+// Record is one collective as a rank issued it, sized as a schedule
 // sizes it (ScheduleOp.Elements): the gathered output of an all-gather, the
 // input of a reduce-scatter, the buffer of an all-reduce or broadcast, the
 // rows sent × width of an all-to-all.
-type CollRecord struct {
+type Record struct {
 	Kind     parallel.CollKind
 	Axis     parallel.Axis
 	DType    moe.DType
@@ -126,7 +126,7 @@ type CollRecord struct {
 }
 
 // Traces returns every rank's collectives of the last Run (Trace set).
-func (c *Comm) Traces() [][]CollRecord {
+func (c *Comm) Traces() [][]Record {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.traces
@@ -198,15 +198,15 @@ func (s *slot) describe() string {
 	return strings.Join(parts, "; ")
 }
 
-// CollectiveError reports a collective that failed on a group.
-type CollectiveError struct {
+// Error reports a collective that failed on a group.
+type Error struct {
 	Group  string
 	Seq    uint64
 	Reason string // "mismatch", "deadlock", "timeout"
 	Detail string
 }
 
-func (e *CollectiveError) Error() string {
+func (e *Error) Error() string {
 	return fmt.Sprintf("collective #%d on %s: %s: %s", e.Seq, e.Group, e.Reason, e.Detail)
 }
 
@@ -227,7 +227,7 @@ func (e *Endpoint) do(ctx context.Context, g parallel.Group, cl *call) error {
 			el *= int64(g.Size())
 		}
 		e.c.mu.Lock()
-		e.c.traces[e.rank] = append(e.c.traces[e.rank], CollRecord{Kind: cl.kind, Axis: g.Axis, DType: cl.dtype, Elements: el})
+		e.c.traces[e.rank] = append(e.c.traces[e.rank], Record{Kind: cl.kind, Axis: g.Axis, DType: cl.dtype, Elements: el})
 		e.c.mu.Unlock()
 	}
 	key := slotKey{name, e.seq[name]}
@@ -280,7 +280,7 @@ func (e *Endpoint) do(ctx context.Context, g parallel.Group, cl *call) error {
 		}
 		c.mu.Unlock()
 		c.abandon(e.rank, s)
-		return &CollectiveError{Group: name, Seq: key.seq, Reason: "timeout",
+		return &Error{Group: name, Seq: key.seq, Reason: "timeout",
 			Detail: fmt.Sprintf("%s waited %v; arrived ranks %v, missing ranks %v", cl.kind, timeout, in, out)}
 	}
 }
@@ -351,7 +351,7 @@ func (c *Comm) detectDeadlock() {
 		detail += fmt.Sprintf(" | ranks %v have finished", gone)
 	}
 	for s := range seen {
-		s.err = &CollectiveError{Group: s.key.group, Seq: s.key.seq, Reason: "deadlock (mismatched collectives)", Detail: detail}
+		s.err = &Error{Group: s.key.group, Seq: s.key.seq, Reason: "deadlock (mismatched collectives)", Detail: detail}
 		delete(c.slots, s.key)
 		close(s.done)
 	}
@@ -359,112 +359,6 @@ func (c *Comm) detectDeadlock() {
 		c.waiting[r] = nil
 		c.beat(r) // it leaves with the error: not a stall
 	}
-}
-
-// complete checks agreement and computes every member's result.
-func (c *Comm) complete(s *slot) error {
-	first := s.calls[0]
-	for _, cl := range s.calls[1:] {
-		same := cl.kind == first.kind && cl.dtype == first.dtype && cl.width == first.width && cl.root == first.root && cl.max == first.max
-		if same && cl.kind != parallel.CollAllToAll {
-			same = cl.size == first.size
-		}
-		if !same {
-			return &CollectiveError{Group: s.key.group, Seq: s.key.seq, Reason: "mismatch", Detail: s.describe()}
-		}
-	}
-	n := len(s.calls)
-	g := s.group
-	switch first.kind {
-	case parallel.CollAllGather:
-		for _, cl := range s.calls {
-			out := make([]float32, 0, n*first.size)
-			for _, src := range s.calls {
-				out = append(out, src.in...)
-			}
-			cl.out = out
-		}
-	case parallel.CollReduceScatter:
-		ch := first.size / n
-		for i, cl := range s.calls {
-			out := cl.out
-			for k := 0; k < ch; k++ {
-				var v float32
-				if cl.add {
-					v = out[k]
-				}
-				for j, src := range s.calls {
-					if j == 0 && !cl.add {
-						v = src.in[i*ch+k]
-						continue
-					}
-					v += src.in[i*ch+k]
-				}
-				out[k] = v
-			}
-		}
-	case parallel.CollAllReduce:
-		sum := make([]float32, first.size)
-		copy(sum, s.calls[0].in)
-		for _, src := range s.calls[1:] {
-			for k, x := range src.in {
-				if first.max {
-					sum[k] = max(sum[k], x)
-				} else {
-					sum[k] += x
-				}
-			}
-		}
-		for _, cl := range s.calls {
-			if cl.out == nil {
-				continue
-			}
-			// AllReduceAdd: out + in_0 + in_1 + … left to right.
-			for k := range cl.out {
-				v := cl.out[k]
-				for _, src := range s.calls {
-					v += src.in[k]
-				}
-				cl.out[k] = v
-			}
-		}
-		for _, cl := range s.calls {
-			if cl.out == nil {
-				copy(cl.in, sum) // in place, after every input was read
-			}
-		}
-	case parallel.CollBroadcast:
-		root := s.calls[first.root].in
-		for i, cl := range s.calls {
-			if i != first.root {
-				copy(cl.in, root)
-			}
-		}
-	case parallel.CollAllToAll:
-		for _, cl := range s.calls {
-			if len(cl.counts) != n {
-				return &CollectiveError{Group: s.key.group, Seq: s.key.seq, Reason: "mismatch",
-					Detail: fmt.Sprintf("rank %d gives %d send counts for %d members", cl.rank, len(cl.counts), n)}
-			}
-		}
-		for i, cl := range s.calls {
-			cl.recvCounts = make([]int, n)
-			var out []float32
-			for j, src := range s.calls {
-				off := 0
-				for p := 0; p < i; p++ {
-					off += src.counts[p]
-				}
-				rows := src.counts[i]
-				cl.recvCounts[j] = rows
-				out = append(out, src.in[off*first.width:(off+rows)*first.width]...)
-			}
-			cl.out = out
-		}
-	case parallel.CollBarrier:
-	}
-	c.Stats.record(c.mesh, g, s.calls)
-	return nil
 }
 
 // AllGather returns the concatenation of every member's in, in group order;
