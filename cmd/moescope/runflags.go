@@ -151,7 +151,11 @@ func (f *recipeFlags) recipe() (job.Recipe, error) {
 		}
 	}
 	r := f.r
-	if err := r.Resolve(); err != nil {
+	err := r.Resolve()
+	if err == nil {
+		err = r.Precision.Check("precision") // every command that takes a recipe predicts with it
+	}
+	if err != nil {
 		return r, fmt.Errorf("%w: %v", errUsage, f.flagNames(err))
 	}
 	return r, nil

@@ -106,7 +106,9 @@ func (r Recipe) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	add(r.Precision.Check("precision"))
+	if !slices.Contains(Precisions, r.Precision) {
+		add(r.Precision.Check("precision")) // known but not priced is the predicting commands' to refuse
+	}
 	for _, f := range []struct {
 		name string
 		v    moe.DType
