@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
@@ -130,7 +131,7 @@ func planStageRows(rep *plan.Report) ([]string, [][]string) {
 			grew = "-"
 		}
 		if len(st.Survivors) > 0 {
-			best = planShort(st.Survivors[0].Point)
+			best = report.PointName(st.Survivors[0].Point)
 		}
 		rows = append(rows, []string{fmt.Sprint(i + 1), fmt.Sprint(st.GPUs), fmt.Sprint(st.Candidates), fmt.Sprint(st.Pruned),
 			fmt.Sprint(st.Simulated), carried, fmt.Sprintf("%.0f", st.BestTPS), fmt.Sprintf("%.1f%%", 100*st.ScalingEfficiency), grew, best})
@@ -147,7 +148,7 @@ func planPlanRows(rep *plan.Report, top int) ([]string, [][]string) {
 		}
 		l := r.Point.Layout
 		rows = append(rows, []string{fmt.Sprint(i + 1), fmt.Sprint(l.DPShard), fmt.Sprint(l.DPReplicate), fmt.Sprint(l.EP),
-			string(l.Sharding), planOptions(l), r.Point.AC.String(), fmt.Sprint(r.Point.LBS), fmt.Sprint(r.Point.GradAccum),
+			string(l.Sharding), report.LayoutOptions(l), r.Point.AC.String(), fmt.Sprint(r.Point.LBS), fmt.Sprint(r.Point.GradAccum),
 			fmt.Sprintf("%.0f", r.Score.TPS), intervalText(r.Score.TPSInterval), fmt.Sprintf("%.1f%%", 100*r.Score.MFU), fmt.Sprintf("%.1f%%", 100*r.Score.MemoryFraction),
 			fmt.Sprintf("%.3f", r.Score.StepTimeS), r.Score.Bottleneck})
 	}
@@ -157,7 +158,7 @@ func planPlanRows(rep *plan.Report, top int) ([]string, [][]string) {
 // planBreakdownRows are the critical-path parts with their share, the
 // collectives' total time by kind and compute by op class.
 func planBreakdownRows(s plan.Score) (parts, comm, byClass, overheads [][]string) {
-	for _, t := range stepParts(s.Breakdown) {
+	for _, t := range report.StepParts(s.Breakdown) {
 		parts = append(parts, []string{t.Name, fmt.Sprintf("%.4f", t.Seconds), fmt.Sprintf("%.1f%%", 100*t.Seconds/math.Max(s.StepTimeS, 1e-300))})
 	}
 	parts = append(parts, []string{"step", fmt.Sprintf("%.4f", s.StepTimeS), "100.0%"})

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
@@ -207,7 +208,7 @@ func addLevel(p *plot.Plot, x0, x1, y float64, label string, where int) error {
 // planLayoutShort names a layout compactly: "fsdp 128×4 ep 1 no-reshard".
 func planLayoutShort(l job.Layout) string {
 	s := fmt.Sprintf("%s %d×%d ep %d", l.Sharding, l.DPShard, l.DPReplicate, l.EP)
-	if o := planOptions(l); o != "-" {
+	if o := report.LayoutOptions(l); o != "-" {
 		s += " " + o
 	}
 	return s

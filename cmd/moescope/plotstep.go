@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel/hw"
 	"gonum.org/v1/plot"
@@ -96,7 +97,7 @@ func planPlotBreakdown(d *planPlotData) (*plot.Plot, error) {
 	b := d.rep.Best
 	p := newFigure(fmt.Sprintf("%s on %d × %s: step time of the best plan (%.3f s)", d.model, b.Point.Layout.GPUs, d.gpu, b.Score.StepTimeS),
 		"seconds on the critical path of the slowest rank", "")
-	parts := stepParts(b.Score.Breakdown)
+	parts := report.StepParts(b.Score.Breakdown)
 	vals, names := make(plotter.Values, len(parts)), make([]string, len(parts))
 	xy, labels := make(plotter.XYs, len(parts)), make([]string, len(parts))
 	top := 0.0
