@@ -359,7 +359,7 @@ func (a *planArgs) checkOutputs() error {
 				break
 			}
 		}
-		for _, p := range planPlotPaths(a.plotD) {
+		for _, p := range report.PlotPaths(a.plotD) {
 			if _, err := os.Lstat(p); err == nil && !a.force {
 				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
 			}
@@ -488,7 +488,7 @@ func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Repor
 		return err
 	}
 	if a.plotD != "" {
-		if err := planWritePlots(stderr, a.plotD, a.force, d); err != nil {
+		if err := report.WritePlots(stderr, a.plotD, a.force, d); err != nil {
 			return err
 		}
 	}
@@ -508,8 +508,8 @@ func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Repor
 // sweeps at the target scale (through the same evaluator as the search)
 // and the best plan's memory timeline (the memory model's, whatever the
 // evaluator).
-func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*planPlotData, error) {
-	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch, a.acs)
+func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*report.Data, error) {
+	sweeps, err := report.TargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch, a.acs)
 	if err != nil {
 		return nil, err
 	}
@@ -517,7 +517,7 @@ func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, si
 	if err != nil {
 		return nil, err
 	}
-	return &planPlotData{rep: rep, model: cfg.Name, gpu: dev.Name, deviceGiB: dev.MemoryGiB(), target: a.target, sweeps: sweeps, memory: mem}, nil
+	return &report.Data{Search: rep, Model: cfg.Name, GPU: dev.Name, DeviceGiB: dev.MemoryGiB(), Target: a.target, Sweeps: sweeps, Memory: mem}, nil
 }
 
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {
