@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
-
-	"github.com/moescope/moescope/parallel/sim"
 )
 
 // TestBreakdownOneShape: plan's best plan and simulate of the same point
@@ -62,14 +60,5 @@ func TestBreakdownOneShape(t *testing.T) {
 		if _, ok := fromPlan[k]; !ok {
 			t.Errorf("breakdown lacks %q: %s", k, b.Breakdown)
 		}
-	}
-}
-
-func TestStepPartsOrder(t *testing.T) {
-	b := sim.Breakdown{ComputeS: 3, RecomputeS: 2, OptimizerS: 1,
-		ExposedCommS: map[string]float64{"reduce_scatter": 0.5, "all_gather": 0.25}}
-	want := []stepPart{{"compute", 3}, {"recompute", 2}, {"optimizer", 1}, {"exposed all_gather", 0.25}, {"exposed reduce_scatter", 0.5}}
-	if got := stepParts(b); !reflect.DeepEqual(got, want) {
-		t.Errorf("stepParts = %v, want %v", got, want)
 	}
 }

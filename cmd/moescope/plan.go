@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
@@ -105,44 +106,6 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 		j.Breakdown = &r.Score.Breakdown
 	}
 	return j
-}
-
-// planOptions names the FSDP options of a layout for the table.
-func planOptions(l job.Layout) string {
-	var o []string
-	if l.Sharding == job.ShardFSDP && l.DPShard > 1 {
-		if l.ReshardAfterForward {
-			o = append(o, "reshard")
-		} else {
-			o = append(o, "no-reshard")
-		}
-	}
-	if l.KeepGathered {
-		o = append(o, "keep-gathered")
-	}
-	if l.AllreduceLastOnly {
-		o = append(o, "ar-last")
-	}
-	if tp := l.TPDegree(); tp > 1 {
-		o = append(o, fmt.Sprintf("tp%d", tp))
-		if l.EP > 1 {
-			o = append(o, fmt.Sprintf("etp%d", max(l.ETP, 1)))
-		}
-	}
-	if l.GradSyncLastOnly {
-		o = append(o, "sync-last")
-	}
-	if l.Stages() > 1 {
-		sched := string(l.PPSchedule)
-		if l.VirtualStages() > 1 {
-			sched += fmt.Sprintf("×%d", l.VirtualStages())
-		}
-		o = append(o, fmt.Sprintf("pp%d", l.PP), sched, fmt.Sprintf("mbs%d", l.PPMicrobatchSize))
-	}
-	if len(o) == 0 {
-		return "-"
-	}
-	return strings.Join(o, ",")
 }
 
 type planArgs struct {
@@ -396,7 +359,7 @@ func (a *planArgs) checkOutputs() error {
 				break
 			}
 		}
-		for _, p := range planPlotPaths(a.plotD) {
+		for _, p := range report.PlotPaths(a.plotD) {
 			if _, err := os.Lstat(p); err == nil && !a.force {
 				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
 			}
@@ -525,7 +488,7 @@ func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Repor
 		return err
 	}
 	if a.plotD != "" {
-		if err := planWritePlots(stderr, a.plotD, a.force, d); err != nil {
+		if err := report.WritePlots(stderr, a.plotD, a.force, d); err != nil {
 			return err
 		}
 	}
@@ -545,8 +508,8 @@ func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Repor
 // sweeps at the target scale (through the same evaluator as the search)
 // and the best plan's memory timeline (the memory model's, whatever the
 // evaluator).
-func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*planPlotData, error) {
-	sweeps, err := planTargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch, a.acs)
+func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator) (*report.Data, error) {
+	sweeps, err := report.TargetSweeps(planEvaluator(simEv), rep, a.target, a.maxLBS, a.globalBatch, a.acs)
 	if err != nil {
 		return nil, err
 	}
@@ -554,7 +517,7 @@ func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, si
 	if err != nil {
 		return nil, err
 	}
-	return &planPlotData{rep: rep, model: cfg.Name, gpu: dev.Name, deviceGiB: dev.MemoryGiB(), target: a.target, sweeps: sweeps, memory: mem}, nil
+	return &report.Data{Search: rep, Model: cfg.Name, GPU: dev.Name, DeviceGiB: dev.MemoryGiB(), Target: a.target, Sweeps: sweeps, Memory: mem}, nil
 }
 
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {
@@ -620,7 +583,7 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 		}
 		l := r.Point.Layout
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t%.1f%%\t%.3f\t%s\t\n", i+1, l.DPShard, l.DPReplicate, l.EP,
-			l.Sharding, planOptions(l), r.Point.AC, r.Point.LBS, r.Point.GradAccum, tpsText(r.Score), 100*r.Score.MFU,
+			l.Sharding, report.LayoutOptions(l), r.Point.AC, r.Point.LBS, r.Point.GradAccum, tpsText(r.Score), 100*r.Score.MFU,
 			100*r.Score.MemoryFraction, r.Score.StepTimeS, r.Score.Bottleneck)
 	}
 	tw.Flush()
@@ -650,13 +613,13 @@ func planPipelineVerdict(rep *plan.Report) string {
 	case pipe == nil:
 		return "pipeline: no pipeline layout is among the plans at the target scale."
 	case flat == nil:
-		return fmt.Sprintf("pipeline: only pipelines are among the plans; the best is %s.", planShort(pipe.Point))
+		return fmt.Sprintf("pipeline: only pipelines are among the plans; the best is %s.", report.PointName(pipe.Point))
 	case pipe.Score.TPS > flat.Score.TPS:
 		return fmt.Sprintf("pipeline: PP wins: %s is %.1f%% faster than the best without a pipeline (%s).",
-			planShort(pipe.Point), 100*(pipe.Score.TPS/flat.Score.TPS-1), planShort(flat.Point))
+			report.PointName(pipe.Point), 100*(pipe.Score.TPS/flat.Score.TPS-1), report.PointName(flat.Point))
 	}
 	return fmt.Sprintf("pipeline: PP does not win: the best pipeline (%s) is %.1f%% slower than the best plan.",
-		planShort(pipe.Point), 100*(1-pipe.Score.TPS/flat.Score.TPS))
+		report.PointName(pipe.Point), 100*(1-pipe.Score.TPS/flat.Score.TPS))
 }
 
 // planExplain is the two-line explanation of the best plan: what it is and
@@ -681,7 +644,7 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	if l.Stages() > 1 {
 		shape = fmt.Sprintf("a %d-stage pipeline, each stage %s", l.PP, shape)
 	}
-	if o := planOptions(l); o != "-" {
+	if o := report.LayoutOptions(l); o != "-" {
 		shape += " (" + o + ")"
 	}
 	batch := fmt.Sprintf("lbs %d", p.LBS)
@@ -691,7 +654,7 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	line1 := fmt.Sprintf("best: %s, %s, %s: %.0f TPS per GPU, MFU %.1f%%, memory %.1f%% of %.2f GiB.",
 		shape, planACProse(p.AC), batch, b.Score.TPS, 100*b.Score.MFU, 100*b.Score.MemoryFraction, dev.MemoryGiB())
 	var parts []string
-	for _, t := range stepParts(b.Score.Breakdown) {
+	for _, t := range report.StepParts(b.Score.Breakdown) {
 		if b.Score.StepTimeS > 0 && t.Seconds/b.Score.StepTimeS >= 0.005 { // parts that round to 0% are left out
 			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Name, 100*t.Seconds/b.Score.StepTimeS))
 		}
@@ -704,9 +667,9 @@ func planExplain(rep *plan.Report, dev hw.Device) [2]string {
 	if len(rep.Plans) > 1 {
 		next := rep.Plans[1]
 		if gap := 1 - next.Score.TPS/math.Max(b.Score.TPS, 1e-300); gap < 0.0005 {
-			line2 += fmt.Sprintf("; it ties with %s (lower memory breaks the tie)", planShort(next.Point))
+			line2 += fmt.Sprintf("; it ties with %s (lower memory breaks the tie)", report.PointName(next.Point))
 		} else {
-			line2 += fmt.Sprintf("; the runner-up (%s) is %.1f%% slower", planShort(next.Point), 100*gap)
+			line2 += fmt.Sprintf("; the runner-up (%s) is %.1f%% slower", report.PointName(next.Point), 100*gap)
 		}
 	}
 	return [2]string{line1, line2 + "."}
@@ -725,16 +688,6 @@ func planACProse(ac moe.AC) string {
 		return "Megatron-style recompute of " + strings.TrimPrefix(ac.String(), "modules:")
 	}
 	return fmt.Sprintf("full checkpointing of every %d-th block", ac.Every)
-}
-
-// planShort is a compact name of a point for prose.
-func planShort(p plan.Point) string {
-	l := p.Layout
-	s := fmt.Sprintf("%s %d×%d ep %d", l.Sharding, l.DPShard, l.DPReplicate, l.EP)
-	if o := planOptions(l); o != "-" {
-		s += " " + o
-	}
-	return s + fmt.Sprintf(", %s, lbs %d", p.AC, p.LBS)
 }
 
 // planIntervals fills the calibrated TPS interval of the best plan and the

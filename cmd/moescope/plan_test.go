@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,9 +13,9 @@ import (
 	"github.com/moescope/moescope/internal/golden"
 
 	"github.com/BurntSushi/toml"
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
@@ -158,7 +157,7 @@ func TestPlanCommandExports(t *testing.T) {
 		t.Fatal(err)
 	}
 	// One "wrote FILE" line per file, and the narrowing said with its reasons.
-	wrote := append([]string{tomlPath, pyPath}, planPlotPaths(plotDir)...)
+	wrote := append([]string{tomlPath, pyPath}, report.PlotPaths(plotDir)...)
 	for _, p := range wrote {
 		if !strings.Contains(stderr, "wrote "+p+"\n") && !strings.Contains(stderr, "wrote "+p+" (") {
 			t.Errorf("stderr lacks \"wrote %s\":\n%s", p, stderr)
@@ -436,124 +435,6 @@ func TestPlanCommandExhaustive(t *testing.T) {
 		t.Errorf("hierarchical best %.0f, exhaustive %.0f", hr.Best.TPS, er.Best.TPS)
 	}
 	t.Logf("hierarchical %.0f TPS (%d simulated), exhaustive %.0f TPS (%d simulated)", hr.Best.TPS, hr.Simulated, er.Best.TPS, er.Simulated)
-}
-
-// TestPlanTargetSweeps: the local-batch sweeps are at the target scale and
-// stop at the largest lbs within the memory target. With the fake's
-// memory, (state + policy·perSeq·lbs) / capacity, the last lbs L of each
-// sweep is within 0.92 and L+1 is not.
-func TestPlanTargetSweeps(t *testing.T) {
-	sim := &plan.SimEvaluator{}
-	cfg, err := hf.Load("qwen3-30b-a3b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim.Run.Model, sim.Device.MemoryBytes = cfg, 24<<30 // small enough that the target, not --max-lbs, ends each sweep
-	ev := newPlanFake(sim)
-	l := job.Layout{GPUs: 64, DPShard: 64, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true}
-	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, GradAccum: 1}}
-	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
-	sweeps, err := planTargetSweeps(ev, rep, 0.92, 256, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(sweeps) != 3 {
-		t.Fatalf("%d sweeps, want one per policy (none, selective, full)", len(sweeps))
-	}
-	for _, sw := range sweeps {
-		last := sw.Points[len(sw.Points)-1].Point
-		for i, r := range sw.Points {
-			if r.Point.Layout.GPUs != 64 || r.Point.LBS != i+1 {
-				t.Errorf("%s point %d: %d GPUs lbs %d, want 64 GPUs lbs %d", sw.AC, i, r.Point.Layout.GPUs, r.Point.LBS, i+1)
-			}
-		}
-		in, _ := ev.MemoryFraction(last)
-		next := last
-		next.LBS++
-		out, _ := ev.MemoryFraction(next)
-		if in > 0.92 || out <= 0.92 {
-			t.Errorf("%s: sweep ends at lbs %d (memory %.3f), lbs %d has %.3f: want the last within 0.92", sw.AC, last.LBS, in, next.LBS, out)
-		}
-	}
-	// A global batch keeps only the local batches that divide it.
-	sweeps, err = planTargetSweeps(ev, rep, 0.92, 256, 64*6, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, sw := range sweeps {
-		for _, r := range sw.Points {
-			if p := r.Point; p.LBS*64*p.GradAccum != 384 {
-				t.Errorf("%s lbs %d × 64 × accum %d ≠ 384", sw.AC, p.LBS, p.GradAccum)
-			}
-		}
-	}
-}
-
-// pipeFake is planFake that refuses, as the simulator's memory estimate
-// does, a local batch the layout's pipeline schedule does not run.
-type pipeFake struct{ plan.Evaluator }
-
-func (f pipeFake) MemoryFraction(p plan.Point) (float64, error) {
-	if _, err := p.Layout.Microbatches(p.LBS); err != nil {
-		return 0, err
-	}
-	return f.Evaluator.MemoryFraction(p)
-}
-
-// TestPlanTargetSweepsPipeline: a pipeline's sweep holds only the local
-// batches its schedule accepts. DualPipeV at pp 2 with micro-batches of 2
-// sequences needs at least 2·pp = 4 micro-batches (PyTorch's
-// ScheduleDualPipeV), so by hand lbs 8, 10, 12, … (a whole number of
-// micro-batches): 1 to 7 and the odd ones are skipped, not an error.
-func TestPlanTargetSweepsPipeline(t *testing.T) {
-	sim := &plan.SimEvaluator{}
-	cfg, err := hf.Load("qwen3-30b-a3b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim.Run.Model, sim.Device.MemoryBytes = cfg, 192<<30 // the fake's no-reshard weights fit, --max-lbs ends the sweep
-	ev := pipeFake{newPlanFake(sim)}
-	l := job.Layout{GPUs: 64, PP: 2, DPShard: 32, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP,
-		PPSchedule: job.PPDualPipeV, PPVirtualStages: 2, PPMicrobatchSize: 2}
-	best := plan.Result{Point: plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 8, GradAccum: 1}}
-	rep := &plan.Report{Best: best, Plans: []plan.Result{best}}
-	sweeps, err := planTargetSweeps(ev, rep, 0.92, 20, 0, []moe.AC{{Mode: moe.ACFull}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(sweeps) != 1 {
-		t.Fatalf("%d sweeps, want 1 (full)", len(sweeps))
-	}
-	var got []int
-	for _, r := range sweeps[0].Points {
-		got = append(got, r.Point.LBS)
-	}
-	if want := []int{8, 10, 12, 14, 16, 18, 20}; !slices.Equal(got, want) {
-		t.Errorf("swept lbs %v, want %v", got, want)
-	}
-}
-
-func TestLinearTicks(t *testing.T) {
-	var got []string
-	for _, tk := range (linearTicks{}).Ticks(0, 29032.3) {
-		if tk.Label != "" {
-			got = append(got, tk.Label)
-		}
-	}
-	// (29032.3 − 0)/6 = 4839 → a step of 5000.
-	if want := "0 5000 10000 15000 20000 25000"; strings.Join(got, " ") != want {
-		t.Errorf("labels %q, want %q", strings.Join(got, " "), want)
-	}
-	got = got[:0]
-	for _, tk := range (linearTicks{}).Ticks(0, 1.3) {
-		if tk.Label != "" {
-			got = append(got, tk.Label)
-		}
-	}
-	// 1.3/6 = 0.217 → 0.5.
-	if want := "0 0.5 1"; strings.Join(got, " ") != want {
-		t.Errorf("labels %q, want %q", strings.Join(got, " "), want)
-	}
 }
 
 // TestPlanCommandPipeline: with --pp the real evaluator searches

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 )
 
 // reportTables are the ids of the tables every report has.
@@ -39,7 +39,7 @@ func TestPlanReportHTML(t *testing.T) {
 			t.Errorf("report lacks table %q", id)
 		}
 	}
-	for _, n := range planPlotNames {
+	for _, n := range report.PlotNames() {
 		if !regexp.MustCompile(`<figure id="` + n + `"><svg `).MatchString(page) {
 			t.Errorf("report lacks the inline SVG of %s", n)
 		}
@@ -91,8 +91,8 @@ func TestPlanReportInChromium(t *testing.T) {
 			t.Errorf("rendered DOM lacks table %q", id)
 		}
 	}
-	if n := strings.Count(dom, "<svg "); n < len(planPlotNames) {
-		t.Errorf("rendered DOM has %d SVG plots, want %d", n, len(planPlotNames))
+	if n := strings.Count(dom, "<svg "); n < len(report.PlotNames()) {
+		t.Errorf("rendered DOM has %d SVG plots, want %d", n, len(report.PlotNames()))
 	}
 	headless(t, bin, dir, "--screenshot="+shot, "--window-size=1200,9000", "file://"+path)
 	f, err := os.Open(shot)
@@ -173,20 +173,5 @@ func TestPlanReportCalibration(t *testing.T) {
 		if !strings.Contains(page, w) {
 			t.Errorf("report lacks %q", w)
 		}
-	}
-}
-
-func TestPlanCalibrationIntervalsNote(t *testing.T) {
-	cal := &sim.Calibration{GEMMScale: 0.9, Fitted: []string{sim.CalGEMM}, CovarianceParams: []string{sim.CalGEMM},
-		Covariance: [][]float64{{0.01}}, ResidualSD: 0.04, Residuals: []float64{0.01}}
-	v := planCalibrationRows(cal)
-	if !strings.Contains(v.Intervals, "over gemm_scale and a residual spread of 4.0% give each reported plan's TPS a 90% interval") {
-		t.Errorf("intervals note %q", v.Intervals)
-	}
-	if v.Params[1][0] != sim.CalGEMM || v.Params[1][1] != "0.9" || v.Params[1][2] != "fitted" || v.Params[0][1] != "default" {
-		t.Errorf("params %v", v.Params)
-	}
-	if got := intervalText(&[2]float64{31000.4, 35000.6}); got != "[31000, 35001]" {
-		t.Errorf("intervalText = %q", got)
 	}
 }

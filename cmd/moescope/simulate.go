@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
@@ -265,7 +266,7 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	row := func(name string, s float64) {
 		fmt.Fprintf(tw, "  %s\t%.4f s\t%.1f%%\t\n", name, s, 100*s/r.StepTimeS)
 	}
-	for _, p := range stepParts(b) {
+	for _, p := range report.StepParts(b) {
 		row(p.Name, p.Seconds)
 	}
 	if err := tw.Flush(); err != nil {

@@ -25,9 +25,12 @@ const module = "github.com/moescope/moescope"
 // collectives, knowing no model) sits below numeric and above parallel,
 // whose meshes and groups it serves. The commands sit at the top:
 // sizecheck, the CI's size check, imports only internal/sizes, which like
-// every internal package sits at the bottom.
+// every internal package sits at the bottom. Below moescope's command sits
+// its own report package (the plots and the HTML page), internal to the
+// command and above everything it draws.
 var layers = [][]string{
 	{"cmd/moescope", "internal/sizes/cmd/sizecheck"},
+	{"cmd/moescope/internal/report"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
 	{"parallel/numeric", "parallel/sim"},

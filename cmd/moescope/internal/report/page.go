@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"html/template"
 	"io"
 	"math"
-	"runtime/debug"
 	"sort"
 	"strings"
 
@@ -21,13 +20,13 @@ import (
 // style inline and the plots as inline SVG, so it opens anywhere without a
 // network or the files beside it.
 //
-//go:embed planreport.html
-var planReportHTML string
+//go:embed page.html
+var pageHTML string
 
-var planReportTemplate = template.Must(template.New("report").Parse(planReportHTML))
+var pageTemplate = template.Must(template.New("report").Parse(pageHTML))
 
-// planPage is what the template lays out; every number is formatted here.
-type planPage struct {
+// view is what the template lays out; every number is formatted here.
+type view struct {
 	Title         string
 	Settings      [][2]string
 	Notes         []string
@@ -40,24 +39,24 @@ type planPage struct {
 	Comm, ByClass [][]string
 	Overheads     [][]string
 	Memory        [][]string
-	Figures       []planFigure
-	Calibration   *planCalibrationView
+	Figures       []figure
+	Calibration   *calibrationView
 	Version       string
 }
 
-type planFigure struct {
+type figure struct {
 	Name, Caption string
 	SVG           template.HTML // rendered by renderFigure from our own data
 }
 
-type planCalibrationView struct {
+type calibrationView struct {
 	Params, Residuals [][]string
 	Notes             []string
 	Intervals         string
 }
 
-// planFigureCaptions say what each picture shows and how to read it.
-var planFigureCaptions = map[string]string{
+// captions say what each picture shows and how to read it.
+var captions = map[string]string{
 	"plan_lbs_tps":         "Modelled TPS per GPU against local batch at the target scale, one line per checkpointing policy (the best layout of that policy), up to the largest local batch within the memory target. The ring marks the best plan.",
 	"plan_lbs_memory":      "Peak reserved memory (caching-allocator model) against local batch for the same layouts; the dashed line is the memory target. A plan must stay below it.",
 	"plan_scaling":         "Job throughput of the best plan at each stage of the search against GPUs (log-log), beside ideal scaling from stage 1; labels give each stage's layout, policy, local batch and scaling efficiency.",
@@ -65,19 +64,36 @@ var planFigureCaptions = map[string]string{
 	"plan_memory_timeline": "Bytes allocated after each allocation or free of the best plan's step, in the order the memory model emits them, with the modelled peak reserved memory, the target and the device capacity.",
 }
 
-// writePlanReport renders the page to w.
-func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d *planPlotData, dev hw.Device, cal *sim.Calibration, notes []string) error {
-	page := planPage{Title: "moescope plan: " + title, Notes: notes, Explain: planExplain(rep, dev)}
-	page.Settings = planReportSettings(a, rep, d, cal)
-	page.StageHead, page.Stages = planStageRows(rep)
-	page.PlanHead, page.Plans = planPlanRows(rep, a.top)
-	page.Breakdown, page.Comm, page.ByClass, page.Overheads = planBreakdownRows(rep.Best.Score)
-	page.Memory = planMemoryRows(d.memory)
-	figs, err := planFigures(d)
+// Page is what the page says beside Data: the settings the plan was
+// searched with, the best plan's explanation and remarks the command
+// writes, and the command's version.
+type Page struct {
+	Title           string           // follows "moescope plan: " in the heading
+	GPUs, Seq       int              // --gpus and --seq (tokens)
+	GlobalBatch     int              // --global-batch in sequences; 0: free
+	Top             int              // how many plans the plans table lists (--top)
+	Calibration     *sim.Calibration // nil: uncalibrated
+	CalibrationFile string           // --calibration, named when Calibration is set
+	Explain         [2]string        // the best plan explained, as plan's table prints it
+	Notes           []string         // remarks on what the search assumed
+	Version         string           // what `moescope version` prints; "": the page says nothing of it
+}
+
+// Write renders the page of d and p to w: one HTML file with its style
+// inline and the pictures as inline SVG.
+func Write(w io.Writer, d *Data, p Page) error {
+	rep := d.Search
+	page := view{Title: "moescope plan: " + p.Title, Notes: p.Notes, Explain: p.Explain}
+	page.Settings = settings(d, p)
+	page.StageHead, page.Stages = stageRows(rep)
+	page.PlanHead, page.Plans = planRows(rep, p.Top)
+	page.Breakdown, page.Comm, page.ByClass, page.Overheads = breakdownRows(rep.Best.Score)
+	page.Memory = memoryRows(d.Memory)
+	figs, err := figures(d)
 	if err != nil {
 		return err
 	}
-	for _, n := range planPlotNames {
+	for _, n := range plotNames {
 		b, err := renderFigure(figs[n], "svg")
 		if err != nil {
 			return fmt.Errorf("--report: plot %s: %w", n, err)
@@ -85,40 +101,41 @@ func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d
 		if i := bytes.Index(b, []byte("<svg")); i > 0 {
 			b = b[i:] // drop the XML prolog: the SVG is inlined in HTML
 		}
-		page.Figures = append(page.Figures, planFigure{Name: n, Caption: planFigureCaptions[n], SVG: template.HTML(b)})
+		page.Figures = append(page.Figures, figure{Name: n, Caption: captions[n], SVG: template.HTML(b)})
 	}
-	if cal != nil {
-		page.Calibration = planCalibrationRows(cal)
+	if p.Calibration != nil {
+		page.Calibration = calibrationRows(p.Calibration)
 	}
-	if info, ok := debug.ReadBuildInfo(); ok {
-		page.Version = "Written by " + strings.ReplaceAll(strings.TrimSpace(versionText(info)), "\n", "; ") + "."
+	if p.Version != "" {
+		page.Version = "Written by " + strings.ReplaceAll(strings.TrimSpace(p.Version), "\n", "; ") + "."
 	}
-	return planReportTemplate.Execute(w, page)
+	return pageTemplate.Execute(w, page)
 }
 
-// planReportSettings are the inputs the page was computed from.
-func planReportSettings(a *planArgs, rep *plan.Report, d *planPlotData, cal *sim.Calibration) [][2]string {
+// settings are the inputs the page was computed from.
+func settings(d *Data, p Page) [][2]string {
+	rep := d.Search
 	mode := "hierarchical (stages of growing GPU count)"
 	if rep.Exhaustive {
 		mode = "exhaustive at the target scale"
 	}
 	calText := "none (the cost model's defaults)"
-	if cal != nil {
-		calText = a.calibration
+	if p.Calibration != nil {
+		calText = p.CalibrationFile
 	}
 	batch := "free (no gradient accumulation)"
-	if a.globalBatch > 0 {
-		batch = fmt.Sprintf("%d sequences per optimizer step", a.globalBatch)
+	if p.GlobalBatch > 0 {
+		batch = fmt.Sprintf("%d sequences per optimizer step", p.GlobalBatch)
 	}
 	return [][2]string{
-		{"model", d.model}, {"GPUs", fmt.Sprint(a.gpus)}, {"device", fmt.Sprintf("%s (%.2f GiB as PyTorch reports it)", d.gpu, d.deviceGiB)},
-		{"sequence length", fmt.Sprintf("%d tokens", a.seq)}, {"global batch", batch},
-		{"memory target", fmt.Sprintf("%.2f of device memory (peak reserved)", a.target)},
+		{"model", d.Model}, {"GPUs", fmt.Sprint(p.GPUs)}, {"device", fmt.Sprintf("%s (%.2f GiB as PyTorch reports it)", d.GPU, d.DeviceGiB)},
+		{"sequence length", fmt.Sprintf("%d tokens", p.Seq)}, {"global batch", batch},
+		{"memory target", fmt.Sprintf("%.2f of device memory (peak reserved)", d.Target)},
 		{"calibration", calText}, {"search", fmt.Sprintf("%s, %d candidates simulated", mode, rep.Simulated)},
 	}
 }
 
-func planStageRows(rep *plan.Report) ([]string, [][]string) {
+func stageRows(rep *plan.Report) ([]string, [][]string) {
 	head := []string{"stage", "GPUs", "candidates", "pruned", "simulated", "carried", "best TPS per GPU", "scaling efficiency", "grew", "best layout"}
 	var rows [][]string
 	for i, st := range rep.Stages {
@@ -130,7 +147,7 @@ func planStageRows(rep *plan.Report) ([]string, [][]string) {
 			grew = "-"
 		}
 		if len(st.Survivors) > 0 {
-			best = planShort(st.Survivors[0].Point)
+			best = PointName(st.Survivors[0].Point)
 		}
 		rows = append(rows, []string{fmt.Sprint(i + 1), fmt.Sprint(st.GPUs), fmt.Sprint(st.Candidates), fmt.Sprint(st.Pruned),
 			fmt.Sprint(st.Simulated), carried, fmt.Sprintf("%.0f", st.BestTPS), fmt.Sprintf("%.1f%%", 100*st.ScalingEfficiency), grew, best})
@@ -138,7 +155,7 @@ func planStageRows(rep *plan.Report) ([]string, [][]string) {
 	return head, rows
 }
 
-func planPlanRows(rep *plan.Report, top int) ([]string, [][]string) {
+func planRows(rep *plan.Report, top int) ([]string, [][]string) {
 	head := []string{"rank", "dp_shard", "dp_rep", "ep", "sharding", "options", "ac", "lbs", "accum", "TPS per GPU", "90% interval", "MFU (torchtitan)", "memory", "step s", "bottleneck"}
 	var rows [][]string
 	for i, r := range rep.Plans {
@@ -147,17 +164,17 @@ func planPlanRows(rep *plan.Report, top int) ([]string, [][]string) {
 		}
 		l := r.Point.Layout
 		rows = append(rows, []string{fmt.Sprint(i + 1), fmt.Sprint(l.DPShard), fmt.Sprint(l.DPReplicate), fmt.Sprint(l.EP),
-			string(l.Sharding), planOptions(l), r.Point.AC.String(), fmt.Sprint(r.Point.LBS), fmt.Sprint(r.Point.GradAccum),
+			string(l.Sharding), LayoutOptions(l), r.Point.AC.String(), fmt.Sprint(r.Point.LBS), fmt.Sprint(r.Point.GradAccum),
 			fmt.Sprintf("%.0f", r.Score.TPS), intervalText(r.Score.TPSInterval), fmt.Sprintf("%.1f%%", 100*r.Score.MFU), fmt.Sprintf("%.1f%%", 100*r.Score.MemoryFraction),
 			fmt.Sprintf("%.3f", r.Score.StepTimeS), r.Score.Bottleneck})
 	}
 	return head, rows
 }
 
-// planBreakdownRows are the critical-path parts with their share, the
+// breakdownRows are the critical-path parts with their share, the
 // collectives' total time by kind and compute by op class.
-func planBreakdownRows(s plan.Score) (parts, comm, byClass, overheads [][]string) {
-	for _, t := range stepParts(s.Breakdown) {
+func breakdownRows(s plan.Score) (parts, comm, byClass, overheads [][]string) {
+	for _, t := range StepParts(s.Breakdown) {
 		parts = append(parts, []string{t.Name, fmt.Sprintf("%.4f", t.Seconds), fmt.Sprintf("%.1f%%", 100*t.Seconds/math.Max(s.StepTimeS, 1e-300))})
 	}
 	parts = append(parts, []string{"step", fmt.Sprintf("%.4f", s.StepTimeS), "100.0%"})
@@ -175,9 +192,9 @@ func planBreakdownRows(s plan.Score) (parts, comm, byClass, overheads [][]string
 	return parts, comm, byClass, overheads
 }
 
-// planMemoryRows are the live bytes by category at the peak, the
+// memoryRows are the live bytes by category at the peak, the
 // allocator overhead and the two peaks.
-func planMemoryRows(r memory.Report) [][]string {
+func memoryRows(r memory.Report) [][]string {
 	b := r.Breakdown()
 	row := func(name string, n int64) []string {
 		return []string{name, fmt.Sprintf("%.2f", float64(n)/hw.GiB), fmt.Sprint(n)}
@@ -190,12 +207,12 @@ func planMemoryRows(r memory.Report) [][]string {
 		row("peak reserved", r.Peak.Reserved))
 }
 
-// planCalibrationRows show what a calibration holds: each parameter's
+// calibrationRows show what a calibration holds: each parameter's
 // value and whether the fit moved it, its notes, and the residuals of the
 // runs it was fitted on (predicted / measured − 1, the measured-vs-
 // predicted comparison the file keeps).
-func planCalibrationRows(cal *sim.Calibration) *planCalibrationView {
-	v := &planCalibrationView{Notes: cal.Notes}
+func calibrationRows(cal *sim.Calibration) *calibrationView {
+	v := &calibrationView{Notes: cal.Notes}
 	status := map[string]string{}
 	for _, n := range cal.Fitted {
 		status[n] = "fitted"

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/moescope/moescope/internal/fileio"
@@ -18,9 +19,13 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// planPlotNames are the pictures `moescope plan --plot DIR` writes, each as
+// plotNames are the pictures `moescope plan --plot DIR` writes, each as
 // .png and .svg, in the order the report shows them.
-var planPlotNames = []string{"plan_lbs_tps", "plan_lbs_memory", "plan_scaling", "plan_breakdown", "plan_memory_timeline"}
+var plotNames = []string{"plan_lbs_tps", "plan_lbs_memory", "plan_scaling", "plan_breakdown", "plan_memory_timeline"}
+
+// PlotNames are the names of the pictures, without extension, in the order
+// the page shows them; WritePlots writes each as .png and .svg.
+func PlotNames() []string { return slices.Clone(plotNames) }
 
 // Figure size: large enough that a 30-character legend entry and a
 // two-line point label fit beside four stages without crowding.
@@ -29,10 +34,10 @@ const (
 	figureHeight = 15 * vg.Centimeter
 )
 
-// planPlotPaths lists the files planWritePlots writes into dir.
-func planPlotPaths(dir string) []string {
+// PlotPaths lists the files WritePlots writes into dir.
+func PlotPaths(dir string) []string {
 	var out []string
-	for _, n := range planPlotNames {
+	for _, n := range plotNames {
 		for _, ext := range []string{".png", ".svg"} {
 			out = append(out, filepath.Join(dir, n+ext))
 		}
@@ -40,55 +45,55 @@ func planPlotPaths(dir string) []string {
 	return out
 }
 
-// planPlotData is what the pictures show: the search, the local-batch
-// sweeps at the target scale and the best plan's memory timeline.
-type planPlotData struct {
-	rep        *plan.Report
-	model, gpu string
-	deviceGiB  float64 // capacity as PyTorch reports it
-	target     float64 // --memory-target
-	sweeps     []plan.Sweep
-	memory     memory.Report
+// Data is what the pictures show: the search, the local-batch sweeps at
+// the target scale and the best plan's memory timeline.
+type Data struct {
+	Search     *plan.Report  // the search; its best plan is the one drawn
+	Model, GPU string        // the names the titles give
+	DeviceGiB  float64       // capacity as PyTorch reports it
+	Target     float64       // --memory-target, a fraction of DeviceGiB
+	Sweeps     []plan.Sweep  // from TargetSweeps
+	Memory     memory.Report // the best plan's step timeline (one GPU)
 }
 
-// planFigures builds every picture, keyed by planPlotNames.
-func planFigures(d *planPlotData) (map[string]*plot.Plot, error) {
+// figures builds every picture, keyed by plotNames.
+func figures(d *Data) (map[string]*plot.Plot, error) {
 	figs := map[string]*plot.Plot{}
 	var err error
-	if figs["plan_lbs_tps"], figs["plan_lbs_memory"], err = planPlotSweeps(d); err != nil {
+	if figs["plan_lbs_tps"], figs["plan_lbs_memory"], err = plotSweeps(d); err != nil {
 		return nil, err
 	}
-	if figs["plan_scaling"], err = planPlotScaling(d); err != nil {
+	if figs["plan_scaling"], err = plotScaling(d); err != nil {
 		return nil, err
 	}
-	if figs["plan_breakdown"], err = planPlotBreakdown(d); err != nil {
+	if figs["plan_breakdown"], err = plotBreakdown(d); err != nil {
 		return nil, err
 	}
-	if figs["plan_memory_timeline"], err = planPlotMemoryTimeline(d); err != nil {
+	if figs["plan_memory_timeline"], err = plotMemoryTimeline(d); err != nil {
 		return nil, err
 	}
 	return figs, nil
 }
 
-// planWritePlots renders the pictures into dir, saying "wrote FILE" for
-// each. Existing files are refused unless force; every file is written
-// atomically.
-func planWritePlots(stderr io.Writer, dir string, force bool, d *planPlotData) error {
+// WritePlots renders the pictures into dir (created if missing), saying
+// "wrote FILE" on stderr for each, as PlotPaths lists them. Existing files are
+// refused unless force; every file is written atomically.
+func WritePlots(stderr io.Writer, dir string, force bool, d *Data) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
 	if !force {
-		for _, p := range planPlotPaths(dir) {
+		for _, p := range PlotPaths(dir) {
 			if _, err := os.Lstat(p); err == nil {
 				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
 			}
 		}
 	}
-	figs, err := planFigures(d)
+	figs, err := figures(d)
 	if err != nil {
 		return err
 	}
-	for _, n := range planPlotNames {
+	for _, n := range plotNames {
 		for _, ext := range []string{"png", "svg"} {
 			b, err := renderFigure(figs[n], ext)
 			if err != nil {

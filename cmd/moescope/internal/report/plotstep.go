@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"fmt"
@@ -13,18 +13,18 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// planPlotScaling draws the whole job's tokens/s at each stage's best plan
+// plotScaling draws the whole job's tokens/s at each stage's best plan
 // against GPUs, on log-log axes beside ideal scaling from stage 1 (its
 // per-GPU TPS times the GPU count), each point labelled with its layout
 // and scaling efficiency. Per-GPU TPS alone is a flat line that hides
 // both the scale and the gap.
-func planPlotScaling(d *planPlotData) (*plot.Plot, error) {
+func plotScaling(d *Data) (*plot.Plot, error) {
 	// The y title is short on purpose: gonum centres its box at the
 	// arithmetic middle of the range, near the top of a log axis, and pads
 	// the plot for a long one.
-	p := newFigure(fmt.Sprintf("%s on %s: whole-job tokens/s of each stage's best plan (log-log)", d.model, d.gpu),
+	p := newFigure(fmt.Sprintf("%s on %s: whole-job tokens/s of each stage's best plan (log-log)", d.Model, d.GPU),
 		"GPUs (log scale)", "million tokens/s")
-	st := d.rep.Stages
+	st := d.Search.Stages
 	if len(st) == 0 || st[0].BestTPS <= 0 {
 		return p, nil
 	}
@@ -38,7 +38,7 @@ func planPlotScaling(d *planPlotData) (*plot.Plot, error) {
 		labels[i] = fmt.Sprintf("%d GPUs: %.0f per GPU, eff. %.1f%%", s.GPUs, s.BestTPS, 100*s.ScalingEfficiency)
 		if len(s.Survivors) > 0 {
 			b := s.Survivors[0].Point
-			labels[i] += fmt.Sprintf("\n%s\nac %s, lbs %d", planLayoutShort(b.Layout), b.AC, b.LBS)
+			labels[i] += fmt.Sprintf("\n%s\nac %s, lbs %d", layoutShort(b.Layout), b.AC, b.LBS)
 		}
 		xt = append(xt, plot.Tick{Value: x, Label: fmt.Sprint(s.GPUs)})
 	}
@@ -89,14 +89,14 @@ func (logTicks125) Ticks(lo, hi float64) []plot.Tick {
 	return ticks
 }
 
-// planPlotBreakdown draws the best plan's step as horizontal bars, one per
+// plotBreakdown draws the best plan's step as horizontal bars, one per
 // part of the critical path, each labelled with its seconds and share, so
 // that parts too short to see still read.
-func planPlotBreakdown(d *planPlotData) (*plot.Plot, error) {
-	b := d.rep.Best
-	p := newFigure(fmt.Sprintf("%s on %d × %s: step time of the best plan (%.3f s)", d.model, b.Point.Layout.GPUs, d.gpu, b.Score.StepTimeS),
+func plotBreakdown(d *Data) (*plot.Plot, error) {
+	b := d.Search.Best
+	p := newFigure(fmt.Sprintf("%s on %d × %s: step time of the best plan (%.3f s)", d.Model, b.Point.Layout.GPUs, d.GPU, b.Score.StepTimeS),
 		"seconds on the critical path of the slowest rank", "")
-	parts := stepParts(b.Score.Breakdown)
+	parts := StepParts(b.Score.Breakdown)
 	vals, names := make(plotter.Values, len(parts)), make([]string, len(parts))
 	xy, labels := make(plotter.XYs, len(parts)), make([]string, len(parts))
 	top := 0.0
@@ -123,13 +123,13 @@ func planPlotBreakdown(d *planPlotData) (*plot.Plot, error) {
 	return p, nil
 }
 
-// planPlotMemoryTimeline draws the best plan's allocated bytes after each
+// plotMemoryTimeline draws the best plan's allocated bytes after each
 // event of its step timeline (memory's order, the order the schedule
 // emits), with the modelled peak reserved, the target and the device
 // capacity, and the step's phases named along the top.
-func planPlotMemoryTimeline(d *planPlotData) (*plot.Plot, error) {
-	evs := d.memory.Events
-	p := newFigure(fmt.Sprintf("%s on %d × %s: memory timeline of the best plan's step (one GPU)", d.model, d.rep.Best.Point.Layout.GPUs, d.gpu),
+func plotMemoryTimeline(d *Data) (*plot.Plot, error) {
+	evs := d.Memory.Events
+	p := newFigure(fmt.Sprintf("%s on %d × %s: memory timeline of the best plan's step (one GPU)", d.Model, d.Search.Best.Point.Layout.GPUs, d.GPU),
 		"allocation event (step order: forward, backward, optimizer)", "GiB")
 	if len(evs) == 0 {
 		return p, nil
@@ -151,7 +151,7 @@ func planPlotMemoryTimeline(d *planPlotData) (*plot.Plot, error) {
 	line.Color, line.Width = plotutil.Color(0), vg.Points(1.5)
 	p.Add(line)
 	p.Legend.Add("allocated (live tensors)", line)
-	pk := d.memory.Peak
+	pk := d.Memory.Peak
 	n := float64(len(evs) - 1)
 	for _, lv := range []struct {
 		y     float64
@@ -159,8 +159,8 @@ func planPlotMemoryTimeline(d *planPlotData) (*plot.Plot, error) {
 		where int
 	}{
 		{float64(pk.Reserved) / hw.GiB, fmt.Sprintf("peak reserved %.1f GiB (allocator model)", float64(pk.Reserved)/hw.GiB), belowRight},
-		{d.target * d.deviceGiB, fmt.Sprintf("memory target %.0f%% = %.1f GiB", 100*d.target, d.target*d.deviceGiB), above},
-		{d.deviceGiB, fmt.Sprintf("device %.1f GiB", d.deviceGiB), above},
+		{d.Target * d.DeviceGiB, fmt.Sprintf("memory target %.0f%% = %.1f GiB", 100*d.Target, d.Target*d.DeviceGiB), above},
+		{d.DeviceGiB, fmt.Sprintf("device %.1f GiB", d.DeviceGiB), above},
 	} {
 		if err := addLevel(p, 0, n, lv.y, lv.text, lv.where); err != nil {
 			return nil, err
@@ -172,7 +172,7 @@ func planPlotMemoryTimeline(d *planPlotData) (*plot.Plot, error) {
 		}
 	}
 	p.X.Min, p.X.Max = 0, n
-	p.Y.Min, p.Y.Max = 0, 1.12*d.deviceGiB
+	p.Y.Min, p.Y.Max = 0, 1.12*d.DeviceGiB
 	if err := addPhaseMarks(p, evs); err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package main
+package report
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/plot"
@@ -17,15 +16,17 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 )
 
-// planTargetSweeps evaluates, at the target scale, every local batch within
+// TargetSweeps evaluates, at the target scale, every local batch within
 // the memory target for one layout per checkpointing policy: the best plan
 // of that policy, or the best plan's layout under it when the search
 // carried no family of that policy to the end. The search's own sweeps are
 // at stage 1 (one host), where the answer's local batch is not: FSDP over
-// more GPUs shards more state, so more sequences fit. Under pp only the
-// local batches the schedule accepts are swept. acs are the policies
-// searched (nil: the planner's default, plan.DefaultACs).
-func planTargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLBS, globalBatch int, acs []moe.AC) ([]plan.Sweep, error) {
+// more GPUs shards more state, so more sequences fit. Local batches run
+// from 1 to maxLBS: under pp only those the schedule accepts; with a
+// globalBatch (sequences, 0: free) only those that divide it over the
+// data-parallel ranks, each with the micro-steps that make it up. acs are
+// the policies searched (nil: the planner's default, plan.DefaultACs).
+func TargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLBS, globalBatch int, acs []moe.AC) ([]plan.Sweep, error) {
 	var sweeps []plan.Sweep
 	if acs == nil {
 		acs = plan.DefaultACs()
@@ -89,24 +90,24 @@ func planTargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLB
 	return sweeps, nil
 }
 
-// planPlotSweeps draws TPS and memory against local batch for the sweeps,
+// plotSweeps draws TPS and memory against local batch for the sweeps,
 // marking the best plan, with the memory target as a labelled line.
-func planPlotSweeps(d *planPlotData) (tps, mem *plot.Plot, err error) {
-	gpus := d.rep.Best.Point.Layout.GPUs
-	tps = newFigure(fmt.Sprintf("%s on %d × %s: TPS per GPU against local batch", d.model, gpus, d.gpu),
+func plotSweeps(d *Data) (tps, mem *plot.Plot, err error) {
+	gpus := d.Search.Best.Point.Layout.GPUs
+	tps = newFigure(fmt.Sprintf("%s on %d × %s: TPS per GPU against local batch", d.Model, gpus, d.GPU),
 		"local batch (sequences per GPU per micro-step)", "throughput (tokens/s per GPU)")
-	mem = newFigure(fmt.Sprintf("%s on %d × %s: memory against local batch", d.model, gpus, d.gpu),
-		"local batch (sequences per GPU per micro-step)", fmt.Sprintf("peak reserved memory (%% of %.1f GiB)", d.deviceGiB))
+	mem = newFigure(fmt.Sprintf("%s on %d × %s: memory against local batch", d.Model, gpus, d.GPU),
+		"local batch (sequences per GPU per micro-step)", fmt.Sprintf("peak reserved memory (%% of %.1f GiB)", d.DeviceGiB))
 	var tpsArgs, memArgs []any
 	maxLBS, maxTPS := 1.0, 0.0
-	for _, sw := range d.sweeps {
+	for _, sw := range d.Sweeps {
 		t, m := make(plotter.XYs, len(sw.Points)), make(plotter.XYs, len(sw.Points))
 		for i, r := range sw.Points {
 			t[i] = plotter.XY{X: float64(r.Point.LBS), Y: r.Score.TPS}
 			m[i] = plotter.XY{X: float64(r.Point.LBS), Y: 100 * r.Score.MemoryFraction}
 			maxLBS, maxTPS = max(maxLBS, float64(r.Point.LBS)), max(maxTPS, r.Score.TPS)
 		}
-		label := fmt.Sprintf("ac %s, %s", sw.AC, planLayoutShort(sw.Points[0].Point.Layout))
+		label := fmt.Sprintf("ac %s, %s", sw.AC, layoutShort(sw.Points[0].Point.Layout))
 		tpsArgs, memArgs = append(tpsArgs, label, t), append(memArgs, label, m)
 	}
 	if len(tpsArgs) > 0 {
@@ -117,14 +118,14 @@ func planPlotSweeps(d *planPlotData) (tps, mem *plot.Plot, err error) {
 			return nil, nil, err
 		}
 	}
-	b := d.rep.Best
+	b := d.Search.Best
 	if err := addMarked(tps, b.Point.LBS, b.Score.TPS, fmt.Sprintf("best: lbs %d, %.0f tokens/s", b.Point.LBS, b.Score.TPS), above); err != nil {
 		return nil, nil, err
 	}
 	if err := addMarked(mem, b.Point.LBS, 100*b.Score.MemoryFraction, fmt.Sprintf("best: lbs %d, %.1f%%", b.Point.LBS, 100*b.Score.MemoryFraction), belowRight); err != nil {
 		return nil, nil, err
 	}
-	if err := addLevel(mem, 1, max(maxLBS, float64(b.Point.LBS)), 100*d.target, fmt.Sprintf("memory target %.0f%%", 100*d.target), above); err != nil {
+	if err := addLevel(mem, 1, max(maxLBS, float64(b.Point.LBS)), 100*d.Target, fmt.Sprintf("memory target %.0f%%", 100*d.Target), above); err != nil {
 		return nil, nil, err
 	}
 	tps.Y.Min, tps.Y.Max = 0, 1.1*max(maxTPS, b.Score.TPS)
@@ -202,13 +203,4 @@ func addLevel(p *plot.Plot, x0, x1, y float64, label string, where int) error {
 		return addText(p, plotter.XYs{{X: x1, Y: y}}, []string{label}, vg.Point{Y: -vg.Points(3)}, draw.XRight, draw.YTop)
 	}
 	return addText(p, plotter.XYs{{X: x0, Y: y}}, []string{label}, vg.Point{Y: vg.Points(3)}, draw.XLeft, draw.YBottom)
-}
-
-// planLayoutShort names a layout compactly: "fsdp 128×4 ep 1 no-reshard".
-func planLayoutShort(l job.Layout) string {
-	s := fmt.Sprintf("%s %d×%d ep %d", l.Sharding, l.DPShard, l.DPReplicate, l.EP)
-	if o := planOptions(l); o != "-" {
-		s += " " + o
-	}
-	return s
 }
