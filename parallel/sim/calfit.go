@@ -52,7 +52,7 @@ func (f calFit) logTPS(st calState, x []float64) ([]float64, error) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			r, err := p.run(c)
+			r, err := p.Run(c)
 			if err != nil {
 				errs[i] = err
 				return

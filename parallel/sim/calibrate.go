@@ -313,19 +313,19 @@ func Calibrate(runs []Run) (*Calibration, error) {
 // prepared simulations, in the same order.
 type calFit struct {
 	runs  []Run
-	preps []*simPrep
+	preps []*Prepared
 }
 
 // prepareFit prepares every run's simulation once; the fit then only
 // re-runs them under trial calibrations.
 func prepareFit(runs []Run) (calFit, error) {
-	f := calFit{runs: runs, preps: make([]*simPrep, len(runs))}
+	f := calFit{runs: runs, preps: make([]*Prepared, len(runs))}
 	for i, r := range runs {
 		in, err := InputForRun(r)
 		if err != nil {
 			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}
-		if f.preps[i], err = prepareSim(in); err != nil {
+		if f.preps[i], err = Prepare(in); err != nil {
 			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}
 		if err := checkMeasured(r, f.preps[i]); err != nil {
@@ -338,7 +338,7 @@ func prepareFit(runs []Run) (calFit, error) {
 // checkMeasured refuses a run the fit cannot use: a precision the model
 // does not price, or a TPS that is not physical, i.e. whose MFU by
 // torchtitan's FLOP count would exceed the device's BF16 dense peak.
-func checkMeasured(r Run, p *simPrep) error {
+func checkMeasured(r Run, p *Prepared) error {
 	if err := CheckPrecision("precision", r.Precision); err != nil || r.Precision == "" {
 		return moe.FieldError{Field: "precision", Value: r.Precision,
 			Allowed: "a precision the time model prices: " + strings.Join(PricedPrecisions, ", ")}
@@ -356,7 +356,7 @@ func checkMeasured(r Run, p *simPrep) error {
 func (f calFit) predictTPS(c *Calibration) ([]float64, error) {
 	out := make([]float64, len(f.preps))
 	for i, p := range f.preps {
-		r, err := p.run(c)
+		r, err := p.Run(c)
 		if err != nil {
 			return nil, err
 		}
@@ -409,7 +409,7 @@ func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
 // run, as the report of the fit.
 func (f calFit) recordResiduals(cal *Calibration) error {
 	for i, p := range f.preps {
-		r, err := p.run(cal)
+		r, err := p.Run(cal)
 		if err != nil {
 			return fmt.Errorf("calibrate: %w", err)
 		}

@@ -141,11 +141,11 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 	if r.PP > 1 {
 		return publishedPipelineRow(t, r, in)
 	}
-	p, err := prepareSim(in)
+	p, err := Prepare(in)
 	if err != nil {
 		t.Fatalf("%s: %v", r.label(), err)
 	}
-	un, err := p.run(nil)
+	un, err := p.Run(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
 		publishedLayout(r), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
 	if cal != nil {
-		c, err := p.run(cal)
+		c, err := p.Run(cal)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -122,7 +122,7 @@ func TestCalibrateAllocatorNotIdentified(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := prepareSim(in)
+		p, err := Prepare(in)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -74,14 +74,14 @@ func perturbed(cal Calibration, name string, h float64, defaults map[string]floa
 // parameter), so its variance is gᵀ·Covariance·g + ResidualSD², and the
 // interval is TPS·exp(±1.645·σ). It returns nil when cal carries no
 // covariance (a calibration written before intervals, or none fitted).
-func (p *simPrep) tpsInterval(cal *Calibration, res Result) (*[2]float64, error) {
+func (p *Prepared) tpsInterval(cal *Calibration, res Result) (*[2]float64, error) {
 	if cal == nil || len(cal.CovarianceParams) == 0 {
 		return nil, nil
 	}
 	defaults := map[string]float64{CalNVLink: p.cl.NVLinkEfficiency, CalNet: p.cl.NetEfficiency}
 	g := make([]float64, len(cal.CovarianceParams))
 	for j, name := range cal.CovarianceParams {
-		r, err := p.run(perturbed(*cal, name, sensStep, defaults))
+		r, err := p.Run(perturbed(*cal, name, sensStep, defaults))
 		if err != nil {
 			return nil, err
 		}

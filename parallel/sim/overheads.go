@@ -141,7 +141,7 @@ func (c ComputeSpec) hostSyncSeconds() float64 { return 2 * c.LaunchS }
 // optimizerCost prices the optimizer phase of the prepared run: fused AdamW
 // over the rank's shard, and gradient clipping (clip_grad_norm_, torchtitan's
 // default max_norm 1.0) with its all-reduce of the norm over the world.
-func (p *simPrep) optimizerCost(spec ComputeSpec, cal *Calibration) (optimizerCost, error) {
+func (p *Prepared) optimizerCost(spec ComputeSpec, cal *Calibration) (optimizerCost, error) {
 	oc := optimizerCost{update: spec.MemorySeconds(p.params * spec.bytesPerElement(moe.OpOptimizer, moe.Forward))}
 	oc.clip = spec.gradClipSeconds(p.params)
 	if p.l.GPUs > 1 {

@@ -156,11 +156,11 @@ func Simulate(in Input) (Result, error) {
 	if in.Layout.Stages() > 1 {
 		return simulatePipeline(in)
 	}
-	p, err := prepareSim(in)
+	p, err := Prepare(in)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := p.run(in.Calibration)
+	res, err := p.Run(in.Calibration)
 	if err != nil || in.SkipInterval {
 		return res, err
 	}
@@ -168,10 +168,11 @@ func Simulate(in Input) (Result, error) {
 	return res, err
 }
 
-// simPrep is everything of a simulation that a calibration does not
+// Prepared is everything of a simulation that a calibration does not
 // change: the schedule, the op counts, the memory timeline, the group
-// shapes. Calibration evaluates one prepared run many times.
-type simPrep struct {
+// shapes. Calibration evaluates one prepared run many times (Run); a
+// layout without pipeline parallelism only (Simulate walks pipelines).
+type Prepared struct {
 	in     Input
 	cfg    *moe.Config
 	local  *moe.Config // cfg as one tp rank holds it (tpLocal); cfg without tp
@@ -196,9 +197,10 @@ type simPrep struct {
 	tokens  float64 // per rank per step
 }
 
-// prepareSim checks in, resolves its device and cluster and builds what
-// every run of it shares (simPrep).
-func prepareSim(in Input) (*simPrep, error) {
+// Prepare checks in, resolves its device and cluster and builds what
+// every run of it shares (Prepared). Simulate of a layout with pp = 1 is
+// Prepare, then Run under in.Calibration, then the TPS interval.
+func Prepare(in Input) (*Prepared, error) {
 	if in.GradAccum == 0 {
 		in.GradAccum = 1
 	}
@@ -206,7 +208,7 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	cfg := in.Config
-	p := &simPrep{in: in, cfg: cfg}
+	p := &Prepared{in: in, cfg: cfg}
 	var err error
 	if p.dev, p.cl, err = resolveHardware(in); err != nil {
 		return nil, err
@@ -349,8 +351,9 @@ func checkSkewBound(cfg *moe.Config, l moe.Layout, skew float64) error {
 	return nil
 }
 
-// run simulates the prepared layout under a calibration (nil: defaults).
-func (p *simPrep) run(cal *Calibration) (Result, error) {
+// Run simulates the prepared layout under a calibration (nil: defaults),
+// without the TPS interval. Runs of one Prepared may go concurrently.
+func (p *Prepared) Run(cal *Calibration) (Result, error) {
 	spec, err := ComputeSpecFor(p.dev, p.in.AttentionKernel)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
@@ -460,9 +463,28 @@ func (in Input) memoryOptions() memory.Options {
 	return o
 }
 
+// Input is the prepared input, its grad accumulation defaulted to 1.
+func (p *Prepared) Input() Input { return p.in }
+
+// Device is the GPU the run is priced on: the input's, or
+// hw.DefaultDeviceName's when it names none.
+func (p *Prepared) Device() hw.Device { return p.dev }
+
+// Cluster is the cluster the run is priced on: the input's, or the
+// device's usual one, resized when the layout sets GPUs per node.
+func (p *Prepared) Cluster() *hw.Cluster { return p.cl }
+
+// Memory is the step's memory report (memory.Estimate under the input's
+// memory options), whose timeline Run replays.
+func (p *Prepared) Memory() memory.Report { return p.mem }
+
+// FLOPsPerToken is the model FLOPs per token by convention c (each
+// convention flops knows, as Result.MFUByConvention).
+func (p *Prepared) FLOPsPerToken(c flops.Convention) float64 { return p.convs[string(c)] }
+
 // replay is memory.Replay of the prepared timeline under a, from the cache
 // when only a's Fragmentation differs from an earlier replay.
-func (p *simPrep) replay(a memory.Allocator) (memory.Peak, error) {
+func (p *Prepared) replay(a memory.Allocator) (memory.Peak, error) {
 	key := a
 	key.Fragmentation = 0
 	p.peaksMu.Lock()
