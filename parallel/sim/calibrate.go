@@ -189,17 +189,6 @@ func InputForRun(r Run) (Input, error) {
 		Memory: mo, AttentionKernel: AttentionKernel(r.AttentionKernel), Precision: r.Precision, Torch: tv, FusedElementwise: r.FusedElementwise, Dispatcher: disp, ExpertGEMM: experts}, nil
 }
 
-// measuredReserved returns the run's measured peak reserved bytes, if any.
-func measuredReserved(r Run, dev hw.Device) (float64, bool) {
-	if r.PeakReservedBytes != nil {
-		return float64(*r.PeakReservedBytes), true
-	}
-	if r.MemoryFraction != nil {
-		return *r.MemoryFraction * float64(dev.MemoryBytes), true
-	}
-	return 0, false
-}
-
 // calState maps the optimizer's vector onto a calibration: multipliers are
 // exp(x); link efficiencies default·exp(x), capped at 1.
 type calState struct {
@@ -379,7 +368,7 @@ func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
 	a.Fragmentation = 0
 	sum, n := 0.0, 0
 	for i, r := range f.runs {
-		m, measured := measuredReserved(r, f.preps[i].dev)
+		m, measured := r.MeasuredReserved(f.preps[i].dev)
 		if !measured {
 			continue
 		}
@@ -414,7 +403,7 @@ func (f calFit) recordResiduals(cal *Calibration) error {
 			return fmt.Errorf("calibrate: %w", err)
 		}
 		cal.Residuals = append(cal.Residuals, r.TPS/f.runs[i].TPS-1)
-		if m, ok := measuredReserved(f.runs[i], p.dev); ok {
+		if m, ok := f.runs[i].MeasuredReserved(p.dev); ok {
 			v := float64(r.PeakReservedBytes)/m - 1
 			cal.MemoryResiduals = append(cal.MemoryResiduals, &v)
 		} else {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // Run is one measured training run in the published-runs schema of
@@ -232,6 +233,18 @@ func (r Run) Layout() (moe.Layout, error) {
 		l.GradSyncLastOnly = *r.GradSyncLastOnly
 	}
 	return l, l.Resolve()
+}
+
+// MeasuredReserved returns the run's measured peak reserved bytes, if any:
+// peak_reserved_bytes, else memory_fraction × dev's capacity.
+func (r Run) MeasuredReserved(dev hw.Device) (float64, bool) {
+	if r.PeakReservedBytes != nil {
+		return float64(*r.PeakReservedBytes), true
+	}
+	if r.MemoryFraction != nil {
+		return *r.MemoryFraction * float64(dev.MemoryBytes), true
+	}
+	return 0, false
 }
 
 // Validate checks the run's fields (not the model name, which needs hf.Load).

@@ -115,7 +115,7 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 	relErr = math.NaN()
 	var meas, pred float64
 	kind := ""
-	if m, ok := measuredReserved(r, dev); ok {
+	if m, ok := r.MeasuredReserved(dev); ok {
 		meas, pred, kind = m, float64(rep.Peak.Reserved), "r"
 	} else if r.PeakAllocatedBytes != nil {
 		meas, pred, kind = float64(*r.PeakAllocatedBytes), float64(rep.Peak.Allocated), "a"
