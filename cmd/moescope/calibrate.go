@@ -10,6 +10,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/calib"
 )
 
 func init() {
@@ -40,7 +41,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	cal, err := sim.Calibrate(runs)
+	cal, err := calib.Calibrate(runs)
 	if err != nil {
 		return err
 	}

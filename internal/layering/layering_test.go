@@ -25,6 +25,7 @@ var layers = [][]string{
 	{"cmd/moescope"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
+	{"parallel/sim/calib"},
 	{"parallel/numeric", "parallel/sim"},
 	{"parallel"},
 	{"parallel/hw", "moe/bench"},

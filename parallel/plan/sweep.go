@@ -24,12 +24,12 @@ import (
 // invertible): jobs are picked greedily by the largest gain in log det F
 // (a D-optimal design), starting from the predicted optimum and the best
 // two-host run. A parameter counts as identified by calibrate's own rule
-// (sim.IdentifiedParams on the chosen jobs' sensitivities), so a sweep
+// (calib.IdentifiedParams on the chosen jobs' sensitivities), so a sweep
 // promises exactly the parameters calibrate will fit from its runs; the
 // posterior standard deviation √(F⁻¹)_jj says how tightly.
 
 // SweepParams are the calibration parameters TPS depends on, in
-// sim.Calibrate's order.
+// calib.Calibrate's order.
 var SweepParams = []string{sim.CalGEMM, sim.CalGrouped, sim.CalAttention, sim.CalMemoryBound, sim.CalNVLink, sim.CalNet}
 
 const (
@@ -54,7 +54,7 @@ type ParamStatus struct {
 	// (SweepNoise per run, unit prior): 1 means the runs say nothing.
 	Std float64
 	// Identified says calibrate will fit it from the sweep's runs
-	// (sim.IdentifiedParams).
+	// (calib.IdentifiedParams).
 	Identified bool
 }
 

@@ -6,6 +6,18 @@ import (
 	"slices"
 )
 
+const (
+	// sensStep is the finite-difference step in a log-multiplier (a 5%
+	// multiplier) of the TPS interval and of calibrate's fit.
+	sensStep = 0.05
+	// intervalZ is the two-sided 90% normal quantile.
+	intervalZ = 1.6448536269514722
+)
+
+// SensitivityStep is the step in a log-multiplier (a 5% multiplier) by
+// which calibrate, and a sweep planning for it, probe ∂ ln TPS / ∂ ln θ.
+const SensitivityStep = sensStep
+
 // validateCovariance checks the fit's uncertainty fields: a square,
 // symmetric matrix over named TPS parameters with positive finite
 // variances, and a residual spread in [0, 1).
@@ -15,8 +27,8 @@ func (c *Calibration) validateCovariance() error {
 		return fmt.Errorf("covariance: %d rows for %d covariance_params", len(c.Covariance), k)
 	}
 	for a, name := range c.CovarianceParams {
-		if name != CalCompute && !slices.Contains(tpsParams, name) {
-			return fmt.Errorf("covariance_params[%d] = %q: not a TPS parameter (%s, %v)", a, name, CalCompute, tpsParams)
+		if name != CalCompute && !slices.Contains(TPSParams, name) {
+			return fmt.Errorf("covariance_params[%d] = %q: not a TPS parameter (%s, %v)", a, name, CalCompute, TPSParams)
 		}
 		row := c.Covariance[a]
 		if len(row) != k {

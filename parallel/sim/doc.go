@@ -5,11 +5,12 @@
 // overheads), collectives from NCCL's cost model on the cluster's link
 // classes, streams that overlap as scheduled, and memory as package
 // memory's allocation timeline replayed through its caching-allocator
-// model. It also holds calibration (fitting efficiencies to measured runs),
-// the published-runs schema and the validation of predictions against them,
-// and Chrome traces of a simulated step.
+// model. It also holds the calibration parameters the models read
+// (Calibration, with the TPS interval a fitted one gives; package calib
+// fits them), the published-runs schema and the validation of memory
+// predictions against them, and Chrome traces of a simulated step.
 //
 // It imports parallel, parallel/hw, memory, flops, moe and internal/fileio;
-// parallel/plan and cmd/moescope import it. It never imports
-// parallel/numeric, nor numeric it.
+// parallel/sim/calib, parallel/plan and cmd/moescope import it. It never
+// imports parallel/numeric, nor numeric it.
 package sim

@@ -416,15 +416,15 @@ func CheckDuplicates(runs []Run) error {
 		}
 		if p, ok := byConfig[k]; ok {
 			errs = append(errs, fmt.Errorf("%s (%s) and %s (%s): the same configuration from the same source %s",
-				p.File, p.label(), r.File, r.label(), sourceKey(r.Source)))
+				p.File, p.Label(), r.File, r.Label(), sourceKey(r.Source)))
 		}
 		byConfig[k] = r
 	}
 	return errors.Join(errs...)
 }
 
-// label names a run in messages: its run_id, else its model and scale.
-func (r Run) label() string {
+// Label names a run in messages: its run_id, else its model and scale.
+func (r Run) Label() string {
 	if r.RunID != "" {
 		return r.RunID
 	}

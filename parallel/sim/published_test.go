@@ -280,9 +280,6 @@ func TestRunFrameworkFields(t *testing.T) {
 	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "power_limited") {
 		t.Errorf("power_limited: InputForRun = %v, want a refusal naming the field", err)
 	}
-	if _, err := Calibrate([]Run{r}); err == nil || !strings.Contains(err.Error(), "power_limited") {
-		t.Errorf("power_limited: Calibrate = %v, want a refusal naming the field", err)
-	}
 	if _, err := r.MemoryOptions(); err != nil {
 		t.Errorf("power_limited: MemoryOptions = %v", err)
 	}
