@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/calib"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 func init() {
@@ -98,7 +99,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 // calibrateRuns reads the runs to fit: the runs file, or the torchtitan
 // logs (then written to --runs-out, and their notes printed to stderr).
 // source describes them for the calibration.
-func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool) (runs []sim.Run, source string, err error) {
+func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool) (runs []published.Run, source string, err error) {
 	if runsPath == "" {
 		runs, notes, err := logs.runs()
 		if err != nil {
@@ -116,7 +117,7 @@ func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool
 	if err != nil {
 		return nil, "", err
 	}
-	runs, err = sim.ReadRuns(f, runsPath, false)
+	runs, err = published.ReadRuns(f, runsPath, false)
 	f.Close()
 	if err != nil {
 		return nil, "", err

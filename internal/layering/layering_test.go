@@ -26,6 +26,7 @@ var layers = [][]string{
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
 	{"parallel/sim/calib"},
+	{"parallel/sim/published"},
 	{"parallel/numeric", "parallel/sim"},
 	{"parallel"},
 	{"parallel/hw", "moe/bench"},

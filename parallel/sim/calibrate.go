@@ -8,9 +8,6 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/moe/hf"
-	"github.com/moescope/moescope/parallel/hw"
 )
 
 // Calibration holds named model parameters fitted to measured runs. A zero
@@ -131,58 +128,4 @@ func ParseCalibration(data []byte, where string) (*Calibration, error) {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	return &c, nil
-}
-
-// InputForRun turns a measured run into the layout to simulate: its
-// model (built-in name or path), device, cluster (the run's, else the
-// GPU's usual one), layout, checkpointing and batch.
-func InputForRun(r Run) (Input, error) {
-	if r.PowerLimited {
-		return Input{}, fmt.Errorf("run %s: power_limited: its GPUs ran below their default power limit, which the source does not state; the time model prices %s at its default limit only", r.Label(), r.GPU)
-	}
-	cfg, err := hf.Load(r.Model)
-	if err != nil {
-		return Input{}, err
-	}
-	dev, err := hw.LookupDevice(r.GPU)
-	if err != nil {
-		return Input{}, err
-	}
-	cname := r.Cluster
-	if cname == "" {
-		cname = hw.ClusterForGPU(dev.Name)
-	}
-	cl, err := hw.LoadCluster(cname)
-	if err != nil {
-		return Input{}, err
-	}
-	l, err := r.Layout()
-	if err != nil {
-		return Input{}, err
-	}
-	ac, err := moe.ParseAC(r.AC)
-	if err != nil {
-		return Input{}, err
-	}
-	if err := CheckPrecision("precision", r.Precision); err != nil {
-		return Input{}, err
-	}
-	mo, err := r.MemoryOptions()
-	if err != nil {
-		return Input{}, err
-	}
-	tv, err := ParseTorchVersion("torch_version", r.TorchVersion)
-	if err != nil {
-		return Input{}, err
-	}
-	disp, err := ParseDispatcher("dispatcher", r.Dispatcher)
-	if err != nil {
-		return Input{}, err
-	}
-	experts, err := ParseExpertGEMM("expert_gemm", r.ExpertGEMM)
-	if err != nil {
-		return Input{}, err
-	}
-	return Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl,
-		Memory: mo, AttentionKernel: AttentionKernel(r.AttentionKernel), Precision: r.Precision, Torch: tv, FusedElementwise: r.FusedElementwise, Dispatcher: disp, ExpertGEMM: experts}, nil
 }

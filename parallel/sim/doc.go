@@ -6,11 +6,14 @@
 // classes, streams that overlap as scheduled, and memory as package
 // memory's allocation timeline replayed through its caching-allocator
 // model. It also holds the calibration parameters the models read
-// (Calibration, with the TPS interval a fitted one gives; package calib
-// fits them), the published-runs schema and the validation of memory
-// predictions against them, and Chrome traces of a simulated step.
+// (Calibration, with the TPS interval a fitted one gives) and Chrome traces
+// of a simulated step. Two packages above it hold the rest of what
+// concerns measured runs: parallel/sim/published the published-runs schema
+// (and InputForRun, a run as an Input), parallel/sim/calib the fitting of
+// a Calibration to such runs.
 //
 // It imports parallel, parallel/hw, memory, flops, moe and internal/fileio;
-// parallel/sim/calib, parallel/plan and cmd/moescope import it. It never
-// imports parallel/numeric, nor numeric it.
+// parallel/sim/published, parallel/sim/calib, parallel/plan,
+// parallel/titanlog and cmd/moescope import it. It never imports
+// parallel/numeric, nor numeric it.
 package sim

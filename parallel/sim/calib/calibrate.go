@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/published"
 	"gonum.org/v1/gonum/mat"
 )
 
@@ -59,7 +60,7 @@ const maxCalRuns = 1000
 // The allocator overhead is then fitted alone to the runs that report peak
 // reserved memory (fitAllocator: least Σ ln²(predicted/measured reserved),
 // in closed form, kept at its default with a note when not identified).
-func Calibrate(runs []sim.Run) (*sim.Calibration, error) {
+func Calibrate(runs []published.Run) (*sim.Calibration, error) {
 	if len(runs) == 0 {
 		return nil, errors.New("calibrate: no runs")
 	}
@@ -125,16 +126,16 @@ func Calibrate(runs []sim.Run) (*sim.Calibration, error) {
 // calFit is what a calibration fits to: the measured runs and their
 // prepared simulations, in the same order.
 type calFit struct {
-	runs  []sim.Run
+	runs  []published.Run
 	preps []*sim.Prepared
 }
 
 // prepareFit prepares every run's simulation once; the fit then only
 // re-runs them under trial calibrations.
-func prepareFit(runs []sim.Run) (calFit, error) {
+func prepareFit(runs []published.Run) (calFit, error) {
 	f := calFit{runs: runs, preps: make([]*sim.Prepared, len(runs))}
 	for i, r := range runs {
-		in, err := sim.InputForRun(r)
+		in, err := published.InputForRun(r)
 		if err != nil {
 			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}
@@ -151,7 +152,7 @@ func prepareFit(runs []sim.Run) (calFit, error) {
 // checkMeasured refuses a run the fit cannot use: a precision the model
 // does not price, or a TPS that is not physical, i.e. whose MFU by
 // torchtitan's FLOP count would exceed the device's BF16 dense peak.
-func checkMeasured(r sim.Run, p *sim.Prepared) error {
+func checkMeasured(r published.Run, p *sim.Prepared) error {
 	if err := sim.CheckPrecision("precision", r.Precision); err != nil || r.Precision == "" {
 		return moe.FieldError{Field: "precision", Value: r.Precision,
 			Allowed: "a precision the time model prices: " + strings.Join(sim.PricedPrecisions, ", ")}

@@ -8,18 +8,19 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // seriesKey groups published runs as the calibration issue defines a
 // series: one source (file), model, GPU, precision and framework version.
-func seriesKey(r sim.Run) string {
+func seriesKey(r published.Run) string {
 	return fmt.Sprintf("%s|%s|%s|%s|%s", r.File, r.Model, r.GPU, r.Precision, r.FrameworkVersion)
 }
 
 // smallScale is the series' small scale: its fewest GPUs among runs of two
 // or more (a single-GPU run has no collectives and no sharding wrapper, so
 // it cannot stand for the distributed runs), or 0 when it has none.
-func smallScale(rs []sim.Run) int {
+func smallScale(rs []published.Run) int {
 	n := 0
 	for _, r := range rs {
 		if r.GPUs >= 2 && (n == 0 || r.GPUs < n) {
@@ -40,11 +41,11 @@ func smallScale(rs []sim.Run) int {
 // than 10%. It also checks the table holds at least 3 calibrated BF16
 // series from at least 2 sources.
 func TestPublishedTPS(t *testing.T) {
-	runs, err := sim.LoadPublished("../../../testdata/published")
+	runs, err := published.Load("../../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
-	series := map[string][]sim.Run{}
+	series := map[string][]published.Run{}
 	var keys []string
 	for _, r := range runs {
 		k := seriesKey(r)
@@ -72,7 +73,7 @@ func TestPublishedTPS(t *testing.T) {
 		}
 		sort.SliceStable(rs, func(i, j int) bool { return rs[i].GPUs < rs[j].GPUs })
 		small := smallScale(rs)
-		var fit []sim.Run
+		var fit []published.Run
 		for _, r := range rs {
 			if r.GPUs == small {
 				fit = append(fit, r)
@@ -134,9 +135,9 @@ func TestPublishedTPS(t *testing.T) {
 // publishedTPSRow predicts run r uncalibrated and, with cal, calibrated,
 // and returns its table line and both relative errors (ec is 0 without
 // cal). fit marks a run the calibration was fitted to.
-func publishedTPSRow(t *testing.T, r sim.Run, cal *sim.Calibration, fit bool) (line string, eu, ec float64) {
+func publishedTPSRow(t *testing.T, r published.Run, cal *sim.Calibration, fit bool) (line string, eu, ec float64) {
 	t.Helper()
-	in, err := sim.InputForRun(r)
+	in, err := published.InputForRun(r)
 	if err != nil {
 		t.Fatalf("%s: %v", r.Label(), err)
 	}
@@ -182,7 +183,7 @@ func publishedTPSRow(t *testing.T, r sim.Run, cal *sim.Calibration, fit bool) (l
 // frameworkMark marks a row whose framework differs from the torchtitan
 // moescope models: another framework, or a torchtitan whose changes the
 // row's unmodelled field names (a fork).
-func frameworkMark(r sim.Run) string {
+func frameworkMark(r published.Run) string {
 	if !strings.HasPrefix(r.Framework, "torchtitan") || r.Unmodelled != "" {
 		return " [framework difference not modelled: " + r.Framework + "]"
 	}
@@ -191,7 +192,7 @@ func frameworkMark(r sim.Run) string {
 
 // publishedPipelineRow is publishedTPSRow for a pipeline run (pp > 1),
 // uncalibrated only: calibration fits single-program runs.
-func publishedPipelineRow(t *testing.T, r sim.Run, in sim.Input) (line string, eu, ec float64) {
+func publishedPipelineRow(t *testing.T, r published.Run, in sim.Input) (line string, eu, ec float64) {
 	t.Helper()
 	un, err := sim.Simulate(in)
 	if err != nil {
@@ -207,7 +208,7 @@ func publishedPipelineRow(t *testing.T, r sim.Run, in sim.Input) (line string, e
 // publishedLayout prints a run's dp_replicate × dp_shard, with pp× before
 // it under pipeline parallelism and × tp after it under tensor
 // parallelism.
-func publishedLayout(r sim.Run) string {
+func publishedLayout(r published.Run) string {
 	s := fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard)
 	if r.PP > 1 {
 		s = fmt.Sprintf("pp%d×", r.PP) + s

@@ -6,19 +6,20 @@ import (
 
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/calib"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // Fit the model to a measured run of your own stack, then predict with it.
 func ExampleCalibrate() {
 	// torchtitan's Llama 3.1 8B on 8 H100 (96 GB), 2024-12 (R171 in
 	// testdata/published): one run, so one overall compute scale.
-	measured := sim.Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1,
+	measured := published.Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1,
 		AC: "selective", LBS: 2, Seq: 8192, Precision: "bf16", TPS: 6667}
-	cal, err := calib.Calibrate([]sim.Run{measured})
+	cal, err := calib.Calibrate([]published.Run{measured})
 	if err != nil {
 		panic(err)
 	}
-	in, err := sim.InputForRun(measured)
+	in, err := published.InputForRun(measured)
 	if err != nil {
 		panic(err)
 	}

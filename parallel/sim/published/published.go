@@ -1,4 +1,4 @@
-package sim
+package published
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // Run is one measured training run in the published-runs schema of
@@ -285,16 +286,16 @@ func (r Run) Validate(requireSource bool) error {
 	if r.Optimizer != "" && r.Optimizer != memory.Fused && r.Optimizer != memory.Foreach {
 		bad("optimizer", r.Optimizer, "must be fused or foreach")
 	}
-	if r.AttentionKernel != "" && r.AttentionKernel != string(CuDNNAttention) && r.AttentionKernel != string(Flash2Attention) {
+	if r.AttentionKernel != "" && r.AttentionKernel != string(sim.CuDNNAttention) && r.AttentionKernel != string(sim.Flash2Attention) {
 		bad("attention_kernel", r.AttentionKernel, "must be cudnn or flash2")
 	}
-	if _, err := ParseTorchVersion("torch_version", r.TorchVersion); err != nil {
+	if _, err := sim.ParseTorchVersion("torch_version", r.TorchVersion); err != nil {
 		bad("torch_version", r.TorchVersion, "must be a PyTorch release MAJOR.MINOR, e.g. 2.6")
 	}
-	if _, err := ParseDispatcher("dispatcher", r.Dispatcher); err != nil {
+	if _, err := sim.ParseDispatcher("dispatcher", r.Dispatcher); err != nil {
 		bad("dispatcher", r.Dispatcher, "must be all_to_all, deepep or hybridep")
 	}
-	if _, err := ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
+	if _, err := sim.ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
 		bad("expert_gemm", r.ExpertGEMM, "must be grouped_mm or cublas")
 	}
 	if r.LossChunks < 0 {
@@ -360,10 +361,10 @@ func ReadRuns(rd io.Reader, name string, requireSource bool) ([]Run, error) {
 	return runs, errors.Join(errs...)
 }
 
-// LoadPublished reads every *.json file directly in dir (sorted by name)
+// Load reads every *.json file directly in dir (sorted by name)
 // as an array of runs with sources. A model given as a relative path is
 // made relative to dir.
-func LoadPublished(dir string) ([]Run, error) {
+func Load(dir string) ([]Run, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return nil, err
