@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/calib"
+	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 
@@ -67,9 +67,9 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "parameter\tvalue\tstatus")
 	val := map[string]float64{
-		sim.CalGEMM: cal.GEMMScale, sim.CalGrouped: cal.GroupedScale, sim.CalAttention: cal.AttentionScale,
-		sim.CalMemoryBound: cal.MemoryBoundScale, sim.CalNVLink: cal.NVLinkEfficiency, sim.CalNet: cal.NetEfficiency,
-		sim.CalAllocator: cal.AllocatorOverhead,
+		cost.CalGEMM: cal.GEMMScale, cost.CalGrouped: cal.GroupedScale, cost.CalAttention: cal.AttentionScale,
+		cost.CalMemoryBound: cal.MemoryBoundScale, cost.CalNVLink: cal.NVLinkEfficiency, cost.CalNet: cal.NetEfficiency,
+		cost.CalAllocator: cal.AllocatorOverhead,
 	}
 	for _, n := range cal.Fitted {
 		fmt.Fprintf(tw, "%s\t%.4g\tfitted\n", n, val[n])

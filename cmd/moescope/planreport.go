@@ -14,7 +14,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // The page `moescope plan --report FILE.html` writes: one file with its
@@ -66,7 +66,7 @@ var planFigureCaptions = map[string]string{
 }
 
 // writePlanReport renders the page to w.
-func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d *planPlotData, dev hw.Device, cal *sim.Calibration, notes []string) error {
+func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d *planPlotData, dev hw.Device, cal *cost.Calibration, notes []string) error {
 	page := planPage{Title: "moescope plan: " + title, Notes: notes, Explain: planExplain(rep, dev)}
 	page.Settings = planReportSettings(a, rep, d, cal)
 	page.StageHead, page.Stages = planStageRows(rep)
@@ -97,7 +97,7 @@ func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d
 }
 
 // planReportSettings are the inputs the page was computed from.
-func planReportSettings(a *planArgs, rep *plan.Report, d *planPlotData, cal *sim.Calibration) [][2]string {
+func planReportSettings(a *planArgs, rep *plan.Report, d *planPlotData, cal *cost.Calibration) [][2]string {
 	mode := "hierarchical (stages of growing GPU count)"
 	if rep.Exhaustive {
 		mode = "exhaustive at the target scale"
@@ -164,7 +164,7 @@ func planBreakdownRows(s plan.Score) (parts, comm, byClass, overheads [][]string
 	for _, k := range sortedKeys(s.Breakdown.CommS) {
 		comm = append(comm, []string{k, fmt.Sprintf("%.4f", s.Breakdown.CommS[k])})
 	}
-	for _, c := range sim.OpClasses() {
+	for _, c := range cost.OpClasses() {
 		if v, ok := s.Breakdown.ComputeByClassS[c.String()]; ok {
 			byClass = append(byClass, []string{c.String(), fmt.Sprintf("%.4f", v)})
 		}
@@ -194,7 +194,7 @@ func planMemoryRows(r memory.Report) [][]string {
 // value and whether the fit moved it, its notes, and the residuals of the
 // runs it was fitted on (predicted / measured − 1, the measured-vs-
 // predicted comparison the file keeps).
-func planCalibrationRows(cal *sim.Calibration) *planCalibrationView {
+func planCalibrationRows(cal *cost.Calibration) *planCalibrationView {
 	v := &planCalibrationView{Notes: cal.Notes}
 	status := map[string]string{}
 	for _, n := range cal.Fitted {
@@ -206,9 +206,9 @@ func planCalibrationRows(cal *sim.Calibration) *planCalibrationView {
 	for _, p := range []struct {
 		name string
 		v    float64
-	}{{sim.CalCompute, cal.ComputeScale}, {sim.CalGEMM, cal.GEMMScale}, {sim.CalGrouped, cal.GroupedScale}, {sim.CalAttention, cal.AttentionScale},
-		{sim.CalMemoryBound, cal.MemoryBoundScale}, {sim.CalNVLink, cal.NVLinkEfficiency}, {sim.CalNet, cal.NetEfficiency},
-		{sim.CalAllocator, cal.AllocatorOverhead}} {
+	}{{cost.CalCompute, cal.ComputeScale}, {cost.CalGEMM, cal.GEMMScale}, {cost.CalGrouped, cal.GroupedScale}, {cost.CalAttention, cal.AttentionScale},
+		{cost.CalMemoryBound, cal.MemoryBoundScale}, {cost.CalNVLink, cal.NVLinkEfficiency}, {cost.CalNet, cal.NetEfficiency},
+		{cost.CalAllocator, cal.AllocatorOverhead}} {
 		val := "default"
 		if p.v > 0 {
 			val = fmt.Sprintf("%.4g", p.v)

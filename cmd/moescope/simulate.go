@@ -15,6 +15,7 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 func init() {
@@ -36,7 +37,7 @@ type simulateReport struct {
 // hardwareFlags are --gpu, --cluster and --calibration, shared with calibrate.
 type hardwareFlags struct{ gpu, cluster, calibration string }
 
-func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error) {
+func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *cost.Calibration, error) {
 	dev, err := hw.LookupDevice(h.gpu)
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
@@ -49,7 +50,7 @@ func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error)
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
 	}
-	var cal *sim.Calibration
+	var cal *cost.Calibration
 	if h.calibration != "" {
 		if cal, err = readCalibration(h.calibration); err != nil {
 			return dev, nil, nil, err
@@ -59,11 +60,11 @@ func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error)
 }
 
 // readCalibration is the one reader of --calibration for every command:
-// sim.ReadCalibration bounds the read, refuses unknown fields and trailing
+// cost.ReadCalibration bounds the read, refuses unknown fields and trailing
 // data, and validates every value. Like a bad --gpu or --cluster, a bad
 // file is a usage error.
-func readCalibration(path string) (*sim.Calibration, error) {
-	cal, err := sim.ReadCalibration(path)
+func readCalibration(path string) (*cost.Calibration, error) {
+	cal, err := cost.ReadCalibration(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --calibration: %v", errUsage, err)
 	}
@@ -105,7 +106,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	experts, err := sim.ParseExpertGEMM("--expert-gemm", *expFlag)
+	experts, err := cost.ParseExpertGEMM("--expert-gemm", *expFlag)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -291,7 +292,7 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	if len(b.ComputeByClassS) > 0 {
 		fmt.Fprintln(w, "\ncompute + recompute by op class:")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		for _, c := range sim.OpClasses() {
+		for _, c := range cost.OpClasses() {
 			if v, ok := b.ComputeByClassS[c.String()]; ok {
 				row(c.String(), v)
 			}

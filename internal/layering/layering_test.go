@@ -28,6 +28,7 @@ var layers = [][]string{
 	{"parallel/sim/calib"},
 	{"parallel/sim/published"},
 	{"parallel/numeric", "parallel/sim"},
+	{"parallel/sim/cost"},
 	{"parallel"},
 	{"parallel/hw", "moe/bench"},
 	{"flops", "memory"},

@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // SimEvaluator is the planner's real evaluator: peak memory from the memory
@@ -19,8 +20,8 @@ type SimEvaluator struct {
 	Model       *moe.Config
 	Device      hw.Device
 	Cluster     *hw.Cluster
-	Calibration *sim.Calibration // nil: uncalibrated defaults
-	Seq         int              // tokens per sequence
+	Calibration *cost.Calibration // nil: uncalibrated defaults
+	Seq         int               // tokens per sequence
 	// Memory carries the memory options besides AC (precision, attention
 	// kernel, loss chunks, allocator); AC comes from each point.
 	Memory memory.Options

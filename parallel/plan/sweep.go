@@ -6,6 +6,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // A calibration sweep is the seed study's first step made explicit: the
@@ -30,7 +31,7 @@ import (
 
 // SweepParams are the calibration parameters TPS depends on, in
 // calib.Calibrate's order.
-var SweepParams = []string{sim.CalGEMM, sim.CalGrouped, sim.CalAttention, sim.CalMemoryBound, sim.CalNVLink, sim.CalNet}
+var SweepParams = []string{cost.CalGEMM, cost.CalGrouped, cost.CalAttention, cost.CalMemoryBound, cost.CalNVLink, cost.CalNet}
 
 const (
 	// SweepNoise is the relative TPS error assumed of a measured median
@@ -210,8 +211,8 @@ func sensitivities(ev *SimEvaluator, cands []Result) ([]SweepJob, error) {
 }
 
 // perturbed is ev's calibration with parameter name multiplied by f.
-func perturbed(ev *SimEvaluator, name string, f float64) *sim.Calibration {
-	var c sim.Calibration
+func perturbed(ev *SimEvaluator, name string, f float64) *cost.Calibration {
+	var c cost.Calibration
 	if ev.Calibration != nil {
 		c = *ev.Calibration
 	}
@@ -222,17 +223,17 @@ func perturbed(ev *SimEvaluator, name string, f float64) *sim.Calibration {
 		return def
 	}
 	switch name {
-	case sim.CalGEMM:
+	case cost.CalGEMM:
 		c.GEMMScale = or(c.GEMMScale, 1) * f
-	case sim.CalGrouped:
+	case cost.CalGrouped:
 		c.GroupedScale = or(c.GroupedScale, 1) * f
-	case sim.CalAttention:
+	case cost.CalAttention:
 		c.AttentionScale = or(c.AttentionScale, 1) * f
-	case sim.CalMemoryBound:
+	case cost.CalMemoryBound:
 		c.MemoryBoundScale = or(c.MemoryBoundScale, 1) * f
-	case sim.CalNVLink:
+	case cost.CalNVLink:
 		c.NVLinkEfficiency = or(c.NVLinkEfficiency, ev.Cluster.NVLinkEfficiency) * f
-	case sim.CalNet:
+	case cost.CalNet:
 		c.NetEfficiency = or(c.NetEfficiency, ev.Cluster.NetEfficiency) * f
 	default:
 		panic("plan: unknown calibration parameter " + name)

@@ -15,6 +15,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Virtual time under pipeline parallelism (pp > 1). parallel.BuildPipeline
@@ -381,7 +382,7 @@ type pipelineSetup struct {
 	dev   hw.Device
 	cl    *hw.Cluster
 	inMB  Input
-	spec  ComputeSpec
+	spec  cost.ComputeSpec
 	costs map[segKey]segCost
 	loads map[int]expertShare
 	exact string // the expert loads' exactness
@@ -424,11 +425,11 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if err != nil {
 		return pipelineSetup{}, err
 	}
-	spec, err := ComputeSpecFor(dev, in.AttentionKernel)
+	spec, err := cost.ComputeSpecFor(dev, in.AttentionKernel)
 	if err != nil {
 		return pipelineSetup{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.withExperts(in.ExpertGEMM).Calibrated(in.Calibration)
+	spec = spec.WithExperts(in.ExpertGEMM).Calibrated(in.Calibration)
 	spec.Compiled = in.Memory.Compile.Model
 	spec.CompositeNorm = in.Torch.before(fusedNormSince)
 	spec.FusedElementwise = in.FusedElementwise
@@ -451,7 +452,7 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 // expert all-to-alls and tensor-parallel collectives), messages on the
 // link between the two ranks, FSDP collectives on the stage mesh, each
 // rank's optimizer. It also returns the link class of the tp collectives.
-func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, inMB Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, mo memory.Options) (pipeCosts, hw.LinkClass, error) {
+func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, inMB Input, spec cost.ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, mo memory.Options) (pipeCosts, hw.LinkClass, error) {
 	l := pl.Layout
 	n := l.PipelineStages()
 	pc := pipeCosts{fwd: make([]float64, n), bwd: make([]float64, n), rec: make([]float64, n), wgt: make([]float64, n), opt: make([]float64, l.Stages())}
@@ -465,7 +466,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		pc.tpFwd, pc.tpBwd = make([]tpSeconds, n), make([]tpSeconds, n)
 		for s := range n {
 			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, in.precision().Activation) {
-				cc, err := CollectiveCost(cl, in.Calibration, c.Coll, tpG, float64(c.Bytes()))
+				cc, err := cost.Collective(cl, in.Calibration, c.Coll, tpG, float64(c.Bytes()))
 				if err != nil {
 					return pipeCosts{}, 0, fmt.Errorf("simulate: %w", err)
 				}
@@ -527,20 +528,20 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	sg := l.StageGPUs()
 	pc.msg = func(from, to int) float64 {
 		a, b := l.StageRank(from)*sg, l.StageRank(to)*sg
-		return p2pSeconds(cl, in.Calibration, cl.Link(a, b), float64(pipeMessageBytes(l, in.Seq, cfg.Hidden)))
+		return cost.P2PSeconds(cl, in.Calibration, cl.Link(a, b), float64(pipeMessageBytes(l, in.Seq, cfg.Hidden)))
 	}
-	shapes := map[parallel.Axis]GroupShape{}
+	shapes := map[parallel.Axis]cost.GroupShape{}
 	var collErr error
 	pc.coll = func(o parallel.ScheduleOp) float64 {
 		g, ok := shapes[o.Axis]
 		if !ok {
-			g = ShapeOf(cl, pl.Stage.Group(o.Axis, 0).Ranks)
+			g = cost.ShapeOf(cl, pl.Stage.Group(o.Axis, 0).Ranks)
 			if o.Axis == parallel.AxisTP {
 				g = tpG
 			}
 			shapes[o.Axis] = g
 		}
-		cc, err := CollectiveCost(cl, in.Calibration, o.Coll, g, float64(o.Bytes()))
+		cc, err := cost.Collective(cl, in.Calibration, o.Coll, g, float64(o.Bytes()))
 		if err != nil && collErr == nil {
 			collErr = err
 		}
@@ -549,7 +550,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		// the copy-out the single-program path charges to the compute
 		// stream is one memory pass per unit and step here, not per
 		// micro-batch.
-		onStream, onCompute := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)
+		onStream, onCompute := spec.FSDPCopySeconds(o, g.Ranks, in.Memory.Precision)
 		return cc.Seconds() + onStream + onCompute
 	}
 	// Price every collective once now, so that a pricing error is returned
@@ -580,7 +581,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	for i := range world {
 		world[i] = i
 	}
-	norm, err := CollectiveCost(cl, in.Calibration, parallel.CollAllReduce, ShapeOf(cl, world), 4)
+	norm, err := cost.Collective(cl, in.Calibration, parallel.CollAllReduce, cost.ShapeOf(cl, world), 4)
 	if err != nil {
 		return pipeCosts{}, 0, err
 	}
@@ -590,7 +591,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			us = append(us, chunks[s]...)
 		}
 		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
-		pc.opt[r] = spec.MemorySeconds(params*spec.bytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.gradClipSeconds(params) + norm.Seconds()
+		pc.opt[r] = spec.MemorySeconds(params*spec.BytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.GradClipSeconds(params) + norm.Seconds()
 	}
 	return pc, tpLink, nil
 }
@@ -609,7 +610,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 // without their weight-gradient ops (the weight pass, compute only, stays
 // wgt): the overlap hides behind the input pass's compute alone. Recompute
 // and weight seconds stay the sums.
-func asyncPasses(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, tpG GroupShape) error {
+func asyncPasses(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Input, spec cost.ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, tpG cost.GroupShape) error {
 	n := pl.Layout.PipelineStages()
 	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
 	walk := func(s int, bwd bool, cs map[segKey]segCost, d *float64, tp *tpSeconds) error {
@@ -658,7 +659,7 @@ type passTime struct {
 }
 
 // passTiming walks ops, one stage pass, on the engine (see asyncPasses).
-func passTiming(ops []parallel.ScheduleOp, cl *hw.Cluster, mesh *parallel.Mesh, tpG GroupShape, in Input, spec ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, rate float64) (passTime, error) {
+func passTiming(ops []parallel.ScheduleOp, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, rate float64) (passTime, error) {
 	sched := &parallel.Schedule{Layout: mesh.Layout, Ops: ops}
 	sim, err := simOps(sched, cl, mesh, tpG, in, spec, costs, optimizerCost{}, loads)
 	if err != nil {
@@ -683,16 +684,16 @@ func passTiming(ops []parallel.ScheduleOp, cl *hw.Cluster, mesh *parallel.Mesh, 
 // tpShape is the shape of the tp group spanning the most NVLink domains
 // over every stage (stage p's ranks start at p·StageGPUs): as in
 // widestTPGroup, every tp collective blocks its group's computation.
-func tpShape(cl *hw.Cluster, pl *parallel.Pipeline) GroupShape {
+func tpShape(cl *hw.Cluster, pl *parallel.Pipeline) cost.GroupShape {
 	l := pl.Layout
-	var w GroupShape
+	var w cost.GroupShape
 	for p := range l.Stages() {
 		for _, g := range pl.Stage.Groups(parallel.AxisTP) {
 			ranks := make([]int, len(g.Ranks))
 			for i, r := range g.Ranks {
 				ranks[i] = p*l.StageGPUs() + r
 			}
-			if s := ShapeOf(cl, ranks); s.Domains > w.Domains {
+			if s := cost.ShapeOf(cl, ranks); s.Domains > w.Domains {
 				w = s
 			}
 		}
@@ -712,19 +713,19 @@ type a2aCost struct{ fwd, bwd float64 }
 // a2aSeconds is, per MoE layer, the expert-parallel all-to-alls of one
 // micro-batch on the stage mesh's EP group: forward the counts exchange
 // (with its host sync), dispatch and combine; backward their gradients.
-func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Input, spec ComputeSpec, loads map[int]expertShare) (map[int]a2aCost, error) {
+func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Input, spec cost.ComputeSpec, loads map[int]expertShare) (map[int]a2aCost, error) {
 	out := map[int]a2aCost{}
 	l := pl.Stage.Layout
 	if l.EP == 1 || !cfg.IsMoE() {
 		return out, nil
 	}
-	g := ShapeOf(cl, pl.Stage.Group(parallel.AxisEP, 0).Ranks)
+	g := cost.ShapeOf(cl, pl.Stage.Group(parallel.AxisEP, 0).Ranks)
 	// Under tp with etp = 1 each tp rank sends its 1/tp of the rows
 	// (Layout.TokensPerExpertRank).
 	T := float64(inMB.LBS) * float64(inMB.Seq) / float64(l.TokensPerExpertRank())
 	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(inMB.precision().Activation.Bytes()) *
 		dispatchShare(inMB.Dispatcher, cfg, l.EP)
-	counts, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
+	counts, err := cost.Collective(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
 	if err != nil {
 		return nil, err
 	}
@@ -736,28 +737,14 @@ func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Inp
 		if sh, ok := loads[layer]; ok {
 			bytes *= sh.load
 		}
-		cc, err := CollectiveCost(cl, inMB.Calibration, parallel.CollAllToAll, g, bytes)
+		cc, err := cost.Collective(cl, inMB.Calibration, parallel.CollAllToAll, g, bytes)
 		if err != nil {
 			return nil, err
 		}
 		one := cc.Seconds()
-		out[layer] = a2aCost{fwd: counts.Seconds() + spec.hostSyncSeconds() + 2*one, bwd: 2 * one}
+		out[layer] = a2aCost{fwd: counts.Seconds() + spec.HostSyncSeconds() + 2*one, bwd: 2 * one}
 	}
 	return out, nil
-}
-
-// p2pSeconds is one point-to-point message of bytes on link class k: the
-// cluster's base latency and one hop of k, then the bytes at k's bus
-// bandwidth per GPU (a message uses one link; NCCL's p2p path).
-func p2pSeconds(cl *hw.Cluster, cal *Calibration, k hw.LinkClass, bytes float64) float64 {
-	if bytes == 0 {
-		return 0
-	}
-	r := ratesOf(cl, cal)
-	if k == hw.LinkNVLink {
-		return r.base + r.latNV + bytes/r.nv
-	}
-	return r.base + r.latNt + bytes/r.net
 }
 
 // pipelineTiming reports the walk per pipeline rank.

@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Input is one layout to predict: model, layout, checkpointing, batch,
@@ -25,7 +26,7 @@ type Input struct {
 	Device    hw.Device
 	// Cluster describes hosts and links; nil means ClusterForGPU(Device.Name).
 	Cluster     *hw.Cluster
-	Calibration *Calibration
+	Calibration *cost.Calibration
 	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
 	// ExpertSkew × the mean rows (balanced within the rank); 0 or 1 is
 	// balanced routing.
@@ -53,20 +54,20 @@ type Input struct {
 	// more simulation per fitted parameter (a search computes it for the
 	// plans it reports only).
 	SkipInterval bool
-	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
-	AttentionKernel AttentionKernel
+	// AttentionKernel is the SDPA backend ("" = cost.CuDNNAttention).
+	AttentionKernel cost.AttentionKernel
 	// Torch is the PyTorch release (zero value: 2.9 or later), which
-	// decides the kernels eager mode runs (eagerBytes).
+	// decides the kernels eager mode runs (package cost's eagerBytes).
 	Torch TorchVersion
 	// FusedElementwise: the framework's own fused elementwise kernels
-	// (ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
+	// (cost.ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
 	FusedElementwise bool
 	// Dispatcher moves the expert-parallel tokens ("" = torchtitan's
 	// all-to-all of every row).
 	Dispatcher Dispatcher
 	// ExpertGEMM is the routed experts' matmul kernel ("" =
 	// torch._grouped_mm).
-	ExpertGEMM ExpertGEMM
+	ExpertGEMM cost.ExpertGEMM
 	// Precision is the training recipe; "" = bf16, the only one priced
 	// (PricedPrecisions).
 	Precision string
@@ -180,7 +181,7 @@ type Prepared struct {
 	dev    hw.Device
 	cl     *hw.Cluster
 	mesh   *parallel.Mesh
-	tpG    GroupShape // the tp collectives' group (widestTPGroup)
+	tpG    cost.GroupShape // the tp collectives' group (widestTPGroup)
 	sched  *parallel.Schedule
 	mem    memory.Report
 	recs   []moe.OpRecord
@@ -251,7 +252,7 @@ func Prepare(in Input) (*Prepared, error) {
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
 	p.tpG = widestTPGroup(p.cl, p.mesh)
-	if w := p.tpG; p.l.TPDegree() > 1 && w != ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
+	if w := p.tpG; p.l.TPDegree() > 1 && w != cost.ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
 		p.exact = fmt.Sprintf("tp %d does not divide the NVLink domain of %d, so some tp groups span %d domains: their collectives, which block the step, are priced for every rank; otherwise ",
 			p.l.TPDegree(), p.cl.NVLinkDomain, w.Domains) + p.exact
 	}
@@ -353,12 +354,12 @@ func checkSkewBound(cfg *moe.Config, l moe.Layout, skew float64) error {
 
 // Run simulates the prepared layout under a calibration (nil: defaults),
 // without the TPS interval. Runs of one Prepared may go concurrently.
-func (p *Prepared) Run(cal *Calibration) (Result, error) {
-	spec, err := ComputeSpecFor(p.dev, p.in.AttentionKernel)
+func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
+	spec, err := cost.ComputeSpecFor(p.dev, p.in.AttentionKernel)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.withExperts(p.in.ExpertGEMM).Calibrated(cal)
+	spec = spec.WithExperts(p.in.ExpertGEMM).Calibrated(cal)
 	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
 	spec.Compiled = p.in.Memory.Compile.Model
 	spec.CompositeNorm = p.in.Torch.before(fusedNormSince)

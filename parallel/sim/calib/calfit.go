@@ -9,10 +9,11 @@ import (
 	"gonum.org/v1/gonum/mat"
 
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // The TPS fit. Unknowns are log-multipliers x of the calibration
-// parameters (calState maps them onto a sim.Calibration). It minimizes
+// parameters (calState maps them onto a cost.Calibration). It minimizes
 //
 //	Σ_runs (ln(predicted/measured TPS) / σRun)² + Σ_params (x / σPrior)²
 //
@@ -43,7 +44,7 @@ const (
 // logTPS returns ln(predicted TPS) of every run under x (st's
 // parameters), simulating the runs in parallel.
 func (f calFit) logTPS(st calState, x []float64) ([]float64, error) {
-	c := st.calibration(x, sim.Calibration{})
+	c := st.calibration(x, cost.Calibration{})
 	out := make([]float64, len(f.preps))
 	errs := make([]error, len(f.preps))
 	var wg sync.WaitGroup

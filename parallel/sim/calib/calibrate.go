@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
 	"gonum.org/v1/gonum/mat"
 )
@@ -21,25 +22,25 @@ type calState struct {
 	defaults map[string]float64
 }
 
-func (s calState) calibration(x []float64, base sim.Calibration) *sim.Calibration {
+func (s calState) calibration(x []float64, base cost.Calibration) *cost.Calibration {
 	c := base
 	for i, n := range s.names {
 		// Multipliers stay within [0.01, 100] (Validate's range).
 		v := math.Max(0.01, math.Min(100, math.Exp(x[i])))
 		switch n {
-		case sim.CalCompute:
+		case cost.CalCompute:
 			c.ComputeScale = v
-		case sim.CalGEMM:
+		case cost.CalGEMM:
 			c.GEMMScale = v
-		case sim.CalGrouped:
+		case cost.CalGrouped:
 			c.GroupedScale = v
-		case sim.CalAttention:
+		case cost.CalAttention:
 			c.AttentionScale = v
-		case sim.CalMemoryBound:
+		case cost.CalMemoryBound:
 			c.MemoryBoundScale = v
-		case sim.CalNVLink:
+		case cost.CalNVLink:
 			c.NVLinkEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
-		case sim.CalNet:
+		case cost.CalNet:
 			c.NetEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
 		}
 	}
@@ -60,7 +61,7 @@ const maxCalRuns = 1000
 // The allocator overhead is then fitted alone to the runs that report peak
 // reserved memory (fitAllocator: least Σ ln²(predicted/measured reserved),
 // in closed form, kept at its default with a note when not identified).
-func Calibrate(runs []published.Run) (*sim.Calibration, error) {
+func Calibrate(runs []published.Run) (*cost.Calibration, error) {
 	if len(runs) == 0 {
 		return nil, errors.New("calibrate: no runs")
 	}
@@ -72,11 +73,11 @@ func Calibrate(runs []published.Run) (*sim.Calibration, error) {
 		return nil, err
 	}
 	cl0 := f.preps[0].Cluster()
-	st := calState{defaults: map[string]float64{sim.CalNVLink: cl0.NVLinkEfficiency, sim.CalNet: cl0.NetEfficiency}}
-	cal := &sim.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs))}
-	candidates := sim.TPSParams
+	st := calState{defaults: map[string]float64{cost.CalNVLink: cl0.NVLinkEfficiency, cost.CalNet: cl0.NetEfficiency}}
+	cal := &cost.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs))}
+	candidates := cost.TPSParams
 	if len(runs) == 1 {
-		candidates = []string{sim.CalCompute}
+		candidates = []string{cost.CalCompute}
 	}
 	var J0 *mat.Dense
 	var lp0 []float64
@@ -84,7 +85,7 @@ func Calibrate(runs []published.Run) (*sim.Calibration, error) {
 		return nil, err
 	}
 	if len(runs) == 1 {
-		cal.Kept = append(cal.Kept, sim.TPSParams...)
+		cal.Kept = append(cal.Kept, cost.TPSParams...)
 	}
 	if len(st.names) > 0 {
 		measured := make([]float64, len(runs))
@@ -112,9 +113,9 @@ func Calibrate(runs []published.Run) (*sim.Calibration, error) {
 		return nil, err
 	case ok:
 		cal.AllocatorOverhead = frag
-		cal.Fitted = append(cal.Fitted, sim.CalAllocator)
+		cal.Fitted = append(cal.Fitted, cost.CalAllocator)
 	default:
-		cal.Kept = append(cal.Kept, sim.CalAllocator)
+		cal.Kept = append(cal.Kept, cost.CalAllocator)
 		cal.Notes = append(cal.Notes, why)
 	}
 	if err := f.recordResiduals(cal); err != nil {
@@ -167,7 +168,7 @@ func checkMeasured(r published.Run, p *sim.Prepared) error {
 }
 
 // predictTPS returns every run's predicted TPS under c (nil: defaults).
-func (f calFit) predictTPS(c *sim.Calibration) ([]float64, error) {
+func (f calFit) predictTPS(c *cost.Calibration) ([]float64, error) {
 	out := make([]float64, len(f.preps))
 	for i, p := range f.preps {
 		r, err := p.Run(c)
@@ -205,23 +206,23 @@ func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
 		n++
 	}
 	if n == 0 {
-		return 0, false, sim.CalAllocator + ": no run reports peak reserved memory", nil
+		return 0, false, cost.CalAllocator + ": no run reports peak reserved memory", nil
 	}
 	frag = math.Expm1(sum / float64(n))
 	if frag < 0 {
 		return 0, false, fmt.Sprintf("%s: not identified: the %d run(s) reporting reserved memory measure %.1f%% below the simulated pools alone "+
-			"(geometric mean), which no allocator overhead ≥ 0 repairs; the default is kept", sim.CalAllocator, n, -100*frag), nil
+			"(geometric mean), which no allocator overhead ≥ 0 repairs; the default is kept", cost.CalAllocator, n, -100*frag), nil
 	}
 	if frag >= 0.95 {
 		return 0, false, fmt.Sprintf("%s: not identified: the runs measure %.0f%% above the simulated pools, beyond any allocator overhead (< 95%%); "+
-			"the default is kept", sim.CalAllocator, 100*frag), nil
+			"the default is kept", cost.CalAllocator, 100*frag), nil
 	}
 	return frag, true, "", nil
 }
 
 // recordResiduals sets cal's relative TPS and peak-reserved errors, run by
 // run, as the report of the fit.
-func (f calFit) recordResiduals(cal *sim.Calibration) error {
+func (f calFit) recordResiduals(cal *cost.Calibration) error {
 	for i, p := range f.preps {
 		r, err := p.Run(cal)
 		if err != nil {

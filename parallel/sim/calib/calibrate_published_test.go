@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 
@@ -79,7 +80,7 @@ func TestPublishedTPS(t *testing.T) {
 				fit = append(fit, r)
 			}
 		}
-		var cal *sim.Calibration
+		var cal *cost.Calibration
 		if small > 0 && rs[len(rs)-1].GPUs > small {
 			if cal, err = Calibrate(fit); err != nil {
 				t.Fatalf("%s: calibrate: %v", k, err)
@@ -135,7 +136,7 @@ func TestPublishedTPS(t *testing.T) {
 // publishedTPSRow predicts run r uncalibrated and, with cal, calibrated,
 // and returns its table line and both relative errors (ec is 0 without
 // cal). fit marks a run the calibration was fitted to.
-func publishedTPSRow(t *testing.T, r published.Run, cal *sim.Calibration, fit bool) (line string, eu, ec float64) {
+func publishedTPSRow(t *testing.T, r published.Run, cal *cost.Calibration, fit bool) (line string, eu, ec float64) {
 	t.Helper()
 	in, err := published.InputForRun(r)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 
@@ -19,7 +20,7 @@ import (
 // parameters two tiny launch-bound runs cannot identify at their defaults,
 // and say so (TestCalibrateRecoversSweep checks the TPS parameters).
 func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
-	truth := &sim.Calibration{GEMMScale: 0.7, AttentionScale: 0.8, AllocatorOverhead: 0.2}
+	truth := &cost.Calibration{GEMMScale: 0.7, AttentionScale: 0.8, AllocatorOverhead: 0.2}
 	var runs []published.Run
 	for _, g := range []struct{ gpus, lbs int }{{4, 1}, {8, 2}} {
 		// Llama 3 8B, not the tiny test model: the tiny model's kernels all
@@ -53,7 +54,7 @@ func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
 		t.Errorf("allocator overhead %g, want 0.2", cal.AllocatorOverhead)
 	}
 	// A dense single-host model has no grouped GEMMs and no network.
-	for _, kept := range []string{sim.CalGrouped, sim.CalNet} {
+	for _, kept := range []string{cost.CalGrouped, cost.CalNet} {
 		if !slices.Contains(cal.Kept, kept) || slices.Contains(cal.Fitted, kept) {
 			t.Errorf("%s should be kept at its default: fitted %v, kept %v", kept, cal.Fitted, cal.Kept)
 		}
@@ -63,7 +64,7 @@ func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var back sim.Calibration
+	var back cost.Calibration
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&back); err != nil || back.GEMMScale != cal.GEMMScale {
@@ -105,7 +106,7 @@ func TestCalibrateAllocatorNotIdentified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(cal.Kept, sim.CalAllocator) || cal.AllocatorOverhead != 0 || len(cal.Notes) != 1 ||
+	if !slices.Contains(cal.Kept, cost.CalAllocator) || cal.AllocatorOverhead != 0 || len(cal.Notes) != 1 ||
 		!strings.Contains(cal.Notes[0], "not identified") || !strings.Contains(cal.Notes[0], "20.0% below") {
 		t.Errorf("measured 0.8 × the pools: kept %v, overhead %g, notes %q", cal.Kept, cal.AllocatorOverhead, cal.Notes)
 	}
@@ -113,7 +114,7 @@ func TestCalibrateAllocatorNotIdentified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(cal.Fitted, sim.CalAllocator) || math.Abs(cal.AllocatorOverhead-0.1) > 1e-6 {
+	if !slices.Contains(cal.Fitted, cost.CalAllocator) || math.Abs(cal.AllocatorOverhead-0.1) > 1e-6 {
 		t.Errorf("measured 1.1 × the pools: fitted %v, overhead %g, want 0.1", cal.Fitted, cal.AllocatorOverhead)
 	}
 }
@@ -131,7 +132,7 @@ func TestCalibrateRecoversSweep(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates a 7-run sweep many times")
 	}
-	truth := &sim.Calibration{GroupedScale: 0.7, NVLinkEfficiency: 0.6, NetEfficiency: 0.5}
+	truth := &cost.Calibration{GroupedScale: 0.7, NVLinkEfficiency: 0.6, NetEfficiency: 0.5}
 	var runs []published.Run
 	for _, g := range []struct {
 		gpus, lbs int
@@ -155,10 +156,10 @@ func TestCalibrateRecoversSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]float64{sim.CalGEMM: cal.GEMMScale, sim.CalGrouped: cal.GroupedScale, sim.CalAttention: cal.AttentionScale,
-		sim.CalMemoryBound: cal.MemoryBoundScale, sim.CalNVLink: cal.NVLinkEfficiency, sim.CalNet: cal.NetEfficiency}
-	want := map[string]float64{sim.CalGEMM: 1, sim.CalGrouped: 0.7, sim.CalAttention: 1, sim.CalMemoryBound: 1, sim.CalNVLink: 0.6, sim.CalNet: 0.5}
-	for _, n := range sim.TPSParams {
+	got := map[string]float64{cost.CalGEMM: cal.GEMMScale, cost.CalGrouped: cal.GroupedScale, cost.CalAttention: cal.AttentionScale,
+		cost.CalMemoryBound: cal.MemoryBoundScale, cost.CalNVLink: cal.NVLinkEfficiency, cost.CalNet: cal.NetEfficiency}
+	want := map[string]float64{cost.CalGEMM: 1, cost.CalGrouped: 0.7, cost.CalAttention: 1, cost.CalMemoryBound: 1, cost.CalNVLink: 0.6, cost.CalNet: 0.5}
+	for _, n := range cost.TPSParams {
 		fitted, kept := slices.Contains(cal.Fitted, n), slices.Contains(cal.Kept, n)
 		if fitted == kept {
 			t.Errorf("%s: fitted %v, kept %v: exactly one must hold", n, fitted, kept)
@@ -266,7 +267,7 @@ func TestSimulateMemoryIsEstimate(t *testing.T) {
 	if res.PeakReservedBytes != est.Peak.Reserved || res.PeakAllocatedBytes != est.Peak.Allocated {
 		t.Errorf("simulate reserved %d allocated %d, memory.Estimate %d %d", res.PeakReservedBytes, res.PeakAllocatedBytes, est.Peak.Reserved, est.Peak.Allocated)
 	}
-	in.Calibration = &sim.Calibration{AllocatorOverhead: 0.1}
+	in.Calibration = &cost.Calibration{AllocatorOverhead: 0.1}
 	if res, err = sim.Simulate(in); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-// Package calib fits the simulator's parameters (sim.Calibration) to
+// Package calib fits the simulator's parameters (cost.Calibration) to
 // measured runs in the published-runs schema (published.Run): Calibrate
 // simulates every run under trial calibrations (sim.Prepare, then
 // Prepared.Run) and fits ln TPS by Levenberg–Marquardt with the grounded
@@ -8,6 +8,6 @@
 // tests print the published-runs TPS table, uncalibrated and calibrated
 // per series.
 //
-// It imports parallel/sim/published, parallel/sim, memory, flops and moe;
-// parallel/plan and cmd/moescope import it.
+// It imports parallel/sim/published, parallel/sim, parallel/sim/cost,
+// memory, flops and moe; parallel/plan and cmd/moescope import it.
 package calib

@@ -5,7 +5,7 @@
 // InputForRun, which turns a run into the simulator's input. Its tests
 // print the published-runs memory table (TestPublishedMemory).
 //
-// It imports parallel/sim, memory, moe, moe/hf and parallel/hw;
-// parallel/sim/calib, parallel/titanlog and cmd/moescope import it (and
-// parallel/plan's tests).
+// It imports parallel/sim, parallel/sim/cost, memory, moe, moe/hf and
+// parallel/hw; parallel/sim/calib, parallel/titanlog and cmd/moescope
+// import it (and parallel/plan's tests).
 package published

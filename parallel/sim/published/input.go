@@ -7,6 +7,7 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // InputForRun turns a measured run into the layout to simulate: its
@@ -55,10 +56,10 @@ func InputForRun(r Run) (sim.Input, error) {
 	if err != nil {
 		return sim.Input{}, err
 	}
-	experts, err := sim.ParseExpertGEMM("expert_gemm", r.ExpertGEMM)
+	experts, err := cost.ParseExpertGEMM("expert_gemm", r.ExpertGEMM)
 	if err != nil {
 		return sim.Input{}, err
 	}
 	return sim.Input{Config: cfg, Layout: l, AC: ac, LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum), Device: dev, Cluster: cl,
-		Memory: mo, AttentionKernel: sim.AttentionKernel(r.AttentionKernel), Precision: r.Precision, Torch: tv, FusedElementwise: r.FusedElementwise, Dispatcher: disp, ExpertGEMM: experts}, nil
+		Memory: mo, AttentionKernel: cost.AttentionKernel(r.AttentionKernel), Precision: r.Precision, Torch: tv, FusedElementwise: r.FusedElementwise, Dispatcher: disp, ExpertGEMM: experts}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Run is one measured training run in the published-runs schema of
@@ -286,7 +287,7 @@ func (r Run) Validate(requireSource bool) error {
 	if r.Optimizer != "" && r.Optimizer != memory.Fused && r.Optimizer != memory.Foreach {
 		bad("optimizer", r.Optimizer, "must be fused or foreach")
 	}
-	if r.AttentionKernel != "" && r.AttentionKernel != string(sim.CuDNNAttention) && r.AttentionKernel != string(sim.Flash2Attention) {
+	if r.AttentionKernel != "" && r.AttentionKernel != string(cost.CuDNNAttention) && r.AttentionKernel != string(cost.Flash2Attention) {
 		bad("attention_kernel", r.AttentionKernel, "must be cudnn or flash2")
 	}
 	if _, err := sim.ParseTorchVersion("torch_version", r.TorchVersion); err != nil {
@@ -295,7 +296,7 @@ func (r Run) Validate(requireSource bool) error {
 	if _, err := sim.ParseDispatcher("dispatcher", r.Dispatcher); err != nil {
 		bad("dispatcher", r.Dispatcher, "must be all_to_all, deepep or hybridep")
 	}
-	if _, err := sim.ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
+	if _, err := cost.ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
 		bad("expert_gemm", r.ExpertGEMM, "must be grouped_mm or cublas")
 	}
 	if r.LossChunks < 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // TestPublishedRuns predicts the peak reserved memory of every published
@@ -257,7 +258,7 @@ func TestRunFrameworkFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.Torch != (sim.TorchVersion{Major: 2, Minor: 6}) || in.Dispatcher != sim.DeepEPDispatch || in.ExpertGEMM != sim.CuBLASExperts || !in.FusedElementwise {
+	if in.Torch != (sim.TorchVersion{Major: 2, Minor: 6}) || in.Dispatcher != sim.DeepEPDispatch || in.ExpertGEMM != cost.CuBLASExperts || !in.FusedElementwise {
 		t.Errorf("input %+v %q %q %v", in.Torch, in.Dispatcher, in.ExpertGEMM, in.FusedElementwise)
 	}
 	for field, edit := range map[string]func(*Run){

@@ -1,4 +1,4 @@
-package sim
+package cost
 
 import (
 	"math"
@@ -38,7 +38,7 @@ func FuzzParseCalibration(f *testing.F) {
 		if err := ComputeSpecOf(dev).Calibrated(c).Validate(); err != nil {
 			t.Fatalf("%+v: %v", c, err)
 		}
-		cc, err := CollectiveCost(hgx, c, parallel.CollAllReduce, GroupShape{16, 2, 8}, 1e9)
+		cc, err := Collective(hgx, c, parallel.CollAllReduce, GroupShape{16, 2, 8}, 1e9)
 		if err != nil || !(cc.Seconds() > 0) || math.IsInf(cc.Seconds(), 0) {
 			t.Fatalf("%+v: %+v %v", c, cc, err)
 		}

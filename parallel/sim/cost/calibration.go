@@ -1,4 +1,4 @@
-package sim
+package cost
 
 import (
 	"bytes"
@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/moescope/moescope/internal/fileio"
 )
@@ -128,4 +129,67 @@ func ParseCalibration(data []byte, where string) (*Calibration, error) {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	return &c, nil
+}
+
+// validateCovariance checks the fit's uncertainty fields: a square,
+// symmetric matrix over named TPS parameters with positive finite
+// variances, and a residual spread in [0, 1).
+func (c *Calibration) validateCovariance() error {
+	k := len(c.CovarianceParams)
+	if len(c.Covariance) != k {
+		return fmt.Errorf("covariance: %d rows for %d covariance_params", len(c.Covariance), k)
+	}
+	for a, name := range c.CovarianceParams {
+		if name != CalCompute && !slices.Contains(TPSParams, name) {
+			return fmt.Errorf("covariance_params[%d] = %q: not a TPS parameter (%s, %v)", a, name, CalCompute, TPSParams)
+		}
+		row := c.Covariance[a]
+		if len(row) != k {
+			return fmt.Errorf("covariance row %d: %d entries, want %d", a, len(row), k)
+		}
+		for b, v := range row {
+			if math.IsNaN(v) || math.IsInf(v, 0) || math.Abs(v-c.Covariance[b][a]) > 1e-9*(1+math.Abs(v)) {
+				return fmt.Errorf("covariance[%d][%d] = %v: must be finite and symmetric", a, b, v)
+			}
+		}
+		if !(row[a] > 0 && row[a] < 100) {
+			return fmt.Errorf("covariance[%d][%d] = %v: a variance of a log-multiplier must be in (0, 100)", a, a, row[a])
+		}
+	}
+	if !(c.ResidualSD >= 0 && c.ResidualSD < 1) {
+		return fmt.Errorf("residual_sd = %v: must be in [0, 1)", c.ResidualSD)
+	}
+	return nil
+}
+
+// Perturbed returns cal with parameter name's multiplier times e^h (a link
+// efficiency starts from the cluster's default, defaults[name], when cal
+// leaves it unset, and stays ≤ 1): what the TPS interval probes.
+func (cal Calibration) Perturbed(name string, h float64, defaults map[string]float64) *Calibration {
+	m := math.Exp(h)
+	switch name {
+	case CalCompute:
+		cal.ComputeScale = scaleOr1(cal.ComputeScale) * m
+	case CalGEMM:
+		cal.GEMMScale = scaleOr1(cal.GEMMScale) * m
+	case CalGrouped:
+		cal.GroupedScale = scaleOr1(cal.GroupedScale) * m
+	case CalAttention:
+		cal.AttentionScale = scaleOr1(cal.AttentionScale) * m
+	case CalMemoryBound:
+		cal.MemoryBoundScale = scaleOr1(cal.MemoryBoundScale) * m
+	case CalNVLink:
+		v := cal.NVLinkEfficiency
+		if v == 0 {
+			v = defaults[CalNVLink]
+		}
+		cal.NVLinkEfficiency = math.Min(1, v*m)
+	case CalNet:
+		v := cal.NetEfficiency
+		if v == 0 {
+			v = defaults[CalNet]
+		}
+		cal.NetEfficiency = math.Min(1, v*m)
+	}
+	return &cal
 }
