@@ -71,42 +71,8 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec cost.ComputeSpec, rec
 		}
 		costs[k] = c
 	}
-	noLaunch := spec
-	noLaunch.LaunchS = 0
-	// The same at the burst clock, for the clock overheads' shares.
-	burst := noLaunch
-	burst.Sustained, burst.SpeedSD = 1, 0
-	sus := spec.SustainedRatio()
-	// susShare is the sustained clock's part of what an op loses to the
-	// clock: a compute-bound op takes tb/sus at the mean GPU's clock and
-	// tb/(sus·slowest) on the slowest, so of t0 − tb the sustained clock
-	// costs (1/sus − 1)/(1/clock − 1), exactly (an op bound by HBM at both
-	// clocks loses nothing; one that crosses over between them is split
-	// in the same proportion).
-	clocked := spec.Clock() < 1
-	susShare := 0.0
-	if clocked {
-		susShare = (1/sus - 1) / (1/spec.Clock() - 1)
-	}
 	// opSeconds prices r and sets over to its launch, loss and clock shares.
-	opSeconds := func(r moe.OpRecord, groups []float64) (float64, error) {
-		t, err := spec.OpSeconds(cfg, r, local, groups)
-		if err != nil {
-			return 0, err
-		}
-		t0, _ := noLaunch.OpSeconds(cfg, r, local, groups)
-		over = [numOverheads]float64{}
-		over[ohLaunch] = t - t0
-		if r.Op == moe.OpLoss {
-			over[ohLoss] = t
-		}
-		if c, _ := cost.OpClassOf(r.Op); c != cost.ClassMemoryBound && clocked {
-			tb, _ := burst.OpSeconds(cfg, r, local, groups)
-			over[ohSustainedClock] = (t0 - tb) * susShare
-			over[ohSlowestGPU] = (t0 - tb) * (1 - susShare)
-		}
-		return t, nil
-	}
+	opSeconds := overheadPricer(cfg, spec, local, &over)
 	addRouting(costs, cfg, in, spec)
 	for _, r := range recs {
 		block := r.Layer >= 0 && r.Layer < cfg.Layers
@@ -158,6 +124,49 @@ func opCosts(cfg *moe.Config, l moe.Layout, in Input, spec cost.ComputeSpec, rec
 		}
 	}
 	return costs, nil
+}
+
+// overheadPricer returns opCosts' opSeconds: it prices an op record on one
+// GPU (spec.OpSeconds, local experts per EP rank) and sets *over to the
+// parts of that price the overheads name: the launch floor's, the loss's,
+// and a tensor-core op's loss to the clock, split between the sustained
+// clock and the slowest GPU.
+func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[numOverheads]float64) func(moe.OpRecord, []float64) (float64, error) {
+	noLaunch := spec
+	noLaunch.LaunchS = 0
+	// The same at the burst clock, for the clock overheads' shares.
+	burst := noLaunch
+	burst.Sustained, burst.SpeedSD = 1, 0
+	sus := spec.SustainedRatio()
+	// susShare is the sustained clock's part of what an op loses to the
+	// clock: a compute-bound op takes tb/sus at the mean GPU's clock and
+	// tb/(sus·slowest) on the slowest, so of t0 − tb the sustained clock
+	// costs (1/sus − 1)/(1/clock − 1), exactly (an op bound by HBM at both
+	// clocks loses nothing; one that crosses over between them is split
+	// in the same proportion).
+	clocked := spec.Clock() < 1
+	susShare := 0.0
+	if clocked {
+		susShare = (1/sus - 1) / (1/spec.Clock() - 1)
+	}
+	return func(r moe.OpRecord, groups []float64) (float64, error) {
+		t, err := spec.OpSeconds(cfg, r, local, groups)
+		if err != nil {
+			return 0, err
+		}
+		t0, _ := noLaunch.OpSeconds(cfg, r, local, groups)
+		*over = [numOverheads]float64{}
+		over[ohLaunch] = t - t0
+		if r.Op == moe.OpLoss {
+			over[ohLoss] = t
+		}
+		if c, _ := cost.OpClassOf(r.Op); c != cost.ClassMemoryBound && clocked {
+			tb, _ := burst.OpSeconds(cfg, r, local, groups)
+			over[ohSustainedClock] = (t0 - tb) * susShare
+			over[ohSlowestGPU] = (t0 - tb) * (1 - susShare)
+		}
+		return t, nil
+	}
 }
 
 // streamOf maps a schedule op to an engine stream.

@@ -33,6 +33,30 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		return pipeCosts{}, 0, err
 	}
 	tpG := tpShape(cl, pl)
+	tpLink, err := stageTPPrices(&pc, pl, cfg, cl, in, tpG)
+	if err != nil {
+		return pipeCosts{}, 0, err
+	}
+	stageSums(&pc, pl, cfg, in, costs, a2a)
+	if l.AsyncTP && l.TPDegree() > 1 {
+		if err := asyncPasses(&pc, pl, cfg, cl, inMB, spec, costs, loads, tpG); err != nil {
+			return pipeCosts{}, 0, err
+		}
+	}
+	if err := pipelineTransfers(&pc, pl, cfg, cl, in, spec, tpG); err != nil {
+		return pipeCosts{}, 0, err
+	}
+	if err := pipelineOptimizers(&pc, pl, cfg, cl, in, spec, mo); err != nil {
+		return pipeCosts{}, 0, err
+	}
+	return pc, tpLink, nil
+}
+
+// stageTPPrices adds to each stage's forward and backward its layers'
+// tensor-parallel collectives (parallel.Pipeline.StageTPCollectives),
+// priced on tpG, and returns their link class (none without tp).
+func stageTPPrices(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in Input, tpG cost.GroupShape) (hw.LinkClass, error) {
+	l, n := pl.Layout, pl.Layout.PipelineStages()
 	var tpLink hw.LinkClass
 	if l.TPDegree() > 1 {
 		pc.tpFwd, pc.tpBwd = make([]tpSeconds, n), make([]tpSeconds, n)
@@ -40,7 +64,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, in.precision().Activation) {
 				cc, err := cost.Collective(cl, in.Calibration, c.Coll, tpG, float64(c.Bytes()))
 				if err != nil {
-					return pipeCosts{}, 0, fmt.Errorf("simulate: %w", err)
+					return 0, fmt.Errorf("simulate: %w", err)
 				}
 				tpLink = cc.Link
 				t := cc.Seconds()
@@ -54,6 +78,14 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			}
 		}
 	}
+	return tpLink, nil
+}
+
+// stageSums adds to each stage's forward, backward, recompute and weight
+// seconds the segment costs of the layers it owns (the embedding on the
+// first stage, the head on the last) and its MoE layers' all-to-alls.
+func stageSums(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, in Input, costs map[segKey]segCost, a2a map[int]a2aCost) {
+	n := pl.Layout.PipelineStages()
 	// The segments in one fixed order: summed in map order, a stage's
 	// seconds differed in the last bit from run to run, and so did the
 	// planner's ranking of near-equal plans.
@@ -92,11 +124,13 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 			}
 		}
 	}
-	if l.AsyncTP && l.TPDegree() > 1 {
-		if err := asyncPasses(&pc, pl, cfg, cl, inMB, spec, costs, loads, tpG); err != nil {
-			return pipeCosts{}, 0, err
-		}
-	}
+}
+
+// pipelineTransfers sets pc's messages (on the link between the two
+// stages' ranks) and FSDP collectives (on the stage mesh, tp ones on tpG,
+// FSDP2's copies included), each collective priced once now.
+func pipelineTransfers(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in Input, spec cost.ComputeSpec, tpG cost.GroupShape) error {
+	l := pl.Layout
 	sg := l.StageGPUs()
 	pc.msg = func(from, to int) float64 {
 		a, b := l.StageRank(from)*sg, l.StageRank(to)*sg
@@ -135,15 +169,23 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		}
 	}
 	if collErr != nil {
-		return pipeCosts{}, 0, fmt.Errorf("simulate: %w", collErr)
+		return fmt.Errorf("simulate: %w", collErr)
 	}
+	return nil
+}
+
+// pipelineOptimizers sets each pipeline rank's optimizer step: fused AdamW
+// over the parameters of its stages' units, and gradient clipping with its
+// all-reduce of the norm over the world.
+func pipelineOptimizers(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in Input, spec cost.ComputeSpec, mo memory.Options) error {
+	l := pl.Layout
 	all, err := memory.Units(cfg, l)
 	if err != nil {
-		return pipeCosts{}, 0, err
+		return err
 	}
 	chunks, err := memory.StageUnits(all, pl.Split)
 	if err != nil {
-		return pipeCosts{}, 0, err
+		return err
 	}
 	if mo.Precision == (moe.Precision{}) {
 		mo.Precision = moe.DefaultPrecision
@@ -155,7 +197,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 	}
 	norm, err := cost.Collective(cl, in.Calibration, parallel.CollAllReduce, cost.ShapeOf(cl, world), 4)
 	if err != nil {
-		return pipeCosts{}, 0, err
+		return err
 	}
 	for r := range l.Stages() {
 		var us []memory.Unit
@@ -165,7 +207,7 @@ func pipelinePrices(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, in, 
 		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
 		pc.opt[r] = spec.MemorySeconds(params*spec.BytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.GradClipSeconds(params) + norm.Seconds()
 	}
-	return pc, tpLink, nil
+	return nil
 }
 
 // asyncPasses prices each stage's forward and backward of one micro-batch
