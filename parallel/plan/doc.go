@@ -7,6 +7,7 @@
 // the virtual-time simulator. The chosen plan exports as a torchtitan job
 // (TOML and Python config) for the pinned torchtitan versions.
 //
-// It imports parallel/sim, parallel, parallel/hw, memory, flops and moe;
-// only cmd/moescope imports it.
+// It imports parallel/sim, parallel/sim/calib, parallel/sim/cost,
+// parallel/hw, memory and moe; parallel/titanlog and cmd/moescope import
+// it.
 package plan

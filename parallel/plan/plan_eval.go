@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // SimEvaluator is the planner's real evaluator: peak memory from the memory
@@ -22,7 +23,7 @@ type SimEvaluator struct {
 	Run         job.Spec
 	Device      hw.Device
 	Cluster     *hw.Cluster
-	Calibration *sim.Calibration // nil: uncalibrated defaults
+	Calibration *cost.Calibration // nil: uncalibrated defaults
 
 	// Results are cached per point: the search asks for some points more
 	// than once (sizing, stages, sweeps).

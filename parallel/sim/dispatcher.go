@@ -58,31 +58,3 @@ func dispatchShare(d Dispatcher, cfg *moe.Config, ep int) float64 {
 	}
 	return float64(ep) * (1 - miss) / float64(k)
 }
-
-// ExpertGEMM is the kernel that runs the routed experts' matmuls.
-type ExpertGEMM string
-
-const (
-	// GroupedMMExperts is torch._grouped_mm, one grouped kernel per
-	// projection (torchtitan's GroupedExperts).
-	GroupedMMExperts ExpertGEMM = ""
-	// CuBLASExperts is one cuBLAS GEMM per local expert on a pool of CUDA
-	// streams: TransformerEngine's GroupedLinear (Megatron-Core's
-	// TEGroupedMLP, NeMo AutoModel's experts: te), whose
-	// nvte_multi_tensor_gemm takes multi_stream_cublas_gemm unless
-	// NVTE_USE_CUTLASS_GROUPED_GEMM is set (NVIDIA/TransformerEngine
-	// transformer_engine/common/gemm/cublaslt_gemm.cu).
-	CuBLASExperts ExpertGEMM = "cublas"
-)
-
-// ParseExpertGEMM reads a run's expert_gemm: "" or "grouped_mm", or
-// "cublas".
-func ParseExpertGEMM(field, s string) (ExpertGEMM, error) {
-	switch s {
-	case "", "grouped_mm":
-		return GroupedMMExperts, nil
-	case "cublas":
-		return CuBLASExperts, nil
-	}
-	return "", fmt.Errorf("%s = %q: must be grouped_mm (torch._grouped_mm, torchtitan's) or cublas (TransformerEngine's per-expert GEMMs)", field, s)
-}

@@ -12,6 +12,7 @@ import (
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // TestAsyncPassByHand: each stage's forward of one micro-batch, walked as the
@@ -106,7 +107,7 @@ func TestAsyncPassByHand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := passTiming(ops, cl, pl.Stage, ShapeOf(cl, []int{0, 1}), Input{Config: cfg}, ComputeSpec{}, costs, nil, 1)
+		got, err := passTiming(ops, cl, pl.Stage, cost.ShapeOf(cl, []int{0, 1}), Input{Config: cfg}, cost.ComputeSpec{}, costs, nil, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

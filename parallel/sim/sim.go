@@ -12,6 +12,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Input is one layout to predict: model, layout, checkpointing, batch,
@@ -26,7 +27,7 @@ type Input struct {
 	Device    hw.Device
 	// Cluster describes hosts and links; nil means ClusterForGPU(Device.Name).
 	Cluster     *hw.Cluster
-	Calibration *Calibration
+	Calibration *cost.Calibration
 	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
 	// ExpertSkew × the mean rows (balanced within the rank); 0 or 1 is
 	// balanced routing.
@@ -54,20 +55,20 @@ type Input struct {
 	// more simulation per fitted parameter (a search computes it for the
 	// plans it reports only).
 	SkipInterval bool
-	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
-	AttentionKernel AttentionKernel
+	// AttentionKernel is the SDPA backend ("" = cost.CuDNNAttention).
+	AttentionKernel cost.AttentionKernel
 	// Torch is the PyTorch release (zero value: 2.9 or later), which
-	// decides the kernels eager mode runs (eagerBytes).
+	// decides the kernels eager mode runs (package cost's eagerBytes).
 	Torch TorchVersion
 	// FusedElementwise: the framework's own fused elementwise kernels
-	// (ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
+	// (cost.ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
 	FusedElementwise bool
 	// Dispatcher moves the expert-parallel tokens ("" = torchtitan's
 	// all-to-all of every row).
 	Dispatcher Dispatcher
 	// ExpertGEMM is the routed experts' matmul kernel ("" =
 	// torch._grouped_mm).
-	ExpertGEMM ExpertGEMM
+	ExpertGEMM cost.ExpertGEMM
 	// Precision is the training recipe; "" = bf16, the only one priced
 	// (PricedPrecisions).
 	Precision string
@@ -157,11 +158,11 @@ func Simulate(in Input) (Result, error) {
 	if in.Layout.Stages() > 1 {
 		return simulatePipeline(in)
 	}
-	p, err := prepareSim(in)
+	p, err := Prepare(in)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := p.run(in.Calibration)
+	res, err := p.Run(in.Calibration)
 	if err != nil || in.SkipInterval {
 		return res, err
 	}
@@ -169,10 +170,11 @@ func Simulate(in Input) (Result, error) {
 	return res, err
 }
 
-// simPrep is everything of a simulation that a calibration does not
+// Prepared is everything of a simulation that a calibration does not
 // change: the schedule, the op counts, the memory timeline, the group
-// shapes. Calibration evaluates one prepared run many times.
-type simPrep struct {
+// shapes. Calibration evaluates one prepared run many times (Run); a
+// layout without pipeline parallelism only (Simulate walks pipelines).
+type Prepared struct {
 	in     Input
 	cfg    *moe.Config
 	local  *moe.Config // cfg as one tp rank holds it (tpLocal); cfg without tp
@@ -180,7 +182,7 @@ type simPrep struct {
 	dev    hw.Device
 	cl     *hw.Cluster
 	mesh   *parallel.Mesh
-	tpG    GroupShape // the tp collectives' group (widestTPGroup)
+	tpG    cost.GroupShape // the tp collectives' group (widestTPGroup)
 	sched  *parallel.Schedule
 	mem    memory.Report
 	recs   []moe.OpRecord
@@ -197,9 +199,10 @@ type simPrep struct {
 	tokens  float64 // per rank per step
 }
 
-// prepareSim checks in, resolves its device and cluster and builds what
-// every run of it shares (simPrep).
-func prepareSim(in Input) (*simPrep, error) {
+// Prepare checks in, resolves its device and cluster and builds what
+// every run of it shares (Prepared). Simulate of a layout with pp = 1 is
+// Prepare, then Run under in.Calibration, then the TPS interval.
+func Prepare(in Input) (*Prepared, error) {
 	if in.GradAccum == 0 {
 		in.GradAccum = 1
 	}
@@ -207,7 +210,7 @@ func prepareSim(in Input) (*simPrep, error) {
 		return nil, err
 	}
 	cfg := in.Config
-	p := &simPrep{in: in, cfg: cfg}
+	p := &Prepared{in: in, cfg: cfg}
 	var err error
 	if p.dev, p.cl, err = resolveHardware(in); err != nil {
 		return nil, err
@@ -250,7 +253,7 @@ func prepareSim(in Input) (*simPrep, error) {
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
 	p.tpG = widestTPGroup(p.cl, p.mesh)
-	if w := p.tpG; p.l.TPDegree() > 1 && w != ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
+	if w := p.tpG; p.l.TPDegree() > 1 && w != cost.ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
 		p.exact = fmt.Sprintf("tp %d does not divide the NVLink domain of %d, so some tp groups span %d domains: their collectives, which block the step, are priced for every rank; otherwise ",
 			p.l.TPDegree(), p.cl.NVLinkDomain, w.Domains) + p.exact
 	}
@@ -350,13 +353,14 @@ func checkSkewBound(cfg *moe.Config, l job.Layout, skew float64) error {
 	return nil
 }
 
-// run simulates the prepared layout under a calibration (nil: defaults).
-func (p *simPrep) run(cal *Calibration) (Result, error) {
-	spec, err := ComputeSpecFor(p.dev, p.in.AttentionKernel)
+// Run simulates the prepared layout under a calibration (nil: defaults),
+// without the TPS interval. Runs of one Prepared may go concurrently.
+func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
+	spec, err := cost.ComputeSpecFor(p.dev, p.in.AttentionKernel)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	spec = spec.withExperts(p.in.ExpertGEMM).Calibrated(cal)
+	spec = spec.WithExperts(p.in.ExpertGEMM).Calibrated(cal)
 	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
 	spec.Compiled = p.in.Memory.Compile.Model
 	spec.CompositeNorm = p.in.Torch.before(fusedNormSince)
@@ -461,9 +465,28 @@ func (in Input) memoryOptions() memory.Options {
 	return o
 }
 
+// Input is the prepared input, its grad accumulation defaulted to 1.
+func (p *Prepared) Input() Input { return p.in }
+
+// Device is the GPU the run is priced on: the input's, or
+// hw.DefaultDeviceName's when it names none.
+func (p *Prepared) Device() hw.Device { return p.dev }
+
+// Cluster is the cluster the run is priced on: the input's, or the
+// device's usual one, resized when the layout sets GPUs per node.
+func (p *Prepared) Cluster() *hw.Cluster { return p.cl }
+
+// Memory is the step's memory report (memory.Estimate under the input's
+// memory options), whose timeline Run replays.
+func (p *Prepared) Memory() memory.Report { return p.mem }
+
+// FLOPsPerToken is the model FLOPs per token by convention c (each
+// convention flops knows, as Result.MFUByConvention).
+func (p *Prepared) FLOPsPerToken(c flops.Convention) float64 { return p.convs[string(c)] }
+
 // replay is memory.Replay of the prepared timeline under a, from the cache
 // when only a's Fragmentation differs from an earlier replay.
-func (p *simPrep) replay(a memory.Allocator) (memory.Peak, error) {
+func (p *Prepared) replay(a memory.Allocator) (memory.Peak, error) {
 	key := a
 	key.Fragmentation = 0
 	p.peaksMu.Lock()

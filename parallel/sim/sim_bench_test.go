@@ -42,13 +42,13 @@ func benchRun(b *testing.B, gpus int) {
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
-	p, err := prepareSim(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2})
+	p, err := Prepare(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(len(p.sched.Ops)), "ops")
 	for b.Loop() {
-		if _, err := p.run(nil); err != nil {
+		if _, err := p.Run(nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -14,7 +14,7 @@ type TorchVersion struct{ Major, Minor int }
 // fusedNormSince is the first release whose eager RMSNorm is one fused
 // kernel each way (aten._fused_rms_norm, pytorch/pytorch PR #153666, in
 // nightlies from August 2025 per pytorch issue #157345, first released in
-// 2.9.0); earlier releases run the composite of eagerBytes.
+// 2.9.0); earlier releases run the composite of package cost's eagerBytes.
 var fusedNormSince = TorchVersion{2, 9}
 
 // ParseTorchVersion reads "MAJOR.MINOR" with an optional tail of a patch

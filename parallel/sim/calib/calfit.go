@@ -1,4 +1,4 @@
-package sim
+package calib
 
 import (
 	"fmt"
@@ -7,10 +7,13 @@ import (
 	"sync"
 
 	"gonum.org/v1/gonum/mat"
+
+	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // The TPS fit. Unknowns are log-multipliers x of the calibration
-// parameters (calState maps them onto a Calibration). It minimizes
+// parameters (calState maps them onto a cost.Calibration). It minimizes
 //
 //	Σ_runs (ln(predicted/measured TPS) / σRun)² + Σ_params (x / σPrior)²
 //
@@ -28,21 +31,20 @@ const (
 	// σPrior is the prior's spread of a log-multiplier: a default within a
 	// factor 2 of the truth at one standard deviation.
 	sigmaPrior = math.Ln2
-	// sensStep is the finite-difference step in x (a 5% multiplier).
-	sensStep = 0.05
+	// sensStep is the finite-difference step in x (a 5% multiplier,
+	// sim.SensitivityStep: the TPS interval probes with it too).
+	sensStep = sim.SensitivityStep
 	// identifyRatio is how many times the prior's information about a
 	// parameter the runs must carry, beyond what the parameters already
 	// chosen explain, for it to count as identified: then the prior pulls
 	// its estimate by at most 1/(1+50) ≈ 2% of its log-multiplier.
 	identifyRatio = 50
-	// intervalZ is the two-sided 90% normal quantile.
-	intervalZ = 1.6448536269514722
 )
 
 // logTPS returns ln(predicted TPS) of every run under x (st's
 // parameters), simulating the runs in parallel.
 func (f calFit) logTPS(st calState, x []float64) ([]float64, error) {
-	c := st.calibration(x, Calibration{})
+	c := st.calibration(x, cost.Calibration{})
 	out := make([]float64, len(f.preps))
 	errs := make([]error, len(f.preps))
 	var wg sync.WaitGroup
@@ -52,7 +54,7 @@ func (f calFit) logTPS(st calState, x []float64) ([]float64, error) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			r, err := p.run(c)
+			r, err := p.Run(c)
 			if err != nil {
 				errs[i] = err
 				return
@@ -122,10 +124,6 @@ func (f calFit) identify(candidates []string, defaults map[string]float64) (chos
 	}
 	return chosen, rest, J0, lp0, nil
 }
-
-// SensitivityStep is the step in a log-multiplier (a 5% multiplier) by
-// which calibrate, and a sweep planning for it, probe ∂ ln TPS / ∂ ln θ.
-const SensitivityStep = sensStep
 
 // IdentifiedParams is calibrate's rule for which parameters a set of runs
 // identifies, given each parameter's sensitivities cols[j][i] =

@@ -1,4 +1,4 @@
-package sim
+package cost
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 // a bandwidth term, bytes on the wire ÷ bus bandwidth, where bus bandwidth is
 // the link rate × the link class's efficiency (the basis nccl-tests reports
 // "busbw" on). NCCL picks the cheapest algorithm by its model; so does
-// CommCost.
+// Collective.
 //
 // Notation: S bytes (the full tensor: all-gather output, reduce-scatter
 // input, all-reduce buffer, all-to-all send buffer of one rank), n ranks in
@@ -58,8 +58,8 @@ func ShapeOf(c *hw.Cluster, ranks []int) GroupShape {
 	return GroupShape{Ranks: len(ranks), Domains: len(per), PerDomain: k}
 }
 
-// CommCost is the modelled time of one collective on one rank.
-type CommCost struct {
+// Comm is the modelled time of one collective on one rank.
+type Comm struct {
 	Kind      parallel.CollKind
 	Algorithm string       // "ring", "tree", "hierarchical", "direct" (all-to-all) or "none" (one rank)
 	Link      hw.LinkClass // the link class whose bandwidth bounds the transfer
@@ -71,7 +71,7 @@ type CommCost struct {
 }
 
 // Seconds is the collective's time when it has its links to itself.
-func (c CommCost) Seconds() float64 { return c.LatencyS + c.BandwidthS }
+func (c Comm) Seconds() float64 { return c.LatencyS + c.BandwidthS }
 
 // commRates holds the bus bandwidths and latencies, optionally scaled by a
 // calibration.
@@ -96,25 +96,25 @@ func ratesOf(c *hw.Cluster, cal *Calibration) commRates {
 	}
 }
 
-// CollectiveCost models one collective of kind moving S bytes on a group of
+// Collective models one collective of kind moving S bytes on a group of
 // the given shape (S as in the package notes: the full tensor). It returns
 // the cheapest of NCCL's algorithms by the model.
-func CollectiveCost(c *hw.Cluster, cal *Calibration, kind parallel.CollKind, g GroupShape, bytes float64) (CommCost, error) {
+func Collective(c *hw.Cluster, cal *Calibration, kind parallel.CollKind, g GroupShape, bytes float64) (Comm, error) {
 	switch kind {
 	case parallel.CollAllGather, parallel.CollReduceScatter, parallel.CollAllReduce, parallel.CollAllToAll:
 	default:
 		// Schedules never emit broadcast or barrier; pricing them as a ring
 		// all-gather would be a silent guess.
-		return CommCost{}, fmt.Errorf("collective %s: no time model (all_gather, reduce_scatter, all_reduce, all_to_all)", kind)
+		return Comm{}, fmt.Errorf("collective %s: no time model (all_gather, reduce_scatter, all_reduce, all_to_all)", kind)
 	}
 	if g.Ranks < 1 || g.Domains < 1 || g.PerDomain < 1 || g.Domains*g.PerDomain < g.Ranks {
-		return CommCost{}, fmt.Errorf("collective %s: bad group shape %+v", kind, g)
+		return Comm{}, fmt.Errorf("collective %s: bad group shape %+v", kind, g)
 	}
 	if !(bytes >= 0) || math.IsInf(bytes, 0) {
-		return CommCost{}, fmt.Errorf("collective %s: bytes = %v must be finite and ≥ 0", kind, bytes)
+		return Comm{}, fmt.Errorf("collective %s: bytes = %v must be finite and ≥ 0", kind, bytes)
 	}
 	if g.Ranks == 1 || bytes == 0 {
-		return CommCost{Kind: kind, Algorithm: "none"}, nil
+		return Comm{Kind: kind, Algorithm: "none"}, nil
 	}
 	r := ratesOf(c, cal)
 	if kind == parallel.CollAllToAll {
@@ -137,9 +137,9 @@ func CollectiveCost(c *hw.Cluster, cal *Calibration, kind parallel.CollKind, g G
 	return best, nil
 }
 
-func allToAll(r commRates, kind parallel.CollKind, g GroupShape, intra, inter float64) CommCost {
+func allToAll(r commRates, kind parallel.CollKind, g GroupShape, intra, inter float64) Comm {
 	tNV, tNet := intra/r.nv, inter/r.net
-	cc := CommCost{Kind: kind, Algorithm: "direct", Link: hw.LinkNVLink, BandwidthS: tNV, WireBytes: intra + inter,
+	cc := Comm{Kind: kind, Algorithm: "direct", Link: hw.LinkNVLink, BandwidthS: tNV, WireBytes: intra + inter,
 		LatencyS: r.base + r.latNV}
 	if g.Domains > 1 {
 		cc.LatencyS = r.base + r.latNt
@@ -166,7 +166,7 @@ func volumeFactor(kind parallel.CollKind, n int) float64 {
 	return f
 }
 
-func ringCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) CommCost {
+func ringCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) Comm {
 	n, m := g.Ranks, g.Domains
 	vol := volumeFactor(kind, n) * bytes
 	bw, link := r.nv, hw.LinkNVLink
@@ -177,20 +177,20 @@ func ringCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) 
 	}
 	steps, inter := ringSteps(kind, n, m)
 	lat := r.base + float64(steps-inter)*r.latNV + float64(inter)*r.latNt
-	return CommCost{Kind: kind, Algorithm: "ring", Link: link, LatencyS: lat, BandwidthS: vol / bw, WireBytes: vol}
+	return Comm{Kind: kind, Algorithm: "ring", Link: link, LatencyS: lat, BandwidthS: vol / bw, WireBytes: vol}
 }
 
-func treeCost(r commRates, g GroupShape, bytes float64) CommCost {
+func treeCost(r commRates, g GroupShape, bytes float64) Comm {
 	bw, link := r.nv, hw.LinkNVLink
 	if netBW := float64(g.PerDomain) * r.net; netBW < bw {
 		bw, link = netBW, hw.LinkNet
 	}
 	lat := r.base + 2*(float64(g.PerDomain-1)*r.latNV+math.Ceil(math.Log2(float64(g.Domains)))*r.latNt)
-	return CommCost{Kind: parallel.CollAllReduce, Algorithm: "tree", Link: link, LatencyS: lat,
+	return Comm{Kind: parallel.CollAllReduce, Algorithm: "tree", Link: link, LatencyS: lat,
 		BandwidthS: bytes / (0.46 * bw), WireBytes: 2 * bytes}
 }
 
-func hierCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) CommCost {
+func hierCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) Comm {
 	k, m := g.PerDomain, g.Domains
 	// Intra-domain phases over k ranks on the full tensor; inter-domain
 	// phase over m ranks on a 1/k slice, k rings in parallel.
@@ -212,6 +212,20 @@ func hierCost(r commRates, kind parallel.CollKind, g GroupShape, bytes float64) 
 		link = hw.LinkNet
 	}
 	lat := 2*r.base + float64(intraSteps)*r.latNV + float64(interSteps)*r.latNt
-	return CommCost{Kind: kind, Algorithm: "hierarchical", Link: link, LatencyS: lat,
+	return Comm{Kind: kind, Algorithm: "hierarchical", Link: link, LatencyS: lat,
 		BandwidthS: tNV + tNet, WireBytes: intraVol + interVol}
+}
+
+// P2PSeconds is one point-to-point message of bytes on link class k: the
+// cluster's base latency and one hop of k, then the bytes at k's bus
+// bandwidth per GPU (a message uses one link; NCCL's p2p path).
+func P2PSeconds(cl *hw.Cluster, cal *Calibration, k hw.LinkClass, bytes float64) float64 {
+	if bytes == 0 {
+		return 0
+	}
+	r := ratesOf(cl, cal)
+	if k == hw.LinkNVLink {
+		return r.base + r.latNV + bytes/r.nv
+	}
+	return r.base + r.latNt + bytes/r.net
 }

@@ -1,4 +1,4 @@
-package sim
+package cost
 
 import (
 	"bytes"
@@ -61,7 +61,7 @@ func FuzzParseCluster(f *testing.F) {
 			g = GroupShape{Ranks: 2 * c.GPUsPerNode, Domains: 1, PerDomain: 2 * c.GPUsPerNode}
 		}
 		for _, k := range timedCollKinds {
-			cc, err := CollectiveCost(c, nil, k, g, 1e6)
+			cc, err := Collective(c, nil, k, g, 1e6)
 			if err != nil || !(cc.Seconds() >= 0) || math.IsInf(cc.Seconds(), 0) {
 				t.Fatalf("%s: %+v %v", k, cc, err)
 			}
@@ -81,8 +81,8 @@ func FuzzCollectiveMonotone(f *testing.F) {
 		g := GroupShape{Ranks: int(n), PerDomain: per, Domains: (int(n) + per - 1) / per}
 		c := mustCluster(t, "hgx")
 		kk := timedCollKinds[int(kind)%len(timedCollKinds)]
-		ca, err1 := CollectiveCost(c, nil, kk, g, a)
-		cb, err2 := CollectiveCost(c, nil, kk, g, b)
+		ca, err1 := Collective(c, nil, kk, g, a)
+		cb, err2 := Collective(c, nil, kk, g, b)
 		if err1 != nil || err2 != nil {
 			t.Fatal(err1, err2)
 		}

@@ -1,4 +1,4 @@
-package sim
+package published
 
 import (
 	"fmt"
@@ -12,11 +12,12 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // TestPublishedMemory is the memory validation table of issue 12:
 //
-//	go test ./parallel/sim -run PublishedMemory -v
+//	go test ./parallel/sim/published -run PublishedMemory -v
 //
 // For every published run (testdata/published/) it prints moescope's
 // predicted peak next to the measured one, when the source measured one
@@ -32,7 +33,7 @@ import (
 // Today's prediction errors are not failures (issue 12 is to fix them); a
 // run that cannot be estimated (unknown model or device, a bad layout) is.
 func TestPublishedMemory(t *testing.T) {
-	runs, err := LoadPublished("../../testdata/published")
+	runs, err := Load("../../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 	relErr = math.NaN()
 	var meas, pred float64
 	kind := ""
-	if m, ok := measuredReserved(r, dev); ok {
+	if m, ok := r.MeasuredReserved(dev); ok {
 		meas, pred, kind = m, float64(rep.Peak.Reserved), "r"
 	} else if r.PeakAllocatedBytes != nil {
 		meas, pred, kind = float64(*r.PeakAllocatedBytes), float64(rep.Peak.Allocated), "a"
@@ -192,7 +193,7 @@ func TestPublishedMemoryRowRejects(t *testing.T) {
 // must say it fits and is within a 0.93 target, so that
 // `plan --memory-target 0.93` can return that local batch.
 func TestSeedRunWithinTarget(t *testing.T) {
-	runs, err := LoadPublished("../../testdata/published")
+	runs, err := Load("../../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestSeedRunWithinTarget(t *testing.T) {
 			t.Fatal(err)
 		}
 		in.MemoryTarget = 0.93
-		res, err := Simulate(in)
+		res, err := sim.Simulate(in)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package sim
+package published
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // TestPublishedRuns predicts the peak reserved memory of every published
@@ -21,7 +23,7 @@ import (
 // kernels save memory this eager model does not know about) are printed
 // and flagged, not failed.
 func TestPublishedRuns(t *testing.T) {
-	runs, err := LoadPublished("../../testdata/published")
+	runs, err := Load("../../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,10 +72,10 @@ func TestPublishedRuns(t *testing.T) {
 }
 
 // TestPublishedNoDuplicates: no run is recorded twice across the files of
-// testdata/published/ (LoadPublished refuses them; this names them), and
+// testdata/published/ (Load refuses them; this names them), and
 // CheckDuplicates catches both kinds.
 func TestPublishedNoDuplicates(t *testing.T) {
-	runs, err := LoadPublished("../../testdata/published")
+	runs, err := Load("../../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func TestPublishedNoDuplicates(t *testing.T) {
 	sameConfig.RunID, sameConfig.Notes, sameConfig.TPS, sameConfig.File = "", "again", 5760, "b.json"
 	otherRun := base
 	otherRun.RunID, otherRun.GPUs, otherRun.DPShard, otherRun.File = "R172", 128, 128, "b.json"
-	// LoadPublished refuses a run recorded in two files.
+	// Load refuses a run recorded in two files.
 	dir := t.TempDir()
 	doc := `[{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x","run_id":"R1"}]`
 	for _, f := range []string{"a.json", "b.json"} {
@@ -100,8 +102,8 @@ func TestPublishedNoDuplicates(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := LoadPublished(dir); err == nil || !strings.Contains(err.Error(), "run_id R1") {
-		t.Errorf("a run in two files: LoadPublished error %v", err)
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "run_id R1") {
+		t.Errorf("a run in two files: Load error %v", err)
 	}
 	for name, c := range map[string]struct {
 		runs []Run
@@ -256,7 +258,7 @@ func TestRunFrameworkFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.Torch != (TorchVersion{2, 6}) || in.Dispatcher != DeepEPDispatch || in.ExpertGEMM != CuBLASExperts || !in.FusedElementwise {
+	if in.Torch != (sim.TorchVersion{Major: 2, Minor: 6}) || in.Dispatcher != sim.DeepEPDispatch || in.ExpertGEMM != cost.CuBLASExperts || !in.FusedElementwise {
 		t.Errorf("input %+v %q %q %v", in.Torch, in.Dispatcher, in.ExpertGEMM, in.FusedElementwise)
 	}
 	for field, edit := range map[string]func(*Run){
@@ -280,10 +282,27 @@ func TestRunFrameworkFields(t *testing.T) {
 	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "power_limited") {
 		t.Errorf("power_limited: InputForRun = %v, want a refusal naming the field", err)
 	}
-	if _, err := Calibrate([]Run{r}); err == nil || !strings.Contains(err.Error(), "power_limited") {
-		t.Errorf("power_limited: Calibrate = %v, want a refusal naming the field", err)
-	}
 	if _, err := r.MemoryOptions(); err != nil {
 		t.Errorf("power_limited: MemoryOptions = %v", err)
+	}
+}
+
+// TestRunACModules: the published-runs schema's ac takes the modules
+// policy (Megatron-Core runs' "selective: norm, act" is
+// modules:layernorm,moe_act) and refuses a module that is not built,
+// naming it.
+func TestRunACModules(t *testing.T) {
+	r := Run{Model: "tiny", GPU: "h100", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, LBS: 1, Seq: 64,
+		Precision: "bf16", TPS: 1, Source: "test", AC: "modules:layernorm,moe_act"}
+	if err := r.Validate(true); err != nil {
+		t.Errorf("%s: %v", r.AC, err)
+	}
+	r.AC = "modules:layernorm,moe" // R145's --recompute-modules layernorm moe
+	if err := r.Validate(true); err != nil {
+		t.Errorf("%s: %v", r.AC, err)
+	}
+	r.AC = "modules:core_attn"
+	if err := r.Validate(true); err == nil || !strings.Contains(err.Error(), `"core_attn" is not built`) {
+		t.Errorf("%s: %v", r.AC, err)
 	}
 }

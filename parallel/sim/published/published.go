@@ -1,4 +1,4 @@
-package sim
+package published
 
 import (
 	"bytes"
@@ -14,6 +14,9 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Run is one measured training run in the published-runs schema of
@@ -235,6 +238,18 @@ func (r Run) Layout() (job.Layout, error) {
 	return l, l.Resolve()
 }
 
+// MeasuredReserved returns the run's measured peak reserved bytes, if any:
+// peak_reserved_bytes, else memory_fraction × dev's capacity.
+func (r Run) MeasuredReserved(dev hw.Device) (float64, bool) {
+	if r.PeakReservedBytes != nil {
+		return float64(*r.PeakReservedBytes), true
+	}
+	if r.MemoryFraction != nil {
+		return *r.MemoryFraction * float64(dev.MemoryBytes), true
+	}
+	return 0, false
+}
+
 // Validate checks the run's fields (not the model name, which needs hf.Load).
 func (r Run) Validate(requireSource bool) error {
 	var errs []error
@@ -273,16 +288,16 @@ func (r Run) Validate(requireSource bool) error {
 	if r.Optimizer != "" && r.Optimizer != memory.Fused && r.Optimizer != memory.Foreach {
 		bad("optimizer", r.Optimizer, "must be fused or foreach")
 	}
-	if r.AttentionKernel != "" && r.AttentionKernel != string(CuDNNAttention) && r.AttentionKernel != string(Flash2Attention) {
+	if r.AttentionKernel != "" && r.AttentionKernel != string(cost.CuDNNAttention) && r.AttentionKernel != string(cost.Flash2Attention) {
 		bad("attention_kernel", r.AttentionKernel, "must be cudnn or flash2")
 	}
-	if _, err := ParseTorchVersion("torch_version", r.TorchVersion); err != nil {
+	if _, err := sim.ParseTorchVersion("torch_version", r.TorchVersion); err != nil {
 		bad("torch_version", r.TorchVersion, "must be a PyTorch release MAJOR.MINOR, e.g. 2.6")
 	}
-	if _, err := ParseDispatcher("dispatcher", r.Dispatcher); err != nil {
+	if _, err := sim.ParseDispatcher("dispatcher", r.Dispatcher); err != nil {
 		bad("dispatcher", r.Dispatcher, "must be all_to_all, deepep or hybridep")
 	}
-	if _, err := ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
+	if _, err := cost.ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
 		bad("expert_gemm", r.ExpertGEMM, "must be grouped_mm or cublas")
 	}
 	if r.LossChunks < 0 {
@@ -348,10 +363,10 @@ func ReadRuns(rd io.Reader, name string, requireSource bool) ([]Run, error) {
 	return runs, errors.Join(errs...)
 }
 
-// LoadPublished reads every *.json file directly in dir (sorted by name)
+// Load reads every *.json file directly in dir (sorted by name)
 // as an array of runs with sources. A model given as a relative path is
 // made relative to dir.
-func LoadPublished(dir string) ([]Run, error) {
+func Load(dir string) ([]Run, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return nil, err
@@ -404,15 +419,15 @@ func CheckDuplicates(runs []Run) error {
 		}
 		if p, ok := byConfig[k]; ok {
 			errs = append(errs, fmt.Errorf("%s (%s) and %s (%s): the same configuration from the same source %s",
-				p.File, p.label(), r.File, r.label(), sourceKey(r.Source)))
+				p.File, p.Label(), r.File, r.Label(), sourceKey(r.Source)))
 		}
 		byConfig[k] = r
 	}
 	return errors.Join(errs...)
 }
 
-// label names a run in messages: its run_id, else its model and scale.
-func (r Run) label() string {
+// Label names a run in messages: its run_id, else its model and scale.
+func (r Run) Label() string {
 	if r.RunID != "" {
 		return r.RunID
 	}

@@ -1,4 +1,4 @@
-package sim
+package cost
 
 import (
 	"math"
@@ -54,7 +54,7 @@ func TestCollectiveCostHandWorked(t *testing.T) {
 		{"one-rank", hgx, parallel.CollAllGather, GroupShape{1, 1, 1}, 1e9, "none", hw.LinkNVLink, 0},
 	}
 	for _, tc := range cases {
-		got, err := CollectiveCost(tc.c, nil, tc.kind, tc.g, tc.bytes)
+		got, err := Collective(tc.c, nil, tc.kind, tc.g, tc.bytes)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -84,10 +84,10 @@ func TestShapeOf(t *testing.T) {
 
 func TestCollectiveCostBadInput(t *testing.T) {
 	hgx := mustCluster(t, "hgx")
-	if _, err := CollectiveCost(hgx, nil, parallel.CollAllGather, GroupShape{0, 1, 1}, 1); err == nil {
+	if _, err := Collective(hgx, nil, parallel.CollAllGather, GroupShape{0, 1, 1}, 1); err == nil {
 		t.Error("zero ranks accepted")
 	}
-	if _, err := CollectiveCost(hgx, nil, parallel.CollAllGather, GroupShape{2, 1, 2}, math.NaN()); err == nil {
+	if _, err := Collective(hgx, nil, parallel.CollAllGather, GroupShape{2, 1, 2}, math.NaN()); err == nil {
 		t.Error("NaN bytes accepted")
 	}
 }
@@ -98,7 +98,7 @@ func TestCollectiveCostRejectsUnmodelledKinds(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []parallel.CollKind{parallel.CollBroadcast, parallel.CollBarrier, "gossip"} {
-		if _, err := CollectiveCost(c, nil, k, GroupShape{Ranks: 8, Domains: 1, PerDomain: 8}, 1<<20); err == nil {
+		if _, err := Collective(c, nil, k, GroupShape{Ranks: 8, Domains: 1, PerDomain: 8}, 1<<20); err == nil {
 			t.Errorf("%s priced, want an error", k)
 		}
 	}

@@ -1,4 +1,4 @@
-package sim
+package calib
 
 import (
 	"fmt"
@@ -6,18 +6,22 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // seriesKey groups published runs as the calibration issue defines a
 // series: one source (file), model, GPU, precision and framework version.
-func seriesKey(r Run) string {
+func seriesKey(r published.Run) string {
 	return fmt.Sprintf("%s|%s|%s|%s|%s", r.File, r.Model, r.GPU, r.Precision, r.FrameworkVersion)
 }
 
 // smallScale is the series' small scale: its fewest GPUs among runs of two
 // or more (a single-GPU run has no collectives and no sharding wrapper, so
 // it cannot stand for the distributed runs), or 0 when it has none.
-func smallScale(rs []Run) int {
+func smallScale(rs []published.Run) int {
 	n := 0
 	for _, r := range rs {
 		if r.GPUs >= 2 && (n == 0 || r.GPUs < n) {
@@ -38,11 +42,11 @@ func smallScale(rs []Run) int {
 // than 10%. It also checks the table holds at least 3 calibrated BF16
 // series from at least 2 sources.
 func TestPublishedTPS(t *testing.T) {
-	runs, err := LoadPublished("../../testdata/published")
+	runs, err := published.Load("../../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
-	series := map[string][]Run{}
+	series := map[string][]published.Run{}
 	var keys []string
 	for _, r := range runs {
 		k := seriesKey(r)
@@ -60,7 +64,7 @@ func TestPublishedTPS(t *testing.T) {
 		rs := series[k][:0:0]
 		for _, r := range series[k] {
 			if r.PowerLimited {
-				fmt.Fprintf(&unpriced, "skipped %s (%s %s, %d GPUs): needs the GPUs' power limit, which the source does not state (power_limited)\n", r.label(), r.Model, r.GPU, r.GPUs)
+				fmt.Fprintf(&unpriced, "skipped %s (%s %s, %d GPUs): needs the GPUs' power limit, which the source does not state (power_limited)\n", r.Label(), r.Model, r.GPU, r.GPUs)
 				continue
 			}
 			rs = append(rs, r)
@@ -70,13 +74,13 @@ func TestPublishedTPS(t *testing.T) {
 		}
 		sort.SliceStable(rs, func(i, j int) bool { return rs[i].GPUs < rs[j].GPUs })
 		small := smallScale(rs)
-		var fit []Run
+		var fit []published.Run
 		for _, r := range rs {
 			if r.GPUs == small {
 				fit = append(fit, r)
 			}
 		}
-		var cal *Calibration
+		var cal *cost.Calibration
 		if small > 0 && rs[len(rs)-1].GPUs > small {
 			if cal, err = Calibrate(fit); err != nil {
 				t.Fatalf("%s: calibrate: %v", k, err)
@@ -132,20 +136,20 @@ func TestPublishedTPS(t *testing.T) {
 // publishedTPSRow predicts run r uncalibrated and, with cal, calibrated,
 // and returns its table line and both relative errors (ec is 0 without
 // cal). fit marks a run the calibration was fitted to.
-func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line string, eu, ec float64) {
+func publishedTPSRow(t *testing.T, r published.Run, cal *cost.Calibration, fit bool) (line string, eu, ec float64) {
 	t.Helper()
-	in, err := InputForRun(r)
+	in, err := published.InputForRun(r)
 	if err != nil {
-		t.Fatalf("%s: %v", r.label(), err)
+		t.Fatalf("%s: %v", r.Label(), err)
 	}
 	if r.PP > 1 {
 		return publishedPipelineRow(t, r, in)
 	}
-	p, err := prepareSim(in)
+	p, err := sim.Prepare(in)
 	if err != nil {
-		t.Fatalf("%s: %v", r.label(), err)
+		t.Fatalf("%s: %v", r.Label(), err)
 	}
-	un, err := p.run(nil)
+	un, err := p.Run(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +167,7 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 	line = fmt.Sprintf("%-32s %-6s %5d %-7s %4d %-10s %9.0f %9.0f %+7.1f%%", name, r.GPU, r.GPUs,
 		publishedLayout(r), r.LBS, r.AC, r.TPS, un.TPS, 100*eu)
 	if cal != nil {
-		c, err := p.run(cal)
+		c, err := p.Run(cal)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,7 +184,7 @@ func publishedTPSRow(t *testing.T, r Run, cal *Calibration, fit bool) (line stri
 // frameworkMark marks a row whose framework differs from the torchtitan
 // moescope models: another framework, or a torchtitan whose changes the
 // row's unmodelled field names (a fork).
-func frameworkMark(r Run) string {
+func frameworkMark(r published.Run) string {
 	if !strings.HasPrefix(r.Framework, "torchtitan") || r.Unmodelled != "" {
 		return " [framework difference not modelled: " + r.Framework + "]"
 	}
@@ -189,11 +193,11 @@ func frameworkMark(r Run) string {
 
 // publishedPipelineRow is publishedTPSRow for a pipeline run (pp > 1),
 // uncalibrated only: calibration fits single-program runs.
-func publishedPipelineRow(t *testing.T, r Run, in Input) (line string, eu, ec float64) {
+func publishedPipelineRow(t *testing.T, r published.Run, in sim.Input) (line string, eu, ec float64) {
 	t.Helper()
-	un, err := Simulate(in)
+	un, err := sim.Simulate(in)
 	if err != nil {
-		t.Fatalf("%s: %v", r.label(), err)
+		t.Fatalf("%s: %v", r.Label(), err)
 	}
 	eu = un.TPS/r.TPS - 1
 	name := r.RunID + " " + r.Model
@@ -205,7 +209,7 @@ func publishedPipelineRow(t *testing.T, r Run, in Input) (line string, eu, ec fl
 // publishedLayout prints a run's dp_replicate × dp_shard, with pp× before
 // it under pipeline parallelism and × tp after it under tensor
 // parallelism.
-func publishedLayout(r Run) string {
+func publishedLayout(r published.Run) string {
 	s := fmt.Sprintf("%d×%d", r.DPReplicate, r.DPShard)
 	if r.PP > 1 {
 		s = fmt.Sprintf("pp%d×", r.PP) + s
@@ -214,4 +218,13 @@ func publishedLayout(r Run) string {
 		s += fmt.Sprintf("×tp%d", r.TP)
 	}
 	return s
+}
+
+// median of sorted values (the mean of the middle two for an even count).
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
 }

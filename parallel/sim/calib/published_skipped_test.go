@@ -1,4 +1,4 @@
-package sim
+package calib
 
 import (
 	"cmp"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // The shared validation table (testdata/validation/published_runs.csv, a
@@ -67,8 +68,8 @@ func neededFeature(row map[string]string) string {
 
 // skippedRuns returns a line for each row of the shared table that is not
 // in the published runs (by run_id) and the number of them.
-func skippedRuns(t *testing.T, runs []Run) (string, int) {
-	f, err := os.Open("../../testdata/validation/published_runs.csv")
+func skippedRuns(t *testing.T, runs []published.Run) (string, int) {
+	f, err := os.Open("../../../testdata/validation/published_runs.csv")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package sim
+package cost
 
 import (
 	"fmt"
@@ -56,22 +56,22 @@ const (
 	ClassGrouped
 	ClassAttention
 	ClassMemoryBound
-	numOpClasses
+	NumOpClasses // the number of classes
 )
 
-var opClassNames = [numOpClasses]string{"gemm", "grouped_gemm", "attention", "memory_bound"}
+var opClassNames = [NumOpClasses]string{"gemm", "grouped_gemm", "attention", "memory_bound"}
 
 // String is the class's name in reports and JSON keys.
 func (c OpClass) String() string {
-	if c < numOpClasses {
+	if c < NumOpClasses {
 		return opClassNames[c]
 	}
 	return fmt.Sprintf("OpClass(%d)", uint8(c))
 }
 
 // OpClasses lists every class in report order.
-func OpClasses() [numOpClasses]OpClass {
-	return [numOpClasses]OpClass{ClassGEMM, ClassGrouped, ClassAttention, ClassMemoryBound}
+func OpClasses() [NumOpClasses]OpClass {
+	return [NumOpClasses]OpClass{ClassGEMM, ClassGrouped, ClassAttention, ClassMemoryBound}
 }
 
 // OpClassOf returns the class of op. An op of a kind the time model has no
@@ -109,7 +109,7 @@ type ComputeSpec struct {
 	// overlaps it (0: none).
 	NCCLCTAs int
 	// Compiled says torch.compile fuses each chain of elementwise ops into
-	// one kernel (bytesPerElement); false is eager PyTorch.
+	// one kernel (BytesPerElement); false is eager PyTorch.
 	Compiled bool
 	// CompositeNorm says eager RMSNorm runs PyTorch's composite
 	// implementation of several fp32 kernels (before 2.9; eagerBytes).
@@ -132,11 +132,15 @@ type ComputeSpec struct {
 	GPUs    int
 }
 
-// clock is the fraction of the measured (burst) tensor-core rates the
+// Clock is the fraction of the measured (burst) tensor-core rates the
 // slowest GPU of the job sustains.
-func (c ComputeSpec) clock() float64 {
+func (c ComputeSpec) Clock() float64 {
 	return scaleOr1(c.Sustained) * SlowestShare(c.SpeedSD, c.GPUs)
 }
+
+// SustainedRatio is the sustained ÷ burst tensor-core rate the spec
+// prices at (Sustained; 0 reads as 1).
+func (c ComputeSpec) SustainedRatio() float64 { return scaleOr1(c.Sustained) }
 
 // SlowestShare is the expected speed of the slowest of n GPUs whose speeds
 // are normal with mean 1 and relative standard deviation sd:
@@ -222,15 +226,6 @@ func (c ComputeSpec) Validate() error {
 	return nil
 }
 
-// withExperts sets the routed experts' kernel: per-expert cuBLAS GEMMs run
-// at the device's dense GEMM efficiency.
-func (c ComputeSpec) withExperts(k ExpertGEMM) ComputeSpec {
-	if k == CuBLASExperts {
-		c.ExpertGEMMEff = c.GEMMEff
-	}
-	return c
-}
-
 // Calibrated returns the spec with calibration's multipliers applied to the
 // class efficiencies, each capped at 1.
 func (c ComputeSpec) Calibrated(cal *Calibration) ComputeSpec {
@@ -307,7 +302,7 @@ func (c ComputeSpec) tiledSeconds(tileK float64, tiles int64, eff, bytes float64
 	waves := ceilDiv(tiles, int64(c.SMs))
 	quant := float64(waves*int64(c.SMs)) / float64(tiles)
 	flops := 2 * gemmTile * gemmTile * tileK * quant
-	tc := flops / (c.PeakFLOPs * eff * c.clock())
+	tc := flops / (c.PeakFLOPs * eff * c.Clock())
 	tm := bytes / (c.HBMBytesPerS * c.MemEff)
 	return math.Max(math.Max(tc, tm), c.LaunchS)
 }
@@ -365,106 +360,6 @@ func weightShape(cfg *moe.Config, op moe.Op) (out, in int64, ok bool) {
 	return 0, 0, false
 }
 
-// bytesPerElement is the HBM traffic per counted element of a memory-bound
-// op: element size × accesses (reads + writes). Activations are bf16.
-// Compiled, Inductor fuses the chain of elementwise ops between two matmuls
-// into one kernel whose intermediates stay in registers: per op of the
-// chain one read and one write (2 accesses) forward, and 3 backward (input
-// and output gradient read, input gradient written; the statistic
-// recomputed in the kernel); worked out from what the fused kernel must
-// move, not measured. In eager PyTorch each op is its own kernel (or
-// several): eagerBytes. The loss works on fp32 logits (torchtitan upcasts
-// before cross-entropy); AdamW reads parameter, gradient and both moments
-// and writes parameter and moments, all fp32: 7 × 4 = 28 bytes per
-// parameter (fused AdamW, one pass, either way). Gathers and scatters read
-// a row and write a row.
-func (c ComputeSpec) bytesPerElement(op moe.Op, pass moe.Pass) float64 {
-	backward := pass == moe.BackwardData || pass == moe.BackwardWeight
-	switch op {
-	case moe.OpOptimizer:
-		return 28
-	case moe.OpEmbed, moe.OpDispatch, moe.OpCombine:
-		return 2 * 2
-	}
-	if !c.Compiled && !c.FusedElementwise {
-		if b, ok := eagerBytes(op, pass, c.CompositeNorm); ok {
-			return b
-		}
-	}
-	acc := 3.0
-	if backward {
-		acc = 4
-	}
-	if c.Compiled {
-		acc--
-	}
-	if op == moe.OpLoss {
-		return 4 * acc
-	}
-	return 2 * acc
-}
-
-// eagerBytes is the HBM traffic per counted element of the ops that eager
-// PyTorch runs as several kernels, each reading and writing its whole
-// tensor, counted kernel by kernel from the code that runs (b = bf16 read
-// or write of 2 bytes, f = fp32 of 4; per-row statistics and broadcast
-// operands are negligible). ok is false for an op of one kernel each way,
-// which the generic rule of bytesPerElement prices.
-//
-//	RMSNorm, composite (PyTorch before 2.9: at::rms_norm in
-//	  aten/src/ATen/native/layer_norm.cpp is CompositeImplicitAutograd:
-//	  input.to(float), pow, mean, mul by rsqrt, mul by weight, type_as):
-//	  forward bf+ff+f+ff+ff+fb = 40; backward through autograd, the data
-//	  path bf (type_as) + ff (× weight) + ff (× rsqrt) + ff+f (the mean's
-//	  gradient through pow) + fff (sum of the two paths) + fb (to bf16) +
-//	  ff+f (the rsqrt path's row sums) = 64 and the weight gradient fff+f
-//	  (product with the saved normalized input, then the sum over rows) =
-//	  16. PyTorch 2.9 runs aten._fused_rms_norm (pytorch/pytorch PR
-//	  #153666, in nightlies from August 2025 per pytorch issue #157345),
-//	  one kernel each way: the generic rule.
-//	RoPE: torchtitan's Llama 3 apply_rotary_emb upcasts and multiplies in
-//	  complex fp32 (float(), view_as_complex, × freqs_cis, view_as_real,
-//	  type_as): bf+ff+fb = 20 forward, and its autograd the same three
-//	  kernels backward, 20; torchtitan's Qwen3 rotate_half form (x·cos,
-//	  neg and cat of the halves, ·sin, add, in bf16) moves bb+½bb+bb+bb+
-//	  bbb = 20 as well.
-//	SwiGLU (silu(x·W1)·(x·W3), the dense, shared and routed experts'):
-//	  silu bb + mul bbb = 10 forward; backward the product rule's two
-//	  muls bbb + bbb and silu's backward bbb = 18.
-//	cross-entropy on upcast logits (torchtitan's cross_entropy_loss,
-//	  F.cross_entropy(pred.float())): forward bf + log_softmax ff = 14
-//	  bytes per logit; backward nll_loss's zero-filled gradient f, the
-//	  log_softmax backward fff and the cast back fb: f+fff+fb = 22.
-func eagerBytes(op moe.Op, pass moe.Pass, compositeNorm bool) (float64, bool) {
-	backward := pass == moe.BackwardData || pass == moe.BackwardWeight
-	switch op {
-	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm, moe.OpQANorm, moe.OpKVANorm:
-		if !compositeNorm {
-			return 0, false
-		}
-		switch pass {
-		case moe.BackwardData:
-			return 64, true
-		case moe.BackwardWeight:
-			return 16, true
-		}
-		return 40, true
-	case moe.OpRoPE:
-		return 20, true
-	case moe.OpDenseAct, moe.OpExpertAct, moe.OpSharedAct:
-		if backward {
-			return 18, true
-		}
-		return 10, true
-	case moe.OpLoss:
-		if backward {
-			return 22, true
-		}
-		return 14, true
-	}
-	return 0, false
-}
-
 // OpSeconds models one op record on one GPU. groups gives the relative
 // row counts of the local expert groups for grouped GEMMs (nil: the record's
 // rows spread evenly over localExperts groups). An op of no known class
@@ -478,7 +373,7 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 	case ClassGEMM:
 		out, in, ok := weightShape(cfg, rec.Op)
 		if !ok || out*in == 0 {
-			return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*c.GEMMEff*c.clock()), c.LaunchS), nil
+			return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*c.GEMMEff*c.Clock()), c.LaunchS), nil
 		}
 		rows := rec.Count / (out * in)
 		switch rec.Pass {
@@ -497,9 +392,9 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 		if rec.Pass != moe.Forward {
 			eff = c.AttnBwdEff
 		}
-		return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*eff*c.clock()), c.LaunchS), nil
+		return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*eff*c.Clock()), c.LaunchS), nil
 	}
-	return c.MemorySeconds(float64(rec.Count) * c.bytesPerElement(rec.Op, rec.Pass)), nil
+	return c.MemorySeconds(float64(rec.Count) * c.BytesPerElement(rec.Op, rec.Pass)), nil
 }
 
 // splitRows divides rows over n groups in proportion to weights (evenly
@@ -537,75 +432,4 @@ func splitRows(rows int64, n int, weights []float64) []int64 {
 		used++
 	}
 	return out
-}
-
-// Fallbacks of the compute model for a device file without a kernels
-// object (the registry's devices all have one, each number sourced there):
-// the H100 SXM's measured rates (parallel/hw/devices/h100.json), which are
-// the most widely measured part's. The launch overhead is used for devices
-// whose entry gives no launch_overhead_s: the registry's 4 µs, a direct
-// cuLaunchKernel dispatch measured on a B200 (parallel/hw/devices/b200.json
-// cites it); PyTorch eager's dispatch between kernels adds to it, so
-// calibrate.
-var fallbackKernels = hw.Kernels{GEMMEff: 0.803, GroupedEff: 0.36, GroupedHalfRows: 406, CuDNNFwdEff: 0.61,
-	CuDNNBwdEff: 0.51, Flash2FwdEff: 0.37, Flash2BwdEff: 0.32, MemEff: 0.84, NCCLCTAs: 16,
-	SustainedRatio: 0.848, SpeedSD: 0.010}
-
-const (
-	defaultLaunchS = 4e-6
-	// fallbackSMs is used for devices without a published SM count.
-	fallbackSMs = 132
-)
-
-// AttentionKernel names the SDPA backend that runs attention.
-type AttentionKernel string
-
-// SDPA backends the compute model prices.
-const (
-	// CuDNNAttention is cuDNN's fused attention, first in torchtitan's SDPA
-	// priority (torchtitan/models/attention.py at 0012170a,
-	// ScaledDotProductAttentionWrapper: CUDNN_ATTENTION, FLASH_ATTENTION,
-	// EFFICIENT_ATTENTION, MATH with set_priority=True): the default.
-	CuDNNAttention AttentionKernel = "cudnn"
-	// Flash2Attention is FlashAttention-2, PyTorch's own first SDPA choice
-	// (its default priority order puts flash first), which torchtitan ran
-	// before it set the priority.
-	Flash2Attention AttentionKernel = "flash2"
-)
-
-// ComputeSpecOf returns the compute model of a registry device with its
-// measured kernel rates (cuDNN attention; Device.Kernels, or the H100
-// fallbacks for a device file without them).
-func ComputeSpecOf(d hw.Device) ComputeSpec {
-	spec, _ := ComputeSpecFor(d, CuDNNAttention)
-	return spec
-}
-
-// ComputeSpecFor is ComputeSpecOf with the attention backend named; an
-// unknown backend is an error listing the known ones.
-func ComputeSpecFor(d hw.Device, attn AttentionKernel) (ComputeSpec, error) {
-	sms := d.SMs
-	if sms == 0 {
-		sms = fallbackSMs
-	}
-	launch := d.LaunchOverheadS
-	if launch == 0 {
-		launch = defaultLaunchS
-	}
-	k := fallbackKernels
-	if d.Kernels != nil {
-		k = *d.Kernels
-	}
-	spec := ComputeSpec{PeakFLOPs: d.BF16FLOPs, HBMBytesPerS: d.HBMBytesPerS, SMs: sms, LaunchS: launch,
-		GEMMEff: k.GEMMEff, GroupedEff: k.GroupedEff, GroupedHalfRows: k.GroupedHalfRows,
-		AttnFwdEff: k.CuDNNFwdEff, AttnBwdEff: k.CuDNNBwdEff, MemEff: k.MemEff, NCCLCTAs: k.NCCLCTAs,
-		Sustained: k.SustainedRatio, SpeedSD: k.SpeedSD}
-	switch attn {
-	case CuDNNAttention, "":
-	case Flash2Attention:
-		spec.AttnFwdEff, spec.AttnBwdEff = k.Flash2FwdEff, k.Flash2BwdEff
-	default:
-		return ComputeSpec{}, fmt.Errorf("attention kernel %q: unknown (known: %s, %s)", attn, CuDNNAttention, Flash2Attention)
-	}
-	return spec, nil
 }
