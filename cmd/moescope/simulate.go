@@ -133,7 +133,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	in := sim.InputFor(spec, dev, cl, cal)
+	in := sim.Input{Spec: spec, Device: dev, Cluster: cl, Calibration: cal}
 	in.KeepTimeline, in.MemoryTarget = sf.tracePath != "", *sf.target
 	res, err := sim.Simulate(in)
 	if err != nil {

@@ -83,8 +83,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			}
 			counts = append(counts, row)
 		}
-		res, err := sim.Simulate(sim.Input{Config: cfg, Layout: l, AC: tc.ac, LBS: lbs, Seq: seq, GradAccum: 1,
-			ExpertCounts: counts, KeepTimeline: true})
+		res, err := sim.Simulate(sim.Input{Spec: job.Spec{Model: cfg, Layout: l, AC: tc.ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}, Recipe: job.EagerRecipe()}, ExpertCounts: counts, KeepTimeline: true})
 		if err != nil {
 			t.Fatal(err)
 		}

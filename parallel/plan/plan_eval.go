@@ -161,7 +161,7 @@ func memoryKey(p Point) Point {
 
 // input is the simulator's input for p.
 func (e *SimEvaluator) input(p Point) sim.Input {
-	return sim.InputFor(e.Spec(p), e.Device, e.Cluster, e.Calibration)
+	return sim.Input{Spec: e.Spec(p), Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration}
 }
 
 // Evaluate simulates p on the virtual-time backend.

@@ -52,10 +52,10 @@ func TestPlanPublishedReport(t *testing.T) {
 			c := cl.WithGPUsPerNode(r.GPUsPerNode)
 			cl = &c
 		}
-		ev := &SimEvaluator{Run: eagerRun(in.Config, r.Seq), Device: in.Device, Cluster: cl}
+		ev := &SimEvaluator{Run: eagerRun(in.Model, r.Seq), Device: in.Device, Cluster: cl}
 		req := Request{GPUs: r.GPUs, GPUsPerNode: cl.GPUsPerNode, MemoryTarget: 0.92}
-		if in.Config.IsMoE() {
-			req.Experts = in.Config.Experts
+		if in.Model.IsMoE() {
+			req.Experts = in.Model.Experts
 		}
 		pref := "no feasible plan"
 		var tps float64

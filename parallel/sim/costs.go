@@ -203,8 +203,8 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 		bytes: make([]float64, len(s.Ops)), byClass: make([][cost.NumOpClasses]float64, len(s.Ops))}
 	shapes := map[parallel.Axis]cost.GroupShape{}
 	share := 1.0 // the rows the dispatcher sends (dispatchShare)
-	if in.Dispatcher != AllToAllDispatch && in.Config != nil {
-		share = dispatchShare(in.Dispatcher, in.Config, mesh.Group(parallel.AxisEP, 0).Size())
+	if in.Dispatcher.RowPerRank() && in.Model != nil {
+		share = dispatchShare(in.Dispatcher, in.Model, mesh.Group(parallel.AxisEP, 0).Size())
 	}
 	var copies []computeCopy
 	for i, o := range s.Ops {
@@ -260,7 +260,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 		// that runs it (chargeComputeCopies). The split-size copy to the host
 		// stalls the stream that waits on it.
 		var fixed float64
-		onStream, onCompute := spec.FSDPCopySeconds(o, g.Ranks, in.Memory.Precision)
+		onStream, onCompute := spec.FSDPCopySeconds(o, g.Ranks, in.Storage())
 		fixed += onStream
 		sim.over[ohFSDPCopy] += onStream + onCompute
 		if onCompute > 0 {

@@ -96,7 +96,7 @@ func simulatePipeline(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	cfg, l, pl, dev, cl, exact := in.Config, in.Layout, su.pl, su.dev, su.cl, su.exact
+	cfg, l, pl, dev, cl, exact := in.Model, in.Layout, su.pl, su.dev, su.cl, su.exact
 	mem, err := memory.Estimate(cfg, l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, su.mo)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory: %w", err)
@@ -182,7 +182,7 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if in.SingleCommStream {
 		return pipelineSetup{}, errors.New("simulate: single comm stream with pp > 1 is not modelled")
 	}
-	cfg, l := in.Config, in.Layout
+	cfg, l := in.Model, in.Layout
 	dev, cl, err := resolveHardware(in)
 	if err != nil {
 		return pipelineSetup{}, err
@@ -191,11 +191,13 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 		return pipelineSetup{}, err
 	}
 	stageL := l.StageLayout()
-	if err := checkSkewBound(cfg, stageL, in.ExpertSkew); err != nil {
+	stageSpec := in.Spec
+	stageSpec.Layout = stageL
+	if err := checkSkewBound(stageSpec); err != nil {
 		return pipelineSetup{}, err
 	}
 	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: in.LBS, Seq: in.Seq, Accum: in.GradAccum,
-		Precision: in.Memory.Precision, ReduceDType: in.Memory.ReduceDType, GPUsPerNode: cl.GPUsPerNode})
+		Precision: in.Storage(), ReduceDType: in.MemoryOptions().ReduceDType, GPUsPerNode: cl.GPUsPerNode})
 	if err != nil {
 		return pipelineSetup{}, fmt.Errorf("simulate: %w", err)
 	}
@@ -209,14 +211,10 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if err != nil {
 		return pipelineSetup{}, err
 	}
-	spec, err := cost.ComputeSpecFor(dev, in.AttentionKernel)
+	spec, err := computeSpec(dev, in, in.Calibration)
 	if err != nil {
-		return pipelineSetup{}, fmt.Errorf("simulate: %w", err)
+		return pipelineSetup{}, err
 	}
-	spec = spec.WithExperts(in.ExpertGEMM).Calibrated(in.Calibration)
-	spec.Compiled = in.Memory.Compile.Model
-	spec.CompositeNorm = in.Torch.before(fusedNormSince)
-	spec.FusedElementwise = in.FusedElementwise
 	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
 	if err := spec.Validate(); err != nil {
 		return pipelineSetup{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
@@ -228,14 +226,14 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if err != nil {
 		return pipelineSetup{}, err
 	}
-	return pipelineSetup{pl: pl, dev: dev, cl: cl, inMB: inMB, spec: spec, costs: costs, loads: loads, exact: exact, mo: in.memoryOptions()}, nil
+	return pipelineSetup{pl: pl, dev: dev, cl: cl, inMB: inMB, spec: spec, costs: costs, loads: loads, exact: exact, mo: in.MemoryOptions()}, nil
 }
 
 // pipelineTiming reports the walk per pipeline rank.
 func pipelineTiming(pl *parallel.Pipeline, w pipeWalk, cl *hw.Cluster, in Input) *PipelineTiming {
 	l := pl.Layout
 	t := &PipelineTiming{Schedule: l.PPSchedule, Microbatches: pl.M, VirtualStages: l.VirtualStages(),
-		MessageBytes:     pipeMessageBytes(l, in.Seq, in.Config.Hidden),
+		MessageBytes:     pipeMessageBytes(l, in.Seq, in.Model.Hidden),
 		SimulatedPerRank: "one data-parallel rank of each stage"}
 	for r, wr := range w.ranks {
 		st := StageTiming{Rank: r, BusyS: wr.busy, OptimizerS: wr.optS, EndS: wr.end, IdleFraction: 1 - (wr.busy+wr.optS)/w.step}

@@ -62,7 +62,7 @@ func stageTPPrices(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw
 	if l.TPDegree() > 1 {
 		pc.tpFwd, pc.tpBwd = make([]tpSeconds, n), make([]tpSeconds, n)
 		for s := range n {
-			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, in.precision().Activation) {
+			for _, c := range pl.StageTPCollectives(cfg, s, in.Seq, in.AC, in.Storage().Activation) {
 				cc, err := cost.Collective(cl, in.Calibration, c.Coll, tpG, float64(c.Bytes()))
 				if err != nil {
 					return 0, fmt.Errorf("simulate: %w", err)
@@ -157,7 +157,7 @@ func pipelineTransfers(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl
 		// the copy-out the single-program path charges to the compute
 		// stream is one memory pass per unit and step here, not per
 		// micro-batch.
-		onStream, onCompute := spec.FSDPCopySeconds(o, g.Ranks, in.Memory.Precision)
+		onStream, onCompute := spec.FSDPCopySeconds(o, g.Ranks, in.Storage())
 		return cc.Seconds() + onStream + onCompute
 	}
 	// Price every collective once now, so that a pricing error is returned
@@ -229,7 +229,7 @@ func asyncPasses(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw.C
 	n := pl.Layout.PipelineStages()
 	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
 	walk := func(s int, bwd bool, cs map[segKey]segCost, d *float64, tp *tpSeconds) error {
-		ops, err := pl.StagePass(cfg, s, inMB.Seq, inMB.AC, inMB.precision(), bwd)
+		ops, err := pl.StagePass(cfg, s, inMB.Seq, inMB.AC, inMB.Storage(), bwd)
 		if err != nil {
 			return fmt.Errorf("simulate: %w", err)
 		}
@@ -338,7 +338,7 @@ func a2aSeconds(pl *parallel.Pipeline, cfg *moe.Config, cl *hw.Cluster, inMB Inp
 	// Under tp with etp = 1 each tp rank sends its 1/tp of the rows
 	// (Layout.TokensPerExpertRank).
 	T := float64(inMB.LBS) * float64(inMB.Seq) / float64(l.TokensPerExpertRank())
-	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(inMB.precision().Activation.Bytes()) *
+	rows := T * float64(cfg.TopK) * float64(cfg.Hidden) * float64(inMB.Storage().Activation.Bytes()) *
 		dispatchShare(inMB.Dispatcher, cfg, l.EP)
 	counts, err := cost.Collective(cl, inMB.Calibration, parallel.CollAllToAll, g, float64(8*cfg.Experts))
 	if err != nil {

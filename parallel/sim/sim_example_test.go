@@ -22,8 +22,7 @@ func ExampleSimulate() {
 		panic(err)
 	}
 	dev, _ := hw.LookupDevice("b200")
-	r, err := sim.Simulate(sim.Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective},
-		LBS: 2, Seq: 256, GradAccum: 1, Device: dev})
+	r, err := sim.Simulate(sim.Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 2, Seq: 256, GradAccum: 1}, Recipe: job.EagerRecipe()}, Device: dev})
 	if err != nil {
 		panic(err)
 	}

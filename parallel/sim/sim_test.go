@@ -32,7 +32,7 @@ func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Input{Config: cfg, Layout: l, AC: a, LBS: lbs, Seq: seq, GradAccum: accum}
+	return Input{Spec: job.Spec{Model: cfg, Layout: l, AC: a, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: accum}, Recipe: job.EagerRecipe()}}
 }
 
 // The breakdown partitions the step; TPS is tokens over step time; the
@@ -61,7 +61,7 @@ func TestSimulateInvariants(t *testing.T) {
 		if !near(r.TPS, tokens/r.StepTimeS, 1e-12) {
 			t.Errorf("tps %g ≠ tokens/step %g", r.TPS, tokens/r.StepTimeS)
 		}
-		rep, err := memory.Estimate(in.Config, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC})
+		rep, err := memory.Estimate(in.Model, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +325,7 @@ func TestSimulateReduceDType(t *testing.T) {
 	var steps [2]float64
 	for i, dt := range []moe.DType{moe.F32, moe.BF16} {
 		c := in
-		c.Memory.ReduceDType = dt
+		c.ReduceDType = dt
 		r, err := Simulate(c)
 		if err != nil {
 			t.Fatal(err)

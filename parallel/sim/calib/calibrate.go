@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
@@ -154,9 +155,13 @@ func prepareFit(runs []published.Run) (calFit, error) {
 // does not price, or a TPS that is not physical, i.e. whose MFU by
 // torchtitan's FLOP count would exceed the device's BF16 dense peak.
 func checkMeasured(r published.Run, p *sim.Prepared) error {
-	if err := sim.CheckPrecision("precision", r.Precision); err != nil || r.Precision == "" {
+	if err := job.Precision(r.Precision).Check("precision"); err != nil || r.Precision == "" {
+		priced := make([]string, len(job.PricedPrecisions))
+		for i, p := range job.PricedPrecisions {
+			priced[i] = string(p)
+		}
 		return moe.FieldError{Field: "precision", Value: r.Precision,
-			Allowed: "a precision the time model prices: " + strings.Join(sim.PricedPrecisions, ", ")}
+			Allowed: "a precision the time model prices: " + strings.Join(priced, ", ")}
 	}
 	perToken := p.FLOPsPerToken(flops.Torchtitan)
 	if bound := p.Device().BF16FLOPs / perToken; !(r.TPS > 0 && r.TPS <= bound) {
@@ -198,7 +203,7 @@ func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
 		if !measured {
 			continue
 		}
-		p, err := memory.Replay(f.preps[i].Memory().Events, a, f.preps[i].Input().Memory.Segments)
+		p, err := memory.Replay(f.preps[i].Memory().Events, a, f.preps[i].Input().MemoryOptions().Segments)
 		if err != nil {
 			return 0, false, "", err
 		}

@@ -31,8 +31,7 @@ func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := sim.Simulate(sim.Input{Config: in.Config, Layout: in.Layout, AC: in.AC, LBS: in.LBS, Seq: in.Seq,
-			Device: in.Device, Cluster: in.Cluster, Calibration: truth, Memory: in.Memory})
+		res, err := sim.Simulate(sim.Input{Spec: in.Spec, Device: in.Device, Cluster: in.Cluster, Calibration: truth})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +88,7 @@ func TestCalibrateAllocatorNotIdentified(t *testing.T) {
 		}
 		a := memory.DefaultAllocator
 		a.Fragmentation = 0
-		peak, err := memory.Replay(p.Memory().Events, a, in.Memory.Segments)
+		peak, err := memory.Replay(p.Memory().Events, a, in.MemoryOptions().Segments)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,9 +253,7 @@ func TestSimulateMemoryIsEstimate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := in.Memory
-	o.AC = in.AC
-	est, err := memory.Estimate(in.Config, in.Layout, memory.Batch{LBS: 2, Seq: 4096, GradAccum: 1}, o)
+	est, err := memory.Estimate(in.Model, in.Layout, memory.Batch{LBS: 2, Seq: 4096, GradAccum: 1}, in.MemoryOptions())
 	if err != nil {
 		t.Fatal(err)
 	}

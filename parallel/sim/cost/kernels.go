@@ -3,6 +3,7 @@ package cost
 import (
 	"fmt"
 
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -10,54 +11,10 @@ import (
 // SDPA backend, the routed experts' GEMMs), and a device's compute spec at
 // its measured kernel rates.
 
-// AttentionKernel names the SDPA backend that runs attention.
-type AttentionKernel string
-
-// SDPA backends the compute model prices.
-const (
-	// CuDNNAttention is cuDNN's fused attention, first in torchtitan's SDPA
-	// priority (torchtitan/models/attention.py at 0012170a,
-	// ScaledDotProductAttentionWrapper: CUDNN_ATTENTION, FLASH_ATTENTION,
-	// EFFICIENT_ATTENTION, MATH with set_priority=True): the default.
-	CuDNNAttention AttentionKernel = "cudnn"
-	// Flash2Attention is FlashAttention-2, PyTorch's own first SDPA choice
-	// (its default priority order puts flash first), which torchtitan ran
-	// before it set the priority.
-	Flash2Attention AttentionKernel = "flash2"
-)
-
-// ExpertGEMM is the kernel that runs the routed experts' matmuls.
-type ExpertGEMM string
-
-const (
-	// GroupedMMExperts is torch._grouped_mm, one grouped kernel per
-	// projection (torchtitan's GroupedExperts).
-	GroupedMMExperts ExpertGEMM = ""
-	// CuBLASExperts is one cuBLAS GEMM per local expert on a pool of CUDA
-	// streams: TransformerEngine's GroupedLinear (Megatron-Core's
-	// TEGroupedMLP, NeMo AutoModel's experts: te), whose
-	// nvte_multi_tensor_gemm takes multi_stream_cublas_gemm unless
-	// NVTE_USE_CUTLASS_GROUPED_GEMM is set (NVIDIA/TransformerEngine
-	// transformer_engine/common/gemm/cublaslt_gemm.cu).
-	CuBLASExperts ExpertGEMM = "cublas"
-)
-
-// ParseExpertGEMM reads a run's expert_gemm: "" or "grouped_mm", or
-// "cublas".
-func ParseExpertGEMM(field, s string) (ExpertGEMM, error) {
-	switch s {
-	case "", "grouped_mm":
-		return GroupedMMExperts, nil
-	case "cublas":
-		return CuBLASExperts, nil
-	}
-	return "", fmt.Errorf("%s = %q: must be grouped_mm (torch._grouped_mm, torchtitan's) or cublas (TransformerEngine's per-expert GEMMs)", field, s)
-}
-
 // WithExperts sets the routed experts' kernel: per-expert cuBLAS GEMMs run
 // at the device's dense GEMM efficiency.
-func (c ComputeSpec) WithExperts(k ExpertGEMM) ComputeSpec {
-	if k == CuBLASExperts {
+func (c ComputeSpec) WithExperts(k job.ExpertGEMM) ComputeSpec {
+	if k == job.CuBLASExperts {
 		c.ExpertGEMMEff = c.GEMMEff
 	}
 	return c
@@ -85,13 +42,13 @@ const (
 // measured kernel rates (cuDNN attention; Device.Kernels, or the H100
 // fallbacks for a device file without them).
 func ComputeSpecOf(d hw.Device) ComputeSpec {
-	spec, _ := ComputeSpecFor(d, CuDNNAttention)
+	spec, _ := ComputeSpecFor(d, job.CuDNNAttention)
 	return spec
 }
 
 // ComputeSpecFor is ComputeSpecOf with the attention backend named; an
 // unknown backend is an error listing the known ones.
-func ComputeSpecFor(d hw.Device, attn AttentionKernel) (ComputeSpec, error) {
+func ComputeSpecFor(d hw.Device, attn job.AttentionKernel) (ComputeSpec, error) {
 	sms := d.SMs
 	if sms == 0 {
 		sms = fallbackSMs
@@ -109,11 +66,11 @@ func ComputeSpecFor(d hw.Device, attn AttentionKernel) (ComputeSpec, error) {
 		AttnFwdEff: k.CuDNNFwdEff, AttnBwdEff: k.CuDNNBwdEff, MemEff: k.MemEff, NCCLCTAs: k.NCCLCTAs,
 		Sustained: k.SustainedRatio, SpeedSD: k.SpeedSD}
 	switch attn {
-	case CuDNNAttention, "":
-	case Flash2Attention:
+	case job.CuDNNAttention, "":
+	case job.Flash2Attention:
 		spec.AttnFwdEff, spec.AttnBwdEff = k.Flash2FwdEff, k.Flash2BwdEff
 	default:
-		return ComputeSpec{}, fmt.Errorf("attention kernel %q: unknown (known: %s, %s)", attn, CuDNNAttention, Flash2Attention)
+		return ComputeSpec{}, fmt.Errorf("attention kernel %q: not priced (priced: %s, %s)", attn, job.CuDNNAttention, job.Flash2Attention)
 	}
 	return spec, nil
 }

@@ -11,12 +11,9 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
-	"github.com/moescope/moescope/parallel/sim"
-	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Run is one measured training run in the published-runs schema of
@@ -161,54 +158,70 @@ type Run struct {
 // torchtitan's performance configurations set.
 func (r Run) Compiled() bool { return r.Compile == nil || *r.Compile }
 
-// MemoryOptions are the memory model's choices the run states: its
-// checkpointing, compile components, allocator segments, storage and loss
-// types, optimizer implementation and loss chunks.
-func (r Run) MemoryOptions() (memory.Options, error) {
+// Recipe is what the run executes with (job.Recipe, resolved): every field
+// the run states, torchtitan's default (job.DefaultRecipe) for each it
+// leaves out, compiled unless it says otherwise (Compiled). Its precision
+// is the schema's own free text until a predicting caller checks it
+// (Spec); the recipe keeps the default.
+func (r Run) Recipe() (job.Recipe, error) {
+	rec := job.DefaultRecipe()
+	rec.Compile = r.Compiled()
+	for _, c := range r.CompileComponents {
+		rec.CompileComponents = append(rec.CompileComponents, job.Component(c))
+	}
+	if r.ExpandableSegments != nil {
+		rec.ExpandableSegments = *r.ExpandableSegments
+	}
+	rec.LossChunks, rec.FusedElementwise = r.LossChunks, r.FusedElementwise
+	for _, f := range []struct {
+		v   string
+		dst *moe.DType
+	}{{r.ParamDType, &rec.ParamDType}, {r.GradDType, &rec.GradDType}, {r.OptimizerDType, &rec.OptimizerDType},
+		{r.ReduceDType, &rec.ReduceDType}, {r.LossDType, &rec.LossDType}} {
+		if f.v != "" {
+			*f.dst = moe.DType(f.v)
+		}
+	}
+	setEnum(&rec.Optimizer, r.Optimizer)
+	setEnum(&rec.Attention, r.AttentionKernel)
+	setEnum(&rec.Dispatcher, r.Dispatcher)
+	setEnum(&rec.ExpertGEMM, r.ExpertGEMM)
+	tv, err := job.ParseTorchVersion("torch_version", r.TorchVersion)
+	if err != nil {
+		return rec, err
+	}
+	rec.Torch = tv
+	return rec, rec.Resolve()
+}
+
+// setEnum sets *dst to a stated value (absent: the default stays).
+func setEnum[T ~string](dst *T, v string) {
+	if v != "" {
+		*dst = T(v)
+	}
+}
+
+// Spec is the run's description for model cfg: its layout, batch,
+// checkpointing and recipe, with its precision checked as priced.
+func (r Run) Spec(cfg *moe.Config) (job.Spec, error) {
+	l, err := r.Layout()
+	if err != nil {
+		return job.Spec{}, err
+	}
 	ac, err := moe.ParseAC(r.AC)
 	if err != nil {
-		return memory.Options{}, err
+		return job.Spec{}, err
 	}
-	o := memory.Options{AC: ac, LossChunks: r.LossChunks, OptimizerImpl: r.Optimizer, Segments: memory.Expandable,
-		Precision: moe.DefaultPrecision, LossDType: moe.DType(r.LossDType)}
-	if r.ExpandableSegments != nil && !*r.ExpandableSegments {
-		o.Segments = memory.Fixed
+	rec, err := r.Recipe()
+	if err != nil {
+		return job.Spec{}, err
 	}
-	if r.Compiled() {
-		o.Compile = memory.Compiled
-		if len(r.CompileComponents) > 0 {
-			o.Compile = memory.Compile{}
-			for _, c := range r.CompileComponents {
-				switch c {
-				case "model":
-					o.Compile.Model = true
-				case "loss":
-					o.Compile.Loss = true
-				default:
-					return memory.Options{}, moe.FieldError{Field: "compile_components", Value: c, Allowed: `"model" or "loss"`}
-				}
-			}
-		}
+	rec.Precision = job.Precision(r.Precision)
+	if err := rec.Precision.Check("precision"); err != nil {
+		return job.Spec{}, err
 	}
-	for _, f := range []struct {
-		name, v string
-		dst     *moe.DType
-	}{{"param_dtype", r.ParamDType, &o.Precision.Param}, {"grad_dtype", r.GradDType, &o.Precision.Grad},
-		{"optimizer_dtype", r.OptimizerDType, &o.Precision.Optimizer}, {"reduce_dtype", r.ReduceDType, &o.ReduceDType}} {
-		switch moe.DType(f.v) {
-		case "":
-		case moe.F32, moe.BF16:
-			*f.dst = moe.DType(f.v)
-		default:
-			return memory.Options{}, moe.FieldError{Field: f.name, Value: f.v, Allowed: "f32 or bf16"}
-		}
-	}
-	switch moe.DType(r.LossDType) {
-	case "", moe.F32, moe.BF16:
-	default:
-		return memory.Options{}, moe.FieldError{Field: "loss_dtype", Value: r.LossDType, Allowed: "f32 or bf16"}
-	}
-	return o, nil
+	s := job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum)}, AC: ac, Recipe: rec}
+	return s, s.Validate()
 }
 
 // Layout returns the run's layout, resolved and validated.
@@ -285,24 +298,6 @@ func (r Run) Validate(requireSource bool) error {
 	if r.GradAccum < 0 {
 		bad("grad_accum", r.GradAccum, "must be ≥ 1 (0 = 1)")
 	}
-	if r.Optimizer != "" && r.Optimizer != memory.Fused && r.Optimizer != memory.Foreach {
-		bad("optimizer", r.Optimizer, "must be fused or foreach")
-	}
-	if r.AttentionKernel != "" && r.AttentionKernel != string(cost.CuDNNAttention) && r.AttentionKernel != string(cost.Flash2Attention) {
-		bad("attention_kernel", r.AttentionKernel, "must be cudnn or flash2")
-	}
-	if _, err := sim.ParseTorchVersion("torch_version", r.TorchVersion); err != nil {
-		bad("torch_version", r.TorchVersion, "must be a PyTorch release MAJOR.MINOR, e.g. 2.6")
-	}
-	if _, err := sim.ParseDispatcher("dispatcher", r.Dispatcher); err != nil {
-		bad("dispatcher", r.Dispatcher, "must be all_to_all, deepep or hybridep")
-	}
-	if _, err := cost.ParseExpertGEMM("expert_gemm", r.ExpertGEMM); err != nil {
-		bad("expert_gemm", r.ExpertGEMM, "must be grouped_mm or cublas")
-	}
-	if r.LossChunks < 0 {
-		bad("loss_chunks", r.LossChunks, "must be ≥ 0")
-	}
 	if r.PeakReservedBytes != nil && *r.PeakReservedBytes < 1 {
 		bad("peak_reserved_bytes", *r.PeakReservedBytes, "must be ≥ 1")
 	}
@@ -322,7 +317,7 @@ func (r Run) Validate(requireSource bool) error {
 		if _, err := r.Layout(); err != nil {
 			errs = append(errs, err)
 		}
-		if _, err := r.MemoryOptions(); err != nil {
+		if _, err := r.Recipe(); err != nil {
 			errs = append(errs, err)
 		}
 	}

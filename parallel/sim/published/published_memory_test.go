@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
@@ -101,10 +102,15 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 	if err != nil {
 		return "", 0, false, err
 	}
-	o, err := r.MemoryOptions()
+	rec, err := r.Recipe()
 	if err != nil {
 		return "", 0, false, err
 	}
+	ac, err := moe.ParseAC(r.AC)
+	if err != nil {
+		return "", 0, false, err
+	}
+	o := memory.OptionsOf(rec, ac)
 	rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, o)
 	if err != nil {
 		return "", 0, false, err

@@ -12,8 +12,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
-	"github.com/moescope/moescope/parallel/sim"
-	"github.com/moescope/moescope/parallel/sim/cost"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // TestPublishedRuns predicts the peak reserved memory of every published
@@ -198,6 +197,17 @@ func FuzzReadRuns(f *testing.F) {
 	})
 }
 
+// memoryOptions is the memory model's view of a run's recipe under its
+// checkpointing.
+func memoryOptions(r Run) (memory.Options, error) {
+	rec, err := r.Recipe()
+	if err != nil {
+		return memory.Options{}, err
+	}
+	ac, err := moe.ParseAC(r.AC)
+	return memory.OptionsOf(rec, ac), err
+}
+
 // TestRunMemoryOptions: what a run's optional memory fields mean (the
 // schema's documented defaults), and that bad values name their field.
 func TestRunMemoryOptions(t *testing.T) {
@@ -230,7 +240,7 @@ func TestRunMemoryOptions(t *testing.T) {
 	for _, c := range cases {
 		r := base
 		c.edit(&r)
-		o, err := r.MemoryOptions()
+		o, err := memoryOptions(r)
 		if c.errSub != "" {
 			if err == nil || !strings.Contains(err.Error(), c.errSub) {
 				t.Errorf("%s: err = %v, want one naming %s", c.name, err, c.errSub)
@@ -258,7 +268,7 @@ func TestRunFrameworkFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.Torch != (sim.TorchVersion{Major: 2, Minor: 6}) || in.Dispatcher != sim.DeepEPDispatch || in.ExpertGEMM != cost.CuBLASExperts || !in.FusedElementwise {
+	if in.Torch != (job.TorchVersion{Major: 2, Minor: 6}) || in.Dispatcher != job.HybridEP || in.ExpertGEMM != job.CuBLASExperts || !in.FusedElementwise {
 		t.Errorf("input %+v %q %q %v", in.Torch, in.Dispatcher, in.ExpertGEMM, in.FusedElementwise)
 	}
 	for field, edit := range map[string]func(*Run){
@@ -282,8 +292,8 @@ func TestRunFrameworkFields(t *testing.T) {
 	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "power_limited") {
 		t.Errorf("power_limited: InputForRun = %v, want a refusal naming the field", err)
 	}
-	if _, err := r.MemoryOptions(); err != nil {
-		t.Errorf("power_limited: MemoryOptions = %v", err)
+	if _, err := memoryOptions(r); err != nil {
+		t.Errorf("power_limited: memory options: %v", err)
 	}
 }
 
