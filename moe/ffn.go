@@ -167,14 +167,14 @@ func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass
 		}
 		l.xTKD, l.acts, l.counts = xTKD, s, counts
 		if pass == Forward {
-			ex.saved(layer, OpExpertGate, "input", len(xTKD), ex.act)
-			ex.saved(layer, OpExpertAct, "gate", len(s.g), ex.act)
+			ex.saved(layer, OpExpertGate, SavedInput, len(xTKD), ex.act)
+			ex.saved(layer, OpExpertAct, SavedGate, len(s.g), ex.act)
 			if s.sg != nil {
-				ex.saved(layer, OpExpertAct, "silu_gate", len(s.sg), ex.act)
+				ex.saved(layer, OpExpertAct, SavedSiLUGate, len(s.sg), ex.act)
 			}
-			ex.saved(layer, OpExpertAct, "up", len(s.u), ex.act)
+			ex.saved(layer, OpExpertAct, SavedUp, len(s.u), ex.act)
 			if s.a != nil {
-				ex.saved(layer, OpExpertDown, "input", len(s.a), ex.act)
+				ex.saved(layer, OpExpertDown, SavedInput, len(s.a), ex.act)
 			}
 		}
 	}

@@ -112,19 +112,19 @@ func (b *Block[T]) mlaBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 
 // mlaRecord reports what an MLA block keeps for the backward of its
 // attention inputs, in saved.go's mlaAttention order.
-func (b *Block[T]) mlaRecord(rec func(Op, string, []T, DType)) {
+func (b *Block[T]) mlaRecord(rec func(Op, Saved, []T, DType)) {
 	st, a, act := &b.st, &b.st.mla, b.x.act
 	if b.cfg.MLA.QRank == 0 {
-		rec(OpQProj, "input", st.h1, act)
+		rec(OpQProj, SavedInput, st.h1, act)
 	} else {
-		rec(OpQAProj, "input", st.h1, act)
-		rec(OpQANorm, "input", a.qa, act)
-		rec(OpQANorm, "rstd", a.qaRstd, F32)
-		rec(OpQBProj, "input", a.qan, act)
+		rec(OpQAProj, SavedInput, st.h1, act)
+		rec(OpQANorm, SavedInput, a.qa, act)
+		rec(OpQANorm, SavedRstd, a.qaRstd, F32)
+		rec(OpQBProj, SavedInput, a.qan, act)
 	}
-	rec(OpKVANorm, "input", a.lat, act)
-	rec(OpKVANorm, "rstd", a.latRstd, F32)
-	rec(OpKVBProj, "input", a.latn, act)
+	rec(OpKVANorm, SavedInput, a.lat, act)
+	rec(OpKVANorm, SavedRstd, a.latRstd, F32)
+	rec(OpKVBProj, SavedInput, a.latn, act)
 }
 
 // mlaViews takes an MLA layer's attention tensors from next in Params order

@@ -13,8 +13,8 @@ func (b *Block[T]) checkpointed() bool {
 
 // Cache keys for the selective policy's non-linear saved outputs.
 const (
-	opLSE     Op = "attention.lse"
-	opTopKIdx Op = "router_topk.indices"
+	opLSE     = Op(string(OpAttn) + "." + string(SavedLSE))
+	opTopKIdx = Op(string(OpRouterTopK) + "." + string(SavedIndices))
 )
 
 // keep drops what the policy does not keep and records what it keeps.
@@ -98,68 +98,68 @@ func (b *Block[T]) recordKept() {
 		return
 	}
 	st, L, act := &b.st, b.layer, b.x.act
-	rec := func(op Op, name string, v []T, dt DType) {
+	rec := func(op Op, name Saved, v []T, dt DType) {
 		if v != nil {
 			b.x.saved(L, op, name, len(v), dt)
 		}
 	}
-	rec(OpAttnNorm, "input", st.x, act)
+	rec(OpAttnNorm, SavedInput, st.x, act)
 	if st.cache != nil {
 		for _, op := range selectiveSaved(b.cfg, L) {
-			rec(op, "output", st.cache[op], act)
+			rec(op, SavedOutput, st.cache[op], act)
 		}
-		rec(OpAttn, "output", st.cache[OpAttn], act)
-		rec(OpAttn, "lse", st.cache[opLSE], F32)
-		rec(OpRouterTopK, "values", st.cache[OpRouterTopK], F32)
-		rec(OpRouterTopK, "indices", st.cache[opTopKIdx], I64)
+		rec(OpAttn, SavedOutput, st.cache[OpAttn], act)
+		rec(OpAttn, SavedLSE, st.cache[opLSE], F32)
+		rec(OpRouterTopK, SavedValues, st.cache[OpRouterTopK], F32)
+		rec(OpRouterTopK, SavedIndices, st.cache[opTopKIdx], I64)
 		return
 	}
 	if !st.complete {
 		return
 	}
-	rec(OpAttnNorm, "rstd", st.rstd1, F32)
+	rec(OpAttnNorm, SavedRstd, st.rstd1, F32)
 	if b.cfg.IsMLA() {
 		b.mlaRecord(rec)
 	} else {
-		rec(OpQProj, "input", st.h1, act)
+		rec(OpQProj, SavedInput, st.h1, act)
 	}
 	if b.cfg.QKNorm != QKNormNone {
-		rec(OpQNorm, "input", st.qRaw, act)
-		rec(OpQNorm, "rstd", st.qRstd, F32)
-		rec(OpKNorm, "input", st.kRaw, act)
-		rec(OpKNorm, "rstd", st.kRstd, F32)
+		rec(OpQNorm, SavedInput, st.qRaw, act)
+		rec(OpQNorm, SavedRstd, st.qRstd, F32)
+		rec(OpKNorm, SavedInput, st.kRaw, act)
+		rec(OpKNorm, SavedRstd, st.kRstd, F32)
 	}
-	rec(OpAttn, "q", st.q, act)
-	rec(OpAttn, "k", st.k, act)
-	rec(OpAttn, "v", st.v, act)
-	rec(OpAttn, "output", st.o, act)
-	rec(OpAttn, "lse", st.lse, F32)
-	rec(OpFFNNorm, "input", st.x2, act)
-	rec(OpFFNNorm, "rstd", st.rstd2, F32)
+	rec(OpAttn, SavedQ, st.q, act)
+	rec(OpAttn, SavedK, st.k, act)
+	rec(OpAttn, SavedV, st.v, act)
+	rec(OpAttn, SavedOutput, st.o, act)
+	rec(OpAttn, SavedLSE, st.lse, F32)
+	rec(OpFFNNorm, SavedInput, st.x2, act)
+	rec(OpFFNNorm, SavedRstd, st.rstd2, F32)
 	if b.cfg.MoELayer[L] {
-		rec(OpRouter, "input", st.h2, act)
+		rec(OpRouter, SavedInput, st.h2, act)
 	} else {
-		rec(OpDenseGate, "input", st.h2, act)
+		rec(OpDenseGate, SavedInput, st.h2, act)
 	}
 	ops := [4]Op{OpDenseAct, OpDenseAct, OpDenseAct, OpDenseDown}
 	if rt := st.rt; b.cfg.MoELayer[L] && rt != nil {
-		rec(OpRouterTopK, "scores", rt.Scores, F32)
-		b.x.saved(L, OpRouterTopK, "indices", len(rt.Indices), I64)
-		rec(OpRouterTopK, "values", rt.Values, F32)
-		rec(OpRouterTopK, "denominator", rt.Denom, F32)
-		b.x.saved(L, OpDispatch, "order", len(rt.Order), I64)
-		rec(OpCombine, "expert_output", st.expertOutTKD, act)
-		rec(OpCombine, "weights", rt.Weights, F32)
+		rec(OpRouterTopK, SavedScores, rt.Scores, F32)
+		b.x.saved(L, OpRouterTopK, SavedIndices, len(rt.Indices), I64)
+		rec(OpRouterTopK, SavedValues, rt.Values, F32)
+		rec(OpRouterTopK, SavedDenominator, rt.Denom, F32)
+		b.x.saved(L, OpDispatch, SavedOrder, len(rt.Order), I64)
+		rec(OpCombine, SavedExpertOutput, st.expertOutTKD, act)
+		rec(OpCombine, SavedWeights, rt.Weights, F32)
 		ops = [4]Op{OpSharedAct, OpSharedAct, OpSharedAct, OpSharedDown}
 	}
 	if st.ffn.g != nil {
-		rec(ops[0], "gate", st.ffn.g, act)
-		rec(ops[1], "silu_gate", st.ffn.sg, act)
-		rec(ops[2], "up", st.ffn.u, act)
-		rec(ops[3], "input", st.ffn.a, act)
+		rec(ops[0], SavedGate, st.ffn.g, act)
+		rec(ops[1], SavedSiLUGate, st.ffn.sg, act)
+		rec(ops[2], SavedUp, st.ffn.u, act)
+		rec(ops[3], SavedInput, st.ffn.a, act)
 	}
 	if b.cfg.MoELayer[L] && b.cfg.SharedGated {
-		rec(OpSharedScale, "gate", st.sGate, act)
-		rec(OpSharedScale, "shared_output", st.fOut, act)
+		rec(OpSharedScale, SavedGate, st.sGate, act)
+		rec(OpSharedScale, SavedSharedOutput, st.fOut, act)
 	}
 }

@@ -93,7 +93,7 @@ func (x *exec) op(layer int, op Op, pass Pass, count int64) {
 	}
 }
 
-func (x *exec) saved(layer int, op Op, tensor string, elements int, dt DType) {
+func (x *exec) saved(layer int, op Op, tensor Saved, elements int, dt DType) {
 	if x.rec != nil {
 		x.rec.RecordSaved(SavedRecord{Layer: layer, Op: op, Tensor: tensor, Elements: int64(elements), DType: dt})
 	}

@@ -29,7 +29,7 @@ func (e *Embedding[T]) Forward(table []T, ids []int) []T {
 	}
 	e.ids = ids
 	e.x.op(LayerEmbed, OpEmbed, Forward, int64(len(ids))*int64(D))
-	e.x.saved(LayerEmbed, OpEmbed, "ids", len(ids), I64)
+	e.x.saved(LayerEmbed, OpEmbed, SavedIDs, len(ids), I64)
 	return x
 }
 
@@ -75,11 +75,11 @@ func (h *Head[T]) Forward(w *GlobalWeights[T], x []T, labels []int) float64 {
 	linear(ex, L, OpLMHead, Forward, h.logp, h.hf, w.LMHead, nil, T_, V, D)
 	loss := crossEntropyFwd(h.logp, labels, V)
 	ex.op(L, OpLoss, Forward, t64*int64(V))
-	ex.saved(L, OpFinalNorm, "input", len(x), ex.act)
-	ex.saved(L, OpFinalNorm, "rstd", len(h.rstd), F32)
-	ex.saved(L, OpLMHead, "input", len(h.hf), ex.act)
-	ex.saved(L, OpLoss, "log_probs", len(h.logp), F32)
-	ex.saved(L, OpLoss, "labels", T_, I64)
+	ex.saved(L, OpFinalNorm, SavedInput, len(x), ex.act)
+	ex.saved(L, OpFinalNorm, SavedRstd, len(h.rstd), F32)
+	ex.saved(L, OpLMHead, SavedInput, len(h.hf), ex.act)
+	ex.saved(L, OpLoss, SavedLogProbs, len(h.logp), F32)
+	ex.saved(L, OpLoss, SavedLabels, T_, I64)
 	return loss
 }
 

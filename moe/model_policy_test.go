@@ -122,7 +122,7 @@ func TestRecomputeRepeatsForward(t *testing.T) {
 		savedLinear := map[moetest.OpKey]bool{}
 		for l := range c.Layers {
 			for _, s := range moe.SavedTensors(c, l, batch*seq, selective, moe.Precision{}) {
-				if s.Tensor == "output" && s.Op.Kind() == moe.KindMatmul {
+				if s.Tensor == moe.SavedOutput && s.Op.Kind() == moe.KindMatmul {
 					savedLinear[moetest.OpKey{Layer: l, Op: s.Op, Pass: moe.Forward}] = true
 				}
 			}

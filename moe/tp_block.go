@@ -9,8 +9,8 @@ import "math"
 // recompute does not re-run the two reduce-scatters (it does re-run the
 // all-gathers, which the list does not name).
 const (
-	opTPAttnScatter Op = "o_proj.tp_reduce_scatter_output"
-	opTPFFNScatter  Op = "ffn.tp_reduce_scatter_output"
+	opTPAttnScatter = Op(string(OpOProj) + "." + string(SavedTPReduceScatterOutput))
+	opTPFFNScatter  = Op("ffn." + string(SavedTPReduceScatterOutput))
 )
 
 // ForwardSP runs the block as one rank of a tensor-parallel group with
@@ -35,8 +35,8 @@ func (b *Block[T]) ForwardSP(w *LayerWeights[T], xLocal []T, tc TPComm[T]) []T {
 		if b.cfg.MoELayer[b.layer] {
 			ffn = OpCombine
 		}
-		b.x.saved(b.layer, OpOProj, "tp_reduce_scatter_output", len(aoL), b.x.act)
-		b.x.saved(b.layer, ffn, "tp_reduce_scatter_output", len(yL), b.x.act)
+		b.x.saved(b.layer, OpOProj, SavedTPReduceScatterOutput, len(aoL), b.x.act)
+		b.x.saved(b.layer, ffn, SavedTPReduceScatterOutput, len(yL), b.x.act)
 	}
 	return out
 }
@@ -172,7 +172,7 @@ func (e *Embedding[T]) ForwardShard(table []T, ids []int, lo int) []T {
 	}
 	e.ids = ids
 	e.x.op(LayerEmbed, OpEmbed, Forward, int64(len(ids))*int64(D))
-	e.x.saved(LayerEmbed, OpEmbed, "ids", len(ids), I64)
+	e.x.saved(LayerEmbed, OpEmbed, SavedIDs, len(ids), I64)
 	return x
 }
 
@@ -255,11 +255,11 @@ func (h *Head[T]) ForwardTP(w *GlobalWeights[T], xLocal []T, labels []int, lo, v
 		loss -= float64(v)
 	}
 	ex.op(L, OpLoss, Forward, int64(T_)*int64(vl))
-	ex.saved(L, OpFinalNorm, "input", len(xLocal), ex.act)
-	ex.saved(L, OpFinalNorm, "rstd", len(h.rstd), F32)
-	ex.saved(L, OpLMHead, "input", len(h.hf), ex.act)
-	ex.saved(L, OpLoss, "log_probs", len(h.logp), F32)
-	ex.saved(L, OpLoss, "labels", T_, I64)
+	ex.saved(L, OpFinalNorm, SavedInput, len(xLocal), ex.act)
+	ex.saved(L, OpFinalNorm, SavedRstd, len(h.rstd), F32)
+	ex.saved(L, OpLMHead, SavedInput, len(h.hf), ex.act)
+	ex.saved(L, OpLoss, SavedLogProbs, len(h.logp), F32)
+	ex.saved(L, OpLoss, SavedLabels, T_, I64)
 	return loss / float64(T_)
 }
 

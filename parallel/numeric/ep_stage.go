@@ -233,9 +233,9 @@ func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe
 		if s.rec != nil {
 			rows := int64(len(recv) / D)
 			for _, t := range []struct {
-				name string
+				name moe.Saved
 				n    int64
-			}{{"input", rows * int64(D)}, {"gate", rows * int64(F)}, {"up", rows * int64(F)}} {
+			}{{moe.SavedInput, rows * int64(D)}, {moe.SavedGate, rows * int64(F)}, {moe.SavedUp, rows * int64(F)}} {
 				s.rec.RecordSaved(moe.SavedRecord{Layer: layer, Op: moe.OpExpertGate, Tensor: t.name, Elements: t.n, DType: s.dtype})
 			}
 		}
