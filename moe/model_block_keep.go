@@ -25,7 +25,7 @@ func (b *Block[T]) keep() {
 		*st = blockState[T]{x: st.x}
 	case b.ac.Mode == ACSelective:
 		cache := map[Op][]T{}
-		for _, op := range selectiveSaved(b.cfg, b.layer) {
+		for _, op := range SelectiveSaved(b.cfg, b.layer) {
 			switch op {
 			case OpQProj:
 				cache[op] = st.qRaw
@@ -105,7 +105,7 @@ func (b *Block[T]) recordKept() {
 	}
 	rec(OpAttnNorm, SavedInput, st.x, act)
 	if st.cache != nil {
-		for _, op := range selectiveSaved(b.cfg, L) {
+		for _, op := range SelectiveSaved(b.cfg, L) {
 			rec(op, SavedOutput, st.cache[op], act)
 		}
 		rec(OpAttn, SavedOutput, st.cache[OpAttn], act)

@@ -23,12 +23,12 @@ func TestYarnInvFreq(t *testing.T) {
 	// dim(1) = 8·ln(64/(2π))/(2 ln 100) = 2.016 → ceil 3 → hi = 3. The ramp is
 	// i/3, so inv_i = f_i·(1 − (1 − 1/4)·i/3): f_0, ¾·f_1, ½·f_2, ¼·f_3.
 	y := &Yarn{Factor: 4, OriginalMaxPositions: 64, BetaFast: 32, BetaSlow: 1, Truncate: true, AttentionFactor: 1}
-	check("truncated", y.invFreq(8, 100), map[int]float64{0: 1, 1: 0.75 * plain(8, 100, 1), 2: 0.5 * plain(8, 100, 2), 3: 0.25 * plain(8, 100, 3)})
+	check("truncated", invFreq(y, 8, 100), map[int]float64{0: 1, 1: 0.75 * plain(8, 100, 1), 2: 0.5 * plain(8, 100, 2), 3: 0.25 * plain(8, 100, 3)})
 	// Without truncation hi = 2.0160002112515443 (the same dim(1), not
 	// ceiled): ramp_1 = 1/hi, ramp_2 = 2/hi, ramp_3 = 1 (clamped).
 	y.Truncate = false
 	hi := 2.0160002112515443
-	check("untruncated", y.invFreq(8, 100), map[int]float64{0: 1,
+	check("untruncated", invFreq(y, 8, 100), map[int]float64{0: 1,
 		1: plain(8, 100, 1) * (1 - 0.75/hi), 2: plain(8, 100, 2) * (1 - 0.75*2/hi), 3: 0.25 * plain(8, 100, 3)})
 	// DeepSeek-V3 (r = 64, θ = 10⁴, original 4096, factor 40, β 32 and 1):
 	// dim(32) = 10.47 → lo = 10, dim(1) = 22.51 → hi = 23: pairs up to 10
@@ -36,10 +36,10 @@ func TestYarnInvFreq(t *testing.T) {
 	// 6/13 of the way.
 	ds := &Yarn{Factor: 40, OriginalMaxPositions: 4096, BetaFast: 32, BetaSlow: 1, Truncate: true, AttentionFactor: 1}
 	p := func(i int) float64 { return plain(64, 1e4, i) }
-	check("deepseek-v3", ds.invFreq(64, 1e4), map[int]float64{0: 1, 10: p(10), 16: p(16) * (1 - (39.0/40)*6/13), 23: p(23) / 40, 31: p(31) / 40})
+	check("deepseek-v3", invFreq(ds, 64, 1e4), map[int]float64{0: 1, 10: p(10), 16: p(16) * (1 - (39.0/40)*6/13), 23: p(23) / 40, 31: p(31) / 40})
 	// No YaRN: the plain frequencies.
 	var none *Yarn
-	check("plain", none.invFreq(8, 100), map[int]float64{0: 1, 1: plain(8, 100, 1), 3: plain(8, 100, 3)})
+	check("plain", invFreq(none, 8, 100), map[int]float64{0: 1, 1: plain(8, 100, 1), 3: plain(8, 100, 3)})
 }
 
 // TestRopeTableYarnFactor: cos and sin carry YaRN's attention factor, so a
@@ -70,14 +70,15 @@ func FuzzYarnInvFreq(f *testing.F) {
 		if r < 2 || r > 256 || r%2 != 0 {
 			return
 		}
-		c := &Config{RopeScaling: "yarn", RopeTheta: theta,
+		// A tiny config Validate accepts, with the fuzzed RoPE fields.
+		c := &Config{Name: "t", ModelType: "llama", Vocab: 8, Hidden: 4, Layers: 1, Heads: 1, KVHeads: 1, HeadDim: 4,
+			DenseFFN: 4, MoELayer: []bool{false}, Window: []int{0}, QKNorm: QKNormNone, RotaryFraction: 1, NormEps: 1e-6, InitRange: 0.02,
+			RopeScaling: "yarn", RopeTheta: theta,
 			Yarn: &Yarn{Factor: factor, OriginalMaxPositions: orig, BetaFast: fast, BetaSlow: slow, Truncate: truncate, AttentionFactor: 1}}
-		var e fieldErrors
-		c.validateYarn(&e)
-		if len(e) > 0 || !(theta > 0) || math.IsInf(theta, 0) { // rope_theta's own check is validateNumerics'
+		if c.Validate() != nil {
 			return
 		}
-		for i, v := range c.Yarn.invFreq(r, theta) {
+		for i, v := range invFreq(c.Yarn, r, theta) {
 			p := math.Pow(theta, -float64(2*i)/float64(r))
 			lo, hi := math.Min(p, p/factor), math.Max(p, p/factor)
 			if math.IsNaN(v) || math.IsInf(v, 0) || v < lo*(1-1e-12) || v > hi*(1+1e-12) {

@@ -63,7 +63,7 @@ import "slices"
 // attn_norm/input (its input) and recomputes its whole forward in backward.
 //
 // Policy selective (torchtitan's per-op SAC): the block keeps its input,
-// the outputs of the linears selectiveSaved lists (every odd mm/linear
+// the outputs of the linears SelectiveSaved lists (every odd mm/linear
 // counted over the block's calls, the router gate never counted nor saved),
 // the attention output and lse, and the router's top-k values (f32, T·K)
 // and indices (i64, T·K); grouped expert GEMMs are not saved. Backward
@@ -105,9 +105,12 @@ func blockLinears(c *Config, l int) []Op {
 	return ops
 }
 
-// selectiveSaved lists the linears whose outputs the selective policy
-// keeps: the 1st, 3rd, 5th, … of blockLinears.
-func selectiveSaved(c *Config, l int) []Op {
+// SelectiveSaved lists the linears of block l whose outputs the selective
+// policy keeps: the 1st, 3rd, 5th, … of the block's mm/linear calls in
+// execution order, the router gate neither counted nor kept. SavedTensors
+// lists their outputs and the reference implementation (moe/ref) caches
+// them: one rule for both.
+func SelectiveSaved(c *Config, l int) []Op {
 	var s []Op
 	for i, op := range blockLinears(c, l) {
 		if i%2 == 0 {
@@ -231,11 +234,11 @@ func (s *savedList) head() {
 }
 
 // selective adds what the selective policy keeps beyond the block's input:
-// the outputs of the linears selectiveSaved lists, the attention output
+// the outputs of the linears SelectiveSaved lists, the attention output
 // and lse, and in MoE blocks the router's top-k values and indices.
 func (s *savedList) selective() {
 	c, T, K := s.c, s.T, int64(s.c.TopK)
-	for _, op := range selectiveSaved(c, s.layer) {
+	for _, op := range SelectiveSaved(c, s.layer) {
 		s.add(op, SavedOutput, T*int64(linearOut(c, op)), s.act)
 	}
 	s.add(OpAttn, SavedOutput, T*int64(c.Heads*c.VHeadDim()), s.act)

@@ -38,12 +38,12 @@ type TPComm[T Float] interface {
 }
 
 // TPLocal returns the config one tensor-parallel rank runs its share of a
-// layer with: heads and KV heads divided by tp, the dense and the (fused)
+// layer of c with: heads and KV heads divided by tp, the dense and the (fused)
 // shared FFN widths by tp, the routed experts' width by expertTP and the
 // vocabulary by tp, rounded up (torch's Shard(0) of an uneven dimension
 // pads the last chunk). Layout.CheckModel guarantees the other divisions.
 // The config describes local shapes, not a model of its own.
-func (c *Config) TPLocal(tp, expertTP int) *Config {
+func TPLocal(c *Config, tp, expertTP int) *Config {
 	l := *c
 	l.Heads, l.KVHeads, l.DenseFFN = c.Heads/tp, c.KVHeads/tp, c.DenseFFN/tp
 	if c.SharedExperts > 0 {

@@ -16,7 +16,7 @@ const (
 // ForwardSP runs the block as one rank of a tensor-parallel group with
 // sequence parallelism: xLocal [T/tp, D] is the rank's tokens of the block
 // input (T = batch·seq of the data-parallel rank, which the group shares),
-// the block was built from Config.TPLocal and w holds the rank's pieces of
+// the block was built from TPLocal and w holds the rank's pieces of
 // the weights (TPShard). It returns the rank's tokens of the output and
 // keeps what the policy says, with the reduce-scatter outputs under the
 // selective policy. ExpertCounts then counts the routed rows this rank

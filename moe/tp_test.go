@@ -43,7 +43,7 @@ func TestTPShard(t *testing.T) {
 // TestTPLocal: a tp rank's shapes, by hand for tiny-like dimensions.
 func TestTPLocal(t *testing.T) {
 	c := &Config{Heads: 8, KVHeads: 4, DenseFFN: 48, SharedExperts: 2, SharedFFN: 6, ExpertFFN: 16, Vocab: 30}
-	l := c.TPLocal(4, 2)
+	l := TPLocal(c, 4, 2)
 	if l.Heads != 2 || l.KVHeads != 1 || l.DenseFFN != 12 || l.SharedExperts*l.SharedFFN != 3 || l.ExpertFFN != 8 || l.Vocab != 8 {
 		t.Errorf("TPLocal(4, 2) = heads %d kv %d dense %d shared %d×%d experts %d vocab %d; want 2 1 12 3 8 8",
 			l.Heads, l.KVHeads, l.DenseFFN, l.SharedExperts, l.SharedFFN, l.ExpertFFN, l.Vocab)

@@ -81,7 +81,7 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	// order as cfg's).
 	lcfg := cfg
 	if tp := m.Layout.TPDegree(); tp > 1 {
-		lcfg = cfg.TPLocal(tp, m.Layout.ExpertTP())
+		lcfg = moe.TPLocal(cfg, tp, m.Layout.ExpertTP())
 	}
 	sc, err := moe.NewModel[float32](lcfg)
 	if err != nil {

@@ -140,7 +140,7 @@ type PipelineTrainer struct {
 	tp    int            // tensor-parallel ranks per data-parallel rank
 	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
 	el    int            // routed experts per EP rank
-	lcfg  *moe.Config    // a tp rank's local shapes (moe.Config.TPLocal; the config itself without tp)
+	lcfg  *moe.Config    // a tp rank's local shapes (moe.TPLocal; the config itself without tp)
 	order [][]job.PipeAction
 	split []int
 	first []int               // first layer of each stage, then cfg.Layers
@@ -202,7 +202,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	// (TPLocal; the same tensors in the same order as cfg's).
 	lcfg := cfg
 	if tp > 1 {
-		lcfg = cfg.TPLocal(tp, l.ExpertTP())
+		lcfg = moe.TPLocal(cfg, tp, l.ExpertTP())
 	}
 	el := cfg.Experts / max(l.EP, 1)
 	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, el: el, lcfg: lcfg, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}

@@ -15,7 +15,7 @@ import (
 // group read the same sequences; each holds its pieces of the weights
 // (moe.TPShard: column-wise q/k/v, w1/w3 and the LM head, row-wise o and
 // w2, the embedding's vocabulary rows; the norms, the router gate and the
-// shared-expert gate whole) and runs its blocks with moe.Config.TPLocal's
+// shared-expert gate whole) and runs its blocks with moe.TPLocal's
 // heads and widths. Sequence-parallel tensors hold, of every sequence of
 // the micro-batch, the positions [j·S/tp, (j+1)·S/tp) on member j (torch's
 // Shard(1) of [batch, seq, hidden]). The collectives are
