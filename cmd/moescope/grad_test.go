@@ -16,6 +16,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -173,13 +174,13 @@ func gradAgainstTorch(t *testing.T, dir string) (got gradReport, exp torchExpect
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
+	torch, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range cfg.Params() {
 		var maxRef, maxDiff float64
-		for j, v := range ref[i] {
+		for j, v := range torch[i] {
 			maxRef = math.Max(maxRef, math.Abs(v))
 			maxDiff = math.Max(maxDiff, math.Abs(gg[i][j]-v))
 		}
@@ -362,7 +363,7 @@ func TestGradNonFinite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := moe.NewModel[float32](cfg)
+	m, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/numeric"
@@ -33,7 +34,7 @@ type trainReport struct {
 	GradAccum int        `json:"grad_accum"`
 	StartStep int        `json:"start_step"` // optimizer steps already taken (resume)
 	Losses    []float64  `json:"losses"`     // cross-entropy, one per step of this run
-	AuxLosses []float64  `json:"aux_losses"` // aux loss per step, moe.AuxLoss's formula for the model (0 when off)
+	AuxLosses []float64  `json:"aux_losses"` // aux loss per step, ref.AuxLoss's formula for the model (0 when off)
 	// TPS is a rank's own tokens per second (torchtitan's definition).
 	TPS float64 `json:"tps"`
 	// MFU is the model-convention FLOPs per second of all ranks together ÷
@@ -139,8 +140,8 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs.IntVar(&a.steps, "steps", 0, "optimizer steps to run (required)")
 	fs.IntVar(&a.accum, "grad-accum", 1, "micro-steps per optimizer step")
 	fs.Uint64Var(&a.seed, "seed", 0, "seed of the initialization and of the synthetic data")
-	fs.Float64Var(&a.lr, "lr", moe.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
-	fs.Float64Var(&a.wd, "weight-decay", moe.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
+	fs.Float64Var(&a.lr, "lr", ref.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
+	fs.Float64Var(&a.wd, "weight-decay", ref.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
 	fs.Float64Var(&a.auxCoef, "aux-coef", -1, "aux-loss coefficient (default: the config's router_aux_loss_coef, or DeepSeek-MoE's aux_loss_alpha)")
 	fs.Float64Var(&a.biasRate, "bias-update-rate", 1e-3, "selection-bias update rate γ (sigmoid routers with a bias)")
 	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object at the end (progress lines go to stderr)")
@@ -251,7 +252,7 @@ func (a *trainArgs) setup() (*trainRun, error) {
 // the --resume checkpoint, and the state a checkpoint of this run records.
 func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, error) {
 	cfg, layout, mesh, ac, batch, coef := r.cfg, r.layout, r.mesh, r.ac, r.batch, r.coef
-	adam := moe.TorchtitanAdamW
+	adam := ref.TorchtitanAdamW
 	adam.LR, adam.WeightDecay = a.lr, a.wd
 	state := numeric.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
 		GlobalBatch: batch.Global(), DataSeed: a.seed, AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate}
@@ -269,7 +270,7 @@ func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, 
 		init = loaded.Params
 		state.Losses = loaded.State.Losses
 	} else {
-		m, err := moe.NewModel[float32](cfg)
+		m, err := ref.NewModel[float32](cfg)
 		if err != nil {
 			return nil, numeric.TrainState{}, err
 		}

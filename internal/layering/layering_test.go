@@ -46,6 +46,7 @@ var layers = [][]string{
 	{"moe/moetest"},
 	{"moe/job"},
 	{"moe/hf"},
+	{"moe/ref"},
 	{"moe"},
 	{"moe/attn"},
 	{"moe/kernel", "moe/safetensors"},

@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric"
 	"github.com/moescope/moescope/parallel/sim"
@@ -47,13 +48,13 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		init, err := moe.NewModel[float32](cfg)
+		init, err := ref.NewModel[float32](cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		init.InitRandom(5)
 		n, err := numeric.New(numeric.Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: 1, DP: l.DP()},
-			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+			AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -50,7 +50,7 @@ func (f *Fault) strikes(rank, step, micro int) bool {
 }
 
 // cancelled carries a rank's cancellation out of the reference's ops. The
-// ops of package moe return no errors (they are pure kernels), so the
+// ops of package moe/ref return no errors (they are pure kernels), so the
 // recorder they report to panics with this value between two ops once the
 // rank's context is done, and runStep recovers it into the rank's error:
 // a rank stuck in compute stops at its next op, not at the end of its

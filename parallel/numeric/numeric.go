@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -19,7 +20,7 @@ type Spec struct {
 	AC        moe.AC
 	Batch     parallel.Batch // Batch.DP must equal the mesh's dp_replicate × dp_shard
 	DataSeed  uint64
-	AdamW     moe.AdamW
+	AdamW     ref.AdamW
 	AuxCoef   float64 // coefficient of HF's load-balancing loss; 0 neither computes nor adds it
 	BiasRate  float64 // selection-bias update rate γ (sigmoid routers with a selection bias)
 	Precision moe.Precision

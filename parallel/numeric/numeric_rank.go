@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -42,10 +43,10 @@ type numRank struct {
 	units []*numUnit
 	byKey map[parallel.Unit]*numUnit
 
-	scratch *moe.Model[float32] // views the block runners read weights from and write gradients to
-	blocks  []*moe.Block[float32]
-	embed   *moe.Embedding[float32]
-	headRun *moe.Head[float32]
+	scratch *ref.Model[float32] // views the block runners read weights from and write gradients to
+	blocks  []*ref.Block[float32]
+	embed   *ref.Embedding[float32]
+	headRun *ref.Head[float32]
 	stage   *epStage
 	tp      *tpComm // nil without tensor parallelism
 
@@ -81,9 +82,9 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	// order as cfg's).
 	lcfg := cfg
 	if tp := m.Layout.TPDegree(); tp > 1 {
-		lcfg = cfg.TPLocal(tp, m.Layout.ExpertTP())
+		lcfg = ref.TPLocal(cfg, tp, m.Layout.ExpertTP())
 	}
-	sc, err := moe.NewModel[float32](lcfg)
+	sc, err := ref.NewModel[float32](lcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +144,7 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 		r.byKey[u] = nu
 	}
 	r.rec = &rankRecorder{mem: &r.mem}
-	o := moe.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.Precision, AuxCoef: spec.AuxCoef}
+	o := ref.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.Precision, AuxCoef: spec.AuxCoef}
 	if g := m.Group(parallel.AxisTP, rank); g.Size() > 1 {
 		r.tp = newTPComm(g, rank, spec.Batch, cfg, m.Layout, spec.Precision, spec.AC)
 	}
@@ -151,10 +152,10 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 		r.stage = &epStage{cfg: lcfg, dtype: spec.Precision.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},
 			weights: r.expertWeights, grads: r.expertGrads}
 	}
-	r.embed = moe.NewEmbedding[float32](lcfg, o)
-	r.headRun = moe.NewHead[float32](lcfg, o)
+	r.embed = ref.NewEmbedding[float32](lcfg, o)
+	r.headRun = ref.NewHead[float32](lcfg, o)
 	for l := 0; l < cfg.Layers; l++ {
-		b := moe.NewBlock[float32](lcfg, l, spec.Batch.LBS, spec.Batch.Seq, o)
+		b := ref.NewBlock[float32](lcfg, l, spec.Batch.LBS, spec.Batch.Seq, o)
 		if r.stage != nil && cfg.MoELayer[l] {
 			b.Experts = r.stage
 		}
@@ -284,7 +285,7 @@ func (r *numRank) release(u *numUnit) {
 }
 
 // install copies whole weights into the scratch model's views (expert
-// stacks split per expert), where moe.Block reads them.
+// stacks split per expert), where ref.Block reads them.
 func (r *numRank) install(u *numUnit) {
 	ts := r.scratch.Tensors()
 	for k, ix := range u.params {
@@ -450,11 +451,11 @@ func (r *numRank) optimize(ctx context.Context, ep *collective.Endpoint) error {
 	for _, u := range r.units {
 		switch {
 		case !u.shardOpt: // ddp: whole
-			st := moe.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
-			moe.AdamWStep(a, &st, u.data, u.grad)
+			st := ref.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
+			ref.AdamWStep(a, &st, u.data, u.grad)
 		case !u.fullData: // fsdp: data and grad sharded alike
-			st := moe.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
-			moe.AdamWStep(a, &st, u.data, u.grad)
+			st := ref.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
+			ref.AdamWStep(a, &st, u.data, u.grad)
 		default: // zero1, zero2: update this rank's shard of the whole parameters
 			whole := u.pieces(u.data, false)
 			var p, g []float32
@@ -469,8 +470,8 @@ func (r *numRank) optimize(ctx context.Context, ep *collective.Endpoint) error {
 					g = append(g, s.Shard(gw[k], u.idx)...)
 				}
 			}
-			st := moe.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
-			moe.AdamWStep(a, &st, p, g)
+			st := ref.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
+			ref.AdamWStep(a, &st, p, g)
 			if u.group.Size() == 1 {
 				copy(u.data, p)
 				break
@@ -518,7 +519,7 @@ func (r *numRank) collectFull(out [][]float32) {
 				// Add when sharded: every other rank contributes zeros at
 				// this rank's rows. Each tp rank places its own piece.
 				n, idx := r.tpSplit(ps[i])
-				moe.TPUnshard(ps[i], whole[j*per:(j+1)*per], out[i], n, idx, !u.fullData)
+				ref.TPUnshard(ps[i], whole[j*per:(j+1)*per], out[i], n, idx, !u.fullData)
 			}
 		}
 	}
@@ -558,7 +559,7 @@ func (r *numRank) collectMoments(m, v [][]float32) {
 						pair.dst[i] = make([]float32, ps[i].Elements())
 					}
 					n, idx := r.tpSplit(ps[i])
-					moe.TPUnshard(ps[i], whole[j*per:(j+1)*per], pair.dst[i], n, idx, u.shardOpt)
+					ref.TPUnshard(ps[i], whole[j*per:(j+1)*per], pair.dst[i], n, idx, u.shardOpt)
 				}
 			}
 		}

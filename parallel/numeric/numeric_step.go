@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -171,7 +172,7 @@ func (r *numRank) microStep(ctx context.Context, ep *collective.Endpoint, seqs [
 	// Megatron does) and its gradient per layer, from the blocks' routing.
 	var auxGrad [][]float32
 	if r.spec.AuxCoef != 0 && r.cfg.IsMoE() {
-		aux, auxGrad = moe.AuxLoss(r.cfg, r.blocks, scale*r.spec.AuxCoef)
+		aux, auxGrad = ref.AuxLoss(r.cfg, r.blocks, scale*r.spec.AuxCoef)
 	}
 	loss, dx, err := r.headStep(ctx, ep, x, labels, scale, micro)
 	if err != nil {
@@ -397,12 +398,12 @@ func (r *numRank) releaseLayer(li int) {
 	}
 }
 
-func (r *numRank) layerWeights(li int) *moe.LayerWeights[float32] {
+func (r *numRank) layerWeights(li int) *ref.LayerWeights[float32] {
 	w, _ := r.scratch.Layer(li)
 	return &w
 }
 
-func (r *numRank) layerGrads(li int) *moe.LayerWeights[float32] {
+func (r *numRank) layerGrads(li int) *ref.LayerWeights[float32] {
 	_, g := r.scratch.Layer(li)
 	return &g
 }

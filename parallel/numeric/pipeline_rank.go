@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -45,14 +46,14 @@ type pipeStep struct {
 	scale  float64 // each backward's scale: one over the step's micro-batches
 	useAux bool
 	coef   float64 // scale × the aux loss's coefficient
-	gw, gg moe.GlobalWeights[float32]
+	gw, gg ref.GlobalWeights[float32]
 	loads  [][]int64 // the step's routed rows per [layer][expert] of its stages' MoE layers
 
 	// Per micro-batch runners: a block keeps its micro-batch's state from
 	// forward to backward, and several micro-batches are in flight.
-	blocks  []map[int]*moe.Block[float32]
-	embeds  []*moe.Embedding[float32]
-	heads   []*moe.Head[float32]
+	blocks  []map[int]*ref.Block[float32]
+	embeds  []*ref.Embedding[float32]
+	heads   []*ref.Head[float32]
 	experts []*epStage // per micro-batch under ep
 
 	// Per micro-batch, what backward needs of the aux loss: HF's shared
@@ -62,7 +63,7 @@ type pipeStep struct {
 	backwards map[int]int // per stage, backwards run in the step's last micro-step
 	// Per micro-batch and stage, the weight gradients a backward-input
 	// pass queued for its weight pass.
-	queues []map[int]*moe.WeightQueue
+	queues []map[int]*ref.WeightQueue
 
 	losses, auxes []float64 // per micro-batch in one rank's order, written by the last stage
 }
@@ -94,9 +95,9 @@ func (p *PipelineTrainer) newPipeStep(ctx context.Context, ep *collective.Endpoi
 	st.newRunners()
 	st.auxShared = make([][]float32, p.m)
 	st.auxLayer = make([]map[int][]float32, p.m)
-	st.queues = make([]map[int]*moe.WeightQueue, p.m)
+	st.queues = make([]map[int]*ref.WeightQueue, p.m)
 	for j := range st.queues {
-		st.queues[j] = map[int]*moe.WeightQueue{}
+		st.queues[j] = map[int]*ref.WeightQueue{}
 	}
 	return st, nil
 }
@@ -123,10 +124,10 @@ func (st *pipeStep) gather() error {
 // embedding and the head.
 func (st *pipeStep) newRunners() {
 	p, cfg, sp := st.p, st.p.spec.Config, st.p.spec
-	o := moe.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
-	st.blocks = make([]map[int]*moe.Block[float32], p.m)
-	st.embeds = make([]*moe.Embedding[float32], p.m)
-	st.heads = make([]*moe.Head[float32], p.m)
+	o := ref.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
+	st.blocks = make([]map[int]*ref.Block[float32], p.m)
+	st.embeds = make([]*ref.Embedding[float32], p.m)
+	st.heads = make([]*ref.Head[float32], p.m)
 	if p.ep > 1 {
 		st.experts = make([]*epStage, p.m)
 		weights, grads := p.localExperts(st.pr)
@@ -136,23 +137,23 @@ func (st *pipeStep) newRunners() {
 		}
 	}
 	for j := range p.m {
-		st.blocks[j] = map[int]*moe.Block[float32]{}
+		st.blocks[j] = map[int]*ref.Block[float32]{}
 		for _, s := range st.pr.stages {
 			for li := p.first[s]; li < p.first[s+1]; li++ {
-				st.blocks[j][li] = moe.NewBlock[float32](p.lcfg, li, p.batch.LBS, p.batch.Seq, o)
+				st.blocks[j][li] = ref.NewBlock[float32](p.lcfg, li, p.batch.LBS, p.batch.Seq, o)
 				if st.experts != nil && cfg.MoELayer[li] {
 					st.blocks[j][li].Experts = st.experts[j]
 				}
 			}
 		}
-		st.embeds[j], st.heads[j] = moe.NewEmbedding[float32](p.lcfg, o), moe.NewHead[float32](p.lcfg, o)
+		st.embeds[j], st.heads[j] = ref.NewEmbedding[float32](p.lcfg, o), ref.NewHead[float32](p.lcfg, o)
 	}
 }
 
 // stageBlocks are micro-batch j's blocks of stage s, in layer order.
-func (st *pipeStep) stageBlocks(s, j int) []*moe.Block[float32] {
+func (st *pipeStep) stageBlocks(s, j int) []*ref.Block[float32] {
 	lo, hi := st.p.first[s], st.p.first[s+1]
-	out := make([]*moe.Block[float32], 0, hi-lo)
+	out := make([]*ref.Block[float32], 0, hi-lo)
 	for li := lo; li < hi; li++ {
 		out = append(out, st.blocks[j][li])
 	}
@@ -160,7 +161,7 @@ func (st *pipeStep) stageBlocks(s, j int) []*moe.Block[float32] {
 }
 
 // epFailed is the first error of the EP stages: an EP all-to-all that
-// failed left zeros behind it (moe.ExpertStage has no error result), so
+// failed left zeros behind it (ref.ExpertStage has no error result), so
 // the rank stops at the next action.
 func (st *pipeStep) epFailed() error {
 	for _, s := range st.experts {
@@ -191,7 +192,7 @@ func (st *pipeStep) run(a int, act job.PipeAction, links *pipeLinks) error {
 		// the whole backward at its weight pass.
 		return nil
 	case act.Kind == job.PipeI:
-		q := &moe.WeightQueue{}
+		q := &ref.WeightQueue{}
 		st.queues[j][s] = q
 		st.deferGrads(s, j, q)
 		return st.backward(a, s, j, true, links)
@@ -202,7 +203,7 @@ func (st *pipeStep) run(a int, act job.PipeAction, links *pipeLinks) error {
 // deferGrads makes stage s's runners of micro-batch j (its blocks with
 // their EP stage, and the last stage's head) queue their weight-gradient
 // GEMMs on q, or, given nil, run them again.
-func (st *pipeStep) deferGrads(s, j int, q *moe.WeightQueue) {
+func (st *pipeStep) deferGrads(s, j int, q *ref.WeightQueue) {
 	for _, blk := range st.stageBlocks(s, j) {
 		blk.DeferWeightGrads(q)
 	}
@@ -306,10 +307,10 @@ func (st *pipeStep) forwardAux(s, j int, msg *fwdMsg) {
 	cfg := st.p.spec.Config
 	stageBlocks := st.stageBlocks(s, j)
 	if !cfg.SeqAuxLoss {
-		moe.AuxPartial(stageBlocks, msg.cnt, msg.sum)
+		ref.AuxPartial(stageBlocks, msg.cnt, msg.sum)
 		return
 	}
-	v, grads := moe.AuxLoss(cfg, stageBlocks, st.coef)
+	v, grads := ref.AuxLoss(cfg, stageBlocks, st.coef)
 	msg.aux += v
 	if st.auxLayer[j] == nil {
 		// Kept across the rank's stages: one micro-batch
@@ -333,7 +334,7 @@ func (st *pipeStep) loss(j, k int, msg fwdMsg, labels []int) {
 		loss = st.heads[j].Forward(&st.gw, msg.x, labels)
 	}
 	if st.useAux && !cfg.SeqAuxLoss {
-		msg.aux, st.auxShared[j] = moe.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, st.coef)
+		msg.aux, st.auxShared[j] = ref.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, st.coef)
 	}
 	if st.lead {
 		st.losses[k], st.auxes[k] = loss, msg.aux
@@ -487,7 +488,7 @@ func (st *pipeStep) adamW() error {
 				return err
 			}
 		}
-		moe.AdamWStep(st.p.spec.AdamW, &pr.adam[i], pr.shard[i], g)
+		ref.AdamWStep(st.p.spec.AdamW, &pr.adam[i], pr.shard[i], g)
 		clear(gs[i])
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -79,7 +80,7 @@ func TestNumericTPRefuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		init, _ := moe.NewModel[float32](cfg)
+		init, _ := ref.NewModel[float32](cfg)
 		_, err = New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: tc.seq, Micro: 1, DP: l.DP()}}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v seq %d: New = %v, want an error saying %q", tc.l, tc.seq, err, tc.want)
@@ -96,10 +97,10 @@ func tpTrainer(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, micro int
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, _ := moe.NewModel[float32](cfg)
+	init, _ := ref.NewModel[float32](cfg)
 	init.InitRandom(5)
 	n, err := New(Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: 2, Seq: 2 * l.TPDegree(), Micro: micro, DP: l.DP()},
-		AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +327,7 @@ func TestNumericTPStateEqualsMemory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			init, _ := moe.NewModel[float32](cfg)
+			init, _ := ref.NewModel[float32](cfg)
 			seq := 2 * l.TPDegree()
 			n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: seq, Micro: 1, DP: l.DP()}}, init.Tensors())
 			if err != nil {
