@@ -58,7 +58,7 @@ type Pipeline struct {
 	Layout job.Layout
 	Split  []int // transformer layers per stage (job.Layout.StageSplit)
 	M      int   // pipeline micro-batches per accumulation micro-step
-	Accum  int   // accumulation micro-steps
+	GradAccum  int   // accumulation micro-steps
 	Ranks  [][]PipeOp
 	// Stage is the mesh of one stage's data-parallel ranks (the groups of
 	// the FSDP and EP collectives inside a stage).
@@ -152,7 +152,7 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 	if prec == (moe.Precision{}) {
 		prec = moe.DefaultPrecision
 	}
-	p := &Pipeline{Layout: l, Split: split, M: m, Accum: sp.Accum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
+	p := &Pipeline{Layout: l, Split: split, M: m, GradAccum: sp.Accum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
 	b := &schedBuilder{cfg: cfg, paramIx: NewUnitIndex(cfg), m: stage, l: stage.Layout, prec: prec,
 		sp: ScheduleSpec{Memory: memory.Options{ReduceDType: sp.ReduceDType}}}
 	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) / int64(l.TPDegree()) * int64(cfg.Hidden) * prec.Activation.Bytes()

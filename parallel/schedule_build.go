@@ -70,7 +70,7 @@ func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, fmt.Errorf("schedule: %w", err)
 	}
-	b := &schedBuilder{sp: sp, cfg: cfg, paramIx: NewUnitIndex(cfg), m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, Micro: sp.Micro}}
+	b := &schedBuilder{sp: sp, cfg: cfg, paramIx: NewUnitIndex(cfg), m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, GradAccum: sp.Micro}}
 	b.prec = sp.Precision
 	if b.prec == (moe.Precision{}) {
 		b.prec = moe.DefaultPrecision

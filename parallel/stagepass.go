@@ -38,7 +38,7 @@ func (p *Pipeline) StagePass(cfg *moe.Config, s, seq int, ac moe.AC, prec moe.Pr
 	l := p.Stage.Layout
 	mbs := p.Layout.PPMicrobatchSize
 	b := &schedBuilder{sp: ScheduleSpec{Config: cfg, Mesh: p.Stage, AC: ac, LBS: mbs, Seq: seq, Micro: 1, Precision: prec, NoMemory: true},
-		cfg: cfg, paramIx: NewUnitIndex(cfg), m: p.Stage, l: l, prec: prec, s: &Schedule{Layout: l, AC: ac, LBS: mbs, Seq: seq, Micro: 1},
+		cfg: cfg, paramIx: NewUnitIndex(cfg), m: p.Stage, l: l, prec: prec, s: &Schedule{Layout: l, AC: ac, LBS: mbs, Seq: seq, GradAccum: 1},
 		pass: true}
 	b.reset()
 	first, count := p.StageLayers(s)

@@ -224,7 +224,7 @@ func (a *trainArgs) setup() (*trainRun, error) {
 		if err := a.faults.check(layout.GPUs, a.steps); err != nil {
 			return nil, err
 		}
-		return &trainRun{cfg: cfg, layout: layout, ac: ac, batch: parallel.Batch{LBS: a.lbs, Seq: a.seq, Micro: a.accum, DP: layout.DP()}, coef: coef}, nil
+		return &trainRun{cfg: cfg, layout: layout, ac: ac, batch: parallel.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum, DP: layout.DP()}, coef: coef}, nil
 	}
 	gpn := layout.GPUsPerNode
 	if gpn == 0 {
@@ -238,7 +238,7 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	batch := parallel.Batch{LBS: a.lbs, Seq: a.seq, Micro: a.accum, DP: layout.DP()}
+	batch := parallel.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum, DP: layout.DP()}
 	if err := batch.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -234,7 +234,7 @@ func TestTrainDeepseekAux(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.InitRandom(0)
-	b := parallel.Batch{LBS: 2, Seq: 8, Micro: 1, DP: 2}
+	b := parallel.Batch{LBS: 2, Seq: 8, GradAccum: 1, DP: 2}
 	var micro [][][]int
 	for r := 0; r < b.DP; r++ {
 		var mb [][]int

@@ -88,7 +88,7 @@ func TestDivergedStepIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := Spec{Config: cfg, Mesh: mesh, AC: moe.AC{Mode: moe.ACNone}, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 1, DP: 1},
+	spec := Spec{Config: cfg, Mesh: mesh, AC: moe.AC{Mode: moe.ACNone}, Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: 1, DP: 1},
 		AdamW: ref.AdamW{LR: 1e30, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}}
 	n, err := New(spec, m.Tensors())
 	if err != nil {

@@ -30,7 +30,7 @@ var ErrInjectedFault = errors.New("injected fault")
 // the batch.
 func (n *Trainer) SetFault(f *Fault) error {
 	if f != nil {
-		world, micro := len(n.ranks), n.spec.Batch.Micro
+		world, micro := len(n.ranks), n.spec.Batch.GradAccum
 		switch {
 		case f.Rank < 0 || f.Rank >= world:
 			return fmt.Errorf("fault rank %d: must be in [0, %d] (the world has %d ranks)", f.Rank, world-1, world)

@@ -27,7 +27,7 @@ func faultTrainer(t testing.TB, gpus, rep, ep, micro int, timeout time.Duration)
 	init, _ := ref.NewModel[float32](cfg)
 	init.InitRandom(1)
 	n, err := New(Spec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective}, Timeout: timeout,
-		Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: micro, DP: l.DP()}, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: micro, DP: l.DP()}, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,13 +166,13 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 		sl += all[i]
 		sa += all[i+1]
 	}
-	cnt := float64(b.DP * b.Micro)
+	cnt := float64(b.DP * b.GradAccum)
 	res.Loss, res.Aux = sl/cnt, sa/cnt
-	res.Tokens = int64(b.LBS) * int64(b.Seq) * int64(b.Micro)
+	res.Tokens = int64(b.LBS) * int64(b.Seq) * int64(b.GradAccum)
 	for _, r := range n.ranks {
 		res.PeakBytes = append(res.PeakBytes, r.mem.peak)
 	}
-	res.ExpertCounts = make([][][][]int, b.Micro)
+	res.ExpertCounts = make([][][][]int, b.GradAccum)
 	for m := range res.ExpertCounts {
 		for _, r := range n.ranks {
 			res.ExpertCounts[m] = append(res.ExpertCounts[m], r.counts[m])

@@ -362,7 +362,7 @@ func addLocal(acc, in []float32) {
 // accumulated gradient, as the type comment of Trainer describes.
 func (r *numRank) reduce(ctx context.Context, ep *collective.Endpoint, u *numUnit, g [][]float32, micro int) error {
 	l := r.spec.Mesh.Layout
-	if l.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
+	if l.GradSyncLastOnly && r.spec.Batch.GradAccum > 1 {
 		var last bool
 		if g, last = r.accumulate(u, g, micro); !last {
 			return nil
@@ -405,7 +405,7 @@ func (r *numRank) reduce(ctx context.Context, ep *collective.Endpoint, u *numUni
 			return err
 		}
 		addLocal(u.grad, acc)
-	case rep.Size() > 1 && micro == r.spec.Batch.Micro-1:
+	case rep.Size() > 1 && micro == r.spec.Batch.GradAccum-1:
 		if err := ep.AllReduce(ctx, rep, dt, u.grad); err != nil {
 			return err
 		}
@@ -434,7 +434,7 @@ func (r *numRank) accumulate(u *numUnit, g [][]float32, micro int) ([][]float32,
 			addLocal(u.acc[k], t)
 		}
 	}
-	if micro < r.spec.Batch.Micro-1 {
+	if micro < r.spec.Batch.GradAccum-1 {
 		return nil, false
 	}
 	acc := u.acc

@@ -36,15 +36,15 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 			return r.reduceUnit(ctx, ep, r.byKey[parallel.Unit{Layer: layer, Experts: true}], micro)
 		}
 	}
-	scale := 1 / float64(b.DP*b.Micro)
-	local := make([]float32, 0, 4*b.Micro)
+	scale := 1 / float64(b.DP*b.GradAccum)
+	local := make([]float32, 0, 4*b.GradAccum)
 	loads := make([][]int64, cfg.Layers)
 	for li := range loads {
 		if cfg.MoELayer[li] {
 			loads[li] = make([]int64, cfg.Experts)
 		}
 	}
-	for m := 0; m < b.Micro; m++ {
+	for m := 0; m < b.GradAccum; m++ {
 		micro = m
 		// The tp ranks of a group read their data-parallel rank's sequences.
 		seqs := b.Sequences(sp.DataSeed, cfg.Vocab, t, m, r.coord.DPRank(sp.Mesh.Layout))
@@ -83,9 +83,9 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 	// values: take each group's first, rank r·tp).
 	var out []float64
 	tp := sp.Mesh.Layout.TPDegree()
-	for m := 0; m < b.Micro; m++ {
+	for m := 0; m < b.GradAccum; m++ {
 		for rr := 0; rr < dp.Size()/tp; rr++ {
-			w := all[(rr*tp*b.Micro+m)*4:]
+			w := all[(rr*tp*b.GradAccum+m)*4:]
 			out = append(out, wordsF64(w[0:2]), wordsF64(w[2:4]))
 		}
 	}
@@ -370,7 +370,7 @@ func (r *numRank) backwardEmbed(ctx context.Context, ep *collective.Endpoint, dx
 // backward is done in micro-step micro: always, unless the layout keeps
 // them gathered across micro-steps; then only after the last.
 func (r *numRank) releaseAfterBackward(micro int) bool {
-	return !r.spec.Mesh.Layout.KeepGathered || micro == r.spec.Batch.Micro-1
+	return !r.spec.Mesh.Layout.KeepGathered || micro == r.spec.Batch.GradAccum-1
 }
 
 func (r *numRank) stageErr() error {

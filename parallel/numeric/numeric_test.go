@@ -37,7 +37,7 @@ func numericRunSeq(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, 
 		t.Fatal(err)
 	}
 	init.InitRandom(7)
-	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: micro, DP: l.DP()},
+	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, GradAccum: micro, DP: l.DP()},
 		DataSeed: 11, AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1},
 		AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
 	n, err := New(spec, init.Tensors())
@@ -255,7 +255,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		}
 		init, _ := ref.NewModel[float32](cfg)
 		init.InitRandom(3)
-		n, err := New(Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: tc.micro, DP: l.DP()},
+		n, err := New(Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: tc.micro, DP: l.DP()},
 			AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
@@ -430,7 +430,7 @@ func TestNumericStateEqualsMemory(t *testing.T) {
 					t.Fatal(err)
 				}
 				init, _ := ref.NewModel[float32](cfg)
-				n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 1, DP: l.DP()}}, init.Tensors())
+				n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: 1, DP: l.DP()}}, init.Tensors())
 				if err != nil {
 					t.Fatal(err)
 				}

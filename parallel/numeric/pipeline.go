@@ -195,7 +195,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 		spec.Precision = moe.DefaultPrecision
 	}
 	dp, tp := l.DP(), l.TPDegree()
-	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * dp * m, DP: 1}
+	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, GradAccum: spec.Accum * dp * m, DP: 1}
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}

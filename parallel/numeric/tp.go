@@ -230,7 +230,7 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *collective.Endpoin
 	// the compute type, or the gradient type they accumulate in when
 	// gradient sync waits for the last micro-step.
 	dt := r.spec.Precision.Compute
-	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
+	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.GradAccum > 1 {
 		dt = r.spec.Precision.Grad
 	}
 	return allReduceJoined(ctx, ep, r.tp.group, dt, rep)

@@ -81,7 +81,7 @@ func TestNumericTPRefuses(t *testing.T) {
 			t.Fatal(err)
 		}
 		init, _ := ref.NewModel[float32](cfg)
-		_, err = New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: tc.seq, Micro: 1, DP: l.DP()}}, init.Tensors())
+		_, err = New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: tc.seq, GradAccum: 1, DP: l.DP()}}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v seq %d: New = %v, want an error saying %q", tc.l, tc.seq, err, tc.want)
 		}
@@ -99,7 +99,7 @@ func tpTrainer(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, micro int
 	}
 	init, _ := ref.NewModel[float32](cfg)
 	init.InitRandom(5)
-	n, err := New(Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: 2, Seq: 2 * l.TPDegree(), Micro: micro, DP: l.DP()},
+	n, err := New(Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: 2, Seq: 2 * l.TPDegree(), GradAccum: micro, DP: l.DP()},
 		AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +329,7 @@ func TestNumericTPStateEqualsMemory(t *testing.T) {
 			}
 			init, _ := ref.NewModel[float32](cfg)
 			seq := 2 * l.TPDegree()
-			n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: seq, Micro: 1, DP: l.DP()}}, init.Tensors())
+			n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: seq, GradAccum: 1, DP: l.DP()}}, init.Tensors())
 			if err != nil {
 				t.Fatal(err)
 			}
