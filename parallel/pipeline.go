@@ -55,11 +55,11 @@ import (
 // Each of the grad-accum micro-steps runs the whole order; the optimizer
 // runs after the last.
 type Pipeline struct {
-	Layout job.Layout
-	Split  []int // transformer layers per stage (job.Layout.StageSplit)
-	M      int   // pipeline micro-batches per accumulation micro-step
-	GradAccum  int   // accumulation micro-steps
-	Ranks  [][]PipeOp
+	Layout    job.Layout
+	Split     []int // transformer layers per stage (job.Layout.StageSplit)
+	M         int   // pipeline micro-batches per accumulation micro-step
+	GradAccum int   // accumulation micro-steps
+	Ranks     [][]PipeOp
 	// Stage is the mesh of one stage's data-parallel ranks (the groups of
 	// the FSDP and EP collectives inside a stage).
 	Stage *Mesh

@@ -27,14 +27,14 @@ import (
 //     memory: Setup, then each op's Mem in op order, is that timeline
 //     event for event (memory.Replay gives Peak).
 type Schedule struct {
-	Layout job.Layout
-	AC     moe.AC
-	LBS    int // sequences per rank per micro-step
-	Seq    int // tokens per sequence
-	GradAccum  int // micro-steps per optimizer step (grad-accum)
-	Ops    []ScheduleOp
-	Setup  []memory.Event // what is live when the step begins
-	Peak   memory.Peak    // memory.Replay of the timeline
+	Layout    job.Layout
+	AC        moe.AC
+	LBS       int // sequences per rank per micro-step
+	Seq       int // tokens per sequence
+	GradAccum int // micro-steps per optimizer step (grad-accum)
+	Ops       []ScheduleOp
+	Setup     []memory.Event // what is live when the step begins
+	Peak      memory.Peak    // memory.Replay of the timeline
 }
 
 // Timeline returns the step's memory events in order: Setup, then every
