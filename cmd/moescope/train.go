@@ -87,7 +87,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		return a.runPipeline(stdout, stderr, r)
 	}
 	if a.printSched {
-		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: r.cfg, Mesh: r.mesh, AC: r.ac, LBS: a.lbs, Seq: a.seq, Micro: a.accum})
+		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: r.spec(), Mesh: r.mesh})
 		if err != nil {
 			return err
 		}
@@ -189,6 +189,15 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	return a, nil
 }
 
+// spec is the run the goroutine ranks execute: its model, layout, batch and
+// checkpointing, with the eager recipe (the CPU reference runs PyTorch's
+// eager decomposition; the recipe's storage types size what a GPU would
+// hold).
+func (r *trainRun) spec() job.Spec {
+	return job.Spec{Model: r.cfg, Layout: r.layout, AC: r.ac, Recipe: job.EagerRecipe(),
+		Batch: job.Batch{LBS: r.batch.LBS, Seq: r.batch.Seq, GradAccum: r.batch.GradAccum}}
+}
+
 // setup loads the model and resolves the layout, mesh and batch.
 func (a *trainArgs) setup() (*trainRun, error) {
 	ac, err := moe.ParseAC(a.acFlag)
@@ -277,7 +286,7 @@ func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, 
 		m.InitRandom(a.seed)
 		init = m.Tensors()
 	}
-	num, err := numeric.New(numeric.Spec{Config: cfg, Mesh: mesh, AC: ac, Batch: batch, DataSeed: a.seed,
+	num, err := numeric.New(numeric.Spec{Spec: r.spec(), Mesh: mesh, DataSeed: a.seed,
 		AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate, Timeout: a.faults.timeout}, init)
 	if err != nil {
 		return nil, numeric.TrainState{}, err

@@ -47,7 +47,7 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 		return err
 	}
 	m.InitRandom(a.seed)
-	num, err := numeric.NewPipelineTrainer(numeric.PipelineSpec{Config: cfg, Layout: r.layout, AC: r.ac, LBS: a.lbs, Seq: a.seq, Accum: a.accum,
+	num, err := numeric.NewPipelineTrainer(numeric.PipelineSpec{Spec: r.spec(),
 		DataSeed: a.seed, AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate}, m.Tensors())
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

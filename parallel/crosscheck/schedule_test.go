@@ -53,8 +53,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			t.Fatal(err)
 		}
 		init.InitRandom(5)
-		n, err := numeric.New(numeric.Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, GradAccum: 1, DP: l.DP()},
-			AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		n, err := numeric.New(numeric.Spec{Spec: job.Spec{Model: cfg, AC: tc.ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}}, Mesh: m, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}

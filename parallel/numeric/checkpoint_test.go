@@ -10,6 +10,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/moe/safetensors"
@@ -88,8 +89,7 @@ func TestDivergedStepIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := Spec{Config: cfg, Mesh: mesh, AC: moe.AC{Mode: moe.ACNone}, Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: 1, DP: 1},
-		AdamW: ref.AdamW{LR: 1e30, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}}
+	spec := Spec{Spec: job.Spec{Model: cfg, AC: moe.AC{Mode: moe.ACNone}, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: 1}}, Mesh: mesh, AdamW: ref.AdamW{LR: 1e30, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}}
 	n, err := New(spec, m.Tensors())
 	if err != nil {
 		t.Fatal(err)

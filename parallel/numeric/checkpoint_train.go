@@ -84,7 +84,7 @@ func SaveTrainCheckpoint(dir string, force bool, n *Trainer, st TrainState) erro
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	cfg := n.spec.Config
+	cfg := n.spec.Model
 	ps := cfg.Params()
 	params := n.Params()
 	m, v, step := n.OptimizerState()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
@@ -26,8 +27,7 @@ func faultTrainer(t testing.TB, gpus, rep, ep, micro int, timeout time.Duration)
 	}
 	init, _ := ref.NewModel[float32](cfg)
 	init.InitRandom(1)
-	n, err := New(Spec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective}, Timeout: timeout,
-		Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: micro, DP: l.DP()}, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+	n, err := New(Spec{Spec: job.Spec{Model: cfg, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: micro}}, Mesh: m, Timeout: timeout, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,7 @@ func expertParamIndex(cfg *moe.Config, l, lo, hi int) [3][]int {
 }
 
 func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
-	cfg, m := spec.Config, spec.Mesh
+	cfg, m := spec.Model, spec.Mesh
 	// Under tensor parallelism the scratch views and the block runners
 	// have the rank's local shapes (TPLocal; the same tensors in the same
 	// order as cfg's).
@@ -144,12 +144,12 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 		r.byKey[u] = nu
 	}
 	r.rec = &rankRecorder{mem: &r.mem}
-	o := ref.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.Precision, AuxCoef: spec.AuxCoef}
+	o := ref.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.storage, AuxCoef: spec.AuxCoef}
 	if g := m.Group(parallel.AxisTP, rank); g.Size() > 1 {
-		r.tp = newTPComm(g, rank, spec.Batch, cfg, m.Layout, spec.Precision, spec.AC)
+		r.tp = newTPComm(g, rank, spec.data(), cfg, m.Layout, spec.storage, spec.AC)
 	}
 	if m.Layout.EP > 1 {
-		r.stage = &epStage{cfg: lcfg, dtype: spec.Precision.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},
+		r.stage = &epStage{cfg: lcfg, dtype: spec.storage.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},
 			weights: r.expertWeights, grads: r.expertGrads}
 	}
 	r.embed = ref.NewEmbedding[float32](lcfg, o)
@@ -229,7 +229,7 @@ func (u *numUnit) unshardFlat(gathered []float32) [][]float32 {
 // parameters as this rank stores them (shard or whole) and the replicated
 // fp32 buffers, accumulated gradients, and two AdamW moments.
 func (r *numRank) stateBytes() int64 {
-	p := r.spec.Precision
+	p := r.spec.storage
 	var b int64
 	for _, u := range r.units {
 		b += int64(len(u.data))*p.Param.Bytes() + int64(len(u.grad))*p.Grad.Bytes() + 2*int64(len(u.m))*p.Optimizer.Bytes()
@@ -254,7 +254,7 @@ func (r *numRank) gather(ctx context.Context, ep *collective.Endpoint, u *numUni
 	case u.group.Size() == 1:
 		u.full = u.pieces(u.data, true) // one member: the shard is the whole tensor
 	default:
-		g, err := ep.AllGather(ctx, u.group, r.spec.Precision.Compute, u.data)
+		g, err := ep.AllGather(ctx, u.group, r.spec.storage.Compute, u.data)
 		if err != nil {
 			return err
 		}
@@ -270,7 +270,7 @@ func (r *numRank) gatheredBytes(u *numUnit) int64 {
 	for _, s := range u.shards {
 		n += s.PaddedElements()
 	}
-	return n * r.spec.Precision.Compute.Bytes()
+	return n * r.spec.storage.Compute.Bytes()
 }
 
 // release frees u's gathered weights (fsdp with a real gather only).
@@ -371,7 +371,7 @@ func (r *numRank) reduce(ctx context.Context, ep *collective.Endpoint, u *numUni
 	if err := r.tpReduceReplicated(ctx, ep, u, g); err != nil {
 		return err
 	}
-	dt := r.spec.Precision.Grad
+	dt := r.spec.storage.Grad
 	n := u.group.Size()
 	var in []float32
 	if u.shardGrad {
@@ -422,7 +422,7 @@ func (r *numRank) accumulate(u *numUnit, g [][]float32, micro int) ([][]float32,
 	for _, t := range g {
 		n += int64(len(t))
 	}
-	by := n * r.spec.Precision.Grad.Bytes()
+	by := n * r.spec.storage.Grad.Bytes()
 	if u.acc == nil {
 		u.acc = make([][]float32, len(g))
 		for k, t := range g {
@@ -476,7 +476,7 @@ func (r *numRank) optimize(ctx context.Context, ep *collective.Endpoint) error {
 				copy(u.data, p)
 				break
 			}
-			gathered, err := ep.AllGather(ctx, u.group, r.spec.Precision.Param, p)
+			gathered, err := ep.AllGather(ctx, u.group, r.spec.storage.Param, p)
 			if err != nil {
 				return err
 			}

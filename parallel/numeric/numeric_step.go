@@ -18,7 +18,7 @@ import (
 // m, then data-parallel rank r).
 func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int) ([]float64, error) {
 	cfg, sp := r.cfg, r.spec
-	b := sp.Batch
+	b := sp.data()
 	r.mem.resetPeak()
 	r.counts = nil
 	if r.tp != nil {
@@ -150,7 +150,7 @@ func (r *numRank) reduceUnit(ctx context.Context, ep *collective.Endpoint, u *nu
 	for _, t := range g {
 		n += int64(len(t))
 	}
-	by := n * r.spec.Precision.Grad.Bytes()
+	by := n * r.spec.storage.Grad.Bytes()
 	r.mem.alloc(by)
 	err := r.reduce(ctx, ep, u, g, micro)
 	r.mem.free(by)

@@ -37,9 +37,7 @@ func numericRunSeq(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, 
 		t.Fatal(err)
 	}
 	init.InitRandom(7)
-	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, GradAccum: micro, DP: l.DP()},
-		DataSeed: 11, AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1},
-		AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
+	spec := Spec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: micro}}, Mesh: m, DataSeed: 11, AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
 	n, err := New(spec, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +176,7 @@ func TestNumericMatchesReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	model.InitRandom(7)
-	b := n.spec.Batch
+	b := n.spec.data()
 	for s := 0; s < steps; s++ {
 		var mbs [][][]int
 		for m := 0; m < micro; m++ {
@@ -243,7 +241,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: m, AC: tc.ac, LBS: 1, Seq: 4, Micro: tc.micro})
+		s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: job.Spec{Model: cfg, AC: tc.ac, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: tc.micro}, Recipe: job.EagerRecipe()}, Mesh: m})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,8 +253,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		}
 		init, _ := ref.NewModel[float32](cfg)
 		init.InitRandom(3)
-		n, err := New(Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: tc.micro, DP: l.DP()},
-			AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		n, err := New(Spec{Spec: job.Spec{Model: cfg, AC: tc.ac, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: tc.micro}}, Mesh: m, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,7 +371,7 @@ func TestNumericTiedEmbeddings(t *testing.T) {
 	rc, pc, n := numericRun(t, cfg, moetest.FSDPLayout(t, 4, 2, 2), ac, 1, 1, 3)
 	compareRuns(t, "tied 2×2 ep 2", ra, rc, pa, pc, false, 1e-5)
 	// The executed collectives are the schedule's.
-	s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: 1, Seq: 4, Micro: 1})
+	s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, Mesh: n.spec.Mesh})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +427,7 @@ func TestNumericStateEqualsMemory(t *testing.T) {
 					t.Fatal(err)
 				}
 				init, _ := ref.NewModel[float32](cfg)
-				n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: 4, GradAccum: 1, DP: l.DP()}}, init.Tensors())
+				n, err := New(Spec{Spec: job.Spec{Model: cfg, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: 1}}, Mesh: m}, init.Tensors())
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -17,16 +17,17 @@ import (
 // PipelineSpec describes a numeric run under pipeline parallelism: one
 // goroutine per pipeline rank, each running its stages' layers.
 type PipelineSpec struct {
-	Config    *moe.Config
-	Layout    job.Layout // resolved, pp > 1, one data-parallel rank per stage
-	AC        moe.AC
-	LBS, Seq  int // sequences per micro-step (split into pipeline micro-batches), tokens per sequence
-	Accum     int // grad-accum micro-steps
-	DataSeed  uint64
-	AdamW     ref.AdamW
-	AuxCoef   float64 // coefficient of the load-balancing loss; 0 neither computes nor adds it
-	BiasRate  float64 // selection-bias update rate γ
-	Precision moe.Precision
+	// Spec is the run: its Layout resolved, pp > 1, one data-parallel
+	// rank per stage; its LBS sequences per micro-step split into pipeline
+	// micro-batches; its recipe's storage types are the ranks' memory
+	// accounts' and messages' (empty fields: job.DefaultRecipe's).
+	job.Spec
+	DataSeed uint64
+	AdamW    ref.AdamW
+	AuxCoef  float64 // coefficient of the load-balancing loss; 0 neither computes nor adds it
+	BiasRate float64 // selection-bias update rate γ
+
+	storage moe.Precision // the recipe's storage types, resolved by NewPipelineTrainer
 }
 
 // PipelineTrainer trains the reference model with one goroutine per
@@ -174,7 +175,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if err := checkPipelineSpec(spec); err != nil {
 		return nil, err
 	}
-	cfg, l := spec.Config, spec.Layout
+	cfg, l := spec.Model, spec.Layout
 	m, err := l.Microbatches(spec.LBS)
 	if err != nil {
 		return nil, err
@@ -191,11 +192,12 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if len(init) != len(ps) {
 		return nil, fmt.Errorf("numeric: %d initial tensors, model has %d", len(init), len(ps))
 	}
-	if spec.Precision == (moe.Precision{}) {
-		spec.Precision = moe.DefaultPrecision
+	if err := spec.Recipe.Resolve(); err != nil {
+		return nil, fmt.Errorf("numeric: pipeline: %w", err)
 	}
+	spec.storage = spec.Storage()
 	dp, tp := l.DP(), l.TPDegree()
-	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, GradAccum: spec.Accum * dp * m, DP: 1}
+	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, GradAccum: spec.GradAccum * dp * m, DP: 1}
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
@@ -228,7 +230,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 // invalid config or layout, fewer than two stages, what is not built
 // inside a stage yet, a model or sequence length the layout cannot split.
 func checkPipelineSpec(spec PipelineSpec) error {
-	cfg, l := spec.Config, spec.Layout
+	cfg, l := spec.Model, spec.Layout
 	if cfg == nil {
 		return errors.New("numeric: pipeline: config is required")
 	}
@@ -248,8 +250,8 @@ func checkPipelineSpec(spec PipelineSpec) error {
 			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
 	case cfg.TiedEmbeddings:
 		return errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
-	case spec.Seq < 1 || spec.Accum < 1:
-		return fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
+	case spec.Seq < 1 || spec.GradAccum < 1:
+		return fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.GradAccum)
 	}
 	if err := l.CheckModel(cfg); err != nil {
 		return err
@@ -263,7 +265,7 @@ func (p *PipelineTrainer) stageOf(layer int) int {
 	switch {
 	case layer == moe.LayerEmbed:
 		return 0
-	case layer == p.spec.Config.LayerHead():
+	case layer == p.spec.Model.LayerHead():
 		return len(p.split) - 1
 	}
 	for s := range p.split {
@@ -278,7 +280,7 @@ func (p *PipelineTrainer) stageOf(layer int) int {
 // a pipeRank on every lane of it.
 func (p *PipelineTrainer) addStage(r int, init [][]float32) error {
 	stage := p.spec.Layout.StageLayout()
-	mesh, err := parallel.NewMesh(stage, p.spec.Config, stage.GPUs)
+	mesh, err := parallel.NewMesh(stage, p.spec.Model, stage.GPUs)
 	if err != nil {
 		return fmt.Errorf("numeric: pipeline: %w", err)
 	}
@@ -299,7 +301,7 @@ func (p *PipelineTrainer) addStage(r int, init [][]float32) error {
 // model holds its tp pieces of init, and it keeps its chunk of every
 // tensor it owns.
 func (p *PipelineTrainer) newPipeRank(mesh *parallel.Mesh, r, lane int, init [][]float32) (*pipeRank, error) {
-	cfg, l := p.spec.Config, p.spec.Layout
+	cfg, l := p.spec.Model, p.spec.Layout
 	ps := cfg.Params()
 	co := mesh.Coord(lane)
 	mod, err := ref.NewModel[float32](p.lcfg)
@@ -378,7 +380,7 @@ func newPipeLinks(stages, m int) *pipeLinks {
 
 // pipeLinks of micro-step a for stage rank (lane) i.
 func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
-	out := make([][]*pipeLinks, p.spec.Accum)
+	out := make([][]*pipeLinks, p.spec.GradAccum)
 	for a := range out {
 		for range p.dp * p.tp {
 			out[a] = append(out[a], newPipeLinks(len(p.split), p.m))
@@ -392,7 +394,7 @@ func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
 // cross-entropy and of the aux loss, Losses each micro-batch's
 // cross-entropy in one rank's order.
 func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
-	total := p.spec.Accum * p.dp * p.m
+	total := p.spec.GradAccum * p.dp * p.m
 	losses, auxes := make([]float64, total), make([]float64, total)
 	errs := make([]error, len(p.ranks))
 	ctx, cancel := context.WithCancel(ctx)
@@ -415,7 +417,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 		}()
 	}
 	wg.Wait()
-	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.Accum)} // one data-parallel rank's
+	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.GradAccum)} // one data-parallel rank's
 	if err := errors.Join(errs...); err != nil {
 		return res, err
 	}
@@ -438,7 +440,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 // order, which is the lanes', padding dropped) put back in place; a
 // routed expert under ep from its EP index's ranks.
 func (p *PipelineTrainer) Params() [][]float32 {
-	cfg, stage := p.spec.Config, p.spec.Layout.StageLayout()
+	cfg, stage := p.spec.Model, p.spec.Layout.StageLayout()
 	ps := cfg.Params()
 	out := make([][]float32, len(ps))
 	for _, row := range p.ranks {

@@ -20,7 +20,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *collective.Endpoint, 
 	if err != nil {
 		return err
 	}
-	for a := range p.spec.Accum {
+	for a := range p.spec.GradAccum {
 		for _, act := range p.order[pr.rank] {
 			if err := st.run(a, act, links[a][pr.lane]); err != nil {
 				return err
@@ -71,13 +71,13 @@ type pipeStep struct {
 // newPipeStep gathers pr's tensors, which stay gathered to the end of the
 // step, and makes the step's runners.
 func (p *PipelineTrainer) newPipeStep(ctx context.Context, ep *collective.Endpoint, pr *pipeRank, losses, auxes []float64) (*pipeStep, error) {
-	cfg, sp := p.spec.Config, p.spec
-	st := &pipeStep{p: p, ctx: ctx, ep: ep, pr: pr, lead: pr.coord.TP == 0, scale: 1 / float64(sp.Accum*p.dp*p.m),
+	cfg, sp := p.spec.Model, p.spec
+	st := &pipeStep{p: p, ctx: ctx, ep: ep, pr: pr, lead: pr.coord.TP == 0, scale: 1 / float64(sp.GradAccum*p.dp*p.m),
 		useAux: sp.AuxCoef != 0 && cfg.IsMoE(), backwards: map[int]int{}, losses: losses, auxes: auxes}
 	st.coef = st.scale * sp.AuxCoef
 	if p.tp > 1 {
 		mesh := ep.Comm().Mesh()
-		st.tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.Precision, sp.AC)
+		st.tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.storage, sp.AC)
 		st.tc.bind(ctx, ep)
 	}
 	if err := st.gather(); err != nil {
@@ -123,8 +123,8 @@ func (st *pipeStep) gather() error {
 // (routing their experts through the micro-batch's epStage under ep), the
 // embedding and the head.
 func (st *pipeStep) newRunners() {
-	p, cfg, sp := st.p, st.p.spec.Config, st.p.spec
-	o := ref.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
+	p, cfg, sp := st.p, st.p.spec.Model, st.p.spec
+	o := ref.Options{AC: sp.AC, Precision: sp.storage, AuxCoef: sp.AuxCoef}
 	st.blocks = make([]map[int]*ref.Block[float32], p.m)
 	st.embeds = make([]*ref.Embedding[float32], p.m)
 	st.heads = make([]*ref.Head[float32], p.m)
@@ -132,7 +132,7 @@ func (st *pipeStep) newRunners() {
 		st.experts = make([]*epStage, p.m)
 		weights, grads := p.localExperts(st.pr)
 		for j := range st.experts {
-			st.experts[j] = &epStage{cfg: p.lcfg, dtype: sp.Precision.Activation, ac: sp.AC, weights: weights, grads: grads}
+			st.experts[j] = &epStage{cfg: p.lcfg, dtype: sp.storage.Activation, ac: sp.AC, weights: weights, grads: grads}
 			st.experts[j].bind(st.ctx, st.ep)
 		}
 	}
@@ -227,7 +227,7 @@ func (st *pipeStep) weightPass(a, s, j int) error {
 // the program's reduction of the stage starts.
 func (st *pipeStep) completed(a, s int) error {
 	p := st.p
-	if a < p.spec.Accum-1 || st.tc == nil {
+	if a < p.spec.GradAccum-1 || st.tc == nil {
 		return nil
 	}
 	if st.backwards[s]++; st.backwards[s] == p.m {
@@ -241,7 +241,7 @@ func (st *pipeStep) completed(a, s int) error {
 // sends the output to stage s + 1, or, on the last stage, computes the
 // loss.
 func (st *pipeStep) forward(s, j, k int, links *pipeLinks) error {
-	p, cfg, sp := st.p, st.p.spec.Config, st.p.spec
+	p, cfg, sp := st.p, st.p.spec.Model, st.p.spec
 	// Stage 0 reads the micro-batch's tokens, the last stage its
 	// labels (the data loader feeds both, as torchtitan's does).
 	seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
@@ -267,7 +267,7 @@ func (st *pipeStep) forward(s, j, k int, links *pipeLinks) error {
 // sequence-parallel shard) with empty aux totals, else stage s − 1's
 // message.
 func (st *pipeStep) forwardInput(s, j int, ids []int, links *pipeLinks) (fwdMsg, error) {
-	cfg, tc := st.p.spec.Config, st.tc
+	cfg, tc := st.p.spec.Model, st.tc
 	switch {
 	case s == 0 && tc != nil:
 		x := tc.Scatter(moe.LayerEmbed, moe.Forward, st.embeds[j].ForwardShard(st.gw.Embed, ids, tc.vocabLo))
@@ -304,7 +304,7 @@ func (st *pipeStep) forwardBlocks(s, j int, msg *fwdMsg) {
 // with SeqAuxLoss their losses, keeping each layer's gradient for its
 // backward.
 func (st *pipeStep) forwardAux(s, j int, msg *fwdMsg) {
-	cfg := st.p.spec.Config
+	cfg := st.p.spec.Model
 	stageBlocks := st.stageBlocks(s, j)
 	if !cfg.SeqAuxLoss {
 		ref.AuxPartial(stageBlocks, msg.cnt, msg.sum)
@@ -326,7 +326,7 @@ func (st *pipeStep) forwardAux(s, j int, msg *fwdMsg) {
 // output msg.x and labels, and HF's aux loss and its gradient from the
 // totals msg carried; the lead records both as micro-batch k's.
 func (st *pipeStep) loss(j, k int, msg fwdMsg, labels []int) {
-	p, cfg, tc := st.p, st.p.spec.Config, st.tc
+	p, cfg, tc := st.p, st.p.spec.Model, st.tc
 	var loss float64
 	if tc != nil {
 		loss = st.heads[j].ForwardTP(&st.gw, msg.x, labels, tc.vocabLo, cfg.Vocab, tc)
@@ -374,7 +374,7 @@ func (st *pipeStep) backward(a, s, j int, input bool, links *pipeLinks) error {
 // last stage the loss's, scaled by scale, with HF's aux gradient; else
 // stage s + 1's message.
 func (st *pipeStep) outputGrad(s, j int, links *pipeLinks) (bwdMsg, error) {
-	cfg, tc, last := st.p.spec.Config, st.tc, s == len(st.p.split)-1
+	cfg, tc, last := st.p.spec.Model, st.tc, s == len(st.p.split)-1
 	switch {
 	case last && tc != nil:
 		return bwdMsg{dx: st.heads[j].BackwardTP(&st.gw, &st.gg, st.scale, tc.vocabLo, cfg.Vocab, tc), auxGrad: st.auxShared[j]}, nil
@@ -393,7 +393,7 @@ func (st *pipeStep) outputGrad(s, j int, links *pipeLinks) (bwdMsg, error) {
 // first, on msg.dx, the lead adding the aux loss's gradient at each MoE
 // layer.
 func (st *pipeStep) backwardBlocks(s, j int, msg *bwdMsg) {
-	cfg := st.p.spec.Config
+	cfg := st.p.spec.Model
 	for li := st.p.first[s+1] - 1; li >= st.p.first[s]; li-- {
 		w, g := st.pr.model.Layer(li)
 		var ag []float32
@@ -436,7 +436,7 @@ func (st *pipeStep) sumLoads() error {
 	if st.tc != nil && st.tc.splitRows {
 		sums = append([]parallel.Group{st.tc.group}, sums...)
 	}
-	if !st.p.spec.Config.SelectionBias || !slices.ContainsFunc(sums, func(g parallel.Group) bool { return g.Size() > 1 }) {
+	if !st.p.spec.Model.SelectionBias || !slices.ContainsFunc(sums, func(g parallel.Group) bool { return g.Size() > 1 }) {
 		return nil
 	}
 	var flat []float32
@@ -500,11 +500,11 @@ func (st *pipeStep) adamW() error {
 // (parallel.Pipeline: the stage's units in backward order), in the type
 // the gradients were accumulated in.
 func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *collective.Endpoint, tc *tpComm, pr *pipeRank, s, first int) error {
-	cfg := p.spec.Config
+	cfg := p.spec.Model
 	ps, gs := cfg.Params(), pr.model.Grads()
-	dt := p.spec.Precision.Compute
+	dt := p.spec.storage.Compute
 	if p.m > 1 {
-		dt = p.spec.Precision.Grad
+		dt = p.spec.storage.Grad
 	}
 	var layers []int // the stage's units in backward order
 	if s == len(p.split)-1 {
@@ -534,7 +534,7 @@ func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *collective
 // of its EP index): per MoE layer of its stages, the weights and the
 // gradient accumulators of each local expert (gate, up, down).
 func (p *PipelineTrainer) localExperts(pr *pipeRank) (weights, grads func(layer int) (gate, up, down [][]float32)) {
-	cfg := p.spec.Config
+	cfg := p.spec.Model
 	e, el := pr.coord.EP, p.el
 	ix := map[int][3][]int{}
 	for li, moeLayer := range cfg.MoELayer {

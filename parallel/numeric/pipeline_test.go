@@ -37,8 +37,7 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, se
 		t.Fatal(err)
 	}
 	init.InitRandom(7) // numericRun's initialization, data seed and optimizer
-	p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: ac, LBS: lbs, Seq: seq, Accum: accum, DataSeed: 11,
-		AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}, init.Tensors())
+	p, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, AC: ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: accum}, Recipe: job.EagerRecipe()}, DataSeed: 11, AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +215,7 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 			c.cfg(&cf)
 		}
 		init, _ := ref.NewModel[float32](&cf)
-		_, err := NewPipelineTrainer(PipelineSpec{Config: &cf, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: ref.DefaultAdamW}, init.Tensors())
+		_, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: &cf, Layout: l, Batch: job.Batch{LBS: 4, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, AdamW: ref.DefaultAdamW}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.l, err, c.want)
 		}
@@ -259,7 +258,7 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		const lbs, seq = 4, 4
 		init, _ := ref.NewModel[float32](cfg)
 		init.InitRandom(7)
-		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: c.ac, LBS: lbs, Seq: seq, Accum: 1, DataSeed: 11, AdamW: ref.DefaultAdamW}, init.Tensors())
+		p, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, AC: c.ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}, Recipe: job.EagerRecipe()}, DataSeed: 11, AdamW: ref.DefaultAdamW}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +268,7 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		if _, err := p.Step(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		prog, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: lbs, Seq: seq, Accum: 1, GPUsPerNode: 8})
+		prog, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,7 +344,7 @@ func TestPipelineTPEPPlacement(t *testing.T) {
 		}
 		init, _ := ref.NewModel[float32](cfg)
 		init.InitRandom(7)
-		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: ref.DefaultAdamW}, init.Tensors())
+		p, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: 4, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, AdamW: ref.DefaultAdamW}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -229,9 +229,9 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *collective.Endpoin
 	// The unsharded gradients' type, as parallel.TPReplicatedElements says:
 	// the compute type, or the gradient type they accumulate in when
 	// gradient sync waits for the last micro-step.
-	dt := r.spec.Precision.Compute
+	dt := r.spec.storage.Compute
 	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.GradAccum > 1 {
-		dt = r.spec.Precision.Grad
+		dt = r.spec.storage.Grad
 	}
 	return allReduceJoined(ctx, ep, r.tp.group, dt, rep)
 }

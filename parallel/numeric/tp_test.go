@@ -81,7 +81,7 @@ func TestNumericTPRefuses(t *testing.T) {
 			t.Fatal(err)
 		}
 		init, _ := ref.NewModel[float32](cfg)
-		_, err = New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: tc.seq, GradAccum: 1, DP: l.DP()}}, init.Tensors())
+		_, err = New(Spec{Spec: job.Spec{Model: cfg, Batch: job.Batch{LBS: 1, Seq: tc.seq, GradAccum: 1}}, Mesh: m}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v seq %d: New = %v, want an error saying %q", tc.l, tc.seq, err, tc.want)
 		}
@@ -99,8 +99,7 @@ func tpTrainer(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, micro int
 	}
 	init, _ := ref.NewModel[float32](cfg)
 	init.InitRandom(5)
-	n, err := New(Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: 2, Seq: 2 * l.TPDegree(), GradAccum: micro, DP: l.DP()},
-		AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+	n, err := New(Spec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: 2, Seq: 2 * l.TPDegree(), GradAccum: micro}}, Mesh: m, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +146,7 @@ func TestTPCollectivesAreTheListed(t *testing.T) {
 			if _, err := n.Step(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			b := n.spec.Batch
+			b := n.spec.data()
 			layers := append([]int{moe.LayerEmbed}, cfg.LayerHead())
 			for li := 0; li < cfg.Layers; li++ {
 				layers = append(layers, li)
@@ -201,7 +200,7 @@ func TestTPSavedEqualsMemory(t *testing.T) {
 			if _, err := n.Step(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			b := n.spec.Batch
+			b := n.spec.data()
 			sh := memoryShape(l, b, ac)
 			var want []moe.SavedRecord
 			for _, layer := range append([]int{moe.LayerEmbed}, seqInts(cfg.Layers+1)...) {
@@ -277,8 +276,8 @@ func TestNumericTPFollowsSchedule(t *testing.T) {
 		for j, ac := range tpPolicies {
 			l.Sharding = shardings[(j+k)%len(shardings)]
 			n, _ := tpTrainer(t, cfg, l, ac, micro)
-			b := n.spec.Batch
-			s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: b.LBS, Seq: b.Seq, Micro: micro})
+			b := n.spec.data()
+			s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: b.LBS, Seq: b.Seq, GradAccum: micro}, Recipe: job.EagerRecipe()}, Mesh: n.spec.Mesh})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -329,7 +328,7 @@ func TestNumericTPStateEqualsMemory(t *testing.T) {
 			}
 			init, _ := ref.NewModel[float32](cfg)
 			seq := 2 * l.TPDegree()
-			n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: seq, GradAccum: 1, DP: l.DP()}}, init.Tensors())
+			n, err := New(Spec{Spec: job.Spec{Model: cfg, Batch: job.Batch{LBS: 1, Seq: seq, GradAccum: 1}}, Mesh: m}, init.Tensors())
 			if err != nil {
 				t.Fatal(err)
 			}

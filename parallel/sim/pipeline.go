@@ -196,8 +196,7 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if err := checkSkewBound(stageSpec); err != nil {
 		return pipelineSetup{}, err
 	}
-	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: in.LBS, Seq: in.Seq, Accum: in.GradAccum,
-		Precision: in.Storage(), ReduceDType: in.MemoryOptions().ReduceDType, GPUsPerNode: cl.GPUsPerNode})
+	pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: in.Spec, GPUsPerNode: cl.GPUsPerNode})
 	if err != nil {
 		return pipelineSetup{}, fmt.Errorf("simulate: %w", err)
 	}

@@ -98,7 +98,7 @@ func TestAsyncPassByHand(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: 1, Seq: 8, Accum: 1, GPUsPerNode: 8})
+		pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: 1, Seq: 8, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}

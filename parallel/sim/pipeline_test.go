@@ -49,7 +49,7 @@ func TestPipelineBubble(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: pipelineConfig(c.pp * c.v), Layout: l, LBS: c.m, Seq: 4, Accum: 1, GPUsPerNode: 8})
+		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: pipelineConfig(c.pp * c.v), Layout: l, Batch: job.Batch{LBS: c.m, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +142,7 @@ func TestPipelineBubbleZeroBubble(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: pipelineConfig(n), Layout: l, LBS: c.m, Seq: 4, Accum: 1, GPUsPerNode: 8})
+		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: pipelineConfig(n), Layout: l, Batch: job.Batch{LBS: c.m, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -132,6 +132,9 @@ func (r *Result) OpTimings() []OpTiming {
 // whose groups straddle NVLink domains unevenly are approximated by
 // rank 0's.
 func Simulate(in Input) (Result, error) {
+	if err := in.Recipe.Resolve(); err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
 	if in.Layout.Stages() > 1 {
 		return simulatePipeline(in)
 	}
@@ -207,8 +210,7 @@ func Prepare(in Input) (*Prepared, error) {
 	}
 	// The schedule's collectives move the run's own types (bf16 or fp32
 	// parameters, its reduce dtype), as its memory timeline holds them.
-	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum,
-		Precision: in.Storage(), Memory: in.MemoryOptions(), NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
+	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Spec: in.Spec, Mesh: p.mesh, NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.MemoryOptions()); err != nil {
