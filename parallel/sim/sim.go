@@ -213,7 +213,7 @@ func Prepare(in Input) (*Prepared, error) {
 	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Spec: in.Spec, Mesh: p.mesh, NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.MemoryOptions()); err != nil {
+	if p.mem, err = memory.EstimateRun(in.Spec, in.Allocator); err != nil {
 		return nil, fmt.Errorf("simulate: memory: %w", err)
 	}
 	// Estimate replayed the timeline through this allocator already: seed
