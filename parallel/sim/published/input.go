@@ -19,15 +19,7 @@ func InputForRun(r Run) (sim.Input, error) {
 	if err != nil {
 		return sim.Input{}, err
 	}
-	dev, err := hw.LookupDevice(r.GPU)
-	if err != nil {
-		return sim.Input{}, err
-	}
-	cname := r.Cluster
-	if cname == "" {
-		cname = hw.ClusterForGPU(dev.Name)
-	}
-	cl, err := hw.LoadCluster(cname)
+	dev, cl, err := hw.Resolve(r.GPU, r.Cluster)
 	if err != nil {
 		return sim.Input{}, err
 	}
