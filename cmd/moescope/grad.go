@@ -237,30 +237,21 @@ func checkGradMemory(cfg *moe.Config, limit hostLimit) error {
 	return nil
 }
 
-// gradHeapFactor scales the float32 activation bytes that memory.Estimate
-// predicts to the process's peak resident memory: Go's collector (GOGC=100)
-// lets the heap grow past the live bytes. Measured on the tiny model, 500
-// sequences of 512 tokens, --ac none: estimate 1.32 GB peak allocated,
-// /usr/bin/time maximum resident set 1.95 GB (×1.48).
-const gradHeapFactor = 1.5
-
 // checkGradActivations refuses a token file whose forward and backward pass
 // would not fit in the host memory limit, instead of growing until the
 // kernel kills it: all sequences run as one micro-batch, and the
-// activations grow with their tokens. The bytes are memory.Estimate's peak
-// allocated for one rank holding everything in float32, the reference's
-// storage type, times gradHeapFactor.
+// activations grow with their tokens. The bytes are memory.HostPeak of one
+// rank holding everything in float32, the reference's storage type.
 func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, limit hostLimit) error {
 	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
 	if err := l.Resolve(); err != nil {
 		return err
 	}
 	// ForwardBackwardHF runs sequences of seqLen inputs (the aux-loss passes add a label).
-	r, err := memory.Estimate(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, memory.Options{Precision: moe.ReferencePrecision, AC: ac})
+	need, _, err := memory.HostPeak(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, ac)
 	if err != nil {
 		return fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)
 	}
-	need := gradHeapFactor * float64(r.Peak.Allocated)
 	if need > limit.bytes() {
 		return fmt.Errorf("%w: %d sequences × %d tokens need about %.1f GiB of host memory for activations in float32 (--ac %s), over %s (grad runs them as one batch on the CPU; use fewer or shorter sequences)",
 			errUsage, sequences, seqLen, need/(1<<30), ac, limit)
