@@ -76,13 +76,8 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	cfg, dev, cl := simEv.Run.Model, simEv.Device, simEv.Cluster
 	req := a.request(cfg, cl)
 	if a.narrow != nil {
-		// Storage types an export cannot write refuse it before the search.
-		for i, t := range a.narrow.targets {
-			x := plan.RecipeExport(simEv.Run.Recipe)
-			_, _, err := t.CheckPrecision(x.Precision, x.ReduceDType)
-			if err = errors.Join(err, t.CheckRecipe(simEv.Run.Recipe)); err != nil {
-				return fmt.Errorf("%w: %s: %v", errUsage, a.narrow.flags[i], err)
-			}
+		if err := a.narrow.checkRecipe(simEv.Run.Recipe); err != nil {
+			return err
 		}
 	}
 	bar := newProgressBar(stderr)
@@ -328,7 +323,7 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 		req.Experts = cfg.Experts
 	}
 	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, a.recipe.r.Compile); a.narrow != nil {
-		req.Admit = a.narrow.admit
+		req.Admit = a.narrow.Admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
 		// Tensor-parallel degrees the model or the sequence cannot split
