@@ -1,9 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
@@ -22,9 +18,6 @@ import (
 func init() {
 	register(command{"grad", "loss and gradients of a checkpoint on token sequences (HF's training loss)", runGrad})
 }
-
-// maxTokensBytes bounds the tokens file read into memory.
-const maxTokensBytes = 1 << 30
 
 func runGrad(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("grad", stderr)
@@ -92,7 +85,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := checkFinite(cfg, ps); err != nil {
+		if err := hf.CheckFinite(cfg, ps); err != nil {
 			return fmt.Errorf("%s: %w", *weights, err)
 		}
 		if err := m.SetTensors(ps); err != nil {
@@ -102,7 +95,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if *tokensPath == "" {
 		return nil
 	}
-	tokens, err := readTokens(*tokensPath, cfg.Vocab)
+	tokens, err := hf.ReadTokens(*tokensPath, cfg.Vocab)
 	if err != nil {
 		return err
 	}
@@ -127,20 +120,6 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	})
 }
 
-// checkFinite refuses a checkpoint holding NaN or ±Inf: its loss and every
-// gradient would be NaN, and JSON cannot even print the loss. ps is in
-// cfg.Params() order (moe.LoadParams).
-func checkFinite(cfg *moe.Config, ps [][]float32) error {
-	for i, p := range cfg.Params() {
-		for j, v := range ps[i] {
-			if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
-				return fmt.Errorf("tensor %s holds %v at element %d: weights must be finite", p.Name, f, j)
-			}
-		}
-	}
-	return nil
-}
-
 // gradReport is the JSON object grad prints.
 type gradReport struct {
 	Loss      float64 `json:"loss"`       // mean cross-entropy over the predicted positions
@@ -151,60 +130,6 @@ type gradReport struct {
 	Sequences int     `json:"sequences"`
 	SeqLen    int     `json:"seq_len"`
 	AC        string  `json:"ac"`
-}
-
-// readTokens reads a JSON array of equal-length sequences of token ids in
-// [0, vocab). Each sequence needs at least two tokens (one predicted
-// position).
-func readTokens(path string, vocab int) ([][]int, error) {
-	b, err := fileio.ReadBounded(path, maxTokensBytes)
-	if err != nil {
-		return nil, err
-	}
-	toks, err := parseTokens(b, vocab)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return toks, nil
-}
-
-func parseTokens(b []byte, vocab int) ([][]int, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	var raw [][]json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
-		var typ *json.UnmarshalTypeError
-		switch {
-		case errors.Is(err, io.EOF):
-			err = errors.New("the file is empty")
-		case errors.As(err, &typ):
-			err = fmt.Errorf("found a JSON %s at byte %d", typ.Value, typ.Offset)
-		}
-		return nil, fmt.Errorf("want a JSON array of arrays of token ids: %w", err)
-	}
-	if dec.More() {
-		return nil, errors.New("trailing data after the token array")
-	}
-	if len(raw) == 0 {
-		return nil, errors.New("no sequences")
-	}
-	out := make([][]int, len(raw))
-	for i, seq := range raw {
-		if len(seq) != len(raw[0]) {
-			return nil, fmt.Errorf("sequence %d has %d tokens but sequence 0 has %d: sequences must have equal length", i, len(seq), len(raw[0]))
-		}
-		if len(seq) < 2 {
-			return nil, fmt.Errorf("sequence %d has %d tokens: need at least 2 (the labels are the next tokens)", i, len(seq))
-		}
-		out[i] = make([]int, len(seq))
-		for j, n := range seq {
-			v, err := strconv.ParseInt(string(n), 10, 64)
-			if err != nil || v < 0 || v >= int64(vocab) {
-				return nil, fmt.Errorf("sequence %d, position %d: token id %s is not an integer in [0, vocab_size = %d)", i, j, n, vocab)
-			}
-			out[i][j] = int(v)
-		}
-	}
-	return out, nil
 }
 
 // gradParamBytes is the memory grad needs for the parameters alone: float32
