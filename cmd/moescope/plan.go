@@ -89,7 +89,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err // a plan.InfeasibleError explains itself; exit status 1
 	}
-	if err := planIntervals(simEv, rep, a.top); err != nil {
+	if err := simEv.Intervals(rep, a.top); err != nil {
 		return err
 	}
 	var narrowed bytes.Buffer
@@ -326,21 +326,7 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 		req.Admit = a.narrow.Admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
-		// Tensor-parallel degrees the model or the sequence cannot split
-		// are refused before any estimate.
-		narrow, seq := req.Admit, a.seq
-		req.Admit = func(p plan.Point) error {
-			if err := p.Layout.CheckModel(cfg); err != nil {
-				return err
-			}
-			if err := p.Layout.CheckSeq(seq); err != nil {
-				return err
-			}
-			if narrow != nil {
-				return narrow(p)
-			}
-			return nil
-		}
+		req.Admit = plan.TPAdmit(cfg, a.seq, req.Admit)
 	}
 	return req
 }
@@ -436,22 +422,4 @@ func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, si
 		return nil, err
 	}
 	return &report.Data{Search: rep, Model: cfg.Name, GPU: dev.Name, DeviceGiB: dev.MemoryGiB(), Target: a.target, Sweeps: sweeps, Memory: mem}, nil
-}
-
-// planIntervals fills the calibrated TPS interval of the best plan and the
-// top reported ones (nothing without a calibration).
-func planIntervals(e *plan.SimEvaluator, rep *plan.Report, top int) error {
-	if e.Calibration == nil {
-		return nil
-	}
-	var err error
-	if rep.Best.Score.TPSInterval, err = e.Interval(rep.Best.Point); err != nil {
-		return err
-	}
-	for i := range rep.Plans[:min(top, len(rep.Plans))] {
-		if rep.Plans[i].Score.TPSInterval, err = e.Interval(rep.Plans[i].Point); err != nil {
-			return err
-		}
-	}
-	return nil
 }
