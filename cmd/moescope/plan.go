@@ -286,29 +286,18 @@ func (a *planArgs) checkOutputs() error {
 	return nil
 }
 
-// load resolves the model, device, cluster and calibration the flags name.
+// load resolves the model, device, cluster and calibration the flags name
+// (the hardware as simulate resolves it, then --gpus-per-node).
 func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *sim.Calibration, err error) {
 	if cfg, err = hf.Load(a.model); err != nil {
 		return nil, dev, nil, nil, fmt.Errorf("%w: --model: %v", errUsage, err)
 	}
-	if dev, err = hw.LookupDevice(a.gpu); err != nil {
-		return nil, dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
-	}
-	clName := a.cluster
-	if clName == "" {
-		clName = hw.ClusterForGPU(dev.Name)
-	}
-	if cl, err = hw.LoadCluster(clName); err != nil {
-		return nil, dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
+	if dev, cl, cal, err = a.hardwareFlags.load(); err != nil {
+		return nil, dev, nil, nil, err
 	}
 	if a.gpusPerNode > 0 {
 		c := cl.WithGPUsPerNode(a.gpusPerNode)
 		cl = &c
-	}
-	if a.calibration != "" {
-		if cal, err = readCalibration(a.calibration); err != nil {
-			return nil, dev, nil, nil, err
-		}
 	}
 	return cfg, dev, cl, cal, nil
 }
