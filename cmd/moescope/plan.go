@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -266,22 +265,7 @@ func (a *planArgs) checkOutputs() error {
 		return err
 	}
 	if a.plotD != "" {
-		// The directory is made at the end (MkdirAll): its nearest
-		// existing ancestor (or itself) must be a directory.
-		for d := filepath.Clean(a.plotD); ; d = filepath.Dir(d) {
-			st, err := os.Stat(d)
-			if err == nil && !st.IsDir() {
-				return fmt.Errorf("--plot %s: %s is not a directory", a.plotD, d)
-			}
-			if err == nil || d == filepath.Dir(d) {
-				break
-			}
-		}
-		for _, p := range report.PlotPaths(a.plotD) {
-			if _, err := os.Lstat(p); err == nil && !a.force {
-				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
-			}
-		}
+		return report.CheckPlots(a.plotD, a.force)
 	}
 	return nil
 }
