@@ -5,14 +5,12 @@ import (
 	"io"
 	"math"
 	"math/bits"
-	"os"
-	"strconv"
-	"strings"
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/kernel"
 )
 
 func init() {
@@ -49,7 +47,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	case !(*hostGiB > 0) || math.IsInf(*hostGiB, 0):
 		return fmt.Errorf("%w: --host-memory-gib = %g: must be a finite number > 0", errUsage, *hostGiB)
 	}
-	limit := hostLimit{flagGiB: *hostGiB, avail: availableMemory()}
+	limit := hostLimit{flagGiB: *hostGiB, avail: kernel.AvailableMemory()}
 	ac, err := moe.ParseAC(*acFlag)
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
@@ -211,24 +209,4 @@ func (h hostLimit) String() string {
 		return fmt.Sprintf("the %.1f GiB of memory available (MemAvailable; --host-memory-gib = %g)", float64(h.avail)/(1<<30), h.flagGiB)
 	}
 	return fmt.Sprintf("the limit --host-memory-gib = %g", h.flagGiB)
-}
-
-// availableMemory is MemAvailable from /proc/meminfo in bytes, or 0 where
-// that file does not exist.
-func availableMemory() uint64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			f := strings.Fields(rest)
-			if len(f) == 2 && f[1] == "kB" {
-				if kb, err := strconv.ParseUint(f[0], 10, 64); err == nil && kb < 1<<50 {
-					return kb << 10
-				}
-			}
-		}
-	}
-	return 0
 }

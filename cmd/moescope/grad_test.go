@@ -16,6 +16,7 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/kernel"
 )
 
 func TestGradInitSave(t *testing.T) {
@@ -294,7 +295,7 @@ func TestGradMemoryGuard(t *testing.T) {
 	if err := checkGradMemory(cfg, hostLimit{flagGiB: float64(need)/(1<<30) + 1}); err != nil {
 		t.Errorf("a limit above the need must not refuse: %v", err)
 	}
-	if availableMemory() == 0 {
+	if kernel.AvailableMemory() == 0 {
 		t.Log("no /proc/meminfo here: the guard is off")
 	}
 }
