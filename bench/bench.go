@@ -5,7 +5,7 @@
 // layer under PyTorch side by side. Every figure comes with the peak fraction
 // it reaches, by wall time and by process CPU time.
 //
-// It runs moe.Block, so it sits above moe; it sizes the layer run with
+// It runs ref.Block, so it sits above moe/ref; it sizes the layer run with
 // memory.HostPeak, so above memory too, which is why it is a package of its
 // own rather than one under moe. Only cmd/moescope imports it.
 package bench
@@ -30,6 +30,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 // Report is `moescope bench --json`.
@@ -317,7 +318,7 @@ func (f *flopCounter) RecordOp(r moe.OpRecord) {
 func (f *flopCounter) RecordSaved(moe.SavedRecord) {}
 
 // benchLayer times one decoder layer of c forward and backward on one
-// sequence of tokens, with the reference implementation (package moe).
+// sequence of tokens, with the reference implementation (package moe/ref).
 func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.Peak) (*Layer, error) {
 	// Collect each step's garbage (its activations) at a quarter of the
 	// live heap (the layer's weights and gradients) rather than at Go's
@@ -325,14 +326,14 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 	// request: the weights, a step's activations and a margin.
 	defer debug.SetGCPercent(debug.SetGCPercent(25))
 	start := time.Now()
-	m, err := moe.NewModel[float32](c)
+	m, err := ref.NewModel[float32](c)
 	if err != nil {
 		return nil, err
 	}
 	randomize(m, 1)
 	w, g := m.Layer(0)
 	rec := &flopCounter{}
-	blk := moe.NewBlock[float32](c, 0, 1, tokens, moe.Options{Recorder: rec, TileQ: kernel.AttnTileQ, TileK: kernel.AttnTileK})
+	blk := ref.NewBlock[float32](c, 0, 1, tokens, ref.Options{Recorder: rec, TileQ: kernel.AttnTileQ, TileK: kernel.AttnTileK})
 	r := rand.New(rand.NewPCG(3, 4))
 	x, dy := make([]float32, tokens*c.Hidden), make([]float32, tokens*c.Hidden)
 	for i := range x {
@@ -373,7 +374,7 @@ func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.P
 // parameters of the default layer on the build machine; the benchmark
 // needs plausible magnitudes (the router's logits, hence the experts'
 // loads), not those exact values.
-func randomize(m *moe.Model[float32], seed uint64) {
+func randomize(m *ref.Model[float32], seed uint64) {
 	const chunk = 1 << 20
 	half := float32(math.Sqrt(3) * m.Cfg.InitRange)
 	for i, t := range m.Tensors() {

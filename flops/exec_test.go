@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/flops"
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 // TestAccountingEqualsExecution runs forward + backward of the reference
@@ -25,7 +25,7 @@ func TestAccountingEqualsExecution(t *testing.T) {
 			tile = flops.ExactTile
 		}
 		tokens := moetest.Tokens(r, c, batch, seq)
-		m, err := moe.NewModel[float32](c)
+		m, err := ref.NewModel[float32](c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func TestAccountingEqualsExecution(t *testing.T) {
 		cfgJSON, _ := json.Marshal(c)
 		for _, ac := range moetest.Policies() {
 			rec := &moetest.Recorder{}
-			o := moe.Options{AC: ac, Recorder: rec, TileQ: tile.Rows, TileK: tile.Cols}
+			o := ref.Options{AC: ac, Recorder: rec, TileQ: tile.Rows, TileK: tile.Cols}
 			if c.OutputRouterLogits {
 				o.AuxCoef = c.AuxLossCoef
 			}

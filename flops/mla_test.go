@@ -141,7 +141,7 @@ func TestMLASelective(t *testing.T) {
 		}
 		out := map[moe.Op]bool{}
 		for _, s := range moe.SavedTensors(c, l, 8, moe.AC{Mode: moe.ACSelective}, moe.Precision{}) {
-			if s.Tensor == "output" && s.Op != moe.OpAttn {
+			if s.Tensor == moe.SavedOutput && s.Op != moe.OpAttn {
 				out[s.Op] = true
 			}
 		}
@@ -169,21 +169,21 @@ func TestMLASavedByHand(t *testing.T) {
 	}
 	const T = 16
 	want := []moe.SavedRecord{
-		{Op: moe.OpAttnNorm, Tensor: "input", Elements: T * 7168, DType: moe.BF16},
-		{Op: moe.OpAttnNorm, Tensor: "rstd", Elements: T, DType: moe.F32},
-		{Op: moe.OpQAProj, Tensor: "input", Elements: T * 7168, DType: moe.BF16},
-		{Op: moe.OpQANorm, Tensor: "input", Elements: T * 1536, DType: moe.BF16},
-		{Op: moe.OpQANorm, Tensor: "rstd", Elements: T, DType: moe.F32},
-		{Op: moe.OpQBProj, Tensor: "input", Elements: T * 1536, DType: moe.BF16},
-		{Op: moe.OpKVANorm, Tensor: "input", Elements: T * 512, DType: moe.BF16},
-		{Op: moe.OpKVANorm, Tensor: "rstd", Elements: T, DType: moe.F32},
-		{Op: moe.OpKVBProj, Tensor: "input", Elements: T * 512, DType: moe.BF16},
-		{Op: moe.OpAttn, Tensor: "q", Elements: T * 128 * 192, DType: moe.BF16},
-		{Op: moe.OpAttn, Tensor: "k", Elements: T * 128 * 192, DType: moe.BF16},
-		{Op: moe.OpAttn, Tensor: "v", Elements: T * 128 * 128, DType: moe.BF16},
-		{Op: moe.OpAttn, Tensor: "output", Elements: T * 128 * 128, DType: moe.BF16},
-		{Op: moe.OpAttn, Tensor: "lse", Elements: T * 128, DType: moe.F32},
-		{Op: moe.OpFFNNorm, Tensor: "input", Elements: T * 7168, DType: moe.BF16},
+		{Op: moe.OpAttnNorm, Tensor: moe.SavedInput, Elements: T * 7168, DType: moe.BF16},
+		{Op: moe.OpAttnNorm, Tensor: moe.SavedRstd, Elements: T, DType: moe.F32},
+		{Op: moe.OpQAProj, Tensor: moe.SavedInput, Elements: T * 7168, DType: moe.BF16},
+		{Op: moe.OpQANorm, Tensor: moe.SavedInput, Elements: T * 1536, DType: moe.BF16},
+		{Op: moe.OpQANorm, Tensor: moe.SavedRstd, Elements: T, DType: moe.F32},
+		{Op: moe.OpQBProj, Tensor: moe.SavedInput, Elements: T * 1536, DType: moe.BF16},
+		{Op: moe.OpKVANorm, Tensor: moe.SavedInput, Elements: T * 512, DType: moe.BF16},
+		{Op: moe.OpKVANorm, Tensor: moe.SavedRstd, Elements: T, DType: moe.F32},
+		{Op: moe.OpKVBProj, Tensor: moe.SavedInput, Elements: T * 512, DType: moe.BF16},
+		{Op: moe.OpAttn, Tensor: moe.SavedQ, Elements: T * 128 * 192, DType: moe.BF16},
+		{Op: moe.OpAttn, Tensor: moe.SavedK, Elements: T * 128 * 192, DType: moe.BF16},
+		{Op: moe.OpAttn, Tensor: moe.SavedV, Elements: T * 128 * 128, DType: moe.BF16},
+		{Op: moe.OpAttn, Tensor: moe.SavedOutput, Elements: T * 128 * 128, DType: moe.BF16},
+		{Op: moe.OpAttn, Tensor: moe.SavedLSE, Elements: T * 128, DType: moe.F32},
+		{Op: moe.OpFFNNorm, Tensor: moe.SavedInput, Elements: T * 7168, DType: moe.BF16},
 	}
 	got := moe.SavedTensors(c, 5, T, moe.AC{Mode: moe.ACNone}, moe.Precision{})
 	for i, w := range want {
@@ -195,7 +195,7 @@ func TestMLASavedByHand(t *testing.T) {
 	sel := moe.SavedTensors(c, 5, T, moe.AC{Mode: moe.ACSelective}, moe.Precision{})
 	var attnOut int64
 	for _, s := range sel {
-		if s.Op == moe.OpAttn && s.Tensor == "output" {
+		if s.Op == moe.OpAttn && s.Tensor == moe.SavedOutput {
 			attnOut = s.Elements
 		}
 	}

@@ -98,14 +98,14 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.Attention == Eager {
 		out := rs[:0:0]
 		for _, r := range rs {
-			if r.Op == moe.OpAttn && (r.Tensor == "lse" || (selective && r.Tensor == "output")) {
+			if r.Op == moe.OpAttn && (r.Tensor == moe.SavedLSE || (selective && r.Tensor == moe.SavedOutput)) {
 				continue
 			}
 			out = append(out, r)
 		}
 		if !selective {
 			s := int64(sh.Seq)
-			out = append(out, moe.SavedRecord{Layer: layer, Op: moe.OpAttn, Tensor: "probs",
+			out = append(out, moe.SavedRecord{Layer: layer, Op: moe.OpAttn, Tensor: moe.SavedProbs,
 				Elements: int64(sh.Batch) * int64(cfg.Heads) * s * s, DType: sh.Act})
 		}
 		rs = out
@@ -113,8 +113,8 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if selective && sh.EP > 1 && cfg.MoELayer[layer] {
 		n := T * int64(cfg.TopK) * int64(cfg.Hidden)
 		rs = append(rs,
-			moe.SavedRecord{Layer: layer, Op: moe.OpDispatch, Tensor: "all_to_all_output", Elements: n, DType: sh.Act},
-			moe.SavedRecord{Layer: layer, Op: moe.OpCombine, Tensor: "all_to_all_output", Elements: n, DType: sh.Act})
+			moe.SavedRecord{Layer: layer, Op: moe.OpDispatch, Tensor: moe.SavedAllToAllOutput, Elements: n, DType: sh.Act},
+			moe.SavedRecord{Layer: layer, Op: moe.OpCombine, Tensor: moe.SavedAllToAllOutput, Elements: n, DType: sh.Act})
 	}
 	if sh.Compile.Model {
 		rs = compiledBlock(cfg, layer, sh.AC, rs)
@@ -129,7 +129,7 @@ func headSaved(rs []moe.SavedRecord, tokens int64, sh Shape) []moe.SavedRecord {
 		return compiledLoss(rs, tokens, sh.Act)
 	}
 	for i, r := range rs {
-		if r.Op == moe.OpLoss && r.Tensor == "log_probs" {
+		if r.Op == moe.OpLoss && r.Tensor == moe.SavedLogProbs {
 			rs[i].DType = sh.LossDType
 		}
 	}

@@ -57,35 +57,39 @@ func compiledBlock(cfg *moe.Config, layer int, ac moe.AC, rs []moe.SavedRecord) 
 		return rs
 	}
 	dense := !cfg.MoELayer[layer]
-	drop := map[[2]string]bool{}
-	add := func(op moe.Op, tensor string) { drop[[2]string{string(op), tensor}] = true }
+	type key struct {
+		op     moe.Op
+		tensor moe.Saved
+	}
+	drop := map[key]bool{}
+	add := func(op moe.Op, tensor moe.Saved) { drop[key{op, tensor}] = true }
 	switch ac.Mode {
 	case moe.ACSelective:
 		if dense {
-			add(moe.OpDenseDown, "output")
+			add(moe.OpDenseDown, moe.SavedOutput)
 		}
 	default:
-		add(moe.OpSharedAct, "silu_gate")
-		add(moe.OpSharedDown, "input")
+		add(moe.OpSharedAct, moe.SavedSiLUGate)
+		add(moe.OpSharedDown, moe.SavedInput)
 		if cfg.QKNorm != moe.QKNormNone {
-			add(moe.OpAttn, "q")
-			add(moe.OpAttn, "k")
+			add(moe.OpAttn, moe.SavedQ)
+			add(moe.OpAttn, moe.SavedK)
 		}
 		if cfg.IsMLA() {
-			add(moe.OpQBProj, "input")
-			add(moe.OpKVBProj, "input")
+			add(moe.OpQBProj, moe.SavedInput)
+			add(moe.OpKVBProj, moe.SavedInput)
 		}
 		if dense {
-			add(moe.OpDenseAct, "silu_gate")
-			add(moe.OpDenseDown, "input")
-			add(moe.OpQProj, "input")
-			add(moe.OpQAProj, "input")
-			add(moe.OpDenseGate, "input")
+			add(moe.OpDenseAct, moe.SavedSiLUGate)
+			add(moe.OpDenseDown, moe.SavedInput)
+			add(moe.OpQProj, moe.SavedInput)
+			add(moe.OpQAProj, moe.SavedInput)
+			add(moe.OpDenseGate, moe.SavedInput)
 		}
 	}
 	out := rs[:0:0]
 	for _, r := range rs {
-		if !drop[[2]string{string(r.Op), r.Tensor}] {
+		if !drop[key{r.Op, r.Tensor}] {
 			out = append(out, r)
 		}
 	}
@@ -100,10 +104,10 @@ func compiledBlock(cfg *moe.Config, layer int, ac moe.AC, rs []moe.SavedRecord) 
 func compiledLoss(rs []moe.SavedRecord, tokens int64, act moe.DType) []moe.SavedRecord {
 	out := rs[:0:0]
 	for _, r := range rs {
-		if r.Op == moe.OpLoss && r.Tensor == "log_probs" {
+		if r.Op == moe.OpLoss && r.Tensor == moe.SavedLogProbs {
 			out = append(out,
-				moe.SavedRecord{Layer: r.Layer, Op: moe.OpLoss, Tensor: "logits", Elements: r.Elements, DType: act},
-				moe.SavedRecord{Layer: r.Layer, Op: moe.OpLoss, Tensor: "lse", Elements: tokens, DType: moe.F32})
+				moe.SavedRecord{Layer: r.Layer, Op: moe.OpLoss, Tensor: moe.SavedLogits, Elements: r.Elements, DType: act},
+				moe.SavedRecord{Layer: r.Layer, Op: moe.OpLoss, Tensor: moe.SavedLSE, Elements: tokens, DType: moe.F32})
 			continue
 		}
 		out = append(out, r)

@@ -14,7 +14,7 @@ import (
 func recordNames(rs []moe.SavedRecord) []string {
 	var out []string
 	for _, r := range rs {
-		out = append(out, string(r.Op)+" "+r.Tensor)
+		out = append(out, string(r.Op)+" "+string(r.Tensor))
 	}
 	sort.Strings(out)
 	return out

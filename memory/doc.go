@@ -95,7 +95,7 @@
 // # Saved activations
 //
 // Saved lists, per layer and policy, the tensors kept for backward (see its
-// doc for the table). The reference implementation in package moe records
+// doc for the table). The reference implementation in package moe/ref records
 // what it saves through moe.Recorder; the exactness test compares the two.
 //
 // # Host memory of the CPU reference

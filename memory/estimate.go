@@ -247,7 +247,11 @@ func stepShape(l job.Layout, b Batch, o Options) Shape {
 // through the holes of a pipeline's valid set. Peak reserved is close to
 // affine in lbs: secant steps (the line through the last two estimates,
 // aimed at the limit) land near the boundary, steps doubling away from the
-// last estimate bracket it, and bisection finishes.
+// last estimate bracket it, and bisection finishes. It is not
+// LargestWithin, the planner's search over a bounded list, because its
+// range runs to 2³²/seq local batches: galloping up from below never pays
+// for the estimates of the largest (a pipeline's cost grows with its
+// micro-batches), which LargestWithin probes first when its line misses.
 func MaxLBS(cfg *moe.Config, l job.Layout, seq, gradAccum int, o Options, deviceBytes int64, target float64) (int, Report, error) {
 	if deviceBytes < 1 {
 		return 0, Report{}, fmt.Errorf("device_bytes = %d: must be ≥ 1", deviceBytes)
@@ -279,7 +283,7 @@ func MaxLBS(cfg *moe.Config, l job.Layout, seq, gradAccum int, o Options, device
 	limit := int64(target * float64(deviceBytes))
 	at := func(lbs int) (Report, bool, error) {
 		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: seq, GradAccum: gradAccum}, o)
-		return r, err == nil && r.Peak.Reserved <= limit, err
+		return r, err == nil && WithinTarget(float64(r.Peak.Reserved)/float64(deviceBytes), target), err
 	}
 	r1, ok, err := at(first)
 	if err != nil || !ok {

@@ -5,9 +5,9 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 // TestSavedEqualsReference is the exactness check: for many random configs
@@ -19,7 +19,7 @@ func TestSavedEqualsReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 11))
 	for i := 0; i < 60; i++ {
 		cfg := moetest.Config(r)
-		m, err := moe.NewModel[float32](cfg)
+		m, err := ref.NewModel[float32](cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func TestSavedEqualsReference(t *testing.T) {
 		cfgJSON, _ := json.Marshal(cfg)
 		for _, ac := range moetest.Policies() {
 			rec := &moetest.Recorder{}
-			if _, err := m.ForwardBackward(tokens, 1, moe.Options{AC: ac, Recorder: rec}); err != nil {
+			if _, err := m.ForwardBackward(tokens, 1, ref.Options{AC: ac, Recorder: rec}); err != nil {
 				t.Fatalf("config %d %s: %v", i, ac, err)
 			}
 			kept := moetest.SavedBytes(rec.Saved)

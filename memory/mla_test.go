@@ -17,14 +17,18 @@ func TestCompiledMLA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	type key struct {
+		op     moe.Op
+		tensor moe.Saved
+	}
 	for _, tc := range []struct {
 		layer   int
-		dropped map[[2]string]bool
+		dropped map[key]bool
 	}{
-		{5, map[[2]string]bool{{"q_b_proj", "input"}: true, {"kv_b_proj", "input"}: true,
-			{"shared_act", "silu_gate"}: true, {"shared_down_proj", "input"}: true}},
-		{0, map[[2]string]bool{{"q_b_proj", "input"}: true, {"kv_b_proj", "input"}: true, {"q_a_proj", "input"}: true,
-			{"mlp_gate_proj", "input"}: true, {"mlp_act", "silu_gate"}: true, {"mlp_down_proj", "input"}: true}},
+		{5, map[key]bool{{moe.OpQBProj, moe.SavedInput}: true, {moe.OpKVBProj, moe.SavedInput}: true,
+			{moe.OpSharedAct, moe.SavedSiLUGate}: true, {moe.OpSharedDown, moe.SavedInput}: true}},
+		{0, map[key]bool{{moe.OpQBProj, moe.SavedInput}: true, {moe.OpKVBProj, moe.SavedInput}: true, {moe.OpQAProj, moe.SavedInput}: true,
+			{moe.OpDenseGate, moe.SavedInput}: true, {moe.OpDenseAct, moe.SavedSiLUGate}: true, {moe.OpDenseDown, moe.SavedInput}: true}},
 	} {
 		sh := Shape{Batch: 1, Seq: 8, AC: moe.AC{Mode: moe.ACNone}}
 		eager, err := Saved(c, tc.layer, sh)
@@ -36,13 +40,13 @@ func TestCompiledMLA(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		kept := map[[2]string]bool{}
+		kept := map[key]bool{}
 		for _, r := range comp {
-			kept[[2]string{string(r.Op), r.Tensor}] = true
+			kept[key{r.Op, r.Tensor}] = true
 		}
 		n := 0
 		for _, r := range eager {
-			k := [2]string{string(r.Op), r.Tensor}
+			k := key{r.Op, r.Tensor}
 			if kept[k] == tc.dropped[k] {
 				t.Errorf("layer %d: %v kept %v, dropped by hand %v", tc.layer, k, kept[k], tc.dropped[k])
 			}

@@ -300,7 +300,7 @@ func (s *stageBuilder) aliasInput() {
 	}
 	var keep []moe.SavedRecord
 	for _, r := range s.saved[0] {
-		if r.Tensor == "input" && (r.Op == moe.OpAttnNorm || r.Op == moe.OpFinalNorm) {
+		if r.Tensor == moe.SavedInput && (r.Op == moe.OpAttnNorm || r.Op == moe.OpFinalNorm) {
 			continue
 		}
 		keep = append(keep, r)

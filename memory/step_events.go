@@ -20,10 +20,10 @@ func (s *stepBuilder) labelled(prefix string, rs []moe.SavedRecord) *recordSet {
 		s.labelOf = map[[3]string]string{}
 	}
 	for k, r := range rs {
-		key := [3]string{prefix, string(r.Op), r.Tensor}
+		key := [3]string{prefix, string(r.Op), string(r.Tensor)}
 		l, ok := s.labelOf[key]
 		if !ok {
-			l = prefix + " " + string(r.Op) + " " + r.Tensor
+			l = prefix + " " + string(r.Op) + " " + string(r.Tensor)
 			s.labelOf[key] = l
 		}
 		set.labels[k] = l

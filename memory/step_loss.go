@@ -15,7 +15,7 @@ import (
 func withoutLogProbs(rs []moe.SavedRecord) []moe.SavedRecord {
 	var out []moe.SavedRecord
 	for _, r := range rs {
-		if r.Op != moe.OpLoss || r.Tensor == "labels" {
+		if r.Op != moe.OpLoss || r.Tensor == moe.SavedLabels {
 			out = append(out, r)
 		}
 	}

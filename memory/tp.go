@@ -32,28 +32,28 @@ const (
 )
 
 // tpPlace returns the placement of the tensor op saves.
-func tpPlace(op moe.Op, tensor string) tpPlacement {
+func tpPlace(op moe.Op, tensor moe.Saved) tpPlacement {
 	switch op {
 	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm:
 		return tpSeq
 	case moe.OpQNorm, moe.OpKNorm, moe.OpAttn, moe.OpDenseAct, moe.OpSharedAct:
 		return tpFeature
 	case moe.OpQProj, moe.OpKProj, moe.OpVProj, moe.OpDenseGate, moe.OpDenseUp, moe.OpSharedGate, moe.OpSharedUp:
-		if tensor == "output" {
+		if tensor == moe.SavedOutput {
 			return tpFeature
 		}
 	case moe.OpDenseDown, moe.OpSharedDown:
-		if tensor == "input" {
+		if tensor == moe.SavedInput {
 			return tpFeature
 		}
 	case moe.OpLoss:
-		if tensor == "log_probs" || tensor == "logits" {
+		if tensor == moe.SavedLogProbs || tensor == moe.SavedLogits {
 			return tpVocab
 		}
 	case moe.OpExpertGate, moe.OpCombine:
 		return tpExpertRows
 	case moe.OpDispatch:
-		if tensor == "order" || tensor == "all_to_all_output" {
+		if tensor == moe.SavedOrder || tensor == moe.SavedAllToAllOutput {
 			return tpExpertRows
 		}
 	case moe.OpExpertAct, moe.OpExpertDown:
@@ -100,8 +100,8 @@ func tpSaved(cfg *moe.Config, layer int, sh Shape, rs []moe.SavedRecord) []moe.S
 			ffn = moe.OpCombine
 		}
 		out = append(out,
-			moe.SavedRecord{Layer: layer, Op: moe.OpOProj, Tensor: "tp_reduce_scatter_output", Elements: n, DType: sh.Act},
-			moe.SavedRecord{Layer: layer, Op: ffn, Tensor: "tp_reduce_scatter_output", Elements: n, DType: sh.Act})
+			moe.SavedRecord{Layer: layer, Op: moe.OpOProj, Tensor: moe.SavedTPReduceScatterOutput, Elements: n, DType: sh.Act},
+			moe.SavedRecord{Layer: layer, Op: ffn, Tensor: moe.SavedTPReduceScatterOutput, Elements: n, DType: sh.Act})
 	}
 	return out
 }

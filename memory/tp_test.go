@@ -140,7 +140,7 @@ func TestSavedTPExperts(t *testing.T) {
 		}
 		got := map[string]int64{}
 		for _, r := range rs {
-			got[string(r.Op)+"/"+r.Tensor] = r.Elements
+			got[string(r.Op)+"/"+string(r.Tensor)] = r.Elements
 		}
 		for k, v := range c.want {
 			if got[k] != v {

@@ -82,21 +82,6 @@ func TestModulesWhere(t *testing.T) {
 	}
 }
 
-// TestModulesEmptyRefused: a modules policy with no module is refused by
-// the reference (ParseAC never makes one).
-func TestModulesEmptyRefused(t *testing.T) {
-	c := &Config{Name: "t", ModelType: "llama", Vocab: 8, Hidden: 4, Layers: 1, Heads: 1, KVHeads: 1, HeadDim: 4,
-		DenseFFN: 4, MoELayer: []bool{false}, Window: []int{0}, QKNorm: QKNormNone, RotaryFraction: 1, RopeTheta: 10000, NormEps: 1e-6, InitRange: 0.02}
-	m, err := NewModel[float32](c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = m.ForwardBackward([][]int{{1, 2, 3}}, 1, Options{AC: AC{Mode: ACModules}})
-	if err == nil || !strings.Contains(err.Error(), "at least one module") {
-		t.Errorf("empty modules: %v", err)
-	}
-}
-
 // AC.Validate refuses what no model runs (layer:0, modules with none) by
 // naming it, and passes every policy ParseAC builds.
 func TestACValidate(t *testing.T) {

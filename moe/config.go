@@ -1,10 +1,11 @@
-// Package moe describes Mixture-of-Experts transformers and executes them.
+// Package moe describes Mixture-of-Experts transformers; package moe/ref
+// executes them.
 //
 // It holds the normalized architecture (Config, which moe/hf reads from a
-// Hugging Face config.json), the op
-// vocabulary shared with the flops and memory packages (Op, Pass, Recorder),
-// the parameter list with Hugging Face tensor names (Params), and the
-// reference implementation that runs forward, backward and AdamW on the CPU.
+// Hugging Face config.json), the op vocabulary shared with the flops and
+// memory packages (Op, Pass, Recorder), the parameter list with Hugging Face
+// tensor names (Params), the checkpointing policies (AC) and what each op
+// keeps for backward under them (SavedTensors, the tensors named by Saved).
 //
 // Shape legend used in identifiers: T tokens, D model (hidden) dim, F expert
 // FFN dim, E routed experts, K top-k, H query heads, G KV heads, d head dim,
@@ -12,35 +13,14 @@
 // dimensions of a row-major buffer, outermost first, and adjacent letters
 // may be one flattened dimension: xTKD is [T·K, D], the dispatched rows.
 //
-// # Reference implementation
+// The reference implementation (moe/ref) reports every op it executes to a
+// Recorder as (layer, op, pass, count) under the rules of ops.go, and every
+// tensor it keeps for backward as a SavedRecord; SavedTensors gives the same
+// list analytically (its table, op × policy, is documented in saved.go).
 //
-// Model[T] (T float32 or float64) holds the parameters flat in Params order
-// and runs ForwardBackward on a micro-batch of token ids (Options: AC,
-// Recorder, BF16, AuxCoef, attention tile), accumulating gradients (scale
-// 1/micro-batches for accumulation; Accumulate does it) and per-expert
-// loads; ForwardBackwardHF takes Hugging Face's input convention instead
-// (every id an input) for the loss HF trains on (HFAuxCoef); Step applies
-// torch.optim.AdamW. Its semantics are Hugging Face's
-// Qwen3MoeForCausalLM and the variants Config allows (see Routing, RMSNorm
-// in norm.go, RoPE in rope.go, flash attention in package moe/attn, multi-head latent
-// attention in mla.go and mla_block.go).
-//
-// The execution seam for parallel ranks is the Block: one decoder layer
-// run by Forward(weights, x) and Backward(weights, grads, dy, auxGrad) with
-// LayerWeights the caller may have all-gathered, and checkpointing done
-// inside the block. Inside an MoE block the order is router → Routing
-// (indices, weights, per-expert Counts, Order) → dispatch (rows in expert
-// order) → ExpertStage → combine; an expert-parallel rank sets
-// Block.Experts to a stage that exchanges rows by all-to-all with the real
-// counts, runs its local experts and returns rows in the same order.
-//
-// Every op executed is reported to a Recorder as (layer, op, pass, count)
-// under the rules of ops.go, and every tensor kept for backward as a
-// SavedRecord; SavedTensors gives the same list analytically (its table, op
-// × policy, is documented in saved.go).
-//
-// It imports moe/kernel and moe/safetensors (for bfloat16 rounding); every
-// other package of moescope builds on it.
+// It imports the standard library only: flops, memory and the planner build
+// on the description without compiling the reference implementation, its
+// kernels or their assembly. Every other package of moescope builds on it.
 package moe
 
 import (
@@ -135,10 +115,10 @@ type Config struct {
 	// rope_parameters) when it is not "default" (llama3, yarn, linear, …):
 	// it changes RoPE's frequencies, which the accounting does not see. The
 	// reference implementation executes "yarn" (with Yarn) and refuses the
-	// others (NewModel).
+	// others (moe/ref's NewModel).
 	RopeScaling string `json:"rope_scaling,omitempty"`
-	// Yarn holds YaRN's parameters when RopeScaling is "yarn" (rope.go);
-	// nil otherwise.
+	// Yarn holds YaRN's parameters when RopeScaling is "yarn" (yarn.go;
+	// moe/ref's rope.go applies them); nil otherwise.
 	Yarn *Yarn `json:"yarn,omitempty"`
 	// RopeInterleave rotates adjacent pairs (x₀,x₁), (x₂,x₃), … instead of
 	// the halves (x_i, x_{i+r/2}) (DeepSeek-V3's rope_interleave; DeepSeek-V2's
@@ -157,7 +137,7 @@ type Config struct {
 	// SeqAuxLoss selects DeepSeek-MoE's aux loss (MoEGate with seq_aux):
 	// one loss per MoE layer and per sequence, summed over the layers,
 	// instead of HF's load_balancing_loss_func over every layer's tokens at
-	// once (both in aux.go).
+	// once (both in moe/ref's aux.go).
 	SeqAuxLoss bool    `json:"seq_aux_loss"`
 	InitRange  float64 `json:"init_range"` // std of the normal initialization
 

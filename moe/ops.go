@@ -196,11 +196,62 @@ func (t DType) Bytes() int64 {
 	return 0
 }
 
+// Saved names a tensor kept from forward for backward within the op whose
+// backward reads it (SavedRecord.Tensor): the table in saved.go says which
+// op keeps which. The names follow PyTorch's where it has one (the
+// arguments and results of the op's derivative formula).
+type Saved string
+
+// The saved-tensor names. Records, labels and JSON print these strings.
+const (
+	SavedInput  Saved = "input"  // the op's input (a linear's, a norm's, the down projection's)
+	SavedOutput Saved = "output" // the op's output (selective checkpointing's cached linears, attention)
+	SavedIDs    Saved = "ids"    // the embedding's token ids (i64)
+	SavedRstd   Saved = "rstd"   // an RMSNorm's reciprocal root mean square per row (f32)
+	// Attention: flash attention's query, key and value, and the log-sum-exp
+	// per query row and head (f32).
+	SavedQ   Saved = "q"
+	SavedK   Saved = "k"
+	SavedV   Saved = "v"
+	SavedLSE Saved = "lse"
+	// Router and dispatch: the scores [T,E] (f32), the top-k expert indices
+	// (i64), the top-k values and their sum (renormalizing routers, f32) and
+	// the dispatch's row order (i64).
+	SavedScores      Saved = "scores"
+	SavedIndices     Saved = "indices"
+	SavedValues      Saved = "values"
+	SavedDenominator Saved = "denominator"
+	SavedOrder       Saved = "order"
+	// SwiGLU: the gate projection's output, silu of it and the up
+	// projection's output.
+	SavedGate     Saved = "gate"
+	SavedSiLUGate Saved = "silu_gate"
+	SavedUp       Saved = "up"
+	// Combine: the routed experts' output rows and the routing weights
+	// (f32); Qwen2-MoE's shared scale: the shared experts' output.
+	SavedExpertOutput Saved = "expert_output"
+	SavedWeights      Saved = "weights"
+	SavedSharedOutput Saved = "shared_output"
+	// Loss: the log-probabilities (f32) and the labels (i64).
+	SavedLogProbs Saved = "log_probs"
+	SavedLabels   Saved = "labels"
+	// SavedTPReduceScatterOutput is a sequence-parallel reduce-scatter's
+	// output, which torchtitan's selective policy keeps (tensor parallelism).
+	SavedTPReduceScatterOutput Saved = "tp_reduce_scatter_output"
+	// Kept only in the memory package's tables of what the reference does
+	// not execute: an expert-parallel all-to-all's output under the
+	// selective policy, eager attention's probabilities and a compiled
+	// loss's logits.
+	SavedAllToAllOutput Saved = "all_to_all_output"
+	SavedProbs          Saved = "probs"
+	SavedLogits         Saved = "logits"
+)
+
 // SavedRecord is one tensor kept from forward for backward.
 type SavedRecord struct {
 	Layer    int
-	Op       Op     // the op whose backward needs it
-	Tensor   string // what it is ("input", "output", "lse", "indices", ...)
+	Op       Op    // the op whose backward needs it
+	Tensor   Saved // what it is
 	Elements int64
 	DType    DType // storage type under the precision policy, not the CPU's float32
 }

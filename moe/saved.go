@@ -63,7 +63,7 @@ import "slices"
 // attn_norm/input (its input) and recomputes its whole forward in backward.
 //
 // Policy selective (torchtitan's per-op SAC): the block keeps its input,
-// the outputs of the linears selectiveSaved lists (every odd mm/linear
+// the outputs of the linears SelectiveSaved lists (every odd mm/linear
 // counted over the block's calls, the router gate never counted nor saved),
 // the attention output and lse, and the router's top-k values (f32, T·K)
 // and indices (i64, T·K); grouped expert GEMMs are not saved. Backward
@@ -105,9 +105,12 @@ func blockLinears(c *Config, l int) []Op {
 	return ops
 }
 
-// selectiveSaved lists the linears whose outputs the selective policy
-// keeps: the 1st, 3rd, 5th, … of blockLinears.
-func selectiveSaved(c *Config, l int) []Op {
+// SelectiveSaved lists the linears of block l whose outputs the selective
+// policy keeps: the 1st, 3rd, 5th, … of the block's mm/linear calls in
+// execution order, the router gate neither counted nor kept. SavedTensors
+// lists their outputs and the reference implementation (moe/ref) caches
+// them: one rule for both.
+func SelectiveSaved(c *Config, l int) []Op {
 	var s []Op
 	for i, op := range blockLinears(c, l) {
 		if i%2 == 0 {
@@ -157,12 +160,12 @@ func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecor
 	s := &savedList{c: c, layer: layer, T: int64(tokens), act: p.Activation}
 	switch {
 	case layer == LayerEmbed:
-		s.add(OpEmbed, "ids", s.T, I64)
+		s.add(OpEmbed, SavedIDs, s.T, I64)
 	case layer == c.LayerHead():
 		s.head()
 	default:
 		// The block's input, which every policy keeps.
-		s.add(OpAttnNorm, "input", s.T*int64(c.Hidden), s.act)
+		s.add(OpAttnNorm, SavedInput, s.T*int64(c.Hidden), s.act)
 		switch {
 		case ac.FullyCheckpointed(layer):
 		case ac.Mode == ACSelective:
@@ -184,24 +187,24 @@ func (s *savedList) dropRecomputed(ac AC) {
 	}
 	c, l := s.c, s.layer
 	drop := map[SavedRecord]bool{}
-	mark := func(op Op, tensor string) { drop[SavedRecord{Op: op, Tensor: tensor}] = true }
+	mark := func(op Op, tensor Saved) { drop[SavedRecord{Op: op, Tensor: tensor}] = true }
 	if ac.NormRecomputed(c, l, OpAttnNorm) {
-		mark(OpAttnNorm, "rstd")
-		mark(OpQProj, "input")
-		mark(OpQAProj, "input")
+		mark(OpAttnNorm, SavedRstd)
+		mark(OpQProj, SavedInput)
+		mark(OpQAProj, SavedInput)
 	}
 	if ac.NormRecomputed(c, l, OpFFNNorm) {
-		mark(OpFFNNorm, "rstd")
-		mark(OpRouter, "input")
+		mark(OpFFNNorm, SavedRstd)
+		mark(OpRouter, SavedInput)
 	}
 	if ac.ActRecomputed(c, l) {
-		mark(OpExpertAct, "silu_gate")
-		mark(OpExpertDown, "input")
+		mark(OpExpertAct, SavedSiLUGate)
+		mark(OpExpertDown, SavedInput)
 	}
 	moeLayer := ac.MoERecomputed(c, l)
 	s.rs = slices.DeleteFunc(s.rs, func(r SavedRecord) bool {
 		// moe keeps the layer's input, listed under the router.
-		inside := moeLayer && InMoELayer(r.Op) && !(r.Op == OpRouter && r.Tensor == "input")
+		inside := moeLayer && InMoELayer(r.Op) && !(r.Op == OpRouter && r.Tensor == SavedInput)
 		return inside || drop[SavedRecord{Op: r.Op, Tensor: r.Tensor}]
 	})
 }
@@ -216,33 +219,33 @@ type savedList struct {
 	rs    []SavedRecord
 }
 
-func (s *savedList) add(op Op, tensor string, n int64, dt DType) {
+func (s *savedList) add(op Op, tensor Saved, n int64, dt DType) {
 	s.rs = append(s.rs, SavedRecord{Layer: s.layer, Op: op, Tensor: tensor, Elements: n, DType: dt})
 }
 
 // head adds the final norm's, the LM head's and the loss's tensors.
 func (s *savedList) head() {
 	T, D := s.T, int64(s.c.Hidden)
-	s.add(OpFinalNorm, "input", T*D, s.act)
-	s.add(OpFinalNorm, "rstd", T, F32)
-	s.add(OpLMHead, "input", T*D, s.act)
-	s.add(OpLoss, "log_probs", T*int64(s.c.Vocab), F32)
-	s.add(OpLoss, "labels", T, I64)
+	s.add(OpFinalNorm, SavedInput, T*D, s.act)
+	s.add(OpFinalNorm, SavedRstd, T, F32)
+	s.add(OpLMHead, SavedInput, T*D, s.act)
+	s.add(OpLoss, SavedLogProbs, T*int64(s.c.Vocab), F32)
+	s.add(OpLoss, SavedLabels, T, I64)
 }
 
 // selective adds what the selective policy keeps beyond the block's input:
-// the outputs of the linears selectiveSaved lists, the attention output
+// the outputs of the linears SelectiveSaved lists, the attention output
 // and lse, and in MoE blocks the router's top-k values and indices.
 func (s *savedList) selective() {
 	c, T, K := s.c, s.T, int64(s.c.TopK)
-	for _, op := range selectiveSaved(c, s.layer) {
-		s.add(op, "output", T*int64(linearOut(c, op)), s.act)
+	for _, op := range SelectiveSaved(c, s.layer) {
+		s.add(op, SavedOutput, T*int64(linearOut(c, op)), s.act)
 	}
-	s.add(OpAttn, "output", T*int64(c.Heads*c.VHeadDim()), s.act)
-	s.add(OpAttn, "lse", T*int64(c.Heads), F32)
+	s.add(OpAttn, SavedOutput, T*int64(c.Heads*c.VHeadDim()), s.act)
+	s.add(OpAttn, SavedLSE, T*int64(c.Heads), F32)
 	if c.MoELayer[s.layer] {
-		s.add(OpRouterTopK, "values", T*K, F32)
-		s.add(OpRouterTopK, "indices", T*K, I64)
+		s.add(OpRouterTopK, SavedValues, T*K, F32)
+		s.add(OpRouterTopK, SavedIndices, T*K, I64)
 	}
 }
 
@@ -256,31 +259,31 @@ func (s *savedList) attention() {
 		return
 	}
 	q, kv := int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim)
-	s.add(OpAttnNorm, "rstd", T, F32)
-	s.add(OpQProj, "input", T*int64(c.Hidden), s.act)
+	s.add(OpAttnNorm, SavedRstd, T, F32)
+	s.add(OpQProj, SavedInput, T*int64(c.Hidden), s.act)
 	if c.QKNorm != QKNormNone {
 		rq, rk := T*int64(c.Heads), T*int64(c.KVHeads)
 		if c.QKNorm == QKNormFull {
 			rq, rk = T, T
 		}
-		s.add(OpQNorm, "input", T*q, s.act)
-		s.add(OpQNorm, "rstd", rq, F32)
-		s.add(OpKNorm, "input", T*kv, s.act)
-		s.add(OpKNorm, "rstd", rk, F32)
+		s.add(OpQNorm, SavedInput, T*q, s.act)
+		s.add(OpQNorm, SavedRstd, rq, F32)
+		s.add(OpKNorm, SavedInput, T*kv, s.act)
+		s.add(OpKNorm, SavedRstd, rk, F32)
 	}
-	s.add(OpAttn, "q", T*q, s.act)
-	s.add(OpAttn, "k", T*kv, s.act)
-	s.add(OpAttn, "v", T*kv, s.act)
-	s.add(OpAttn, "output", T*q, s.act)
-	s.add(OpAttn, "lse", T*int64(c.Heads), F32)
+	s.add(OpAttn, SavedQ, T*q, s.act)
+	s.add(OpAttn, SavedK, T*kv, s.act)
+	s.add(OpAttn, SavedV, T*kv, s.act)
+	s.add(OpAttn, SavedOutput, T*q, s.act)
+	s.add(OpAttn, SavedLSE, T*int64(c.Heads), F32)
 }
 
 // ffn adds the FFN half of a block under policy none: the norm's tensors,
 // then the dense MLP's, or the routed experts' and the shared experts'.
 func (s *savedList) ffn() {
 	T, D := s.T, int64(s.c.Hidden)
-	s.add(OpFFNNorm, "input", T*D, s.act)
-	s.add(OpFFNNorm, "rstd", T, F32)
+	s.add(OpFFNNorm, SavedInput, T*D, s.act)
+	s.add(OpFFNNorm, SavedRstd, T, F32)
 	if !s.c.MoELayer[s.layer] {
 		s.dense()
 		return
@@ -294,11 +297,11 @@ func (s *savedList) ffn() {
 // dense adds the dense MLP's tensors (width DenseFFN).
 func (s *savedList) dense() {
 	T, Fd := s.T, s.T*int64(s.c.DenseFFN)
-	s.add(OpDenseGate, "input", T*int64(s.c.Hidden), s.act)
-	s.add(OpDenseAct, "gate", Fd, s.act)
-	s.add(OpDenseAct, "silu_gate", Fd, s.act)
-	s.add(OpDenseAct, "up", Fd, s.act)
-	s.add(OpDenseDown, "input", Fd, s.act)
+	s.add(OpDenseGate, SavedInput, T*int64(s.c.Hidden), s.act)
+	s.add(OpDenseAct, SavedGate, Fd, s.act)
+	s.add(OpDenseAct, SavedSiLUGate, Fd, s.act)
+	s.add(OpDenseAct, SavedUp, Fd, s.act)
+	s.add(OpDenseDown, SavedInput, Fd, s.act)
 }
 
 // routed adds the router's, the dispatch's, the routed experts' and the
@@ -308,21 +311,21 @@ func (s *savedList) routed() {
 	c, T := s.c, s.T
 	D, E, K := int64(c.Hidden), int64(c.Experts), int64(c.TopK)
 	F := T * K * int64(c.ExpertFFN)
-	s.add(OpRouter, "input", T*D, s.act)
-	s.add(OpRouterTopK, "scores", T*E, F32)
-	s.add(OpRouterTopK, "indices", T*K, I64)
+	s.add(OpRouter, SavedInput, T*D, s.act)
+	s.add(OpRouterTopK, SavedScores, T*E, F32)
+	s.add(OpRouterTopK, SavedIndices, T*K, I64)
 	if c.NormTopK {
-		s.add(OpRouterTopK, "values", T*K, F32)
-		s.add(OpRouterTopK, "denominator", T, F32)
+		s.add(OpRouterTopK, SavedValues, T*K, F32)
+		s.add(OpRouterTopK, SavedDenominator, T, F32)
 	}
-	s.add(OpDispatch, "order", T*K, I64)
-	s.add(OpExpertGate, "input", T*K*D, s.act)
-	s.add(OpExpertAct, "gate", F, s.act)
-	s.add(OpExpertAct, "silu_gate", F, s.act)
-	s.add(OpExpertAct, "up", F, s.act)
-	s.add(OpExpertDown, "input", F, s.act)
-	s.add(OpCombine, "expert_output", T*K*D, s.act)
-	s.add(OpCombine, "weights", T*K, F32)
+	s.add(OpDispatch, SavedOrder, T*K, I64)
+	s.add(OpExpertGate, SavedInput, T*K*D, s.act)
+	s.add(OpExpertAct, SavedGate, F, s.act)
+	s.add(OpExpertAct, SavedSiLUGate, F, s.act)
+	s.add(OpExpertAct, SavedUp, F, s.act)
+	s.add(OpExpertDown, SavedInput, F, s.act)
+	s.add(OpCombine, SavedExpertOutput, T*K*D, s.act)
+	s.add(OpCombine, SavedWeights, T*K, F32)
 }
 
 // shared adds the shared experts' tensors, and with Qwen2-MoE's gate its
@@ -330,12 +333,12 @@ func (s *savedList) routed() {
 func (s *savedList) shared() {
 	c, T := s.c, s.T
 	S := T * int64(c.SharedExperts*c.SharedFFN)
-	s.add(OpSharedAct, "gate", S, s.act)
-	s.add(OpSharedAct, "silu_gate", S, s.act)
-	s.add(OpSharedAct, "up", S, s.act)
-	s.add(OpSharedDown, "input", S, s.act)
+	s.add(OpSharedAct, SavedGate, S, s.act)
+	s.add(OpSharedAct, SavedSiLUGate, S, s.act)
+	s.add(OpSharedAct, SavedUp, S, s.act)
+	s.add(OpSharedDown, SavedInput, S, s.act)
 	if c.SharedGated {
-		s.add(OpSharedScale, "gate", T, s.act)
-		s.add(OpSharedScale, "shared_output", T*int64(c.Hidden), s.act)
+		s.add(OpSharedScale, SavedGate, T, s.act)
+		s.add(OpSharedScale, SavedSharedOutput, T*int64(c.Hidden), s.act)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 )
@@ -55,11 +54,11 @@ import (
 // Each of the grad-accum micro-steps runs the whole order; the optimizer
 // runs after the last.
 type Pipeline struct {
-	Layout job.Layout
-	Split  []int // transformer layers per stage (job.Layout.StageSplit)
-	M      int   // pipeline micro-batches per accumulation micro-step
-	Accum  int   // accumulation micro-steps
-	Ranks  [][]PipeOp
+	Layout    job.Layout
+	Split     []int // transformer layers per stage (job.Layout.StageSplit)
+	M         int   // pipeline micro-batches per accumulation micro-step
+	GradAccum int   // accumulation micro-steps
+	Ranks     [][]PipeOp
 	// Stage is the mesh of one stage's data-parallel ranks (the groups of
 	// the FSDP and EP collectives inside a stage).
 	Stage *Mesh
@@ -98,22 +97,18 @@ type PipeOp struct {
 	Coll ScheduleOp
 }
 
-// PipelineSpec is what a pipeline program is built from.
+// PipelineSpec is what a pipeline program is built from: the run (its
+// Layout resolved, pp > 1; its recipe's storage and reduce types are what
+// the stages move, empty fields job.DefaultRecipe's) and the GPUs per host
+// its ranks are placed on.
 type PipelineSpec struct {
-	Config    *moe.Config
-	Layout    job.Layout // resolved, pp > 1
-	LBS, Seq  int        // sequences per data-parallel rank per micro-step, tokens per sequence
-	Accum     int        // grad-accum micro-steps (≥ 1)
-	Precision moe.Precision
-	// ReduceDType is the type gradients are reduced in (FSDP2's
-	// reduce_dtype; "" = Precision.Grad), as ScheduleSpec.Memory's.
-	ReduceDType moe.DType
+	job.Spec
 	GPUsPerNode int
 }
 
 // BuildPipeline builds the per-rank programs of one step (see Pipeline).
 func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
-	cfg, l := sp.Config, sp.Layout
+	cfg, l := sp.Model, sp.Layout
 	if cfg == nil {
 		return nil, errors.New("pipeline: config is required")
 	}
@@ -126,8 +121,11 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 	if err := l.CheckModel(cfg); err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
-	if sp.Seq < 1 || sp.Accum < 1 {
-		return nil, fmt.Errorf("pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", sp.Seq, sp.Accum)
+	if sp.Seq < 1 || sp.GradAccum < 1 {
+		return nil, fmt.Errorf("pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", sp.Seq, sp.GradAccum)
+	}
+	if err := sp.Recipe.Resolve(); err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
 	}
 	if err := l.CheckSeq(sp.Seq); err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
@@ -148,20 +146,17 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: stage %w", err)
 	}
-	prec := sp.Precision
-	if prec == (moe.Precision{}) {
-		prec = moe.DefaultPrecision
-	}
-	p := &Pipeline{Layout: l, Split: split, M: m, Accum: sp.Accum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
+	prec := sp.Storage()
+	p := &Pipeline{Layout: l, Split: split, M: m, GradAccum: sp.GradAccum, Ranks: make([][]PipeOp, l.Stages()), Stage: stage}
 	b := &schedBuilder{cfg: cfg, paramIx: NewUnitIndex(cfg), m: stage, l: stage.Layout, prec: prec,
-		sp: ScheduleSpec{Memory: memory.Options{ReduceDType: sp.ReduceDType}}}
+		sp: ScheduleSpec{Spec: job.Spec{Recipe: sp.Recipe}}}
 	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) / int64(l.TPDegree()) * int64(cfg.Hidden) * prec.Activation.Bytes()
 	n := l.PipelineStages()
 	for r, actions := range order {
 		var ops []PipeOp
 		gathered := map[int]bool{}
 		backwards := map[int]int{} // per stage, backwards issued in this micro-step
-		for acc := range sp.Accum {
+		for acc := range sp.GradAccum {
 			clear(backwards)
 			for _, a := range actions {
 				micro := acc*m + a.Micro

@@ -41,7 +41,7 @@ func TestBuildPipeline(t *testing.T) {
 			t.Fatal(err)
 		}
 		const lbs, accum = 4, 2
-		p, err := BuildPipeline(PipelineSpec{Config: cfg, Layout: l, LBS: lbs, Seq: 8, Accum: accum, GPUsPerNode: 8})
+		p, err := BuildPipeline(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: lbs, Seq: 8, GradAccum: accum}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatalf("%+v: %v", l, err)
 		}
@@ -168,7 +168,7 @@ func TestBuildPipelineTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	ac := moe.AC{Mode: moe.ACSelective}
-	p, err := BuildPipeline(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 8, Accum: 2, GPUsPerNode: 8})
+	p, err := BuildPipeline(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: 4, Seq: 8, GradAccum: 2}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,9 @@ func TestBuildPipelineReduceDType(t *testing.T) {
 	for _, c := range []struct {
 		reduce, want moe.DType
 	}{{"", moe.F32}, {moe.F32, moe.F32}, {moe.BF16, moe.BF16}} {
-		p, err := BuildPipeline(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 8, Accum: 1, GPUsPerNode: 8, ReduceDType: c.reduce})
+		rec := job.EagerRecipe()
+		rec.ReduceDType = c.reduce
+		p, err := BuildPipeline(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: 4, Seq: 8, GradAccum: 1}, Recipe: rec}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,11 +6,11 @@ import (
 )
 
 // Batch is the data plan of a run (DESIGN.md, Batch contract): LBS sequences
-// of Seq tokens per data-parallel rank per micro-step, Micro micro-steps
+// of Seq tokens per data-parallel rank per micro-step, GradAccum micro-steps
 // per optimizer step, DP = dp_replicate × dp_shard ranks. The global batch is
-// B = LBS·DP·Micro sequences; step t consumes sequences [t·B, (t+1)·B).
+// B = LBS·DP·GradAccum sequences; step t consumes sequences [t·B, (t+1)·B).
 type Batch struct {
-	LBS, Seq, Micro, DP int
+	LBS, Seq, GradAccum, DP int
 }
 
 // Validate checks every field.
@@ -18,24 +18,24 @@ func (b Batch) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"lbs", b.LBS}, {"seq", b.Seq}, {"grad_accum", b.Micro}, {"dp", b.DP}} {
+	}{{"lbs", b.LBS}, {"seq", b.Seq}, {"grad_accum", b.GradAccum}, {"dp", b.DP}} {
 		if f.v < 1 || f.v > 1<<24 {
 			return fmt.Errorf("%s = %d: must be in [1, 16777216]", f.name, f.v)
 		}
 	}
-	if int64(b.LBS)*int64(b.DP)*int64(b.Micro) > 1<<40 {
-		return fmt.Errorf("global batch lbs %d × dp %d × grad_accum %d is too large", b.LBS, b.DP, b.Micro)
+	if int64(b.LBS)*int64(b.DP)*int64(b.GradAccum) > 1<<40 {
+		return fmt.Errorf("global batch lbs %d × dp %d × grad_accum %d is too large", b.LBS, b.DP, b.GradAccum)
 	}
 	return nil
 }
 
-// Global is B = LBS·DP·Micro, sequences per step.
-func (b Batch) Global() int64 { return int64(b.LBS) * int64(b.DP) * int64(b.Micro) }
+// Global is B = LBS·DP·GradAccum, sequences per step.
+func (b Batch) Global() int64 { return int64(b.LBS) * int64(b.DP) * int64(b.GradAccum) }
 
 // Start is the global index of the first of the LBS sequences that
 // data-parallel rank r = replica·dp_shard + shard takes at micro-step m of
 // step t: t·B + (m·DP + r)·LBS. N ranks at lbs l thus see exactly the
-// micro-batches one rank sees at lbs l with grad-accum N·Micro, in the order
+// micro-batches one rank sees at lbs l with grad-accum N·GradAccum, in the order
 // (m, r).
 func (b Batch) Start(t, m, r int) int64 {
 	return int64(t)*b.Global() + (int64(m)*int64(b.DP)+int64(r))*int64(b.LBS)

@@ -27,14 +27,14 @@ import (
 //     memory: Setup, then each op's Mem in op order, is that timeline
 //     event for event (memory.Replay gives Peak).
 type Schedule struct {
-	Layout job.Layout
-	AC     moe.AC
-	LBS    int // sequences per rank per micro-step
-	Seq    int // tokens per sequence
-	Micro  int // micro-steps per optimizer step (grad-accum)
-	Ops    []ScheduleOp
-	Setup  []memory.Event // what is live when the step begins
-	Peak   memory.Peak    // memory.Replay of the timeline
+	Layout    job.Layout
+	AC        moe.AC
+	LBS       int // sequences per rank per micro-step
+	Seq       int // tokens per sequence
+	GradAccum int // micro-steps per optimizer step (grad-accum)
+	Ops       []ScheduleOp
+	Setup     []memory.Event // what is live when the step begins
+	Peak      memory.Peak    // memory.Replay of the timeline
 }
 
 // Timeline returns the step's memory events in order: Setup, then every
@@ -246,7 +246,7 @@ func (o ScheduleOp) String() string {
 
 // Print writes the program, one op per line.
 func (s *Schedule) Print(w io.Writer) error {
-	if _, err := fmt.Fprintf(w, "schedule: %d ops, %d micro-step(s), lbs %d, seq %d, ac %s\n", len(s.Ops), s.Micro, s.LBS, s.Seq, s.AC); err != nil {
+	if _, err := fmt.Fprintf(w, "schedule: %d ops, %d micro-step(s), lbs %d, seq %d, ac %s\n", len(s.Ops), s.GradAccum, s.LBS, s.Seq, s.AC); err != nil {
 		return err
 	}
 	for _, o := range s.Ops {

@@ -9,18 +9,14 @@ import (
 	"github.com/moescope/moescope/moe/job"
 )
 
-// ScheduleSpec is what a schedule is built from.
+// ScheduleSpec is what a schedule is built from: the run (its model,
+// batch, checkpointing and recipe, whose storage types the collectives
+// move and the memory timeline holds; empty recipe fields are
+// job.DefaultRecipe's) on a mesh, whose layout is the one the schedule
+// runs (the run's own Layout is not read).
 type ScheduleSpec struct {
-	Config    *moe.Config
-	Mesh      *Mesh
-	AC        moe.AC
-	LBS       int // sequences per rank per micro-step
-	Seq       int // tokens per sequence
-	Micro     int // gradient-accumulation micro-steps (≥ 1)
-	Precision moe.Precision
-	// Memory are the memory package's options besides AC and Precision
-	// (attention kind, loss chunks, optimizer implementation, allocator).
-	Memory memory.Options
+	job.Spec
+	Mesh *Mesh
 	// NoMemory leaves the memory timeline out (Setup, every op's Mem and
 	// Peak stay empty): a caller that estimates the step's memory under
 	// its own options (the virtual-time backend) would otherwise pay for
@@ -60,28 +56,26 @@ type ScheduleSpec struct {
 // (UnitTensors) and the all-to-alls each tp rank's rows. Collectives on
 // one-member groups are omitted.
 func BuildSchedule(sp ScheduleSpec) (*Schedule, error) {
-	cfg, m := sp.Config, sp.Mesh
+	cfg, m := sp.Model, sp.Mesh
 	if cfg == nil || m == nil {
 		return nil, errors.New("schedule: config and mesh are required")
 	}
-	if sp.LBS < 1 || sp.Seq < 1 || sp.Micro < 1 {
-		return nil, fmt.Errorf("schedule: lbs = %d, seq = %d, micro = %d: each must be ≥ 1", sp.LBS, sp.Seq, sp.Micro)
+	if err := sp.Batch.Validate(); err != nil {
+		return nil, fmt.Errorf("schedule: %w", err)
+	}
+	if err := sp.Recipe.Resolve(); err != nil {
+		return nil, fmt.Errorf("schedule: %w", err)
 	}
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, fmt.Errorf("schedule: %w", err)
 	}
-	b := &schedBuilder{sp: sp, cfg: cfg, paramIx: NewUnitIndex(cfg), m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, Micro: sp.Micro}}
-	b.prec = sp.Precision
-	if b.prec == (moe.Precision{}) {
-		b.prec = moe.DefaultPrecision
-	}
+	b := &schedBuilder{sp: sp, cfg: cfg, paramIx: NewUnitIndex(cfg), m: m, l: m.Layout, s: &Schedule{Layout: m.Layout, AC: sp.AC, LBS: sp.LBS, Seq: sp.Seq, GradAccum: sp.GradAccum}}
+	b.prec = sp.Storage()
 	b.build()
 	if sp.NoMemory {
 		return b.s, nil
 	}
-	mo := sp.Memory
-	mo.AC, mo.Precision = sp.AC, b.prec
-	rep, err := memory.Estimate(cfg, m.Layout, memory.Batch{LBS: sp.LBS, Seq: sp.Seq, GradAccum: sp.Micro}, mo)
+	rep, err := memory.Estimate(cfg, m.Layout, memory.Batch{LBS: sp.LBS, Seq: sp.Seq, GradAccum: sp.GradAccum}, memory.OptionsOf(sp.Recipe, sp.AC))
 	if err != nil {
 		return nil, fmt.Errorf("schedule: memory timeline: %w", err)
 	}
@@ -256,7 +250,7 @@ func (b *schedBuilder) build() {
 	if b.megatron() {
 		b.rsCap = b.megatronQueueCap()
 	}
-	for micro := 0; micro < b.sp.Micro; micro++ {
+	for micro := 0; micro < b.sp.GradAccum; micro++ {
 		b.forward(micro)
 		b.backward(micro)
 	}
@@ -319,7 +313,7 @@ func (b *schedBuilder) backward(micro int) {
 	explicit := b.explicitPrefetch()
 	mg := b.megatron()
 	emb, hu := Unit{Layer: moe.LayerEmbed}, Unit{Layer: head}
-	lastMicro := micro == b.sp.Micro-1
+	lastMicro := micro == b.sp.GradAccum-1
 	done := func(u Unit, id int) {
 		b.reduce(u, micro, id)
 		if !keep || lastMicro {
@@ -371,7 +365,7 @@ func (b *schedBuilder) stepEnd() {
 		// bit patterns (two f32 words each), gathered so that every rank can
 		// average them in one rank's order.
 		deps = append(deps, b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: head,
-			Coll: CollAllGather, Axis: AxisDP, Purpose: PurposeLoss, DType: moe.F32, Elements: int64(4 * b.sp.Micro * b.l.GPUs)}))
+			Coll: CollAllGather, Axis: AxisDP, Purpose: PurposeLoss, DType: moe.F32, Elements: int64(4 * b.sp.GradAccum * b.l.GPUs)}))
 		if b.cfg.SelectionBias && b.cfg.IsMoE() {
 			deps = append(deps, b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: head,
 				Coll: CollAllReduce, Axis: AxisDP, Purpose: PurposeBiasLoad, DType: moe.F32, Elements: int64(b.cfg.Experts * b.cfg.MoELayers())}))

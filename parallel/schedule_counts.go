@@ -12,8 +12,8 @@ import "fmt"
 // ([ep_index·E/ep, (ep_index+1)·E/ep)). Recomputed forwards exchange as the
 // forward did.
 func (s *Schedule) WithCounts(m *Mesh, rank int, counts [][][][]int, experts, hidden int) (*Schedule, error) {
-	if len(counts) != s.Micro {
-		return nil, fmt.Errorf("counts for %d micro-steps, schedule has %d", len(counts), s.Micro)
+	if len(counts) != s.GradAccum {
+		return nil, fmt.Errorf("counts for %d micro-steps, schedule has %d", len(counts), s.GradAccum)
 	}
 	ep := m.Group(AxisEP, rank)
 	el := experts / ep.Size()

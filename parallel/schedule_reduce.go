@@ -7,7 +7,7 @@ import (
 
 // reduceType is the type gradients are reduced in.
 func (b *schedBuilder) reduceType() moe.DType {
-	if t := b.sp.Memory.ReduceDType; t != "" {
+	if t := b.sp.ReduceDType; t != "" {
 		return t
 	}
 	return b.prec.Grad
@@ -19,14 +19,14 @@ func (b *schedBuilder) reduceType() moe.DType {
 // parallelism the all-reduce over tp of u's replicated tensors' gradients
 // comes first (TPReplicatedElements).
 func (b *schedBuilder) reduce(u Unit, micro, dep int) {
-	if b.l.GradSyncLastOnly && micro < b.sp.Micro-1 {
+	if b.l.GradSyncLastOnly && micro < b.sp.GradAccum-1 {
 		return
 	}
 	orig := dep
 	if b.l.TPDegree() > 1 {
 		if n := TPReplicatedElements(b.paramIx, u); n > 0 {
 			dt := b.prec.Compute
-			if b.l.GradSyncLastOnly && b.sp.Micro > 1 {
+			if b.l.GradSyncLastOnly && b.sp.GradAccum > 1 {
 				dt = b.reduceType()
 			}
 			dep = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
@@ -54,7 +54,7 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 		b.lastRS = append(b.lastRS, last)
 		b.rsIssued(last, padded)
 	}
-	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.Micro-1) {
+	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.GradAccum-1) {
 		id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{last},
 			Coll: CollAllReduce, Axis: AxisReplicate, Purpose: PurposeGradReplica, Unit: u, DType: b.reduceType(), Elements: shard})
 		b.lastRS = append(b.lastRS, id)

@@ -18,7 +18,7 @@ func schedFor(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, micro int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: m, AC: ac, LBS: 2, Seq: 4, Micro: micro})
+	s, err := BuildSchedule(ScheduleSpec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: 2, Seq: 4, GradAccum: micro}, Recipe: job.EagerRecipe()}, Mesh: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +195,9 @@ func TestScheduleGradSyncLastOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mo := memory.Options{ReduceDType: moe.BF16}
-	s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACFull}, LBS: 2, Seq: 4, Micro: micro, Memory: mo})
+	rec := job.EagerRecipe()
+	rec.ReduceDType = moe.BF16
+	s, err := BuildSchedule(ScheduleSpec{Spec: job.Spec{Model: cfg, AC: moe.AC{Mode: moe.ACFull}, Batch: job.Batch{LBS: 2, Seq: 4, GradAccum: micro}, Recipe: rec}, Mesh: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,8 +210,7 @@ func TestScheduleGradSyncLastOnly(t *testing.T) {
 			t.Errorf("%s: want micro-step %d, bf16", o, micro-1)
 		}
 	}
-	mo.AC = s.AC
-	rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: 2, Seq: 4, GradAccum: micro}, mo)
+	rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: 2, Seq: 4, GradAccum: micro}, memory.OptionsOf(rec, s.AC))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestScheduleNoMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := ScheduleSpec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4, Micro: 2}
+	spec := ScheduleSpec{Spec: job.Spec{Model: cfg, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 2, Seq: 4, GradAccum: 2}, Recipe: job.EagerRecipe()}, Mesh: m}
 	with, err := BuildSchedule(spec)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // StagePass is one pipeline micro-batch's forward (backward false) or
@@ -37,8 +38,8 @@ func (p *Pipeline) StagePass(cfg *moe.Config, s, seq int, ac moe.AC, prec moe.Pr
 	}
 	l := p.Stage.Layout
 	mbs := p.Layout.PPMicrobatchSize
-	b := &schedBuilder{sp: ScheduleSpec{Config: cfg, Mesh: p.Stage, AC: ac, LBS: mbs, Seq: seq, Micro: 1, Precision: prec, NoMemory: true},
-		cfg: cfg, paramIx: NewUnitIndex(cfg), m: p.Stage, l: l, prec: prec, s: &Schedule{Layout: l, AC: ac, LBS: mbs, Seq: seq, Micro: 1},
+	b := &schedBuilder{sp: ScheduleSpec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: mbs, Seq: seq, GradAccum: 1}}, Mesh: p.Stage, NoMemory: true},
+		cfg: cfg, paramIx: NewUnitIndex(cfg), m: p.Stage, l: l, prec: prec, s: &Schedule{Layout: l, AC: ac, LBS: mbs, Seq: seq, GradAccum: 1},
 		pass: true}
 	b.reset()
 	first, count := p.StageLayers(s)

@@ -18,7 +18,7 @@ func stagePassPipeline(t *testing.T, cfg *moe.Config, l job.Layout) *Pipeline {
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := BuildPipeline(PipelineSpec{Config: cfg, Layout: l, LBS: 1, Seq: 8, Accum: 1, GPUsPerNode: 8})
+	p, err := BuildPipeline(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: 1, Seq: 8, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestStagePassAsSchedule(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				s, err := BuildSchedule(ScheduleSpec{Config: cfg, Mesh: m, AC: ac, LBS: 1, Seq: 8, Micro: 1, NoMemory: true})
+				s, err := BuildSchedule(ScheduleSpec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: 1, Seq: 8, GradAccum: 1}, Recipe: job.EagerRecipe()}, Mesh: m, NoMemory: true})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -9,7 +9,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/calib"
+	"github.com/moescope/moescope/parallel/sim/cost"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 func init() {
@@ -40,7 +42,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	cal, err := sim.Calibrate(runs)
+	cal, err := calib.Calibrate(runs)
 	if err != nil {
 		return err
 	}
@@ -65,9 +67,9 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "parameter\tvalue\tstatus")
 	val := map[string]float64{
-		sim.CalGEMM: cal.GEMMScale, sim.CalGrouped: cal.GroupedScale, sim.CalAttention: cal.AttentionScale,
-		sim.CalMemoryBound: cal.MemoryBoundScale, sim.CalNVLink: cal.NVLinkEfficiency, sim.CalNet: cal.NetEfficiency,
-		sim.CalAllocator: cal.AllocatorOverhead,
+		cost.CalGEMM: cal.GEMMScale, cost.CalGrouped: cal.GroupedScale, cost.CalAttention: cal.AttentionScale,
+		cost.CalMemoryBound: cal.MemoryBoundScale, cost.CalNVLink: cal.NVLinkEfficiency, cost.CalNet: cal.NetEfficiency,
+		cost.CalAllocator: cal.AllocatorOverhead,
 	}
 	for _, n := range cal.Fitted {
 		fmt.Fprintf(tw, "%s\t%.4g\tfitted\n", n, val[n])
@@ -97,7 +99,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 // calibrateRuns reads the runs to fit: the runs file, or the torchtitan
 // logs (then written to --runs-out, and their notes printed to stderr).
 // source describes them for the calibration.
-func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool) (runs []sim.Run, source string, err error) {
+func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool) (runs []published.Run, source string, err error) {
 	if runsPath == "" {
 		runs, notes, err := logs.runs()
 		if err != nil {
@@ -115,7 +117,7 @@ func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool
 	if err != nil {
 		return nil, "", err
 	}
-	runs, err = sim.ReadRuns(f, runsPath, false)
+	runs, err = published.ReadRuns(f, runsPath, false)
 	f.Close()
 	if err != nil {
 		return nil, "", err

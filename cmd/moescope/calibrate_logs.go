@@ -9,7 +9,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/parallel/hw"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/published"
 	"github.com/moescope/moescope/parallel/titanlog"
 )
 
@@ -113,7 +113,7 @@ func (l *logFlags) inputs() []input {
 
 // runs reads each log (with its job config) as one measured run
 // (titanlog.Files); notes say what was skipped.
-func (l *logFlags) runs() ([]sim.Run, []string, error) {
+func (l *logFlags) runs() ([]published.Run, []string, error) {
 	dev, err := hw.LookupDevice(l.gpu)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
@@ -127,7 +127,7 @@ func (l *logFlags) runs() ([]sim.Run, []string, error) {
 }
 
 // writeRuns writes the runs read from the logs.
-func (l *logFlags) writeRuns(runs []sim.Run, force bool) error {
+func (l *logFlags) writeRuns(runs []published.Run, force bool) error {
 	doc, err := marshalJSON("calibrate", runs, "  ")
 	if err != nil {
 		return err

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 const titanData = "../../parallel/titanlog/testdata/"
@@ -34,11 +34,11 @@ func TestCalibrateLogEqualsRunsFile(t *testing.T) {
 		"--runs-out", filepath.Join(dir, "logruns.json"), "--out", filepath.Join(dir, "b.json")}); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	a, err := sim.ReadCalibration(filepath.Join(dir, "a.json"))
+	a, err := cost.ReadCalibration(filepath.Join(dir, "a.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := sim.ReadCalibration(filepath.Join(dir, "b.json"))
+	b, err := cost.ReadCalibration(filepath.Join(dir, "b.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

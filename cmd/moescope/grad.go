@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 func init() {
@@ -56,7 +57,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	coef := moe.HFAuxCoef(cfg)
+	coef := ref.HFAuxCoef(cfg)
 	// Refuse before computing anything: an output that exists (without
 	// --force), one in a missing directory, or one path named twice.
 	ins := []input{{Flag: "--model", Path: *model}, {Flag: "--weights", Path: *weights}, {Flag: "--tokens", Path: *tokensPath}}
@@ -67,7 +68,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err := checkGradMemory(cfg, limit); err != nil {
 		return err
 	}
-	m, err := moe.NewModel[float32](cfg)
+	m, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		return err
 	}
@@ -100,7 +101,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err := checkGradActivations(cfg, len(tokens), len(tokens[0]), ac, limit); err != nil {
 		return fmt.Errorf("%s: %w", *tokensPath, err)
 	}
-	res, err := m.ForwardBackwardHF(tokens, 1, moe.Options{AC: ac, AuxCoef: coef})
+	res, err := m.ForwardBackwardHF(tokens, 1, ref.Options{AC: ac, AuxCoef: coef})
 	if err != nil {
 		return err
 	}
@@ -121,9 +122,9 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 // gradReport is the JSON object grad prints.
 type gradReport struct {
 	Loss      float64 `json:"loss"`       // mean cross-entropy over the predicted positions
-	AuxLoss   float64 `json:"aux_loss"`   // the model's aux loss (moe.AuxLoss) over all MoE layers; 0 when not added (HF computes it only then)
+	AuxLoss   float64 `json:"aux_loss"`   // the model's aux loss (ref.AuxLoss) over all MoE layers; 0 when not added (HF computes it only then)
 	TotalLoss float64 `json:"total_loss"` // the loss differentiated: loss + aux_coef·aux_loss when aux_added
-	AuxAdded  bool    `json:"aux_added"`  // moe.HFAuxCoef ≠ 0: output_router_logits (DeepSeek-MoE: aux_loss_alpha > 0)
+	AuxAdded  bool    `json:"aux_added"`  // ref.HFAuxCoef ≠ 0: output_router_logits (DeepSeek-MoE: aux_loss_alpha > 0)
 	AuxCoef   float64 `json:"aux_coef"`   // router_aux_loss_coef (DeepSeek-MoE: aux_loss_alpha) applied; 0 when not added
 	Sequences int     `json:"sequences"`
 	SeqLen    int     `json:"seq_len"`

@@ -17,6 +17,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 func TestGradInitSave(t *testing.T) {
@@ -145,13 +146,13 @@ func gradAgainstTorch(t *testing.T, dir string) (got gradReport, exp torchExpect
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
+	torch, err := hf.LoadParams[float64](filepath.Join(dir, "grads.safetensors"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range cfg.Params() {
 		var maxRef, maxDiff float64
-		for j, v := range ref[i] {
+		for j, v := range torch[i] {
 			maxRef = math.Max(maxRef, math.Abs(v))
 			maxDiff = math.Max(maxDiff, math.Abs(gg[i][j]-v))
 		}
@@ -308,7 +309,7 @@ func TestGradNonFinite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := moe.NewModel[float32](cfg)
+	m, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 func init() {
@@ -272,7 +272,7 @@ func (a *planArgs) checkOutputs() error {
 
 // load resolves the model, device, cluster and calibration the flags name
 // (the hardware as simulate resolves it, then --gpus-per-node).
-func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *sim.Calibration, err error) {
+func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *cost.Calibration, err error) {
 	if cfg, err = hf.Load(a.model); err != nil {
 		return nil, dev, nil, nil, fmt.Errorf("%w: --model: %v", errUsage, err)
 	}
@@ -306,7 +306,7 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 
 // writeFiles writes the exports, the trace and the plots the flags ask for.
 func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
-	cal *sim.Calibration, narrowed string) error {
+	cal *cost.Calibration, narrowed string) error {
 	allocNote := "memory assumed fixed allocator segments (no expandable_segments)"
 	if simEv.Run.ExpandableSegments {
 		allocNote = "memory assumed PYTORCH_ALLOC_CONF=expandable_segments:True, which torchtitan's run_train.sh sets"
@@ -356,7 +356,7 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 // writePictures writes the plots and the HTML report the flags ask for;
 // notes are the report's remarks on what the search assumed.
 func (a *planArgs) writePictures(stderr io.Writer, title string, rep *plan.Report, cfg *moe.Config, dev hw.Device, simEv *plan.SimEvaluator,
-	cal *sim.Calibration, notes []string) error {
+	cal *cost.Calibration, notes []string) error {
 	if a.plotD == "" && a.reportPath == "" {
 		return nil
 	}

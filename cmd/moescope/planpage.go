@@ -7,13 +7,13 @@ import (
 	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // writePlanReport writes the page `moescope plan --report FILE.html` asks
 // for to w: d's pictures and tables, with plan's settings, its explanation
 // of the best plan (as the table prints it) and notes.
-func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d *report.Data, dev hw.Device, cal *sim.Calibration, notes []string) error {
+func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d *report.Data, dev hw.Device, cal *cost.Calibration, notes []string) error {
 	p := report.Page{Title: title, GPUs: a.gpus, Seq: a.seq, GlobalBatch: a.globalBatch, Top: a.top,
 		Calibration: cal, CalibrationFile: a.calibration, Explain: planExplain(rep, dev), Notes: notes}
 	if info, ok := debug.ReadBuildInfo(); ok {

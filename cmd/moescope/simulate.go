@@ -17,6 +17,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 func init() {
@@ -52,7 +53,7 @@ func (h *hardwareFlags) addTo(fs *flag.FlagSet) {
 	fs.StringVar(&h.calibration, "calibration", "", "calibration JSON written by moescope calibrate (path)")
 }
 
-func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error) {
+func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *cost.Calibration, error) {
 	dev, err := hw.LookupDevice(h.gpu)
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
@@ -65,7 +66,7 @@ func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error)
 	if err != nil {
 		return dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
 	}
-	var cal *sim.Calibration
+	var cal *cost.Calibration
 	if h.calibration != "" {
 		if cal, err = readCalibration(h.calibration); err != nil {
 			return dev, nil, nil, err
@@ -75,11 +76,11 @@ func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *sim.Calibration, error)
 }
 
 // readCalibration is the one reader of --calibration for every command:
-// sim.ReadCalibration bounds the read, refuses unknown fields and trailing
+// cost.ReadCalibration bounds the read, refuses unknown fields and trailing
 // data, and validates every value. Like a bad --gpu or --cluster, a bad
 // file is a usage error.
-func readCalibration(path string) (*sim.Calibration, error) {
-	cal, err := sim.ReadCalibration(path)
+func readCalibration(path string) (*cost.Calibration, error) {
+	cal, err := cost.ReadCalibration(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --calibration: %v", errUsage, err)
 	}
@@ -132,7 +133,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	in := sim.InputFor(spec, dev, cl, cal)
+	in := sim.Input{Spec: spec, Device: dev, Cluster: cl, Calibration: cal}
 	in.KeepTimeline, in.MemoryTarget = sf.tracePath != "", *sf.target
 	res, err := sim.Simulate(in)
 	if err != nil {
@@ -275,7 +276,7 @@ func printSimulate(w io.Writer, r simulateReport) error {
 	if len(b.ComputeByClassS) > 0 {
 		fmt.Fprintln(w, "\ncompute + recompute by op class:")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		for _, c := range sim.OpClasses() {
+		for _, c := range cost.OpClasses() {
 			if v, ok := b.ComputeByClassS[c.String()]; ok {
 				row(c.String(), v)
 			}

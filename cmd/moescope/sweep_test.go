@@ -13,6 +13,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/titanlog"
 )
 
@@ -75,17 +76,17 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	// runs cannot separate is absorbed by the identified ones (at one
 	// sequence length the compute shares move together), which no fit
 	// can undo, so such a plant would test nothing about the sweep.
-	want := map[string]float64{sim.CalGEMM: 1, sim.CalGrouped: 1, sim.CalAttention: 1, sim.CalMemoryBound: 1,
-		sim.CalNVLink: cl.NVLinkEfficiency, sim.CalNet: cl.NetEfficiency}
-	plant := map[string]float64{sim.CalGEMM: 0.9, sim.CalGrouped: 0.85, sim.CalAttention: 1.1, sim.CalMemoryBound: 0.92,
-		sim.CalNVLink: 0.9 * cl.NVLinkEfficiency, sim.CalNet: 0.8 * cl.NetEfficiency}
+	want := map[string]float64{cost.CalGEMM: 1, cost.CalGrouped: 1, cost.CalAttention: 1, cost.CalMemoryBound: 1,
+		cost.CalNVLink: cl.NVLinkEfficiency, cost.CalNet: cl.NetEfficiency}
+	plant := map[string]float64{cost.CalGEMM: 0.9, cost.CalGrouped: 0.85, cost.CalAttention: 1.1, cost.CalMemoryBound: 0.92,
+		cost.CalNVLink: 0.9 * cl.NVLinkEfficiency, cost.CalNet: 0.8 * cl.NetEfficiency}
 	for _, p := range m.Params {
 		if p.Identified {
 			want[p.Name] = plant[p.Name]
 		}
 	}
-	planted := &sim.Calibration{GEMMScale: want[sim.CalGEMM], GroupedScale: want[sim.CalGrouped], AttentionScale: want[sim.CalAttention],
-		MemoryBoundScale: want[sim.CalMemoryBound], NVLinkEfficiency: want[sim.CalNVLink], NetEfficiency: want[sim.CalNet]}
+	planted := &cost.Calibration{GEMMScale: want[cost.CalGEMM], GroupedScale: want[cost.CalGrouped], AttentionScale: want[cost.CalAttention],
+		MemoryBoundScale: want[cost.CalMemoryBound], NVLinkEfficiency: want[cost.CalNVLink], NetEfficiency: want[cost.CalNet]}
 	dev, _ := hw.LookupDevice("b200")
 	twoHost := false
 	args := []string{"calibrate", "--gpu", "b200", "--runs-out", filepath.Join(dir, "runs.json"), "--out", filepath.Join(dir, "cal.json")}
@@ -121,15 +122,15 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	if err := run(&out, &out, args); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	cal, err := sim.ReadCalibration(filepath.Join(dir, "cal.json"))
+	cal, err := cost.ReadCalibration(filepath.Join(dir, "cal.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]float64{sim.CalGEMM: cal.GEMMScale, sim.CalGrouped: cal.GroupedScale, sim.CalAttention: cal.AttentionScale,
-		sim.CalMemoryBound: cal.MemoryBoundScale, sim.CalNVLink: cal.NVLinkEfficiency, sim.CalNet: cal.NetEfficiency}
+	got := map[string]float64{cost.CalGEMM: cal.GEMMScale, cost.CalGrouped: cal.GroupedScale, cost.CalAttention: cal.AttentionScale,
+		cost.CalMemoryBound: cal.MemoryBoundScale, cost.CalNVLink: cal.NVLinkEfficiency, cost.CalNet: cal.NetEfficiency}
 	for n, v := range got {
 		if v == 0 { // kept at its default
-			got[n] = map[string]float64{sim.CalNVLink: cl.NVLinkEfficiency, sim.CalNet: cl.NetEfficiency}[n]
+			got[n] = map[string]float64{cost.CalNVLink: cl.NVLinkEfficiency, cost.CalNet: cl.NetEfficiency}[n]
 			if got[n] == 0 {
 				got[n] = 1
 			}

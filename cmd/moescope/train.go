@@ -14,6 +14,7 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/numeric"
@@ -33,7 +34,7 @@ type trainReport struct {
 	GradAccum int        `json:"grad_accum"`
 	StartStep int        `json:"start_step"` // optimizer steps already taken (resume)
 	Losses    []float64  `json:"losses"`     // cross-entropy, one per step of this run
-	AuxLosses []float64  `json:"aux_losses"` // aux loss per step, moe.AuxLoss's formula for the model (0 when off)
+	AuxLosses []float64  `json:"aux_losses"` // aux loss per step, ref.AuxLoss's formula for the model (0 when off)
 	// TPS is a rank's own tokens per second (torchtitan's definition).
 	TPS float64 `json:"tps"`
 	// MFU is the model-convention FLOPs per second of all ranks together ÷
@@ -86,7 +87,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 		return a.runPipeline(stdout, stderr, r)
 	}
 	if a.printSched {
-		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: r.cfg, Mesh: r.mesh, AC: r.ac, LBS: a.lbs, Seq: a.seq, Micro: a.accum})
+		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: r.spec(), Mesh: r.mesh})
 		if err != nil {
 			return err
 		}
@@ -139,8 +140,8 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs.IntVar(&a.steps, "steps", 0, "optimizer steps to run (required)")
 	fs.IntVar(&a.accum, "grad-accum", 1, "micro-steps per optimizer step")
 	fs.Uint64Var(&a.seed, "seed", 0, "seed of the initialization and of the synthetic data")
-	fs.Float64Var(&a.lr, "lr", moe.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
-	fs.Float64Var(&a.wd, "weight-decay", moe.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
+	fs.Float64Var(&a.lr, "lr", ref.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
+	fs.Float64Var(&a.wd, "weight-decay", ref.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
 	fs.Float64Var(&a.auxCoef, "aux-coef", -1, "aux-loss coefficient (default: the config's router_aux_loss_coef, or DeepSeek-MoE's aux_loss_alpha)")
 	fs.Float64Var(&a.biasRate, "bias-update-rate", 1e-3, "selection-bias update rate γ (sigmoid routers with a bias)")
 	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object at the end (progress lines go to stderr)")
@@ -188,6 +189,15 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	return a, nil
 }
 
+// spec is the run the goroutine ranks execute: its model, layout, batch and
+// checkpointing, with the eager recipe (the CPU reference runs PyTorch's
+// eager decomposition; the recipe's storage types size what a GPU would
+// hold).
+func (r *trainRun) spec() job.Spec {
+	return job.Spec{Model: r.cfg, Layout: r.layout, AC: r.ac, Recipe: job.EagerRecipe(),
+		Batch: job.Batch{LBS: r.batch.LBS, Seq: r.batch.Seq, GradAccum: r.batch.GradAccum}}
+}
+
 // setup loads the model and resolves the layout, mesh and batch.
 func (a *trainArgs) setup() (*trainRun, error) {
 	ac, err := moe.ParseAC(a.acFlag)
@@ -223,7 +233,7 @@ func (a *trainArgs) setup() (*trainRun, error) {
 		if err := a.faults.check(layout.GPUs, a.steps); err != nil {
 			return nil, err
 		}
-		return &trainRun{cfg: cfg, layout: layout, ac: ac, batch: parallel.Batch{LBS: a.lbs, Seq: a.seq, Micro: a.accum, DP: layout.DP()}, coef: coef}, nil
+		return &trainRun{cfg: cfg, layout: layout, ac: ac, batch: parallel.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum, DP: layout.DP()}, coef: coef}, nil
 	}
 	gpn := layout.GPUsPerNode
 	if gpn == 0 {
@@ -237,7 +247,7 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	batch := parallel.Batch{LBS: a.lbs, Seq: a.seq, Micro: a.accum, DP: layout.DP()}
+	batch := parallel.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum, DP: layout.DP()}
 	if err := batch.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -251,11 +261,11 @@ func (a *trainArgs) setup() (*trainRun, error) {
 // the --resume checkpoint (numeric.Start), and the state a checkpoint of
 // this run records.
 func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, error) {
-	adam := moe.TorchtitanAdamW
+	adam := ref.TorchtitanAdamW
 	adam.LR, adam.WeightDecay = a.lr, a.wd
 	state := numeric.TrainState{Model: r.cfg.Name, Layout: r.layout, AC: r.ac.String(), LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
 		GlobalBatch: r.batch.Global(), DataSeed: a.seed, AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate}
-	spec := numeric.Spec{Config: r.cfg, Mesh: r.mesh, AC: r.ac, Batch: r.batch, DataSeed: a.seed,
+	spec := numeric.Spec{Spec: r.spec(), Mesh: r.mesh, DataSeed: a.seed,
 		AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate, Timeout: a.faults.timeout}
 	return numeric.Start(spec, state, a.seed, a.resume, a.faults.fault(0))
 }

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 )
 
@@ -218,9 +218,9 @@ func TestTrainResumeCorrupt(t *testing.T) {
 
 // TestTrainDeepseekAux: train adds DeepSeek-MoE's per-sequence aux loss
 // (aux_loss_alpha of testdata/torchref/deepseek, the config checked against
-// PyTorch in package moe). A step's aux loss is the mean over its
+// PyTorch by moe/hf's TestTorchref). A step's aux loss is the mean over its
 // micro-batches of each one's loss (DESIGN.md, "Losses"), so 2 ranks at
-// lbs 2 and 1 rank with grad-accum 2 report the aux loss that moe.Model's
+// lbs 2 and 1 rank with grad-accum 2 report the aux loss that ref.Model's
 // Accumulate gives on the same four sequences (parallel.Batch.Sequences)
 // from the same initialization.
 func TestTrainDeepseekAux(t *testing.T) {
@@ -229,12 +229,12 @@ func TestTrainDeepseekAux(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := moe.NewModel[float32](cfg)
+	m, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.InitRandom(0)
-	b := parallel.Batch{LBS: 2, Seq: 8, Micro: 1, DP: 2}
+	b := parallel.Batch{LBS: 2, Seq: 8, GradAccum: 1, DP: 2}
 	var micro [][][]int
 	for r := 0; r < b.DP; r++ {
 		var mb [][]int
@@ -247,7 +247,7 @@ func TestTrainDeepseekAux(t *testing.T) {
 		}
 		micro = append(micro, mb)
 	}
-	want, err := m.Accumulate(micro, moe.Options{AuxCoef: cfg.AuxLossCoef})
+	want, err := m.Accumulate(micro, ref.Options{AuxCoef: cfg.AuxLossCoef})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +262,7 @@ func TestTrainDeepseekAux(t *testing.T) {
 			t.Fatalf("%v: %v", layout, err)
 		}
 		if len(rep.AuxLosses) != 1 || math.Abs(rep.AuxLosses[0]-want.Aux) > 1e-6*want.Aux || want.Aux == 0 {
-			t.Errorf("%v: aux losses %v, want [%v] (moe.Model.Accumulate)", layout, rep.AuxLosses, want.Aux)
+			t.Errorf("%v: aux losses %v, want [%v] (ref.Model.Accumulate)", layout, rep.AuxLosses, want.Aux)
 		}
 	}
 }

@@ -8,9 +8,9 @@ import (
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel/numeric"
 )
 
@@ -40,14 +40,14 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 	if err := checkHostMemory(cfg, host, memory.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum}, r.ac, a.hostGiB); err != nil {
 		return err
 	}
-	adam := moe.TorchtitanAdamW
+	adam := ref.TorchtitanAdamW
 	adam.LR, adam.WeightDecay = a.lr, a.wd
-	m, err := moe.NewModel[float32](cfg)
+	m, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		return err
 	}
 	m.InitRandom(a.seed)
-	num, err := numeric.NewPipelineTrainer(numeric.PipelineSpec{Config: cfg, Layout: r.layout, AC: r.ac, LBS: a.lbs, Seq: a.seq, Accum: a.accum,
+	num, err := numeric.NewPipelineTrainer(numeric.PipelineSpec{Spec: r.spec(),
 		DataSeed: a.seed, AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate}, m.Tensors())
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

@@ -23,7 +23,10 @@ const module = "github.com/moescope/moescope"
 // analytic accountings (flops, memory), and the leaves below moe. Package
 // numeric's communicator (parallel/numeric/collective: goroutine ranks'
 // collectives, knowing no model) sits below numeric and above parallel,
-// whose meshes and groups it serves. The commands sit at the top:
+// whose meshes and groups it serves; the simulator's cost models
+// (parallel/sim/cost) sit below it too, and what runs the simulator over
+// measured runs (parallel/sim/published, then parallel/sim/calib) above
+// it. The commands sit at the top:
 // sizecheck, the CI's size check, imports only internal/sizes, which like
 // every internal package sits at the bottom. Below moescope's command sits
 // its own report package (the plots and the HTML page), internal to the
@@ -33,14 +36,17 @@ var layers = [][]string{
 	{"cmd/moescope/internal/report"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
+	{"parallel/sim/calib"},
+	{"parallel/sim/published"},
 	{"parallel/numeric", "parallel/sim"},
-	{"parallel/numeric/collective"},
+	{"parallel/numeric/collective", "parallel/sim/cost"},
 	{"parallel"},
 	{"parallel/hw", "bench"},
 	{"flops", "memory"},
 	{"moe/moetest"},
 	{"moe/job"},
 	{"moe/hf"},
+	{"moe/ref"},
 	{"moe"},
 	{"moe/attn"},
 	{"moe/kernel", "moe/safetensors"},

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 // minimal is a valid qwen3_moe config.json used as the base of edits below.
@@ -283,7 +284,7 @@ func TestRopeScaling(t *testing.T) {
 		if c.RopeScaling != tc.want {
 			t.Errorf("%s: rope scaling %q, want %q", tc.extra, c.RopeScaling, tc.want)
 		}
-		_, err = moe.NewModel[float32](c)
+		_, err = ref.NewModel[float32](c)
 		if (tc.want == "" || tc.want == "yarn") && err != nil {
 			t.Errorf("%s: NewModel: %v", tc.extra, err)
 		}

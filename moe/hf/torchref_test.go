@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 // torchrefExpected is expected.json as testdata/torchref/torchref.py writes it.
@@ -79,9 +80,9 @@ type torchrefDiff struct {
 // matching reference: the shifted one where the aux loss makes them differ.
 // With hf it runs ForwardBackwardHF (every id an input) and compares with
 // the reference under HF's convention.
-func runTorchref[T float32 | float64](t *testing.T, r torchref, o moe.Options, hf bool) torchrefDiff {
+func runTorchref[T float32 | float64](t *testing.T, r torchref, o ref.Options, hf bool) torchrefDiff {
 	t.Helper()
-	m, err := moe.NewModel[T](r.cfg)
+	m, err := ref.NewModel[T](r.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func runTorchref[T float32 | float64](t *testing.T, r torchref, o moe.Options, h
 		t.Fatal(err)
 	}
 	m.ZeroGrad()
-	o.AuxCoef = moe.HFAuxCoef(r.cfg)
+	o.AuxCoef = ref.HFAuxCoef(r.cfg)
 	if hf {
 		res, err := m.ForwardBackwardHF(r.tokens, 1, o)
 		if err != nil {
@@ -114,16 +115,16 @@ func runTorchref[T float32 | float64](t *testing.T, r torchref, o moe.Options, h
 }
 
 // compareTorchref measures a result and its gradients against a reference.
-func compareTorchref[T float32 | float64](res moe.Result, params []moe.Param, got [][]T, exp torchrefExpected, want [][]float64) torchrefDiff {
+func compareTorchref[T float32 | float64](res ref.Result, params []moe.Param, got [][]T, exp torchrefExpected, want [][]float64) torchrefDiff {
 	rel := func(got, want float64) float64 { return math.Abs(got-want) / math.Max(math.Abs(want), 1e-30) }
 	d := torchrefDiff{lossRel: rel(res.Loss, exp.Loss), totalRel: rel(res.Total, exp.TotalLoss)}
 	if exp.AuxAdded {
 		d.auxRel = rel(res.Aux, exp.AuxLoss)
 	}
 	for i, g := range got {
-		ref := want[i]
+		w := want[i]
 		var maxRef, maxDiff float64
-		for j, v := range ref {
+		for j, v := range w {
 			maxRef = math.Max(maxRef, math.Abs(v))
 			maxDiff = math.Max(maxDiff, math.Abs(float64(g[j])-v))
 		}
@@ -161,7 +162,7 @@ func TestTorchref(t *testing.T) {
 	for _, name := range torchrefConfigs {
 		t.Run(name, func(t *testing.T) {
 			r := loadTorchref(t, name)
-			if got := moe.HFAuxCoef(r.cfg); got != r.exp.AuxCoef {
+			if got := ref.HFAuxCoef(r.cfg); got != r.exp.AuxCoef {
 				t.Errorf("aux coefficient %v from config.json, the PyTorch model used %v", got, r.exp.AuxCoef)
 			}
 			check := func(label string, d torchrefDiff, lossTol, gradTol float64) {
@@ -174,20 +175,20 @@ func TestTorchref(t *testing.T) {
 				t.Logf("%-16s loss rel %.2e  aux rel %.2e  worst grad %.2e × max (%s)", label, d.lossRel, d.auxRel, d.worstGrad, d.worstName)
 			}
 			for _, ac := range policies {
-				check(fmt.Sprintf("float32 %s", ac), runTorchref[float32](t, r, moe.Options{AC: ac}, false), 1e-5, 1e-4)
+				check(fmt.Sprintf("float32 %s", ac), runTorchref[float32](t, r, ref.Options{AC: ac}, false), 1e-5, 1e-4)
 			}
 			// Small, uneven attention tiles: many tiles per sequence, partly
 			// and fully masked ones (causal and windowed) skipped or clipped.
-			check("float32 tiles 3×2", runTorchref[float32](t, r, moe.Options{AC: moe.AC{Mode: moe.ACSelective}, TileQ: 3, TileK: 2}, false), 1e-5, 1e-4)
+			check("float32 tiles 3×2", runTorchref[float32](t, r, ref.Options{AC: moe.AC{Mode: moe.ACSelective}, TileQ: 3, TileK: 2}, false), 1e-5, 1e-4)
 			// Float64 from the same weights: the only error left is the
 			// references' own rounding to float32 (relative 2⁻²⁴ ≈ 6e-8 of
 			// each element, so ≤ 6e-8 × the max); the loss is stored in float64.
-			check("float64 selective", runTorchref[float64](t, r, moe.Options{AC: moe.AC{Mode: moe.ACSelective}}, false), 1e-12, 1e-7)
+			check("float64 selective", runTorchref[float64](t, r, ref.Options{AC: moe.AC{Mode: moe.ACSelective}}, false), 1e-12, 1e-7)
 			// HF's convention (input_ids = labels = tokens), the loss
 			// `moescope grad` reports: ForwardBackwardHF's three passes when
 			// the aux loss is on.
-			check("float32 HF", runTorchref[float32](t, r, moe.Options{AC: moe.AC{Mode: moe.ACSelective}}, true), 1e-5, 1e-4)
-			check("float64 HF", runTorchref[float64](t, r, moe.Options{AC: moe.AC{Mode: moe.ACNone}}, true), 1e-12, 1e-7)
+			check("float32 HF", runTorchref[float32](t, r, ref.Options{AC: moe.AC{Mode: moe.ACSelective}}, true), 1e-5, 1e-4)
+			check("float64 HF", runTorchref[float64](t, r, ref.Options{AC: moe.AC{Mode: moe.ACNone}}, true), 1e-12, 1e-7)
 		})
 	}
 }
@@ -199,7 +200,7 @@ func TestTorchref(t *testing.T) {
 func TestForwardBackwardHFScale(t *testing.T) {
 	r := loadTorchref(t, "deepseek")
 	grad := func(scale float64) []float64 {
-		m, err := moe.NewModel[float64](r.cfg)
+		m, err := ref.NewModel[float64](r.cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +211,7 @@ func TestForwardBackwardHFScale(t *testing.T) {
 		if err := m.SetTensors(ps); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.ForwardBackwardHF(r.tokens, scale, moe.Options{AuxCoef: moe.HFAuxCoef(r.cfg)}); err != nil {
+		if _, err := m.ForwardBackwardHF(r.tokens, scale, ref.Options{AuxCoef: ref.HFAuxCoef(r.cfg)}); err != nil {
 			t.Fatal(err)
 		}
 		return m.Grad

@@ -101,10 +101,15 @@ type ExpertGEMM string
 
 // Expert matmul kernels.
 const (
-	// GroupedMM is torch._grouped_mm, torchtitan's.
+	// GroupedMM is torch._grouped_mm, one grouped kernel per projection
+	// (torchtitan's GroupedExperts).
 	GroupedMM ExpertGEMM = "grouped_mm"
-	// CuBLASExperts is TransformerEngine's GroupedLinear: one cuBLAS GEMM
-	// per expert.
+	// CuBLASExperts is one cuBLAS GEMM per local expert on a pool of CUDA
+	// streams: TransformerEngine's GroupedLinear (Megatron-Core's
+	// TEGroupedMLP, NeMo AutoModel's experts: te), whose
+	// nvte_multi_tensor_gemm takes multi_stream_cublas_gemm unless
+	// NVTE_USE_CUTLASS_GROUPED_GEMM is set (NVIDIA/TransformerEngine
+	// transformer_engine/common/gemm/cublaslt_gemm.cu).
 	CuBLASExperts ExpertGEMM = "cublas"
 )
 

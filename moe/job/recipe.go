@@ -70,6 +70,14 @@ func DefaultRecipe() Recipe {
 		Dispatcher: AllToAll, ExpertGEMM: GroupedMM}
 }
 
+// EagerRecipe is DefaultRecipe without torch.compile (torchtitan's
+// --compile=false, PyTorch's eager kernels).
+func EagerRecipe() Recipe {
+	r := DefaultRecipe()
+	r.Compile = false
+	return r
+}
+
 // Resolve fills what is left empty with its default (ReduceDType with
 // GradDType) and validates.
 func (r *Recipe) Resolve() error {

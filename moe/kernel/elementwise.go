@@ -51,7 +51,7 @@ func (c *forCall) task(_ *arena, t int) {
 }
 
 // Row versions of the SwiGLU activations: the plain-Go loops below are the
-// oracle (the same formulas, in the same order, as package moe's generic
+// oracle (the same formulas, in the same order, as package moe/ref's generic
 // ones); dispatch_amd64.go replaces them with AVX2 assembly.
 var (
 	swigluRow    = swigluGo

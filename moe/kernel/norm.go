@@ -2,14 +2,14 @@ package kernel
 
 import "math"
 
-// RMSNorm of the reference model in float32 (package moe's rmsNormFwd and
+// RMSNorm of the reference model in float32 (package moe/ref's rmsNormFwd and
 // rmsNormBwd for T = float32), on every core and in AVX2 vectors where the
 // CPU has them:
 //
 //	r = 1/√(Σx²/n + ε),  y = w ⊙ (x·r)
 //	dw += Σ_rows dy ⊙ (x·r),  dx += r·(dy ⊙ w − (x·r)·mean(dy ⊙ w ⊙ x·r))
 //
-// The plain-Go rows below are the oracle: package moe's loops, one element
+// The plain-Go rows below are the oracle: package moe/ref's loops, one element
 // after another. The AVX2 rows round every element-wise product and
 // difference as those loops do; their two sums (Σx² and the mean) add in
 // float64 lanes, so r and the mean can differ from the oracle's in the last

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/ref"
 )
 
 // draws is how many configs the coverage test draws: every model type and
@@ -75,7 +76,7 @@ func TestCoverage(t *testing.T) {
 	ct := reflect.TypeFor[moe.Config]()
 	for i := 0; i < draws; i++ {
 		c := Config(r)
-		if _, err := moe.NewModel[float32](c); err != nil {
+		if _, err := ref.NewModel[float32](c); err != nil {
 			t.Fatalf("draw %d: %v", i, err)
 		}
 		types[c.ModelType]++

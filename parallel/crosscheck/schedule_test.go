@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric"
 	"github.com/moescope/moescope/parallel/sim"
@@ -47,13 +48,12 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		init, err := moe.NewModel[float32](cfg)
+		init, err := ref.NewModel[float32](cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		init.InitRandom(5)
-		n, err := numeric.New(numeric.Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: 1, DP: l.DP()},
-			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		n, err := numeric.New(numeric.Spec{Spec: job.Spec{Model: cfg, AC: tc.ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}}, Mesh: m, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,8 +83,7 @@ func TestScheduleAgreesWithNumeric(t *testing.T) {
 			}
 			counts = append(counts, row)
 		}
-		res, err := sim.Simulate(sim.Input{Config: cfg, Layout: l, AC: tc.ac, LBS: lbs, Seq: seq, GradAccum: 1,
-			ExpertCounts: counts, KeepTimeline: true})
+		res, err := sim.Simulate(sim.Input{Spec: job.Spec{Model: cfg, Layout: l, AC: tc.ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}, Recipe: job.EagerRecipe()}, ExpertCounts: counts, KeepTimeline: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -174,7 +174,7 @@ func (c *Cluster) Validate() error {
 		{"net_latency_us", c.NetLatencyUS, 0, 1e6, "µs (0 to 1 s)"},
 		// Bus bandwidth ÷ link rate: nccl-tests report 0.7–0.95; a ring
 		// under 1% of its links is a broken fabric (the same range as
-		// calibrate's fitted efficiencies, parallel/sim.Calibration).
+		// calibrate's fitted efficiencies, parallel/sim/cost.Calibration).
 		{"nvlink_efficiency", c.NVLinkEfficiency, 0.01, 1, "(a fraction of the link rate)"},
 		{"net_efficiency", c.NetEfficiency, 0.01, 1, "(a fraction of the link rate)"},
 	})...)

@@ -17,12 +17,12 @@ func FuzzLoadTrainCheckpoint(f *testing.F) {
 		f.Fatal(err)
 	}
 	good := filepath.Join(f.TempDir(), "ck")
-	st := TrainState{Model: n.spec.Config.Name, Layout: n.spec.Mesh.Layout, AC: n.spec.AC.String(), LBS: 1, Seq: 4, GradAccum: 1,
+	st := TrainState{Model: n.spec.Model.Name, Layout: n.spec.Mesh.Layout, AC: n.spec.AC.String(), LBS: 1, Seq: 4, GradAccum: 1,
 		GlobalBatch: 1, AdamW: n.spec.AdamW, Losses: []float64{4.1}}
 	if err := SaveTrainCheckpoint(good, false, n, st); err != nil {
 		f.Fatal(err)
 	}
-	if _, err := LoadTrainCheckpoint(good, n.spec.Config); err != nil {
+	if _, err := LoadTrainCheckpoint(good, n.spec.Model); err != nil {
 		f.Fatalf("the good checkpoint: %v", err)
 	}
 	ents, err := os.ReadDir(good)
@@ -52,7 +52,7 @@ func FuzzLoadTrainCheckpoint(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(dir, trainStateFile), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		ck, err := LoadTrainCheckpoint(dir, n.spec.Config)
+		ck, err := LoadTrainCheckpoint(dir, n.spec.Model)
 		if err != nil {
 			return
 		}

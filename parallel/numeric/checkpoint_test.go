@@ -10,7 +10,9 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/moe/safetensors"
 	"github.com/moescope/moescope/parallel"
 )
@@ -78,7 +80,7 @@ func corrupt(t *testing.T, path, tensor string, v float32) {
 // learning rate of 1e30) is an error naming the step, not a result.
 func TestDivergedStepIsAnError(t *testing.T) {
 	cfg := moetest.TinyMoE()
-	m, err := moe.NewModel[float32](cfg)
+	m, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +89,7 @@ func TestDivergedStepIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := Spec{Config: cfg, Mesh: mesh, AC: moe.AC{Mode: moe.ACNone}, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 1, DP: 1},
-		AdamW: moe.AdamW{LR: 1e30, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}}
+	spec := Spec{Spec: job.Spec{Model: cfg, AC: moe.AC{Mode: moe.ACNone}, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: 1}}, Mesh: mesh, AdamW: ref.AdamW{LR: 1e30, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}}
 	n, err := New(spec, m.Tensors())
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/moe/safetensors"
 )
 
@@ -46,7 +47,7 @@ type TrainState struct {
 	// the same, so that step t reads the same sequences.
 	GlobalBatch int64     `json:"global_batch"`
 	DataSeed    uint64    `json:"data_seed"`
-	AdamW       moe.AdamW `json:"adamw"`
+	AdamW       ref.AdamW `json:"adamw"`
 	AuxCoef     float64   `json:"aux_coef"`
 	BiasRate    float64   `json:"bias_rate"`
 	Losses      []float64 `json:"losses"` // one per step so far
@@ -83,7 +84,7 @@ func SaveTrainCheckpoint(dir string, force bool, n *Trainer, st TrainState) erro
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	cfg := n.spec.Config
+	cfg := n.spec.Model
 	ps := cfg.Params()
 	params := n.Params()
 	m, v, step := n.OptimizerState()

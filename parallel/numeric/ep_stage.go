@@ -7,12 +7,13 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
 // epStage runs one rank's routed experts under expert parallelism; it is
-// the moe.ExpertStage of every MoE block of an EP rank.
+// the ref.ExpertStage of every MoE block of an EP rank.
 //
 // Member j of the EP group (ep ranks) owns global experts
 // [j·El, (j+1)·El), El = E/ep. Dispatch: the rank's rows (already in global
@@ -26,7 +27,7 @@ import (
 // experts' backward, accumulates their weight gradients and returns the
 // input gradients by the reverse all-to-all.
 //
-// moe.ExpertStage has no error result: the first collective error is kept
+// ref.ExpertStage has no error result: the first collective error is kept
 // in err (the stage then returns zeros of the right size) and the rank
 // checks it after each block call.
 type epStage struct {
@@ -54,7 +55,7 @@ type epStage struct {
 	// backward-input pass of zero-bubble schedules; the weight pass runs
 	// them): they read only the pass's own dy, x and activations, not the
 	// all-to-alls, which stay in the input pass.
-	wq *moe.WeightQueue
+	wq *ref.WeightQueue
 
 	saved map[int]*epSaved
 	// comm caches, per layer, the all-to-all results of a forward whose
@@ -163,11 +164,11 @@ func permutation(byExpert [][]int, el int) (perm, rowsPer []int) {
 }
 
 // DeferWeightGrads makes ExpertsBackward queue the experts'
-// weight-gradient GEMMs on q (run them at once for nil); moe.Block's
+// weight-gradient GEMMs on q (run them at once for nil); ref.Block's
 // DeferWeightGrads hands its queue on to its stage through it.
-func (s *epStage) DeferWeightGrads(q *moe.WeightQueue) { s.wq = q }
+func (s *epStage) DeferWeightGrads(q *ref.WeightQueue) { s.wq = q }
 
-// ExpertsForward implements moe.ExpertStage.
+// ExpertsForward implements ref.ExpertStage.
 func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe.Pass, keep bool) []float32 {
 	D, F := s.cfg.Hidden, s.cfg.ExpertFFN
 	out := make([]float32, len(xe))
@@ -233,9 +234,9 @@ func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe
 		if s.rec != nil {
 			rows := int64(len(recv) / D)
 			for _, t := range []struct {
-				name string
+				name moe.Saved
 				n    int64
-			}{{"input", rows * int64(D)}, {"gate", rows * int64(F)}, {"up", rows * int64(F)}} {
+			}{{moe.SavedInput, rows * int64(D)}, {moe.SavedGate, rows * int64(F)}, {moe.SavedUp, rows * int64(F)}} {
 				s.rec.RecordSaved(moe.SavedRecord{Layer: layer, Op: moe.OpExpertGate, Tensor: t.name, Elements: t.n, DType: s.dtype})
 			}
 		}
@@ -255,7 +256,7 @@ func (s *epStage) ExpertsForward(layer int, xe []float32, counts []int, pass moe
 	return back
 }
 
-// ExpertsBackward implements moe.ExpertStage.
+// ExpertsBackward implements ref.ExpertStage.
 func (s *epStage) ExpertsBackward(layer int, dye []float32) []float32 {
 	D, F := s.cfg.Hidden, s.cfg.ExpertFFN
 	dxe := make([]float32, len(dye))

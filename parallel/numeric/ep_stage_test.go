@@ -9,11 +9,12 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
-// TestEPStageDefersExpertWeightGrads: given a moe.WeightQueue (the
+// TestEPStageDefersExpertWeightGrads: given a ref.WeightQueue (the
 // pipeline's backward-input pass of zero-bubble schedules), the
 // expert-parallel stage's backward returns the same input gradient, runs
 // both all-to-alls, and leaves the experts' weight gradients untouched
@@ -76,7 +77,7 @@ func TestEPStageDefersExpertWeightGrads(t *testing.T) {
 				grads:   func(int) (a, b, c [][]float32) { return g[0], g[1], g[2] }}
 			st.bind(ctx, ep)
 			st.ExpertsForward(0, xe[r], counts[r], moe.Forward, true)
-			var q moe.WeightQueue
+			var q ref.WeightQueue
 			if deferred {
 				st.DeferWeightGrads(&q)
 			}

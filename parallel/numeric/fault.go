@@ -30,7 +30,7 @@ var ErrInjectedFault = errors.New("injected fault")
 // the batch.
 func (n *Trainer) SetFault(f *Fault) error {
 	if f != nil {
-		world, micro := len(n.ranks), n.spec.Batch.Micro
+		world, micro := len(n.ranks), n.spec.Batch.GradAccum
 		switch {
 		case f.Rank < 0 || f.Rank >= world:
 			return fmt.Errorf("fault rank %d: must be in [0, %d] (the world has %d ranks)", f.Rank, world-1, world)
@@ -50,7 +50,7 @@ func (f *Fault) strikes(rank, step, micro int) bool {
 }
 
 // cancelled carries a rank's cancellation out of the reference's ops. The
-// ops of package moe return no errors (they are pure kernels), so the
+// ops of package moe/ref return no errors (they are pure kernels), so the
 // recorder they report to panics with this value between two ops once the
 // rank's context is done, and runStep recovers it into the rank's error:
 // a rank stuck in compute stops at its next op, not at the end of its

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -23,10 +25,9 @@ func faultTrainer(t testing.TB, gpus, rep, ep, micro int, timeout time.Duration)
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, _ := moe.NewModel[float32](cfg)
+	init, _ := ref.NewModel[float32](cfg)
 	init.InitRandom(1)
-	n, err := New(Spec{Config: cfg, Mesh: m, AC: moe.AC{Mode: moe.ACSelective}, Timeout: timeout,
-		Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: micro, DP: l.DP()}, AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+	n, err := New(Spec{Spec: job.Spec{Model: cfg, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: micro}}, Mesh: m, Timeout: timeout, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}

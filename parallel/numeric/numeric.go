@@ -8,22 +8,32 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
 
-// Spec describes a numeric (goroutine-rank) training run.
+// Spec describes a numeric (goroutine-rank) training run: the run (its
+// model, batch, checkpointing, and recipe, whose storage types the ranks'
+// memory accounts and collectives use; empty fields are
+// job.DefaultRecipe's) on a mesh, whose layout is the one the ranks form
+// (the run's own Layout is not read), and what only training needs.
 type Spec struct {
-	Config    *moe.Config
-	Mesh      *parallel.Mesh
-	AC        moe.AC
-	Batch     parallel.Batch // Batch.DP must equal the mesh's dp_replicate × dp_shard
-	DataSeed  uint64
-	AdamW     moe.AdamW
-	AuxCoef   float64 // coefficient of HF's load-balancing loss; 0 neither computes nor adds it
-	BiasRate  float64 // selection-bias update rate γ (sigmoid routers with a selection bias)
-	Precision moe.Precision
-	Timeout   time.Duration // per collective wait; 0 means collective.DefaultTimeout
+	job.Spec
+	Mesh     *parallel.Mesh
+	DataSeed uint64
+	AdamW    ref.AdamW
+	AuxCoef  float64       // coefficient of HF's load-balancing loss; 0 neither computes nor adds it
+	BiasRate float64       // selection-bias update rate γ (sigmoid routers with a selection bias)
+	Timeout  time.Duration // per collective wait; 0 means collective.DefaultTimeout
+
+	storage moe.Precision // the recipe's storage types, resolved by New
+}
+
+// data is the run's data plan over the mesh's data-parallel ranks.
+func (s Spec) data() parallel.Batch {
+	return parallel.Batch{LBS: s.LBS, Seq: s.Seq, GradAccum: s.GradAccum, DP: s.Mesh.Layout.DP()}
 }
 
 // Trainer trains the reference model with one goroutine per rank, each
@@ -87,7 +97,7 @@ type StepResult struct {
 // New places every rank's shards of the initial parameters init
 // (moe.Config.Params order, as moe.LoadParams returns them).
 func New(spec Spec, init [][]float32) (*Trainer, error) {
-	cfg, m := spec.Config, spec.Mesh
+	cfg, m := spec.Model, spec.Mesh
 	if cfg == nil || m == nil {
 		return nil, errors.New("numeric: config and mesh are required")
 	}
@@ -97,9 +107,13 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 	if err := spec.Batch.Validate(); err != nil {
 		return nil, err
 	}
-	if spec.Batch.DP != m.Layout.DP() {
-		return nil, fmt.Errorf("numeric: batch dp = %d ≠ dp_replicate %d × dp_shard %d", spec.Batch.DP, m.Layout.DPReplicate, m.Layout.DPShard)
+	if err := spec.data().Validate(); err != nil {
+		return nil, err
 	}
+	if err := spec.Recipe.Resolve(); err != nil {
+		return nil, fmt.Errorf("numeric: %w", err)
+	}
+	spec.storage = spec.Storage()
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, err
 	}
@@ -116,9 +130,6 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 		if int64(len(init[i])) != p.Elements() {
 			return nil, fmt.Errorf("numeric: %s has %d elements, want %d", p.Name, len(init[i]), p.Elements())
 		}
-	}
-	if spec.Precision == (moe.Precision{}) {
-		spec.Precision = moe.DefaultPrecision
 	}
 	n := &Trainer{spec: spec, comm: collective.New(m)}
 	n.comm.Timeout = spec.Timeout
@@ -157,7 +168,7 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 	}
 	// Every rank holds every micro-batch's (loss, aux); rank 0's copy is
 	// the step's record.
-	b := n.spec.Batch
+	b := n.spec.data()
 	all := losses[0]
 	var sl, sa float64
 	for i := 0; i < len(all); i += 2 {
@@ -165,13 +176,13 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 		sl += all[i]
 		sa += all[i+1]
 	}
-	cnt := float64(b.DP * b.Micro)
+	cnt := float64(b.DP * b.GradAccum)
 	res.Loss, res.Aux = sl/cnt, sa/cnt
-	res.Tokens = int64(b.LBS) * int64(b.Seq) * int64(b.Micro)
+	res.Tokens = int64(b.LBS) * int64(b.Seq) * int64(b.GradAccum)
 	for _, r := range n.ranks {
 		res.PeakBytes = append(res.PeakBytes, r.mem.peak)
 	}
-	res.ExpertCounts = make([][][][]int, b.Micro)
+	res.ExpertCounts = make([][][][]int, b.GradAccum)
 	for m := range res.ExpertCounts {
 		for _, r := range n.ranks {
 			res.ExpertCounts[m] = append(res.ExpertCounts[m], r.counts[m])
@@ -193,7 +204,7 @@ func (n *Trainer) RankErrors() []error { return append([]error(nil), n.rankErrs.
 // Params reassembles the full parameters (Config.Params order) from the
 // ranks' shards.
 func (n *Trainer) Params() [][]float32 {
-	ps := n.spec.Config.Params()
+	ps := n.spec.Model.Params()
 	out := make([][]float32, len(ps))
 	for _, r := range n.ranks {
 		if r.coord.Replica == 0 { // replicas hold copies
@@ -208,7 +219,7 @@ func (n *Trainer) Params() [][]float32 {
 // OptimizerState reassembles the AdamW moments (Params order; nil for
 // buffers) and returns the optimizer step count.
 func (n *Trainer) OptimizerState() (m, v [][]float32, step int64) {
-	ps := n.spec.Config.Params()
+	ps := n.spec.Model.Params()
 	m, v = make([][]float32, len(ps)), make([][]float32, len(ps))
 	for _, r := range n.ranks {
 		if r.coord.Replica == 0 {
@@ -222,7 +233,7 @@ func (n *Trainer) OptimizerState() (m, v [][]float32, step int64) {
 // returns them) into every rank's shards and sets the step count and the
 // number of optimizer steps taken.
 func (n *Trainer) SetOptimizerState(m, v [][]float32, step int64) error {
-	ps := n.spec.Config.Params()
+	ps := n.spec.Model.Params()
 	if len(m) != len(ps) || len(v) != len(ps) {
 		return fmt.Errorf("optimizer state: %d/%d tensors, model has %d", len(m), len(v), len(ps))
 	}

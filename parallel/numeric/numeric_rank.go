@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -42,10 +43,10 @@ type numRank struct {
 	units []*numUnit
 	byKey map[parallel.Unit]*numUnit
 
-	scratch *moe.Model[float32] // views the block runners read weights from and write gradients to
-	blocks  []*moe.Block[float32]
-	embed   *moe.Embedding[float32]
-	headRun *moe.Head[float32]
+	scratch *ref.Model[float32] // views the block runners read weights from and write gradients to
+	blocks  []*ref.Block[float32]
+	embed   *ref.Embedding[float32]
+	headRun *ref.Head[float32]
 	stage   *epStage
 	tp      *tpComm // nil without tensor parallelism
 
@@ -75,15 +76,15 @@ func expertParamIndex(cfg *moe.Config, l, lo, hi int) [3][]int {
 }
 
 func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
-	cfg, m := spec.Config, spec.Mesh
+	cfg, m := spec.Model, spec.Mesh
 	// Under tensor parallelism the scratch views and the block runners
 	// have the rank's local shapes (TPLocal; the same tensors in the same
 	// order as cfg's).
 	lcfg := cfg
 	if tp := m.Layout.TPDegree(); tp > 1 {
-		lcfg = cfg.TPLocal(tp, m.Layout.ExpertTP())
+		lcfg = ref.TPLocal(cfg, tp, m.Layout.ExpertTP())
 	}
-	sc, err := moe.NewModel[float32](lcfg)
+	sc, err := ref.NewModel[float32](lcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -143,18 +144,18 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 		r.byKey[u] = nu
 	}
 	r.rec = &rankRecorder{mem: &r.mem}
-	o := moe.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.Precision, AuxCoef: spec.AuxCoef}
+	o := ref.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.storage, AuxCoef: spec.AuxCoef}
 	if g := m.Group(parallel.AxisTP, rank); g.Size() > 1 {
-		r.tp = newTPComm(g, rank, spec.Batch, cfg, m.Layout, spec.Precision, spec.AC)
+		r.tp = newTPComm(g, rank, spec.data(), cfg, m.Layout, spec.storage, spec.AC)
 	}
 	if m.Layout.EP > 1 {
-		r.stage = &epStage{cfg: lcfg, dtype: spec.Precision.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},
+		r.stage = &epStage{cfg: lcfg, dtype: spec.storage.Activation, rec: r.rec, ac: spec.AC, saved: map[int]*epSaved{},
 			weights: r.expertWeights, grads: r.expertGrads}
 	}
-	r.embed = moe.NewEmbedding[float32](lcfg, o)
-	r.headRun = moe.NewHead[float32](lcfg, o)
+	r.embed = ref.NewEmbedding[float32](lcfg, o)
+	r.headRun = ref.NewHead[float32](lcfg, o)
 	for l := 0; l < cfg.Layers; l++ {
-		b := moe.NewBlock[float32](lcfg, l, spec.Batch.LBS, spec.Batch.Seq, o)
+		b := ref.NewBlock[float32](lcfg, l, spec.Batch.LBS, spec.Batch.Seq, o)
 		if r.stage != nil && cfg.MoELayer[l] {
 			b.Experts = r.stage
 		}
@@ -228,7 +229,7 @@ func (u *numUnit) unshardFlat(gathered []float32) [][]float32 {
 // parameters as this rank stores them (shard or whole) and the replicated
 // fp32 buffers, accumulated gradients, and two AdamW moments.
 func (r *numRank) stateBytes() int64 {
-	p := r.spec.Precision
+	p := r.spec.storage
 	var b int64
 	for _, u := range r.units {
 		b += int64(len(u.data))*p.Param.Bytes() + int64(len(u.grad))*p.Grad.Bytes() + 2*int64(len(u.m))*p.Optimizer.Bytes()
@@ -253,7 +254,7 @@ func (r *numRank) gather(ctx context.Context, ep *collective.Endpoint, u *numUni
 	case u.group.Size() == 1:
 		u.full = u.pieces(u.data, true) // one member: the shard is the whole tensor
 	default:
-		g, err := ep.AllGather(ctx, u.group, r.spec.Precision.Compute, u.data)
+		g, err := ep.AllGather(ctx, u.group, r.spec.storage.Compute, u.data)
 		if err != nil {
 			return err
 		}
@@ -269,7 +270,7 @@ func (r *numRank) gatheredBytes(u *numUnit) int64 {
 	for _, s := range u.shards {
 		n += s.PaddedElements()
 	}
-	return n * r.spec.Precision.Compute.Bytes()
+	return n * r.spec.storage.Compute.Bytes()
 }
 
 // release frees u's gathered weights (fsdp with a real gather only).
@@ -284,7 +285,7 @@ func (r *numRank) release(u *numUnit) {
 }
 
 // install copies whole weights into the scratch model's views (expert
-// stacks split per expert), where moe.Block reads them.
+// stacks split per expert), where ref.Block reads them.
 func (r *numRank) install(u *numUnit) {
 	ts := r.scratch.Tensors()
 	for k, ix := range u.params {
@@ -361,7 +362,7 @@ func addLocal(acc, in []float32) {
 // accumulated gradient, as the type comment of Trainer describes.
 func (r *numRank) reduce(ctx context.Context, ep *collective.Endpoint, u *numUnit, g [][]float32, micro int) error {
 	l := r.spec.Mesh.Layout
-	if l.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
+	if l.GradSyncLastOnly && r.spec.Batch.GradAccum > 1 {
 		var last bool
 		if g, last = r.accumulate(u, g, micro); !last {
 			return nil
@@ -370,7 +371,7 @@ func (r *numRank) reduce(ctx context.Context, ep *collective.Endpoint, u *numUni
 	if err := r.tpReduceReplicated(ctx, ep, u, g); err != nil {
 		return err
 	}
-	dt := r.spec.Precision.Grad
+	dt := r.spec.storage.Grad
 	n := u.group.Size()
 	var in []float32
 	if u.shardGrad {
@@ -404,7 +405,7 @@ func (r *numRank) reduce(ctx context.Context, ep *collective.Endpoint, u *numUni
 			return err
 		}
 		addLocal(u.grad, acc)
-	case rep.Size() > 1 && micro == r.spec.Batch.Micro-1:
+	case rep.Size() > 1 && micro == r.spec.Batch.GradAccum-1:
 		if err := ep.AllReduce(ctx, rep, dt, u.grad); err != nil {
 			return err
 		}
@@ -421,7 +422,7 @@ func (r *numRank) accumulate(u *numUnit, g [][]float32, micro int) ([][]float32,
 	for _, t := range g {
 		n += int64(len(t))
 	}
-	by := n * r.spec.Precision.Grad.Bytes()
+	by := n * r.spec.storage.Grad.Bytes()
 	if u.acc == nil {
 		u.acc = make([][]float32, len(g))
 		for k, t := range g {
@@ -433,7 +434,7 @@ func (r *numRank) accumulate(u *numUnit, g [][]float32, micro int) ([][]float32,
 			addLocal(u.acc[k], t)
 		}
 	}
-	if micro < r.spec.Batch.Micro-1 {
+	if micro < r.spec.Batch.GradAccum-1 {
 		return nil, false
 	}
 	acc := u.acc
@@ -450,11 +451,11 @@ func (r *numRank) optimize(ctx context.Context, ep *collective.Endpoint) error {
 	for _, u := range r.units {
 		switch {
 		case !u.shardOpt: // ddp: whole
-			st := moe.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
-			moe.AdamWStep(a, &st, u.data, u.grad)
+			st := ref.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
+			ref.AdamWStep(a, &st, u.data, u.grad)
 		case !u.fullData: // fsdp: data and grad sharded alike
-			st := moe.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
-			moe.AdamWStep(a, &st, u.data, u.grad)
+			st := ref.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
+			ref.AdamWStep(a, &st, u.data, u.grad)
 		default: // zero1, zero2: update this rank's shard of the whole parameters
 			whole := u.pieces(u.data, false)
 			var p, g []float32
@@ -469,13 +470,13 @@ func (r *numRank) optimize(ctx context.Context, ep *collective.Endpoint) error {
 					g = append(g, s.Shard(gw[k], u.idx)...)
 				}
 			}
-			st := moe.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
-			moe.AdamWStep(a, &st, p, g)
+			st := ref.AdamState[float32]{Step: r.optStep - 1, M: u.m, V: u.v}
+			ref.AdamWStep(a, &st, p, g)
 			if u.group.Size() == 1 {
 				copy(u.data, p)
 				break
 			}
-			gathered, err := ep.AllGather(ctx, u.group, r.spec.Precision.Param, p)
+			gathered, err := ep.AllGather(ctx, u.group, r.spec.storage.Param, p)
 			if err != nil {
 				return err
 			}
@@ -518,7 +519,7 @@ func (r *numRank) collectFull(out [][]float32) {
 				// Add when sharded: every other rank contributes zeros at
 				// this rank's rows. Each tp rank places its own piece.
 				n, idx := r.tpSplit(ps[i])
-				moe.TPUnshard(ps[i], whole[j*per:(j+1)*per], out[i], n, idx, !u.fullData)
+				ref.TPUnshard(ps[i], whole[j*per:(j+1)*per], out[i], n, idx, !u.fullData)
 			}
 		}
 	}
@@ -558,7 +559,7 @@ func (r *numRank) collectMoments(m, v [][]float32) {
 						pair.dst[i] = make([]float32, ps[i].Elements())
 					}
 					n, idx := r.tpSplit(ps[i])
-					moe.TPUnshard(ps[i], whole[j*per:(j+1)*per], pair.dst[i], n, idx, u.shardOpt)
+					ref.TPUnshard(ps[i], whole[j*per:(j+1)*per], pair.dst[i], n, idx, u.shardOpt)
 				}
 			}
 		}

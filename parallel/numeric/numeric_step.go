@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -17,7 +18,7 @@ import (
 // m, then data-parallel rank r).
 func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int) ([]float64, error) {
 	cfg, sp := r.cfg, r.spec
-	b := sp.Batch
+	b := sp.data()
 	r.mem.resetPeak()
 	r.counts = nil
 	if r.tp != nil {
@@ -35,15 +36,15 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 			return r.reduceUnit(ctx, ep, r.byKey[parallel.Unit{Layer: layer, Experts: true}], micro)
 		}
 	}
-	scale := 1 / float64(b.DP*b.Micro)
-	local := make([]float32, 0, 4*b.Micro)
+	scale := 1 / float64(b.DP*b.GradAccum)
+	local := make([]float32, 0, 4*b.GradAccum)
 	loads := make([][]int64, cfg.Layers)
 	for li := range loads {
 		if cfg.MoELayer[li] {
 			loads[li] = make([]int64, cfg.Experts)
 		}
 	}
-	for m := 0; m < b.Micro; m++ {
+	for m := 0; m < b.GradAccum; m++ {
 		micro = m
 		// The tp ranks of a group read their data-parallel rank's sequences.
 		seqs := b.Sequences(sp.DataSeed, cfg.Vocab, t, m, r.coord.DPRank(sp.Mesh.Layout))
@@ -82,9 +83,9 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 	// values: take each group's first, rank r·tp).
 	var out []float64
 	tp := sp.Mesh.Layout.TPDegree()
-	for m := 0; m < b.Micro; m++ {
+	for m := 0; m < b.GradAccum; m++ {
 		for rr := 0; rr < dp.Size()/tp; rr++ {
-			w := all[(rr*tp*b.Micro+m)*4:]
+			w := all[(rr*tp*b.GradAccum+m)*4:]
 			out = append(out, wordsF64(w[0:2]), wordsF64(w[2:4]))
 		}
 	}
@@ -149,7 +150,7 @@ func (r *numRank) reduceUnit(ctx context.Context, ep *collective.Endpoint, u *nu
 	for _, t := range g {
 		n += int64(len(t))
 	}
-	by := n * r.spec.Precision.Grad.Bytes()
+	by := n * r.spec.storage.Grad.Bytes()
 	r.mem.alloc(by)
 	err := r.reduce(ctx, ep, u, g, micro)
 	r.mem.free(by)
@@ -171,7 +172,7 @@ func (r *numRank) microStep(ctx context.Context, ep *collective.Endpoint, seqs [
 	// Megatron does) and its gradient per layer, from the blocks' routing.
 	var auxGrad [][]float32
 	if r.spec.AuxCoef != 0 && r.cfg.IsMoE() {
-		aux, auxGrad = moe.AuxLoss(r.cfg, r.blocks, scale*r.spec.AuxCoef)
+		aux, auxGrad = ref.AuxLoss(r.cfg, r.blocks, scale*r.spec.AuxCoef)
 	}
 	loss, dx, err := r.headStep(ctx, ep, x, labels, scale, micro)
 	if err != nil {
@@ -369,7 +370,7 @@ func (r *numRank) backwardEmbed(ctx context.Context, ep *collective.Endpoint, dx
 // backward is done in micro-step micro: always, unless the layout keeps
 // them gathered across micro-steps; then only after the last.
 func (r *numRank) releaseAfterBackward(micro int) bool {
-	return !r.spec.Mesh.Layout.KeepGathered || micro == r.spec.Batch.Micro-1
+	return !r.spec.Mesh.Layout.KeepGathered || micro == r.spec.Batch.GradAccum-1
 }
 
 func (r *numRank) stageErr() error {
@@ -397,12 +398,12 @@ func (r *numRank) releaseLayer(li int) {
 	}
 }
 
-func (r *numRank) layerWeights(li int) *moe.LayerWeights[float32] {
+func (r *numRank) layerWeights(li int) *ref.LayerWeights[float32] {
 	w, _ := r.scratch.Layer(li)
 	return &w
 }
 
-func (r *numRank) layerGrads(li int) *moe.LayerWeights[float32] {
+func (r *numRank) layerGrads(li int) *ref.LayerWeights[float32] {
 	_, g := r.scratch.Layer(li)
 	return &g
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -31,14 +32,12 @@ func numericRunSeq(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, err := moe.NewModel[float32](cfg)
+	init, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	init.InitRandom(7)
-	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: lbs, Seq: seq, Micro: micro, DP: l.DP()},
-		DataSeed: 11, AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1},
-		AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
+	spec := Spec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: micro}}, Mesh: m, DataSeed: 11, AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
 	n, err := New(spec, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +112,7 @@ func TestNumericEqualsOneRank(t *testing.T) {
 		r []StepResult
 		p [][]float32
 	}{}
-	ref := func(ac moe.AC, micro int) ([]StepResult, [][]float32) {
+	single := func(ac moe.AC, micro int) ([]StepResult, [][]float32) {
 		k := refKey{ac.String(), micro}
 		if v, ok := refs[k]; ok {
 			return v.r, v.p
@@ -146,7 +145,7 @@ func TestNumericEqualsOneRank(t *testing.T) {
 			}
 			name := fmt.Sprintf("gpus %d rep %d ep %d %s ac %s accum %d ra %v keep %v last-only %v",
 				ms.gpus, ms.rep, ms.ep, sh, ac, accum, l.ReshardAfterForward, l.KeepGathered, l.AllreduceLastOnly)
-			ra, pa := ref(ac, accum*l.DP())
+			ra, pa := single(ac, accum*l.DP())
 			rb, pb, _ := numericRun(t, cfg, l, ac, 1, accum, steps)
 			exact := ms.rep == 1 && ms.ep == 1
 			compareRuns(t, name, ra, rb, pa, pb, exact, 1e-5)
@@ -156,14 +155,14 @@ func TestNumericEqualsOneRank(t *testing.T) {
 	for _, ac := range acs {
 		for accum := 1; accum <= 2; accum++ {
 			l := moetest.FSDPLayout(t, 4, 2, 2)
-			ra, pa := ref(ac, accum*4)
+			ra, pa := single(ac, accum*4)
 			rb, pb, _ := numericRun(t, cfg, l, ac, 1, accum, steps)
 			compareRuns(t, fmt.Sprintf("2×2 ep 2 ac %s accum %d", ac, accum), ra, rb, pa, pb, false, 1e-5)
 		}
 	}
 }
 
-// TestNumericMatchesReference: one numeric rank equals moe.Model (the
+// TestNumericMatchesReference: one numeric rank equals ref.Model (the
 // reference implementation's own ForwardBackward, Accumulate and Step) on
 // the same micro-batches within 1e-5 relative (different head code and
 // expert-gradient accumulation order; same formulas).
@@ -172,12 +171,12 @@ func TestNumericMatchesReference(t *testing.T) {
 	ac := moe.AC{Mode: moe.ACSelective}
 	const micro, steps = 2, 3
 	res, params, n := numericRun(t, cfg, moetest.FSDPLayout(t, 1, 1, 1), ac, 2, micro, steps)
-	model, err := moe.NewModel[float32](cfg)
+	model, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	model.InitRandom(7)
-	b := n.spec.Batch
+	b := n.spec.data()
 	for s := 0; s < steps; s++ {
 		var mbs [][][]int
 		for m := 0; m < micro; m++ {
@@ -191,12 +190,12 @@ func TestNumericMatchesReference(t *testing.T) {
 			}
 			mbs = append(mbs, mb)
 		}
-		r, err := model.Accumulate(mbs, moe.Options{AC: ac, AuxCoef: cfg.AuxLossCoef})
+		r, err := model.Accumulate(mbs, ref.Options{AC: ac, AuxCoef: cfg.AuxLossCoef})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if math.Abs(r.Loss-res[s].Loss) > 1e-5*math.Abs(r.Loss) || math.Abs(r.Aux-res[s].Aux) > 1e-5*math.Abs(r.Aux) {
-			t.Errorf("step %d: numeric loss %.9g aux %.9g, moe.Model %.9g %.9g", s, res[s].Loss, res[s].Aux, r.Loss, r.Aux)
+			t.Errorf("step %d: numeric loss %.9g aux %.9g, ref.Model %.9g %.9g", s, res[s].Loss, res[s].Aux, r.Loss, r.Aux)
 		}
 		model.Step(n.spec.AdamW)
 	}
@@ -207,7 +206,7 @@ func TestNumericMatchesReference(t *testing.T) {
 			m = math.Max(m, math.Abs(float64(p[j])))
 		}
 		if d > 1e-5*m {
-			t.Errorf("%s: numeric and moe.Model differ by %g (max |p| %g)", cfg.Params()[i].Name, d, m)
+			t.Errorf("%s: numeric and ref.Model differ by %g (max |p| %g)", cfg.Params()[i].Name, d, m)
 		}
 	}
 }
@@ -242,7 +241,7 @@ func TestNumericFollowsSchedule(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: m, AC: tc.ac, LBS: 1, Seq: 4, Micro: tc.micro})
+		s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: job.Spec{Model: cfg, AC: tc.ac, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: tc.micro}, Recipe: job.EagerRecipe()}, Mesh: m})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -252,10 +251,9 @@ func TestNumericFollowsSchedule(t *testing.T) {
 				want = append(want, collective.Record{Kind: o.Coll, Axis: o.Axis, DType: o.DType, Elements: o.Elements})
 			}
 		}
-		init, _ := moe.NewModel[float32](cfg)
+		init, _ := ref.NewModel[float32](cfg)
 		init.InitRandom(3)
-		n, err := New(Spec{Config: cfg, Mesh: m, AC: tc.ac, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: tc.micro, DP: l.DP()},
-			AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+		n, err := New(Spec{Spec: job.Spec{Model: cfg, AC: tc.ac, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: tc.micro}}, Mesh: m, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -373,7 +371,7 @@ func TestNumericTiedEmbeddings(t *testing.T) {
 	rc, pc, n := numericRun(t, cfg, moetest.FSDPLayout(t, 4, 2, 2), ac, 1, 1, 3)
 	compareRuns(t, "tied 2×2 ep 2", ra, rc, pa, pc, false, 1e-5)
 	// The executed collectives are the schedule's.
-	s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: 1, Seq: 4, Micro: 1})
+	s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, Mesh: n.spec.Mesh})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,8 +426,8 @@ func TestNumericStateEqualsMemory(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				init, _ := moe.NewModel[float32](cfg)
-				n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 1, DP: l.DP()}}, init.Tensors())
+				init, _ := ref.NewModel[float32](cfg)
+				n, err := New(Spec{Spec: job.Spec{Model: cfg, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: 1}}, Mesh: m}, init.Tensors())
 				if err != nil {
 					t.Fatal(err)
 				}

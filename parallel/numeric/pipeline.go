@@ -9,6 +9,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -16,16 +17,17 @@ import (
 // PipelineSpec describes a numeric run under pipeline parallelism: one
 // goroutine per pipeline rank, each running its stages' layers.
 type PipelineSpec struct {
-	Config    *moe.Config
-	Layout    job.Layout // resolved, pp > 1, one data-parallel rank per stage
-	AC        moe.AC
-	LBS, Seq  int // sequences per micro-step (split into pipeline micro-batches), tokens per sequence
-	Accum     int // grad-accum micro-steps
-	DataSeed  uint64
-	AdamW     moe.AdamW
-	AuxCoef   float64 // coefficient of the load-balancing loss; 0 neither computes nor adds it
-	BiasRate  float64 // selection-bias update rate γ
-	Precision moe.Precision
+	// Spec is the run: its Layout resolved, pp > 1, one data-parallel
+	// rank per stage; its LBS sequences per micro-step split into pipeline
+	// micro-batches; its recipe's storage types are the ranks' memory
+	// accounts' and messages' (empty fields: job.DefaultRecipe's).
+	job.Spec
+	DataSeed uint64
+	AdamW    ref.AdamW
+	AuxCoef  float64 // coefficient of the load-balancing loss; 0 neither computes nor adds it
+	BiasRate float64 // selection-bias update rate γ
+
+	storage moe.Precision // the recipe's storage types, resolved by NewPipelineTrainer
 }
 
 // PipelineTrainer trains the reference model with one goroutine per
@@ -38,7 +40,7 @@ type PipelineSpec struct {
 // s − 1 (stage 0 scatters it into the embedding's gradient). Under
 // zero-bubble schedules the backward is split for real: the input pass
 // runs the blocks' (and the head's) backward with their weight-gradient
-// GEMMs queued (moe.WeightQueue: each linear's and each grouped expert
+// GEMMs queued (ref.WeightQueue: each linear's and each grouped expert
 // GEMM's dW, with copies of its input and output gradient kept alive) and
 // sends the input's gradient; the weight pass runs the queue. The norms'
 // scale gradients are computed in the input pass. On stage 0 the input
@@ -80,9 +82,9 @@ type PipelineSpec struct {
 // Tensor parallelism inside a stage (tp > 1): a stage's ranks are dp_shard
 // × tp (tp innermost, job.Layout.StageLayout); the tp ranks of a
 // data-parallel rank read its micro-batches, each holds its tp pieces of
-// the stage's tensors (moe.TPShard, as the single-program trainer's ranks
+// the stage's tensors (ref.TPShard, as the single-program trainer's ranks
 // do, which FSDP then chunks over dp_shard) and runs the blocks with
-// sequence parallelism (moe.Block.ForwardSP, the embedding's vocabulary
+// sequence parallelism (ref.Block.ForwardSP, the embedding's vocabulary
 // rows and loss parallel, tp.go). A stage sends each tp rank's
 // sequence-parallel shard of the activation, [batch, seq/tp, hidden], to
 // the same tp rank of the next stage, as torchtitan's stages do
@@ -104,7 +106,7 @@ type PipelineSpec struct {
 // ReordererSequenceParallel), and when efsdp spans tp ranks (ep < tp) the
 // efsdp reduction sums those ranks' expert gradients. With tp at etp =
 // tp EP borrows dp_shard only: an EP group is the ranks of one tp index,
-// each expert is split over tp like a dense FFN (moe.TPShard by the etp
+// each expert is split over tp like a dense FFN (ref.TPShard by the etp
 // index) and every tp rank dispatches all the gathered tokens to its
 // pieces; the reduce-scatter after the block sums the pieces' partial
 // outputs. A rank holds the routed experts of EP index e, [e·E/ep,
@@ -116,7 +118,7 @@ type PipelineSpec struct {
 // experts' gradients, the sum of every EP member's tokens routed to them,
 // are reduce-scattered over efsdp, the other tensors' over dp_shard.
 // Under zero-bubble schedules the experts' weight-gradient GEMMs are
-// queued in the input pass like the blocks' (moe.Block.DeferWeightGrads
+// queued in the input pass like the blocks' (ref.Block.DeferWeightGrads
 // hands the block's queue to its epStage) and run in the weight pass;
 // both all-to-alls of the experts' backward stay in the input pass,
 // which needs them for the input's gradient.
@@ -140,7 +142,7 @@ type PipelineTrainer struct {
 	tp    int            // tensor-parallel ranks per data-parallel rank
 	ep    int            // expert-parallel ranks, borrowed from the stage's dp_shard
 	el    int            // routed experts per EP rank
-	lcfg  *moe.Config    // a tp rank's local shapes (moe.Config.TPLocal; the config itself without tp)
+	lcfg  *moe.Config    // a tp rank's local shapes (ref.TPLocal; the config itself without tp)
 	order [][]job.PipeAction
 	split []int
 	first []int               // first layer of each stage, then cfg.Layers
@@ -156,11 +158,11 @@ type pipeRank struct {
 	replica int
 	lane    int                 // its rank on the stage mesh, d·tp + tp rank: the neighbouring stages' rank it talks to
 	coord   parallel.Coord      // its place on the stage mesh (tp, ep and etp indices)
-	model   *moe.Model[float32] // every tensor (its tp pieces under tp); the rank uses its stages' only, gathered for the step
+	model   *ref.Model[float32] // every tensor (its tp pieces under tp); the rank uses its stages' only, gathered for the step
 	owned   []bool              // per Params entry: held by this rank (its stages' tensors; of their routed experts, its EP index's)
 	shard   [][]float32         // per owned tensor: this rank's chunk (the whole tensor without FSDP)
 	group   []parallel.Group    // per owned tensor: the group its chunks span (dp_shard; efsdp for routed experts under ep)
-	adam    []moe.AdamState[float32]
+	adam    []ref.AdamState[float32]
 	stages  []int
 }
 
@@ -173,7 +175,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if err := checkPipelineSpec(spec); err != nil {
 		return nil, err
 	}
-	cfg, l := spec.Config, spec.Layout
+	cfg, l := spec.Model, spec.Layout
 	m, err := l.Microbatches(spec.LBS)
 	if err != nil {
 		return nil, err
@@ -190,11 +192,12 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	if len(init) != len(ps) {
 		return nil, fmt.Errorf("numeric: %d initial tensors, model has %d", len(init), len(ps))
 	}
-	if spec.Precision == (moe.Precision{}) {
-		spec.Precision = moe.DefaultPrecision
+	if err := spec.Recipe.Resolve(); err != nil {
+		return nil, fmt.Errorf("numeric: pipeline: %w", err)
 	}
+	spec.storage = spec.Storage()
 	dp, tp := l.DP(), l.TPDegree()
-	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, Micro: spec.Accum * dp * m, DP: 1}
+	b := parallel.Batch{LBS: l.PPMicrobatchSize, Seq: spec.Seq, GradAccum: spec.GradAccum * dp * m, DP: 1}
 	if err := b.Validate(); err != nil {
 		return nil, err
 	}
@@ -202,7 +205,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 	// (TPLocal; the same tensors in the same order as cfg's).
 	lcfg := cfg
 	if tp > 1 {
-		lcfg = cfg.TPLocal(tp, l.ExpertTP())
+		lcfg = ref.TPLocal(cfg, tp, l.ExpertTP())
 	}
 	el := cfg.Experts / max(l.EP, 1)
 	p := &PipelineTrainer{spec: spec, batch: b, m: m, dp: dp, tp: tp, ep: l.EP, el: el, lcfg: lcfg, order: order, split: split, ux: parallel.NewUnitIndex(cfg)}
@@ -227,7 +230,7 @@ func NewPipelineTrainer(spec PipelineSpec, init [][]float32) (*PipelineTrainer, 
 // invalid config or layout, fewer than two stages, what is not built
 // inside a stage yet, a model or sequence length the layout cannot split.
 func checkPipelineSpec(spec PipelineSpec) error {
-	cfg, l := spec.Config, spec.Layout
+	cfg, l := spec.Model, spec.Layout
 	if cfg == nil {
 		return errors.New("numeric: pipeline: config is required")
 	}
@@ -247,8 +250,8 @@ func checkPipelineSpec(spec PipelineSpec) error {
 			l.Sharding, l.DPShard, l.GPUs, l.Stages(), l.DPReplicate, l.DPShard, l.TPDegree(), l.EP, max(l.ETP, 1))
 	case cfg.TiedEmbeddings:
 		return errors.New("numeric: pipeline: tied embeddings would live on the first and the last stage: not built")
-	case spec.Seq < 1 || spec.Accum < 1:
-		return fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.Accum)
+	case spec.Seq < 1 || spec.GradAccum < 1:
+		return fmt.Errorf("numeric: pipeline: seq = %d, grad_accum = %d: each must be ≥ 1", spec.Seq, spec.GradAccum)
 	}
 	if err := l.CheckModel(cfg); err != nil {
 		return err
@@ -262,7 +265,7 @@ func (p *PipelineTrainer) stageOf(layer int) int {
 	switch {
 	case layer == moe.LayerEmbed:
 		return 0
-	case layer == p.spec.Config.LayerHead():
+	case layer == p.spec.Model.LayerHead():
 		return len(p.split) - 1
 	}
 	for s := range p.split {
@@ -277,7 +280,7 @@ func (p *PipelineTrainer) stageOf(layer int) int {
 // a pipeRank on every lane of it.
 func (p *PipelineTrainer) addStage(r int, init [][]float32) error {
 	stage := p.spec.Layout.StageLayout()
-	mesh, err := parallel.NewMesh(stage, p.spec.Config, stage.GPUs)
+	mesh, err := parallel.NewMesh(stage, p.spec.Model, stage.GPUs)
 	if err != nil {
 		return fmt.Errorf("numeric: pipeline: %w", err)
 	}
@@ -298,22 +301,22 @@ func (p *PipelineTrainer) addStage(r int, init [][]float32) error {
 // model holds its tp pieces of init, and it keeps its chunk of every
 // tensor it owns.
 func (p *PipelineTrainer) newPipeRank(mesh *parallel.Mesh, r, lane int, init [][]float32) (*pipeRank, error) {
-	cfg, l := p.spec.Config, p.spec.Layout
+	cfg, l := p.spec.Model, p.spec.Layout
 	ps := cfg.Params()
 	co := mesh.Coord(lane)
-	mod, err := moe.NewModel[float32](p.lcfg)
+	mod, err := ref.NewModel[float32](p.lcfg)
 	if err != nil {
 		return nil, err
 	}
 	pr := &pipeRank{rank: r, d: co.Replica*l.DPShard + co.Shard, replica: co.Replica, lane: lane, coord: co, model: mod, owned: make([]bool, len(ps)), shard: make([][]float32, len(ps)),
-		group: make([]parallel.Group, len(ps)), adam: make([]moe.AdamState[float32], len(ps))}
+		group: make([]parallel.Group, len(ps)), adam: make([]ref.AdamState[float32], len(ps))}
 	pr.stages = l.RankStages(r)
 	for i, t := range mod.Tensors() {
 		// The routed experts are split over Layout.ExpertTP (tp
 		// with ep = 1 or etp = tp, whole at etp = 1) by the etp
 		// index, the rest over tp by the tp index.
 		n, idx := tpSplit(mesh.Layout, co, ps[i])
-		copy(t, moe.TPShard(ps[i], init[i], n, idx))
+		copy(t, ref.TPShard(ps[i], init[i], n, idx))
 		layer := ps[i].Layer
 		if layer < 0 {
 			layer = cfg.LayerHead()
@@ -351,7 +354,7 @@ type pipeLinks struct {
 
 // fwdMsg is a micro-batch's activation with the aux loss's running
 // totals: HF's per-expert counts and score sums over the layers so far
-// (moe.AuxPartial), or, with SeqAuxLoss, the layers' losses so far.
+// (ref.AuxPartial), or, with SeqAuxLoss, the layers' losses so far.
 type fwdMsg struct {
 	x        []float32
 	cnt, sum []float64
@@ -359,7 +362,7 @@ type fwdMsg struct {
 }
 
 // bwdMsg is the gradient of a stage's input with HF's aux gradient, the
-// same for every MoE layer (moe.AuxFromTotals; nil without it).
+// same for every MoE layer (ref.AuxFromTotals; nil without it).
 type bwdMsg struct{ dx, auxGrad []float32 }
 
 func newPipeLinks(stages, m int) *pipeLinks {
@@ -377,7 +380,7 @@ func newPipeLinks(stages, m int) *pipeLinks {
 
 // pipeLinks of micro-step a for stage rank (lane) i.
 func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
-	out := make([][]*pipeLinks, p.spec.Accum)
+	out := make([][]*pipeLinks, p.spec.GradAccum)
 	for a := range out {
 		for range p.dp * p.tp {
 			out[a] = append(out[a], newPipeLinks(len(p.split), p.m))
@@ -391,7 +394,7 @@ func (p *PipelineTrainer) newLinks() [][]*pipeLinks {
 // cross-entropy and of the aux loss, Losses each micro-batch's
 // cross-entropy in one rank's order.
 func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
-	total := p.spec.Accum * p.dp * p.m
+	total := p.spec.GradAccum * p.dp * p.m
 	losses, auxes := make([]float64, total), make([]float64, total)
 	errs := make([]error, len(p.ranks))
 	ctx, cancel := context.WithCancel(ctx)
@@ -414,7 +417,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 		}()
 	}
 	wg.Wait()
-	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.Accum)} // one data-parallel rank's
+	res := StepResult{Step: p.step, Losses: losses, Tokens: int64(p.spec.LBS) * int64(p.spec.Seq) * int64(p.spec.GradAccum)} // one data-parallel rank's
 	if err := errors.Join(errs...); err != nil {
 		return res, err
 	}
@@ -437,7 +440,7 @@ func (p *PipelineTrainer) Step(ctx context.Context) (StepResult, error) {
 // order, which is the lanes', padding dropped) put back in place; a
 // routed expert under ep from its EP index's ranks.
 func (p *PipelineTrainer) Params() [][]float32 {
-	cfg, stage := p.spec.Config, p.spec.Layout.StageLayout()
+	cfg, stage := p.spec.Model, p.spec.Layout.StageLayout()
 	ps := cfg.Params()
 	out := make([][]float32, len(ps))
 	for _, row := range p.ranks {
@@ -463,7 +466,7 @@ func (p *PipelineTrainer) Params() [][]float32 {
 							piece = append(piece, pr.shard[i]...)
 						}
 					}
-					moe.TPUnshard(ps[i], piece[:n], out[i], deg, j, false)
+					ref.TPUnshard(ps[i], piece[:n], out[i], deg, j, false)
 				}
 			}
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -19,7 +20,7 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *collective.Endpoint, 
 	if err != nil {
 		return err
 	}
-	for a := range p.spec.Accum {
+	for a := range p.spec.GradAccum {
 		for _, act := range p.order[pr.rank] {
 			if err := st.run(a, act, links[a][pr.lane]); err != nil {
 				return err
@@ -45,14 +46,14 @@ type pipeStep struct {
 	scale  float64 // each backward's scale: one over the step's micro-batches
 	useAux bool
 	coef   float64 // scale × the aux loss's coefficient
-	gw, gg moe.GlobalWeights[float32]
+	gw, gg ref.GlobalWeights[float32]
 	loads  [][]int64 // the step's routed rows per [layer][expert] of its stages' MoE layers
 
 	// Per micro-batch runners: a block keeps its micro-batch's state from
 	// forward to backward, and several micro-batches are in flight.
-	blocks  []map[int]*moe.Block[float32]
-	embeds  []*moe.Embedding[float32]
-	heads   []*moe.Head[float32]
+	blocks  []map[int]*ref.Block[float32]
+	embeds  []*ref.Embedding[float32]
+	heads   []*ref.Head[float32]
 	experts []*epStage // per micro-batch under ep
 
 	// Per micro-batch, what backward needs of the aux loss: HF's shared
@@ -62,7 +63,7 @@ type pipeStep struct {
 	backwards map[int]int // per stage, backwards run in the step's last micro-step
 	// Per micro-batch and stage, the weight gradients a backward-input
 	// pass queued for its weight pass.
-	queues []map[int]*moe.WeightQueue
+	queues []map[int]*ref.WeightQueue
 
 	losses, auxes []float64 // per micro-batch in one rank's order, written by the last stage
 }
@@ -70,13 +71,13 @@ type pipeStep struct {
 // newPipeStep gathers pr's tensors, which stay gathered to the end of the
 // step, and makes the step's runners.
 func (p *PipelineTrainer) newPipeStep(ctx context.Context, ep *collective.Endpoint, pr *pipeRank, losses, auxes []float64) (*pipeStep, error) {
-	cfg, sp := p.spec.Config, p.spec
-	st := &pipeStep{p: p, ctx: ctx, ep: ep, pr: pr, lead: pr.coord.TP == 0, scale: 1 / float64(sp.Accum*p.dp*p.m),
+	cfg, sp := p.spec.Model, p.spec
+	st := &pipeStep{p: p, ctx: ctx, ep: ep, pr: pr, lead: pr.coord.TP == 0, scale: 1 / float64(sp.GradAccum*p.dp*p.m),
 		useAux: sp.AuxCoef != 0 && cfg.IsMoE(), backwards: map[int]int{}, losses: losses, auxes: auxes}
 	st.coef = st.scale * sp.AuxCoef
 	if p.tp > 1 {
 		mesh := ep.Comm().Mesh()
-		st.tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.Precision, sp.AC)
+		st.tc = newTPComm(mesh.Group(parallel.AxisTP, pr.lane), pr.lane, p.batch, cfg, sp.Layout, sp.storage, sp.AC)
 		st.tc.bind(ctx, ep)
 	}
 	if err := st.gather(); err != nil {
@@ -94,9 +95,9 @@ func (p *PipelineTrainer) newPipeStep(ctx context.Context, ep *collective.Endpoi
 	st.newRunners()
 	st.auxShared = make([][]float32, p.m)
 	st.auxLayer = make([]map[int][]float32, p.m)
-	st.queues = make([]map[int]*moe.WeightQueue, p.m)
+	st.queues = make([]map[int]*ref.WeightQueue, p.m)
 	for j := range st.queues {
-		st.queues[j] = map[int]*moe.WeightQueue{}
+		st.queues[j] = map[int]*ref.WeightQueue{}
 	}
 	return st, nil
 }
@@ -122,37 +123,37 @@ func (st *pipeStep) gather() error {
 // (routing their experts through the micro-batch's epStage under ep), the
 // embedding and the head.
 func (st *pipeStep) newRunners() {
-	p, cfg, sp := st.p, st.p.spec.Config, st.p.spec
-	o := moe.Options{AC: sp.AC, Precision: sp.Precision, AuxCoef: sp.AuxCoef}
-	st.blocks = make([]map[int]*moe.Block[float32], p.m)
-	st.embeds = make([]*moe.Embedding[float32], p.m)
-	st.heads = make([]*moe.Head[float32], p.m)
+	p, cfg, sp := st.p, st.p.spec.Model, st.p.spec
+	o := ref.Options{AC: sp.AC, Precision: sp.storage, AuxCoef: sp.AuxCoef}
+	st.blocks = make([]map[int]*ref.Block[float32], p.m)
+	st.embeds = make([]*ref.Embedding[float32], p.m)
+	st.heads = make([]*ref.Head[float32], p.m)
 	if p.ep > 1 {
 		st.experts = make([]*epStage, p.m)
 		weights, grads := p.localExperts(st.pr)
 		for j := range st.experts {
-			st.experts[j] = &epStage{cfg: p.lcfg, dtype: sp.Precision.Activation, ac: sp.AC, weights: weights, grads: grads}
+			st.experts[j] = &epStage{cfg: p.lcfg, dtype: sp.storage.Activation, ac: sp.AC, weights: weights, grads: grads}
 			st.experts[j].bind(st.ctx, st.ep)
 		}
 	}
 	for j := range p.m {
-		st.blocks[j] = map[int]*moe.Block[float32]{}
+		st.blocks[j] = map[int]*ref.Block[float32]{}
 		for _, s := range st.pr.stages {
 			for li := p.first[s]; li < p.first[s+1]; li++ {
-				st.blocks[j][li] = moe.NewBlock[float32](p.lcfg, li, p.batch.LBS, p.batch.Seq, o)
+				st.blocks[j][li] = ref.NewBlock[float32](p.lcfg, li, p.batch.LBS, p.batch.Seq, o)
 				if st.experts != nil && cfg.MoELayer[li] {
 					st.blocks[j][li].Experts = st.experts[j]
 				}
 			}
 		}
-		st.embeds[j], st.heads[j] = moe.NewEmbedding[float32](p.lcfg, o), moe.NewHead[float32](p.lcfg, o)
+		st.embeds[j], st.heads[j] = ref.NewEmbedding[float32](p.lcfg, o), ref.NewHead[float32](p.lcfg, o)
 	}
 }
 
 // stageBlocks are micro-batch j's blocks of stage s, in layer order.
-func (st *pipeStep) stageBlocks(s, j int) []*moe.Block[float32] {
+func (st *pipeStep) stageBlocks(s, j int) []*ref.Block[float32] {
 	lo, hi := st.p.first[s], st.p.first[s+1]
-	out := make([]*moe.Block[float32], 0, hi-lo)
+	out := make([]*ref.Block[float32], 0, hi-lo)
 	for li := lo; li < hi; li++ {
 		out = append(out, st.blocks[j][li])
 	}
@@ -160,7 +161,7 @@ func (st *pipeStep) stageBlocks(s, j int) []*moe.Block[float32] {
 }
 
 // epFailed is the first error of the EP stages: an EP all-to-all that
-// failed left zeros behind it (moe.ExpertStage has no error result), so
+// failed left zeros behind it (ref.ExpertStage has no error result), so
 // the rank stops at the next action.
 func (st *pipeStep) epFailed() error {
 	for _, s := range st.experts {
@@ -191,7 +192,7 @@ func (st *pipeStep) run(a int, act job.PipeAction, links *pipeLinks) error {
 		// the whole backward at its weight pass.
 		return nil
 	case act.Kind == job.PipeI:
-		q := &moe.WeightQueue{}
+		q := &ref.WeightQueue{}
 		st.queues[j][s] = q
 		st.deferGrads(s, j, q)
 		return st.backward(a, s, j, true, links)
@@ -202,7 +203,7 @@ func (st *pipeStep) run(a int, act job.PipeAction, links *pipeLinks) error {
 // deferGrads makes stage s's runners of micro-batch j (its blocks with
 // their EP stage, and the last stage's head) queue their weight-gradient
 // GEMMs on q, or, given nil, run them again.
-func (st *pipeStep) deferGrads(s, j int, q *moe.WeightQueue) {
+func (st *pipeStep) deferGrads(s, j int, q *ref.WeightQueue) {
 	for _, blk := range st.stageBlocks(s, j) {
 		blk.DeferWeightGrads(q)
 	}
@@ -226,7 +227,7 @@ func (st *pipeStep) weightPass(a, s, j int) error {
 // the program's reduction of the stage starts.
 func (st *pipeStep) completed(a, s int) error {
 	p := st.p
-	if a < p.spec.Accum-1 || st.tc == nil {
+	if a < p.spec.GradAccum-1 || st.tc == nil {
 		return nil
 	}
 	if st.backwards[s]++; st.backwards[s] == p.m {
@@ -240,7 +241,7 @@ func (st *pipeStep) completed(a, s int) error {
 // sends the output to stage s + 1, or, on the last stage, computes the
 // loss.
 func (st *pipeStep) forward(s, j, k int, links *pipeLinks) error {
-	p, cfg, sp := st.p, st.p.spec.Config, st.p.spec
+	p, cfg, sp := st.p, st.p.spec.Model, st.p.spec
 	// Stage 0 reads the micro-batch's tokens, the last stage its
 	// labels (the data loader feeds both, as torchtitan's does).
 	seqs := p.batch.Sequences(sp.DataSeed, cfg.Vocab, p.step, k, 0)
@@ -266,7 +267,7 @@ func (st *pipeStep) forward(s, j, k int, links *pipeLinks) error {
 // sequence-parallel shard) with empty aux totals, else stage s − 1's
 // message.
 func (st *pipeStep) forwardInput(s, j int, ids []int, links *pipeLinks) (fwdMsg, error) {
-	cfg, tc := st.p.spec.Config, st.tc
+	cfg, tc := st.p.spec.Model, st.tc
 	switch {
 	case s == 0 && tc != nil:
 		x := tc.Scatter(moe.LayerEmbed, moe.Forward, st.embeds[j].ForwardShard(st.gw.Embed, ids, tc.vocabLo))
@@ -303,13 +304,13 @@ func (st *pipeStep) forwardBlocks(s, j int, msg *fwdMsg) {
 // with SeqAuxLoss their losses, keeping each layer's gradient for its
 // backward.
 func (st *pipeStep) forwardAux(s, j int, msg *fwdMsg) {
-	cfg := st.p.spec.Config
+	cfg := st.p.spec.Model
 	stageBlocks := st.stageBlocks(s, j)
 	if !cfg.SeqAuxLoss {
-		moe.AuxPartial(stageBlocks, msg.cnt, msg.sum)
+		ref.AuxPartial(stageBlocks, msg.cnt, msg.sum)
 		return
 	}
-	v, grads := moe.AuxLoss(cfg, stageBlocks, st.coef)
+	v, grads := ref.AuxLoss(cfg, stageBlocks, st.coef)
 	msg.aux += v
 	if st.auxLayer[j] == nil {
 		// Kept across the rank's stages: one micro-batch
@@ -325,7 +326,7 @@ func (st *pipeStep) forwardAux(s, j int, msg *fwdMsg) {
 // output msg.x and labels, and HF's aux loss and its gradient from the
 // totals msg carried; the lead records both as micro-batch k's.
 func (st *pipeStep) loss(j, k int, msg fwdMsg, labels []int) {
-	p, cfg, tc := st.p, st.p.spec.Config, st.tc
+	p, cfg, tc := st.p, st.p.spec.Model, st.tc
 	var loss float64
 	if tc != nil {
 		loss = st.heads[j].ForwardTP(&st.gw, msg.x, labels, tc.vocabLo, cfg.Vocab, tc)
@@ -333,7 +334,7 @@ func (st *pipeStep) loss(j, k int, msg fwdMsg, labels []int) {
 		loss = st.heads[j].Forward(&st.gw, msg.x, labels)
 	}
 	if st.useAux && !cfg.SeqAuxLoss {
-		msg.aux, st.auxShared[j] = moe.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, st.coef)
+		msg.aux, st.auxShared[j] = ref.AuxFromTotals[float32](cfg, p.batch.LBS, p.batch.Seq, msg.cnt, msg.sum, st.coef)
 	}
 	if st.lead {
 		st.losses[k], st.auxes[k] = loss, msg.aux
@@ -373,7 +374,7 @@ func (st *pipeStep) backward(a, s, j int, input bool, links *pipeLinks) error {
 // last stage the loss's, scaled by scale, with HF's aux gradient; else
 // stage s + 1's message.
 func (st *pipeStep) outputGrad(s, j int, links *pipeLinks) (bwdMsg, error) {
-	cfg, tc, last := st.p.spec.Config, st.tc, s == len(st.p.split)-1
+	cfg, tc, last := st.p.spec.Model, st.tc, s == len(st.p.split)-1
 	switch {
 	case last && tc != nil:
 		return bwdMsg{dx: st.heads[j].BackwardTP(&st.gw, &st.gg, st.scale, tc.vocabLo, cfg.Vocab, tc), auxGrad: st.auxShared[j]}, nil
@@ -392,7 +393,7 @@ func (st *pipeStep) outputGrad(s, j int, links *pipeLinks) (bwdMsg, error) {
 // first, on msg.dx, the lead adding the aux loss's gradient at each MoE
 // layer.
 func (st *pipeStep) backwardBlocks(s, j int, msg *bwdMsg) {
-	cfg := st.p.spec.Config
+	cfg := st.p.spec.Model
 	for li := st.p.first[s+1] - 1; li >= st.p.first[s]; li-- {
 		w, g := st.pr.model.Layer(li)
 		var ag []float32
@@ -435,7 +436,7 @@ func (st *pipeStep) sumLoads() error {
 	if st.tc != nil && st.tc.splitRows {
 		sums = append([]parallel.Group{st.tc.group}, sums...)
 	}
-	if !st.p.spec.Config.SelectionBias || !slices.ContainsFunc(sums, func(g parallel.Group) bool { return g.Size() > 1 }) {
+	if !st.p.spec.Model.SelectionBias || !slices.ContainsFunc(sums, func(g parallel.Group) bool { return g.Size() > 1 }) {
 		return nil
 	}
 	var flat []float32
@@ -487,7 +488,7 @@ func (st *pipeStep) adamW() error {
 				return err
 			}
 		}
-		moe.AdamWStep(st.p.spec.AdamW, &pr.adam[i], pr.shard[i], g)
+		ref.AdamWStep(st.p.spec.AdamW, &pr.adam[i], pr.shard[i], g)
 		clear(gs[i])
 	}
 	return nil
@@ -499,11 +500,11 @@ func (st *pipeStep) adamW() error {
 // (parallel.Pipeline: the stage's units in backward order), in the type
 // the gradients were accumulated in.
 func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *collective.Endpoint, tc *tpComm, pr *pipeRank, s, first int) error {
-	cfg := p.spec.Config
+	cfg := p.spec.Model
 	ps, gs := cfg.Params(), pr.model.Grads()
-	dt := p.spec.Precision.Compute
+	dt := p.spec.storage.Compute
 	if p.m > 1 {
-		dt = p.spec.Precision.Grad
+		dt = p.spec.storage.Grad
 	}
 	var layers []int // the stage's units in backward order
 	if s == len(p.split)-1 {
@@ -533,7 +534,7 @@ func (p *PipelineTrainer) tpReduceReplicated(ctx context.Context, ep *collective
 // of its EP index): per MoE layer of its stages, the weights and the
 // gradient accumulators of each local expert (gate, up, down).
 func (p *PipelineTrainer) localExperts(pr *pipeRank) (weights, grads func(layer int) (gate, up, down [][]float32)) {
-	cfg := p.spec.Config
+	cfg := p.spec.Model
 	e, el := pr.coord.EP, p.el
 	ix := map[int][3][]int{}
 	for li, moeLayer := range cfg.MoELayer {

@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -31,13 +32,12 @@ func pipelineRun(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, se
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
-	init, err := moe.NewModel[float32](cfg)
+	init, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	init.InitRandom(7) // numericRun's initialization, data seed and optimizer
-	p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: ac, LBS: lbs, Seq: seq, Accum: accum, DataSeed: 11,
-		AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}, init.Tensors())
+	p, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, AC: ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: accum}, Recipe: job.EagerRecipe()}, DataSeed: 11, AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}, AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,8 +214,8 @@ func TestPipelineTrainerRefuses(t *testing.T) {
 		if c.cfg != nil {
 			c.cfg(&cf)
 		}
-		init, _ := moe.NewModel[float32](&cf)
-		_, err := NewPipelineTrainer(PipelineSpec{Config: &cf, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: moe.DefaultAdamW}, init.Tensors())
+		init, _ := ref.NewModel[float32](&cf)
+		_, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: &cf, Layout: l, Batch: job.Batch{LBS: 4, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, AdamW: ref.DefaultAdamW}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.l, err, c.want)
 		}
@@ -256,9 +256,9 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 			t.Fatal(err)
 		}
 		const lbs, seq = 4, 4
-		init, _ := moe.NewModel[float32](cfg)
+		init, _ := ref.NewModel[float32](cfg)
 		init.InitRandom(7)
-		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, AC: c.ac, LBS: lbs, Seq: seq, Accum: 1, DataSeed: 11, AdamW: moe.DefaultAdamW}, init.Tensors())
+		p, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, AC: c.ac, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}, Recipe: job.EagerRecipe()}, DataSeed: 11, AdamW: ref.DefaultAdamW}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,7 +268,7 @@ func TestPipelineTPFollowsProgram(t *testing.T) {
 		if _, err := p.Step(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		prog, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: lbs, Seq: seq, Accum: 1, GPUsPerNode: 8})
+		prog, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -342,9 +342,9 @@ func TestPipelineTPEPPlacement(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		init, _ := moe.NewModel[float32](cfg)
+		init, _ := ref.NewModel[float32](cfg)
 		init.InitRandom(7)
-		p, err := NewPipelineTrainer(PipelineSpec{Config: cfg, Layout: l, LBS: 4, Seq: 4, Accum: 1, AdamW: moe.DefaultAdamW}, init.Tensors())
+		p, err := NewPipelineTrainer(PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: 4, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, AdamW: ref.DefaultAdamW}, init.Tensors())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -362,7 +362,7 @@ func TestPipelineTPEPPlacement(t *testing.T) {
 				if n != c.etp || idx != c.piece[lane] {
 					t.Errorf("etp %d lane %d: %s is piece %d of %d, want %d of %d", c.etp, lane, q.Name, idx, n, c.piece[lane], c.etp)
 				}
-				if whole := moe.TPShard(q, init.Tensors()[i], c.etp, c.piece[lane]); !slices.Equal(pr.model.Tensors()[i], whole) {
+				if whole := ref.TPShard(q, init.Tensors()[i], c.etp, c.piece[lane]); !slices.Equal(pr.model.Tensors()[i], whole) {
 					t.Errorf("etp %d lane %d: %s holds another piece than %d of %d", c.etp, lane, q.Name, c.piece[lane], c.etp)
 				}
 				if g := pr.group[i].Ranks; !slices.Equal(g, c.efsdp[lane]) {

@@ -1,9 +1,9 @@
 package numeric
 
-import "github.com/moescope/moescope/moe"
+import "github.com/moescope/moescope/moe/ref"
 
 // Start builds the Trainer of spec, run state describes (its Losses
-// empty), from a fresh initialization from seed (moe.Model.InitRandom), or,
+// empty), from a fresh initialization from seed (ref.Model.InitRandom), or,
 // when resume names a checkpoint directory (SaveTrainCheckpoint), from
 // that checkpoint's parameters and optimizer state; a checkpoint that
 // cannot continue state is refused (TrainCheckpoint.CheckResume). fault
@@ -11,7 +11,7 @@ import "github.com/moescope/moescope/moe"
 // optimizer state and step count are loaded. The state returned is what a
 // checkpoint of this run records: state with the resumed run's losses.
 func Start(spec Spec, state TrainState, seed uint64, resume string, fault *Fault) (*Trainer, TrainState, error) {
-	cfg := spec.Config
+	cfg := spec.Model
 	var init [][]float32
 	var loaded *TrainCheckpoint
 	if resume != "" {
@@ -25,7 +25,7 @@ func Start(spec Spec, state TrainState, seed uint64, resume string, fault *Fault
 		init = loaded.Params
 		state.Losses = loaded.State.Losses
 	} else {
-		m, err := moe.NewModel[float32](cfg)
+		m, err := ref.NewModel[float32](cfg)
 		if err != nil {
 			return nil, TrainState{}, err
 		}

@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 )
 
@@ -24,10 +26,10 @@ func TestStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: 1, Seq: 4, Micro: 1, DP: l.DP()},
-		DataSeed: 11, AdamW: moe.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1},
+	spec := Spec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: 1, Seq: 4, GradAccum: 1}}, Mesh: m,
+		DataSeed: 11, AdamW: ref.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1},
 		AuxCoef: cfg.AuxLossCoef, BiasRate: 1e-3}
-	state := TrainState{Model: cfg.Name, Layout: l, LBS: 1, Seq: 4, GradAccum: 1, GlobalBatch: spec.Batch.Global(),
+	state := TrainState{Model: cfg.Name, Layout: l, LBS: 1, Seq: 4, GradAccum: 1, GlobalBatch: spec.data().Global(),
 		DataSeed: spec.DataSeed, AdamW: spec.AdamW, AuxCoef: spec.AuxCoef, BiasRate: spec.BiasRate}
 	n, st, err := Start(spec, state, 7, "", nil)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -13,9 +14,9 @@ import (
 // 73a0e69: models/qwen3/infra/parallelize.py apply_non_moe_tp,
 // models/llama4/infra/parallelize.py apply_moe_ep_tp). The tp ranks of one
 // group read the same sequences; each holds its pieces of the weights
-// (moe.TPShard: column-wise q/k/v, w1/w3 and the LM head, row-wise o and
+// (ref.TPShard: column-wise q/k/v, w1/w3 and the LM head, row-wise o and
 // w2, the embedding's vocabulary rows; the norms, the router gate and the
-// shared-expert gate whole) and runs its blocks with moe.Config.TPLocal's
+// shared-expert gate whole) and runs its blocks with ref.TPLocal's
 // heads and widths. Sequence-parallel tensors hold, of every sequence of
 // the micro-batch, the positions [j·S/tp, (j+1)·S/tp) on member j (torch's
 // Shard(1) of [batch, seq, hidden]). The collectives are
@@ -25,7 +26,7 @@ import (
 // computed them from its own tokens or heads (DTensor's Partial placement
 // of a Replicate parameter's gradient, reduced to Replicate).
 
-// tpComm is one rank's moe.TPComm on its tensor-parallel group.
+// tpComm is one rank's ref.TPComm on its tensor-parallel group.
 type tpComm struct {
 	ctx   context.Context
 	ep    *collective.Endpoint
@@ -58,7 +59,7 @@ func newTPComm(g parallel.Group, rank int, b parallel.Batch, cfg *moe.Config, l 
 }
 
 // vocabLo is the first vocabulary row held by member idx of tp members
-// that split vocab rows as moe.TPShard does (⌈vocab/tp⌉ each, the last
+// that split vocab rows as ref.TPShard does (⌈vocab/tp⌉ each, the last
 // padded with zero rows).
 func vocabLo(vocab, tp, idx int) int { return idx * ((vocab + tp - 1) / tp) }
 
@@ -104,7 +105,7 @@ func pick(cond bool, a, b parallel.Purpose) parallel.Purpose {
 	return b
 }
 
-// Gather implements moe.TPComm: the all-gather of the members' positions,
+// Gather implements ref.TPComm: the all-gather of the members' positions,
 // reordered from [member][batch][seq/tp] to [batch][seq].
 func (c *tpComm) Gather(layer int, pass moe.Pass, local []float32) []float32 {
 	n, D, B := c.group.Size(), c.hidden, c.batch
@@ -128,7 +129,7 @@ func (c *tpComm) Gather(layer int, pass moe.Pass, local []float32) []float32 {
 	return out
 }
 
-// Scatter implements moe.TPComm: partial [batch][seq] laid out as
+// Scatter implements ref.TPComm: partial [batch][seq] laid out as
 // [member][batch][seq/tp] and reduce-scattered.
 func (c *tpComm) Scatter(layer int, pass moe.Pass, partial []float32) []float32 {
 	n, D, B := c.group.Size(), c.hidden, c.batch
@@ -150,7 +151,7 @@ func (c *tpComm) Scatter(layer int, pass moe.Pass, partial []float32) []float32 
 	return out
 }
 
-// AllReduce implements moe.TPComm (loss parallel's fp32 reductions).
+// AllReduce implements ref.TPComm (loss parallel's fp32 reductions).
 func (c *tpComm) AllReduce(layer int, v []float32, max bool) {
 	c.record(layer, moe.Forward, parallel.CollAllReduce, moe.F32, len(v))
 	if c.err != nil {
@@ -167,7 +168,7 @@ func (c *tpComm) AllReduce(layer int, v []float32, max bool) {
 	}
 }
 
-// ExpertsDone implements moe.TPComm.
+// ExpertsDone implements ref.TPComm.
 func (c *tpComm) ExpertsDone(layer int) {
 	if c.err == nil && c.expertsDone != nil {
 		if err := c.expertsDone(layer); err != nil {
@@ -176,7 +177,7 @@ func (c *tpComm) ExpertsDone(layer int) {
 	}
 }
 
-// ExpertTokens implements moe.TPComm: with ep > 1 at etp = 1 the member's
+// ExpertTokens implements ref.TPComm: with ep > 1 at etp = 1 the member's
 // contiguous 1/tp of the tokens, else all.
 func (c *tpComm) ExpertTokens(tokens int) (lo, hi int) {
 	if !c.splitRows {
@@ -191,7 +192,7 @@ func (c *tpComm) ExpertTokens(tokens int) (lo, hi int) {
 // its expert-TP index.
 func (r *numRank) tpPiece(p moe.Param, full []float32) []float32 {
 	n, idx := r.tpSplit(p)
-	return moe.TPShard(p, full, n, idx)
+	return ref.TPShard(p, full, n, idx)
 }
 
 // tpSplit is the degree and member index p is split by on this rank.
@@ -228,9 +229,9 @@ func (r *numRank) tpReduceReplicated(ctx context.Context, ep *collective.Endpoin
 	// The unsharded gradients' type, as parallel.TPReplicatedElements says:
 	// the compute type, or the gradient type they accumulate in when
 	// gradient sync waits for the last micro-step.
-	dt := r.spec.Precision.Compute
-	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.Micro > 1 {
-		dt = r.spec.Precision.Grad
+	dt := r.spec.storage.Compute
+	if r.spec.Mesh.Layout.GradSyncLastOnly && r.spec.Batch.GradAccum > 1 {
+		dt = r.spec.storage.Grad
 	}
 	return allReduceJoined(ctx, ep, r.tp.group, dt, rep)
 }

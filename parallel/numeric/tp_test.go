@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
+	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
 )
@@ -79,8 +80,8 @@ func TestNumericTPRefuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		init, _ := moe.NewModel[float32](cfg)
-		_, err = New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: tc.seq, Micro: 1, DP: l.DP()}}, init.Tensors())
+		init, _ := ref.NewModel[float32](cfg)
+		_, err = New(Spec{Spec: job.Spec{Model: cfg, Batch: job.Batch{LBS: 1, Seq: tc.seq, GradAccum: 1}}, Mesh: m}, init.Tensors())
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v seq %d: New = %v, want an error saying %q", tc.l, tc.seq, err, tc.want)
 		}
@@ -96,10 +97,9 @@ func tpTrainer(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, micro int
 	if err != nil {
 		t.Fatal(err)
 	}
-	init, _ := moe.NewModel[float32](cfg)
+	init, _ := ref.NewModel[float32](cfg)
 	init.InitRandom(5)
-	n, err := New(Spec{Config: cfg, Mesh: m, AC: ac, Batch: parallel.Batch{LBS: 2, Seq: 2 * l.TPDegree(), Micro: micro, DP: l.DP()},
-		AdamW: moe.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
+	n, err := New(Spec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: 2, Seq: 2 * l.TPDegree(), GradAccum: micro}}, Mesh: m, AdamW: ref.DefaultAdamW, AuxCoef: cfg.AuxLossCoef}, init.Tensors())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestTPCollectivesAreTheListed(t *testing.T) {
 			if _, err := n.Step(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			b := n.spec.Batch
+			b := n.spec.data()
 			layers := append([]int{moe.LayerEmbed}, cfg.LayerHead())
 			for li := 0; li < cfg.Layers; li++ {
 				layers = append(layers, li)
@@ -200,7 +200,7 @@ func TestTPSavedEqualsMemory(t *testing.T) {
 			if _, err := n.Step(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			b := n.spec.Batch
+			b := n.spec.data()
 			sh := memoryShape(l, b, ac)
 			var want []moe.SavedRecord
 			for _, layer := range append([]int{moe.LayerEmbed}, seqInts(cfg.Layers+1)...) {
@@ -276,8 +276,8 @@ func TestNumericTPFollowsSchedule(t *testing.T) {
 		for j, ac := range tpPolicies {
 			l.Sharding = shardings[(j+k)%len(shardings)]
 			n, _ := tpTrainer(t, cfg, l, ac, micro)
-			b := n.spec.Batch
-			s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: n.spec.Mesh, AC: ac, LBS: b.LBS, Seq: b.Seq, Micro: micro})
+			b := n.spec.data()
+			s, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: job.Spec{Model: cfg, AC: ac, Batch: job.Batch{LBS: b.LBS, Seq: b.Seq, GradAccum: micro}, Recipe: job.EagerRecipe()}, Mesh: n.spec.Mesh})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -326,9 +326,9 @@ func TestNumericTPStateEqualsMemory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			init, _ := moe.NewModel[float32](cfg)
+			init, _ := ref.NewModel[float32](cfg)
 			seq := 2 * l.TPDegree()
-			n, err := New(Spec{Config: cfg, Mesh: m, Batch: parallel.Batch{LBS: 1, Seq: seq, Micro: 1, DP: l.DP()}}, init.Tensors())
+			n, err := New(Spec{Spec: job.Spec{Model: cfg, Batch: job.Batch{LBS: 1, Seq: seq, GradAccum: 1}}, Mesh: m}, init.Tensors())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,6 +9,7 @@
 // ExportFilter keeps a search to what an export can express and counts
 // what it left out.
 //
-// It imports parallel/sim, parallel, parallel/hw, memory, flops and moe;
-// only cmd/moescope imports it.
+// It imports parallel/sim, parallel/sim/calib, parallel/sim/cost,
+// parallel/hw, memory and moe; parallel/titanlog and cmd/moescope import
+// it.
 package plan

@@ -34,33 +34,7 @@ type Point struct {
 func (p Point) GlobalBatch() int { return p.LBS * p.Layout.DP() * p.GradAccum }
 
 func (p Point) String() string {
-	l := p.Layout
-	s := fmt.Sprintf("gpus=%d dp_shard=%d dp_replicate=%d ep=%d sharding=%s", l.GPUs, l.DPShard, l.DPReplicate, l.EP, l.Sharding)
-	if tp := l.TPDegree(); tp > 1 {
-		s += fmt.Sprintf(" tp=%d etp=%d", tp, max(l.ETP, 1))
-		if l.AsyncTP {
-			s += " async-tp"
-		}
-	}
-	if !l.ReshardAfterForward {
-		s += " no-reshard"
-	}
-	if l.KeepGathered {
-		s += " keep-gathered"
-	}
-	if l.AllreduceLastOnly {
-		s += " allreduce-last-only"
-	}
-	if l.GradSyncLastOnly {
-		s += " grad-sync-last-only"
-	}
-	if l.Stages() > 1 {
-		s += fmt.Sprintf(" pp=%d pp_schedule=%s pp_microbatch_size=%d", l.PP, l.PPSchedule, l.PPMicrobatchSize)
-		if l.VirtualStages() > 1 {
-			s += fmt.Sprintf(" pp_virtual_stages=%d", l.VirtualStages())
-		}
-	}
-	return s + fmt.Sprintf(" ac=%s lbs=%d grad_accum=%d", p.AC, p.LBS, p.GradAccum)
+	return fmt.Sprintf("%s ac=%s lbs=%d grad_accum=%d", p.Layout.Label(), p.AC, p.LBS, p.GradAccum)
 }
 
 // Score is what an evaluator predicts for a point. TPS is a rank's own

@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // SimEvaluator is the planner's real evaluator: peak memory from the memory
@@ -22,7 +23,7 @@ type SimEvaluator struct {
 	Run         job.Spec
 	Device      hw.Device
 	Cluster     *hw.Cluster
-	Calibration *sim.Calibration // nil: uncalibrated defaults
+	Calibration *cost.Calibration // nil: uncalibrated defaults
 
 	// Results are cached per point: the search asks for some points more
 	// than once (sizing, stages, sweeps).
@@ -160,7 +161,7 @@ func memoryKey(p Point) Point {
 
 // input is the simulator's input for p.
 func (e *SimEvaluator) input(p Point) sim.Input {
-	return sim.InputFor(e.Spec(p), e.Device, e.Cluster, e.Calibration)
+	return sim.Input{Spec: e.Spec(p), Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration}
 }
 
 // Evaluate simulates p on the virtual-time backend.

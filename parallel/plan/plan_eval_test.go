@@ -10,7 +10,9 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/calib"
+	"github.com/moescope/moescope/parallel/sim/cost"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // qwenOnB200 is the built-in Qwen3-30B-A3B and the B200 device.
@@ -169,18 +171,18 @@ func TestIntervals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runs, err := sim.ReadRuns(f, f.Name(), false)
+	runs, err := published.ReadRuns(f, f.Name(), false)
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cal, err := sim.Calibrate(runs)
+	cal, err := calib.Calibrate(runs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := Point{Layout: job.Layout{GPUs: 16, DPShard: 16, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true},
 		AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
-	for _, c := range []*sim.Calibration{nil, cal} {
+	for _, c := range []*cost.Calibration{nil, cal} {
 		e := &SimEvaluator{Run: eagerRun(cfg, 4096), Device: dev, Calibration: c}
 		s, err := e.Evaluate(p)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // TestPlanPublishedReport prints, for every published run in
@@ -21,7 +22,7 @@ func TestPlanPublishedReport(t *testing.T) {
 	if os.Getenv("MOESCOPE_PLAN_PUBLISHED") != "1" {
 		t.Skip("set MOESCOPE_PLAN_PUBLISHED=1 to print the published-runs report (one full search per run)")
 	}
-	runs, err := sim.LoadPublished("../../testdata/published")
+	runs, err := published.Load("../../testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func TestPlanPublishedReport(t *testing.T) {
 			fmt.Fprintf(&b, "%-16s %-5s %4d %5d skipped: its GPUs' power limit is not stated (power_limited)\n", r.Model, r.GPU, r.GPUs, r.Seq)
 			continue
 		}
-		in, err := sim.InputForRun(r)
+		in, err := published.InputForRun(r)
 		if err != nil {
 			t.Errorf("%s: %v", r.File, err)
 			continue
@@ -51,10 +52,10 @@ func TestPlanPublishedReport(t *testing.T) {
 			c := cl.WithGPUsPerNode(r.GPUsPerNode)
 			cl = &c
 		}
-		ev := &SimEvaluator{Run: eagerRun(in.Config, r.Seq), Device: in.Device, Cluster: cl}
+		ev := &SimEvaluator{Run: eagerRun(in.Model, r.Seq), Device: in.Device, Cluster: cl}
 		req := Request{GPUs: r.GPUs, GPUsPerNode: cl.GPUsPerNode, MemoryTarget: 0.92}
-		if in.Config.IsMoE() {
-			req.Experts = in.Config.Experts
+		if in.Model.IsMoE() {
+			req.Experts = in.Model.Experts
 		}
 		pref := "no feasible plan"
 		var tps float64

@@ -49,116 +49,16 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 		}
 		at, top = func(i int) int { return r[i-1] }, len(r)
 	}
-	fits := func(i int) (bool, float64, error) {
+	fits := func(i int) (float64, error) {
 		lbs := at(i)
 		ga := 1
 		if perRank > 0 {
 			ga = (perRank + lbs - 1) / lbs
 		}
-		m, err := ev.MemoryFraction(Point{f.layout, f.ac, lbs, ga})
-		return err == nil && memory.WithinTarget(m, q.MemoryTarget), m, err
+		return ev.MemoryFraction(Point{f.layout, f.ac, lbs, ga})
 	}
-	ok, m1, err := fits(1)
-	if err != nil || !ok || top == 1 {
-		return map[bool]int{true: at(1), false: 0}[ok && err == nil], m1, err
-	}
-	ok, m2, err := fits(2)
-	if err != nil || !ok {
-		return at(1), m1, err
-	}
-	b := &bracket{lo: 2, hi: top + 1, mLo: m2, fits: fits}
-	if slope := m2 - m1; slope > 0 {
-		g := 2 + int((q.MemoryTarget-m2)/slope)
-		if g >= b.hi && b.hi-1 > b.lo {
-			// The line reaches the target beyond the last local batch:
-			// try that one first.
-			g = b.hi - 1
-		}
-		if err := b.probeNear(g); err != nil {
-			return 0, m1, err
-		}
-	}
-	// With no upper end known yet, the last batch and the one before are
-	// probed, and the line through them aimed at the target with its
-	// neighbour checked: memory is near affine in the largest batches
-	// (under a pipeline, once every stage holds its most micro-batches
-	// in flight, where the slope from the first two batches is far too
-	// steep), and a pipeline's largest batches are its costliest
-	// estimates, which galloping towards them repeated.
-	if b.hi == top+1 && b.hi-1 > b.lo {
-		if err := b.probe(top); err != nil {
-			return 0, m1, err
-		}
-		if mTop := b.mHi; b.hi == top && top-1 > b.lo {
-			if err := b.probe(top - 1); err != nil {
-				return 0, m1, err
-			}
-			if slope := mTop - b.mHi; b.hi == top-1 && slope > 0 {
-				g := top - 1 - int(math.Ceil((b.mHi-q.MemoryTarget)/slope))
-				if err := b.probeNear(g); err != nil {
-					return 0, m1, err
-				}
-			}
-		}
-	}
-	if err := b.close(q.MemoryTarget); err != nil {
-		return 0, m1, err
-	}
-	return at(b.lo), m1, nil
-}
-
-// bracket is sizeByMemory's search state: lo fits; hi does not, or is
-// top+1 (nothing known above the last); mLo and mHi are their memory
-// fractions once probed.
-type bracket struct {
-	lo, hi   int
-	mLo, mHi float64
-	fits     func(i int) (bool, float64, error)
-}
-
-// probe evaluates i and moves the end of the bracket it belongs to.
-func (b *bracket) probe(i int) error {
-	ok, m, err := b.fits(i)
-	if ok {
-		b.lo, b.mLo = i, m
-	} else {
-		b.hi, b.mHi = i, m
-	}
-	return err
-}
-
-// probeNear probes a guess g inside the bracket and then the neighbour on
-// its far side, so that an exact guess closes the bracket.
-func (b *bracket) probeNear(g int) error {
-	if g <= b.lo || g >= b.hi {
-		return nil
-	}
-	if err := b.probe(g); err != nil {
-		return err
-	}
-	if b.lo == g && g+1 < b.hi {
-		return b.probe(g + 1)
-	} else if b.hi == g && g-1 > b.lo {
-		return b.probe(g - 1)
-	}
-	return nil
-}
-
-// close closes what is left by the line through the bracket's ends aimed
-// at target, every other step a bisection, so never in more than twice
-// bisection's probes.
-func (b *bracket) close(target float64) error {
-	for step := 0; b.hi-b.lo > 1; step++ {
-		mid := b.lo + (b.hi-b.lo)/2
-		if step%2 == 0 && b.mHi > b.mLo {
-			x := float64(b.lo) + (target-b.mLo)/(b.mHi-b.mLo)*float64(b.hi-b.lo)
-			mid = min(max(int(x), b.lo+1), b.hi-1)
-		}
-		if err := b.probe(mid); err != nil {
-			return err
-		}
-	}
-	return nil
+	i, m1, err := memory.LargestWithin(top, q.MemoryTarget, fits)
+	return map[bool]int{true: at(max(i, 1)), false: 0}[i > 0], m1, err
 }
 
 // dpShare is how many GPUs share one data-parallel rank's sequences: its

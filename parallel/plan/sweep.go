@@ -6,6 +6,7 @@ import (
 
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // A calibration sweep is the seed study's first step made explicit: the
@@ -24,13 +25,13 @@ import (
 // invertible): jobs are picked greedily by the largest gain in log det F
 // (a D-optimal design), starting from the predicted optimum and the best
 // two-host run. A parameter counts as identified by calibrate's own rule
-// (sim.IdentifiedParams on the chosen jobs' sensitivities), so a sweep
+// (calib.IdentifiedParams on the chosen jobs' sensitivities), so a sweep
 // promises exactly the parameters calibrate will fit from its runs; the
 // posterior standard deviation √(F⁻¹)_jj says how tightly.
 
 // SweepParams are the calibration parameters TPS depends on, in
-// sim.Calibrate's order.
-var SweepParams = []string{sim.CalGEMM, sim.CalGrouped, sim.CalAttention, sim.CalMemoryBound, sim.CalNVLink, sim.CalNet}
+// calib.Calibrate's order.
+var SweepParams = []string{cost.CalGEMM, cost.CalGrouped, cost.CalAttention, cost.CalMemoryBound, cost.CalNVLink, cost.CalNet}
 
 const (
 	// SweepNoise is the relative TPS error assumed of a measured median
@@ -54,7 +55,7 @@ type ParamStatus struct {
 	// (SweepNoise per run, unit prior): 1 means the runs say nothing.
 	Std float64
 	// Identified says calibrate will fit it from the sweep's runs
-	// (sim.IdentifiedParams).
+	// (calib.IdentifiedParams).
 	Identified bool
 }
 
@@ -210,8 +211,8 @@ func sensitivities(ev *SimEvaluator, cands []Result) ([]SweepJob, error) {
 }
 
 // perturbed is ev's calibration with parameter name multiplied by f.
-func perturbed(ev *SimEvaluator, name string, f float64) *sim.Calibration {
-	var c sim.Calibration
+func perturbed(ev *SimEvaluator, name string, f float64) *cost.Calibration {
+	var c cost.Calibration
 	if ev.Calibration != nil {
 		c = *ev.Calibration
 	}
@@ -222,17 +223,17 @@ func perturbed(ev *SimEvaluator, name string, f float64) *sim.Calibration {
 		return def
 	}
 	switch name {
-	case sim.CalGEMM:
+	case cost.CalGEMM:
 		c.GEMMScale = or(c.GEMMScale, 1) * f
-	case sim.CalGrouped:
+	case cost.CalGrouped:
 		c.GroupedScale = or(c.GroupedScale, 1) * f
-	case sim.CalAttention:
+	case cost.CalAttention:
 		c.AttentionScale = or(c.AttentionScale, 1) * f
-	case sim.CalMemoryBound:
+	case cost.CalMemoryBound:
 		c.MemoryBoundScale = or(c.MemoryBoundScale, 1) * f
-	case sim.CalNVLink:
+	case cost.CalNVLink:
 		c.NVLinkEfficiency = or(c.NVLinkEfficiency, ev.Cluster.NVLinkEfficiency) * f
-	case sim.CalNet:
+	case cost.CalNet:
 		c.NetEfficiency = or(c.NetEfficiency, ev.Cluster.NetEfficiency) * f
 	default:
 		panic("plan: unknown calibration parameter " + name)

@@ -8,7 +8,7 @@ import (
 
 	"gonum.org/v1/gonum/mat"
 
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/calib"
 )
 
 // information is F = I + Σ_jobs s sᵀ / σ² over SweepParams.
@@ -131,7 +131,7 @@ func informs(before, after []float64, j SweepJob) string {
 	var cuts []cut
 	for i, p := range SweepParams {
 		// A parameter the run barely moves (|s| < 0.02, below what
-		// sim.Calibrate's identifiability probe sees) is narrowed only
+		// calib.Calibrate's identifiability probe sees) is narrowed only
 		// through its correlation with others: not named.
 		if r := after[i] / before[i]; r < 0.9 && math.Abs(j.Sensitivity[p]) >= 0.02 {
 			cuts = append(cuts, cut{p, r})
@@ -161,7 +161,7 @@ func paramStatus(jobs []SweepJob) []ParamStatus {
 			cols[i] = append(cols[i], j.Sensitivity[p])
 		}
 	}
-	ok := sim.IdentifiedParams(cols)
+	ok := calib.IdentifiedParams(cols)
 	out := make([]ParamStatus, len(SweepParams))
 	for i, p := range SweepParams {
 		out[i] = ParamStatus{Name: p, Std: std[i], Identified: ok[i]}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Breakdown splits the step time of the simulated (slowest) rank along
@@ -142,7 +143,7 @@ func (c *stepCharges) chargeBusy(i int) {
 		c.b.ComputeS += d - c.sim.recompute[i]
 		if c.sim.byClass != nil {
 			for k, v := range c.sim.byClass[i] {
-				c.b.ComputeByClassS[OpClass(k).String()] += v
+				c.b.ComputeByClassS[cost.OpClass(k).String()] += v
 			}
 		}
 	}

@@ -9,19 +9,20 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // From the cost models to the engine: compute ops priced per (layer,
-// segment, phase) from their exact counts, collectives from CollectiveCost on
+// segment, phase) from their exact counts, collectives from cost.Collective on
 // their group's shape, each placed on the stream it runs on.
 
 // simulated holds the per-op costs of a schedule.
 type simulated struct {
 	ops       []simOp
 	recompute []float64 // recompute seconds inside each compute op
-	comm      []CommCost
+	comm      []cost.Comm
 	bytes     []float64 // collectives: the size S modelled (after expert load)
-	byClass   [][numOpClasses]float64
+	byClass   [][cost.NumOpClasses]float64
 	over      [numOverheads]float64 // seconds of each overhead over the step
 }
 
@@ -34,8 +35,8 @@ type segKey struct {
 
 type segCost struct {
 	total, recompute float64
-	byClass          [numOpClasses]float64 // total split by op class
-	over             [numOverheads]float64 // overheads inside total
+	byClass          [cost.NumOpClasses]float64 // total split by op class
+	over             [numOverheads]float64      // overheads inside total
 
 	weight float64 // the backward-weight ops inside total (PhaseBackward)
 }
@@ -43,7 +44,7 @@ type segCost struct {
 // opCosts sums modelled op times per (layer, segment, phase) for one
 // micro-step of the simulated rank. Counts come from flops.Ops with a GPU
 // flash-attention tile (flops.DefaultTile): the work the GPU executes.
-func opCosts(cfg *moe.Config, l job.Layout, in Input, spec ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) (map[segKey]segCost, error) {
+func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, recs []moe.OpRecord, loads map[int]expertShare) (map[segKey]segCost, error) {
 	type opKey struct {
 		layer int
 		op    moe.Op
@@ -71,42 +72,8 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec ComputeSpec, recs []m
 		}
 		costs[k] = c
 	}
-	noLaunch := spec
-	noLaunch.LaunchS = 0
-	// The same at the burst clock, for the clock overheads' shares.
-	burst := noLaunch
-	burst.Sustained, burst.SpeedSD = 1, 0
-	sus := scaleOr1(spec.Sustained)
-	// susShare is the sustained clock's part of what an op loses to the
-	// clock: a compute-bound op takes tb/sus at the mean GPU's clock and
-	// tb/(sus·slowest) on the slowest, so of t0 − tb the sustained clock
-	// costs (1/sus − 1)/(1/clock − 1), exactly (an op bound by HBM at both
-	// clocks loses nothing; one that crosses over between them is split
-	// in the same proportion).
-	clocked := spec.clock() < 1
-	susShare := 0.0
-	if clocked {
-		susShare = (1/sus - 1) / (1/spec.clock() - 1)
-	}
 	// opSeconds prices r and sets over to its launch, loss and clock shares.
-	opSeconds := func(r moe.OpRecord, groups []float64) (float64, error) {
-		t, err := spec.OpSeconds(cfg, r, local, groups)
-		if err != nil {
-			return 0, err
-		}
-		t0, _ := noLaunch.OpSeconds(cfg, r, local, groups)
-		over = [numOverheads]float64{}
-		over[ohLaunch] = t - t0
-		if r.Op == moe.OpLoss {
-			over[ohLoss] = t
-		}
-		if c, _ := OpClassOf(r.Op); c != ClassMemoryBound && clocked {
-			tb, _ := burst.OpSeconds(cfg, r, local, groups)
-			over[ohSustainedClock] = (t0 - tb) * susShare
-			over[ohSlowestGPU] = (t0 - tb) * (1 - susShare)
-		}
-		return t, nil
-	}
+	opSeconds := overheadPricer(cfg, spec, local, &over)
 	addRouting(costs, cfg, in, spec)
 	for _, r := range recs {
 		block := r.Layer >= 0 && r.Layer < cfg.Layers
@@ -123,7 +90,7 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec ComputeSpec, recs []m
 		if err != nil {
 			return nil, err
 		}
-		c, _ := OpClassOf(r.Op) // OpSeconds has checked it
+		c, _ := cost.OpClassOf(r.Op) // OpSeconds has checked it
 		cls = int(c)
 		switch r.Pass {
 		case moe.Forward:
@@ -160,6 +127,49 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec ComputeSpec, recs []m
 	return costs, nil
 }
 
+// overheadPricer returns opCosts' opSeconds: it prices an op record on one
+// GPU (spec.OpSeconds, local experts per EP rank) and sets *over to the
+// parts of that price the overheads name: the launch floor's, the loss's,
+// and a tensor-core op's loss to the clock, split between the sustained
+// clock and the slowest GPU.
+func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[numOverheads]float64) func(moe.OpRecord, []float64) (float64, error) {
+	noLaunch := spec
+	noLaunch.LaunchS = 0
+	// The same at the burst clock, for the clock overheads' shares.
+	burst := noLaunch
+	burst.Sustained, burst.SpeedSD = 1, 0
+	sus := spec.SustainedRatio()
+	// susShare is the sustained clock's part of what an op loses to the
+	// clock: a compute-bound op takes tb/sus at the mean GPU's clock and
+	// tb/(sus·slowest) on the slowest, so of t0 − tb the sustained clock
+	// costs (1/sus − 1)/(1/clock − 1), exactly (an op bound by HBM at both
+	// clocks loses nothing; one that crosses over between them is split
+	// in the same proportion).
+	clocked := spec.Clock() < 1
+	susShare := 0.0
+	if clocked {
+		susShare = (1/sus - 1) / (1/spec.Clock() - 1)
+	}
+	return func(r moe.OpRecord, groups []float64) (float64, error) {
+		t, err := spec.OpSeconds(cfg, r, local, groups)
+		if err != nil {
+			return 0, err
+		}
+		t0, _ := noLaunch.OpSeconds(cfg, r, local, groups)
+		*over = [numOverheads]float64{}
+		over[ohLaunch] = t - t0
+		if r.Op == moe.OpLoss {
+			over[ohLoss] = t
+		}
+		if c, _ := cost.OpClassOf(r.Op); c != cost.ClassMemoryBound && clocked {
+			tb, _ := burst.OpSeconds(cfg, r, local, groups)
+			over[ohSustainedClock] = (t0 - tb) * susShare
+			over[ohSlowestGPU] = (t0 - tb) * (1 - susShare)
+		}
+		return t, nil
+	}
+}
+
 // streamOf maps a schedule op to an engine stream.
 func streamOf(o parallel.ScheduleOp, single bool) simStream {
 	if o.Type == parallel.OpCompute {
@@ -188,13 +198,13 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 // simOps turns the schedule into engine ops with modelled costs.
 // The tp axis's collectives are priced on tpG (widestTPGroup, or a
 // pipeline's tpShape).
-func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG GroupShape, in Input, spec ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
-	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]CommCost, len(s.Ops)),
-		bytes: make([]float64, len(s.Ops)), byClass: make([][numOpClasses]float64, len(s.Ops))}
-	shapes := map[parallel.Axis]GroupShape{}
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
+	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]cost.Comm, len(s.Ops)),
+		bytes: make([]float64, len(s.Ops)), byClass: make([][cost.NumOpClasses]float64, len(s.Ops))}
+	shapes := map[parallel.Axis]cost.GroupShape{}
 	share := 1.0 // the rows the dispatcher sends (dispatchShare)
-	if in.Dispatcher != AllToAllDispatch && in.Config != nil {
-		share = dispatchShare(in.Dispatcher, in.Config, mesh.Group(parallel.AxisEP, 0).Size())
+	if in.Dispatcher.RowPerRank() && in.Model != nil {
+		share = dispatchShare(in.Dispatcher, in.Model, mesh.Group(parallel.AxisEP, 0).Size())
 	}
 	var copies []computeCopy
 	for i, o := range s.Ops {
@@ -217,7 +227,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG Group
 		}
 		g, ok := shapes[o.Axis]
 		if !ok {
-			g = ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
+			g = cost.ShapeOf(cl, mesh.Group(o.Axis, 0).Ranks)
 			if o.Axis == parallel.AxisTP {
 				g = tpG
 			}
@@ -237,7 +247,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG Group
 		case parallel.CollBarrier:
 			kind, bytes = parallel.CollAllReduce, 0
 		}
-		cc, err := CollectiveCost(cl, in.Calibration, kind, g, bytes)
+		cc, err := cost.Collective(cl, in.Calibration, kind, g, bytes)
 		if err != nil {
 			return nil, fmt.Errorf("simulate: op %d: %w", i, err)
 		}
@@ -250,15 +260,15 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG Group
 		// that runs it (chargeComputeCopies). The split-size copy to the host
 		// stalls the stream that waits on it.
 		var fixed float64
-		onStream, onCompute := spec.fsdpCopySeconds(o, g.Ranks, in.Memory.Precision)
+		onStream, onCompute := spec.FSDPCopySeconds(o, g.Ranks, in.Storage())
 		fixed += onStream
 		sim.over[ohFSDPCopy] += onStream + onCompute
 		if onCompute > 0 {
 			copies = append(copies, computeCopy{i, onCompute})
 		}
 		if o.Purpose == parallel.PurposeCounts && g.Ranks > 1 {
-			fixed += spec.hostSyncSeconds()
-			sim.over[ohHostSync] += spec.hostSyncSeconds()
+			fixed += spec.HostSyncSeconds()
+			sim.over[ohHostSync] += spec.HostSyncSeconds()
 		}
 		cc.LatencyS += fixed
 		sim.comm[i] = cc
@@ -279,7 +289,7 @@ func reRun(cfg *moe.Config, ac moe.AC, layer int, op moe.Op) bool {
 }
 
 // computeCopy is the compute-stream part of FSDP2's copies around
-// collective op (fsdpCopySeconds).
+// collective op (cost.ComputeSpec.FSDPCopySeconds).
 type computeCopy struct {
 	op      int
 	seconds float64
@@ -315,7 +325,7 @@ func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []compute
 			continue
 		}
 		sim.ops[j].compute += c.seconds
-		sim.byClass[j][ClassMemoryBound] += c.seconds
+		sim.byClass[j][cost.ClassMemoryBound] += c.seconds
 	}
 }
 
@@ -323,17 +333,17 @@ func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []compute
 // clipping before it (its norm all-reduce included).
 type optimizerCost struct{ update, clip float64 }
 
-// addRouting adds each MoE layer's token reorder (ComputeSpec.routingSeconds)
+// addRouting adds each MoE layer's token reorder (cost.ComputeSpec.RoutingSeconds)
 // to its pre-expert segment, forward and, when the block or its MoE layer
 // is recomputed whole, recompute, as memory-bound time named routing.
-func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec ComputeSpec) {
+func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec cost.ComputeSpec) {
 	// Under tp with etp = 1 each tp rank reorders its 1/tp of the rows.
-	t := spec.routingSeconds(cfg, int64(in.LBS)*int64(in.Seq)/int64(in.Layout.TokensPerExpertRank()))
+	t := spec.RoutingSeconds(cfg, int64(in.LBS)*int64(in.Seq)/int64(in.Layout.TokensPerExpertRank()))
 	add := func(k segKey, rec float64) {
 		c := costs[k]
 		c.total += t
 		c.recompute += rec
-		c.byClass[ClassMemoryBound] += t
+		c.byClass[cost.ClassMemoryBound] += t
 		c.over[ohRouting] += t
 		costs[k] = c
 	}
@@ -352,10 +362,10 @@ func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec Comput
 // domains: when tp does not divide the domain size some groups straddle two
 // domains, and as every tp collective blocks its group's computation, the
 // step waits for those.
-func widestTPGroup(cl *hw.Cluster, mesh *parallel.Mesh) GroupShape {
-	var w GroupShape
+func widestTPGroup(cl *hw.Cluster, mesh *parallel.Mesh) cost.GroupShape {
+	var w cost.GroupShape
 	for _, g := range mesh.Groups(parallel.AxisTP) {
-		if s := ShapeOf(cl, g.Ranks); s.Domains > w.Domains {
+		if s := cost.ShapeOf(cl, g.Ranks); s.Domains > w.Domains {
 			w = s
 		}
 	}

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"math"
-	"strings"
 	"testing"
 
 	"github.com/moescope/moescope/moe"
@@ -15,7 +14,7 @@ import (
 // 4 experts on 2 ranks, top-2: of the 6 pairs, 2 fall on one rank, so a
 // token reaches 2·4/6 + 1·2/6 = 5/3 ranks, 5/6 of its 2 rows.
 func TestDispatchShare(t *testing.T) {
-	if got := dispatchShare(DeepEPDispatch, &moe.Config{Experts: 4, TopK: 2}, 2); math.Abs(got-5.0/6) > 1e-15 {
+	if got := dispatchShare(job.DeepEP, &moe.Config{Experts: 4, TopK: 2}, 2); math.Abs(got-5.0/6) > 1e-15 {
 		t.Errorf("E 4, ep 2, k 2: %v, want 5/6", got)
 	}
 	for _, c := range []struct{ e, k, ep int }{{8, 3, 4}, {16, 4, 8}, {12, 2, 3}, {10, 5, 5}} {
@@ -38,27 +37,16 @@ func TestDispatchShare(t *testing.T) {
 		}
 		walk(0, c.k, map[int]int{})
 		want := float64(ranks) / float64(subsets) / float64(c.k)
-		if got := dispatchShare(DeepEPDispatch, &moe.Config{Experts: c.e, TopK: c.k}, c.ep); math.Abs(got-want) > 1e-12 {
+		if got := dispatchShare(job.DeepEP, &moe.Config{Experts: c.e, TopK: c.k}, c.ep); math.Abs(got-want) > 1e-12 {
 			t.Errorf("E %d, k %d, ep %d: %v, enumeration %v", c.e, c.k, c.ep, got, want)
 		}
 	}
 	// torchtitan's all-to-all sends every row; one EP rank has nothing to dedupe.
-	if got := dispatchShare(AllToAllDispatch, &moe.Config{Experts: 128, TopK: 8}, 8); got != 1 {
+	if got := dispatchShare(job.AllToAll, &moe.Config{Experts: 128, TopK: 8}, 8); got != 1 {
 		t.Errorf("all_to_all: %v, want 1", got)
 	}
-	if got := dispatchShare(DeepEPDispatch, &moe.Config{Experts: 128, TopK: 8}, 1); got != 1 {
+	if got := dispatchShare(job.DeepEP, &moe.Config{Experts: 128, TopK: 8}, 1); got != 1 {
 		t.Errorf("ep 1: %v, want 1", got)
-	}
-}
-
-func TestParseDispatcher(t *testing.T) {
-	for s, want := range map[string]Dispatcher{"": AllToAllDispatch, "all_to_all": AllToAllDispatch, "deepep": DeepEPDispatch, "hybridep": DeepEPDispatch} {
-		if got, err := ParseDispatcher("dispatcher", s); err != nil || got != want {
-			t.Errorf("%q: %q, %v", s, got, err)
-		}
-	}
-	if _, err := ParseDispatcher("dispatcher", "nccl"); err == nil || !strings.Contains(err.Error(), `dispatcher = "nccl"`) {
-		t.Errorf("nccl: %v, want an error naming the field and value", err)
 	}
 }
 
@@ -75,12 +63,12 @@ func TestSimulateDeepEPBytes(t *testing.T) {
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
-	in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 2, Seq: 4096}
+	in := Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACFull}, Batch: job.Batch{LBS: 2, Seq: 4096}, Recipe: job.EagerRecipe()}}
 	base, err := Simulate(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	in.Dispatcher = DeepEPDispatch
+	in.Dispatcher = job.DeepEP
 	deep, err := Simulate(in)
 	if err != nil {
 		t.Fatal(err)
@@ -88,37 +76,5 @@ func TestSimulateDeepEPBytes(t *testing.T) {
 	a, b := base.Breakdown.CommS["all_to_all"], deep.Breakdown.CommS["all_to_all"]
 	if !(a > 0 && b < a) {
 		t.Errorf("all_to_all time: torchtitan %g s, DeepEP %g s: want DeepEP less", a, b)
-	}
-}
-
-// TestCuBLASExperts: TransformerEngine's per-expert cuBLAS GEMMs share the
-// SMs' waves at the dense rate, so two experts of 4096 rows cost what one
-// dense GEMM of 8192 rows costs (the same 2048 output tiles of 128×128 for
-// N = 4096, in 16 waves of 132 SMs), with no grouped-kernel falloff in the
-// rows; and each GEMM is a host launch: 64 one-row experts take at least
-// 64 launches.
-func TestCuBLASExperts(t *testing.T) {
-	s := testSpec.withExperts(CuBLASExperts)
-	if s.ExpertGEMMEff != testSpec.GEMMEff {
-		t.Fatalf("expert efficiency %v, want the dense %v", s.ExpertGEMMEff, testSpec.GEMMEff)
-	}
-	for _, pass := range []moe.Pass{moe.Forward, moe.BackwardData, moe.Recompute} {
-		if got, want := s.GroupedSeconds([]int64{4096, 4096}, 4096, 4096, pass), s.GEMMSeconds(8192, 4096, 4096); !near(got, want, 1e-12) {
-			t.Errorf("%v: two experts %g s, one dense GEMM %g s", pass, got, want)
-		}
-	}
-	ones := make([]int64, 64)
-	for i := range ones {
-		ones[i] = 1
-	}
-	if got, want := s.GroupedSeconds(ones, 16, 16, moe.Forward), 64*s.LaunchS; !near(got, want, 1e-12) {
-		t.Errorf("64 one-row experts: %g s, want 64 launches = %g s", got, want)
-	}
-	// torch._grouped_mm is one launch at the grouped rate.
-	if got := testSpec.GroupedSeconds([]int64{4096, 4096}, 4096, 4096, moe.Forward); !(got > s.GroupedSeconds([]int64{4096, 4096}, 4096, 4096, moe.Forward)) {
-		t.Errorf("grouped_mm %g s: want slower than cuBLAS experts at GroupedEff %v < GEMMEff %v", got, testSpec.GroupedEff, testSpec.GEMMEff)
-	}
-	if _, err := ParseExpertGEMM("expert_gemm", "cutlass"); err == nil || !strings.Contains(err.Error(), `expert_gemm = "cutlass"`) {
-		t.Errorf("cutlass: %v, want an error naming the field and value", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // The costs a real training step pays beyond its model's ops, each priced
@@ -18,13 +19,14 @@ import (
 //	  8 radix passes of 8 bits, each reading and writing both, 256 bytes per
 //	  choice), 4 kernels at least a launch each.
 //	fsdp_copy: FSDP2's copy-in before and copy-out after each collective
-//	  (fsdpCopySeconds): all-gather reads the fp32 shard and writes it in
-//	  bf16 (6 bytes per shard element) on its copy-in stream, then splits
-//	  the gathered bf16 buffer into the parameters (4 bytes per element) on
-//	  the compute stream; reduce-scatter copies the bf16 gradients into the
-//	  fp32 reduce buffer (6 bytes per element) on the compute stream and
-//	  adds the reduced shard into the sharded gradient (12 bytes per shard
-//	  element: two reads, one write) on its own stream.
+//	  (cost.ComputeSpec.FSDPCopySeconds): all-gather reads the fp32 shard
+//	  and writes it in bf16 (6 bytes per shard element) on its copy-in
+//	  stream, then splits the gathered bf16 buffer into the parameters (4
+//	  bytes per element) on the compute stream; reduce-scatter copies the
+//	  bf16 gradients into the fp32 reduce buffer (6 bytes per element) on
+//	  the compute stream and adds the reduced shard into the sharded
+//	  gradient (12 bytes per shard element: two reads, one write) on its
+//	  own stream.
 //	grad_clip: clip_grad_norm_ reads every gradient of the shard for its
 //	  norm and again to scale it, writing it back (12 bytes per fp32
 //	  parameter), and all-reduces the norm over the world (a latency).
@@ -41,7 +43,7 @@ import (
 //	  at its power limit, Sustained of the burst rate kernel benchmarks
 //	  measure: what that costs over the burst rate.
 //	slowest_gpu: what waiting for the slowest of the job's GPUs costs over
-//	  the mean GPU's sustained rate (SlowestShare).
+//	  the mean GPU's sustained rate (cost.SlowestShare).
 
 // Overhead names, the keys of Breakdown.OverheadS.
 const (
@@ -78,75 +80,15 @@ const (
 var overheadNames = [numOverheads]string{OverheadRouting, OverheadFSDPCopy, OverheadGradClip, OverheadLoss,
 	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU}
 
-const (
-	routingBytesPerChoice = 256 // 8 radix passes × (read + write) × (8-byte key + 8-byte index)
-	routingKernels        = 4   // histogram, sort (two kernels of a radix pass pair at least), index gather
-	gradClipBytesPerParam = 12  // norm: read 4; scale: read 4, write 4
-)
-
-// routingSeconds is one MoE layer's forward token reorder for tokens rows.
-func (c ComputeSpec) routingSeconds(cfg *moe.Config, tokens int64) float64 {
-	choices := float64(tokens) * float64(cfg.TopK)
-	return c.MemorySeconds(choices*routingBytesPerChoice) + float64(routingKernels-1)*c.LaunchS
-}
-
-// fsdpCopySeconds is the copy-in and copy-out of FSDP2 collective o over
-// a group of n ranks (zeros for other collectives), in the run's types,
-// split by the stream each runs on (pytorch/pytorch 010ae4a8,
-// torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py and
-// _fsdp_param_group.py):
-//
-//   - all-gather: the copy-in, which casts the shard from the parameter
-//     type into the gathered type (o.DType), runs on its own copy-in stream
-//     ahead of the collective (foreach_all_gather); the copy-out, which
-//     splits the gathered buffer into the parameters (a read and a write
-//     of it), runs on the compute stream when the unit waits for its
-//     unshard (foreach_all_gather_copy_out in wait_for_unshard);
-//   - reduce-scatter: the copy-in, which casts the compute-type gradients
-//     into the reduce type (o.DType, chunk_cat), runs on the compute stream
-//     before the reduce-scatter stream waits for it (foreach_reduce); the
-//     copy-out, which adds the reduced shard into the sharded gradient (two
-//     reads and a write), runs on the reduce-scatter stream after it.
-//
-// With torchtitan's default types (fp32 parameters and gradients, bf16
-// compute) these are 6 and 4 bytes per shard and gathered element, and 6
-// and 12 per gradient and shard element.
-func (c ComputeSpec) fsdpCopySeconds(o parallel.ScheduleOp, n int, prec moe.Precision) (onStream, onCompute float64) {
-	if n < 1 {
-		n = 1
-	}
-	if prec == (moe.Precision{}) {
-		prec = moe.DefaultPrecision
-	}
-	full := float64(o.Elements)
-	shard := full / float64(n)
-	moved := float64(o.DType.Bytes())
-	switch {
-	case o.Purpose == parallel.PurposeGather:
-		return c.MemorySeconds(shard * (float64(prec.Param.Bytes()) + moved)), c.MemorySeconds(2 * moved * full)
-	case o.Purpose == parallel.PurposeGradReduce && o.Coll == parallel.CollReduceScatter:
-		return c.MemorySeconds(shard * (moved + 2*float64(prec.Grad.Bytes()))), c.MemorySeconds(full * (float64(prec.Compute.Bytes()) + moved))
-	}
-	return 0, 0
-}
-
-// gradClipSeconds is clip_grad_norm_ over params parameters of the shard.
-func (c ComputeSpec) gradClipSeconds(params float64) float64 {
-	return 2 * c.MemorySeconds(params*gradClipBytesPerParam/2)
-}
-
-// hostSyncSeconds is the idle time of one device-to-host copy of split sizes.
-func (c ComputeSpec) hostSyncSeconds() float64 { return 2 * c.LaunchS }
-
 // optimizerCost prices the optimizer phase of the prepared run: fused AdamW
 // over the rank's shard, and gradient clipping (clip_grad_norm_, torchtitan's
 // default max_norm 1.0) with its all-reduce of the norm over the world.
-func (p *simPrep) optimizerCost(spec ComputeSpec, cal *Calibration) (optimizerCost, error) {
-	oc := optimizerCost{update: spec.MemorySeconds(p.params * spec.bytesPerElement(moe.OpOptimizer, moe.Forward))}
-	oc.clip = spec.gradClipSeconds(p.params)
+func (p *Prepared) optimizerCost(spec cost.ComputeSpec, cal *cost.Calibration) (optimizerCost, error) {
+	oc := optimizerCost{update: spec.MemorySeconds(p.params * spec.BytesPerElement(moe.OpOptimizer, moe.Forward))}
+	oc.clip = spec.GradClipSeconds(p.params)
 	if p.l.GPUs > 1 {
-		g := ShapeOf(p.cl, p.mesh.Group(parallel.AxisDP, 0).Ranks)
-		cc, err := CollectiveCost(p.cl, cal, parallel.CollAllReduce, g, 4)
+		g := cost.ShapeOf(p.cl, p.mesh.Group(parallel.AxisDP, 0).Ranks)
+		cc, err := cost.Collective(p.cl, cal, parallel.CollAllReduce, g, 4)
 		if err != nil {
 			return optimizerCost{}, fmt.Errorf("simulate: grad-norm all-reduce: %w", err)
 		}

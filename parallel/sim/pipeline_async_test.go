@@ -5,13 +5,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/moetest"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // TestAsyncPassByHand: each stage's forward of one micro-batch, walked as the
@@ -98,7 +98,7 @@ func TestAsyncPassByHand(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: cfg, Layout: l, LBS: 1, Seq: 8, Accum: 1, GPUsPerNode: 8})
+		pl, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: 1, Seq: 8, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +106,7 @@ func TestAsyncPassByHand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := passTiming(ops, cl, pl.Stage, ShapeOf(cl, []int{0, 1}), Input{Config: cfg}, ComputeSpec{}, costs, nil, 1)
+		got, err := passTiming(ops, cl, pl.Stage, cost.ShapeOf(cl, []int{0, 1}), Input{Spec: job.Spec{Model: cfg, Recipe: job.EagerRecipe()}}, cost.ComputeSpec{}, costs, nil, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +143,7 @@ func TestAsyncPassesWithoutAsyncAreSums(t *testing.T) {
 				if err := l.Resolve(); err != nil {
 					t.Fatal(err)
 				}
-				in := Input{Config: cfg, Layout: l, AC: ac, LBS: 4, Seq: 16, GradAccum: 1, Device: dev}
+				in := Input{Spec: job.Spec{Model: cfg, Layout: l, AC: ac, Batch: job.Batch{LBS: 4, Seq: 16, GradAccum: 1}, Recipe: job.EagerRecipe()}, Device: dev}
 				su, err := setupPipeline(in)
 				if err != nil {
 					t.Fatal(err)
@@ -199,23 +199,22 @@ func TestSimulatePipelineAsyncTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := func(sch job.PPSchedule, async bool, compile memory.Compile) (Result, error) {
+	run := func(sch job.PPSchedule, async, compile bool) (Result, error) {
 		l := job.Layout{GPUs: 4, PP: 2, TP: 2, AsyncTP: async, PPSchedule: sch}
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		return Simulate(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, Device: dev,
-			Memory: memory.Options{Compile: compile}})
+		return Simulate(Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 2, Seq: 4096}, Recipe: recipe(compile)}, Device: dev})
 	}
 	tpExposed := func(r Result) float64 {
 		return r.Breakdown.ExposedCommS[string(parallel.CollAllGather)] + r.Breakdown.ExposedCommS[string(parallel.CollReduceScatter)]
 	}
 	for _, sch := range []job.PPSchedule{job.PP1F1B, job.PPInterleavedZeroBubble, job.PPZBVZeroBubble} {
-		sync, err := run(sch, false, memory.Compiled)
+		sync, err := run(sch, false, true)
 		if err != nil {
 			t.Fatal(err)
 		}
-		async, err := run(sch, true, memory.Compiled)
+		async, err := run(sch, true, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -242,10 +241,17 @@ func TestSimulatePipelineAsyncTP(t *testing.T) {
 			}
 		}
 	}
-	_, err = run(job.PP1F1B, true, memory.Compile{})
+	_, err = run(job.PP1F1B, true, false)
 	for _, w := range []string{"async_tp", "tp = 2", "pp = 2", "requires compile"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("eager async TP with pp: %v; want an error containing %q", err, w)
 		}
 	}
+}
+
+// recipe is torchtitan's, compiled or eager.
+func recipe(compile bool) job.Recipe {
+	r := job.DefaultRecipe()
+	r.Compile = compile
+	return r
 }

@@ -49,7 +49,7 @@ func TestPipelineBubble(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: pipelineConfig(c.pp * c.v), Layout: l, LBS: c.m, Seq: 4, Accum: 1, GPUsPerNode: 8})
+		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: pipelineConfig(c.pp * c.v), Layout: l, Batch: job.Batch{LBS: c.m, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +142,7 @@ func TestPipelineBubbleZeroBubble(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Config: pipelineConfig(n), Layout: l, LBS: c.m, Seq: 4, Accum: 1, GPUsPerNode: 8})
+		p, err := parallel.BuildPipeline(parallel.PipelineSpec{Spec: job.Spec{Model: pipelineConfig(n), Layout: l, Batch: job.Batch{LBS: c.m, Seq: 4, GradAccum: 1}, Recipe: job.EagerRecipe()}, GPUsPerNode: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +203,7 @@ func TestSimulatePipeline(t *testing.T) {
 			t.Fatal(err)
 		}
 		const lbs, seq, accum = 4, 16, 2
-		in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: lbs, Seq: seq, GradAccum: accum, Device: dev, KeepTimeline: true}
+		in := Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: accum}, Recipe: job.EagerRecipe()}, Device: dev, KeepTimeline: true}
 		res, err := Simulate(in)
 		if err != nil {
 			t.Fatalf("%+v: %v", l, err)
@@ -275,7 +275,7 @@ func TestSimulatePipeline(t *testing.T) {
 }
 
 func memoryEstimateFor(in Input) (int64, error) {
-	rep, err := memory.Estimate(in.Config, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions())
+	rep, err := memory.Estimate(in.Model, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.MemoryOptions())
 	return rep.Peak.Reserved, err
 }
 
@@ -302,7 +302,7 @@ func TestSimulatePipelineTP(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 4, Seq: 16, GradAccum: 2, Device: dev, KeepTimeline: true}
+		in := Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 4, Seq: 16, GradAccum: 2}, Recipe: job.EagerRecipe()}, Device: dev, KeepTimeline: true}
 		res, err := Simulate(in)
 		if err != nil {
 			t.Fatal(err)
@@ -371,7 +371,7 @@ func TestPipelineTPSecondsAsSchedule(t *testing.T) {
 		if err := l.Resolve(); err != nil {
 			t.Fatal(err)
 		}
-		res, err := Simulate(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: lbs, Seq: 16, Device: dev, KeepTimeline: true})
+		res, err := Simulate(Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACFull}, Batch: job.Batch{LBS: lbs, Seq: 16}, Recipe: job.EagerRecipe()}, Device: dev, KeepTimeline: true})
 		if err != nil {
 			t.Fatal(err)
 		}

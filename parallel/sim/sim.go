@@ -12,30 +12,26 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
-// Input is one layout to predict: model, layout, checkpointing, batch,
-// hardware and an optional calibration.
+// Input is one run to predict (job.Spec: model, layout, batch,
+// checkpointing and recipe), the hardware it runs on, an optional
+// calibration and the simulator's own options.
 type Input struct {
-	Config    *moe.Config
-	Layout    job.Layout // resolved (job.Layout.Resolve); GPUsPerNode 0 = the cluster's
-	AC        moe.AC
-	LBS       int // sequences per rank per micro-step
-	Seq       int // tokens per sequence
-	GradAccum int // micro-steps per optimizer step; 0 means 1
-	Device    hw.Device
+	// Spec is the run; its Layout is resolved (job.Layout.Resolve), its
+	// GPUsPerNode 0 = the cluster's, and its recipe's empty fields are
+	// the defaults (job.Recipe.Resolve).
+	job.Spec
+	Device hw.Device
 	// Cluster describes hosts and links; nil means ClusterForGPU(Device.Name).
 	Cluster     *hw.Cluster
-	Calibration *Calibration
-	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
-	// ExpertSkew × the mean rows (balanced within the rank); 0 or 1 is
-	// balanced routing.
-	ExpertSkew float64
+	Calibration *cost.Calibration
 	// ExpertCounts, when set, are the rows each routed expert receives in
 	// one micro-step from one EP group, as a numeric run records them: one
 	// row of len = experts per MoE layer in layer order, or a single row
 	// used for every MoE layer; every micro-step uses the same counts.
-	// They override ExpertSkew.
+	// They override the recipe's ExpertSkew.
 	ExpertCounts [][]int64
 	// SingleCommStream runs the schedule's communication stream as one
 	// stream (no FSDP2 side streams; all-to-alls stay on it).
@@ -45,32 +41,14 @@ type Input struct {
 	// MemoryTarget is the fraction of device memory the verdict's
 	// WithinTarget allows; 0 means memory.DefaultMemoryTarget.
 	MemoryTarget float64
-	// Memory holds the memory model's choices (precision, compile, loss
-	// type, allocator segments, optimizer, loss chunks); its AC is replaced
-	// by Input.AC. The zero value is eager torchtitan defaults with
-	// expandable segments.
-	Memory memory.Options
+	// Allocator is the caching allocator's model (nil:
+	// memory.DefaultAllocator); a calibration's overhead replaces its
+	// fragmentation (cost.Calibration.Allocator).
+	Allocator *memory.Allocator
 	// SkipInterval leaves out the calibrated TPS interval, which costs one
 	// more simulation per fitted parameter (a search computes it for the
 	// plans it reports only).
 	SkipInterval bool
-	// AttentionKernel is the SDPA backend ("" = CuDNNAttention).
-	AttentionKernel AttentionKernel
-	// Torch is the PyTorch release (zero value: 2.9 or later), which
-	// decides the kernels eager mode runs (eagerBytes).
-	Torch TorchVersion
-	// FusedElementwise: the framework's own fused elementwise kernels
-	// (ComputeSpec.FusedElementwise); false is PyTorch eager or compiled.
-	FusedElementwise bool
-	// Dispatcher moves the expert-parallel tokens ("" = torchtitan's
-	// all-to-all of every row).
-	Dispatcher Dispatcher
-	// ExpertGEMM is the routed experts' matmul kernel ("" =
-	// torch._grouped_mm).
-	ExpertGEMM ExpertGEMM
-	// Precision is the training recipe; "" = bf16, the only one priced
-	// (PricedPrecisions).
-	Precision string
 }
 
 // Result is the prediction for one layout.
@@ -154,14 +132,17 @@ func (r *Result) OpTimings() []OpTiming {
 // whose groups straddle NVLink domains unevenly are approximated by
 // rank 0's.
 func Simulate(in Input) (Result, error) {
+	if err := in.Recipe.Resolve(); err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
 	if in.Layout.Stages() > 1 {
 		return simulatePipeline(in)
 	}
-	p, err := prepareSim(in)
+	p, err := Prepare(in)
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := p.run(in.Calibration)
+	res, err := p.Run(in.Calibration)
 	if err != nil || in.SkipInterval {
 		return res, err
 	}
@@ -169,10 +150,11 @@ func Simulate(in Input) (Result, error) {
 	return res, err
 }
 
-// simPrep is everything of a simulation that a calibration does not
+// Prepared is everything of a simulation that a calibration does not
 // change: the schedule, the op counts, the memory timeline, the group
-// shapes. Calibration evaluates one prepared run many times.
-type simPrep struct {
+// shapes. Calibration evaluates one prepared run many times (Run); a
+// layout without pipeline parallelism only (Simulate walks pipelines).
+type Prepared struct {
 	in     Input
 	cfg    *moe.Config
 	local  *moe.Config // cfg as one tp rank holds it (tpLocal); cfg without tp
@@ -180,7 +162,7 @@ type simPrep struct {
 	dev    hw.Device
 	cl     *hw.Cluster
 	mesh   *parallel.Mesh
-	tpG    GroupShape // the tp collectives' group (widestTPGroup)
+	tpG    cost.GroupShape // the tp collectives' group (widestTPGroup)
 	sched  *parallel.Schedule
 	mem    memory.Report
 	recs   []moe.OpRecord
@@ -197,17 +179,21 @@ type simPrep struct {
 	tokens  float64 // per rank per step
 }
 
-// prepareSim checks in, resolves its device and cluster and builds what
-// every run of it shares (simPrep).
-func prepareSim(in Input) (*simPrep, error) {
+// Prepare checks in, resolves its device and cluster and builds what
+// every run of it shares (Prepared). Simulate of a layout with pp = 1 is
+// Prepare, then Run under in.Calibration, then the TPS interval.
+func Prepare(in Input) (*Prepared, error) {
 	if in.GradAccum == 0 {
 		in.GradAccum = 1
+	}
+	if err := in.Recipe.Resolve(); err != nil {
+		return nil, fmt.Errorf("simulate: %w", err)
 	}
 	if err := checkInput(in); err != nil {
 		return nil, err
 	}
-	cfg := in.Config
-	p := &simPrep{in: in, cfg: cfg}
+	cfg := in.Model
+	p := &Prepared{in: in, cfg: cfg}
 	var err error
 	if p.dev, p.cl, err = resolveHardware(in); err != nil {
 		return nil, err
@@ -219,23 +205,22 @@ func prepareSim(in Input) (*simPrep, error) {
 	if p.mesh, err = parallel.NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if err := checkSkewBound(cfg, p.l, in.ExpertSkew); err != nil {
+	if err := checkSkewBound(in.Spec); err != nil {
 		return nil, err
 	}
 	// The schedule's collectives move the run's own types (bf16 or fp32
 	// parameters, its reduce dtype), as its memory timeline holds them.
-	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Config: cfg, Mesh: p.mesh, AC: in.AC, LBS: in.LBS, Seq: in.Seq, Micro: in.GradAccum,
-		Precision: in.Memory.Precision, Memory: in.memoryOptions(), NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
+	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Spec: in.Spec, Mesh: p.mesh, NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.memoryOptions()); err != nil {
+	if p.mem, err = memory.Estimate(cfg, p.l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, in.MemoryOptions()); err != nil {
 		return nil, fmt.Errorf("simulate: memory: %w", err)
 	}
 	// Estimate replayed the timeline through this allocator already: seed
 	// the cache so run does not replay it again.
 	key := memory.DefaultAllocator
-	if in.Memory.Allocator != nil {
-		key = *in.Memory.Allocator
+	if in.Allocator != nil {
+		key = *in.Allocator
 	}
 	key.Fragmentation = 0
 	p.peaks = map[memory.Allocator]memory.Peak{key: p.mem.Peak}
@@ -250,11 +235,11 @@ func prepareSim(in Input) (*simPrep, error) {
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
 	p.tpG = widestTPGroup(p.cl, p.mesh)
-	if w := p.tpG; p.l.TPDegree() > 1 && w != ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
+	if w := p.tpG; p.l.TPDegree() > 1 && w != cost.ShapeOf(p.cl, p.mesh.Group(parallel.AxisTP, 0).Ranks) {
 		p.exact = fmt.Sprintf("tp %d does not divide the NVLink domain of %d, so some tp groups span %d domains: their collectives, which block the step, are priced for every rank; otherwise ",
 			p.l.TPDegree(), p.cl.NVLinkDomain, w.Domains) + p.exact
 	}
-	p.params = float64(p.mem.State.Params / in.precision().Param.Bytes())
+	p.params = float64(p.mem.State.Params / in.ParamDType.Bytes())
 	// A rank's own tokens (torchtitan's TPS divides by cp·tp·pp): the tp
 	// ranks of a group share their data-parallel rank's micro-batches.
 	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(p.l.TPDegree())
@@ -265,24 +250,21 @@ func prepareSim(in Input) (*simPrep, error) {
 // batch, the grad accumulation (already defaulted) and the routing skew or
 // counts.
 func checkInput(in Input) error {
-	cfg := in.Config
+	cfg := in.Model
 	if cfg == nil {
 		return errors.New("simulate: no model config")
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
-	if err := CheckPrecision("simulate: precision", in.Precision); err != nil {
-		return err
+	if err := in.Precision.Check("precision"); err != nil {
+		return fmt.Errorf("simulate: %w", err)
 	}
-	if in.LBS < 1 || in.Seq < 1 {
-		return fmt.Errorf("simulate: lbs = %d, seq = %d: each must be ≥ 1", in.LBS, in.Seq)
+	if err := in.Batch.Validate(); err != nil {
+		return fmt.Errorf("simulate: %w", err)
 	}
 	if in.MemoryTarget != 0 && !(in.MemoryTarget > 0 && in.MemoryTarget <= 1) {
 		return fmt.Errorf("simulate: memory_target = %v: must be in (0, 1] (0 = %g)", in.MemoryTarget, memory.DefaultMemoryTarget)
-	}
-	if in.GradAccum < 0 || in.GradAccum > 1<<16 {
-		return fmt.Errorf("simulate: grad_accum = %d: must be in [1, 65536]", in.GradAccum)
 	}
 	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
 		return fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
@@ -330,37 +312,24 @@ func resolveHardware(in Input) (hw.Device, *hw.Cluster, error) {
 	return dev, cl, nil
 }
 
-// checkSkewBound checks an expert skew against the most it can be on
-// layout l. A token sends one row to each expert it selects, so the EP
-// rank holding E/ep experts receives at most min(K, E/ep) rows per token,
-// of a mean of K/ep: the skew is at most ep·min(K, E/ep)/K (1 without EP
-// or routed experts).
-func checkSkewBound(cfg *moe.Config, l job.Layout, skew float64) error {
-	if !(skew > 1) {
-		return nil
-	}
-	maxSkew := 1.0
-	if cfg.IsMoE() {
-		maxSkew = float64(l.EP*min(cfg.TopK, cfg.Experts/l.EP)) / float64(cfg.TopK)
-	}
-	if skew > maxSkew {
+// checkSkewBound checks the run's expert skew against the most it can be
+// on its layout (job.Spec.MaxExpertSkew; under pp, the stage's layout).
+func checkSkewBound(s job.Spec) error {
+	cfg := s.Model
+	if maxSkew := max(s.MaxExpertSkew(), 1); s.ExpertSkew > 1 && s.ExpertSkew > maxSkew {
 		return fmt.Errorf("simulate: expert skew = %v: must be in [1, %v] for ep = %d, top-k %d of %d experts (the most loaded EP rank receives at most min(top-k, experts/ep) rows per token)",
-			skew, maxSkew, l.EP, cfg.TopK, cfg.Experts)
+			s.ExpertSkew, maxSkew, s.EP, cfg.TopK, cfg.Experts)
 	}
 	return nil
 }
 
-// run simulates the prepared layout under a calibration (nil: defaults).
-func (p *simPrep) run(cal *Calibration) (Result, error) {
-	spec, err := ComputeSpecFor(p.dev, p.in.AttentionKernel)
+// Run simulates the prepared layout under a calibration (nil: defaults),
+// without the TPS interval. Runs of one Prepared may go concurrently.
+func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
+	spec, err := computeSpec(p.dev, p.in, cal)
 	if err != nil {
-		return Result{}, fmt.Errorf("simulate: %w", err)
+		return Result{}, err
 	}
-	spec = spec.withExperts(p.in.ExpertGEMM).Calibrated(cal)
-	// Compiled blocks fuse their elementwise chains (memory.Compile.Model).
-	spec.Compiled = p.in.Memory.Compile.Model
-	spec.CompositeNorm = p.in.Torch.before(fusedNormSince)
-	spec.FusedElementwise = p.in.FusedElementwise
 	// Every rank of the job waits for the slowest GPU.
 	spec.GPUs = p.l.GPUs
 	if err := spec.Validate(); err != nil {
@@ -414,8 +383,8 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	// Memory: replay the memory timeline (the one source of peak memory)
 	// through the allocator model, calibrated when asked.
 	alloc := memory.DefaultAllocator
-	if in.Memory.Allocator != nil {
-		alloc = *in.Memory.Allocator
+	if in.Allocator != nil {
+		alloc = *in.Allocator
 	}
 	if cal != nil && cal.AllocatorOverhead > 0 {
 		alloc.Fragmentation = cal.AllocatorOverhead
@@ -445,25 +414,42 @@ func (p *simPrep) run(cal *Calibration) (Result, error) {
 	return res, nil
 }
 
-// precision is the run's storage types (in.Memory.Precision), torchtitan's
-// default mixed precision when unset.
-func (in Input) precision() moe.Precision {
-	if in.Memory.Precision == (moe.Precision{}) {
-		return moe.DefaultPrecision
-	}
-	return in.Memory.Precision
-}
-
-// memoryOptions is in.Memory with the input's checkpointing policy.
-func (in Input) memoryOptions() memory.Options {
-	o := in.Memory
-	o.AC = in.AC
+// MemoryOptions is the memory model's view of the run
+// (memory.OptionsOf) under the input's allocator model.
+func (in Input) MemoryOptions() memory.Options {
+	o := memory.OptionsOf(in.Recipe, in.AC)
+	o.Allocator = in.Allocator
 	return o
 }
 
+// compiledModel says whether torch.compile compiles the blocks.
+func (in Input) compiledModel() bool {
+	model, _ := in.Compiled()
+	return model
+}
+
+// Input is the prepared input, its grad accumulation defaulted to 1.
+func (p *Prepared) Input() Input { return p.in }
+
+// Device is the GPU the run is priced on: the input's, or
+// hw.DefaultDeviceName's when it names none.
+func (p *Prepared) Device() hw.Device { return p.dev }
+
+// Cluster is the cluster the run is priced on: the input's, or the
+// device's usual one, resized when the layout sets GPUs per node.
+func (p *Prepared) Cluster() *hw.Cluster { return p.cl }
+
+// Memory is the step's memory report (memory.Estimate under the input's
+// memory options), whose timeline Run replays.
+func (p *Prepared) Memory() memory.Report { return p.mem }
+
+// FLOPsPerToken is the model FLOPs per token by convention c (each
+// convention flops knows, as Result.MFUByConvention).
+func (p *Prepared) FLOPsPerToken(c flops.Convention) float64 { return p.convs[string(c)] }
+
 // replay is memory.Replay of the prepared timeline under a, from the cache
 // when only a's Fragmentation differs from an earlier replay.
-func (p *simPrep) replay(a memory.Allocator) (memory.Peak, error) {
+func (p *Prepared) replay(a memory.Allocator) (memory.Peak, error) {
 	key := a
 	key.Fragmentation = 0
 	p.peaksMu.Lock()
@@ -471,7 +457,7 @@ func (p *simPrep) replay(a memory.Allocator) (memory.Peak, error) {
 	peak, ok := p.peaks[key]
 	if !ok {
 		var err error
-		if peak, err = memory.Replay(p.mem.Events, key, p.in.Memory.Segments); err != nil {
+		if peak, err = memory.Replay(p.mem.Events, key, p.in.MemoryOptions().Segments); err != nil {
 			return memory.Peak{}, err
 		}
 		if p.peaks == nil {

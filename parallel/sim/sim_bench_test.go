@@ -17,7 +17,7 @@ func benchSimulate(b *testing.B, gpus int) {
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
-	in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2}
+	in := Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 2, Seq: 4096, GradAccum: 2}, Recipe: job.EagerRecipe()}}
 	for b.Loop() {
 		if _, err := Simulate(in); err != nil {
 			b.Fatal(err)
@@ -42,13 +42,13 @@ func benchRun(b *testing.B, gpus int) {
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
-	p, err := prepareSim(Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 4096, GradAccum: 2})
+	p, err := Prepare(Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 2, Seq: 4096, GradAccum: 2}, Recipe: job.EagerRecipe()}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(len(p.sched.Ops)), "ops")
 	for b.Loop() {
-		if _, err := p.run(nil); err != nil {
+		if _, err := p.Run(nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -68,7 +68,7 @@ func BenchmarkSimulateDense512(b *testing.B) {
 	if err := l.Resolve(); err != nil {
 		b.Fatal(err)
 	}
-	in := Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, Seq: 8192, GradAccum: 2}
+	in := Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 2, Seq: 8192, GradAccum: 2}, Recipe: job.EagerRecipe()}}
 	for b.Loop() {
 		if _, err := Simulate(in); err != nil {
 			b.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // Schedules whose answers are known by construction.
@@ -105,7 +106,7 @@ func TestBreakdownAttribution(t *testing.T) {
 			{stream: simCompute, compute: 1, deps: []int{1}},
 		},
 		recompute: make([]float64, 4),
-		comm:      []CommCost{{}, {Kind: parallel.CollAllGather}, {Kind: parallel.CollAllReduce}, {}},
+		comm:      []cost.Comm{{}, {Kind: parallel.CollAllGather}, {Kind: parallel.CollAllReduce}, {}},
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {
@@ -132,7 +133,7 @@ func TestBottleneckNamesAxisAndLink(t *testing.T) {
 			{stream: simCompute, compute: 1, deps: []int{0}},
 		},
 		recompute: make([]float64, 2),
-		comm:      []CommCost{{Kind: parallel.CollAllGather, Link: hw.LinkNet}, {}},
+		comm:      []cost.Comm{{Kind: parallel.CollAllGather, Link: hw.LinkNet}, {}},
 	}
 	spans, err := runEngine(sim.ops)
 	if err != nil {

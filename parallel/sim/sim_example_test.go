@@ -2,7 +2,6 @@ package sim_test
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
@@ -23,35 +22,10 @@ func ExampleSimulate() {
 		panic(err)
 	}
 	dev, _ := hw.LookupDevice("b200")
-	r, err := sim.Simulate(sim.Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective},
-		LBS: 2, Seq: 256, GradAccum: 1, Device: dev})
+	r, err := sim.Simulate(sim.Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 2, Seq: 256, GradAccum: 1}, Recipe: job.EagerRecipe()}, Device: dev})
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println(r.Device, r.Cluster, r.TPS > 0, r.MFU > 0 && r.MFU < 1, r.MemoryFraction > 0)
 	// Output: b200 hgx true true true
-}
-
-// Fit the model to a measured run of your own stack, then predict with it.
-func ExampleCalibrate() {
-	// torchtitan's Llama 3.1 8B on 8 H100 (96 GB), 2024-12 (R171 in
-	// testdata/published): one run, so one overall compute scale.
-	measured := sim.Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1,
-		AC: "selective", LBS: 2, Seq: 8192, Precision: "bf16", TPS: 6667}
-	cal, err := sim.Calibrate([]sim.Run{measured})
-	if err != nil {
-		panic(err)
-	}
-	in, err := sim.InputForRun(measured)
-	if err != nil {
-		panic(err)
-	}
-	in.Calibration = cal
-	r, err := sim.Simulate(in)
-	if err != nil {
-		panic(err)
-	}
-	fmt.Printf("fitted %v; predicted TPS within 1%%: %v; interval given: %v\n", cal.Fitted[0], math.Abs(r.TPS/6667-1) < 0.01,
-		r.TPSInterval != nil && r.TPSInterval[0] < r.TPS && r.TPS < r.TPSInterval[1])
-	// Output: fitted compute_scale; predicted TPS within 1%: true; interval given: true
 }

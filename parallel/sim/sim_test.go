@@ -11,7 +11,12 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
+
+// near reports a and b equal within rel of the larger (cost's tests have
+// their own).
+func near(a, b, rel float64) bool { return math.Abs(a-b) <= rel*math.Max(math.Abs(a), math.Abs(b)) }
 
 func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac string) Input {
 	t.Helper()
@@ -27,7 +32,7 @@ func simTestInput(t testing.TB, model string, gpus, ep, lbs, seq, accum int, ac 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Input{Config: cfg, Layout: l, AC: a, LBS: lbs, Seq: seq, GradAccum: accum}
+	return Input{Spec: job.Spec{Model: cfg, Layout: l, AC: a, Batch: job.Batch{LBS: lbs, Seq: seq, GradAccum: accum}, Recipe: job.EagerRecipe()}}
 }
 
 // The breakdown partitions the step; TPS is tokens over step time; the
@@ -56,7 +61,7 @@ func TestSimulateInvariants(t *testing.T) {
 		if !near(r.TPS, tokens/r.StepTimeS, 1e-12) {
 			t.Errorf("tps %g ≠ tokens/step %g", r.TPS, tokens/r.StepTimeS)
 		}
-		rep, err := memory.Estimate(in.Config, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC})
+		rep, err := memory.Estimate(in.Model, in.Layout, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, memory.Options{AC: in.AC})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +274,7 @@ func TestSimulateComputeByClass(t *testing.T) {
 	if want := r.Breakdown.ComputeS + r.Breakdown.RecomputeS; !near(sum, want, 1e-9) {
 		t.Errorf("by class %v sums to %g, compute + recompute %g", r.Breakdown.ComputeByClassS, sum, want)
 	}
-	for _, c := range OpClasses() {
+	for _, c := range cost.OpClasses() {
 		if r.Breakdown.ComputeByClassS[c.String()] <= 0 {
 			t.Errorf("no %s time: %v", c, r.Breakdown.ComputeByClassS)
 		}
@@ -320,7 +325,7 @@ func TestSimulateReduceDType(t *testing.T) {
 	var steps [2]float64
 	for i, dt := range []moe.DType{moe.F32, moe.BF16} {
 		c := in
-		c.Memory.ReduceDType = dt
+		c.ReduceDType = dt
 		r, err := Simulate(c)
 		if err != nil {
 			t.Fatal(err)
@@ -339,10 +344,11 @@ func TestSimulateReduceDType(t *testing.T) {
 	}
 }
 
-// FSDP2 runs part of its copies on the compute stream (fsdpCopySeconds):
-// an all-gather's copy-out in the unit's unshard wait, charged to the
-// first compute op that waits for the gather, and a reduce-scatter's
-// copy-in in the post-backward hook, charged to the compute op it follows
+// FSDP2 runs part of its copies on the compute stream
+// (cost.ComputeSpec.FSDPCopySeconds): an all-gather's copy-out in the
+// unit's unshard wait, charged to the first compute op that waits for the
+// gather, and a reduce-scatter's copy-in in the post-backward hook,
+// charged to the compute op it follows
 // (through a tensor-parallel all-reduce between them); a copy with no such
 // compute op stays on its collective. Worked by hand on a five-op program.
 func TestChargeComputeCopies(t *testing.T) {
@@ -353,13 +359,13 @@ func TestChargeComputeCopies(t *testing.T) {
 		{Type: parallel.OpCollective, Coll: parallel.CollReduceScatter, Purpose: parallel.PurposeGradReduce, Deps: []int{2}}, // 3
 		{Type: parallel.OpCollective, Coll: parallel.CollAllGather, Purpose: parallel.PurposeGather},                         // 4: no consumer
 	}}
-	sim := &simulated{ops: make([]simOp, 5), comm: make([]CommCost, 5), byClass: make([][numOpClasses]float64, 5)}
+	sim := &simulated{ops: make([]simOp, 5), comm: make([]cost.Comm, 5), byClass: make([][cost.NumOpClasses]float64, 5)}
 	sim.ops[1].compute = 1
 	sim.chargeComputeCopies(s, []computeCopy{{0, 0.25}, {3, 0.5}, {4, 2}})
 	if got := sim.ops[1].compute; got != 1.75 {
 		t.Errorf("compute op: %g s, want 1 + 0.25 (gather copy-out) + 0.5 (reduce-scatter copy-in)", got)
 	}
-	if got := sim.byClass[1][ClassMemoryBound]; got != 0.75 {
+	if got := sim.byClass[1][cost.ClassMemoryBound]; got != 0.75 {
 		t.Errorf("compute op's memory-bound share %g s, want 0.75", got)
 	}
 	if sim.ops[4].lat != 2 || sim.comm[4].LatencyS != 2 {
@@ -367,38 +373,6 @@ func TestChargeComputeCopies(t *testing.T) {
 	}
 	if sim.ops[0].lat != 0 || sim.ops[3].lat != 0 {
 		t.Errorf("collectives whose copies moved to compute kept latency %g, %g", sim.ops[0].lat, sim.ops[3].lat)
-	}
-}
-
-// fsdpCopySeconds' bytes, worked by hand for E = 1024 elements over 4
-// ranks (shard 256) on a 1 TB/s device: the gather's copy-in casts the
-// shard from the parameter type into bf16 (f32: 6 B, bf16 parameters: 4
-// B per shard element) and its copy-out reads and writes the gathered bf16
-// buffer (4 B per element); the reduce-scatter's copy-in casts bf16
-// gradients into the reduce type (f32: 6 B, bf16: 4 B per element) and
-// its copy-out reads the reduced shard and reads and writes the sharded
-// gradient (f32 everywhere: 12 B; bf16 reduce, f32 gradient: 10 B).
-func TestFSDPCopySeconds(t *testing.T) {
-	spec := ComputeSpec{HBMBytesPerS: 1e12, MemEff: 1}
-	const e, shard = 1024.0, 256.0
-	bf16Params := moe.DefaultPrecision
-	bf16Params.Param = moe.BF16
-	for _, c := range []struct {
-		name                string
-		o                   parallel.ScheduleOp
-		prec                moe.Precision
-		onStream, onCompute float64
-	}{
-		{"gather f32 params", parallel.ScheduleOp{Purpose: parallel.PurposeGather, Coll: parallel.CollAllGather, DType: moe.BF16, Elements: 1024}, moe.Precision{}, 6 * shard, 4 * e},
-		{"gather bf16 params", parallel.ScheduleOp{Purpose: parallel.PurposeGather, Coll: parallel.CollAllGather, DType: moe.BF16, Elements: 1024}, bf16Params, 4 * shard, 4 * e},
-		{"reduce-scatter f32", parallel.ScheduleOp{Purpose: parallel.PurposeGradReduce, Coll: parallel.CollReduceScatter, DType: moe.F32, Elements: 1024}, moe.DefaultPrecision, 12 * shard, 6 * e},
-		{"reduce-scatter bf16", parallel.ScheduleOp{Purpose: parallel.PurposeGradReduce, Coll: parallel.CollReduceScatter, DType: moe.BF16, Elements: 1024}, moe.DefaultPrecision, 10 * shard, 4 * e},
-		{"replica all-reduce", parallel.ScheduleOp{Purpose: parallel.PurposeGradReplica, Coll: parallel.CollAllReduce, DType: moe.F32, Elements: 1024}, moe.DefaultPrecision, 0, 0},
-	} {
-		s, comp := spec.fsdpCopySeconds(c.o, 4, c.prec)
-		if !near(s, c.onStream/1e12, 1e-12) || !near(comp, c.onCompute/1e12, 1e-12) {
-			t.Errorf("%s: %g s on its stream and %g s on compute, want %g and %g", c.name, s, comp, c.onStream/1e12, c.onCompute/1e12)
-		}
 	}
 }
 

@@ -79,7 +79,7 @@ func tpOps(cfg *moe.Config, l job.Layout, s flops.Shape, ac moe.AC) ([]moe.OpRec
 // parallelizes; main (b5bcd76c66d0) CompileConfig.__post_init__ raises the
 // latter.
 func checkAsyncTP(in Input) error {
-	if tp := in.Layout.TPDegree(); tp > 1 && in.Layout.AsyncTP && !in.Memory.Compile.Model {
+	if tp := in.Layout.TPDegree(); tp > 1 && in.Layout.AsyncTP && !in.compiledModel() {
 		return fmt.Errorf("simulate: async_tp with tp = %d (pp = %d) requires compile (torchtitan: \"Async TP requires torch.compile\"; async TP is an Inductor pass)", tp, in.Layout.Stages())
 	}
 	return nil

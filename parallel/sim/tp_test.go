@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/flops"
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
@@ -27,8 +26,7 @@ func tpInput(t *testing.T, model string, gpus, tp int, async bool) Input {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Input{Config: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, LBS: 1, Seq: 4096, Device: dev,
-		Memory: memory.Options{Compile: memory.Compiled}}
+	return Input{Spec: job.Spec{Model: cfg, Layout: l, AC: moe.AC{Mode: moe.ACSelective}, Batch: job.Batch{LBS: 1, Seq: 4096}, Recipe: job.DefaultRecipe()}, Device: dev}
 }
 
 // TestTPOpsShapes: a tp rank's op records are the whole model's at its
@@ -125,7 +123,7 @@ func TestTPLink(t *testing.T) {
 		t.Errorf("tp 4 on hosts of 6: tp_link %q, exactness %q", r.TPLink, r.Exactness)
 	}
 	eager := tpInput(t, "llama3-8b", 8, 2, true)
-	eager.Memory.Compile = memory.Compile{}
+	eager.Compile = false
 	if _, err := Simulate(eager); err == nil {
 		t.Error("async tp without compile accepted; torchtitan refuses it")
 	}
@@ -151,8 +149,8 @@ func TestTPScheduleOps(t *testing.T) {
 			got += o.Bytes()
 		}
 	}
-	for l := moe.LayerEmbed; l <= in.Config.LayerHead(); l++ {
-		for _, c := range parallel.TPCollectives(in.Config, in.Layout, l, in.LBS*in.Seq, in.AC, moe.BF16) {
+	for l := moe.LayerEmbed; l <= in.Model.LayerHead(); l++ {
+		for _, c := range parallel.TPCollectives(in.Model, in.Layout, l, in.LBS*in.Seq, in.AC, moe.BF16) {
 			want += c.Bytes()
 		}
 	}
@@ -186,7 +184,7 @@ func TestTPGradSyncPriced(t *testing.T) {
 			}
 			n++
 			want := 532992.0
-			if o.Layer == in.Config.LayerHead() {
+			if o.Layer == in.Model.LayerHead() {
 				want = 4096
 			}
 			if ot.Bytes != want {

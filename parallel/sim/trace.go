@@ -182,3 +182,45 @@ func memEventTimes(s *parallel.Schedule, spans []simSpan, evs []memory.Event) []
 	}
 	return out
 }
+
+// writePipelineTrace is WriteTrace for a pipeline (see there).
+func (r *Result) writePipelineTrace(w io.Writer) error {
+	var evs []traceEvent
+	for rk, wr := range r.pipe.ranks {
+		st := r.Pipeline.Stages[rk]
+		evs = append(evs, traceEvent{Name: "process_name", Ph: "M", PID: rk, Args: map[string]any{"name": fmt.Sprintf("pp rank %d (stages %v)", rk, st.Stages)}})
+		for tid, name := range []string{"compute", "comm", "p2p"} {
+			evs = append(evs, traceEvent{Name: "thread_name", Ph: "M", PID: rk, TID: tid, Args: map[string]any{"name": name}})
+		}
+		for _, sp := range wr.spans {
+			e := traceEvent{Ph: "X", PID: rk, TS: sp.start * 1e6, Dur: (sp.end - sp.start) * 1e6,
+				Args: map[string]any{"stage": sp.op.Stage, "micro": sp.op.Micro}}
+			switch sp.op.Kind {
+			case parallel.PipeColl:
+				e.TID, e.Cat = 1, "comm"
+				e.Name = fmt.Sprintf("%s %s %s", sp.op.Coll.Coll, sp.op.Coll.Purpose, sp.op.Coll.Unit)
+				e.Args["bytes"] = sp.op.Coll.Bytes()
+			case parallel.PipeSend:
+				e.TID, e.Cat = 2, "p2p"
+				e.Name = fmt.Sprintf("send %d→%d", sp.op.Stage, sp.op.Peer)
+				e.Args["bytes"], e.Args["grad"] = sp.op.Bytes, sp.op.Grad
+			default:
+				e.Cat = "compute"
+				e.Name = fmt.Sprintf("%s s%d m%d", sp.op.Kind, sp.op.Stage, sp.op.Micro)
+			}
+			evs = append(evs, e)
+		}
+		if wr.optS > 0 {
+			evs = append(evs, traceEvent{Ph: "X", PID: rk, Cat: "compute", Name: "optimizer", TS: (wr.end - wr.optS) * 1e6, Dur: wr.optS * 1e6})
+		}
+	}
+	b, err := json.Marshal(struct {
+		Unit   string       `json:"displayTimeUnit"`
+		Events []traceEvent `json:"traceEvents"`
+	}{"ms", evs})
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}

@@ -1,6 +1,6 @@
 // Package titanlog reads back what torchtitan prints and is configured with,
 // so that runs a user made with moescope's exports become measured runs in
-// the published-runs schema (sim.Run) without copying numbers by hand.
+// the published-runs schema (published.Run) without copying numbers by hand.
 //
 // Three inputs, each read to the format in torchtitan's own source at the
 // two commits moescope exports for (plan.TorchtitanTOMLCommit, v0.2.2, and

@@ -5,7 +5,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/parallel/hw"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // Files are the console logs of measured runs as calibrate names them:
@@ -26,8 +26,8 @@ const maxLogBytes = 256 << 20
 // Runs reads each log, with its job config, as one measured run
 // (Input.Run), in order; notes say what was skipped. A file that cannot be
 // read is an error naming the flag that names it.
-func (f Files) Runs() ([]sim.Run, []string, error) {
-	var runs []sim.Run
+func (f Files) Runs() ([]published.Run, []string, error) {
+	var runs []published.Run
 	var notes []string
 	for i, path := range f.Logs {
 		data, err := fileio.ReadBounded(path, maxLogBytes)

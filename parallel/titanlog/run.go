@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // Input is one log to turn into a run: the log, the job config given
@@ -26,35 +27,35 @@ type Input struct {
 // schema, and notes on what was skipped. The job config and the config the
 // log printed, when both are there, must agree on every field moescope
 // reads; the capacity the log reports must be the device's.
-func (in Input) Run() (sim.Run, []string, error) {
+func (in Input) Run() (published.Run, []string, error) {
 	lg := in.Log
 	job := in.Job
 	if lg.Config != nil {
 		printed, err := FromPrinted(fmt.Sprintf("%s: the config printed at line %d", lg.Name, lg.ConfigLine), lg.Config)
 		switch {
 		case job == nil && err != nil:
-			return sim.Run{}, nil, err
+			return published.Run{}, nil, err
 		case job == nil:
 			job = printed
 		case err == nil:
 			if err := agree(job, printed); err != nil {
-				return sim.Run{}, nil, err
+				return published.Run{}, nil, err
 			}
 		}
 	}
 	if job == nil {
-		return sim.Run{}, nil, fmt.Errorf("%s: no job config: the log prints none (set job.print_config, or debug.print_config on main) and no --job-config was given for it", lg.Name)
+		return published.Run{}, nil, fmt.Errorf("%s: no job config: the log prints none (set job.print_config, or debug.print_config on main) and no --job-config was given for it", lg.Name)
 	}
 	if err := in.checkDevice(); err != nil {
-		return sim.Run{}, nil, err
+		return published.Run{}, nil, err
 	}
 	st, err := lg.Steady(in.Skip)
 	if err != nil {
-		return sim.Run{}, nil, err
+		return published.Run{}, nil, err
 	}
 	r, err := job.run(in.Device.Name)
 	if err != nil {
-		return sim.Run{}, nil, err
+		return published.Run{}, nil, err
 	}
 	r.Cluster = in.Cluster
 	r.TPS = st.TPS
@@ -68,7 +69,7 @@ func (in Input) Run() (sim.Run, []string, error) {
 	r.Source = fmt.Sprintf("torchtitan log %s (median tps of steps %d–%d, %d kept; first %d logged step(s) dropped); job config %s",
 		lg.Name, st.First, st.Last, st.Kept, in.Skip, job.Where)
 	if err := r.Validate(true); err != nil {
-		return sim.Run{}, nil, fmt.Errorf("%s: %w", lg.Name, err)
+		return published.Run{}, nil, fmt.Errorf("%s: %w", lg.Name, err)
 	}
 	return r, lg.Notes, nil
 }
@@ -100,24 +101,24 @@ func (in Input) checkDevice() error {
 
 // run is the job as a run of the published-runs schema on gpu (TPS and
 // source still to fill).
-func (j *Job) run(gpu string) (sim.Run, error) {
+func (j *Job) run(gpu string) (published.Run, error) {
 	if j.DPShard == -1 {
-		return sim.Run{}, fmt.Errorf("%s: parallelism.data_parallel_shard_degree = -1 (the rest of the world): the GPU count is not in the config; set the degree", j.Where)
+		return published.Run{}, fmt.Errorf("%s: parallelism.data_parallel_shard_degree = -1 (the rest of the world): the GPU count is not in the config; set the degree", j.Where)
 	}
 	if j.DPShard < 1 || j.DPReplicate < 1 || j.EP < 1 || j.LBS < 1 || j.Seq < 1 {
-		return sim.Run{}, fmt.Errorf("%s: data_parallel_shard_degree %d, data_parallel_replicate_degree %d, expert_parallel_degree %d, local batch %d, seq %d: each must be ≥ 1",
+		return published.Run{}, fmt.Errorf("%s: data_parallel_shard_degree %d, data_parallel_replicate_degree %d, expert_parallel_degree %d, local batch %d, seq %d: each must be ≥ 1",
 			j.Where, j.DPShard, j.DPReplicate, j.EP, j.LBS, j.Seq)
 	}
 	dp := j.DPShard * j.DPReplicate
 	accum := 1
 	if j.GlobalBatch > 0 {
 		if j.GlobalBatch%(j.LBS*dp) != 0 {
-			return sim.Run{}, fmt.Errorf("%s: global batch %d sequences: must be a multiple of local batch %d × data-parallel degree %d (torchtitan/train.py)",
+			return published.Run{}, fmt.Errorf("%s: global batch %d sequences: must be a multiple of local batch %d × data-parallel degree %d (torchtitan/train.py)",
 				j.Where, j.GlobalBatch, j.LBS, dp)
 		}
 		accum = j.GlobalBatch / (j.LBS * dp)
 	}
-	r := sim.Run{Model: j.Model, GPU: gpu, GPUs: dp * max(j.TP, 1), DPShard: j.DPShard, DPReplicate: j.DPReplicate, EP: j.EP, AC: j.AC,
+	r := published.Run{Model: j.Model, GPU: gpu, GPUs: dp * max(j.TP, 1), DPShard: j.DPShard, DPReplicate: j.DPReplicate, EP: j.EP, AC: j.AC,
 		LBS: j.LBS, Seq: j.Seq, Precision: j.Precision, GradAccum: accum, Framework: "torchtitan", FrameworkVersion: j.version()}
 	if j.TP > 1 {
 		async := j.AsyncTP
@@ -187,12 +188,12 @@ func (j *Job) globalBatch() int {
 
 // RunLayout is the simulator input of the job's layout on the device (the
 // log is not read): what a sweep's job is predicted to do.
-func (in Input) RunLayout() (sim.Input, sim.Run, error) {
+func (in Input) RunLayout() (sim.Input, published.Run, error) {
 	r, err := in.Job.run(in.Device.Name)
 	if err != nil {
-		return sim.Input{}, sim.Run{}, err
+		return sim.Input{}, published.Run{}, err
 	}
 	r.Cluster = in.Cluster
-	si, err := sim.InputForRun(r)
+	si, err := published.InputForRun(r)
 	return si, r, err
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
-	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 // The page `moescope plan --report FILE.html` writes: one file with its
@@ -68,15 +68,15 @@ var captions = map[string]string{
 // searched with, the best plan's explanation and remarks the command
 // writes, and the command's version.
 type Page struct {
-	Title           string           // follows "moescope plan: " in the heading
-	GPUs, Seq       int              // --gpus and --seq (tokens)
-	GlobalBatch     int              // --global-batch in sequences; 0: free
-	Top             int              // how many plans the plans table lists (--top)
-	Calibration     *sim.Calibration // nil: uncalibrated
-	CalibrationFile string           // --calibration, named when Calibration is set
-	Explain         [2]string        // the best plan explained, as plan's table prints it
-	Notes           []string         // remarks on what the search assumed
-	Version         string           // what `moescope version` prints; "": the page says nothing of it
+	Title           string            // follows "moescope plan: " in the heading
+	GPUs, Seq       int               // --gpus and --seq (tokens)
+	GlobalBatch     int               // --global-batch in sequences; 0: free
+	Top             int               // how many plans the plans table lists (--top)
+	Calibration     *cost.Calibration // nil: uncalibrated
+	CalibrationFile string            // --calibration, named when Calibration is set
+	Explain         [2]string         // the best plan explained, as plan's table prints it
+	Notes           []string          // remarks on what the search assumed
+	Version         string            // what `moescope version` prints; "": the page says nothing of it
 }
 
 // Write renders the page of d and p to w: one HTML file with its style
@@ -181,7 +181,7 @@ func breakdownRows(s plan.Score) (parts, comm, byClass, overheads [][]string) {
 	for _, k := range sortedKeys(s.Breakdown.CommS) {
 		comm = append(comm, []string{k, fmt.Sprintf("%.4f", s.Breakdown.CommS[k])})
 	}
-	for _, c := range sim.OpClasses() {
+	for _, c := range cost.OpClasses() {
 		if v, ok := s.Breakdown.ComputeByClassS[c.String()]; ok {
 			byClass = append(byClass, []string{c.String(), fmt.Sprintf("%.4f", v)})
 		}
@@ -211,7 +211,7 @@ func memoryRows(r memory.Report) [][]string {
 // value and whether the fit moved it, its notes, and the residuals of the
 // runs it was fitted on (predicted / measured − 1, the measured-vs-
 // predicted comparison the file keeps).
-func calibrationRows(cal *sim.Calibration) *calibrationView {
+func calibrationRows(cal *cost.Calibration) *calibrationView {
 	v := &calibrationView{Notes: cal.Notes}
 	status := map[string]string{}
 	for _, n := range cal.Fitted {
@@ -223,9 +223,9 @@ func calibrationRows(cal *sim.Calibration) *calibrationView {
 	for _, p := range []struct {
 		name string
 		v    float64
-	}{{sim.CalCompute, cal.ComputeScale}, {sim.CalGEMM, cal.GEMMScale}, {sim.CalGrouped, cal.GroupedScale}, {sim.CalAttention, cal.AttentionScale},
-		{sim.CalMemoryBound, cal.MemoryBoundScale}, {sim.CalNVLink, cal.NVLinkEfficiency}, {sim.CalNet, cal.NetEfficiency},
-		{sim.CalAllocator, cal.AllocatorOverhead}} {
+	}{{cost.CalCompute, cal.ComputeScale}, {cost.CalGEMM, cal.GEMMScale}, {cost.CalGrouped, cal.GroupedScale}, {cost.CalAttention, cal.AttentionScale},
+		{cost.CalMemoryBound, cal.MemoryBoundScale}, {cost.CalNVLink, cal.NVLinkEfficiency}, {cost.CalNet, cal.NetEfficiency},
+		{cost.CalAllocator, cal.AllocatorOverhead}} {
 		val := "default"
 		if p.v > 0 {
 			val = fmt.Sprintf("%.4g", p.v)

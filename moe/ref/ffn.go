@@ -1,0 +1,226 @@
+package ref
+
+import (
+	"slices"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/kernel"
+)
+
+// SwiGLU feed-forward, y = W_down·(silu(W_gate·x) ⊙ W_up·x), over M rows:
+//
+//	g = x·W_gateᵀ, u = x·W_upᵀ [M,F];  σg = silu(g) = g·σ(g);  a = σg ⊙ u;  y = a·W_downᵀ [M,D]
+//
+// Backward: da = dy·W_down, dW_down += dyᵀ·a, dg = da ⊙ u ⊙ silu'(g) with
+// silu'(g) = σ(g)·(1 + g·(1 − σ(g))), du = da ⊙ σg, dx += dg·W_gate + du·W_up,
+// dW_gate += dgᵀ·x, dW_up += duᵀ·x.
+//
+// What backward reads is what PyTorch autograd keeps for
+// F.silu(x@W_gateᵀ) * (x@W_upᵀ) @ W_downᵀ (torch 1.13 saved_tensors_hooks):
+// mm keeps its input, silu its input g, mul both factors σg and u, and the
+// last mm its input a. routed experts run the same maths per expert on the
+// rows dispatched to it (a grouped GEMM; torch._grouped_mm keeps its inputs
+// too, derivatives.yaml).
+
+// ffnActs holds the SwiGLU intermediates of M rows.
+type ffnActs[T Float] struct {
+	g, sg, u, a []T // [M,F]
+}
+
+func newFFNActs[T Float](m, f int) ffnActs[T] {
+	return ffnActs[T]{g: make([]T, m*f), sg: make([]T, m*f), u: make([]T, m*f), a: make([]T, m*f)}
+}
+
+// swigluAct computes σg = silu(g) and a = σg ⊙ u. float32 runs
+// kernel.SwiGLU (every core, AVX2 vectors; σ within a few ulp of this
+// loop's, tested there).
+func swigluAct[T Float](s ffnActs[T]) {
+	if g32, ok := any(s.g).([]float32); ok {
+		kernel.SwiGLU(any(s.sg).([]float32), any(s.a).([]float32), g32, any(s.u).([]float32))
+		return
+	}
+	for i, g := range s.g {
+		s.sg[i] = g * sigmoid(g)
+		s.a[i] = s.sg[i] * s.u[i]
+	}
+}
+
+// swigluActBwd writes dg and du from da; float32 runs
+// kernel.SwiGLUBackward.
+func swigluActBwd[T Float](dg, du, da []T, s ffnActs[T]) {
+	if g32, ok := any(s.g).([]float32); ok {
+		kernel.SwiGLUBackward(any(dg).([]float32), any(du).([]float32), any(da).([]float32), g32,
+			any(s.sg).([]float32), any(s.u).([]float32))
+		return
+	}
+	for i, g := range s.g {
+		sig := sigmoid(g)
+		d := da[i]
+		du[i] = d * s.sg[i]
+		dg[i] = d * s.u[i] * sig * (1 + g*(1-sig))
+	}
+}
+
+// localExperts runs every routed expert of a layer on this machine: one
+// SwiGLU per expert over its rows, counted as grouped GEMMs.
+type localExperts[T Float] struct {
+	b      *Block[T]
+	w, g   *LayerWeights[T] // weights and gradients of the current call
+	xTKD   []T              // kept input rows [T·K, D]
+	acts   ffnActs[T]       // kept intermediates [T·K, F]
+	counts []int
+}
+
+// Grouped GEMMs over rows in expert order (offsets[e]..offsets[e+1] are
+// expert e's rows): float32 through moe/kernel's grouped kernels, float64
+// through the plain linear loops.
+
+// nonEmpty drops the experts without rows (an expert-parallel rank leaves
+// the weights of experts it does not hold nil; they never have rows here).
+func nonEmpty[T Float](w [][]T, off []int) ([][]T, []int) {
+	ws, o := make([][]T, 0, len(w)), make([]int, 1, len(off))
+	for e := range w {
+		if off[e+1] > off[e] {
+			ws = append(ws, w[e])
+			o = append(o, off[e+1])
+		}
+	}
+	return ws, o
+}
+
+func groupedFwd[T Float](y, x []T, w [][]T, off []int, n, k int) {
+	w, off = nonEmpty(w, off)
+	if y32, ok := any(y).([]float32); ok {
+		kernel.GroupedLinear(y32, any(x).([]float32), any(w).([][]float32), off, n, k)
+		return
+	}
+	for e := range w {
+		if r := off[e+1] - off[e]; r > 0 {
+			linearFwd(y[off[e]*n:off[e+1]*n], x[off[e]*k:off[e+1]*k], w[e], r, n, k)
+		}
+	}
+}
+
+func groupedBwdX[T Float](dx, dy []T, w [][]T, off []int, n, k int) {
+	w, off = nonEmpty(w, off)
+	if dx32, ok := any(dx).([]float32); ok {
+		kernel.GroupedLinearBackwardData(dx32, any(dy).([]float32), any(w).([][]float32), off, n, k)
+		return
+	}
+	for e := range w {
+		if r := off[e+1] - off[e]; r > 0 {
+			linearBwdX(dx[off[e]*k:off[e+1]*k], dy[off[e]*n:off[e+1]*n], w[e], r, n, k)
+		}
+	}
+}
+
+func groupedBwdW[T Float](dw [][]T, dy, x []T, off []int, n, k int) {
+	dw, off = nonEmpty(dw, off)
+	if dy32, ok := any(dy).([]float32); ok {
+		kernel.GroupedLinearBackwardWeight(any(dw).([][]float32), dy32, any(x).([]float32), off, n, k)
+		return
+	}
+	for e := range dw {
+		if r := off[e+1] - off[e]; r > 0 {
+			linearBwdW(dw[e], dy[off[e]*n:off[e+1]*n], x[off[e]*k:off[e+1]*k], r, n, k)
+		}
+	}
+}
+
+// offsets turns per-expert counts into row offsets (len E+1).
+func offsets(counts []int) []int {
+	off := make([]int, len(counts)+1)
+	for e, n := range counts {
+		off[e+1] = off[e] + n
+	}
+	return off
+}
+
+// ExpertsForward implements ExpertStage.
+func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass moe.Pass, keep bool) []T {
+	c, ex := l.b.cfg, l.b.x
+	D, F := c.Hidden, c.ExpertFFN
+	wGateEFD, wUpEFD, wDownEDF := l.w.ExpGate, l.w.ExpUp, l.w.ExpDown
+	rows := len(xTKD) / D
+	s := newFFNActs[T](rows, F)
+	yTKD := make([]T, rows*D)
+	off := offsets(counts)
+	groupedFwd(s.g, xTKD, wGateEFD, off, F, D)
+	groupedFwd(s.u, xTKD, wUpEFD, off, F, D)
+	ex.round(s.g)
+	ex.round(s.u)
+	swigluAct(s)
+	ex.round(s.sg)
+	ex.round(s.a)
+	groupedFwd(yTKD, s.a, wDownEDF, off, D, F)
+	ex.round(yTKD)
+	rfd := int64(rows) * int64(F) * int64(D)
+	ex.op(layer, moe.OpExpertGate, pass, rfd)
+	ex.op(layer, moe.OpExpertUp, pass, rfd)
+	ex.op(layer, moe.OpExpertAct, pass, int64(rows)*int64(F))
+	ex.op(layer, moe.OpExpertDown, pass, rfd)
+	l.xTKD, l.acts, l.counts = nil, ffnActs[T]{}, nil
+	if keep {
+		if l.b.ac.ActRecomputed(c, layer) {
+			// moe_act: only the activation's inputs are kept;
+			// ExpertsBackward recomputes σg and a.
+			s.sg, s.a = nil, nil
+		}
+		l.xTKD, l.acts, l.counts = xTKD, s, counts
+		if pass == moe.Forward {
+			ex.saved(layer, moe.OpExpertGate, moe.SavedInput, len(xTKD), ex.act)
+			ex.saved(layer, moe.OpExpertAct, moe.SavedGate, len(s.g), ex.act)
+			if s.sg != nil {
+				ex.saved(layer, moe.OpExpertAct, moe.SavedSiLUGate, len(s.sg), ex.act)
+			}
+			ex.saved(layer, moe.OpExpertAct, moe.SavedUp, len(s.u), ex.act)
+			if s.a != nil {
+				ex.saved(layer, moe.OpExpertDown, moe.SavedInput, len(s.a), ex.act)
+			}
+		}
+	}
+	return yTKD
+}
+
+// ExpertsBackward implements ExpertStage.
+func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
+	c, ex := l.b.cfg, l.b.x
+	D, F := c.Hidden, c.ExpertFFN
+	wGateEFD, wUpEFD, wDownEDF := l.w.ExpGate, l.w.ExpUp, l.w.ExpDown
+	rows := len(dyTKD) / D
+	off := offsets(l.counts)
+	if l.acts.a == nil {
+		// moe_act: the activation again from the kept gate and up, before
+		// the down projection's backward reads its input (Megatron's hook
+		// on linear_fc2's output gradient).
+		l.acts.sg, l.acts.a = make([]T, rows*F), make([]T, rows*F)
+		swigluAct(l.acts)
+		ex.round(l.acts.sg)
+		ex.round(l.acts.a)
+		ex.op(layer, moe.OpExpertAct, moe.Recompute, int64(rows)*int64(F))
+	}
+	da := make([]T, rows*F)
+	dg, du := make([]T, rows*F), make([]T, rows*F)
+	dxTKD := make([]T, rows*D)
+	groupedBwdX(da, dyTKD, wDownEDF, off, D, F)
+	gDown, gGate, gUp, aIn, xIn, dyW := l.g.ExpDown, l.g.ExpGate, l.g.ExpUp, l.acts.a, l.xTKD, dyTKD
+	if ex.wq != nil { // the caller may reuse dy before the queue runs
+		dyW = slices.Clone(dyTKD)
+	}
+	ex.weightPass(func() { groupedBwdW(gDown, dyW, aIn, off, D, F) })
+	swigluActBwd(dg, du, da, l.acts)
+	groupedBwdX(dxTKD, dg, wGateEFD, off, F, D)
+	groupedBwdX(dxTKD, du, wUpEFD, off, F, D)
+	ex.weightPass(func() {
+		groupedBwdW(gGate, dg, xIn, off, F, D)
+		groupedBwdW(gUp, du, xIn, off, F, D)
+	})
+	rfd := int64(rows) * int64(F) * int64(D)
+	for _, op := range []moe.Op{moe.OpExpertDown, moe.OpExpertGate, moe.OpExpertUp} {
+		ex.op(layer, op, moe.BackwardData, rfd)
+		ex.op(layer, op, moe.BackwardWeight, rfd)
+	}
+	ex.op(layer, moe.OpExpertAct, moe.BackwardData, int64(rows)*int64(F))
+	l.xTKD, l.acts, l.counts = nil, ffnActs[T]{}, nil
+	return dxTKD
+}

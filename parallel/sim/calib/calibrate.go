@@ -1,0 +1,245 @@
+package calib
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/moescope/moescope/flops"
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/sim"
+	"github.com/moescope/moescope/parallel/sim/cost"
+	"github.com/moescope/moescope/parallel/sim/published"
+	"gonum.org/v1/gonum/mat"
+)
+
+// calState maps the optimizer's vector onto a calibration: multipliers are
+// exp(x); link efficiencies default·exp(x), capped at 1.
+type calState struct {
+	names    []string // fitted TPS parameters, in x order
+	defaults map[string]float64
+}
+
+func (s calState) calibration(x []float64, base cost.Calibration) *cost.Calibration {
+	c := base
+	for i, n := range s.names {
+		// Multipliers stay within [0.01, 100] (Validate's range).
+		v := math.Max(0.01, math.Min(100, math.Exp(x[i])))
+		switch n {
+		case cost.CalCompute:
+			c.ComputeScale = v
+		case cost.CalGEMM:
+			c.GEMMScale = v
+		case cost.CalGrouped:
+			c.GroupedScale = v
+		case cost.CalAttention:
+			c.AttentionScale = v
+		case cost.CalMemoryBound:
+			c.MemoryBoundScale = v
+		case cost.CalNVLink:
+			c.NVLinkEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
+		case cost.CalNet:
+			c.NetEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
+		}
+	}
+	return &c
+}
+
+// maxCalRuns bounds how many runs one calibration reads: a sweep is a
+// handful, a table of published runs a few hundred; the fit's time grows
+// linearly with the count.
+const maxCalRuns = 1000
+
+// Calibrate fits the model's parameters to measured runs (calfit.go: a
+// Levenberg–Marquardt fit of ln TPS with the grounded defaults as prior).
+// Only what the runs can tell apart is fitted: one run fits one overall
+// compute scale; several runs fit the efficiencies whose effects on the
+// runs are distinct (identify), the others kept at their defaults and
+// named. The fit's covariance and residual spread are kept for intervals.
+// The allocator overhead is then fitted alone to the runs that report peak
+// reserved memory (fitAllocator: least Σ ln²(predicted/measured reserved),
+// in closed form, kept at its default with a note when not identified).
+func Calibrate(runs []published.Run) (*cost.Calibration, error) {
+	if len(runs) == 0 {
+		return nil, errors.New("calibrate: no runs")
+	}
+	if len(runs) > maxCalRuns {
+		return nil, fmt.Errorf("calibrate: %d runs: at most %d", len(runs), maxCalRuns)
+	}
+	f, err := prepareFit(runs)
+	if err != nil {
+		return nil, err
+	}
+	cl0 := f.preps[0].Cluster()
+	st := calState{defaults: map[string]float64{cost.CalNVLink: cl0.NVLinkEfficiency, cost.CalNet: cl0.NetEfficiency}}
+	cal := &cost.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs))}
+	candidates := cost.TPSParams
+	if len(runs) == 1 {
+		candidates = []string{cost.CalCompute}
+	}
+	var J0 *mat.Dense
+	var lp0 []float64
+	if st.names, cal.Kept, J0, lp0, err = f.identify(candidates, st.defaults); err != nil {
+		return nil, err
+	}
+	if len(runs) == 1 {
+		cal.Kept = append(cal.Kept, cost.TPSParams...)
+	}
+	if len(st.names) > 0 {
+		measured := make([]float64, len(runs))
+		for i, r := range runs {
+			measured[i] = math.Log(r.TPS)
+		}
+		fr, err := f.fitTPS(st, J0, lp0, measured)
+		if err != nil {
+			return nil, err
+		}
+		cal = st.calibration(fr.x, *cal)
+		cal.Fitted = append(cal.Fitted, st.names...)
+		cal.CovarianceParams, cal.ResidualSD = st.names, fr.residualSD
+		for a := range st.names {
+			row := make([]float64, len(st.names))
+			for b := range row {
+				row[b] = fr.cov.At(a, b)
+			}
+			cal.Covariance = append(cal.Covariance, row)
+		}
+	}
+	frag, ok, why, err := f.fitAllocator()
+	switch {
+	case err != nil:
+		return nil, err
+	case ok:
+		cal.AllocatorOverhead = frag
+		cal.Fitted = append(cal.Fitted, cost.CalAllocator)
+	default:
+		cal.Kept = append(cal.Kept, cost.CalAllocator)
+		cal.Notes = append(cal.Notes, why)
+	}
+	if err := f.recordResiduals(cal); err != nil {
+		return nil, err
+	}
+	return cal, cal.Validate()
+}
+
+// calFit is what a calibration fits to: the measured runs and their
+// prepared simulations, in the same order.
+type calFit struct {
+	runs  []published.Run
+	preps []*sim.Prepared
+}
+
+// prepareFit prepares every run's simulation once; the fit then only
+// re-runs them under trial calibrations.
+func prepareFit(runs []published.Run) (calFit, error) {
+	f := calFit{runs: runs, preps: make([]*sim.Prepared, len(runs))}
+	for i, r := range runs {
+		in, err := published.InputForRun(r)
+		if err != nil {
+			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
+		}
+		if f.preps[i], err = sim.Prepare(in); err != nil {
+			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
+		}
+		if err := checkMeasured(r, f.preps[i]); err != nil {
+			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
+		}
+	}
+	return f, nil
+}
+
+// checkMeasured refuses a run the fit cannot use: a precision the model
+// does not price, or a TPS that is not physical, i.e. whose MFU by
+// torchtitan's FLOP count would exceed the device's BF16 dense peak.
+func checkMeasured(r published.Run, p *sim.Prepared) error {
+	if err := job.Precision(r.Precision).Check("precision"); err != nil || r.Precision == "" {
+		priced := make([]string, len(job.PricedPrecisions))
+		for i, p := range job.PricedPrecisions {
+			priced[i] = string(p)
+		}
+		return moe.FieldError{Field: "precision", Value: r.Precision,
+			Allowed: "a precision the time model prices: " + strings.Join(priced, ", ")}
+	}
+	perToken := p.FLOPsPerToken(flops.Torchtitan)
+	if bound := p.Device().BF16FLOPs / perToken; !(r.TPS > 0 && r.TPS <= bound) {
+		return moe.FieldError{Field: "tps", Value: r.TPS,
+			Allowed: fmt.Sprintf("must be in (0, %.4g] tokens/s per GPU: above it the run would exceed %s's BF16 peak (%.3g FLOP/s at %.4g FLOPs per token)",
+				bound, p.Device().Name, p.Device().BF16FLOPs, perToken)}
+	}
+	return nil
+}
+
+// predictTPS returns every run's predicted TPS under c (nil: defaults).
+func (f calFit) predictTPS(c *cost.Calibration) ([]float64, error) {
+	out := make([]float64, len(f.preps))
+	for i, p := range f.preps {
+		r, err := p.Run(c)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r.TPS
+	}
+	return out, nil
+}
+
+// fitAllocator fits the allocator's unmodelled fraction f to the runs that
+// report peak reserved memory. Predicted reserved is S·(1+f), S the
+// simulated pools, so Σ ln²(S_k·(1+f)/M_k) is least at
+// ln(1+f) = mean_k ln(M_k/S_k): the fit is that closed form. It is
+// identified only when f ≥ 0; a negative f would mean the runs hold less
+// than the simulated pools alone (the model over-predicts their memory, an
+// error no allocator overhead can repair), and the default is kept with
+// why. ok is false when no run reports reserved memory or f is not
+// identified.
+func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
+	a := memory.DefaultAllocator
+	a.Fragmentation = 0
+	sum, n := 0.0, 0
+	for i, r := range f.runs {
+		m, measured := r.MeasuredReserved(f.preps[i].Device())
+		if !measured {
+			continue
+		}
+		p, err := memory.Replay(f.preps[i].Memory().Events, a, f.preps[i].Input().MemoryOptions().Segments)
+		if err != nil {
+			return 0, false, "", err
+		}
+		sum += math.Log(m / float64(p.Reserved))
+		n++
+	}
+	if n == 0 {
+		return 0, false, cost.CalAllocator + ": no run reports peak reserved memory", nil
+	}
+	frag = math.Expm1(sum / float64(n))
+	if frag < 0 {
+		return 0, false, fmt.Sprintf("%s: not identified: the %d run(s) reporting reserved memory measure %.1f%% below the simulated pools alone "+
+			"(geometric mean), which no allocator overhead ≥ 0 repairs; the default is kept", cost.CalAllocator, n, -100*frag), nil
+	}
+	if frag >= 0.95 {
+		return 0, false, fmt.Sprintf("%s: not identified: the runs measure %.0f%% above the simulated pools, beyond any allocator overhead (< 95%%); "+
+			"the default is kept", cost.CalAllocator, 100*frag), nil
+	}
+	return frag, true, "", nil
+}
+
+// recordResiduals sets cal's relative TPS and peak-reserved errors, run by
+// run, as the report of the fit.
+func (f calFit) recordResiduals(cal *cost.Calibration) error {
+	for i, p := range f.preps {
+		r, err := p.Run(cal)
+		if err != nil {
+			return fmt.Errorf("calibrate: %w", err)
+		}
+		cal.Residuals = append(cal.Residuals, r.TPS/f.runs[i].TPS-1)
+		if m, ok := f.runs[i].MeasuredReserved(p.Device()); ok {
+			v := float64(r.PeakReservedBytes)/m - 1
+			cal.MemoryResiduals = append(cal.MemoryResiduals, &v)
+		} else {
+			cal.MemoryResiduals = append(cal.MemoryResiduals, nil)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,31 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/cost"
+)
+
+// fusedNormSince is the first release whose eager RMSNorm is one fused
+// kernel each way (aten._fused_rms_norm, pytorch/pytorch PR #153666, in
+// nightlies from August 2025 per pytorch issue #157345, first released in
+// 2.9.0); earlier releases run the composite of package cost's eagerBytes.
+var fusedNormSince = job.TorchVersion{Major: 2, Minor: 9}
+
+// computeSpec is the compute model of run in on device dev under
+// calibration cal: the recipe's attention and expert kernels, whether
+// compiled blocks fuse their elementwise chains, the PyTorch release's
+// eager norm and the framework's own fused kernels.
+func computeSpec(dev hw.Device, in Input, cal *cost.Calibration) (cost.ComputeSpec, error) {
+	spec, err := cost.ComputeSpecFor(dev, in.Attention)
+	if err != nil {
+		return cost.ComputeSpec{}, fmt.Errorf("simulate: %w", err)
+	}
+	spec = spec.WithExperts(in.ExpertGEMM).Calibrated(cal)
+	spec.Compiled = in.compiledModel()
+	spec.CompositeNorm = in.Torch.Before(fusedNormSince)
+	spec.FusedElementwise = in.FusedElementwise
+	return spec, nil
+}

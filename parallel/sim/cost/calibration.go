@@ -1,0 +1,207 @@
+package cost
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/memory"
+)
+
+// Calibration holds named model parameters fitted to measured runs. A zero
+// field keeps the model's default. Compute multipliers scale the default
+// efficiencies of their op class (1 = unchanged).
+type Calibration struct {
+	Source string `json:"source,omitempty"`
+	// GEMMScale, GroupedScale, AttentionScale, MemoryBoundScale multiply the
+	// modelled efficiency of dense GEMMs, grouped expert GEMMs, flash
+	// attention and memory-bound ops.
+	// ComputeScale multiplies all four compute efficiencies at once: the
+	// one overall scale a single run can identify.
+	ComputeScale     float64 `json:"compute_scale,omitempty"`
+	GEMMScale        float64 `json:"gemm_scale,omitempty"`
+	GroupedScale     float64 `json:"grouped_scale,omitempty"`
+	AttentionScale   float64 `json:"attention_scale,omitempty"`
+	MemoryBoundScale float64 `json:"memory_bound_scale,omitempty"`
+	// NVLinkEfficiency and NetEfficiency replace the cluster's bus-bandwidth
+	// efficiencies when set.
+	NVLinkEfficiency float64 `json:"nvlink_efficiency,omitempty"`
+	NetEfficiency    float64 `json:"net_efficiency,omitempty"`
+	// AllocatorOverhead replaces the memory allocator model's fragmentation
+	// fraction (reserved = (1 + f)·compute pool + comm pool) when set.
+	AllocatorOverhead float64 `json:"allocator_overhead,omitempty"`
+	// Fitted names the parameters the fit moved; Kept those it could not
+	// identify from the runs and left at their defaults.
+	Fitted []string `json:"fitted,omitempty"`
+	Kept   []string `json:"kept_default,omitempty"`
+	// Notes say why a parameter was kept when the reason is not the
+	// identifiability test's (the allocator overhead's fit).
+	Notes []string `json:"notes,omitempty"`
+	// Residuals are relative TPS errors (predicted/measured − 1) after the
+	// fit, one per run in input order; MemoryResiduals the same for peak
+	// reserved memory (null for runs that do not report it).
+	Residuals       []float64  `json:"residuals,omitempty"`
+	MemoryResiduals []*float64 `json:"memory_residuals,omitempty"`
+	// Covariance is the fit's covariance of the log-multipliers of
+	// CovarianceParams (the fitted TPS parameters, in that order), and
+	// ResidualSD the spread of ln TPS a prediction carries besides it:
+	// together they give a calibrated prediction its 90% interval.
+	CovarianceParams []string    `json:"covariance_params,omitempty"`
+	Covariance       [][]float64 `json:"covariance,omitempty"`
+	ResidualSD       float64     `json:"residual_sd,omitempty"`
+}
+
+func scaleOr1(v float64) float64 {
+	if v > 0 {
+		return v
+	}
+	return 1
+}
+
+// Calibration parameter names, in fit order.
+const (
+	CalCompute     = "compute_scale"
+	CalGEMM        = "gemm_scale"
+	CalGrouped     = "grouped_scale"
+	CalAttention   = "attention_scale"
+	CalMemoryBound = "memory_bound_scale"
+	CalNVLink      = "nvlink_efficiency"
+	CalNet         = "net_efficiency"
+	CalAllocator   = "allocator_overhead"
+)
+
+// TPSParams are the parameters a fit of several runs' TPS may move, in
+// fit order (a single run fits CalCompute alone).
+var TPSParams = []string{CalGEMM, CalGrouped, CalAttention, CalMemoryBound, CalNVLink, CalNet}
+
+// Validate checks every set field.
+func (c *Calibration) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{CalCompute, c.ComputeScale}, {CalGEMM, c.GEMMScale}, {CalGrouped, c.GroupedScale}, {CalAttention, c.AttentionScale},
+		{CalMemoryBound, c.MemoryBoundScale}} {
+		if !(f.v == 0 || f.v >= 0.01 && f.v <= 100) {
+			errs = append(errs, fmt.Errorf("%s = %v: must be in [0.01, 100] (0 = default)", f.name, f.v))
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{CalNVLink, c.NVLinkEfficiency}, {CalNet, c.NetEfficiency}} {
+		if !(f.v == 0 || f.v >= 0.01 && f.v <= 1) {
+			errs = append(errs, fmt.Errorf("%s = %v: must be in [0.01, 1] (0 = default)", f.name, f.v))
+		}
+	}
+	if c.AllocatorOverhead < 0 || c.AllocatorOverhead >= 1 || math.IsNaN(c.AllocatorOverhead) {
+		errs = append(errs, fmt.Errorf("%s = %v: must be in [0, 1)", CalAllocator, c.AllocatorOverhead))
+	}
+	errs = append(errs, c.validateCovariance())
+	return errors.Join(errs...)
+}
+
+// ReadCalibration reads and validates a calibration JSON file.
+func ReadCalibration(path string) (*Calibration, error) {
+	data, err := fileio.ReadJSONFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCalibration(data, path)
+}
+
+// ParseCalibration decodes and validates a calibration JSON document;
+// unknown fields are errors. where labels errors.
+func ParseCalibration(data []byte, where string) (*Calibration, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var c Calibration
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%s: data after the JSON object", where)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	return &c, nil
+}
+
+// validateCovariance checks the fit's uncertainty fields: a square,
+// symmetric matrix over named TPS parameters with positive finite
+// variances, and a residual spread in [0, 1).
+func (c *Calibration) validateCovariance() error {
+	k := len(c.CovarianceParams)
+	if len(c.Covariance) != k {
+		return fmt.Errorf("covariance: %d rows for %d covariance_params", len(c.Covariance), k)
+	}
+	for a, name := range c.CovarianceParams {
+		if name != CalCompute && !slices.Contains(TPSParams, name) {
+			return fmt.Errorf("covariance_params[%d] = %q: not a TPS parameter (%s, %v)", a, name, CalCompute, TPSParams)
+		}
+		row := c.Covariance[a]
+		if len(row) != k {
+			return fmt.Errorf("covariance row %d: %d entries, want %d", a, len(row), k)
+		}
+		for b, v := range row {
+			if math.IsNaN(v) || math.IsInf(v, 0) || math.Abs(v-c.Covariance[b][a]) > 1e-9*(1+math.Abs(v)) {
+				return fmt.Errorf("covariance[%d][%d] = %v: must be finite and symmetric", a, b, v)
+			}
+		}
+		if !(row[a] > 0 && row[a] < 100) {
+			return fmt.Errorf("covariance[%d][%d] = %v: a variance of a log-multiplier must be in (0, 100)", a, a, row[a])
+		}
+	}
+	if !(c.ResidualSD >= 0 && c.ResidualSD < 1) {
+		return fmt.Errorf("residual_sd = %v: must be in [0, 1)", c.ResidualSD)
+	}
+	return nil
+}
+
+// Perturbed returns cal with parameter name's multiplier times e^h (a link
+// efficiency starts from the cluster's default, defaults[name], when cal
+// leaves it unset, and stays ≤ 1): what the TPS interval probes.
+func (cal Calibration) Perturbed(name string, h float64, defaults map[string]float64) *Calibration {
+	m := math.Exp(h)
+	switch name {
+	case CalCompute:
+		cal.ComputeScale = scaleOr1(cal.ComputeScale) * m
+	case CalGEMM:
+		cal.GEMMScale = scaleOr1(cal.GEMMScale) * m
+	case CalGrouped:
+		cal.GroupedScale = scaleOr1(cal.GroupedScale) * m
+	case CalAttention:
+		cal.AttentionScale = scaleOr1(cal.AttentionScale) * m
+	case CalMemoryBound:
+		cal.MemoryBoundScale = scaleOr1(cal.MemoryBoundScale) * m
+	case CalNVLink:
+		v := cal.NVLinkEfficiency
+		if v == 0 {
+			v = defaults[CalNVLink]
+		}
+		cal.NVLinkEfficiency = math.Min(1, v*m)
+	case CalNet:
+		v := cal.NetEfficiency
+		if v == 0 {
+			v = defaults[CalNet]
+		}
+		cal.NetEfficiency = math.Min(1, v*m)
+	}
+	return &cal
+}
+
+// Allocator is the allocator model a under calibration c: its
+// fragmentation replaced by the calibrated overhead when c has one. It is
+// the one place a calibration reaches the memory model.
+func (c *Calibration) Allocator(a memory.Allocator) memory.Allocator {
+	if c != nil && c.AllocatorOverhead > 0 {
+		a.Fragmentation = c.AllocatorOverhead
+		a.Source = "calibrated"
+	}
+	return a
+}

@@ -1,0 +1,39 @@
+package published
+
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
+)
+
+// InputForRun turns a measured run into the layout to simulate: its
+// model (built-in name or path), device, cluster (the run's, else the
+// GPU's usual one), layout, checkpointing and batch.
+func InputForRun(r Run) (sim.Input, error) {
+	if r.PowerLimited {
+		return sim.Input{}, fmt.Errorf("run %s: power_limited: its GPUs ran below their default power limit, which the source does not state; the time model prices %s at its default limit only", r.Label(), r.GPU)
+	}
+	cfg, err := hf.Load(r.Model)
+	if err != nil {
+		return sim.Input{}, err
+	}
+	dev, err := hw.LookupDevice(r.GPU)
+	if err != nil {
+		return sim.Input{}, err
+	}
+	cname := r.Cluster
+	if cname == "" {
+		cname = hw.ClusterForGPU(dev.Name)
+	}
+	cl, err := hw.LoadCluster(cname)
+	if err != nil {
+		return sim.Input{}, err
+	}
+	spec, err := r.Spec(cfg)
+	if err != nil {
+		return sim.Input{}, err
+	}
+	return sim.Input{Spec: spec, Device: dev, Cluster: cl}, nil
+}

@@ -1,0 +1,318 @@
+package published
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/job"
+)
+
+// TestPublishedRuns predicts the peak reserved memory of every published
+// run that reports it (testdata/published/, one file per source, each row
+// citing its source) and prints the error. A BF16 run without
+// torch.compile must be within 10%; compiled runs (whose fused loss and
+// kernels save memory this eager model does not know about) are printed
+// and flagged, not failed.
+func TestPublishedRuns(t *testing.T) {
+	runs, err := Load("../../../testdata/published")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	bf16 := 0
+	sources := map[string]bool{}
+	for _, r := range runs {
+		if r.PeakReservedBytes == nil {
+			continue
+		}
+		cfg, err := hf.Load(r.Model)
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		l, err := r.Layout()
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		ac, _ := moe.ParseAC(r.AC)
+		rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, memory.Options{AC: ac, LossChunks: r.LossChunks, OptimizerImpl: r.Optimizer})
+		if err != nil {
+			t.Fatalf("%s: %v", r.File, err)
+		}
+		meas := float64(*r.PeakReservedBytes)
+		e := float64(rep.Peak.Reserved)/meas - 1
+		flag := "eager"
+		if r.Compiled() {
+			flag = "compiled (not failed)"
+		}
+		if r.Precision == "bf16" {
+			bf16++
+			sources[r.File] = true
+		}
+		rows = append(rows, fmt.Sprintf("%-14s %-5s %4d gpus ep %d %-9s lbs %2d seq %5d  measured %7.2f GiB  predicted %7.2f GiB (alloc %7.2f)  error %+6.1f%%  %s",
+			cfg.Name, r.GPU, r.GPUs, r.EP, r.AC, r.LBS, r.Seq, meas/(1<<30), float64(rep.Peak.Reserved)/(1<<30),
+			float64(rep.Peak.Allocated)/(1<<30), 100*e, flag))
+		if r.Precision == "bf16" && !r.Compiled() && math.Abs(e) > 0.10 {
+			t.Errorf("%s (%s): peak reserved predicted %d B, measured %d B: error %+.1f%% exceeds 10%%",
+				r.File, r.Source, rep.Peak.Reserved, *r.PeakReservedBytes, 100*e)
+		}
+	}
+	t.Log("peak reserved, prediction vs published measurement:\n" + strings.Join(rows, "\n"))
+	if bf16 < 6 || len(sources) < 2 {
+		t.Errorf("published BF16 rows with memory: %d from %d sources; want ≥ 6 from ≥ 2", bf16, len(sources))
+	}
+}
+
+// TestPublishedNoDuplicates: no run is recorded twice across the files of
+// testdata/published/ (Load refuses them; this names them), and
+// CheckDuplicates catches both kinds.
+func TestPublishedNoDuplicates(t *testing.T) {
+	runs, err := Load("../../../testdata/published")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDuplicates(runs); err != nil {
+		t.Fatal(err)
+	}
+	base := Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1, AC: "selective", LBS: 2, Seq: 8192,
+		Precision: "bf16", TPS: 5762, Source: "https://github.com/pytorch/torchtitan/blob/31a17bfdb70bab6f62a13d21816a5339b911d6e3/benchmarks/llama3_h100_202412_torchtitan.md (Table 1)",
+		RunID: "R170", File: "a.json"}
+	sameID := base
+	sameID.LBS, sameID.File = 4, "b.json"
+	// The same run cited at another commit, with other notes and a
+	// rounded measurement, under no run_id.
+	sameConfig := base
+	sameConfig.Source = "https://github.com/pytorch/torchtitan/blob/b5bcd76c6/benchmarks/llama3_h100_202412_torchtitan.md"
+	sameConfig.RunID, sameConfig.Notes, sameConfig.TPS, sameConfig.File = "", "again", 5760, "b.json"
+	otherRun := base
+	otherRun.RunID, otherRun.GPUs, otherRun.DPShard, otherRun.File = "R172", 128, 128, "b.json"
+	// Load refuses a run recorded in two files.
+	dir := t.TempDir()
+	doc := `[{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x","run_id":"R1"}]`
+	for _, f := range []string{"a.json", "b.json"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "run_id R1") {
+		t.Errorf("a run in two files: Load error %v", err)
+	}
+	for name, c := range map[string]struct {
+		runs []Run
+		want string
+	}{
+		"same run_id":                 {[]Run{base, sameID}, "run_id R170: in a.json and in b.json"},
+		"same configuration, source":  {[]Run{base, sameConfig}, "the same configuration from the same source"},
+		"different runs of one table": {[]Run{base, otherRun}, ""},
+	} {
+		err := CheckDuplicates(c.runs)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v", name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: error %v, want %q", name, err, c.want)
+		}
+	}
+}
+
+func TestReadRunsRejects(t *testing.T) {
+	good := `{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x"}`
+	if _, err := ReadRuns(strings.NewReader("["+good+"]"), "good", true); err != nil {
+		t.Fatalf("valid run rejected: %v", err)
+	}
+	for name, doc := range map[string]string{
+		"unknown field":  strings.Replace(good, `"tps"`, `"tpz"`, 1),
+		"no source":      strings.Replace(good, `"source":"x"`, `"source":""`, 1),
+		"bad ac":         strings.Replace(good, `"full"`, `"most"`, 1),
+		"lbs 0":          strings.Replace(good, `"lbs":1`, `"lbs":0`, 1),
+		"layout":         strings.Replace(good, `"dp_shard":8`, `"dp_shard":3`, 1),
+		"ep ∤ dp_shard":  strings.Replace(good, `"ep":1`, `"ep":3`, 1),
+		"mfu in percent": strings.Replace(good, `"tps":1000`, `"tps":1000,"mfu":39.4`, 1),
+		"allocated 0":    strings.Replace(good, `"tps":1000`, `"tps":1000,"peak_allocated_bytes":0`, 1),
+		"no precision":   strings.Replace(good, `"precision":"bf16",`, ``, 1),
+		"mtp":            strings.Replace(good, `"tps":1000`, `"tps":1000,"mtp":true`, 1),
+		"not an array":   good,
+	} {
+		doc := doc
+		if name != "not an array" {
+			doc = "[" + doc + "]"
+		}
+		if _, err := ReadRuns(strings.NewReader(doc), name, true); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// A run trained without MTP modules may say so.
+	if _, err := ReadRuns(strings.NewReader("["+strings.Replace(good, `"tps":1000`, `"tps":1000,"mtp":false`, 1)+"]"), "no mtp", true); err != nil {
+		t.Errorf("mtp false rejected: %v", err)
+	}
+	// Calibration input may omit the source.
+	noSrc := strings.Replace(good, `"source":"x",`, ``, 1)
+	noSrc = strings.Replace(noSrc, `,"source":"x"`, ``, 1)
+	if _, err := ReadRuns(strings.NewReader("["+noSrc+"]"), "calib", false); err != nil {
+		t.Errorf("run without source rejected for calibration: %v", err)
+	}
+}
+
+// endless is a reader that never ends (like /dev/zero, which calibrate
+// --runs once read until memory ran out).
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = ' '
+	}
+	return len(p), nil
+}
+
+func TestReadRunsBounded(t *testing.T) {
+	if _, err := ReadRuns(endless{}, "endless", false); err == nil || !strings.Contains(err.Error(), "larger than 16777216 bytes") {
+		t.Errorf("endless input: %v", err)
+	}
+}
+
+// FuzzReadRuns: the published-runs parser never panics, and what it
+// accepts validates.
+func FuzzReadRuns(f *testing.F) {
+	f.Add([]byte(`[{"model":"tiny","gpu":"b200","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":128,"precision":"bf16","tps":1000,"source":"x"}]`))
+	f.Add([]byte(`[{"model":"m","gpu":"h100","gpus":16,"dp_shard":8,"dp_replicate":2,"ep":4,"ac":"layer:2","lbs":2,"seq":8,"precision":"bf16","tps":1,"source":"s","peak_reserved_bytes":5,"compile":true}]`))
+	f.Add([]byte(`[]`))
+	f.Add([]byte(`{`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runs, err := ReadRuns(bytes.NewReader(data), "fuzz", true)
+		if err != nil {
+			return
+		}
+		for _, r := range runs {
+			if err := r.Validate(true); err != nil {
+				t.Fatalf("accepted an invalid run: %v", err)
+			}
+		}
+	})
+}
+
+// memoryOptions is the memory model's view of a run's recipe under its
+// checkpointing.
+func memoryOptions(r Run) (memory.Options, error) {
+	rec, err := r.Recipe()
+	if err != nil {
+		return memory.Options{}, err
+	}
+	ac, err := moe.ParseAC(r.AC)
+	return memory.OptionsOf(rec, ac), err
+}
+
+// TestRunMemoryOptions: what a run's optional memory fields mean (the
+// schema's documented defaults), and that bad values name their field.
+func TestRunMemoryOptions(t *testing.T) {
+	base := Run{Model: "tiny", GPU: "b200", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 8,
+		Precision: "bf16", TPS: 1, Source: "test"}
+	no, yes := false, true
+	cases := []struct {
+		name   string
+		edit   func(*Run)
+		want   func(memory.Options) bool
+		errSub string
+	}{
+		{"absent: compiled, expandable, f32 state", func(*Run) {}, func(o memory.Options) bool {
+			return o.Compile == memory.Compiled && o.Segments == memory.Expandable && o.Precision == moe.DefaultPrecision
+		}, ""},
+		{"compile false", func(r *Run) { r.Compile = &no }, func(o memory.Options) bool { return o.Compile == memory.Compile{} }, ""},
+		{"model only", func(r *Run) { r.Compile = &yes; r.CompileComponents = []string{"model"} },
+			func(o memory.Options) bool { return o.Compile == memory.Compile{Model: true} }, ""},
+		{"fixed segments", func(r *Run) { r.ExpandableSegments = &no }, func(o memory.Options) bool { return o.Segments == memory.Fixed }, ""},
+		{"bf16 state and loss", func(r *Run) {
+			r.ParamDType, r.GradDType, r.OptimizerDType, r.LossDType = "bf16", "bf16", "bf16", "bf16"
+		},
+			func(o memory.Options) bool {
+				return o.Precision.Param == moe.BF16 && o.Precision.Grad == moe.BF16 && o.Precision.Optimizer == moe.BF16 && o.LossDType == moe.BF16
+			}, ""},
+		{"bad component", func(r *Run) { r.CompileComponents = []string{"optimizer"} }, nil, "compile_components"},
+		{"bad param type", func(r *Run) { r.ParamDType = "fp8" }, nil, "param_dtype"},
+		{"bad loss type", func(r *Run) { r.LossDType = "i64" }, nil, "loss_dtype"},
+	}
+	for _, c := range cases {
+		r := base
+		c.edit(&r)
+		o, err := memoryOptions(r)
+		if c.errSub != "" {
+			if err == nil || !strings.Contains(err.Error(), c.errSub) {
+				t.Errorf("%s: err = %v, want one naming %s", c.name, err, c.errSub)
+			}
+			if verr := r.Validate(true); verr == nil || !strings.Contains(verr.Error(), c.errSub) {
+				t.Errorf("%s: Validate = %v, want one naming %s", c.name, verr, c.errSub)
+			}
+			continue
+		}
+		if err != nil || !c.want(o) {
+			t.Errorf("%s: options %+v, err %v", c.name, o, err)
+		}
+	}
+}
+
+// TestRunFrameworkFields: the runs schema's framework fields reach the
+// simulator's input, and a value outside each field's list is refused by
+// Validate and by InputForRun, naming the field.
+func TestRunFrameworkFields(t *testing.T) {
+	base := Run{Model: "tiny", GPU: "b200", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 8,
+		Precision: "bf16", TPS: 1, Source: "test"}
+	r := base
+	r.TorchVersion, r.Dispatcher, r.ExpertGEMM, r.FusedElementwise = "2.6.0", "hybridep", "cublas", true
+	in, err := InputForRun(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Torch != (job.TorchVersion{Major: 2, Minor: 6}) || in.Dispatcher != job.HybridEP || in.ExpertGEMM != job.CuBLASExperts || !in.FusedElementwise {
+		t.Errorf("input %+v %q %q %v", in.Torch, in.Dispatcher, in.ExpertGEMM, in.FusedElementwise)
+	}
+	for field, edit := range map[string]func(*Run){
+		"torch_version": func(r *Run) { r.TorchVersion = "latest" },
+		"dispatcher":    func(r *Run) { r.Dispatcher = "nccl" },
+		"expert_gemm":   func(r *Run) { r.ExpertGEMM = "triton" },
+	} {
+		r := base
+		edit(&r)
+		if err := r.Validate(true); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: Validate = %v, want one naming it", field, err)
+		}
+		if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: InputForRun = %v, want one naming it", field, err)
+		}
+	}
+	// A run on GPUs below their default power limit, the limit unstated,
+	// has no step time the model can price; its memory options stand.
+	r = base
+	r.PowerLimited = true
+	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "power_limited") {
+		t.Errorf("power_limited: InputForRun = %v, want a refusal naming the field", err)
+	}
+	if _, err := memoryOptions(r); err != nil {
+		t.Errorf("power_limited: memory options: %v", err)
+	}
+}
+
+// TestRunACModules: the published-runs schema's ac takes the modules
+// policy (Megatron-Core runs' "selective: norm, act" is
+// modules:layernorm,moe_act) and refuses a module that is not built,
+// naming it.
+func TestRunACModules(t *testing.T) {
+	r := Run{Model: "tiny", GPU: "h100", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, LBS: 1, Seq: 64,
+		Precision: "bf16", TPS: 1, Source: "test", AC: "modules:layernorm,moe_act"}
+	if err := r.Validate(true); err != nil {
+		t.Errorf("%s: %v", r.AC, err)
+	}
+	r.AC = "modules:layernorm,moe" // R145's --recompute-modules layernorm moe
+	if err := r.Validate(true); err != nil {
+		t.Errorf("%s: %v", r.AC, err)
+	}
+	r.AC = "modules:core_attn"
+	if err := r.Validate(true); err == nil || !strings.Contains(err.Error(), `"core_attn" is not built`) {
+		t.Errorf("%s: %v", r.AC, err)
+	}
+}
