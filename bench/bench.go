@@ -6,7 +6,7 @@
 // it reaches, by wall time and by process CPU time.
 //
 // It runs ref.Block, so it sits above moe/ref; it sizes the layer run with
-// memory.Estimate, so above memory too, which is why it is a package of its
+// memory.HostPeak, so above memory too, which is why it is a package of its
 // own rather than one under moe. Only cmd/moescope imports it.
 package bench
 
@@ -139,13 +139,6 @@ func LayerConfig(cfg *moe.Config, experts, topK int) (*moe.Config, error) {
 	return &c, nil
 }
 
-// HeapFactor scales memory.Estimate's float32 peak allocated bytes of
-// the benchmarked layer (no checkpointing) to the process's resident
-// memory, erring high. Measured with qwen3-30b-a3b widths, 16 experts, top-4
-// (maximum resident set from /usr/bin/time ÷ the estimate): 2048 tokens,
-// 1.97 GiB ÷ 1.94 GiB; 8192 tokens, 5.58 GiB ÷ 3.52 GiB.
-const HeapFactor = 2.0
-
 // CheckMemory refuses a layer benchmark whose tokens would not fit in
 // avail bytes (0: unknown, no check), instead of being killed by the
 // kernel. The refusal names the flag to change: --experts when the layer's
@@ -190,18 +183,16 @@ func CheckMemory(c *moe.Config, tokens int, avail uint64) error {
 	return fmt.Errorf("%s; give --experts in [%d, %d] (at --tokens %d)", msg, c.TopK, lo, tokens)
 }
 
-// layerBytes is the resident memory of the layer benchmark at tokens: the
-// float32 peak allocated bytes (no checkpointing) × HeapFactor.
+// layerBytes is the resident memory of the layer benchmark at tokens:
+// memory.HostPeak of one rank without checkpointing (the float32 peak
+// allocated bytes × memory.HeapFactor).
 func layerBytes(c *moe.Config, tokens int) (float64, error) {
 	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
 	if err := l.Resolve(); err != nil {
 		return 0, err
 	}
-	r, err := memory.Estimate(c, l, memory.Batch{LBS: 1, Seq: tokens}, memory.Options{Precision: moe.ReferencePrecision, AC: moe.AC{Mode: moe.ACNone}})
-	if err != nil {
-		return 0, err
-	}
-	return HeapFactor * float64(r.Peak.Allocated), nil
+	b, _, err := memory.HostPeak(c, l, memory.Batch{LBS: 1, Seq: tokens}, moe.AC{Mode: moe.ACNone})
+	return b, err
 }
 
 // withExperts is c with e routed experts in one group, as LayerConfig

@@ -11,6 +11,7 @@ import (
 	"github.com/moescope/moescope/bench"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/kernel"
 )
 
 func init() {
@@ -84,7 +85,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	if !*skipLayer {
-		if err := bench.CheckMemory(lc, *tokens, availableMemory()); err != nil {
+		if err := bench.CheckMemory(lc, *tokens, kernel.AvailableMemory()); err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 	}

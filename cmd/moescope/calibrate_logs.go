@@ -111,12 +111,8 @@ func (l *logFlags) inputs() []input {
 	return ins
 }
 
-// maxLogBytes bounds one console log: a long run logging every step is a
-// few MiB; a device or pipe must not be read forever.
-const maxLogBytes = 256 << 20
-
-// runs reads each log (with its job config) as one measured run; notes
-// say what was skipped.
+// runs reads each log (with its job config) as one measured run
+// (titanlog.Files); notes say what was skipped.
 func (l *logFlags) runs() ([]published.Run, []string, error) {
 	dev, err := hw.LookupDevice(l.gpu)
 	if err != nil {
@@ -127,31 +123,7 @@ func (l *logFlags) runs() ([]published.Run, []string, error) {
 			return nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
 		}
 	}
-	var runs []published.Run
-	var notes []string
-	for i, path := range l.logs {
-		data, err := fileio.ReadBounded(path, maxLogBytes)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--torchtitan-log: %w", err)
-		}
-		lg, err := titanlog.Parse(path, data)
-		if err != nil {
-			return nil, nil, err
-		}
-		in := titanlog.Input{Log: lg, Device: dev, Cluster: l.cluster, Skip: l.skip}
-		if len(l.jobs) > 0 {
-			if in.Job, err = titanlog.ReadJobConfig(l.jobs[i]); err != nil {
-				return nil, nil, fmt.Errorf("--job-config: %w", err)
-			}
-		}
-		r, n, err := in.Run()
-		if err != nil {
-			return nil, nil, err
-		}
-		runs = append(runs, r)
-		notes = append(notes, n...)
-	}
-	return runs, notes, nil
+	return titanlog.Files{Logs: l.logs, Jobs: l.jobs, Device: dev, Cluster: l.cluster, Skip: l.skip}.Runs()
 }
 
 // writeRuns writes the runs read from the logs.

@@ -1,31 +1,22 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"math/bits"
-	"os"
-	"strconv"
-	"strings"
 
-	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/moe/ref"
 )
 
 func init() {
 	register(command{"grad", "loss and gradients of a checkpoint on token sequences (HF's training loss)", runGrad})
 }
-
-// maxTokensBytes bounds the tokens file read into memory.
-const maxTokensBytes = 1 << 30
 
 func runGrad(stdout, stderr io.Writer, args []string) error {
 	fs := newFlags("grad", stderr)
@@ -57,7 +48,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	case !(*hostGiB > 0) || math.IsInf(*hostGiB, 0):
 		return fmt.Errorf("%w: --host-memory-gib = %g: must be a finite number > 0", errUsage, *hostGiB)
 	}
-	limit := hostLimit{flagGiB: *hostGiB, avail: availableMemory()}
+	limit := hostLimit{flagGiB: *hostGiB, avail: kernel.AvailableMemory()}
 	ac, err := moe.ParseAC(*acFlag)
 	if err != nil {
 		return fmt.Errorf("%w: --ac: %v", errUsage, err)
@@ -93,7 +84,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := checkFinite(cfg, ps); err != nil {
+		if err := hf.CheckFinite(cfg, ps); err != nil {
 			return fmt.Errorf("%s: %w", *weights, err)
 		}
 		if err := m.SetTensors(ps); err != nil {
@@ -103,7 +94,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if *tokensPath == "" {
 		return nil
 	}
-	tokens, err := readTokens(*tokensPath, cfg.Vocab)
+	tokens, err := hf.ReadTokens(*tokensPath, cfg.Vocab)
 	if err != nil {
 		return err
 	}
@@ -128,20 +119,6 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	})
 }
 
-// checkFinite refuses a checkpoint holding NaN or ±Inf: its loss and every
-// gradient would be NaN, and JSON cannot even print the loss. ps is in
-// cfg.Params() order (moe.LoadParams).
-func checkFinite(cfg *moe.Config, ps [][]float32) error {
-	for i, p := range cfg.Params() {
-		for j, v := range ps[i] {
-			if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
-				return fmt.Errorf("tensor %s holds %v at element %d: weights must be finite", p.Name, f, j)
-			}
-		}
-	}
-	return nil
-}
-
 // gradReport is the JSON object grad prints.
 type gradReport struct {
 	Loss      float64 `json:"loss"`       // mean cross-entropy over the predicted positions
@@ -152,60 +129,6 @@ type gradReport struct {
 	Sequences int     `json:"sequences"`
 	SeqLen    int     `json:"seq_len"`
 	AC        string  `json:"ac"`
-}
-
-// readTokens reads a JSON array of equal-length sequences of token ids in
-// [0, vocab). Each sequence needs at least two tokens (one predicted
-// position).
-func readTokens(path string, vocab int) ([][]int, error) {
-	b, err := fileio.ReadBounded(path, maxTokensBytes)
-	if err != nil {
-		return nil, err
-	}
-	toks, err := parseTokens(b, vocab)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return toks, nil
-}
-
-func parseTokens(b []byte, vocab int) ([][]int, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	var raw [][]json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
-		var typ *json.UnmarshalTypeError
-		switch {
-		case errors.Is(err, io.EOF):
-			err = errors.New("the file is empty")
-		case errors.As(err, &typ):
-			err = fmt.Errorf("found a JSON %s at byte %d", typ.Value, typ.Offset)
-		}
-		return nil, fmt.Errorf("want a JSON array of arrays of token ids: %w", err)
-	}
-	if dec.More() {
-		return nil, errors.New("trailing data after the token array")
-	}
-	if len(raw) == 0 {
-		return nil, errors.New("no sequences")
-	}
-	out := make([][]int, len(raw))
-	for i, seq := range raw {
-		if len(seq) != len(raw[0]) {
-			return nil, fmt.Errorf("sequence %d has %d tokens but sequence 0 has %d: sequences must have equal length", i, len(seq), len(raw[0]))
-		}
-		if len(seq) < 2 {
-			return nil, fmt.Errorf("sequence %d has %d tokens: need at least 2 (the labels are the next tokens)", i, len(seq))
-		}
-		out[i] = make([]int, len(seq))
-		for j, n := range seq {
-			v, err := strconv.ParseInt(string(n), 10, 64)
-			if err != nil || v < 0 || v >= int64(vocab) {
-				return nil, fmt.Errorf("sequence %d, position %d: token id %s is not an integer in [0, vocab_size = %d)", i, j, n, vocab)
-			}
-			out[i][j] = int(v)
-		}
-	}
-	return out, nil
 }
 
 // gradParamBytes is the memory grad needs for the parameters alone: float32
@@ -238,30 +161,21 @@ func checkGradMemory(cfg *moe.Config, limit hostLimit) error {
 	return nil
 }
 
-// gradHeapFactor scales the float32 activation bytes that memory.Estimate
-// predicts to the process's peak resident memory: Go's collector (GOGC=100)
-// lets the heap grow past the live bytes. Measured on the tiny model, 500
-// sequences of 512 tokens, --ac none: estimate 1.32 GB peak allocated,
-// /usr/bin/time maximum resident set 1.95 GB (×1.48).
-const gradHeapFactor = 1.5
-
 // checkGradActivations refuses a token file whose forward and backward pass
 // would not fit in the host memory limit, instead of growing until the
 // kernel kills it: all sequences run as one micro-batch, and the
-// activations grow with their tokens. The bytes are memory.Estimate's peak
-// allocated for one rank holding everything in float32, the reference's
-// storage type, times gradHeapFactor.
+// activations grow with their tokens. The bytes are memory.HostPeak of one
+// rank holding everything in float32, the reference's storage type.
 func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, limit hostLimit) error {
 	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
 	if err := l.Resolve(); err != nil {
 		return err
 	}
 	// ForwardBackwardHF runs sequences of seqLen inputs (the aux-loss passes add a label).
-	r, err := memory.Estimate(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, memory.Options{Precision: moe.ReferencePrecision, AC: ac})
+	need, _, err := memory.HostPeak(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, ac)
 	if err != nil {
 		return fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)
 	}
-	need := gradHeapFactor * float64(r.Peak.Allocated)
 	if need > limit.bytes() {
 		return fmt.Errorf("%w: %d sequences × %d tokens need about %.1f GiB of host memory for activations in float32 (--ac %s), over %s (grad runs them as one batch on the CPU; use fewer or shorter sequences)",
 			errUsage, sequences, seqLen, need/(1<<30), ac, limit)
@@ -296,24 +210,4 @@ func (h hostLimit) String() string {
 		return fmt.Sprintf("the %.1f GiB of memory available (MemAvailable; --host-memory-gib = %g)", float64(h.avail)/(1<<30), h.flagGiB)
 	}
 	return fmt.Sprintf("the limit --host-memory-gib = %g", h.flagGiB)
-}
-
-// availableMemory is MemAvailable from /proc/meminfo in bytes, or 0 where
-// that file does not exist.
-func availableMemory() uint64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			f := strings.Fields(rest)
-			if len(f) == 2 && f[1] == "kB" {
-				if kb, err := strconv.ParseUint(f[0], 10, 64); err == nil && kb < 1<<50 {
-					return kb << 10
-				}
-			}
-		}
-	}
-	return 0
 }

@@ -16,37 +16,9 @@ import (
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/moe/kernel"
 	"github.com/moescope/moescope/moe/ref"
 )
-
-func TestParseTokens(t *testing.T) {
-	got, err := parseTokens([]byte(" [[1, 2, 3], [0, 23, 5]] "), 24)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 2 || got[1][1] != 23 {
-		t.Errorf("got %v", got)
-	}
-	for _, c := range []struct{ in, want string }{
-		{`[[1,2,3],[1,2]]`, "sequence 1 has 2 tokens but sequence 0 has 3"},
-		{`[[1,2],[1,24]]`, "sequence 1, position 1: token id 24 is not an integer in [0, vocab_size = 24)"},
-		{`[[1,-1]]`, "token id -1"},
-		{`[[1,2.5]]`, "token id 2.5"},
-		{`[[1,1e30]]`, "token id 1e30"},
-		{`[[1]]`, "need at least 2"},
-		{`[]`, "no sequences"},
-		{`[[1,2]] [[3,4]]`, "trailing data"},
-		{`{"a":1}`, "JSON array of arrays of token ids: found a JSON object at byte 1"},
-		{`[1,2]`, "found a JSON number at byte 2"},
-		{``, "the file is empty"},
-		{`[["1",2]]`, `token id "1" is not an integer`},
-	} {
-		_, err := parseTokens([]byte(c.in), 24)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: error %v, want one containing %q", c.in, err, c.want)
-		}
-	}
-}
 
 func TestGradInitSave(t *testing.T) {
 	dir := t.TempDir()
@@ -236,32 +208,6 @@ func TestGradBadInput(t *testing.T) {
 	}
 }
 
-func FuzzParseTokens(f *testing.F) {
-	for _, s := range []string{`[[1,2,3],[4,5,6]]`, `[[1,2],[3]]`, `[[0,23]]`, `[[1e3,2]]`, `[[-0,1]]`, `[[9223372036854775808,1]]`, `[]`, `null`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		const vocab = 24
-		toks, err := parseTokens(b, vocab)
-		if err != nil {
-			return
-		}
-		if len(toks) == 0 || len(toks[0]) < 2 {
-			t.Fatalf("accepted %q: %v", b, toks)
-		}
-		for _, s := range toks {
-			if len(s) != len(toks[0]) {
-				t.Fatalf("accepted ragged %q", b)
-			}
-			for _, id := range s {
-				if id < 0 || id >= vocab {
-					t.Fatalf("accepted id %d from %q", id, b)
-				}
-			}
-		}
-	})
-}
-
 // TestGradDeepseekAux: DeepSeek-MoE's own aux loss (MoEGate, seq_aux,
 // aux_loss_alpha) is added as its modeling_deepseek.py trains on it: loss,
 // aux loss and gradient file equal those of the PyTorch reference
@@ -350,7 +296,7 @@ func TestGradMemoryGuard(t *testing.T) {
 	if err := checkGradMemory(cfg, hostLimit{flagGiB: float64(need)/(1<<30) + 1}); err != nil {
 		t.Errorf("a limit above the need must not refuse: %v", err)
 	}
-	if availableMemory() == 0 {
+	if kernel.AvailableMemory() == 0 {
 		t.Log("no /proc/meminfo here: the guard is off")
 	}
 }

@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/internal/fileio"
@@ -22,7 +19,6 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
-	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
@@ -33,81 +29,6 @@ func init() {
 // planEvaluator turns the real evaluator into the one the search uses;
 // tests replace it to make goldens independent of the performance model.
 var planEvaluator = func(sim *plan.SimEvaluator) plan.Evaluator { return sim }
-
-// planJSON is one plan in --json output (DESIGN's layout keys and units).
-type planJSON struct {
-	GPUs                int            `json:"gpus"`
-	DPShard             int            `json:"dp_shard"`
-	DPReplicate         int            `json:"dp_replicate"`
-	EP                  int            `json:"ep"`
-	TP                  int            `json:"tp,omitempty"`  // absent = 1
-	ETP                 int            `json:"etp,omitempty"` // with tp
-	Sharding            job.Sharding   `json:"sharding"`
-	ReshardAfterForward bool           `json:"reshard_after_forward"`
-	KeepGathered        bool           `json:"keep_gathered"`
-	AllreduceLastOnly   bool           `json:"allreduce_last_only"`
-	GradSyncLastOnly    bool           `json:"grad_sync_last_only,omitempty"`
-	PP                  int            `json:"pp,omitempty"` // absent = 1; the pipeline fields with it
-	PPSchedule          job.PPSchedule `json:"pp_schedule,omitempty"`
-	PPMicrobatchSize    int            `json:"pp_microbatch_size,omitempty"`
-	PPVirtualStages     int            `json:"pp_virtual_stages,omitempty"`
-	AC                  moe.AC         `json:"ac"`
-	LBS                 int            `json:"lbs"`
-	GradAccum           int            `json:"grad_accum"`
-	GlobalBatch         int            `json:"global_batch"`
-	TPS                 float64        `json:"tps"`
-	TPSInterval         *[2]float64    `json:"tps_interval,omitempty"`
-	MFU                 float64        `json:"mfu"`
-	MemoryFraction      float64        `json:"memory_fraction"`
-	StepTimeS           float64        `json:"step_time_s"`
-	Bottleneck          string         `json:"bottleneck"`
-	Breakdown           *sim.Breakdown `json:"breakdown,omitempty"` // the best plan's only: simulate's shape
-}
-
-type planStageJSON struct {
-	GPUs              int        `json:"gpus"`
-	Candidates        int        `json:"candidates"`
-	Pruned            int        `json:"pruned"`
-	Simulated         int        `json:"simulated"`
-	BestTPS           float64    `json:"best_tps"`
-	ScalingEfficiency float64    `json:"scaling_efficiency"`
-	Grew              string     `json:"grew,omitempty"`
-	Survivors         []planJSON `json:"survivors"`
-}
-
-type planReportJSON struct {
-	Model        string          `json:"model"`
-	GPU          string          `json:"gpu"`
-	Cluster      string          `json:"cluster"`
-	GPUs         int             `json:"gpus"`
-	Seq          int             `json:"seq"`
-	MemoryTarget float64         `json:"memory_target"`
-	GlobalBatch  int             `json:"global_batch,omitempty"`
-	Exhaustive   bool            `json:"exhaustive"`
-	Simulated    int             `json:"simulated"`
-	Stages       []planStageJSON `json:"stages"`
-	Plans        []planJSON      `json:"plans"`
-	Best         planJSON        `json:"best"`
-}
-
-func planToJSON(r plan.Result, breakdown bool) planJSON {
-	p, l := r.Point, r.Point.Layout
-	j := planJSON{GPUs: l.GPUs, DPShard: l.DPShard, DPReplicate: l.DPReplicate, EP: l.EP, Sharding: l.Sharding,
-		ReshardAfterForward: l.ReshardAfterForward, KeepGathered: l.KeepGathered, AllreduceLastOnly: l.AllreduceLastOnly,
-		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(),
-		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
-		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval, GradSyncLastOnly: l.GradSyncLastOnly}
-	if l.TPDegree() > 1 {
-		j.TP, j.ETP = l.TPDegree(), max(l.ETP, 1)
-	}
-	if l.Stages() > 1 {
-		j.PP, j.PPSchedule, j.PPMicrobatchSize, j.PPVirtualStages = l.PP, l.PPSchedule, l.PPMicrobatchSize, l.VirtualStages()
-	}
-	if breakdown {
-		j.Breakdown = &r.Score.Breakdown
-	}
-	return j
-}
 
 type planArgs struct {
 	hardwareFlags
@@ -154,13 +75,8 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	cfg, dev, cl := simEv.Run.Model, simEv.Device, simEv.Cluster
 	req := a.request(cfg, cl)
 	if a.narrow != nil {
-		// Storage types an export cannot write refuse it before the search.
-		for i, t := range a.narrow.targets {
-			x := plan.RecipeExport(simEv.Run.Recipe)
-			_, _, err := t.CheckPrecision(x.Precision, x.ReduceDType)
-			if err = errors.Join(err, t.CheckRecipe(simEv.Run.Recipe)); err != nil {
-				return fmt.Errorf("%w: %s: %v", errUsage, a.narrow.flags[i], err)
-			}
+		if err := a.narrow.checkRecipe(simEv.Run.Recipe); err != nil {
+			return err
 		}
 	}
 	bar := newProgressBar(stderr)
@@ -172,7 +88,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err // a plan.InfeasibleError explains itself; exit status 1
 	}
-	if err := planIntervals(simEv, rep, a.top); err != nil {
+	if err := simEv.Intervals(rep, a.top); err != nil {
 		return err
 	}
 	var narrowed bytes.Buffer
@@ -349,49 +265,23 @@ func (a *planArgs) checkOutputs() error {
 		return err
 	}
 	if a.plotD != "" {
-		// The directory is made at the end (MkdirAll): its nearest
-		// existing ancestor (or itself) must be a directory.
-		for d := filepath.Clean(a.plotD); ; d = filepath.Dir(d) {
-			st, err := os.Stat(d)
-			if err == nil && !st.IsDir() {
-				return fmt.Errorf("--plot %s: %s is not a directory", a.plotD, d)
-			}
-			if err == nil || d == filepath.Dir(d) {
-				break
-			}
-		}
-		for _, p := range report.PlotPaths(a.plotD) {
-			if _, err := os.Lstat(p); err == nil && !a.force {
-				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
-			}
-		}
+		return report.CheckPlots(a.plotD, a.force)
 	}
 	return nil
 }
 
-// load resolves the model, device, cluster and calibration the flags name.
+// load resolves the model, device, cluster and calibration the flags name
+// (the hardware as simulate resolves it, then --gpus-per-node).
 func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *cost.Calibration, err error) {
 	if cfg, err = hf.Load(a.model); err != nil {
 		return nil, dev, nil, nil, fmt.Errorf("%w: --model: %v", errUsage, err)
 	}
-	if dev, err = hw.LookupDevice(a.gpu); err != nil {
-		return nil, dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
-	}
-	clName := a.cluster
-	if clName == "" {
-		clName = hw.ClusterForGPU(dev.Name)
-	}
-	if cl, err = hw.LoadCluster(clName); err != nil {
-		return nil, dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
+	if dev, cl, cal, err = a.hardwareFlags.load(); err != nil {
+		return nil, dev, nil, nil, err
 	}
 	if a.gpusPerNode > 0 {
 		c := cl.WithGPUsPerNode(a.gpusPerNode)
 		cl = &c
-	}
-	if a.calibration != "" {
-		if cal, err = readCalibration(a.calibration); err != nil {
-			return nil, dev, nil, nil, err
-		}
 	}
 	return cfg, dev, cl, cal, nil
 }
@@ -406,24 +296,10 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 		req.Experts = cfg.Experts
 	}
 	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, a.recipe.r.Compile); a.narrow != nil {
-		req.Admit = a.narrow.admit
+		req.Admit = a.narrow.Admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
-		// Tensor-parallel degrees the model or the sequence cannot split
-		// are refused before any estimate.
-		narrow, seq := req.Admit, a.seq
-		req.Admit = func(p plan.Point) error {
-			if err := p.Layout.CheckModel(cfg); err != nil {
-				return err
-			}
-			if err := p.Layout.CheckSeq(seq); err != nil {
-				return err
-			}
-			if narrow != nil {
-				return narrow(p)
-			}
-			return nil
-		}
+		req.Admit = plan.TPAdmit(cfg, a.seq, req.Admit)
 	}
 	return req
 }
@@ -519,201 +395,4 @@ func (a *planArgs) plotData(rep *plan.Report, cfg *moe.Config, dev hw.Device, si
 		return nil, err
 	}
 	return &report.Data{Search: rep, Model: cfg.Name, GPU: dev.Name, DeviceGiB: dev.MemoryGiB(), Target: a.target, Sweeps: sweeps, Memory: mem}, nil
-}
-
-func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {
-	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, true)}
-	for _, st := range rep.Stages {
-		s := planStageJSON{GPUs: st.GPUs, Candidates: st.Candidates, Pruned: st.Pruned, Simulated: st.Simulated,
-			BestTPS: st.BestTPS, ScalingEfficiency: st.ScalingEfficiency, Grew: st.Grew, Survivors: []planJSON{}}
-		for i, r := range st.Survivors {
-			if i == a.top {
-				break
-			}
-			s.Survivors = append(s.Survivors, planToJSON(r, false))
-		}
-		out.Stages = append(out.Stages, s)
-	}
-	for i, r := range rep.Plans {
-		if i == a.top {
-			break
-		}
-		out.Plans = append(out.Plans, planToJSON(r, false))
-	}
-	return writeJSON(w, "plan", out)
-}
-
-// With pp (tp) searched, the stage table says which pp (tp) each stage's
-// best plan uses, so it shows at which scale a pipeline (tensor
-// parallelism) enters the lead; with both, both columns.
-func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device, ppSearched, tpSearched bool) {
-	mode := "hierarchical search"
-	if rep.Exhaustive {
-		mode = "exhaustive search"
-	}
-	fmt.Fprintf(w, "moescope plan: %s\n%s, %d candidates simulated\n\n", title, mode, rep.Simulated)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	ppCol := map[bool]string{true: "best pp\t"}[ppSearched] + map[bool]string{true: "best tp\t"}[tpSearched]
-	fmt.Fprintln(tw, "stage\tGPUs\tcandidates\tpruned\tsimulated\tcarried\tbest TPS\tscaling eff.\tgrew\t"+ppCol)
-	for i, st := range rep.Stages {
-		grew := st.Grew
-		if grew == "" {
-			grew = "-"
-		}
-		carried := "-"
-		if i < len(rep.Stages)-1 {
-			carried = fmt.Sprint(len(st.Survivors))
-		}
-		pp := ""
-		if ppSearched && len(st.Survivors) > 0 {
-			pp = fmt.Sprintf("%d\t", st.Survivors[0].Point.Layout.Stages())
-		}
-		if tpSearched && len(st.Survivors) > 0 {
-			pp += fmt.Sprintf("%d\t", st.Survivors[0].Point.Layout.TPDegree())
-		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%s\t%.0f\t%.1f%%\t%s\t%s\n", i+1, st.GPUs, st.Candidates, st.Pruned, st.Simulated, carried, st.BestTPS, 100*st.ScalingEfficiency, grew, pp)
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "rank\tdp_shard\tdp_rep\tep\tsharding\toptions\tac\tlbs\taccum\tTPS\tMFU\tmemory\tstep s\tbottleneck\t")
-	for i, r := range rep.Plans {
-		if i == top {
-			break
-		}
-		l := r.Point.Layout
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t%.1f%%\t%.3f\t%s\t\n", i+1, l.DPShard, l.DPReplicate, l.EP,
-			l.Sharding, report.LayoutOptions(l), r.Point.AC, r.Point.LBS, r.Point.GradAccum, tpsText(r.Score), 100*r.Score.MFU,
-			100*r.Score.MemoryFraction, r.Score.StepTimeS, r.Score.Bottleneck)
-	}
-	tw.Flush()
-	fmt.Fprintln(w)
-	for _, line := range planExplain(rep, dev) {
-		fmt.Fprintln(w, line)
-	}
-	if ppSearched {
-		fmt.Fprintln(w, planPipelineVerdict(rep))
-	}
-}
-
-// planPipelineVerdict says whether pipeline parallelism wins: the best
-// plan with pp > 1 and the best without, and how far apart they are.
-func planPipelineVerdict(rep *plan.Report) string {
-	var pipe, flat *plan.Result
-	for i := range rep.Plans {
-		r := &rep.Plans[i]
-		if r.Point.Layout.Stages() > 1 && pipe == nil {
-			pipe = r
-		}
-		if r.Point.Layout.Stages() == 1 && flat == nil {
-			flat = r
-		}
-	}
-	switch {
-	case pipe == nil:
-		return "pipeline: no pipeline layout is among the plans at the target scale."
-	case flat == nil:
-		return fmt.Sprintf("pipeline: only pipelines are among the plans; the best is %s.", report.PointName(pipe.Point))
-	case pipe.Score.TPS > flat.Score.TPS:
-		return fmt.Sprintf("pipeline: PP wins: %s is %.1f%% faster than the best without a pipeline (%s).",
-			report.PointName(pipe.Point), 100*(pipe.Score.TPS/flat.Score.TPS-1), report.PointName(flat.Point))
-	}
-	return fmt.Sprintf("pipeline: PP does not win: the best pipeline (%s) is %.1f%% slower than the best plan.",
-		report.PointName(pipe.Point), 100*(1-pipe.Score.TPS/flat.Score.TPS))
-}
-
-// planExplain is the two-line explanation of the best plan: what it is and
-// what it predicts, then where its step time goes and what it beat.
-func planExplain(rep *plan.Report, dev hw.Device) [2]string {
-	b := rep.Best
-	l, p := b.Point.Layout, b.Point
-	var shape string
-	switch {
-	case l.DPShard == 1:
-		shape = fmt.Sprintf("pure data parallelism over %d replicas", l.DPReplicate)
-	case l.DPReplicate == 1 && l.TPDegree() == 1 && l.Stages() == 1:
-		shape = fmt.Sprintf("%s over all %d GPUs", l.Sharding, l.DPShard)
-	case l.DPReplicate == 1:
-		shape = fmt.Sprintf("%s over %d GPUs", l.Sharding, l.DPShard)
-	default:
-		shape = fmt.Sprintf("%s groups of %d GPUs × %d replicas", l.Sharding, l.DPShard, l.DPReplicate)
-	}
-	if l.EP > 1 {
-		shape += fmt.Sprintf(", experts over ep %d", l.EP)
-	}
-	if l.Stages() > 1 {
-		shape = fmt.Sprintf("a %d-stage pipeline, each stage %s", l.PP, shape)
-	}
-	if o := report.LayoutOptions(l); o != "-" {
-		shape += " (" + o + ")"
-	}
-	batch := fmt.Sprintf("lbs %d", p.LBS)
-	if p.GradAccum > 1 {
-		batch += fmt.Sprintf(" × %d micro-steps", p.GradAccum)
-	}
-	line1 := fmt.Sprintf("best: %s, %s, %s: %.0f TPS per GPU, MFU %.1f%%, memory %.1f%% of %.2f GiB.",
-		shape, planACProse(p.AC), batch, b.Score.TPS, 100*b.Score.MFU, 100*b.Score.MemoryFraction, dev.MemoryGiB())
-	var parts []string
-	for _, t := range report.StepParts(b.Score.Breakdown) {
-		if b.Score.StepTimeS > 0 && t.Seconds/b.Score.StepTimeS >= 0.005 { // parts that round to 0% are left out
-			parts = append(parts, fmt.Sprintf("%s %.0f%%", t.Name, 100*t.Seconds/b.Score.StepTimeS))
-		}
-	}
-	line2 := fmt.Sprintf("why: step %.3f s", b.Score.StepTimeS)
-	if len(parts) > 0 {
-		line2 += " = " + strings.Join(parts, " + ")
-	}
-	line2 += "; bottleneck " + b.Score.Bottleneck
-	if len(rep.Plans) > 1 {
-		next := rep.Plans[1]
-		if gap := 1 - next.Score.TPS/math.Max(b.Score.TPS, 1e-300); gap < 0.0005 {
-			line2 += fmt.Sprintf("; it ties with %s (lower memory breaks the tie)", report.PointName(next.Point))
-		} else {
-			line2 += fmt.Sprintf("; the runner-up (%s) is %.1f%% slower", report.PointName(next.Point), 100*gap)
-		}
-	}
-	return [2]string{line1, line2 + "."}
-}
-
-// planACProse names a checkpointing policy in a sentence.
-func planACProse(ac moe.AC) string {
-	switch ac.Mode {
-	case moe.ACNone:
-		return "no activation checkpointing"
-	case moe.ACSelective:
-		return "per-op selective activation checkpointing"
-	case moe.ACFull:
-		return "full activation checkpointing"
-	case moe.ACModules:
-		return "Megatron-style recompute of " + strings.TrimPrefix(ac.String(), "modules:")
-	}
-	return fmt.Sprintf("full checkpointing of every %d-th block", ac.Every)
-}
-
-// planIntervals fills the calibrated TPS interval of the best plan and the
-// top reported ones (nothing without a calibration).
-func planIntervals(e *plan.SimEvaluator, rep *plan.Report, top int) error {
-	if e.Calibration == nil {
-		return nil
-	}
-	var err error
-	if rep.Best.Score.TPSInterval, err = e.Interval(rep.Best.Point); err != nil {
-		return err
-	}
-	for i := range rep.Plans[:min(top, len(rep.Plans))] {
-		if rep.Plans[i].Score.TPSInterval, err = e.Interval(rep.Plans[i].Point); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// tpsText is a plan's TPS for the table, with "± x%" (the interval's larger
-// half-width) under a calibration.
-func tpsText(s plan.Score) string {
-	if iv := s.TPSInterval; iv != nil {
-		return fmt.Sprintf("%.0f ±%.0f%%", s.TPS, 100*math.Max(iv[1]/s.TPS-1, 1-iv[0]/s.TPS))
-	}
-	return fmt.Sprintf("%.0f", s.TPS)
 }

@@ -1,84 +1,66 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
-	"regexp"
-	"sort"
 	"strings"
-	"sync"
 
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 )
 
-// exportNarrowing is the search's Admit for the torchtitan exports: it
-// refuses what the targets cannot express and counts the refusals by
-// reason, so that plan can say how much an export request narrowed the
-// search and why. The planner calls Admit from several goroutines.
+// exportNarrowing is the search's plan.ExportFilter for the torchtitan
+// exports the flags ask for, with the flags that asked, so that plan can
+// say how much an export request narrowed the search and why.
 type exportNarrowing struct {
-	flags    []string
-	targets  []plan.TorchtitanTarget
-	compiled bool // the model is compiled (plan.TorchtitanAdmit's compiledModel)
-
-	mu      sync.Mutex
-	refused int
-	reasons map[string]int    // reason key → candidates refused for it
-	why     map[string]string // reason key → the explanation after its ':'
+	flags []string // one per target
+	*plan.ExportFilter
 }
 
-// A value after "= " is normalised out of reason keys: "sharding = ddp
-// with dp_shard = 8" and "= 32" are one reason (zero1 and zero2 are not).
-var reasonValue = regexp.MustCompile(`= [0-9]+`)
+// newExportNarrowing returns the narrowing for the exports the flags ask
+// for, or nil when none is asked for.
+func newExportNarrowing(tomlPath, pyPath string, compiled bool) *exportNarrowing {
+	n := &exportNarrowing{ExportFilter: &plan.ExportFilter{Compiled: compiled}}
+	if tomlPath != "" {
+		n.flags, n.Targets = append(n.flags, "--torchtitan-toml"), append(n.Targets, plan.TorchtitanTOML)
+	}
+	if pyPath != "" {
+		n.flags, n.Targets = append(n.flags, "--torchtitan-py"), append(n.Targets, plan.TorchtitanPy)
+	}
+	if len(n.Targets) == 0 {
+		return nil
+	}
+	return n
+}
 
-func (n *exportNarrowing) admit(p plan.Point) error {
-	for _, t := range n.targets {
-		err := plan.TorchtitanAdmit(t, p, n.compiled)
-		if err == nil {
-			continue
+// checkRecipe refuses, naming the flag, a recipe whose storage types or
+// settings a target cannot write, before the search.
+func (n *exportNarrowing) checkRecipe(r job.Recipe) error {
+	for i, t := range n.Targets {
+		x := plan.RecipeExport(r)
+		_, _, err := t.CheckPrecision(x.Precision, x.ReduceDType)
+		if err = errors.Join(err, t.CheckRecipe(r)); err != nil {
+			return fmt.Errorf("%w: %s: %v", errUsage, n.flags[i], err)
 		}
-		n.record(err)
-		return err
 	}
 	return nil
-}
-
-// record counts one refused candidate under each reason its error joins
-// (TorchtitanAdmit joins one error per field it cannot express).
-func (n *exportNarrowing) record(err error) {
-	errs := []error{err}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.refused++
-	if n.reasons == nil {
-		n.reasons, n.why = map[string]int{}, map[string]string{}
-	}
-	for _, e := range errs {
-		msg := e.Error()
-		key, why, _ := strings.Cut(msg, ":")
-		key = reasonValue.ReplaceAllString(key, "= N")
-		n.why[key] = strings.TrimSpace(why)
-		n.reasons[key]++
-	}
 }
 
 // report says, when the exports refused any candidate, how many of all the
 // search enumerated and for which reasons (most frequent first), e.g.
 // "--torchtitan-toml narrows the search … 62 of 251 candidates left out".
 func (n *exportNarrowing) report(w io.Writer, rep *plan.Report) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.refused == 0 {
+	refused, reasons := n.Refusals()
+	if refused == 0 {
 		return
 	}
 	total := 0
 	for _, st := range rep.Stages {
 		total += st.Candidates
 	}
-	names := make([]string, len(n.targets))
-	for i, t := range n.targets {
+	names := make([]string, len(n.Targets))
+	for i, t := range n.Targets {
 		names[i] = t.String()
 	}
 	verb := "narrows"
@@ -86,34 +68,8 @@ func (n *exportNarrowing) report(w io.Writer, rep *plan.Report) {
 		verb = "narrow"
 	}
 	fmt.Fprintf(w, "moescope plan: %s %s the search to what %s can express: %d of %d candidates left out before simulation (%d simulated):\n",
-		strings.Join(n.flags, " and "), verb, strings.Join(names, " and "), n.refused, total, rep.Simulated)
-	keys := make([]string, 0, len(n.reasons))
-	for k := range n.reasons {
-		keys = append(keys, k)
+		strings.Join(n.flags, " and "), verb, strings.Join(names, " and "), refused, total, rep.Simulated)
+	for _, r := range reasons {
+		fmt.Fprintf(w, "  %d × %s: %s\n", r.Count, r.Reason, r.Why)
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		if n.reasons[keys[i]] != n.reasons[keys[j]] {
-			return n.reasons[keys[i]] > n.reasons[keys[j]]
-		}
-		return keys[i] < keys[j]
-	})
-	for _, k := range keys {
-		fmt.Fprintf(w, "  %d × %s: %s\n", n.reasons[k], k, n.why[k])
-	}
-}
-
-// newExportNarrowing returns the narrowing for the exports the flags ask
-// for, or nil when none is asked for.
-func newExportNarrowing(tomlPath, pyPath string, compiled bool) *exportNarrowing {
-	n := &exportNarrowing{compiled: compiled}
-	if tomlPath != "" {
-		n.flags, n.targets = append(n.flags, "--torchtitan-toml"), append(n.targets, plan.TorchtitanTOML)
-	}
-	if pyPath != "" {
-		n.flags, n.targets = append(n.flags, "--torchtitan-py"), append(n.targets, plan.TorchtitanPy)
-	}
-	if len(n.targets) == 0 {
-		return nil
-	}
-	return n
 }

@@ -10,62 +10,32 @@ import (
 	"github.com/moescope/moescope/parallel/plan"
 )
 
-// TestExportNarrowingCounts feeds hand-picked points: two ZeRO points, two
-// DDP points with different dp_shard (one reason), a keep-gathered ZeRO-2
-// point (two reasons, one candidate) and two FSDP points torchtitan can run.
-func TestExportNarrowingCounts(t *testing.T) {
+// TestExportNarrowingReport: the narrowing names the flags and the target,
+// the refused candidates out of all the stages enumerated, and each reason
+// with its count (plan.ExportFilter's counts are its own test's).
+func TestExportNarrowingReport(t *testing.T) {
 	n := newExportNarrowing("job.toml", "", false)
-	pt := func(s job.Sharding, shard int, keep bool) plan.Point {
+	pt := func(s job.Sharding, shard int) plan.Point {
 		return plan.Point{Layout: job.Layout{GPUs: 64, DPShard: shard, DPReplicate: 64 / shard, EP: 1, Sharding: s,
-			ReshardAfterForward: true, KeepGathered: keep}, AC: moe.AC{Mode: moe.ACFull}, LBS: 1, GradAccum: 2}
+			ReshardAfterForward: true}, AC: moe.AC{Mode: moe.ACFull}, LBS: 1, GradAccum: 2}
 	}
-	refused := 0
-	for _, p := range []plan.Point{pt(job.ShardZeRO1, 8, false), pt(job.ShardZeRO2, 8, false), pt(job.ShardDDP, 8, false),
-		pt(job.ShardDDP, 32, false), pt(job.ShardZeRO2, 8, true), pt(job.ShardFSDP, 8, false), pt(job.ShardDDP, 1, false)} {
-		if n.admit(p) != nil {
-			refused++
-		}
-	}
-	if refused != 5 || n.refused != 5 {
-		t.Fatalf("refused %d (counted %d), want 5", refused, n.refused)
-	}
-	want := map[string]int{"sharding = zero1": 1, "sharding = zero2": 2, "sharding = ddp with dp_shard = N": 2, "keep_gathered = true": 1}
-	if len(n.reasons) != len(want) {
-		t.Errorf("reasons %v, want %v", n.reasons, want)
-	}
-	for k, v := range want {
-		if n.reasons[k] != v {
-			t.Errorf("reason %q: %d, want %d (all: %v)", k, n.reasons[k], v, n.reasons)
-		}
+	for _, p := range []plan.Point{pt(job.ShardZeRO2, 8), pt(job.ShardDDP, 8), pt(job.ShardDDP, 32), pt(job.ShardFSDP, 8)} {
+		n.Admit(p)
 	}
 	var b bytes.Buffer
-	n.report(&b, &plan.Report{Stages: []plan.Stage{{Candidates: 7}}, Simulated: 2})
-	for _, w := range []string{"--torchtitan-toml narrows the search to what torchtitan v0.2.2 TOML can express: 5 of 7 candidates left out before simulation (2 simulated):",
-		"  2 × sharding = zero2: ", "  2 × sharding = ddp with dp_shard = N: "} {
+	n.report(&b, &plan.Report{Stages: []plan.Stage{{Candidates: 4}, {Candidates: 3}}, Simulated: 2})
+	for _, w := range []string{"moescope plan: --torchtitan-toml narrows the search to what torchtitan v0.2.2 TOML can express: 3 of 7 candidates left out before simulation (2 simulated):\n",
+		"\n  2 × sharding = ddp with dp_shard = N: ", "\n  1 × sharding = zero2: "} {
 		if !strings.Contains(b.String(), w) {
 			t.Errorf("report lacks %q:\n%s", w, b.String())
 		}
 	}
+	b.Reset()
+	newExportNarrowing("job.toml", "job.py", false).report(&b, &plan.Report{})
+	if b.Len() > 0 {
+		t.Errorf("nothing refused: %q, want no report", b.String())
+	}
 	if newExportNarrowing("", "", true) != nil {
 		t.Error("no export: narrowing should be nil")
-	}
-}
-
-// TestExportNarrowingZeroBubbleCompiled: with a compiled model the TOML
-// export leaves out zero-bubble pipelines (plan.TorchtitanAdmit with a compiled model), the
-// config-registry export and an eager TOML export keep them.
-func TestExportNarrowingZeroBubbleCompiled(t *testing.T) {
-	l := job.Layout{GPUs: 16, PP: 2, PPSchedule: job.PPZBVZeroBubble, Sharding: job.ShardFSDP}
-	if err := l.Resolve(); err != nil {
-		t.Fatal(err)
-	}
-	p := plan.Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 4, GradAccum: 1}
-	if err := newExportNarrowing("job.toml", "", true).admit(p); err == nil || !strings.Contains(err.Error(), "pp_schedule = ZBVZeroBubble with a compiled model") {
-		t.Errorf("TOML, compiled: %v, want the point left out by pp_schedule", err)
-	}
-	for _, n := range []*exportNarrowing{newExportNarrowing("", "job.py", true), newExportNarrowing("job.toml", "", false)} {
-		if err := n.admit(p); err != nil {
-			t.Errorf("%v: %v, want the point kept", n.flags, err)
-		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 // of the best plan (as the table prints it) and notes.
 func writePlanReport(w io.Writer, title string, a *planArgs, rep *plan.Report, d *report.Data, dev hw.Device, cal *cost.Calibration, notes []string) error {
 	p := report.Page{Title: title, GPUs: a.gpus, Seq: a.seq, GlobalBatch: a.globalBatch, Top: a.top,
-		Calibration: cal, CalibrationFile: a.calibration, Explain: planExplain(rep, dev), Notes: notes}
+		Calibration: cal, CalibrationFile: a.calibration, Explain: report.Explain(rep, dev), Notes: notes}
 	if info, ok := debug.ReadBuildInfo(); ok {
 		p.Version = versionText(info)
 	}

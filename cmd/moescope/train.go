@@ -258,49 +258,16 @@ func (a *trainArgs) setup() (*trainRun, error) {
 }
 
 // trainer builds the goroutine ranks from a fresh initialization or from
-// the --resume checkpoint, and the state a checkpoint of this run records.
+// the --resume checkpoint (numeric.Start), and the state a checkpoint of
+// this run records.
 func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, error) {
-	cfg, layout, mesh, ac, batch, coef := r.cfg, r.layout, r.mesh, r.ac, r.batch, r.coef
 	adam := ref.TorchtitanAdamW
 	adam.LR, adam.WeightDecay = a.lr, a.wd
-	state := numeric.TrainState{Model: cfg.Name, Layout: layout, AC: ac.String(), LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
-		GlobalBatch: batch.Global(), DataSeed: a.seed, AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate}
-	var init [][]float32
-	var err error
-	var loaded *numeric.TrainCheckpoint
-	if a.resume != "" {
-		loaded, err = numeric.LoadTrainCheckpoint(a.resume, cfg)
-		if err != nil {
-			return nil, numeric.TrainState{}, err
-		}
-		if err := loaded.CheckResume(state); err != nil {
-			return nil, numeric.TrainState{}, err
-		}
-		init = loaded.Params
-		state.Losses = loaded.State.Losses
-	} else {
-		m, err := ref.NewModel[float32](cfg)
-		if err != nil {
-			return nil, numeric.TrainState{}, err
-		}
-		m.InitRandom(a.seed)
-		init = m.Tensors()
-	}
-	num, err := numeric.New(numeric.Spec{Spec: r.spec(), Mesh: mesh, DataSeed: a.seed,
-		AdamW: adam, AuxCoef: coef, BiasRate: a.biasRate, Timeout: a.faults.timeout}, init)
-	if err != nil {
-		return nil, numeric.TrainState{}, err
-	}
-	if err := num.SetFault(a.faults.fault(num.StepIndex())); err != nil {
-		return nil, numeric.TrainState{}, err
-	}
-	if loaded != nil {
-		if err := num.SetOptimizerState(loaded.M, loaded.V, int64(loaded.State.Step)); err != nil {
-			return nil, numeric.TrainState{}, err
-		}
-	}
-
-	return num, state, nil
+	state := numeric.TrainState{Model: r.cfg.Name, Layout: r.layout, AC: r.ac.String(), LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
+		GlobalBatch: r.batch.Global(), DataSeed: a.seed, AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate}
+	spec := numeric.Spec{Spec: r.spec(), Mesh: r.mesh, DataSeed: a.seed,
+		AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate, Timeout: a.faults.timeout}
+	return numeric.Start(spec, state, a.seed, a.resume, a.faults.fault(0))
 }
 
 // run runs the optimizer steps, printing a line per step, and reports

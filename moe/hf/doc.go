@@ -4,7 +4,8 @@
 // transformers config class), the built-in configs embedded from models/
 // (each with a _source line), and checkpoints under HF tensor names, one
 // safetensors file or a sharded model.safetensors.index.json, checked
-// against the model's parameter list with every problem reported at once.
+// against the model's parameter list with every problem reported at once,
+// and the token files a training loss reads (ReadTokens).
 // Its tests run the reference model on HF checkpoints against PyTorch.
 //
 // It imports moe, moe/safetensors and internal/fileio; flops, memory and

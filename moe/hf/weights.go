@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -304,6 +305,20 @@ func LoadParams[T float32 | float64](path string, cfg *moe.Config) ([][]T, error
 		}
 	}
 	return out, nil
+}
+
+// CheckFinite refuses parameters holding NaN or ±Inf, naming the first
+// such tensor and element: a loss and every gradient computed from them
+// would be NaN. ps is in cfg.Params() order (LoadParams).
+func CheckFinite[T float32 | float64](cfg *moe.Config, ps [][]T) error {
+	for i, p := range cfg.Params() {
+		for j, v := range ps[i] {
+			if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
+				return fmt.Errorf("tensor %s holds %v at element %d: weights must be finite", p.Name, f, j)
+			}
+		}
+	}
+	return nil
 }
 
 // SaveParams writes tensors in cfg.Params() order (data[i] belongs to

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -269,4 +270,26 @@ func FuzzOpenIndex(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCheckFinite: finite parameters pass; the first NaN or ±Inf is named
+// by tensor and element.
+func TestCheckFinite(t *testing.T) {
+	cfg, err := Load("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := cfg.Params()
+	data := make([][]float64, len(ps))
+	for i, p := range ps {
+		data[i] = make([]float64, p.Elements())
+	}
+	if err := CheckFinite(cfg, data); err != nil {
+		t.Fatalf("zeros: %v", err)
+	}
+	data[1][3], data[2][0] = math.Inf(-1), math.NaN()
+	want := "tensor " + ps[1].Name + " holds -Inf at element 3: weights must be finite"
+	if err := CheckFinite(cfg, data); err == nil || err.Error() != want {
+		t.Errorf("got %v, want %q", err, want)
+	}
 }

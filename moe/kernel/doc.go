@@ -12,7 +12,8 @@
 //     AttnShape.Area is the score area its tiles execute (the op records
 //     attention count).
 //   - MeasurePeak and Info: the measured FMA peak (the denominator of every
-//     CPU MFU moescope prints) and what cpuid reports.
+//     CPU MFU moescope prints) and what cpuid reports; AvailableMemory, the
+//     memory the machine can give a CPU run.
 //   - ParallelFor, SwiGLU, SwiGLUBackward, Add, Axpy: the reference model's
 //     element-wise work, split over the cores by contiguous chunks and, for
 //     these four, in AVX2 vectors.

@@ -17,8 +17,9 @@ type HostMemory struct {
 	// gradients and two moments.
 	Params float64
 	// Activations: each rank's activations grow with lbs·seq:
-	// memory.Estimate's peak allocated bytes of one rank in float32 (the
-	// reference's storage type), times HeapFactor, on every rank.
+	// memory.HostPeak of one rank (memory.Estimate's peak allocated bytes
+	// in float32, the reference's storage type, times memory.HeapFactor),
+	// on every rank.
 	Activations float64
 	// Padding: gathered weights, and the gradients reduce-scattered from
 	// them, are padded as FSDP2 pads them: a tensor of r rows on n ranks
@@ -30,15 +31,6 @@ type HostMemory struct {
 
 // Total is the sum of the terms.
 func (h HostMemory) Total() float64 { return h.Params + h.Activations + h.Padding }
-
-// HeapFactor scales memory.Estimate's float32 peak allocated bytes of one
-// rank to the process's resident memory per rank: the reference keeps
-// working buffers the GPU accounting does not count, and Go's collector
-// (GOGC=100) lets the heap grow past the live bytes. Measured on the tiny
-// model (maximum resident set from /usr/bin/time ÷ the estimate for all
-// ranks): 2 ranks at lbs 64 × seq 2048, 2.03 GiB ÷ 1.00 GiB; 1 rank at
-// lbs 256 × seq 1024 with --ac full, 1.46 GiB ÷ 0.73 GiB.
-const HeapFactor = 2.0
 
 // PaddedCopies is how many padded float32 copies of the model a numeric
 // rank holds besides what the other terms count (gathered weights,
@@ -59,11 +51,11 @@ func EstimateHostMemory(cfg *moe.Config, l job.Layout, b memory.Batch, ac moe.AC
 	}
 	world := float64(l.GPUs)
 	h.Params = float64(h.Parameters) * 4 * (2*world + 6)
-	est, err := memory.Estimate(cfg, l, b, memory.Options{Precision: moe.ReferencePrecision, AC: ac})
+	rank, est, err := memory.HostPeak(cfg, l, b, ac)
 	if err != nil {
 		return h, err
 	}
-	h.Activations = HeapFactor * float64(est.Peak.Allocated) * world
+	h.Activations = rank * world
 	var padded int64
 	for _, u := range est.Units {
 		padded += u.Shard * int64(l.DPShard)

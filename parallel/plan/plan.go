@@ -94,7 +94,8 @@ type Request struct {
 	// that divides a stage's GPUs and fits in a host (GPUsPerNode, the
 	// NVLink domain of the usual clusters); with ep > 1 both etp = 1 and
 	// etp = tp are tried. A family keeps its tp as it grows. Admit should
-	// refuse the degrees the model cannot split (job.Layout.CheckModel).
+	// refuse the degrees the model cannot split (job.Layout.CheckModel;
+	// TPAdmit).
 	TPs []int
 	// PPs are the pipeline-parallel degrees searched (default 1 only):
 	// each that divides a stage's GPUs (pp × tp of them, with each tp of
@@ -146,6 +147,25 @@ type Request struct {
 	// data-parallel rank's sequences (dpShare: its tp ranks and pipeline
 	// stages), so earlier stages do not rank it at one (lbsTop).
 	perGPUCap int
+}
+
+// TPAdmit is admit (nil: every point) behind the checks of each point's
+// layout against cfg and sequences of seq tokens (job.Layout.CheckModel,
+// CheckSeq): a Request searching tensor-parallel degrees above 1 refuses
+// those the model or the sequence cannot split before any estimate.
+func TPAdmit(cfg *moe.Config, seq int, admit func(Point) error) func(Point) error {
+	return func(p Point) error {
+		if err := p.Layout.CheckModel(cfg); err != nil {
+			return err
+		}
+		if err := p.Layout.CheckSeq(seq); err != nil {
+			return err
+		}
+		if admit != nil {
+			return admit(p)
+		}
+		return nil
+	}
 }
 
 // Result is an evaluated point.

@@ -195,6 +195,25 @@ func (e *SimEvaluator) Interval(p Point) (*[2]float64, error) {
 	return r.TPSInterval, nil
 }
 
+// Intervals fills the calibrated TPS interval (Interval) of rep's best
+// plan and of its first top plans, the ones a caller reports (nothing
+// without a calibration).
+func (e *SimEvaluator) Intervals(rep *Report, top int) error {
+	if e.Calibration == nil {
+		return nil
+	}
+	var err error
+	if rep.Best.Score.TPSInterval, err = e.Interval(rep.Best.Point); err != nil {
+		return err
+	}
+	for i := range rep.Plans[:min(top, len(rep.Plans))] {
+		if rep.Plans[i].Score.TPSInterval, err = e.Interval(rep.Plans[i].Point); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Trace simulates p keeping its timeline and writes the step as a Chrome
 // trace (rank 0; every rank runs the same program, see Simulate).
 func (e *SimEvaluator) Trace(w io.Writer, p Point) error {

@@ -1,6 +1,8 @@
 package plan
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/moescope/moescope/memory"
@@ -8,6 +10,9 @@ import (
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim/calib"
+	"github.com/moescope/moescope/parallel/sim/cost"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 // qwenOnB200 is the built-in Qwen3-30B-A3B and the B200 device.
@@ -155,4 +160,74 @@ func eagerRun(cfg *moe.Config, seq int) job.Spec {
 		panic(err)
 	}
 	return s
+}
+
+// TestIntervals: under a calibration fitted to published runs the best
+// plan and the first top plans get a TPS interval around their TPS and the
+// others none; without a calibration nothing is filled.
+func TestIntervals(t *testing.T) {
+	cfg, dev := qwenOnB200(t)
+	f, err := os.Open(filepath.Join("..", "..", "testdata", "published", "aleph-alpha-seed-qwen3-30b-a3b-b200.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := published.ReadRuns(f, f.Name(), false)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal, err := calib.Calibrate(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := Point{Layout: job.Layout{GPUs: 16, DPShard: 16, DPReplicate: 1, EP: 1, Sharding: job.ShardFSDP, ReshardAfterForward: true},
+		AC: moe.AC{Mode: moe.ACSelective}, LBS: 2, GradAccum: 1}
+	for _, c := range []*cost.Calibration{nil, cal} {
+		e := &SimEvaluator{Run: eagerRun(cfg, 4096), Device: dev, Calibration: c}
+		s, err := e.Evaluate(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Result{Point: p, Score: s}
+		rep := &Report{Best: r, Plans: []Result{r, r, r}}
+		if err := e.Intervals(rep, 2); err != nil {
+			t.Fatal(err)
+		}
+		for i, got := range []*[2]float64{rep.Best.Score.TPSInterval, rep.Plans[0].Score.TPSInterval, rep.Plans[1].Score.TPSInterval} {
+			if c == nil && got != nil || c != nil && (got == nil || !(got[0] < s.TPS && s.TPS < got[1])) {
+				t.Errorf("calibrated %v: interval %d = %v around TPS %.0f", c != nil, i, got, s.TPS)
+			}
+		}
+		if rep.Plans[2].Score.TPSInterval != nil {
+			t.Errorf("calibrated %v: the plan after the top has interval %v", c != nil, rep.Plans[2].Score.TPSInterval)
+		}
+	}
+}
+
+// TestTPAdmit: a tp degree the model's heads (32, 4 kv) or the sequence
+// (4100 tokens: tp × 2 must divide it, torchtitan's rule) cannot split
+// is refused before the admit it wraps is asked; a point it can split goes
+// to that admit.
+func TestTPAdmit(t *testing.T) {
+	cfg, _ := qwenOnB200(t)
+	pt := func(tp int) Point {
+		l := job.Layout{GPUs: 8 * tp, TP: tp, Sharding: job.ShardFSDP, ReshardAfterForward: true}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		return Point{Layout: l, AC: moe.AC{Mode: moe.ACFull}, LBS: 1, GradAccum: 1}
+	}
+	asked := 0
+	admit := TPAdmit(cfg, 4100, func(Point) error { asked++; return nil })
+	if err := admit(pt(2)); err != nil || asked != 1 {
+		t.Errorf("tp 2, seq 4100: %v (wrapped admit asked %d times), want admitted", err, asked)
+	}
+	for _, tp := range []int{3, 4} { // 3: heads, 4: the sequence
+		if err := admit(pt(tp)); err == nil || asked != 1 {
+			t.Errorf("tp %d: %v (wrapped admit asked %d times), want refused first", tp, err, asked)
+		}
+	}
+	if err := TPAdmit(cfg, 4096, nil)(pt(4)); err != nil {
+		t.Errorf("tp 4, seq 4096, no wrapped admit: %v", err)
+	}
 }

@@ -21,4 +21,7 @@
 //   - the device: `CUDA capacity: <name> with X.XXGiB memory`
 //     (build_device_memory_monitor, metrics.py), checked against the GPU the
 //     user names.
+//
+// Input turns one parsed log into a run; Files reads the logs and job
+// configs calibrate names, each bounded, into runs.
 package titanlog

@@ -233,3 +233,29 @@ func TestJobConfigTP(t *testing.T) {
 		t.Errorf("layout %+v, %v: efsdp %d, want 1", l, err, l.ExpertShard())
 	}
 }
+
+// TestFilesRuns: a log with its TOML and two logs that printed their
+// configs read as runs in order (tps 31,057, the median above); a log or a
+// job config that cannot be read names its flag.
+func TestFilesRuns(t *testing.T) {
+	dev := b200(t)
+	runs, _, err := Files{Logs: []string{"testdata/rank0_colour.log"}, Jobs: []string{"testdata/rank0_colour.toml"}, Device: dev, Skip: 1}.Runs()
+	if err != nil || len(runs) != 1 || runs[0].TPS != 31057 || runs[0].GPUs != 8 {
+		t.Fatalf("rank0_colour.log: %+v, %v", runs, err)
+	}
+	runs, _, err = Files{Logs: []string{"testdata/printed_config.log", "testdata/printed_config.log"}, Device: dev, Skip: 1}.Runs()
+	if err != nil || len(runs) != 2 || runs[1].TPS != 31057 {
+		t.Fatalf("two printed configs: %+v, %v", runs, err)
+	}
+	for _, c := range []struct {
+		f    Files
+		want string
+	}{
+		{Files{Logs: []string{"testdata/missing.log"}, Device: dev}, "--torchtitan-log: "},
+		{Files{Logs: []string{"testdata/rank0_colour.log"}, Jobs: []string{"testdata/missing.toml"}, Device: dev}, "--job-config: "},
+	} {
+		if _, _, err := c.f.Runs(); err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error naming %s", c.f, err, c.want)
+		}
+	}
+}

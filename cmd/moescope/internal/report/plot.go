@@ -45,6 +45,28 @@ func PlotPaths(dir string) []string {
 	return out
 }
 
+// CheckPlots refuses, before a search, a --plot directory WritePlots could
+// not write into: it is made at the end (MkdirAll), so its nearest
+// existing ancestor (or itself) must be a directory, and none of the files
+// it will hold may exist unless force.
+func CheckPlots(dir string, force bool) error {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err == nil && !st.IsDir() {
+			return fmt.Errorf("--plot %s: %s is not a directory", dir, d)
+		}
+		if err == nil || d == filepath.Dir(d) {
+			break
+		}
+	}
+	for _, p := range PlotPaths(dir) {
+		if _, err := os.Lstat(p); err == nil && !force {
+			return fmt.Errorf("%s: %w", p, fileio.ErrExists)
+		}
+	}
+	return nil
+}
+
 // Data is what the pictures show: the search, the local-batch sweeps at
 // the target scale and the best plan's memory timeline.
 type Data struct {
@@ -82,12 +104,8 @@ func WritePlots(stderr io.Writer, dir string, force bool, d *Data) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("--plot: %w", err)
 	}
-	if !force {
-		for _, p := range PlotPaths(dir) {
-			if _, err := os.Lstat(p); err == nil {
-				return fmt.Errorf("%s: %w", p, fileio.ErrExists)
-			}
-		}
+	if err := CheckPlots(dir, force); err != nil {
+		return err
 	}
 	figs, err := figures(d)
 	if err != nil {

@@ -1,0 +1,37 @@
+package memory
+
+import (
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+)
+
+// HeapFactor scales Estimate's peak allocated bytes of one rank of the CPU
+// reference (every tensor in float32, moe.ReferencePrecision) to the
+// resident memory of the process running it: the reference keeps working
+// buffers the GPU accounting does not count, and Go's collector (GOGC=100)
+// lets the heap grow past the live bytes. One factor serves every command
+// that runs the reference on this CPU (train, grad, bench), erring high.
+// Measured as the maximum resident set from /usr/bin/time ÷ the estimate:
+//   - train, tiny model: 2 ranks at lbs 64 × seq 2048, 2.03 GiB ÷ 1.00 GiB;
+//     1 rank at lbs 256 × seq 1024 with --ac full, 1.46 GiB ÷ 0.73 GiB;
+//   - grad, tiny model, 500 sequences of 512 tokens, --ac none: 1.95 GB ÷
+//     1.32 GB (×1.48);
+//   - bench, qwen3-30b-a3b's layer with 16 experts, top-4, no
+//     checkpointing: 2048 tokens, 1.97 GiB ÷ 1.94 GiB; 8192 tokens, 5.58
+//     GiB ÷ 3.52 GiB (×1.59).
+//
+// The largest ratio, 2.03, rounds to 2.
+const HeapFactor = 2.0
+
+// HostPeak is the host memory, in bytes, that one rank of a CPU run of the
+// reference needs at the peak of a step of b under ac on l: Estimate's peak
+// allocated bytes at moe.ReferencePrecision (the reference's float32
+// storage: training state and activations) × HeapFactor. The report is
+// Estimate's, for a caller that sizes more of the run from it.
+func HostPeak(cfg *moe.Config, l job.Layout, b Batch, ac moe.AC) (float64, Report, error) {
+	r, err := Estimate(cfg, l, b, Options{Precision: moe.ReferencePrecision, AC: ac})
+	if err != nil {
+		return 0, Report{}, err
+	}
+	return HeapFactor * float64(r.Peak.Allocated), r, nil
+}

@@ -1,0 +1,48 @@
+package numeric
+
+import "github.com/moescope/moescope/moe/ref"
+
+// Start builds the Trainer of spec, run state describes (its Losses
+// empty), from a fresh initialization from seed (ref.Model.InitRandom), or,
+// when resume names a checkpoint directory (SaveTrainCheckpoint), from
+// that checkpoint's parameters and optimizer state; a checkpoint that
+// cannot continue state is refused (TrainCheckpoint.CheckResume). fault
+// (nil: none) is armed on the new trainer (SetFault) before a checkpoint's
+// optimizer state and step count are loaded. The state returned is what a
+// checkpoint of this run records: state with the resumed run's losses.
+func Start(spec Spec, state TrainState, seed uint64, resume string, fault *Fault) (*Trainer, TrainState, error) {
+	cfg := spec.Model
+	var init [][]float32
+	var loaded *TrainCheckpoint
+	if resume != "" {
+		var err error
+		if loaded, err = LoadTrainCheckpoint(resume, cfg); err != nil {
+			return nil, TrainState{}, err
+		}
+		if err := loaded.CheckResume(state); err != nil {
+			return nil, TrainState{}, err
+		}
+		init = loaded.Params
+		state.Losses = loaded.State.Losses
+	} else {
+		m, err := ref.NewModel[float32](cfg)
+		if err != nil {
+			return nil, TrainState{}, err
+		}
+		m.InitRandom(seed)
+		init = m.Tensors()
+	}
+	n, err := New(spec, init)
+	if err != nil {
+		return nil, TrainState{}, err
+	}
+	if err := n.SetFault(fault); err != nil {
+		return nil, TrainState{}, err
+	}
+	if loaded != nil {
+		if err := n.SetOptimizerState(loaded.M, loaded.V, int64(loaded.State.Step)); err != nil {
+			return nil, TrainState{}, err
+		}
+	}
+	return n, state, nil
+}
