@@ -86,7 +86,8 @@ func TestTrainStallRankWatchdog(t *testing.T) {
 }
 
 // TestTrainFaultKeepsLastGoodCheckpoint: a run resumed from checkpoint A
-// that would replace checkpoint B (--force) fails at its second step:
+// that would replace checkpoint B (--force) fails at its second step (the
+// job's third):
 // neither A nor B changes by a byte, no partial directory is left beside
 // them, and both still resume.
 func TestTrainFaultKeepsLastGoodCheckpoint(t *testing.T) {
@@ -103,6 +104,11 @@ func TestTrainFaultKeepsLastGoodCheckpoint(t *testing.T) {
 		_, err := trainBounded(t, args...)
 		if err == nil || !strings.Contains(err.Error(), "nothing of this run was saved: --checkpoint "+b+" keeps what it held") {
 			t.Fatalf("%v: err %v", fault, err)
+		}
+		// --fail-step counts this run's steps: resumed after A's one step,
+		// its second is the job's third.
+		if fault[0] == "--fail-rank" && !strings.Contains(err.Error(), "step 3: rank 1") {
+			t.Errorf("%v: err %v, want the fault at the job's step 3", fault, err)
 		}
 		for ck, files := range before {
 			if got := readTree(t, ck); !sameTree(got, files) {
