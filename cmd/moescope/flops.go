@@ -88,7 +88,7 @@ func runFlops(stdout, stderr io.Writer, args []string) error {
 	model := fs.String("model", "", "built-in model name or config.json path (moescope models lists the built-ins)")
 	seq := fs.Int("seq", 4096, "tokens per sequence")
 	batch := fs.Int("batch", 1, "sequences per step (per-step totals only)")
-	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (hardware convention)")
+	acFlag := addACFlag(fs, "selective", "the hardware convention's recompute")
 	tileFlag := fs.String("tile", "128x128", "flash-attention tile ROWSxCOLS for the hardware convention")
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose BF16 dense peak MFU divides by")
 	tps := fs.Float64("tps", 0, fmt.Sprintf("measured tokens per second per GPU, in (0, %g]; prints MFU per convention and HFU", maxTPS))

@@ -23,7 +23,7 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
 	weights := fs.String("weights", "", "safetensors checkpoint: a file, a model.safetensors.index.json or a directory holding one")
 	tokensPath := fs.String("tokens", "", "JSON array of equal-length token-id sequences; labels are the next tokens")
-	acFlag := fs.String("ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (gradients do not depend on it)")
+	acFlag := addACFlag(fs, "selective", "gradients do not depend on it")
 	out := fs.String("out", "", "write the gradient of every weight here (safetensors, F32, the checkpoint's names)")
 	initSeed := fs.Int64("init", -1, "use a deterministic random initialization from this seed (≥ 0) instead of --weights")
 	save := fs.String("save", "", "with --init: write the initialized weights here (safetensors, F32)")

@@ -13,7 +13,6 @@ import (
 
 	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
@@ -136,7 +135,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.IntVar(&a.gpus, "gpus", 0, "GPUs in the job, the target scale (required)")
 	fs.IntVar(&a.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
-	fs.Float64Var(&a.target, "memory-target", memory.DefaultMemoryTarget, "largest memory fraction (peak reserved / device memory) a plan may use, in (0, 1]")
+	target := addTargetFlag(fs)
 	fs.IntVar(&a.globalBatch, "global-batch", 0, "sequences per optimizer step at the target scale (0 = free: no accumulation)")
 	fs.IntVar(&a.top, "top", 10, "plans shown in the table and in --json")
 	fs.IntVar(&a.carry, "carry", 8, "layout families each stage carries to the next")
@@ -158,14 +157,14 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.schedList, "pp-schedules", "1F1B,Interleaved1F1B", fmt.Sprintf("pipeline schedules tried with --pp above 1, comma-separated, of %v "+
 		"(multi-stage ones with 2 stages per rank)", job.PPSchedules()))
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
-	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: none|selective|full|layer:N|modules:M,… "+
-		"(default: none, selective and full)")
+	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: "+acPolicies+" (default: none, selective and full)")
 	a.recipe = addRecipeFlags(fs)
 	mtp := addMTPFlag(fs)
 	refuseRest(fs, "plan searches the layout and the local batch (--gpus, --tp, --pp, --pp-schedules, --pp-microbatch-sizes, --ac, --max-lbs, --global-batch bound it)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
+	a.target = *target
 	if err := mtp(); err != nil {
 		return nil, err
 	}
@@ -185,11 +184,11 @@ func (a *planArgs) validate() error {
 	if a.gpus < 1 || a.gpus > 1<<20 {
 		errs = append(errs, fmt.Errorf("--gpus = %d: must be in [1, 1048576]", a.gpus))
 	}
-	if a.seq < 1 || a.seq > 1<<24 {
-		errs = append(errs, fmt.Errorf("--seq = %d: must be in [1, 16777216]", a.seq))
+	if a.seq < 1 || a.seq > job.MaxSeq {
+		errs = append(errs, fmt.Errorf("--seq = %d: must be in [1, %d]", a.seq, job.MaxSeq))
 	}
 	if !(a.target > 0 && a.target <= 1) {
-		errs = append(errs, fmt.Errorf("--memory-target = %v: must be in (0, 1] (a fraction of device memory)", a.target))
+		errs = append(errs, fmt.Errorf("--memory-target = %v: must be in (0, 1]", a.target))
 	}
 	// Commands reusing the plan flags without these (sweep) leave them
 	// empty: degree 1, the default sizes.

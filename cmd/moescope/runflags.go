@@ -5,7 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -190,10 +192,13 @@ func renameFields(err error, flags map[string]string) error {
 	return errors.Join(out...)
 }
 
+// acPolicies are --ac's values (moe.ParseAC).
+const acPolicies = "none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)"
+
 // addACFlag defines --ac, the checkpointing policy (DESIGN's contract), with
 // the default def.
 func addACFlag(fs *flag.FlagSet, def, note string) *string {
-	help := "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)"
+	help := "activation checkpointing: " + acPolicies
 	if note != "" {
 		help += "; " + note
 	}
@@ -210,9 +215,12 @@ func parseACFlag(s string) (moe.AC, error) {
 }
 
 // addTargetFlag defines --memory-target, the fraction of device memory a
-// layout may use to be within target (DESIGN's "Fits").
+// layout may use to be within target (DESIGN's "Fits"; the planner's and
+// the sweep's bound).
 func addTargetFlag(fs *flag.FlagSet) *float64 {
-	return fs.Float64("memory-target", memory.DefaultMemoryTarget, "fraction of device memory a layout may use to count as within target, in (0, 1]")
+	t := new(float64)
+	fs.Float64Var(t, "memory-target", memory.DefaultMemoryTarget, "fraction of device memory (peak reserved / capacity) a layout may use to count as within target, in (0, 1]")
+	return t
 }
 
 // checkTarget refuses a --memory-target outside (0, 1].
@@ -300,3 +308,10 @@ type refusedFlag struct {
 func (r refusedFlag) String() string     { return "" }
 func (r refusedFlag) IsBoolFlag() bool   { return r.boolean }
 func (r refusedFlag) Set(x string) error { return errors.New("not used here: " + r.why) }
+
+// names are the flags the recipe defines, sorted.
+func (f *recipeFlags) names() []string {
+	names := slices.Collect(maps.Values(f.byKey))
+	slices.Sort(names)
+	return names
+}

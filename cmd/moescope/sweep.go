@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
@@ -61,7 +60,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	a.hardwareFlags.addTo(fs)
 	fs.IntVar(&a.gpus, "gpus", 0, "GPUs of the job to calibrate for (required); the sweep runs at its plan's smallest scale")
 	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
-	fs.Float64Var(&a.target, "memory-target", memory.DefaultMemoryTarget, "largest memory fraction a job may use, in (0, 1]")
+	target := addTargetFlag(fs)
 	out := fs.String("out", "sweep", "directory to write the jobs and the manifest into (made if missing)")
 	maxJobs := fs.Int("max-jobs", 6, "most jobs to pick, in [3, 32]")
 	steps := fs.Int("steps", 30, "training steps each job's command runs, in [3, 100000] (logged every step)")
@@ -71,6 +70,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	a.target = *target
 	a.top, a.carry, a.maxLBS = 1, 8, 256
 	if err := a.validate(); err != nil {
 		return err

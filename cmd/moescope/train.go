@@ -133,12 +133,10 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	a := &trainArgs{}
 	fs := newFlags("train", stderr)
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
-	a.lf = addLayoutFlags(fs)
-	fs.StringVar(&a.acFlag, "ac", "selective", "activation checkpointing: none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)")
-	fs.IntVar(&a.lbs, "lbs", 0, "sequences per data-parallel rank per micro-step (required)")
-	fs.IntVar(&a.seq, "seq", 0, "tokens per sequence (required)")
+	rf := addRunFlags(fs)
+	rf.recipe.refuse("train runs the CPU reference in float32 and eager; the recipe prices GPU time and memory (simulate, memory)", rf.recipe.names()...)
+	a.lf = rf.layout
 	fs.IntVar(&a.steps, "steps", 0, "optimizer steps to run (required)")
-	fs.IntVar(&a.accum, "grad-accum", 1, "micro-steps per optimizer step")
 	fs.Uint64Var(&a.seed, "seed", 0, "seed of the initialization and of the synthetic data")
 	fs.Float64Var(&a.lr, "lr", ref.TorchtitanAdamW.LR, "AdamW learning rate (torchtitan's default)")
 	fs.Float64Var(&a.wd, "weight-decay", ref.TorchtitanAdamW.WeightDecay, "AdamW weight decay (torchtitan's default)")
@@ -159,17 +157,17 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
+	if _, err := rf.recipe.recipe(); err != nil {
+		return nil, err
+	}
+	a.acFlag, a.lbs, a.seq, a.accum = *rf.ac, rf.batch.LBS, rf.batch.Seq, rf.batch.GradAccum
 	switch {
 	case a.model == "":
 		return nil, fmt.Errorf("%w: --model is required", errUsage)
-	case a.lbs < 1 || a.lbs > 1<<16:
-		return nil, fmt.Errorf("%w: --lbs = %d: must be in [1, 65536]", errUsage, a.lbs)
-	case a.seq < 1 || a.seq > 1<<20:
-		return nil, fmt.Errorf("%w: --seq = %d: must be in [1, 1048576]", errUsage, a.seq)
+	case rf.batch.Validate() != nil:
+		return nil, fmt.Errorf("%w: %v", errUsage, renameFields(rf.batch.Validate(), batchKeys))
 	case a.steps < 1 || a.steps > 1<<20:
 		return nil, fmt.Errorf("%w: --steps = %d: must be in [1, 1048576]", errUsage, a.steps)
-	case a.accum < 1 || a.accum > 1<<16:
-		return nil, fmt.Errorf("%w: --grad-accum = %d: must be in [1, 65536]", errUsage, a.accum)
 	case !(a.lr > 0) || a.lr > 1:
 		return nil, fmt.Errorf("%w: --lr = %g: must be in (0, 1]", errUsage, a.lr)
 	case !(a.wd >= 0) || a.wd > 1:
