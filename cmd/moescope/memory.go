@@ -72,7 +72,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	if err := checkTarget(*target); err != nil {
-		return err
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	searchOnly := *maxLBS && !setFlags(fs)["lbs"]
 	if searchOnly {

@@ -187,8 +187,8 @@ func (a *planArgs) validate() error {
 	if a.seq < 1 || a.seq > job.MaxSeq {
 		errs = append(errs, fmt.Errorf("--seq = %d: must be in [1, %d]", a.seq, job.MaxSeq))
 	}
-	if !(a.target > 0 && a.target <= 1) {
-		errs = append(errs, fmt.Errorf("--memory-target = %v: must be in (0, 1]", a.target))
+	if err := checkTarget(a.target); err != nil {
+		errs = append(errs, err)
 	}
 	// Commands reusing the plan flags without these (sweep) leave them
 	// empty: degree 1, the default sizes.

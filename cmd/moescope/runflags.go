@@ -223,10 +223,11 @@ func addTargetFlag(fs *flag.FlagSet) *float64 {
 	return t
 }
 
-// checkTarget refuses a --memory-target outside (0, 1].
+// checkTarget refuses a --memory-target outside (0, 1] (a usage error
+// wraps it).
 func checkTarget(t float64) error {
 	if !(t > 0 && t <= 1) {
-		return fmt.Errorf("%w: --memory-target = %v: must be in (0, 1]", errUsage, t)
+		return fmt.Errorf("--memory-target = %v: must be in (0, 1] (a fraction of device memory)", t)
 	}
 	return nil
 }

@@ -112,7 +112,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: --model is required (built-in: %v, or a config.json path)", errUsage, hf.Builtins())
 	}
 	if err := checkTarget(*sf.target); err != nil {
-		return err
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if sf.traceRanks != "" && sf.tracePath == "" {
 		return fmt.Errorf("%w: --trace-ranks needs --trace", errUsage)
