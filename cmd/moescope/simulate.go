@@ -54,17 +54,9 @@ func (h *hardwareFlags) addTo(fs *flag.FlagSet) {
 }
 
 func (h *hardwareFlags) load() (hw.Device, *hw.Cluster, *cost.Calibration, error) {
-	dev, err := hw.LookupDevice(h.gpu)
+	dev, cl, err := hw.Resolve(h.gpu, h.cluster)
 	if err != nil {
-		return dev, nil, nil, fmt.Errorf("%w: --gpu: %v", errUsage, err)
-	}
-	name := h.cluster
-	if name == "" {
-		name = hw.ClusterForGPU(dev.Name)
-	}
-	cl, err := hw.LoadCluster(name)
-	if err != nil {
-		return dev, nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
+		return dev, nil, nil, fmt.Errorf("%w: --%v", errUsage, err)
 	}
 	var cal *cost.Calibration
 	if h.calibration != "" {

@@ -127,6 +127,8 @@ func simulatePipeline(in Input) (Result, error) {
 	}
 	res.MFU = res.MFUByConvention[string(flops.Torchtitan)]
 	res.HFU = hwFLOP * res.TPS / dev.BF16FLOPs
+	// The pipeline's peak is the worst pipeline rank's, already replayed:
+	// a calibration re-prices its reserved bytes with its overhead.
 	peak := mem.Peak
 	if cal := in.Calibration; cal != nil && cal.AllocatorOverhead > 0 {
 		peak.Reserved = peak.ReservedWith(cal.AllocatorOverhead)

@@ -386,11 +386,7 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	if in.Allocator != nil {
 		alloc = *in.Allocator
 	}
-	if cal != nil && cal.AllocatorOverhead > 0 {
-		alloc.Fragmentation = cal.AllocatorOverhead
-		alloc.Source = "calibrated"
-	}
-	peak, err := p.replay(alloc)
+	peak, err := p.replay(cal.Allocator(alloc))
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
