@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"errors"
 	"fmt"
 	"math"
 
@@ -64,12 +63,10 @@ const (
 	Foreach = "foreach"
 )
 
-// Batch is what one data-parallel rank processes per step.
-type Batch struct {
-	LBS       int // sequences per micro-step
-	Seq       int // tokens per sequence
-	GradAccum int // micro-steps per optimizer step; 0 means 1
-}
+// Batch is what one data-parallel rank processes per step: the run
+// description's (job.Batch, whose Validate holds the one set of limits;
+// GradAccum 0 reads as 1 here).
+type Batch = job.Batch
 
 // Report is the memory of one rank for one training step.
 type Report struct {
@@ -98,8 +95,6 @@ func (r Report) Breakdown() map[string]int64 {
 	return b
 }
 
-// maxTokens bounds lbs·seq so that every size below stays within int64.
-const maxTokens = 1 << 32
 
 func (o Options) normalized() (Options, error) {
 	if o.Precision == (moe.Precision{}) {
@@ -162,18 +157,8 @@ func checkBatch(cfg *moe.Config, b Batch, attn Attention) (Batch, error) {
 	if b.GradAccum == 0 {
 		b.GradAccum = 1
 	}
-	var errs []error
-	if b.LBS < 1 || b.LBS > maxTokens {
-		errs = append(errs, moe.FieldError{Field: "lbs", Value: b.LBS, Allowed: "must be in [1, 4294967296]"})
-	}
-	if b.Seq < 1 || b.Seq > maxTokens {
-		errs = append(errs, moe.FieldError{Field: "seq", Value: b.Seq, Allowed: "must be in [1, 4294967296]"})
-	}
-	if b.GradAccum < 1 || b.GradAccum > 1<<20 {
-		errs = append(errs, moe.FieldError{Field: "grad_accum", Value: b.GradAccum, Allowed: "must be in [1, 1048576]"})
-	}
-	if len(errs) > 0 {
-		return b, errors.Join(errs...)
+	if err := b.Validate(); err != nil {
+		return b, err
 	}
 	// Every size is a product of T = lbs·seq and at most two model widths;
 	// bound the largest sum in float64 before computing it in int64.
@@ -183,7 +168,7 @@ func checkBatch(cfg *moe.Config, b Batch, attn Attention) (Batch, error) {
 	if attn == Eager {
 		w = max(w, float64(cfg.Heads)*float64(b.Seq))
 	}
-	if T > maxTokens || T*w*64*float64(cfg.Layers+2) > math.MaxInt64/4 {
+	if T*w*64*float64(cfg.Layers+2) > math.MaxInt64/4 {
 		return b, fmt.Errorf("lbs = %d, seq = %d: %g tokens per micro-step make byte counts overflow int64", b.LBS, b.Seq, T)
 	}
 	return b, nil
@@ -259,7 +244,7 @@ func MaxLBS(cfg *moe.Config, l job.Layout, seq, gradAccum int, o Options, device
 	if !(target > 0 && target <= 1) {
 		return 0, Report{}, fmt.Errorf("memory_target = %v: must be in (0, 1]", target)
 	}
-	top := max(1, maxTokens/max(seq, 1))
+	top := max(1, min(job.MaxTokens/max(seq, 1), job.MaxLBS))
 	if l.Stages() > 1 {
 		top = min(top, job.MaxMicrobatches*max(l.PPMicrobatchSize, 1))
 	}

@@ -3,6 +3,8 @@ package parallel
 import (
 	"fmt"
 	"math/rand/v2"
+
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Batch is the data plan of a run (DESIGN.md, Batch contract): LBS sequences
@@ -13,15 +15,16 @@ type Batch struct {
 	LBS, Seq, GradAccum, DP int
 }
 
-// Validate checks every field.
+// Validate checks the batch by the run description's one set of limits
+// (job.Batch.Validate), the data-parallel degree by a layout's
+// (job.MaxDegree), and that the global batch stays far from overflowing
+// the int64 sequence indices (2^40 sequences).
 func (b Batch) Validate() error {
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"lbs", b.LBS}, {"seq", b.Seq}, {"grad_accum", b.GradAccum}, {"dp", b.DP}} {
-		if f.v < 1 || f.v > 1<<24 {
-			return fmt.Errorf("%s = %d: must be in [1, 16777216]", f.name, f.v)
-		}
+	if err := (job.Batch{LBS: b.LBS, Seq: b.Seq, GradAccum: b.GradAccum}).Validate(); err != nil {
+		return err
+	}
+	if b.DP < 1 || b.DP > job.MaxDegree {
+		return fmt.Errorf("dp = %d: must be in [1, %d]", b.DP, job.MaxDegree)
 	}
 	if int64(b.LBS)*int64(b.DP)*int64(b.GradAccum) > 1<<40 {
 		return fmt.Errorf("global batch lbs %d × dp %d × grad_accum %d is too large", b.LBS, b.DP, b.GradAccum)
