@@ -95,7 +95,6 @@ func (r Report) Breakdown() map[string]int64 {
 	return b
 }
 
-
 func (o Options) normalized() (Options, error) {
 	if o.Precision == (moe.Precision{}) {
 		o.Precision = moe.DefaultPrecision

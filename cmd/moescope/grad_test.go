@@ -369,8 +369,9 @@ func TestGradActivationGuard(t *testing.T) {
 	if err := checkGradActivations(cfg, 2, 3, none, hostLimit{flagGiB: 2}); err != nil {
 		t.Errorf("6 tokens with 2 GiB: %v", err)
 	}
-	// Token counts past what byte counts can hold are an error, not a wrap.
-	if err := checkGradActivations(cfg, 1<<30, 1<<30, none, hostLimit{flagGiB: 1 << 40}); err == nil || !strings.Contains(err.Error(), "overflow") {
+	// Token counts past what byte counts can hold are an error, not a wrap:
+	// the batch's limits (job.Batch: lbs and seq ≤ 2^24) refuse them.
+	if err := checkGradActivations(cfg, 1<<30, 1<<30, none, hostLimit{flagGiB: 1 << 40}); err == nil || !strings.Contains(err.Error(), "seq = 1073741824: must be in [1, 16777216]") {
 		t.Errorf("2^60 tokens: %v", err)
 	}
 }
