@@ -77,7 +77,7 @@ func TestPlanPublishedReport(t *testing.T) {
 		}
 		pl := in.Layout
 		pubDesc := fmt.Sprintf("%d×%d ep%d %s lbs%d", pl.DPShard, pl.DPReplicate, pl.EP, r.AC, r.LBS)
-		if r.Compiled() {
+		if r.Compile {
 			pubDesc += " compiled"
 		}
 		if tps == 0 {

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
@@ -71,6 +73,9 @@ func (in Input) Run() (published.Run, []string, error) {
 	if err := r.Validate(true); err != nil {
 		return published.Run{}, nil, fmt.Errorf("%s: %w", lg.Name, err)
 	}
+	if err := r.Resolve(); err != nil {
+		return published.Run{}, nil, fmt.Errorf("%s: %w", lg.Name, err)
+	}
 	return r, lg.Notes, nil
 }
 
@@ -118,27 +123,30 @@ func (j *Job) run(gpu string) (published.Run, error) {
 		}
 		accum = j.GlobalBatch / (j.LBS * dp)
 	}
-	r := published.Run{Model: j.Model, GPU: gpu, GPUs: dp * max(j.TP, 1), DPShard: j.DPShard, DPReplicate: j.DPReplicate, EP: j.EP, AC: j.AC,
-		LBS: j.LBS, Seq: j.Seq, Precision: j.Precision, GradAccum: accum, Framework: "torchtitan", FrameworkVersion: j.version()}
+	ac, err := moe.ParseAC(j.AC)
+	if err != nil {
+		return published.Run{}, fmt.Errorf("%s: %w", j.Where, err)
+	}
+	r := published.Run{Model: j.Model, GPU: gpu, Spec: published.Defaults(), Precision: j.Precision,
+		Framework: "torchtitan", FrameworkVersion: j.version()}
+	r.GPUs, r.DPShard, r.DPReplicate, r.EP = dp*max(j.TP, 1), j.DPShard, j.DPReplicate, j.EP
+	r.AC, r.LBS, r.Seq, r.GradAccum = ac, j.LBS, j.Seq, accum
 	if j.TP > 1 {
-		async := j.AsyncTP
-		r.TP, r.ETP, r.AsyncTP = j.TP, j.ETP, &async
+		r.TP, r.ETP, r.AsyncTP = j.TP, j.ETP, j.AsyncTP
 	}
 	if j.DPShard == 1 {
-		r.Sharding = "ddp"
+		r.Sharding = job.ShardDDP
 	}
-	reshard, compile := j.ReshardAfterForward, j.Compile
-	r.ReshardAfterForward, r.Compile = &reshard, &compile
-	if compile && !(j.CompileModel && j.CompileLoss) {
+	r.ReshardAfterForward, r.Compile = j.ReshardAfterForward, j.Compile
+	if j.Compile && !(j.CompileModel && j.CompileLoss) {
 		if j.CompileModel {
-			r.CompileComponents = append(r.CompileComponents, "model")
+			r.CompileComponents = append(r.CompileComponents, job.ModelComponent)
 		}
 		if j.CompileLoss {
-			r.CompileComponents = append(r.CompileComponents, "loss")
+			r.CompileComponents = append(r.CompileComponents, job.LossComponent)
 		}
 		if len(r.CompileComponents) == 0 {
-			f := false
-			r.Compile = &f
+			r.Compile = false
 		}
 	}
 	return r, nil

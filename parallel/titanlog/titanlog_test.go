@@ -136,8 +136,8 @@ func TestJobConfigForms(t *testing.T) {
 	}
 	// By hand from the TOML: 8 GPUs = shard 8 × replicate 1; global batch
 	// 32 = lbs 4 × 8 → one micro-step.
-	if r.Model != "qwen3-30b-a3b" || r.GPUs != 8 || r.DPShard != 8 || r.EP != 1 || r.LBS != 4 || r.Seq != 4096 || r.AC != "selective" ||
-		r.GradAccum != 1 || !*r.Compile || len(r.CompileComponents) != 0 || !*r.ReshardAfterForward {
+	if r.Model != "qwen3-30b-a3b" || r.GPUs != 8 || r.DPShard != 8 || r.EP != 1 || r.LBS != 4 || r.Seq != 4096 || r.AC.String() != "selective" ||
+		r.GradAccum != 1 || !r.Compile || len(r.CompileComponents) != 0 || !r.ReshardAfterForward {
 		t.Errorf("run = %+v", r)
 	}
 }
@@ -224,10 +224,11 @@ func TestJobConfigTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.GPUs != 8 || r.TP != 2 || r.ETP != 2 || r.AsyncTP == nil || !*r.AsyncTP || r.DPShard != 4 {
+	if r.GPUs != 8 || r.TP != 2 || r.ETP != 2 || !r.AsyncTP || r.DPShard != 4 {
 		t.Errorf("run %+v: want gpus 8 = dp_shard 4 × tp 2, etp 2, async", r)
 	}
-	l, err := r.Layout()
+	l := r.Layout
+	err = l.Resolve()
 	// efsdp = dp_shard·tp/(ep·etp) = 4·2/(4·2) = 1.
 	if err != nil || l.ExpertShard() != 1 {
 		t.Errorf("layout %+v, %v: efsdp %d, want 1", l, err, l.ExpertShard())

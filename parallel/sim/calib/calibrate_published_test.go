@@ -158,7 +158,7 @@ func publishedTPSRow(t *testing.T, r published.Run, cal *cost.Calibration, fit b
 	if j := strings.LastIndex(name, "/"); j >= 0 {
 		name = name[j+1:]
 	}
-	if r.Compiled() {
+	if r.Compile {
 		name += " (compiled)"
 	}
 	if r.RunID != "" {

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
@@ -25,8 +27,7 @@ func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
 	for _, g := range []struct{ gpus, lbs int }{{4, 1}, {8, 2}} {
 		// Llama 3 8B, not the tiny test model: the tiny model's kernels all
 		// take the launch floor, where no efficiency moves the TPS.
-		r := published.Run{Model: "llama3-8b", GPU: "b200", GPUs: g.gpus, DPShard: g.gpus, DPReplicate: 1, EP: 1,
-			AC: "selective", LBS: g.lbs, Seq: 4096, Precision: "bf16", TPS: 1}
+		r := published.Run{Model: "llama3-8b", GPU: "b200", Spec: testSpec(g.gpus, g.gpus, 1, "selective", g.lbs, 4096), Precision: "bf16", TPS: 1}
 		in, err := published.InputForRun(r)
 		if err != nil {
 			t.Fatal(err)
@@ -76,8 +77,7 @@ func TestCalibrateRecoversSyntheticRuns(t *testing.T) {
 // why; runs 10% above the pools fit exactly 0.1 (exp(mean ln 1.1) − 1).
 func TestCalibrateAllocatorNotIdentified(t *testing.T) {
 	mk := func(ratio float64) []published.Run {
-		r := published.Run{Model: "tiny-dense", GPU: "b200", GPUs: 4, DPShard: 4, DPReplicate: 1, EP: 1,
-			AC: "full", LBS: 1, Seq: 256, Precision: "bf16", TPS: 1}
+		r := published.Run{Model: "tiny-dense", GPU: "b200", Spec: testSpec(4, 4, 1, "full", 1, 256), Precision: "bf16", TPS: 1}
 		in, err := published.InputForRun(r)
 		if err != nil {
 			t.Fatal(err)
@@ -137,8 +137,7 @@ func TestCalibrateRecoversSweep(t *testing.T) {
 		gpus, lbs int
 		ac        string
 	}{{8, 2, "selective"}, {8, 4, "selective"}, {8, 8, "selective"}, {8, 2, "full"}, {8, 8, "full"}, {16, 4, "selective"}, {16, 8, "full"}} {
-		r := published.Run{Model: "qwen3-30b-a3b", GPU: "b200", GPUs: g.gpus, DPShard: g.gpus, DPReplicate: 1, EP: 1,
-			AC: g.ac, LBS: g.lbs, Seq: 4096, Precision: "bf16", TPS: 1}
+		r := published.Run{Model: "qwen3-30b-a3b", GPU: "b200", Spec: testSpec(g.gpus, g.gpus, 1, g.ac, g.lbs, 4096), Precision: "bf16", TPS: 1}
 		in, err := published.InputForRun(r)
 		if err != nil {
 			t.Fatal(err)
@@ -177,8 +176,7 @@ func benchRuns(b *testing.B, n int) []published.Run {
 	acs := []string{"none", "selective", "full"}
 	var runs []published.Run
 	for i := 0; len(runs) < n; i++ {
-		r := published.Run{Model: "llama3-8b", GPU: "b200", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1,
-			AC: acs[i%3], LBS: 1 + i%8, Seq: []int{2048, 4096}[i/24%2], Precision: "bf16", TPS: 1}
+		r := published.Run{Model: "llama3-8b", GPU: "b200", Spec: testSpec(8, 8, 1, acs[i%3], 1+i%8, []int{2048, 4096}[i/24%2]), Precision: "bf16", TPS: 1}
 		in, err := published.InputForRun(r)
 		if err != nil {
 			b.Fatal(err)
@@ -215,8 +213,7 @@ func BenchmarkCalibrate(b *testing.B) {
 // beyond the device's peak (issue 17's 1e308) and too many runs are
 // refused, naming the field, the value and what is allowed.
 func TestCalibrateRefusesRuns(t *testing.T) {
-	base := published.Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1,
-		AC: "selective", LBS: 2, Seq: 8192, Precision: "bf16", TPS: 6667}
+	base := published.Run{Model: "llama3-8b", GPU: "h100-96gb", Spec: testSpec(8, 8, 1, "selective", 2, 8192), Precision: "bf16", TPS: 6667}
 	fp4, huge := base, base
 	fp4.Precision = "fp4"
 	huge.TPS = 1e308
@@ -247,8 +244,7 @@ func TestCalibrateRefusesRuns(t *testing.T) {
 // package's (its Estimate, one replay shared), with and without a
 // calibrated allocator overhead (reserved = pools × (1 + f)).
 func TestSimulateMemoryIsEstimate(t *testing.T) {
-	r := published.Run{Model: "qwen3-30b-a3b", GPU: "b200", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 2,
-		AC: "selective", LBS: 2, Seq: 4096, Precision: "bf16", TPS: 1}
+	r := published.Run{Model: "qwen3-30b-a3b", GPU: "b200", Spec: testSpec(8, 8, 2, "selective", 2, 4096), Precision: "bf16", TPS: 1}
 	in, err := published.InputForRun(r)
 	if err != nil {
 		t.Fatal(err)
@@ -280,9 +276,22 @@ func TestCalibrateRefusesNoRuns(t *testing.T) {
 	if _, err := Calibrate(nil); err == nil {
 		t.Error("no runs accepted")
 	}
-	r := published.Run{Model: "tiny", GPU: "b200", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 8,
+	r := published.Run{Model: "tiny", GPU: "b200", Spec: testSpec(1, 1, 1, "full", 1, 8),
 		Precision: "bf16", TPS: 1, Source: "test", PowerLimited: true}
 	if _, err := Calibrate([]published.Run{r}); err == nil || !strings.Contains(err.Error(), "power_limited") {
 		t.Errorf("power_limited: Calibrate = %v, want a refusal naming the field", err)
 	}
+}
+
+// testSpec is a run's description over the published schema's defaults:
+// gpus, dp_shard, ep (dp_replicate 1), the checkpointing policy and the
+// batch.
+func testSpec(gpus, dpShard, ep int, ac string, lbs, seq int) job.Spec {
+	s := published.Defaults()
+	s.GPUs, s.DPShard, s.DPReplicate, s.EP, s.LBS, s.Seq = gpus, dpShard, 1, ep, lbs, seq
+	var err error
+	if s.AC, err = moe.ParseAC(ac); err != nil {
+		panic(err)
+	}
+	return s
 }

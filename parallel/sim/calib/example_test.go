@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/moescope/moescope/moe"
+
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/calib"
 	"github.com/moescope/moescope/parallel/sim/published"
@@ -13,8 +15,11 @@ import (
 func ExampleCalibrate() {
 	// torchtitan's Llama 3.1 8B on 8 H100 (96 GB), 2024-12 (R171 in
 	// testdata/published): one run, so one overall compute scale.
-	measured := published.Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1,
-		AC: "selective", LBS: 2, Seq: 8192, Precision: "bf16", TPS: 6667}
+	// The description starts from the schema's defaults (compiled,
+	// torchtitan's recipe), as a runs file read by ReadRuns does.
+	measured := published.Run{Model: "llama3-8b", GPU: "h100-96gb", Spec: published.Defaults(), Precision: "bf16", TPS: 6667}
+	measured.GPUs, measured.DPShard, measured.DPReplicate, measured.EP = 8, 8, 1, 1
+	measured.AC, measured.LBS, measured.Seq = moe.AC{Mode: moe.ACSelective}, 2, 8192
 	cal, err := calib.Calibrate([]published.Run{measured})
 	if err != nil {
 		panic(err)

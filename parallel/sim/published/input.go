@@ -23,7 +23,7 @@ func InputForRun(r Run) (sim.Input, error) {
 	if err != nil {
 		return sim.Input{}, err
 	}
-	spec, err := r.Spec(cfg)
+	spec, err := r.SpecFor(cfg)
 	if err != nil {
 		return sim.Input{}, err
 	}

@@ -17,49 +17,36 @@ import (
 )
 
 // Run is one measured training run in the published-runs schema of
-// DESIGN.md, shared by testdata/published/ and `moescope calibrate --runs`.
-// Required: model, gpu, gpus, dp_shard, dp_replicate, ep, ac, lbs, seq,
-// precision, tps, source (source may be waived for calibration input, see
-// ReadRuns). Optional fields are pointers or zero values meaning "not
-// reported". Byte counts are integers; mfu and memory_fraction fractions.
+// DESIGN.md, shared by testdata/published/ and `moescope calibrate --runs`:
+// the run's description (job.Spec's JSON: the layout's, the batch's and the
+// recipe's keys side by side with "ac") plus the model's name, the hardware
+// and the measured fields. Required: model, gpu, gpus, dp_shard,
+// dp_replicate, ep, ac, lbs, seq, precision, tps, source (source may be
+// waived for calibration input, see ReadRuns). ReadRuns decodes each run
+// over the schema's defaults (Defaults) and resolves it (Resolve), so a
+// key left out keeps its default. Optional measured fields are pointers or
+// zero values meaning "not reported". Byte counts are integers; mfu and
+// memory_fraction fractions.
 type Run struct {
-	Model       string  `json:"model"` // built-in name or config.json path (relative to the file's folder)
-	GPU         string  `json:"gpu"`
-	GPUs        int     `json:"gpus"`
-	DPShard     int     `json:"dp_shard"`
-	DPReplicate int     `json:"dp_replicate"`
-	EP          int     `json:"ep"`
-	AC          string  `json:"ac"` // none|selective|full|layer:N|modules:M,…
-	LBS         int     `json:"lbs"`
-	Seq         int     `json:"seq"`
-	Precision   string  `json:"precision"` // bf16, fp8, mxfp8, ...
-	TPS         float64 `json:"tps"`       // tokens per second per GPU
-	Source      string  `json:"source"`    // URL or repository file the numbers come from
+	Model string `json:"model"` // built-in name or config.json path (relative to the file's folder)
+	GPU   string `json:"gpu"`
+	// Spec is the run's layout, batch, checkpointing and recipe (its Model
+	// is not serialized; Run.Model names it). Its recipe's precision keeps
+	// the default until a predicting caller checks Precision (SpecFor).
+	job.Spec
+	// Precision is the schema's precision, free text in some published
+	// rows ("MXFP8 (params)"): it shadows the recipe's, and SpecFor
+	// refuses what is not a priced recipe.
+	Precision string  `json:"precision"`
+	TPS       float64 `json:"tps"`    // tokens per second per GPU
+	Source    string  `json:"source"` // URL or repository file the numbers come from
 
-	Cluster             string `json:"cluster,omitempty"`
-	GPUsPerNode         int    `json:"gpus_per_node,omitempty"`
-	TP                  int    `json:"tp,omitempty"`  // tensor-parallel degree (absent = 1)
-	ETP                 int    `json:"etp,omitempty"` // expert tensor-parallel degree, 1 or tp (absent = 1)
-	AsyncTP             *bool  `json:"async_tp,omitempty"`
-	Sharding            string `json:"sharding,omitempty"`
-	FSDPImpl            string `json:"fsdp_impl,omitempty"` // fsdp2 (absent) or megatron, job.FSDPImpl
-	ReshardAfterForward *bool  `json:"reshard_after_forward,omitempty"`
-	KeepGathered        *bool  `json:"keep_gathered,omitempty"`
-	AllreduceLastOnly   *bool  `json:"allreduce_last_only,omitempty"`
-	GradAccum           int    `json:"grad_accum,omitempty"`
-	// Pipeline options (DESIGN's schema; absent = no pipeline parallelism,
-	// or torchtitan's defaults under pp > 1, job.Layout.Resolve).
-	PP                int             `json:"pp,omitempty"`
-	PPSchedule        string          `json:"pp_schedule,omitempty"`
-	PPMicrobatchSize  int             `json:"pp_microbatch_size,omitempty"`
-	PPVirtualStages   int             `json:"pp_virtual_stages,omitempty"`
-	PPLayers          job.StageLayers `json:"pp_layers,omitempty"`
-	Compile           *bool           `json:"compile,omitempty"`
-	Framework         string          `json:"framework,omitempty"`
-	FrameworkVersion  string          `json:"framework_version,omitempty"`
-	MemoryFraction    *float64        `json:"memory_fraction,omitempty"`
-	PeakReservedBytes *int64          `json:"peak_reserved_bytes,omitempty"`
-	MFU               *float64        `json:"mfu,omitempty"`
+	Cluster           string   `json:"cluster,omitempty"`
+	Framework         string   `json:"framework,omitempty"`
+	FrameworkVersion  string   `json:"framework_version,omitempty"`
+	MemoryFraction    *float64 `json:"memory_fraction,omitempty"`
+	PeakReservedBytes *int64   `json:"peak_reserved_bytes,omitempty"`
+	MFU               *float64 `json:"mfu,omitempty"`
 	// RunID names the run in the shared validation table of published runs
 	// (published_runs.csv: R170, ...) when it was copied from there; ""
 	// otherwise. No two published runs share one (CheckDuplicates).
@@ -69,72 +56,12 @@ type Run struct {
 	// rather than the peak reserved (an addition to DESIGN's schema:
 	// peak_reserved_bytes and memory_fraction always mean reserved memory).
 	PeakAllocatedBytes *int64 `json:"peak_allocated_bytes,omitempty"`
-	// Optimizer is the AdamW implementation, fused or foreach (an addition
-	// to DESIGN's schema; "" = fused, torchtitan's default since 2025).
-	Optimizer string `json:"optimizer,omitempty"`
-	// TorchVersion is the PyTorch release the run used, MAJOR.MINOR (an
-	// addition to DESIGN's schema; absent = 2.9 or later). It decides the
-	// kernels of eager mode (before 2.9 RMSNorm is a composite of fp32
-	// kernels).
-	TorchVersion string `json:"torch_version,omitempty"`
-	// FusedElementwise says the run's framework runs each elementwise op
-	// as one fused kernel of its own (TransformerEngine and Megatron-Core
-	// fusions of RMSNorm, RoPE, SwiGLU and cross-entropy) where eager
-	// PyTorch would run several (an addition to DESIGN's schema; absent =
-	// false).
-	FusedElementwise bool `json:"fused_elementwise,omitempty"`
 	// PowerLimited says the source ran its GPUs below their default power
 	// limit without stating the limit (an addition to DESIGN's schema;
 	// absent = false). The time model prices a device at its default
 	// limit, so such a run's step time cannot be predicted and
 	// InputForRun refuses it; its memory does not depend on the clock.
 	PowerLimited bool `json:"power_limited,omitempty"`
-	// Dispatcher is how the run's framework moves expert-parallel tokens:
-	// absent or all_to_all (torchtitan's), deepep or hybridep (DeepEP's
-	// kernels: one row per token and destination rank; an addition to
-	// DESIGN's schema).
-	Dispatcher string `json:"dispatcher,omitempty"`
-	// ExpertGEMM is the kernel of the routed experts' matmuls: absent or
-	// grouped_mm (torch._grouped_mm, torchtitan's), cublas
-	// (TransformerEngine's GroupedLinear, one cuBLAS GEMM per expert; an
-	// addition to DESIGN's schema).
-	ExpertGEMM string `json:"expert_gemm,omitempty"`
-	// LossChunks is the number of chunks of a chunked cross-entropy (an
-	// addition to DESIGN's schema; 0 = unchunked).
-	LossChunks int `json:"loss_chunks,omitempty"`
-	// AttentionKernel is the SDPA backend the run's software chose, cudnn
-	// or flash2 (an addition to DESIGN's schema; "" = cudnn, torchtitan's
-	// choice since it sets the SDPA priority).
-	AttentionKernel string `json:"attention_kernel,omitempty"`
-	// ExpandableSegments is the run's PYTORCH_ALLOC_CONF
-	// expandable_segments setting (DESIGN's schema; absent = on, as
-	// torchtitan's run_train.sh sets it).
-	ExpandableSegments *bool `json:"expandable_segments,omitempty"`
-	// CompileComponents is torchtitan's compile.components when the run
-	// compiled only some parts ("model", "loss"; an addition to DESIGN's
-	// schema: absent = both when compile is on). torchtitan before
-	// bbb1b616e (2025-04-02) never compiled the loss.
-	CompileComponents []string `json:"compile_components,omitempty"`
-	// ParamDType, GradDType and OptimizerDType are storage types when the
-	// run's framework does not keep torchtitan's fp32 parameters,
-	// gradients and AdamW moments (an addition to DESIGN's schema: f32 or
-	// bf16; absent = f32).
-	ParamDType     string `json:"param_dtype,omitempty"`
-	GradDType      string `json:"grad_dtype,omitempty"`
-	OptimizerDType string `json:"optimizer_dtype,omitempty"`
-	// ReduceDType is FSDP2's MixedPrecisionPolicy.reduce_dtype when it
-	// differs from grad_dtype (an addition to DESIGN's schema: f32 or bf16;
-	// absent = grad_dtype).
-	ReduceDType string `json:"reduce_dtype,omitempty"`
-	// GradSyncLastOnly says the run skipped every gradient reduction
-	// before the last accumulation micro-step (FSDP2's
-	// set_requires_gradient_sync(False)); an FSDP option beside
-	// allreduce_last_only, absent = false.
-	GradSyncLastOnly *bool `json:"grad_sync_last_only,omitempty"`
-	// LossDType is the type the eager cross-entropy computes in (an
-	// addition to DESIGN's schema: absent = f32, torchtitan's
-	// pred.float(); bf16 for a loss on the bf16 logits).
-	LossDType string `json:"loss_dtype,omitempty"`
 	// Unmodelled names a difference of the run's framework that changes
 	// its memory or time and that moescope does not model (an addition to
 	// DESIGN's schema; "" = none known). Tables mark such rows and keep
@@ -153,102 +80,46 @@ type Run struct {
 	File string `json:"-"`
 }
 
-// Compiled reports whether the run used torch.compile. A run that does not
-// say is taken as compiled, DESIGN's default (--compile) and what
-// torchtitan's performance configurations set.
-func (r Run) Compiled() bool { return r.Compile == nil || *r.Compile }
+// Defaults is what a run's description holds before its keys are read:
+// torchtitan's recipe (job.DefaultRecipe: compiled, expandable segments,
+// fused AdamW, cuDNN attention, fp32 state, reduce_dtype = grad_dtype),
+// one micro-step, fsdp sharding that reshards after forward (ReadRuns
+// turns the reshard off under pp > 1 when the key is absent, torchtitan's
+// not pp_enabled); tp and etp 0 read as 1. The required degrees, batch and
+// checkpointing are left zero so that a run must state them. A Run built
+// in code starts from these.
+func Defaults() job.Spec {
+	return job.Spec{Layout: job.Layout{Sharding: job.ShardFSDP, ReshardAfterForward: true},
+		Batch: job.Batch{GradAccum: 1}, Recipe: job.DefaultRecipe()}
+}
 
-// Recipe is what the run executes with (job.Recipe, resolved): every field
-// the run states, torchtitan's default (job.DefaultRecipe) for each it
-// leaves out, compiled unless it says otherwise (Compiled). Its precision
-// is the schema's own free text until a predicting caller checks it
-// (Spec); the recipe keeps the default.
-func (r Run) Recipe() (job.Recipe, error) {
-	rec := job.DefaultRecipe()
-	rec.Compile = r.Compiled()
-	for _, c := range r.CompileComponents {
-		rec.CompileComponents = append(rec.CompileComponents, job.Component(c))
+// Resolve fills the defaults that depend on other fields (the layout's
+// derived degrees, tp and etp 1, grad_accum 0 = 1, reduce_dtype =
+// grad_dtype: job.Spec's resolution without the model) and validates the
+// description, each rule its part's own.
+func (r *Run) Resolve() error {
+	if r.GradAccum == 0 {
+		r.GradAccum = 1
 	}
-	if r.ExpandableSegments != nil {
-		rec.ExpandableSegments = *r.ExpandableSegments
-	}
-	rec.LossChunks, rec.FusedElementwise = r.LossChunks, r.FusedElementwise
-	for _, f := range []struct {
-		v   string
-		dst *moe.DType
-	}{{r.ParamDType, &rec.ParamDType}, {r.GradDType, &rec.GradDType}, {r.OptimizerDType, &rec.OptimizerDType},
-		{r.ReduceDType, &rec.ReduceDType}, {r.LossDType, &rec.LossDType}} {
-		if f.v != "" {
-			*f.dst = moe.DType(f.v)
+	var errs []error
+	for _, err := range []error{r.Layout.Resolve(), r.Batch.Validate(), r.AC.Validate(), r.Recipe.Resolve()} {
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
-	setEnum(&rec.Optimizer, r.Optimizer)
-	setEnum(&rec.Attention, r.AttentionKernel)
-	setEnum(&rec.Dispatcher, r.Dispatcher)
-	setEnum(&rec.ExpertGEMM, r.ExpertGEMM)
-	tv, err := job.ParseTorchVersion("torch_version", r.TorchVersion)
-	if err != nil {
-		return rec, err
-	}
-	rec.Torch = tv
-	return rec, rec.Resolve()
+	return errors.Join(errs...)
 }
 
-// setEnum sets *dst to a stated value (absent: the default stays).
-func setEnum[T ~string](dst *T, v string) {
-	if v != "" {
-		*dst = T(v)
-	}
-}
-
-// Spec is the run's description for model cfg: its layout, batch,
-// checkpointing and recipe, with its precision checked as priced.
-func (r Run) Spec(cfg *moe.Config) (job.Spec, error) {
-	l, err := r.Layout()
-	if err != nil {
+// SpecFor is the run's description for model cfg, resolved and validated
+// against the model, with the run's precision checked as priced.
+func (r Run) SpecFor(cfg *moe.Config) (job.Spec, error) {
+	s := r.Spec
+	s.Model = cfg
+	s.Precision = job.Precision(r.Precision)
+	if err := s.Precision.Check("precision"); err != nil {
 		return job.Spec{}, err
 	}
-	ac, err := moe.ParseAC(r.AC)
-	if err != nil {
-		return job.Spec{}, err
-	}
-	rec, err := r.Recipe()
-	if err != nil {
-		return job.Spec{}, err
-	}
-	rec.Precision = job.Precision(r.Precision)
-	if err := rec.Precision.Check("precision"); err != nil {
-		return job.Spec{}, err
-	}
-	s := job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: max(1, r.GradAccum)}, AC: ac, Recipe: rec}
-	return s, s.Validate()
-}
-
-// Layout returns the run's layout, resolved and validated.
-func (r Run) Layout() (job.Layout, error) {
-	l := job.Layout{GPUs: r.GPUs, DPShard: r.DPShard, DPReplicate: r.DPReplicate, EP: r.EP, TP: r.TP, ETP: r.ETP,
-		Sharding: job.Sharding(r.Sharding), FSDPImpl: job.FSDPImpl(r.FSDPImpl), ReshardAfterForward: true, GPUsPerNode: r.GPUsPerNode,
-		PP: r.PP, PPSchedule: job.PPSchedule(r.PPSchedule), PPMicrobatchSize: r.PPMicrobatchSize,
-		PPVirtualStages: r.PPVirtualStages, PPLayers: r.PPLayers}
-	// torchtitan's default reshards after forward except under PP
-	// (apply_fsdp: reshard_after_forward = not pp_enabled).
-	l.ReshardAfterForward = r.PP <= 1
-	if r.AsyncTP != nil {
-		l.AsyncTP = *r.AsyncTP
-	}
-	if r.ReshardAfterForward != nil {
-		l.ReshardAfterForward = *r.ReshardAfterForward
-	}
-	if r.KeepGathered != nil {
-		l.KeepGathered = *r.KeepGathered
-	}
-	if r.AllreduceLastOnly != nil {
-		l.AllreduceLastOnly = *r.AllreduceLastOnly
-	}
-	if r.GradSyncLastOnly != nil {
-		l.GradSyncLastOnly = *r.GradSyncLastOnly
-	}
-	return l, l.Resolve()
+	return s, s.Resolve()
 }
 
 // MeasuredReserved returns the run's measured peak reserved bytes, if any:
@@ -263,7 +134,9 @@ func (r Run) MeasuredReserved(dev hw.Device) (float64, bool) {
 	return 0, false
 }
 
-// Validate checks the run's fields (not the model name, which needs hf.Load).
+// Validate checks the run's fields (not the model name, which needs
+// hf.Load): the required and measured ones here, the description by its
+// parts' own rules (Resolve, on a copy).
 func (r Run) Validate(requireSource bool) error {
 	var errs []error
 	bad := func(field string, v any, allowed string) {
@@ -283,8 +156,8 @@ func (r Run) Validate(requireSource bool) error {
 			bad(f.name, f.v, "required, ≥ 1")
 		}
 	}
-	if _, err := moe.ParseAC(r.AC); err != nil {
-		errs = append(errs, err)
+	if r.AC.Mode == "" {
+		bad("ac", "", "required: none, selective, full, layer:N or modules:M,…")
 	}
 	if r.Precision == "" {
 		bad("precision", r.Precision, "required: bf16, fp8, mxfp8, ...")
@@ -294,9 +167,6 @@ func (r Run) Validate(requireSource bool) error {
 	}
 	if requireSource && r.Source == "" {
 		bad("source", r.Source, "required: the URL or file the numbers come from")
-	}
-	if r.GradAccum < 0 {
-		bad("grad_accum", r.GradAccum, "must be ≥ 1 (0 = 1)")
 	}
 	if r.PeakReservedBytes != nil && *r.PeakReservedBytes < 1 {
 		bad("peak_reserved_bytes", *r.PeakReservedBytes, "must be ≥ 1")
@@ -314,10 +184,8 @@ func (r Run) Validate(requireSource bool) error {
 		bad("mtp", true, "false or absent: the MTP modules' memory and time are not modelled yet (moescope flops --mtp counts their FLOPs)")
 	}
 	if len(errs) == 0 {
-		if _, err := r.Layout(); err != nil {
-			errs = append(errs, err)
-		}
-		if _, err := r.Recipe(); err != nil {
+		c := r
+		if err := c.Resolve(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -328,9 +196,11 @@ func (r Run) Validate(requireSource bool) error {
 // few KiB per run; a device or pipe (/dev/zero) must not be read forever.
 const maxRunsBytes = 16 << 20
 
-// ReadRuns decodes a JSON array of runs, rejecting unknown fields, and
-// validates each (source required when requireSource). name labels errors.
-// At most 16 MiB are read.
+// ReadRuns decodes a JSON array of runs, rejecting unknown fields: each
+// run over Defaults (a key left out keeps its default; reshard_after_forward
+// left out is false under pp > 1), validated (source required when
+// requireSource) and resolved. name labels errors. At most 16 MiB are
+// read.
 func ReadRuns(rd io.Reader, name string, requireSource bool) ([]Run, error) {
 	data, err := io.ReadAll(io.LimitReader(rd, maxRunsBytes+1))
 	if err != nil {
@@ -340,22 +210,52 @@ func ReadRuns(rd io.Reader, name string, requireSource bool) ([]Run, error) {
 		return nil, fmt.Errorf("%s: larger than %d bytes: not a runs file", name, maxRunsBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var runs []Run
-	if err := dec.Decode(&runs); err != nil {
+	var raws []json.RawMessage
+	if err := dec.Decode(&raws); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("%s: data after the JSON array", name)
 	}
+	runs := make([]Run, len(raws))
 	var errs []error
-	for i := range runs {
-		runs[i].File = name
-		if err := runs[i].Validate(requireSource); err != nil {
+	for i, raw := range raws {
+		r, err := decodeRun(raw)
+		if err == nil {
+			r.File = name
+			if err = r.Validate(requireSource); err == nil {
+				err = r.Resolve()
+			}
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: run %d: %w", name, i, err))
 		}
+		runs[i] = r
 	}
 	return runs, errors.Join(errs...)
+}
+
+// decodeRun reads one run over Defaults, unknown keys refused.
+func decodeRun(raw json.RawMessage) (Run, error) {
+	r := Run{Spec: Defaults()}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return r, err
+	}
+	// torchtitan reshards after forward except under PP (apply_fsdp:
+	// reshard_after_forward = not pp_enabled): the default needs to know
+	// whether the key was given.
+	var stated struct {
+		ReshardAfterForward *bool `json:"reshard_after_forward"`
+	}
+	if err := json.Unmarshal(raw, &stated); err != nil {
+		return r, err
+	}
+	if stated.ReshardAfterForward == nil {
+		r.ReshardAfterForward = r.PP <= 1
+	}
+	return r, nil
 }
 
 // Load reads every *.json file directly in dir (sorted by name)

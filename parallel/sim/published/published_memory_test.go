@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/memory"
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
@@ -98,19 +97,8 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 	if err != nil {
 		return "", 0, false, err
 	}
-	l, err := r.Layout()
-	if err != nil {
-		return "", 0, false, err
-	}
-	rec, err := r.Recipe()
-	if err != nil {
-		return "", 0, false, err
-	}
-	ac, err := moe.ParseAC(r.AC)
-	if err != nil {
-		return "", 0, false, err
-	}
-	o := memory.OptionsOf(rec, ac)
+	l := r.Layout
+	o := memory.OptionsOf(r.Recipe, r.AC)
 	rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, o)
 	if err != nil {
 		return "", 0, false, err
@@ -142,8 +130,8 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 		verdict = "NO"
 	}
 	modelName := strings.TrimSuffix(filepath.Base(r.Model), ".json")
-	acText := r.AC
-	if r.Compiled() {
+	acText := r.AC.String()
+	if r.Compile {
 		acText += "*"
 	}
 	if r.Unmodelled != "" {
@@ -176,7 +164,7 @@ func median(sorted []float64) float64 {
 // TestPublishedMemoryRowRejects: a run the table cannot estimate is an
 // error (TestPublishedMemory reports it naming the run), not a row.
 func TestPublishedMemoryRowRejects(t *testing.T) {
-	good := Run{Model: "tiny", GPU: "b200", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 128, Precision: "bf16", TPS: 1, Source: "x"}
+	good := Run{Model: "tiny", GPU: "b200", Spec: testSpec(8, 8, 1, "full", 1, 128), Precision: "bf16", TPS: 1, Source: "x"}
 	if _, _, _, err := publishedMemoryRow(good); err != nil {
 		t.Fatalf("valid run: %v", err)
 	}

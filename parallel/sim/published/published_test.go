@@ -37,19 +37,14 @@ func TestPublishedRuns(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", r.File, err)
 		}
-		l, err := r.Layout()
-		if err != nil {
-			t.Fatalf("%s: %v", r.File, err)
-		}
-		ac, _ := moe.ParseAC(r.AC)
-		rep, err := memory.Estimate(cfg, l, memory.Batch{LBS: r.LBS, Seq: r.Seq, GradAccum: r.GradAccum}, memory.Options{AC: ac, LossChunks: r.LossChunks, OptimizerImpl: r.Optimizer})
+		rep, err := memory.Estimate(cfg, r.Layout, r.Batch, memory.Options{AC: r.AC, LossChunks: r.LossChunks, OptimizerImpl: string(r.Optimizer)})
 		if err != nil {
 			t.Fatalf("%s: %v", r.File, err)
 		}
 		meas := float64(*r.PeakReservedBytes)
 		e := float64(rep.Peak.Reserved)/meas - 1
 		flag := "eager"
-		if r.Compiled() {
+		if r.Compile {
 			flag = "compiled (not failed)"
 		}
 		if r.Precision == "bf16" {
@@ -59,7 +54,7 @@ func TestPublishedRuns(t *testing.T) {
 		rows = append(rows, fmt.Sprintf("%-14s %-5s %4d gpus ep %d %-9s lbs %2d seq %5d  measured %7.2f GiB  predicted %7.2f GiB (alloc %7.2f)  error %+6.1f%%  %s",
 			cfg.Name, r.GPU, r.GPUs, r.EP, r.AC, r.LBS, r.Seq, meas/(1<<30), float64(rep.Peak.Reserved)/(1<<30),
 			float64(rep.Peak.Allocated)/(1<<30), 100*e, flag))
-		if r.Precision == "bf16" && !r.Compiled() && math.Abs(e) > 0.10 {
+		if r.Precision == "bf16" && !r.Compile && math.Abs(e) > 0.10 {
 			t.Errorf("%s (%s): peak reserved predicted %d B, measured %d B: error %+.1f%% exceeds 10%%",
 				r.File, r.Source, rep.Peak.Reserved, *r.PeakReservedBytes, 100*e)
 		}
@@ -81,7 +76,7 @@ func TestPublishedNoDuplicates(t *testing.T) {
 	if err := CheckDuplicates(runs); err != nil {
 		t.Fatal(err)
 	}
-	base := Run{Model: "llama3-8b", GPU: "h100-96gb", GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 1, AC: "selective", LBS: 2, Seq: 8192,
+	base := Run{Model: "llama3-8b", GPU: "h100-96gb", Spec: testSpec(8, 8, 1, "selective", 2, 8192),
 		Precision: "bf16", TPS: 5762, Source: "https://github.com/pytorch/torchtitan/blob/31a17bfdb70bab6f62a13d21816a5339b911d6e3/benchmarks/llama3_h100_202412_torchtitan.md (Table 1)",
 		RunID: "R170", File: "a.json"}
 	sameID := base
@@ -197,73 +192,116 @@ func FuzzReadRuns(f *testing.F) {
 	})
 }
 
-// memoryOptions is the memory model's view of a run's recipe under its
-// checkpointing.
-func memoryOptions(r Run) (memory.Options, error) {
-	rec, err := r.Recipe()
-	if err != nil {
-		return memory.Options{}, err
+// baseRunJSON is a valid run's required keys; readRun adds keys to it
+// (a key given twice takes its last value).
+const baseRunJSON = `"model":"tiny","gpu":"b200","gpus":1,"dp_shard":1,"dp_replicate":1,"ep":1,"ac":"full","lbs":1,"seq":8,"precision":"bf16","tps":1,"source":"test"`
+
+// readRun reads one run of baseRunJSON and extra keys with ReadRuns.
+func readRun(extra string) (Run, error) {
+	obj := "{" + baseRunJSON
+	if extra != "" {
+		obj += "," + extra
 	}
-	ac, err := moe.ParseAC(r.AC)
-	return memory.OptionsOf(rec, ac), err
+	runs, err := ReadRuns(strings.NewReader("["+obj+"}]"), "test", true)
+	if len(runs) != 1 {
+		return Run{}, err
+	}
+	return runs[0], err
 }
 
-// TestRunMemoryOptions: what a run's optional memory fields mean (the
-// schema's documented defaults), and that bad values name their field.
+// TestRunMemoryOptions: what a run's optional memory keys mean (the
+// schema's documented defaults), and that bad values name their key.
 func TestRunMemoryOptions(t *testing.T) {
-	base := Run{Model: "tiny", GPU: "b200", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 8,
-		Precision: "bf16", TPS: 1, Source: "test"}
-	no, yes := false, true
 	cases := []struct {
 		name   string
-		edit   func(*Run)
+		extra  string
 		want   func(memory.Options) bool
 		errSub string
 	}{
-		{"absent: compiled, expandable, f32 state", func(*Run) {}, func(o memory.Options) bool {
+		{"absent: compiled, expandable, f32 state", "", func(o memory.Options) bool {
 			return o.Compile == memory.Compiled && o.Segments == memory.Expandable && o.Precision == moe.DefaultPrecision
 		}, ""},
-		{"compile false", func(r *Run) { r.Compile = &no }, func(o memory.Options) bool { return o.Compile == memory.Compile{} }, ""},
-		{"model only", func(r *Run) { r.Compile = &yes; r.CompileComponents = []string{"model"} },
+		{"compile false", `"compile":false`, func(o memory.Options) bool { return o.Compile == memory.Compile{} }, ""},
+		{"model only", `"compile":true,"compile_components":["model"]`,
 			func(o memory.Options) bool { return o.Compile == memory.Compile{Model: true} }, ""},
-		{"fixed segments", func(r *Run) { r.ExpandableSegments = &no }, func(o memory.Options) bool { return o.Segments == memory.Fixed }, ""},
-		{"bf16 state and loss", func(r *Run) {
-			r.ParamDType, r.GradDType, r.OptimizerDType, r.LossDType = "bf16", "bf16", "bf16", "bf16"
-		},
+		{"fixed segments", `"expandable_segments":false`, func(o memory.Options) bool { return o.Segments == memory.Fixed }, ""},
+		{"bf16 state and loss", `"param_dtype":"bf16","grad_dtype":"bf16","optimizer_dtype":"bf16","loss_dtype":"bf16"`,
 			func(o memory.Options) bool {
 				return o.Precision.Param == moe.BF16 && o.Precision.Grad == moe.BF16 && o.Precision.Optimizer == moe.BF16 && o.LossDType == moe.BF16
 			}, ""},
-		{"bad component", func(r *Run) { r.CompileComponents = []string{"optimizer"} }, nil, "compile_components"},
-		{"bad param type", func(r *Run) { r.ParamDType = "fp8" }, nil, "param_dtype"},
-		{"bad loss type", func(r *Run) { r.LossDType = "i64" }, nil, "loss_dtype"},
+		{"bad component", `"compile_components":["optimizer"]`, nil, "compile_components"},
+		{"bad param type", `"param_dtype":"fp8"`, nil, "param_dtype"},
+		{"bad loss type", `"loss_dtype":"i64"`, nil, "loss_dtype"},
 	}
 	for _, c := range cases {
-		r := base
-		c.edit(&r)
-		o, err := memoryOptions(r)
+		r, err := readRun(c.extra)
 		if c.errSub != "" {
 			if err == nil || !strings.Contains(err.Error(), c.errSub) {
 				t.Errorf("%s: err = %v, want one naming %s", c.name, err, c.errSub)
 			}
-			if verr := r.Validate(true); verr == nil || !strings.Contains(verr.Error(), c.errSub) {
-				t.Errorf("%s: Validate = %v, want one naming %s", c.name, verr, c.errSub)
-			}
 			continue
 		}
-		if err != nil || !c.want(o) {
+		if o := memory.OptionsOf(r.Recipe, r.AC); err != nil || !c.want(o) {
 			t.Errorf("%s: options %+v, err %v", c.name, o, err)
 		}
 	}
 }
 
-// TestRunFrameworkFields: the runs schema's framework fields reach the
-// simulator's input, and a value outside each field's list is refused by
-// Validate and by InputForRun, naming the field.
+// TestRunDefaults: a key left out keeps the schema's documented default
+// (reshard_after_forward: off under pp > 1 unless stated); a key the
+// schema does not have is refused; a free-text precision loads and is
+// refused only by a prediction, naming the key.
+func TestRunDefaults(t *testing.T) {
+	r, err := readRun("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Compile || !r.ExpandableSegments || !r.ReshardAfterForward || r.GradAccum != 1 || r.TP != 1 || r.ETP != 1 ||
+		r.Sharding != job.ShardFSDP || r.ReduceDType != r.GradDType || r.Optimizer != job.FusedAdamW || r.Attention != job.CuDNNAttention ||
+		r.Dispatcher != job.AllToAll || r.ExpertGEMM != job.GroupedMM {
+		t.Errorf("defaults: %+v", r.Spec)
+	}
+	if r, err := readRun(`"grad_dtype":"bf16"`); err != nil || r.ReduceDType != moe.BF16 {
+		t.Errorf("reduce_dtype absent = grad_dtype: %q, %v", r.ReduceDType, err)
+	}
+	for _, c := range []struct {
+		extra string
+		want  bool
+	}{
+		{`"gpus":2,"pp":2`, false},
+		{`"gpus":2,"pp":2,"reshard_after_forward":true`, true},
+		{`"reshard_after_forward":false`, false},
+	} {
+		if r, err := readRun(c.extra); err != nil || r.ReshardAfterForward != c.want {
+			t.Errorf("%s: reshard_after_forward = %v, %v; want %v", c.extra, r.ReshardAfterForward, err, c.want)
+		}
+	}
+	if _, err := readRun(`"bogus":1`); err == nil || !strings.Contains(err.Error(), "bogus") {
+		t.Errorf("unknown key: %v", err)
+	}
+	for _, key := range []string{"gpus", "ac", "lbs", "tps"} {
+		obj := strings.Replace("{"+baseRunJSON+"}", `"`+key+`":`, `"unused_`+key+`":`, 1)
+		if _, err := ReadRuns(strings.NewReader("["+obj+"]"), "test", true); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s left out: %v", key, err)
+		}
+	}
+	r, err = readRun(`"precision":"MXFP8 (params)"`)
+	if err != nil {
+		t.Fatalf("free-text precision: %v", err)
+	}
+	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "precision") {
+		t.Errorf("free-text precision: InputForRun = %v, want a refusal naming it", err)
+	}
+}
+
+// TestRunFrameworkFields: the runs schema's framework keys reach the
+// simulator's input, and a value outside each key's list is refused by
+// ReadRuns and by InputForRun, naming the key.
 func TestRunFrameworkFields(t *testing.T) {
-	base := Run{Model: "tiny", GPU: "b200", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, AC: "full", LBS: 1, Seq: 8,
-		Precision: "bf16", TPS: 1, Source: "test"}
-	r := base
-	r.TorchVersion, r.Dispatcher, r.ExpertGEMM, r.FusedElementwise = "2.6.0", "hybridep", "cublas", true
+	r, err := readRun(`"torch_version":"2.6.0","dispatcher":"hybridep","expert_gemm":"cublas","fused_elementwise":true`)
+	if err != nil {
+		t.Fatal(err)
+	}
 	in, err := InputForRun(r)
 	if err != nil {
 		t.Fatal(err)
@@ -271,10 +309,22 @@ func TestRunFrameworkFields(t *testing.T) {
 	if in.Torch != (job.TorchVersion{Major: 2, Minor: 6}) || in.Dispatcher != job.HybridEP || in.ExpertGEMM != job.CuBLASExperts || !in.FusedElementwise {
 		t.Errorf("input %+v %q %q %v", in.Torch, in.Dispatcher, in.ExpertGEMM, in.FusedElementwise)
 	}
+	for field, extra := range map[string]string{
+		"torch_version": `"torch_version":"latest"`,
+		"dispatcher":    `"dispatcher":"nccl"`,
+		"expert_gemm":   `"expert_gemm":"triton"`,
+	} {
+		if _, err := readRun(extra); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: ReadRuns = %v, want one naming it", field, err)
+		}
+	}
+	base, err := readRun("")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for field, edit := range map[string]func(*Run){
-		"torch_version": func(r *Run) { r.TorchVersion = "latest" },
-		"dispatcher":    func(r *Run) { r.Dispatcher = "nccl" },
-		"expert_gemm":   func(r *Run) { r.ExpertGEMM = "triton" },
+		"dispatcher":  func(r *Run) { r.Dispatcher = "nccl" },
+		"expert_gemm": func(r *Run) { r.ExpertGEMM = "triton" },
 	} {
 		r := base
 		edit(&r)
@@ -287,13 +337,12 @@ func TestRunFrameworkFields(t *testing.T) {
 	}
 	// A run on GPUs below their default power limit, the limit unstated,
 	// has no step time the model can price; its memory options stand.
-	r = base
-	r.PowerLimited = true
+	r, err = readRun(`"power_limited":true`)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "power_limited") {
 		t.Errorf("power_limited: InputForRun = %v, want a refusal naming the field", err)
-	}
-	if _, err := memoryOptions(r); err != nil {
-		t.Errorf("power_limited: memory options: %v", err)
 	}
 }
 
@@ -302,17 +351,24 @@ func TestRunFrameworkFields(t *testing.T) {
 // modules:layernorm,moe_act) and refuses a module that is not built,
 // naming it.
 func TestRunACModules(t *testing.T) {
-	r := Run{Model: "tiny", GPU: "h100", GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, LBS: 1, Seq: 64,
-		Precision: "bf16", TPS: 1, Source: "test", AC: "modules:layernorm,moe_act"}
-	if err := r.Validate(true); err != nil {
-		t.Errorf("%s: %v", r.AC, err)
+	for _, ac := range []string{"modules:layernorm,moe_act", "modules:layernorm,moe"} { // R145's --recompute-modules layernorm moe
+		if _, err := readRun(`"ac":"` + ac + `"`); err != nil {
+			t.Errorf("%s: %v", ac, err)
+		}
 	}
-	r.AC = "modules:layernorm,moe" // R145's --recompute-modules layernorm moe
-	if err := r.Validate(true); err != nil {
-		t.Errorf("%s: %v", r.AC, err)
+	if _, err := readRun(`"ac":"modules:core_attn"`); err == nil || !strings.Contains(err.Error(), `"core_attn" is not built`) {
+		t.Errorf("modules:core_attn: %v", err)
 	}
-	r.AC = "modules:core_attn"
-	if err := r.Validate(true); err == nil || !strings.Contains(err.Error(), `"core_attn" is not built`) {
-		t.Errorf("%s: %v", r.AC, err)
+}
+
+// testSpec is a run's description over the schema's defaults: gpus,
+// dp_shard, ep (dp_replicate 1), the checkpointing policy and the batch.
+func testSpec(gpus, dpShard, ep int, ac string, lbs, seq int) job.Spec {
+	s := Defaults()
+	s.GPUs, s.DPShard, s.DPReplicate, s.EP, s.LBS, s.Seq = gpus, dpShard, 1, ep, lbs, seq
+	var err error
+	if s.AC, err = moe.ParseAC(ac); err != nil {
+		panic(err)
 	}
+	return s
 }
