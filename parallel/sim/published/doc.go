@@ -1,9 +1,12 @@
 // Package published holds the published-runs schema of DESIGN.md (Run),
-// shared by testdata/published/ and `moescope calibrate --runs`: its
-// reader (ReadRuns; Load for a folder of files, refusing runs recorded
-// twice), each run's validation, layout and memory options, and
-// InputForRun, which turns a run into the simulator's input. Its tests
-// print the published-runs memory table (TestPublishedMemory).
+// shared by testdata/published/ and `moescope calibrate --runs`: a run is
+// job.Spec's JSON (layout, batch, checkpointing, recipe) plus the model's
+// name, the hardware and the measured fields. Its one reader (ReadRuns;
+// Load for a folder of files, refusing runs recorded twice) decodes each
+// run over the schema's defaults (Defaults) and resolves it; SpecFor and
+// InputForRun turn a run into the description and the simulator's input
+// a prediction takes. Its tests print the published-runs memory table
+// (TestPublishedMemory).
 //
 // It imports parallel/sim, parallel/sim/cost, memory, moe, moe/hf and
 // parallel/hw; parallel/sim/calib, parallel/titanlog and cmd/moescope
