@@ -159,6 +159,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
 	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: "+acPolicies+" (default: none, selective and full)")
 	a.recipe = addRecipeFlags(fs)
+	a.recipe.timed = true
 	mtp := addMTPFlag(fs)
 	refuseRest(fs, "plan searches the layout and the local batch (--gpus, --tp, --pp, --pp-schedules, --pp-microbatch-sizes, --ac, --max-lbs, --global-batch bound it)")
 	if err := parseFlags(fs, args); err != nil {

@@ -27,6 +27,9 @@ type recipeFlags struct {
 	r       job.Recipe
 	byKey   map[string]string // JSON key → flag name
 	refused [][2]string       // flag name, why
+	// timed: the command prices step time, which eager attention (memory
+	// only) cannot be.
+	timed bool
 }
 
 func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
@@ -156,6 +159,9 @@ func (f *recipeFlags) recipe() (job.Recipe, error) {
 	err := r.Resolve()
 	if err == nil {
 		err = r.Precision.Check("precision") // every command that takes a recipe predicts with it
+	}
+	if err == nil && f.timed && r.Attention == job.EagerAttention {
+		err = moe.FieldError{Field: "attention_kernel", Value: string(r.Attention), Allowed: "the time model prices cudnn and flash2 only (memory sizes eager attention)"}
 	}
 	if err != nil {
 		return r, fmt.Errorf("%w: %v", errUsage, f.flagNames(err))

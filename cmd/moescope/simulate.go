@@ -91,6 +91,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	model := fs.String("model", "", "built-in model name or config.json path (required)")
 	hwf := addHardwareFlags(fs)
 	rf := addRunFlags(fs)
+	rf.recipe.timed = true
 	var sf simulateFlags
 	fs.StringVar(&sf.tracePath, "trace", "", "write a Chrome trace (Perfetto) of one step to this file")
 	fs.StringVar(&sf.traceRanks, "trace-ranks", "", "ranks in the trace: all, or a comma list (default: all up to 16 ranks, else the first host)")

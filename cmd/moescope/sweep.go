@@ -66,6 +66,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	steps := fs.Int("steps", 30, "training steps each job's command runs, in [3, 100000] (logged every step)")
 	fs.BoolVar(&a.force, "force", false, "replace the sweep's own files in --out (never any other file)")
 	a.recipe = addRecipeFlags(fs)
+	a.recipe.timed = true
 	refuseRest(fs, "sweep designs the layouts and local batches of its jobs")
 	if err := parseFlags(fs, args); err != nil {
 		return err
