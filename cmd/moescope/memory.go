@@ -75,9 +75,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	searchOnly := *maxLBS && !setFlags(fs)["lbs"]
-	if searchOnly {
-		rf.batch.LBS = 1 // a valid batch for the checks; the search sets the one reported
-	}
+	rf.searchLBS = searchOnly
 	dev, err := hw.LookupDevice(*gpu)
 	if err != nil {
 		return fmt.Errorf("%w: --gpu: %v", errUsage, err)

@@ -177,3 +177,19 @@ func TestMemoryGradSyncLastOnly(t *testing.T) {
 		t.Errorf("zero1: exit %d, error %v\n%s", exitCode(err), err, out)
 	}
 }
+
+// TestMemoryMaxLBSPipelineMicrobatch: --max-lbs without --lbs searches from
+// the layout's smallest local batch, so pipeline micro-batches of 2 (where
+// lbs 1 is not a batch the layout runs) are searched, not refused.
+func TestMemoryMaxLBSPipelineMicrobatch(t *testing.T) {
+	out, err := runMem(t, "--model", "tiny", "--gpus", "4", "--pp", "2", "--seq", "64", "--max-lbs", "--pp-microbatch-size", "2", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r struct {
+		MaxLBS *int `json:"max_lbs"`
+	}
+	if json.Unmarshal([]byte(out), &r) != nil || r.MaxLBS == nil || *r.MaxLBS < 2 || *r.MaxLBS%2 != 0 {
+		t.Errorf("max_lbs %v; want a multiple of the micro-batch size 2\n%s", r.MaxLBS, out)
+	}
+}

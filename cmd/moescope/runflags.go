@@ -47,13 +47,13 @@ func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
 		if e, ok := fv.Interface().(interface{ Values() []string }); ok {
 			help = strings.ReplaceAll(help, "{values}", strings.Join(e.Values(), "|"))
 		}
-		bindField(fs, name, help, fv)
+		bindField(fs, name, help, fv, sf.Tag.Get("empty") == "ok")
 	}
 	return f
 }
 
 // bindField defines flag name on the field fv by its type.
-func bindField(fs *flag.FlagSet, name, help string, fv reflect.Value) {
+func bindField(fs *flag.FlagSet, name, help string, fv reflect.Value, emptyOK bool) {
 	switch p := fv.Addr().Interface().(type) {
 	case *bool:
 		fs.BoolVar(p, name, *p, help)
@@ -66,7 +66,7 @@ func bindField(fs *flag.FlagSet, name, help string, fv reflect.Value) {
 	default:
 		switch fv.Kind() {
 		case reflect.String:
-			fs.Var(stringField{fv}, name, help)
+			fs.Var(stringField{fv, emptyOK}, name, help)
 		case reflect.Slice:
 			fs.Var(listField{fv}, name, help)
 		default:
@@ -77,7 +77,10 @@ func bindField(fs *flag.FlagSet, name, help string, fv reflect.Value) {
 
 // stringField is a flag on a field of a string type (an enum or a dtype):
 // the value is checked by job.Recipe.Validate, which names the allowed ones.
-type stringField struct{ v reflect.Value }
+type stringField struct {
+	v       reflect.Value
+	emptyOK bool // the field's empty value means something (the reduce type: the gradients')
+}
 
 func (s stringField) String() string {
 	if !s.v.IsValid() {
@@ -85,7 +88,13 @@ func (s stringField) String() string {
 	}
 	return s.v.String()
 }
-func (s stringField) Set(x string) error { s.v.SetString(x); return nil }
+func (s stringField) Set(x string) error {
+	if x == "" && !s.emptyOK {
+		return errors.New("must not be empty")
+	}
+	s.v.SetString(x)
+	return nil
+}
 
 // textField is a flag on a field that reads itself from text (a PyTorch
 // release): its error names the flag.
@@ -248,6 +257,9 @@ type runFlags struct {
 	ac     *string
 	batch  job.Batch
 	recipe *recipeFlags
+	// searchLBS: the command searches the local batch (memory --max-lbs
+	// without --lbs); the layout's smallest stands in for the checks.
+	searchLBS bool
 }
 
 func addRunFlags(fs *flag.FlagSet) *runFlags {
@@ -260,6 +272,13 @@ func addRunFlags(fs *flag.FlagSet) *runFlags {
 	return r
 }
 
+// runKeys name the batch's and the recipe's flags by their JSON keys.
+func runKeys(f *recipeFlags) map[string]string {
+	keys := maps.Clone(f.byKey)
+	maps.Copy(keys, batchKeys)
+	return keys
+}
+
 // batchKeys name the batch's flags by its JSON keys.
 var batchKeys = map[string]string{"lbs": "lbs", "seq": "seq", "grad_accum": "grad-accum"}
 
@@ -269,6 +288,9 @@ func (r *runFlags) spec(cfg *moe.Config, cl *hw.Cluster) (job.Spec, error) {
 	rec, err := r.recipe.recipe()
 	if err != nil {
 		return job.Spec{}, err
+	}
+	if r.searchLBS {
+		r.batch.LBS = 1 // a valid batch for the checks; the layout's smallest replaces it below
 	}
 	if err := r.batch.Validate(); err != nil {
 		return job.Spec{}, fmt.Errorf("%w: %v", errUsage, renameFields(err, batchKeys))
@@ -284,9 +306,12 @@ func (r *runFlags) spec(cfg *moe.Config, cl *hw.Cluster) (job.Spec, error) {
 	if err != nil {
 		return job.Spec{}, err
 	}
+	if r.searchLBS {
+		r.batch.LBS = max(1, l.MinLBS())
+	}
 	s := job.Spec{Model: cfg, Layout: l, Batch: r.batch, AC: ac, Recipe: rec}
 	if err := s.Validate(); err != nil {
-		return s, fmt.Errorf("%w: %v", errUsage, err)
+		return s, fmt.Errorf("%w: %v", errUsage, renameFields(err, runKeys(r.recipe)))
 	}
 	return s, nil
 }

@@ -23,12 +23,14 @@ type Batch struct {
 //   - MaxTokens: lbs·seq ≤ 2^32 tokens per micro-step, so that every byte
 //     count (tokens × at most two model widths × a dtype size) stays far
 //     from overflowing int64; memory's own overflow check bounds the rest.
-//   - MaxGradAccum: 2^20 micro-steps per optimizer step.
+//   - MaxGradAccum: 2^16 micro-steps per optimizer step: the schedule and
+//     the memory timeline hold every micro-step's ops, so a larger count
+//     exhausts the host before it answers (2^20 asked 28 GB of train).
 const (
 	MaxLBS       = 1 << 24
 	MaxSeq       = 1 << 24
 	MaxTokens    = 1 << 32
-	MaxGradAccum = 1 << 20
+	MaxGradAccum = 1 << 16
 )
 
 // Accum is the micro-steps per optimizer step, GradAccum with 0 read as 1.
@@ -37,8 +39,6 @@ func (b Batch) Accum() int { return max(b.GradAccum, 1) }
 // Tokens is T = LBS·Seq, the tokens of one rank's micro-step.
 func (b Batch) Tokens() int64 { return int64(b.LBS) * int64(b.Seq) }
 
-// StepTokens is a rank's tokens per optimizer step, LBS·Seq·GradAccum.
-func (b Batch) StepTokens() int64 { return b.Tokens() * int64(b.Accum()) }
 
 // Global is the sequences one optimizer step consumes over dp
 // data-parallel ranks (dp_replicate × dp_shard; pipeline stages share
@@ -55,7 +55,7 @@ func (b Batch) Validate() error {
 		errs = append(errs, moe.FieldError{Field: "seq", Value: b.Seq, Allowed: "must be in [1, 16777216]"})
 	}
 	if b.GradAccum < 1 || b.GradAccum > MaxGradAccum {
-		errs = append(errs, moe.FieldError{Field: "grad_accum", Value: b.GradAccum, Allowed: "must be in [1, 1048576]"})
+		errs = append(errs, moe.FieldError{Field: "grad_accum", Value: b.GradAccum, Allowed: "must be in [1, 65536]"})
 	}
 	if len(errs) == 0 && b.Tokens() > MaxTokens {
 		errs = append(errs, moe.FieldError{Field: "lbs × seq", Value: b.Tokens(), Allowed: "must be at most 4294967296 tokens per micro-step"})

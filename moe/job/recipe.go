@@ -16,7 +16,8 @@ import (
 // (DefaultRecipe), and Resolve fills what depends on another field. The
 // command line is derived from this struct: one flag per field, named for
 // its JSON key with dashes (or its flag tag), with its help tag ({values}
-// there lists the type's Values).
+// there lists the type's Values); an empty value is refused unless the
+// field's empty tag allows it.
 type Recipe struct {
 	// Precision is the training recipe (DESIGN's --precision).
 	Precision Precision `json:"precision" help:"training recipe: {values} (priced: bf16; the others are refused)"`
@@ -26,7 +27,7 @@ type Recipe struct {
 	// moments, and the type the eager cross-entropy computes in.
 	ParamDType     moe.DType `json:"param_dtype" help:"sharded parameter storage type: f32|bf16"`
 	GradDType      moe.DType `json:"grad_dtype" help:"gradient storage type: f32|bf16"`
-	ReduceDType    moe.DType `json:"reduce_dtype" help:"type gradients are reduced in (FSDP2 reduce_dtype) and, with --grad-sync-last-only, accumulated in: f32|bf16 (default: the --grad-dtype)"`
+	ReduceDType    moe.DType `json:"reduce_dtype" empty:"ok" help:"type gradients are reduced in (FSDP2 reduce_dtype) and, with --grad-sync-last-only, accumulated in: f32|bf16 (default: the --grad-dtype)"`
 	OptimizerDType moe.DType `json:"optimizer_dtype" help:"AdamW moment storage type: f32|bf16"`
 	LossDType      moe.DType `json:"loss_dtype" help:"type the eager cross-entropy computes in: f32 (torchtitan's pred.float()) or bf16 (no upcast)"`
 	// Compile is torch.compile on (torchtitan's compile.enable);

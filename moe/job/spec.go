@@ -103,10 +103,6 @@ func (s Spec) MaxExpertSkew() float64 {
 	return float64(s.EP*min(cfg.TopK, cfg.Experts/s.EP)) / float64(cfg.TopK)
 }
 
-// TokensPerStep is the tokens one rank processes per optimizer step,
-// lbs·seq·grad_accum: the numerator of TPS (torchtitan's definition).
-func (s Spec) TokensPerStep() int64 { return s.Batch.StepTokens() }
-
 // GlobalBatch is the sequences one optimizer step consumes.
 func (s Spec) GlobalBatch() int64 { return s.Batch.Global(s.Layout.DP()) }
 

@@ -14,8 +14,8 @@
 // Input; parallel/sim/calib, above that, the fitting of a Calibration to
 // measured runs (Prepare and Prepared.Run are for it).
 //
-// It imports parallel/sim/cost, parallel, parallel/hw, memory, flops and
-// moe; parallel/sim/published, parallel/sim/calib, parallel/plan,
+// It imports parallel/sim/cost, parallel, parallel/hw, memory, flops, moe
+// and moe/job; parallel/sim/published, parallel/sim/calib, parallel/plan,
 // parallel/titanlog and cmd/moescope import it. It never imports
 // parallel/numeric, nor numeric it.
 package sim

@@ -20,8 +20,10 @@ import (
 // calibration and the simulator's own options.
 type Input struct {
 	// Spec is the run; its Layout is resolved (job.Layout.Resolve), its
-	// GPUsPerNode 0 = the cluster's, and its recipe's empty fields are
-	// the defaults (job.Recipe.Resolve).
+	// GPUsPerNode 0 = the cluster's. Build its Recipe from
+	// job.DefaultRecipe (or EagerRecipe): its booleans have no empty
+	// value (a zero Recipe is eager with fixed segments); its empty
+	// strings are filled with the defaults (job.Recipe.Resolve).
 	job.Spec
 	Device hw.Device
 	// Cluster describes hosts and links; nil means ClusterForGPU(Device.Name).
@@ -265,9 +267,6 @@ func checkInput(in Input) error {
 	}
 	if in.MemoryTarget != 0 && !(in.MemoryTarget > 0 && in.MemoryTarget <= 1) {
 		return fmt.Errorf("simulate: memory_target = %v: must be in (0, 1] (0 = %g)", in.MemoryTarget, memory.DefaultMemoryTarget)
-	}
-	if in.ExpertSkew != 0 && !(in.ExpertSkew >= 1) || math.IsInf(in.ExpertSkew, 0) {
-		return fmt.Errorf("simulate: expert skew = %v: must be ≥ 1 (0 = balanced)", in.ExpertSkew)
 	}
 	if n := len(in.ExpertCounts); n > 0 {
 		if n != 1 && n != cfg.MoELayers() {

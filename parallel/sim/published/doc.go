@@ -8,7 +8,6 @@
 // a prediction takes. Its tests print the published-runs memory table
 // (TestPublishedMemory).
 //
-// It imports parallel/sim, parallel/sim/cost, memory, moe, moe/hf and
-// parallel/hw; parallel/sim/calib, parallel/titanlog and cmd/moescope
+// It imports parallel/sim, moe, moe/job, moe/hf and parallel/hw; parallel/sim/calib, parallel/titanlog and cmd/moescope
 // import it (and parallel/plan's tests).
 package published
