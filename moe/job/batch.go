@@ -39,7 +39,6 @@ func (b Batch) Accum() int { return max(b.GradAccum, 1) }
 // Tokens is T = LBS·Seq, the tokens of one rank's micro-step.
 func (b Batch) Tokens() int64 { return int64(b.LBS) * int64(b.Seq) }
 
-
 // Global is the sequences one optimizer step consumes over dp
 // data-parallel ranks (dp_replicate × dp_shard; pipeline stages share
 // them).
