@@ -16,7 +16,7 @@ func init() {
 	register(command{"flops", "parameters and FLOPs per layer, op and convention; MFU from a measured TPS", runFlops})
 }
 
-// flopsReport is the --json output of `moescope flops` (schema in README).
+// flopsReport is the --json output of `moescope flops` (schema in docs/flops.md).
 type flopsReport struct {
 	Model     string    `json:"model"`
 	ModelType string    `json:"model_type"`
