@@ -2,48 +2,11 @@ package job
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/moescope/moescope/moe"
 )
-
-// Precision is a training recipe (DESIGN's --precision contract).
-type Precision string
-
-// Training recipes.
-const (
-	BF16          Precision = "bf16"
-	FP8Tensorwise Precision = "fp8-tensorwise"
-	FP8Rowwise    Precision = "fp8-rowwise"
-	MXFP8         Precision = "mxfp8"
-	FP8Delayed    Precision = "fp8-delayed"
-	FP8Current    Precision = "fp8-current"
-	FP8Blockwise  Precision = "fp8-blockwise"
-	NVFP4         Precision = "nvfp4"
-)
-
-// Precisions are DESIGN's recipes; PricedPrecisions those the time and
-// memory models price. Every other recipe is refused until a model of it
-// is built.
-var (
-	Precisions       = []Precision{BF16, FP8Tensorwise, FP8Rowwise, MXFP8, FP8Delayed, FP8Current, FP8Blockwise, NVFP4}
-	PricedPrecisions = []Precision{BF16}
-)
-
-// Check accepts a priced recipe and refuses the others with the list of
-// priced ones (and, for a name outside DESIGN's list, that list too).
-// field names the flag or JSON key in the message.
-func (p Precision) Check(field string) error {
-	if slices.Contains(PricedPrecisions, p) {
-		return nil
-	}
-	if slices.Contains(Precisions, p) {
-		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet (priced: " + joinValues(PricedPrecisions) + ")"}
-	}
-	return moe.FieldError{Field: field, Value: string(p), Allowed: "unknown recipe (known: " + joinValues(Precisions) + "; priced: " + joinValues(PricedPrecisions) + ")"}
-}
 
 // OptimizerImpl is the AdamW implementation.
 type OptimizerImpl string
@@ -115,7 +78,6 @@ const (
 
 // Values lists each enum's allowed values: Recipe.Validate checks against
 // it, and the command line's help prints it.
-func (Precision) Values() []string     { return names(Precisions) }
 func (OptimizerImpl) Values() []string { return names([]OptimizerImpl{FusedAdamW, ForeachAdamW}) }
 func (AttentionKernel) Values() []string {
 	return names([]AttentionKernel{CuDNNAttention, Flash2Attention, EagerAttention})

@@ -20,7 +20,13 @@ import (
 // field's empty tag allows it.
 type Recipe struct {
 	// Precision is the training recipe (DESIGN's --precision).
-	Precision Precision `json:"precision" help:"training recipe: {values} (priced: bf16; the others are refused)"`
+	Precision Precision `json:"precision" help:"training recipe: {values} (a recipe not priced yet is refused, naming those that are)"`
+	// Quantize is the GEMMs the recipe converts (empty: DefaultQuantize).
+	Quantize Quantize `json:"quantize,omitempty" help:"GEMMs the low-precision recipe converts, comma-separated: linear (attention projections, dense and shared FFNs), experts (routed grouped GEMMs), output (the head); attention is not priced yet; the router stays bf16 (default: fp8-tensorwise linear; fp8-current and mxfp8 linear,experts)"`
+	// FP8AllGather: FSDP2 all-gathers the converted linears' weights in
+	// fp8 (torchao's float8 all-gather, torchtitan's
+	// quantize.linear.float8.enable_fsdp_float8_all_gather), tensorwise only.
+	FP8AllGather bool `json:"fp8_all_gather,omitempty" help:"FSDP2 all-gathers the converted linears' weights in fp8 (torchtitan's enable_fsdp_float8_all_gather; fp8-tensorwise only)"`
 	// Storage types (DESIGN's "Precision and compile"): sharded
 	// parameters, gradients, the type gradients are reduced in (FSDP2's
 	// reduce_dtype; Resolve sets it to GradDType when left empty), AdamW
@@ -129,6 +135,10 @@ func (r Recipe) Validate() error {
 		}
 	}
 	add(r.CompileComponents.check())
+	add(r.Quantize.check(r.Precision))
+	if r.FP8AllGather && r.Precision != FP8Tensorwise {
+		errs = append(errs, moe.FieldError{Field: "fp8_all_gather", Value: true, Allowed: "only with precision fp8-tensorwise (torchao's float8 all-gather casts with one scale per weight)"})
+	}
 	if r.LossChunks < 0 || r.LossChunks > 1<<20 {
 		errs = append(errs, moe.FieldError{Field: "loss_chunks", Value: r.LossChunks, Allowed: "must be in [1, 1048576] (0 = 1)"})
 	}
@@ -141,6 +151,18 @@ func (r Recipe) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Converted is the GEMM sets the recipe converts: Quantize, or the
+// recipe's DefaultQuantize when it names none.
+func (r Recipe) Converted() Quantize {
+	if len(r.Quantize) > 0 {
+		return r.Quantize
+	}
+	return DefaultQuantize(r.Precision)
+}
+
+// Converts says whether the recipe runs the GEMMs of set in low precision.
+func (r Recipe) Converts(set GEMMSet) bool { return slices.Contains(r.Converted(), set) }
 
 // Storage is the recipe's storage types as the memory model reads them:
 // bf16 compute weights and activations (the only priced recipe, bf16),

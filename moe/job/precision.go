@@ -1,0 +1,131 @@
+package job
+
+import (
+	"slices"
+
+	"github.com/moescope/moescope/moe"
+)
+
+// Precision is a training recipe (DESIGN's --precision contract).
+type Precision string
+
+// Training recipes.
+const (
+	BF16 Precision = "bf16"
+	// FP8Tensorwise is torchao's float8 training with dynamic tensorwise
+	// scaling (one scale per tensor from its current amax), torchtitan's
+	// quantize.linear.float8 with recipe_name "tensorwise".
+	FP8Tensorwise Precision = "fp8-tensorwise"
+	FP8Rowwise    Precision = "fp8-rowwise"
+	// MXFP8 is OCP Microscaling v1.0 FP8 (E4M3 elements, one E8M0 scale
+	// per 32 consecutive elements), as torchao's MX training and
+	// TransformerEngine's MXFP8BlockScaling implement it.
+	MXFP8      Precision = "mxfp8"
+	FP8Delayed Precision = "fp8-delayed"
+	// FP8Current is TransformerEngine's Float8CurrentScaling: tensorwise
+	// scales from each tensor's current amax, the recipe Megatron-LM's
+	// --fp8-recipe tensorwise selects (megatron/core/enums.py Fp8Recipe).
+	FP8Current   Precision = "fp8-current"
+	FP8Blockwise Precision = "fp8-blockwise"
+	NVFP4        Precision = "nvfp4"
+)
+
+// Precisions are DESIGN's recipes; PricedPrecisions those the time and
+// memory models price. Every other recipe is refused until a model of it
+// is built.
+var (
+	Precisions       = []Precision{BF16, FP8Tensorwise, FP8Rowwise, MXFP8, FP8Delayed, FP8Current, FP8Blockwise, NVFP4}
+	PricedPrecisions = []Precision{BF16}
+)
+
+// Check accepts a priced recipe and refuses the others with the list of
+// priced ones (and, for a name outside DESIGN's list, that list too).
+// field names the flag or JSON key in the message.
+func (p Precision) Check(field string) error {
+	if slices.Contains(PricedPrecisions, p) {
+		return nil
+	}
+	if slices.Contains(Precisions, p) {
+		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet (priced: " + joinValues(PricedPrecisions) + ")"}
+	}
+	return moe.FieldError{Field: field, Value: string(p), Allowed: "unknown recipe (known: " + joinValues(Precisions) + "; priced: " + joinValues(PricedPrecisions) + ")"}
+}
+
+// LowPrecision says the recipe runs GEMMs in a type narrower than bf16.
+func (p Precision) LowPrecision() bool { return p != BF16 && p != "" }
+
+// Microscaled says the recipe scales blocks of 32 elements (MX) rather
+// than whole tensors: its GEMMs need the device's MX peak.
+func (p Precision) Microscaled() bool { return p == MXFP8 }
+
+// Values lists the recipes (Recipe.Validate, the command line's help).
+func (Precision) Values() []string { return names(Precisions) }
+
+// GEMMSet names a group of a model's GEMMs that a low-precision recipe
+// converts (DESIGN's --quantize).
+type GEMMSet string
+
+// GEMM sets. The router's gate stays bf16 under every recipe (torchtitan
+// force-recomputes it and its few outputs make a narrow GEMM; Megatron
+// keeps it in fp32).
+const (
+	// QuantLinear is every other linear layer: the attention projections
+	// (MLA's included) and the dense and shared-expert FFNs.
+	QuantLinear GEMMSet = "linear"
+	// QuantExperts is the routed experts' grouped GEMMs.
+	QuantExperts GEMMSet = "experts"
+	// QuantAttention is the attention core itself (FP8 SDPA).
+	QuantAttention GEMMSet = "attention"
+	// QuantOutput is the output head.
+	QuantOutput GEMMSet = "output"
+)
+
+// Values lists the GEMM sets.
+func (GEMMSet) Values() []string {
+	return names([]GEMMSet{QuantLinear, QuantExperts, QuantAttention, QuantOutput})
+}
+
+// Quantize lists the GEMM sets a recipe converts; empty = the framework's
+// set for the recipe (DefaultQuantize).
+type Quantize []GEMMSet
+
+// DefaultQuantize is the set a recipe converts when none is named: what
+// torchtitan converts with the recipe's converters at their defaults and
+// the output head filtered (its float8 and MX train configs list
+// filter_fqns = ["output"]), and what Megatron-Core converts under
+// TransformerEngine (every TE linear and grouped linear; the output layer
+// is not a TE module). fp8-tensorwise has no expert GEMMs: torchao has no
+// tensorwise grouped GEMM (torchtitan's quantize.grouped_mm.float8 is
+// rowwise, fp8-rowwise). bf16 converts nothing.
+func DefaultQuantize(p Precision) Quantize {
+	switch p {
+	case FP8Tensorwise:
+		return Quantize{QuantLinear}
+	case FP8Current, MXFP8:
+		return Quantize{QuantLinear, QuantExperts}
+	}
+	return nil
+}
+
+func (q Quantize) check(p Precision) error {
+	for i, s := range q {
+		if err := checkEnum("quantize", s); err != nil {
+			return err
+		}
+		if slices.Contains(q[:i], s) {
+			return moe.FieldError{Field: "quantize", Value: string(s), Allowed: "each set once"}
+		}
+	}
+	switch {
+	case len(q) > 0 && !p.LowPrecision():
+		return moe.FieldError{Field: "quantize", Value: q.String(), Allowed: "empty with precision bf16 (a low-precision recipe converts GEMMs)"}
+	case slices.Contains(q, QuantAttention):
+		return moe.FieldError{Field: "quantize", Value: q.String(), Allowed: "linear, experts and output (FP8 attention is not priced yet)"}
+	case p == FP8Tensorwise && slices.Contains(q, QuantExperts):
+		return moe.FieldError{Field: "quantize", Value: q.String(), Allowed: "linear and output with fp8-tensorwise (torchao has no tensorwise grouped GEMM; torchtitan's quantize.grouped_mm.float8 is rowwise: fp8-rowwise, not priced yet)"}
+	}
+	return nil
+}
+
+// String is the comma-separated list.
+func (q Quantize) String() string { return joinValues(q) }
