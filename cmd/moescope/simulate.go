@@ -33,6 +33,12 @@ type simulateReport struct {
 	Seq         int        `json:"seq"`
 	GradAccum   int        `json:"grad_accum"`
 	Calibration string     `json:"calibration,omitempty"`
+	// Precision is the recipe and Quantize the GEMM sets it converts;
+	// CalibrationNote says what a calibration fitted on another recipe
+	// leaves out.
+	Precision       job.Precision `json:"precision"`
+	Quantize        job.Quantize  `json:"quantize,omitempty"`
+	CalibrationNote string        `json:"calibration_note,omitempty"`
 	sim.Result
 }
 
@@ -136,8 +142,10 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	rep := simulateReport{Model: cfg.Name, Layout: spec.Layout, AC: spec.AC, LBS: spec.LBS, Seq: spec.Seq, GradAccum: spec.GradAccum, Result: res}
+	rep.Precision, rep.Quantize = spec.Precision, spec.Converted()
 	if cal != nil {
 		rep.Calibration = hwf.calibration
+		rep.CalibrationNote = calibrationNote(cal, spec.Precision)
 	}
 	if sf.jsonOut {
 		return writeJSON(stdout, "simulate", rep)
@@ -201,6 +209,19 @@ func parseTraceRanks(s string, world, perNode int) ([]int, error) {
 	return out, nil
 }
 
+// calibrationNote says what a calibration fitted on runs of another
+// recipe than p leaves uncalibrated ("" when it covers p).
+func calibrationNote(cal *cost.Calibration, p job.Precision) string {
+	if !p.LowPrecision() || cal.Covers(p) {
+		return ""
+	}
+	fitted := cal.Precision
+	if fitted == "" {
+		fitted = job.BF16
+	}
+	return fmt.Sprintf("fitted on %s runs: applied to what %s shares with them (bf16 GEMMs, attention, elementwise ops, communication); its fp8 GEMMs and casts keep the registry's rates", fitted, p)
+}
+
 func printSimulate(w io.Writer, r simulateReport) error {
 	if line := r.Fit.Line(); line != "" {
 		fmt.Fprintln(w, line)
@@ -223,8 +244,14 @@ func printSimulate(w io.Writer, r simulateReport) error {
 		}
 		fmt.Fprintf(w, "tp %d, etp %d, sequence parallel%s: tp collectives on %s\n", tp, l.ETP, async, r.TPLink)
 	}
+	if r.Precision.LowPrecision() {
+		fmt.Fprintf(w, "precision %s: converts %s (router and attention in bf16); MFU is against the bf16 peak, mfu_fp8_peak against the recipe's\n", r.Precision, r.Quantize)
+	}
 	if r.Calibration != "" {
 		fmt.Fprintf(w, "calibration: %s\n", r.Calibration)
+		if r.CalibrationNote != "" {
+			fmt.Fprintf(w, "  %s\n", r.CalibrationNote)
+		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "step time\t%.4f s\t\n", r.StepTimeS)
@@ -247,6 +274,9 @@ func printSimulate(w io.Writer, r simulateReport) error {
 		if c != "torchtitan" {
 			fmt.Fprintf(tw, "MFU (%s)\t%.1f%%\t\n", c, 100*r.MFUByConvention[c])
 		}
+	}
+	if m := r.MFUFP8Peak; m != nil {
+		fmt.Fprintf(tw, "MFU (torchtitan, against the %s peak)\t%.1f%%\t\n", r.Precision, 100**m)
 	}
 	fmt.Fprintf(tw, "HFU (hardware, recompute included)\t%.1f%%\t\n", 100*r.HFU)
 	fmt.Fprintf(tw, "peak reserved\t%.2f GiB\t\n", float64(r.PeakReservedBytes)/hw.GiB)
@@ -273,6 +303,9 @@ func printSimulate(w io.Writer, r simulateReport) error {
 			if v, ok := b.ComputeByClassS[c.String()]; ok {
 				row(c.String(), v)
 			}
+		}
+		if q := b.OverheadS[sim.OverheadQuantize]; q > 0 {
+			row("of which quantize (fp8 casts)", q)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

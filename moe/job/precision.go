@@ -35,7 +35,7 @@ const (
 // is built.
 var (
 	Precisions       = []Precision{BF16, FP8Tensorwise, FP8Rowwise, MXFP8, FP8Delayed, FP8Current, FP8Blockwise, NVFP4}
-	PricedPrecisions = []Precision{BF16}
+	PricedPrecisions = []Precision{BF16, FP8Tensorwise, FP8Current, MXFP8}
 )
 
 // Check accepts a priced recipe and refuses the others with the list of

@@ -24,6 +24,10 @@ type Device struct {
 	// BF16FLOPs and FP8FLOPs are the dense peak tensor-core rates, FLOP/s.
 	BF16FLOPs float64 `json:"bf16_flops"`
 	FP8FLOPs  float64 `json:"fp8_flops"`
+	// MXFP8FLOPs is the dense peak of microscaled FP8 (OCP MX: e4m3 with
+	// an e8m0 scale per 32 elements), FLOP/s; 0 for a part whose tensor
+	// cores have no MX formats (Hopper, CDNA 3), which cannot run mxfp8.
+	MXFP8FLOPs float64 `json:"mxfp8_flops"`
 	// MemoryBytes is the device capacity as PyTorch reports it (total_memory).
 	MemoryBytes int64 `json:"memory_bytes"`
 	// HBMBytesPerS is the peak HBM bandwidth, bytes/s.
@@ -131,6 +135,7 @@ func (d Device) Validate() error {
 		// its tensor cores: a part under 1e12 trains nothing.
 		{"bf16_flops", d.BF16FLOPs, 1e12, 1e17, "FLOP/s"},
 		{"fp8_flops", d.FP8FLOPs, 1e12, 1e17, "FLOP/s"},
+		{"mxfp8_flops", d.MXFP8FLOPs, 0, 1e17, "FLOP/s (0 = no MX formats)"},
 		// HBM3e gives 8e12 (B200, MI355X), HBM4 parts announce about
 		// 2e13; 1e14 has five times that as margin. GDDR parts (T4: 3.2e11)
 		// stay above 1e11.

@@ -49,6 +49,18 @@ type Kernels struct {
 	// differ from chip to chip). A synchronous step waits for its slowest
 	// GPU, which is slower the more GPUs there are.
 	SpeedSD float64 `json:"speed_sd"`
+	// Low-precision kernels, as fractions of the FP8 peak (FP8FLOPs, or
+	// MXFP8FLOPs for microscaled recipes): FP8GEMMEff the best dense FP8
+	// GEMM; FP8GroupedEff the FP8 grouped GEMM of the forward and the
+	// data gradient (2D activations by 3D expert weights) for many rows per
+	// group, falling with rows per group as GroupedHalfRows says;
+	// FP8GroupedWgradRatio the weight gradient's grouped GEMM (2D by 2D,
+	// groups along K) over that rate. CastEff is the fraction of HBM
+	// bandwidth the kernels that quantize bf16 tensors to fp8 reach.
+	FP8GEMMEff           float64 `json:"fp8_gemm_eff"`
+	FP8GroupedEff        float64 `json:"fp8_grouped_eff"`
+	FP8GroupedWgradRatio float64 `json:"fp8_grouped_wgrad_ratio"`
+	CastEff              float64 `json:"cast_eff"`
 }
 
 // Validate reports every out-of-range kernel number, named kernels.<field>.
@@ -59,7 +71,8 @@ func (k Kernels) Validate() error {
 		v    float64
 	}{{"gemm_eff", k.GEMMEff}, {"grouped_eff", k.GroupedEff}, {"cudnn_fwd_eff", k.CuDNNFwdEff},
 		{"cudnn_bwd_eff", k.CuDNNBwdEff}, {"flash2_fwd_eff", k.Flash2FwdEff}, {"flash2_bwd_eff", k.Flash2BwdEff},
-		{"mem_eff", k.MemEff}, {"sustained_ratio", k.SustainedRatio}} {
+		{"mem_eff", k.MemEff}, {"sustained_ratio", k.SustainedRatio}, {"fp8_gemm_eff", k.FP8GEMMEff},
+		{"fp8_grouped_eff", k.FP8GroupedEff}, {"fp8_grouped_wgrad_ratio", k.FP8GroupedWgradRatio}, {"cast_eff", k.CastEff}} {
 		if !(f.v > 0 && f.v <= 1) {
 			errs = append(errs, fmt.Errorf("kernels.%s = %v: must be a fraction in (0, 1]", f.name, f.v))
 		}
@@ -82,7 +95,8 @@ func (k Kernels) Validate() error {
 // KernelFields are the JSON names of Kernels' fields, each of which a
 // registry device sources under "kernels.<name>".
 var KernelFields = []string{"gemm_eff", "grouped_eff", "grouped_half_rows", "cudnn_fwd_eff", "cudnn_bwd_eff",
-	"flash2_fwd_eff", "flash2_bwd_eff", "mem_eff", "nccl_ctas", "sustained_ratio", "speed_sd"}
+	"flash2_fwd_eff", "flash2_bwd_eff", "mem_eff", "nccl_ctas", "sustained_ratio", "speed_sd",
+	"fp8_gemm_eff", "fp8_grouped_eff", "fp8_grouped_wgrad_ratio", "cast_eff"}
 
 // MaxSpeedSD bounds Kernels.SpeedSD.
 const MaxSpeedSD = 0.05

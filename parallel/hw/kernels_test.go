@@ -26,7 +26,7 @@ func TestDeviceKernels(t *testing.T) {
 func TestKernelsRefused(t *testing.T) {
 	full := `"kernels":{"gemm_eff":0.8,"grouped_eff":0.3,"grouped_half_rows":400,"cudnn_fwd_eff":0.6,"cudnn_bwd_eff":0.5,` +
 		`"flash2_fwd_eff":0.37,"flash2_bwd_eff":0.32,"mem_eff":0.84,"nccl_ctas":16,` +
-		`"sustained_ratio":0.85,"speed_sd":0.01},`
+		`"sustained_ratio":0.85,"speed_sd":0.01,"fp8_gemm_eff":0.78,"fp8_grouped_eff":0.49,"fp8_grouped_wgrad_ratio":0.76,"cast_eff":0.57},`
 	with := func(k string) []byte {
 		return []byte(strings.Replace(minimalDevice, `"sources":{}`, k+`"sources":{}`, 1))
 	}

@@ -15,12 +15,15 @@ import (
 var fusedNormSince = job.TorchVersion{Major: 2, Minor: 9}
 
 // computeSpec is the compute model of run in on device dev under
-// calibration cal: the recipe's attention and expert kernels, whether
+// calibration cal: the recipe's low-precision GEMMs, attention and expert kernels, whether
 // compiled blocks fuse their elementwise chains, the PyTorch release's
 // eager norm and the framework's own fused kernels.
 func computeSpec(dev hw.Device, in Input, cal *cost.Calibration) (cost.ComputeSpec, error) {
 	spec, err := cost.ComputeSpecFor(dev, in.Attention)
 	if err != nil {
+		return cost.ComputeSpec{}, fmt.Errorf("simulate: %w", err)
+	}
+	if spec.LowPrecision, err = cost.LowPrecisionFor(dev, in.Recipe); err != nil {
 		return cost.ComputeSpec{}, fmt.Errorf("simulate: %w", err)
 	}
 	spec = spec.WithExperts(in.ExpertGEMM).Calibrated(cal)

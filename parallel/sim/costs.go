@@ -66,7 +66,11 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		c := costs[k]
 		c.total += t
 		c.recompute += rec
-		c.byClass[cls] += t
+		// The quantize kernels inside a converted GEMM's price are
+		// memory-bound work.
+		q := over[ohQuantize]
+		c.byClass[cls] += t - q
+		c.byClass[cost.ClassMemoryBound] += q
 		for i, v := range over {
 			c.over[i] += v
 		}
@@ -130,8 +134,8 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 // overheadPricer returns opCosts' opSeconds: it prices an op record on one
 // GPU (spec.OpSeconds, local experts per EP rank) and sets *over to the
 // parts of that price the overheads name: the launch floor's, the loss's,
-// and a tensor-core op's loss to the clock, split between the sustained
-// clock and the slowest GPU.
+// a tensor-core op's loss to the clock, split between the sustained
+// clock and the slowest GPU, and a converted GEMM's quantize kernels.
 func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[numOverheads]float64) func(moe.OpRecord, []float64) (float64, error) {
 	noLaunch := spec
 	noLaunch.LaunchS = 0
@@ -161,6 +165,7 @@ func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[nu
 		if r.Op == moe.OpLoss {
 			over[ohLoss] = t
 		}
+		over[ohQuantize] = spec.CastSeconds(cfg, r, local)
 		if c, _ := cost.OpClassOf(r.Op); c != cost.ClassMemoryBound && clocked {
 			tb, _ := burst.OpSeconds(cfg, r, local, groups)
 			over[ohSustainedClock] = (t0 - tb) * susShare

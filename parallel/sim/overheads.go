@@ -42,6 +42,10 @@ import (
 //	sustained_clock: tensor-core kernels run at the clock a GPU sustains
 //	  at its power limit, Sustained of the burst rate kernel benchmarks
 //	  measure: what that costs over the burst rate.
+//	quantize: a low-precision recipe's kernels that cast the bf16 operands
+//	  of its converted GEMMs to fp8 (cost.LowPrecision, CastSeconds), and
+//	  MX grouped GEMMs' scale rearrangement: memory-bound time inside the
+//	  converted ops' prices.
 //	slowest_gpu: what waiting for the slowest of the job's GPUs costs over
 //	  the mean GPU's sustained rate (cost.SlowestShare).
 
@@ -56,6 +60,7 @@ const (
 	OverheadNCCLContention = "nccl_contention"
 	OverheadSustainedClock = "sustained_clock"
 	OverheadSlowestGPU     = "slowest_gpu"
+	OverheadQuantize       = "quantize"
 )
 
 // Overheads lists the names in report order.
@@ -74,11 +79,12 @@ const (
 	ohNCCLContention
 	ohSustainedClock
 	ohSlowestGPU
+	ohQuantize
 	numOverheads
 )
 
 var overheadNames = [numOverheads]string{OverheadRouting, OverheadFSDPCopy, OverheadGradClip, OverheadLoss,
-	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU}
+	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU, OverheadQuantize}
 
 // optimizerCost prices the optimizer phase of the prepared run: fused AdamW
 // over the rank's shard, and gradient clipping (clip_grad_norm_, torchtitan's

@@ -121,12 +121,7 @@ func simulatePipeline(in Input) (Result, error) {
 	// data-parallel ranks: a GPU's share of its replica's tokens.
 	tokens := float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(l.Stages()*l.TPDegree())
 	res.TPS = tokens / res.StepTimeS
-	res.MFUByConvention = map[string]float64{}
-	for name, f := range convs {
-		res.MFUByConvention[name] = f * res.TPS / dev.BF16FLOPs
-	}
-	res.MFU = res.MFUByConvention[string(flops.Torchtitan)]
-	res.HFU = hwFLOP * res.TPS / dev.BF16FLOPs
+	res.setMFU(dev, in.Precision, convs, hwFLOP)
 	// The pipeline's peak is the worst pipeline rank's, already replayed:
 	// a calibration re-prices its reserved bytes with its overhead.
 	peak := mem.Peak

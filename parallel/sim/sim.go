@@ -70,6 +70,11 @@ type Result struct {
 	MFU             float64            `json:"mfu"`
 	HFU             float64            `json:"hfu"`
 	MFUByConvention map[string]float64 `json:"mfu_by_convention"`
+	// MFUFP8Peak is the torchtitan-convention MFU against the dense peak
+	// of the recipe's low-precision type (FP8, or MXFP8 for mxfp8) rather
+	// than BF16's (DESIGN: MFU stays against BF16; FP8 runs also report
+	// this); absent for bf16 runs.
+	MFUFP8Peak *float64 `json:"mfu_fp8_peak,omitempty"`
 	// Memory: the memory package's step timeline replayed through its
 	// allocator model (the calibrated one when a calibration sets it).
 	PeakAllocatedBytes int64   `json:"peak_allocated_bytes"`
@@ -100,6 +105,26 @@ type Result struct {
 	memEvents []memory.Event
 	memTimes  []float64
 	collBytes []float64 // per schedule op: the collective size modelled (0 for compute)
+}
+
+// setMFU sets the MFUs and HFU of r.TPS on dev from the FLOPs per token by
+// convention and the hardware count: against the BF16 dense peak, and for
+// a low-precision recipe the torchtitan convention also against its own.
+func (r *Result) setMFU(dev hw.Device, p job.Precision, convs map[string]float64, hwFLOP float64) {
+	r.MFUByConvention = map[string]float64{}
+	for name, f := range convs {
+		r.MFUByConvention[name] = f * r.TPS / dev.BF16FLOPs
+	}
+	r.MFU = r.MFUByConvention[string(flops.Torchtitan)]
+	r.HFU = hwFLOP * r.TPS / dev.BF16FLOPs
+	if p.LowPrecision() {
+		peak := dev.FP8FLOPs
+		if p.Microscaled() {
+			peak = dev.MXFP8FLOPs
+		}
+		m := convs[string(flops.Torchtitan)] * r.TPS / peak
+		r.MFUFP8Peak = &m
+	}
 }
 
 // OpTiming is one schedule op as the simulator ran it.
@@ -373,12 +398,7 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 		res.Breakdown.OverheadS[name] = sim.over[i]
 	}
 	res.TPS = p.tokens / res.StepTimeS
-	res.MFUByConvention = map[string]float64{}
-	for name, f := range p.convs {
-		res.MFUByConvention[name] = f * res.TPS / p.dev.BF16FLOPs
-	}
-	res.MFU = res.MFUByConvention[string(flops.Torchtitan)]
-	res.HFU = p.hwFLOP * res.TPS / p.dev.BF16FLOPs
+	res.setMFU(p.dev, in.Precision, p.convs, p.hwFLOP)
 	// Memory: replay the memory timeline (the one source of peak memory)
 	// through the allocator model, calibrated when asked.
 	alloc := memory.DefaultAllocator

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Calibration holds named model parameters fitted to measured runs. A zero
@@ -17,6 +18,10 @@ import (
 // efficiencies of their op class (1 = unchanged).
 type Calibration struct {
 	Source string `json:"source,omitempty"`
+	// Precision is the recipe of the runs it was fitted on ("" = bf16).
+	// Applied to a run of another recipe it scales only what the two
+	// share (Covers): not the other recipe's low-precision kernels.
+	Precision job.Precision `json:"precision,omitempty"`
 	// GEMMScale, GroupedScale, AttentionScale, MemoryBoundScale multiply the
 	// modelled efficiency of dense GEMMs, grouped expert GEMMs, flash
 	// attention and memory-bound ops.
@@ -53,6 +58,16 @@ type Calibration struct {
 	CovarianceParams []string    `json:"covariance_params,omitempty"`
 	Covariance       [][]float64 `json:"covariance,omitempty"`
 	ResidualSD       float64     `json:"residual_sd,omitempty"`
+}
+
+// Covers says whether the calibration's scales apply to the low-precision
+// kernels of recipe p: it was fitted on runs of p.
+func (cal *Calibration) Covers(p job.Precision) bool {
+	fitted := cal.Precision
+	if fitted == "" {
+		fitted = job.BF16
+	}
+	return fitted == p
 }
 
 func scaleOr1(v float64) float64 {

@@ -130,6 +130,9 @@ type ComputeSpec struct {
 	// number of them a step waits for (0 or 1: one GPU, the mean part).
 	SpeedSD float64
 	GPUs    int
+	// LowPrecision prices the GEMMs a low-precision recipe converts and
+	// their quantize kernels (nil: every GEMM in bf16).
+	LowPrecision *LowPrecision
 }
 
 // Clock is the fraction of the measured (burst) tensor-core rates the
@@ -220,6 +223,19 @@ func (c ComputeSpec) Validate() error {
 			return fmt.Errorf("compute: %s = %v must be in (0, 1]", f.name, f.v)
 		}
 	}
+	if lp := c.LowPrecision; lp != nil {
+		if !(lp.PeakFLOPs > 0) || math.IsInf(lp.PeakFLOPs, 0) {
+			return fmt.Errorf("compute: low-precision peak_flops = %v must be a finite number > 0", lp.PeakFLOPs)
+		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"fp8_gemm_eff", lp.GEMMEff}, {"fp8_grouped_eff", lp.GroupedEff}, {"fp8_grouped_wgrad_ratio", lp.WgradRatio}, {"cast_eff", lp.CastEff}} {
+			if !(f.v > 0 && f.v <= 1) {
+				return fmt.Errorf("compute: %s = %v must be in (0, 1]", f.name, f.v)
+			}
+		}
+	}
 	if !(c.ExpertGEMMEff >= 0 && c.ExpertGEMMEff <= 1) {
 		return fmt.Errorf("compute: expert_gemm_eff = %v must be in [0, 1] (0 = torch._grouped_mm)", c.ExpertGEMMEff)
 	}
@@ -239,25 +255,42 @@ func (c ComputeSpec) Calibrated(cal *Calibration) ComputeSpec {
 	c.AttnFwdEff = math.Min(1, c.AttnFwdEff*all*scaleOr1(cal.AttentionScale))
 	c.AttnBwdEff = math.Min(1, c.AttnBwdEff*all*scaleOr1(cal.AttentionScale))
 	c.MemEff = math.Min(1, c.MemEff*all*scaleOr1(cal.MemoryBoundScale))
+	if lp := c.LowPrecision; lp != nil && cal.Covers(lp.Recipe) {
+		// The low-precision kernels take the calibration only when it was
+		// fitted on runs of their recipe: a bf16 fit measured other kernels.
+		scaled := *lp
+		scaled.GEMMEff = math.Min(1, lp.GEMMEff*all*scaleOr1(cal.GEMMScale))
+		scaled.GroupedEff = math.Min(1, lp.GroupedEff*all*scaleOr1(cal.GroupedScale))
+		scaled.CastEff = math.Min(1, lp.CastEff*all*scaleOr1(cal.MemoryBoundScale))
+		c.LowPrecision = &scaled
+	}
 	return c
 }
 
 const gemmTile = 128
 
 // GEMMSeconds models one dense bf16 GEMM of M×K by K×N.
-func (c ComputeSpec) GEMMSeconds(M, N, K int64) float64 {
+func (c ComputeSpec) GEMMSeconds(M, N, K int64) float64 { return c.gemmSeconds(M, N, K, c.bf16Rate()) }
+
+func (c ComputeSpec) gemmSeconds(M, N, K int64, r rate) float64 {
 	if M <= 0 || N <= 0 || K <= 0 {
 		return 0
 	}
 	tiles := ceilDiv(M, gemmTile) * ceilDiv(N, gemmTile)
-	return c.tiledSeconds(float64(tiles)*float64(K), tiles, c.GEMMEff, 2*float64(M*K+K*N+M*N))
+	// Operands at r.operand bytes, the output in bf16.
+	bytes := r.operand*float64(M*K+K*N) + 2*float64(M*N)
+	return c.tiledSeconds(float64(tiles)*float64(K), tiles, r.peak*r.gemm, bytes)
 }
 
 // GroupedSeconds models one grouped bf16 GEMM: for each group e, Ms[e]×K
 // by K×N (forward and backward_data shapes), or with weightGrad the
 // per-expert weight gradient N_out×N by the group's rows (K = Ms[e]).
 func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) float64 {
-	var tileK float64 // Σ tiles·K / (the group's efficiency relative to GroupedEff)
+	return c.groupedSeconds(Ms, out, in, pass, c.bf16Rate())
+}
+
+func (c ComputeSpec) groupedSeconds(Ms []int64, out, in int64, pass moe.Pass, r rate) float64 {
+	var tileK float64 // Σ tiles·K / (the group's efficiency relative to the grouped rate)
 	var tiles, groups int64
 	var bytes float64
 	for _, m := range Ms {
@@ -276,8 +309,8 @@ func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) fl
 		}
 		t := ceilDiv(M, gemmTile) * ceilDiv(N, gemmTile)
 		tiles += t
-		bytes += 2 * float64(M*K+K*N+M*N)
-		if c.ExpertGEMMEff > 0 {
+		bytes += r.operand*float64(M*K+K*N) + 2*float64(M*N)
+		if r.expert > 0 {
 			tileK += float64(t) * float64(K)
 			continue
 		}
@@ -287,22 +320,26 @@ func (c ComputeSpec) GroupedSeconds(Ms []int64, out, in int64, pass moe.Pass) fl
 	if tiles == 0 {
 		return 0
 	}
-	if c.ExpertGEMMEff > 0 {
+	if r.expert > 0 {
 		// One cuBLAS GEMM per expert, launched on a pool of streams that
 		// run them side by side: the tiles of all share the SMs' waves, at
 		// the dense rate, and the host launches each.
-		return math.Max(c.tiledSeconds(tileK, tiles, c.ExpertGEMMEff, bytes), float64(groups)*c.LaunchS)
+		return math.Max(c.tiledSeconds(tileK, tiles, r.peak*r.expert, bytes), float64(groups)*c.LaunchS)
 	}
-	return c.tiledSeconds(tileK, tiles, c.GroupedEff, bytes)
+	eff := r.grouped
+	if pass == moe.BackwardWeight {
+		eff *= r.wgrad
+	}
+	return c.tiledSeconds(tileK, tiles, r.peak*eff, bytes)
 }
 
 // tiledSeconds: tileK = Σ tiles·K over the launch, padded up to whole waves
-// of SMs tiles.
-func (c ComputeSpec) tiledSeconds(tileK float64, tiles int64, eff, bytes float64) float64 {
+// of SMs tiles, at rate FLOP/s (peak × efficiency) before the clock.
+func (c ComputeSpec) tiledSeconds(tileK float64, tiles int64, rate, bytes float64) float64 {
 	waves := ceilDiv(tiles, int64(c.SMs))
 	quant := float64(waves*int64(c.SMs)) / float64(tiles)
 	flops := 2 * gemmTile * gemmTile * tileK * quant
-	tc := flops / (c.PeakFLOPs * eff * c.Clock())
+	tc := flops / (rate * c.Clock())
 	tm := bytes / (c.HBMBytesPerS * c.MemEff)
 	return math.Max(math.Max(tc, tm), c.LaunchS)
 }
@@ -370,23 +407,8 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 		return 0, err
 	}
 	switch cls {
-	case ClassGEMM:
-		out, in, ok := weightShape(cfg, rec.Op)
-		if !ok || out*in == 0 {
-			return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*c.GEMMEff*c.Clock()), c.LaunchS), nil
-		}
-		rows := rec.Count / (out * in)
-		switch rec.Pass {
-		case moe.BackwardData:
-			return c.GEMMSeconds(rows, in, out), nil
-		case moe.BackwardWeight:
-			return c.GEMMSeconds(out, in, rows), nil
-		}
-		return c.GEMMSeconds(rows, out, in), nil
-	case ClassGrouped:
-		out, in, _ := weightShape(cfg, rec.Op)
-		rows := rec.Count / (out * in)
-		return c.GroupedSeconds(splitRows(rows, localExperts, groups), out, in, rec.Pass), nil
+	case ClassGEMM, ClassGrouped:
+		return c.matmulSeconds(cfg, rec, localExperts, groups) + c.CastSeconds(cfg, rec, localExperts), nil
 	case ClassAttention:
 		eff := c.AttnFwdEff
 		if rec.Pass != moe.Forward {
@@ -395,6 +417,27 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 		return math.Max(2*float64(rec.Count)/(c.PeakFLOPs*eff*c.Clock()), c.LaunchS), nil
 	}
 	return c.MemorySeconds(float64(rec.Count) * c.BytesPerElement(rec.Op, rec.Pass)), nil
+}
+
+// matmulSeconds prices a dense or grouped matmul record at the rate its op
+// runs at (rateOf), without its quantize kernels.
+func (c ComputeSpec) matmulSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts int, groups []float64) float64 {
+	r := c.rateOf(cfg, rec.Op)
+	out, in, ok := weightShape(cfg, rec.Op)
+	if !ok || out*in == 0 {
+		return math.Max(2*float64(rec.Count)/(r.peak*r.gemm*c.Clock()), c.LaunchS)
+	}
+	rows := rec.Count / (out * in)
+	if rec.Op.Kind() == moe.KindGrouped {
+		return c.groupedSeconds(splitRows(rows, localExperts, groups), out, in, rec.Pass, r)
+	}
+	switch rec.Pass {
+	case moe.BackwardData:
+		return c.gemmSeconds(rows, in, out, r)
+	case moe.BackwardWeight:
+		return c.gemmSeconds(out, in, rows, r)
+	}
+	return c.gemmSeconds(rows, out, in, r)
 }
 
 // splitRows divides rows over n groups in proportion to weights (evenly

@@ -30,7 +30,8 @@ func (c ComputeSpec) WithExperts(k job.ExpertGEMM) ComputeSpec {
 // calibrate.
 var fallbackKernels = hw.Kernels{GEMMEff: 0.803, GroupedEff: 0.36, GroupedHalfRows: 406, CuDNNFwdEff: 0.61,
 	CuDNNBwdEff: 0.51, Flash2FwdEff: 0.37, Flash2BwdEff: 0.32, MemEff: 0.84, NCCLCTAs: 16,
-	SustainedRatio: 0.848, SpeedSD: 0.010}
+	SustainedRatio: 0.848, SpeedSD: 0.010, FP8GEMMEff: 0.779, FP8GroupedEff: 0.493, FP8GroupedWgradRatio: 0.762,
+	CastEff: 0.570}
 
 const (
 	defaultLaunchS = 4e-6

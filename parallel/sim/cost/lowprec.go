@@ -1,0 +1,181 @@
+package cost
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/hw"
+)
+
+// Low-precision GEMMs. A recipe that converts a GEMM (job.Recipe.Converts)
+// runs it on fp8 operands at the device's FP8 peak (MX peak for mxfp8)
+// times the device's measured FP8 GEMM efficiency, with the same tile and
+// wave model as bf16 and operands of one byte (the output stays bf16), and
+// quantizes its bf16 operands first. The quantize kernels are memory-bound
+// passes priced per tensor, at the device's CastEff of HBM bandwidth:
+//
+//	torchao (fp8-tensorwise, mxfp8; torchtitan's converters): each GEMM
+//	  casts its two operands in the layout it needs, forward x and w,
+//	  data gradient g and wᵀ, weight gradient gᵀ and xᵀ (torchao saves the
+//	  bf16 x and w for backward and casts again: float8_linear.py
+//	  matmul_with_hp_or_float8_args, mx_formats' mx_mm): read 2 bytes,
+//	  write 1 per element, plus for tensorwise an amax pass reading the
+//	  tensor first (its one scale must be known before the cast), and for
+//	  MX an e8m0 scale per 32 elements. MX grouped GEMMs also rearrange
+//	  the activations' scales per group into the blocked layout the
+//	  kernel reads (torchao's triton_mx_block_rearrange_2d_M_groups), a
+//	  kernel bound by its rows (MXSwizzleSPerRow).
+//	TransformerEngine (fp8-current, Megatron-Core): one amax pass and one
+//	  fused cast-transpose per tensor, writing the row- and column-wise
+//	  copies together (6 bytes per element), x and w in forward and g in
+//	  the data gradient; the weight gradient reuses them (TE saves the
+//	  fp8 copies for backward).
+//
+// Attention and the router stay bf16; linears with a dimension not a
+// multiple of 16 are not converted (torchtitan's module_filter_fn: FP8
+// tensor cores need it).
+type LowPrecision struct {
+	Recipe                  job.Precision
+	Linear, Experts, Output bool    // the converted GEMM sets
+	PeakFLOPs               float64 // dense FP8 (or MX) peak, FLOP/s
+	GEMMEff, GroupedEff     float64 // fractions of PeakFLOPs (hw.Kernels' FP8GEMMEff, FP8GroupedEff)
+	WgradRatio              float64 // grouped weight-gradient rate over GroupedEff
+	CastEff                 float64 // fraction of HBM bandwidth the quantize kernels reach
+}
+
+// MXSwizzleSPerRow is the time torchao's per-group MX scale rearrangement
+// takes per row of a grouped GEMM's activations: 198.7 µs and 192.5 µs
+// for 131072 rows (scales of 224 and 64 columns: the time follows the
+// rows), on a B200 (pytorch/ao torchao/prototype/moe_training/README.md at
+// 0b1bb117, 'MXFP8 Kernel Breakdown by Pass'); the same kernel is assumed
+// on every MX device.
+const MXSwizzleSPerRow = (198.7e-6 + 192.5e-6) / 2 / 131072
+
+// LowPrecisionFor is recipe r's low-precision GEMMs on device d: nil for
+// bf16, an error naming device and recipe when d cannot run it (MX needs
+// MX tensor-core formats).
+func LowPrecisionFor(d hw.Device, r job.Recipe) (*LowPrecision, error) {
+	if !r.Precision.LowPrecision() {
+		return nil, nil
+	}
+	k := fallbackKernels
+	if d.Kernels != nil {
+		k = *d.Kernels
+	}
+	lp := &LowPrecision{Recipe: r.Precision, Linear: r.Converts(job.QuantLinear), Experts: r.Converts(job.QuantExperts),
+		Output: r.Converts(job.QuantOutput), PeakFLOPs: d.FP8FLOPs, GEMMEff: k.FP8GEMMEff, GroupedEff: k.FP8GroupedEff,
+		WgradRatio: k.FP8GroupedWgradRatio, CastEff: k.CastEff}
+	if r.Precision.Microscaled() {
+		if !(d.MXFP8FLOPs > 0) {
+			return nil, fmt.Errorf("precision = %s: device %s has no MX tensor-core formats (its registry entry gives no mxfp8_flops); MX needs Blackwell (b200, b300, gb200, gb300) or CDNA 4 (mi355x)", r.Precision, d.Name)
+		}
+		lp.PeakFLOPs = d.MXFP8FLOPs
+	}
+	return lp, nil
+}
+
+// converts says whether op runs in low precision.
+func (lp *LowPrecision) converts(cfg *moe.Config, op moe.Op) bool {
+	if lp == nil {
+		return false
+	}
+	switch op {
+	case moe.OpRouter, moe.OpSharedExpGate:
+		return false
+	case moe.OpLMHead:
+		return lp.Output && dims16(cfg, op)
+	}
+	switch op.Kind() {
+	case moe.KindGrouped:
+		return lp.Experts
+	case moe.KindMatmul:
+		return lp.Linear && dims16(cfg, op)
+	}
+	return false
+}
+
+func dims16(cfg *moe.Config, op moe.Op) bool {
+	out, in, ok := weightShape(cfg, op)
+	return ok && out%16 == 0 && in%16 == 0
+}
+
+// rate is what a GEMM runs at: the peak, the dense and grouped
+// efficiencies (expert > 0: one cuBLAS GEMM per expert at it), the grouped
+// weight gradient's ratio and the bytes of an operand element.
+type rate struct {
+	peak, gemm, grouped, expert, wgrad, operand float64
+}
+
+func (c ComputeSpec) bf16Rate() rate {
+	return rate{c.PeakFLOPs, c.GEMMEff, c.GroupedEff, c.ExpertGEMMEff, 1, 2}
+}
+
+func (c ComputeSpec) lowRate() rate {
+	lp := c.LowPrecision
+	r := rate{lp.PeakFLOPs, lp.GEMMEff, lp.GroupedEff, 0, lp.WgradRatio, 1}
+	if c.ExpertGEMMEff > 0 {
+		r.expert, r.wgrad = lp.GEMMEff, 1
+	}
+	return r
+}
+
+// rateOf is the rate op runs at.
+func (c ComputeSpec) rateOf(cfg *moe.Config, op moe.Op) rate {
+	if c.LowPrecision.converts(cfg, op) {
+		return c.lowRate()
+	}
+	return c.bf16Rate()
+}
+
+// CastSeconds prices the quantize kernels of op record rec (zero for an
+// op the recipe does not convert): rows·in activations, rows·out
+// gradients and out·in weights per local expert (localExperts for grouped
+// ops), by pass as LowPrecision's comment says.
+func (c ComputeSpec) CastSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts int) float64 {
+	lp := c.LowPrecision
+	if rec.Count <= 0 || !lp.converts(cfg, rec.Op) {
+		return 0
+	}
+	out, in, _ := weightShape(cfg, rec.Op)
+	rows := float64(rec.Count / (out * in))
+	x, g, w := rows*float64(in), rows*float64(out), float64(out*in)
+	if rec.Op.Kind() == moe.KindGrouped {
+		w *= float64(max(localExperts, 1))
+	}
+	var elems, perElem, kernels float64
+	fwd := rec.Pass == moe.Forward || rec.Pass == moe.Recompute
+	switch lp.Recipe {
+	case job.FP8Current:
+		perElem, kernels = 6, 4
+		switch {
+		case fwd:
+			elems = x + w
+		case rec.Pass == moe.BackwardData:
+			elems, kernels = g, 2
+		default:
+			return 0
+		}
+	default:
+		perElem, kernels = 3, 2
+		if lp.Recipe.Microscaled() {
+			perElem += 1.0 / 32
+		} else {
+			perElem, kernels = 5, 4
+		}
+		switch rec.Pass {
+		case moe.BackwardData:
+			elems = g + w
+		case moe.BackwardWeight:
+			elems = g + x
+		default:
+			elems = x + w
+		}
+	}
+	t := math.Max(elems*perElem/(c.HBMBytesPerS*lp.CastEff), kernels*c.LaunchS)
+	if lp.Recipe.Microscaled() && rec.Op.Kind() == moe.KindGrouped && rec.Pass != moe.BackwardWeight {
+		t += rows * MXSwizzleSPerRow
+	}
+	return t
+}
