@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
@@ -73,9 +72,13 @@ func Calibrate(runs []published.Run) (*cost.Calibration, error) {
 	if err != nil {
 		return nil, err
 	}
+	prec, err := runsRecipe(runs)
+	if err != nil {
+		return nil, err
+	}
 	cl0 := f.preps[0].Cluster()
 	st := calState{defaults: map[string]float64{cost.CalNVLink: cl0.NVLinkEfficiency, cost.CalNet: cl0.NetEfficiency}}
-	cal := &cost.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs))}
+	cal := &cost.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs)), Precision: prec}
 	candidates := cost.TPSParams
 	if len(runs) == 1 {
 		candidates = []string{cost.CalCompute}
@@ -155,21 +158,43 @@ func prepareFit(runs []published.Run) (calFit, error) {
 // does not price, or a TPS that is not physical, i.e. whose MFU by
 // torchtitan's FLOP count would exceed the device's BF16 dense peak.
 func checkMeasured(r published.Run, p *sim.Prepared) error {
-	if err := job.Precision(r.Precision).Check("precision"); err != nil || r.Precision == "" {
-		priced := make([]string, len(job.PricedPrecisions))
-		for i, p := range job.PricedPrecisions {
-			priced[i] = string(p)
-		}
-		return moe.FieldError{Field: "precision", Value: r.Precision,
-			Allowed: "a precision the time model prices: " + strings.Join(priced, ", ")}
+	prec, err := r.PrecisionRecipe()
+	if err == nil {
+		err = prec.Check("precision")
+	}
+	if err != nil {
+		return err
 	}
 	perToken := p.FLOPsPerToken(flops.Torchtitan)
-	if bound := p.Device().BF16FLOPs / perToken; !(r.TPS > 0 && r.TPS <= bound) {
+	peak, name := p.Device().BF16FLOPs, "BF16"
+	if prec.LowPrecision() {
+		// Converted GEMMs may run up to the FP8 peak; no run exceeds it.
+		peak, name = p.Device().FP8FLOPs, "FP8"
+	}
+	if bound := peak / perToken; !(r.TPS > 0 && r.TPS <= bound) {
 		return moe.FieldError{Field: "tps", Value: r.TPS,
-			Allowed: fmt.Sprintf("must be in (0, %.4g] tokens/s per GPU: above it the run would exceed %s's BF16 peak (%.3g FLOP/s at %.4g FLOPs per token)",
-				bound, p.Device().Name, p.Device().BF16FLOPs, perToken)}
+			Allowed: fmt.Sprintf("must be in (0, %.4g] tokens/s per GPU: above it the run would exceed %s's %s peak (%.3g FLOP/s at %.4g FLOPs per token)",
+				bound, p.Device().Name, name, peak, perToken)}
 	}
 	return nil
+}
+
+// runsRecipe is the one recipe of runs: a calibration is fitted per recipe,
+// as the kernels a low-precision recipe runs differ from bf16's.
+func runsRecipe(runs []published.Run) (job.Precision, error) {
+	var first job.Precision
+	for i, r := range runs {
+		p, err := r.PrecisionRecipe()
+		if err != nil {
+			return "", fmt.Errorf("calibrate: run %d: %w", i, err)
+		}
+		if i == 0 {
+			first = p
+		} else if p != first {
+			return "", fmt.Errorf("calibrate: run %d: precision = %s, run 0's is %s: fit one calibration per recipe (a bf16 calibration applies to an fp8 run's bf16 parts; an fp8 fit measures its fp8 kernels)", i, p, first)
+		}
+	}
+	return first, nil
 }
 
 // predictTPS returns every run's predicted TPS under c (nil: defaults).

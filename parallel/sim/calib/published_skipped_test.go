@@ -40,7 +40,8 @@ func neededFeature(row map[string]string) string {
 	switch {
 	case deg("cp"):
 		return "CP (cp = " + row["cp"] + ")"
-	case !strings.HasPrefix(row["precision"], "BF16"):
+	}
+	if p, err := (published.Run{Precision: row["precision"]}).PrecisionRecipe(); err != nil || p.Check("precision") != nil {
 		return "FP8 / FP4 recipe (" + strings.SplitN(row["precision"], " ", 2)[0] + ")"
 	}
 	if _, ok := builtinOfCSV[row["model"]]; !ok {
@@ -109,15 +110,17 @@ func TestNeededFeature(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
-		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (MXFP8)"},
+		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, ""}, // mxfp8 is priced
+		{map[string]string{"tp": "2", "pp": "1", "precision": "NVFP4", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (NVFP4)"},
+		{map[string]string{"precision": "FP8 (fine-grained 1x128/128x128)", "model": "DeepSeek-V3"}, "FP8 / FP4 recipe (FP8)"},
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
 		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},                                      // tp inside pipeline stages is built
 		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, ""}, // modules:layernorm,moe_act is built
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: layernorm, moe_act (perf recipe @HEAD)"}, ""},
 		{map[string]string{"tp": "4", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: layernorm, moe (from command in source)"}, ""}, // modules:layernorm,moe is built (R145)
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "DeepSeek-V3", "recompute": "selective: mla_up_proj (perf recipe @HEAD)"}, "Megatron recompute modules (mla_up_proj)"},
-		{map[string]string{"tp": "2", "pp": "8", "precision": "FP8-CS", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, "FP8 / FP4 recipe (FP8-CS)"},
-		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, "FP8 / FP4 recipe (MXFP8)"},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "FP8-CS", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, ""},
+		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, ""},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
 		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},
 		{map[string]string{"tp": "1", "pp": "1", "cp": "1", "precision": "BF16", "model": "DeepSeek-V3"}, ""},

@@ -34,9 +34,10 @@ type Run struct {
 	// is not serialized; Run.Model names it). Its recipe's precision keeps
 	// the default until a predicting caller checks Precision (SpecFor).
 	job.Spec
-	// Precision is the schema's precision, free text in some published
-	// rows ("MXFP8 (params)"): it shadows the recipe's, and SpecFor
-	// refuses what is not a priced recipe.
+	// Precision is the schema's precision, a recipe name or a published
+	// table's spelling of one ("FP8-CS", "MXFP8 (params)"; PrecisionRecipe reads
+	// both): it shadows the recipe's, and SpecFor refuses what is not a
+	// priced recipe.
 	Precision string  `json:"precision"`
 	TPS       float64 `json:"tps"`    // tokens per second per GPU
 	Source    string  `json:"source"` // URL or repository file the numbers come from
@@ -115,7 +116,11 @@ func (r *Run) Resolve() error {
 func (r Run) SpecFor(cfg *moe.Config) (job.Spec, error) {
 	s := r.Spec
 	s.Model = cfg
-	s.Precision = job.Precision(r.Precision)
+	p, err := r.PrecisionRecipe()
+	if err != nil {
+		return job.Spec{}, err
+	}
+	s.Precision = p
 	if err := s.Precision.Check("precision"); err != nil {
 		return job.Spec{}, err
 	}

@@ -285,12 +285,38 @@ func TestRunDefaults(t *testing.T) {
 			t.Errorf("%s left out: %v", key, err)
 		}
 	}
-	r, err = readRun(`"precision":"MXFP8 (params)"`)
-	if err != nil {
-		t.Fatalf("free-text precision: %v", err)
+	// A table's spelling of a priced recipe reads as it; an unpriced or
+	// ambiguous one is refused, naming the field.
+	for text, want := range map[string]string{"MXFP8 (params)": "", "FP8-CS": "", "NVFP4": "not priced yet", "FP8": "published spelling"} {
+		r, err = readRun(`"precision":"` + text + `"`)
+		if err != nil {
+			t.Fatalf("precision %q: %v", text, err)
+		}
+		_, err := InputForRun(r)
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), "precision") || !strings.Contains(err.Error(), want)) {
+			t.Errorf("precision %q: InputForRun = %v, want %q", text, err, want)
+		}
 	}
-	if _, err := InputForRun(r); err == nil || !strings.Contains(err.Error(), "precision") {
-		t.Errorf("free-text precision: InputForRun = %v, want a refusal naming it", err)
+}
+
+// TestPrecisionRecipe: the validation table's precision spellings (every
+// distinct value of published_runs.csv's precision column in 2026-12, by
+// hand) map to DESIGN's recipes.
+func TestPrecisionRecipe(t *testing.T) {
+	for text, want := range map[string]job.Precision{
+		"MXFP8": job.MXFP8, "BF16": job.BF16, "BF16 baseline": job.BF16, "FP8-CS": job.FP8Current,
+		"FP8 (table has no precision column; FP8 per-tensor current scaling presumed)": job.FP8Current,
+		"FP8 (current scaling per recipe naming)":                                      job.FP8Current,
+		"FP8 per-tensor current scaling (page header)":                                 job.FP8Current,
+		"FP8 tensorwise": job.FP8Tensorwise, "FP8 tensorwise (Float8 on nn.Linear)": job.FP8Tensorwise,
+		"MXFP8 (parenthesised value)": job.MXFP8, "MXFP8 on expert GEMMs only (TE); rest BF16": job.MXFP8,
+		"MXFP8 (likely)": job.MXFP8, "NVFP4": job.NVFP4, "FP8 (fine-grained 1x128/128x128)": job.FP8Blockwise,
+		"fp8-current": job.FP8Current, "mxfp8": job.MXFP8,
+	} {
+		got, err := Run{Precision: text}.PrecisionRecipe()
+		if err != nil || got != want {
+			t.Errorf("%q: %q, %v; want %q", text, got, err, want)
+		}
 	}
 }
 
