@@ -152,6 +152,19 @@ func (r Recipe) Validate() error {
 	return errors.Join(errs...)
 }
 
+// CheckPriced refuses what the time and memory models do not price yet:
+// a recipe outside job.PricedPrecisions, and fp8_all_gather (both models
+// gather weights in bf16).
+func (r Recipe) CheckPriced() error {
+	if err := r.Precision.Check("precision"); err != nil {
+		return err
+	}
+	if r.FP8AllGather {
+		return moe.FieldError{Field: "fp8_all_gather", Value: true, Allowed: "false: not priced yet (the time and memory models all-gather weights in bf16)"}
+	}
+	return nil
+}
+
 // Converted is the GEMM sets the recipe converts: Quantize, or the
 // recipe's DefaultQuantize when it names none.
 func (r Recipe) Converted() Quantize {

@@ -284,7 +284,7 @@ func checkInput(in Input) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
-	if err := in.Precision.Check("precision"); err != nil {
+	if err := in.Recipe.CheckPriced(); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
 	if err := in.Batch.Validate(); err != nil {

@@ -102,6 +102,11 @@ func (r *Run) Resolve() error {
 	if r.GradAccum == 0 {
 		r.GradAccum = 1
 	}
+	// The recipe's own rules (quantize, fp8_all_gather) depend on its
+	// precision, which the run's precision text names.
+	if p, err := r.PrecisionRecipe(); err == nil {
+		r.Recipe.Precision = p
+	}
 	var errs []error
 	for _, err := range []error{r.Layout.Resolve(), r.Batch.Validate(), r.AC.Validate(), r.Recipe.Resolve()} {
 		if err != nil {
@@ -121,7 +126,7 @@ func (r Run) SpecFor(cfg *moe.Config) (job.Spec, error) {
 		return job.Spec{}, err
 	}
 	s.Precision = p
-	if err := s.Precision.Check("precision"); err != nil {
+	if err := s.Recipe.CheckPriced(); err != nil {
 		return job.Spec{}, err
 	}
 	return s, s.Resolve()

@@ -1,0 +1,62 @@
+package job
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestQuantizeRules: the GEMM sets a recipe converts, by default and as
+// stated, and what is refused, each naming the field (DESIGN's
+// --quantize; the defaults are torchtitan's converters with the output
+// filtered and TransformerEngine's modules, DefaultQuantize's comment).
+func TestQuantizeRules(t *testing.T) {
+	for _, c := range []struct {
+		p     Precision
+		q     Quantize
+		want  string // converted sets, or the error's words
+		fails bool
+	}{
+		{BF16, nil, "", false},
+		{FP8Tensorwise, nil, "linear", false},
+		{FP8Current, nil, "linear, experts", false},
+		{MXFP8, nil, "linear, experts", false},
+		{MXFP8, Quantize{QuantExperts}, "experts", false},
+		{MXFP8, Quantize{QuantLinear, QuantOutput}, "linear, output", false},
+		{BF16, Quantize{QuantLinear}, "empty with precision bf16", true},
+		{MXFP8, Quantize{QuantAttention}, "FP8 attention is not priced yet", true},
+		{FP8Tensorwise, Quantize{QuantExperts}, "no tensorwise grouped GEMM", true},
+		{MXFP8, Quantize{QuantLinear, QuantLinear}, "each set once", true},
+		{MXFP8, Quantize{"router"}, "must be one of", true},
+	} {
+		r := DefaultRecipe()
+		r.Precision, r.Quantize = c.p, c.q
+		err := r.Resolve()
+		switch {
+		case c.fails && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "quantize")):
+			t.Errorf("%s %v: %v, want an error on quantize saying %q", c.p, c.q, err, c.want)
+		case !c.fails && (err != nil || r.Converted().String() != c.want):
+			t.Errorf("%s %v: converts %q (%v), want %q", c.p, c.q, r.Converted(), err, c.want)
+		}
+	}
+}
+
+// TestFP8AllGather: tensorwise only, and not priced yet.
+func TestFP8AllGather(t *testing.T) {
+	r := DefaultRecipe()
+	r.Precision, r.FP8AllGather = MXFP8, true
+	if err := r.Resolve(); err == nil || !strings.Contains(err.Error(), "fp8_all_gather") {
+		t.Errorf("mxfp8 with fp8_all_gather: %v, want a refusal", err)
+	}
+	r.Precision = FP8Tensorwise
+	if err := r.Resolve(); err != nil {
+		t.Errorf("fp8-tensorwise with fp8_all_gather: %v", err)
+	}
+	if err := r.CheckPriced(); err == nil || !strings.Contains(err.Error(), "not priced yet") {
+		t.Errorf("CheckPriced: %v, want not priced yet", err)
+	}
+	for _, p := range []Precision{FP8Rowwise, NVFP4, FP8Blockwise, FP8Delayed} {
+		if err := p.Check("precision"); err == nil || !strings.Contains(err.Error(), "priced: bf16, fp8-tensorwise, fp8-current, mxfp8") {
+			t.Errorf("%s: %v, want refused listing the priced recipes", p, err)
+		}
+	}
+}
