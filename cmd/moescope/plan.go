@@ -47,6 +47,7 @@ type planArgs struct {
 	acFlag                             string
 	acs                                []moe.AC // parsed --ac (nil: the planner's default policies)
 	recipe                             *recipeFlags
+	precisions                         *precisionList   // --precision's list
 	narrow                             *exportNarrowing // set by request when an export is asked for
 }
 
@@ -73,19 +74,30 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	cfg, dev, cl := simEv.Run.Model, simEv.Device, simEv.Cluster
 	req := a.request(cfg, cl)
-	if a.narrow != nil {
-		if err := a.narrow.checkRecipe(simEv.Run.Recipe); err != nil {
-			return err
-		}
-	}
-	bar := newProgressBar(stderr)
-	if bar != nil {
-		req.Progress = bar.update
-	}
-	rep, err := plan.Search(req, planEvaluator(simEv))
-	bar.finish()
+	recipes, err := a.precisions.recipes(simEv.Run.Recipe)
 	if err != nil {
-		return err // a plan.InfeasibleError explains itself; exit status 1
+		return err
+	}
+	say := stdout
+	if a.jsonOut {
+		say = stderr
+	}
+	simEv, rep, err := searchRecipes(say, recipes, simEv, func(ev *plan.SimEvaluator) (*plan.Report, error) {
+		if a.narrow != nil {
+			if err := a.narrow.checkRecipe(ev.Run.Recipe); err != nil {
+				return nil, err
+			}
+		}
+		bar := newProgressBar(stderr)
+		if bar != nil {
+			req.Progress = bar.update
+		}
+		rep, err := plan.Search(req, planEvaluator(ev))
+		bar.finish()
+		return rep, err // a plan.InfeasibleError explains itself; exit status 1
+	})
+	if err != nil {
+		return err
 	}
 	if err := simEv.Intervals(rep, a.top); err != nil {
 		return err
@@ -101,7 +113,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		title += fmt.Sprintf(", global batch %d sequences", a.globalBatch)
 	}
 	if a.jsonOut {
-		if err := planWriteJSON(stdout, a, cfg.Name, dev.Name, cl.Name, rep); err != nil {
+		if err := planWriteJSON(stdout, a, cfg.Name, dev.Name, cl.Name, simEv.Run.Precision, rep); err != nil {
 			return err
 		}
 	} else {
@@ -160,6 +172,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: "+acPolicies+" (default: none, selective and full)")
 	a.recipe = addRecipeFlags(fs)
 	a.recipe.timed = true
+	a.precisions = addPrecisionList(a.recipe)
 	mtp := addMTPFlag(fs)
 	refuseRest(fs, "plan searches the layout and the local batch (--gpus, --tp, --pp, --pp-schedules, --pp-microbatch-sizes, --ac, --max-lbs, --global-batch bound it)")
 	if err := parseFlags(fs, args); err != nil {

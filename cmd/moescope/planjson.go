@@ -56,6 +56,7 @@ type planReportJSON struct {
 	Cluster      string          `json:"cluster"`
 	GPUs         int             `json:"gpus"`
 	Seq          int             `json:"seq"`
+	Precision    job.Precision   `json:"precision"` // the recipe of these plans (with --precision's list: the fastest's)
 	MemoryTarget float64         `json:"memory_target"`
 	GlobalBatch  int             `json:"global_batch,omitempty"`
 	Exhaustive   bool            `json:"exhaustive"`
@@ -87,8 +88,8 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 // planWriteJSON prints the search as plan's --json document: the best plan
 // with its breakdown, and at most top plans of each stage and of the target
 // scale.
-func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, rep *plan.Report) error {
-	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, MemoryTarget: a.target,
+func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, prec job.Precision, rep *plan.Report) error {
+	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, Precision: prec, MemoryTarget: a.target,
 		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, true)}
 	for _, st := range rep.Stages {
 		s := planStageJSON{GPUs: st.GPUs, Candidates: st.Candidates, Pruned: st.Pruned, Simulated: st.Simulated,

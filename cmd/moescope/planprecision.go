@@ -1,0 +1,133 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/plan"
+)
+
+// precisionList is plan's --precision: the recipes to search, comma-
+// separated (DESIGN: plan takes a list). It replaces the recipe flag's
+// value; the recipe holds the first, which the flag checks resolve.
+type precisionList struct {
+	recipe *job.Recipe
+	list   []job.Precision
+}
+
+func (p *precisionList) String() string {
+	if p == nil || p.recipe == nil {
+		return ""
+	}
+	if len(p.list) == 0 {
+		return string(p.recipe.Precision)
+	}
+	parts := make([]string, len(p.list))
+	for i, v := range p.list {
+		parts[i] = string(v)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (p *precisionList) Set(s string) error {
+	p.list = nil
+	for _, f := range strings.Split(s, ",") {
+		v := job.Precision(strings.TrimSpace(f))
+		if err := v.Check("--precision"); err != nil {
+			return err
+		}
+		for _, have := range p.list {
+			if have == v {
+				return fmt.Errorf("%s listed twice", v)
+			}
+		}
+		p.list = append(p.list, v)
+	}
+	p.recipe.Precision = p.list[0]
+	return nil
+}
+
+// addPrecisionList makes the recipe flags' --precision a list.
+func addPrecisionList(f *recipeFlags) *precisionList {
+	p := &precisionList{recipe: &f.r}
+	fl := f.fs.Lookup("precision")
+	fl.Value = p
+	fl.Usage = "training recipes to search, comma-separated, of " + strings.Join(job.BF16.Values(), "|") +
+		" (priced: " + strings.Join(pricedNames(), ", ") + "); the best plan of each is reported and the best of all is kept"
+	return p
+}
+
+func pricedNames() []string {
+	out := make([]string, len(job.PricedPrecisions))
+	for i, p := range job.PricedPrecisions {
+		out[i] = string(p)
+	}
+	return out
+}
+
+// recipes are the recipes plan searches: the flags' recipe under each
+// listed precision. --quantize and --fp8-all-gather apply to the
+// low-precision ones; each recipe is resolved and checked.
+func (p *precisionList) recipes(base job.Recipe) ([]job.Recipe, error) {
+	if len(p.list) <= 1 {
+		return []job.Recipe{base}, nil
+	}
+	out := make([]job.Recipe, len(p.list))
+	for i, v := range p.list {
+		r := base
+		r.Precision = v
+		if !v.LowPrecision() {
+			r.Quantize, r.FP8AllGather = nil, false
+		}
+		if err := r.Resolve(); err != nil {
+			return nil, fmt.Errorf("%w: --precision %s: %v", errUsage, v, err)
+		}
+		if err := r.CheckPriced(); err != nil {
+			return nil, fmt.Errorf("%w: --precision %s: %v", errUsage, v, err)
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// searchRecipes runs the search once per recipe on evaluators that differ
+// only in it, prints each recipe's best plan to w when there are several,
+// and returns the evaluator and report of the recipe whose best plan is
+// fastest (the first on a tie); a recipe with no feasible plan is said
+// and skipped, and an error only when none has one.
+func searchRecipes(w io.Writer, recipes []job.Recipe, base *plan.SimEvaluator, search func(*plan.SimEvaluator) (*plan.Report, error)) (*plan.SimEvaluator, *plan.Report, error) {
+	var bestEv *plan.SimEvaluator
+	var best *plan.Report
+	var firstErr error
+	for _, r := range recipes {
+		// A fresh evaluator per recipe: its caches are keyed by point only.
+		ev := &plan.SimEvaluator{Run: base.Run, Device: base.Device, Cluster: base.Cluster, Calibration: base.Calibration}
+		ev.Run.Recipe = r
+		rep, err := search(ev)
+		if err != nil {
+			if len(recipes) == 1 {
+				return nil, nil, err
+			}
+			fmt.Fprintf(w, "precision %s: %v\n", r.Precision, err)
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		if len(recipes) > 1 {
+			fmt.Fprintf(w, "precision %s: best %s at %.0f TPS, MFU %.1f%% (bf16 peak)\n", r.Precision, rep.Best.Point, rep.Best.Score.TPS, 100*rep.Best.Score.MFU)
+		}
+		if best == nil || rep.Best.Score.TPS > best.Best.Score.TPS {
+			bestEv, best = ev, rep
+		}
+	}
+	if best == nil {
+		return nil, nil, firstErr
+	}
+	if len(recipes) > 1 {
+		fmt.Fprintf(w, "kept: precision %s\n", bestEv.Run.Precision)
+	}
+	return bestEv, best, nil
+}
