@@ -92,6 +92,9 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err := refuseMegatron(l, "memory", "the memory model holds FSDP2's buffers, and Megatron's FSDP keeps its embedding and output layer gathered for the step"); err != nil {
 		return err
 	}
+	if err := dev.Runs(spec.Precision); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
 	o := memory.OptionsOf(spec.Recipe, spec.AC)
 	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: spec.AC, Attention: string(o.Attention), LossChunks: spec.LossChunks,
 		LBS: spec.LBS, Seq: spec.Seq, GradAccum: spec.GradAccum, DeviceBytes: dev.MemoryBytes,

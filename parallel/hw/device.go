@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Device is one accelerator model of the registry. Peaks are dense (no 2:4
@@ -66,6 +68,27 @@ func (d Device) Outside(ep int) int64 {
 		return d.OutsideBytes + d.OutsideEPBytes
 	}
 	return d.OutsideBytes
+}
+
+// Runs refuses, naming device and recipe, a training recipe whose number
+// format the device's tensor cores lack: microscaled (MX) recipes need a
+// part with an MX peak (MXFP8FLOPs).
+func (d Device) Runs(p job.Precision) error {
+	if p.Microscaled() && !(d.MXFP8FLOPs > 0) {
+		return fmt.Errorf("precision = %s: device %s has no MX tensor-core formats (its registry entry gives no mxfp8_flops); MX needs %s", p, d.Name, strings.Join(mxDevices(), ", "))
+	}
+	return nil
+}
+
+// mxDevices lists the registry's devices with an MX peak.
+func mxDevices() []string {
+	var out []string
+	for _, d := range Devices() {
+		if d.MXFP8FLOPs > 0 {
+			out = append(out, d.Name)
+		}
+	}
+	return out
 }
 
 // MemoryGiB is MemoryBytes in GiB (2^30 bytes).

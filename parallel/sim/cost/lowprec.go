@@ -1,7 +1,6 @@
 package cost
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/moescope/moescope/moe"
@@ -67,10 +66,10 @@ func LowPrecisionFor(d hw.Device, r job.Recipe) (*LowPrecision, error) {
 	lp := &LowPrecision{Recipe: r.Precision, Linear: r.Converts(job.QuantLinear), Experts: r.Converts(job.QuantExperts),
 		Output: r.Converts(job.QuantOutput), PeakFLOPs: d.FP8FLOPs, GEMMEff: k.FP8GEMMEff, GroupedEff: k.FP8GroupedEff,
 		WgradRatio: k.FP8GroupedWgradRatio, CastEff: k.CastEff}
+	if err := d.Runs(r.Precision); err != nil {
+		return nil, err
+	}
 	if r.Precision.Microscaled() {
-		if !(d.MXFP8FLOPs > 0) {
-			return nil, fmt.Errorf("precision = %s: device %s has no MX tensor-core formats (its registry entry gives no mxfp8_flops); MX needs Blackwell (b200, b300, gb200, gb300) or CDNA 4 (mi355x)", r.Precision, d.Name)
-		}
 		lp.PeakFLOPs = d.MXFP8FLOPs
 	}
 	return lp, nil
