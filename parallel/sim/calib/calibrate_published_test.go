@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
@@ -58,6 +59,7 @@ func TestPublishedTPS(t *testing.T) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%-32s %-6s %5s %-7s %4s %-10s %9s %9s %8s %9s %8s\n", "run", "gpu", "gpus", "rep×shd", "lbs", "ac", "measured", "uncal", "err", "cal", "err")
 	var absUncal, absCal, absTP []float64
+	absByRecipe := map[job.Precision][]float64{}
 	bf16Series, sources := 0, map[string]bool{}
 	var unpriced strings.Builder // rows whose hardware the time model cannot price
 	for _, k := range keys {
@@ -93,6 +95,9 @@ func TestPublishedTPS(t *testing.T) {
 		for _, r := range rs {
 			line, eu, ec := publishedTPSRow(t, r, cal, r.GPUs == small)
 			absUncal = append(absUncal, math.Abs(eu))
+			if p, err := r.PrecisionRecipe(); err == nil {
+				absByRecipe[p] = append(absByRecipe[p], math.Abs(eu))
+			}
 			if r.TP > 1 {
 				absTP = append(absTP, math.Abs(eu))
 			}
@@ -122,6 +127,26 @@ func TestPublishedTPS(t *testing.T) {
 		if med > 0.20 || worst > 0.50 {
 			t.Errorf("tensor-parallel runs: uncalibrated |TPS error| median %.1f%%, worst %.1f%%: over the 20%% / 50%% bar", 100*med, 100*worst)
 		}
+	}
+	// The low-precision issue's bar (issue 32) is median ≤ 20%, worst ≤
+	// 50% uncalibrated over the fp8 and mxfp8 runs; printed per recipe and
+	// together, not failed (most are Megatron-Core rows, whose kernels and
+	// releases moescope does not model: see docs/precision.md).
+	var low []float64
+	for _, p := range job.PricedPrecisions {
+		e := absByRecipe[p]
+		if len(e) == 0 {
+			continue
+		}
+		sort.Float64s(e)
+		fmt.Fprintf(&b, "uncalibrated |TPS error| of the %s runs: median %.1f%%, worst %.1f%% over %d runs\n", p, 100*median(e), 100*e[len(e)-1], len(e))
+		if p.LowPrecision() {
+			low = append(low, e...)
+		}
+	}
+	if len(low) > 0 {
+		sort.Float64s(low)
+		fmt.Fprintf(&b, "uncalibrated |TPS error| of the low-precision runs together: median %.1f%%, worst %.1f%% over %d runs\n", 100*median(low), 100*low[len(low)-1], len(low))
 	}
 	if len(absCal) > 0 {
 		fmt.Fprintf(&b, "calibrated on each series' small-scale runs, |TPS error| of its larger runs: median %.1f%%, worst %.1f%% over %d runs\n",
