@@ -407,7 +407,7 @@ func pyConverterLines(b *strings.Builder, q TorchtitanQuant, configs []string, a
 	if len(configs) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "    # %s: GEMM sets %s in OCP MX FP8 (torchtitan/components/quantization/mx.py at %s); the router's gate stays bf16.\n", q.Precision, q.sets(), TorchtitanPyCommit[:7])
+	fmt.Fprintf(b, "    # %s: GEMM sets %s in OCP MX FP8 (torchtitan/components/quantization/mx.py at %s); the router's gate stays bf16.\n", q.Precision, q.flag(), TorchtitanPyCommit[:7])
 	b.WriteString("    converters = [\n")
 	for _, c := range configs {
 		fmt.Fprintf(b, "        %s,\n", c)

@@ -51,6 +51,16 @@ func (q TorchtitanQuant) sets() job.Quantize {
 	return q.Converted
 }
 
+// flag is the sets as --quantize takes them (comma-separated), for
+// messages naming the value.
+func (q TorchtitanQuant) flag() string {
+	names := make([]string, len(q.sets()))
+	for i, s := range q.sets() {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ",")
+}
+
 func (q TorchtitanQuant) converts(s job.GEMMSet) bool { return slices.Contains(q.sets(), s) }
 
 // linearConverter says a linear converter is needed: the head is an
@@ -80,13 +90,13 @@ func (t TorchtitanTarget) CheckQuant(q TorchtitanQuant) error {
 	}
 	for _, s := range q.sets() {
 		if s != job.QuantLinear && s != job.QuantExperts && s != job.QuantOutput {
-			return fmt.Errorf("--quantize = %s: %s converts linear layers, the head and the routed experts only", q.sets(), t)
+			return fmt.Errorf("--quantize = %s: %s converts linear layers, the head and the routed experts only", q.flag(), t)
 		}
 	}
 	if q.Precision == job.FP8Tensorwise && q.converts(job.QuantExperts) {
 		// Validate refuses it too; an export built by hand must not write
 		// a set it drops.
-		return fmt.Errorf("--quantize = %s with fp8-tensorwise: %s has no tensorwise grouped GEMM (quantize.grouped_mm.float8 is rowwise)", q.sets(), t)
+		return fmt.Errorf("--quantize = %s with fp8-tensorwise: %s has no tensorwise grouped GEMM (quantize.grouped_mm.float8 is rowwise)", q.flag(), t)
 	}
 	if q.FP8AllGather && q.Precision != job.FP8Tensorwise {
 		return fmt.Errorf("--fp8-all-gather = true with precision %s: torchtitan's float8 all-gather is tensorwise only", q.Precision)
@@ -109,7 +119,7 @@ func (t TorchtitanTarget) AdmitQuant(q TorchtitanQuant, p Point, compiledModel b
 		return nil
 	}
 	return fmt.Errorf("precision = mxfp8 converting %s with tp = %d and a compiled model: %s refuses it (MXLinearConverter asserts \"TP not yet supported with torch.compile for mxfp8\", torchtitan/components/quantization/mx.py at 73a0e69); use --compile=false, --quantize experts or the config-registry form",
-		q.sets(), p.Layout.TPDegree(), t)
+		q.flag(), p.Layout.TPDegree(), t)
 }
 
 // quoted is a list literal of quoted strings (TOML and Python alike).
