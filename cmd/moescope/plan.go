@@ -309,6 +309,8 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 		req.Experts = cfg.Experts
 	}
 	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, a.recipe.r.Compile); a.narrow != nil {
+		// The converters' refusals that depend on the layout (AdmitQuant).
+		a.narrow.Quant = plan.QuantOf(a.recipe.r)
 		req.Admit = a.narrow.Admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
