@@ -355,3 +355,19 @@ func TestTorchtitanQuantRefusals(t *testing.T) {
 		t.Errorf("refusals %d %+v", n, reasons)
 	}
 }
+
+// TestTorchtitanQuantUnknownModel: a model v0.2.2 has no flavor for still
+// gets its converters, in a [model] table of their own.
+func TestTorchtitanQuantUnknownModel(t *testing.T) {
+	e := quantExport(quantRecipe(t, job.MXFP8, nil, false))
+	e.Model = "mixtral-8x7b"
+	var buf bytes.Buffer
+	skipped, err := e.TOML(&buf)
+	if err != nil || len(skipped) != 2 || !strings.Contains(buf.String(), "\n[model]\nconverters = [\"quantize.linear.mx\", \"quantize.grouped_mm.mx\"]\n") {
+		t.Errorf("skipped %v, %v:\n%s", skipped, err, buf.String())
+	}
+	var doc map[string]any
+	if _, err := toml.Decode(buf.String(), &doc); err != nil {
+		t.Error(err)
+	}
+}
