@@ -87,6 +87,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			if err := a.narrow.checkRecipe(ev.Run.Recipe); err != nil {
 				return nil, err
 			}
+			// The searches run one after another: each refuses the points
+			// its own recipe's converters cannot run (AdmitQuant).
+			a.narrow.Quant = plan.QuantOf(ev.Run.Recipe)
 		}
 		bar := newProgressBar(stderr)
 		if bar != nil {
@@ -309,8 +312,6 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 		req.Experts = cfg.Experts
 	}
 	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, a.recipe.r.Compile); a.narrow != nil {
-		// The converters' refusals that depend on the layout (AdmitQuant).
-		a.narrow.Quant = plan.QuantOf(a.recipe.r)
 		req.Admit = a.narrow.Admit
 	}
 	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
