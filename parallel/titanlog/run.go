@@ -137,9 +137,9 @@ func (j *Job) run(gpu string) (published.Run, error) {
 	if j.DPShard == 1 {
 		r.Sharding = job.ShardDDP
 	}
-	// Run.Precision shadows the recipe's; the recipe's is set too so that
-	// Resolve checks the GEMM sets and the all-gather against it.
-	r.Recipe.Precision, r.Quantize, r.FP8AllGather = job.Precision(j.Precision), j.Quantize, j.FP8AllGather
+	// Resolve sets the recipe's precision from r.Precision and checks the
+	// GEMM sets and the all-gather against it.
+	r.Quantize, r.FP8AllGather = j.Quantize, j.FP8AllGather
 	r.ReshardAfterForward, r.Compile = j.ReshardAfterForward, j.Compile
 	if j.Compile && !(j.CompileModel && j.CompileLoss) {
 		if j.CompileModel {
