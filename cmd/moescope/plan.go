@@ -87,6 +87,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			if err := a.narrow.checkRecipe(ev.Run.Recipe); err != nil {
 				return nil, err
 			}
+			// The searches run one after another: each refuses the points
+			// its own recipe's converters cannot run (AdmitQuant).
+			a.narrow.Quant = plan.QuantOf(ev.Run.Recipe)
 		}
 		bar := newProgressBar(stderr)
 		if bar != nil {
