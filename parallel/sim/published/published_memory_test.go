@@ -118,11 +118,13 @@ func publishedMemoryRow(r Run) (row string, relErr float64, fits bool, err error
 	if kind != "" {
 		measured = fmt.Sprintf("%.2f %s", gib(meas), kind)
 		predicted = fmt.Sprintf("%.2f %s", gib(pred), kind)
-		if r.Precision == "bf16" {
+		if p, err := r.PrecisionRecipe(); err == nil && p.Check("precision") == nil {
+			// A priced low-precision recipe's memory is bf16's
+			// (docs/precision.md: torchao saves the bf16 operands).
 			relErr = pred/meas - 1
 			errText = fmt.Sprintf("%+.1f%%", 100*relErr)
 		} else {
-			errText = "prec?" // moescope's memory model is BF16 mixed precision
+			errText = "prec?" // a recipe the memory model does not price
 		}
 	}
 	verdict := "yes"
