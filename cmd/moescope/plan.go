@@ -83,7 +83,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		say = stderr
 	}
 	narrowOf := map[*plan.SimEvaluator]*exportNarrowing{} // each recipe's search counts its own refusals
-	simEv, rep, err := searchRecipes(say, recipes, simEv, func(ev *plan.SimEvaluator) (*plan.Report, error) {
+	simEv, rep, err := plan.SearchRecipes(say, recipes, simEv, func(ev *plan.SimEvaluator) (*plan.Report, error) {
 		if a.narrow != nil {
 			if err := a.narrow.checkRecipe(ev.Run.Recipe); err != nil {
 				return nil, err
