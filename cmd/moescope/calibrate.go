@@ -64,27 +64,53 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "calibration of %d run(s) written to %s\n", len(runs), *out)
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "parameter\tvalue\tstatus")
-	val := map[string]float64{
-		cost.CalGEMM: cal.GEMMScale, cost.CalGrouped: cal.GroupedScale, cost.CalAttention: cal.AttentionScale,
-		cost.CalMemoryBound: cal.MemoryBoundScale, cost.CalNVLink: cal.NVLinkEfficiency, cost.CalNet: cal.NetEfficiency,
-		cost.CalAllocator: cal.AllocatorOverhead,
-	}
-	for _, n := range cal.Fitted {
-		fmt.Fprintf(tw, "%s\t%.4g\tfitted\n", n, val[n])
-	}
-	for _, n := range cal.Kept {
-		fmt.Fprintf(tw, "%s\t-\tkept default (not identifiable from these runs)\n", n)
-	}
-	if err := tw.Flush(); err != nil {
+	if err := paramTable(stdout, cal); err != nil {
 		return err
 	}
 	for _, n := range cal.Notes {
 		fmt.Fprintln(stdout, n)
 	}
-	fmt.Fprintln(stdout, "\nresiduals (predicted / measured − 1):")
-	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	return residualTable(stdout, cal, runs)
+}
+
+// sdHeader names the spread column: the fit's covariance is of ln θ, whose
+// standard deviation is, for a small spread, θ's relative one.
+const sdHeader = "rel. sd (√var ln θ)"
+
+// paramTable prints each parameter's fitted value and spread, then those
+// kept at their defaults.
+func paramTable(w io.Writer, cal *cost.Calibration) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "parameter\tvalue\t%s\tstatus\n", sdHeader)
+	for _, n := range cal.Fitted {
+		v, err := cal.Value(n)
+		if err != nil {
+			return fmt.Errorf("calibrate: fitted %w", err)
+		}
+		fmt.Fprintf(tw, "%s\t%.4g\t%s\tfitted\n", n, v, sdText(cal, n))
+	}
+	for _, n := range cal.Kept {
+		fmt.Fprintf(tw, "%s\t-\t—\tkept default (not identifiable from these runs)\n", n)
+	}
+	return tw.Flush()
+}
+
+// sdText is parameter n's relative standard deviation as a percentage, or
+// "—" when the fit's covariance does not cover it (the allocator
+// overhead's closed-form fit has none).
+func sdText(cal *cost.Calibration, n string) string {
+	sd, ok := cal.LogSD(n)
+	if !ok {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f%%", 100*sd)
+}
+
+// residualTable prints each run's TPS and peak-reserved residual after
+// the fit.
+func residualTable(w io.Writer, cal *cost.Calibration, runs []published.Run) error {
+	fmt.Fprintln(w, "\nresiduals (predicted / measured − 1):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "run\tmodel\tgpu\tgpus\tTPS\tpeak reserved")
 	for i, r := range runs {
 		mem := "-"

@@ -111,6 +111,43 @@ const RunTPSNoise = 0.02
 // fit order (a single run fits CalCompute alone).
 var TPSParams = []string{CalGEMM, CalGrouped, CalAttention, CalMemoryBound, CalNVLink, CalNet}
 
+// Value is parameter name's value in c (0: unset, the model's default
+// applies); an unknown name is an error.
+func (c *Calibration) Value(name string) (float64, error) {
+	switch name {
+	case CalCompute:
+		return c.ComputeScale, nil
+	case CalGEMM:
+		return c.GEMMScale, nil
+	case CalGrouped:
+		return c.GroupedScale, nil
+	case CalAttention:
+		return c.AttentionScale, nil
+	case CalMemoryBound:
+		return c.MemoryBoundScale, nil
+	case CalNVLink:
+		return c.NVLinkEfficiency, nil
+	case CalNet:
+		return c.NetEfficiency, nil
+	case CalAllocator:
+		return c.AllocatorOverhead, nil
+	}
+	return 0, fmt.Errorf("calibration: unknown parameter %q (known: %s, %v, %s)", name, CalCompute, TPSParams, CalAllocator)
+}
+
+// LogSD is the fit's standard deviation of ln θ for parameter name, the
+// square root of its variance in Covariance: for a small spread, the
+// relative standard deviation of θ itself. ok is false when the covariance
+// does not cover name (a parameter kept at its default, or one fitted
+// without it, as the allocator overhead is).
+func (c *Calibration) LogSD(name string) (sd float64, ok bool) {
+	i := slices.Index(c.CovarianceParams, name)
+	if i < 0 || i >= len(c.Covariance) || i >= len(c.Covariance[i]) || !(c.Covariance[i][i] > 0) {
+		return 0, false
+	}
+	return math.Sqrt(c.Covariance[i][i]), true
+}
+
 // Validate checks every set field.
 func (c *Calibration) Validate() error {
 	var errs []error
