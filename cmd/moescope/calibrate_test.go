@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -118,4 +119,39 @@ func predictedTPS(t *testing.T, path string) float64 {
 		t.Fatal(err)
 	}
 	return res.TPS
+}
+
+// TestCalibrateResidualsNamed: torchtitan's Llama 3 8B runs of December
+// 2024 (testdata/published) are R170, R171, an unnumbered run third and
+// R173: the table names each residual by its run_id, the third by the file
+// and its position in the array (2, counted from 0), and the JSON keeps
+// the positional residuals with the names beside them.
+func TestCalibrateResidualsNamed(t *testing.T) {
+	const runs = "../../testdata/published/torchtitan-llama3-h100-202412.json"
+	cal := filepath.Join(t.TempDir(), "cal.json")
+	out, err := runSimCmd(t, "calibrate", "--runs", runs, "--out", cal)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := []string{"R170", "R171", runs + "[2]", "R173"}
+	_, table, ok := strings.Cut(out, "residuals (predicted / measured − 1):")
+	if !ok {
+		t.Fatalf("no residuals table:\n%s", out)
+	}
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	if len(lines) != 1+len(want) {
+		t.Fatalf("residuals table has %d lines, want a header and %d runs:\n%s", len(lines), len(want), table)
+	}
+	for i, name := range want {
+		if f := strings.Fields(lines[1+i]); f[0] != name {
+			t.Errorf("residual row %d named %q, want %q", i, f[0], name)
+		}
+	}
+	c, err := cost.ReadCalibration(cal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(c.ResidualRuns, want) || len(c.Residuals) != len(want) {
+		t.Errorf("JSON residual_runs %q for %d residuals, want %q", c.ResidualRuns, len(c.Residuals), want)
+	}
 }

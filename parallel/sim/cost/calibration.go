@@ -51,6 +51,11 @@ type Calibration struct {
 	// reserved memory (null for runs that do not report it).
 	Residuals       []float64  `json:"residuals,omitempty"`
 	MemoryResiduals []*float64 `json:"memory_residuals,omitempty"`
+	// ResidualRuns names the run of each residual, in the same order, so
+	// a reader need not count (calibrate: a --runs run's run_id, else
+	// file[position]; a --torchtitan-log run's log file); absent when the
+	// caller named none.
+	ResidualRuns []string `json:"residual_runs,omitempty"`
 	// Covariance is the fit's covariance of the log-multipliers of
 	// CovarianceParams (the fitted TPS parameters, in that order), and
 	// ResidualSD the spread of ln TPS a prediction carries besides it:
@@ -172,6 +177,9 @@ func (c *Calibration) Validate() error {
 		errs = append(errs, fmt.Errorf("%s = %v: must be in [0, 1)", CalAllocator, c.AllocatorOverhead))
 	}
 	errs = append(errs, c.validateCovariance())
+	if n := len(c.ResidualRuns); n > 0 && n != len(c.Residuals) {
+		errs = append(errs, fmt.Errorf("residual_runs: %d names for %d residuals: one per residual, in the same order", n, len(c.Residuals)))
+	}
 	return errors.Join(errs...)
 }
 

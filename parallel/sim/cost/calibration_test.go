@@ -9,7 +9,8 @@ import (
 )
 
 func TestCalibrationValidate(t *testing.T) {
-	for _, c := range []Calibration{{NVLinkEfficiency: 1.5}, {GEMMScale: -1}, {AllocatorOverhead: 1}, {NetEfficiency: math.NaN()}} {
+	for _, c := range []Calibration{{NVLinkEfficiency: 1.5}, {GEMMScale: -1}, {AllocatorOverhead: 1}, {NetEfficiency: math.NaN()},
+		{Residuals: []float64{0.01}, ResidualRuns: []string{"R1", "R2"}}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
