@@ -121,19 +121,26 @@ func predictedTPS(t *testing.T, path string) float64 {
 	return res.TPS
 }
 
-// TestCalibrateResidualsNamed: torchtitan's Llama 3 8B runs of December
-// 2024 (testdata/published) are R170, R171, an unnumbered run third and
-// R173: the table names each residual by its run_id, the third by the file
-// and its position in the array (2, counted from 0), and the JSON keeps
-// the positional residuals with the names beside them.
+// TestCalibrateResidualsNamed: three Llama 3 8B runs, the first and third
+// with a run_id (R1, R3), the second without: the table names each
+// residual by its run_id, the second by the file and its position in the
+// array (1, counted from 0), and the JSON keeps the positional residuals
+// with the names beside them.
 func TestCalibrateResidualsNamed(t *testing.T) {
-	const runs = "../../testdata/published/torchtitan-llama3-h100-202412.json"
-	cal := filepath.Join(t.TempDir(), "cal.json")
+	dir := t.TempDir()
+	runs, cal := filepath.Join(dir, "runs.json"), filepath.Join(dir, "cal.json")
+	const run = `{"model":"llama3-8b","gpu":"h100-96gb","gpus":8,"dp_shard":8,"dp_replicate":1,"ep":1,"seq":8192,"precision":"bf16",`
+	doc := "[" + run + `"ac":"selective","lbs":2,"tps":6667,"run_id":"R1"},` +
+		run + `"ac":"full","lbs":2,"tps":5800},` +
+		run + `"ac":"full","lbs":4,"tps":6000,"run_id":"R3"}]`
+	if err := os.WriteFile(runs, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	out, err := runSimCmd(t, "calibrate", "--runs", runs, "--out", cal)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	want := []string{"R170", "R171", runs + "[2]", "R173"}
+	want := []string{"R1", runs + "[1]", "R3"}
 	_, table, ok := strings.Cut(out, "residuals (predicted / measured − 1):")
 	if !ok {
 		t.Fatalf("no residuals table:\n%s", out)
