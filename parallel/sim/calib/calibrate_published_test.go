@@ -42,7 +42,7 @@ func smallScale(rs []published.Run) int {
 // than 10%. It also checks the table holds at least 3 calibrated BF16
 // series from at least 2 sources.
 func TestPublishedTPS(t *testing.T) {
-	runs, err := published.Load("../../../testdata/published")
+	runs, err := published.Load("../validate/testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 
-// The shared validation table (testdata/validation/published_runs.csv, a
+// The shared validation table (parallel/sim/validate/testdata/validation/published_runs.csv, a
 // copy of the project's published_runs.csv) lists runs moescope cannot
 // express yet; the validation table prints each with the first feature it
 // needs, so that what is left out is visible next to what is predicted.
@@ -70,7 +70,7 @@ func neededFeature(row map[string]string) string {
 // skippedRuns returns a line for each row of the shared table that is not
 // in the published runs (by run_id) and the number of them.
 func skippedRuns(t *testing.T, runs []published.Run) (string, int) {
-	f, err := os.Open("../../../testdata/validation/published_runs.csv")
+	f, err := os.Open("../validate/testdata/validation/published_runs.csv")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
 // Package published holds the published-runs schema of DESIGN.md (Run),
-// shared by testdata/published/ and `moescope calibrate --runs`: a run is
+// shared by parallel/sim/validate/testdata/published/ and `moescope calibrate --runs`: a run is
 // job.Spec's JSON (layout, batch, checkpointing, recipe) plus the model's
 // name, the hardware and the measured fields. Its one reader (ReadRuns;
 // Load for a folder of files, refusing runs recorded twice) decodes each

@@ -17,7 +17,7 @@ import (
 )
 
 // Run is one measured training run in the published-runs schema of
-// DESIGN.md, shared by testdata/published/ and `moescope calibrate --runs`:
+// DESIGN.md, shared by parallel/sim/validate/testdata/published/ and `moescope calibrate --runs`:
 // the run's description (job.Spec's JSON: the layout's, the batch's and the
 // recipe's keys side by side with "ac") plus the model's name, the hardware
 // and the measured fields. Required: model, gpu, gpus, dp_shard,

@@ -19,7 +19,7 @@ import (
 //
 //	go test ./parallel/sim/published -run PublishedMemory -v
 //
-// For every published run (testdata/published/) it prints moescope's
+// For every published run (parallel/sim/validate/testdata/published/) it prints moescope's
 // predicted peak next to the measured one, when the source measured one
 // (peak_reserved_bytes, or memory_fraction × the device's capacity: both
 // reserved; else peak_allocated_bytes, compared with the predicted peak
@@ -33,7 +33,7 @@ import (
 // Today's prediction errors are not failures (issue 12 is to fix them); a
 // run that cannot be estimated (unknown model or device, a bad layout) is.
 func TestPublishedMemory(t *testing.T) {
-	runs, err := Load("../../../testdata/published")
+	runs, err := Load("../validate/testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,11 +183,11 @@ func TestPublishedMemoryRowRejects(t *testing.T) {
 
 // TestSeedRunWithinTarget: the study this project reproduces ran
 // Qwen3-30B-A3B on 128 B200 at selective AC, local batch 22, measuring 0.93
-// of device memory (testdata/published/aleph-alpha-seed-…json). moescope
+// of device memory (parallel/sim/validate/testdata/published/aleph-alpha-seed-…json). moescope
 // must say it fits and is within a 0.93 target, so that
 // `plan --memory-target 0.93` can return that local batch.
 func TestSeedRunWithinTarget(t *testing.T) {
-	runs, err := Load("../../../testdata/published")
+	runs, err := Load("../validate/testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,6 +211,6 @@ func TestSeedRunWithinTarget(t *testing.T) {
 		}
 	}
 	if !found {
-		t.Fatal("the seed's 128-GPU, lbs 22 run is not in testdata/published")
+		t.Fatal("the seed's 128-GPU, lbs 22 run is not in parallel/sim/validate/testdata/published")
 	}
 }
