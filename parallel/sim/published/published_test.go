@@ -11,7 +11,6 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 )
 
@@ -33,7 +32,7 @@ func TestPublishedRuns(t *testing.T) {
 		if r.PeakReservedBytes == nil {
 			continue
 		}
-		cfg, err := hf.Load(r.Model)
+		cfg, err := r.LoadModel()
 		if err != nil {
 			t.Fatalf("%s: %v", r.File, err)
 		}
