@@ -9,10 +9,11 @@
 // and resolves it; a model named by a path is relative to its file's
 // folder and read where the file was (LoadModel). SpecFor and InputForRun
 // turn a run into the description and the simulator's input a prediction
-// takes. Its tests print the published-runs memory table
-// (TestPublishedMemory).
+// takes. Package parallel/sim/validate embeds the published runs and
+// prints their validation tables.
 //
 // It imports parallel/sim, moe, moe/job, moe/hf, parallel/hw and
-// internal/fileio; parallel/sim/calib, parallel/titanlog and cmd/moescope
-// import it (and parallel/plan's tests).
+// internal/fileio; parallel/sim/calib, parallel/sim/validate,
+// parallel/titanlog and cmd/moescope import it (and parallel/plan's
+// tests).
 package published
