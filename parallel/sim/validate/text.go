@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -12,7 +13,7 @@ import (
 // table with its summary.
 func WriteText(w io.Writer, rep Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "validation of %s: %d runs\n\n", rep.Runs, rep.Count)
+	fmt.Fprintf(&b, "validation of %s: %d run(s)\n\n", rep.Runs, rep.Count)
 	b.WriteString("TPS, tokens/s per GPU: measured; predicted uncalibrated, and calibrated per series (one source file, model,\n" +
 		"GPU, precision and framework version) on its smallest-GPU-count runs; err = predicted / measured − 1\n")
 	writeTPS(&b, rep.TPS, rep.Shared)
@@ -68,7 +69,7 @@ func tpsLine(row TPSRow) string {
 		line += fmt.Sprintf(" %9.0f %+7.1f%%%s", *row.Calibrated, 100**row.CalibratedError, role)
 	}
 	if row.FrameworkNotModelled {
-		line += " [framework difference not modelled: " + row.Framework + "]"
+		line += " [framework difference not modelled: " + cmp.Or(row.Framework, "framework not stated") + "]"
 	}
 	return line
 }
