@@ -46,6 +46,11 @@ type Options struct {
 	// run_train.sh sets), or Fixed (PyTorch's default without it).
 	Segments  Segments
 	Allocator *Allocator // nil means DefaultAllocator
+	// FP8Gather names the GEMM sets whose weights FSDP all-gathers in fp8
+	// (torchao's float8 all-gather: job.Recipe.GathersFP8): Unit.Linear
+	// and Unit.Output elements take one byte where the compute type takes
+	// its own.
+	FP8Gather struct{ Linear, Output bool }
 }
 
 // Segments is the caching allocator's segment mode.

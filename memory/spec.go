@@ -20,6 +20,8 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	if r.ExpandableSegments {
 		o.Segments = Expandable
 	}
+	o.FP8Gather.Linear = r.FP8AllGather && r.Converts(job.QuantLinear)
+	o.FP8Gather.Output = r.FP8AllGather && r.Converts(job.QuantOutput)
 	return o
 }
 

@@ -26,6 +26,10 @@ type Unit struct {
 	// Buffers are elements kept but not trained (the selection bias): stored
 	// in fp32 on every rank, never sharded, no gradient or optimizer state.
 	Buffers int64
+	// Linear and Output are the Local elements of the weights of the linear
+	// and output GEMM sets (job.GEMMSetOf), which an fp8 all-gather gathers
+	// in fp8 when the recipe converts their set.
+	Linear, Output int64
 }
 
 // Units lists the FSDP units of cfg under layout l, in forward order.
@@ -144,6 +148,12 @@ func units(cfg *moe.Config, l job.Layout, params []moe.Param) []Unit {
 		}
 		u.Local += rows * cols
 		u.Shard += chunk(rows, int64(l.DPShard)) * cols
+		switch set, _ := job.GEMMSetOf(p); set {
+		case job.QuantLinear:
+			u.Linear += rows * cols
+		case job.QuantOutput:
+			u.Output += rows * cols
+		}
 	}
 	ep, efsdp := int64(l.EP), int64(l.ExpertShard())
 	localE := int64(cfg.Experts) / ep

@@ -172,8 +172,22 @@ func atLayer(rs []moe.SavedRecord, layer int) []moe.SavedRecord {
 // pipeline stage that does not hold it).
 func (s *stepBuilder) isHead(i int) bool { return s.units[i].Layer == s.cfg.LayerHead() }
 
-// weights is the bytes of unit u's compute weights.
-func (s *stepBuilder) weights(u Unit) int64 { return u.Local * s.o.Precision.Compute.Bytes() }
+// weights is the bytes of unit u's compute weights: the compute type's,
+// but for those an fp8 all-gather gathers (one byte each; torchtitan
+// applies it under FSDP over more than one shard rank).
+func (s *stepBuilder) weights(u Unit) int64 {
+	var fp8 int64
+	if !s.fsdp || s.l.DPShard < 2 {
+		return u.Local * s.o.Precision.Compute.Bytes()
+	}
+	if s.o.FP8Gather.Linear {
+		fp8 += u.Linear
+	}
+	if s.o.FP8Gather.Output {
+		fp8 += u.Output
+	}
+	return u.Local*s.o.Precision.Compute.Bytes() - fp8*(s.o.Precision.Compute.Bytes()-1)
+}
 
 // gradShard is the bytes of unit u's reduced gradient: sharded under fsdp
 // and zero2, whole otherwise.

@@ -300,7 +300,7 @@ func (p *Pipeline) stageCollectives(b *schedBuilder, s int, reduce bool) []PipeO
 			if b.axisSize(a) > 1 {
 				_, padded, _ := b.sizes(u)
 				add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: -1, Layer: u.Layer, Coll: CollAllGather, Axis: a,
-					Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded})
+					Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded, FP8Elements: b.fp8Padded(u)})
 			}
 		}
 		return ops

@@ -207,6 +207,9 @@ type ScheduleOp struct {
 	Unit     Unit
 	DType    moe.DType
 	Elements int64
+	// FP8Elements are the Elements moved in fp8 (one byte) rather than
+	// DType: the weights an fp8 all-gather gathers (job.Recipe.GathersFP8).
+	FP8Elements int64
 	// AsyncPart marks the overlapped part of an async tensor-parallel
 	// collective: it runs beside compute instead of before it.
 	AsyncPart bool
@@ -216,8 +219,10 @@ type ScheduleOp struct {
 	Mem []memory.Event
 }
 
-// Bytes is Elements × DType size.
-func (o ScheduleOp) Bytes() int64 { return o.Elements * o.DType.Bytes() }
+// Bytes is Elements × DType size, but one byte for each of FP8Elements.
+func (o ScheduleOp) Bytes() int64 {
+	return (o.Elements-o.FP8Elements)*o.DType.Bytes() + o.FP8Elements
+}
 
 // String prints one line.
 func (o ScheduleOp) String() string {

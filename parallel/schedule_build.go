@@ -175,6 +175,23 @@ func (b *schedBuilder) sizes(u Unit) (full, padded, shard int64) {
 	return unitSizes(UnitTensors(b.cfg, b.paramIx, b.m, u, b.axisSize(a)))
 }
 
+// fp8Padded is the padded elements of unit u an fp8 all-gather gathers in
+// fp8 (job.Recipe.GathersFP8; torchtitan applies it under FSDP over more
+// than one shard rank): 0 without one, and for routed experts.
+func (b *schedBuilder) fp8Padded(u Unit) int64 {
+	if !b.sp.FP8AllGather || u.Experts || !b.fsdp() || b.l.DPShard < 2 {
+		return 0
+	}
+	var n int64
+	ts := UnitTensors(b.cfg, b.paramIx, b.m, u, b.axisSize(b.shardAxis(u)))
+	for i, ix := range b.paramIx.ByLayer[u.Layer] {
+		if b.sp.GathersFP8(b.paramIx.params[ix]) {
+			n += ts[i].PaddedElements()
+		}
+	}
+	return n
+}
+
 func (b *schedBuilder) fsdp() bool { return b.l.Sharding == job.ShardFSDP }
 
 // megatron says whether fsdp sharding follows Megatron's FSDP.

@@ -83,7 +83,8 @@ func (b *schedBuilder) gather(u Unit, micro int) int {
 	}
 	_, padded, _ := b.sizes(u)
 	id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: deps,
-		Coll: CollAllGather, Axis: b.shardAxis(u), Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded})
+		Coll: CollAllGather, Axis: b.shardAxis(u), Purpose: PurposeGather, Unit: u, DType: b.prec.Compute, Elements: padded,
+		FP8Elements: b.fp8Padded(u)})
 	b.gatherOp[u] = id
 	return id
 }

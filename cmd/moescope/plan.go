@@ -82,11 +82,17 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if a.jsonOut {
 		say = stderr
 	}
-	simEv, rep, err := searchRecipes(say, recipes, simEv, func(ev *plan.SimEvaluator) (*plan.Report, error) {
+	narrowOf := map[*plan.SimEvaluator]*exportNarrowing{} // each recipe's search counts its own refusals
+	simEv, rep, err := plan.SearchRecipes(say, recipes, simEv, func(ev *plan.SimEvaluator) (*plan.Report, error) {
 		if a.narrow != nil {
 			if err := a.narrow.checkRecipe(ev.Run.Recipe); err != nil {
 				return nil, err
 			}
+			// Each search refuses the points its own recipe's converters
+			// cannot run (AdmitQuant).
+			n := newExportNarrowing(a.tomlPath, a.pyPath, a.recipe.r.Compile)
+			n.Quant = plan.QuantOf(ev.Run.Recipe)
+			req.Admit, narrowOf[ev] = n.Admit, n
 		}
 		bar := newProgressBar(stderr)
 		if bar != nil {
@@ -104,6 +110,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	}
 	var narrowed bytes.Buffer
 	if a.narrow != nil {
+		a.narrow = narrowOf[simEv]
 		a.narrow.report(&narrowed, rep)
 		stderr.Write(narrowed.Bytes())
 	}

@@ -2,11 +2,9 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/moescope/moescope/moe/job"
-	"github.com/moescope/moescope/parallel/plan"
 )
 
 // precisionList is plan's --precision: the recipes to search, comma-
@@ -90,44 +88,4 @@ func (p *precisionList) recipes(base job.Recipe) ([]job.Recipe, error) {
 		out[i] = r
 	}
 	return out, nil
-}
-
-// searchRecipes runs the search once per recipe on evaluators that differ
-// only in it, prints each recipe's best plan to w when there are several,
-// and returns the evaluator and report of the recipe whose best plan is
-// fastest (the first on a tie); a recipe with no feasible plan is said
-// and skipped, and an error only when none has one.
-func searchRecipes(w io.Writer, recipes []job.Recipe, base *plan.SimEvaluator, search func(*plan.SimEvaluator) (*plan.Report, error)) (*plan.SimEvaluator, *plan.Report, error) {
-	var bestEv *plan.SimEvaluator
-	var best *plan.Report
-	var firstErr error
-	for _, r := range recipes {
-		// A fresh evaluator per recipe: its caches are keyed by point only.
-		ev := &plan.SimEvaluator{Run: base.Run, Device: base.Device, Cluster: base.Cluster, Calibration: base.Calibration}
-		ev.Run.Recipe = r
-		rep, err := search(ev)
-		if err != nil {
-			if len(recipes) == 1 {
-				return nil, nil, err
-			}
-			fmt.Fprintf(w, "precision %s: %v\n", r.Precision, err)
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
-		}
-		if len(recipes) > 1 {
-			fmt.Fprintf(w, "precision %s: best %s at %.0f TPS, MFU %.1f%% (bf16 peak)\n", r.Precision, rep.Best.Point, rep.Best.Score.TPS, 100*rep.Best.Score.MFU)
-		}
-		if best == nil || rep.Best.Score.TPS > best.Best.Score.TPS {
-			bestEv, best = ev, rep
-		}
-	}
-	if best == nil {
-		return nil, nil, firstErr
-	}
-	if len(recipes) > 1 {
-		fmt.Fprintf(w, "kept: precision %s\n", bestEv.Run.Precision)
-	}
-	return bestEv, best, nil
 }

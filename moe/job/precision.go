@@ -127,5 +127,26 @@ func (q Quantize) check(p Precision) error {
 	return nil
 }
 
+// GEMMSetOf is the GEMM set whose conversion makes parameter p a
+// low-precision GEMM's weight: linear for a 2D weight of the attention,
+// dense-FFN or shared-expert groups, output for the head's, experts for a
+// routed expert's; false for everything else (norms, biases, embeddings,
+// the router) and for a 2D weight with a dimension not a multiple of 16,
+// which torchtitan's filter never converts (FP8 tensor cores need it).
+func GEMMSetOf(p moe.Param) (GEMMSet, bool) {
+	if p.Buffer || len(p.Shape) != 2 || p.Shape[0]%16 != 0 || p.Shape[1]%16 != 0 {
+		return "", false
+	}
+	switch p.Group {
+	case moe.GroupAttention, moe.GroupDenseFFN, moe.GroupShared:
+		return QuantLinear, true
+	case moe.GroupLMHead:
+		return QuantOutput, true
+	case moe.GroupRouted:
+		return QuantExperts, true
+	}
+	return "", false
+}
+
 // String is the comma-separated list.
 func (q Quantize) String() string { return joinValues(q) }

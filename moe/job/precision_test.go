@@ -3,6 +3,8 @@ package job
 import (
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // TestQuantizeRules: the GEMM sets a recipe converts, by default and as
@@ -40,7 +42,8 @@ func TestQuantizeRules(t *testing.T) {
 	}
 }
 
-// TestFP8AllGather: tensorwise only, and not priced yet.
+// TestFP8AllGather: tensorwise only; what it gathers in fp8 (GathersFP8):
+// the converted linears' 2D weights, never experts or norms.
 func TestFP8AllGather(t *testing.T) {
 	r := DefaultRecipe()
 	r.Precision, r.FP8AllGather = MXFP8, true
@@ -51,8 +54,24 @@ func TestFP8AllGather(t *testing.T) {
 	if err := r.Resolve(); err != nil {
 		t.Errorf("fp8-tensorwise with fp8_all_gather: %v", err)
 	}
-	if err := r.CheckPriced(); err == nil || !strings.Contains(err.Error(), "not priced yet") {
-		t.Errorf("CheckPriced: %v, want not priced yet", err)
+	if err := r.CheckPriced(); err != nil {
+		t.Errorf("CheckPriced: %v", err)
+	}
+	q := moe.Param{Shape: []int{4096, 4096}, Group: moe.GroupAttention}
+	head := moe.Param{Shape: []int{128256, 4096}, Group: moe.GroupLMHead}
+	norm := moe.Param{Shape: []int{4096}, Group: moe.GroupNorm}
+	expert := moe.Param{Shape: []int{768, 2048}, Group: moe.GroupRouted}
+	gate := moe.Param{Shape: []int{1, 2048}, Group: moe.GroupShared}
+	if !r.GathersFP8(q) || r.GathersFP8(head) || r.GathersFP8(norm) || r.GathersFP8(expert) || r.GathersFP8(gate) {
+		t.Error("fp8-tensorwise with fp8_all_gather: want q_proj only of q, head, norm, expert, 1×D gate")
+	}
+	r.Quantize = Quantize{QuantLinear, QuantOutput}
+	if !r.GathersFP8(head) {
+		t.Error("head not gathered in fp8 with output converted")
+	}
+	r.FP8AllGather = false
+	if r.GathersFP8(q) {
+		t.Error("gathered in fp8 without fp8_all_gather")
 	}
 	for _, p := range []Precision{FP8Rowwise, NVFP4, FP8Blockwise, FP8Delayed} {
 		if err := p.Check("precision"); err == nil || !strings.Contains(err.Error(), "priced: bf16, fp8-tensorwise, fp8-current, mxfp8") {

@@ -152,17 +152,17 @@ func (r Recipe) Validate() error {
 	return errors.Join(errs...)
 }
 
-// CheckPriced refuses what the time and memory models do not price yet:
-// a recipe outside job.PricedPrecisions, and fp8_all_gather (both models
-// gather weights in bf16).
-func (r Recipe) CheckPriced() error {
-	if err := r.Precision.Check("precision"); err != nil {
-		return err
-	}
-	if r.FP8AllGather {
-		return moe.FieldError{Field: "fp8_all_gather", Value: true, Allowed: "false: not priced yet (the time and memory models all-gather weights in bf16)"}
-	}
-	return nil
+// CheckPriced refuses what the time and memory models do not price yet: a
+// recipe outside job.PricedPrecisions.
+func (r Recipe) CheckPriced() error { return r.Precision.Check("precision") }
+
+// GathersFP8 says whether FSDP all-gathers parameter p in fp8: the recipe
+// gathers in fp8 (FP8AllGather) and p is the weight of a linear it
+// converts (torchao's float8 all-gather is Float8Linear's: the linear and
+// output sets, never grouped experts).
+func (r Recipe) GathersFP8(p moe.Param) bool {
+	set, ok := GEMMSetOf(p)
+	return ok && r.FP8AllGather && set != QuantExperts && r.Converts(set)
 }
 
 // Converted is the GEMM sets the recipe converts: Quantize, or the

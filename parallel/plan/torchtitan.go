@@ -57,15 +57,20 @@ func (t TorchtitanTarget) String() string {
 // torchtitanModel maps a built-in model to torchtitan's names for it: the
 // TOML-era [model] name and flavor (the flavor keys of
 // torchtitan/models/<name>/__init__.py at v0.2.2) and the current registry
-// function (torchtitan/models/<name>/config_registry.py at main). An empty
-// registry function means current torchtitan ships none for it.
-var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryFunc string }{
-	"qwen3-30b-a3b":   {"qwen3", "30B-A3B", "torchtitan.models.qwen3.config_registry", "qwen3_30b_a3b"},
-	"qwen3-235b-a22b": {"qwen3", "235B-A22B", "", ""},
-	"llama3-8b":       {"llama3", "8B", "torchtitan.models.llama3.config_registry", "llama3_8b"},
+// function (torchtitan/models/<name>/config_registry.py at main) with the
+// arguments it passes its package's model_registry (registryArgs: an
+// export that adds converters calls model_registry with them again). An
+// empty registry function means current torchtitan ships none for it.
+var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryFunc, registryArgs string }{
+	// config_registry.py at b5bcd76c: qwen3_30b_a3b calls
+	// model_registry("30B-A3B"), llama3_8b model_registry("8B"),
+	// deepseek_v3_16b model_registry("16B", attn_backend="flex").
+	"qwen3-30b-a3b":   {"qwen3", "30B-A3B", "torchtitan.models.qwen3.config_registry", "qwen3_30b_a3b", `"30B-A3B"`},
+	"qwen3-235b-a22b": {"qwen3", "235B-A22B", "", "", ""},
+	"llama3-8b":       {"llama3", "8B", "torchtitan.models.llama3.config_registry", "llama3_8b", `"8B"`},
 	// torchtitan's deepseek_v3 "16B" flavor is its DeepSeek-MoE-16B
 	// (train_configs/deepseek_v3_16b.toml loads deepseek-moe-16b-base).
-	"deepseek-moe-16b": {"deepseek_v3", "16B", "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_16b"},
+	"deepseek-moe-16b": {"deepseek_v3", "16B", "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_16b", `"16B", attn_backend="flex"`},
 }
 
 // TorchtitanAdmit returns nil when target can express p run with a
@@ -143,6 +148,10 @@ type TorchtitanExport struct {
 	// has them; the export writes them or refuses (CheckPrecision).
 	Precision   moe.Precision
 	ReduceDType moe.DType
+	// Quant is the low-precision recipe the plan assumed (the zero value
+	// is bf16): the export writes its converters or refuses (CheckQuant,
+	// AdmitQuant).
+	Quant TorchtitanQuant
 }
 
 // torchtitanDTypes are the literals of both pinned forms' mixed-precision
@@ -276,7 +285,8 @@ func (e *TorchtitanExport) check(target TorchtitanTarget) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	_, _, perr := target.CheckPrecision(e.Precision, e.ReduceDType)
-	return errors.Join(TorchtitanAdmit(target, e.Point, e.Compile.Model), perr)
+	return errors.Join(TorchtitanAdmit(target, e.Point, e.Compile.Model), perr, target.CheckQuant(e.Quant),
+		target.AdmitQuant(e.Quant, e.Point, e.Compile.Model))
 }
 
 // torchtitanDegrees returns torchtitan's (replicate, shard) degrees: a
@@ -325,11 +335,18 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	var b strings.Builder
 	torchtitanComments(&b, e.Header)
 	fmt.Fprintf(&b, "# torchtitan %s (commit %s) job config; merge into the model's train_configs TOML.\n", TorchtitanTOMLTag, TorchtitanTOMLCommit)
+	conv := e.Quant.tomlConverters()
 	if m, ok := torchtitanModel[e.Model]; ok {
 		fmt.Fprintf(&b, "\n[model]\nname = %q\nflavor = %q\n", m.name, m.flavor)
 	} else {
 		skipped = append(skipped, "model.name", "model.flavor")
 		fmt.Fprintf(&b, "# [model] name and flavor not written: torchtitan %s has no flavor known to moescope for %q.\n", TorchtitanTOMLTag, e.Model)
+		if len(conv) > 0 {
+			b.WriteString("\n[model]\n")
+		}
+	}
+	if len(conv) > 0 {
+		fmt.Fprintf(&b, "converters = %s\n", quoted(conv))
 	}
 	fmt.Fprintf(&b, "\n[training]\nlocal_batch_size = %d\nglobal_batch_size = %d\nseq_len = %d\n", p.LBS, p.GlobalBatch(), e.Seq)
 	param, reduce, _ := TorchtitanTOML.CheckPrecision(e.Precision, e.ReduceDType) // checked above
@@ -362,6 +379,7 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	default:
 		fmt.Fprintf(&b, "mode = %q\n", p.AC.Mode)
 	}
+	e.Quant.writeTOML(&b)
 	_, err = io.WriteString(w, b.String())
 	return skipped, err
 }
@@ -377,6 +395,29 @@ func torchtitanIdent(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// pyConverterLines writes the converters of q (configs, from
+// pyConverters) and rebuilds the model spec with them: main applies
+// converters to the model's config tree inside model_registry
+// (models/<name>/__init__.py at b5bcd76c), so the spec is the registry
+// function's own call (args) plus converters. A model with no registry
+// function gets the list and a comment saying where it goes.
+func pyConverterLines(b *strings.Builder, q TorchtitanQuant, configs []string, args string) {
+	if len(configs) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "    # %s: GEMM sets %s in OCP MX FP8 (torchtitan/components/quantization/mx.py at %s); the router's gate stays bf16.\n", q.Precision, q.flag(), TorchtitanPyCommit[:7])
+	b.WriteString("    converters = [\n")
+	for _, c := range configs {
+		fmt.Fprintf(b, "        %s,\n", c)
+	}
+	b.WriteString("    ]\n")
+	if args == "" {
+		b.WriteString("    # Pass converters to the model's model_registry when setting config.model_spec.\n")
+		return
+	}
+	fmt.Fprintf(b, "    config.model_spec = model_registry(%s, converters=converters)\n", args)
 }
 
 // Python writes a config-registry function for current torchtitan that
@@ -407,11 +448,19 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	case moe.ACFull:
 		acClass = "FullAC"
 	}
+	classes, converters := e.Quant.pyConverters(e.Compile.Model)
+	for _, c := range classes {
+		fmt.Fprintf(&b, "from torchtitan.components.quantization import %s\n", c)
+	}
 	if acClass != "" {
 		fmt.Fprintf(&b, "from torchtitan.distributed.activation_checkpoint import %s\n", acClass)
 	}
 	if m.registryFunc != "" {
 		fmt.Fprintf(&b, "from %s import %s\n", m.registryModule, m.registryFunc)
+		if len(converters) > 0 {
+			// config_registry.py's own `from . import model_registry`.
+			fmt.Fprintf(&b, "from %s import model_registry\n", strings.TrimSuffix(m.registryModule, ".config_registry"))
+		}
 	}
 	b.WriteString("from torchtitan.trainer import Trainer\n\n\n")
 	fmt.Fprintf(&b, "def %s() -> Trainer.Config:\n", fn)
@@ -422,6 +471,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 		fmt.Fprintf(&b, "    # model_spec not written: torchtitan at this commit has no registry function known to moescope for %q; set config.model_spec.\n", e.Model)
 		b.WriteString("    config = Trainer.Config()\n")
 	}
+	pyConverterLines(&b, e.Quant, converters, m.registryArgs)
 	pipe, err := e.torchtitanPipeline(TorchtitanPy)
 	if err != nil {
 		return nil, err

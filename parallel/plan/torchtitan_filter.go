@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"regexp"
 	"sort"
 	"strings"
@@ -9,12 +10,14 @@ import (
 
 // ExportFilter is the search's Admit (Request.Admit) for torchtitan
 // exports: it refuses the points one of Targets cannot express
-// (TorchtitanAdmit) and counts the refusals by reason, so that a caller can
-// say how much an export narrowed the search and why. The planner calls
-// Admit from several goroutines.
+// (TorchtitanAdmit, and AdmitQuant for the recipe's converters) and counts
+// the refusals by reason, so that a caller can say how much an export
+// narrowed the search and why. The planner calls Admit from several
+// goroutines.
 type ExportFilter struct {
 	Targets  []TorchtitanTarget
-	Compiled bool // the model is compiled (TorchtitanAdmit's compiledModel)
+	Compiled bool            // the model is compiled (TorchtitanAdmit's compiledModel)
+	Quant    TorchtitanQuant // the recipe's low precision (QuantOf; zero: bf16)
 
 	mu      sync.Mutex
 	refused int
@@ -37,11 +40,11 @@ type Refusal struct {
 var reasonValue = regexp.MustCompile(`= [0-9]+`)
 
 // Admit returns nil when every target can express p, else the first
-// refusing target's TorchtitanAdmit error, counted under each reason it
-// joins.
+// refusing target's TorchtitanAdmit and AdmitQuant errors, counted under
+// each reason they join.
 func (f *ExportFilter) Admit(p Point) error {
 	for _, t := range f.Targets {
-		err := TorchtitanAdmit(t, p, f.Compiled)
+		err := errors.Join(TorchtitanAdmit(t, p, f.Compiled), t.AdmitQuant(f.Quant, p, f.Compiled))
 		if err == nil {
 			continue
 		}
@@ -52,12 +55,10 @@ func (f *ExportFilter) Admit(p Point) error {
 }
 
 // record counts one refused candidate under each reason its error joins
-// (TorchtitanAdmit joins one error per field it cannot express).
+// (TorchtitanAdmit joins one error per field it cannot express, and Admit
+// joins that with AdmitQuant's).
 func (f *ExportFilter) record(err error) {
-	errs := []error{err}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	}
+	errs := joined(err)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.refused++
@@ -70,6 +71,19 @@ func (f *ExportFilter) record(err error) {
 		f.why[key] = strings.TrimSpace(why)
 		f.reasons[key]++
 	}
+}
+
+// joined is the errors err joins, nested joins flattened.
+func joined(err error) []error {
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range j.Unwrap() {
+		out = append(out, joined(e)...)
+	}
+	return out
 }
 
 // Refusals returns how many candidates Admit refused and the reasons, the

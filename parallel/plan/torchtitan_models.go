@@ -38,3 +38,9 @@ func TorchtitanRegistryModel(fn string) (string, error) {
 	sort.Strings(known)
 	return "", fmt.Errorf("config = %s(): no moescope model for this registry function (known: %s)", fn, strings.Join(known, ", "))
 }
+
+// TorchtitanRegistryArgs returns the arguments the registry function of
+// moescope model m passes its package's model_registry (what the Python
+// export writes before converters=converters), or "" when torchtitan main
+// has no registry function for m.
+func TorchtitanRegistryArgs(m string) string { return torchtitanModel[m].registryArgs }

@@ -8,10 +8,11 @@ import (
 )
 
 // RecipeExport is an export with what it writes of recipe r set: the
-// compiled components and the storage types (Compile, Precision and
-// ReduceDType); the caller sets the rest.
+// compiled components, the storage types (Compile, Precision and
+// ReduceDType) and the low-precision converters (Quant); the caller sets
+// the rest.
 func RecipeExport(r job.Recipe) TorchtitanExport {
-	e := TorchtitanExport{Precision: r.Storage(), ReduceDType: r.ReduceDType}
+	e := TorchtitanExport{Precision: r.Storage(), ReduceDType: r.ReduceDType, Quant: QuantOf(r)}
 	e.Compile.Model, e.Compile.Loss = r.Compiled()
 	return e
 }
@@ -21,7 +22,9 @@ func RecipeExport(r job.Recipe) TorchtitanExport {
 // both pinned commits dispatches experts by all-to-all into
 // torch._grouped_mm, runs PyTorch's own elementwise kernels and an
 // unchunked loss in its job config, sets cuDNN first in its SDPA priority
-// and builds fused AdamW. Storage types are CheckPrecision's.
+// and builds fused AdamW. Storage types are CheckPrecision's; the
+// low-precision recipe is CheckQuant's (the refusals that depend on the
+// layout too are AdmitQuant's).
 func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
 	d := job.DefaultRecipe()
 	var errs []error
@@ -36,5 +39,6 @@ func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
 	refuse(r.LossChunks > 1, "loss-chunks", r.LossChunks)
 	refuse(r.Attention != d.Attention, "attention-kernel", r.Attention)
 	refuse(r.Optimizer != d.Optimizer, "optimizer-impl", r.Optimizer)
+	errs = append(errs, t.CheckQuant(QuantOf(r)))
 	return errors.Join(errs...)
 }

@@ -62,6 +62,15 @@ func torchtitanCheckValue(t *testing.T, key string, v, typ any) {
 			if _, ok := v.(bool); !ok {
 				t.Errorf("%s = %v (%T), want a boolean", key, v, v)
 			}
+		case "list[str]":
+			items, ok := v.([]any)
+			if !ok || len(items) == 0 {
+				t.Errorf("%s = %v (%T), want a list of strings", key, v, v)
+				return
+			}
+			for _, it := range items {
+				torchtitanCheckValue(t, key+"[]", it, "str")
+			}
 		case "list[list[str]]":
 			outer, ok := v.([]any)
 			if !ok || len(outer) == 0 {

@@ -26,6 +26,11 @@ func computeSpec(dev hw.Device, in Input, cal *cost.Calibration) (cost.ComputeSp
 	if spec.LowPrecision, err = cost.LowPrecisionFor(dev, in.Recipe); err != nil {
 		return cost.ComputeSpec{}, fmt.Errorf("simulate: %w", err)
 	}
+	if lp := spec.LowPrecision; lp != nil {
+		// torchtitan applies the fp8 all-gather under FSDP over more than
+		// one shard rank.
+		lp.FP8Gather = in.FP8AllGather && in.Layout.Sharding == job.ShardFSDP && in.Layout.DPShard > 1
+	}
 	spec = spec.WithExperts(in.ExpertGEMM).Calibrated(cal)
 	spec.Compiled = in.compiledModel()
 	spec.CompositeNorm = in.Torch.Before(fusedNormSince)

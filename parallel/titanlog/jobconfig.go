@@ -7,6 +7,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/plan"
 )
 
@@ -43,7 +44,13 @@ type Job struct {
 	AC                        string // moescope's names: none|selective|full|layer:N
 	Compile                   bool
 	CompileModel, CompileLoss bool
-	Precision                 string
+	// Precision is the training recipe (job.Precision's names), Quantize
+	// the GEMM sets it converts (empty: the recipe's default) and
+	// FP8AllGather torchao's float8 all-gather, read from the converters
+	// (quant.go).
+	Precision    string
+	Quantize     job.Quantize
+	FP8AllGather bool
 }
 
 // maxConfigBytes bounds a job-config file: torchtitan's are a few KiB.
@@ -89,15 +96,25 @@ func fromSections(where string, doc map[string]any) (*Job, error) {
 	v := &values{where: where, m: map[string]any{}}
 	for sec, body := range doc {
 		if m, ok := body.(map[string]any); ok {
-			for k, x := range m {
-				v.m[sec+"."+k] = x
-			}
+			v.flatten(sec, m)
 		}
 	}
 	if _, ok := doc["model_spec"]; ok {
 		return v.printedMain()
 	}
 	return v.v022()
+}
+
+// flatten files a section's keys under "section.key", and the keys of its
+// tables ([quantize.linear.float8]) under their dotted names.
+func (v *values) flatten(prefix string, m map[string]any) {
+	for k, x := range m {
+		if sub, ok := x.(map[string]any); ok {
+			v.flatten(prefix+"."+k, sub)
+			continue
+		}
+		v.m[prefix+"."+k] = x
+	}
 }
 
 // v022 interprets v0.2.2's sections; absent keys take job_config.py's
@@ -120,9 +137,7 @@ func (v *values) v022() (*Job, error) {
 	if p := v.str("training.mixed_precision_param", "bfloat16"); p != "bfloat16" {
 		v.fail("training.mixed_precision_param", p, "moescope models bfloat16 compute weights only")
 	}
-	if c := v.list("model.converters"); len(c) > 0 {
-		v.fail("model.converters", c, "moescope reads bf16 runs only (no float8/mx converters)")
-	}
+	v.quantV022(j)
 	v.parallelism(j)
 	switch mode := v.str("activation_checkpoint.mode", "selective"); mode {
 	case "none", "full":

@@ -10,21 +10,27 @@ import (
 )
 
 // The registry form is Python; moescope reads only the statements its own
-// export writes (plan.TorchtitanExport.Python): `config = <registry>()`
-// and `config.<section>.<field> = <literal>`, a literal being an integer,
+// export writes (plan.TorchtitanExport.Python): `config = <registry>()`,
+// `config.<section>.<field> = <literal>`, a literal being an integer,
 // a quoted string, True/False/None, a list of strings, or
 // SelectiveAC.Config()/FullAC.Config() (torchtitan/distributed/
-// activation_checkpoint.py at b5bcd76). Other lines (imports, def, return,
-// comments) say nothing about the run.
+// activation_checkpoint.py at b5bcd76), and a low-precision recipe's
+// `<Converter>.Config(k=<literal>, …),` lines with
+// `config.model_spec = model_registry(…, converters=converters)`. Other
+// lines (imports, def, return, comments, `converters = [`) say nothing
+// about the run.
 var (
 	regBaseRE   = regexp.MustCompile(`^config = ([A-Za-z_][A-Za-z0-9_]*)\(\)$`)
 	regAssignRE = regexp.MustCompile(`^config\.([a-z_]+\.?[a-z_]*) = (.+)$`)
+	regConvRE   = regexp.MustCompile(`^([A-Za-z0-9_]+Converter)\.Config\((.*)\),?$`)
+	regSpecRE   = regexp.MustCompile(`^config\.model_spec = model_registry\((.*)\)$`)
 )
 
 // ParseRegistry reads a config-registry function in moescope's export form.
 func ParseRegistry(where string, data []byte) (*Job, error) {
 	v := &values{where: where, m: map[string]any{}}
-	base := ""
+	base, spec := "", ""
+	var convs []pyConverter
 	for i, raw := range strings.Split(string(data), "\n") {
 		s := strings.TrimSpace(raw)
 		if k := strings.Index(s, "  #"); k >= 0 {
@@ -32,6 +38,22 @@ func ParseRegistry(where string, data []byte) (*Job, error) {
 		}
 		if m := regBaseRE.FindStringSubmatch(s); m != nil {
 			base = m[1]
+			continue
+		}
+		if m := regConvRE.FindStringSubmatch(s); m != nil {
+			args, err := pyArgs(m[2])
+			if err != nil {
+				return nil, fmt.Errorf("%s: line %d: %s.Config: %w", where, i+1, m[1], err)
+			}
+			convs = append(convs, pyConverter{class: m[1], args: args, line: i + 1})
+			continue
+		}
+		if strings.HasPrefix(s, "config.model_spec = ") {
+			m := regSpecRE.FindStringSubmatch(s)
+			if m == nil {
+				return nil, fmt.Errorf("%s: line %d: config.model_spec: moescope reads only model_registry(…, converters=converters) there", where, i+1)
+			}
+			spec = m[1]
 			continue
 		}
 		m := regAssignRE.FindStringSubmatch(s)
@@ -52,6 +74,7 @@ func ParseRegistry(where string, data []byte) (*Job, error) {
 	} else {
 		j.Model = name
 	}
+	v.quantRegistry(j, convs, spec)
 	v.mainTraining(j)
 	v.parallelism(j)
 	// A registry function's own values are unknown here: every field the

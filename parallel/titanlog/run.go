@@ -137,6 +137,9 @@ func (j *Job) run(gpu string) (published.Run, error) {
 	if j.DPShard == 1 {
 		r.Sharding = job.ShardDDP
 	}
+	// Resolve sets the recipe's precision from r.Precision and checks the
+	// GEMM sets and the all-gather against it.
+	r.Quantize, r.FP8AllGather = j.Quantize, j.FP8AllGather
 	r.ReshardAfterForward, r.Compile = j.ReshardAfterForward, j.Compile
 	if j.Compile && !(j.CompileModel && j.CompileLoss) {
 		if j.CompileModel {
@@ -170,7 +173,7 @@ func agree(a, b *Job) error {
 		{"data_parallel_shard_degree", a.DPShard, b.DPShard}, {"expert_parallel_degree", a.EP, b.EP},
 		{"fsdp_reshard_after_forward", a.ReshardAfterForward, b.ReshardAfterForward}, {"activation checkpointing", a.AC, b.AC},
 		{"compile.enable", a.Compile, b.Compile}, {"compile model", a.CompileModel, b.CompileModel}, {"compile loss", a.CompileLoss, b.CompileLoss},
-		{"precision", a.Precision, b.Precision},
+		{"precision", a.Precision, b.Precision}, {"quantize", a.converted(), b.converted()}, {"fp8_all_gather", a.FP8AllGather, b.FP8AllGather},
 	}
 	var errs []error
 	for _, f := range fields {
@@ -183,6 +186,12 @@ func agree(a, b *Job) error {
 	}
 	return fmt.Errorf("the job config and the config the log printed disagree (was the log made with another config?):\n  %s",
 		strings.ReplaceAll(errors.Join(errs...).Error(), "\n", "\n  "))
+}
+
+// converted is the GEMM sets the job's recipe converts, the default made
+// explicit (job.Recipe.Converted).
+func (j *Job) converted() string {
+	return job.Recipe{Precision: job.Precision(j.Precision), Quantize: j.Quantize}.Converted().String()
 }
 
 // globalBatch is the sequences per optimizer step, the default (-1 in

@@ -42,6 +42,11 @@ type LowPrecision struct {
 	GEMMEff, GroupedEff     float64 // fractions of PeakFLOPs (hw.Kernels' FP8GEMMEff, FP8GroupedEff)
 	WgradRatio              float64 // grouped weight-gradient rate over GroupedEff
 	CastEff                 float64 // fraction of HBM bandwidth the quantize kernels reach
+	// FP8Gather: FSDP all-gathers the converted linears' weights already
+	// cast (torchao's float8 all-gather, its scales precomputed after each
+	// optimizer step), so forward casts no weight, and the data gradient
+	// only transposes the fp8 weight (1 byte read, 1 written).
+	FP8Gather bool
 }
 
 // MXSwizzleSPerRow is the time torchao's per-group MX scale rearrangement
@@ -143,36 +148,39 @@ func (c ComputeSpec) CastSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts
 	if rec.Op.Kind() == moe.KindGrouped {
 		w *= float64(max(localExperts, 1))
 	}
-	var elems, perElem, kernels float64
-	fwd := rec.Pass == moe.Forward || rec.Pass == moe.Recompute
-	switch lp.Recipe {
-	case job.FP8Current:
-		perElem, kernels = 6, 4
-		switch {
-		case fwd:
-			elems = x + w
-		case rec.Pass == moe.BackwardData:
-			elems, kernels = g, 2
+	var bytes, kernels float64
+	if lp.Recipe == job.FP8Current {
+		switch rec.Pass {
+		case moe.Forward, moe.Recompute:
+			bytes, kernels = 6*(x+w), 4
+		case moe.BackwardData:
+			bytes, kernels = 6*g, 2
 		default:
 			return 0
 		}
-	default:
-		perElem, kernels = 3, 2
+	} else {
+		per := 5.0 // tensorwise: an amax read of 2 bytes, then 2 read and 1 written
+		kernels = 4
 		if lp.Recipe.Microscaled() {
-			perElem += 1.0 / 32
-		} else {
-			perElem, kernels = 5, 4
+			per, kernels = 3+1.0/32, 2
+		}
+		wBytes := w * per
+		if lp.FP8Gather && rec.Op.Kind() == moe.KindMatmul {
+			wBytes = 0 // gathered cast
+			if rec.Pass == moe.BackwardData {
+				wBytes = 2 * w // the fp8 weight transposed
+			}
 		}
 		switch rec.Pass {
 		case moe.BackwardData:
-			elems = g + w
+			bytes = g*per + wBytes
 		case moe.BackwardWeight:
-			elems = g + x
+			bytes = (g + x) * per
 		default:
-			elems = x + w
+			bytes = x*per + wBytes
 		}
 	}
-	t := math.Max(elems*perElem/(c.HBMBytesPerS*lp.CastEff), kernels*c.LaunchS)
+	t := math.Max(bytes/(c.HBMBytesPerS*lp.CastEff), kernels*c.LaunchS)
 	if lp.Recipe.Microscaled() && rec.Op.Kind() == moe.KindGrouped && rec.Pass != moe.BackwardWeight {
 		t += rows * MXSwizzleSPerRow
 	}

@@ -167,3 +167,20 @@ func TestCalibrationCoversRecipe(t *testing.T) {
 		t.Error("Calibrated changed the spec it was called on")
 	}
 }
+
+// With torchao's fp8 all-gather the weights arrive cast: forward casts
+// only x, the data gradient casts g and transposes the fp8 weight (1 byte
+// read, 1 written); the weight gradient is unchanged.
+func TestCastFP8Gather(t *testing.T) {
+	const R, out, in = 8192, 1024, 1024
+	x, g, w := float64(R*in), float64(R*out), float64(out*in)
+	s := lpSpec(job.FP8Tensorwise, true, false, false)
+	s.LowPrecision.FP8Gather = true
+	bw := 4e12 * 0.5
+	for pass, bytes := range map[moe.Pass]float64{moe.Forward: 5 * x, moe.BackwardData: 5*g + 2*w, moe.BackwardWeight: 5 * (g + x)} {
+		rec := moe.OpRecord{Op: moe.OpQProj, Pass: pass, Count: R * out * in}
+		if got := s.CastSeconds(lpCfg, rec, 1); !near(got, bytes/bw, 1e-12) {
+			t.Errorf("%v: %g s, want %g bytes = %g s", pass, got, bytes, bytes/bw)
+		}
+	}
+}

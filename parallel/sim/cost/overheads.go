@@ -54,7 +54,10 @@ func (c ComputeSpec) FSDPCopySeconds(o parallel.ScheduleOp, n int, prec moe.Prec
 	}
 	full := float64(o.Elements)
 	shard := full / float64(n)
-	moved := float64(o.DType.Bytes())
+	moved := float64(o.DType.Bytes()) // per element; less with an fp8 all-gather's one-byte weights
+	if o.Elements > 0 {
+		moved = float64(o.Bytes()) / full
+	}
 	switch {
 	case o.Purpose == parallel.PurposeGather:
 		return c.MemorySeconds(shard * (float64(prec.Param.Bytes()) + moved)), c.MemorySeconds(2 * moved * full)

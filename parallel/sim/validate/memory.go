@@ -17,8 +17,8 @@ import (
 // predicted not to fit is a wrong verdict.
 type MemoryTable struct {
 	Rows []MemoryRow `json:"runs"`
-	// Error summarizes the rows with an error (BF16 runs with a measured
-	// peak); absent without any.
+	// Error summarizes the rows with an error (runs of a priced recipe
+	// with a measured peak); absent without any.
 	Error *Summary `json:"error,omitempty"`
 	// NotFit of the Ran runs estimated are predicted not to fit.
 	NotFit int `json:"predicted_not_to_fit"`
@@ -43,8 +43,8 @@ type MemoryRow struct {
 	Measured  *float64 `json:"measured_gib,omitempty"`
 	Predicted float64  `json:"predicted_gib"`
 	// Error is predicted / measured − 1, absent when nothing was measured
-	// or when PrecisionNotModelled: the memory model is BF16 mixed
-	// precision, and the run's is another.
+	// or when PrecisionNotModelled: the run's precision names no recipe
+	// the memory model prices.
 	Error                *float64 `json:"error,omitempty"`
 	PrecisionNotModelled bool     `json:"precision_not_modelled,omitempty"`
 	// Unmodelled is the run's framework difference moescope does not
@@ -124,7 +124,9 @@ func memoryRow(r published.Run) (MemoryRow, error) {
 	if measured {
 		m := gib(meas)
 		row.Measured = &m
-		if r.Precision == "bf16" {
+		if p, err := r.PrecisionRecipe(); err == nil && p.Check("precision") == nil {
+			// A priced low-precision recipe's memory is bf16's
+			// (docs/precision.md: torchao saves the bf16 operands).
 			e := pred/meas - 1
 			row.Error = &e
 		} else {

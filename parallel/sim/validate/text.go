@@ -51,6 +51,12 @@ func writeTPS(b *strings.Builder, t TPSTable, shared *SharedTable) {
 	if s := t.TensorParallel; s != nil {
 		fmt.Fprintf(b, "uncalibrated |TPS error| of the tensor-parallel runs: median %.1f%%, worst %.1f%% over %d runs\n", 100*s.Median, 100*s.Worst, s.Runs)
 	}
+	for _, r := range t.ByRecipe {
+		fmt.Fprintf(b, "uncalibrated |TPS error| of the %s runs: median %.1f%%, worst %.1f%% over %d runs\n", r.Recipe, 100*r.Median, 100*r.Worst, r.Runs)
+	}
+	if s := t.LowPrecision; s != nil {
+		fmt.Fprintf(b, "uncalibrated |TPS error| of the low-precision runs together: median %.1f%%, worst %.1f%% over %d runs\n", 100*s.Median, 100*s.Worst, s.Runs)
+	}
 	if s := t.Calibrated; s != nil {
 		fmt.Fprintf(b, "calibrated on each series' small-scale runs, |TPS error| of its larger runs: median %.1f%%, worst %.1f%% over %d runs\n",
 			100*s.Median, 100*s.Worst, s.Runs)
@@ -86,7 +92,7 @@ func writeMemory(b *strings.Builder, t MemoryTable) {
 	if s := t.Error; s != nil {
 		fmt.Fprintf(b, "memory |error|: median %.1f%%, worst %.1f%% over %d runs\n", 100*s.Median, 100*s.Worst, s.Runs)
 	} else {
-		b.WriteString("memory |error|: no BF16 run with a measured peak\n")
+		b.WriteString("memory |error|: no run of a priced recipe with a measured peak\n")
 	}
 	fmt.Fprintf(b, "predicted not to fit: %d of %d runs that ran\n", t.NotFit, t.Ran)
 }
@@ -102,7 +108,7 @@ func memoryLine(row MemoryRow) string {
 	case row.Error != nil:
 		errText = fmt.Sprintf("%+.1f%%", 100**row.Error)
 	case row.PrecisionNotModelled:
-		errText = "prec?" // moescope's memory model is BF16 mixed precision
+		errText = "prec?" // a recipe the memory model does not price
 	}
 	if row.Unmodelled != "" {
 		errText += " †"

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/calib"
 	"github.com/moescope/moescope/parallel/sim/cost"
@@ -28,6 +29,19 @@ type TPSTable struct {
 	Uncalibrated   *Summary `json:"uncalibrated_error,omitempty"`
 	TensorParallel *Summary `json:"tensor_parallel_uncalibrated_error,omitempty"`
 	Calibrated     *Summary `json:"calibrated_error,omitempty"`
+	// ByRecipe summarizes each priced recipe's rows (uncalibrated), in
+	// job.PricedPrecisions' order, and LowPrecision the low-precision
+	// recipes' rows together: the bar of the low-precision issue (32),
+	// printed, not enforced (most such rows are Megatron-Core's, whose
+	// kernels and releases moescope does not model).
+	ByRecipe     []RecipeSummary `json:"uncalibrated_error_by_recipe,omitempty"`
+	LowPrecision *Summary        `json:"low_precision_uncalibrated_error,omitempty"`
+}
+
+// RecipeSummary is one recipe's summary.
+type RecipeSummary struct {
+	Recipe job.Precision `json:"recipe"`
+	Summary
 }
 
 // Series is the calibration issue's series: the runs of one source file,
@@ -51,19 +65,22 @@ type Series struct {
 // TPSRow is one run's line of the TPS table. Errors are relative
 // (predicted / measured − 1).
 type TPSRow struct {
-	Name              string  `json:"name"` // run_id and model, "(compiled)" under torch.compile
-	RunID             string  `json:"run_id,omitempty"`
-	Model             string  `json:"model"`
-	GPU               string  `json:"gpu"`
-	GPUs              int     `json:"gpus"`
-	Layout            string  `json:"layout"` // [ppN×]dp_replicate×dp_shard[×tpN]
-	TP                int     `json:"tp"`
-	LBS               int     `json:"lbs"`
-	AC                string  `json:"ac"`
-	Precision         string  `json:"precision"`
-	Measured          float64 `json:"measured_tps"`
-	Uncalibrated      float64 `json:"uncalibrated_tps"`
-	UncalibratedError float64 `json:"uncalibrated_error"`
+	Name      string `json:"name"` // run_id and model, "(compiled)" under torch.compile
+	RunID     string `json:"run_id,omitempty"`
+	Model     string `json:"model"`
+	GPU       string `json:"gpu"`
+	GPUs      int    `json:"gpus"`
+	Layout    string `json:"layout"` // [ppN×]dp_replicate×dp_shard[×tpN]
+	TP        int    `json:"tp"`
+	LBS       int    `json:"lbs"`
+	AC        string `json:"ac"`
+	Precision string `json:"precision"`
+	// Recipe is the recipe the precision text names ("" when it names
+	// none moescope knows).
+	Recipe            job.Precision `json:"recipe,omitempty"`
+	Measured          float64       `json:"measured_tps"`
+	Uncalibrated      float64       `json:"uncalibrated_tps"`
+	UncalibratedError float64       `json:"uncalibrated_error"`
 	// Calibrated and CalibratedError are absent outside a calibrated
 	// series and for a pipeline run (calibration fits single-program
 	// runs). Fit marks a run the calibration was fitted to;
@@ -115,7 +132,30 @@ func TPS(runs []published.Run) (TPSTable, error) {
 		t.Series = append(t.Series, s)
 	}
 	t.Uncalibrated, t.TensorParallel, t.Calibrated = summarize(uncal), summarize(tp), summarize(cal)
+	t.ByRecipe, t.LowPrecision = summarizeRecipes(t.Series)
 	return t, nil
+}
+
+// summarizeRecipes summarizes the uncalibrated errors per priced recipe
+// and over the low-precision ones together.
+func summarizeRecipes(series []Series) ([]RecipeSummary, *Summary) {
+	by := map[job.Precision][]float64{}
+	for _, s := range series {
+		for _, row := range s.Rows {
+			by[row.Recipe] = append(by[row.Recipe], row.UncalibratedError)
+		}
+	}
+	var out []RecipeSummary
+	var low []float64
+	for _, p := range job.PricedPrecisions {
+		if s := summarize(by[p]); s != nil {
+			out = append(out, RecipeSummary{Recipe: p, Summary: *s})
+			if p.LowPrecision() {
+				low = append(low, by[p]...)
+			}
+		}
+	}
+	return out, summarize(low)
 }
 
 // groupSeries splits runs into series in the order each series first
@@ -265,8 +305,9 @@ func newTPSRow(r published.Run) TPSRow {
 	if r.RunID != "" {
 		name = r.RunID + " " + name
 	}
+	recipe, _ := r.PrecisionRecipe() // "" when the text names no recipe: counted under none
 	return TPSRow{Name: name, RunID: r.RunID, Model: r.Model, GPU: r.GPU, GPUs: r.GPUs, Layout: tpsLayout(r), TP: r.TP,
-		LBS: r.LBS, AC: r.AC.String(), Precision: r.Precision, Measured: r.TPS, Framework: r.Framework,
+		LBS: r.LBS, AC: r.AC.String(), Precision: r.Precision, Recipe: recipe, Measured: r.TPS, Framework: r.Framework,
 		FrameworkNotModelled: !strings.HasPrefix(r.Framework, "torchtitan") || r.Unmodelled != ""}
 }
 

@@ -12,7 +12,9 @@ import (
 // their small scale, calibrated on the series' small-scale runs (every run
 // at that scale); then the rows of the shared validation table it cannot
 // express with the feature each needs. It ends with the uncalibrated
-// median and worst, and the calibrated ones over the runs above the small
+// median and worst (over every run, the tensor-parallel ones, each priced
+// recipe's and the low-precision ones together: issue 32's bar, printed,
+// not failed), and the calibrated ones over the runs above the small
 // scale, and fails when such a calibrated BF16 prediction is off by more
 // than 10%. It also checks the table holds at least 3 calibrated BF16
 // series from at least 2 sources. `moescope validate` prints the same
