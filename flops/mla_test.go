@@ -307,7 +307,7 @@ func TestMTPModelByHand(t *testing.T) {
 
 // TestMegatronBridgeDeepSeekV3: Megatron-Bridge's performance summary
 // (docs/performance-summary-archive.md at Megatron-Bridge 067f987df, rows
-// R001, R003, R004 of testdata/validation/published_runs.csv: DeepSeek-V3
+// R001, R003, R004 of parallel/sim/validate/testdata/validation/published_runs.csv: DeepSeek-V3
 // at seq 4096 on 256 B200, tp 1, with its MTP layer) publishes tokens/s
 // and model TFLOP/s per GPU; their ratio is the FLOPs per token its
 // releases count: 259.62, 260.40 and 260.04 GFLOP. Those disagree with each

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -144,20 +143,8 @@ func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool
 		}
 		return runs, append([]string(nil), logs.logs...), fmt.Sprintf("moescope calibrate --torchtitan-log %s (%d run(s); runs in %s)", strings.Join(logs.logs, " "), len(runs), logs.runsOut), nil
 	}
-	f, err := fileio.OpenRegular(runsPath)
-	if err != nil {
+	if runs, err = published.ReadFile(runsPath, false); err != nil {
 		return nil, nil, "", err
-	}
-	runs, err = published.ReadRuns(f, runsPath, false)
-	f.Close()
-	if err != nil {
-		return nil, nil, "", err
-	}
-	dir := filepath.Dir(runsPath)
-	for i := range runs {
-		if strings.ContainsAny(runs[i].Model, `/\`) && !filepath.IsAbs(runs[i].Model) {
-			runs[i].Model = filepath.Join(dir, runs[i].Model)
-		}
 	}
 	return runs, runNames(runs, runsPath), fmt.Sprintf("moescope calibrate --runs %s (%d run(s))", runsPath, len(runs)), nil
 }

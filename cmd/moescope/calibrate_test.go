@@ -52,7 +52,7 @@ func oneRunFile(t *testing.T, src string, i int, dst string) {
 // TestCalibrateTablePrintsFitted: one run fits compute_scale alone, and
 // the table prints its value (it printed 0: the table's name → value map
 // lacked compute_scale) and its spread. KempnerForge's Llama 3 8B on one
-// H200 (testdata/published, row 0: 10,471 tokens/s) has no communication,
+// H200 (parallel/sim/validate/testdata/published, row 0: 10,471 tokens/s) has no communication,
 // so its TPS is proportional to the compute scale, ∂ ln TPS/∂x = 1, and
 // the fit at σ = 2% against the prior's ln 2 gives
 //
@@ -63,7 +63,7 @@ func oneRunFile(t *testing.T, src string, i int, dst string) {
 func TestCalibrateTablePrintsFitted(t *testing.T) {
 	dir := t.TempDir()
 	runs, cal := filepath.Join(dir, "one.json"), filepath.Join(dir, "cal.json")
-	oneRunFile(t, "../../testdata/published/kempnerforge-mfu-scaling-h200.json", 0, runs)
+	oneRunFile(t, "../../parallel/sim/validate/testdata/published/kempnerforge-mfu-scaling-h200.json", 0, runs)
 	out, err := runSimCmd(t, "calibrate", "--runs", runs, "--out", cal)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

@@ -147,7 +147,7 @@ func TestMemoryCompileFlags(t *testing.T) {
 }
 
 // TestMemoryGradSyncLastOnly: KempnerForge's 4 × H200 Llama-3-8B run
-// (testdata/published/kempnerforge-mfu-scaling-h200.json) with
+// (parallel/sim/validate/testdata/published/kempnerforge-mfu-scaling-h200.json) with
 // --grad-sync-last-only and fp32 reduction holds every parameter's
 // unsharded gradient in fp32 at the peak (the second micro-step's loss).
 // Llama-3-8B by hand: embedding and LM head 128256·4096 = 525,336,576

@@ -119,7 +119,7 @@ func TestOutputNeverOverwritesInput(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("[[1,2,3]]"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	runs, err := os.ReadFile(filepath.Join("..", "..", "testdata", "published", "pith-train-issue79-qwen3-30b-a3b-b200.json"))
+	runs, err := os.ReadFile(filepath.Join("..", "..", "parallel", "sim", "validate", "testdata", "published", "pith-train-issue79-qwen3-30b-a3b-b200.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestOutputNeverOverwritesInput(t *testing.T) {
 // output is refused and left as it was.
 func TestForceNeverReplacesDevice(t *testing.T) {
 	dir := t.TempDir()
-	runsPath := filepath.Join("..", "..", "testdata", "published", "pith-train-issue79-qwen3-30b-a3b-b200.json")
+	runsPath := filepath.Join("..", "..", "parallel", "sim", "validate", "testdata", "published", "pith-train-issue79-qwen3-30b-a3b-b200.json")
 	for _, out := range []string{"/dev/null", dir} {
 		_, err := runCmd(t, "calibrate", "--runs", runsPath, "--out", out, "--force")
 		if err == nil || !strings.Contains(err.Error(), "--force replaces only regular files") {

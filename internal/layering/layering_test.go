@@ -25,8 +25,9 @@ const module = "github.com/moescope/moescope"
 // collectives, knowing no model) sits below numeric and above parallel,
 // whose meshes and groups it serves; the simulator's cost models
 // (parallel/sim/cost) sit below it too, and what runs the simulator over
-// measured runs (parallel/sim/published, then parallel/sim/calib) above
-// it. The commands sit at the top:
+// measured runs (parallel/sim/published, then parallel/sim/calib, then
+// parallel/sim/validate, which checks predictions against them) above it.
+// The commands sit at the top:
 // sizecheck, the CI's size check, imports only internal/sizes, which like
 // every internal package sits at the bottom. Below moescope's command sits
 // its own report package (the plots and the HTML page), internal to the
@@ -36,6 +37,7 @@ var layers = [][]string{
 	{"cmd/moescope/internal/report"},
 	{"parallel/crosscheck", "parallel/titanlog"},
 	{"parallel/plan"},
+	{"parallel/sim/validate"},
 	{"parallel/sim/calib"},
 	{"parallel/sim/published"},
 	{"parallel/numeric", "parallel/sim"},

@@ -167,7 +167,7 @@ func eagerRun(cfg *moe.Config, seq int) job.Spec {
 // others none; without a calibration nothing is filled.
 func TestIntervals(t *testing.T) {
 	cfg, dev := qwenOnB200(t)
-	f, err := os.Open(filepath.Join("..", "..", "testdata", "published", "aleph-alpha-seed-qwen3-30b-a3b-b200.json"))
+	f, err := os.Open(filepath.Join("..", "sim", "validate", "testdata", "published", "aleph-alpha-seed-qwen3-30b-a3b-b200.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

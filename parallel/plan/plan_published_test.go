@@ -11,7 +11,7 @@ import (
 )
 
 // TestPlanPublishedReport prints, for every published run in
-// testdata/published/, the measured TPS of the published layout next to
+// parallel/sim/validate/testdata/published/, the measured TPS of the published layout next to
 // the modelled TPS of that layout and of the plan the search prefers on the
 // same model, GPU type, GPU count and sequence length. It is a report, not
 // a pass/fail check, and a slow one (a full search per run), so it runs
@@ -22,7 +22,7 @@ func TestPlanPublishedReport(t *testing.T) {
 	if os.Getenv("MOESCOPE_PLAN_PUBLISHED") != "1" {
 		t.Skip("set MOESCOPE_PLAN_PUBLISHED=1 to print the published-runs report (one full search per run)")
 	}
-	runs, err := published.Load("../../testdata/published")
+	runs, err := published.Load("../sim/validate/testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}

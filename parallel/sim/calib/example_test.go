@@ -14,7 +14,7 @@ import (
 // Fit the model to a measured run of your own stack, then predict with it.
 func ExampleCalibrate() {
 	// torchtitan's Llama 3.1 8B on 8 H100 (96 GB), 2024-12 (R171 in
-	// testdata/published): one run, so one overall compute scale.
+	// parallel/sim/validate/testdata/published): one run, so one overall compute scale.
 	// The description starts from the schema's defaults (compiled,
 	// torchtitan's recipe), as a runs file read by ReadRuns does.
 	measured := published.Run{Model: "llama3-8b", GPU: "h100-96gb", Spec: published.Defaults(), Precision: "bf16", TPS: 6667}

@@ -3,7 +3,6 @@ package published
 import (
 	"fmt"
 
-	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -15,7 +14,7 @@ func InputForRun(r Run) (sim.Input, error) {
 	if r.PowerLimited {
 		return sim.Input{}, fmt.Errorf("run %s: power_limited: its GPUs ran below their default power limit, which the source does not state; the time model prices %s at its default limit only", r.Label(), r.GPU)
 	}
-	cfg, err := hf.Load(r.Model)
+	cfg, err := r.LoadModel()
 	if err != nil {
 		return sim.Input{}, err
 	}

@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"sort"
+	"io/fs"
 	"strings"
 
 	"github.com/moescope/moescope/moe"
@@ -17,7 +15,7 @@ import (
 )
 
 // Run is one measured training run in the published-runs schema of
-// DESIGN.md, shared by testdata/published/ and `moescope calibrate --runs`:
+// DESIGN.md, shared by parallel/sim/validate/testdata/published/ and `moescope calibrate --runs`:
 // the run's description (job.Spec's JSON: the layout's, the batch's and the
 // recipe's keys side by side with "ac") plus the model's name, the hardware
 // and the measured fields. Required: model, gpu, gpus, dp_shard,
@@ -79,6 +77,9 @@ type Run struct {
 
 	// File is the file the run was read from (not serialized).
 	File string `json:"-"`
+	// models is the file system a relative model path is read from
+	// (LoadFS); nil: the disk.
+	models fs.FS
 }
 
 // Defaults is what a run's description holds before its keys are read:
@@ -266,39 +267,6 @@ func decodeRun(raw json.RawMessage) (Run, error) {
 		r.ReshardAfterForward = r.PP <= 1
 	}
 	return r, nil
-}
-
-// Load reads every *.json file directly in dir (sorted by name)
-// as an array of runs with sources. A model given as a relative path is
-// made relative to dir.
-func Load(dir string) ([]Run, error) {
-	paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
-	if err != nil {
-		return nil, err
-	}
-	sort.Strings(paths)
-	var all []Run
-	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
-			return nil, err
-		}
-		runs, err := ReadRuns(f, p, true)
-		f.Close()
-		if err != nil {
-			return nil, err
-		}
-		for i := range runs {
-			if strings.ContainsAny(runs[i].Model, `/\`) && !filepath.IsAbs(runs[i].Model) {
-				runs[i].Model = filepath.Join(dir, runs[i].Model)
-			}
-		}
-		all = append(all, runs...)
-	}
-	if err := CheckDuplicates(all); err != nil {
-		return nil, err
-	}
-	return all, nil
 }
 
 // CheckDuplicates reports every run recorded twice: two runs with the same

@@ -11,18 +11,17 @@ import (
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
 )
 
 // TestPublishedRuns predicts the peak reserved memory of every published
-// run that reports it (testdata/published/, one file per source, each row
+// run that reports it (parallel/sim/validate/testdata/published/, one file per source, each row
 // citing its source) and prints the error. A BF16 run without
 // torch.compile must be within 10%; compiled runs (whose fused loss and
 // kernels save memory this eager model does not know about) are printed
 // and flagged, not failed.
 func TestPublishedRuns(t *testing.T) {
-	runs, err := Load("../../../testdata/published")
+	runs, err := Load("../validate/testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +32,7 @@ func TestPublishedRuns(t *testing.T) {
 		if r.PeakReservedBytes == nil {
 			continue
 		}
-		cfg, err := hf.Load(r.Model)
+		cfg, err := r.LoadModel()
 		if err != nil {
 			t.Fatalf("%s: %v", r.File, err)
 		}
@@ -66,10 +65,10 @@ func TestPublishedRuns(t *testing.T) {
 }
 
 // TestPublishedNoDuplicates: no run is recorded twice across the files of
-// testdata/published/ (Load refuses them; this names them), and
+// parallel/sim/validate/testdata/published/ (Load refuses them; this names them), and
 // CheckDuplicates catches both kinds.
 func TestPublishedNoDuplicates(t *testing.T) {
-	runs, err := Load("../../../testdata/published")
+	runs, err := Load("../validate/testdata/published")
 	if err != nil {
 		t.Fatal(err)
 	}

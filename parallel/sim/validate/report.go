@@ -1,0 +1,42 @@
+package validate
+
+import (
+	"errors"
+
+	"github.com/moescope/moescope/parallel/sim/published"
+)
+
+// Report is a whole validation: the TPS and memory tables of a set of
+// runs and, for the published runs, the rows of the shared validation
+// table left out.
+type Report struct {
+	Runs   string       `json:"runs"`  // where the runs come from
+	Count  int          `json:"count"` // how many
+	TPS    TPSTable     `json:"tps"`
+	Memory MemoryTable  `json:"memory"`
+	Shared *SharedTable `json:"shared_table,omitempty"` // absent without a shared table
+}
+
+// Validate builds the report of runs, read from source; table is the
+// shared validation table (ReadTable's records), or nil for runs of one's
+// own. Any run it cannot predict or estimate is an error: a validation
+// that leaves runs out without saying so would misstate the errors.
+func Validate(source string, runs []published.Run, table [][]string) (Report, error) {
+	if len(runs) == 0 {
+		return Report{}, errors.New(source + ": no runs to validate")
+	}
+	tps, err := TPS(runs)
+	if err != nil {
+		return Report{}, err
+	}
+	mem, err := Memory(runs)
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{Runs: source, Count: len(runs), TPS: tps, Memory: mem}
+	if table != nil {
+		s := Shared(runs, table)
+		rep.Shared = &s
+	}
+	return rep, nil
+}

@@ -1,0 +1,65 @@
+package validate
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/parallel/sim/published"
+)
+
+// TestNeededFeature: hand-made rows of the shared table's columns.
+func TestNeededFeature(t *testing.T) {
+	for _, c := range []struct {
+		row  map[string]string
+		want string
+	}{
+		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
+		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, ""}, // mxfp8 is priced
+		{map[string]string{"tp": "2", "pp": "1", "precision": "NVFP4", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (NVFP4)"},
+		{map[string]string{"precision": "FP8 (fine-grained 1x128/128x128)", "model": "DeepSeek-V3"}, "FP8 / FP4 recipe (FP8)"},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},                                      // tp inside pipeline stages is built
+		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, ""}, // modules:layernorm,moe_act is built
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: layernorm, moe_act (perf recipe @HEAD)"}, ""},
+		{map[string]string{"tp": "4", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: layernorm, moe (from command in source)"}, ""}, // modules:layernorm,moe is built (R145)
+		{map[string]string{"tp": "1", "precision": "BF16", "model": "DeepSeek-V3", "recompute": "selective: mla_up_proj (perf recipe @HEAD)"}, "Megatron recompute modules (mla_up_proj)"},
+		{map[string]string{"tp": "2", "pp": "8", "precision": "FP8-CS", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, ""},
+		{map[string]string{"tp": "", "pp": "", "cp": "", "precision": "MXFP8", "model": "Qwen3-30B-A3B"}, ""},
+		{map[string]string{"tp": "1", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
+		{map[string]string{"tp": "1", "precision": "BF16", "model": "Qwen3-30B-A3B"}, ""},
+		{map[string]string{"tp": "1", "pp": "1", "cp": "1", "precision": "BF16", "model": "DeepSeek-V3"}, ""},
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Kimi-K2"}, ""}, // pipelines are built
+		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "GPT-OSS-120B"}, "model type (GPT-OSS-120B)"},
+		{map[string]string{"tp": "", "precision": "BF16 baseline", "model": "Kimi-K2"}, ""},
+	} {
+		if got := neededFeature(c.row); got != c.want {
+			t.Errorf("%v: %q, want %q", c.row, got, c.want)
+		}
+	}
+}
+
+// TestShared: a row of the shared table is skipped unless its run_id is
+// among the runs, with what it needs; a table without a column the
+// validation reads is refused by name.
+func TestShared(t *testing.T) {
+	csv := "run_id,framework,model,gpu,n_gpus,cp,precision,recompute\n" +
+		"R1,torchtitan,Qwen3-30B-A3B,B200,8,1,BF16,\n" +
+		"R2,Megatron,GPT-OSS-120B,H100,64,1,BF16,\n" +
+		"R3,Megatron,Qwen3-30B-A3B,H100,16,2,BF16,\n"
+	table, err := ReadTable(strings.NewReader(csv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Shared([]published.Run{{RunID: "R3"}}, table)
+	if s.Rows != 3 || len(s.Skipped) != 2 {
+		t.Fatalf("%d rows, %d skipped; want 3 and 2", s.Rows, len(s.Skipped))
+	}
+	if s.Skipped[0].RunID != "R1" || s.Skipped[0].Needs != notTranscribed || s.Skipped[1].Needs != "model type (GPT-OSS-120B)" {
+		t.Errorf("skipped %+v", s.Skipped)
+	}
+	for _, bad := range []string{"", "run_id,framework\nR1,x\n", "run_id,framework,model,gpu,n_gpus,cp,precision,recompute\nR1,x\n"} {
+		if _, err := ReadTable(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "shared validation table") {
+			t.Errorf("%q: %v; want an error naming the shared validation table", bad, err)
+		}
+	}
+}
