@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/flops"
 )
 
@@ -54,7 +55,7 @@ func TestFlopsJSONMLABuiltins(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", m.name, err)
 		}
-		var r flopsReport
+		var r report.Flops
 		if err := json.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatalf("%s: %v", m.name, err)
 		}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 )
 
 // runCmd runs the CLI and returns stdout and the error.
@@ -194,7 +196,7 @@ func TestFlopsAbsurdTPSRefused(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--tps 1e9 (the bound): %v", err)
 	}
-	var r flopsReport
+	var r report.Flops
 	if err := json.Unmarshal([]byte(out), &r); err != nil || r.HFU == nil || !(*r.HFU > 0) || math.IsInf(*r.HFU, 0) {
 		t.Errorf("--tps 1e9: %v %+v", err, r.HFU)
 	}

@@ -20,24 +20,3 @@ func loadModel(nameOrPath string) (*moe.Config, error) {
 	}
 	return cfg, nil
 }
-
-// fmtInt writes n with thousands separators: 30,532,122,624.
-func fmtInt(n int64) string {
-	s := fmt.Sprint(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, r := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(r)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
-
-// fmtBillions writes n as 30.53B.
-func fmtBillions(n int64) string { return fmt.Sprintf("%.2fB", float64(n)/1e9) }

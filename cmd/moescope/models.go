@@ -5,6 +5,7 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/moe/hf"
 )
@@ -50,7 +51,7 @@ func runModels(stdout, stderr io.Writer, args []string) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "name\tmodel_type\tlayers\tmoe layers\texperts\ttop-k\ttotal params\tactive params\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", r.Name, r.ModelType, r.Layers, r.MoELayers, r.Experts, r.TopK, fmtInt(r.ParamsTotal), fmtInt(r.ParamsActive))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", r.Name, r.ModelType, r.Layers, r.MoELayers, r.Experts, r.TopK, report.FmtInt(r.ParamsTotal), report.FmtInt(r.ParamsActive))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

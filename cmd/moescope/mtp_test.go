@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/moe/hf"
 )
@@ -23,7 +24,7 @@ func TestFlopsMTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r flopsReport
+	var r report.Flops
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatal(err)
 	}
