@@ -3,7 +3,9 @@
 // page `moescope plan --report FILE.html` writes, with the same pictures
 // inline; and the names, the step breakdown and the explanation of the
 // best plan those and the command's tables share, so that a plan reads the
-// same on the terminal and on the page.
+// same on the terminal and on the page. It also holds the reports of
+// `moescope simulate` (Simulation, WriteSimulation) and `moescope flops`
+// (Flops, WriteFlops): their JSON shapes and text.
 //
 // It is the command's, not a library: it knows the command's flags (its
 // errors name them) and only cmd/moescope imports it. It is a package of its
