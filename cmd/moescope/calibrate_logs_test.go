@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -42,7 +43,19 @@ func TestCalibrateLogEqualsRunsFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each names its run by where it came from: the runs file and the
+	// run's position, the log file.
+	if want := []string{runsPath + "[0]"}; !slices.Equal(a.ResidualRuns, want) {
+		t.Errorf("runs file: residual_runs %q, want %q", a.ResidualRuns, want)
+	}
+	if want := []string{titanData + "rank0_colour.log"}; !slices.Equal(b.ResidualRuns, want) {
+		t.Errorf("log: residual_runs %q, want %q", b.ResidualRuns, want)
+	}
+	if !strings.Contains(out.String(), titanData+"rank0_colour.log  ") {
+		t.Errorf("the residuals table does not name the log:\n%s", out.String())
+	}
 	a.Source, b.Source = "", ""
+	a.ResidualRuns, b.ResidualRuns = nil, nil
 	ja, _ := marshalJSON("t", a, "")
 	jb, _ := marshalJSON("t", b, "")
 	if !bytes.Equal(ja, jb) {

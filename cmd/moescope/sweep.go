@@ -13,6 +13,7 @@ import (
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/plan"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
 func init() {
@@ -112,7 +113,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 // files and commands.
 func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Device, cl *hw.Cluster, dir string, steps int) sweepManifest {
 	m := sweepManifest{Model: model, GPU: dev.Name, Cluster: cl.Name, TargetGPUs: a.gpus, Seq: a.seq, Scale: d.Scale,
-		Candidates: d.Candidates, Noise: plan.SweepNoise}
+		Candidates: d.Candidates, Noise: cost.RunTPSNoise}
 	var logs, tomls []string
 	for i, j := range d.Jobs {
 		l := j.Point.Layout

@@ -126,6 +126,13 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Both commands use the one run-to-run noise, 2%: the sweep plans at
+	// it (assumed_tps_noise) and calibrate, whose simulated, noise-free
+	// logs leave residuals far below it, reports it as the residual spread
+	// (never below the noise).
+	if m.Noise != 0.02 || cal.ResidualSD != m.Noise {
+		t.Errorf("sweep assumed_tps_noise %v, calibrate residual_sd %v: want both 0.02", m.Noise, cal.ResidualSD)
+	}
 	got := map[string]float64{cost.CalGEMM: cal.GEMMScale, cost.CalGrouped: cal.GroupedScale, cost.CalAttention: cal.AttentionScale,
 		cost.CalMemoryBound: cal.MemoryBoundScale, cost.CalNVLink: cal.NVLinkEfficiency, cost.CalNet: cal.NetEfficiency}
 	for n, v := range got {

@@ -20,7 +20,8 @@ import (
 //
 // to every TPS calibration parameter θ_j is a finite difference through
 // the simulator (θ_j multiplied by exp(sim.SensitivityStep), as calibrate
-// probes). Measured with relative noise σ, a set of runs informs the
+// probes). Measured with relative noise σ (cost.RunTPSNoise, the noise
+// model calibrate fits with), a set of runs informs the
 // log-parameters by F = Σ_runs s sᵀ / σ² (plus a unit prior that keeps F
 // invertible): jobs are picked greedily by the largest gain in log det F
 // (a D-optimal design), starting from the predicted optimum and the best
@@ -32,13 +33,6 @@ import (
 // SweepParams are the calibration parameters TPS depends on, in
 // calib.Calibrate's order.
 var SweepParams = []string{cost.CalGEMM, cost.CalGrouped, cost.CalAttention, cost.CalMemoryBound, cost.CalNVLink, cost.CalNet}
-
-const (
-	// SweepNoise is the relative TPS error assumed of a measured median
-	// in the design's information matrix: no run resolves finer than about
-	// 0.1%, the rounding of torchtitan's logged tps.
-	SweepNoise = 0.001
-)
 
 // SweepJob is one run of a sweep, with its prediction and why it is there.
 type SweepJob struct {
@@ -52,7 +46,7 @@ type SweepJob struct {
 type ParamStatus struct {
 	Name string
 	// Std is the posterior standard deviation of ln θ after the sweep
-	// (SweepNoise per run, unit prior): 1 means the runs say nothing.
+	// (cost.RunTPSNoise per run, unit prior): 1 means the runs say nothing.
 	Std float64
 	// Identified says calibrate will fit it from the sweep's runs
 	// (calib.IdentifiedParams).

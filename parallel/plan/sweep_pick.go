@@ -9,9 +9,11 @@ import (
 	"gonum.org/v1/gonum/mat"
 
 	"github.com/moescope/moescope/parallel/sim/calib"
+	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
-// information is F = I + Σ_jobs s sᵀ / σ² over SweepParams.
+// information is F = I + Σ_jobs s sᵀ / σ² over SweepParams, σ the
+// runs' noise model (cost.RunTPSNoise).
 func information(jobs []SweepJob) *mat.SymDense {
 	n := len(SweepParams)
 	f := mat.NewSymDense(n, nil)
@@ -20,7 +22,7 @@ func information(jobs []SweepJob) *mat.SymDense {
 	}
 	for _, j := range jobs {
 		v := sensVector(j)
-		f.SymRankOne(f, 1/(SweepNoise*SweepNoise), v)
+		f.SymRankOne(f, 1/(cost.RunTPSNoise*cost.RunTPSNoise), v)
 	}
 	return f
 }

@@ -20,14 +20,12 @@ import (
 // by Levenberg–Marquardt with finite-difference sensitivities: the
 // grounded defaults are the prior (x = 0), so a parameter the runs say
 // little about stays near its default instead of running to an absurd
-// value, and one the runs pin down moves as far as they say.
+// value, and one the runs pin down moves as far as they say. σRun is
+// cost.RunTPSNoise, the runs' noise model shared with the sweep that plans
+// them: it weighs the runs against the prior, sets what they identify
+// (IdentifiedParams), and is the residual spread used for intervals when
+// the runs leave no degrees of freedom.
 const (
-	// σRun is the run-to-run spread assumed for a measured TPS (3%: the
-	// step-to-step variation torchtitan's logged tps shows in steady state
-	// is of that order; stated, not measured here). It weighs the runs
-	// against the prior, and is the residual spread used for intervals
-	// when the runs leave no degrees of freedom.
-	sigmaRun = 0.03
 	// σPrior is the prior's spread of a log-multiplier: a default within a
 	// factor 2 of the truth at one standard deviation.
 	sigmaPrior = math.Ln2
@@ -138,7 +136,7 @@ func IdentifiedParams(cols [][]float64) []bool {
 		return taken
 	}
 	n := len(cols[0])
-	minNorm := math.Sqrt(identifyRatio) * sigmaRun / sigmaPrior
+	minNorm := math.Sqrt(identifyRatio) * cost.RunTPSNoise / sigmaPrior
 	rest := make([][]float64, len(cols))
 	for j, c := range cols {
 		rest[j] = append([]float64(nil), c...)
@@ -192,7 +190,7 @@ type fitResult struct {
 func objective(r, x []float64) float64 {
 	v := 0.0
 	for _, ri := range r {
-		v += (ri / sigmaRun) * (ri / sigmaRun)
+		v += (ri / cost.RunTPSNoise) * (ri / cost.RunTPSNoise)
 	}
 	for _, xi := range x {
 		v += (xi / sigmaPrior) * (xi / sigmaPrior)
@@ -310,11 +308,11 @@ func normalEquations(J *mat.Dense, r, x []float64) (*mat.SymDense, []float64) {
 	g := make([]float64, k)
 	for a := 0; a < k; a++ {
 		for i := 0; i < n; i++ {
-			g[a] += J.At(i, a) * r[i] / (sigmaRun * sigmaRun)
+			g[a] += J.At(i, a) * r[i] / (cost.RunTPSNoise * cost.RunTPSNoise)
 		}
 		g[a] += x[a] / (sigmaPrior * sigmaPrior)
 	}
-	return information(J, sigmaRun), g
+	return information(J, cost.RunTPSNoise), g
 }
 
 // uncertainty estimates the fit's residual spread (the RMS residual over
@@ -322,7 +320,7 @@ func normalEquations(J *mat.Dense, r, x []float64) (*mat.SymDense, []float64) {
 // and the covariance of x: (JᵀJ/s² + I/σPrior²)⁻¹.
 func (f calFit) uncertainty(J *mat.Dense, r, x []float64) (fitResult, error) {
 	n, k := len(r), len(x)
-	s := sigmaRun
+	s := cost.RunTPSNoise
 	if n > k {
 		s = math.Max(s, math.Sqrt(dot(r, r)/float64(n-k)))
 	}

@@ -51,6 +51,11 @@ type Calibration struct {
 	// reserved memory (null for runs that do not report it).
 	Residuals       []float64  `json:"residuals,omitempty"`
 	MemoryResiduals []*float64 `json:"memory_residuals,omitempty"`
+	// ResidualRuns names the run of each residual, in the same order, so
+	// a reader need not count (calibrate: a --runs run's run_id, else
+	// file[position]; a --torchtitan-log run's log file); absent when the
+	// caller named none.
+	ResidualRuns []string `json:"residual_runs,omitempty"`
 	// Covariance is the fit's covariance of the log-multipliers of
 	// CovarianceParams (the fitted TPS parameters, in that order), and
 	// ResidualSD the spread of ln TPS a prediction carries besides it:
@@ -89,9 +94,64 @@ const (
 	CalAllocator   = "allocator_overhead"
 )
 
+// RunTPSNoise is the relative standard deviation of one measured TPS
+// about what the same configuration measures when run again on the same
+// cluster and software release. It is the runs' one noise model: a sweep
+// plans with it (which runs pin which parameters, and how tightly) and
+// calibrate weighs the runs against its prior with it and decides by it
+// what the runs identify, so what a sweep promises is what calibrate fits.
+//
+// 2%: repeating one job on one cluster moves its throughput by the
+// machines' state, which the Llama 3 report measures as a 1–2% diurnal
+// swing from clocks (REFERENCES.md); 2%, the swing's upper end, also
+// covers a published run's rounded tokens/s (±1.5%, the shared validation
+// README) added to the swing's lower end (√(1.5² + 1²) ≈ 1.8%). The
+// ±10–20% the same README reports between "identical" configurations of
+// different releases is not run-to-run noise but different software:
+// runs that mix releases show it as a larger residual spread, which the
+// fit then uses for its intervals in place of this.
+const RunTPSNoise = 0.02
+
 // TPSParams are the parameters a fit of several runs' TPS may move, in
 // fit order (a single run fits CalCompute alone).
 var TPSParams = []string{CalGEMM, CalGrouped, CalAttention, CalMemoryBound, CalNVLink, CalNet}
+
+// Value is parameter name's value in c (0: unset, the model's default
+// applies); an unknown name is an error.
+func (c *Calibration) Value(name string) (float64, error) {
+	switch name {
+	case CalCompute:
+		return c.ComputeScale, nil
+	case CalGEMM:
+		return c.GEMMScale, nil
+	case CalGrouped:
+		return c.GroupedScale, nil
+	case CalAttention:
+		return c.AttentionScale, nil
+	case CalMemoryBound:
+		return c.MemoryBoundScale, nil
+	case CalNVLink:
+		return c.NVLinkEfficiency, nil
+	case CalNet:
+		return c.NetEfficiency, nil
+	case CalAllocator:
+		return c.AllocatorOverhead, nil
+	}
+	return 0, fmt.Errorf("calibration: unknown parameter %q (known: %s, %v, %s)", name, CalCompute, TPSParams, CalAllocator)
+}
+
+// LogSD is the fit's standard deviation of ln θ for parameter name, the
+// square root of its variance in Covariance: for a small spread, the
+// relative standard deviation of θ itself. ok is false when the covariance
+// does not cover name (a parameter kept at its default, or one fitted
+// without it, as the allocator overhead is).
+func (c *Calibration) LogSD(name string) (sd float64, ok bool) {
+	i := slices.Index(c.CovarianceParams, name)
+	if i < 0 || i >= len(c.Covariance) || i >= len(c.Covariance[i]) || !(c.Covariance[i][i] > 0) {
+		return 0, false
+	}
+	return math.Sqrt(c.Covariance[i][i]), true
+}
 
 // Validate checks every set field.
 func (c *Calibration) Validate() error {
@@ -117,6 +177,9 @@ func (c *Calibration) Validate() error {
 		errs = append(errs, fmt.Errorf("%s = %v: must be in [0, 1)", CalAllocator, c.AllocatorOverhead))
 	}
 	errs = append(errs, c.validateCovariance())
+	if n := len(c.ResidualRuns); n > 0 && n != len(c.Residuals) {
+		errs = append(errs, fmt.Errorf("residual_runs: %d names for %d residuals: one per residual, in the same order", n, len(c.Residuals)))
+	}
 	return errors.Join(errs...)
 }
 
