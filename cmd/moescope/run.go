@@ -5,7 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -39,12 +40,7 @@ func exitCode(err error) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: moescope COMMAND [flags]   (moescope COMMAND -h for its flags)")
 	fmt.Fprintln(w, "\ncommands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(commands)) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
 }
@@ -63,12 +59,7 @@ func run(stdout, stderr io.Writer, args []string) error {
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		names := make([]string, 0, len(commands))
-		for n := range commands {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		return fmt.Errorf("%w: unknown command %q (known: %s)", errUsage, args[0], strings.Join(names, ", "))
+		return fmt.Errorf("%w: unknown command %q (known: %s)", errUsage, args[0], strings.Join(slices.Sorted(maps.Keys(commands)), ", "))
 	}
 	return c.run(stdout, stderr, args[1:])
 }

@@ -18,7 +18,7 @@ func TestValidateEmbedded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"validation of " + embeddedRuns, "uncalibrated |TPS error|: median", "rows of the shared table skipped",
+	for _, want := range []string{"validation of " + validate.EmbeddedRuns, "uncalibrated |TPS error|: median", "rows of the shared table skipped",
 		"calibrated on each series' small-scale runs", "skipped R184 (", "needs CP (cp = 2)", "memory |error|: median", "predicted not to fit:"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q", want)
@@ -105,7 +105,7 @@ func TestValidateErrors(t *testing.T) {
 		want string
 		code int
 	}{
-		{[]string{"validate", "--runs", filepath.Join(dir, "none.json")}, "validate --runs: open", 1},
+		{[]string{"validate", "--runs", filepath.Join(dir, "none.json")}, "none.json: no such file", 1},
 		{[]string{"validate", "--runs", empty}, "no runs to validate", 1},
 		{[]string{"validate", "--runs", badGPU}, "run R9", 1},
 		{[]string{"validate", "extra"}, `unexpected argument "extra"`, 2},

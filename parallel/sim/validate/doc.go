@@ -5,8 +5,10 @@
 // memory table (Memory: the predicted peak beside the measured one, and
 // whether moescope says the layout fits), and the rows of the shared
 // validation table moescope cannot express, each with the feature it
-// needs (Shared). Validate joins them into a Report; WriteText prints it
-// as `moescope validate` does.
+// needs (Shared). Validate joins them into a Report (Embedded for the
+// embedded published runs, File for a runs file of one's own, Runs for
+// either, as `moescope validate --runs` chooses); WriteText prints it as
+// the command does.
 //
 // The published runs (testdata/published, with the config.json files
 // their models name by path) and the shared table's copy

@@ -6,6 +6,10 @@ import (
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 
+// EmbeddedRuns names the published runs embedded in the binary in a
+// report.
+const EmbeddedRuns = "the published runs embedded in moescope"
+
 // Report is a whole validation: the TPS and memory tables of a set of
 // runs and, for the published runs, the rows of the shared validation
 // table left out.
@@ -19,8 +23,9 @@ type Report struct {
 
 // Validate builds the report of runs, read from source; table is the
 // shared validation table (ReadTable's records), or nil for runs of one's
-// own. Any run it cannot predict or estimate is an error: a validation
-// that leaves runs out without saying so would misstate the errors.
+// own. Any run it cannot predict or estimate is an error naming the run
+// and its file: a validation that leaves runs out without saying so would
+// misstate the errors.
 func Validate(source string, runs []published.Run, table [][]string) (Report, error) {
 	if len(runs) == 0 {
 		return Report{}, errors.New(source + ": no runs to validate")
@@ -39,4 +44,38 @@ func Validate(source string, runs []published.Run, table [][]string) (Report, er
 		rep.Shared = &s
 	}
 	return rep, nil
+}
+
+// Runs validates the runs of file (File), or the published runs embedded
+// in the binary when file is "" (Embedded): a command's --runs.
+func Runs(file string) (Report, error) {
+	if file != "" {
+		return File(file)
+	}
+	return Embedded()
+}
+
+// Embedded validates the published runs embedded in the binary, with the
+// embedded shared table's rows they leave out.
+func Embedded() (Report, error) {
+	runs, err := Published()
+	if err != nil {
+		return Report{}, err
+	}
+	table, err := EmbeddedTable()
+	if err != nil {
+		return Report{}, err
+	}
+	return Validate(EmbeddedRuns, runs, table)
+}
+
+// File validates the runs of one file of one's own (published.ReadFile,
+// as `calibrate --runs` reads it: source optional), without a shared
+// table.
+func File(path string) (Report, error) {
+	runs, err := published.ReadFile(path, false)
+	if err != nil {
+		return Report{}, err
+	}
+	return Validate(path, runs, nil)
 }
