@@ -51,6 +51,9 @@ type MemoryRow struct {
 	// model (the run's unmodelled field); such rows count in the summary.
 	Unmodelled string `json:"unmodelled,omitempty"`
 	Fits       bool   `json:"fits"`
+	// Series is the run's series (seriesKey), which leave-one-series-out
+	// bands hold out together.
+	Series string `json:"-"`
 }
 
 // Memory estimates every run's peak and verdict and summarizes the
@@ -113,7 +116,7 @@ func memoryRow(r published.Run) (MemoryRow, error) {
 	fit := memory.Judge(rep.Peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, memory.DefaultMemoryTarget)
 	row := MemoryRow{Model: strings.TrimSuffix(filepath.Base(r.Model), ".json"), GPU: r.GPU, GPUs: r.GPUs, Layout: memoryLayout(r),
 		AC: r.AC.String(), Compile: r.Compile, LBS: r.LBS, Seq: r.Seq, Unmodelled: r.Unmodelled, Fits: fit.Fits,
-		Kind: "reserved", Predicted: gib(float64(rep.Peak.Reserved))}
+		Kind: "reserved", Predicted: gib(float64(rep.Peak.Reserved)), Series: seriesKey(r)}
 	meas, pred, measured := 0.0, 0.0, false
 	if m, ok := r.MeasuredReserved(dev); ok {
 		meas, pred, measured = m, float64(rep.Peak.Reserved), true

@@ -3,6 +3,7 @@ package validate
 import (
 	"errors"
 
+	"github.com/moescope/moescope/parallel/sim/band"
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 
@@ -19,6 +20,10 @@ type Report struct {
 	TPS    TPSTable     `json:"tps"`
 	Memory MemoryTable  `json:"memory"`
 	Shared *SharedTable `json:"shared_table,omitempty"` // absent without a shared table
+	// Bands are the uncalibrated 90% bands these runs give, with their
+	// leave-one-series-out coverage (for the published runs: what every
+	// uncalibrated prediction carries, package band).
+	Bands band.Stored `json:"bands"`
 }
 
 // Validate builds the report of runs, read from source; table is the
@@ -38,7 +43,7 @@ func Validate(source string, runs []published.Run, table [][]string) (Report, er
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Runs: source, Count: len(runs), TPS: tps, Memory: mem}
+	rep := Report{Runs: source, Count: len(runs), TPS: tps, Memory: mem, Bands: Bands(tps, mem)}
 	if table != nil {
 		s := Shared(runs, table)
 		rep.Shared = &s

@@ -19,6 +19,11 @@ func WriteText(w io.Writer, rep Report) error {
 	writeTPS(&b, rep.TPS, rep.Shared)
 	b.WriteString("\npeak memory per GPU, GiB: measured and predicted\n")
 	writeMemory(&b, rep.Memory)
+	bd := rep.Bands
+	fmt.Fprintf(&b, "\nuncalibrated 90%% bands of measured ÷ predicted: TPS [%.3f, %.3f] over %d %s runs of %d series, "+
+		"leave-one-series-out coverage %.1f%%; memory [%.3f, %.3f] over %d runs, coverage %.1f%%\n",
+		bd.TPS.Low, bd.TPS.High, bd.TPSRuns, bd.TPSGroup, bd.Series, 100*bd.TPSCoverage,
+		bd.Memory.Low, bd.Memory.High, bd.MemoryRuns, 100*bd.MemoryCoverage)
 	_, err := io.WriteString(w, b.String())
 	return err
 }

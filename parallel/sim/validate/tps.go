@@ -158,13 +158,19 @@ func summarizeRecipes(series []Series) ([]RecipeSummary, *Summary) {
 	return out, summarize(low)
 }
 
+// seriesKey names run r's series: its source file, model, GPU, precision
+// and framework version.
+func seriesKey(r published.Run) string {
+	return fmt.Sprintf("%s|%s|%s|%s|%s", r.File, r.Model, r.GPU, r.Precision, r.FrameworkVersion)
+}
+
 // groupSeries splits runs into series in the order each series first
 // appears, each series' runs in their order.
 func groupSeries(runs []published.Run) [][]published.Run {
 	index := map[string]int{}
 	var out [][]published.Run
 	for _, r := range runs {
-		k := fmt.Sprintf("%s|%s|%s|%s|%s", r.File, r.Model, r.GPU, r.Precision, r.FrameworkVersion)
+		k := seriesKey(r)
 		i, ok := index[k]
 		if !ok {
 			i = len(out)
