@@ -1,6 +1,10 @@
 package memory
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/moescope/moescope/internal/band"
+)
 
 // DefaultMemoryTarget is the memory target of every command (DESIGN.md,
 // "Units in JSON"): the largest peak reserved ÷ device capacity a plan may
@@ -20,6 +24,14 @@ type Fit struct {
 	HeadroomBytes int64 `json:"headroom_bytes"`
 	// WithinTarget: peak reserved ≤ target × capacity.
 	WithinTarget bool `json:"within_target"`
+	// MemoryFractionInterval is the 90% interval of peak reserved ÷
+	// capacity: the model's uncalibrated memory band over the published
+	// runs (band.Uncalibrated). Verdict (DESIGN's fit_verdict) judges the
+	// interval: VerdictFits when its high end fits with the memory outside
+	// PyTorch, VerdictDoesNotFit when its low end does not, VerdictMayNotFit
+	// when it straddles the capacity.
+	MemoryFractionInterval [2]float64 `json:"memory_fraction_interval"`
+	Verdict                string     `json:"fit_verdict"`
 
 	need, reserved, capacity int64
 	target                   float64
@@ -35,18 +47,40 @@ func WithinTarget(fraction, target float64) bool { return fraction <= target }
 // reports it), against target.
 func Judge(reserved, outside, capacity int64, target float64) Fit {
 	need := reserved + outside
-	return Fit{
+	f := Fit{
 		Fits:          need <= capacity,
 		HeadroomBytes: capacity - need,
 		WithinTarget:  capacity > 0 && WithinTarget(float64(reserved)/float64(capacity), target),
 		need:          need, reserved: reserved, capacity: capacity, target: target,
 	}
+	b := band.Uncalibrated().Memory
+	lo, hi := b.Low*float64(reserved), b.High*float64(reserved)
+	if capacity > 0 {
+		f.MemoryFractionInterval = [2]float64{lo / float64(capacity), hi / float64(capacity)}
+	}
+	switch c := float64(capacity); {
+	case hi+float64(outside) <= c:
+		f.Verdict = VerdictFits
+	case lo+float64(outside) > c:
+		f.Verdict = VerdictDoesNotFit
+	default:
+		f.Verdict = VerdictMayNotFit
+	}
+	return f
 }
+
+// Fit verdicts (DESIGN's fit_verdict).
+const (
+	VerdictFits       = "fits"
+	VerdictMayNotFit  = "may not fit"
+	VerdictDoesNotFit = "does not fit"
+)
 
 // Line is the first line of a command's text output: "does not fit: needs
 // X GiB of Y GiB" when the layout would run out of memory, "above the
 // memory target: X GiB > t × Y GiB" when it fits but exceeds the target,
-// and "" otherwise.
+// "may not fit: …" when it fits within the target but its interval
+// straddles the capacity, and "" otherwise.
 func (f Fit) Line() string {
 	gib := func(n int64) float64 { return float64(n) / (1 << 30) }
 	switch {
@@ -54,6 +88,9 @@ func (f Fit) Line() string {
 		return fmt.Sprintf("does not fit: needs %.2f GiB of %.2f GiB", gib(f.need), gib(f.capacity))
 	case !f.WithinTarget:
 		return fmt.Sprintf("above the memory target: %.2f GiB > %g × %.2f GiB", gib(f.reserved), f.target, gib(f.capacity))
+	case f.Verdict == VerdictMayNotFit:
+		return fmt.Sprintf("may not fit: needs %.2f GiB of %.2f GiB, and the memory model's 90%% interval of peak reserved (%.1f%%–%.1f%% of the device) reaches past it",
+			gib(f.need), gib(f.capacity), 100*f.MemoryFractionInterval[0], 100*f.MemoryFractionInterval[1])
 	}
 	return ""
 }

@@ -185,7 +185,8 @@ func printMemory(w io.Writer, r memoryReport) {
 	fmt.Fprintf(tw, "peak reserved\t%.2f\t%d\t\n", gib(r.PeakReservedBytes), r.PeakReservedBytes)
 	fmt.Fprintf(tw, "device\t%.2f\t%d\t\n", gib(r.DeviceBytes), r.DeviceBytes)
 	tw.Flush()
-	fmt.Fprintf(w, "memory fraction %.1f%% (peak reserved / device)\n", 100*r.MemoryFraction)
+	fmt.Fprintf(w, "memory fraction %.1f%% (peak reserved / device; 90%% interval %.1f%%–%.1f%%, uncalibrated: the published runs' errors): %s\n",
+		100*r.MemoryFraction, 100*r.MemoryFractionInterval[0], 100*r.MemoryFractionInterval[1], r.Verdict)
 	fmt.Fprintf(w, "state per rank: parameters %.2f GiB, gradients %.2f GiB, optimizer %.2f GiB\n",
 		gib(r.State.Params), gib(r.State.Grads), gib(r.State.Optimizer))
 	fmt.Fprintf(w, "peak at: %s\n", r.PeakEvent)

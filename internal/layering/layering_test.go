@@ -52,7 +52,7 @@ var layers = [][]string{
 	{"moe"},
 	{"moe/attn"},
 	{"moe/kernel", "moe/safetensors"},
-	{"internal/fileio", "internal/golden", "internal/jsonout", "internal/layering", "internal/sizes"},
+	{"internal/band", "internal/fileio", "internal/golden", "internal/jsonout", "internal/layering", "internal/sizes"},
 }
 
 // testSupport are imported by tests only, from any layer: the shared random

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/flops"
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
@@ -122,6 +123,8 @@ func simulatePipeline(in Input) (Result, error) {
 	tokens := float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(l.Stages()*l.TPDegree())
 	res.TPS = tokens / res.StepTimeS
 	res.setMFU(dev, in.Precision, convs, hwFLOP)
+	res.Calibrated = in.Calibration != nil
+	res.setIntervals(band.Uncalibrated().TPS.Of(res.TPS), IntervalBand)
 	// The pipeline's peak is the worst pipeline rank's, already replayed:
 	// a calibration re-prices its reserved bytes with its overhead.
 	peak := mem.Peak

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/moescope/moescope/flops"
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
@@ -61,10 +62,18 @@ type Result struct {
 	StepTimeS float64 `json:"step_time_s"`
 	// TPS is a rank's own tokens per second (torchtitan's definition).
 	TPS float64 `json:"tps"`
-	// TPSInterval is TPS's 90% interval [low, high] under a calibration
-	// that carries the fit's covariance (absent otherwise, and when
-	// Input.SkipInterval).
-	TPSInterval *[2]float64 `json:"tps_interval,omitempty"`
+	// Calibrated says a calibration priced the run. TPSInterval,
+	// MFUInterval and StepTimeInterval are 90% intervals [low, high]
+	// (DESIGN's Uncertainty contract): from the calibration's posterior
+	// when it carries the fit's covariance (unless Input.SkipInterval),
+	// else the model's uncalibrated band over the published runs
+	// (internal/band), which is wider.
+	Calibrated       bool        `json:"calibrated"`
+	TPSInterval      *[2]float64 `json:"tps_interval,omitempty"`
+	MFUInterval      *[2]float64 `json:"mfu_interval,omitempty"`
+	StepTimeInterval *[2]float64 `json:"step_time_interval,omitempty"`
+	// IntervalFrom says which: IntervalCalibration or IntervalBand.
+	IntervalFrom string `json:"interval_from,omitempty"`
 	// MFU uses the torchtitan FLOP convention; MFUByConvention holds every
 	// convention flops knows; HFU the hardware count (recompute included).
 	MFU             float64            `json:"mfu"`
@@ -127,6 +136,20 @@ func (r *Result) setMFU(dev hw.Device, p job.Precision, convs map[string]float64
 	}
 }
 
+// Where a result's intervals come from (Result.IntervalFrom).
+const (
+	IntervalCalibration = "calibration's fit"
+	IntervalBand        = "uncalibrated: the published runs' errors"
+)
+
+// setIntervals sets the TPS interval tps and the MFU and step-time
+// intervals it implies (MFU ∝ TPS, step time ∝ 1/TPS), from source.
+func (r *Result) setIntervals(tps [2]float64, source string) {
+	m := [2]float64{r.MFU * tps[0] / r.TPS, r.MFU * tps[1] / r.TPS}
+	st := [2]float64{r.StepTimeS * r.TPS / tps[1], r.StepTimeS * r.TPS / tps[0]}
+	r.TPSInterval, r.MFUInterval, r.StepTimeInterval, r.IntervalFrom = &tps, &m, &st, source
+}
+
 // OpTiming is one schedule op as the simulator ran it.
 type OpTiming struct {
 	StartS, EndS float64
@@ -173,7 +196,10 @@ func Simulate(in Input) (Result, error) {
 	if err != nil || in.SkipInterval {
 		return res, err
 	}
-	res.TPSInterval, err = p.tpsInterval(in.Calibration, res)
+	iv, err := p.tpsInterval(in.Calibration, res)
+	if iv != nil {
+		res.setIntervals(*iv, IntervalCalibration)
+	}
 	return res, err
 }
 
@@ -399,6 +425,8 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	}
 	res.TPS = p.tokens / res.StepTimeS
 	res.setMFU(p.dev, in.Precision, p.convs, p.hwFLOP)
+	res.Calibrated = cal != nil
+	res.setIntervals(band.Uncalibrated().TPS.Of(res.TPS), IntervalBand)
 	// Memory: replay the memory timeline (the one source of peak memory)
 	// through the allocator model, calibrated when asked.
 	alloc := memory.DefaultAllocator

@@ -5,7 +5,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/moescope/moescope/parallel/sim/band"
+	"github.com/moescope/moescope/internal/band"
 )
 
 // The uncalibrated bands (package band): the 5% and 95% quantiles of

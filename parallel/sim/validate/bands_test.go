@@ -7,10 +7,10 @@ import (
 	"os"
 	"testing"
 
-	"github.com/moescope/moescope/parallel/sim/band"
+	"github.com/moescope/moescope/internal/band"
 )
 
-var update = flag.Bool("update", false, "rewrite parallel/sim/band/bands.json from the published runs")
+var update = flag.Bool("update", false, "rewrite internal/band/bands.json from the published runs")
 
 // TestBandsStored: the bands every uncalibrated prediction carries
 // (band.Uncalibrated) are those of the published runs' tables, computed by
@@ -40,7 +40,7 @@ func TestBandsStored(t *testing.T) {
 	}
 	if *update {
 		b, _ := json.MarshalIndent(got, "", "  ")
-		if err := os.WriteFile("../band/bands.json", append(b, '\n'), 0o644); err != nil {
+		if err := os.WriteFile("../../../internal/band/bands.json", append(b, '\n'), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return

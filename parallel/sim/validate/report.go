@@ -3,7 +3,7 @@ package validate
 import (
 	"errors"
 
-	"github.com/moescope/moescope/parallel/sim/band"
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 

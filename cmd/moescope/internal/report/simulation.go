@@ -83,8 +83,12 @@ func WriteSimulation(w io.Writer, r Simulation) error {
 		// The interval is asymmetric in TPS (symmetric in ln TPS); ± is
 		// its larger half-width.
 		pm := 100 * math.Max(iv[1]/r.TPS-1, 1-iv[0]/r.TPS)
-		fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f ± %.1f%%\t\n", r.TPS, pm)
-		fmt.Fprintf(tw, "TPS 90%% interval (calibration's fit)\t%.0f–%.0f\t\n", iv[0], iv[1])
+		un := ""
+		if r.IntervalFrom != sim.IntervalCalibration {
+			un = " uncalibrated"
+		}
+		fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f ± %.1f%%%s\t\n", r.TPS, pm, un)
+		fmt.Fprintf(tw, "TPS 90%% interval (%s)\t%.0f–%.0f\t\n", r.IntervalFrom, iv[0], iv[1])
 	} else {
 		fmt.Fprintf(tw, "TPS (tokens/s per GPU)\t%.0f\t\n", r.TPS)
 	}
@@ -104,7 +108,8 @@ func WriteSimulation(w io.Writer, r Simulation) error {
 	}
 	fmt.Fprintf(tw, "HFU (hardware, recompute included)\t%.1f%%\t\n", 100*r.HFU)
 	fmt.Fprintf(tw, "peak reserved\t%.2f GiB\t\n", float64(r.PeakReservedBytes)/hw.GiB)
-	fmt.Fprintf(tw, "memory fraction\t%.1f%%\t\n", 100*r.MemoryFraction)
+	fmt.Fprintf(tw, "memory fraction\t%.1f%% (90%%: %.1f%%–%.1f%%), %s\t\n", 100*r.MemoryFraction,
+		100*r.MemoryFractionInterval[0], 100*r.MemoryFractionInterval[1], r.Verdict)
 	if err := tw.Flush(); err != nil {
 		return err
 	}

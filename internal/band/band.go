@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"sync"
 )
 
 // Band is a 90% band of measured ÷ predicted: the measured value of 90%
@@ -52,13 +53,15 @@ type Stored struct {
 var stored []byte
 
 // Uncalibrated returns the stored bands.
-func Uncalibrated() Stored {
+func Uncalibrated() Stored { return uncalibrated() }
+
+var uncalibrated = sync.OnceValue(func() Stored {
 	var s Stored
 	if err := json.Unmarshal(stored, &s); err != nil {
 		panic(fmt.Sprintf("band: bands.json: %v", err)) // embedded at build time: a test reads it
 	}
 	return s
-}
+})
 
 // Quantile is the q-quantile of sorted values by linear interpolation
 // between order statistics (Hyndman–Fan type 7, R's and NumPy's default).
