@@ -32,6 +32,7 @@ type planJSON struct {
 	GlobalBatch         int            `json:"global_batch"`
 	TPS                 float64        `json:"tps"`
 	TPSInterval         *[2]float64    `json:"tps_interval,omitempty"`
+	Indistinguishable   bool           `json:"indistinguishable_from_best,omitempty"` // its interval reaches the best's
 	MFU                 float64        `json:"mfu"`
 	MemoryFraction      float64        `json:"memory_fraction"`
 	StepTimeS           float64        `json:"step_time_s"`
@@ -72,7 +73,8 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 		ReshardAfterForward: l.ReshardAfterForward, KeepGathered: l.KeepGathered, AllreduceLastOnly: l.AllreduceLastOnly,
 		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(),
 		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
-		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval, GradSyncLastOnly: l.GradSyncLastOnly}
+		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval, GradSyncLastOnly: l.GradSyncLastOnly,
+		Indistinguishable: r.Score.Indistinguishable}
 	if l.TPDegree() > 1 {
 		j.TP, j.ETP = l.TPDegree(), max(l.ETP, 1)
 	}

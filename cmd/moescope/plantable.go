@@ -50,11 +50,19 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 			break
 		}
 		l := r.Point.Layout
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t%.1f%%\t%.3f\t%s\t\n", i+1, l.DPShard, l.DPReplicate, l.EP,
+		rank := fmt.Sprint(i + 1)
+		if r.Score.Indistinguishable {
+			rank += "≈"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%.1f%%\t%.1f%%\t%.3f\t%s\t\n", rank, l.DPShard, l.DPReplicate, l.EP,
 			l.Sharding, report.LayoutOptions(l), r.Point.AC, r.Point.LBS, r.Point.GradAccum, tpsText(r.Score), 100*r.Score.MFU,
 			100*r.Score.MemoryFraction, r.Score.StepTimeS, r.Score.Bottleneck)
 	}
 	tw.Flush()
+	if iv := rep.Best.Score.TPSInterval; iv != nil {
+		fmt.Fprintf(w, "TPS ± its 90%% interval (%s); ≈: the interval reaches the best's (%.0f–%.0f), the model cannot tell the plan from the best\n",
+			intervalSource(rep), iv[0], iv[1])
+	}
 	fmt.Fprintln(w)
 	for _, line := range report.Explain(rep, dev) {
 		fmt.Fprintln(w, line)
@@ -90,8 +98,16 @@ func planPipelineVerdict(rep *plan.Report) string {
 		report.PointName(pipe.Point), 100*(1-pipe.Score.TPS/flat.Score.TPS))
 }
 
+// intervalSource says where the plans' intervals come from.
+func intervalSource(rep *plan.Report) string {
+	if rep.Calibrated {
+		return "the calibration's fit, or its uncalibrated band where it carries none"
+	}
+	return "uncalibrated: the published runs' errors"
+}
+
 // tpsText is a plan's TPS for the table, with "± x%" (the interval's larger
-// half-width) under a calibration.
+// half-width) when it has one.
 func tpsText(s plan.Score) string {
 	if iv := s.TPSInterval; iv != nil {
 		return fmt.Sprintf("%.0f ±%.0f%%", s.TPS, 100*math.Max(iv[1]/s.TPS-1, 1-iv[0]/s.TPS))

@@ -55,9 +55,12 @@ type Score struct {
 	// rank, in the simulator's shape, so `plan --json` and `simulate
 	// --json` print one object; stand-in evaluators fill what they model.
 	Breakdown sim.Breakdown
-	// TPSInterval is TPS's 90% interval under a calibration, filled for
-	// the reported plans only (SimEvaluator.Interval); nil otherwise.
-	TPSInterval *[2]float64
+	// TPSInterval is TPS's 90% interval, filled for the reported plans
+	// only (SimEvaluator.Intervals); nil otherwise. Indistinguishable
+	// marks a plan other than the best whose interval reaches the best's:
+	// the model cannot tell them apart.
+	TPSInterval       *[2]float64
+	Indistinguishable bool
 }
 
 // Evaluator predicts points for the planner. Implementations must be
@@ -200,6 +203,9 @@ type Report struct {
 	// (highest TPS; ties broken by lower memory fraction).
 	Plans []Result
 	Best  Result
+	// Calibrated says a calibration priced the plans (their intervals are
+	// its fit's where it carries one).
+	Calibrated bool
 	// Simulated counts evaluations over all stages (sweeps included).
 	Simulated int
 	// Sweeps are, at stage 1, every local batch up to the memory limit of

@@ -5,6 +5,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
@@ -181,35 +182,40 @@ func (e *SimEvaluator) Evaluate(p Point) (Score, error) {
 	return s, nil
 }
 
-// Interval is the 90% interval of p's TPS under the evaluator's
-// calibration (nil without one, or when it carries no fit covariance). The
-// search skips it; a caller asks for the plans it reports.
-func (e *SimEvaluator) Interval(p Point) (*[2]float64, error) {
-	if e.Calibration == nil {
-		return nil, nil
+// Interval is the 90% interval of the TPS of p, scored s: the
+// calibration's posterior (sim.Simulate) when it carries one, else the
+// model's uncalibrated band around s.TPS (internal/band).
+func (e *SimEvaluator) Interval(p Point, s Score) (*[2]float64, error) {
+	if e.Calibration != nil {
+		r, err := sim.Simulate(e.input(p))
+		if err != nil {
+			return nil, err
+		}
+		if r.IntervalFrom == sim.IntervalCalibration {
+			return r.TPSInterval, nil
+		}
 	}
-	r, err := sim.Simulate(e.input(p))
-	if err != nil {
-		return nil, err
-	}
-	return r.TPSInterval, nil
+	iv := band.Uncalibrated().TPS.Of(s.TPS)
+	return &iv, nil
 }
 
-// Intervals fills the calibrated TPS interval (Interval) of rep's best
-// plan and of its first top plans, the ones a caller reports (nothing
-// without a calibration).
+// Intervals fills the TPS interval (Interval) of rep's best plan and of
+// its first top plans, the ones a caller reports, and marks those whose
+// interval reaches the best's (Score.Indistinguishable). The search
+// ranks by the central value and skips intervals.
 func (e *SimEvaluator) Intervals(rep *Report, top int) error {
-	if e.Calibration == nil {
-		return nil
-	}
+	rep.Calibrated = e.Calibration != nil
 	var err error
-	if rep.Best.Score.TPSInterval, err = e.Interval(rep.Best.Point); err != nil {
+	if rep.Best.Score.TPSInterval, err = e.Interval(rep.Best.Point, rep.Best.Score); err != nil {
 		return err
 	}
+	low := rep.Best.Score.TPSInterval[0]
 	for i := range rep.Plans[:min(top, len(rep.Plans))] {
-		if rep.Plans[i].Score.TPSInterval, err = e.Interval(rep.Plans[i].Point); err != nil {
+		r := &rep.Plans[i]
+		if r.Score.TPSInterval, err = e.Interval(r.Point, r.Score); err != nil {
 			return err
 		}
+		r.Score.Indistinguishable = r.Point != rep.Best.Point && r.Score.TPSInterval[1] >= low
 	}
 	return nil
 }

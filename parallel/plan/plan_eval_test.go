@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
@@ -162,9 +163,11 @@ func eagerRun(cfg *moe.Config, seq int) job.Spec {
 	return s
 }
 
-// TestIntervals: under a calibration fitted to published runs the best
-// plan and the first top plans get a TPS interval around their TPS and the
-// others none; without a calibration nothing is filled.
+// TestIntervals: the best plan and the first top plans get a TPS interval
+// around their TPS and the others none: under a calibration fitted to
+// published runs its fit's, without one the stored uncalibrated band
+// (internal/band's bands.json) around the TPS; plans with the best's
+// interval are marked indistinguishable from it, the best is not.
 func TestIntervals(t *testing.T) {
 	cfg, dev := qwenOnB200(t)
 	f, err := os.Open(filepath.Join("..", "sim", "validate", "testdata", "published", "aleph-alpha-seed-qwen3-30b-a3b-b200.json"))
@@ -194,13 +197,35 @@ func TestIntervals(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, got := range []*[2]float64{rep.Best.Score.TPSInterval, rep.Plans[0].Score.TPSInterval, rep.Plans[1].Score.TPSInterval} {
-			if c == nil && got != nil || c != nil && (got == nil || !(got[0] < s.TPS && s.TPS < got[1])) {
+			if got == nil || !(got[0] < s.TPS && s.TPS < got[1]) {
 				t.Errorf("calibrated %v: interval %d = %v around TPS %.0f", c != nil, i, got, s.TPS)
 			}
+		}
+		if b := band.Uncalibrated().TPS; c == nil && *rep.Best.Score.TPSInterval != b.Of(s.TPS) {
+			t.Errorf("uncalibrated interval %v, want the band %v × %.0f", *rep.Best.Score.TPSInterval, b, s.TPS)
+		}
+		if rep.Plans[0].Score.Indistinguishable {
+			t.Errorf("calibrated %v: the best marked indistinguishable from itself", c != nil)
 		}
 		if rep.Plans[2].Score.TPSInterval != nil {
 			t.Errorf("calibrated %v: the plan after the top has interval %v", c != nil, rep.Plans[2].Score.TPSInterval)
 		}
+	}
+}
+
+// TestIndistinguishable: uncalibrated, the band (stored low 0.715, high
+// 1.390 of the TPS) around a best of 100 TPS reaches down to 71.5; a plan
+// of 95 TPS reaches up to 132 and is marked, one of 50 reaches 69.5 and is
+// not (by hand).
+func TestIndistinguishable(t *testing.T) {
+	pt := func(lbs int) Point { return Point{LBS: lbs} }
+	best := Result{Point: pt(1), Score: Score{TPS: 100}}
+	rep := &Report{Best: best, Plans: []Result{best, {Point: pt(2), Score: Score{TPS: 95}}, {Point: pt(3), Score: Score{TPS: 50}}}}
+	if err := (&SimEvaluator{}).Intervals(rep, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := []bool{rep.Plans[0].Score.Indistinguishable, rep.Plans[1].Score.Indistinguishable, rep.Plans[2].Score.Indistinguishable}; got[0] || !got[1] || got[2] {
+		t.Errorf("marks %v, want [false true false]", got)
 	}
 }
 
