@@ -47,6 +47,15 @@ func CalibrationNote(cal *cost.Calibration, p job.Precision) string {
 
 // WriteSimulation prints r as simulate's text output.
 func WriteSimulation(w io.Writer, r Simulation) error {
+	writeSimHeader(w, r)
+	if err := writeSimFigures(w, r); err != nil {
+		return err
+	}
+	return writeSimBreakdown(w, r)
+}
+
+// writeSimHeader prints the verdict line, the run and its recipe.
+func writeSimHeader(w io.Writer, r Simulation) {
 	if line := r.Fit.Line(); line != "" {
 		fmt.Fprintln(w, line)
 	}
@@ -77,6 +86,10 @@ func WriteSimulation(w io.Writer, r Simulation) error {
 			fmt.Fprintf(w, "  %s\n", r.CalibrationNote)
 		}
 	}
+}
+
+// writeSimFigures prints step time, TPS, MFU and memory with their intervals.
+func writeSimFigures(w io.Writer, r Simulation) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "step time\t%.4f s\t\n", r.StepTimeS)
 	if iv := r.TPSInterval; iv != nil {
@@ -113,8 +126,13 @@ func WriteSimulation(w io.Writer, r Simulation) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	return nil
+}
+
+// writeSimBreakdown prints the critical path, the op classes and the pipeline.
+func writeSimBreakdown(w io.Writer, r Simulation) error {
 	fmt.Fprintln(w, "\nstep breakdown (critical path of the slowest rank):")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	b := r.Breakdown
 	row := func(name string, s float64) {
 		fmt.Fprintf(tw, "  %s\t%.4f s\t%.1f%%\t\n", name, s, 100*s/r.StepTimeS)
