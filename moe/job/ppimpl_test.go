@@ -63,6 +63,10 @@ func TestLayoutPPImpl(t *testing.T) {
 	if b, _ := json.Marshal(torch); strings.Contains(string(b), "pp_impl") {
 		t.Errorf("torch layout marshals pp_impl: %s", b)
 	}
+	// A stage's own layout has no pipeline, hence no pipeline option.
+	if s := good.StageLayout(); s.PPImpl != "" || s.Validate() != nil {
+		t.Errorf("stage layout %+v: %v", s, s.Validate())
+	}
 }
 
 // TestMegatronWarmup: Megatron-Core's warm-up forwards, by hand from
