@@ -59,6 +59,15 @@ import (
 //     the input pass there).
 //   - Optimizer over the rank's units.
 //
+// That is PyTorch's pipelining (layout pp_impl torch, the default). Under
+// pp_impl megatron (job.PPMegatron) the stage holds Megatron-Core's p2p
+// tensors instead (pipeline_megatron.go): no receive buffers in Setup; a
+// received input allocated when Megatron posts its receive and held,
+// as the first block's saved input, until its micro-batch's backward ends;
+// a received gradient from its receive to the end of its backward; and a
+// forward's output freed once sent (deallocate_pipeline_outputs), not
+// kept until the backward.
+//
 // Compute weights: torchtitan does not reshard after forward under PP by
 // default (apply_fsdp's "default" policy, reshard_after_forward = not
 // pp_enabled, torchtitan 02ef790c torchtitan/models/llama3/infra/
@@ -232,7 +241,7 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 		}
 		sb.keep = sb.gathered // weights stay gathered the whole step (see above)
 		clear(sb.resharded)
-		builders[s] = &stageBuilder{stepBuilder: sb, first: s == 0, lastStage: s == n-1, m: m}
+		builders[s] = &stageBuilder{stepBuilder: sb, first: s == 0, lastStage: s == n-1, m: m, megatron: l.PPImpl == job.PPMegatron}
 		builders[s].aliasInput()
 	}
 	rank, saved, err := newStepBuilder(cfg, l, mb, o, sh, units)
@@ -242,27 +251,37 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 	rank.keep = rank.gathered
 	rank.events = buf
 	rank.setup()
-	for _, s := range stages {
-		sb := builders[s]
-		rank.phase = Setup
-		layer := sb.units[0].Layer
-		for i := range m {
-			rank.micro = i // one buffer per micro-batch
-			if !sb.first {
-				rank.allocOn(ComputeStream, layer, "p2p_recv_activation", rank.dx)
-			}
-			if !sb.lastStage {
-				rank.allocOn(ComputeStream, sb.units[len(sb.units)-1].Layer, "p2p_recv_grad", rank.dx)
-			}
-		}
+	megatron := l.PPImpl == job.PPMegatron
+	if !megatron {
+		rank.torchRecvBuffers(builders, stages, m)
+	}
+	var before, after [][]p2pEvent // Megatron's p2p events around each action
+	if megatron {
+		warm := job.MegatronWarmup(l.PPSchedule, r, l.Stages(), l.VirtualStages(), m)
+		before, after = megatronP2P(l.PPSchedule, order, n, warm)
 	}
 	// Every action appends to the rank's one slice, sized once for the
 	// rank's units over all its micro-batches (appending each action's
 	// events from a builder's own slice copied the timeline twice over and
 	// was a third of a pipeline estimate).
-	events := slices.Grow(rank.events, rank.eventsBound(accum*m))
+	events := slices.Grow(rank.events, rank.eventsBound(accum*m)+4*len(order)*accum)
+	p2p := func(es []p2pEvent, ph Phase, micro int) {
+		for _, e := range es {
+			tb := builders[e.a.Stage]
+			tb.events = events
+			tb.p2p(e, ph, micro)
+			events = tb.events
+		}
+	}
 	for micro := range accum {
-		for _, a := range order {
+		for k, a := range order {
+			ph := Backward
+			if a.Kind == job.PipeF {
+				ph = Forward
+			}
+			if megatron {
+				p2p(before[k], ph, micro)
+			}
 			sb := builders[a.Stage]
 			sb.events = events
 			sb.micro = micro*m + a.Micro
@@ -278,6 +297,9 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 				sb.weightStage(a.Micro, micro)
 			}
 			events = sb.events
+			if megatron {
+				p2p(after[k], ph, micro)
+			}
 		}
 	}
 	rank.events = events
@@ -285,11 +307,35 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 	return Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: rank.events}, nil
 }
 
+// torchRecvBuffers emits, in Setup, the receive buffers PyTorch's
+// PipelineStage allocates once per micro-batch for each of the rank's
+// stages (see above).
+func (rank *stepBuilder) torchRecvBuffers(builders map[int]*stageBuilder, stages []int, m int) {
+	for _, s := range stages {
+		sb := builders[s]
+		rank.phase = Setup
+		layer := sb.units[0].Layer
+		for i := range m {
+			rank.micro = i // one buffer per micro-batch
+			if !sb.first {
+				rank.allocOn(ComputeStream, layer, labelRecvInput, rank.dx)
+			}
+			if !sb.lastStage {
+				rank.allocOn(ComputeStream, sb.units[len(sb.units)-1].Layer, labelRecvGrad, rank.dx)
+			}
+		}
+	}
+}
+
 // stageBuilder emits one pipeline stage's forward and backward actions.
 type stageBuilder struct {
 	*stepBuilder
 	first, lastStage bool // the stage holds the embedding; the head
 	m                int  // micro-batches per micro-step
+	// megatron: the stage follows Megatron-Core's p2p
+	// (pipeline_megatron.go): its receives are allocated and freed around
+	// each micro-batch and its output is freed once sent.
+	megatron bool
 }
 
 // aliasInput drops the saved input of a non-first stage's first unit: it
@@ -311,7 +357,7 @@ func (s *stageBuilder) aliasInput() {
 func (s *stageBuilder) forwardStage() {
 	s.forward()
 	if !s.lastStage {
-		s.alloc(s.units[s.last].Layer, "p2p_stage_output", s.dx, CatActivations)
+		s.alloc(s.units[s.last].Layer, labelOutput, s.dx, CatActivations)
 	}
 }
 
@@ -319,14 +365,17 @@ func (s *stageBuilder) forwardStage() {
 // micro-step micro.
 func (s *stageBuilder) backwardStage(mb, micro int) {
 	s.phase = Backward
-	if !s.lastStage {
-		s.free(s.units[s.last].Layer, "p2p_stage_output", s.dx, CatActivations)
+	if !s.lastStage && !s.megatron { // Megatron's output was freed once sent
+		s.free(s.units[s.last].Layer, labelOutput, s.dx, CatActivations)
 	}
 	for i := s.last; i >= 0; i-- {
 		s.backwardUnitPP(i, mb, micro)
 	}
 	if first := s.units[0]; first.Layer != moe.LayerEmbed {
 		s.free(first.Layer, "grad_hidden", s.dx, CatWorkspace) // sent to the previous stage
+	}
+	if s.megatron {
+		s.freeRecvMegatron()
 	}
 	if mb == s.m-1 {
 		s.free(s.units[0].Layer, "reduce_scatter", s.reduceScatterInput(s.units[0]), CatComm)
@@ -340,7 +389,7 @@ func (s *stageBuilder) backwardStage(mb, micro int) {
 func (s *stageBuilder) inputStage() {
 	s.phase = Backward
 	if !s.lastStage {
-		s.free(s.units[s.last].Layer, "p2p_stage_output", s.dx, CatActivations)
+		s.free(s.units[s.last].Layer, labelOutput, s.dx, CatActivations)
 	}
 	for i := s.last; i >= 0; i-- {
 		u := s.units[i]

@@ -16,7 +16,7 @@ type layoutFlags struct {
 	fs                                          *flag.FlagSet // to tell a flag given as 0 from one left out
 	gpus, dpShard, dpReplicate, ep, gpusPerNode int
 	tp, etp                                     int
-	sharding, fsdpImpl                          string
+	sharding, fsdpImpl, ppImpl                  string
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly, asyncTP                  bool
 	pp, ppMicrobatchSize, ppVirtualStages       int
@@ -49,6 +49,7 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.IntVar(&f.ppMicrobatchSize, "pp-microbatch-size", 0, "sequences per pipeline micro-batch; micro-batches per micro-step = lbs ÷ it (default 1)")
 	fs.IntVar(&f.ppVirtualStages, "pp-virtual-stages", 0, "pipeline stages per rank (default 1; 2 for multi-stage schedules, as torchtitan)")
 	fs.StringVar(&f.ppLayers, "pp-layers", "", "explicit split of the transformer layers over the pp × virtual stages, e.g. 10,12,12,10 (default torchtitan's even split)")
+	fs.StringVar(&f.ppImpl, "pp-impl", "torch", "whose pipeline buffers a stage holds: torch (PyTorch's pipelining, a receive buffer per micro-batch for the step) or megatron (Megatron-Core's p2p: receives held until their backward, outputs freed once sent)")
 	f.mtp = addMTPFlag(fs)
 	return f
 }
@@ -78,7 +79,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (job.Layout, error) {
 		Sharding: job.Sharding(f.sharding), FSDPImpl: job.FSDPImpl(f.fsdpImpl), ReshardAfterForward: f.reshardAfterForward,
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, AsyncTP: f.asyncTP, GPUsPerNode: f.gpusPerNode,
 		PP: f.pp, PPSchedule: job.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
-		PPVirtualStages: f.ppVirtualStages, PPLayers: job.StageLayers(f.ppLayers),
+		PPVirtualStages: f.ppVirtualStages, PPLayers: job.StageLayers(f.ppLayers), PPImpl: job.PPImpl(f.ppImpl),
 		GradSyncLastOnly: f.gradSyncLastOnly,
 	}
 	if l.PP > 1 && !set["reshard-after-forward"] {

@@ -162,8 +162,8 @@ func printMemory(w io.Writer, r memoryReport) {
 		r.Model, r.GPU, r.Layout.GPUs, pp, r.Layout.DPReplicate, r.Layout.DPShard, tp, r.Layout.EP, r.Layout.Sharding,
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)
 	if l := r.Layout; l.Stages() > 1 {
-		fmt.Fprintf(w, "pipeline: %s, %d stage(s) per rank, micro-batches of %d sequence(s); the worst pp rank, %d, is reported below and decides whether the layout fits\n",
-			l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, *r.WorstStage)
+		fmt.Fprintf(w, "pipeline: %s, %d stage(s) per rank, micro-batches of %d sequence(s), %s p2p buffers; the worst pp rank, %d, is reported below and decides whether the layout fits\n",
+			l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.PipelineImpl(), *r.WorstStage)
 		for _, s := range r.PipelineStages {
 			fmt.Fprintf(w, "  pp rank %d: stages %v, %d layers, %d micro-batch activations in flight, peak reserved %.2f GiB\n",
 				s.Rank, s.Stages, s.Layers, s.InFlight, gib(s.PeakReservedBytes))

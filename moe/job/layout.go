@@ -82,6 +82,9 @@ type Layout struct {
 	PPMicrobatchSize int         `json:"pp_microbatch_size,omitempty"`
 	PPVirtualStages  int         `json:"pp_virtual_stages,omitempty"`
 	PPLayers         StageLayers `json:"pp_layers,omitempty"`
+	// PPImpl is the pipeline implementation whose buffers a stage holds
+	// (PPImpl's constants); "" in JSON = torch.
+	PPImpl PPImpl `json:"pp_impl,omitempty"`
 
 	// GradSyncLastOnly skips every gradient reduction (reduce-scatter and
 	// replica all-reduce) on all but the last accumulation micro-step, as
@@ -171,6 +174,9 @@ func (l *Layout) Resolve() error {
 	}
 	if l.Sharding == "" {
 		l.Sharding = ShardFSDP
+	}
+	if l.PPImpl == PPTorch {
+		l.PPImpl = "" // the default, one key for the planner's maps
 	}
 	if err := l.resolvePipeline(); err != nil {
 		return err

@@ -61,6 +61,62 @@ const (
 	PPDualPipeV PPSchedule = "DualPipeV"
 )
 
+// PPImpl names the pipeline implementation whose buffers a stage holds:
+// the order of actions is the schedule's either way (Megatron-Core's 1F1B
+// and interleaved schedules issue the orders PipelineOrder gives, see
+// MegatronWarmup); what differs is the memory of the point-to-point
+// transfers (the memory package's pipeline timeline).
+type PPImpl string
+
+// Pipeline implementations.
+const (
+	// PPTorch is PyTorch's torch.distributed.pipelining, as torchtitan
+	// runs it: each stage allocates a receive buffer per micro-batch for
+	// the whole step and keeps each forward's output until its backward.
+	PPTorch PPImpl = "torch"
+	// PPMegatron is Megatron-Core's own schedules and p2p
+	// (megatron/core/pipeline_parallel/schedules.py and
+	// p2p_communication.py at Megatron-LM
+	// 0d8e0714cd29c01e164fe6de9f532182bdffa942, the Megatron-LM that
+	// Megatron-Bridge v0.2.0, NeMo 25.11, pins): a receive buffer is
+	// allocated per receive and held until the backward that uses it, and
+	// a forward's output is pseudo-freed once sent
+	// (deallocate_pipeline_outputs, on in Megatron-LM's training arguments
+	// and Megatron-Bridge's GPTModelProvider).
+	PPMegatron PPImpl = "megatron"
+)
+
+// PipelineImpl is the layout's pipeline implementation, PPTorch when
+// PPImpl is left empty.
+func (l Layout) PipelineImpl() PPImpl {
+	if l.PPImpl == "" {
+		return PPTorch
+	}
+	return l.PPImpl
+}
+
+// MegatronWarmup is the number of forwards pipeline rank r runs before its
+// first steady-state (forward, backward) pair under Megatron-Core's
+// schedule s (1F1B or Interleaved1F1B) with v model chunks and m
+// micro-batches (schedules.py at the commit PPMegatron cites): 1F1B's
+// min(pp − r − 1, m) (lines 2069-2072); the interleaved schedule's
+// (pp − r − 1)·2 + (v − 1)·microbatch_group_size_per_vp_stage, capped at
+// v·m (get_pp_rank_microbatches, 722-742), the group size defaulting to
+// pp (model_parallel_config.py 399-400). These are the orders
+// PipelineOrder gives: 1F1B's min(m, pp − r) leading forwards are the
+// warm-up and the first steady forward, and with m a multiple of pp
+// (Layout.Microbatches requires it under Megatron) PyTorch's
+// Interleaved1F1B warm-up (v − 1)·k + 2·(pp − 1 − r) has k = m ÷ rounds =
+// pp micro-batches per round, and Megatron's schedule table
+// (get_schedule_table: groups of pp micro-batches, chunk by chunk) is the
+// same order of stages and micro-batches.
+func MegatronWarmup(s PPSchedule, r, pp, v, m int) int {
+	if s == PPInterleaved1F1B {
+		return min((pp-r-1)*2+(v-1)*pp, v*m)
+	}
+	return min(pp-r-1, m)
+}
+
 // PPSchedules lists the schedules built, in the order errors print them.
 func PPSchedules() []PPSchedule {
 	return []PPSchedule{PPGPipe, PP1F1B, PPInterleaved1F1B, PPInterleavedZeroBubble, PPZBVZeroBubble, PPDualPipeV}
@@ -225,7 +281,8 @@ func (l Layout) validatePipeline() []error {
 			set  bool
 			v    any
 		}{{"pp_schedule", l.PPSchedule != "", l.PPSchedule}, {"pp_microbatch_size", l.PPMicrobatchSize != 0, l.PPMicrobatchSize},
-			{"pp_virtual_stages", l.PPVirtualStages != 0, l.PPVirtualStages}, {"pp_layers", l.PPLayers != "", l.PPLayers}} {
+			{"pp_virtual_stages", l.PPVirtualStages != 0, l.PPVirtualStages}, {"pp_layers", l.PPLayers != "", l.PPLayers},
+			{"pp_impl", l.PPImpl != "" && l.PPImpl != PPTorch, l.PPImpl}} {
 			if f.set {
 				errs = append(errs, moe.FieldError{Field: f.name, Value: f.v, Allowed: "a pipeline option needs pp > 1"})
 			}
@@ -265,6 +322,7 @@ func (l Layout) validatePipeline() []error {
 	case !l.PPSchedule.MultiStage() && l.PPSchedule.Check() == nil && v != 1:
 		errs = append(errs, moe.FieldError{Field: "pp_virtual_stages", Value: v, Allowed: fmt.Sprintf("must be 1 for the single-stage schedule %s", l.PPSchedule)})
 	}
+	errs = append(errs, l.validatePPImpl()...)
 	counts, err := l.PPLayers.Counts()
 	switch {
 	case err != nil:
@@ -273,6 +331,30 @@ func (l Layout) validatePipeline() []error {
 		errs = append(errs, moe.FieldError{Field: "pp_layers", Value: l.PPLayers, Allowed: fmt.Sprintf("must list pp × pp_virtual_stages = %d × %d = %d stages", l.PP, v, l.PP*v)})
 	}
 	return errs
+}
+
+// validatePPImpl checks pp_impl with pp > 1. Megatron-Core runs
+// forward_backward_pipelining_without_interleaving (1F1B) or, with
+// virtual stages, forward_backward_pipelining_with_interleaving
+// (Interleaved1F1B) (schedules.py's get_forward_backward_func at the
+// commit PPMegatron cites); its stages hold their whole weights, under
+// DDP with or without the distributed optimizer (zero1): FSDP inside a
+// Megatron pipeline is not modelled.
+func (l Layout) validatePPImpl() []error {
+	switch l.PPImpl {
+	case "", PPTorch:
+		return nil
+	case PPMegatron:
+		var errs []error
+		if l.PPSchedule != PP1F1B && l.PPSchedule != PPInterleaved1F1B {
+			errs = append(errs, moe.FieldError{Field: "pp_impl", Value: l.PPImpl, Allowed: fmt.Sprintf("needs pp_schedule 1F1B or Interleaved1F1B, Megatron-Core's schedules (not %s)", l.PPSchedule)})
+		}
+		if l.Sharding != ShardZeRO1 && l.Sharding != ShardDDP {
+			errs = append(errs, moe.FieldError{Field: "pp_impl", Value: l.PPImpl, Allowed: fmt.Sprintf("needs sharding zero1 or ddp (Megatron's DDP, with or without its distributed optimizer), not %s", l.Sharding)})
+		}
+		return errs
+	}
+	return []error{moe.FieldError{Field: "pp_impl", Value: l.PPImpl, Allowed: "must be torch or megatron"}}
 }
 
 // StageSplit returns how many transformer layers each pipeline stage
@@ -386,6 +468,13 @@ func (l Layout) Microbatches(lbs int) (int, error) {
 			return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs a multiple of its rounds max(1, micro-batches ÷ pp) = %d",
 				lbs, mbs, m, l.PPSchedule, rounds)
 		}
+	}
+	if l.PPImpl == PPMegatron && l.PPSchedule == PPInterleaved1F1B && m%l.PP != 0 {
+		// schedules.py (the commit PPMegatron cites, lines 975-995): the
+		// group of pp micro-batches per virtual stage must not exceed m, and
+		// m's remainder by it must be 0 or at least pp.
+		return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: Megatron-Core's interleaved schedule needs a multiple of pp = %d",
+			lbs, mbs, m, l.PP)
 	}
 	if l.PPSchedule == PPDualPipeV && m < 2*l.PP {
 		return 0, fmt.Errorf("lbs ÷ pp_microbatch_size = %d ÷ %d = %d micro-batches: %s needs at least as many as stages, 2 × pp = 2 × %d = %d",

@@ -377,7 +377,7 @@ func InFlight(actions []PipeAction) int {
 func (l Layout) StageLayout() Layout {
 	s := l
 	s.GPUs = l.StageGPUs()
-	s.PP, s.PPSchedule, s.PPMicrobatchSize, s.PPVirtualStages, s.PPLayers = 0, "", 0, 0, ""
+	s.PP, s.PPSchedule, s.PPMicrobatchSize, s.PPVirtualStages, s.PPLayers, s.PPImpl = 0, "", 0, 0, "", ""
 	return s
 }
 
