@@ -335,6 +335,9 @@ func (a *planArgs) writeFiles(stderr io.Writer, title string, rep *plan.Report, 
 		fmt.Sprintf("modelled: %.0f TPS per GPU, MFU %.1f%% (torchtitan convention), memory %.1f%% of %s, step %.3f s",
 			rep.Best.Score.TPS, 100*rep.Best.Score.MFU, 100*rep.Best.Score.MemoryFraction, dev.Name, rep.Best.Score.StepTimeS),
 		allocNote}
+	if iv := rep.Best.Score.TPSInterval; iv != nil {
+		header = append(header, fmt.Sprintf("TPS 90%% interval %.0f–%.0f (%s)", iv[0], iv[1], intervalSource(rep)))
+	}
 	export := plan.RecipeExport(simEv.Run.Recipe)
 	export.Model, export.Seq, export.Point, export.Header, export.Layers = cfg.Name, a.seq, rep.Best.Point, header, cfg.Layers
 	for _, x := range []struct {

@@ -241,9 +241,13 @@ func calibrationRows(cal *cost.Calibration) *calibrationView {
 		if i < len(cal.MemoryResiduals) && cal.MemoryResiduals[i] != nil {
 			mem = fmt.Sprintf("%+.1f%%", 100**cal.MemoryResiduals[i])
 		}
-		v.Residuals = append(v.Residuals, []string{fmt.Sprint(i), fmt.Sprintf("%+.1f%%", 100*r), mem})
+		name := fmt.Sprint(i)
+		if i < len(cal.ResidualRuns) {
+			name = cal.ResidualRuns[i]
+		}
+		v.Residuals = append(v.Residuals, []string{name, fmt.Sprintf("%+.1f%%", 100*r), mem})
 	}
-	v.Intervals = "This calibration carries no fit covariance, so the plans above have no interval; the residuals are how far the calibrated model was from the runs it was fitted on."
+	v.Intervals = "This calibration carries no fit covariance, so the plans' intervals above are the model's uncalibrated band over the published runs; the residuals are how far the calibrated model was from the runs it was fitted on."
 	if len(cal.Covariance) > 0 {
 		v.Intervals = fmt.Sprintf("Intervals: the fit's covariance over %s and a residual spread of %.1f%% give each reported plan's TPS a 90%% interval (the plans table); a run outside it means the model or the calibration runs do not cover that layout.",
 			strings.Join(cal.CovarianceParams, ", "), 100*cal.ResidualSD)
