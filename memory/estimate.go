@@ -28,8 +28,10 @@ type Options struct {
 	// _multi_tensor_adamw, torchtitan's default before: sqrt(v) is
 	// materialized for every local element during the step). "" means fused.
 	OptimizerImpl string
-	// Compile is what torch.compile compiles (the zero value is eager;
-	// torchtitan's --compile is Compiled).
+	// Compile is what torch.compile compiles. The zero value is eager,
+	// unlike the command line, which compiles by default as torchtitan's
+	// --compile does: OptionsOf(job.DefaultRecipe(), ac) gives the CLI's
+	// defaults.
 	Compile Compile
 	// LossDType is the type the eager cross-entropy computes in: "" or F32
 	// for torchtitan's pred.float(); the activation type for a loss that
