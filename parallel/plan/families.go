@@ -47,6 +47,9 @@ func (r *Request) withDefaults() (Request, error) {
 	if q.GPUsPerNode == 0 {
 		q.GPUsPerNode = 8
 	}
+	if err := CheckHosts(q.GPUs, q.GPUsPerNode); err != nil {
+		return q, err
+	}
 	if q.MaxLBS == 0 {
 		q.MaxLBS = 256
 	}
@@ -241,6 +244,22 @@ func (q *Request) shardVariants(base job.Layout, accum bool) []job.Layout {
 // which the search enumerates as such.
 func redundant(l job.Layout) bool {
 	return l.Sharding == job.ShardDDP && l.EP == 1 && l.DPShard > 1
+}
+
+// CheckHosts says whether gpus GPUs can run on hosts of gpusPerNode: a job
+// lies inside one host (gpus ≤ gpusPerNode, any count) or fills whole
+// hosts (gpus a multiple of gpusPerNode), the rule parallel.NewMesh places
+// ranks by (rank r on host r / gpus_per_node). The search's stages are
+// then host multiples too (stageScales). The error names the factors and
+// the nearest counts that fit.
+func CheckHosts(gpus, gpusPerNode int) error {
+	if gpus < 1 || gpusPerNode < 1 || gpus <= gpusPerNode || gpus%gpusPerNode == 0 {
+		return nil
+	}
+	hosts, rest := gpus/gpusPerNode, gpus%gpusPerNode
+	return fmt.Errorf("gpus = %d on hosts of gpus_per_node = %d: a job lies inside one host (at most %d GPUs) or fills whole hosts "+
+		"(a multiple of %d), and %d = %d × %d + %d would leave a host part-used; the nearest that fit are %d and %d GPUs",
+		gpus, gpusPerNode, gpusPerNode, gpusPerNode, gpus, hosts, gpusPerNode, rest, hosts*gpusPerNode, (hosts+1)*gpusPerNode)
 }
 
 // enumerateFamilies enumerates every family at n GPUs.
