@@ -319,6 +319,10 @@ func (q *Request) skipped(n, pp, tp int) string {
 	switch {
 	case n%(tp*pp) != 0:
 		return fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
+	case pp > 1 && CheckHosts(n/pp, q.GPUsPerNode) != nil:
+		// Each stage is a mesh placed on hosts as a job is (BuildPipeline).
+		return fmt.Sprintf("pp = %d: a stage's gpus / pp = %d / %d = %d neither lies inside one host nor fills whole hosts "+
+			"(gpus_per_node = %d)", pp, n, pp, n/pp, q.GPUsPerNode)
 	case tp > q.GPUsPerNode:
 		// tp lies inside a host; under pp inside each stage (the stage is
 		// a dp × tp mesh, job.Layout.StageLayout), so the same bound holds
@@ -481,6 +485,9 @@ func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, m
 				// layout that had nothing to shard gains every mode. A
 				// pipeline keeps its degree, schedule and micro-batches.
 				var vars []job.Layout
+				if base.Stages() > 1 && CheckHosts(base.StageGPUs(), q.GPUsPerNode) != nil {
+					continue // a stage the hosts cannot hold (skipped)
+				}
 				for _, l := range q.shardVariants(base, accum) {
 					if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {
 						vars = append(vars, l)
