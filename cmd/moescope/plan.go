@@ -73,6 +73,13 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	cfg, dev, cl := simEv.Run.Model, simEv.Device, simEv.Cluster
+	if err := plan.CheckHosts(a.gpus, cl.GPUsPerNode); err != nil {
+		src := fmt.Sprintf("the cluster %s's; --gpus-per-node sets another", cl.Name)
+		if a.gpusPerNodeSet {
+			src = "--gpus-per-node's"
+		}
+		return fmt.Errorf("%w: --gpus: %v (gpus_per_node: %s)", errUsage, err, src)
+	}
 	req := a.request(cfg, cl)
 	recipes, err := a.precisions.recipes(simEv.Run.Recipe)
 	if err != nil {
@@ -124,8 +131,7 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	} else {
-		above1 := func(d int) bool { return d > 1 }
-		planWriteTable(stdout, title, rep, a.top, dev, slices.ContainsFunc(a.pps, above1), slices.ContainsFunc(a.tps, above1))
+		planWriteTable(stdout, title, rep, a, dev)
 	}
 	return a.writeFiles(stderr, title, rep, cfg, dev, simEv, simEv.Calibration, narrowed.String())
 }

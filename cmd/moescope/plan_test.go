@@ -145,6 +145,35 @@ func TestPlanCommandGolden(t *testing.T) {
 	if g := best["lbs"].(float64) * best["dp_replicate"].(float64) * best["dp_shard"].(float64) * best["grad_accum"].(float64); g != 512 {
 		t.Errorf("best plan's global batch %v, want 512", g)
 	}
+	// 512 sequences × 4096 tokens.
+	if tok := best["tokens_per_step"]; tok != 2097152.0 {
+		t.Errorf("best plan's tokens_per_step %v, want 2097152", tok)
+	}
+	// The batch is held: no note suggests --global-batch.
+	if strings.Contains(out, "set --global-batch") {
+		t.Errorf("the table suggests --global-batch though it was given:\n%s", out)
+	}
+}
+
+// TestPlanFreeBatchNote: with --global-batch left free the best line and a
+// note say what the best plan steps. The fake's TPS rises with lbs and, at
+// 64 GPUs, is highest at dp_shard 8 (no penalty below 9) × 8 replicas
+// (−3%), no-reshard (+1%); --max-lbs 8 --ac none (67.1% of memory, as in
+// plan_table.txt) makes it lbs 8: 8 × 64 = 512 sequences of 4096 tokens,
+// 2,097,152 tokens (2.1M).
+func TestPlanFreeBatchNote(t *testing.T) {
+	out, _, err := planRun(t, "--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--max-lbs", "8", "--ac", "none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{
+		"best: fsdp groups of 8 GPUs × 8 replicas (no-reshard), no activation checkpointing, lbs 8 (global batch 512 sequences, 2.1M tokens per step): ",
+		"\nnote: the best plan steps 512 sequences (2.1M tokens) per step; set --global-batch to hold the batch your recipe trains with.\n",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("table lacks %q:\n%s", w, out)
+		}
+	}
 }
 
 func TestPlanCommandExports(t *testing.T) {
@@ -250,6 +279,13 @@ func TestPlanCommandBadInput(t *testing.T) {
 		// at 0.92 of 178.35 GiB; the fake's FSDP state needs 16 × 30.5e9 /
 		// (0.92 × 191.5e9 − activations) ≈ 2.8 GPUs → 4.
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "1", "--seq", "4096"}, []string{"no feasible plan on 1 GPU:", "closest", "at least 4 GPUs"}, 1},
+		// 12 GPUs on hosts of 8 (hgx) is neither inside one host nor whole
+		// hosts: refused before the search, 12 = 1 × 8 + 4, nearest 8 and 16;
+		// on hosts of 5 (--gpus-per-node), 12 = 2 × 5 + 2, nearest 10 and 15.
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "12", "--seq", "4096"},
+			[]string{"--gpus: gpus = 12 on hosts of gpus_per_node = 8", "12 = 1 × 8 + 4", "8 and 16 GPUs", "the cluster hgx's"}, 2},
+		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "12", "--gpus-per-node", "5", "--seq", "4096"},
+			[]string{"12 = 2 × 5 + 2", "10 and 15 GPUs", "gpus_per_node: --gpus-per-node's"}, 2},
 		// 100 sequences cannot be split over 64 data-parallel ranks.
 		{[]string{"--model", "qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--global-batch", "100"}, []string{"not a multiple", "128"}, 1},
 	} {

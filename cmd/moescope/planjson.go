@@ -29,7 +29,8 @@ type planJSON struct {
 	AC                  moe.AC         `json:"ac"`
 	LBS                 int            `json:"lbs"`
 	GradAccum           int            `json:"grad_accum"`
-	GlobalBatch         int            `json:"global_batch"`
+	GlobalBatch         int            `json:"global_batch"`    // sequences per optimizer step
+	TokensPerStep       int64          `json:"tokens_per_step"` // global_batch × seq
 	TPS                 float64        `json:"tps"`
 	TPSInterval         *[2]float64    `json:"tps_interval,omitempty"`
 	Indistinguishable   bool           `json:"indistinguishable_from_best,omitempty"` // its interval reaches the best's
@@ -67,11 +68,12 @@ type planReportJSON struct {
 	Best         planJSON        `json:"best"`
 }
 
-func planToJSON(r plan.Result, breakdown bool) planJSON {
+// planToJSON is r as one plan of --json, its sequences seq tokens long.
+func planToJSON(r plan.Result, seq int, breakdown bool) planJSON {
 	p, l := r.Point, r.Point.Layout
 	j := planJSON{GPUs: l.GPUs, DPShard: l.DPShard, DPReplicate: l.DPReplicate, EP: l.EP, Sharding: l.Sharding,
 		ReshardAfterForward: l.ReshardAfterForward, KeepGathered: l.KeepGathered, AllreduceLastOnly: l.AllreduceLastOnly,
-		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(),
+		AC: p.AC, LBS: p.LBS, GradAccum: p.GradAccum, GlobalBatch: p.GlobalBatch(), TokensPerStep: int64(p.GlobalBatch()) * int64(seq),
 		TPS: r.Score.TPS, MFU: r.Score.MFU, MemoryFraction: r.Score.MemoryFraction, StepTimeS: r.Score.StepTimeS,
 		Bottleneck: r.Score.Bottleneck, TPSInterval: r.Score.TPSInterval, GradSyncLastOnly: l.GradSyncLastOnly,
 		Indistinguishable: r.Score.Indistinguishable}
@@ -92,7 +94,7 @@ func planToJSON(r plan.Result, breakdown bool) planJSON {
 // scale.
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, prec job.Precision, rep *plan.Report) error {
 	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, Precision: prec, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, true)}
+		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, a.seq, true)}
 	for _, st := range rep.Stages {
 		s := planStageJSON{GPUs: st.GPUs, Candidates: st.Candidates, Pruned: st.Pruned, Simulated: st.Simulated,
 			BestTPS: st.BestTPS, ScalingEfficiency: st.ScalingEfficiency, Grew: st.Grew, Survivors: []planJSON{}}
@@ -100,7 +102,7 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, prec jo
 			if i == a.top {
 				break
 			}
-			s.Survivors = append(s.Survivors, planToJSON(r, false))
+			s.Survivors = append(s.Survivors, planToJSON(r, a.seq, false))
 		}
 		out.Stages = append(out.Stages, s)
 	}
@@ -108,7 +110,7 @@ func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, prec jo
 		if i == a.top {
 			break
 		}
-		out.Plans = append(out.Plans, planToJSON(r, false))
+		out.Plans = append(out.Plans, planToJSON(r, a.seq, false))
 	}
 	return writeJSON(w, "plan", out)
 }

@@ -52,6 +52,13 @@ func TestPlanReportHTML(t *testing.T) {
 	if m := regexp.MustCompile(`(?i)(src|href)\s*=|url\(|@import|<link|<script`).FindString(page); m != "" {
 		t.Errorf("report refers to something outside itself: %q", m)
 	}
+	// The batch was left free: the settings and a note say what the best
+	// plan steps, as the table does.
+	for _, w := range []string{"free (no gradient accumulation): the best plan steps ", "set --global-batch to hold the batch your recipe trains with."} {
+		if !strings.Contains(page, w) {
+			t.Errorf("report lacks %q", w)
+		}
+	}
 	if !strings.Contains(page, "Uncalibrated") {
 		t.Error("report without --calibration does not say it is uncalibrated")
 	}

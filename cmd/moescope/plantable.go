@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/cmd/moescope/internal/report"
@@ -11,10 +12,14 @@ import (
 	"github.com/moescope/moescope/parallel/plan"
 )
 
-// With pp (tp) searched, the stage table says which pp (tp) each stage's
-// best plan uses, so it shows at which scale a pipeline (tensor
+// planWriteTable prints plan's table: the stages, a's top plans and the
+// best explained, with a note suggesting --global-batch when a left it
+// free. With pp (tp) searched, the stage table says which pp (tp) each
+// stage's best plan uses, so it shows at which scale a pipeline (tensor
 // parallelism) enters the lead; with both, both columns.
-func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw.Device, ppSearched, tpSearched bool) {
+func planWriteTable(w io.Writer, title string, rep *plan.Report, a *planArgs, dev hw.Device) {
+	above1 := func(d int) bool { return d > 1 }
+	top, ppSearched, tpSearched := a.top, slices.ContainsFunc(a.pps, above1), slices.ContainsFunc(a.tps, above1)
 	mode := "hierarchical search"
 	if rep.Exhaustive {
 		mode = "exhaustive search"
@@ -64,8 +69,11 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, top int, dev hw
 			intervalSource(rep), iv[0], iv[1])
 	}
 	fmt.Fprintln(w)
-	for _, line := range report.Explain(rep, dev) {
+	for _, line := range report.Explain(rep, dev, a.seq) {
 		fmt.Fprintln(w, line)
+	}
+	if a.globalBatch == 0 {
+		fmt.Fprintln(w, "note: "+report.BatchNote(rep, a.seq))
 	}
 	if ppSearched {
 		fmt.Fprintln(w, planPipelineVerdict(rep))

@@ -129,7 +129,7 @@ func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Dev
 				"--job.config_file %s %s 2>&1 | tee %s (keep the log of the host with rank 0)", nodes, nodes, cl.GPUsPerNode, toml, overrides, log)
 		}
 		fn := fmt.Sprintf("moescope_%s_%dgpu", strings.NewReplacer("-", "_", ".", "_").Replace(model), l.GPUs)
-		m.Jobs = append(m.Jobs, sweepJobJSON{Name: name, TOML: toml, Python: py, Plan: planToJSON(j.Result, false),
+		m.Jobs = append(m.Jobs, sweepJobJSON{Name: name, TOML: toml, Python: py, Plan: planToJSON(j.Result, a.seq, false),
 			PeakReserved: j.Score.MemoryFraction * dev.MemoryGiB(), Sensitivity: j.Sensitivity, Why: j.Why, Command: cmd,
 			CommandPython:  fmt.Sprintf("NGPU=%d MODULE=<module holding %s> CONFIG=%s ./run_train.sh %s", l.GPUs, py, fn, overrides),
 			CalibrateInput: log})

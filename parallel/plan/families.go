@@ -47,6 +47,9 @@ func (r *Request) withDefaults() (Request, error) {
 	if q.GPUsPerNode == 0 {
 		q.GPUsPerNode = 8
 	}
+	if err := CheckHosts(q.GPUs, q.GPUsPerNode); err != nil {
+		return q, err
+	}
 	if q.MaxLBS == 0 {
 		q.MaxLBS = 256
 	}
@@ -243,6 +246,22 @@ func redundant(l job.Layout) bool {
 	return l.Sharding == job.ShardDDP && l.EP == 1 && l.DPShard > 1
 }
 
+// CheckHosts says whether gpus GPUs can run on hosts of gpusPerNode: a job
+// lies inside one host (gpus ≤ gpusPerNode, any count) or fills whole
+// hosts (gpus a multiple of gpusPerNode), the rule parallel.NewMesh places
+// ranks by (rank r on host r / gpus_per_node). The search's stages are
+// then host multiples too (stageScales). The error names the factors and
+// the nearest counts that fit.
+func CheckHosts(gpus, gpusPerNode int) error {
+	if gpus < 1 || gpusPerNode < 1 || gpus <= gpusPerNode || gpus%gpusPerNode == 0 {
+		return nil
+	}
+	hosts, rest := gpus/gpusPerNode, gpus%gpusPerNode
+	return fmt.Errorf("gpus = %d on hosts of gpus_per_node = %d: a job lies inside one host (at most %d GPUs) or fills whole hosts "+
+		"(a multiple of %d), and %d = %d × %d + %d would leave a host part-used; the nearest that fit are %d and %d GPUs",
+		gpus, gpusPerNode, gpusPerNode, gpusPerNode, gpus, hosts, gpusPerNode, rest, hosts*gpusPerNode, (hosts+1)*gpusPerNode)
+}
+
 // enumerateFamilies enumerates every family at n GPUs.
 func (q *Request) enumerateFamilies(n int, accum bool) []family {
 	var fams []family
@@ -300,6 +319,10 @@ func (q *Request) skipped(n, pp, tp int) string {
 	switch {
 	case n%(tp*pp) != 0:
 		return fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
+	case pp > 1 && CheckHosts(n/pp, q.GPUsPerNode) != nil:
+		// Each stage is a mesh placed on hosts as a job is (BuildPipeline).
+		return fmt.Sprintf("pp = %d: a stage's gpus / pp = %d / %d = %d neither lies inside one host nor fills whole hosts "+
+			"(gpus_per_node = %d)", pp, n, pp, n/pp, q.GPUsPerNode)
 	case tp > q.GPUsPerNode:
 		// tp lies inside a host; under pp inside each stage (the stage is
 		// a dp × tp mesh, job.Layout.StageLayout), so the same bound holds
@@ -462,6 +485,9 @@ func (q *Request) growFamilies(carried []Result, n int, accum bool) ([]family, m
 				// layout that had nothing to shard gains every mode. A
 				// pipeline keeps its degree, schedule and micro-batches.
 				var vars []job.Layout
+				if base.Stages() > 1 && CheckHosts(base.StageGPUs(), q.GPUsPerNode) != nil {
+					continue // a stage the hosts cannot hold (skipped)
+				}
 				for _, l := range q.shardVariants(base, accum) {
 					if (l.Sharding == old.Sharding || old.DPShard == 1) && !redundant(l) {
 						vars = append(vars, l)

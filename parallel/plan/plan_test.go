@@ -431,3 +431,34 @@ func TestSearchSkipsPointsThatDoNotFit(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckHosts: a job lies inside one host or fills whole hosts
+// (parallel.NewMesh places rank r on host r / gpus_per_node). On hosts of
+// 8: 1 to 8 GPUs and 16, 24, 512 fit; 12 = 1 × 8 + 4 and 20 = 2 × 8 + 4 do
+// not, nearest 8 and 16, 16 and 24. On hosts of 4, 6 = 1 × 4 + 2: 4 and 8.
+// A search refuses such a request before it evaluates anything.
+func TestCheckHosts(t *testing.T) {
+	for _, c := range []struct {
+		gpus, perNode int
+		want          []string // nil: fits
+	}{
+		{1, 8, nil}, {5, 8, nil}, {7, 8, nil}, {8, 8, nil}, {16, 8, nil}, {24, 8, nil}, {512, 8, nil}, {12, 4, nil},
+		{12, 8, []string{"gpus = 12 on hosts of gpus_per_node = 8", "at most 8 GPUs", "a multiple of 8", "12 = 1 × 8 + 4", "8 and 16 GPUs"}},
+		{20, 8, []string{"20 = 2 × 8 + 4", "16 and 24 GPUs"}},
+		{6, 4, []string{"6 = 1 × 4 + 2", "4 and 8 GPUs"}},
+	} {
+		err := CheckHosts(c.gpus, c.perNode)
+		if (err != nil) != (c.want != nil) {
+			t.Errorf("CheckHosts(%d, %d) = %v, want an error: %v", c.gpus, c.perNode, err, c.want != nil)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("CheckHosts(%d, %d) = %q, lacks %q", c.gpus, c.perNode, err, w)
+			}
+		}
+	}
+	if _, err := (&Request{GPUs: 12, GPUsPerNode: 8, MemoryTarget: 0.9}).withDefaults(); err == nil || !strings.Contains(err.Error(), "12 = 1 × 8 + 4") {
+		t.Errorf("withDefaults on 12 GPUs of hosts of 8: %v, want the hosts' error", err)
+	}
+}

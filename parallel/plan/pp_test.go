@@ -174,3 +174,44 @@ func TestMemoryKeyExactPipeline(t *testing.T) {
 		}
 	}
 }
+
+// TestPPStageHosts: a pipeline stage is a mesh placed on hosts as a job
+// is, so on hosts of 8 at 24 GPUs pp 2 leaves stages of 24 / 2 = 12 GPUs,
+// neither inside one host nor whole hosts: not enumerated, and a pp 2
+// family carried from 8 GPUs (stages of 4) does not grow to 24; pp 3
+// leaves stages of 8 and is enumerated. A 6-layer model splits 6 + 2 = 8
+// into 2 stages of 4 (1F1B), a 7-layer one 7 + 2 = 9 into 3 of 3.
+func TestPPStageHosts(t *testing.T) {
+	request := func(pp, layers int) Request {
+		q, err := (&Request{GPUs: 24, GPUsPerNode: 8, MemoryTarget: 0.92, PPs: []int{pp}, Layers: layers, PPSchedules: []job.PPSchedule{job.PP1F1B},
+			PPMicrobatchSizes: []int{1}, ACs: []moe.AC{{Mode: moe.ACFull}}}).withDefaults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	q := request(2, 6)
+	if got, want := q.skipped(24, 2, 1), "pp = 2: a stage's gpus / pp = 24 / 2 = 12 neither lies inside one host nor fills whole hosts (gpus_per_node = 8)"; got != want {
+		t.Errorf("pp 2: skipped(24) = %q, want %q", got, want)
+	}
+	if n := len(q.enumerateFamilies(24, false)); n != 0 {
+		t.Errorf("pp 2: %d families at 24 GPUs, want none", n)
+	}
+	var carried []Result
+	for _, f := range q.enumerateFamilies(8, false) {
+		carried = append(carried, Result{Point: Point{Layout: f.layout, AC: f.ac, LBS: 1, GradAccum: 1}})
+	}
+	if len(carried) == 0 {
+		t.Fatal("pp 2: no family at 8 GPUs")
+	}
+	if grown, _ := q.growFamilies(carried, 24, false); len(grown) != 0 {
+		t.Errorf("pp 2: %d families grown to 24 GPUs (stages of 12), want none", len(grown))
+	}
+	q = request(3, 7)
+	if got := q.skipped(24, 3, 1); got != "" {
+		t.Errorf("pp 3: skipped(24) = %q, want none (stages of 8)", got)
+	}
+	if len(q.enumerateFamilies(24, false)) == 0 {
+		t.Error("pp 3: no family at 24 GPUs")
+	}
+}

@@ -11,9 +11,10 @@ import (
 )
 
 // Explain is the two-line explanation of the best plan that plan's table
-// prints and the page shows: what it is and what it predicts, then where
-// its step time goes and what it beat.
-func Explain(rep *plan.Report, dev hw.Device) [2]string {
+// prints and the page shows: what it is, the batch it steps (sequences of
+// seq tokens) and what it predicts, then where its step time goes and what
+// it beat.
+func Explain(rep *plan.Report, dev hw.Device, seq int) [2]string {
 	b := rep.Best
 	l, p := b.Point.Layout, b.Point
 	var shape string
@@ -40,6 +41,7 @@ func Explain(rep *plan.Report, dev hw.Device) [2]string {
 	if p.GradAccum > 1 {
 		batch += fmt.Sprintf(" × %d micro-steps", p.GradAccum)
 	}
+	batch += fmt.Sprintf(" (global batch %d sequences, %s tokens per step)", p.GlobalBatch(), Tokens(int64(p.GlobalBatch())*int64(seq)))
 	line1 := fmt.Sprintf("best: %s, %s, %s: %.0f TPS per GPU, MFU %.1f%%, memory %.1f%% of %.2f GiB.",
 		shape, acProse(p.AC), batch, b.Score.TPS, 100*b.Score.MFU, 100*b.Score.MemoryFraction, dev.MemoryGiB())
 	var parts []string
@@ -62,6 +64,31 @@ func Explain(rep *plan.Report, dev hw.Device) [2]string {
 		}
 	}
 	return [2]string{line1, line2 + "."}
+}
+
+// BatchNote is the remark plan makes when --global-batch is left free: the
+// search then picks the batch too (lbs × data-parallel ranks, no
+// accumulation), which changes the answer, so the note says what the best
+// plan steps and how to hold a recipe's batch instead.
+func BatchNote(rep *plan.Report, seq int) string {
+	gb := rep.Best.Point.GlobalBatch()
+	return fmt.Sprintf("the best plan steps %d sequences (%s tokens) per step; set --global-batch to hold the batch your recipe trains with.",
+		gb, Tokens(int64(gb)*int64(seq)))
+}
+
+// Tokens is a token count for prose: exact below ten thousand, else in
+// thousands (K), millions (M) or billions (B) to one decimal.
+func Tokens(n int64) string {
+	switch x := float64(n); {
+	case n < 10_000:
+		return fmt.Sprint(n)
+	case x < 999_950:
+		return fmt.Sprintf("%.1fK", x/1e3)
+	case x < 999_950_000:
+		return fmt.Sprintf("%.1fM", x/1e6)
+	default:
+		return fmt.Sprintf("%.1fB", x/1e9)
+	}
 }
 
 // acProse names a checkpointing policy in a sentence.

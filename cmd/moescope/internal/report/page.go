@@ -123,7 +123,8 @@ func settings(d *Data, p Page) [][2]string {
 	if p.Calibration != nil {
 		calText = p.CalibrationFile
 	}
-	batch := "free (no gradient accumulation)"
+	gb := rep.Best.Point.GlobalBatch()
+	batch := fmt.Sprintf("free (no gradient accumulation): the best plan steps %d sequences, %s tokens", gb, Tokens(int64(gb)*int64(p.Seq)))
 	if p.GlobalBatch > 0 {
 		batch = fmt.Sprintf("%d sequences per optimizer step", p.GlobalBatch)
 	}
