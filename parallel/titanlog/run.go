@@ -40,13 +40,17 @@ func (in Input) Run() (published.Run, []string, error) {
 		case job == nil:
 			job = printed
 		case err == nil:
-			if err := agree(job, printed); err != nil {
+			if err := agree(lg.Name, job, printed); err != nil {
 				return published.Run{}, nil, err
 			}
 		}
 	}
 	if job == nil {
 		return published.Run{}, nil, fmt.Errorf("%s: no job config: the log prints none (set job.print_config, or debug.print_config on main) and no --job-config was given for it", lg.Name)
+	}
+	job, err := lg.checkFacts(job)
+	if err != nil {
+		return published.Run{}, nil, err
 	}
 	if err := in.checkDevice(); err != nil {
 		return published.Run{}, nil, err
@@ -162,8 +166,9 @@ func (j *Job) version() string {
 	return "main " + plan.TorchtitanPyCommit[:7]
 }
 
-// agree reports every field on which two job configs of one run differ.
-func agree(a, b *Job) error {
+// agree reports every field on which two job configs of one run, log's
+// --job-config a and the config it printed b, differ (ErrMismatch).
+func agree(log string, a, b *Job) error {
 	fields := []struct {
 		name string
 		x, y any
@@ -184,8 +189,8 @@ func agree(a, b *Job) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("the job config and the config the log printed disagree (was the log made with another config?):\n  %s",
-		strings.ReplaceAll(errors.Join(errs...).Error(), "\n", "\n  "))
+	return fmt.Errorf("%w: log %s, job config %s: the job config and the config the log printed differ (was the log made with another config? give the configs in the logs' order):\n  %s",
+		ErrMismatch, log, a.Where, strings.ReplaceAll(errors.Join(errs...).Error(), "\n", "\n  "))
 }
 
 // converted is the GEMM sets the job's recipe converts, the default made
