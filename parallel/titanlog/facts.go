@@ -42,7 +42,7 @@ type Facts struct {
 	MeshLine                                  int
 	PP, DPReplicate, DPShard, CP, TP, EP, ETP int // ETP -1: not printed (main)
 	// `Model {name} {flavor} size: {count:,} total parameters`, coloured
-	// (train.py line 268 at 73a0e69, trainer.py line 388 at b5bcd76).
+	// (train.py lines 174–177 at 73a0e69, trainer.py lines 388–391 at b5bcd76).
 	ModelLine         int
 	ModelName, Flavor string
 }
@@ -113,33 +113,36 @@ func (lg *Log) checkFacts(job *Job) (*Job, error) {
 		log, cfg any
 		line     int
 	}
+	if f.MeshLine > 0 && job.DPShard == -1 {
+		j := *job
+		j.DPShard = f.DPShard
+		j.Where = fmt.Sprintf("%s (data_parallel_shard_degree -1, %d as %s line %d states)", job.Where, f.DPShard, lg.Name, f.MeshLine)
+		job = &j
+	}
 	var fs []field
 	if f.TrainerLine > 0 {
+		// The default global batch (0: lbs × the data-parallel degree) is
+		// unknown while dp_shard is -1; so is the accumulation.
+		known := job.DPShard > 0 || job.GlobalBatch > 0
 		seq := job.Seq
 		if f.TrainerMain {
-			fs = append(fs,
-				field{"tokens per DP rank (num_tokens_per_microbatch_per_dp_rank)", f.TokensPerDPRank, job.LBS * seq, f.TrainerLine},
-				field{"tokens per train step (num_tokens_per_train_step)", f.TokensPerStep, job.globalBatch() * seq, f.TrainerLine},
-				field{"maximum context length", f.Seq, seq, f.TrainerLine})
+			fs = append(fs, field{"tokens per DP rank (num_tokens_per_microbatch_per_dp_rank)", f.TokensPerDPRank, job.LBS * seq, f.TrainerLine})
+			if known {
+				fs = append(fs, field{"tokens per train step (num_tokens_per_train_step)", f.TokensPerStep, job.globalBatch() * seq, f.TrainerLine})
+			}
+			fs = append(fs, field{"maximum context length", f.Seq, seq, f.TrainerLine})
 		} else {
-			fs = append(fs,
-				field{"local batch size", f.LBS, job.LBS, f.TrainerLine},
-				field{"global batch size", f.GlobalBatch, job.globalBatch(), f.TrainerLine},
-				field{"sequence length", f.Seq, seq, f.TrainerLine})
+			fs = append(fs, field{"local batch size", f.LBS, job.LBS, f.TrainerLine})
+			if known {
+				fs = append(fs, field{"global batch size", f.GlobalBatch, job.globalBatch(), f.TrainerLine})
+			}
+			fs = append(fs, field{"sequence length", f.Seq, seq, f.TrainerLine})
 		}
-		// Only when the degrees are known: a dp_shard of -1 leaves the
-		// accumulation to the mesh line's degree, checked below.
 		if dp := job.DPShard * job.DPReplicate; job.DPShard > 0 && job.LBS > 0 && job.globalBatch()%(job.LBS*dp) == 0 {
 			fs = append(fs, field{"gradient accumulation steps", f.Accum, job.globalBatch() / (job.LBS * dp), f.TrainerLine})
 		}
 	}
 	if f.MeshLine > 0 {
-		if job.DPShard == -1 {
-			j := *job
-			j.DPShard = f.DPShard
-			j.Where = fmt.Sprintf("%s (data_parallel_shard_degree -1, %d as %s line %d states)", job.Where, f.DPShard, lg.Name, f.MeshLine)
-			job = &j
-		}
 		fs = append(fs,
 			field{"GPU count (the product of the mesh degrees)", f.PP * f.DPReplicate * f.DPShard * f.CP * f.TP, job.PP * job.DPReplicate * job.DPShard * job.CP * job.TP, f.MeshLine},
 			field{"pipeline_parallel_degree", f.PP, job.PP, f.MeshLine},

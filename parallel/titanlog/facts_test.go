@@ -9,7 +9,7 @@ import (
 )
 
 // stated_b4.log and stated_b2.log are rank0_colour.log with the start-up
-// lines torchtitan v0.2.2 prints (train.py 354–362 and 268,
+// lines torchtitan v0.2.2 prints (train.py 354–362 and 174–177,
 // parallel_dims.py 130–134 at 73a0e69) inserted as lines 3–5: the mesh
 // pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1 ep=1 etp=1 (line 3), the model
 // qwen3 30B-A3B (line 4), and local batch 4, global 32 (b4) or local 2,
@@ -186,6 +186,25 @@ func TestFactsResolveShard(t *testing.T) {
 	}
 	if _, _, err := (Input{Log: load(t, "rank0_colour.log"), Job: job, Device: b200(t), Skip: 1}).Run(); err == nil || !strings.Contains(err.Error(), "= -1") {
 		t.Errorf("no mesh line: err = %v", err)
+	}
+	// stated_b4.log states the mesh (dp_shard 8) and global batch 32 =
+	// lbs 4 × 8: the resolved degree agrees; stated_b2.log's local batch
+	// 2 does not, and the message says where the degree came from.
+	if r, _, err := (Input{Log: load(t, "stated_b4.log"), Job: job, Device: b200(t), Skip: 1}).Run(); err != nil || r.GPUs != 8 {
+		t.Errorf("stated_b4.log: %+v, %v", r, err)
+	}
+	_, _, err = Input{Log: load(t, "stated_b2.log"), Job: job, Device: b200(t), Skip: 1}.Run()
+	if want := "local batch size: 2 in stated_b2.log (line 5), 4 in x.toml (data_parallel_shard_degree -1, 8 as stated_b2.log line 3 states)"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("stated_b2.log: err = %v\nwant %q", err, want)
+	}
+	// A trainer line but no mesh line: the default global batch is not
+	// known (lbs × an unknown degree), so only the local batch and the
+	// sequence length are compared, and they agree; the -1 is then
+	// refused as before.
+	lg = withLine(t, "rank0_colour.log", "[titan] 2026-03-02 14:00:01,500 - root - INFO - Trainer is initialized with local batch size 4, global batch size 32, "+
+		"gradient accumulation steps 1, sequence length 4096, total steps 10 (warmup 2)")
+	if _, _, err := (Input{Log: lg, Job: job, Device: b200(t), Skip: 1}).Run(); err == nil || errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "= -1") {
+		t.Errorf("trainer line, no mesh line: err = %v", err)
 	}
 }
 
