@@ -215,3 +215,42 @@ func TestFactsTwice(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+// TestPrintedMainChecked: a log that printed main's config (to_dict's
+// form, torchtitan/trainer.py 224–226 at b5bcd76), read with its registry
+// function, is checked against it on the fields that form keeps: the same
+// layout as main_na.py agrees; data_parallel_shard_degree 4 does not.
+// Alone it is refused: it does not name the checkpointing policy.
+func TestPrintedMainChecked(t *testing.T) {
+	py, err := ReadJobConfig("testdata/main_na.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	printed := func(shard int) string {
+		return `[titan] 2026-03-02 14:00:01,500 - root - INFO - Running with configs: {"model_spec": {"name": "qwen3", "flavor": "30B-A3B"}, ` +
+			`"training": {"num_tokens_per_microbatch_per_dp_rank": 16384, "num_tokens_per_train_step": 131072, "max_context_length": 4096}, ` +
+			`"parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": ` + strconv.Itoa(shard) + `, "fsdp_reshard_after_forward": "default", ` +
+			`"tensor_parallel_degree": 1, "context_parallel_degree": 1, "pipeline_parallel_degree": 1, "expert_parallel_degree": 1}, ` +
+			`"compile": {"enable": true, "components": ["model", "loss"]}, "activation_checkpoint": {"mode": "selective"}}`
+	}
+	dev := b200(t)
+	if _, _, err := (Input{Log: withLine(t, "main_na.log", printed(8)), Job: py, Device: dev, Skip: 1}).Run(); err != nil {
+		t.Errorf("agreeing: %v", err)
+	}
+	_, _, err = Input{Log: withLine(t, "main_na.log", printed(4)), Job: py, Device: dev, Skip: 1}.Run()
+	if want := "data_parallel_shard_degree: 8 in testdata/main_na.py, 4 in main_na.log: the config printed at line 3"; !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), want) {
+		t.Errorf("dp_shard 4: err = %v\nwant %q", err, want)
+	}
+	if _, _, err := (Input{Log: withLine(t, "main_na.log", printed(8)), Device: dev, Skip: 1}).Run(); err == nil || !strings.Contains(err.Error(), "activation_checkpoint") {
+		t.Errorf("printed main config alone: err = %v", err)
+	}
+	// So is the same JSON given as --job-config.
+	path := t.TempDir() + "/printed.json"
+	_, js, _ := strings.Cut(printed(8), "Running with configs: ")
+	if err := os.WriteFile(path, []byte(js), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadJobConfig(path); err == nil || !strings.Contains(err.Error(), "activation_checkpoint") {
+		t.Errorf("--job-config printed.json: err = %v", err)
+	}
+}
