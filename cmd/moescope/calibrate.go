@@ -58,11 +58,11 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	}); err != nil {
 		return err
 	}
+	fmt.Fprintf(stderr, "wrote %s (calibration of %d runs)\n", *out, len(runs))
 	if *jsonOut {
 		_, err := stdout.Write(doc)
 		return err
 	}
-	fmt.Fprintf(stdout, "calibration of %d run(s) written to %s\n", len(runs), *out)
 	if err := paramTable(stdout, cal); err != nil {
 		return err
 	}
@@ -122,7 +122,8 @@ func residualTable(w io.Writer, cal *cost.Calibration, runs []published.Run) err
 }
 
 // calibrateRuns reads the runs to fit: the runs file, or the torchtitan
-// logs (then written to --runs-out, and their notes printed to stderr).
+// logs (then written to --runs-out when given, and their notes printed to
+// stderr).
 // names name each run for its residual (runNames, or the log file it was
 // read from); source describes them for the calibration.
 func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool) (runs []published.Run, names []string, source string, err error) {
@@ -134,14 +135,18 @@ func calibrateRuns(stderr io.Writer, runsPath string, logs *logFlags, force bool
 		for _, n := range notes {
 			fmt.Fprintln(stderr, "moescope calibrate: "+n)
 		}
-		if err := logs.writeRuns(runs, force); err != nil {
+		if err := logs.writeRuns(stderr, runs, force); err != nil {
 			return nil, nil, "", err
 		}
 		// titanlog reads one run per log, in the flags' order.
 		if len(runs) != len(logs.logs) {
 			return nil, nil, "", fmt.Errorf("calibrate: %d run(s) read from %d log(s): want one per log", len(runs), len(logs.logs))
 		}
-		return runs, append([]string(nil), logs.logs...), fmt.Sprintf("moescope calibrate --torchtitan-log %s (%d run(s); runs in %s)", strings.Join(logs.logs, " "), len(runs), logs.runsOut), nil
+		source := fmt.Sprintf("moescope calibrate --torchtitan-log %s (%d run(s))", strings.Join(logs.logs, " "), len(runs))
+		if logs.runsOut != "" {
+			source = fmt.Sprintf("moescope calibrate --torchtitan-log %s (%d run(s); runs in %s)", strings.Join(logs.logs, " "), len(runs), logs.runsOut)
+		}
+		return runs, append([]string(nil), logs.logs...), source, nil
 	}
 	if runs, err = published.ReadFile(runsPath, false); err != nil {
 		return nil, nil, "", err

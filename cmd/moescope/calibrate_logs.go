@@ -42,7 +42,7 @@ func addLogFlags(fs *flag.FlagSet) *logFlags {
 	fs.IntVar(&l.skip, "skip-steps", 1, "logged steps to drop at the start of each log (the first includes compilation), ≥ 0")
 	fs.StringVar(&l.gpu, "gpu", hw.DefaultDeviceName, "device the logged runs used")
 	fs.StringVar(&l.cluster, "cluster", "", "cluster the logged runs used (default: the GPU's usual one)")
-	fs.StringVar(&l.runsOut, "runs-out", "", "runs file (published-runs schema) to write from the logs (required with --torchtitan-log)")
+	fs.StringVar(&l.runsOut, "runs-out", "", "also write the runs read from the logs to this runs file (published-runs schema), for --runs or validate")
 	return l
 }
 
@@ -83,9 +83,6 @@ func (l *logFlags) check(runsPath string) error {
 		errs = append(errs, errors.New("--job-config, --skip-steps, --gpu, --cluster and --runs-out go with --torchtitan-log"))
 	}
 	if len(l.logs) > 0 {
-		if l.runsOut == "" {
-			errs = append(errs, errors.New("--runs-out is required with --torchtitan-log (the runs read from the logs)"))
-		}
 		if len(l.jobs) > 0 && len(l.jobs) != len(l.logs) {
 			errs = append(errs, fmt.Errorf("--job-config given %d time(s) for %d log(s): give one per log, in the same order, or none", len(l.jobs), len(l.logs)))
 		}
@@ -123,17 +120,30 @@ func (l *logFlags) runs() ([]published.Run, []string, error) {
 			return nil, nil, fmt.Errorf("%w: --cluster: %v", errUsage, err)
 		}
 	}
-	return titanlog.Files{Logs: l.logs, Jobs: l.jobs, Device: dev, Cluster: l.cluster, Skip: l.skip}.Runs()
+	runs, notes, err := titanlog.Files{Logs: l.logs, Jobs: l.jobs, Device: dev, Cluster: l.cluster, Skip: l.skip}.Runs()
+	if errors.Is(err, titanlog.ErrMismatch) {
+		// The wrong file named beside a log: the command line's mistake.
+		return nil, nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return runs, notes, err
 }
 
-// writeRuns writes the runs read from the logs.
-func (l *logFlags) writeRuns(runs []published.Run, force bool) error {
+// writeRuns writes the runs read from the logs to --runs-out, if given,
+// and says so on stderr.
+func (l *logFlags) writeRuns(stderr io.Writer, runs []published.Run, force bool) error {
+	if l.runsOut == "" {
+		return nil
+	}
 	doc, err := marshalJSON("calibrate", runs, "  ")
 	if err != nil {
 		return err
 	}
-	return fileio.WriteFileAtomic(l.runsOut, force, func(w io.Writer) error {
+	if err := fileio.WriteFileAtomic(l.runsOut, force, func(w io.Writer) error {
 		_, err := w.Write(doc)
 		return err
-	})
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s (%d runs)\n", l.runsOut, len(runs))
+	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/parallel/sim/cost"
+	"github.com/moescope/moescope/parallel/sim/published"
 )
 
 const titanData = "../../parallel/titanlog/testdata/"
@@ -77,7 +79,6 @@ func TestCalibrateLogFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--out", out}, "--runs or --torchtitan-log is required"},
-		{[]string{"--torchtitan-log", log, "--out", out}, "--runs-out is required"},
 		{[]string{"--torchtitan-log", log, log, "--job-config", toml, "--runs-out", filepath.Join(dir, "r.json"), "--out", out}, "given 1 time(s) for 2 log(s)"},
 		{[]string{"--torchtitan-log", log, "--skip-steps", "-1", "--runs-out", filepath.Join(dir, "r.json"), "--out", out}, "--skip-steps = -1"},
 		{[]string{"--runs", existing, "--skip-steps", "2", "--out", out}, "go with --torchtitan-log"},
@@ -99,5 +100,80 @@ func TestCalibrateLogFlags(t *testing.T) {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s written by a run that failed", p)
 		}
+	}
+}
+
+// TestCalibrateLogsSwapped: stated_b4.log states local batch 4, global 32
+// (its config rank0_colour.toml), stated_b2.log local 2, global 16
+// (stated_b2.toml), each at line 5 (parallel/titanlog/testdata). Given
+// the configs in the other order, calibrate is refused with a usage error
+// naming the first log, its config given, the field and both values, and
+// writes nothing.
+func TestCalibrateLogsSwapped(t *testing.T) {
+	dir := t.TempDir()
+	out, runsOut := filepath.Join(dir, "c.json"), filepath.Join(dir, "r.json")
+	var buf bytes.Buffer
+	err := run(&buf, &buf, []string{"calibrate", "--torchtitan-log", titanData + "stated_b4.log", titanData + "stated_b2.log",
+		"--job-config", titanData + "stated_b2.toml", "--job-config", titanData + "rank0_colour.toml", "--runs-out", runsOut, "--out", out})
+	if !errors.Is(err, errUsage) || exitCode(err) != 2 {
+		t.Fatalf("err = %v (exit %d), want a usage error (exit 2)", err, exitCode(err))
+	}
+	for _, w := range []string{
+		"log " + titanData + "stated_b4.log, job config " + titanData + "stated_b2.toml",
+		"local batch size: 4 in " + titanData + "stated_b4.log (line 5), 2 in " + titanData + "stated_b2.toml",
+		"global batch size: 32 in " + titanData + "stated_b4.log (line 5), 16 in " + titanData + "stated_b2.toml",
+	} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("err = %v\nwant %q", err, w)
+		}
+	}
+	for _, p := range []string{out, runsOut} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s written by a refused run", p)
+		}
+	}
+}
+
+// TestCalibrateLogsWrote: in the logs' order the same files calibrate,
+// with no --runs-out (nothing but the calibration written, and stderr
+// says so) and with one (both named, with the two runs).
+func TestCalibrateLogsWrote(t *testing.T) {
+	dir := t.TempDir()
+	args := []string{"calibrate", "--torchtitan-log", titanData + "stated_b4.log", titanData + "stated_b2.log",
+		"--job-config", titanData + "rank0_colour.toml", "--job-config", titanData + "stated_b2.toml"}
+	out := filepath.Join(dir, "c.json")
+	var stdout, stderr bytes.Buffer
+	if err := run(&stdout, &stderr, append(args, "--out", out)); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if got, want := stderr.String(), "wrote "+out+" (calibration of 2 runs)\n"; got != want {
+		t.Errorf("stderr %q, want %q", got, want)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("%d files in %s, want only the calibration", len(entries), dir)
+	}
+	cal, err := cost.ReadCalibration(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := titanData + "stated_b4.log"; len(cal.ResidualRuns) != 2 || cal.ResidualRuns[0] != want || strings.Contains(cal.Source, "runs in") {
+		t.Errorf("residual_runs %q, source %q", cal.ResidualRuns, cal.Source)
+	}
+
+	out2, runsOut := filepath.Join(dir, "c2.json"), filepath.Join(dir, "r.json")
+	stdout.Reset()
+	stderr.Reset()
+	if err := run(&stdout, &stderr, append(args, "--runs-out", runsOut, "--out", out2, "--json")); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if got, want := stderr.String(), "wrote "+runsOut+" (2 runs)\nwrote "+out2+" (calibration of 2 runs)\n"; got != want {
+		t.Errorf("stderr %q, want %q", got, want)
+	}
+	if strings.Contains(stdout.String(), "wrote") {
+		t.Errorf("--json: stdout holds more than the calibration:\n%s", stdout.String())
+	}
+	runs, err := published.ReadFile(runsOut, false)
+	if err != nil || len(runs) != 2 || runs[0].LBS != 4 || runs[1].LBS != 2 {
+		t.Errorf("runs file: %+v, %v: want lbs 4 then 2", runs, err)
 	}
 }

@@ -145,6 +145,11 @@ func TestCalibrateResidualsNamed(t *testing.T) {
 	if !ok {
 		t.Fatalf("no residuals table:\n%s", out)
 	}
+	// stderr, after the table: the file written.
+	table, wrote, _ := strings.Cut(table, "wrote ")
+	if wrote != cal+" (calibration of 3 runs)\n" {
+		t.Errorf("stderr: wrote %q, want %s (calibration of 3 runs)", wrote, cal)
+	}
 	lines := strings.Split(strings.TrimSpace(table), "\n")
 	if len(lines) != 1+len(want) {
 		t.Fatalf("residuals table has %d lines, want a header and %d runs:\n%s", len(lines), len(want), table)

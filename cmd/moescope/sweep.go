@@ -138,8 +138,8 @@ func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Dev
 	for _, p := range d.Params {
 		m.Params = append(m.Params, sweepParamJSON{p.Name, p.Std, p.Identified})
 	}
-	m.Calibrate = fmt.Sprintf("moescope calibrate --gpu %s --torchtitan-log %s %s --runs-out %s --out %s",
-		dev.Name, strings.Join(logs, " "), strings.Join(tomls, " "), filepath.Join(dir, "runs.json"), filepath.Join(dir, "calibration.json"))
+	m.Calibrate = fmt.Sprintf("moescope calibrate --gpu %s --torchtitan-log %s %s --out %s",
+		dev.Name, strings.Join(logs, " "), strings.Join(tomls, " "), filepath.Join(dir, "calibration.json"))
 	return m
 }
 

@@ -21,11 +21,14 @@ import (
 // prints it (components/metrics.py MetricsProcessor.log, tools/utils.py
 // Color, tools/logging.py header, torchrun's [rank0]: prefix): a slow
 // compiling first step, then steps at tps, memory peakGiB.
-func writeTitanLog(path string, tps, peakGiB, capGiB float64, steps int) error {
+func writeTitanLog(path string, tps, peakGiB, capGiB float64, steps int, stated ...string) error {
 	var b strings.Builder
 	const red, green, orange, turq, blue, cyan, magenta, reset = "\033[31m", "\033[32m", "\033[38;2;180;60;0m", "\033[38;2;54;234;195m",
 		"\033[34m", "\033[36m", "\033[35m", "\033[39m"
 	fmt.Fprintf(&b, "[rank0]:[titan] 2026-03-02 14:00:00,000 - root - INFO - CUDA capacity: NVIDIA B200 with %.2fGiB memory\n", capGiB)
+	for _, s := range stated {
+		fmt.Fprintf(&b, "[rank0]:[titan] 2026-03-02 14:00:00,000 - root - INFO - %s\n", s)
+	}
 	for s := 1; s <= steps; s++ {
 		t := tps
 		if s == 1 {
@@ -110,7 +113,18 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 		}
 		twoHost = twoHost || j.Plan.GPUs == 16
 		logPath := filepath.Join(dir, j.Name+".log")
-		if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10); err != nil {
+		// The start-up lines torchtitan v0.2.2 prints (parallel_dims.py
+		// 130–134, train.py 354–362 at 73a0e69), which calibrate checks
+		// against the job config.
+		mesh := fmt.Sprintf("Building device mesh with parallelism: pp=1, dp_replicate=%d, dp_shard=%d, cp=1, tp=%d, ep=%d, etp=%d",
+			job.DPReplicate, job.DPShard, job.TP, job.EP, job.ETP)
+		gbs := job.GlobalBatch
+		if gbs == 0 {
+			gbs = job.LBS * job.DPShard * job.DPReplicate
+		}
+		trainer := fmt.Sprintf("Trainer is initialized with local batch size %d, global batch size %d, gradient accumulation steps %d, sequence length %d, total steps 10 (warmup 2)",
+			job.LBS, gbs, gbs/(job.LBS*job.DPShard*job.DPReplicate), job.Seq)
+		if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, mesh, trainer); err != nil {
 			t.Fatal(err)
 		}
 		args = append(args, "--torchtitan-log", logPath, "--job-config", j.TOML)

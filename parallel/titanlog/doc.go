@@ -2,7 +2,7 @@
 // so that runs a user made with moescope's exports become measured runs in
 // the published-runs schema (published.Run) without copying numbers by hand.
 //
-// Three inputs, each read to the format in torchtitan's own source at the
+// Four inputs, each read to the format in torchtitan's own source at the
 // two commits moescope exports for (plan.TorchtitanTOMLCommit, v0.2.2, and
 // plan.TorchtitanPyCommit, main):
 //
@@ -14,6 +14,12 @@
 //     `[titan] <asctime> - <name> - <level> - ` of torchtitan/tools/logging.py,
 //     and behind torchrun's `[rankN]:` prefix (run_train.sh passes
 //     `--role rank --tee 3`);
+//   - the start-up lines (Facts, facts.go): Trainer's `Trainer is initialized
+//     with …` (local and global batch and sequence length in v0.2.2's
+//     train.py, tokens per DP rank and per step and the context length in
+//     main's trainer.py), ParallelDims.build_mesh's `Building device mesh
+//     with parallelism: …` and `Model NAME FLAVOR size: …`, checked against
+//     the job config (ErrMismatch);
 //   - the job config: the TOML file of v0.2.2 (torchtitan/config/job_config.py),
 //     the config-registry function moescope exports for main, or the JSON
 //     torchtitan prints at start-up under `Running with configs:` when

@@ -38,6 +38,9 @@ type Log struct {
 	// DeviceName its name for messages.
 	CapacityGiB float64
 	DeviceName  string
+	// Facts are the batch, sequence length, degrees and model the log's
+	// start-up lines state, checked against the job config.
+	Facts Facts
 	// Notes state what was skipped and why.
 	Notes []string
 }
@@ -170,6 +173,12 @@ func Parse(name string, data []byte) (*Log, error) {
 			}
 			i += n - 1
 		default:
+			if ok, err := lg.readFact(l.no, msg); ok || err != nil {
+				if err != nil {
+					return nil, err
+				}
+				continue
+			}
 			if m := capacityRE.FindStringSubmatch(msg); m != nil {
 				lg.DeviceName = m[1]
 				lg.CapacityGiB, _ = strconv.ParseFloat(m[2], 64)

@@ -226,7 +226,7 @@ func TestQuantAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = agree(bf16, mx)
+	err = agree("l.log", bf16, mx)
 	if err == nil || !strings.Contains(err.Error(), "precision: bf16 in bf16.toml, mxfp8 in mx.toml") || !strings.Contains(err.Error(), "quantize:  in bf16.toml, experts in mx.toml") {
 		t.Errorf("agree: %v", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/plan"
 )
 
@@ -122,7 +123,9 @@ func (v *values) mainTraining(j *Job) {
 
 // printedMain reads the JSON current torchtitan prints: the checkpointing
 // policy's class is not in it (to_dict keeps the Config's fields only), so
-// such a log needs its registry file as --job-config.
+// AC is left empty (noACClass refuses it as a run's only config: such a
+// log needs its registry file as --job-config), and the converters are not
+// read (Precision stays bf16).
 func (v *values) printedMain() (*Job, error) {
 	j := &Job{Where: v.where, Form: FormPrintedMain, Precision: "bf16"}
 	name, flavor := v.str("model_spec.name", ""), v.str("model_spec.flavor", "")
@@ -134,8 +137,17 @@ func (v *values) printedMain() (*Job, error) {
 	v.mainTraining(j)
 	v.parallelism(j)
 	v.compile(j, []string{"model", "loss"})
-	v.fail("activation_checkpoint", "(a dict of fields)", "named by class, which main's printed config does not keep: pass the registry file as --job-config")
 	return j, v.err()
+}
+
+// noACClass refuses main's printed form (printedMain) as the config a run
+// is read with: its checkpointing policy is unknown.
+func (j *Job) noACClass() error {
+	if j.Form != FormPrintedMain {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", j.Where, moe.FieldError{Field: "activation_checkpoint", Value: "(a dict of fields)",
+		Allowed: "named by class, which main's printed config does not keep: pass the registry file as --job-config"})
 }
 
 // pyClass is a checkpointing Config() call, as read by pyLiteral.

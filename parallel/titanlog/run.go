@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/moescope/moescope/moe"
@@ -34,19 +35,26 @@ func (in Input) Run() (published.Run, []string, error) {
 	job := in.Job
 	if lg.Config != nil {
 		printed, err := FromPrinted(fmt.Sprintf("%s: the config printed at line %d", lg.Name, lg.ConfigLine), lg.Config)
+		if err == nil && job == nil {
+			err = printed.noACClass()
+		}
 		switch {
 		case job == nil && err != nil:
 			return published.Run{}, nil, err
 		case job == nil:
 			job = printed
 		case err == nil:
-			if err := agree(job, printed); err != nil {
+			if err := agree(lg.Name, job, printed); err != nil {
 				return published.Run{}, nil, err
 			}
 		}
 	}
 	if job == nil {
 		return published.Run{}, nil, fmt.Errorf("%s: no job config: the log prints none (set job.print_config, or debug.print_config on main) and no --job-config was given for it", lg.Name)
+	}
+	job, err := lg.checkFacts(job)
+	if err != nil {
+		return published.Run{}, nil, err
 	}
 	if err := in.checkDevice(); err != nil {
 		return published.Run{}, nil, err
@@ -162,18 +170,29 @@ func (j *Job) version() string {
 	return "main " + plan.TorchtitanPyCommit[:7]
 }
 
-// agree reports every field on which two job configs of one run differ.
-func agree(a, b *Job) error {
-	fields := []struct {
+// agree reports every field on which two job configs of one run, log's
+// --job-config a and the config it printed b, differ (ErrMismatch).
+func agree(log string, a, b *Job) error {
+	type pair struct {
 		name string
 		x, y any
-	}{
+	}
+	fields := []pair{
 		{"model", a.Model, b.Model}, {"local batch (sequences)", a.LBS, b.LBS}, {"global batch (sequences)", a.globalBatch(), b.globalBatch()},
 		{"seq", a.Seq, b.Seq}, {"data_parallel_replicate_degree", a.DPReplicate, b.DPReplicate},
 		{"data_parallel_shard_degree", a.DPShard, b.DPShard}, {"expert_parallel_degree", a.EP, b.EP},
 		{"fsdp_reshard_after_forward", a.ReshardAfterForward, b.ReshardAfterForward}, {"activation checkpointing", a.AC, b.AC},
 		{"compile.enable", a.Compile, b.Compile}, {"compile model", a.CompileModel, b.CompileModel}, {"compile loss", a.CompileLoss, b.CompileLoss},
+		{"tensor_parallel_degree", a.TP, b.TP},
 		{"precision", a.Precision, b.Precision}, {"quantize", a.converted(), b.converted()}, {"fp8_all_gather", a.FP8AllGather, b.FP8AllGather},
+	}
+	if b.Form == FormPrintedMain {
+		// Main's printed form keeps neither the checkpointing policy's
+		// class nor is its converters' form read (printedMain): compare
+		// the fields before them.
+		fields = slices.DeleteFunc(fields, func(f pair) bool {
+			return slices.Contains([]string{"activation checkpointing", "precision", "quantize", "fp8_all_gather"}, f.name)
+		})
 	}
 	var errs []error
 	for _, f := range fields {
@@ -184,8 +203,8 @@ func agree(a, b *Job) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("the job config and the config the log printed disagree (was the log made with another config?):\n  %s",
-		strings.ReplaceAll(errors.Join(errs...).Error(), "\n", "\n  "))
+	return fmt.Errorf("%w: log %s, job config %s: the job config and the config the log printed differ (was the log made with another config? give the configs in the logs' order):\n  %s",
+		ErrMismatch, log, a.Where, strings.ReplaceAll(errors.Join(errs...).Error(), "\n", "\n  "))
 }
 
 // converted is the GEMM sets the job's recipe converts, the default made

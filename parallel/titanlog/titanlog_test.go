@@ -126,7 +126,7 @@ func TestJobConfigForms(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, j := range []*Job{toml, py, printed} {
-		if err := agree(toml, j); err != nil {
+		if err := agree("l.log", toml, j); err != nil {
 			t.Errorf("%s: %v", j.Where, err)
 		}
 	}

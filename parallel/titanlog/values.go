@@ -105,5 +105,9 @@ func parseJSONConfig(where string, data []byte) (*Job, error) {
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("%s: not a JSON object: %w", where, err)
 	}
-	return fromSections(where, doc)
+	j, err := fromSections(where, doc)
+	if err == nil {
+		err = j.noACClass()
+	}
+	return j, err
 }
