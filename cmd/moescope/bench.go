@@ -34,10 +34,6 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	python := fs.String("python", "/usr/bin/python3", "Python interpreter for --torch")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the layer benchmark to this file (go tool pprof)")
 	force := fs.Bool("force", false, "overwrite an existing --cpuprofile file")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: moescope bench [--json] [--model M] [--tokens N] [--threads N] [--experts E] [--top-k K] [--torch SCRIPT]")
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
