@@ -23,7 +23,7 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	model := fs.String("model", "qwen3-30b-a3b", "built-in model name or config.json path whose layer and expert shapes are measured")
 	tokens := fs.Int("tokens", 2048, "tokens of the layer benchmark (one sequence)")
-	threads := fs.Int("threads", runtime.NumCPU(), "cores the kernels use")
+	threads := fs.Int("threads", runtime.NumCPU(), "threads the kernels use (default: the CPUs this process may use)")
 	experts := fs.Int("experts", 16, "routed experts in the benchmarked layer (0 = the model's own)")
 	topK := fs.Int("top-k", 4, "experts per token in the benchmarked layer (0 = the model's own)")
 	iters := fs.Int("iters", 3, "timed forward+backward runs of the layer (the best is reported)")
@@ -34,10 +34,6 @@ func runBench(stdout, stderr io.Writer, args []string) error {
 	python := fs.String("python", "/usr/bin/python3", "Python interpreter for --torch")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the layer benchmark to this file (go tool pprof)")
 	force := fs.Bool("force", false, "overwrite an existing --cpuprofile file")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: moescope bench [--json] [--model M] [--tokens N] [--threads N] [--experts E] [--top-k K] [--torch SCRIPT]")
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -133,8 +129,8 @@ func parseSizes(s string) ([]int, error) {
 
 func printBench(w io.Writer, r *bench.Report) {
 	c := r.CPU
-	fmt.Fprintf(w, "cpu: %s (%s family %d model %d), %d cores, %s; L1d %d KiB, L2 %d KiB, L3 %d KiB; kernel %s\n",
-		c.Brand, c.Vendor, c.Family, c.Model, c.PhysicalCores, strings.Join(c.Features, " "),
+	fmt.Fprintf(w, "cpu: %s (%s family %d model %d), %d CPUs usable by this process (cpuid: %d physical cores), %s; L1d %d KiB, L2 %d KiB, L3 %d KiB; kernel %s\n",
+		c.Brand, c.Vendor, c.Family, c.Model, c.UsableCPUs, c.PhysicalCores, strings.Join(c.Features, " "),
 		c.L1DBytes>>10, c.L2Bytes>>10, c.L3Bytes>>10, c.Kernel)
 	p := r.Peak
 	fmt.Fprintf(w, "peak (float32 FMA loop, measured, best of 20 runs): clock %.2f GHz, %.1f FLOP/cycle, %.1f GFLOP/s per core, %.1f GFLOP/s on %d threads\n",

@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/moescope/moescope/bench"
+	"github.com/moescope/moescope/moe/kernel"
 )
 
 func TestBenchJSON(t *testing.T) {
@@ -71,5 +75,20 @@ func TestBenchFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want one containing %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestBenchNamesUsableCPUs: bench's cpu line gives the CPUs this process
+// may use (runtime.NumCPU, its affinity mask), and cpuid's core count only
+// labelled as cpuid's (a VM may report its host's).
+func TestBenchNamesUsableCPUs(t *testing.T) {
+	if got := kernel.Info().UsableCPUs; got != runtime.NumCPU() {
+		t.Errorf("UsableCPUs %d, runtime.NumCPU %d", got, runtime.NumCPU())
+	}
+	var b strings.Builder
+	printBench(&b, &bench.Report{CPU: kernel.CPU{Brand: "Virtual CPU", UsableCPUs: 2, PhysicalCores: 254}})
+	line, _, _ := strings.Cut(b.String(), "\n")
+	if !strings.Contains(line, "2 CPUs usable by this process") || !strings.Contains(line, "(cpuid: 254 physical cores)") {
+		t.Errorf("cpu line %q", line)
 	}
 }

@@ -52,10 +52,7 @@ func addLogFlags(fs *flag.FlagSet) *logFlags {
 func parseCalibrateFlags(fs *flag.FlagSet, l *logFlags, args []string) error {
 	for {
 		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return err
-			}
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return flagError(fs, err)
 		}
 		if fs.NArg() == 0 {
 			break

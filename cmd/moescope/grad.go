@@ -29,10 +29,6 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	save := fs.String("save", "", "with --init: write the initialized weights here (safetensors, F32)")
 	force := fs.Bool("force", false, "overwrite existing output files")
 	hostGiB := fs.Float64("host-memory-gib", defaultHostMemoryGiB, "refuse runs whose float32 tensors would need more host memory than this (or than MemAvailable, when smaller)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: moescope grad --model M (--weights W | --init SEED [--save W]) [--tokens T.json [--ac POLICY] [--out G.safetensors]] [--force] [--host-memory-gib 16]")
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

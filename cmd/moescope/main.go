@@ -7,17 +7,12 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 )
 
 func main() {
 	err := run(os.Stdout, os.Stderr, os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return // -h: the flag set has printed its usage
-	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "moescope:", err)
 		os.Exit(exitCode(err))

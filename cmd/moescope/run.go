@@ -38,7 +38,7 @@ func exitCode(err error) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: moescope COMMAND [flags]   (moescope COMMAND -h for its flags)")
+	fmt.Fprintln(w, "usage: moescope COMMAND [flags]   (moescope COMMAND --help or moescope help COMMAND for its usage)")
 	fmt.Fprintln(w, "\ncommands:")
 	for _, n := range slices.Sorted(maps.Keys(commands)) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
@@ -48,6 +48,12 @@ func usage(w io.Writer) {
 // run is the whole program: main only maps its error to an exit code.
 func run(stdout, stderr io.Writer, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		if len(args) > 1 && args[0] == "help" {
+			if len(args) > 2 {
+				return fmt.Errorf("%w: help takes one command (got %q)", errUsage, strings.Join(args[1:], " "))
+			}
+			return runHelp(stdout, stderr, args[1])
+		}
 		usage(stdout)
 		if len(args) == 0 {
 			return fmt.Errorf("%w: no command given", errUsage)
@@ -59,25 +65,37 @@ func run(stdout, stderr io.Writer, args []string) error {
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		return fmt.Errorf("%w: unknown command %q (known: %s)", errUsage, args[0], strings.Join(slices.Sorted(maps.Keys(commands)), ", "))
+		return unknownCommand(args[0])
 	}
-	return c.run(stdout, stderr, args[1:])
+	err := c.run(stdout, stderr, args[1:])
+	var h *helpRequest
+	if errors.As(err, &h) {
+		printHelp(stdout, c.name, h.fs)
+		return nil
+	}
+	return err
 }
 
-// newFlags makes a subcommand's flag set that reports errors instead of exiting.
-func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+func unknownCommand(name string) error {
+	return fmt.Errorf("%w: unknown command %q (known: %s)", errUsage, name, strings.Join(slices.Sorted(maps.Keys(commands)), ", "))
+}
+
+// newFlags makes a subcommand's flag set that prints nothing and returns
+// its errors instead of exiting: run prints the help of -h on stdout, and
+// parseFlags makes any other error one line (flagError). The writer, the
+// command's stderr, is unused: the flag package's own message and usage
+// dump are what it replaces.
+func newFlags(name string, _ io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("moescope "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return fs
 }
 
 // parseFlags parses args and rejects stray positional arguments.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return flagError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))

@@ -13,9 +13,11 @@ import (
 func helpFlags(t *testing.T, cmd string) map[string]string {
 	t.Helper()
 	var out, errb bytes.Buffer
-	_ = run(&out, &errb, []string{cmd, "-h"})
+	if err := run(&out, &errb, []string{cmd, "-h"}); err != nil {
+		t.Fatalf("%s -h: %v", cmd, err)
+	}
 	names := map[string]string{}
-	lines := strings.Split(errb.String(), "\n")
+	lines := strings.Split(out.String(), "\n")
 	re := regexp.MustCompile(`^  -([a-z0-9-]+)`)
 	for i, l := range lines {
 		if m := re.FindStringSubmatch(l); m != nil && i+1 < len(lines) {
@@ -23,7 +25,7 @@ func helpFlags(t *testing.T, cmd string) map[string]string {
 		}
 	}
 	if len(names) == 0 {
-		t.Fatalf("%s -h listed no flags:\n%s", cmd, errb.String())
+		t.Fatalf("%s -h listed no flags on stdout:\n%s", cmd, out.String())
 	}
 	return names
 }

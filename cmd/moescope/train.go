@@ -150,10 +150,6 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs.BoolVar(&a.printSched, "schedule", false, "print one rank's program of one step (the schedule) and exit")
 	fs.Float64Var(&a.hostGiB, "host-memory-gib", defaultHostMemoryGiB, "refuse runs whose float32 tensors would need more host memory than this")
 	a.faults = addFaultFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: moescope train --model M --gpus N [layout flags] [--ac POLICY] --lbs B --seq S --steps K [--grad-accum A] [--seed X] [--json] [--checkpoint DIR] [--resume DIR] [--fail-rank R | --stall-rank R] [--fail-step S] [--collective-timeout D]")
-		fs.PrintDefaults()
-	}
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}

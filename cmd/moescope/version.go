@@ -30,8 +30,10 @@ func runVersion(stdout, stderr io.Writer, args []string) error {
 // (a tag or pseudo-version under go install module@version and, since Go
 // 1.24, go build in a clone; "(devel)" otherwise), then the VCS revision
 // and commit time the go command stamped, marked when the tree had
-// uncommitted changes. go run and go test stamp no revision, so that case
-// says how to get one rather than printing an empty field.
+// uncommitted changes. go run and go test stamp no revision, nor does a
+// build with -buildvcs=false (often set in GOFLAGS, which the binary cannot
+// see) or outside a checkout, so that case names them and how to get one
+// rather than printing an empty field.
 func versionText(info *debug.BuildInfo) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "moescope %s (module %s)\n", info.Main.Version, info.Main.Path)
@@ -49,7 +51,9 @@ func versionText(info *debug.BuildInfo) string {
 		}
 		b.WriteString("\n")
 	} else {
-		b.WriteString("revision unknown: this binary was built without VCS information (go run and go test record none; go build or go install in a clone does)\n")
+		b.WriteString("revision unknown: this binary was built without VCS information (go run and go test record none, " +
+			"nor does go build with -buildvcs=false, which GOFLAGS may set (go env GOFLAGS), or outside a git checkout or in a linked worktree); " +
+			"go build -buildvcs=true in a clone records it\n")
 	}
 	fmt.Fprintf(&b, "built with %s\n", info.GoVersion)
 	return b.String()

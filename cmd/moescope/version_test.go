@@ -20,8 +20,11 @@ func TestVersionText(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 	info.Settings = nil
-	if got := versionText(info); !strings.Contains(got, "revision unknown") {
-		t.Errorf("without VCS settings: %q lacks %q", got, "revision unknown")
+	got := versionText(info)
+	for _, w := range []string{"revision unknown", "-buildvcs=false", "GOFLAGS", "-buildvcs=true"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("without VCS settings: %q lacks %q", got, w)
+		}
 	}
 }
 

@@ -1,16 +1,22 @@
 package kernel
 
 import (
+	"runtime"
+
 	"github.com/klauspost/cpuid/v2"
 )
 
-// CPU is what cpuid reports about the processor, plus the micro-kernel this
-// package dispatches to on it.
+// CPU is what cpuid reports about the processor, plus the logical CPUs this
+// process may run on and the micro-kernel this package dispatches to on it.
+// cpuid's core counts are the package's (a VM may report its host's), not
+// what the process can use: UsableCPUs is runtime.NumCPU, which honours the
+// process's CPU affinity mask.
 type CPU struct {
 	Brand         string   `json:"brand"`
 	Vendor        string   `json:"vendor"`
 	Family        int      `json:"family"`
 	Model         int      `json:"model"`
+	UsableCPUs    int      `json:"usable_cpus"`
 	PhysicalCores int      `json:"physical_cores"`
 	LogicalCores  int      `json:"logical_cores"`
 	Features      []string `json:"features"`  // the vector features the kernels can use, as cpuid names them
@@ -21,7 +27,8 @@ type CPU struct {
 	Kernel        string   `json:"kernel"` // the GEMM micro-kernel in use: "avx512", "avx2" or "generic"
 }
 
-// Info returns what cpuid reports and the kernel in use.
+// Info returns what cpuid reports, the CPUs this process may use and the
+// kernel in use.
 func Info() CPU {
 	c := cpuid.CPU
 	var feats []string
@@ -35,6 +42,7 @@ func Info() CPU {
 		Vendor:        c.VendorString,
 		Family:        c.Family,
 		Model:         c.Model,
+		UsableCPUs:    runtime.NumCPU(),
 		PhysicalCores: c.PhysicalCores,
 		LogicalCores:  c.LogicalCores,
 		Features:      feats,
