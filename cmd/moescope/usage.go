@@ -21,7 +21,7 @@ type helpText struct {
 var helps = map[string]helpText{
 	"bench": {"moescope bench [--json] [--model M] [--tokens N] [--threads N] [--experts E] [--top-k K] [--sizes N,…] [--no-gemm] [--no-layer] [--torch SCRIPT]",
 		[]string{"moescope bench --model tiny --sizes 256,512"}},
-	"calibrate": {"moescope calibrate (--runs RUNS.json | --torchtitan-log LOG… [--job-config CFG]… --runs-out RUNS.json) --out CAL.json [--force] [--json]",
+	"calibrate": {"moescope calibrate (--runs RUNS.json | --torchtitan-log LOG… [--job-config CFG]… [--runs-out RUNS.json]) --out CAL.json [--force] [--json]",
 		[]string{"moescope calibrate --runs parallel/sim/validate/testdata/published/kempnerforge-mfu-scaling-h200.json --out calibration.json"}},
 	"flops": {"moescope flops --model M --seq S [--batch B] [--ac POLICY] [--mtp] [--tile ROWSxCOLS] [--tps T [--gpu G]] [--json]",
 		[]string{"moescope flops --model qwen3-30b-a3b --seq 4096"}},
