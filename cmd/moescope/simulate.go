@@ -119,7 +119,7 @@ func runSimulate(stdout, stderr io.Writer, args []string) error {
 	if err := writeSimTrace(stderr, sf, res, spec.Layout, cl); err != nil {
 		return err
 	}
-	rep := report.Simulation{Model: cfg.Name, Layout: spec.Layout, AC: spec.AC, LBS: spec.LBS, Seq: spec.Seq, GradAccum: spec.GradAccum, Result: res}
+	rep := report.Simulation{Run: report.RunOf(cfg.Name, spec), Result: res}
 	rep.Precision, rep.Quantize = spec.Precision, spec.Converted()
 	if cal != nil {
 		rep.Calibration = hwf.calibration

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
@@ -26,15 +27,10 @@ func init() {
 
 // trainReport is the JSON output of `moescope train`.
 type trainReport struct {
-	Model     string     `json:"model"`
-	Layout    job.Layout `json:"layout"`
-	AC        moe.AC     `json:"ac"`
-	LBS       int        `json:"lbs"`
-	Seq       int        `json:"seq"`
-	GradAccum int        `json:"grad_accum"`
-	StartStep int        `json:"start_step"` // optimizer steps already taken (resume)
-	Losses    []float64  `json:"losses"`     // cross-entropy, one per step of this run
-	AuxLosses []float64  `json:"aux_losses"` // aux loss per step, ref.AuxLoss's formula for the model (0 when off)
+	report.Run
+	StartStep int       `json:"start_step"` // optimizer steps already taken (resume)
+	Losses    []float64 `json:"losses"`     // cross-entropy, one per step of this run
+	AuxLosses []float64 `json:"aux_losses"` // aux loss per step, ref.AuxLoss's formula for the model (0 when off)
 	// TPS is a rank's own tokens per second (torchtitan's definition).
 	TPS float64 `json:"tps"`
 	// MFU is the model-convention FLOPs per second of all ranks together ÷
@@ -278,7 +274,7 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 	}
 	fmt.Fprintf(progress, "train %s: %s; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
 		cfg.Name, mesh, ac, a.lbs, a.seq, a.accum, batch.Global())
-	rep := trainReport{Model: cfg.Name, Layout: layout, AC: ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum, StartStep: num.StepIndex(),
+	rep := trainReport{Run: report.Run{Model: cfg.Name, Layout: layout, AC: ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum}, StartStep: num.StepIndex(),
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, PeakBytesPerRank: make([]int64, mesh.World())}
 	var total time.Duration
 	ctx := context.Background()

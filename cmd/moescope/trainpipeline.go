@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/moescope/moescope/cmd/moescope/internal/report"
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
@@ -68,7 +69,7 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 	l := r.layout
 	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d) × dp_replicate %d × dp_shard %d (FSDP inside each stage) × tp %d%s; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
 		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPReplicate, l.DPShard, l.TPDegree(), stageEP(l), r.ac, a.lbs, a.seq, a.accum, global)
-	rep := trainReport{Model: cfg.Name, Layout: l, AC: r.ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
+	rep := trainReport{Run: report.Run{Model: cfg.Name, Layout: l, AC: r.ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum},
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, CommBytes: map[string]int64{}}
 	var total time.Duration
 	tokens := float64(global * int64(a.seq))

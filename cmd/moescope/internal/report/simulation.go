@@ -14,15 +14,26 @@ import (
 	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
+// Run is the run a command reports on: its model, layout, checkpointing
+// and batch, the first keys of simulate's and train's JSON.
+type Run struct {
+	Model     string     `json:"model"`
+	Layout    job.Layout `json:"layout"`
+	AC        moe.AC     `json:"ac"`
+	LBS       int        `json:"lbs"`
+	Seq       int        `json:"seq"`
+	GradAccum int        `json:"grad_accum"`
+}
+
+// RunOf is run s of the model named model.
+func RunOf(model string, s job.Spec) Run {
+	return Run{Model: model, Layout: s.Layout, AC: s.AC, LBS: s.LBS, Seq: s.Seq, GradAccum: s.GradAccum}
+}
+
 // Simulation is the JSON output of `moescope simulate`.
 type Simulation struct {
-	Model       string     `json:"model"`
-	Layout      job.Layout `json:"layout"`
-	AC          moe.AC     `json:"ac"`
-	LBS         int        `json:"lbs"`
-	Seq         int        `json:"seq"`
-	GradAccum   int        `json:"grad_accum"`
-	Calibration string     `json:"calibration,omitempty"`
+	Run
+	Calibration string `json:"calibration,omitempty"`
 	// Precision is the recipe and Quantize the GEMM sets it converts;
 	// CalibrationNote says what a calibration fitted on another recipe
 	// leaves out.
