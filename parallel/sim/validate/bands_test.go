@@ -17,19 +17,8 @@ var update = flag.Bool("update", false, "rewrite internal/band/bands.json from t
 // the code that prints them; -update rewrites them. It prints their
 // leave-one-series-out coverage.
 func TestBandsStored(t *testing.T) {
-	runs, err := Published()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tps, err := TPS(runs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem, err := Memory(runs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := Bands(tps, mem)
+	tb := loadTables(t)
+	got := Bands(tb.tps, tb.mem)
 	t.Logf("TPS band [%.3f, %.3f] over %d %s runs of %d series, leave-one-series-out coverage %.1f%%; memory band [%.3f, %.3f] over %d runs, coverage %.1f%%",
 		got.TPS.Low, got.TPS.High, got.TPSRuns, got.TPSGroup, got.Series, 100*got.TPSCoverage,
 		got.Memory.Low, got.Memory.High, got.MemoryRuns, 100*got.MemoryCoverage)

@@ -20,15 +20,9 @@ import (
 // series from at least 2 sources. `moescope validate` prints the same
 // table.
 func TestPublishedTPS(t *testing.T) {
-	runs, err := Published()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tb := loadTables(t)
+	runs, tps := tb.runs, tb.tps
 	table, err := EmbeddedTable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tps, err := TPS(runs)
 	if err != nil {
 		t.Fatal(err)
 	}
