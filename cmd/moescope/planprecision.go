@@ -67,7 +67,7 @@ func pricedNames() []string {
 
 // recipes are the recipes plan searches: the flags' recipe under each
 // listed precision. --quantize and --fp8-all-gather apply to the
-// low-precision ones; each recipe is resolved and checked.
+// low-precision ones; each recipe is resolved (Set checked the precisions).
 func (p *precisionList) recipes(base job.Recipe) ([]job.Recipe, error) {
 	if len(p.list) <= 1 {
 		return []job.Recipe{base}, nil
@@ -82,10 +82,7 @@ func (p *precisionList) recipes(base job.Recipe) ([]job.Recipe, error) {
 		if err := r.Resolve(); err != nil {
 			return nil, fmt.Errorf("%w: --precision %s: %v", errUsage, v, err)
 		}
-		if err := r.CheckPriced(); err != nil {
-			return nil, fmt.Errorf("%w: --precision %s: %v", errUsage, v, err)
-		}
-		out[i] = r
+		out[i] = r // Set checked each precision is priced
 	}
 	return out, nil
 }

@@ -167,7 +167,7 @@ func (f *recipeFlags) recipe() (job.Recipe, error) {
 	r := f.r
 	err := r.Resolve()
 	if err == nil {
-		err = r.CheckPriced() // every command that takes a recipe predicts with it
+		err = r.Precision.Check("precision") // every command that takes a recipe predicts with it
 	}
 	if err == nil && f.timed && r.Attention == job.EagerAttention {
 		err = moe.FieldError{Field: "attention_kernel", Value: string(r.Attention), Allowed: "the time model prices cudnn and flash2 only (memory sizes eager attention)"}

@@ -54,9 +54,6 @@ func TestFP8AllGather(t *testing.T) {
 	if err := r.Resolve(); err != nil {
 		t.Errorf("fp8-tensorwise with fp8_all_gather: %v", err)
 	}
-	if err := r.CheckPriced(); err != nil {
-		t.Errorf("CheckPriced: %v", err)
-	}
 	q := moe.Param{Shape: []int{4096, 4096}, Group: moe.GroupAttention}
 	head := moe.Param{Shape: []int{128256, 4096}, Group: moe.GroupLMHead}
 	norm := moe.Param{Shape: []int{4096}, Group: moe.GroupNorm}

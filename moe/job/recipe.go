@@ -152,10 +152,6 @@ func (r Recipe) Validate() error {
 	return errors.Join(errs...)
 }
 
-// CheckPriced refuses what the time and memory models do not price yet: a
-// recipe outside job.PricedPrecisions.
-func (r Recipe) CheckPriced() error { return r.Precision.Check("precision") }
-
 // GathersFP8 says whether FSDP all-gathers parameter p in fp8: the recipe
 // gathers in fp8 (FP8AllGather) and p is the weight of a linear it
 // converts (torchao's float8 all-gather is Float8Linear's: the linear and

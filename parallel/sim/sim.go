@@ -310,7 +310,7 @@ func checkInput(in Input) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
-	if err := in.Recipe.CheckPriced(); err != nil {
+	if err := in.Precision.Check("precision"); err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
 	if err := in.Batch.Validate(); err != nil {

@@ -127,7 +127,7 @@ func (r Run) SpecFor(cfg *moe.Config) (job.Spec, error) {
 		return job.Spec{}, err
 	}
 	s.Precision = p
-	if err := s.Recipe.CheckPriced(); err != nil {
+	if err := s.Precision.Check("precision"); err != nil {
 		return job.Spec{}, err
 	}
 	return s, s.Resolve()
