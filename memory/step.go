@@ -174,10 +174,10 @@ func (s *stepBuilder) isHead(i int) bool { return s.units[i].Layer == s.cfg.Laye
 
 // weights is the bytes of unit u's compute weights: the compute type's,
 // but for those an fp8 all-gather gathers (one byte each; torchtitan
-// applies it under FSDP over more than one shard rank).
+// applies it only where FSDP shards them, job.Recipe.GathersFP8In).
 func (s *stepBuilder) weights(u Unit) int64 {
 	var fp8 int64
-	if !s.fsdp || s.l.DPShard < 2 {
+	if !s.l.FSDPShards() {
 		return u.Local * s.o.Precision.Compute.Bytes()
 	}
 	if s.o.FP8Gather.Linear {

@@ -176,10 +176,10 @@ func (b *schedBuilder) sizes(u Unit) (full, padded, shard int64) {
 }
 
 // fp8Padded is the padded elements of unit u an fp8 all-gather gathers in
-// fp8 (job.Recipe.GathersFP8; torchtitan applies it under FSDP over more
-// than one shard rank): 0 without one, and for routed experts.
+// fp8 (job.Recipe.GathersFP8In and GathersFP8): 0 without one, and for
+// routed experts.
 func (b *schedBuilder) fp8Padded(u Unit) int64 {
-	if !b.sp.FP8AllGather || u.Experts || !b.fsdp() || b.l.DPShard < 2 {
+	if !b.sp.GathersFP8In(b.l) || u.Experts {
 		return 0
 	}
 	var n int64

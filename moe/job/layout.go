@@ -108,6 +108,10 @@ func DefaultLayout() Layout {
 	return Layout{GPUs: 1, DPShard: 1, DPReplicate: 1, EP: 1, TP: 1, ETP: 1, Sharding: ShardFSDP, ReshardAfterForward: true}
 }
 
+// FSDPShards says FSDP shards the parameters over more than one rank
+// (sharding fsdp, dp_shard > 1): what FSDP's per-unit all-gathers need.
+func (l Layout) FSDPShards() bool { return l.Sharding == ShardFSDP && l.DPShard > 1 }
+
 // Resolve fills the degrees left at 0 from the others (GPUs, DPShard and
 // DPReplicate: any two fix the third, given PP and TP; DPReplicate, EP, TP,
 // ETP and PP default to 1), the pipeline options' defaults

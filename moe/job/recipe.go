@@ -152,6 +152,11 @@ func (r Recipe) Validate() error {
 	return errors.Join(errs...)
 }
 
+// GathersFP8In says whether the recipe's fp8 all-gather takes effect under
+// layout l: torchtitan applies it only where FSDP shards the weights over
+// more than one rank (enable_fsdp_float8_all_gather with dp_shard > 1).
+func (r Recipe) GathersFP8In(l Layout) bool { return r.FP8AllGather && l.FSDPShards() }
+
 // GathersFP8 says whether FSDP all-gathers parameter p in fp8: the recipe
 // gathers in fp8 (FP8AllGather) and p is the weight of a linear it
 // converts (torchao's float8 all-gather is Float8Linear's: the linear and

@@ -27,9 +27,7 @@ func computeSpec(dev hw.Device, in Input, cal *cost.Calibration) (cost.ComputeSp
 		return cost.ComputeSpec{}, fmt.Errorf("simulate: %w", err)
 	}
 	if lp := spec.LowPrecision; lp != nil {
-		// torchtitan applies the fp8 all-gather under FSDP over more than
-		// one shard rank.
-		lp.FP8Gather = in.FP8AllGather && in.Layout.Sharding == job.ShardFSDP && in.Layout.DPShard > 1
+		lp.FP8Gather = in.GathersFP8In(in.Layout)
 	}
 	spec = spec.WithExperts(in.ExpertGEMM).Calibrated(cal)
 	spec.Compiled = in.compiledModel()
