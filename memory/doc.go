@@ -24,15 +24,18 @@
 // (label "saved <op> <tensor>" / "recompute <op> <tensor>").
 //
 // Setup, per unit: stored parameters; then per unit the optimizer state;
-// with keep-gathered, every unit's gathered weights. Then for each
-// micro-step m:
+// on a pipeline stage, every unit's gathered weights. Then for each
+// micro-step m, walking the step's order (job.StepOrder, which says for
+// each unit and pass whether its weights are gathered before the compute
+// and freed after it, and whether its gradients are reduced):
 //
 // Forward, units in order (embedding, blocks 0..L-1, head), for unit u:
-//  1. fsdp: the all-gather buffer of u (first unit only; the others were
-//     prefetched), the copy-out into u's unsharded weights (compute
-//     stream), the free of the buffer, and the prefetch of unit u+1's
-//     all-gather buffer; non-fsdp with compute ≠ storage type: u's cast
-//     weights;
+//  1. when the order gathers u: under fsdp the all-gather buffer of u
+//     (first unit only; the others were prefetched), the copy-out into
+//     u's unsharded weights (compute stream) and the free of the buffer;
+//     non-fsdp with compute ≠ storage type, u's cast weights; then under
+//     fsdp the prefetch of unit u+1's all-gather buffer when the order
+//     gathers u+1;
 //  2. u's saved tensors (Saved under the policy and compile setting, the
 //     head's without the vocabulary-sized ones when the loss is chunked);
 //     for the head with an eager loss, the bf16 logits, their copy in the
@@ -42,12 +45,12 @@
 //     and log-sum-exp only; chunked: per chunk the same, all freed;
 //  3. a block's forward workspace (its largest intermediate) and, with
 //     ep > 1 on MoE blocks, the dispatch and combine all-to-all buffers;
-//  4. resharding (free u's weights) when reshard-after-forward is on,
-//     except for the last block and the head (torchtitan keeps them).
+//  4. the free of u's weights where the order reshards after forward.
 //
 // Backward, units in reverse, for unit u:
-//  1. re-gather of u if it was resharded (its buffer was prefetched), and
-//     the prefetch of the next unit's all-gather buffer;
+//  1. re-gather of u where the order gathers it (its buffer was
+//     prefetched, or allocated here for the first unit of the backward),
+//     and the prefetch of the next unit's when the order gathers it;
 //  2. a block's recomputed tensors (those of the none policy that the
 //     policy did not keep), the backward workspace (2 × largest
 //     intermediate), all-to-all buffers; for the head, the loss gradients
@@ -64,8 +67,10 @@
 //     allocates it), the free of the unsharded gradients, and on the first
 //     micro-step u's reduced gradient (reduce-scatter stream; sharded under
 //     fsdp and zero2);
-//  6. the free of u's weights (FSDP2 reshards after backward) unless
-//     keep-gathered.
+//  6. the free of u's weights where the order frees them after backward
+//     (FSDP2 reshards after backward; keep-gathered keeps them into the
+//     next micro-step's forward, Megatron-FSDP its embedding and output
+//     layer for the step).
 //
 // With grad-sync-last-only (FSDP2's set_requires_gradient_sync(False) on
 // all but the last micro-step) and grad-accum > 1, steps 5 and 6 change

@@ -240,7 +240,6 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 			return Report{}, err
 		}
 		sb.keep = sb.gathered // weights stay gathered the whole step (see above)
-		clear(sb.resharded)
 		builders[s] = &stageBuilder{stepBuilder: sb, first: s == 0, lastStage: s == n-1, m: m, megatron: l.PPImpl == job.PPMegatron}
 		builders[s].aliasInput()
 	}
@@ -355,7 +354,11 @@ func (s *stageBuilder) aliasInput() {
 }
 
 func (s *stageBuilder) forwardStage() {
-	s.forward()
+	layers := make([]int, len(s.units))
+	for i, u := range s.units {
+		layers[i] = u.Layer
+	}
+	s.forward(job.KeptForward(layers))
 	if !s.lastStage {
 		s.alloc(s.units[s.last].Layer, labelOutput, s.dx, CatActivations)
 	}

@@ -30,11 +30,14 @@ type stepBuilder struct {
 	// gathered: a unit's compute weights are a separate allocation (FSDP
 	// all-gather, or an autocast copy when compute and storage types differ).
 	gathered bool
-	keep     bool // FSDP with keep-gathered: weights live the whole step
-	// resharded holds per unit whether its weights are freed after its
-	// forward (reshard-after-forward, which torchtitan does not apply to
-	// the last block and the head).
-	resharded []bool
+	// keep: the weights are allocated in setup and live the whole step (a
+	// pipeline stage's); otherwise the step's order says when each unit's
+	// are gathered and freed.
+	keep  bool
+	order job.StepOrder
+	// wlive holds per unit the allocation of its live weights: labelled
+	// "weights", or "weights_bwd" when gathered for a backward.
+	wlive []liveWeights
 	// partial is the bytes of the partial reduce buffer that
 	// allreduce-last-only keeps across micro-steps (0 when it keeps none).
 	partial int64
@@ -68,22 +71,21 @@ func newStepBuilder(cfg *moe.Config, l job.Layout, b Batch, o Options, sh Shape,
 	p := o.Precision
 	fsdp := l.Sharding == job.ShardFSDP
 	s := &stepBuilder{cfg: cfg, l: l, o: o, sh: sh, units: units, last: len(units) - 1,
-		fsdp: fsdp, gathered: fsdp || p.Compute != p.Param, keep: fsdp && l.KeepGathered,
-		T: int64(sh.Batch) * int64(sh.Seq), V: int64(cfg.Vocab)}
+		fsdp: fsdp, gathered: fsdp || p.Compute != p.Param, order: job.NewStepOrder(cfg, l, b.GradAccum),
+		wlive: make([]liveWeights, len(units)), T: int64(sh.Batch) * int64(sh.Seq), V: int64(cfg.Vocab)}
 	savedBytes, err := s.loadSaved()
 	if err != nil {
 		return nil, nil, err
 	}
-	s.resharded = make([]bool, len(units))
-	for i, u := range units {
-		s.resharded[i] = fsdp && !s.keep && l.ReshardAfterForward && u.Layer != cfg.LayerHead() && u.Layer != cfg.Layers-1
-	}
-	if l.GradSyncLastOnly && b.GradAccum > 1 {
-		s.syncLast, s.firstReduce = true, b.GradAccum-1
+	// Under grad-sync-last-only the first micro-step that reduces is the
+	// last: the ones before accumulate unsharded.
+	for !s.order.Reduces(s.firstReduce) {
+		s.syncLast = true
+		s.firstReduce++
 	}
 	// Under grad-sync-last-only nothing is reduce-scattered before the last
 	// micro-step, so there is no partial reduce output to keep.
-	if l.AllreduceLastOnly && l.DPReplicate > 1 && b.GradAccum > 1 && !s.syncLast {
+	if s.order.KeepsPartial() {
 		for _, u := range units {
 			s.partial += s.gradShard(u)
 		}
@@ -232,8 +234,8 @@ func buildTimeline(cfg *moe.Config, l job.Layout, b Batch, o Options, sh Shape, 
 	s.setup()
 	for m := 0; m < b.GradAccum; m++ {
 		s.micro = m
-		s.forward()
-		s.backward(m)
+		s.forward(s.order.Forward(m))
+		s.backward(m, s.order.Backward(m))
 	}
 	if s.partial > 0 {
 		// The partial reduce buffer lives until the last micro-step's
@@ -260,7 +262,8 @@ func (s *stepBuilder) eventsBound(micro int) int {
 
 // setup emits what is live when the step begins. Per unit, as StateOf sums
 // them: stored parameters (and buffers), then each AdamW moment (and the
-// master copy) per unit; with keep-gathered, every unit's gathered weights.
+// master copy) per unit; on a pipeline stage (keep), every unit's gathered
+// weights.
 func (s *stepBuilder) setup() {
 	s.phase, s.micro = Setup, -1
 	for _, u := range s.units {
@@ -272,8 +275,8 @@ func (s *stepBuilder) setup() {
 		s.alloc(u.Layer, "optimizer_state", us.Optimizer, CatOptimizer)
 	}
 	if s.keep {
-		for _, u := range s.units {
-			s.alloc(u.Layer, "weights", s.weights(u), CatWeights)
+		for i := range s.units {
+			s.allocWeights(i, "weights")
 		}
 	}
 }

@@ -1,17 +1,26 @@
 package memory
 
-import "github.com/moescope/moescope/moe"
+import (
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+)
 
-// backward emits micro-step m's backward, units in reverse (backwardUnit),
-// then the free of the last reduce-scatter input, that of the first unit.
-// The first micro-step also allocates the partial reduce buffer.
-func (s *stepBuilder) backward(m int) {
+// backward emits micro-step m's backward, walking the step's order bw (the
+// units' phases in the order they run, the last unit first): each unit's
+// backwardUnit, then the free of the last reduce-scatter input, that of
+// the first unit. The first micro-step also allocates the partial reduce
+// buffer.
+func (s *stepBuilder) backward(m int, bw []job.StepPhase) {
 	s.phase = Backward
 	if m == 0 && s.partial > 0 {
 		s.emit(true, moe.LayerEmbed, "partial_reduce", s.partial, CatGrads, ReduceScatterStream)
 	}
-	for i := s.last; i >= 0; i-- {
-		s.backwardUnit(i, m)
+	for k, ph := range bw {
+		var next *job.StepPhase
+		if k+1 < len(bw) {
+			next = &bw[k+1]
+		}
+		s.backwardUnit(s.last-k, m, ph, next)
 	}
 	if s.reduces(m) {
 		first := s.units[0]
@@ -19,16 +28,17 @@ func (s *stepBuilder) backward(m int) {
 	}
 }
 
-// backwardUnit emits unit i's backward in micro-step m: its weights
-// (gatherBackward), its compute (backwardOps), its input gradient, which
-// replaces unit i+1's, its weight gradients, the frees of what the compute
-// read, the gradients' reduction (reduceGradients) and resharding. Under
-// grad-sync-last-only, micro-steps before the last accumulate instead
-// (accumulateGrads), and the last adds its gradients into the accumulated
-// ones, which it reduces.
-func (s *stepBuilder) backwardUnit(i, m int) {
+// backwardUnit emits unit i's backward in micro-step m, its phase ph (next:
+// the phase of the unit whose backward follows, nil for the last): its
+// weights (gatherBackward), its compute (backwardOps), its input gradient,
+// which replaces unit i+1's, its weight gradients, the frees of what the
+// compute read, the gradients' reduction (reduceGradients) and the free of
+// its weights where the phase says. Under grad-sync-last-only, micro-steps
+// before the last accumulate instead (accumulateGrads), and the last adds
+// its gradients into the accumulated ones, which it reduces.
+func (s *stepBuilder) backwardUnit(i, m int, ph job.StepPhase, next *job.StepPhase) {
 	u := s.units[i]
-	wlabel := s.gatherBackward(i)
+	s.gatherBackward(i, ph, next)
 	rec, ws := s.backwardOps(i)
 	if u.Layer != moe.LayerEmbed {
 		s.alloc(u.Layer, "grad_hidden", s.dx, CatWorkspace)
@@ -47,8 +57,8 @@ func (s *stepBuilder) backwardUnit(i, m int) {
 	switch {
 	case !s.syncLast:
 		s.reduceGradients(i, m, func() { s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad) })
-	case m < s.firstReduce:
-		s.accumulateGrads(i, m, wlabel)
+	case !ph.Reduce:
+		s.accumulateGrads(i, m, ph)
 		return
 	default:
 		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad) // added into the accumulator
@@ -56,8 +66,8 @@ func (s *stepBuilder) backwardUnit(i, m int) {
 			s.emitAt(0, false, u.Layer, "accumulated_grads", s.accumulatedGrads(u), CatUnshardGrad, ComputeStream)
 		})
 	}
-	if s.gathered && !s.keep {
-		s.free(u.Layer, wlabel, s.weights(u), CatWeights)
+	if ph.Free && s.gathered {
+		s.freeWeights(i)
 	}
 }
 
@@ -68,13 +78,13 @@ func (s *stepBuilder) backwardUnit(i, m int) {
 // freed; the weights are resharded (unless keep-gathered); in the first
 // micro-step, when the reduce type differs from the compute type, the
 // gradient is upcast into the accumulator and the original freed.
-func (s *stepBuilder) accumulateGrads(i, m int, wlabel string) {
+func (s *stepBuilder) accumulateGrads(i, m int, ph job.StepPhase) {
 	u := s.units[i]
 	if m > 0 {
 		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
 	}
-	if s.gathered && !s.keep {
-		s.free(u.Layer, wlabel, s.weights(u), CatWeights)
+	if ph.Free && s.gathered {
+		s.freeWeights(i)
 	}
 	if m == 0 && s.accumUpcast() {
 		s.alloc(u.Layer, "accumulated_grads", s.accumulatedGrads(u), CatUnshardGrad)
@@ -82,23 +92,24 @@ func (s *stepBuilder) accumulateGrads(i, m int, wlabel string) {
 	}
 }
 
-// gatherBackward emits the re-gather of unit i's weights when its forward
-// resharded them (the buffer was prefetched) and the prefetch of unit i-1's
-// when that one was resharded. It returns the label unit i's weights are
-// freed under.
-func (s *stepBuilder) gatherBackward(i int) string {
+// gatherBackward emits the re-gather of unit i's weights when its phase ph
+// gathers them (its forward freed them; the buffer was prefetched, or the
+// unit gathers its own when its backward runs first), and the prefetch of
+// the next unit's (phase next) when that one gathers too. The weights are
+// labelled "weights_bwd".
+func (s *stepBuilder) gatherBackward(i int, ph job.StepPhase, next *job.StepPhase) {
 	u := s.units[i]
-	wlabel := "weights"
-	if s.resharded[i] {
-		wlabel = "weights_bwd"
-		s.alloc(u.Layer, wlabel, s.weights(u), CatWeights)
+	if ph.Gather && s.fsdp {
+		if i == s.last {
+			s.allocOn(AllGatherStream, u.Layer, "allgather_bwd", s.weights(u))
+		}
+		s.allocWeights(i, "weights_bwd")
 		s.freeOn(AllGatherStream, u.Layer, "allgather_bwd", s.weights(u))
 	}
-	if i > 0 && s.resharded[i-1] {
+	if s.fsdp && next != nil && next.Gather {
 		prev := s.units[i-1]
 		s.allocOn(AllGatherStream, prev.Layer, "allgather_bwd", s.weights(prev)) // prefetch
 	}
-	return wlabel
 }
 
 // backwardOps emits the compute of unit i's backward: the head's loss

@@ -1,12 +1,16 @@
 package memory
 
-// forward emits one micro-step's forward, units in order: per unit its
-// weights (gatherForward), its saved tensors, the head's loss or a block's
-// transient buffers, and resharding.
-func (s *stepBuilder) forward() {
+import "github.com/moescope/moescope/moe/job"
+
+// forward emits one micro-step's forward, units in order, walking the
+// step's order fw (one phase per unit): per unit its weights
+// (gatherForward), its saved tensors, the head's loss or a block's
+// transient buffers, and the free of its weights where the phase says
+// (reshard-after-forward).
+func (s *stepBuilder) forward(fw []job.StepPhase) {
 	s.phase = Forward
 	for i, u := range s.units {
-		s.gatherForward(i)
+		s.gatherForward(i, fw)
 		s.allocRecords(s.savedSet(i), CatActivations)
 		switch {
 		case s.isHead(i):
@@ -14,35 +18,56 @@ func (s *stepBuilder) forward() {
 		case u.Layer >= 0:
 			s.blockForward(i)
 		}
-		if s.resharded[i] {
-			s.free(u.Layer, "weights", s.weights(u), CatWeights)
+		if fw[i].Free && s.gathered {
+			s.freeWeights(i)
 		}
 	}
 }
 
-// gatherForward emits unit i's compute weights for its forward. Under FSDP
-// (not keep-gathered): the copy-out of its all-gather, whose buffer the
-// previous unit prefetched (the first unit gathers its own), and the
-// prefetch of unit i+1's. Otherwise, when compute and storage types
-// differ, the cast copy.
-func (s *stepBuilder) gatherForward(i int) {
+// gatherForward emits unit i's compute weights for its forward when its
+// phase gathers them. Under FSDP: the copy-out of its all-gather, whose
+// buffer the previous unit prefetched (the first unit gathers its own),
+// and the prefetch of unit i+1's when that one gathers too. Otherwise,
+// when compute and storage types differ, the cast copy.
+func (s *stepBuilder) gatherForward(i int, fw []job.StepPhase) {
 	u := s.units[i]
 	w := s.weights(u)
 	switch {
-	case s.fsdp && !s.keep:
+	case !fw[i].Gather || !s.gathered:
+	case s.fsdp:
 		if i == 0 {
 			s.allocOn(AllGatherStream, u.Layer, "allgather", w)
 		}
 		// Copy-out of the all-gather into the unsharded parameters.
-		s.alloc(u.Layer, "weights", w, CatWeights)
+		s.allocWeights(i, "weights")
 		s.freeOn(AllGatherStream, u.Layer, "allgather", w)
-		if i+1 < len(s.units) {
-			next := s.units[i+1]
-			s.allocOn(AllGatherStream, next.Layer, "allgather", s.weights(next)) // prefetch
-		}
-	case !s.fsdp && s.gathered && !s.keep: // kept: allocated in setup (pipeline stages)
-		s.alloc(u.Layer, "weights", w, CatWeights)
+	default:
+		s.allocWeights(i, "weights")
 	}
+	if s.fsdp && i+1 < len(s.units) && fw[i+1].Gather {
+		next := s.units[i+1]
+		s.allocOn(AllGatherStream, next.Layer, "allgather", s.weights(next)) // prefetch
+	}
+}
+
+// allocWeights allocates unit i's compute weights under label.
+func (s *stepBuilder) allocWeights(i int, label string) {
+	s.wlive[i] = liveWeights{label, s.micro}
+	s.alloc(s.units[i].Layer, label, s.weights(s.units[i]), CatWeights)
+}
+
+// freeWeights frees unit i's compute weights, under the label and the
+// micro-step they were allocated with (weights kept gathered from one
+// micro-step's backward into the next one's forward).
+func (s *stepBuilder) freeWeights(i int) {
+	w := s.wlive[i]
+	s.emitAt(w.micro, false, s.units[i].Layer, w.label, s.weights(s.units[i]), CatWeights, ComputeStream)
+}
+
+// liveWeights is the allocation a unit's live compute weights came from.
+type liveWeights struct {
+	label string
+	micro int
 }
 
 // blockForward emits the transient buffers of block unit i's forward: its

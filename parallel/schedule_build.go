@@ -27,15 +27,15 @@ type ScheduleSpec struct {
 // BuildSchedule builds one rank's program of one training step (every rank
 // runs the same program on its own groups).
 //
-// Per micro-step: forward over units embed, blocks 0…L−1, head; backward in
-// reverse. FSDP all-gathers a unit's weights (compute dtype) on the comm
-// stream before its first compute, prefetching one unit ahead (the gather of
-// unit i waits for the compute of unit i−2, so at most two gathered units
-// are live), and frees them after forward when reshard-after-forward is on
-// (never the last block nor the head, which torchtitan keeps, as the memory
-// package's timeline does), after backward unless
-// keep-gathered holds them for the next micro-step's forward. Gradients of a
-// unit are reduced right after its backward: reduce-scatter over the shard
+// The program walks the step's order (job.StepOrder, which the memory
+// timeline and the numeric ranks walk too): per micro-step, forward over
+// units embed, blocks 0…L−1, head; backward in reverse. FSDP all-gathers a
+// unit's weights (compute dtype) on the comm stream before a compute that
+// needs them, prefetching one unit ahead (the gather of unit i waits for
+// the compute of unit i−2, so at most two gathered units are live), and
+// frees them where the order says (after forward under
+// reshard-after-forward, after backward but under keep-gathered). Gradients
+// of a unit are reduced right after its backward: reduce-scatter over the shard
 // axis (fsdp, zero2) or all-reduce (zero1, ddp), then all-reduce over
 // replicas (every micro-step, or only the last under allreduce-last-only);
 // under grad-sync-last-only neither runs before the last micro-step, which
@@ -100,6 +100,7 @@ type schedBuilder struct {
 	prec    moe.Precision
 	s       *Schedule
 
+	order    job.StepOrder // the step's order (build), which this program walks
 	gathered map[Unit]bool // unit weights currently unsharded
 	// prefetched holds, for each unit an explicit prefetch has asked for
 	// and whose all-gather is not yet emitted, the ops it waits for.
@@ -257,6 +258,7 @@ func (b *schedBuilder) reset() {
 // own so that the step's order reads here at a glance.
 func (b *schedBuilder) build() {
 	b.reset()
+	b.order = job.NewStepOrder(b.cfg, b.l, b.sp.GradAccum)
 	if b.l.TPDegree() > 1 {
 		b.tp = map[int][]TPColl{}
 		T := b.sp.LBS * b.sp.Seq
@@ -274,94 +276,84 @@ func (b *schedBuilder) build() {
 	b.stepEnd()
 }
 
-// forward emits micro-step micro's forward (a step of build): the
-// embedding, the blocks with their prefetches and resharding, the head.
+// forward emits micro-step micro's forward (a step of build), walking the
+// step's order (job.StepOrder): the embedding, the blocks with their
+// prefetches, the head, each unit's weights freed where the order says.
 func (b *schedBuilder) forward(micro int) {
 	head := b.cfg.LayerHead()
-	ra := b.l.ReshardAfterForward
 	explicit := b.explicitPrefetch()
-	mg := b.megatron()
-	emb, hu := Unit{Layer: moe.LayerEmbed}, Unit{Layer: head}
-	g := b.gather(emb, micro)
-	b.unitFrom = b.chain
-	if explicit {
-		b.prefetch(false, b.blockUnits(0, false)...)
-	}
-	b.compute(micro, moe.LayerEmbed, PhaseForward, SegEmbed, g)
-	if ra && !b.cfg.TiedEmbeddings && !mg { // tied: the head reads the embedding's weights
-		b.free(emb)
-	}
-	for l := 0; l < b.cfg.Layers; l++ {
-		if explicit {
-			b.prefetch(false, b.blockUnits(l+1, true)...)
-		}
-		b.forwardBlock(micro, l, PhaseForward)
-		// The schedule keeps the last block gathered into the
-		// backward, as the memory package's timeline does; Megatron
-		// frees every layer after its forward (_post_forward
-		// release_module_parameters).
-		if ra && (l != b.cfg.Layers-1 || mg) {
-			b.free(Unit{Layer: l})
-			if b.cfg.MoELayer[l] {
-				b.free(Unit{Layer: l, Experts: true})
+	for _, ph := range b.order.Forward(micro) {
+		switch l := ph.Layer; l {
+		case moe.LayerEmbed:
+			g := b.gather(Unit{Layer: l}, micro)
+			b.unitFrom = b.chain
+			if explicit {
+				b.prefetch(false, b.blockUnits(0, false)...)
 			}
+			b.compute(micro, l, PhaseForward, SegEmbed, g)
+		case head:
+			g := b.gather(Unit{Layer: l}, micro)
+			b.compute(micro, l, PhaseForward, SegHead, g)
+		default:
+			if explicit {
+				b.prefetch(false, b.blockUnits(l+1, true)...)
+			}
+			b.forwardBlock(micro, l, PhaseForward)
+		}
+		if ph.Free {
+			b.freeLayer(ph.Layer)
 		}
 	}
-	g = b.gather(hu, micro)
-	b.compute(micro, head, PhaseForward, SegHead, g)
 }
 
-// freeEnds says whether the embedding's and the head's gathered weights
-// are freed after micro-step lastMicro's backward (a rule backward applies
-// twice). Megatron's embedding and output layer are not FSDP units:
-// gathered by their first forward, they stay so for the step, and their
-// gradients are reduced at the end of each backward
-// (_root_post_backward).
-func (b *schedBuilder) freeEnds(lastMicro bool) bool {
-	return !b.megatron() && (!b.l.KeepGathered || lastMicro)
+// freeLayer releases the gathered weights of layer's units (a block's
+// dense unit and its experts).
+func (b *schedBuilder) freeLayer(layer int) {
+	b.free(Unit{Layer: layer})
+	if layer >= 0 && layer < b.cfg.Layers && b.cfg.MoELayer[layer] {
+		b.free(Unit{Layer: layer, Experts: true})
+	}
 }
 
-// backward emits micro-step micro's backward (a step of build): the head,
-// the blocks in reverse, the embedding, each unit's gradients reduced as
-// they are complete, then the wait for the reductions.
+// backward emits micro-step micro's backward (a step of build), walking
+// the step's order: the head, the blocks in reverse, the embedding, each
+// unit's gradients reduced as they are complete and its weights freed
+// where the order says, then the wait for the reductions. Megatron's
+// embedding and output layer are not FSDP units: their gradients are
+// reduced at the end of each backward (_root_post_backward).
 func (b *schedBuilder) backward(micro int) {
 	head := b.cfg.LayerHead()
-	keep := b.l.KeepGathered
 	explicit := b.explicitPrefetch()
 	mg := b.megatron()
 	emb, hu := Unit{Layer: moe.LayerEmbed}, Unit{Layer: head}
-	lastMicro := micro == b.sp.GradAccum-1
-	done := func(u Unit, id int) {
-		b.reduce(u, micro, id)
-		if !keep || lastMicro {
-			b.free(u)
-		}
-	}
-	// torchtitan's output layer prefetches the last block
-	// (set_modules_to_backward_prefetch); Megatron's is no unit and
-	// has no pre-backward hook.
 	b.lastRS = nil
-	if explicit && !mg {
-		b.prefetch(true, b.blockUnits(b.cfg.Layers-1, false)...)
-	}
-	hid := b.compute(micro, head, PhaseBackward, SegHead)
-	if !mg {
-		b.reduce(hu, micro, hid)
-	}
-	if b.freeEnds(lastMicro) {
-		b.free(hu)
-	}
-	for l := b.cfg.Layers - 1; l >= 0; l-- {
-		b.backwardBlock(micro, l, done)
-	}
-	g := b.gather(emb, micro)
-	id := b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
-	if mg {
-		b.reduce(hu, micro, id)
-	}
-	b.reduce(emb, micro, id)
-	if b.freeEnds(lastMicro) {
-		b.free(emb)
+	for _, ph := range b.order.Backward(micro) {
+		switch l := ph.Layer; l {
+		case head:
+			// torchtitan's output layer prefetches the last block
+			// (set_modules_to_backward_prefetch); Megatron's is no
+			// unit and has no pre-backward hook.
+			if explicit && !mg {
+				b.prefetch(true, b.blockUnits(b.cfg.Layers-1, false)...)
+			}
+			g := b.gather(hu, micro)
+			hid := b.compute(micro, head, PhaseBackward, SegHead, g)
+			if !mg {
+				b.reduce(hu, ph, hid)
+			}
+		case moe.LayerEmbed:
+			g := b.gather(emb, micro)
+			id := b.compute(micro, moe.LayerEmbed, PhaseBackward, SegEmbed, g)
+			if mg {
+				b.reduce(hu, b.order.Phase(job.StepBackward, micro, head), id)
+			}
+			b.reduce(emb, ph, id)
+		default:
+			b.backwardBlock(micro, l, func(u Unit, id int) { b.reduce(u, ph, id) })
+		}
+		if ph.Free {
+			b.freeLayer(ph.Layer)
+		}
 	}
 	// The root's post-backward final callback: the compute stream
 	// waits for the backward's reductions (FSDPState

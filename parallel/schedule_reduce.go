@@ -13,20 +13,22 @@ func (b *schedBuilder) reduceType() moe.DType {
 	return b.prec.Grad
 }
 
-// reduce emits the gradient collectives of u after op dep; none before the
-// last micro-step under grad-sync-last-only (the memory timeline
-// accumulates the unsharded gradients there instead). Under tensor
-// parallelism the all-reduce over tp of u's replicated tensors' gradients
-// comes first (TPReplicatedElements).
-func (b *schedBuilder) reduce(u Unit, micro, dep int) {
-	if b.l.GradSyncLastOnly && micro < b.sp.GradAccum-1 {
+// reduce emits the gradient collectives of u after op dep in its unit's
+// backward phase ph (job.StepOrder): none when the phase accumulates
+// (grad-sync-last-only before the last micro-step; the memory timeline
+// keeps the unsharded gradients there instead), the replica all-reduce
+// where the phase says. Under tensor parallelism the all-reduce over tp of
+// u's replicated tensors' gradients comes first (TPReplicatedElements).
+func (b *schedBuilder) reduce(u Unit, ph job.StepPhase, dep int) {
+	if !ph.Reduce {
 		return
 	}
+	micro := ph.Micro
 	orig := dep
 	if b.l.TPDegree() > 1 {
 		if n := TPReplicatedElements(b.paramIx, u); n > 0 {
 			dt := b.prec.Compute
-			if b.l.GradSyncLastOnly && b.sp.GradAccum > 1 {
+			if !b.order.Reduces(0) { // reduced once, after accumulating
 				dt = b.reduceType()
 			}
 			dep = b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{dep},
@@ -54,7 +56,7 @@ func (b *schedBuilder) reduce(u Unit, micro, dep int) {
 		b.lastRS = append(b.lastRS, last)
 		b.rsIssued(last, padded)
 	}
-	if b.l.DPReplicate > 1 && (!b.l.AllreduceLastOnly || micro == b.sp.GradAccum-1) {
+	if ph.ReplicaReduce {
 		id := b.add(ScheduleOp{Type: OpCollective, Stream: StreamComm, Micro: micro, Layer: u.Layer, Deps: []int{last},
 			Coll: CollAllReduce, Axis: AxisReplicate, Purpose: PurposeGradReplica, Unit: u, DType: b.reduceType(), Elements: shard})
 		b.lastRS = append(b.lastRS, id)

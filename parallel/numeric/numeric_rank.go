@@ -37,6 +37,7 @@ type numUnit struct {
 // numRank is one goroutine rank.
 type numRank struct {
 	spec  *Spec
+	order job.StepOrder // this step's (trainStep), which the rank walks
 	cfg   *moe.Config
 	rank  int
 	coord parallel.Coord

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/ref"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/numeric/collective"
@@ -21,6 +22,7 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 	b := sp.data()
 	r.mem.resetPeak()
 	r.counts = nil
+	r.order = job.NewStepOrder(cfg, sp.Mesh.Layout, b.GradAccum)
 	if r.tp != nil {
 		r.tp.bind(ctx, ep)
 	}
@@ -164,7 +166,7 @@ func (r *numRank) reduceUnit(ctx context.Context, ep *collective.Endpoint, u *nu
 // expert.
 func (r *numRank) microStep(ctx context.Context, ep *collective.Endpoint, seqs [][]int32, micro int, scale float64, loads [][]int64) (loss, aux float64, err error) {
 	ids, labels := nextTokenPairs(seqs, r.spec.Batch.Seq)
-	x, err := r.forward(ctx, ep, ids, loads)
+	x, err := r.forward(ctx, ep, ids, micro, loads)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -200,15 +202,14 @@ func nextTokenPairs(seqs [][]int32, S int) (ids, labels []int) {
 	return ids, labels
 }
 
-// forward runs the embedding and every block on ids, gathering each unit
-// before it runs and releasing it after when the layout reshards after
-// forward (a tied embedding stays, the head reads it; so does the last
-// layer, backward starts with it), and gathers the head. It returns the
-// last block's output x [T,D] and adds each MoE layer's routed rows to
-// loads.
-func (r *numRank) forward(ctx context.Context, ep *collective.Endpoint, ids []int, loads [][]int64) ([]float32, error) {
+// forward runs micro-step micro's forward of the embedding and every
+// block on ids, gathering each unit before it runs and releasing it after
+// where the step's order says (job.StepOrder), and gathers the head. It
+// returns the last block's output x [T,D] and adds each MoE layer's routed
+// rows to loads.
+func (r *numRank) forward(ctx context.Context, ep *collective.Endpoint, ids []int, micro int, loads [][]int64) ([]float32, error) {
 	cfg := r.cfg
-	ra := r.spec.Mesh.Layout.ReshardAfterForward
+	fw := func(layer int) job.StepPhase { return r.order.Phase(job.StepForward, micro, layer) }
 	emb := r.byKey[parallel.Unit{Layer: moe.LayerEmbed}]
 	if err := r.gather(ctx, ep, emb); err != nil {
 		return nil, err
@@ -222,7 +223,7 @@ func (r *numRank) forward(ctx context.Context, ep *collective.Endpoint, ids []in
 	} else {
 		x = r.embed.Forward(gw.Embed, ids)
 	}
-	if ra && !cfg.TiedEmbeddings {
+	if fw(moe.LayerEmbed).Free {
 		r.release(emb)
 	}
 	for li, blk := range r.blocks {
@@ -240,7 +241,7 @@ func (r *numRank) forward(ctx context.Context, ep *collective.Endpoint, ids []in
 		for e, n := range blk.ExpertCounts() {
 			loads[li][e] += int64(n)
 		}
-		if ra && li != cfg.Layers-1 {
+		if fw(li).Free {
 			r.releaseLayer(li)
 		}
 	}
@@ -267,9 +268,15 @@ func (r *numRank) headStep(ctx context.Context, ep *collective.Endpoint, x []flo
 	var dx []float32
 	if r.tp != nil {
 		loss = r.headRun.ForwardTP(&gw, x, labels, r.tp.vocabLo, cfg.Vocab, r.tp)
+		if err := r.headBetween(ctx, ep, head, micro); err != nil {
+			return 0, nil, err
+		}
 		dx = r.headRun.BackwardTP(&gw, &gg, scale, r.tp.vocabLo, cfg.Vocab, r.tp)
 	} else {
 		loss = r.headRun.Forward(&gw, x, labels)
+		if err := r.headBetween(ctx, ep, head, micro); err != nil {
+			return 0, nil, err
+		}
 		dx = r.headRun.Backward(&gw, &gg, scale)
 	}
 	if err := r.tp.failed(); err != nil {
@@ -279,10 +286,24 @@ func (r *numRank) headStep(ctx context.Context, ep *collective.Endpoint, x []flo
 	if err := r.reduceUnit(ctx, ep, head, micro); err != nil {
 		return 0, nil, err
 	}
-	if r.releaseAfterBackward(micro) {
+	if r.order.Phase(job.StepBackward, micro, cfg.LayerHead()).Free {
 		r.release(head)
 	}
 	return loss, dx, nil
+}
+
+// headBetween does to the head's weights what the step's order says
+// between its forward and its backward: free them after the forward,
+// gather them again for the backward.
+func (r *numRank) headBetween(ctx context.Context, ep *collective.Endpoint, head *numUnit, micro int) error {
+	layer := r.cfg.LayerHead()
+	if r.order.Phase(job.StepForward, micro, layer).Free {
+		r.release(head)
+	}
+	if r.order.Phase(job.StepBackward, micro, layer).Gather {
+		return r.gather(ctx, ep, head)
+	}
+	return nil
 }
 
 // backwardBlocks runs every block's backward, last to first, on dy [T,D]
@@ -330,7 +351,7 @@ func (r *numRank) backwardBlocks(ctx context.Context, ep *collective.Endpoint, d
 		if err := r.reduceUnit(ctx, ep, dense, micro); err != nil {
 			return nil, err
 		}
-		if r.releaseAfterBackward(micro) {
+		if r.order.Phase(job.StepBackward, micro, li).Free {
 			r.releaseLayer(li)
 		}
 	}
@@ -360,17 +381,10 @@ func (r *numRank) backwardEmbed(ctx context.Context, ep *collective.Endpoint, dx
 	if err := r.reduceUnit(ctx, ep, emb, micro); err != nil {
 		return err
 	}
-	if r.releaseAfterBackward(micro) {
+	if r.order.Phase(job.StepBackward, micro, moe.LayerEmbed).Free {
 		r.release(emb)
 	}
 	return nil
-}
-
-// releaseAfterBackward reports whether units are released once their
-// backward is done in micro-step micro: always, unless the layout keeps
-// them gathered across micro-steps; then only after the last.
-func (r *numRank) releaseAfterBackward(micro int) bool {
-	return !r.spec.Mesh.Layout.KeepGathered || micro == r.spec.Batch.GradAccum-1
 }
 
 func (r *numRank) stageErr() error {
