@@ -272,33 +272,32 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 			events = tb.events
 		}
 	}
-	for micro := range accum {
-		for k, a := range order {
-			ph := Backward
-			if a.Kind == job.PipeF {
-				ph = Forward
-			}
-			if megatron {
-				p2p(before[k], ph, micro)
-			}
-			sb := builders[a.Stage]
-			sb.events = events
-			sb.micro = micro*m + a.Micro
-			switch {
-			case a.Kind == job.PipeF:
-				sb.forwardStage()
-			case a.Kind == job.PipeB, sb.first && a.Kind == job.PipeW:
-				sb.backwardStage(a.Micro, micro)
-			case sb.first: // the first stage's input pass does nothing
-			case a.Kind == job.PipeI:
-				sb.inputStage()
-			default:
-				sb.weightStage(a.Micro, micro)
-			}
-			events = sb.events
-			if megatron {
-				p2p(after[k], ph, micro)
-			}
+	for i, a := range job.PipelineStep([][]job.PipeAction{order}, m, accum)[0] {
+		k, micro := i%len(order), a.Accum
+		ph := Backward
+		if a.Kind == job.PipeF {
+			ph = Forward
+		}
+		if megatron {
+			p2p(before[k], ph, micro)
+		}
+		sb := builders[a.Stage]
+		sb.events = events
+		sb.micro = micro*m + a.Micro
+		switch {
+		case a.Kind == job.PipeF:
+			sb.forwardStage()
+		case a.Kind == job.PipeB, sb.first && a.Kind == job.PipeW:
+			sb.backwardStage(a)
+		case sb.first: // the first stage's input pass does nothing
+		case a.Kind == job.PipeI:
+			sb.inputStage()
+		default:
+			sb.weightStage(a)
+		}
+		events = sb.events
+		if megatron {
+			p2p(after[k], ph, micro)
 		}
 	}
 	rank.events = events
@@ -364,15 +363,15 @@ func (s *stageBuilder) forwardStage() {
 	}
 }
 
-// backwardStage emits the backward of micro-batch mb in accumulation
-// micro-step micro.
-func (s *stageBuilder) backwardStage(mb, micro int) {
+// backwardStage emits the backward of a micro-batch (a full backward, or
+// the first stage's weight pass, which runs its whole backward).
+func (s *stageBuilder) backwardStage(a job.PipeStep) {
 	s.phase = Backward
 	if !s.lastStage && !s.megatron { // Megatron's output was freed once sent
 		s.free(s.units[s.last].Layer, labelOutput, s.dx, CatActivations)
 	}
 	for i := s.last; i >= 0; i-- {
-		s.backwardUnitPP(i, mb, micro)
+		s.backwardUnitPP(i, a)
 	}
 	if first := s.units[0]; first.Layer != moe.LayerEmbed {
 		s.free(first.Layer, "grad_hidden", s.dx, CatWorkspace) // sent to the previous stage
@@ -380,7 +379,7 @@ func (s *stageBuilder) backwardStage(mb, micro int) {
 	if s.megatron {
 		s.freeRecvMegatron()
 	}
-	if mb == s.m-1 {
+	if a.Reduce {
 		s.free(s.units[0].Layer, "reduce_scatter", s.reduceScatterInput(s.units[0]), CatComm)
 	}
 }
@@ -406,11 +405,11 @@ func (s *stageBuilder) inputStage() {
 	s.free(s.units[0].Layer, "grad_hidden", s.dx, CatWorkspace) // sent to the previous stage
 }
 
-// weightStage emits the backward-weight pass of micro-batch mb in
-// accumulation micro-step micro on a stage other than the first: per unit
-// in reverse, its weight gradients as backwardUnitPP accumulates and
-// reduces them, and the frees of what the input pass held.
-func (s *stageBuilder) weightStage(mb, micro int) {
+// weightStage emits the backward-weight pass a of a micro-batch on a stage
+// other than the first: per unit in reverse, its weight gradients as
+// backwardUnitPP accumulates and reduces them, and the frees of what the
+// input pass held.
+func (s *stageBuilder) weightStage(a job.PipeStep) {
 	s.phase = Backward
 	for i := s.last; i >= 0; i-- {
 		u := s.units[i]
@@ -419,9 +418,9 @@ func (s *stageBuilder) weightStage(mb, micro int) {
 			s.freeRecords(s.recSet(i), CatRecompute)
 		}
 		s.freeRecords(s.savedSet(i), CatActivations)
-		s.accumulatePP(i, mb, micro)
+		s.accumulatePP(i, a)
 	}
-	if mb == s.m-1 {
+	if a.Reduce {
 		s.free(s.units[0].Layer, "reduce_scatter", s.reduceScatterInput(s.units[0]), CatComm)
 	}
 }
@@ -430,7 +429,7 @@ func (s *stageBuilder) weightStage(mb, micro int) {
 // accumulation: the weights stay gathered, the unsharded gradients of
 // micro-batch mb are accumulated (allocated in the first micro-batch, in
 // the gradient type) and reduced after the last.
-func (s *stageBuilder) backwardUnitPP(i, mb, micro int) {
+func (s *stageBuilder) backwardUnitPP(i int, a job.PipeStep) {
 	u := s.units[i]
 	rec, ws := s.backwardOps(i)
 	if u.Layer != moe.LayerEmbed {
@@ -443,13 +442,14 @@ func (s *stageBuilder) backwardUnitPP(i, mb, micro int) {
 	s.free(u.Layer, "workspace_bwd", ws, CatWorkspace)
 	s.freeRecords(rec, CatRecompute)
 	s.freeRecords(s.savedSet(i), CatActivations)
-	s.accumulatePP(i, mb, micro)
+	s.accumulatePP(i, a)
 }
 
-// accumulatePP adds unit i's unsharded gradients of micro-batch mb into
-// the micro-step's accumulated ones and, after the last micro-batch,
-// reduces them.
-func (s *stageBuilder) accumulatePP(i, mb, micro int) {
+// accumulatePP adds unit i's unsharded gradients of the micro-batch into
+// the micro-step's accumulated ones (allocated at the stage's first
+// backward of the micro-step) and, after its last (a.Reduce), reduces
+// them.
+func (s *stageBuilder) accumulatePP(i int, a job.PipeStep) {
 	u := s.units[i]
 	// Buffers that outlive one micro-batch are labelled with the
 	// micro-step's first (accumulated gradients) or, like a step without
@@ -457,14 +457,14 @@ func (s *stageBuilder) accumulatePP(i, mb, micro int) {
 	at := s.micro
 	defer func() { s.micro = at }()
 	if s.m > 1 {
-		s.micro = micro * s.m
-		if mb == 0 {
+		s.micro = a.Accum * s.m
+		if a.First {
 			s.alloc(u.Layer, "accumulated_grads", s.reduceScatterInput(u), CatUnshardGrad)
 		}
 		s.micro = at
 		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
 	}
-	if mb < s.m-1 {
+	if !a.Reduce {
 		return
 	}
 	if i < s.last {
@@ -473,12 +473,12 @@ func (s *stageBuilder) accumulatePP(i, mb, micro int) {
 	}
 	s.alloc(u.Layer, "reduce_scatter", s.reduceScatterInput(u), CatComm)
 	if s.m > 1 {
-		s.micro = micro * s.m
+		s.micro = a.Accum * s.m
 		s.free(u.Layer, "accumulated_grads", s.reduceScatterInput(u), CatUnshardGrad)
 	} else {
 		s.free(u.Layer, "unsharded_grads", s.unshardedGrads(u), CatUnshardGrad)
 	}
-	if micro == 0 {
+	if a.Accum == 0 {
 		s.micro = 0
 		s.emit(true, u.Layer, "gradients", s.gradShard(u), CatGrads, ReduceScatterStream)
 	}

@@ -42,15 +42,11 @@ import (
 // block's attention_norm of the next stage takes it as its Shard(1) input).
 // Each stage's forward and backward run its layers' tensor-parallel
 // collectives (StageTPCollectives) on the stage's tp group. Inside a
-// stage, FSDP follows
-// torchtitan under PP: the stage's units are all-gathered before its first
-// forward and stay gathered for the step (torchtitan does not reshard
-// after forward under PP by default, and PyTorch's stage does not reshard
-// after backward until the last one), and their gradients are reduced
-// once, after the micro-step's last backward of the stage (PyTorch's
-// backward_maybe_with_nosync; references in moe/job/pipeline.go and
-// memory/pipeline.go). Under zero-bubble schedules a stage's last
-// backward is its last full backward or weight pass (PyTorch counts both).
+// stage, FSDP follows torchtitan under PP as job.PipelineStep decides for
+// every backend: the stage's units are all-gathered before its first
+// action of the step and stay gathered, and their gradients are reduced
+// once, after the micro-step's last full backward or weight pass of the
+// stage.
 // Each of the grad-accum micro-steps runs the whole order; the optimizer
 // runs after the last.
 type Pipeline struct {
@@ -152,51 +148,41 @@ func BuildPipeline(sp PipelineSpec) (*Pipeline, error) {
 		sp: ScheduleSpec{Spec: job.Spec{Recipe: sp.Recipe}}}
 	msg := int64(l.PPMicrobatchSize) * int64(sp.Seq) / int64(l.TPDegree()) * int64(cfg.Hidden) * prec.Activation.Bytes()
 	n := l.PipelineStages()
-	for r, actions := range order {
+	for r, steps := range job.PipelineStep(order, m, sp.GradAccum) {
 		var ops []PipeOp
-		gathered := map[int]bool{}
-		backwards := map[int]int{} // per stage, backwards issued in this micro-step
-		for acc := range sp.GradAccum {
-			clear(backwards)
-			for _, a := range actions {
-				micro := acc*m + a.Micro
-				// remote: the neighbouring stage runs on another rank.
-				remote := func(peer int) bool { return l.StageRank(peer) != r }
-				switch a.Kind {
-				case job.PipeF:
-					if !gathered[a.Stage] {
-						gathered[a.Stage] = true
-						ops = append(ops, p.stageCollectives(b, a.Stage, false)...)
-					}
-					if a.Stage > 0 && remote(a.Stage-1) {
-						ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Bytes: msg})
-					}
-					ops = append(ops, PipeOp{Kind: PipeForward, Stage: a.Stage, Micro: micro})
-					if a.Stage < n-1 && remote(a.Stage+1) {
-						ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Bytes: msg})
-					}
-					continue
-				case job.PipeB, job.PipeI:
-					if a.Stage < n-1 && remote(a.Stage+1) {
-						ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Grad: true, Bytes: msg})
-					}
-					kind := PipeBackward
-					if a.Kind == job.PipeI {
-						kind = PipeInput
-					}
-					ops = append(ops, PipeOp{Kind: kind, Stage: a.Stage, Micro: micro})
-					if a.Stage > 0 && remote(a.Stage-1) {
-						ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Grad: true, Bytes: msg})
-					}
-					if a.Kind == job.PipeI {
-						continue
-					}
-				case job.PipeW:
-					ops = append(ops, PipeOp{Kind: PipeWeight, Stage: a.Stage, Micro: micro})
+		for _, a := range steps {
+			micro := a.Accum*m + a.Micro
+			// remote: the neighbouring stage runs on another rank.
+			remote := func(peer int) bool { return l.StageRank(peer) != r }
+			if a.Gather {
+				ops = append(ops, p.stageCollectives(b, a.Stage, false)...)
+			}
+			switch a.Kind {
+			case job.PipeF:
+				if a.Stage > 0 && remote(a.Stage-1) {
+					ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Bytes: msg})
 				}
-				if backwards[a.Stage]++; backwards[a.Stage] == m {
-					ops = append(ops, p.stageCollectives(b, a.Stage, true)...)
+				ops = append(ops, PipeOp{Kind: PipeForward, Stage: a.Stage, Micro: micro})
+				if a.Stage < n-1 && remote(a.Stage+1) {
+					ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Bytes: msg})
 				}
+			case job.PipeB, job.PipeI:
+				if a.Stage < n-1 && remote(a.Stage+1) {
+					ops = append(ops, PipeOp{Kind: PipeRecv, Stage: a.Stage, Micro: micro, Peer: a.Stage + 1, Grad: true, Bytes: msg})
+				}
+				kind := PipeBackward
+				if a.Kind == job.PipeI {
+					kind = PipeInput
+				}
+				ops = append(ops, PipeOp{Kind: kind, Stage: a.Stage, Micro: micro})
+				if a.Stage > 0 && remote(a.Stage-1) {
+					ops = append(ops, PipeOp{Kind: PipeSend, Stage: a.Stage, Micro: micro, Peer: a.Stage - 1, Grad: true, Bytes: msg})
+				}
+			case job.PipeW:
+				ops = append(ops, PipeOp{Kind: PipeWeight, Stage: a.Stage, Micro: micro})
+			}
+			if a.Reduce {
+				ops = append(ops, p.stageCollectives(b, a.Stage, true)...)
 			}
 		}
 		p.Ranks[r] = ops

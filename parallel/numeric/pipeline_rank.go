@@ -20,11 +20,9 @@ func (p *PipelineTrainer) runRank(ctx context.Context, ep *collective.Endpoint, 
 	if err != nil {
 		return err
 	}
-	for a := range p.spec.GradAccum {
-		for _, act := range p.order[pr.rank] {
-			if err := st.run(a, act, links[a][pr.lane]); err != nil {
-				return err
-			}
+	for _, step := range job.PipelineStep([][]job.PipeAction{p.order[pr.rank]}, p.m, p.spec.GradAccum)[0] {
+		if err := st.run(step, links[step.Accum][pr.lane]); err != nil {
+			return err
 		}
 	}
 	return st.update()
@@ -60,7 +58,6 @@ type pipeStep struct {
 	// gradient (the last stage's), or with SeqAuxLoss each layer's own.
 	auxShared [][]float32
 	auxLayer  []map[int][]float32
-	backwards map[int]int // per stage, backwards run in the step's last micro-step
 	// Per micro-batch and stage, the weight gradients a backward-input
 	// pass queued for its weight pass.
 	queues []map[int]*ref.WeightQueue
@@ -73,7 +70,7 @@ type pipeStep struct {
 func (p *PipelineTrainer) newPipeStep(ctx context.Context, ep *collective.Endpoint, pr *pipeRank, losses, auxes []float64) (*pipeStep, error) {
 	cfg, sp := p.spec.Model, p.spec
 	st := &pipeStep{p: p, ctx: ctx, ep: ep, pr: pr, lead: pr.coord.TP == 0, scale: 1 / float64(sp.GradAccum*p.dp*p.m),
-		useAux: sp.AuxCoef != 0 && cfg.IsMoE(), backwards: map[int]int{}, losses: losses, auxes: auxes}
+		useAux: sp.AuxCoef != 0 && cfg.IsMoE(), losses: losses, auxes: auxes}
 	st.coef = st.scale * sp.AuxCoef
 	if p.tp > 1 {
 		mesh := ep.Comm().Mesh()
@@ -173,31 +170,31 @@ func (st *pipeStep) epFailed() error {
 }
 
 // run runs action act of micro-step a, whose channels are links.
-func (st *pipeStep) run(a int, act job.PipeAction, links *pipeLinks) error {
+func (st *pipeStep) run(step job.PipeStep, links *pipeLinks) error {
 	p := st.p
 	// A failed tp collective left zeros behind it: stop at the
 	// next action (the communicator cancels the other ranks).
 	if err := errors.Join(st.tc.failed(), st.epFailed()); err != nil {
 		return err
 	}
-	s, j := act.Stage, act.Micro
-	k := (a*p.dp+st.pr.d)*p.m + j // the micro-batch in one rank's order
+	s, j := step.Stage, step.Micro
+	k := (step.Accum*p.dp+st.pr.d)*p.m + j // the micro-batch in one rank's order
 	switch {
-	case act.Kind == job.PipeF:
+	case step.Kind == job.PipeF:
 		return st.forward(s, j, k, links)
-	case act.Kind == job.PipeW && s > 0:
-		return st.weightPass(a, s, j)
-	case act.Kind == job.PipeI && s == 0:
+	case step.Kind == job.PipeW && s > 0:
+		return st.weightPass(step)
+	case step.Kind == job.PipeI && s == 0:
 		// PyTorch's first stage runs nothing at its input pass and
 		// the whole backward at its weight pass.
 		return nil
-	case act.Kind == job.PipeI:
+	case step.Kind == job.PipeI:
 		q := &ref.WeightQueue{}
 		st.queues[j][s] = q
 		st.deferGrads(s, j, q)
-		return st.backward(a, s, j, true, links)
+		return st.backward(step, true, links)
 	}
-	return st.backward(a, s, j, false, links)
+	return st.backward(step, false, links)
 }
 
 // deferGrads makes stage s's runners of micro-batch j (its blocks with
@@ -212,28 +209,26 @@ func (st *pipeStep) deferGrads(s, j int, q *ref.WeightQueue) {
 	}
 }
 
-// weightPass runs the weight-gradient GEMMs that micro-batch j's input
-// pass of stage s queued.
-func (st *pipeStep) weightPass(a, s, j int) error {
+// weightPass runs the weight-gradient GEMMs that the micro-batch's input
+// pass of the stage queued.
+func (st *pipeStep) weightPass(step job.PipeStep) error {
+	s, j := step.Stage, step.Micro
 	st.queues[j][s].Run()
 	delete(st.queues[j], s)
-	return st.completed(a, s)
+	return st.completed(step)
 }
 
 // completed is called after each action that completes a micro-batch's
-// weight gradients of stage s in micro-step a (a full backward or a
-// weight pass): the stage's gradients are complete after its last of
-// the step, and the replicated ones are summed over tp there, where
-// the program's reduction of the stage starts.
-func (st *pipeStep) completed(a, s int) error {
+// weight gradients of a stage (a full backward or a weight pass): after
+// the stage's last of the step (job.PipeStep.Reduce in the last
+// micro-step) its gradients are complete, and the replicated ones are
+// summed over tp there, where the program's reduction of the stage starts.
+func (st *pipeStep) completed(step job.PipeStep) error {
 	p := st.p
-	if a < p.spec.GradAccum-1 || st.tc == nil {
+	if !step.Reduce || step.Accum < p.spec.GradAccum-1 || st.tc == nil {
 		return nil
 	}
-	if st.backwards[s]++; st.backwards[s] == p.m {
-		return p.tpReduceReplicated(st.ctx, st.ep, st.tc, st.pr, s, p.first[s])
-	}
-	return nil
+	return p.tpReduceReplicated(st.ctx, st.ep, st.tc, st.pr, step.Stage, p.first[step.Stage])
 }
 
 // forward runs micro-batch j (k in one rank's order) through stage s: it
@@ -341,13 +336,14 @@ func (st *pipeStep) loss(j, k int, msg fwdMsg, labels []int) {
 	}
 }
 
-// backward runs micro-batch j's backward through stage s in micro-step a:
+// backward runs a micro-batch's backward through a stage (step):
 // it takes the gradient of the stage's output, runs the blocks backward
 // and sends the input's gradient to stage s − 1, or, on stage 0, adds it
 // to the embedding's gradient. An input pass (input: the weight-gradient
 // GEMMs were queued by deferGrads) leaves the stage's weight gradients to
 // its weight pass; any other backward completes them.
-func (st *pipeStep) backward(a, s, j int, input bool, links *pipeLinks) error {
+func (st *pipeStep) backward(step job.PipeStep, input bool, links *pipeLinks) error {
+	s, j := step.Stage, step.Micro
 	msg, err := st.outputGrad(s, j, links)
 	if err != nil {
 		return err
@@ -367,7 +363,7 @@ func (st *pipeStep) backward(a, s, j int, input bool, links *pipeLinks) error {
 	if input {
 		return nil
 	}
-	return st.completed(a, s)
+	return st.completed(step)
 }
 
 // outputGrad is the gradient of stage s's output of micro-batch j: on the
