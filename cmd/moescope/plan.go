@@ -35,7 +35,7 @@ type planArgs struct {
 	gpus, gpusPerNode, seq             int
 	target                             float64
 	globalBatch, top, carry, maxLBS    int
-	jsonOut, exhaustive, force         bool
+	jsonOut, exhaustive, force, knobs  bool
 	gradSyncLastOnly                   bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
@@ -115,6 +115,11 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err := simEv.Intervals(rep, a.top); err != nil {
 		return err
 	}
+	if a.knobs {
+		if rep.Knobs, err = simEv.KnobEffects(rep.Best, a.target); err != nil {
+			return err
+		}
+	}
 	var narrowed bytes.Buffer
 	if a.narrow != nil {
 		a.narrow = narrowOf[simEv]
@@ -166,6 +171,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.IntVar(&a.carry, "carry", 8, "layout families each stage carries to the next")
 	fs.IntVar(&a.maxLBS, "max-lbs", 256, "largest local batch searched")
 	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object instead of the table")
+	fs.BoolVar(&a.knobs, "knobs", true, "say what turning each setting of the stack (compile, loss chunks, dispatcher, reshard, reduce type, precision) would change for the best plan")
 	fs.BoolVar(&a.exhaustive, "exhaustive", false, "search the whole space at the target scale (slow; checks the hierarchical search)")
 	fs.BoolVar(&a.gradSyncLastOnly, "grad-sync-last-only", false, "also search fsdp layouts that reduce gradients only on the last "+
 		"accumulation micro-step (FSDP2 set_requires_gradient_sync(False) before; not exportable to torchtitan)")

@@ -53,19 +53,20 @@ type planStageJSON struct {
 }
 
 type planReportJSON struct {
-	Model        string          `json:"model"`
-	GPU          string          `json:"gpu"`
-	Cluster      string          `json:"cluster"`
-	GPUs         int             `json:"gpus"`
-	Seq          int             `json:"seq"`
-	Precision    job.Precision   `json:"precision"` // the recipe of these plans (with --precision's list: the fastest's)
-	MemoryTarget float64         `json:"memory_target"`
-	GlobalBatch  int             `json:"global_batch,omitempty"`
-	Exhaustive   bool            `json:"exhaustive"`
-	Simulated    int             `json:"simulated"`
-	Stages       []planStageJSON `json:"stages"`
-	Plans        []planJSON      `json:"plans"`
-	Best         planJSON        `json:"best"`
+	Model        string            `json:"model"`
+	GPU          string            `json:"gpu"`
+	Cluster      string            `json:"cluster"`
+	GPUs         int               `json:"gpus"`
+	Seq          int               `json:"seq"`
+	Precision    job.Precision     `json:"precision"` // the recipe of these plans (with --precision's list: the fastest's)
+	MemoryTarget float64           `json:"memory_target"`
+	GlobalBatch  int               `json:"global_batch,omitempty"`
+	Exhaustive   bool              `json:"exhaustive"`
+	Simulated    int               `json:"simulated"`
+	Stages       []planStageJSON   `json:"stages"`
+	Plans        []planJSON        `json:"plans"`
+	Best         planJSON          `json:"best"`
+	Knobs        []plan.KnobEffect `json:"knobs,omitempty"` // what turning each setting would change for the best plan, the plan first
 }
 
 // planToJSON is r as one plan of --json, its sequences seq tokens long.
@@ -94,7 +95,7 @@ func planToJSON(r plan.Result, seq int, breakdown bool) planJSON {
 // scale.
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, prec job.Precision, rep *plan.Report) error {
 	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, Precision: prec, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, a.seq, true)}
+		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, a.seq, true), Knobs: rep.Knobs}
 	for _, st := range rep.Stages {
 		s := planStageJSON{GPUs: st.GPUs, Candidates: st.Candidates, Pruned: st.Pruned, Simulated: st.Simulated,
 			BestTPS: st.BestTPS, ScalingEfficiency: st.ScalingEfficiency, Grew: st.Grew, Survivors: []planJSON{}}

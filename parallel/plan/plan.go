@@ -213,6 +213,10 @@ type Report struct {
 	Sweeps []Sweep
 	// Exhaustive says the report comes from the exhaustive search.
 	Exhaustive bool
+	// Knobs is what turning each setting of the stack would change for the
+	// best plan (SimEvaluator.KnobEffects), the plan first; empty unless
+	// asked for.
+	Knobs []KnobEffect
 }
 
 // Sweep is one family's TPS and memory against local batch.

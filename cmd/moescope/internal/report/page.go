@@ -35,6 +35,8 @@ type view struct {
 	Stages        [][]string
 	PlanHead      []string
 	Plans         [][]string
+	KnobHead      []string
+	Knobs         [][]string
 	Breakdown     [][]string
 	Comm, ByClass [][]string
 	Overheads     [][]string
@@ -87,6 +89,7 @@ func Write(w io.Writer, d *Data, p Page) error {
 	page.Settings = settings(d, p)
 	page.StageHead, page.Stages = stageRows(rep)
 	page.PlanHead, page.Plans = planRows(rep, p.Top)
+	page.KnobHead, page.Knobs = knobRows(rep.Knobs)
 	page.Breakdown, page.Comm, page.ByClass, page.Overheads = breakdownRows(rep.Best.Score)
 	page.Memory = memoryRows(d.Memory)
 	figs, err := figures(d)
@@ -168,6 +171,26 @@ func planRows(rep *plan.Report, top int) ([]string, [][]string) {
 			string(l.Sharding), LayoutOptions(l), r.Point.AC.String(), fmt.Sprint(r.Point.LBS), fmt.Sprint(r.Point.GradAccum),
 			fmt.Sprintf("%.0f", r.Score.TPS), intervalText(r.Score.TPSInterval), fmt.Sprintf("%.1f%%", 100*r.Score.MFU), fmt.Sprintf("%.1f%%", 100*r.Score.MemoryFraction),
 			fmt.Sprintf("%.3f", r.Score.StepTimeS), r.Score.Bottleneck})
+	}
+	return head, rows
+}
+
+// knobRows are what turning each setting would change for the best plan
+// (plan.KnobEffects), the plan first.
+func knobRows(effects []plan.KnobEffect) ([]string, [][]string) {
+	head := []string{"setting", "TPS per GPU", "90% interval", "change", "memory", "fits", "max lbs"}
+	var rows [][]string
+	for i, k := range effects {
+		if k.Refused != "" {
+			rows = append(rows, []string{k.Setting, "refused: " + k.Refused, "", "", "", "", ""})
+			continue
+		}
+		change := "-"
+		if i > 0 {
+			change = fmt.Sprintf("%+.1f%%", 100*k.TPSChange)
+		}
+		rows = append(rows, []string{k.Setting, fmt.Sprintf("%.0f", k.TPS), intervalText(k.TPSInterval), change,
+			fmt.Sprintf("%.1f%%", 100*k.MemoryFraction), map[bool]string{true: "yes", false: "no"}[k.Fits], fmt.Sprint(k.MaxLBS)})
 	}
 	return head, rows
 }
