@@ -91,42 +91,12 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	planted := &cost.Calibration{GEMMScale: want[cost.CalGEMM], GroupedScale: want[cost.CalGrouped], AttentionScale: want[cost.CalAttention],
 		MemoryBoundScale: want[cost.CalMemoryBound], NVLinkEfficiency: want[cost.CalNVLink], NetEfficiency: want[cost.CalNet]}
 	dev, _ := hw.LookupDevice("b200")
-	twoHost := false
 	args := []string{"calibrate", "--gpu", "b200", "--runs-out", filepath.Join(dir, "runs.json"), "--out", filepath.Join(dir, "cal.json")}
+	twoHost := false
 	for _, j := range m.Jobs {
-		var doc map[string]any
-		if _, err := toml.DecodeFile(j.TOML, &doc); err != nil {
-			t.Fatalf("%s does not parse: %v", j.TOML, err)
-		}
-		job, err := titanlog.ReadJobConfig(j.TOML)
-		if err != nil {
-			t.Fatal(err)
-		}
-		in, _, err := titanlog.Input{Log: &titanlog.Log{}, Job: job, Device: dev}.RunLayout()
-		if err != nil {
-			t.Fatal(err)
-		}
-		in.Calibration = planted
-		res, err := sim.Simulate(in)
-		if err != nil {
-			t.Fatal(err)
-		}
 		twoHost = twoHost || j.Plan.GPUs == 16
 		logPath := filepath.Join(dir, j.Name+".log")
-		// The start-up lines torchtitan v0.2.2 prints (parallel_dims.py
-		// 130–134, train.py 354–362 at 73a0e69), which calibrate checks
-		// against the job config.
-		mesh := fmt.Sprintf("Building device mesh with parallelism: pp=1, dp_replicate=%d, dp_shard=%d, cp=1, tp=%d, ep=%d, etp=%d",
-			job.DPReplicate, job.DPShard, job.TP, job.EP, job.ETP)
-		gbs := job.GlobalBatch
-		if gbs == 0 {
-			gbs = job.LBS * job.DPShard * job.DPReplicate
-		}
-		trainer := fmt.Sprintf("Trainer is initialized with local batch size %d, global batch size %d, gradient accumulation steps %d, sequence length %d, total steps 10 (warmup 2)",
-			job.LBS, gbs, gbs/(job.LBS*job.DPShard*job.DPReplicate), job.Seq)
-		if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, mesh, trainer); err != nil {
-			t.Fatal(err)
-		}
+		writeSimulatedLog(t, j.TOML, logPath, dev, planted)
 		args = append(args, "--torchtitan-log", logPath, "--job-config", j.TOML)
 	}
 	if !twoHost {
@@ -173,5 +143,42 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "calibration of ") {
 		t.Errorf("calibrate output:\n%s", out.String())
+	}
+}
+
+// writeSimulatedLog writes, to logPath, the console log torchtitan v0.2.2
+// would print for the job config jobPath if the GPUs ran as the simulator
+// does with calibration planted: the start-up lines calibrate checks
+// (parallel_dims.py 130–134, train.py 354–362 at 73a0e69), then ten steps
+// at the simulated TPS and peak reserved memory (writeTitanLog).
+func writeSimulatedLog(t *testing.T, jobPath, logPath string, dev hw.Device, planted *cost.Calibration) {
+	t.Helper()
+	var doc map[string]any
+	if _, err := toml.DecodeFile(jobPath, &doc); err != nil {
+		t.Fatalf("%s does not parse: %v", jobPath, err)
+	}
+	job, err := titanlog.ReadJobConfig(jobPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, _, err := titanlog.Input{Log: &titanlog.Log{}, Job: job, Device: dev}.RunLayout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Calibration = planted
+	res, err := sim.Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mesh := fmt.Sprintf("Building device mesh with parallelism: pp=1, dp_replicate=%d, dp_shard=%d, cp=1, tp=%d, ep=%d, etp=%d",
+		job.DPReplicate, job.DPShard, job.TP, job.EP, job.ETP)
+	gbs := job.GlobalBatch
+	if gbs == 0 {
+		gbs = job.LBS * job.DPShard * job.DPReplicate
+	}
+	trainer := fmt.Sprintf("Trainer is initialized with local batch size %d, global batch size %d, gradient accumulation steps %d, sequence length %d, total steps 10 (warmup 2)",
+		job.LBS, gbs, gbs/(job.LBS*job.DPShard*job.DPReplicate), job.Seq)
+	if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, mesh, trainer); err != nil {
+		t.Fatal(err)
 	}
 }
