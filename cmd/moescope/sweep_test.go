@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/titanlog"
@@ -180,5 +182,93 @@ func writeSimulatedLog(t *testing.T, jobPath, logPath string, dev hw.Device, pla
 		job.LBS, gbs, gbs/(job.LBS*job.DPShard*job.DPReplicate), job.Seq)
 	if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, mesh, trainer); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSweepWritesRunnableJobs: the sweep names every file it writes
+// (`wrote` on stderr, one line per file, nothing unnamed); each job config
+// parses in both forms, every TOML key is in the pinned v0.2.2 schema
+// excerpt, and the tokenizer folder and dataset are placeholders; each run
+// script states its working directory, turns print_config on, refuses
+// unfilled placeholders and tees each one-host job's log to the folder
+// where the manifest's calibrate command reads it, and bash parses it.
+func TestSweepWritesRunnableJobs(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"sweep", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "512", "--seq", "4096", "--out", dir}); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	entries, _ := os.ReadDir(dir)
+	wrote := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(errb.String()), "\n") {
+		wrote[strings.TrimPrefix(l, "wrote ")] = strings.HasPrefix(l, "wrote ")
+	}
+	for _, e := range entries {
+		if p := filepath.Join(dir, e.Name()); !wrote[p] {
+			t.Errorf("%s written without a `wrote` line; stderr:\n%s", p, errb.String())
+		}
+	}
+	if len(wrote) != len(entries) {
+		t.Errorf("%d lines on stderr for %d files:\n%s", len(wrote), len(entries), errb.String())
+	}
+	var schema struct {
+		Sections map[string]map[string]any `json:"sections"`
+	}
+	b, err := os.ReadFile("../../testdata/torchtitan/v0.2.2-job_config.json")
+	if err != nil || json.Unmarshal(b, &schema) != nil {
+		t.Fatalf("schema excerpt: %v", err)
+	}
+	var m sweepManifest
+	if b, err = os.ReadFile(filepath.Join(dir, "manifest.json")); err != nil || json.Unmarshal(b, &m) != nil {
+		t.Fatalf("manifest: %v", err)
+	}
+	for _, j := range m.Jobs {
+		var doc map[string]map[string]any
+		if _, err := toml.DecodeFile(j.TOML, &doc); err != nil {
+			t.Fatalf("%s: %v", j.TOML, err)
+		}
+		for sec, keys := range doc {
+			for k := range keys {
+				if _, ok := schema.Sections[sec][k]; !ok {
+					t.Errorf("%s: [%s] %s is not in torchtitan v0.2.2's schema excerpt", j.TOML, sec, k)
+				}
+			}
+		}
+		for _, k := range [][2]string{{"model", "hf_assets_path"}, {"training", "dataset"}} {
+			if v, _ := doc[k[0]][k[1]].(string); !strings.HasPrefix(v, plan.Placeholder) {
+				t.Errorf("%s: [%s] %s = %q, want a placeholder", j.TOML, k[0], k[1], v)
+			}
+		}
+		for _, f := range []string{j.TOML, j.Python} {
+			if _, err := titanlog.ReadJobConfig(f); err != nil {
+				t.Errorf("%v", err)
+			}
+		}
+		if !strings.Contains(m.Calibrate, filepath.Join(dir, j.Name+".log")) {
+			t.Errorf("calibrate command does not read %s.log from %s: %s", j.Name, dir, m.Calibrate)
+		}
+	}
+	for k, s := range m.Scripts {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		for _, want := range []string{"# Working directory: the root of that torchtitan checkout", `grep -l "<FILL: "`,
+			[]string{"--job.print_config", "--debug.print_config"}[k]} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s lacks %q", s, want)
+			}
+		}
+		for _, j := range m.Jobs {
+			if !strings.Contains(text, fmt.Sprintf(`tee "$sweep/%s.log"`, j.Name)) {
+				t.Errorf("%s does not tee %s's log into the sweep's folder", s, j.Name)
+			}
+		}
+		if sh, err := exec.LookPath("bash"); err == nil {
+			if out, err := exec.Command(sh, "-n", s).CombinedOutput(); err != nil {
+				t.Errorf("bash -n %s: %v\n%s", s, err, out)
+			}
+		}
 	}
 }

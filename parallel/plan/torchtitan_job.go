@@ -57,7 +57,7 @@ func (r *TorchtitanRun) tomlModel(b *strings.Builder) {
 // tomlTraining writes the [training] keys of a complete job.
 func (r *TorchtitanRun) tomlTraining(b *strings.Builder) {
 	if r != nil {
-		fmt.Fprintf(b, "steps = %d\ndataset = %q\n", r.Steps, placeholder("dataset name registered in torchtitan/datasets (c4 downloads C4)"))
+		fmt.Fprintf(b, "steps = %d\ndataset = %q\n", r.Steps, placeholder("a dataset name of DATASETS in torchtitan/hf_datasets/text_datasets.py, e.g. c4"))
 	}
 }
 
