@@ -152,12 +152,33 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 // would print for the job config jobPath if the GPUs ran as the simulator
 // does with calibration planted: the start-up lines calibrate checks
 // (parallel_dims.py 130–134, train.py 354–362 at 73a0e69), then ten steps
-// at the simulated TPS and peak reserved memory (writeTitanLog).
-func writeSimulatedLog(t *testing.T, jobPath, logPath string, dev hw.Device, planted *cost.Calibration) {
+// at the simulated TPS and peak reserved memory (writeTitanLog). Given
+// filled, the values for the config's placeholders, the log first prints
+// the config (job.print_config: `Running with configs:` and the TOML's
+// sections as JSON, each placeholder replaced by filled[key]).
+func writeSimulatedLog(t *testing.T, jobPath, logPath string, dev hw.Device, planted *cost.Calibration, filled ...map[string]string) {
 	t.Helper()
 	var doc map[string]any
 	if _, err := toml.DecodeFile(jobPath, &doc); err != nil {
 		t.Fatalf("%s does not parse: %v", jobPath, err)
+	}
+	var stated []string
+	if len(filled) > 0 {
+		for sec, body := range doc {
+			for k, v := range body.(map[string]any) {
+				if s, ok := v.(string); ok && strings.HasPrefix(s, plan.Placeholder) {
+					if filled[0][k] == "" {
+						t.Fatalf("%s: no value to fill [%s] %s with", jobPath, sec, k)
+					}
+					body.(map[string]any)[k] = filled[0][k]
+				}
+			}
+		}
+		js, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stated = append(stated, "Running with configs: "+strings.ReplaceAll(string(js), "\n", "\n[rank0]:"))
 	}
 	job, err := titanlog.ReadJobConfig(jobPath)
 	if err != nil {
@@ -180,7 +201,7 @@ func writeSimulatedLog(t *testing.T, jobPath, logPath string, dev hw.Device, pla
 	}
 	trainer := fmt.Sprintf("Trainer is initialized with local batch size %d, global batch size %d, gradient accumulation steps %d, sequence length %d, total steps 10 (warmup 2)",
 		job.LBS, gbs, gbs/(job.LBS*job.DPShard*job.DPReplicate), job.Seq)
-	if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, mesh, trainer); err != nil {
+	if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, append(stated, mesh, trainer)...); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -56,7 +56,10 @@ func TestWalkthroughLogs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, j := range m.Jobs {
-		writeSimulatedLog(t, j.TOML, filepath.Join(walkthroughDir, j.Name+".log"), dev, planted)
+		// As the sweep's run script runs them: placeholders filled, the
+		// config printed (job.print_config).
+		writeSimulatedLog(t, j.TOML, filepath.Join(walkthroughDir, j.Name+".log"), dev, planted,
+			map[string]string{"hf_assets_path": "./assets/hf/Qwen3-30B-A3B", "dataset": "c4"})
 	}
 }
 
