@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register(command{"sweep", "choose the small torchtitan runs that best calibrate the simulator; write them and a manifest", runSweep})
+	register(command{"sweep", "choose the small torchtitan runs that best calibrate the simulator; write their job configs, run scripts and a manifest", runSweep})
 }
 
 // sweepJobJSON is one job in the manifest.
