@@ -142,10 +142,11 @@ func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Dev
 	return m
 }
 
-// writeSweep writes every job's two exports, manifest.json and
-// manifest.txt into dir, after checking that none of them exists (unless
-// --force): a refused sweep writes nothing. mem is the memory model's
-// options the jobs were designed under: the exports write its compile
+// writeSweep writes every job's two exports (complete jobs), the two run
+// scripts, manifest.json and manifest.txt into dir, after checking that
+// none of them exists (unless --force): a refused sweep writes nothing.
+// It prints the table to stdout and names each file on stderr. r is the
+// recipe the jobs were designed under: the exports write its compile
 // settings and storage types.
 func writeSweep(stdout, stderr io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, r job.Recipe) error {
 	var outs []output
