@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register(command{"sweep", "choose the small torchtitan runs that best calibrate the simulator; write them and a manifest", runSweep})
+	register(command{"sweep", "choose the small torchtitan runs that best calibrate the simulator; write their job configs, run scripts and a manifest", runSweep})
 }
 
 // sweepJobJSON is one job in the manifest.
@@ -32,6 +32,7 @@ type sweepJobJSON struct {
 	Command        string             `json:"command"`
 	CommandPython  string             `json:"command_python"`
 	CalibrateInput string             `json:"log"` // where the command tees its log
+	script         [2]plan.ScriptJob  // the job in each run script: v0.2.2 TOML, registry form
 }
 
 type sweepParamJSON struct {
@@ -46,6 +47,8 @@ type sweepManifest struct {
 	Cluster    string           `json:"cluster"`
 	TargetGPUs int              `json:"target_gpus"`
 	Seq        int              `json:"seq"`
+	Steps      int              `json:"steps"`
+	Scripts    []string         `json:"run_scripts"` // v0.2.2 TOML, registry form
 	Scale      int              `json:"smallest_scale_gpus"`
 	Candidates int              `json:"candidates"`
 	Noise      float64          `json:"assumed_tps_noise"`
@@ -106,33 +109,29 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	m := sweepManifestFor(d, a, cfg.Name, dev, cl, *out, *steps)
-	return writeSweep(stdout, *out, a.force, m, d, cfg.Name, ev.Run.Recipe)
+	return writeSweep(stdout, stderr, *out, a.force, m, d, cfg.Name, ev.Run.Recipe)
 }
 
 // sweepManifestFor lays the design out as the manifest, naming each job's
 // files and commands.
 func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Device, cl *hw.Cluster, dir string, steps int) sweepManifest {
-	m := sweepManifest{Model: model, GPU: dev.Name, Cluster: cl.Name, TargetGPUs: a.gpus, Seq: a.seq, Scale: d.Scale,
-		Candidates: d.Candidates, Noise: cost.RunTPSNoise}
+	m := sweepManifest{Model: model, GPU: dev.Name, Cluster: cl.Name, TargetGPUs: a.gpus, Seq: a.seq, Steps: steps, Scale: d.Scale,
+		Candidates: d.Candidates, Noise: cost.RunTPSNoise,
+		Scripts: []string{filepath.Join(dir, plan.ScriptName(plan.TorchtitanTOML)), filepath.Join(dir, plan.ScriptName(plan.TorchtitanPy))}}
 	var logs, tomls []string
 	for i, j := range d.Jobs {
 		l := j.Point.Layout
 		name := fmt.Sprintf("job%02d-%dgpu-%s-lbs%d", i+1, l.GPUs, strings.ReplaceAll(j.Point.AC.String(), ":", ""), j.Point.LBS)
-		toml, py, log := filepath.Join(dir, name+".toml"), filepath.Join(dir, name+".py"), name+".log"
-		overrides := fmt.Sprintf("--training.steps %d --metrics.log_freq 1", steps)
-		cmd := fmt.Sprintf("NGPU=%d CONFIG_FILE=%s ./run_train.sh %s 2>&1 | tee %s", l.GPUs, toml, overrides, log)
-		if nodes := l.GPUs / cl.GPUsPerNode; nodes > 1 {
-			// run_train.sh starts one host; a multi-host job is torchrun on
-			// each host with run_train.sh's settings (v0.2.2 run_train.sh).
-			cmd = fmt.Sprintf("on each of the %d hosts: PYTORCH_ALLOC_CONF=expandable_segments:True torchrun --nnodes %d --nproc_per_node %d "+
-				"--rdzv_backend c10d --rdzv_endpoint $HEAD_HOST:29500 --local-ranks-filter 0 --role rank --tee 3 -m torchtitan.train "+
-				"--job.config_file %s %s 2>&1 | tee %s (keep the log of the host with rank 0)", nodes, nodes, cl.GPUsPerNode, toml, overrides, log)
-		}
+		// The registry form is a Python module: its file's stem is an identifier.
+		toml, py, log := filepath.Join(dir, name+".toml"), filepath.Join(dir, strings.ReplaceAll(name, "-", "_")+".py"), filepath.Join(dir, name+".log")
 		fn := fmt.Sprintf("moescope_%s_%dgpu", strings.NewReplacer("-", "_", ".", "_").Replace(model), l.GPUs)
+		st := plan.ScriptJob{Name: name, Config: filepath.Base(toml), GPUs: l.GPUs, GPUsPerHost: cl.GPUsPerNode}
+		sp := st
+		sp.Config, sp.Func = filepath.Base(py), fn
 		m.Jobs = append(m.Jobs, sweepJobJSON{Name: name, TOML: toml, Python: py, Plan: planToJSON(j.Result, a.seq, false),
-			PeakReserved: j.Score.MemoryFraction * dev.MemoryGiB(), Sensitivity: j.Sensitivity, Why: j.Why, Command: cmd,
-			CommandPython:  fmt.Sprintf("NGPU=%d MODULE=<module holding %s> CONFIG=%s ./run_train.sh %s", l.GPUs, py, fn, overrides),
-			CalibrateInput: log})
+			PeakReserved: j.Score.MemoryFraction * dev.MemoryGiB(), Sensitivity: j.Sensitivity, Why: j.Why,
+			Command: plan.ScriptCommand(plan.TorchtitanTOML, st, steps), CommandPython: plan.ScriptCommand(plan.TorchtitanPy, sp, steps),
+			CalibrateInput: log, script: [2]plan.ScriptJob{st, sp}})
 		logs, tomls = append(logs, log), append(tomls, "--job-config "+toml)
 	}
 	for _, p := range d.Params {
@@ -143,15 +142,19 @@ func sweepManifestFor(d *plan.SweepDesign, a *planArgs, model string, dev hw.Dev
 	return m
 }
 
-// writeSweep writes every job's two exports, manifest.json and
-// manifest.txt into dir, after checking that none of them exists (unless
-// --force): a refused sweep writes nothing. mem is the memory model's
-// options the jobs were designed under: the exports write its compile
+// writeSweep writes every job's two exports (complete jobs), the two run
+// scripts, manifest.json and manifest.txt into dir, after checking that
+// none of them exists (unless --force): a refused sweep writes nothing.
+// It prints the table to stdout and names each file on stderr. r is the
+// recipe the jobs were designed under: the exports write its compile
 // settings and storage types.
-func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, r job.Recipe) error {
+func writeSweep(stdout, stderr io.Writer, dir string, force bool, m sweepManifest, d *plan.SweepDesign, model string, r job.Recipe) error {
 	var outs []output
 	for _, j := range m.Jobs {
 		outs = append(outs, output{Flag: "--out", Path: j.TOML}, output{Flag: "--out", Path: j.Python})
+	}
+	for _, s := range m.Scripts {
+		outs = append(outs, output{Flag: "--out", Path: s})
 	}
 	jsonPath, txtPath := filepath.Join(dir, "manifest.json"), filepath.Join(dir, "manifest.txt")
 	outs = append(outs, output{Flag: "--out", Path: jsonPath}, output{Flag: "--out", Path: txtPath})
@@ -172,6 +175,7 @@ func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *pl
 			"why: " + j.Why}
 		e := plan.RecipeExport(r)
 		e.Model, e.Seq, e.Point, e.Header = model, m.Seq, j.Point, header
+		e.Run = &plan.TorchtitanRun{Name: m.Jobs[i].Name, Steps: m.Steps}
 		for _, x := range []struct {
 			path  string
 			write func(io.Writer) ([]string, error)
@@ -179,6 +183,15 @@ func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *pl
 			if err := fileio.WriteFileAtomic(x.path, force, func(w io.Writer) error { _, err := x.write(w); return err }); err != nil {
 				return err
 			}
+		}
+	}
+	for k, t := range []plan.TorchtitanTarget{plan.TorchtitanTOML, plan.TorchtitanPy} {
+		var jobs []plan.ScriptJob
+		for _, j := range m.Jobs {
+			jobs = append(jobs, j.script[k])
+		}
+		if err := fileio.WriteFileAtomic(m.Scripts[k], force, func(w io.Writer) error { return plan.RunScript(w, t, jobs, m.Steps) }); err != nil {
+			return err
 		}
 	}
 	doc, err := marshalJSON("sweep", m, "  ")
@@ -193,8 +206,13 @@ func writeSweep(stdout io.Writer, dir string, force bool, m sweepManifest, d *pl
 	if err := fileio.WriteFileAtomic(txtPath, force, func(w io.Writer) error { _, err := io.WriteString(w, table.String()); return err }); err != nil {
 		return err
 	}
-	_, err = io.WriteString(stdout, table.String())
-	return err
+	if _, err = io.WriteString(stdout, table.String()); err != nil {
+		return err
+	}
+	for _, o := range outs {
+		fmt.Fprintf(stderr, "wrote %s\n", o.Path)
+	}
+	return nil
 }
 
 // sweepTable is the manifest as text: the jobs, why each, how to run it,
@@ -210,8 +228,15 @@ func sweepTable(w io.Writer, m sweepManifest) {
 			100*p.MemoryFraction, j.PeakReserved)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "\nfill each %s…> value in the job configs; then, from the root of a torchtitan %s checkout, bash %s\n"+
+		"runs the one-host jobs (%s: the registry form, torchtitan main), or each run: line below with sweep set to the absolute path of %s\n",
+		plan.Placeholder, plan.TorchtitanTOMLTag, m.Scripts[0], m.Scripts[1], filepath.Dir(m.Scripts[0]))
 	for _, j := range m.Jobs {
-		fmt.Fprintf(w, "\n%s: %s\n  run: %s\n", j.Name, j.Why, j.Command)
+		on := ""
+		if h := j.Plan.GPUs / j.script[0].GPUsPerHost; h > 1 {
+			on = fmt.Sprintf("on each of the %d hosts, with HEAD_HOST the first's address, keeping rank 0's log: ", h)
+		}
+		fmt.Fprintf(w, "\n%s: %s\n  run: %s%s\n", j.Name, j.Why, on, j.Command)
 	}
 	fmt.Fprintf(w, "\nparameters (posterior std of ln θ at %.1f%% TPS noise per run; identified = calibrate will fit it from these runs):\n", 100*m.Noise)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/BurntSushi/toml"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/plan"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/titanlog"
@@ -91,42 +93,12 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	planted := &cost.Calibration{GEMMScale: want[cost.CalGEMM], GroupedScale: want[cost.CalGrouped], AttentionScale: want[cost.CalAttention],
 		MemoryBoundScale: want[cost.CalMemoryBound], NVLinkEfficiency: want[cost.CalNVLink], NetEfficiency: want[cost.CalNet]}
 	dev, _ := hw.LookupDevice("b200")
-	twoHost := false
 	args := []string{"calibrate", "--gpu", "b200", "--runs-out", filepath.Join(dir, "runs.json"), "--out", filepath.Join(dir, "cal.json")}
+	twoHost := false
 	for _, j := range m.Jobs {
-		var doc map[string]any
-		if _, err := toml.DecodeFile(j.TOML, &doc); err != nil {
-			t.Fatalf("%s does not parse: %v", j.TOML, err)
-		}
-		job, err := titanlog.ReadJobConfig(j.TOML)
-		if err != nil {
-			t.Fatal(err)
-		}
-		in, _, err := titanlog.Input{Log: &titanlog.Log{}, Job: job, Device: dev}.RunLayout()
-		if err != nil {
-			t.Fatal(err)
-		}
-		in.Calibration = planted
-		res, err := sim.Simulate(in)
-		if err != nil {
-			t.Fatal(err)
-		}
 		twoHost = twoHost || j.Plan.GPUs == 16
 		logPath := filepath.Join(dir, j.Name+".log")
-		// The start-up lines torchtitan v0.2.2 prints (parallel_dims.py
-		// 130–134, train.py 354–362 at 73a0e69), which calibrate checks
-		// against the job config.
-		mesh := fmt.Sprintf("Building device mesh with parallelism: pp=1, dp_replicate=%d, dp_shard=%d, cp=1, tp=%d, ep=%d, etp=%d",
-			job.DPReplicate, job.DPShard, job.TP, job.EP, job.ETP)
-		gbs := job.GlobalBatch
-		if gbs == 0 {
-			gbs = job.LBS * job.DPShard * job.DPReplicate
-		}
-		trainer := fmt.Sprintf("Trainer is initialized with local batch size %d, global batch size %d, gradient accumulation steps %d, sequence length %d, total steps 10 (warmup 2)",
-			job.LBS, gbs, gbs/(job.LBS*job.DPShard*job.DPReplicate), job.Seq)
-		if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, mesh, trainer); err != nil {
-			t.Fatal(err)
-		}
+		writeSimulatedLog(t, j.TOML, logPath, dev, planted)
 		args = append(args, "--torchtitan-log", logPath, "--job-config", j.TOML)
 	}
 	if !twoHost {
@@ -173,5 +145,151 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "calibration of ") {
 		t.Errorf("calibrate output:\n%s", out.String())
+	}
+}
+
+// writeSimulatedLog writes, to logPath, the console log torchtitan v0.2.2
+// would print for the job config jobPath if the GPUs ran as the simulator
+// does with calibration planted: the start-up lines calibrate checks
+// (parallel_dims.py 130–134, train.py 354–362 at 73a0e69), then ten steps
+// at the simulated TPS and peak reserved memory (writeTitanLog). Given
+// filled, the values for the config's placeholders, the log first prints
+// the config (job.print_config: `Running with configs:` and the TOML's
+// sections as JSON, each placeholder replaced by filled[key]).
+func writeSimulatedLog(t *testing.T, jobPath, logPath string, dev hw.Device, planted *cost.Calibration, filled ...map[string]string) {
+	t.Helper()
+	var doc map[string]any
+	if _, err := toml.DecodeFile(jobPath, &doc); err != nil {
+		t.Fatalf("%s does not parse: %v", jobPath, err)
+	}
+	var stated []string
+	if len(filled) > 0 {
+		for sec, body := range doc {
+			for k, v := range body.(map[string]any) {
+				if s, ok := v.(string); ok && strings.HasPrefix(s, plan.Placeholder) {
+					if filled[0][k] == "" {
+						t.Fatalf("%s: no value to fill [%s] %s with", jobPath, sec, k)
+					}
+					body.(map[string]any)[k] = filled[0][k]
+				}
+			}
+		}
+		js, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stated = append(stated, "Running with configs: "+strings.ReplaceAll(string(js), "\n", "\n[rank0]:"))
+	}
+	job, err := titanlog.ReadJobConfig(jobPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, _, err := titanlog.Input{Log: &titanlog.Log{}, Job: job, Device: dev}.RunLayout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Calibration = planted
+	res, err := sim.Simulate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mesh := fmt.Sprintf("Building device mesh with parallelism: pp=1, dp_replicate=%d, dp_shard=%d, cp=1, tp=%d, ep=%d, etp=%d",
+		job.DPReplicate, job.DPShard, job.TP, job.EP, job.ETP)
+	gbs := job.GlobalBatch
+	if gbs == 0 {
+		gbs = job.LBS * job.DPShard * job.DPReplicate
+	}
+	trainer := fmt.Sprintf("Trainer is initialized with local batch size %d, global batch size %d, gradient accumulation steps %d, sequence length %d, total steps 10 (warmup 2)",
+		job.LBS, gbs, gbs/(job.LBS*job.DPShard*job.DPReplicate), job.Seq)
+	if err := writeTitanLog(logPath, res.TPS, float64(res.PeakReservedBytes)/hw.GiB, dev.MemoryGiB(), 10, append(stated, mesh, trainer)...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSweepWritesRunnableJobs: the sweep names every file it writes
+// (`wrote` on stderr, one line per file, nothing unnamed); each job config
+// parses in both forms, every TOML key is in the pinned v0.2.2 schema
+// excerpt, and the tokenizer folder and dataset are placeholders; each run
+// script states its working directory, turns print_config on, refuses
+// unfilled placeholders and tees each one-host job's log to the folder
+// where the manifest's calibrate command reads it, and bash parses it.
+func TestSweepWritesRunnableJobs(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"sweep", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "512", "--seq", "4096", "--out", dir}); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	entries, _ := os.ReadDir(dir)
+	wrote := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(errb.String()), "\n") {
+		wrote[strings.TrimPrefix(l, "wrote ")] = strings.HasPrefix(l, "wrote ")
+	}
+	for _, e := range entries {
+		if p := filepath.Join(dir, e.Name()); !wrote[p] {
+			t.Errorf("%s written without a `wrote` line; stderr:\n%s", p, errb.String())
+		}
+	}
+	if len(wrote) != len(entries) {
+		t.Errorf("%d lines on stderr for %d files:\n%s", len(wrote), len(entries), errb.String())
+	}
+	var schema struct {
+		Sections map[string]map[string]any `json:"sections"`
+	}
+	b, err := os.ReadFile("../../testdata/torchtitan/v0.2.2-job_config.json")
+	if err != nil || json.Unmarshal(b, &schema) != nil {
+		t.Fatalf("schema excerpt: %v", err)
+	}
+	var m sweepManifest
+	if b, err = os.ReadFile(filepath.Join(dir, "manifest.json")); err != nil || json.Unmarshal(b, &m) != nil {
+		t.Fatalf("manifest: %v", err)
+	}
+	for _, j := range m.Jobs {
+		var doc map[string]map[string]any
+		if _, err := toml.DecodeFile(j.TOML, &doc); err != nil {
+			t.Fatalf("%s: %v", j.TOML, err)
+		}
+		for sec, keys := range doc {
+			for k := range keys {
+				if _, ok := schema.Sections[sec][k]; !ok {
+					t.Errorf("%s: [%s] %s is not in torchtitan v0.2.2's schema excerpt", j.TOML, sec, k)
+				}
+			}
+		}
+		for _, k := range [][2]string{{"model", "hf_assets_path"}, {"training", "dataset"}} {
+			if v, _ := doc[k[0]][k[1]].(string); !strings.HasPrefix(v, plan.Placeholder) {
+				t.Errorf("%s: [%s] %s = %q, want a placeholder", j.TOML, k[0], k[1], v)
+			}
+		}
+		for _, f := range []string{j.TOML, j.Python} {
+			if _, err := titanlog.ReadJobConfig(f); err != nil {
+				t.Errorf("%v", err)
+			}
+		}
+		if !strings.Contains(m.Calibrate, filepath.Join(dir, j.Name+".log")) {
+			t.Errorf("calibrate command does not read %s.log from %s: %s", j.Name, dir, m.Calibrate)
+		}
+	}
+	for k, s := range m.Scripts {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		for _, want := range []string{"# Working directory: the root of that torchtitan checkout", `grep -l "<FILL: "`,
+			[]string{"--job.print_config", "--debug.print_config"}[k]} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s lacks %q", s, want)
+			}
+		}
+		for _, j := range m.Jobs {
+			if !strings.Contains(text, fmt.Sprintf(`tee "$sweep/%s.log"`, j.Name)) {
+				t.Errorf("%s does not tee %s's log into the sweep's folder", s, j.Name)
+			}
+		}
+		if sh, err := exec.LookPath("bash"); err == nil {
+			if out, err := exec.Command(sh, "-n", s).CombinedOutput(); err != nil {
+				t.Errorf("bash -n %s: %v\n%s", s, err, out)
+			}
+		}
 	}
 }

@@ -152,6 +152,9 @@ type TorchtitanExport struct {
 	// is bf16): the export writes its converters or refuses (CheckQuant,
 	// AdmitQuant).
 	Quant TorchtitanQuant
+	// Run, when set, makes the export a complete job config (the sweep's
+	// jobs); nil writes the plan's fields only, to merge into a config.
+	Run *TorchtitanRun
 }
 
 // torchtitanDTypes are the literals of both pinned forms' mixed-precision
@@ -334,21 +337,28 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	rep, shard := torchtitanDegrees(p.Layout)
 	var b strings.Builder
 	torchtitanComments(&b, e.Header)
-	fmt.Fprintf(&b, "# torchtitan %s (commit %s) job config; merge into the model's train_configs TOML.\n", TorchtitanTOMLTag, TorchtitanTOMLCommit)
+	if e.Run != nil {
+		fmt.Fprintf(&b, "# torchtitan %s (commit %s) job config, complete: fill each %q value, then run it.\n", TorchtitanTOMLTag, TorchtitanTOMLCommit, Placeholder+"…>")
+	} else {
+		fmt.Fprintf(&b, "# torchtitan %s (commit %s) job config; merge into the model's train_configs TOML.\n", TorchtitanTOMLTag, TorchtitanTOMLCommit)
+	}
+	e.Run.tomlJob(&b)
 	conv := e.Quant.tomlConverters()
 	if m, ok := torchtitanModel[e.Model]; ok {
 		fmt.Fprintf(&b, "\n[model]\nname = %q\nflavor = %q\n", m.name, m.flavor)
 	} else {
 		skipped = append(skipped, "model.name", "model.flavor")
 		fmt.Fprintf(&b, "# [model] name and flavor not written: torchtitan %s has no flavor known to moescope for %q.\n", TorchtitanTOMLTag, e.Model)
-		if len(conv) > 0 {
+		if len(conv) > 0 || e.Run != nil {
 			b.WriteString("\n[model]\n")
 		}
 	}
+	e.Run.tomlModel(&b)
 	if len(conv) > 0 {
 		fmt.Fprintf(&b, "converters = %s\n", quoted(conv))
 	}
 	fmt.Fprintf(&b, "\n[training]\nlocal_batch_size = %d\nglobal_batch_size = %d\nseq_len = %d\n", p.LBS, p.GlobalBatch(), e.Seq)
+	e.Run.tomlTraining(&b)
 	param, reduce, _ := TorchtitanTOML.CheckPrecision(e.Precision, e.ReduceDType) // checked above
 	fmt.Fprintf(&b, "mixed_precision_param = %q\nmixed_precision_reduce = %q\n", param, reduce)
 	fmt.Fprintf(&b, "\n[parallelism]\ndata_parallel_replicate_degree = %d\ndata_parallel_shard_degree = %d\n", rep, shard)
@@ -483,6 +493,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	}
 	fmt.Fprintf(&b, "    config.training.num_tokens_per_train_step = %d  # global batch %d sequences (grad_accum %d)\n", p.GlobalBatch()*e.Seq, p.GlobalBatch(), p.GradAccum)
 	fmt.Fprintf(&b, "    config.training.max_context_length = %d\n", e.Seq)
+	e.Run.python(&b)
 	param, reduce, _ := TorchtitanPy.CheckPrecision(e.Precision, e.ReduceDType) // checked above
 	fmt.Fprintf(&b, "    config.training.mixed_precision_param = %q\n", param)
 	fmt.Fprintf(&b, "    config.training.mixed_precision_reduce = %q\n", reduce)

@@ -151,6 +151,11 @@ func TestTorchtitanTOML(t *testing.T) {
 	}
 	for i, c := range cases {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Header: []string{"plan " + c.p.String()}, Compile: exportCompile(i)}
+		if i%2 == 1 {
+			// A complete job, as the sweep writes: its added keys are
+			// checked against the schema like the plan's.
+			e.Run = &TorchtitanRun{Name: "job" + strconv.Itoa(i), Steps: 30}
+		}
 		var buf bytes.Buffer
 		skipped, err := e.TOML(&buf)
 		if err != nil {
@@ -181,7 +186,10 @@ func TestTorchtitanTOML(t *testing.T) {
 				torchtitanCheckValue(t, sec+"."+k, v, typ)
 			}
 		}
-		if m, ok := doc["model"]; ok {
+		if e.Run != nil {
+			checkCompleteTOML(t, c.model, doc, e.Run)
+		}
+		if m, ok := doc["model"]; ok && m["name"] != nil {
 			name, flavor := m["name"].(string), m["flavor"].(string)
 			found := false
 			for _, f := range schema.Flavors[name] {
@@ -257,6 +265,8 @@ func TestTorchtitanPython(t *testing.T) {
 	}
 	importRE := regexp.MustCompile(`^from ([\w.]+) import (\w+)$`)
 	setRE := regexp.MustCompile(`^    config\.(\w+)\.(\w+) = ("[^"]*"|\d+|True|False|\[.*\])(  #.*)?$`)
+	// Trainer.Config's own fields (the schema's "trainer").
+	topRE := regexp.MustCompile(`^    config\.(\w+) = ("[^"]*"|\d+|True|False)(  #.*)?$`)
 	acRE := regexp.MustCompile(`^    config\.activation_checkpoint = (.+)$`)
 	for i, c := range []struct {
 		model string
@@ -271,6 +281,9 @@ func TestTorchtitanPython(t *testing.T) {
 		{"qwen3-30b-a3b", torchtitanTPPoint(1, 8, 2, 8, 1, true, moe.AC{Mode: moe.ACSelective}), 0},
 	} {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i)}
+		if i%2 == 1 {
+			e.Run = &TorchtitanRun{Name: "job", Steps: 30} // a complete job, as the sweep writes
+		}
 		var buf bytes.Buffer
 		skipped, err := e.Python(&buf)
 		if err != nil {
@@ -304,6 +317,14 @@ func TestTorchtitanPython(t *testing.T) {
 				v := pythonLiteral(m[3])
 				torchtitanCheckValue(t, m[1]+"."+m[2], v, typ)
 				got[m[2]] = m[3]
+			} else if m := topRE.FindStringSubmatch(line); m != nil {
+				typ, ok := fields["trainer"][m[1]]
+				if !ok {
+					t.Errorf("%s: config.%s not in the pinned schema", c.model, m[1])
+					continue
+				}
+				torchtitanCheckValue(t, m[1], pythonLiteral(m[2]), typ)
+				got[m[1]] = m[2]
 			} else if m := acRE.FindStringSubmatch(line); m != nil {
 				ok := false
 				for _, a := range acValues {
@@ -331,6 +352,12 @@ func TestTorchtitanPython(t *testing.T) {
 		}
 		if l.AsyncTP {
 			want["enable_async_tensor_parallel"] = "True"
+		}
+		if e.Run != nil {
+			want["steps"] = "30"
+			if !strings.HasPrefix(got["hf_assets_path"], `"`+Placeholder) {
+				t.Errorf("%s: a complete job's hf_assets_path = %s, want a placeholder", c.model, got["hf_assets_path"])
+			}
 		}
 		for k, v := range want {
 			if got[k] != v {
@@ -821,5 +848,29 @@ func TestTorchtitanPrecision(t *testing.T) {
 				t.Errorf("%s, %+v reduce %q: wrote %d bytes of a refused export", target, c.prec, c.reduce, len(got))
 			}
 		}
+	}
+}
+
+// checkCompleteTOML checks what a complete job (TorchtitanRun) adds to
+// the TOML: the tokenizer folder and the dataset as placeholders, the
+// steps, metrics every step, a warm-up within the run, the config printed
+// at start-up (so calibrate can check the log against it) and the job's
+// own output folder.
+func checkCompleteTOML(t *testing.T, model string, doc map[string]map[string]any, r *TorchtitanRun) {
+	t.Helper()
+	for _, k := range [][2]string{{"model", "hf_assets_path"}, {"training", "dataset"}} {
+		if v, _ := doc[k[0]][k[1]].(string); !strings.HasPrefix(v, Placeholder) || !strings.HasSuffix(v, ">") {
+			t.Errorf("%s: [%s] %s = %q, want a placeholder %s…>", model, k[0], k[1], v, Placeholder)
+		}
+	}
+	if doc["training"]["steps"] != int64(r.Steps) || doc["metrics"]["log_freq"] != int64(1) || doc["job"]["print_config"] != true {
+		t.Errorf("%s: steps %v, log_freq %v, print_config %v; want %d, 1, true", model, doc["training"]["steps"], doc["metrics"]["log_freq"],
+			doc["job"]["print_config"], r.Steps)
+	}
+	if w, _ := doc["lr_scheduler"]["warmup_steps"].(int64); w < 1 || w > int64(r.Steps) {
+		t.Errorf("%s: warmup_steps %d outside [1, %d]", model, w, r.Steps)
+	}
+	if doc["job"]["dump_folder"] != "./outputs/"+r.Name || doc["job"]["description"] != r.Name {
+		t.Errorf("%s: [job] %v", model, doc["job"])
 	}
 }

@@ -34,6 +34,10 @@ func (in Input) Run() (published.Run, []string, error) {
 	lg := in.Log
 	job := in.Job
 	if lg.Config != nil {
+		if k, v, ok := placeholderIn("", lg.Config); ok {
+			return published.Run{}, nil, fmt.Errorf("%s: the config printed at line %d still holds a placeholder, %s = %q: "+
+				"the run did not read a filled-in job config (fill each %s…> value and rerun it)", lg.Name, lg.ConfigLine, k, v, plan.Placeholder)
+		}
 		printed, err := FromPrinted(fmt.Sprintf("%s: the config printed at line %d", lg.Name, lg.ConfigLine), lg.Config)
 		if err == nil && job == nil {
 			err = printed.noACClass()
