@@ -18,6 +18,7 @@ type Report struct {
 	Runs   string       `json:"runs"`  // where the runs come from
 	Count  int          `json:"count"` // how many
 	TPS    TPSTable     `json:"tps"`
+	Pairs  PairTable    `json:"ab_pairs"` // runs of one source that differ in settings of the stack only
 	Memory MemoryTable  `json:"memory"`
 	Shared *SharedTable `json:"shared_table,omitempty"` // absent without a shared table
 	// Bands are the uncalibrated 90% bands these runs give, with their
@@ -43,7 +44,7 @@ func Validate(source string, runs []published.Run, table [][]string) (Report, er
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Runs: source, Count: len(runs), TPS: tps, Memory: mem, Bands: Bands(tps, mem)}
+	rep := Report{Runs: source, Count: len(runs), TPS: tps, Pairs: Pairs(tps), Memory: mem, Bands: Bands(tps, mem)}
 	if table != nil {
 		s := Shared(runs, table)
 		rep.Shared = &s

@@ -17,6 +17,7 @@ func WriteText(w io.Writer, rep Report) error {
 	b.WriteString("TPS, tokens/s per GPU: measured; predicted uncalibrated, and calibrated per series (one source file, model,\n" +
 		"GPU, precision and framework version) on its smallest-GPU-count runs; err = predicted / measured − 1\n")
 	writeTPS(&b, rep.TPS, rep.Shared)
+	writePairs(&b, rep.Pairs)
 	b.WriteString("\npeak memory per GPU, GiB: measured and predicted\n")
 	writeMemory(&b, rep.Memory)
 	bd := rep.Bands
@@ -66,6 +67,22 @@ func writeTPS(b *strings.Builder, t TPSTable, shared *SharedTable) {
 		fmt.Fprintf(b, "calibrated on each series' small-scale runs, |TPS error| of its larger runs: median %.1f%%, worst %.1f%% over %d runs\n",
 			100*s.Median, 100*s.Worst, s.Runs)
 	}
+}
+
+// writePairs prints the A/B pairs: measured and predicted TPS ratios of
+// runs that differ in settings of the stack only.
+func writePairs(b *strings.Builder, t PairTable) {
+	if len(t.Pairs) == 0 {
+		return
+	}
+	b.WriteString("\nA/B pairs: runs of one source that differ only in settings of the stack; TPS of B ÷ A, measured and predicted\n" +
+		"(uncalibrated: a constant error of the model cancels); err = predicted ÷ measured − 1\n")
+	fmt.Fprintf(b, "%-28s %-28s %-50s %8s %9s %7s\n", "A", "B", "setting", "measured", "predicted", "err")
+	for _, p := range t.Pairs {
+		fmt.Fprintf(b, "%-28s %-28s %-50s %8.3f %9.3f %+6.1f%%\n", p.A, p.B, p.Setting, p.Measured, p.Predicted, 100*p.Error)
+	}
+	fmt.Fprintf(b, "A/B pairs |ratio error|: median %.1f%%, worst %.1f%% over %d pairs; %d within 10%%\n",
+		100*t.Error.Median, 100*t.Error.Worst, t.Error.Runs, t.Within10)
 }
 
 // tpsLine is a run's line of the TPS table.

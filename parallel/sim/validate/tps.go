@@ -95,6 +95,8 @@ type TPSRow struct {
 	// summaries.
 	Framework            string `json:"framework,omitempty"`
 	FrameworkNotModelled bool   `json:"framework_not_modelled,omitempty"`
+
+	run published.Run // the run predicted (for Pairs)
 }
 
 // PowerLimitedRun is a run the TPS table leaves out for its power limit.
@@ -312,7 +314,7 @@ func newTPSRow(r published.Run) TPSRow {
 		name = r.RunID + " " + name
 	}
 	recipe, _ := r.PrecisionRecipe() // "" when the text names no recipe: counted under none
-	return TPSRow{Name: name, RunID: r.RunID, Model: r.Model, GPU: r.GPU, GPUs: r.GPUs, Layout: tpsLayout(r), TP: r.TP,
+	return TPSRow{run: r, Name: name, RunID: r.RunID, Model: r.Model, GPU: r.GPU, GPUs: r.GPUs, Layout: tpsLayout(r), TP: r.TP,
 		LBS: r.LBS, AC: r.AC.String(), Precision: r.Precision, Recipe: recipe, Measured: r.TPS, Framework: r.Framework,
 		FrameworkNotModelled: !strings.HasPrefix(r.Framework, "torchtitan") || r.Unmodelled != ""}
 }
