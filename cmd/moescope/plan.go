@@ -36,6 +36,7 @@ type planArgs struct {
 	target                             float64
 	globalBatch, top, carry, maxLBS    int
 	jsonOut, exhaustive, force, knobs  bool
+	searchSettings                     []string // --search-settings
 	gradSyncLastOnly                   bool
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
@@ -85,12 +86,16 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	choices, err := plan.SettingChoices(recipes, a.searchSettings, cfg.IsMoE())
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
 	say := stdout
 	if a.jsonOut {
 		say = stderr
 	}
 	narrowOf := map[*plan.SimEvaluator]*exportNarrowing{} // each recipe's search counts its own refusals
-	simEv, rep, err := plan.SearchRecipes(say, recipes, simEv, func(ev *plan.SimEvaluator) (*plan.Report, error) {
+	simEv, rep, err := plan.SearchRecipes(say, choices, simEv, func(ev *plan.SimEvaluator) (*plan.Report, error) {
 		if a.narrow != nil {
 			if err := a.narrow.checkRecipe(ev.Run.Recipe); err != nil {
 				return nil, err
@@ -172,6 +177,11 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.IntVar(&a.maxLBS, "max-lbs", 256, "largest local batch searched")
 	fs.BoolVar(&a.jsonOut, "json", false, "print one JSON object instead of the table")
 	fs.BoolVar(&a.knobs, "knobs", true, "say what turning each setting of the stack (compile, loss chunks, dispatcher, reshard, reduce type, precision) would change for the best plan")
+	fs.Func("search-settings", "settings of the stack to search as well, comma-separated, of "+strings.Join(plan.SearchSettingNames(), ", ")+
+		" (each value of each, with every --precision; the best of all is kept)", func(v string) error {
+		a.searchSettings = strings.Split(v, ",")
+		return nil
+	})
 	fs.BoolVar(&a.exhaustive, "exhaustive", false, "search the whole space at the target scale (slow; checks the hierarchical search)")
 	fs.BoolVar(&a.gradSyncLastOnly, "grad-sync-last-only", false, "also search fsdp layouts that reduce gradients only on the last "+
 		"accumulation micro-step (FSDP2 set_requires_gradient_sync(False) before; not exportable to torchtitan)")

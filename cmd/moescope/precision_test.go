@@ -61,7 +61,7 @@ func TestPlanPrecisionList(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, want := range []string{"precision bf16: best", "precision mxfp8: best", "kept: precision"} {
+	for _, want := range []string{"precision bf16: best", "precision mxfp8: best", "kept: --precision"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("plan output lacks %q:\n%s", want, out)
 		}
