@@ -111,10 +111,12 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 
 // neededFeature is the first feature a row of the shared table needs that
 // moescope lacks: context parallelism, a precision other than a priced
-// recipe, a model type, or a Megatron-Core recompute module not built (the
+// recipe, a model type, a Megatron-Core recompute module not built (the
 // table writes --recompute-modules as "selective: layernorm, moe_act" and
-// the like); "" when it needs none of them (tensor and pipeline
-// parallelism are built, alone and together).
+// the like), or activation offloading to host memory (its recompute column
+// names it: "CPU activation offloading of 40 layers to Grace memory");
+// "" when it needs none of them (tensor and pipeline parallelism are
+// built, alone and together).
 func neededFeature(row map[string]string) string {
 	if v := strings.TrimSpace(row["cp"]); v != "" && v != "1" && v != "-" {
 		return "CP (cp = " + row["cp"] + ")"
@@ -141,6 +143,9 @@ func neededFeature(row map[string]string) string {
 		if _, err := moe.ParseAC("modules:" + strings.Join(names, ",")); err != nil {
 			return "Megatron recompute modules (" + mods + ")"
 		}
+	}
+	if strings.Contains(strings.ToLower(row["recompute"]), "offload") {
+		return "activation offloading"
 	}
 	return ""
 }
