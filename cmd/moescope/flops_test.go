@@ -163,14 +163,14 @@ func TestModels(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Published/hand-derived counts pinned in moe.TestBuiltinParams.
-	for _, want := range []string{"qwen3-30b-a3b", "30,532,122,624", "3,353,032,704", "llama3-8b", "8,030,261,248", "glm-4.5-air", "tiny-dense"} {
+	for _, want := range []string{"qwen3-30b-a3b", "30,532,122,624", "3,353,032,704", "llama3-8b", "8,030,261,248", "llama3-70b", "70,553,706,496", "llama3.1-405b", "405,853,388,800", "glm-4.5-air", "tiny-dense"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("models output lacks %q", want)
 		}
 	}
 	out, err = runCmd(t, "models", "--json")
 	var rows []modelInfo
-	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 13 || rows[0].Source == "" {
+	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 15 || rows[0].Source == "" {
 		t.Errorf("models --json: %v %d rows", err, len(rows))
 	}
 }

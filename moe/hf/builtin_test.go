@@ -63,6 +63,14 @@ func TestBuiltinParams(t *testing.T) {
 			2*128256*4096 + 4096 + 32*(4096*(4096+1024+1024)+4096*4096+2*4096+3*14336*4096),
 			2*128256*4096 + 4096 + 32*(4096*(4096+1024+1024)+4096*4096+2*4096+3*14336*4096),
 			8.0, 8.0, 0.05, "Meta Llama 3 model card: 8B (8.03B as HF lists it)"},
+		{"llama3-70b",
+			2*128256*8192 + 8192 + 80*(8192*(8192+1024+1024)+8192*8192+2*8192+3*28672*8192),
+			2*128256*8192 + 8192 + 80*(8192*(8192+1024+1024)+8192*8192+2*8192+3*28672*8192),
+			70, 70, 1, "Meta Llama 3 model card: 70B (70.55B counted here)"},
+		{"llama3.1-405b",
+			2*128256*16384 + 16384 + 126*(16384*(16384+1024+1024)+16384*16384+2*16384+3*53248*16384),
+			2*128256*16384 + 16384 + 126*(16384*(16384+1024+1024)+16384*16384+2*16384+3*53248*16384),
+			405, 405, 1, "Meta Llama 3.1 model card: 405B (405.85B counted here)"},
 	} {
 		c, err := Load(tc.name)
 		if err != nil {
@@ -93,7 +101,7 @@ func TestBuiltinParams(t *testing.T) {
 
 func TestBuiltinStructure(t *testing.T) {
 	names := Builtins()
-	want := []string{"deepseek-moe-16b", "deepseek-v2-lite", "deepseek-v3", "glm-4.5-air", "kimi-k2", "llama3-8b", "mixtral-8x7b", "moonlight-16b-a3b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
+	want := []string{"deepseek-moe-16b", "deepseek-v2-lite", "deepseek-v3", "glm-4.5-air", "kimi-k2", "llama3-70b", "llama3-8b", "llama3.1-405b", "mixtral-8x7b", "moonlight-16b-a3b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
 	if !reflect.DeepEqual(names, want) {
 		t.Fatalf("Builtins() = %v", names)
 	}
@@ -127,6 +135,15 @@ func TestBuiltinStructure(t *testing.T) {
 	q, _ := Load("qwen3-30b-a3b")
 	if q.QKNorm != moe.QKNormHead || !q.NormTopK || q.NormEps != 1e-6 || q.OutputRouterLogits {
 		t.Errorf("qwen3 normalized wrongly: %+v", q)
+	}
+	l405, _ := Load("llama3.1-405b")
+	if l405.IsMoE() || l405.KVHeads != 8 || l405.HeadDim != 128 || l405.DenseFFN != 53248 || l405.RopeTheta != 5e5 ||
+		l405.RopeScaling != "llama3" || l405.Yarn != nil || l405.TiedEmbeddings {
+		t.Errorf("llama3.1-405b normalized wrongly: %+v", l405)
+	}
+	l70, _ := Load("llama3-70b")
+	if l70.IsMoE() || l70.KVHeads != 8 || l70.HeadDim != 128 || l70.DenseFFN != 28672 || l70.RopeScaling != "" {
+		t.Errorf("llama3-70b normalized wrongly: %+v", l70)
 	}
 	tiny, _ := Load("tiny")
 	if !reflect.DeepEqual(tiny.MoELayer, []bool{false, true}) || tiny.Experts != 4 || tiny.TopK != 2 {

@@ -3,7 +3,6 @@ package plan
 import (
 	"fmt"
 	"io"
-
 )
 
 // SearchRecipes runs the search once per recipe choice on evaluators that

@@ -101,16 +101,22 @@ func Shared(runs []published.Run, table [][]string) SharedTable {
 // table's Kimi-K2 rows describe torchtitan's Kimi-K2.5 text model, which
 // the table takes as Kimi-K2's language model (its shape columns are the
 // kimi-k2 built-in's: 61 layers, 64 heads, 384 experts of 2048, top 8, one
-// dense layer, vocabulary 163840).
+// dense layer, vocabulary 163840). Its Llama3-70B rows include Llama 3.1
+// 70B runs (R163's recipe is named so); 3 and 3.1 share every shape the
+// accounting reads (the table's columns: 80 layers, 8192 wide, 64 heads, 8
+// KV heads, FFN 28672, vocabulary 128256) and differ only in RoPE scaling.
 var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
-	"Llama3-8B": "llama3-8b", "Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
+	"Llama3-8B": "llama3-8b", "Llama3-70B": "llama3-70b", "Llama3.1-405B": "llama3.1-405b",
+	"Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
 
 // neededFeature is the first feature a row of the shared table needs that
 // moescope lacks: context parallelism, a precision other than a priced
-// recipe, a model type, or a Megatron-Core recompute module not built (the
+// recipe, a model type, a Megatron-Core recompute module not built (the
 // table writes --recompute-modules as "selective: layernorm, moe_act" and
-// the like); "" when it needs none of them (tensor and pipeline
-// parallelism are built, alone and together).
+// the like), or activation offloading to host memory (its recompute column
+// names it: "CPU activation offloading of 40 layers to Grace memory");
+// "" when it needs none of them (tensor and pipeline parallelism are
+// built, alone and together).
 func neededFeature(row map[string]string) string {
 	if v := strings.TrimSpace(row["cp"]); v != "" && v != "1" && v != "-" {
 		return "CP (cp = " + row["cp"] + ")"
@@ -137,6 +143,9 @@ func neededFeature(row map[string]string) string {
 		if _, err := moe.ParseAC("modules:" + strings.Join(names, ",")); err != nil {
 			return "Megatron recompute modules (" + mods + ")"
 		}
+	}
+	if strings.Contains(strings.ToLower(row["recompute"]), "offload") {
+		return "activation offloading"
 	}
 	return ""
 }
