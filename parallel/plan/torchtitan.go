@@ -152,6 +152,12 @@ type TorchtitanExport struct {
 	// is bf16): the export writes its converters or refuses (CheckQuant,
 	// AdmitQuant).
 	Quant TorchtitanQuant
+	// LossChunks is the chunked cross-entropy's chunk count the plan's
+	// memory assumed (≤ 1: one piece). Only the Python export writes it
+	// (v0.2.2 has no chunked loss; CheckRecipe refuses it there): main's
+	// registry functions build a ChunkedLossWrapper of 8 chunks, so the
+	// export always sets the loss the plan priced.
+	LossChunks int
 	// Run, when set, makes the export a complete job config (the sweep's
 	// jobs); nil writes the plan's fields only, to merge into a config.
 	Run *TorchtitanRun
@@ -430,6 +436,20 @@ func pyConverterLines(b *strings.Builder, q TorchtitanQuant, configs []string, a
 	fmt.Fprintf(b, "    config.model_spec = model_registry(%s, converters=converters)\n", args)
 }
 
+// pyLossLine sets the loss the plan priced: chunks pieces of torchtitan
+// main's ChunkedLossWrapper around the registry's cross-entropy, or that
+// cross-entropy alone (the registry functions wrap it in 8 chunks; b5bcd76
+// torchtitan/models/qwen3/config_registry.py, components/loss.py
+// ChunkedLossWrapper.Config num_chunks and loss_fn). getattr keeps a loss
+// the registry did not wrap.
+func pyLossLine(chunks int) string {
+	inner := `getattr(config.loss, "loss_fn", config.loss)`
+	if chunks > 1 {
+		return fmt.Sprintf("    config.loss = ChunkedLossWrapper.Config(loss_fn=%s, num_chunks=%d)\n", inner, chunks)
+	}
+	return "    config.loss = " + inner + "  # one piece, as priced (--loss-chunks 1)\n"
+}
+
 // Python writes a config-registry function for current torchtitan that
 // starts from the model's own registry function and sets the plan's
 // batch, parallelism and checkpointing; it returns the fields it could
@@ -464,6 +484,9 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	}
 	if acClass != "" {
 		fmt.Fprintf(&b, "from torchtitan.distributed.activation_checkpoint import %s\n", acClass)
+	}
+	if e.LossChunks > 1 {
+		b.WriteString("from torchtitan.components.loss import ChunkedLossWrapper\n")
 	}
 	if m.registryFunc != "" {
 		fmt.Fprintf(&b, "from %s import %s\n", m.registryModule, m.registryFunc)
@@ -521,6 +544,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	} else {
 		b.WriteString("    config.activation_checkpoint = None\n")
 	}
+	b.WriteString(pyLossLine(e.LossChunks))
 	b.WriteString("    return config\n")
 	_, err = io.WriteString(w, b.String())
 	return skipped, err

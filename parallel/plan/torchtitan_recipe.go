@@ -12,7 +12,7 @@ import (
 // ReduceDType) and the low-precision converters (Quant); the caller sets
 // the rest.
 func RecipeExport(r job.Recipe) TorchtitanExport {
-	e := TorchtitanExport{Precision: r.Storage(), ReduceDType: r.ReduceDType, Quant: QuantOf(r)}
+	e := TorchtitanExport{Precision: r.Storage(), ReduceDType: r.ReduceDType, Quant: QuantOf(r), LossChunks: r.LossChunks}
 	e.Compile.Model, e.Compile.Loss = r.Compiled()
 	return e
 }
@@ -20,9 +20,10 @@ func RecipeExport(r job.Recipe) TorchtitanExport {
 // CheckRecipe refuses, naming each flag, the recipe settings target has no
 // field for, which an export would otherwise drop silently: torchtitan at
 // both pinned commits dispatches experts by all-to-all into
-// torch._grouped_mm, runs PyTorch's own elementwise kernels and an
-// unchunked loss in its job config, sets cuDNN first in its SDPA priority
-// and builds fused AdamW. Storage types are CheckPrecision's; the
+// torch._grouped_mm, runs PyTorch's own elementwise kernels, sets cuDNN
+// first in its SDPA priority and builds fused AdamW; v0.2.2's job config
+// has no chunked loss (main's registry does: the Python export writes its
+// chunks). Storage types are CheckPrecision's; the
 // low-precision recipe is CheckQuant's (the refusals that depend on the
 // layout too are AdmitQuant's).
 func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
@@ -36,7 +37,7 @@ func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
 	refuse(r.Dispatcher != d.Dispatcher, "dispatcher", r.Dispatcher)
 	refuse(r.ExpertGEMM != d.ExpertGEMM, "expert-gemm", r.ExpertGEMM)
 	refuse(r.FusedElementwise, "fused-elementwise", r.FusedElementwise)
-	refuse(r.LossChunks > 1, "loss-chunks", r.LossChunks)
+	refuse(r.LossChunks > 1 && t == TorchtitanTOML, "loss-chunks", r.LossChunks) // main's ChunkedLossWrapper (Python export)
 	refuse(r.Attention != d.Attention, "attention-kernel", r.Attention)
 	refuse(r.Optimizer != d.Optimizer, "optimizer-impl", r.Optimizer)
 	errs = append(errs, t.CheckQuant(QuantOf(r)))

@@ -251,6 +251,9 @@ func TestTorchtitanPython(t *testing.T) {
 	fields := map[string]map[string]any{}
 	var acValues []string
 	for sec, raw := range schema.ConfigFields {
+		if sec == "loss" {
+			continue // a constructor's keywords, checked with the loss line below
+		}
 		if sec == "activation_checkpoint" {
 			if err := json.Unmarshal(raw, &acValues); err != nil {
 				t.Fatal(err)
@@ -268,6 +271,13 @@ func TestTorchtitanPython(t *testing.T) {
 	// Trainer.Config's own fields (the schema's "trainer").
 	topRE := regexp.MustCompile(`^    config\.(\w+) = ("[^"]*"|\d+|True|False)(  #.*)?$`)
 	acRE := regexp.MustCompile(`^    config\.activation_checkpoint = (.+)$`)
+	// The loss line wraps the registry's cross-entropy in N chunks, or
+	// unwraps it: ChunkedLossWrapper.Config's keywords must be the schema's.
+	var lossSchema map[string]map[string]string
+	if err := json.Unmarshal(schema.ConfigFields["loss"], &lossSchema); err != nil {
+		t.Fatal(err)
+	}
+	lossRE := regexp.MustCompile(`^    config\.loss = (?:ChunkedLossWrapper\.Config\(loss_fn=(.+), num_chunks=(\d+)\)|(getattr\(config\.loss, "loss_fn", config\.loss\))(  #.*)?)$`)
 	for i, c := range []struct {
 		model string
 		p     Point
@@ -283,7 +293,9 @@ func TestTorchtitanPython(t *testing.T) {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i)}
 		if i%2 == 1 {
 			e.Run = &TorchtitanRun{Name: "job", Steps: 30} // a complete job, as the sweep writes
+			e.LossChunks = 8
 		}
+		lossLines := 0
 		var buf bytes.Buffer
 		skipped, err := e.Python(&buf)
 		if err != nil {
@@ -325,6 +337,15 @@ func TestTorchtitanPython(t *testing.T) {
 				}
 				torchtitanCheckValue(t, m[1], pythonLiteral(m[2]), typ)
 				got[m[1]] = m[2]
+			} else if m := lossRE.FindStringSubmatch(line); m != nil {
+				lossLines++
+				chunked := m[2] != ""
+				if chunked != (e.LossChunks > 1) || (chunked && (m[2] != strconv.Itoa(e.LossChunks) || m[1] != `getattr(config.loss, "loss_fn", config.loss)`)) {
+					t.Errorf("%s: loss line %q for %d chunks", c.model, line, e.LossChunks)
+				}
+				if kw := lossSchema["ChunkedLossWrapper.Config"]; chunked && (kw["loss_fn"] == "" || kw["num_chunks"] != "int") {
+					t.Errorf("ChunkedLossWrapper.Config keywords %v not in the pinned schema", kw)
+				}
 			} else if m := acRE.FindStringSubmatch(line); m != nil {
 				ok := false
 				for _, a := range acValues {
@@ -334,6 +355,9 @@ func TestTorchtitanPython(t *testing.T) {
 					t.Errorf("%s: activation_checkpoint = %s not in %v", c.model, m[1], acValues)
 				}
 			}
+		}
+		if lossLines != 1 {
+			t.Errorf("%s: %d loss lines, want 1", c.model, lossLines)
 		}
 		// Token counts: lbs × seq per micro-batch; lbs × dp × accumulation × seq per step.
 		l := c.p.Layout

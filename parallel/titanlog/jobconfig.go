@@ -51,6 +51,9 @@ type Job struct {
 	Precision    string
 	Quantize     job.Quantize
 	FP8AllGather bool
+	// LossChunks is the chunked loss's chunk count a registry function
+	// sets (plan.TorchtitanExport's loss line); 0: one piece.
+	LossChunks int
 }
 
 // maxConfigBytes bounds a job-config file: torchtitan's are a few KiB.

@@ -17,7 +17,8 @@ import (
 // SelectiveAC.Config()/FullAC.Config() (torchtitan/distributed/
 // activation_checkpoint.py at b5bcd76), and a low-precision recipe's
 // `<Converter>.Config(k=<literal>, …),` lines with
-// `config.model_spec = model_registry(…, converters=converters)`. Other
+// `config.model_spec = model_registry(…, converters=converters)`, and the
+// loss line (regLossRE; another `config.loss = …` is refused). Other
 // lines (imports, def, return, comments, `converters = [`) say nothing
 // about the run.
 var (
@@ -25,12 +26,16 @@ var (
 	regAssignRE = regexp.MustCompile(`^config\.([a-z_]+\.?[a-z_]*) = (.+)$`)
 	regConvRE   = regexp.MustCompile(`^([A-Za-z0-9_]+Converter)\.Config\((.*)\),?$`)
 	regSpecRE   = regexp.MustCompile(`^config\.model_spec = model_registry\((.*)\)$`)
+	// The loss line plan.TorchtitanExport writes: the registry's
+	// cross-entropy in N chunks, or alone.
+	regLossRE = regexp.MustCompile(`^config\.loss = (?:ChunkedLossWrapper\.Config\(loss_fn=getattr\(config\.loss, "loss_fn", config\.loss\), num_chunks=(\d+)\)|getattr\(config\.loss, "loss_fn", config\.loss\))$`)
 )
 
 // ParseRegistry reads a config-registry function in moescope's export form.
 func ParseRegistry(where string, data []byte) (*Job, error) {
 	v := &values{where: where, m: map[string]any{}}
 	base, spec := "", ""
+	chunks := 0
 	var convs []pyConverter
 	for i, raw := range strings.Split(string(data), "\n") {
 		s := strings.TrimSpace(raw)
@@ -57,6 +62,14 @@ func ParseRegistry(where string, data []byte) (*Job, error) {
 			spec = m[1]
 			continue
 		}
+		if strings.HasPrefix(s, "config.loss = ") {
+			m := regLossRE.FindStringSubmatch(s)
+			if m == nil {
+				return nil, fmt.Errorf("%s: line %d: config.loss: moescope reads only the loss line its export writes (ChunkedLossWrapper.Config(loss_fn=…, num_chunks=N) or the registry's loss_fn alone)", where, i+1)
+			}
+			chunks, _ = strconv.Atoi(m[1]) // "" (one piece) reads as 0
+			continue
+		}
 		m := regAssignRE.FindStringSubmatch(s)
 		if m == nil {
 			continue
@@ -67,7 +80,7 @@ func ParseRegistry(where string, data []byte) (*Job, error) {
 		}
 		v.m[m[1]] = val
 	}
-	j := &Job{Where: where, Form: FormRegistry, Precision: "bf16"}
+	j := &Job{Where: where, Form: FormRegistry, Precision: "bf16", LossChunks: chunks}
 	if base == "" {
 		v.fail("config", "(none)", "a `config = <registry function>()` line, as moescope plan --torchtitan-py writes")
 	} else if name, err := plan.TorchtitanRegistryModel(base); err != nil {

@@ -152,7 +152,7 @@ func (j *Job) run(gpu string) (published.Run, error) {
 	// Resolve sets the recipe's precision from r.Precision and checks the
 	// GEMM sets and the all-gather against it.
 	r.Quantize, r.FP8AllGather = j.Quantize, j.FP8AllGather
-	r.ReshardAfterForward, r.Compile = j.ReshardAfterForward, j.Compile
+	r.ReshardAfterForward, r.Compile, r.LossChunks = j.ReshardAfterForward, j.Compile, j.LossChunks
 	if j.Compile && !(j.CompileModel && j.CompileLoss) {
 		if j.CompileModel {
 			r.CompileComponents = append(r.CompileComponents, job.ModelComponent)
