@@ -12,7 +12,8 @@ import (
 // resolved (job.Recipe.Resolve).
 func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o := Options{Precision: r.Storage(), AC: ac, Attention: Flash, LossChunks: r.LossChunks,
-		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed}
+		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed,
+		Master: r.MasterDType}
 	if r.Attention == job.EagerAttention {
 		o.Attention = Eager
 	}

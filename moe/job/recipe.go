@@ -35,7 +35,15 @@ type Recipe struct {
 	GradDType      moe.DType `json:"grad_dtype" help:"gradient storage type: f32|bf16"`
 	ReduceDType    moe.DType `json:"reduce_dtype" empty:"ok" help:"type gradients are reduced in (FSDP2 reduce_dtype) and, with --grad-sync-last-only, accumulated in: f32|bf16 (default: the --grad-dtype)"`
 	OptimizerDType moe.DType `json:"optimizer_dtype" help:"AdamW moment storage type: f32|bf16"`
-	LossDType      moe.DType `json:"loss_dtype" help:"type the eager cross-entropy computes in: f32 (torchtitan's pred.float()) or bf16 (no upcast)"`
+	// MasterDType is the type of a master copy of the parameters that
+	// the optimizer keeps beside its moments and shards as it shards
+	// them (empty: none, the stored parameters are the master copy, as
+	// in torchtitan). Megatron-Core's distributed optimizer keeps bf16
+	// model parameters (ParamDType bf16) and fp32 main parameters
+	// sharded with the Adam moments over the data-parallel ranks
+	// (master_dtype f32): docs/memory.md, "Master copy".
+	MasterDType moe.DType `json:"master_dtype,omitempty" empty:"ok" help:"type of a master copy of the parameters kept and sharded with the optimizer state (Megatron's distributed optimizer: f32 main parameters beside bf16 model parameters): f32|bf16 (default: none)"`
+	LossDType   moe.DType `json:"loss_dtype" help:"type the eager cross-entropy computes in: f32 (torchtitan's pred.float()) or bf16 (no upcast)"`
 	// Compile is torch.compile on (torchtitan's compile.enable);
 	// CompileComponents what it compiles (torchtitan's compile.components,
 	// empty = model and loss).
@@ -129,7 +137,10 @@ func (r Recipe) Validate() error {
 		v    moe.DType
 	}{ // reduce_dtype equal to a bad grad_dtype was derived from it: reported once
 		{"param_dtype", r.ParamDType}, {"grad_dtype", r.GradDType}, {"reduce_dtype", r.ReduceDType},
-		{"optimizer_dtype", r.OptimizerDType}, {"loss_dtype", r.LossDType}} {
+		{"optimizer_dtype", r.OptimizerDType}, {"loss_dtype", r.LossDType}, {"master_dtype", r.MasterDType}} {
+		if f.name == "master_dtype" && f.v == "" {
+			continue
+		}
 		if f.v != moe.F32 && f.v != moe.BF16 && !(f.name == "reduce_dtype" && f.v == r.GradDType) {
 			errs = append(errs, moe.FieldError{Field: f.name, Value: string(f.v), Allowed: "must be f32 or bf16"})
 		}
