@@ -23,6 +23,12 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	}
 	o.FP8Gather.Linear = r.FP8AllGather && r.Converts(job.QuantLinear)
 	o.FP8Gather.Output = r.FP8AllGather && r.Converts(job.QuantOutput)
+	o.TE.Blocks = r.TransformerImpl == job.TETransformer
+	o.TE.Loss = r.LossImpl == job.TELoss
+	if o.TE.Blocks && r.Precision.LowPrecision() {
+		o.TE.Linear, o.TE.Experts = r.Converts(job.QuantLinear), r.Converts(job.QuantExperts)
+		o.TE.MX = r.Precision.Microscaled()
+	}
 	return o
 }
 

@@ -59,6 +59,12 @@ type Recipe struct {
 	Optimizer OptimizerImpl `json:"optimizer" flag:"optimizer-impl" help:"AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)"`
 	// Attention is the attention kernel.
 	Attention AttentionKernel `json:"attention_kernel" help:"attention kernel: cudnn (torchtitan's SDPA priority), flash2 (FlashAttention-2) or eager (plain ops, saves the probabilities; memory only)"`
+	// TransformerImpl is the modules the blocks are built of and LossImpl
+	// the cross-entropy's: what they save for backward (docs/memory.md,
+	// "TransformerEngine"). Empty is torch (TorchTransformer, TorchLoss),
+	// left out of JSON.
+	TransformerImpl TransformerImpl `json:"transformer_impl,omitempty" empty:"ok" help:"modules the blocks are built of, which decide what they save for backward: torch (torchtitan's) or transformer_engine (Megatron-Core's TE layer spec: fused SwiGLU, routing probabilities applied in the expert activation, fp8 inputs saved quantized)"`
+	LossImpl        LossImpl        `json:"loss_impl,omitempty" empty:"ok" help:"cross-entropy implementation: torch (torchtitan's, eager or compiled) or te (TransformerEngine's parallel_cross_entropy, which writes the gradient into the saved bf16 logits)"`
 	// Dispatcher moves the expert-parallel tokens; ExpertGEMM runs the
 	// routed experts' matmuls.
 	Dispatcher Dispatcher `json:"dispatcher" help:"how expert parallelism moves tokens: all_to_all (torchtitan's, a row per top-k slot), deepep or hybridep (a row per destination rank)"`
@@ -157,6 +163,12 @@ func (r Recipe) Validate() error {
 	add(checkEnum("attention_kernel", r.Attention))
 	add(checkEnum("dispatcher", r.Dispatcher))
 	add(checkEnum("expert_gemm", r.ExpertGEMM))
+	if r.TransformerImpl != "" { // empty: torch, left out of JSON
+		add(checkEnum("transformer_impl", r.TransformerImpl))
+	}
+	if r.LossImpl != "" {
+		add(checkEnum("loss_impl", r.LossImpl))
+	}
 	if r.ExpertSkew != 0 && !(r.ExpertSkew >= 1) || math.IsInf(r.ExpertSkew, 0) {
 		errs = append(errs, moe.FieldError{Field: "expert_skew", Value: r.ExpertSkew, Allowed: "must be ≥ 1 and finite (0 = balanced)"})
 	}
