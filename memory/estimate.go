@@ -53,6 +53,9 @@ type Options struct {
 	// and Unit.Output elements take one byte where the compute type takes
 	// its own.
 	FP8Gather struct{ Linear, Output bool }
+	// GradBuffer: Megatron-Core's contiguous gradient buffer holds the
+	// gradients (job.MegatronDDP, gradbuffer.go); sharding zero1 or ddp.
+	GradBuffer bool
 	// TE says which parts of the step are TransformerEngine's and how its
 	// modules store their saved inputs (te.go); zero value: none.
 	TE TE
@@ -206,6 +209,9 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	if err := l.CheckSeq(b.Seq); err != nil {
 		return Report{}, err
 	}
+	if o.GradBuffer && l.Sharding != job.ShardZeRO1 && l.Sharding != job.ShardDDP {
+		return Report{}, fmt.Errorf("ddp_impl megatron: Megatron-Core's gradient buffer needs sharding zero1 or ddp, not %s", l.Sharding)
+	}
 	if l.Stages() > 1 {
 		if err := l.Validate(); err != nil {
 			return Report{}, err
@@ -221,6 +227,9 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
 	if err != nil {
 		return Report{}, err
+	}
+	if o.GradBuffer {
+		r.Events = contiguousGrads(r.Events, r.State.Grads)
 	}
 	r.Peak, err = Replay(r.Events, *o.Allocator, o.Segments)
 	return r, err

@@ -106,6 +106,23 @@ const (
 	TELoss LossImpl = "te"
 )
 
+// DDPImpl names the data-parallel wrapper that holds the gradients under
+// sharding zero1 or ddp.
+type DDPImpl string
+
+// Data-parallel wrappers.
+const (
+	// TorchDDP is PyTorch's: each parameter's gradient is allocated by
+	// autograd in backward, then reduced (the default).
+	TorchDDP DDPImpl = "torch"
+	// MegatronDDP is Megatron-Core's DistributedDataParallel: one
+	// contiguous gradient buffer in the gradient type, allocated when the
+	// model is wrapped, into which the weight-gradient GEMMs accumulate
+	// (gradient_accumulation_fusion) and which is reduce-scattered in place
+	// (memory/gradbuffer.go).
+	MegatronDDP DDPImpl = "megatron"
+)
+
 // Values lists each enum's allowed values: Recipe.Validate checks against
 // it, and the command line's help prints it.
 func (OptimizerImpl) Values() []string { return names([]OptimizerImpl{FusedAdamW, ForeachAdamW}) }
@@ -119,6 +136,7 @@ func (TransformerImpl) Values() []string {
 	return names([]TransformerImpl{TorchTransformer, TETransformer})
 }
 func (LossImpl) Values() []string { return names([]LossImpl{TorchLoss, TELoss}) }
+func (DDPImpl) Values() []string  { return names([]DDPImpl{TorchDDP, MegatronDDP}) }
 
 func names[T ~string](vs []T) []string {
 	s := make([]string, len(vs))

@@ -65,6 +65,9 @@ type Recipe struct {
 	// left out of JSON.
 	TransformerImpl TransformerImpl `json:"transformer_impl,omitempty" empty:"ok" help:"modules the blocks are built of, which decide what they save for backward: torch (torchtitan's) or transformer_engine (Megatron-Core's TE layer spec: fused SwiGLU, routing probabilities applied in the expert activation, fp8 inputs saved quantized)"`
 	LossImpl        LossImpl        `json:"loss_impl,omitempty" empty:"ok" help:"cross-entropy implementation: torch (torchtitan's, eager or compiled) or te (TransformerEngine's parallel_cross_entropy, which writes the gradient into the saved bf16 logits)"`
+	// DDPImpl is the data-parallel wrapper that holds the gradients under
+	// sharding zero1 or ddp (empty: torch, left out of JSON).
+	DDPImpl DDPImpl `json:"ddp_impl,omitempty" empty:"ok" help:"data-parallel wrapper holding the gradients under sharding zero1 or ddp: torch (autograd allocates each gradient in backward) or megatron (Megatron-Core's one contiguous gradient buffer, allocated at start, accumulated into by the weight-gradient GEMMs and reduce-scattered in place)"`
 	// Dispatcher moves the expert-parallel tokens; ExpertGEMM runs the
 	// routed experts' matmuls.
 	Dispatcher Dispatcher `json:"dispatcher" help:"how expert parallelism moves tokens: all_to_all (torchtitan's, a row per top-k slot), deepep or hybridep (a row per destination rank)"`
@@ -168,6 +171,9 @@ func (r Recipe) Validate() error {
 	}
 	if r.LossImpl != "" {
 		add(checkEnum("loss_impl", r.LossImpl))
+	}
+	if r.DDPImpl != "" {
+		add(checkEnum("ddp_impl", r.DDPImpl))
 	}
 	if r.ExpertSkew != 0 && !(r.ExpertSkew >= 1) || math.IsInf(r.ExpertSkew, 0) {
 		errs = append(errs, moe.FieldError{Field: "expert_skew", Value: r.ExpertSkew, Allowed: "must be ≥ 1 and finite (0 = balanced)"})
