@@ -36,6 +36,8 @@ type Shape struct {
 	// Batch·Seq stays the data-parallel rank's tokens, which the tp ranks
 	// of one group share.
 	TP, ExpertTP, ExpertRows int
+	// TE: TransformerEngine blocks and loss (te.go); zero value: none.
+	TE TE
 }
 
 // Saved returns the tensors layer keeps from forward for backward, one
@@ -52,6 +54,8 @@ type Shape struct {
 //     output and probabilities are recomputed);
 //   - expert parallelism: under selective, SAC keeps the dispatch and
 //     combine all-to-all outputs (T·K·D each, activation type) of MoE blocks;
+//   - TransformerEngine (sh.TE): Megatron-Core's TE blocks keep the table
+//     teBlock gives, TE's cross-entropy its logits alone (teLoss);
 //   - torch.compile (sh.Compile): a compiled block keeps the eager table
 //     minus the fused intermediates compiledBlock names, a compiled loss
 //     its logits and log-sum-exp instead of the log-probabilities
@@ -119,12 +123,18 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.Compile.Model {
 		rs = compiledBlock(cfg, layer, sh.AC, rs)
 	}
+	if sh.TE.Blocks {
+		rs = teBlock(cfg, layer, sh.AC, sh.TE, rs)
+	}
 	return tpSaved(cfg, layer, sh, rs), nil
 }
 
 // headSaved is the head's table under sh: the loss's log-probabilities in
 // the loss type, or a compiled loss's tensors.
 func headSaved(rs []moe.SavedRecord, tokens int64, sh Shape) []moe.SavedRecord {
+	if sh.TE.Loss {
+		return teLoss(rs, sh.Act)
+	}
 	if sh.Compile.Loss {
 		return compiledLoss(rs, tokens, sh.Act)
 	}

@@ -36,13 +36,15 @@
 //     non-fsdp with compute ≠ storage type, u's cast weights; then under
 //     fsdp the prefetch of unit u+1's all-gather buffer when the order
 //     gathers u+1;
-//  2. u's saved tensors (Saved under the policy and compile setting, the
+//  2. u's saved tensors (Saved under the policy, compile and
+//     TransformerEngine settings (te.go), the
 //     head's without the vocabulary-sized ones when the loss is chunked);
 //     for the head with an eager loss, the bf16 logits, their copy in the
 //     loss type when it upcasts (fp32, torchtitan's pred.float()) and the
 //     saved log-probabilities, then the frees of the copy and the logits
 //     (torchtitan's `del pred`); with a compiled loss, the saved bf16 logits
-//     and log-sum-exp only; chunked: per chunk the same, all freed;
+//     and log-sum-exp only; with TransformerEngine's loss, the saved bf16
+//     logits only; chunked: per chunk the same, all freed;
 //  3. a block's forward workspace (its largest intermediate) and, with
 //     ep > 1 on MoE blocks, the dispatch and combine all-to-all buffers;
 //  4. the free of u's weights where the order reshards after forward.
@@ -56,7 +58,8 @@
 //     intermediate), all-to-all buffers; for the head, the loss gradients
 //     (eager: nll_loss's and log_softmax's T×V gradients in the loss type,
 //     then the activation-type cast when it upcast; compiled: the one bf16
-//     gradient its fused backward writes; chunked: per chunk, after
+//     gradient its fused backward writes; TransformerEngine's: none, its
+//     forward wrote the gradient into the saved logits; chunked: per chunk, after
 //     recomputing it);
 //  3. the input gradient of u (T×D), freeing the previous one;
 //  4. u's unsharded weight gradients (compute type), then the frees of

@@ -53,6 +53,12 @@ type Options struct {
 	// and Unit.Output elements take one byte where the compute type takes
 	// its own.
 	FP8Gather struct{ Linear, Output bool }
+	// GradBuffer: Megatron-Core's contiguous gradient buffer holds the
+	// gradients (job.MegatronDDP, gradbuffer.go); sharding zero1 or ddp.
+	GradBuffer bool
+	// TE says which parts of the step are TransformerEngine's and how its
+	// modules store their saved inputs (te.go); zero value: none.
+	TE TE
 }
 
 // Segments is the caching allocator's segment mode.
@@ -149,6 +155,12 @@ func (o Options) normalized() (Options, error) {
 	default:
 		return o, fmt.Errorf("reduce dtype = %q: must be f32, bf16 or f16", o.ReduceDType)
 	}
+	if o.TE.Blocks && (o.AC.Mode == moe.ACSelective || o.Compile.Model) {
+		return o, fmt.Errorf("transformer_impl transformer_engine: Megatron-Core's TE blocks take ac none, full, layer:N or modules:…, not selective, without a compiled model (not %s, compiled model %v)", o.AC.Mode, o.Compile.Model)
+	}
+	if o.TE.Loss && (o.Compile.Loss || o.LossChunks > 1) {
+		return o, fmt.Errorf("loss_impl te: TransformerEngine's cross-entropy is neither compiled nor chunked (compiled loss %v, loss_chunks %d)", o.Compile.Loss, o.LossChunks)
+	}
 	if o.Allocator == nil {
 		a := DefaultAllocator
 		o.Allocator = &a
@@ -197,6 +209,9 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	if err := l.CheckSeq(b.Seq); err != nil {
 		return Report{}, err
 	}
+	if o.GradBuffer && l.Sharding != job.ShardZeRO1 && l.Sharding != job.ShardDDP {
+		return Report{}, fmt.Errorf("ddp_impl megatron: Megatron-Core's gradient buffer needs sharding zero1 or ddp, not %s", l.Sharding)
+	}
 	if l.Stages() > 1 {
 		if err := l.Validate(); err != nil {
 			return Report{}, err
@@ -213,6 +228,9 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
+	if o.GradBuffer {
+		r.Events = contiguousGrads(r.Events, r.State.Grads)
+	}
 	r.Peak, err = Replay(r.Events, *o.Allocator, o.Segments)
 	return r, err
 }
@@ -221,7 +239,8 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 // and options o (normalized): one pipeline micro-batch's when b is one.
 func stepShape(l job.Layout, b Batch, o Options) Shape {
 	return Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
-		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank()}
+		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank(),
+		TE: o.TE}
 }
 
 // MaxLBS returns the largest local batch whose peak reserved memory is at

@@ -302,7 +302,11 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 	}
 	rank.events = events
 	rank.optimizerStep()
-	return Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: rank.events}, nil
+	rep := Report{Units: units, State: StateOf(units, l.Sharding, o), Saved: saved, Events: rank.events}
+	if o.GradBuffer {
+		rep.Events = contiguousGrads(rep.Events, rep.State.Grads)
+	}
+	return rep, nil
 }
 
 // torchRecvBuffers emits, in Setup, the receive buffers PyTorch's

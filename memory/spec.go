@@ -12,7 +12,8 @@ import (
 // resolved (job.Recipe.Resolve).
 func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o := Options{Precision: r.Storage(), AC: ac, Attention: Flash, LossChunks: r.LossChunks,
-		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed}
+		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed,
+		Master: r.MasterDType}
 	if r.Attention == job.EagerAttention {
 		o.Attention = Eager
 	}
@@ -22,6 +23,13 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	}
 	o.FP8Gather.Linear = r.FP8AllGather && r.Converts(job.QuantLinear)
 	o.FP8Gather.Output = r.FP8AllGather && r.Converts(job.QuantOutput)
+	o.TE.Blocks = r.TransformerImpl == job.TETransformer
+	o.TE.Loss = r.LossImpl == job.TELoss
+	o.GradBuffer = r.DDPImpl == job.MegatronDDP
+	if o.TE.Blocks && r.Precision.LowPrecision() {
+		o.TE.Linear, o.TE.Experts = r.Converts(job.QuantLinear), r.Converts(job.QuantExperts)
+		o.TE.MX = r.Precision.Microscaled()
+	}
 	return o
 }
 

@@ -71,7 +71,7 @@ func (s *stepBuilder) logProbs(layer int, suffix string, n int64, keep func()) {
 func (s *stepBuilder) lossForward(layer int) {
 	act := s.o.Precision.Activation.Bytes()
 	if s.o.LossChunks <= 1 {
-		if s.sh.Compile.Loss {
+		if s.sh.Compile.Loss || s.sh.TE.Loss {
 			s.allocRecords(s.lossSavedSet(), CatActivations)
 			return
 		}
@@ -96,6 +96,10 @@ func (s *stepBuilder) lossBackward(layer int) {
 	act := s.o.Precision.Activation.Bytes()
 	if s.o.LossChunks <= 1 {
 		free := func() { s.freeRecords(s.lossSavedSet(), CatActivations) }
+		if s.sh.TE.Loss { // the saved logits hold the gradient (te.go, teLoss)
+			free()
+			return
+		}
 		if s.sh.Compile.Loss {
 			s.lossGradsCompiled(layer, "", s.T*s.V, free)
 			return

@@ -42,8 +42,8 @@ func tpPlace(op moe.Op, tensor moe.Saved) tpPlacement {
 		if tensor == moe.SavedOutput {
 			return tpFeature
 		}
-	case moe.OpDenseDown, moe.OpSharedDown:
-		if tensor == moe.SavedInput {
+	case moe.OpDenseDown, moe.OpSharedDown, moe.OpOProj:
+		if tensor == moe.SavedInput || tensor == moe.SavedScales {
 			return tpFeature
 		}
 	case moe.OpLoss:
@@ -81,7 +81,11 @@ func tpSaved(cfg *moe.Config, layer int, sh Shape, rs []moe.SavedRecord) []moe.S
 	rows, width := int64(max(sh.ExpertRows, 1)), int64(max(sh.ExpertTP, 1))
 	out := make([]moe.SavedRecord, 0, len(rs)+2)
 	for _, r := range rs {
-		switch tpPlace(r.Op, r.Tensor) {
+		place := tpPlace(r.Op, r.Tensor)
+		if sh.TE.Blocks && teSavesLocal(r) {
+			place = tpSeq
+		}
+		switch place {
 		case tpSeq, tpFeature:
 			r.Elements /= tp
 		case tpVocab:

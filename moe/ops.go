@@ -179,6 +179,11 @@ const (
 	I64  DType = "i64" // token ids and expert indices as PyTorch keeps them
 	I32  DType = "i32"
 	Bool DType = "bool"
+	// F8 is an 8-bit float (E4M3 or E5M2) and E8M0 an 8-bit power-of-two
+	// scale (MXFP8's per-block scale): the quantized tensors
+	// TransformerEngine saves, kept only in the memory package's tables.
+	F8   DType = "f8"
+	E8M0 DType = "e8m0"
 )
 
 // Bytes is the size of one element.
@@ -190,7 +195,7 @@ func (t DType) Bytes() int64 {
 		return 2
 	case I64:
 		return 8
-	case Bool:
+	case Bool, F8, E8M0:
 		return 1
 	}
 	return 0
@@ -245,6 +250,9 @@ const (
 	SavedAllToAllOutput Saved = "all_to_all_output"
 	SavedProbs          Saved = "probs"
 	SavedLogits         Saved = "logits"
+	// SavedScales is a quantized saved input's block scales
+	// (TransformerEngine's MXFP8 tensors, E8M0).
+	SavedScales Saved = "scales"
 )
 
 // SavedRecord is one tensor kept from forward for backward.

@@ -76,6 +76,53 @@ const (
 	CuBLASExperts ExpertGEMM = "cublas"
 )
 
+// TransformerImpl names the modules a block is built of, which decide what
+// it saves for backward (memory/te.go).
+type TransformerImpl string
+
+// Transformer implementations.
+const (
+	// TorchTransformer is torchtitan's PyTorch modules, what the reference
+	// implementation executes (eager or compiled): the default.
+	TorchTransformer TransformerImpl = "torch"
+	// TETransformer is Megatron-Core's TransformerEngine layer spec
+	// (Megatron-LM's --transformer-impl transformer_engine) with its
+	// default fused SwiGLU (bias_activation_fusion) and its experts, which
+	// apply the routing probabilities in the activation.
+	TETransformer TransformerImpl = "transformer_engine"
+)
+
+// LossImpl names the cross-entropy implementation.
+type LossImpl string
+
+// Cross-entropy implementations.
+const (
+	// TorchLoss is torchtitan's cross-entropy, eager or compiled
+	// (compile_components): the default.
+	TorchLoss LossImpl = "torch"
+	// TELoss is TransformerEngine's parallel_cross_entropy (Megatron's
+	// cross_entropy_loss_fusion with cross_entropy_fusion_impl "te"):
+	// its forward writes the gradient into the logits, which it saves.
+	TELoss LossImpl = "te"
+)
+
+// DDPImpl names the data-parallel wrapper that holds the gradients under
+// sharding zero1 or ddp.
+type DDPImpl string
+
+// Data-parallel wrappers.
+const (
+	// TorchDDP is PyTorch's: each parameter's gradient is allocated by
+	// autograd in backward, then reduced (the default).
+	TorchDDP DDPImpl = "torch"
+	// MegatronDDP is Megatron-Core's DistributedDataParallel: one
+	// contiguous gradient buffer in the gradient type, allocated when the
+	// model is wrapped, into which the weight-gradient GEMMs accumulate
+	// (gradient_accumulation_fusion) and which is reduce-scattered in place
+	// (memory/gradbuffer.go).
+	MegatronDDP DDPImpl = "megatron"
+)
+
 // Values lists each enum's allowed values: Recipe.Validate checks against
 // it, and the command line's help prints it.
 func (OptimizerImpl) Values() []string { return names([]OptimizerImpl{FusedAdamW, ForeachAdamW}) }
@@ -85,6 +132,11 @@ func (AttentionKernel) Values() []string {
 func (Dispatcher) Values() []string { return names([]Dispatcher{AllToAll, DeepEP, HybridEP}) }
 func (ExpertGEMM) Values() []string { return names([]ExpertGEMM{GroupedMM, CuBLASExperts}) }
 func (Component) Values() []string  { return names([]Component{ModelComponent, LossComponent}) }
+func (TransformerImpl) Values() []string {
+	return names([]TransformerImpl{TorchTransformer, TETransformer})
+}
+func (LossImpl) Values() []string { return names([]LossImpl{TorchLoss, TELoss}) }
+func (DDPImpl) Values() []string  { return names([]DDPImpl{TorchDDP, MegatronDDP}) }
 
 func names[T ~string](vs []T) []string {
 	s := make([]string, len(vs))

@@ -35,7 +35,15 @@ type Recipe struct {
 	GradDType      moe.DType `json:"grad_dtype" help:"gradient storage type: f32|bf16"`
 	ReduceDType    moe.DType `json:"reduce_dtype" empty:"ok" help:"type gradients are reduced in (FSDP2 reduce_dtype) and, with --grad-sync-last-only, accumulated in: f32|bf16 (default: the --grad-dtype)"`
 	OptimizerDType moe.DType `json:"optimizer_dtype" help:"AdamW moment storage type: f32|bf16"`
-	LossDType      moe.DType `json:"loss_dtype" help:"type the eager cross-entropy computes in: f32 (torchtitan's pred.float()) or bf16 (no upcast)"`
+	// MasterDType is the type of a master copy of the parameters that
+	// the optimizer keeps beside its moments and shards as it shards
+	// them (empty: none, the stored parameters are the master copy, as
+	// in torchtitan). Megatron-Core's distributed optimizer keeps bf16
+	// model parameters (ParamDType bf16) and fp32 main parameters
+	// sharded with the Adam moments over the data-parallel ranks
+	// (master_dtype f32): docs/memory.md, "Master copy".
+	MasterDType moe.DType `json:"master_dtype,omitempty" empty:"ok" help:"type of a master copy of the parameters kept and sharded with the optimizer state (Megatron's distributed optimizer: f32 main parameters beside bf16 model parameters): f32|bf16 (default: none)"`
+	LossDType   moe.DType `json:"loss_dtype" help:"type the eager cross-entropy computes in: f32 (torchtitan's pred.float()) or bf16 (no upcast)"`
 	// Compile is torch.compile on (torchtitan's compile.enable);
 	// CompileComponents what it compiles (torchtitan's compile.components,
 	// empty = model and loss).
@@ -51,6 +59,15 @@ type Recipe struct {
 	Optimizer OptimizerImpl `json:"optimizer" flag:"optimizer-impl" help:"AdamW implementation: fused (no temporaries) or foreach (sqrt(v) materialized)"`
 	// Attention is the attention kernel.
 	Attention AttentionKernel `json:"attention_kernel" help:"attention kernel: cudnn (torchtitan's SDPA priority), flash2 (FlashAttention-2) or eager (plain ops, saves the probabilities; memory only)"`
+	// TransformerImpl is the modules the blocks are built of and LossImpl
+	// the cross-entropy's: what they save for backward (docs/memory.md,
+	// "TransformerEngine"). Empty is torch (TorchTransformer, TorchLoss),
+	// left out of JSON.
+	TransformerImpl TransformerImpl `json:"transformer_impl,omitempty" empty:"ok" help:"modules the blocks are built of, which decide what they save for backward: torch (torchtitan's) or transformer_engine (Megatron-Core's TE layer spec: fused SwiGLU, routing probabilities applied in the expert activation, fp8 inputs saved quantized)"`
+	LossImpl        LossImpl        `json:"loss_impl,omitempty" empty:"ok" help:"cross-entropy implementation: torch (torchtitan's, eager or compiled) or te (TransformerEngine's parallel_cross_entropy, which writes the gradient into the saved bf16 logits)"`
+	// DDPImpl is the data-parallel wrapper that holds the gradients under
+	// sharding zero1 or ddp (empty: torch, left out of JSON).
+	DDPImpl DDPImpl `json:"ddp_impl,omitempty" empty:"ok" help:"data-parallel wrapper holding the gradients under sharding zero1 or ddp: torch (autograd allocates each gradient in backward) or megatron (Megatron-Core's one contiguous gradient buffer, allocated at start, accumulated into by the weight-gradient GEMMs and reduce-scattered in place)"`
 	// Dispatcher moves the expert-parallel tokens; ExpertGEMM runs the
 	// routed experts' matmuls.
 	Dispatcher Dispatcher `json:"dispatcher" help:"how expert parallelism moves tokens: all_to_all (torchtitan's, a row per top-k slot), deepep or hybridep (a row per destination rank)"`
@@ -129,7 +146,10 @@ func (r Recipe) Validate() error {
 		v    moe.DType
 	}{ // reduce_dtype equal to a bad grad_dtype was derived from it: reported once
 		{"param_dtype", r.ParamDType}, {"grad_dtype", r.GradDType}, {"reduce_dtype", r.ReduceDType},
-		{"optimizer_dtype", r.OptimizerDType}, {"loss_dtype", r.LossDType}} {
+		{"optimizer_dtype", r.OptimizerDType}, {"loss_dtype", r.LossDType}, {"master_dtype", r.MasterDType}} {
+		if f.name == "master_dtype" && f.v == "" {
+			continue
+		}
 		if f.v != moe.F32 && f.v != moe.BF16 && !(f.name == "reduce_dtype" && f.v == r.GradDType) {
 			errs = append(errs, moe.FieldError{Field: f.name, Value: string(f.v), Allowed: "must be f32 or bf16"})
 		}
@@ -146,6 +166,15 @@ func (r Recipe) Validate() error {
 	add(checkEnum("attention_kernel", r.Attention))
 	add(checkEnum("dispatcher", r.Dispatcher))
 	add(checkEnum("expert_gemm", r.ExpertGEMM))
+	if r.TransformerImpl != "" { // empty: torch, left out of JSON
+		add(checkEnum("transformer_impl", r.TransformerImpl))
+	}
+	if r.LossImpl != "" {
+		add(checkEnum("loss_impl", r.LossImpl))
+	}
+	if r.DDPImpl != "" {
+		add(checkEnum("ddp_impl", r.DDPImpl))
+	}
 	if r.ExpertSkew != 0 && !(r.ExpertSkew >= 1) || math.IsInf(r.ExpertSkew, 0) {
 		errs = append(errs, moe.FieldError{Field: "expert_skew", Value: r.ExpertSkew, Allowed: "must be ≥ 1 and finite (0 = balanced)"})
 	}
