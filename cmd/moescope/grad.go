@@ -97,7 +97,9 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err := checkGradActivations(cfg, len(tokens), len(tokens[0]), ac, limit); err != nil {
 		return fmt.Errorf("%s: %w", *tokensPath, err)
 	}
-	res, err := m.ForwardBackwardHF(tokens, 1, ref.Options{AC: ac, AuxCoef: coef})
+	progress, clearBar := gradProgress(stderr)
+	res, err := m.ForwardBackwardHF(tokens, 1, ref.Options{AC: ac, AuxCoef: coef, Progress: progress})
+	clearBar()
 	if err != nil {
 		return err
 	}
@@ -113,6 +115,17 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 		Loss: res.Loss, AuxLoss: res.Aux, TotalLoss: res.Total, AuxAdded: coef != 0,
 		AuxCoef: coef, Sequences: len(tokens), SeqLen: len(tokens[0]), AC: ac.String(),
 	})
+}
+
+// gradProgress is grad's progress bar on w when w is a terminal: the
+// callback for ref.Options.Progress (nil otherwise) and what clears it.
+func gradProgress(w io.Writer) (func(done, total int), func()) {
+	bar := newProgressBar(w)
+	if bar == nil {
+		return nil, func() {}
+	}
+	bar.label = "grad: forward, then backward,"
+	return func(done, total int) { bar.update(1, done, total) }, bar.finish
 }
 
 // gradReport is the JSON object grad prints.

@@ -18,6 +18,9 @@ type progressBar struct {
 	start time.Time
 	last  time.Time
 	drawn bool
+	// label names what is counted: "" is plan's "stage N … simulated";
+	// otherwise "<label> … done/total blocks".
+	label string
 }
 
 // newProgressBar returns a bar on w when w is a terminal, else nil.
@@ -51,8 +54,12 @@ func (b *progressBar) update(stage, done, total int) {
 	if total > 0 {
 		filled = width * done / total
 	}
-	fmt.Fprintf(b.w, "\rstage %d [%s%s] %d/%d simulated  %.1fs ", stage, strings.Repeat("#", filled), strings.Repeat(".", width-filled),
-		done, total, now.Sub(b.start).Seconds())
+	bar := "[" + strings.Repeat("#", filled) + strings.Repeat(".", width-filled) + "]"
+	if b.label != "" {
+		fmt.Fprintf(b.w, "\r%s %s %d/%d blocks  %.1fs ", b.label, bar, done, total, now.Sub(b.start).Seconds())
+	} else {
+		fmt.Fprintf(b.w, "\rstage %d %s %d/%d simulated  %.1fs ", stage, bar, done, total, now.Sub(b.start).Seconds())
+	}
 	b.drawn = true
 }
 

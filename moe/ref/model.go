@@ -332,6 +332,15 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 	emb.x = ex
 	x := emb.Forward(w.global.Embed, ids)
 	blocks := make([]*Block[T], c.Layers)
+	done, total := 0, c.Layers
+	if backward {
+		total *= 2
+	}
+	tick := func() {
+		if done++; o.Progress != nil {
+			o.Progress(done, total)
+		}
+	}
 	for l := range blocks {
 		b := NewBlock[T](c, l, batch, seq, o)
 		b.x = ex
@@ -342,6 +351,7 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 				m.Load[l][e] += int64(n)
 			}
 		}
+		tick()
 	}
 	head := NewHead[T](c, o)
 	head.x = ex
@@ -363,6 +373,7 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 			ag = auxGrad[l]
 		}
 		dx = blocks[l].Backward(&w.layers[l], &g.layers[l], dx, ag)
+		tick()
 	}
 	emb.Backward(g.global.Embed, dx)
 	return res, nil

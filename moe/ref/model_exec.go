@@ -28,6 +28,10 @@ type Options struct {
 	// TileQ×TileK is the attention block (Br×Bc); 0 means 128 (a GPU
 	// flash-attention block). 1×1 executes exactly the unmasked entries.
 	TileQ, TileK int
+	// Progress, when set, is called after each block's forward and
+	// backward with the blocks done and the total (2 × layers with a
+	// backward, layers without): a long CPU run says how far it is.
+	Progress func(done, total int)
 }
 
 // exec is the per-call context every op reports through.
