@@ -62,16 +62,7 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates the sweep's search and fit (about a minute)")
 	}
-	dir := t.TempDir()
-	var out bytes.Buffer
-	if err := run(&out, &out, []string{"sweep", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "512", "--seq", "4096", "--out", dir}); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
-	var m sweepManifest
-	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-	if err != nil || json.Unmarshal(data, &m) != nil {
-		t.Fatalf("manifest: %v", err)
-	}
+	dir, m := mainJobSweep(t)
 	if len(m.Jobs) < 3 {
 		t.Fatalf("%d jobs, want ≥ 3", len(m.Jobs))
 	}
@@ -104,7 +95,7 @@ func TestSweepRecoversPlantedCalibration(t *testing.T) {
 	if !twoHost {
 		t.Errorf("no 2-host (16 GPU) job in the sweep")
 	}
-	out.Reset()
+	var out bytes.Buffer
 	if err := run(&out, &out, args); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -292,4 +283,22 @@ func TestSweepWritesRunnableJobs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// mainJobSweep runs the sweep of the README's main job (Qwen3-30B-A3B for
+// 512 B200s at seq 4096) into a temporary folder and returns the folder
+// and its manifest.
+func mainJobSweep(t *testing.T) (string, sweepManifest) {
+	t.Helper()
+	dir := t.TempDir()
+	var out bytes.Buffer
+	if err := run(&out, &out, []string{"sweep", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "512", "--seq", "4096", "--out", dir}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	var m sweepManifest
+	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil || json.Unmarshal(data, &m) != nil {
+		t.Fatalf("manifest: %v", err)
+	}
+	return dir, m
 }

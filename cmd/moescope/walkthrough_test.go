@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -38,16 +37,7 @@ func TestWalkthroughLogs(t *testing.T) {
 	if !*writeWalkthroughLogs {
 		t.Skip("writes testdata/walkthrough only with -walkthrough-logs")
 	}
-	dir := t.TempDir()
-	var out bytes.Buffer
-	if err := run(&out, &out, []string{"sweep", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "512", "--seq", "4096", "--out", dir}); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
-	var m sweepManifest
-	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-	if err != nil || json.Unmarshal(data, &m) != nil {
-		t.Fatalf("manifest: %v", err)
-	}
+	_, m := mainJobSweep(t)
 	cl, _ := hw.LoadCluster("hgx")
 	dev, _ := hw.LookupDevice("b200")
 	planted := &cost.Calibration{GEMMScale: 1, GroupedScale: walkthroughGrouped, AttentionScale: 1, MemoryBoundScale: 1,

@@ -214,28 +214,40 @@ func TestNumericMatchesReference(t *testing.T) {
 // TestNumericFollowsSchedule: every rank of a numeric step issues exactly
 // the collectives of BuildSchedule's program for the layout — same kinds,
 // groups, dtypes and sizes, in the same order (all-to-all sizes are exact:
-// a rank sends all its T·K rows, its own included).
+// a rank sends all its T·K rows, its own included). Both walk the step's
+// order (job.StepOrder), whose FSDP2 variants the last cases cover: a tied
+// embedding, keep-gathered without resharding, the last-only options
+// (parallel/crosscheck checks memory and the schedule against the order).
+// Megatron-FSDP is not among them: the numeric ranks issue FSDP2's
+// collectives in FSDP2's order (a layer's experts gathered apart, the
+// head's gradients reduced after its backward), not Megatron's.
 func TestNumericFollowsSchedule(t *testing.T) {
-	cfg := moetest.TinyMoE()
 	cases := []struct {
 		gpus, rep, ep int
 		sh            job.Sharding
 		ac            moe.AC
 		micro         int
 		keep, last    bool
+		// the order's variants: no reshard after forward, a tied embedding
+		noReshard, tied bool
 	}{
-		{4, 1, 2, job.ShardFSDP, moe.AC{Mode: moe.ACFull}, 2, false, false},
-		{4, 2, 2, job.ShardFSDP, moe.AC{Mode: moe.ACSelective}, 2, true, true},
-		{4, 2, 1, job.ShardZeRO2, moe.AC{Mode: moe.ACNone}, 1, false, false},
-		{8, 1, 4, job.ShardZeRO1, moe.AC{Mode: moe.ACLayer, Every: 2}, 2, false, false},
-		{2, 2, 1, job.ShardDDP, moe.AC{Mode: moe.ACSelective}, 3, false, true},
+		{4, 1, 2, job.ShardFSDP, moe.AC{Mode: moe.ACFull}, 2, false, false, false, false},
+		{4, 2, 2, job.ShardFSDP, moe.AC{Mode: moe.ACSelective}, 2, true, true, false, false},
+		{4, 2, 1, job.ShardZeRO2, moe.AC{Mode: moe.ACNone}, 1, false, false, false, false},
+		{8, 1, 4, job.ShardZeRO1, moe.AC{Mode: moe.ACLayer, Every: 2}, 2, false, false, false, false},
+		{2, 2, 1, job.ShardDDP, moe.AC{Mode: moe.ACSelective}, 3, false, true, false, false},
 		// Megatron's moe module re-runs the MoE layer's all-to-alls.
-		{4, 1, 2, job.ShardFSDP, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, 2, false, false},
-		{4, 2, 2, job.ShardZeRO1, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, 2, true, false},
+		{4, 1, 2, job.ShardFSDP, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, 2, false, false, false, false},
+		{4, 2, 2, job.ShardZeRO1, moe.AC{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoE}, 2, true, false, false, false},
+		{4, 2, 2, job.ShardFSDP, moe.AC{Mode: moe.ACFull}, 3, true, false, true, true},
+		{4, 2, 2, job.ShardFSDP, moe.AC{Mode: moe.ACSelective}, 2, false, true, false, true},
 	}
 	for _, tc := range cases {
+		cfg := moetest.TinyMoE()
+		cfg.TiedEmbeddings = tc.tied
 		l := moetest.FSDPLayout(t, tc.gpus, tc.rep, tc.ep)
 		l.Sharding, l.KeepGathered, l.AllreduceLastOnly = tc.sh, tc.keep, tc.last
+		l.ReshardAfterForward = !tc.noReshard
 		name := fmt.Sprintf("%d×%d ep %d %s %s micro %d", tc.rep, tc.gpus/tc.rep, tc.ep, tc.sh, tc.ac, tc.micro)
 		m, err := parallel.NewMesh(l, cfg, 4)
 		if err != nil {
