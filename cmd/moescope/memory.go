@@ -60,7 +60,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose memory the step is judged against: "+strings.Join(hw.DeviceNames(), ", "))
 	rf := addRunFlags(fs)
 	rf.layout.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
-	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version", "expert-skew")
+	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version", "expert-skew", "routing")
 	fs.Lookup("lbs").Usage = "sequences per data-parallel rank per micro-step (required unless --max-lbs)"
 	jsonOut := fs.Bool("json", false, "print one JSON object")
 	maxLBS := fs.Bool("max-lbs", false, "also report the largest lbs whose peak reserved fits the memory target")

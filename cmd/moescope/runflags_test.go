@@ -47,7 +47,7 @@ func TestRunFlagsEverywhere(t *testing.T) {
 	// DESIGN's "Precision and compile" and "The stack" flags that exist
 	// today, and the batch: the list above must hold them.
 	for _, n := range []string{"precision", "compile", "expandable-segments", "grad-dtype", "reduce-dtype", "optimizer-dtype",
-		"loss-dtype", "param-dtype", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version", "expert-skew",
+		"loss-dtype", "param-dtype", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version", "expert-skew", "routing",
 		"lbs", "seq", "grad-accum", "ac", "ep", "pp", "tp", "fsdp-impl"} {
 		if !slices.Contains(runFlags, n) {
 			t.Errorf("simulate lacks --%s", n)

@@ -43,6 +43,7 @@ type trainReport struct {
 	CommIntraBytes   int64            `json:"comm_intra_node_bytes"`
 	CommInterBytes   int64            `json:"comm_inter_node_bytes"`
 	Seconds          float64          `json:"seconds"`
+	ExpertCounts     [][]int64        `json:"expert_counts,omitempty"` // per MoE layer and expert, the run's routed rows (numeric.Trainer.ExpertLoads): a --routing file
 }
 
 // trainArgs are train's flags.
@@ -104,6 +105,7 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	rep.ExpertCounts = num.ExpertLoads()
 	if a.ckpt != "" {
 		if err := numeric.SaveTrainCheckpoint(a.ckpt, a.force, num, state); err != nil {
 			return err

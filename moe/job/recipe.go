@@ -81,6 +81,9 @@ type Recipe struct {
 	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
 	// ExpertSkew × the mean rows; 0 or 1 is balanced routing.
 	ExpertSkew float64 `json:"expert_skew,omitempty" help:"rows of the most loaded expert-parallel rank ÷ the mean (≥ 1; 0 = balanced routing)"`
+	// Routing is balanced, learned (refused: not priced yet) or a file of
+	// per-expert token counts (Routing).
+	Routing Routing `json:"routing,omitempty" empty:"ok" help:"the router's load: balanced, or a JSON file of per-expert token counts ({\"expert_counts\": [[per expert] per MoE layer]}, as train --json writes them) that the simulator replays; learned is not priced yet"`
 }
 
 // DefaultRecipe is torchtitan's: bf16 training with FSDP2 mixed precision
@@ -178,6 +181,7 @@ func (r Recipe) Validate() error {
 	if r.ExpertSkew != 0 && !(r.ExpertSkew >= 1) || math.IsInf(r.ExpertSkew, 0) {
 		errs = append(errs, moe.FieldError{Field: "expert_skew", Value: r.ExpertSkew, Allowed: "must be ≥ 1 and finite (0 = balanced)"})
 	}
+	add(r.Routing.check(r.ExpertSkew))
 	return errors.Join(errs...)
 }
 

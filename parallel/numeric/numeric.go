@@ -77,6 +77,9 @@ type Trainer struct {
 	fault *Fault // armed by SetFault
 	// rankErrs holds each rank's error of the last Step.
 	rankErrs []error
+	// loads[k][e] is the (token, slot) pairs the k-th MoE layer routed to
+	// expert e over every step, micro-step and rank so far (ExpertLoads).
+	loads [][]int64
 }
 
 // StepResult is the outcome of one optimizer step.
@@ -188,6 +191,7 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 			res.ExpertCounts[m] = append(res.ExpertCounts[m], r.counts[m])
 		}
 	}
+	n.addLoads(res.ExpertCounts)
 	n.step++
 	if math.IsNaN(res.Loss) || math.IsInf(res.Loss, 0) || math.IsNaN(res.Aux) || math.IsInf(res.Aux, 0) {
 		// The update has been applied with non-finite gradients: nothing
@@ -196,6 +200,35 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 	}
 	return res, nil
 }
+
+// addLoads adds a step's counts ([m][r][layer][e]) into loads, MoE layers
+// in order.
+func (n *Trainer) addLoads(counts [][][][]int) {
+	for _, byRank := range counts {
+		for _, layers := range byRank {
+			k := 0
+			for _, row := range layers {
+				if len(row) == 0 {
+					continue // a dense layer
+				}
+				if k == len(n.loads) {
+					n.loads = append(n.loads, make([]int64, len(row)))
+				}
+				for e, c := range row {
+					n.loads[k][e] += int64(c)
+				}
+				k++
+			}
+		}
+	}
+}
+
+// ExpertLoads is the (token, slot) pairs each MoE layer (in order) routed
+// to each expert over every step so far, summed over micro-steps and ranks:
+// the router's load as the simulator replays it (job.Routing's file, sim's
+// Input.ExpertCounts). Under tensor parallelism every member of a group
+// counts the same rows, which scales the counts and not their shares.
+func (n *Trainer) ExpertLoads() [][]int64 { return n.loads }
 
 // RankErrors returns each rank's error of the last Step (nil for a rank
 // that finished it): after a failure, whether every rank stopped.

@@ -186,6 +186,9 @@ func Simulate(in Input) (Result, error) {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
 	if in.Layout.Stages() > 1 {
+		if in.Routing.File() != "" {
+			return Result{}, fmt.Errorf("simulate: routing %s: a counts file is not replayed through pipeline stages yet (pp = %d)", in.Routing, in.PP)
+		}
 		return simulatePipeline(in)
 	}
 	p, err := Prepare(in)
@@ -246,6 +249,12 @@ func Prepare(in Input) (*Prepared, error) {
 		return nil, err
 	}
 	cfg := in.Model
+	if f := in.Routing.File(); f != "" && len(in.ExpertCounts) == 0 {
+		var err error
+		if in.ExpertCounts, err = RoutingCounts(f, cfg); err != nil {
+			return nil, err
+		}
+	}
 	p := &Prepared{in: in, cfg: cfg}
 	var err error
 	if p.dev, p.cl, err = resolveHardware(in); err != nil {
@@ -319,19 +328,9 @@ func checkInput(in Input) error {
 	if in.MemoryTarget != 0 && !(in.MemoryTarget > 0 && in.MemoryTarget <= 1) {
 		return fmt.Errorf("simulate: memory_target = %v: must be in (0, 1] (0 = %g)", in.MemoryTarget, memory.DefaultMemoryTarget)
 	}
-	if n := len(in.ExpertCounts); n > 0 {
-		if n != 1 && n != cfg.MoELayers() {
-			return fmt.Errorf("simulate: expert counts for %d layers; want 1 or one per MoE layer (%d)", n, cfg.MoELayers())
-		}
-		for i, row := range in.ExpertCounts {
-			if len(row) != cfg.Experts {
-				return fmt.Errorf("simulate: expert counts row %d has %d entries for %d experts", i, len(row), cfg.Experts)
-			}
-			for _, c := range row {
-				if c < 0 {
-					return fmt.Errorf("simulate: expert counts row %d: negative count %d", i, c)
-				}
-			}
+	if len(in.ExpertCounts) > 0 {
+		if err := checkExpertCounts(in.ExpertCounts, cfg); err != nil {
+			return fmt.Errorf("simulate: %w", err)
 		}
 	}
 	return nil
