@@ -1,6 +1,9 @@
 package memory
 
 import (
+	"fmt"
+	"math/bits"
+
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 )
@@ -34,4 +37,20 @@ func HostPeak(cfg *moe.Config, l job.Layout, b Batch, ac moe.AC) (float64, Repor
 		return 0, Report{}, err
 	}
 	return HeapFactor * float64(r.Peak.Allocated), r, nil
+}
+
+// GradParamBytes is the host memory `moescope grad` needs for the
+// parameters alone: the reference's float32 values and gradients (8 bytes
+// each) plus the float32 copy a checkpoint is loaded into (4 bytes),
+// activations not included. A count that overflows is an error.
+func GradParamBytes(cfg *moe.Config) (uint64, error) {
+	var n uint64
+	for _, p := range cfg.Params() {
+		n += uint64(p.Elements())
+	}
+	hi, b := bits.Mul64(n, 12)
+	if hi != 0 {
+		return 0, fmt.Errorf("%s: parameter count %d overflows a byte count", cfg.Name, n)
+	}
+	return b, nil
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/bits"
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
@@ -140,26 +139,11 @@ type gradReport struct {
 	AC        string  `json:"ac"`
 }
 
-// gradParamBytes is the memory grad needs for the parameters alone: float32
-// values and gradients in the model (8 bytes each) plus the float32 copy
-// LoadParams returns (4 bytes), activations not included.
-func gradParamBytes(cfg *moe.Config) (uint64, error) {
-	var n uint64
-	for _, p := range cfg.Params() {
-		n += uint64(p.Elements())
-	}
-	hi, b := bits.Mul64(n, 12)
-	if hi != 0 {
-		return 0, fmt.Errorf("%s: parameter count %d overflows a byte count", cfg.Name, n)
-	}
-	return b, nil
-}
-
 // checkGradMemory refuses a model whose parameters alone exceed the host
 // memory limit, instead of dying in the allocator: grad is a reference
 // tool for small models.
 func checkGradMemory(cfg *moe.Config, limit hostLimit) error {
-	need, err := gradParamBytes(cfg)
+	need, err := memory.GradParamBytes(cfg)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/internal/fileio"
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/kernel"
@@ -276,7 +277,7 @@ func TestGradMemoryGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	need, err := gradParamBytes(cfg)
+	need, err := memory.GradParamBytes(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
