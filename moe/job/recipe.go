@@ -81,6 +81,12 @@ type Recipe struct {
 	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
 	// ExpertSkew × the mean rows; 0 or 1 is balanced routing.
 	ExpertSkew float64 `json:"expert_skew,omitempty" help:"rows of the most loaded expert-parallel rank ÷ the mean (≥ 1; 0 = balanced routing)"`
+	// CapacityFactor > 0 drops the routed rows over each expert's capacity
+	// (Megatron-Core's --moe-expert-capacity-factor; 0: dropless, as
+	// torchtitan) and PadToCapacity pads every expert to it
+	// (--moe-pad-expert-input-to-capacity).
+	CapacityFactor float64 `json:"capacity_factor,omitempty" help:"rows each expert keeps, × the balanced mean (Megatron-Core's --moe-expert-capacity-factor; 0 = dropless)"`
+	PadToCapacity  bool    `json:"pad_to_capacity,omitempty" help:"pad every expert's rows to its capacity (Megatron-Core's --moe-pad-expert-input-to-capacity; needs --capacity-factor)"`
 	// Routing is balanced, learned (refused: not priced yet) or a file of
 	// per-expert token counts (Routing).
 	Routing Routing `json:"routing,omitempty" empty:"ok" help:"the router's load: balanced, or a JSON file of per-expert token counts ({\"expert_counts\": [[per expert] per MoE layer]}, as train --json writes them) that the simulator replays; learned is not priced yet"`
@@ -182,6 +188,11 @@ func (r Recipe) Validate() error {
 		errs = append(errs, moe.FieldError{Field: "expert_skew", Value: r.ExpertSkew, Allowed: "must be ≥ 1 and finite (0 = balanced)"})
 	}
 	add(r.Routing.check(r.ExpertSkew))
+	if !(r.CapacityFactor >= 0) || math.IsInf(r.CapacityFactor, 0) {
+		errs = append(errs, moe.FieldError{Field: "capacity_factor", Value: r.CapacityFactor, Allowed: "must be ≥ 0 and finite (0 = dropless)"})
+	} else if r.PadToCapacity && r.CapacityFactor == 0 {
+		errs = append(errs, moe.FieldError{Field: "pad_to_capacity", Value: true, Allowed: "needs a capacity_factor > 0 (dropless experts have no capacity)"})
+	}
 	return errors.Join(errs...)
 }
 

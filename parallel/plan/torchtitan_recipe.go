@@ -38,6 +38,7 @@ func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
 	refuse(r.ExpertGEMM != d.ExpertGEMM, "expert-gemm", r.ExpertGEMM)
 	refuse(r.FusedElementwise, "fused-elementwise", r.FusedElementwise)
 	refuse(r.LossChunks > 1 && t == TorchtitanTOML, "loss-chunks", r.LossChunks) // main's ChunkedLossWrapper (Python export)
+	refuse(r.CapacityFactor > 0, "capacity-factor", r.CapacityFactor)            // torchtitan's MoE is dropless
 	refuse(r.Attention != d.Attention, "attention-kernel", r.Attention)
 	refuse(r.Optimizer != d.Optimizer, "optimizer-impl", r.Optimizer)
 	errs = append(errs, t.CheckQuant(QuantOf(r)))
