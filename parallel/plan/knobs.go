@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 )
 
@@ -25,18 +24,13 @@ type knob struct {
 const chunkedLoss = 8
 
 // knobs are the settings KnobEffects turns, each from its state in s to
-// the other (or, for a choice among several, to each other value):
-// compile, the loss's compile, loss chunking, the dispatcher (ep > 1),
-// reshard-after-forward (FSDP without a pipeline), the reduce type and the
-// precision recipe (each other priced one).
+// each other value: the loss's compile (when the model is compiled),
+// reshard-after-forward (FSDP without a pipeline), the settings a search
+// can vary (searchSettings: compile, loss chunking, the dispatcher with
+// ep > 1, the reduce type) and the precision recipe (each other priced one).
 func knobs(s job.Spec) []knob {
-	ra := s.Layout.ReshardAfterForward
 	model, loss := s.Compiled()
 	ks := []knob{
-		{flagName("compile", !s.Compile), func(s *job.Spec, _ *Point) bool {
-			s.Compile, s.CompileComponents = !s.Compile, nil
-			return true
-		}},
 		{"--compile-components " + map[bool]string{true: "model", false: "model,loss"}[loss], func(s *job.Spec, _ *Point) bool {
 			s.CompileComponents = job.Components{job.ModelComponent}
 			if !loss {
@@ -44,25 +38,22 @@ func knobs(s job.Spec) []knob {
 			}
 			return model
 		}},
-		{fmt.Sprintf("--loss-chunks %d", map[bool]int{true: 1, false: chunkedLoss}[s.LossChunks > 1]), func(s *job.Spec, _ *Point) bool {
-			s.LossChunks = map[bool]int{true: 1, false: chunkedLoss}[s.LossChunks > 1]
-			return true
-		}},
-		{flagName("reshard-after-forward", !ra), func(_ *job.Spec, p *Point) bool {
+		{flagName("reshard-after-forward", !s.Layout.ReshardAfterForward), func(_ *job.Spec, p *Point) bool {
 			p.Layout.ReshardAfterForward = !p.Layout.ReshardAfterForward
 			return p.Layout.Sharding == job.ShardFSDP && p.Layout.Stages() == 1
 		}},
-		{"--reduce-dtype " + string(other(s.ReduceDType, moe.F32, moe.BF16)), func(s *job.Spec, _ *Point) bool {
-			s.ReduceDType = other(s.ReduceDType, moe.F32, moe.BF16)
-			return true
-		}},
 	}
-	for _, d := range []job.Dispatcher{job.AllToAll, job.DeepEP, job.HybridEP} {
-		ks = append(ks, knob{"--dispatcher " + string(d), func(s *job.Spec, p *Point) bool {
-			was := s.Dispatcher
-			s.Dispatcher = d
-			return was != d && p.Layout.EP > 1
-		}})
+	for _, st := range searchSettings {
+		for v := range st.values {
+			r := s.Recipe
+			st.apply(&r, v)
+			if label := st.label(r); label != st.label(s.Recipe) {
+				ks = append(ks, knob{label, func(s *job.Spec, p *Point) bool {
+					st.apply(&s.Recipe, v)
+					return !st.moe || p.Layout.EP > 1
+				}})
+			}
+		}
 	}
 	for _, pr := range job.PricedPrecisions {
 		ks = append(ks, knob{"--precision " + string(pr), func(s *job.Spec, _ *Point) bool {
@@ -80,14 +71,6 @@ func flagName(name string, on bool) string {
 		return "--" + name
 	}
 	return "--" + name + "=false"
-}
-
-// other is b when v is a, else a.
-func other(v, a, b moe.DType) moe.DType {
-	if v == a {
-		return b
-	}
-	return a
 }
 
 // KnobEffect is what turning one setting would do to a plan: its TPS
