@@ -41,6 +41,11 @@ func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
 	refuse(r.CapacityFactor > 0, "capacity-factor", r.CapacityFactor)            // torchtitan's MoE is dropless
 	refuse(r.Attention != d.Attention, "attention-kernel", r.Attention)
 	refuse(r.Optimizer != d.Optimizer, "optimizer-impl", r.Optimizer)
+	// Megatron-Core's storage and modules, which torchtitan does not build.
+	refuse(r.MasterDType != "", "master-dtype", r.MasterDType)
+	refuse(r.TransformerImpl != "" && r.TransformerImpl != job.TorchTransformer, "transformer-impl", r.TransformerImpl)
+	refuse(r.LossImpl != "" && r.LossImpl != job.TorchLoss, "loss-impl", r.LossImpl)
+	refuse(r.DDPImpl != "" && r.DDPImpl != job.TorchDDP, "ddp-impl", r.DDPImpl)
 	errs = append(errs, t.CheckQuant(QuantOf(r)))
 	return errors.Join(errs...)
 }
