@@ -47,6 +47,16 @@ type Stored struct {
 	// value lay in the band fitted without their series.
 	TPSCoverage    float64 `json:"tps_coverage"`
 	MemoryCoverage float64 `json:"memory_coverage"`
+	// NodeSpread is the scale-out fit (parallel/sim/validate's
+	// ScaleOut): the relative spread of node speeds across a job beyond
+	// one node's, the median of the estimates of NodeSpreadSources
+	// independent sources of published scaling series (0 with fewer than
+	// three), and NodeSpreadSD the standard deviation of those estimates,
+	// the uncertainty a prediction at more nodes than its calibration's
+	// carries.
+	NodeSpread        float64 `json:"node_spread"`
+	NodeSpreadSD      float64 `json:"node_spread_sd"`
+	NodeSpreadSources int     `json:"node_spread_sources"`
 }
 
 //go:embed bands.json

@@ -32,7 +32,7 @@ import (
 
 // SweepParams are the calibration parameters TPS depends on, in
 // calib.Calibrate's order.
-var SweepParams = []string{cost.CalGEMM, cost.CalGrouped, cost.CalAttention, cost.CalMemoryBound, cost.CalNVLink, cost.CalNet}
+var SweepParams = cost.TPSParams
 
 // SweepJob is one run of a sweep, with its prediction and why it is there.
 type SweepJob struct {
@@ -204,33 +204,13 @@ func sensitivities(ev *SimEvaluator, cands []Result) ([]SweepJob, error) {
 	return jobs, nil
 }
 
-// perturbed is ev's calibration with parameter name multiplied by f.
+// perturbed is ev's calibration with parameter name multiplied by f, as
+// calibrate's fit and the TPS interval perturb it (cost.Calibration's
+// Perturbed, from the cluster's defaults).
 func perturbed(ev *SimEvaluator, name string, f float64) *cost.Calibration {
 	var c cost.Calibration
 	if ev.Calibration != nil {
 		c = *ev.Calibration
 	}
-	or := func(v, def float64) float64 {
-		if v > 0 {
-			return v
-		}
-		return def
-	}
-	switch name {
-	case cost.CalGEMM:
-		c.GEMMScale = or(c.GEMMScale, 1) * f
-	case cost.CalGrouped:
-		c.GroupedScale = or(c.GroupedScale, 1) * f
-	case cost.CalAttention:
-		c.AttentionScale = or(c.AttentionScale, 1) * f
-	case cost.CalMemoryBound:
-		c.MemoryBoundScale = or(c.MemoryBoundScale, 1) * f
-	case cost.CalNVLink:
-		c.NVLinkEfficiency = or(c.NVLinkEfficiency, ev.Cluster.NVLinkEfficiency) * f
-	case cost.CalNet:
-		c.NetEfficiency = or(c.NetEfficiency, ev.Cluster.NetEfficiency) * f
-	default:
-		panic("plan: unknown calibration parameter " + name)
-	}
-	return &c
+	return c.Perturbed(name, math.Log(f), cost.Defaults(ev.Cluster))
 }

@@ -16,7 +16,7 @@ import (
 //	gemm_scale          s = 1     std = 1/√2501   = 0.019996
 //	attention_scale     s = 0.25  std = 1/√157.25 = 0.079745
 //	memory_bound_scale  s = 0.2   std = 1/√101    = 0.099504
-//	the other three     s = 0     std = 1
+//	the other four      s = 0     std = 1
 //
 // Calibrate identifies a parameter whose column norm is at least
 // √50·σ/ln 2 = 7.0711 × 0.02 / 0.69315 = 0.20403 (50× the prior's
@@ -42,6 +42,7 @@ func TestSweepAndCalibrateShareNoise(t *testing.T) {
 		cost.CalGrouped:     {1, false},
 		cost.CalNVLink:      {1, false},
 		cost.CalNet:         {1, false},
+		cost.CalNodeSpread:  {1, false},
 	}
 	for _, p := range paramStatus(jobs) {
 		w := want[p.Name]

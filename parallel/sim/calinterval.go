@@ -2,7 +2,10 @@ package sim
 
 import (
 	"math"
+	"slices"
 
+	"github.com/moescope/moescope/internal/band"
+	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
@@ -27,7 +30,7 @@ func (p *Prepared) tpsInterval(cal *cost.Calibration, res Result) (*[2]float64, 
 	if cal == nil || len(cal.CovarianceParams) == 0 {
 		return nil, nil
 	}
-	defaults := map[string]float64{cost.CalNVLink: p.cl.NVLinkEfficiency, cost.CalNet: p.cl.NetEfficiency}
+	defaults := cost.Defaults(p.cl)
 	g := make([]float64, len(cal.CovarianceParams))
 	for j, name := range cal.CovarianceParams {
 		r, err := p.Run(cal.Perturbed(name, sensStep, defaults))
@@ -42,6 +45,43 @@ func (p *Prepared) tpsInterval(cal *cost.Calibration, res Result) (*[2]float64, 
 			v += g[a] * cal.Covariance[a][b] * g[b]
 		}
 	}
-	sd := math.Sqrt(v)
+	ext, err := p.beyondCalibration(cal, res)
+	if err != nil {
+		return nil, err
+	}
+	sd := math.Sqrt(v + ext*ext)
 	return &[2]float64{res.TPS * math.Exp(-intervalZ*sd), res.TPS * math.Exp(intervalZ*sd)}, nil
 }
+
+// beyondCalibration is the standard deviation of ln TPS a prediction at
+// more nodes than cal's runs spanned adds for the spread between nodes:
+// the fitted spread is uncertain by the published sources' disagreement
+// (band.Stored's NodeSpreadSD), and a calibration pins what the spread
+// cost at its own node count, E[max of MaxNodes normals], but not the
+// rest of what it costs at this one. Zero when cal fitted the spread
+// itself, or the run is no larger than its runs.
+func (p *Prepared) beyondCalibration(cal *cost.Calibration, res Result) (float64, error) {
+	sd := band.Uncalibrated().NodeSpreadSD
+	n, fitted := p.Nodes(), max(cal.MaxNodes, 1)
+	if sd == 0 || n <= fitted || slices.Contains(cal.CovarianceParams, cost.CalNodeSpread) {
+		return 0, nil
+	}
+	probe := *cal
+	s0 := cal.NodeSpreadOr(band.Uncalibrated().NodeSpread)
+	s := s0 + spreadProbe
+	if s > hw.MaxSpeedSD { // the spread's bound: probe below instead
+		s = s0 - spreadProbe
+	}
+	probe.NodeSpread = &s
+	r, err := p.Run(&probe)
+	if err != nil {
+		return 0, err
+	}
+	perSpread := (math.Log(r.TPS) - math.Log(res.TPS)) / (s - s0)
+	unpinned := 1 - cost.ExpectedMaxNormal(fitted)/cost.ExpectedMaxNormal(n)
+	return math.Abs(perSpread) * unpinned * sd, nil
+}
+
+// spreadProbe is the step in the spread between nodes by which
+// beyondCalibration takes ∂ ln TPS / ∂ spread (the loss is linear in it).
+const spreadProbe = 0.01

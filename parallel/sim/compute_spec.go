@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/cost"
@@ -30,8 +31,22 @@ func computeSpec(dev hw.Device, in Input, cal *cost.Calibration) (cost.ComputeSp
 		lp.FP8Gather = in.GathersFP8In(in.Layout)
 	}
 	spec = spec.WithExperts(in.ExpertGEMM).Calibrated(cal)
+	spec.NodeSpread = cal.NodeSpreadOr(band.Uncalibrated().NodeSpread)
 	spec.Compiled = in.compiledModel()
 	spec.CompositeNorm = in.Torch.Before(fusedNormSince)
 	spec.FusedElementwise = in.FusedElementwise
 	return spec, nil
 }
+
+// waitsFor sets the GPUs and nodes a step of layout l on cluster cl waits
+// for: every rank of the job, since a step ends with collectives over all
+// of them (the gradient norm's all-reduce at least).
+func waitsFor(spec *cost.ComputeSpec, l job.Layout, cl *hw.Cluster) {
+	spec.GPUs, spec.Nodes = l.GPUs, nodes(l, cl)
+}
+
+// nodes is how many hosts of cl layout l spans.
+func nodes(l job.Layout, cl *hw.Cluster) int { return (l.GPUs + cl.GPUsPerNode - 1) / cl.GPUsPerNode }
+
+// Nodes is how many hosts the prepared run spans.
+func (p *Prepared) Nodes() int { return nodes(p.l, p.cl) }

@@ -135,12 +135,18 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 // GPU (spec.OpSeconds, local experts per EP rank) and sets *over to the
 // parts of that price the overheads name: the launch floor's, the loss's,
 // a tensor-core op's loss to the clock, split between the sustained
-// clock and the slowest GPU, and a converted GEMM's quantize kernels.
+// clock, the slowest GPU and the slowest node, and a converted GEMM's
+// quantize kernels.
 func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[numOverheads]float64) func(moe.OpRecord, []float64) (float64, error) {
 	noLaunch := spec
 	noLaunch.LaunchS = 0
-	// The same at the burst clock, for the clock overheads' shares.
-	burst := noLaunch
+	// The same without the spread between nodes (what the slowest node
+	// costs is the difference), and at the burst clock, for the clock
+	// overheads' shares.
+	oneNode := noLaunch
+	oneNode.NodeSpread = 0
+	nodes := spec.Clock() < oneNode.Clock()
+	burst := oneNode
 	burst.Sustained, burst.SpeedSD = 1, 0
 	sus := spec.SustainedRatio()
 	// susShare is the sustained clock's part of what an op loses to the
@@ -149,10 +155,10 @@ func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[nu
 	// costs (1/sus − 1)/(1/clock − 1), exactly (an op bound by HBM at both
 	// clocks loses nothing; one that crosses over between them is split
 	// in the same proportion).
-	clocked := spec.Clock() < 1
+	clocked := oneNode.Clock() < 1
 	susShare := 0.0
 	if clocked {
-		susShare = (1/sus - 1) / (1/spec.Clock() - 1)
+		susShare = (1/sus - 1) / (1/oneNode.Clock() - 1)
 	}
 	return func(r moe.OpRecord, groups []float64) (float64, error) {
 		t, err := spec.OpSeconds(cfg, r, local, groups)
@@ -167,9 +173,14 @@ func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[nu
 		}
 		over[ohQuantize] = spec.CastSeconds(cfg, r, local)
 		if c, _ := cost.OpClassOf(r.Op); c != cost.ClassMemoryBound && clocked {
+			t1 := t0
+			if nodes {
+				t1, _ = oneNode.OpSeconds(cfg, r, local, groups)
+				over[ohSlowestNode] = t0 - t1
+			}
 			tb, _ := burst.OpSeconds(cfg, r, local, groups)
-			over[ohSustainedClock] = (t0 - tb) * susShare
-			over[ohSlowestGPU] = (t0 - tb) * (1 - susShare)
+			over[ohSustainedClock] = (t1 - tb) * susShare
+			over[ohSlowestGPU] = (t1 - tb) * (1 - susShare)
 		}
 		return t, nil
 	}

@@ -48,6 +48,9 @@ import (
 //	  converted ops' prices.
 //	slowest_gpu: what waiting for the slowest of the job's GPUs costs over
 //	  the mean GPU's sustained rate (cost.SlowestShare).
+//	slowest_node: what waiting for the slowest of the job's nodes costs
+//	  beyond that, for the spread between nodes that the device's
+//	  one-node measurement does not see (cost.NodeSpreadLoss).
 
 // Overhead names, the keys of Breakdown.OverheadS.
 const (
@@ -60,6 +63,7 @@ const (
 	OverheadNCCLContention = "nccl_contention"
 	OverheadSustainedClock = "sustained_clock"
 	OverheadSlowestGPU     = "slowest_gpu"
+	OverheadSlowestNode    = "slowest_node"
 	OverheadQuantize       = "quantize"
 )
 
@@ -79,12 +83,13 @@ const (
 	ohNCCLContention
 	ohSustainedClock
 	ohSlowestGPU
+	ohSlowestNode
 	ohQuantize
 	numOverheads
 )
 
 var overheadNames = [numOverheads]string{OverheadRouting, OverheadFSDPCopy, OverheadGradClip, OverheadLoss,
-	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU, OverheadQuantize}
+	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU, OverheadSlowestNode, OverheadQuantize}
 
 // optimizerCost prices the optimizer phase of the prepared run: fused AdamW
 // over the rank's shard, and gradient clipping (clip_grad_norm_, torchtitan's

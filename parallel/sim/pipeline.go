@@ -214,7 +214,7 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if err != nil {
 		return pipelineSetup{}, err
 	}
-	spec.GPUs = l.GPUs // every rank of the job waits for the slowest GPU, as Simulate
+	waitsFor(&spec, l, cl)
 	if err := spec.Validate(); err != nil {
 		return pipelineSetup{}, fmt.Errorf("simulate: gpu %s: %w", dev.Name, err)
 	}

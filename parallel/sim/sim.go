@@ -379,8 +379,7 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	// Every rank of the job waits for the slowest GPU.
-	spec.GPUs = p.l.GPUs
+	waitsFor(&spec, p.l, p.cl)
 	if err := spec.Validate(); err != nil {
 		return Result{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
 	}

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
@@ -42,6 +44,9 @@ func (s calState) calibration(x []float64, base cost.Calibration) *cost.Calibrat
 			c.NVLinkEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
 		case cost.CalNet:
 			c.NetEfficiency = math.Max(0.01, math.Min(1, s.defaults[n]*v))
+		case cost.CalNodeSpread:
+			sd := math.Min(hw.MaxSpeedSD, s.defaults[n]*v)
+			c.NodeSpread = &sd
 		}
 	}
 	return &c
@@ -77,9 +82,14 @@ func Calibrate(runs []published.Run) (*cost.Calibration, error) {
 		return nil, err
 	}
 	cl0 := f.preps[0].Cluster()
-	st := calState{defaults: map[string]float64{cost.CalNVLink: cl0.NVLinkEfficiency, cost.CalNet: cl0.NetEfficiency}}
-	cal := &cost.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs)), Precision: prec}
+	st := calState{defaults: cost.Defaults(cl0)}
+	cal := &cost.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs)), Precision: prec, MaxNodes: f.maxNodes()}
 	candidates := cost.TPSParams
+	if st.defaults[cost.CalNodeSpread] == 0 {
+		// A multiplier of no spread moves nothing: without a stored fit the
+		// spread is not a candidate (kept at 0, named).
+		candidates = slices.DeleteFunc(slices.Clone(candidates), func(n string) bool { return n == cost.CalNodeSpread })
+	}
 	if len(runs) == 1 {
 		candidates = []string{cost.CalCompute}
 	}
@@ -126,6 +136,15 @@ func Calibrate(runs []published.Run) (*cost.Calibration, error) {
 		return nil, err
 	}
 	return cal, cal.Validate()
+}
+
+// maxNodes is the most nodes any of the runs spans.
+func (f calFit) maxNodes() int {
+	n := 0
+	for _, p := range f.preps {
+		n = max(n, p.Nodes())
+	}
+	return n
 }
 
 // calFit is what a calibration fits to: the measured runs and their

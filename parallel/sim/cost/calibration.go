@@ -8,9 +8,11 @@ import (
 	"math"
 	"slices"
 
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/internal/fileio"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/hw"
 )
 
 // Calibration holds named model parameters fitted to measured runs. A zero
@@ -36,6 +38,14 @@ type Calibration struct {
 	// efficiencies when set.
 	NVLinkEfficiency float64 `json:"nvlink_efficiency,omitempty"`
 	NetEfficiency    float64 `json:"net_efficiency,omitempty"`
+	// NodeSpread replaces the default spread of node speeds across a job
+	// (ComputeSpec.NodeSpread: the scale-out fit stored with the bands)
+	// when set; MaxNodes is the most nodes among the runs the calibration
+	// was fitted on: a prediction at more nodes extrapolates the spread,
+	// and its interval says so (0: one node, or a calibration written
+	// before the field).
+	NodeSpread *float64 `json:"node_spread,omitempty"`
+	MaxNodes   int      `json:"max_nodes,omitempty"`
 	// AllocatorOverhead replaces the memory allocator model's fragmentation
 	// fraction (reserved = (1 + f)·compute pool + comm pool) when set.
 	AllocatorOverhead float64 `json:"allocator_overhead,omitempty"`
@@ -65,6 +75,15 @@ type Calibration struct {
 	ResidualSD       float64     `json:"residual_sd,omitempty"`
 }
 
+// NodeSpreadOr is the calibration's node spread, or def when it sets none
+// (or there is no calibration).
+func (cal *Calibration) NodeSpreadOr(def float64) float64 {
+	if cal != nil && cal.NodeSpread != nil {
+		return *cal.NodeSpread
+	}
+	return def
+}
+
 // Covers says whether the calibration's scales apply to the low-precision
 // kernels of recipe p: it was fitted on runs of p.
 func (cal *Calibration) Covers(p job.Precision) bool {
@@ -91,6 +110,7 @@ const (
 	CalMemoryBound = "memory_bound_scale"
 	CalNVLink      = "nvlink_efficiency"
 	CalNet         = "net_efficiency"
+	CalNodeSpread  = "node_spread"
 	CalAllocator   = "allocator_overhead"
 )
 
@@ -114,7 +134,14 @@ const RunTPSNoise = 0.02
 
 // TPSParams are the parameters a fit of several runs' TPS may move, in
 // fit order (a single run fits CalCompute alone).
-var TPSParams = []string{CalGEMM, CalGrouped, CalAttention, CalMemoryBound, CalNVLink, CalNet}
+var TPSParams = []string{CalGEMM, CalGrouped, CalAttention, CalMemoryBound, CalNVLink, CalNet, CalNodeSpread}
+
+// Defaults are the values the parameters that are not multipliers start
+// from on cluster cl: its link efficiencies and the stored spread between
+// nodes (band.Stored's NodeSpread).
+func Defaults(cl *hw.Cluster) map[string]float64 {
+	return map[string]float64{CalNVLink: cl.NVLinkEfficiency, CalNet: cl.NetEfficiency, CalNodeSpread: band.Uncalibrated().NodeSpread}
+}
 
 // Value is parameter name's value in c (0: unset, the model's default
 // applies); an unknown name is an error.
@@ -134,6 +161,8 @@ func (c *Calibration) Value(name string) (float64, error) {
 		return c.NVLinkEfficiency, nil
 	case CalNet:
 		return c.NetEfficiency, nil
+	case CalNodeSpread:
+		return c.NodeSpreadOr(0), nil
 	case CalAllocator:
 		return c.AllocatorOverhead, nil
 	}
@@ -172,6 +201,12 @@ func (c *Calibration) Validate() error {
 		if !(f.v == 0 || f.v >= 0.01 && f.v <= 1) {
 			errs = append(errs, fmt.Errorf("%s = %v: must be in [0.01, 1] (0 = default)", f.name, f.v))
 		}
+	}
+	if v := c.NodeSpread; v != nil && !(*v >= 0 && *v <= hw.MaxSpeedSD) {
+		errs = append(errs, fmt.Errorf("node_spread = %v: must be in [0, %v]", *v, hw.MaxSpeedSD))
+	}
+	if c.MaxNodes < 0 || c.MaxNodes > job.MaxDegree {
+		errs = append(errs, fmt.Errorf("max_nodes = %d: must be in [0, %d]", c.MaxNodes, job.MaxDegree))
 	}
 	if c.AllocatorOverhead < 0 || c.AllocatorOverhead >= 1 || math.IsNaN(c.AllocatorOverhead) {
 		errs = append(errs, fmt.Errorf("%s = %v: must be in [0, 1)", CalAllocator, c.AllocatorOverhead))
@@ -269,6 +304,9 @@ func (cal Calibration) Perturbed(name string, h float64, defaults map[string]flo
 			v = defaults[CalNet]
 		}
 		cal.NetEfficiency = math.Min(1, v*m)
+	case CalNodeSpread:
+		v := math.Min(hw.MaxSpeedSD, cal.NodeSpreadOr(defaults[CalNodeSpread])*m)
+		cal.NodeSpread = &v
 	}
 	return &cal
 }

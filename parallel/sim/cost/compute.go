@@ -38,8 +38,10 @@ import (
 //	  share of the mean, 1 − SpeedSD·E[max of GPUs standard normals] (a
 //	  step ends with an all-reduce over every rank, so each step waits for
 //	  the slowest GPU; exact when each GPU's speed is fixed, as silicon and
-//	  cooling differences are). Memory-bound kernels keep their rate: HBM
-//	  bandwidth does not follow the SM clock.
+//	  cooling differences are), less NodeSpread·E[max of Nodes standard
+//	  normals] for the spread between nodes that one node's measurement
+//	  does not see (NodeSpreadLoss). Memory-bound kernels keep their rate:
+//	  HBM bandwidth does not follow the SM clock.
 //
 // M, N and K of a matmul record follow from its op's weight shape [out, in]
 // and its count: forward and recompute M = count/(out·in), N = out, K = in;
@@ -130,6 +132,12 @@ type ComputeSpec struct {
 	// number of them a step waits for (0 or 1: one GPU, the mean part).
 	SpeedSD float64
 	GPUs    int
+	// NodeSpread is the relative spread of a node's speed across the
+	// job's nodes beyond what SpeedSD measures inside one node, and Nodes
+	// the number of nodes a step waits for (0 or 1: one node, nothing to
+	// wait for): NodeSpreadShare.
+	NodeSpread float64
+	Nodes      int
 	// LowPrecision prices the GEMMs a low-precision recipe converts and
 	// their quantize kernels (nil: every GEMM in bf16).
 	LowPrecision *LowPrecision
@@ -138,7 +146,7 @@ type ComputeSpec struct {
 // Clock is the fraction of the measured (burst) tensor-core rates the
 // slowest GPU of the job sustains.
 func (c ComputeSpec) Clock() float64 {
-	return scaleOr1(c.Sustained) * SlowestShare(c.SpeedSD, c.GPUs)
+	return scaleOr1(c.Sustained) * (SlowestShare(c.SpeedSD, c.GPUs) - NodeSpreadLoss(c.NodeSpread, c.Nodes))
 }
 
 // SustainedRatio is the sustained ÷ burst tensor-core rate the spec
@@ -207,6 +215,12 @@ func (c ComputeSpec) Validate() error {
 	}
 	if c.GPUs < 0 || c.GPUs > job.MaxDegree {
 		return fmt.Errorf("compute: gpus = %d must be in [0, %d]", c.GPUs, job.MaxDegree)
+	}
+	if !(c.NodeSpread >= 0 && c.NodeSpread <= hw.MaxSpeedSD) {
+		return fmt.Errorf("compute: node_spread = %v must be in [0, %v]", c.NodeSpread, hw.MaxSpeedSD)
+	}
+	if c.Nodes < 0 || c.Nodes > max(c.GPUs, 1) {
+		return fmt.Errorf("compute: nodes = %d must be in [0, gpus = %d]", c.Nodes, c.GPUs)
 	}
 	if c.NCCLCTAs < 0 || c.NCCLCTAs >= c.SMs {
 		return fmt.Errorf("compute: nccl_ctas = %d must be in [0, sms = %d)", c.NCCLCTAs, c.SMs)

@@ -32,9 +32,9 @@ type sample struct {
 	logErr float64 // ln(measured / predicted)
 }
 
-// Bands computes the stored bands of a TPS and a memory table; a band of
-// fewer than two runs is left zero.
-func Bands(t TPSTable, m MemoryTable) band.Stored {
+// Bands computes the stored bands of a TPS and a memory table, with the
+// scale-out fit's spread; a band of fewer than two runs is left zero.
+func Bands(t TPSTable, m MemoryTable, scale ScaleOut) band.Stored {
 	var modelled, all []sample
 	for _, s := range t.Series {
 		key := fmt.Sprintf("%s|%s|%s|%s|%s", s.File, s.Model, s.GPU, s.Precision, s.FrameworkVersion)
@@ -66,6 +66,7 @@ func Bands(t TPSTable, m MemoryTable) band.Stored {
 	if len(mem) >= 2 {
 		out.Memory, out.MemoryRuns, out.MemoryCoverage = fit(mem), len(mem), coverage(mem)
 	}
+	out.NodeSpread, out.NodeSpreadSD, out.NodeSpreadSources = scale.NodeSpread, scale.NodeSpreadSD, len(scale.Sources)
 	return out
 }
 

@@ -15,12 +15,15 @@ const EmbeddedRuns = "the published runs embedded in moescope"
 // runs and, for the published runs, the rows of the shared validation
 // table left out.
 type Report struct {
-	Runs   string       `json:"runs"`  // where the runs come from
-	Count  int          `json:"count"` // how many
-	TPS    TPSTable     `json:"tps"`
-	Pairs  PairTable    `json:"ab_pairs"` // runs of one source that differ in settings of the stack only
-	Memory MemoryTable  `json:"memory"`
-	Shared *SharedTable `json:"shared_table,omitempty"` // absent without a shared table
+	Runs   string      `json:"runs"`  // where the runs come from
+	Count  int         `json:"count"` // how many
+	TPS    TPSTable    `json:"tps"`
+	Pairs  PairTable   `json:"ab_pairs"` // runs of one source that differ in settings of the stack only
+	Memory MemoryTable `json:"memory"`
+	// ScaleOut is the scaling series among the runs and the spread between
+	// nodes fitted to them.
+	ScaleOut ScaleOut     `json:"scale_out"`
+	Shared   *SharedTable `json:"shared_table,omitempty"` // absent without a shared table
 	// Bands are the uncalibrated 90% bands these runs give, with their
 	// leave-one-series-out coverage (for the published runs: what every
 	// uncalibrated prediction carries, package band).
@@ -44,7 +47,11 @@ func Validate(source string, runs []published.Run, table [][]string) (Report, er
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Runs: source, Count: len(runs), TPS: tps, Pairs: Pairs(tps), Memory: mem, Bands: Bands(tps, mem)}
+	scale, err := FitScaleOut(runs, PredictAtSpread)
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{Runs: source, Count: len(runs), TPS: tps, Pairs: Pairs(tps), Memory: mem, ScaleOut: scale, Bands: Bands(tps, mem, scale)}
 	if table != nil {
 		s := Shared(runs, table)
 		rep.Shared = &s

@@ -20,13 +20,18 @@ var publishedTables = sync.OnceValues(func() (tables, error) {
 		return tables{}, err
 	}
 	mem, err := Memory(runs)
-	return tables{runs, tps, mem}, err
+	if err != nil {
+		return tables{}, err
+	}
+	scale, err := FitScaleOut(runs, PredictAtSpread)
+	return tables{runs, tps, mem, scale}, err
 })
 
 type tables struct {
-	runs []published.Run
-	tps  TPSTable
-	mem  MemoryTable
+	runs  []published.Run
+	tps   TPSTable
+	mem   MemoryTable
+	scale ScaleOut
 }
 
 // loadTables returns publishedTables or fails the test.
