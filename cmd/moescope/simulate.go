@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 
 	"github.com/moescope/moescope/cmd/moescope/internal/report"
@@ -147,42 +146,13 @@ func writeSimTrace(stderr io.Writer, sf simulateFlags, res sim.Result, l job.Lay
 		fmt.Fprintf(stderr, "trace of %d pipeline rank(s) written to %s (open in https://ui.perfetto.dev)\n", l.PP, sf.tracePath)
 		return nil
 	}
-	ranks, err := parseTraceRanks(sf.traceRanks, l.GPUs, cl.GPUsPerNode)
+	ranks, err := sim.TraceRanks(sf.traceRanks, l.GPUs, cl.GPUsPerNode)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if err := fileio.WriteFileAtomic(sf.tracePath, sf.force, func(w io.Writer) error { return res.WriteTrace(w, ranks) }); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "trace of %d rank(s) written to %s (open in https://ui.perfetto.dev)\n", len(ranks), sf.tracePath)
 	return nil
-}
-
-// parseTraceRanks reads --trace-ranks.
-func parseTraceRanks(s string, world, perNode int) ([]int, error) {
-	var out []int
-	switch s {
-	case "":
-		n := world
-		if world > 16 {
-			n = min(world, perNode)
-		}
-		for r := range n {
-			out = append(out, r)
-		}
-		return out, nil
-	case "all":
-		for r := range world {
-			out = append(out, r)
-		}
-		return out, nil
-	}
-	for _, f := range strings.Split(s, ",") {
-		r, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || r < 0 || r >= world {
-			return nil, fmt.Errorf("%w: --trace-ranks: %q is not a rank in [0, %d)", errUsage, f, world)
-		}
-		out = append(out, r)
-	}
-	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/parallel"
@@ -223,4 +224,35 @@ func (r *Result) writePipelineTrace(w io.Writer) error {
 	}
 	_, err = w.Write(append(b, '\n'))
 	return err
+}
+
+// TraceRanks reads a trace's rank list (simulate's --trace-ranks): "" is
+// every rank of a job of up to 16, else the first host's; "all" every
+// rank; else comma-separated ranks in [0, world).
+func TraceRanks(s string, world, perNode int) ([]int, error) {
+	var out []int
+	switch s {
+	case "":
+		n := world
+		if world > 16 {
+			n = min(world, perNode)
+		}
+		for r := range n {
+			out = append(out, r)
+		}
+		return out, nil
+	case "all":
+		for r := range world {
+			out = append(out, r)
+		}
+		return out, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || r < 0 || r >= world {
+			return nil, fmt.Errorf("--trace-ranks: %q is not a rank in [0, %d)", f, world)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

@@ -3,6 +3,8 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -50,5 +52,23 @@ func TestWriteTrace(t *testing.T) {
 	r2, _ := Simulate(simTestInput(t, "tiny", 2, 1, 1, 64, 1, "none"))
 	if err := r2.WriteTrace(&buf, []int{0}); err == nil {
 		t.Error("trace without timeline accepted")
+	}
+}
+
+// TraceRanks: by default every rank of a small job and the first host of
+// a large one; "all"; a list; a rank outside the world is refused.
+func TestTraceRanks(t *testing.T) {
+	for _, c := range []struct {
+		s           string
+		world, host int
+		want        []int
+	}{{"", 4, 8, []int{0, 1, 2, 3}}, {"", 32, 8, []int{0, 1, 2, 3, 4, 5, 6, 7}}, {"all", 3, 8, []int{0, 1, 2}}, {"3, 5", 8, 8, []int{3, 5}}} {
+		got, err := TraceRanks(c.s, c.world, c.host)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("TraceRanks(%q, %d, %d) = %v, %v; want %v", c.s, c.world, c.host, got, err, c.want)
+		}
+	}
+	if _, err := TraceRanks("8", 8, 8); err == nil || !strings.Contains(err.Error(), "[0, 8)") {
+		t.Errorf("rank 8 of 8: error %v, want one naming [0, 8)", err)
 	}
 }
