@@ -13,6 +13,9 @@ func (l Layout) Label() string {
 			s += " async-tp"
 		}
 	}
+	if cp := l.CPDegree(); cp > 1 {
+		s += fmt.Sprintf(" cp=%d cp_method=%s cp_load_balancer=%s", cp, l.CPMethod, l.CPLoadBalancer)
+	}
 	if !l.ReshardAfterForward {
 		s += " no-reshard"
 	}

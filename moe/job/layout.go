@@ -3,6 +3,7 @@ package job
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -326,6 +327,9 @@ func (l Layout) CheckModel(c *moe.Config) error {
 	}
 	if cp := l.CPDegree(); cp > 1 && c.IsMLA() {
 		errs = append(errs, fmt.Errorf("cp = %d with MLA attention is not modelled yet (context parallelism is priced for multi-head and grouped-query attention)", cp))
+	}
+	if cp := l.CPDegree(); cp > 1 && slices.ContainsFunc(c.Window, func(w int) bool { return w > 0 }) {
+		errs = append(errs, fmt.Errorf("cp = %d with sliding-window attention layers is not modelled yet (context parallelism is priced for full causal attention)", cp))
 	}
 	if _, err := l.StageSplit(c.Layers); err != nil {
 		errs = append(errs, err)
