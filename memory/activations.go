@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 )
 
 // Attention is the attention kernel whose saved tensors are counted.
@@ -38,6 +39,11 @@ type Shape struct {
 	TP, ExpertTP, ExpertRows int
 	// TE: TransformerEngine blocks and loss (te.go); zero value: none.
 	TE TE
+	// CP is the context-parallel degree Seq is a shard of (0 or 1: none)
+	// and CPMethod its K/V exchange: attention's exchange buffers
+	// (cpBuffers); the saved tensors are the shard's.
+	CP       int
+	CPMethod job.CPMethod
 }
 
 // Saved returns the tensors layer keeps from forward for backward, one

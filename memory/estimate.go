@@ -209,12 +209,17 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	if err := l.CheckSeq(b.Seq); err != nil {
 		return Report{}, err
 	}
+	method := l.CPMethod
+	l, b, cp := foldCP(l, b)
 	if o.GradBuffer && l.Sharding != job.ShardZeRO1 && l.Sharding != job.ShardDDP {
 		return Report{}, fmt.Errorf("ddp_impl megatron: Megatron-Core's gradient buffer needs sharding zero1 or ddp, not %s", l.Sharding)
 	}
 	if l.Stages() > 1 {
 		if err := l.Validate(); err != nil {
 			return Report{}, err
+		}
+		if cp > 1 {
+			return Report{}, fmt.Errorf("cp = %d with pp = %d: the pipeline's memory with context parallelism is not modelled yet", cp, l.PP)
 		}
 		return estimatePipeline(cfg, l, b, o)
 	}
@@ -223,6 +228,7 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 		return Report{}, err
 	}
 	sh := stepShape(l, b, o)
+	sh.CP, sh.CPMethod = cp, method
 	r := Report{Units: units, State: StateOf(units, l.Sharding, o)}
 	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
 	if err != nil {

@@ -5,10 +5,10 @@ import "testing"
 // TestJudge: the verdict's fields and its line at and around the
 // boundaries, by hand: a 100 GiB device, 1 GiB outside PyTorch, target 0.92
 // (92 GiB of reserved memory), and the stored memory band (internal/band's
-// bands.json: low 0.8999, high 1.2061 of the predicted peak): a peak of P
-// GiB fits for sure when 1.2061·P + 1 ≤ 100 (P ≤ 82.08), cannot fit when
-// 0.8999·P + 1 > 100 (P > 110.01), and may not fit between; at P = 92 the
-// interval is 0.8999·92 = 82.8% to 1.2061·92 = 111.0% of the device.
+// bands.json: low 0.9024, high 1.2009 of the predicted peak): a peak of P
+// GiB fits for sure when 1.2009·P + 1 ≤ 100 (P ≤ 82.44), cannot fit when
+// 0.9024·P + 1 > 100 (P > 109.71), and may not fit between; at P = 92 the
+// interval is 0.9024·92 = 83.0% to 1.2009·92 = 110.5% of the device.
 func TestJudge(t *testing.T) {
 	const gib = 1 << 30
 	cases := []struct {
@@ -20,7 +20,7 @@ func TestJudge(t *testing.T) {
 	}{
 		{50 * gib, true, true, 49 * gib, VerdictFits, ""},
 		{82 * gib, true, true, 17 * gib, VerdictFits, ""},
-		{92 * gib, true, true, 7 * gib, VerdictMayNotFit, "may not fit: needs 93.00 GiB of 100.00 GiB, and the memory model's 90% interval of peak reserved (82.8%–111.0% of the device) reaches past it"},
+		{92 * gib, true, true, 7 * gib, VerdictMayNotFit, "may not fit: needs 93.00 GiB of 100.00 GiB, and the memory model's 90% interval of peak reserved (83.0%–110.5% of the device) reaches past it"},
 		{93 * gib, true, false, 6 * gib, VerdictMayNotFit, "above the memory target: 93.00 GiB > 0.92 × 100.00 GiB"},
 		{99 * gib, true, false, 0, VerdictMayNotFit, "above the memory target: 99.00 GiB > 0.92 × 100.00 GiB"},
 		{99*gib + 1, false, false, -1, VerdictMayNotFit, "does not fit: needs 100.00 GiB of 100.00 GiB"},

@@ -43,10 +43,13 @@ type stepBuilder struct {
 	partial int64
 	T, V    int64 // tokens per micro-step, vocabulary
 	dx      int64 // bytes of one input gradient (T×D, activation type)
-	a2a     int64 // bytes of one all-to-all buffer (0 without ep)
-	events  []Event
-	phase   Phase
-	micro   int
+	// cpFwd and cpBwd are the K/V exchange buffers a block's attention
+	// holds under context parallelism, forward and backward (cpBuffers).
+	cpFwd, cpBwd int64
+	a2a          int64 // bytes of one all-to-all buffer (0 without ep)
+	events       []Event
+	phase        Phase
+	micro        int
 
 	// syncLast: grad-sync-last-only with accumulation; gradients are
 	// reduced only in micro-step firstReduce (the last), accumulated
@@ -102,6 +105,8 @@ func newStepBuilder(cfg *moe.Config, l job.Layout, b Batch, o Options, sh Shape,
 	if l.EP > 1 {
 		s.a2a = s.T * int64(cfg.TopK) / int64(l.TokensPerExpertRank()) * D * act
 	}
+	kv := s.T * int64(cfg.KVHeads) / tp * int64(cfg.HeadDim) * 2 * act
+	s.cpFwd, s.cpBwd = cpBuffers(max(sh.CP, 1), sh.CPMethod, kv)
 	return s, savedBytes, nil
 }
 

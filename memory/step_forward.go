@@ -77,6 +77,8 @@ func (s *stepBuilder) blockForward(i int) {
 	layer := s.units[i].Layer
 	ws := largest(s.none[i])
 	s.alloc(layer, "workspace", ws, CatWorkspace)
+	s.alloc(layer, "cp_kv", s.cpFwd, CatComm)
+	s.free(layer, "cp_kv", s.cpFwd, CatComm)
 	if s.cfg.MoELayer[layer] {
 		// All-to-all send buffers, on the compute stream
 		// (torchtitan's all_to_all_single runs there).

@@ -77,6 +77,14 @@ func NewMesh(l job.Layout, cfg *moe.Config, gpusPerNode int) (*Mesh, error) {
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("mesh: %w", err)
 	}
+	if cp := l.CPDegree(); cp > 1 {
+		// cp sits between dp_shard and tp, so the ranks of the layout with
+		// cp folded into dp_shard (torchtitan's flattened fsdp mesh
+		// dp_shard·cp) are numbered as the CP layout's; the CP groups
+		// themselves (cp consecutive blocks of tp ranks) carry no
+		// collective of the schedule yet.
+		return nil, fmt.Errorf("mesh: cp = %d: a mesh places the ranks of the layout with cp folded into dp_shard (job.Spec.FoldCP: dp_shard %d × cp %d = %d); numeric CP ranks are not built yet", cp, l.DPShard, cp, l.DPShard*cp)
+	}
 	if l.Stages() > 1 {
 		// The mesh's coordinates and groups are those of one stage;
 		// BuildPipeline places the stages (pp outermost).

@@ -15,7 +15,8 @@ import (
 type layoutFlags struct {
 	fs                                          *flag.FlagSet // to tell a flag given as 0 from one left out
 	gpus, dpShard, dpReplicate, ep, gpusPerNode int
-	tp, etp                                     int
+	tp, etp, cp                                 int
+	cpMethod, cpLoadBalancer                    string
 	sharding, fsdpImpl, ppImpl                  string
 	reshardAfterForward, keepGathered           bool
 	allreduceLastOnly, asyncTP                  bool
@@ -35,6 +36,9 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.IntVar(&f.ep, "ep", 1, "expert-parallel degree (ep × etp divides dp-shard × tp)")
 	fs.IntVar(&f.tp, "tp", 1, "tensor-parallel degree, with sequence parallelism (innermost mesh axis)")
 	fs.IntVar(&f.etp, "etp", 1, "tensor-parallel degree of routed experts when ep > 1: 1 (EP borrows the tp ranks) or the tp degree")
+	fs.IntVar(&f.cp, "cp", 1, "context-parallel degree: each sequence split over cp ranks (mesh axis between dp-shard and tp)")
+	fs.StringVar(&f.cpMethod, "cp-method", "", fmt.Sprintf("context parallelism's K/V exchange: %s (default allgather, torchtitan's; p2p is Megatron-Core's ring)", strings.Join(job.CPMethod("").Values(), "|")))
+	fs.StringVar(&f.cpLoadBalancer, "cp-load-balancer", "", fmt.Sprintf("how a sequence's tokens are dealt to the cp ranks: %s (default headtail, torchtitan's)", strings.Join(job.CPLoadBalancer("").Values(), "|")))
 	fs.BoolVar(&f.asyncTP, "async-tp", false, "async tensor parallelism: overlap TP collectives with the matmuls they feed (needs --compile)")
 	fs.StringVar(&f.sharding, "sharding", "fsdp", "what dp-shard shards: fsdp|zero2|zero1|ddp")
 	fs.StringVar(&f.fsdpImpl, "fsdp-impl", "fsdp2", "whose FSDP schedule fsdp sharding follows: fsdp2 (PyTorch's, as torchtitan applies it) or megatron (Megatron-Core's --use-custom-fsdp, a layer per unit)")
@@ -65,7 +69,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (job.Layout, error) {
 	for _, d := range []struct {
 		name string
 		v    int
-	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}, {"tp", f.tp}, {"etp", f.etp}, {"pp", f.pp},
+	}{{"gpus", f.gpus}, {"dp-shard", f.dpShard}, {"dp-replicate", f.dpReplicate}, {"ep", f.ep}, {"tp", f.tp}, {"etp", f.etp}, {"cp", f.cp}, {"pp", f.pp},
 		{"pp-microbatch-size", f.ppMicrobatchSize}, {"pp-virtual-stages", f.ppVirtualStages}} {
 		if set[d.name] && d.v < 1 {
 			return job.Layout{}, fmt.Errorf("%w: --%s = %d: must be in [1, %d] (leave it out for its default)", errUsage, d.name, d.v, job.MaxDegree)
@@ -80,7 +84,7 @@ func (f *layoutFlags) layout(cfg *moe.Config) (job.Layout, error) {
 		KeepGathered: f.keepGathered, AllreduceLastOnly: f.allreduceLastOnly, AsyncTP: f.asyncTP, GPUsPerNode: f.gpusPerNode,
 		PP: f.pp, PPSchedule: job.PPSchedule(f.ppSchedule), PPMicrobatchSize: f.ppMicrobatchSize,
 		PPVirtualStages: f.ppVirtualStages, PPLayers: job.StageLayers(f.ppLayers), PPImpl: job.PPImpl(f.ppImpl),
-		GradSyncLastOnly: f.gradSyncLastOnly,
+		GradSyncLastOnly: f.gradSyncLastOnly, CP: f.cp, CPMethod: job.CPMethod(f.cpMethod), CPLoadBalancer: job.CPLoadBalancer(f.cpLoadBalancer),
 	}
 	if l.PP > 1 && !set["reshard-after-forward"] {
 		// torchtitan's default under PP: apply_fsdp's "default" policy is

@@ -159,6 +159,9 @@ func printMemory(w io.Writer, r memoryReport) {
 	if l := r.Layout; l.TPDegree() > 1 {
 		tp = fmt.Sprintf(" × tp %d (sequence parallel; etp %d)", l.TPDegree(), l.ETP)
 	}
+	if l := r.Layout; l.CPDegree() > 1 {
+		tp = fmt.Sprintf(" × cp %d (%s, %s)", l.CPDegree(), l.CPMethod, l.CPLoadBalancer) + tp
+	}
 	fmt.Fprintf(w, "%s on %s: gpus %d = %sdp_replicate %d × dp_shard %d%s, ep %d, sharding %s; ac %s, %s attention; lbs %d × seq %d, grad-accum %d\n",
 		r.Model, r.GPU, r.Layout.GPUs, pp, r.Layout.DPReplicate, r.Layout.DPShard, tp, r.Layout.EP, r.Layout.Sharding,
 		r.AC, r.Attention, r.LBS, r.Seq, r.GradAccum)

@@ -41,8 +41,8 @@ type planArgs struct {
 	gpusPerNodeSet                     bool // --gpus-per-node given (an explicit 0 is refused)
 	tomlPath, pyPath, tracePath, plotD string
 	reportPath, tpList                 string
-	ppList, mbsList                    string
-	tps, pps, mbss                     []int // parsed --tp, --pp, --pp-microbatch-sizes
+	ppList, mbsList, cpList            string
+	tps, pps, mbss, cps                []int // parsed --tp, --pp, --pp-microbatch-sizes, --cp
 	schedList                          string
 	scheds                             []job.PPSchedule // parsed --pp-schedules
 	acFlag                             string
@@ -193,6 +193,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.BoolVar(&a.force, "force", false, "overwrite existing output files")
 	fs.StringVar(&a.tpList, "tp", "1", "tensor-parallel degrees searched, comma-separated (e.g. 1,2,4); each within a host, etp 1 and tp tried with ep, "+
 		"inside the pipeline stages too with --pp")
+	fs.StringVar(&a.cpList, "cp", "", "context-parallel degrees searched, comma-separated (e.g. 1,2,4,8; default 1, and 1,2,4,8 within a host when nothing fits without cp)")
 	fs.StringVar(&a.ppList, "pp", "1", "pipeline-parallel degrees searched, comma-separated (e.g. 1,2,4,8); each where torchtitan's layer split is even, "+
 		"with the schedules of --pp-schedules and each degree of --tp")
 	fs.StringVar(&a.schedList, "pp-schedules", "1F1B,Interleaved1F1B", fmt.Sprintf("pipeline schedules tried with --pp above 1, comma-separated, of %v "+
@@ -237,6 +238,7 @@ func (a *planArgs) validate() error {
 	// empty: degree 1, the default sizes.
 	a.tps = intList(&errs, "--tp", a.tpList, job.MaxDegree)
 	a.pps = intList(&errs, "--pp", a.ppList, job.MaxDegree)
+	a.cps = intList(&errs, "--cp", a.cpList, job.MaxDegree)
 	a.mbss = intList(&errs, "--pp-microbatch-sizes", a.mbsList, max(a.maxLBS, 1))
 	for f := range strings.SplitSeq(a.schedList, ",") {
 		if a.schedList == "" {
@@ -332,7 +334,7 @@ func (a *planArgs) load() (cfg *moe.Config, dev hw.Device, cl *hw.Cluster, cal *
 // points torchtitan can run.
 func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	req := plan.Request{GPUs: a.gpus, GPUsPerNode: cl.GPUsPerNode, Experts: 0, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps,
+		GlobalBatch: a.globalBatch, MaxLBS: a.maxLBS, Carry: a.carry, Exhaustive: a.exhaustive, GradSyncLastOnly: a.gradSyncLastOnly, TPs: a.tps, CPs: a.cps,
 		PPs: a.pps, PPMicrobatchSizes: a.mbss, PPSchedules: a.scheds, Layers: cfg.Layers, ACs: a.acs}
 	if cfg.IsMoE() {
 		req.Experts = cfg.Experts
@@ -340,9 +342,7 @@ func (a *planArgs) request(cfg *moe.Config, cl *hw.Cluster) plan.Request {
 	if a.narrow = newExportNarrowing(a.tomlPath, a.pyPath, a.recipe.r.Compile); a.narrow != nil {
 		req.Admit = a.narrow.Admit
 	}
-	if len(a.tps) > 1 || (len(a.tps) == 1 && a.tps[0] > 1) {
-		req.Admit = plan.TPAdmit(cfg, a.seq, req.Admit)
-	}
+	req.Admit = plan.TPAdmit(cfg, a.seq, req.Admit) // tp and cp degrees the model and the sequence split
 	return req
 }
 

@@ -17,6 +17,7 @@ type planJSON struct {
 	EP                  int            `json:"ep"`
 	TP                  int            `json:"tp,omitempty"`  // absent = 1
 	ETP                 int            `json:"etp,omitempty"` // with tp
+	CP                  int            `json:"cp,omitempty"`  // absent = 1
 	Sharding            job.Sharding   `json:"sharding"`
 	ReshardAfterForward bool           `json:"reshard_after_forward"`
 	KeepGathered        bool           `json:"keep_gathered"`
@@ -67,6 +68,7 @@ type planReportJSON struct {
 	Plans        []planJSON        `json:"plans"`
 	Best         planJSON          `json:"best"`
 	Knobs        []plan.KnobEffect `json:"knobs,omitempty"` // what turning each setting would change for the best plan, the plan first
+	CPNote       string            `json:"cp_note,omitempty"`
 }
 
 // planToJSON is r as one plan of --json, its sequences seq tokens long.
@@ -81,6 +83,7 @@ func planToJSON(r plan.Result, seq int, breakdown bool) planJSON {
 	if l.TPDegree() > 1 {
 		j.TP, j.ETP = l.TPDegree(), max(l.ETP, 1)
 	}
+	j.CP = l.CP
 	if l.Stages() > 1 {
 		j.PP, j.PPSchedule, j.PPMicrobatchSize, j.PPVirtualStages = l.PP, l.PPSchedule, l.PPMicrobatchSize, l.VirtualStages()
 	}
@@ -95,7 +98,7 @@ func planToJSON(r plan.Result, seq int, breakdown bool) planJSON {
 // scale.
 func planWriteJSON(w io.Writer, a *planArgs, model, gpu, cluster string, prec job.Precision, rep *plan.Report) error {
 	out := planReportJSON{Model: model, GPU: gpu, Cluster: cluster, GPUs: a.gpus, Seq: a.seq, Precision: prec, MemoryTarget: a.target,
-		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, a.seq, true), Knobs: rep.Knobs}
+		GlobalBatch: a.globalBatch, Exhaustive: rep.Exhaustive, Simulated: rep.Simulated, Best: planToJSON(rep.Best, a.seq, true), Knobs: rep.Knobs, CPNote: rep.CPNote}
 	for _, st := range rep.Stages {
 		s := planStageJSON{GPUs: st.GPUs, Candidates: st.Candidates, Pruned: st.Pruned, Simulated: st.Simulated,
 			BestTPS: st.BestTPS, ScalingEfficiency: st.ScalingEfficiency, Grew: st.Grew, Survivors: []planJSON{}}

@@ -75,6 +75,9 @@ func planWriteTable(w io.Writer, title string, rep *plan.Report, a *planArgs, de
 	if a.globalBatch == 0 {
 		fmt.Fprintln(w, "note: "+report.BatchNote(rep, a.seq))
 	}
+	if rep.CPNote != "" {
+		fmt.Fprintln(w, "note: "+rep.CPNote)
+	}
 	if len(rep.Knobs) > 0 {
 		fmt.Fprintln(w)
 		plan.WriteKnobs(w, rep.Knobs)

@@ -210,6 +210,9 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err := refuseMegatron(layout, "train", "the numeric backend issues FSDP2's collectives in FSDP2's order"); err != nil {
 		return nil, err
 	}
+	if cp := layout.CPDegree(); cp > 1 {
+		return nil, fmt.Errorf("%w: --cp = %d: context parallelism is priced by simulate/plan; numeric CP ranks are not built yet", errUsage, cp)
+	}
 	if layout.TPDegree() > 1 {
 		// tp with pp is refused by the layout itself.
 		if err := layout.CheckSeq(a.seq); err != nil {

@@ -68,7 +68,7 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 	}
 	l := r.layout
 	fmt.Fprintf(progress, "train %s: pp %d (%s, %d stage(s) per rank, micro-batches of %d) × dp_replicate %d × dp_shard %d (FSDP inside each stage) × tp %d%s; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
-		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPReplicate, l.DPShard, l.TPDegree(), stageEP(l), r.ac, a.lbs, a.seq, a.accum, global)
+		cfg.Name, l.PP, l.PPSchedule, l.VirtualStages(), l.PPMicrobatchSize, l.DPReplicate, l.DPShard, l.TPDegree(), l.EPBorrowing(), r.ac, a.lbs, a.seq, a.accum, global)
 	rep := trainReport{Run: report.Run{Model: cfg.Name, Layout: l, AC: r.ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum},
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, CommBytes: map[string]int64{}}
 	var total time.Duration
@@ -95,17 +95,4 @@ func (a *trainArgs) runPipeline(stdout, stderr io.Writer, r *trainRun) error {
 		return writeJSON(stdout, "train", rep)
 	}
 	return nil
-}
-
-// stageEP says, with ep > 1, which of a stage's ranks EP borrows:
-// dp_shard's, and the tp ranks too at etp 1 (torchtitan v0.2.2's
-// ParallelDims: efsdp = dp_shard·tp/(ep·etp)).
-func stageEP(l job.Layout) string {
-	switch {
-	case l.EP == 1:
-		return ""
-	case l.TPDegree() > 1 && l.ExpertTP() == 1:
-		return fmt.Sprintf(", ep %d (etp 1) borrowing dp_shard × tp", l.EP)
-	}
-	return fmt.Sprintf(", ep %d (etp %d) borrowing dp_shard", l.EP, l.ExpertTP())
 }

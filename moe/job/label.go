@@ -13,6 +13,9 @@ func (l Layout) Label() string {
 			s += " async-tp"
 		}
 	}
+	if cp := l.CPDegree(); cp > 1 {
+		s += fmt.Sprintf(" cp=%d cp_method=%s cp_load_balancer=%s", cp, l.CPMethod, l.CPLoadBalancer)
+	}
 	if !l.ReshardAfterForward {
 		s += " no-reshard"
 	}
@@ -32,4 +35,22 @@ func (l Layout) Label() string {
 		}
 	}
 	return s
+}
+
+// EPBorrowing says, with ep > 1, which ranks EP borrows (", ep 4 (etp 1)
+// borrowing dp_shard × tp"; empty without EP): dp_shard's, and the tp
+// ranks too at etp 1 (torchtitan v0.2.2's ParallelDims: efsdp =
+// dp_shard·cp·tp/(ep·etp)), and with cp > 1 the cp ranks.
+func (l Layout) EPBorrowing() string {
+	cp := ""
+	if l.CPDegree() > 1 {
+		cp = " × cp"
+	}
+	switch {
+	case l.EP == 1:
+		return ""
+	case l.TPDegree() > 1 && l.ExpertTP() == 1:
+		return fmt.Sprintf(", ep %d (etp 1) borrowing dp_shard%s × tp", l.EP, cp)
+	}
+	return fmt.Sprintf(", ep %d (etp %d) borrowing dp_shard%s", l.EP, l.ExpertTP(), cp)
 }

@@ -3,6 +3,7 @@ package job
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -37,11 +38,12 @@ const (
 )
 
 // Layout is a training layout as a plain value: degrees, sharding mode,
-// FSDP and pipeline options. world = PP × DPReplicate × DPShard × TP (pp
-// outermost, tp innermost, as torchtitan's mesh); the expert mesh of each
-// pipeline stage is (DPReplicate, efsdp, EP, ETP) over the stage's ranks,
-// with efsdp = DPShard·TP/(EP·ETP) as torchtitan v0.2.2's ParallelDims
-// builds it (see ExpertShard).
+// FSDP and pipeline options. world = PP × DPReplicate × DPShard × CP × TP
+// (pp outermost, then dp_replicate, dp_shard, cp, tp innermost, as
+// torchtitan's mesh); the expert mesh of each pipeline stage is
+// (DPReplicate, efsdp, EP, ETP) over the stage's ranks, with efsdp =
+// DPShard·CP·TP/(EP·ETP) as torchtitan v0.2.2's ParallelDims builds it
+// (see ExpertShard).
 //
 // Layout stays comparable (the planner keys maps by it), so the explicit
 // stage split PPLayers is a StageLayers string, not a slice.
@@ -59,8 +61,15 @@ type Layout struct {
 	// tp ranks too) or TP (EP borrows from dp_shard only); 0 in JSON = 1,
 	// its default. With ep = 1 the experts are split over tp whatever ETP
 	// says (ExpertTP).
-	ETP      int      `json:"etp,omitempty"`
-	Sharding Sharding `json:"sharding"`
+	ETP int `json:"etp,omitempty"`
+	// CP is the context-parallel degree (cp.go), between dp_shard and tp in
+	// the mesh; 0 in JSON = 1. CPMethod and CPLoadBalancer are its K/V
+	// exchange and its token dealing ("" = torchtitan's defaults when cp >
+	// 1; empty when cp = 1).
+	CP             int            `json:"cp,omitempty"`
+	CPMethod       CPMethod       `json:"cp_method,omitempty"`
+	CPLoadBalancer CPLoadBalancer `json:"cp_load_balancer,omitempty"`
+	Sharding       Sharding       `json:"sharding"`
 	// FSDPImpl is the FSDP implementation under fsdp sharding; "" in JSON
 	// = fsdp2.
 	FSDPImpl            FSDPImpl `json:"fsdp_impl,omitempty"`
@@ -130,7 +139,7 @@ func (l *Layout) Resolve() error {
 	for _, f := range []struct {
 		name string
 		v    *int
-	}{{"ep", &l.EP}, {"tp", &l.TP}, {"etp", &l.ETP}} {
+	}{{"ep", &l.EP}, {"tp", &l.TP}, {"etp", &l.ETP}, {"cp", &l.CP}} {
 		if *f.v < 0 || *f.v > MaxDegree {
 			errs = append(errs, moe.FieldError{Field: f.name, Value: *f.v, Allowed: fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
 		}
@@ -143,7 +152,7 @@ func (l *Layout) Resolve() error {
 			*v = 1
 		}
 	}
-	pp := l.Stages()
+	pp, ct := l.Stages(), l.CPDegree()*l.TP // cp and tp are ≤ 2^20 each here
 	if pp > MaxDegree {
 		return moe.FieldError{Field: "pp", Value: l.PP, Allowed: fmt.Sprintf("must be in [1, %d]", MaxDegree)}
 	}
@@ -152,24 +161,24 @@ func (l *Layout) Resolve() error {
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
-		if n := int64(pp) * int64(l.DPShard) * int64(l.DPReplicate) * int64(l.TP); n > MaxDegree {
-			return moe.FieldError{Field: "gpus", Value: n, Allowed: fmt.Sprintf("pp × dp_shard × dp_replicate × tp = %d × %d × %d × %d must be at most %d", pp, l.DPShard, l.DPReplicate, l.TP, MaxDegree)}
+		if n := int64(pp) * int64(l.DPShard) * int64(l.DPReplicate) * int64(ct); n > MaxDegree {
+			return moe.FieldError{Field: "gpus", Value: n, Allowed: fmt.Sprintf("pp × dp_shard × dp_replicate × cp × tp = %d × %d × %d × %d × %d must be at most %d", pp, l.DPShard, l.DPReplicate, l.CPDegree(), l.TP, MaxDegree)}
 		}
-		l.GPUs = pp * l.DPShard * l.DPReplicate * l.TP
+		l.GPUs = pp * l.DPShard * l.DPReplicate * ct
 	case l.GPUs > 0 && l.DPShard == 0:
 		if l.DPReplicate == 0 {
 			l.DPReplicate = 1
 		}
 		// torchtitan's dp_shard = -1: world / (dp_replicate·cp·tp·pp).
-		if others := pp * l.DPReplicate * l.TP; l.GPUs%others != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by %sdp_replicate × tp = %s%d × %d = %d", l.GPUs, ppFactor(pp), ppValue(pp), l.DPReplicate, l.TP, others)
+		if others := int64(pp) * int64(l.DPReplicate) * int64(ct); int64(l.GPUs)%others != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by %sdp_replicate × %stp = %s%d × %s%d = %d", l.GPUs, ppFactor(pp), cpFactor(l.CPDegree()), ppValue(pp), l.DPReplicate, cpValue(l.CPDegree()), l.TP, others)
 		}
-		l.DPShard = l.GPUs / (pp * l.DPReplicate * l.TP)
+		l.DPShard = l.GPUs / (pp * l.DPReplicate * ct)
 	case l.GPUs > 0 && l.DPReplicate == 0:
-		if others := pp * l.DPShard * l.TP; l.GPUs%others != 0 {
-			return fmt.Errorf("gpus = %d is not divisible by %sdp_shard × tp = %s%d × %d = %d", l.GPUs, ppFactor(pp), ppValue(pp), l.DPShard, l.TP, others)
+		if others := int64(pp) * int64(l.DPShard) * int64(ct); int64(l.GPUs)%others != 0 {
+			return fmt.Errorf("gpus = %d is not divisible by %sdp_shard × %stp = %s%d × %s%d = %d", l.GPUs, ppFactor(pp), cpFactor(l.CPDegree()), ppValue(pp), l.DPShard, cpValue(l.CPDegree()), l.TP, others)
 		}
-		l.DPReplicate = l.GPUs / (pp * l.DPShard * l.TP)
+		l.DPReplicate = l.GPUs / (pp * l.DPShard * ct)
 	case l.GPUs == 0:
 		return errors.New("gpus: give --gpus or --dp-shard")
 	}
@@ -182,6 +191,7 @@ func (l *Layout) Resolve() error {
 	if l.PPImpl == PPTorch {
 		l.PPImpl = "" // the default, one key for the planner's maps
 	}
+	l.resolveCP()
 	if err := l.resolvePipeline(); err != nil {
 		return err
 	}
@@ -204,7 +214,7 @@ func (l Layout) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"tp", l.TP}, {"etp", l.ETP}} {
+	}{{"tp", l.TP}, {"etp", l.ETP}, {"cp", l.CP}} {
 		if f.v < 0 || f.v > MaxDegree {
 			errs = append(errs, moe.FieldError{Field: f.name, Value: f.v, Allowed: fmt.Sprintf("must be in [1, %d] (0 = 1)", MaxDegree)})
 		}
@@ -212,13 +222,13 @@ func (l Layout) Validate() error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	tp, etp, pp := l.TPDegree(), max(l.ETP, 1), l.Stages()
+	tp, etp, pp, cp := l.TPDegree(), max(l.ETP, 1), l.Stages(), l.CPDegree()
 	// The products below stay far from overflow: each factor is at most
 	// 2^20, and a product is formed only of factors whose product with
 	// the world was checked first.
-	if int64(pp)*int64(l.DPReplicate)*int64(l.DPShard)*int64(tp) != int64(l.GPUs) {
-		errs = append(errs, fmt.Errorf("%sdp_replicate × dp_shard × tp = %s%d × %d × %d ≠ gpus = %d",
-			ppFactor(pp), ppValue(pp), l.DPReplicate, l.DPShard, tp, l.GPUs))
+	if int64(pp)*int64(l.DPReplicate)*int64(l.DPShard)*int64(cp)*int64(tp) != int64(l.GPUs) {
+		errs = append(errs, fmt.Errorf("%sdp_replicate × dp_shard × %stp = %s%d × %d × %s%d ≠ gpus = %d",
+			ppFactor(pp), cpFactor(cp), ppValue(pp), l.DPReplicate, l.DPShard, cpValue(cp), tp, l.GPUs))
 		return errors.Join(errs...)
 	}
 	// torchtitan v0.2.2 ParallelDims._validate: "Currently we only support
@@ -228,19 +238,24 @@ func (l Layout) Validate() error {
 	// is rather than carry a degree that means nothing.
 	if etp != 1 && etp != tp {
 		errs = append(errs, moe.FieldError{Field: "etp", Value: etp, Allowed: fmt.Sprintf("must be 1 or tp = %d (torchtitan v0.2.2 supports only etp = tp or etp = 1)", tp)})
-	} else if region := l.DPShard * tp; region%(l.EP*l.ExpertTP()) != 0 {
+	} else if region := l.DPShard * cp * tp; region%(l.EP*l.ExpertTP()) != 0 {
 		// The sparse mesh (dp_replicate, efsdp, ep, etp) unflattens
 		// dp_shard·cp·tp: ep·etp must divide it (v0.2.2; torchtitan main,
 		// which has no etp, requires ep | dp_shard·cp·tp).
-		if tp == 1 {
+		switch {
+		case cp > 1:
+			errs = append(errs, fmt.Errorf("ep × etp = %d × %d does not divide dp_shard × cp × tp = %d × %d × %d = %d: efsdp = dp_shard·cp·tp/(ep·etp) would not be whole (gpus = %d = %sdp_replicate %d × dp_shard %d × cp %d × tp %d; etp = %d)",
+				l.EP, l.ExpertTP(), l.DPShard, cp, tp, region, l.GPUs, ppWord(pp), l.DPReplicate, l.DPShard, cp, tp, etp))
+		case tp == 1:
 			errs = append(errs, fmt.Errorf("ep = %d does not divide dp_shard = %d (gpus = %d = %sdp_replicate %d × dp_shard %d)",
 				l.EP, l.DPShard, l.GPUs, ppWord(pp), l.DPReplicate, l.DPShard))
-		} else {
+		default:
 			errs = append(errs, fmt.Errorf("ep × etp = %d × %d does not divide dp_shard × tp = %d × %d = %d: efsdp = dp_shard·tp/(ep·etp) would not be whole (gpus = %d = %sdp_replicate %d × dp_shard %d × tp %d; etp = %d)",
 				l.EP, l.ExpertTP(), l.DPShard, tp, region, l.GPUs, ppWord(pp), l.DPReplicate, l.DPShard, tp, etp))
 		}
 	}
 	errs = append(errs, l.validatePipeline()...)
+	errs = append(errs, l.validateCP()...)
 	switch l.Sharding {
 	case ShardFSDP, ShardZeRO2, ShardZeRO1, ShardDDP:
 	default:
@@ -310,6 +325,12 @@ func (l Layout) CheckModel(c *moe.Config) error {
 	if et := l.ExpertTP(); et > 1 && c.IsMoE() && c.ExpertFFN%et != 0 {
 		errs = append(errs, fmt.Errorf("expert tensor-parallel degree %d (tp = %d, etp = %d, ep = %d) does not divide expert_ffn = %d", et, l.TPDegree(), max(l.ETP, 1), l.EP, c.ExpertFFN))
 	}
+	if cp := l.CPDegree(); cp > 1 && c.IsMLA() {
+		errs = append(errs, fmt.Errorf("cp = %d with MLA attention is not modelled yet (context parallelism is priced for multi-head and grouped-query attention)", cp))
+	}
+	if cp := l.CPDegree(); cp > 1 && slices.ContainsFunc(c.Window, func(w int) bool { return w > 0 }) {
+		errs = append(errs, fmt.Errorf("cp = %d with sliding-window attention layers is not modelled yet (context parallelism is priced for full causal attention)", cp))
+	}
 	if _, err := l.StageSplit(c.Layers); err != nil {
 		errs = append(errs, err)
 	}
@@ -319,8 +340,11 @@ func (l Layout) CheckModel(c *moe.Config) error {
 // CheckSeq checks a sequence length against the layout: with tp > 1
 // torchtitan v0.2.2 (models/*/infra/parallelize.py) asserts that seq_len
 // divides by ParallelDims.seq_len_divisor = tp·(2·cp), the sequence-parallel
-// split times context parallelism's load-balanced halves (cp = 1 here).
+// split times context parallelism's load-balanced halves (checkCPSeq).
 func (l Layout) CheckSeq(seq int) error {
+	if l.CPDegree() > 1 {
+		return l.checkCPSeq(seq)
+	}
 	if tp := l.TPDegree(); tp > 1 && seq%(2*tp) != 0 {
 		return fmt.Errorf("seq = %d is not divisible by tp × 2·cp = %d × 2·1 = %d (torchtitan's sequence-parallel requirement)", seq, tp, 2*tp)
 	}
@@ -346,11 +370,11 @@ func (l Layout) ExpertTP() int {
 }
 
 // ExpertShard is the FSDP degree of expert weights, efsdp =
-// dp_shard·tp/(ep·ExpertTP): dp_shard/ep without TP, as torchtitan v0.2.2
-// builds its sparse mesh (with ep = 1 the experts are sharded with the
-// dense weights over dp_shard).
+// dp_shard·cp·tp/(ep·ExpertTP): dp_shard/ep without TP and CP, as
+// torchtitan v0.2.2 builds its sparse mesh (with ep = 1 the experts are
+// sharded with the dense weights over dp_shard·cp).
 func (l Layout) ExpertShard() int {
-	return l.DPShard * l.TPDegree() / (l.EP * l.ExpertTP())
+	return l.DPShard * l.CPDegree() * l.TPDegree() / (l.EP * l.ExpertTP())
 }
 
 // TokensPerExpertRank is the divisor of a rank's tokens in the routed
@@ -378,6 +402,21 @@ func ppFactor(pp int) string {
 func ppValue(pp int) string {
 	if pp > 1 {
 		return fmt.Sprintf("%d × ", pp)
+	}
+	return ""
+}
+
+// cpFactor and cpValue print the cp factor likewise.
+func cpFactor(cp int) string {
+	if cp > 1 {
+		return "cp × "
+	}
+	return ""
+}
+
+func cpValue(cp int) string {
+	if cp > 1 {
+		return fmt.Sprintf("%d × ", cp)
 	}
 	return ""
 }

@@ -382,5 +382,5 @@ func (l Layout) StageLayout() Layout {
 }
 
 // StageGPUs is the number of ranks of one pipeline stage, dp_replicate ×
-// dp_shard × tp.
-func (l Layout) StageGPUs() int { return l.DP() * l.TPDegree() }
+// dp_shard × cp × tp.
+func (l Layout) StageGPUs() int { return l.DP() * l.CPDegree() * l.TPDegree() }

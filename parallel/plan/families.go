@@ -73,6 +73,14 @@ func (r *Request) withDefaults() (Request, error) {
 	if len(q.TPs) == 0 {
 		q.TPs = []int{1}
 	}
+	for _, cp := range q.CPs {
+		if cp < 1 || cp > job.MaxDegree {
+			return q, moe.FieldError{Field: "cp", Value: cp, Allowed: fmt.Sprintf("each must be in [1, %d]", job.MaxDegree)}
+		}
+	}
+	if len(q.CPs) == 0 {
+		q.CPs, q.autoCP = []int{1}, true
+	}
 	for _, pp := range q.PPs {
 		if pp < 1 || pp > job.MaxDegree {
 			return q, moe.FieldError{Field: "pp", Value: pp, Allowed: fmt.Sprintf("each must be in [1, %d]", job.MaxDegree)}
@@ -267,28 +275,45 @@ func (q *Request) enumerateFamilies(n int, accum bool) []family {
 	var fams []family
 	for _, pp := range q.PPs {
 		for _, tp := range q.TPs {
-			if q.skipped(n, pp, tp) != "" {
+			for _, cp := range q.CPs {
+				fams = append(fams, q.meshFamilies(n, pp, tp, cp, accum)...)
+			}
+		}
+	}
+	return fams
+}
+
+// meshFamilies enumerates the families at n GPUs of pipeline degree pp,
+// tensor degree tp and context degree cp.
+func (q *Request) meshFamilies(n, pp, tp, cp int, accum bool) []family {
+	var fams []family
+	if q.skipped(n, pp, tp, cp) != "" {
+		return nil
+	}
+	// No CP is the layout's zero value, as Resolve writes it; cp > 1
+	// takes torchtitan's defaults (allgather, headtail).
+	cpField, cpMethod, cpBalancer := 0, job.CPMethod(""), job.CPLoadBalancer("")
+	if cp > 1 {
+		cpField, cpMethod, cpBalancer = cp, job.CPAllGather, job.CPHeadTail
+	}
+	dp := n / tp / pp / cp
+	for _, r := range divisorsOf(dp) {
+		s := dp / r
+		// ep borrows from dp_shard × cp × tp (torchtitan v0.2.2's
+		// sparse mesh); without cp and tp, from dp_shard.
+		for _, ep := range divisorsOf(s * cp * tp) {
+			if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
 				continue
 			}
-			dp := n / tp / pp
-			for _, r := range divisorsOf(dp) {
-				s := dp / r
-				// ep borrows from dp_shard × tp (torchtitan v0.2.2's sparse
-				// mesh); without tp, from dp_shard.
-				for _, ep := range divisorsOf(s * tp) {
-					if ep > 1 && (q.Experts == 0 || q.Experts%ep != 0) {
-						continue
-					}
-					for _, l := range tpVariants(job.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode, PP: pp}, tp) {
-						for _, l := range q.pipeVariants(l) {
-							for _, l := range q.shardVariants(l, accum) {
-								if redundant(l) {
-									continue
-								}
-								for _, ac := range q.ACs {
-									fams = append(fams, family{l, ac})
-								}
-							}
+			for _, l := range tpVariants(job.Layout{GPUs: n, DPShard: s, DPReplicate: r, EP: ep, GPUsPerNode: q.GPUsPerNode, PP: pp,
+				CP: cpField, CPMethod: cpMethod, CPLoadBalancer: cpBalancer}, tp) {
+				for _, l := range q.pipeVariants(l) {
+					for _, l := range q.shardVariants(l, accum) {
+						if redundant(l) {
+							continue
+						}
+						for _, ac := range q.ACs {
+							fams = append(fams, family{l, ac})
 						}
 					}
 				}
@@ -305,8 +330,10 @@ func (q *Request) unsearched(n int) []string {
 	var why []string
 	for _, pp := range q.PPs {
 		for _, tp := range q.TPs {
-			if w := q.skipped(n, pp, tp); w != "" && !slices.Contains(why, w) {
-				why = append(why, w)
+			for _, cp := range q.CPs {
+				if w := q.skipped(n, pp, tp, cp); w != "" && !slices.Contains(why, w) {
+					why = append(why, w)
+				}
 			}
 		}
 	}
@@ -315,10 +342,14 @@ func (q *Request) unsearched(n int) []string {
 
 // skipped returns why the search enumerates no layout of pipeline degree
 // pp and tensor degree tp at n GPUs, or "" when it enumerates some.
-func (q *Request) skipped(n, pp, tp int) string {
+func (q *Request) skipped(n, pp, tp, cp int) string {
 	switch {
+	case n%(tp*pp*cp) != 0 && cp > 1:
+		return fmt.Sprintf("pp × cp × tp = %d × %d × %d does not divide gpus = %d", pp, cp, tp, n)
 	case n%(tp*pp) != 0:
 		return fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
+	case pp > 1 && cp > 1:
+		return fmt.Sprintf("cp = %d with pp = %d: context parallelism inside pipeline stages is not priced yet", cp, pp)
 	case pp > 1 && CheckHosts(n/pp, q.GPUsPerNode) != nil:
 		// Each stage is a mesh placed on hosts as a job is (BuildPipeline).
 		return fmt.Sprintf("pp = %d: a stage's gpus / pp = %d / %d = %d neither lies inside one host nor fills whole hosts "+
@@ -431,7 +462,7 @@ func tpVariants(base job.Layout, tp int) []job.Layout {
 // expertMeshWhole reports whether ep·etp divides dp_shard·tp, so that
 // efsdp = dp_shard·tp/(ep·etp) is whole (job.Layout.Validate's rule).
 func expertMeshWhole(l job.Layout) bool {
-	return (l.DPShard*l.TPDegree())%(l.EP*l.ExpertTP()) == 0
+	return (l.DPShard*l.CPDegree()*l.TPDegree())%(l.EP*l.ExpertTP()) == 0
 }
 
 // growth names how layout b grew from a.

@@ -100,6 +100,9 @@ type Request struct {
 	// refuse the degrees the model cannot split (job.Layout.CheckModel;
 	// TPAdmit).
 	TPs []int
+	// CPs are the context-parallel degrees searched (cp.go); none given
+	// searches cp 1 and, when no layout fits without it, AutoCPs.
+	CPs []int
 	// PPs are the pipeline-parallel degrees searched (default 1 only):
 	// each that divides a stage's GPUs (pp × tp of them, with each tp of
 	// TPs: tensor parallelism inside every pipeline stage) and splits
@@ -150,6 +153,9 @@ type Request struct {
 	// data-parallel rank's sequences (dpShare: its tp ranks and pipeline
 	// stages), so earlier stages do not rank it at one (lbsTop).
 	perGPUCap int
+	// autoCP: the caller named no cp degree, so the search may turn to
+	// AutoCPs when nothing fits without them.
+	autoCP bool
 }
 
 // TPAdmit is admit (nil: every point) behind the checks of each point's
@@ -217,6 +223,9 @@ type Report struct {
 	// best plan (SimEvaluator.KnobEffects), the plan first; empty unless
 	// asked for.
 	Knobs []KnobEffect
+	// CPNote says the search turned to context parallelism on its own
+	// because no layout fitted without it (empty otherwise).
+	CPNote string
 }
 
 // Sweep is one family's TPS and memory against local batch.

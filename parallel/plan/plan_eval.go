@@ -154,7 +154,7 @@ func memoryKey(p Point) Point {
 	l := p.Layout
 	l.GPUsPerNode = 0
 	if !(l.AllreduceLastOnly && l.DPReplicate > 1 && p.GradAccum > 1) {
-		l.GPUs, l.DPReplicate = l.Stages()*l.DPShard*l.TPDegree(), 1
+		l.GPUs, l.DPReplicate = l.Stages()*l.DPShard*l.CPDegree()*l.TPDegree(), 1
 	}
 	p.Layout = l
 	return p

@@ -191,7 +191,7 @@ func TestPPStageHosts(t *testing.T) {
 		return q
 	}
 	q := request(2, 6)
-	if got, want := q.skipped(24, 2, 1), "pp = 2: a stage's gpus / pp = 24 / 2 = 12 neither lies inside one host nor fills whole hosts (gpus_per_node = 8)"; got != want {
+	if got, want := q.skipped(24, 2, 1, 1), "pp = 2: a stage's gpus / pp = 24 / 2 = 12 neither lies inside one host nor fills whole hosts (gpus_per_node = 8)"; got != want {
 		t.Errorf("pp 2: skipped(24) = %q, want %q", got, want)
 	}
 	if n := len(q.enumerateFamilies(24, false)); n != 0 {
@@ -208,7 +208,7 @@ func TestPPStageHosts(t *testing.T) {
 		t.Errorf("pp 2: %d families grown to 24 GPUs (stages of 12), want none", len(grown))
 	}
 	q = request(3, 7)
-	if got := q.skipped(24, 3, 1); got != "" {
+	if got := q.skipped(24, 3, 1, 1); got != "" {
 		t.Errorf("pp 3: skipped(24) = %q, want none (stages of 8)", got)
 	}
 	if len(q.enumerateFamilies(24, false)) == 0 {

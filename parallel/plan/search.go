@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -20,10 +21,45 @@ func Search(req Request, ev Evaluator) (*Report, error) {
 	if q.GlobalBatch > 0 {
 		perRank = q.GlobalBatch / q.GPUs
 	}
+	rep, err := q.search(ev, perRank)
+	var inf *InfeasibleError
+	if !q.autoCP || !errors.As(err, &inf) {
+		return rep, err
+	}
+	// Nothing fits without context parallelism: search it, saying so.
+	if q.CPs = AutoCPs(q.GPUs, q.GPUsPerNode); len(q.CPs) == 0 {
+		return rep, err
+	}
+	cpRep, cpErr := q.search(ev, perRank)
+	if cpErr != nil {
+		return rep, err
+	}
+	cpRep.CPNote = fmt.Sprintf("no layout fits without context parallelism, so cp %v was searched as well", q.CPs[1:])
+	return cpRep, nil
+}
+
+// search is one search over q's degrees.
+func (q *Request) search(ev Evaluator, perRank int) (*Report, error) {
 	if q.Exhaustive {
 		return q.exhaustive(ev, perRank)
 	}
 	return q.hierarchical(ev, perRank)
+}
+
+// AutoCPs are the context-parallel degrees a search turns to when nothing
+// fits without them: 1 and each power of two up to a host (cp groups of
+// one host's NVLink without tp) that divides gpus.
+func AutoCPs(gpus, gpusPerNode int) []int {
+	out := []int{1}
+	for cp := 2; cp <= gpusPerNode; cp *= 2 {
+		if gpus%cp == 0 {
+			out = append(out, cp)
+		}
+	}
+	if len(out) == 1 {
+		return nil
+	}
+	return out
 }
 
 // exhaustive evaluates every family and local batch at the target scale in

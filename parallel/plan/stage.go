@@ -63,7 +63,7 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 
 // dpShare is how many GPUs share one data-parallel rank's sequences: its
 // tp ranks and its pipeline stages.
-func dpShare(l job.Layout) int { return l.TPDegree() * l.Stages() }
+func dpShare(l job.Layout) int { return l.CPDegree() * l.TPDegree() * l.Stages() }
 
 // lbsChoices are the local batches simulated for a family whose memory
 // limit is max: every power of two below max and max itself (all of 1..max

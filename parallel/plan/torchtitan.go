@@ -116,6 +116,7 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point, compiledModel bool) error
 		// dp_shard·cp·tp (efsdp = dp_shard·cp·tp/ep), v0.2.2's etp = 1.
 		errs = append(errs, fmt.Errorf("etp = tp = %d with ep = %d: %s has no expert_tensor_parallel_degree (its EP always borrows the tp ranks, etp = 1)", l.ETP, l.EP, target))
 	}
+	errs = append(errs, cpAdmit(target, l)...)
 	if l.AsyncTP && l.TPDegree() > 1 && !compiledModel {
 		errs = append(errs, fmt.Errorf("async_tp = true without a compiled model: %s refuses it (\"Async TP requires torch.compile\")", target))
 	}
@@ -373,7 +374,7 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(&b, "tensor_parallel_degree = %d\ncontext_parallel_degree = 1\n", p.Layout.TPDegree())
+	fmt.Fprintf(&b, "tensor_parallel_degree = %d\n%s", p.Layout.TPDegree(), cpTOML(p.Layout))
 	for _, kv := range pipe {
 		fmt.Fprintf(&b, "%s = %s\n", kv[0], kv[1])
 	}
@@ -524,7 +525,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	fmt.Fprintf(&b, "    config.parallelism.data_parallel_shard_degree = %d\n", shard)
 	fmt.Fprintf(&b, "    config.parallelism.fsdp_reshard_after_forward = %q\n", torchtitanReshard(p.Layout))
 	fmt.Fprintf(&b, "    config.parallelism.tensor_parallel_degree = %d\n", p.Layout.TPDegree())
-	b.WriteString("    config.parallelism.context_parallel_degree = 1\n")
+	b.WriteString(cpPython(p.Layout))
 	for _, kv := range pipe {
 		fmt.Fprintf(&b, "    config.parallelism.%s = %s\n", kv[0], kv[1])
 	}

@@ -128,6 +128,15 @@ func torchtitanTPPoint(rep, shard, tp, ep, etp int, async bool, ac moe.AC) Point
 	return p
 }
 
+// torchtitanCPPoint is torchtitanPoint with context parallelism cp
+// between dp_shard and tp: gpus = shard × cp.
+func torchtitanCPPoint(shard, cp, ep int, method job.CPMethod, lb job.CPLoadBalancer) Point {
+	p := torchtitanPoint(1, shard, ep, moe.AC{Mode: moe.ACFull}, 1, 1, true)
+	p.Layout.GPUs *= cp
+	p.Layout.CP, p.Layout.CPMethod, p.Layout.CPLoadBalancer = cp, method, lb
+	return p
+}
+
 func TestTorchtitanTOML(t *testing.T) {
 	var schema torchtitanTOMLSchema
 	torchtitanLoad(t, "v0.2.2-job_config.json", &schema)
@@ -148,6 +157,9 @@ func TestTorchtitanTOML(t *testing.T) {
 		// Tensor parallelism: tp 2 with EP borrowing the tp ranks, async.
 		{"qwen3-30b-a3b", torchtitanTPPoint(1, 4, 2, 8, 1, true, moe.AC{Mode: moe.ACSelective}), 0},
 		{"llama3-8b", torchtitanTPPoint(2, 2, 4, 1, 1, false, moe.AC{Mode: moe.ACFull}), 0},
+		// Context parallelism: cp 4 with EP borrowing dp_shard × cp, the
+		// alltoall rotation and ptrr (both v0.2.2's).
+		{"qwen3-30b-a3b", torchtitanCPPoint(2, 4, 8, job.CPAllToAll, job.CPPTRR), 0},
 	}
 	for i, c := range cases {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Header: []string{"plan " + c.p.String()}, Compile: exportCompile(i)}
@@ -205,8 +217,12 @@ func TestTorchtitanTOML(t *testing.T) {
 			t.Errorf("%s: compile %+v written as %v", c.model, e.Compile, doc["compile"])
 		}
 		rep, shard := par["data_parallel_replicate_degree"].(int64), par["data_parallel_shard_degree"].(int64)
-		tp := par["tensor_parallel_degree"].(int64)
-		if int(rep*shard*tp) != c.p.Layout.GPUs || int(tp) != c.p.Layout.TPDegree() || int(par["expert_parallel_degree"].(int64)) != c.p.Layout.EP {
+		tp, cp := par["tensor_parallel_degree"].(int64), par["context_parallel_degree"].(int64)
+		if int(cp) != c.p.Layout.CPDegree() || cp > 1 && (par["context_parallel_rotate_method"] != string(c.p.Layout.CPMethod) ||
+			par["context_parallel_load_balancer"] != string(c.p.Layout.CPLoadBalancer)) {
+			t.Errorf("%s: cp %d, %v, %v written for %+v", c.model, cp, par["context_parallel_rotate_method"], par["context_parallel_load_balancer"], c.p.Layout)
+		}
+		if int(rep*shard*cp*tp) != c.p.Layout.GPUs || int(tp) != c.p.Layout.TPDegree() || int(par["expert_parallel_degree"].(int64)) != c.p.Layout.EP {
 			t.Errorf("%s: degrees %d × %d × tp %d, ep %v do not give %+v", c.model, rep, shard, tp, par["expert_parallel_degree"], c.p.Layout)
 		}
 		if tp > 1 && (par["expert_tensor_parallel_degree"] != int64(c.p.Layout.ETP) || par["enable_async_tensor_parallel"] != c.p.Layout.AsyncTP) {
@@ -289,6 +305,8 @@ func TestTorchtitanPython(t *testing.T) {
 		// tp 2, EP borrowing the tp ranks (main's only EP rule), async TP
 		// under the compile settings (exportCompile(3) compiles).
 		{"qwen3-30b-a3b", torchtitanTPPoint(1, 8, 2, 8, 1, true, moe.AC{Mode: moe.ACSelective}), 0},
+		// cp 2, the default rotation (main has no other) and balancer.
+		{"llama3-8b", torchtitanCPPoint(4, 2, 1, job.CPAllGather, job.CPHeadTail), 0},
 	} {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i)}
 		if i%2 == 1 {

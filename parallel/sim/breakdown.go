@@ -81,6 +81,13 @@ func newStepCharges(s *parallel.Schedule, sim *simulated, spans []simSpan) *step
 		if o.coll {
 			c.b.CommS[string(sim.comm[i].Kind)] += spans[i].end - spans[i].start
 		}
+		if sim.cp != nil {
+			for k, v := range sim.cp[i].total {
+				if v > 0 {
+					c.b.CommS[cpCollNames[k]] += v
+				}
+			}
+		}
 	}
 	sort.SliceStable(c.order, func(a, b int) bool { return spans[c.order[a]].start < spans[c.order[b]].start })
 	sort.SliceStable(c.colls, func(a, b int) bool { return spans[c.colls[a]].start < spans[c.colls[b]].start })
@@ -139,6 +146,7 @@ func (c *stepCharges) chargeBusy(i int) {
 	case c.s.Ops[i].Phase == parallel.PhaseOptimizer:
 		c.b.OptimizerS += d
 	default:
+		d -= c.chargeCP(i, d)
 		c.b.RecomputeS += c.sim.recompute[i]
 		c.b.ComputeS += d - c.sim.recompute[i]
 		if c.sim.byClass != nil {

@@ -19,7 +19,9 @@ import (
 // simulated holds the per-op costs of a schedule.
 type simulated struct {
 	ops       []simOp
-	recompute []float64 // recompute seconds inside each compute op
+	recompute []float64    // recompute seconds inside each compute op
+	cp        []cpCharge   // context-parallel exchanges inside each compute op (cp.go)
+	cpLink    hw.LinkClass // the cp ring's slowest hop
 	comm      []cost.Comm
 	bytes     []float64 // collectives: the size S modelled (after expert load)
 	byClass   [][cost.NumOpClasses]float64
@@ -39,6 +41,9 @@ type segCost struct {
 	over             [numOverheads]float64      // overheads inside total
 
 	weight float64 // the backward-weight ops inside total (PhaseBackward)
+	// cp is the context-parallel exchange inside the op (cp.go); its
+	// exposed part is inside total.
+	cp cpCharge
 }
 
 // opCosts sums modelled op times per (layer, segment, phase) for one
@@ -96,6 +101,9 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		}
 		c, _ := cost.OpClassOf(r.Op) // OpSeconds has checked it
 		cls = int(c)
+		if err := chargeCP(costs, in, r, seg, t, block && reRun(cfg, in.AC, r.Layer, r.Op)); err != nil {
+			return nil, err
+		}
 		switch r.Pass {
 		case moe.Forward:
 			addCost(segKey{r.Layer, seg, parallel.PhaseForward}, t, 0)
@@ -215,7 +223,7 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 // The tp axis's collectives are priced on tpG (widestTPGroup, or a
 // pipeline's tpShape).
 func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
-	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]cost.Comm, len(s.Ops)),
+	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), cp: make([]cpCharge, len(s.Ops)), comm: make([]cost.Comm, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][cost.NumOpClasses]float64, len(s.Ops))}
 	shapes := map[parallel.Axis]cost.GroupShape{}
 	share := 1.0 // the rows the dispatcher sends (dispatchShare)
@@ -223,6 +231,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 		share = dispatchShare(in.Dispatcher, in.Model, mesh.Group(parallel.AxisEP, 0).Size())
 	}
 	var copies []computeCopy
+	sim.cpLink = in.cp.link
 	for i, o := range s.Ops {
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
 		if o.Type == parallel.OpCompute {
@@ -233,6 +242,7 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
 				so.compute = c.total
 				sim.recompute[i] = c.recompute
+				sim.cp[i] = c.cp
 				sim.byClass[i] = c.byClass
 				for k, v := range c.over {
 					sim.over[k] += v

@@ -52,6 +52,9 @@ type Input struct {
 	// more simulation per fitted parameter (a search computes it for the
 	// plans it reports only).
 	SkipInterval bool
+	// cp is the K/V exchange of a context-parallel run, whose Spec
+	// Prepare folds (cp.go); zero without CP.
+	cp cpExchange
 }
 
 // Result is the prediction for one layout.
@@ -107,6 +110,9 @@ type Result struct {
 	// "nvlink" when the tp group lies in one NVLink domain, "network" when
 	// it spans domains; absent without tp.
 	TPLink string `json:"tp_link,omitempty"`
+	// CPLink is the link class of the cp group's K/V exchange (its
+	// slowest hop); absent without cp.
+	CPLink string `json:"cp_link,omitempty"`
 
 	Schedule  *parallel.Schedule `json:"-"`
 	spans     []simSpan
@@ -189,6 +195,9 @@ func Simulate(in Input) (Result, error) {
 		if in.Routing.File() != "" {
 			return Result{}, fmt.Errorf("simulate: routing %s: a counts file is not replayed through pipeline stages yet (pp = %d)", in.Routing, in.PP)
 		}
+		if cp := in.CPDegree(); cp > 1 {
+			return Result{}, fmt.Errorf("simulate: cp = %d with pp = %d: context parallelism inside pipeline stages is not priced yet", cp, in.PP)
+		}
 		return simulatePipeline(in)
 	}
 	p, err := Prepare(in)
@@ -260,6 +269,17 @@ func Prepare(in Input) (*Prepared, error) {
 	if p.dev, p.cl, err = resolveHardware(in); err != nil {
 		return nil, err
 	}
+	// Under CP the rank runs the folded spec (cp.go); memory, the model's
+	// FLOPs per token and attention's records keep the whole sequence.
+	orig := in
+	if in.CPDegree() > 1 {
+		if err := in.CheckSeq(in.Seq); err != nil {
+			return nil, fmt.Errorf("simulate: %w", err)
+		}
+		in.cp = newCPExchange(in.Spec, p.cl)
+		in.Spec = in.Spec.FoldCP()
+		p.in = in
+	}
 	p.l = in.Layout
 	if err := checkAsyncTP(in); err != nil {
 		return nil, err
@@ -275,7 +295,7 @@ func Prepare(in Input) (*Prepared, error) {
 	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Spec: in.Spec, Mesh: p.mesh, NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if p.mem, err = memory.EstimateRun(in.Spec, in.Allocator); err != nil {
+	if p.mem, err = memory.EstimateRun(orig.Spec, in.Allocator); err != nil {
 		return nil, fmt.Errorf("simulate: memory: %w", err)
 	}
 	// Estimate replayed the timeline through this allocator already: seed
@@ -286,13 +306,13 @@ func Prepare(in Input) (*Prepared, error) {
 	}
 	key.Fragmentation = 0
 	p.peaks = map[memory.Allocator]memory.Peak{key: p.mem.Peak}
-	if p.recs, err = tpOps(cfg, p.l, flops.Shape{Seq: in.Seq, Batch: in.LBS}, in.AC); err != nil {
+	if p.recs, err = cpOps(orig.Spec, in.Spec); err != nil {
 		return nil, fmt.Errorf("simulate: flops: %w", err)
 	}
 	if p.local, err = tpLocal(cfg, p.l); err != nil {
 		return nil, err
 	}
-	if p.convs, p.hwFLOP, err = flopsPerToken(cfg, in); err != nil {
+	if p.convs, p.hwFLOP, err = flopsPerToken(cfg, orig); err != nil {
 		return nil, err
 	}
 	p.loads, p.exact = expertLoads(cfg, p.l, in)
@@ -303,7 +323,8 @@ func Prepare(in Input) (*Prepared, error) {
 	}
 	p.params = float64(p.mem.State.Params / in.ParamDType.Bytes())
 	// A rank's own tokens (torchtitan's TPS divides by cp·tp·pp): the tp
-	// ranks of a group share their data-parallel rank's micro-batches.
+	// ranks of a group share their data-parallel rank's micro-batches (a
+	// cp rank's sequences are seq/cp long).
 	p.tokens = float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(p.l.TPDegree())
 	return p, nil
 }
@@ -409,6 +430,9 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 			res.TPLink = sim.comm[i].Link.String()
 			break
 		}
+	}
+	if p.in.cp.cp > 1 {
+		res.CPLink = p.in.cp.link.String()
 	}
 	for _, sp := range spans {
 		res.StepTimeS = math.Max(res.StepTimeS, sp.end)

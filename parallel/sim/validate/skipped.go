@@ -110,7 +110,8 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 	"Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
 
 // neededFeature is the first feature a row of the shared table needs that
-// moescope lacks: context parallelism, a precision other than a priced
+// moescope lacks: context parallelism inside pipeline stages (CP alone and
+// with TP is priced), a precision other than a priced
 // recipe, a model type, a Megatron-Core recompute module not built (the
 // table writes --recompute-modules as "selective: layernorm, moe_act" and
 // the like), or activation offloading to host memory (its recompute column
@@ -119,7 +120,9 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 // built, alone and together).
 func neededFeature(row map[string]string) string {
 	if v := strings.TrimSpace(row["cp"]); v != "" && v != "1" && v != "-" {
-		return "CP (cp = " + row["cp"] + ")"
+		if pp := strings.TrimSpace(row["pp"]); pp != "" && pp != "1" && pp != "-" {
+			return "CP inside pipeline stages (cp = " + v + ", pp = " + pp + ")"
+		}
 	}
 	if p, err := (published.Run{Precision: row["precision"]}).PrecisionRecipe(); err != nil || p.Check("precision") != nil {
 		return "FP8 / FP4 recipe (" + strings.SplitN(row["precision"], " ", 2)[0] + ")"

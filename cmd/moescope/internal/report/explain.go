@@ -18,15 +18,17 @@ func Explain(rep *plan.Report, dev hw.Device, seq int) [2]string {
 	b := rep.Best
 	l, p := b.Point.Layout, b.Point
 	var shape string
+	// FSDP shards over dp_shard × cp (job.Layout.FoldCP); the options say cp.
+	f := l.FoldCP()
 	switch {
-	case l.DPShard == 1:
+	case f.DPShard == 1:
 		shape = fmt.Sprintf("pure data parallelism over %d replicas", l.DPReplicate)
 	case l.DPReplicate == 1 && l.TPDegree() == 1 && l.Stages() == 1:
-		shape = fmt.Sprintf("%s over all %d GPUs", l.Sharding, l.DPShard)
+		shape = fmt.Sprintf("%s over all %d GPUs", l.Sharding, f.DPShard)
 	case l.DPReplicate == 1:
-		shape = fmt.Sprintf("%s over %d GPUs", l.Sharding, l.DPShard)
+		shape = fmt.Sprintf("%s over %d GPUs", l.Sharding, f.DPShard)
 	default:
-		shape = fmt.Sprintf("%s groups of %d GPUs × %d replicas", l.Sharding, l.DPShard, l.DPReplicate)
+		shape = fmt.Sprintf("%s groups of %d GPUs × %d replicas", l.Sharding, f.DPShard, l.DPReplicate)
 	}
 	if l.EP > 1 {
 		shape += fmt.Sprintf(", experts over ep %d", l.EP)

@@ -34,6 +34,9 @@ func LayoutOptions(l job.Layout) string {
 			o = append(o, fmt.Sprintf("etp%d", max(l.ETP, 1)))
 		}
 	}
+	if cp := l.CPDegree(); cp > 1 {
+		o = append(o, fmt.Sprintf("cp%d-%s", cp, l.CPMethod))
+	}
 	if l.GradSyncLastOnly {
 		o = append(o, "sync-last")
 	}

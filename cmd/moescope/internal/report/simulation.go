@@ -88,6 +88,10 @@ func writeSimHeader(w io.Writer, r Simulation) {
 		}
 		fmt.Fprintf(w, "tp %d, etp %d, sequence parallel%s: tp collectives on %s\n", tp, l.ETP, async, r.TPLink)
 	}
+	if cp := l.CPDegree(); cp > 1 {
+		fmt.Fprintf(w, "cp %d (%s, load balancer %s): dp_shard %d × cp %d shard the weights; each sequence split over the cp ranks, K/V exchanged on %s\n",
+			cp, l.CPMethod, l.CPLoadBalancer, l.DPShard, cp, r.CPLink)
+	}
 	if r.Precision.LowPrecision() {
 		fmt.Fprintf(w, "precision %s: converts %s (router and attention in bf16); MFU is against the bf16 peak, mfu_fp8_peak against the recipe's\n", r.Precision, r.Quantize)
 	}

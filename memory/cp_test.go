@@ -1,0 +1,65 @@
+package memory
+
+import (
+	"testing"
+
+	"github.com/moescope/moescope/moe/job"
+)
+
+// TestEstimateCP: under cp the timeline is the folded run's (cp folded
+// into dp_shard, seq/cp tokens: every activation, the logits and the loss
+// of the rank's shard) plus the K/V exchange buffers of each block, sized
+// by hand for tpDense (kv_heads 2, head_dim 2, bf16): one shard's K and V
+// at lbs 1, seq 32, cp 4 is 8 tokens × 2 × 2 × 2 (K and V) × 2 bytes = 128;
+// forward holds cp = 4 shards (512 bytes); backward 2·cp = 8 shards under
+// allgather (1024), 4 under a ring (512).
+func TestEstimateCP(t *testing.T) {
+	cfg := tpDense()
+	for _, c := range []struct {
+		method   job.CPMethod
+		fwd, bwd int64
+	}{{job.CPAllGather, 512, 1024}, {job.CPP2P, 512, 512}, {job.CPAllToAll, 512, 512}} {
+		l := job.Layout{GPUs: 8, CP: 4, CPMethod: c.method}
+		if err := l.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		o := Options{}
+		got, err := Estimate(cfg, l, Batch{LBS: 1, Seq: 32}, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		folded := job.Layout{GPUs: 8}
+		if err := folded.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		want, err := Estimate(cfg, folded, Batch{LBS: 1, Seq: 8}, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rest []Event
+		kv := map[string]int64{}
+		for _, e := range got.Events {
+			if e.Label == "cp_kv" || e.Label == "cp_kv_bwd" {
+				if e.Category != CatComm {
+					t.Errorf("%s: %s in %s, want %s", c.method, e.Label, e.Category, CatComm)
+				}
+				if e.Alloc {
+					kv[e.Label] = e.Bytes
+				}
+				continue
+			}
+			rest = append(rest, e)
+		}
+		if kv["cp_kv"] != c.fwd || kv["cp_kv_bwd"] != c.bwd {
+			t.Errorf("%s: exchange buffers forward %d, backward %d bytes; want %d, %d", c.method, kv["cp_kv"], kv["cp_kv_bwd"], c.fwd, c.bwd)
+		}
+		if len(rest) != len(want.Events) {
+			t.Fatalf("%s: %d events besides the exchange buffers, folded run %d", c.method, len(rest), len(want.Events))
+		}
+		for i := range rest {
+			if rest[i] != want.Events[i] {
+				t.Fatalf("%s: event %d = %+v, folded run's %+v", c.method, i, rest[i], want.Events[i])
+			}
+		}
+	}
+}
