@@ -80,8 +80,25 @@ func (s Scaling) Apply(dst, src []float32, rows, cols int, axis Axis, rng *rand.
 	s.apply(dst, rows, cols, rng)
 }
 
-// apply quantises a in place, contraction along its rows' elements.
+// apply quantises a in place, contraction along its rows' elements. The
+// Hadamard transform needs rows of a multiple of 16: shorter ones are
+// padded with zeros, as Megatron-LM pads each expert's tokens for FP8/FP4
+// (moe_router_padding_for_quantization, Megatron-LM d98e8a64
+// megatron/core/transformer/transformer_config.py), and the pad is dropped
+// after.
 func (s Scaling) apply(a []float32, rows, cols int, rng *rand.Rand) {
+	if s.Hadamard && cols%16 != 0 {
+		pc := (cols + 15) / 16 * 16
+		p := make([]float32, rows*pc)
+		for r := range rows {
+			copy(p[r*pc:], a[r*cols:(r+1)*cols])
+		}
+		s.apply(p, rows, pc, rng)
+		for r := range rows {
+			copy(a[r*cols:(r+1)*cols], p[r*pc:])
+		}
+		return
+	}
 	if s.Hadamard {
 		rht(a, cols, false)
 	}
