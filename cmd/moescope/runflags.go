@@ -33,8 +33,16 @@ type recipeFlags struct {
 }
 
 func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
-	f := &recipeFlags{fs: fs, r: job.DefaultRecipe(), byKey: map[string]string{}}
-	v := reflect.ValueOf(&f.r).Elem()
+	f := &recipeFlags{fs: fs, r: job.DefaultRecipe()}
+	f.byKey = bindStruct(fs, reflect.ValueOf(&f.r).Elem())
+	return f
+}
+
+// bindStruct defines a flag on every field of the struct v (its JSON key
+// with dashes, or its flag tag; its help tag) and returns each JSON key's
+// flag name.
+func bindStruct(fs *flag.FlagSet, v reflect.Value) map[string]string {
+	byKey := map[string]string{}
 	for i := range v.NumField() {
 		sf, fv := v.Type().Field(i), v.Field(i)
 		key, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
@@ -42,14 +50,14 @@ func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
 		if name == "" {
 			name = strings.ReplaceAll(key, "_", "-")
 		}
-		f.byKey[key] = name
+		byKey[key] = name
 		help := sf.Tag.Get("help")
 		if e, ok := fv.Interface().(interface{ Values() []string }); ok {
 			help = strings.ReplaceAll(help, "{values}", strings.Join(e.Values(), "|"))
 		}
 		bindField(fs, name, help, fv, sf.Tag.Get("empty") == "ok")
 	}
-	return f
+	return byKey
 }
 
 // bindField defines flag name on the field fv by its type.

@@ -58,6 +58,9 @@ func (p Precision) LowPrecision() bool { return p != BF16 && p != "" }
 // than whole tensors: its GEMMs need the device's MX peak.
 func (p Precision) Microscaled() bool { return p == MXFP8 }
 
+// PricedNames lists PricedPrecisions' names (the command line's help).
+func PricedNames() []string { return names(PricedPrecisions) }
+
 // Values lists the recipes (Recipe.Validate, the command line's help).
 func (Precision) Values() []string { return names(Precisions) }
 
@@ -96,12 +99,15 @@ type Quantize []GEMMSet
 // TransformerEngine (every TE linear and grouped linear; the output layer
 // is not a TE module). fp8-tensorwise has no expert GEMMs: torchao has no
 // tensorwise grouped GEMM (torchtitan's quantize.grouped_mm.float8 is
-// rowwise, fp8-rowwise). bf16 converts nothing.
+// rowwise, fp8-rowwise). fp8-rowwise converts both (torchtitan's
+// quantize.linear.float8 and quantize.grouped_mm.float8 converters), and
+// so do TransformerEngine's fp8-delayed, fp8-blockwise and nvfp4 under
+// Megatron-Core. bf16 converts nothing.
 func DefaultQuantize(p Precision) Quantize {
 	switch p {
 	case FP8Tensorwise:
 		return Quantize{QuantLinear}
-	case FP8Current, MXFP8:
+	case FP8Current, MXFP8, FP8Rowwise, FP8Delayed, FP8Blockwise, NVFP4:
 		return Quantize{QuantLinear, QuantExperts}
 	}
 	return nil

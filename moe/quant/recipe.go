@@ -104,9 +104,9 @@ func Lookup(name string) (Recipe, error) {
 		return r, nil
 	}
 	if why, ok := refused[name]; ok {
-		return Recipe{}, fmt.Errorf("precision %s is not fake-quantised: %s (fake-quantised: %s)", name, why, strings.Join(Names(), ", "))
+		return Recipe{}, fmt.Errorf("not fake-quantised: %s (fake-quantised: %s)", why, strings.Join(Names(), ", "))
 	}
-	return Recipe{}, fmt.Errorf("precision %q: no fake quantisation (fake-quantised: %s)", name, strings.Join(Names(), ", "))
+	return Recipe{}, fmt.Errorf("%q has no fake quantisation (fake-quantised: %s)", name, strings.Join(Names(), ", "))
 }
 
 // NewRand is the generator stochastic rounding draws from: seeded, so a

@@ -2,6 +2,7 @@ package ref
 
 import (
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/quant"
 	"slices"
 )
 
@@ -29,8 +30,10 @@ type Options struct {
 	// flash-attention block). 1×1 executes exactly the unmasked entries.
 	TileQ, TileK int
 	// Quantize, when set, fake-quantises the GEMMs a low-precision recipe
-	// converts (float32 models only); nil runs every GEMM in full.
-	Quantize *Quantize
+	// converts, so that each multiplies, in float32, exactly the values the
+	// recipe's FP8 or FP4 GEMM multiplies (float32 models only); nil runs
+	// every GEMM in full.
+	Quantize *quant.GEMMs
 	// Progress, when set, is called after each block's forward and
 	// backward with the blocks done and the total (2 × layers with a
 	// backward, layers without): a long CPU run says how far it is.
@@ -44,7 +47,7 @@ type exec struct {
 	bf16         bool
 	tileQ, tileK int
 	wq           *WeightQueue // when set, weight-gradient GEMMs are queued (WeightQueue)
-	q            *Quantize    // fake quantisation of converted GEMMs, or nil
+	q            *quant.GEMMs // fake quantisation of converted GEMMs, or nil
 }
 
 // WeightQueue holds weight-gradient GEMMs deferred from a backward: a

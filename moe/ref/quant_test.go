@@ -25,7 +25,7 @@ func quantConfig() *moe.Config {
 // op (the router) must see its operands unchanged.
 func TestQuantizedLinearOperands(t *testing.T) {
 	r, _ := quant.Lookup("mxfp8")
-	q := NewQuantize(r, true, true, false, 4, 1)
+	q := quant.NewGEMMs(r, true, true, false, 4, 1)
 	ex := &exec{q: q, tileQ: 128, tileK: 128}
 	const m, n, k = 3, 16, 64
 	rng := rand.New(rand.NewPCG(2, 3))
@@ -59,7 +59,7 @@ func TestQuantizedLinearOperands(t *testing.T) {
 	}
 	// NVFP4 keeps the last of 4 blocks (index 3) in high precision only.
 	nv, _ := quant.Lookup("nvfp4")
-	q = NewQuantize(nv, true, true, false, 4, 1)
+	q = quant.NewGEMMs(nv, true, true, false, 4, 1)
 	if a, _ := quantPair(q, moe.OpQProj, 3, gemmForward, x, w, m, n, k); &a[0] != &x[0] {
 		t.Error("NVFP4 quantised the last block's GEMM; it stays BF16")
 	}
@@ -80,15 +80,15 @@ func TestRecipeDeviations(t *testing.T) {
 	m.InitRandom(1)
 	tokens := randomTokens(rand.New(rand.NewPCG(4, 5)), c, 2, 64)
 	base := Options{BF16: true}
-	dev := map[string]Deviation{}
+	dev := map[string]*Deviation{}
 	for _, name := range []string{"mxfp8", "nvfp4"} {
 		r, err := quant.Lookup(name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		o := base
-		o.Quantize = NewQuantize(r, true, true, false, c.Layers, 1)
-		_, d, err := m.CompareHF(tokens, base, o)
+		o.Quantize = quant.NewGEMMs(r, true, true, false, c.Layers, 1)
+		_, d, err := m.CompareHF(tokens, &base, o)
 		if err != nil {
 			t.Fatal(err)
 		}
