@@ -113,12 +113,16 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 // gradModel is the float32 reference model of cfg with --init's weights
 // (written to save when named) or those of the checkpoint weights.
 func gradModel(cfg *moe.Config, weights string, initSeed int64, save string, force bool) (*ref.Model[float32], error) {
-	if initSeed < 0 {
-		return hf.ReferenceModel(weights, cfg)
-	}
 	m, err := ref.NewModel[float32](cfg)
 	if err != nil {
 		return nil, err
+	}
+	if initSeed < 0 {
+		ps, err := hf.LoadFiniteParams[float32](weights, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return m, m.SetTensors(ps)
 	}
 	m.InitRandom(uint64(initSeed))
 	if save != "" {
