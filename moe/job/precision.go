@@ -27,7 +27,12 @@ const (
 	// --fp8-recipe tensorwise selects (megatron/core/enums.py Fp8Recipe).
 	FP8Current   Precision = "fp8-current"
 	FP8Blockwise Precision = "fp8-blockwise"
-	NVFP4        Precision = "nvfp4"
+	// NVFP4 is NVIDIA's 4-bit recipe, TransformerEngine's
+	// NVFP4BlockScaling (Megatron-LM's --fp4-recipe nvfp4): e2m1 elements
+	// with an e4m3 scale per 16 and an FP32 tensor scale, 16×16 weight
+	// blocks, a random Hadamard transform on the weight gradient's
+	// operands and stochastic rounding of gradients (moe/quant).
+	NVFP4 Precision = "nvfp4"
 )
 
 // Precisions are DESIGN's recipes; PricedPrecisions those the time and
@@ -35,7 +40,7 @@ const (
 // is built.
 var (
 	Precisions       = []Precision{BF16, FP8Tensorwise, FP8Rowwise, MXFP8, FP8Delayed, FP8Current, FP8Blockwise, NVFP4}
-	PricedPrecisions = []Precision{BF16, FP8Tensorwise, FP8Current, MXFP8}
+	PricedPrecisions = []Precision{BF16, FP8Tensorwise, FP8Current, MXFP8, NVFP4}
 )
 
 // Check accepts a priced recipe and refuses the others with the list of
@@ -60,6 +65,11 @@ func (p Precision) Microscaled() bool { return p == MXFP8 }
 
 // PricedNames lists PricedPrecisions' names (the command line's help).
 func PricedNames() []string { return names(PricedPrecisions) }
+
+// FP4 says the recipe's converted GEMMs run on FP4 operands (NVFP4: e2m1
+// with an e4m3 scale per 16 elements and an FP32 tensor scale): they need
+// the device's FP4 peak.
+func (p Precision) FP4() bool { return p == NVFP4 }
 
 // Values lists the recipes (Recipe.Validate, the command line's help).
 func (Precision) Values() []string { return names(Precisions) }

@@ -70,8 +70,8 @@ func TestFP8AllGather(t *testing.T) {
 	if r.GathersFP8(q) {
 		t.Error("gathered in fp8 without fp8_all_gather")
 	}
-	for _, p := range []Precision{FP8Rowwise, NVFP4, FP8Blockwise, FP8Delayed} {
-		if err := p.Check("precision"); err == nil || !strings.Contains(err.Error(), "priced: bf16, fp8-tensorwise, fp8-current, mxfp8") {
+	for _, p := range []Precision{FP8Rowwise, FP8Blockwise, FP8Delayed} {
+		if err := p.Check("precision"); err == nil || !strings.Contains(err.Error(), "priced: bf16, fp8-tensorwise, fp8-current, mxfp8, nvfp4") {
 			t.Errorf("%s: %v, want refused listing the priced recipes", p, err)
 		}
 	}
