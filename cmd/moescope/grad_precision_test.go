@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -70,5 +72,28 @@ func TestGradPrecisionCompare(t *testing.T) {
 		if err == nil || !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want a usage error containing %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestTrainPrecision: train --precision runs the ranks' reference under
+// the recipe: MXFP8 moves the first step's loss (its forward GEMMs are
+// quantised) by well under 1%, NVFP4's stochastic rounding repeats run to
+// run, and layouts whose GEMMs run outside the reference's linears are
+// refused naming them.
+func TestTrainPrecision(t *testing.T) {
+	args := []string{"--gpus", "2", "--lbs", "2", "--steps", "2"}
+	f32 := trainJSON(t, args...)
+	mx := trainJSON(t, append(args, "--precision", "mxfp8")...)
+	if d := math.Abs(mx.Losses[0] - f32.Losses[0]); !(d > 0 && d < 0.01*f32.Losses[0]) {
+		t.Errorf("first loss mxfp8 %v, float32 %v: want a difference in (0, 1%%)", mx.Losses[0], f32.Losses[0])
+	}
+	nv1, nv2 := trainJSON(t, append(args, "--precision", "nvfp4")...), trainJSON(t, append(args, "--precision", "nvfp4")...)
+	if !slices.Equal(nv1.Losses, nv2.Losses) {
+		t.Errorf("nvfp4 losses %v then %v: stochastic rounding is seeded, want equal", nv1.Losses, nv2.Losses)
+	}
+	var out, errb bytes.Buffer
+	err := run(&out, &errb, []string{"train", "--model", "tiny", "--seq", "8", "--gpus", "2", "--ep", "2", "--lbs", "2", "--steps", "1", "--precision", "mxfp8"})
+	if err == nil || !strings.Contains(err.Error(), "ep 2") || !strings.Contains(err.Error(), "mxfp8") {
+		t.Errorf("mxfp8 under ep 2: %v, want refused naming ep and the recipe", err)
 	}
 }

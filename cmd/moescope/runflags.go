@@ -28,8 +28,9 @@ type recipeFlags struct {
 	byKey   map[string]string // JSON key → flag name
 	refused [][2]string       // flag name, why
 	// timed: the command prices step time, which eager attention (memory
-	// only) cannot be.
-	timed bool
+	// only) cannot be; reference: the recipe runs fake-quantised in the CPU
+	// reference (train), priced or not.
+	timed, reference bool
 }
 
 func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
@@ -174,7 +175,7 @@ func (f *recipeFlags) recipe() (job.Recipe, error) {
 	}
 	r := f.r
 	err := r.Resolve()
-	if err == nil {
+	if err == nil && !f.reference {
 		err = r.Precision.Check("precision") // every command that takes a recipe predicts with it
 	}
 	if err == nil && f.timed && r.Attention == job.EagerAttention {
@@ -349,9 +350,9 @@ func (r refusedFlag) String() string     { return "" }
 func (r refusedFlag) IsBoolFlag() bool   { return r.boolean }
 func (r refusedFlag) Set(x string) error { return errors.New("not used here: " + r.why) }
 
-// names are the flags the recipe defines, sorted.
-func (f *recipeFlags) names() []string {
-	names := slices.Collect(maps.Values(f.byKey))
+// names are the flags the recipe defines, sorted, but those in except.
+func (f *recipeFlags) names(except ...string) []string {
+	names := slices.DeleteFunc(slices.Collect(maps.Values(f.byKey)), func(n string) bool { return slices.Contains(except, n) })
 	slices.Sort(names)
 	return names
 }
