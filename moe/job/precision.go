@@ -51,9 +51,18 @@ func (p Precision) Check(field string) error {
 		return nil
 	}
 	if slices.Contains(Precisions, p) {
-		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet (priced: " + joinValues(PricedPrecisions) + ")"}
+		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet: " + unpriced[p] + " (priced: " + joinValues(PricedPrecisions) + ")"}
 	}
 	return moe.FieldError{Field: field, Value: string(p), Allowed: "unknown recipe (known: " + joinValues(Precisions) + "; priced: " + joinValues(PricedPrecisions) + ")"}
+}
+
+// unpriced says why each recipe not priced is not: the framework
+// mechanism without a model or a measured rate. grad and train
+// fake-quantise them all but fp8-delayed (moe/quant).
+var unpriced = map[Precision]string{
+	FP8Rowwise:   "torchao's rowwise float8 (CUTLASS rowwise GEMMs, torchtitan's quantize.grouped_mm.float8) has no measured GEMM or cast rate in the device registry",
+	FP8Delayed:   "TransformerEngine's DelayedScaling (amax history of 1024 steps, its amax reductions) is not modelled",
+	FP8Blockwise: "TransformerEngine's Float8BlockScaling (1×128 and 128×128 scales, Megatron's --fp8-recipe blockwise) has no measured GEMM or cast rate in the device registry",
 }
 
 // LowPrecision says the recipe runs GEMMs in a type narrower than bf16.
