@@ -54,3 +54,19 @@ func GradParamBytes(cfg *moe.Config) (uint64, error) {
 	}
 	return b, nil
 }
+
+// GradActivationBytes is the host memory grad's one batch of sequences ×
+// seqLen tokens needs in the reference: HostPeak of one rank holding
+// everything in float32 (ForwardBackwardHF runs sequences of seqLen inputs;
+// the aux-loss passes add a label).
+func GradActivationBytes(cfg *moe.Config, sequences, seqLen int, ac moe.AC) (float64, error) {
+	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
+	if err := l.Resolve(); err != nil {
+		return 0, err
+	}
+	need, _, err := HostPeak(cfg, l, Batch{LBS: sequences, Seq: seqLen}, ac)
+	if err != nil {
+		return 0, fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)
+	}
+	return need, nil
+}

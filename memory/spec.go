@@ -28,7 +28,7 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o.GradBuffer = r.DDPImpl == job.MegatronDDP
 	if o.TE.Blocks && r.Precision.LowPrecision() {
 		o.TE.Linear, o.TE.Experts = r.Converts(job.QuantLinear), r.Converts(job.QuantExperts)
-		o.TE.MX = r.Precision.Microscaled()
+		o.TE.MX, o.TE.FP4 = r.Precision.Microscaled(), r.Precision.FP4()
 	}
 	return o
 }

@@ -15,12 +15,18 @@ type TE struct {
 	// projections, dense and shared FFNs) and routed-expert GEMM sets, whose
 	// TE modules save their inputs quantized, one byte per element; MX adds
 	// MXFP8's E8M0 scale per 32 elements (a per-tensor recipe's one scale
-	// is not counted).
-	Linear, Experts, MX bool
+	// is not counted); FP4 (NVFP4) saves them as packed e2m1 pairs, one
+	// byte per two elements (TE's fp4x2 data, NVFP4Tensor), with an E4M3
+	// scale per 16 elements.
+	Linear, Experts, MX, FP4 bool
 }
 
 // mxBlock is the elements one MXFP8 scale covers (OCP Microscaling v1.0).
 const mxBlock = 32
+
+// nvfp4Block is the elements one NVFP4 block scale covers
+// (TransformerEngine's NVFP4BlockScaling, 1×16).
+const nvfp4Block = 16
 
 // teBlock returns a block's saved-tensor records (rs, torchtitan's eager
 // table of policy ac for layer) as Megatron-Core's TransformerEngine layer
@@ -61,6 +67,11 @@ func teBlock(cfg *moe.Config, layer int, ac moe.AC, te TE, rs []moe.SavedRecord)
 	}
 	out := make([]moe.SavedRecord, 0, len(rs)+8)
 	quantized := func(r moe.SavedRecord) {
+		if te.FP4 {
+			out = append(out, moe.SavedRecord{Layer: r.Layer, Op: r.Op, Tensor: r.Tensor, Elements: (r.Elements + 1) / 2, DType: moe.F8},
+				moe.SavedRecord{Layer: r.Layer, Op: r.Op, Tensor: moe.SavedScales, Elements: (r.Elements + nvfp4Block - 1) / nvfp4Block, DType: moe.F8})
+			return
+		}
 		out = append(out, moe.SavedRecord{Layer: r.Layer, Op: r.Op, Tensor: r.Tensor, Elements: r.Elements, DType: moe.F8})
 		if te.MX {
 			out = append(out, moe.SavedRecord{Layer: r.Layer, Op: r.Op, Tensor: moe.SavedScales,

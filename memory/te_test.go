@@ -34,7 +34,10 @@ func perToken(t *testing.T, cfg *moe.Config, layer int, sh Shape) int64 {
 // quantized inputs of q_proj (32), the MLP (32) and the down projection
 // (64) replace their bf16 ones and o_proj keeps a quantized copy of the
 // attention output (32): 856 − 32 − 32 − 64 + 32 = 760; MXFP8 adds one
-// scale byte per 32 elements: 1 + 1 + 2 + 1 = 765.
+// scale byte per 32 elements: 1 + 1 + 2 + 1 = 765. NVFP4 stores those
+// four inputs as packed e2m1 pairs with an e4m3 scale per 16 elements:
+// (32 + 32 + 64 + 32)/2 + (2 + 2 + 4 + 2) = 90 bytes for the fp8 case's
+// 160: 760 − 160 + 90 = 690.
 func TestTEDenseBlock(t *testing.T) {
 	cfg := denseCfg()
 	sh := Shape{Batch: 2, Seq: 8, AC: moe.AC{Mode: moe.ACNone}, Act: moe.BF16}
@@ -47,6 +50,7 @@ func TestTEDenseBlock(t *testing.T) {
 		{"te bf16", TE{Blocks: true}, 856},
 		{"te fp8", TE{Blocks: true, Linear: true, Experts: true}, 760},
 		{"te mxfp8", TE{Blocks: true, Linear: true, Experts: true, MX: true}, 765},
+		{"te nvfp4", TE{Blocks: true, Linear: true, Experts: true, FP4: true}, 690},
 	}
 	for _, c := range cases {
 		sh.TE = c.te

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"reflect"
 
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
@@ -28,6 +29,8 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	save := fs.String("save", "", "with --init: write the initialized weights here (safetensors, F32)")
 	force := fs.Bool("force", false, "overwrite existing output files")
 	hostGiB := fs.Float64("host-memory-gib", defaultHostMemoryGiB, "refuse runs whose float32 tensors would need more host memory than this (or than MemAvailable, when smaller)")
+	var num job.Numerics
+	byKey := bindStruct(fs, reflect.ValueOf(&num).Elem())
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -63,28 +66,9 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err := checkGradMemory(cfg, limit); err != nil {
 		return err
 	}
-	m, err := ref.NewModel[float32](cfg)
+	m, err := gradModel(cfg, *weights, *initSeed, *save, *force)
 	if err != nil {
 		return err
-	}
-	if *initSeed >= 0 {
-		m.InitRandom(uint64(*initSeed))
-		if *save != "" {
-			if err := hf.SaveParams(*save, cfg, m.Tensors(), moe.F32, *force); err != nil {
-				return err
-			}
-		}
-	} else {
-		ps, err := hf.LoadParams[float32](*weights, cfg)
-		if err != nil {
-			return err
-		}
-		if err := hf.CheckFinite(cfg, ps); err != nil {
-			return fmt.Errorf("%s: %w", *weights, err)
-		}
-		if err := m.SetTensors(ps); err != nil {
-			return err
-		}
 	}
 	if *tokensPath == "" {
 		return nil
@@ -96,8 +80,18 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	if err := checkGradActivations(cfg, len(tokens), len(tokens[0]), ac, limit); err != nil {
 		return fmt.Errorf("%s: %w", *tokensPath, err)
 	}
+	run, cmp, err := num.Ariths(cfg.Layers)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, renameFields(err, byKey))
+	}
+	o := ref.Options{AC: ac, AuxCoef: coef, BF16: run.BF16, Quantize: run.Quantize}
+	var base *ref.Options
+	if cmp != nil {
+		base = &ref.Options{AC: ac, AuxCoef: coef, BF16: cmp.BF16, Quantize: cmp.Quantize}
+	}
 	progress, clearBar := gradProgress(stderr)
-	res, err := m.ForwardBackwardHF(tokens, 1, ref.Options{AC: ac, AuxCoef: coef, Progress: progress})
+	o.Progress = progress
+	res, dev, err := m.CompareHF(tokens, base, o)
 	clearBar()
 	if err != nil {
 		return err
@@ -112,8 +106,29 @@ func runGrad(stdout, stderr io.Writer, args []string) error {
 	}
 	return writeJSONLine(stdout, "grad", gradReport{
 		Loss: res.Loss, AuxLoss: res.Aux, TotalLoss: res.Total, AuxAdded: coef != 0,
-		AuxCoef: coef, Sequences: len(tokens), SeqLen: len(tokens[0]), AC: ac.String(),
+		AuxCoef: coef, Sequences: len(tokens), SeqLen: len(tokens[0]), AC: ac.String(), Numerics: num, Deviation: dev,
 	})
+}
+
+// gradModel is the float32 reference model of cfg with --init's weights
+// (written to save when named) or those of the checkpoint weights.
+func gradModel(cfg *moe.Config, weights string, initSeed int64, save string, force bool) (*ref.Model[float32], error) {
+	m, err := ref.NewModel[float32](cfg)
+	if err != nil {
+		return nil, err
+	}
+	if initSeed < 0 {
+		ps, err := hf.LoadFiniteParams[float32](weights, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return m, m.SetTensors(ps)
+	}
+	m.InitRandom(uint64(initSeed))
+	if save != "" {
+		err = hf.SaveParams(save, cfg, m.Tensors(), moe.F32, force)
+	}
+	return m, err
 }
 
 // gradProgress is grad's progress bar on w when w is a terminal: the
@@ -137,6 +152,8 @@ type gradReport struct {
 	Sequences int     `json:"sequences"`
 	SeqLen    int     `json:"seq_len"`
 	AC        string  `json:"ac"`
+	job.Numerics
+	*ref.Deviation `json:"deviation,omitempty"` // with --compare: from the compared run
 }
 
 // checkGradMemory refuses a model whose parameters alone exceed the host
@@ -157,17 +174,11 @@ func checkGradMemory(cfg *moe.Config, limit hostLimit) error {
 // checkGradActivations refuses a token file whose forward and backward pass
 // would not fit in the host memory limit, instead of growing until the
 // kernel kills it: all sequences run as one micro-batch, and the
-// activations grow with their tokens. The bytes are memory.HostPeak of one
-// rank holding everything in float32, the reference's storage type.
+// activations grow with their tokens (memory.GradActivationBytes).
 func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, limit hostLimit) error {
-	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
-	if err := l.Resolve(); err != nil {
-		return err
-	}
-	// ForwardBackwardHF runs sequences of seqLen inputs (the aux-loss passes add a label).
-	need, _, err := memory.HostPeak(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, ac)
+	need, err := memory.GradActivationBytes(cfg, sequences, seqLen, ac)
 	if err != nil {
-		return fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)
+		return err
 	}
 	if need > limit.bytes() {
 		return fmt.Errorf("%w: %d sequences × %d tokens need about %.1f GiB of host memory for activations in float32 (--ac %s), over %s (grad runs them as one batch on the CPU; use fewer or shorter sequences)",

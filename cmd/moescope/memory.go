@@ -178,7 +178,7 @@ func printMemory(w io.Writer, r memoryReport) {
 		segments = "fixed"
 	}
 	fmt.Fprintf(w, "torch.compile: blocks %s, loss %s; eager loss type %s; allocator segments %s\n",
-		onOff(r.Compile.Model), onOff(r.Compile.Loss), r.LossDType, segments)
+		onOff[r.Compile.Model], onOff[r.Compile.Loss], r.LossDType, segments)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "live at peak\tGiB\tbytes\t")
 	for _, c := range memory.Categories() {
@@ -205,9 +205,4 @@ func printMemory(w io.Writer, r memoryReport) {
 	fmt.Fprintf(w, "reserved = allocated + allocator model (%s)\n", r.Allocator)
 }
 
-func onOff(b bool) string {
-	if b {
-		return "on"
-	}
-	return "off"
-}
+var onOff = map[bool]string{true: "on", false: "off"}

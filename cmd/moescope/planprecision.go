@@ -53,16 +53,8 @@ func addPrecisionList(f *recipeFlags) *precisionList {
 	fl := f.fs.Lookup("precision")
 	fl.Value = p
 	fl.Usage = "training recipes to search, comma-separated, of " + strings.Join(job.BF16.Values(), "|") +
-		" (priced: " + strings.Join(pricedNames(), ", ") + "); the best plan of each is reported and the best of all is kept"
+		" (priced: " + strings.Join(job.PricedNames(), ", ") + "); the best plan of each is reported and the best of all is kept"
 	return p
-}
-
-func pricedNames() []string {
-	out := make([]string, len(job.PricedPrecisions))
-	for i, p := range job.PricedPrecisions {
-		out[i] = string(p)
-	}
-	return out
 }
 
 // recipes are the recipes plan searches: the flags' recipe under each

@@ -66,8 +66,34 @@ func TestPlanPrecisionList(t *testing.T) {
 			t.Errorf("plan output lacks %q:\n%s", want, out)
 		}
 	}
-	out, err = runSimCmd(t, "plan", "--model", "tiny", "--gpus", "4", "--seq", "256", "--precision", "bf16,nvfp4")
-	if err == nil || !strings.Contains(err.Error(), "nvfp4") || !strings.Contains(err.Error(), "not priced yet") {
-		t.Errorf("nvfp4 in the list: %v\n%s", err, out)
+	out, err = runSimCmd(t, "plan", "--model", "tiny", "--gpus", "4", "--seq", "256", "--precision", "bf16,fp8-blockwise")
+	if err == nil || !strings.Contains(err.Error(), "fp8-blockwise") || !strings.Contains(err.Error(), "not priced yet") {
+		t.Errorf("fp8-blockwise in the list: %v\n%s", err, out)
+	}
+}
+
+// TestSimulateNVFP4: an nvfp4 run reports mfu_fp4_peak (against the FP4
+// peak, 9e15 on a B200: 4 × its 2.25e15 bf16 peak) and no mfu_fp8_peak,
+// and is refused on a part without FP4 tensor cores, naming it.
+func TestSimulateNVFP4(t *testing.T) {
+	args := []string{"simulate", "--model", "llama3-8b", "--gpus", "8", "--lbs", "1", "--seq", "8192", "--json", "--precision", "nvfp4"}
+	out, err := runSimCmd(t, append(args, "--gpu", "b200")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var r struct {
+		MFU        float64
+		MFUFP8Peak *float64 `json:"mfu_fp8_peak"`
+		MFUFP4Peak *float64 `json:"mfu_fp4_peak"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if r.MFUFP8Peak != nil || r.MFUFP4Peak == nil || *r.MFUFP4Peak < r.MFU/4*0.999 || *r.MFUFP4Peak > r.MFU/4*1.001 {
+		t.Errorf("mfu_fp8_peak %v, mfu_fp4_peak %v: want none and mfu %v / 4", r.MFUFP8Peak, r.MFUFP4Peak, r.MFU)
+	}
+	out, err = runSimCmd(t, append(args, "--gpu", "h200")...)
+	if err == nil || !strings.Contains(err.Error(), "h200") || !strings.Contains(err.Error(), "nvfp4") {
+		t.Errorf("nvfp4 on h200: %v\n%s", err, out)
 	}
 }

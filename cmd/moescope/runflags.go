@@ -28,13 +28,22 @@ type recipeFlags struct {
 	byKey   map[string]string // JSON key → flag name
 	refused [][2]string       // flag name, why
 	// timed: the command prices step time, which eager attention (memory
-	// only) cannot be.
-	timed bool
+	// only) cannot be; reference: the recipe runs fake-quantised in the CPU
+	// reference (train), priced or not.
+	timed, reference bool
 }
 
 func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
-	f := &recipeFlags{fs: fs, r: job.DefaultRecipe(), byKey: map[string]string{}}
-	v := reflect.ValueOf(&f.r).Elem()
+	f := &recipeFlags{fs: fs, r: job.DefaultRecipe()}
+	f.byKey = bindStruct(fs, reflect.ValueOf(&f.r).Elem())
+	return f
+}
+
+// bindStruct defines a flag on every field of the struct v (its JSON key
+// with dashes, or its flag tag; its help tag) and returns each JSON key's
+// flag name.
+func bindStruct(fs *flag.FlagSet, v reflect.Value) map[string]string {
+	byKey := map[string]string{}
 	for i := range v.NumField() {
 		sf, fv := v.Type().Field(i), v.Field(i)
 		key, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
@@ -42,14 +51,14 @@ func addRecipeFlags(fs *flag.FlagSet) *recipeFlags {
 		if name == "" {
 			name = strings.ReplaceAll(key, "_", "-")
 		}
-		f.byKey[key] = name
+		byKey[key] = name
 		help := sf.Tag.Get("help")
 		if e, ok := fv.Interface().(interface{ Values() []string }); ok {
 			help = strings.ReplaceAll(help, "{values}", strings.Join(e.Values(), "|"))
 		}
 		bindField(fs, name, help, fv, sf.Tag.Get("empty") == "ok")
 	}
-	return f
+	return byKey
 }
 
 // bindField defines flag name on the field fv by its type.
@@ -166,7 +175,7 @@ func (f *recipeFlags) recipe() (job.Recipe, error) {
 	}
 	r := f.r
 	err := r.Resolve()
-	if err == nil {
+	if err == nil && !f.reference {
 		err = r.Precision.Check("precision") // every command that takes a recipe predicts with it
 	}
 	if err == nil && f.timed && r.Attention == job.EagerAttention {
@@ -341,9 +350,9 @@ func (r refusedFlag) String() string     { return "" }
 func (r refusedFlag) IsBoolFlag() bool   { return r.boolean }
 func (r refusedFlag) Set(x string) error { return errors.New("not used here: " + r.why) }
 
-// names are the flags the recipe defines, sorted.
-func (f *recipeFlags) names() []string {
-	names := slices.Collect(maps.Values(f.byKey))
+// names are the flags the recipe defines, sorted, but those in except.
+func (f *recipeFlags) names(except ...string) []string {
+	names := slices.DeleteFunc(slices.Collect(maps.Values(f.byKey)), func(n string) bool { return slices.Contains(except, n) })
 	slices.Sort(names)
 	return names
 }

@@ -54,6 +54,7 @@ type trainArgs struct {
 	lr, wd, auxCoef, biasRate, peakFlag, hostGiB float64
 	jsonOut, force, printSched                   bool
 	lf                                           *layoutFlags
+	num                                          job.Numerics // --precision, --quantize: the reference's arithmetic
 	faults                                       *faultFlags
 }
 
@@ -132,7 +133,8 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	fs := newFlags("train", stderr)
 	fs.StringVar(&a.model, "model", "", "built-in model name or config.json path (required)")
 	rf := addRunFlags(fs)
-	rf.recipe.refuse("train runs the CPU reference in float32 and eager; the recipe prices GPU time and memory (simulate, memory)", rf.recipe.names()...)
+	rf.recipe.refuse("train runs the CPU reference in float32 and eager; the recipe prices GPU time and memory (simulate, memory)", rf.recipe.names("precision", "quantize")...)
+	rf.recipe.reference = true
 	a.lf = rf.layout
 	fs.IntVar(&a.steps, "steps", 0, "optimizer steps to run (required)")
 	fs.Uint64Var(&a.seed, "seed", 0, "seed of the initialization and of the synthetic data")
@@ -151,8 +153,11 @@ func parseTrainArgs(stderr io.Writer, args []string) (*trainArgs, error) {
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	if _, err := rf.recipe.recipe(); err != nil {
+	r, err := rf.recipe.recipe()
+	if err != nil {
 		return nil, err
+	} else if setFlags(fs)["precision"] { // unset: float32, as before
+		a.num = job.Numerics{Precision: r.Precision, Quantize: r.Quantize}
 	}
 	a.acFlag, a.lbs, a.seq, a.accum = *rf.ac, rf.batch.LBS, rf.batch.Seq, rf.batch.GradAccum
 	switch {
@@ -260,7 +265,7 @@ func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, 
 	adam.LR, adam.WeightDecay = a.lr, a.wd
 	state := numeric.TrainState{Model: r.cfg.Name, Layout: r.layout, AC: r.ac.String(), LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
 		GlobalBatch: r.batch.Global(), DataSeed: a.seed, AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate}
-	spec := numeric.Spec{Spec: r.spec(), Mesh: r.mesh, DataSeed: a.seed,
+	spec := numeric.Spec{Spec: r.spec(), Mesh: r.mesh, DataSeed: a.seed, Numerics: a.num,
 		AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate, Timeout: a.faults.timeout}
 	return numeric.Start(spec, state, a.seed, a.resume, a.faults.fault(0))
 }

@@ -51,7 +51,7 @@ var layers = [][]string{
 	{"moe/ref"},
 	{"moe"},
 	{"moe/attn"},
-	{"moe/kernel", "moe/safetensors"},
+	{"moe/kernel", "moe/quant", "moe/safetensors"},
 	{"internal/band", "internal/fileio", "internal/golden", "internal/jsonout", "internal/layering", "internal/sizes"},
 }
 

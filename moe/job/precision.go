@@ -27,7 +27,12 @@ const (
 	// --fp8-recipe tensorwise selects (megatron/core/enums.py Fp8Recipe).
 	FP8Current   Precision = "fp8-current"
 	FP8Blockwise Precision = "fp8-blockwise"
-	NVFP4        Precision = "nvfp4"
+	// NVFP4 is NVIDIA's 4-bit recipe, TransformerEngine's
+	// NVFP4BlockScaling (Megatron-LM's --fp4-recipe nvfp4): e2m1 elements
+	// with an e4m3 scale per 16 and an FP32 tensor scale, 16×16 weight
+	// blocks, a random Hadamard transform on the weight gradient's
+	// operands and stochastic rounding of gradients (moe/quant).
+	NVFP4 Precision = "nvfp4"
 )
 
 // Precisions are DESIGN's recipes; PricedPrecisions those the time and
@@ -35,7 +40,7 @@ const (
 // is built.
 var (
 	Precisions       = []Precision{BF16, FP8Tensorwise, FP8Rowwise, MXFP8, FP8Delayed, FP8Current, FP8Blockwise, NVFP4}
-	PricedPrecisions = []Precision{BF16, FP8Tensorwise, FP8Current, MXFP8}
+	PricedPrecisions = []Precision{BF16, FP8Tensorwise, FP8Current, MXFP8, NVFP4}
 )
 
 // Check accepts a priced recipe and refuses the others with the list of
@@ -46,9 +51,18 @@ func (p Precision) Check(field string) error {
 		return nil
 	}
 	if slices.Contains(Precisions, p) {
-		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet (priced: " + joinValues(PricedPrecisions) + ")"}
+		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet: " + unpriced[p] + " (priced: " + joinValues(PricedPrecisions) + ")"}
 	}
 	return moe.FieldError{Field: field, Value: string(p), Allowed: "unknown recipe (known: " + joinValues(Precisions) + "; priced: " + joinValues(PricedPrecisions) + ")"}
+}
+
+// unpriced says why each recipe not priced is not: the framework
+// mechanism without a model or a measured rate. grad and train
+// fake-quantise them all but fp8-delayed (moe/quant).
+var unpriced = map[Precision]string{
+	FP8Rowwise:   "torchao's rowwise float8 (CUTLASS rowwise GEMMs, torchtitan's quantize.grouped_mm.float8) has no measured GEMM or cast rate in the device registry",
+	FP8Delayed:   "TransformerEngine's DelayedScaling (amax history of 1024 steps, its amax reductions) is not modelled",
+	FP8Blockwise: "TransformerEngine's Float8BlockScaling (1×128 and 128×128 scales, Megatron's --fp8-recipe blockwise) has no measured GEMM or cast rate in the device registry",
 }
 
 // LowPrecision says the recipe runs GEMMs in a type narrower than bf16.
@@ -57,6 +71,14 @@ func (p Precision) LowPrecision() bool { return p != BF16 && p != "" }
 // Microscaled says the recipe scales blocks of 32 elements (MX) rather
 // than whole tensors: its GEMMs need the device's MX peak.
 func (p Precision) Microscaled() bool { return p == MXFP8 }
+
+// PricedNames lists PricedPrecisions' names (the command line's help).
+func PricedNames() []string { return names(PricedPrecisions) }
+
+// FP4 says the recipe's converted GEMMs run on FP4 operands (NVFP4: e2m1
+// with an e4m3 scale per 16 elements and an FP32 tensor scale): they need
+// the device's FP4 peak.
+func (p Precision) FP4() bool { return p == NVFP4 }
 
 // Values lists the recipes (Recipe.Validate, the command line's help).
 func (Precision) Values() []string { return names(Precisions) }
@@ -96,12 +118,15 @@ type Quantize []GEMMSet
 // TransformerEngine (every TE linear and grouped linear; the output layer
 // is not a TE module). fp8-tensorwise has no expert GEMMs: torchao has no
 // tensorwise grouped GEMM (torchtitan's quantize.grouped_mm.float8 is
-// rowwise, fp8-rowwise). bf16 converts nothing.
+// rowwise, fp8-rowwise). fp8-rowwise converts both (torchtitan's
+// quantize.linear.float8 and quantize.grouped_mm.float8 converters), and
+// so do TransformerEngine's fp8-delayed, fp8-blockwise and nvfp4 under
+// Megatron-Core. bf16 converts nothing.
 func DefaultQuantize(p Precision) Quantize {
 	switch p {
 	case FP8Tensorwise:
 		return Quantize{QuantLinear}
-	case FP8Current, MXFP8:
+	case FP8Current, MXFP8, FP8Rowwise, FP8Delayed, FP8Blockwise, NVFP4:
 		return Quantize{QuantLinear, QuantExperts}
 	}
 	return nil

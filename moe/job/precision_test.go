@@ -1,6 +1,7 @@
 package job
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,9 +71,14 @@ func TestFP8AllGather(t *testing.T) {
 	if r.GathersFP8(q) {
 		t.Error("gathered in fp8 without fp8_all_gather")
 	}
-	for _, p := range []Precision{FP8Rowwise, NVFP4, FP8Blockwise, FP8Delayed} {
-		if err := p.Check("precision"); err == nil || !strings.Contains(err.Error(), "priced: bf16, fp8-tensorwise, fp8-current, mxfp8") {
-			t.Errorf("%s: %v, want refused listing the priced recipes", p, err)
+	framework := map[Precision]string{FP8Rowwise: "torchao", FP8Blockwise: "TransformerEngine", FP8Delayed: "TransformerEngine"}
+	for _, p := range Precisions {
+		if slices.Contains(PricedPrecisions, p) {
+			continue
+		}
+		if err := p.Check("precision"); err == nil || !strings.Contains(err.Error(), "priced: bf16, fp8-tensorwise, fp8-current, mxfp8, nvfp4") ||
+			framework[p] == "" || !strings.Contains(err.Error(), framework[p]) {
+			t.Errorf("%s: %v, want refused naming its framework (%q) and listing the priced recipes", p, err, framework[p])
 		}
 	}
 }

@@ -2,6 +2,7 @@ package ref
 
 import (
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/quant"
 	"slices"
 )
 
@@ -28,6 +29,11 @@ type Options struct {
 	// TileQ×TileK is the attention block (Br×Bc); 0 means 128 (a GPU
 	// flash-attention block). 1×1 executes exactly the unmasked entries.
 	TileQ, TileK int
+	// Quantize, when set, fake-quantises the GEMMs a low-precision recipe
+	// converts, so that each multiplies, in float32, exactly the values the
+	// recipe's FP8 or FP4 GEMM multiplies (float32 models only); nil runs
+	// every GEMM in full.
+	Quantize *quant.GEMMs
 	// Progress, when set, is called after each block's forward and
 	// backward with the blocks done and the total (2 × layers with a
 	// backward, layers without): a long CPU run says how far it is.
@@ -41,6 +47,7 @@ type exec struct {
 	bf16         bool
 	tileQ, tileK int
 	wq           *WeightQueue // when set, weight-gradient GEMMs are queued (WeightQueue)
+	q            *quant.GEMMs // fake quantisation of converted GEMMs, or nil
 }
 
 // WeightQueue holds weight-gradient GEMMs deferred from a backward: a
@@ -84,7 +91,7 @@ func newExec(o Options) *exec {
 	if p == (moe.Precision{}) {
 		p = moe.DefaultPrecision
 	}
-	x := &exec{rec: o.Recorder, act: p.Activation, bf16: o.BF16, tileQ: o.TileQ, tileK: o.TileK}
+	x := &exec{rec: o.Recorder, act: p.Activation, bf16: o.BF16, tileQ: o.TileQ, tileK: o.TileK, q: o.Quantize}
 	if x.tileQ <= 0 {
 		x.tileQ = 128
 	}
@@ -108,7 +115,8 @@ func (x *exec) saved(layer int, op moe.Op, tensor moe.Saved, elements int, dt mo
 
 // linear runs y = x·Wᵀ (+ b) over m rows and records it.
 func linear[T Float](x *exec, layer int, op moe.Op, pass moe.Pass, y, in, w, b []T, m, n, k int) {
-	linearFwd(y, in, w, m, n, k)
+	qin, qw := quantPair(x.q, op, layer, gemmForward, in, w, m, n, k)
+	linearFwd(y, qin, qw, m, n, k)
 	if b != nil {
 		for i := 0; i < m; i++ {
 			yi := y[i*n : i*n+n]
@@ -125,14 +133,16 @@ func linear[T Float](x *exec, layer int, op moe.Op, pass moe.Pass, y, in, w, b [
 func linearBack[T Float](x *exec, layer int, op moe.Op, dx, dw, db, dy, in, w []T, m, n, k int) {
 	mnk := int64(m) * int64(n) * int64(k)
 	if dx != nil {
-		linearBwdX(dx, dy, w, m, n, k)
+		qdy, qw := quantPair(x.q, op, layer, gemmDataGrad, dy, w, m, n, k)
+		linearBwdX(dx, qdy, qw, m, n, k)
 		x.op(layer, op, moe.BackwardData, mnk)
 	}
 	if x.wq != nil { // the caller may reuse both before the queue runs
 		dy, in = slices.Clone(dy), slices.Clone(in)
 	}
 	x.weightPass(func() {
-		linearBwdW(dw, dy, in, m, n, k)
+		qdy, qin := quantPair(x.q, op, layer, gemmWeightGrad, dy, in, m, n, k)
+		linearBwdW(dw, qdy, qin, m, n, k)
 		if db != nil {
 			for i := 0; i < m; i++ {
 				for j, v := range dy[i*n : i*n+n] {

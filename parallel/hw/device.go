@@ -30,6 +30,10 @@ type Device struct {
 	// an e8m0 scale per 32 elements), FLOP/s; 0 for a part whose tensor
 	// cores have no MX formats (Hopper, CDNA 3), which cannot run mxfp8.
 	MXFP8FLOPs float64 `json:"mxfp8_flops"`
+	// FP4FLOPs is the dense peak of NVFP4 (e2m1 with an e4m3 scale per 16
+	// elements), FLOP/s; 0 for a part without FP4 tensor cores (everything
+	// before Blackwell), which cannot run nvfp4.
+	FP4FLOPs float64 `json:"fp4_flops"`
 	// MemoryBytes is the device capacity as PyTorch reports it (total_memory).
 	MemoryBytes int64 `json:"memory_bytes"`
 	// HBMBytesPerS is the peak HBM bandwidth, bytes/s.
@@ -72,19 +76,22 @@ func (d Device) Outside(ep int) int64 {
 
 // Runs refuses, naming device and recipe, a training recipe whose number
 // format the device's tensor cores lack: microscaled (MX) recipes need a
-// part with an MX peak (MXFP8FLOPs).
+// part with an MX peak (MXFP8FLOPs), nvfp4 one with an FP4 peak (FP4FLOPs).
 func (d Device) Runs(p job.Precision) error {
 	if p.Microscaled() && !(d.MXFP8FLOPs > 0) {
-		return fmt.Errorf("precision = %s: device %s has no MX tensor-core formats (its registry entry gives no mxfp8_flops); MX needs %s", p, d.Name, strings.Join(mxDevices(), ", "))
+		return fmt.Errorf("precision = %s: device %s has no MX tensor-core formats (its registry entry gives no mxfp8_flops); MX needs %s", p, d.Name, strings.Join(devicesWith(func(d Device) float64 { return d.MXFP8FLOPs }), ", "))
+	}
+	if p.FP4() && !(d.FP4FLOPs > 0) {
+		return fmt.Errorf("precision = %s: device %s has no NVFP4 tensor cores (its registry entry gives no fp4_flops); NVFP4 needs %s", p, d.Name, strings.Join(devicesWith(func(d Device) float64 { return d.FP4FLOPs }), ", "))
 	}
 	return nil
 }
 
-// mxDevices lists the registry's devices with an MX peak.
-func mxDevices() []string {
+// devicesWith lists the registry's devices with a positive peak(d).
+func devicesWith(peak func(Device) float64) []string {
 	var out []string
 	for _, d := range Devices() {
-		if d.MXFP8FLOPs > 0 {
+		if peak(d) > 0 {
 			out = append(out, d.Name)
 		}
 	}
@@ -159,6 +166,7 @@ func (d Device) Validate() error {
 		{"bf16_flops", d.BF16FLOPs, 1e12, 1e17, "FLOP/s"},
 		{"fp8_flops", d.FP8FLOPs, 1e12, 1e17, "FLOP/s"},
 		{"mxfp8_flops", d.MXFP8FLOPs, 0, 1e17, "FLOP/s (0 = no MX formats)"},
+		{"fp4_flops", d.FP4FLOPs, 0, 1e17, "FLOP/s (0 = no NVFP4)"},
 		// HBM3e gives 8e12 (B200, MI355X), HBM4 parts announce about
 		// 2e13; 1e14 has five times that as margin. GDDR parts (T4: 3.2e11)
 		// stay above 1e11.

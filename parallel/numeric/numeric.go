@@ -27,6 +27,11 @@ type Spec struct {
 	AuxCoef  float64       // coefficient of HF's load-balancing loss; 0 neither computes nor adds it
 	BiasRate float64       // selection-bias update rate γ (sigmoid routers with a selection bias)
 	Timeout  time.Duration // per collective wait; 0 means collective.DefaultTimeout
+	// Numerics is the reference's arithmetic (zero: float32): bf16
+	// rounding, and a low-precision recipe's fake-quantised GEMMs, which
+	// each rank quantises on its own (its own amax, as the frameworks do
+	// without an amax reduction).
+	Numerics job.Numerics
 
 	storage moe.Precision // the recipe's storage types, resolved by New
 }
@@ -117,6 +122,9 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 		return nil, fmt.Errorf("numeric: %w", err)
 	}
 	spec.storage = spec.Storage()
+	if err := spec.checkNumerics(); err != nil {
+		return nil, err
+	}
 	if err := m.Layout.CheckModel(cfg); err != nil {
 		return nil, err
 	}

@@ -145,7 +145,7 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 		r.byKey[u] = nu
 	}
 	r.rec = &rankRecorder{mem: &r.mem}
-	o := ref.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.storage, AuxCoef: spec.AuxCoef}
+	o := spec.withNumerics(ref.Options{AC: spec.AC, Recorder: r.rec, Precision: spec.storage, AuxCoef: spec.AuxCoef})
 	if g := m.Group(parallel.AxisTP, rank); g.Size() > 1 {
 		r.tp = newTPComm(g, rank, spec.data(), cfg, m.Layout, spec.storage, spec.AC)
 	}

@@ -83,6 +83,12 @@ func (t TorchtitanTarget) CheckQuant(q TorchtitanQuant) error {
 			// float8.py at b5bcd76c, lines 53-72).
 			return fmt.Errorf("--precision = fp8-tensorwise: %s has no tensorwise float8 (Float8LinearConverter.Config takes recipe_name \"rowwise\" or \"rowwise_with_gw_hp\" only, torchtitan/components/quantization/float8.py); --torchtitan-toml (v0.2.2) writes it", t)
 		}
+	case job.NVFP4:
+		// v0.2.2 (73a0e69) has no NVFP4 converter; main (b5bcd76) has
+		// torchao's NVFP4LinearConverter for linears only
+		// (torchtitan/components/quantization/nvfp4.py), whose config this
+		// export does not write yet.
+		return fmt.Errorf("--precision = nvfp4: %s cannot express it: torchtitan v0.2.2 has no NVFP4 converter, and main's NVFP4LinearConverter (torchao's NVFP4 for linears only, torchtitan/components/quantization/nvfp4.py at b5bcd76) is not written by moescope's export; nvfp4 is TransformerEngine's recipe under Megatron-LM (--fp4-recipe nvfp4)", t)
 	case job.FP8Current:
 		return fmt.Errorf("--precision = fp8-current: %s has no TransformerEngine recipe (Float8CurrentScaling is Megatron-LM's; torchtitan's float8 is torchao's, --precision fp8-tensorwise)", t)
 	default:

@@ -87,6 +87,9 @@ type Result struct {
 	// than BF16's (DESIGN: MFU stays against BF16; FP8 runs also report
 	// this); absent for bf16 runs.
 	MFUFP8Peak *float64 `json:"mfu_fp8_peak,omitempty"`
+	// MFUFP4Peak is the same against the dense FP4 peak, for an FP4 recipe
+	// (nvfp4) instead of MFUFP8Peak.
+	MFUFP4Peak *float64 `json:"mfu_fp4_peak,omitempty"`
 	// Memory: the memory package's step timeline replayed through its
 	// allocator model (the calibrated one when a calibration sets it).
 	PeakAllocatedBytes int64   `json:"peak_allocated_bytes"`
@@ -133,12 +136,15 @@ func (r *Result) setMFU(dev hw.Device, p job.Precision, convs map[string]float64
 	r.MFU = r.MFUByConvention[string(flops.Torchtitan)]
 	r.HFU = hwFLOP * r.TPS / dev.BF16FLOPs
 	if p.LowPrecision() {
-		peak := dev.FP8FLOPs
-		if p.Microscaled() {
+		peak, at := dev.FP8FLOPs, &r.MFUFP8Peak
+		switch {
+		case p.Microscaled():
 			peak = dev.MXFP8FLOPs
+		case p.FP4():
+			peak, at = dev.FP4FLOPs, &r.MFUFP4Peak
 		}
 		m := convs[string(flops.Torchtitan)] * r.TPS / peak
-		r.MFUFP8Peak = &m
+		*at = &m
 	}
 }
 

@@ -186,7 +186,11 @@ func checkMeasured(r published.Run, p *sim.Prepared) error {
 	}
 	perToken := p.FLOPsPerToken(flops.Torchtitan)
 	peak, name := p.Device().BF16FLOPs, "BF16"
-	if prec.LowPrecision() {
+	switch {
+	case prec.FP4():
+		// Converted GEMMs may run up to the FP4 peak; no run exceeds it.
+		peak, name = p.Device().FP4FLOPs, "FP4"
+	case prec.LowPrecision():
 		// Converted GEMMs may run up to the FP8 peak; no run exceeds it.
 		peak, name = p.Device().FP8FLOPs, "FP8"
 	}

@@ -31,6 +31,15 @@ import (
 //	  copies together (6 bytes per element), x and w in forward and g in
 //	  the data gradient; the weight gradient reuses them (TE saves the
 //	  fp8 copies for backward).
+//	TransformerEngine nvfp4 (NVFP4BlockScaling): the same passes, at the
+//	  device's FP4 peak, with FP4 copies of half a byte plus an e4m3 scale
+//	  per 16 elements (NVFP4Bytes); x and g are quantised column-wise after
+//	  the random Hadamard transform, whose own amax pass reads them once
+//	  more (TE computes the tensor scale from the rotated tensor:
+//	  docs/features/low_precision_training/nvfp4/nvfp4.rst at d0067d0d,
+//	  "Random Hadamard Transform"): 2 + 2 + 2·NVFP4Bytes bytes per element
+//	  of w, 2 more for x and g. No NVFP4 GEMM efficiency was found
+//	  published: the FP8 efficiencies are assumed.
 //
 // Attention and the router stay bf16; linears with a dimension not a
 // multiple of 16 are not converted (torchtitan's module_filter_fn: FP8
@@ -57,6 +66,11 @@ type LowPrecision struct {
 // on every MX device.
 const MXSwizzleSPerRow = (198.7e-6 + 192.5e-6) / 2 / 131072
 
+// NVFP4Bytes is the bytes of an NVFP4 element with its share of the block
+// scale: half a byte of e2m1 and one e4m3 byte per 16 elements (the
+// tensor's one FP32 scale is negligible).
+const NVFP4Bytes = 0.5 + 1.0/16
+
 // LowPrecisionFor is recipe r's low-precision GEMMs on device d: nil for
 // bf16, an error naming device and recipe when d cannot run it (MX needs
 // MX tensor-core formats).
@@ -74,8 +88,11 @@ func LowPrecisionFor(d hw.Device, r job.Recipe) (*LowPrecision, error) {
 	if err := d.Runs(r.Precision); err != nil {
 		return nil, err
 	}
-	if r.Precision.Microscaled() {
+	switch {
+	case r.Precision.Microscaled():
 		lp.PeakFLOPs = d.MXFP8FLOPs
+	case r.Precision.FP4():
+		lp.PeakFLOPs = d.FP4FLOPs
 	}
 	return lp, nil
 }
@@ -119,6 +136,9 @@ func (c ComputeSpec) bf16Rate() rate {
 func (c ComputeSpec) lowRate() rate {
 	lp := c.LowPrecision
 	r := rate{lp.PeakFLOPs, lp.GEMMEff, lp.GroupedEff, 0, lp.WgradRatio, 1}
+	if lp.Recipe.FP4() {
+		r.operand = NVFP4Bytes
+	}
 	if c.ExpertGEMMEff > 0 {
 		r.expert, r.wgrad = lp.GEMMEff, 1
 	}
@@ -149,12 +169,16 @@ func (c ComputeSpec) CastSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts
 		w *= float64(max(localExperts, 1))
 	}
 	var bytes, kernels float64
-	if lp.Recipe == job.FP8Current {
+	if lp.Recipe == job.FP8Current || lp.Recipe.FP4() {
+		per, rht := 6.0, 0.0 // an amax read, 2 read, two 1-byte copies written
+		if lp.Recipe.FP4() {
+			per, rht = 4+2*NVFP4Bytes, 2
+		}
 		switch rec.Pass {
 		case moe.Forward, moe.Recompute:
-			bytes, kernels = 6*(x+w), 4
+			bytes, kernels = per*(x+w)+rht*x, 4
 		case moe.BackwardData:
-			bytes, kernels = 6*g, 2
+			bytes, kernels = (per+rht)*g, 2
 		default:
 			return 0
 		}

@@ -75,6 +75,12 @@ func TestCastBytesByRecipe(t *testing.T) {
 		{job.FP8Current, moe.Forward, (x + w) * 6},
 		{job.FP8Current, moe.BackwardData, g * 6},
 		{job.FP8Current, moe.BackwardWeight, 0},
+		// nvfp4 (TE): per tensor an amax read (2), the read (2) and two
+		// copies of half a byte + 1/16 of an e4m3 scale (2·0.5625); x and
+		// g also a Hadamard-amax read (2): x 7.125, w 5.125, g 7.125.
+		{job.NVFP4, moe.Forward, x*7.125 + w*5.125},
+		{job.NVFP4, moe.BackwardData, g * 7.125},
+		{job.NVFP4, moe.BackwardWeight, 0},
 	} {
 		s := lpSpec(c.recipe, true, true, false)
 		rec := moe.OpRecord{Op: moe.OpQProj, Pass: c.pass, Count: R * out * in}
@@ -148,6 +154,15 @@ func TestLowPrecisionFor(t *testing.T) {
 	lp, err := LowPrecisionFor(b200, r)
 	if err != nil || lp.PeakFLOPs != b200.MXFP8FLOPs || !lp.Linear || !lp.Experts || lp.Output {
 		t.Errorf("mxfp8 on b200: %+v, %v; want the MX peak, linear and experts", lp, err)
+	}
+	// NVFP4 needs FP4 tensor cores: refused on Hopper naming both, priced
+	// at the FP4 peak on Blackwell (9e15 on B200: twice its FP8 4.5e15).
+	r.Precision = job.NVFP4
+	if _, err := LowPrecisionFor(h100, r); err == nil || !strings.Contains(err.Error(), "h100") || !strings.Contains(err.Error(), "nvfp4") {
+		t.Errorf("nvfp4 on h100: %v; want an error naming device and recipe", err)
+	}
+	if lp, err := LowPrecisionFor(b200, r); err != nil || lp.PeakFLOPs != 9e15 {
+		t.Errorf("nvfp4 on b200: %+v, %v; want the FP4 peak 9e15", lp, err)
 	}
 }
 

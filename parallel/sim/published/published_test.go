@@ -286,7 +286,7 @@ func TestRunDefaults(t *testing.T) {
 	}
 	// A table's spelling of a priced recipe reads as it; an unpriced or
 	// ambiguous one is refused, naming the field.
-	for text, want := range map[string]string{"MXFP8 (params)": "", "FP8-CS": "", "NVFP4": "not priced yet", "FP8": "published spelling"} {
+	for text, want := range map[string]string{"MXFP8 (params)": "", "FP8-CS": "", "NVFP4": "", "FP8 (fine-grained 1x128/128x128)": "not priced yet", "FP8": "published spelling"} {
 		r, err = readRun(`"precision":"` + text + `"`)
 		if err != nil {
 			t.Fatalf("precision %q: %v", text, err)

@@ -15,7 +15,7 @@ func TestNeededFeature(t *testing.T) {
 	}{
 		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
 		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, ""}, // mxfp8 is priced
-		{map[string]string{"tp": "2", "pp": "1", "precision": "NVFP4", "model": "Qwen3-235B-A22B"}, "FP8 / FP4 recipe (NVFP4)"},
+		{map[string]string{"tp": "2", "pp": "1", "precision": "NVFP4", "model": "Qwen3-235B-A22B"}, ""},          // nvfp4 is priced
 		{map[string]string{"precision": "FP8 (fine-grained 1x128/128x128)", "model": "DeepSeek-V3"}, "FP8 / FP4 recipe (FP8)"},
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
 		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},                                      // tp inside pipeline stages is built

@@ -93,7 +93,11 @@ func writeSimHeader(w io.Writer, r Simulation) {
 			cp, l.CPMethod, l.CPLoadBalancer, l.DPShard, cp, r.CPLink)
 	}
 	if r.Precision.LowPrecision() {
-		fmt.Fprintf(w, "precision %s: converts %s (router and attention in bf16); MFU is against the bf16 peak, mfu_fp8_peak against the recipe's\n", r.Precision, r.Quantize)
+		key := "mfu_fp8_peak"
+		if r.Precision.FP4() {
+			key = "mfu_fp4_peak"
+		}
+		fmt.Fprintf(w, "precision %s: converts %s (router and attention in bf16); MFU is against the bf16 peak, %s against the recipe's\n", r.Precision, r.Quantize, key)
 	}
 	if r.Calibration != "" {
 		fmt.Fprintf(w, "calibration: %s\n", r.Calibration)
@@ -131,8 +135,10 @@ func writeSimFigures(w io.Writer, r Simulation) error {
 			fmt.Fprintf(tw, "MFU (%s)\t%.1f%%\t\n", c, 100*r.MFUByConvention[c])
 		}
 	}
-	if m := r.MFUFP8Peak; m != nil {
-		fmt.Fprintf(tw, "MFU (torchtitan, against the %s peak)\t%.1f%%\t\n", r.Precision, 100**m)
+	for _, m := range []*float64{r.MFUFP8Peak, r.MFUFP4Peak} {
+		if m != nil {
+			fmt.Fprintf(tw, "MFU (torchtitan, against the %s peak)\t%.1f%%\t\n", r.Precision, 100**m)
+		}
 	}
 	fmt.Fprintf(tw, "HFU (hardware, recompute included)\t%.1f%%\t\n", 100*r.HFU)
 	fmt.Fprintf(tw, "peak reserved\t%.2f GiB\t\n", float64(r.PeakReservedBytes)/hw.GiB)
