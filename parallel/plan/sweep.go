@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
@@ -70,6 +71,11 @@ func DesignSweep(req Request, ev *SimEvaluator, maxJobs int) (*SweepDesign, erro
 	q, err := req.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if s := band.Uncalibrated().NodeSpread; ev.Calibration == nil && s > 0 {
+		// Plan the runs as calibrate will model them: with the stored
+		// spread between nodes, which sim prices under a calibration only.
+		ev = &SimEvaluator{Run: ev.Run, Device: ev.Device, Cluster: ev.Cluster, Calibration: &cost.Calibration{NodeSpread: &s}}
 	}
 	d := &SweepDesign{Scale: q.probeScales(ev)[0], TwoHost: 2 * q.GPUsPerNode}
 	stage := req

@@ -67,7 +67,7 @@ func (p *Prepared) beyondCalibration(cal *cost.Calibration, res Result) (float64
 		return 0, nil
 	}
 	probe := *cal
-	s0 := cal.NodeSpreadOr(band.Uncalibrated().NodeSpread)
+	s0 := cal.NodeSpreadOr(0)
 	s := s0 + spreadProbe
 	if s > hw.MaxSpeedSD { // the spread's bound: probe below instead
 		s = s0 - spreadProbe

@@ -42,7 +42,7 @@ const (
 // logTPS returns ln(predicted TPS) of every run under x (st's
 // parameters), simulating the runs in parallel.
 func (f calFit) logTPS(st calState, x []float64) ([]float64, error) {
-	c := st.calibration(x, cost.Calibration{})
+	c := st.calibration(x, st.base)
 	out := make([]float64, len(f.preps))
 	errs := make([]error, len(f.preps))
 	var wg sync.WaitGroup

@@ -22,6 +22,7 @@ import (
 type calState struct {
 	names    []string // fitted TPS parameters, in x order
 	defaults map[string]float64
+	base     cost.Calibration // what the trial calibrations start from
 }
 
 func (s calState) calibration(x []float64, base cost.Calibration) *cost.Calibration {
@@ -84,6 +85,12 @@ func Calibrate(runs []published.Run) (*cost.Calibration, error) {
 	cl0 := f.preps[0].Cluster()
 	st := calState{defaults: cost.Defaults(cl0)}
 	cal := &cost.Calibration{Source: fmt.Sprintf("moescope calibrate, %d run(s)", len(runs)), Precision: prec, MaxNodes: f.maxNodes()}
+	if s := st.defaults[cost.CalNodeSpread]; s > 0 {
+		// Every calibration prices the slowest node at the stored spread
+		// (sim's computeSpec), in its fit as in its predictions.
+		cal.NodeSpread = &s
+	}
+	st.base = *cal
 	candidates := cost.TPSParams
 	if st.defaults[cost.CalNodeSpread] == 0 {
 		// A multiplier of no spread moves nothing: without a stored fit the

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
@@ -131,7 +132,10 @@ func TestCalibrateRecoversSweep(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates a 7-run sweep many times")
 	}
-	truth := &cost.Calibration{GroupedScale: 0.7, NVLinkEfficiency: 0.6, NetEfficiency: 0.5}
+	// The truth carries the stored spread between nodes, as every
+	// calibration calibrate writes does (the model it fits).
+	spread := band.Uncalibrated().NodeSpread
+	truth := &cost.Calibration{GroupedScale: 0.7, NVLinkEfficiency: 0.6, NetEfficiency: 0.5, NodeSpread: &spread}
 	var runs []published.Run
 	for _, g := range []struct {
 		gpus, lbs int
