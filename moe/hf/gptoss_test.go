@@ -111,3 +111,37 @@ func TestGPTOSSParamNames(t *testing.T) {
 		t.Errorf("layer 0 tensors:\n got %v\nwant %v", got, want)
 	}
 }
+
+// TestGPTOSSCheckpointRefused: reading or writing a GPT-OSS checkpoint is
+// refused by name (the stacked experts are not read yet), not reported as
+// thousands of missing per-expert slices.
+func TestGPTOSSCheckpointRefused(t *testing.T) {
+	c, err := ParseConfig([]byte(smallGPTOSS), "small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := c.Params()
+	data := make([][]float32, len(ps))
+	for i, p := range ps {
+		data[i] = make([]float32, p.Elements())
+	}
+	path := t.TempDir() + "/w.safetensors"
+	if err := SaveParams(path, c, data, moe.F32, false); err == nil || !strings.Contains(err.Error(), "fused_experts") {
+		t.Errorf("SaveParams: %v, want a refusal naming fused_experts", err)
+	}
+	q, err := ParseConfig([]byte(minimal), "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs := q.Params()
+	qd := make([][]float32, len(qs))
+	for i, p := range qs {
+		qd[i] = make([]float32, p.Elements())
+	}
+	if err := SaveParams(path, q, qd, moe.F32, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadParams[float32](path, c); err == nil || !strings.Contains(err.Error(), "fused_experts") {
+		t.Errorf("LoadParams: %v, want a refusal naming fused_experts", err)
+	}
+}
