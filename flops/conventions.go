@@ -28,7 +28,7 @@ func (c Convention) Explain() string {
 	case Torchtitan:
 		return "6·N (N = params but input embedding, routed experts ×k/E floored; router, norms, LM head in) + 6·L·H·(d_qk+d_v)·min(s,window); causal not halved"
 	case Megatron:
-		return "matmuls only, SwiGLU 3 GEMMs, router/norms excluded (MLA: latent norms counted as rank-wide GEMMs), logits on vocab padded to 128, causal attention halved (3·H·(d_qk+d_v)·s² per layer)"
+		return "matmuls only, SwiGLU 3 GEMMs, router/norms excluded (MLA: latent norms counted as rank-wide GEMMs), logits on vocab padded to 128, causal attention halved (3·H·(d_qk+d_v)·s² per layer), sliding windows ignored"
 	case PaLM:
 		return "6·N + 12·L·H·d·s with torchtitan's N (MLA: 6·L·H·(d_qk+d_v)·s); equals torchtitan without sliding windows"
 	case Model:
@@ -99,10 +99,13 @@ func MatmulNParams(cfg *moe.Config) (int64, error) {
 // TorchtitanPerStep is torchtitan's count for T = b·s tokens:
 // T·(6·N_mm + Σ_layers 6·H·(d_qk+d_v)·min(s, window)), every layer being a
 // softmax-attention layer; sliding-window layers use min(s, window) as
-// shared/REFERENCES.md and issue 2 define it. (At the pinned torchtitan
-// b5bcd76 every layer still uses the training seq_len, gpt_oss's sliding
-// layers included; no built-in model has sliding windows, so the two
-// agree on all of them.)
+// shared/REFERENCES.md and issue 2 define it, and as torchtitan PR #4300
+// made its gpt_oss count (issue 40). That PR is not in the pinned mirror:
+// at torchtitan b5bcd76 get_moe_model_nparams_and_flops
+// (torchtitan/models/utils.py) counts every layer at the training seq_len,
+// gpt_oss's sliding layers included, so for the GPT-OSS built-ins (the
+// only ones with windows) torchtitan b5bcd76 logs 18·6·64·128·(s − 128)
+// more FLOPs per token than this count at seq s (GPT-OSS-120B).
 func TorchtitanPerStep(cfg *moe.Config, s Shape) (int64, error) {
 	if err := checkShape(cfg, s); err != nil {
 		return 0, err

@@ -19,12 +19,16 @@ import "github.com/moescope/moescope/moe"
 //	                   sigmoid: exp, +1, ÷ = 3            g·σ·(1−σ): −, ·, · = 3
 //	dispatch           copy 0                            copy 0                                —
 //	*_act (SwiGLU)     σ 3, g·σ 1, ·u 1 = 5               σ 3, dsilu 4, du 2, dg 2 = 11          —
+//	expert_act clamped min 1, clamp 2, α· 1, σ 3, g·σ 1,   clamps 3, α· 1, σ 3, g·σ 1, du 1,       —
+//	 (Config.Clamp)    u+1 1, · 1 = 10                    u+1 1, dglu 1, dsilu_α 5, masks 2 = 18
 //	combine            ·w, + = 2                         dy = w·g 1, dw = Σ g·y 2 = 3           —
 //	shared_scale       · 1                               dy 1, dgate Σ 2 = 3                    —
 //	loss               max, −, exp, sum, − = 5            softmax exp 1, ·scale 1 = 2            —
 //	aux_loss           mask 1, sum 1 = 2                  1                                     —
 //
-// (σ = exp, +1, ÷; dsilu = σ·(1 + g·(1−σ)): −, ·, +, ·.) Recompute repeats
+// (σ = exp, +1, ÷; dsilu = σ·(1 + g·(1−σ)): −, ·, +, ·; dsilu_α = σ·(1 +
+// α·g·(1−σ)): −, ·, ·, +, ·. The clamped form (moe/swiglu.go) recomputes its
+// clamps and σ(α·g) in backward and masks both gradients.) Recompute repeats
 // forward. Per-row scalars (rstd's rsqrt, the log of the softmax sum, the
 // top-k comparisons) are not counted: they are O(T), not O(elements).
 func ElementCost(cfg *moe.Config, op moe.Op, pass moe.Pass) int64 {
@@ -49,6 +53,9 @@ func ElementCost(cfg *moe.Config, op moe.Op, pass moe.Pass) int64 {
 		}
 	case moe.OpExpertAct, moe.OpSharedAct, moe.OpDenseAct:
 		c = costs{5, 11, 0}
+		if op == moe.OpExpertAct && cfg.Clamp != nil {
+			c = costs{10, 18, 0}
+		}
 	case moe.OpCombine, moe.OpSharedScale:
 		c = costs{2, 3, 0}
 		if op == moe.OpSharedScale {

@@ -17,13 +17,15 @@ type Params struct {
 // CountParams counts cfg's parameters in closed form, overflow-checked:
 //
 //	embedding  V·D;  LM head V·D unless tied;  final norm D
-//	per layer  attention D·q + 2·D·kv + q·D (+ q + 2·kv biases), or under MLA
+//	per layer  attention D·q + 2·D·kv + q·D (+ q + 2·kv biases, + D o_proj
+//	           bias, + H sinks), or under MLA
 //	           (H heads, Rq, Rkv latent ranks, n, r, v head dims)
 //	           D·H·(n+r) without a query latent, else Rq·D + H·(n+r)·Rq,
 //	           + (Rkv+r)·D + H·(n+v)·Rkv + H·v·D, norms + Rq (if any) + Rkv
 //	           norms 2·D (+ 2·d per-head QK-norm, or q + kv full-width)
 //	           dense FFN 3·Fd·D
-//	           MoE: router E·D, routed E·3·F·D (active K·3·F·D),
+//	           MoE: router E·D (+ E bias), routed E·(3·F·D + b) (active
+//	           K·(3·F·D + b)), b = 2·F + D expert biases when present,
 //	                shared 3·S·D (+ D for the sigmoid gate)
 //
 // with q = H·d, kv = G·d, S = SharedExperts·SharedFFN. It agrees with
@@ -50,6 +52,12 @@ func CountParams(cfg *moe.Config) (Params, error) {
 	if cfg.QKVBias {
 		attn = c.add(attn, q, c.mul(2, kv))
 	}
+	if cfg.OProjBias {
+		attn = c.add(attn, D)
+	}
+	if cfg.AttnSinks {
+		attn = c.add(attn, int64(cfg.Heads))
+	}
 	norms := c.mul(2, D)
 	if cfg.IsMLA() {
 		attn, norms = mlaParams(&c, cfg)
@@ -61,6 +69,13 @@ func CountParams(cfg *moe.Config) (Params, error) {
 		norms = c.add(norms, q, kv)
 	}
 	E, K, F := int64(cfg.Experts), int64(cfg.TopK), int64(cfg.ExpertFFN)
+	expert, router := c.mul(3, F, D), c.mul(E, D)
+	if cfg.ExpertBias {
+		expert = c.add(expert, c.mul(2, F), D)
+	}
+	if cfg.RouterBias {
+		router = c.add(router, E)
+	}
 	S := c.mul(int64(cfg.SharedExperts), int64(cfg.SharedFFN))
 	shared := c.mul(3, S, D)
 	if cfg.SharedGated {
@@ -73,9 +88,9 @@ func CountParams(cfg *moe.Config) (Params, error) {
 			both(moe.GroupDenseFFN, c.mul(3, int64(cfg.DenseFFN), D))
 			continue
 		}
-		both(moe.GroupRouter, c.mul(E, D))
-		g[moe.GroupRouted] = c.add(g[moe.GroupRouted], c.mul(E, 3, F, D))
-		act[moe.GroupRouted] = c.add(act[moe.GroupRouted], c.mul(K, 3, F, D))
+		both(moe.GroupRouter, router)
+		g[moe.GroupRouted] = c.add(g[moe.GroupRouted], c.mul(E, expert))
+		act[moe.GroupRouted] = c.add(act[moe.GroupRouted], c.mul(K, expert))
 		if S > 0 {
 			both(moe.GroupShared, shared)
 		}

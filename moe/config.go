@@ -106,9 +106,29 @@ type Config struct {
 	// (glm4_moe's Glm4MoeMoE.route_tokens_to_experts, DeepSeek-MoE's
 	// MoEGate), 0 where it does not (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE).
 	NormTopKEps float64 `json:"norm_topk_eps"`
+	// RouterBias adds a trained per-expert bias to the router's logits
+	// (GPT-OSS's mlp.router.bias); unlike SelectionBias it enters the
+	// weights and takes a gradient.
+	RouterBias bool `json:"router_bias,omitempty"`
+	// ExpertBias adds biases to every routed expert's gate, up and down
+	// projections (GPT-OSS's gate_up_proj_bias and down_proj_bias).
+	ExpertBias bool `json:"expert_bias,omitempty"`
+	// Clamp, when set, replaces the routed experts' silu(gate)·up by
+	// GPT-OSS's clamped SwiGLU (swiglu.go); nil for the plain one.
+	Clamp *SwiGLUClamp `json:"swiglu_clamp,omitempty"`
+	// FusedExperts says the checkpoint stores each MoE layer's routed
+	// experts as stacked tensors, gate and up interleaved (fused.go).
+	FusedExperts bool `json:"fused_experts,omitempty"`
 
-	QKNorm         QKNorm  `json:"qk_norm"`
-	QKVBias        bool    `json:"qkv_bias"`        // biases on q, k and v projections
+	QKNorm  QKNorm `json:"qk_norm"`
+	QKVBias bool   `json:"qkv_bias"` // biases on q, k and v projections
+	// OProjBias adds a bias to o_proj (GPT-OSS's attention_bias covers q,
+	// k, v and o).
+	OProjBias bool `json:"o_proj_bias,omitempty"`
+	// AttnSinks gives every query head one learned logit that joins each
+	// softmax row of attention and takes probability mass without a value
+	// row (GPT-OSS's self_attn.sinks, sinks.go).
+	AttnSinks      bool    `json:"attn_sinks,omitempty"`
 	RotaryFraction float64 `json:"rotary_fraction"` // fraction of d rotated by RoPE (partial_rotary_factor)
 	RopeTheta      float64 `json:"rope_theta"`
 	// RopeScaling is the rope_type of HF's rope_scaling (or
@@ -163,6 +183,7 @@ type Config struct {
 // DeepSeek-MoE, OLMoE and GLM-4.5 share).
 type TensorNames struct {
 	MoE        string `json:"moe,omitempty"`         // module of the router and routed experts: "mlp"
+	Router     string `json:"router,omitempty"`      // router module inside it: "gate"
 	ExpertGate string `json:"expert_gate,omitempty"` // routed expert's gate projection: "gate_proj"
 	ExpertUp   string `json:"expert_up,omitempty"`   // routed expert's up projection: "up_proj"
 	ExpertDown string `json:"expert_down,omitempty"` // routed expert's down projection: "down_proj"
@@ -215,9 +236,10 @@ const MaxDim = 1 << 24
 const maxTensors = 1 << 20
 
 // maxTensorsPerLayer is the most non-expert tensors a layer has in Params:
-// two norms, q/k/v/o with three biases, two QK-norms, router and selection
-// bias, three FFN or shared-expert matrices and the shared-expert gate.
-const maxTensorsPerLayer = 17
+// two norms, q/k/v/o with four biases, the sinks, two QK-norms, router with
+// its bias and selection bias, three FFN or shared-expert matrices and the
+// shared-expert gate.
+const maxTensorsPerLayer = 20
 
 // Validate returns every violated constraint at once, joined with
 // errors.Join; each is a FieldError naming the field, the value and what is
@@ -230,6 +252,9 @@ func (c *Config) Validate() error {
 	c.validateShared(&e)
 	c.validateNumerics(&e)
 	c.validateMLA(&e)
+	c.validateSinks(&e)
+	c.validateSwiGLU(&e)
+	c.validateFused(&e)
 	return errors.Join(e...)
 }
 
@@ -314,12 +339,12 @@ func (c *Config) validateTensorCount(e *fieldErrors) {
 	moeLayers := c.MoELayers()
 	if c.Layers > 0 && c.Layers <= MaxDim && c.Experts >= 0 && c.Experts <= MaxDim {
 		// Embedding, final norm and LM head, each layer's own tensors, and
-		// three matrices per routed expert of each MoE layer (an upper bound).
-		n := 3 + maxTensorsPerLayer*int64(c.Layers) + 3*int64(c.Experts)*int64(moeLayers)
+		// each routed expert's tensors in each MoE layer (an upper bound).
+		n := 3 + maxTensorsPerLayer*int64(c.Layers) + int64(c.tensorsPerExpert())*int64(c.Experts)*int64(moeLayers)
 		if n > maxTensors {
 			e.bad("layers, experts", fmt.Sprintf("%d, %d (%d MoE layers)", c.Layers, c.Experts, moeLayers),
-				fmt.Sprintf("up to %d parameter tensors; at most %d are supported (3 per routed expert per MoE layer, ≤ %d more per layer)",
-					n, maxTensors, maxTensorsPerLayer))
+				fmt.Sprintf("up to %d parameter tensors; at most %d are supported (%d per routed expert per MoE layer, ≤ %d more per layer)",
+					n, maxTensors, c.tensorsPerExpert(), maxTensorsPerLayer))
 		}
 	}
 }

@@ -70,7 +70,7 @@ func (n TensorNames) withDefaults() TensorNames {
 	for _, f := range []struct {
 		name *string
 		def  string
-	}{{&n.MoE, "mlp"}, {&n.ExpertGate, "gate_proj"}, {&n.ExpertUp, "up_proj"}, {&n.ExpertDown, "down_proj"},
+	}{{&n.MoE, "mlp"}, {&n.Router, "gate"}, {&n.ExpertGate, "gate_proj"}, {&n.ExpertUp, "up_proj"}, {&n.ExpertDown, "down_proj"},
 		{&n.Shared, "shared_experts"}} {
 		if *f.name == "" {
 			*f.name = f.def
@@ -88,7 +88,7 @@ func (c *Config) Params() []Param {
 	// One allocation for the entries and one for their shapes: models with
 	// many experts have tens of thousands of tensors, and callers such as the
 	// planner list them for every candidate.
-	count := 3 + 16*c.Layers + 3*c.Experts*c.MoELayers()
+	count := 3 + maxTensorsPerLayer*c.Layers + c.tensorsPerExpert()*c.Experts*c.MoELayers()
 	ps := make([]Param, 0, count)
 	dims := make([]int, 0, 2*count)
 	add := func(name string, g ParamGroup, layer, expert int, shape ...int) {
@@ -121,19 +121,18 @@ func (c *Config) Params() []Param {
 			continue
 		}
 		m := p + n.MoE + "."
-		add(m+"gate.weight", GroupRouter, l, -1, c.Experts, D)
-		if c.SelectionBias {
-			ps = append(ps, Param{Name: m + "gate.e_score_correction_bias", Shape: []int{c.Experts}, Group: GroupRouter, Layer: l, Expert: -1, Buffer: true})
+		r := m + n.Router + "."
+		add(r+"weight", GroupRouter, l, -1, c.Experts, D)
+		if c.RouterBias {
+			add(r+"bias", GroupRouter, l, -1, c.Experts)
 		}
-		for e := 0; e < c.Experts; e++ {
-			x := m + "experts." + strconv.Itoa(e) + "."
-			// Split by Layout.ExpertTP, not tp.
-			add(x+n.ExpertGate+".weight", GroupRouted, l, e, c.ExpertFFN, D)
-			split(TPDim0)
-			add(x+n.ExpertUp+".weight", GroupRouted, l, e, c.ExpertFFN, D)
-			split(TPDim0)
-			add(x+n.ExpertDown+".weight", GroupRouted, l, e, D, c.ExpertFFN)
-			split(TPDim1)
+		if c.SelectionBias {
+			ps = append(ps, Param{Name: r + "e_score_correction_bias", Shape: []int{c.Experts}, Group: GroupRouter, Layer: l, Expert: -1, Buffer: true})
+		}
+		if c.FusedExperts {
+			c.fusedExpertParams(m+"experts.", l, add, split)
+		} else {
+			c.expertParams(m+"experts.", l, n, add, split)
 		}
 		if c.SharedExperts > 0 {
 			s := m + n.Shared + "."
@@ -196,6 +195,14 @@ func (c *Config) attnParams(a string, l int, add paramAdder, split func(TPSplit)
 	}
 	add(a+"o_proj.weight", GroupAttention, l, -1, D, H*d)
 	split(TPDim1)
+	if c.OProjBias {
+		// Added after the row-wise reduction: whole on every tp rank.
+		add(a+"o_proj.bias", GroupAttention, l, -1, D)
+	}
+	if c.AttnSinks {
+		add(a+"sinks", GroupAttention, l, -1, H)
+		split(TPDim0) // one per query head, cut with the heads
+	}
 	switch c.QKNorm {
 	case QKNormHead:
 		add(a+"q_norm.weight", GroupNorm, l, -1, d)
@@ -203,5 +210,29 @@ func (c *Config) attnParams(a string, l int, add paramAdder, split func(TPSplit)
 	case QKNormFull:
 		add(a+"q_norm.weight", GroupNorm, l, -1, H*d)
 		add(a+"k_norm.weight", GroupNorm, l, -1, G*d)
+	}
+}
+
+// expertParams adds each routed expert's gate, up and down projections
+// (and their biases) under prefix x ("model.layers.l.mlp.experts."), one
+// module per expert as Qwen3-MoE names them. They are split by
+// Layout.ExpertTP, not tp.
+func (c *Config) expertParams(x string, l int, n TensorNames, add paramAdder, split func(TPSplit)) {
+	D, F := c.Hidden, c.ExpertFFN
+	for e := 0; e < c.Experts; e++ {
+		p := x + strconv.Itoa(e) + "."
+		for _, t := range []struct {
+			name    string
+			out, in int
+			s       TPSplit
+			biasCut TPSplit
+		}{{n.ExpertGate, F, D, TPDim0, TPDim0}, {n.ExpertUp, F, D, TPDim0, TPDim0}, {n.ExpertDown, D, F, TPDim1, TPReplicated}} {
+			add(p+t.name+".weight", GroupRouted, l, e, t.out, t.in)
+			split(t.s)
+			if c.ExpertBias {
+				add(p+t.name+".bias", GroupRouted, l, e, t.out)
+				split(t.biasCut)
+			}
+		}
 	}
 }

@@ -125,7 +125,7 @@ func TestFlopsBadInput(t *testing.T) {
 	bad := filepath.Join(dir, "config.json")
 	os.WriteFile(bad, []byte("{\n  \"model_type\": \"qwen3_moe\",\n  oops\n}"), 0o644)
 	unknown := filepath.Join(dir, "unknown.json")
-	os.WriteFile(unknown, []byte(`{"model_type": "gpt_oss"}`), 0o644)
+	os.WriteFile(unknown, []byte(`{"model_type": "jamba"}`), 0o644)
 	huge := filepath.Join(dir, "huge.json")
 	os.WriteFile(huge, []byte(`{"model_type":"llama","vocab_size":16777216,"hidden_size":16777216,"num_hidden_layers":2,
 		"num_attention_heads":1,"head_dim":16777216,"intermediate_size":16777216}`), 0o644)
@@ -137,7 +137,7 @@ func TestFlopsBadInput(t *testing.T) {
 		{[]string{"flops"}, "--model is required", true},
 		{[]string{"flops", "--model", "gpt5"}, "qwen3-30b-a3b", false},
 		{[]string{"flops", "--model", bad}, "line 3, column 3", false},
-		{[]string{"flops", "--model", unknown}, "not supported (supported: deepseek, deepseek_v2, deepseek_v3, glm4_moe", false},
+		{[]string{"flops", "--model", unknown}, "not supported (supported: deepseek, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss", false},
 		{[]string{"flops", "--model", huge, "--seq", "16777216", "--batch", "16777216"}, "overflows int64", false},
 		{[]string{"flops", "--model", "tiny", "--seq", "0"}, "seq = 0", true},
 		{[]string{"flops", "--model", "tiny", "--ac", "sometimes"}, "--ac", true},
@@ -163,14 +163,14 @@ func TestModels(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Published/hand-derived counts pinned in moe.TestBuiltinParams.
-	for _, want := range []string{"qwen3-30b-a3b", "30,532,122,624", "3,353,032,704", "llama3-8b", "8,030,261,248", "llama3-70b", "70,553,706,496", "llama3.1-405b", "405,853,388,800", "glm-4.5-air", "tiny-dense"} {
+	for _, want := range []string{"qwen3-30b-a3b", "30,532,122,624", "3,353,032,704", "llama3-8b", "8,030,261,248", "llama3-70b", "70,553,706,496", "llama3.1-405b", "405,853,388,800", "glm-4.5-air", "tiny-dense", "gpt-oss-120b", "116,829,156,672", "gpt-oss-20b", "20,914,757,184"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("models output lacks %q", want)
 		}
 	}
 	out, err = runCmd(t, "models", "--json")
 	var rows []modelInfo
-	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 15 || rows[0].Source == "" {
+	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 17 || rows[0].Source == "" {
 		t.Errorf("models --json: %v %d rows", err, len(rows))
 	}
 }

@@ -46,7 +46,7 @@ func addLayoutFlags(fs *flag.FlagSet) *layoutFlags {
 	fs.BoolVar(&f.keepGathered, "keep-gathered", false, "keep unsharded weights from backward to the next forward")
 	fs.BoolVar(&f.allreduceLastOnly, "allreduce-last-only", false, "replica all-reduce only on the last accumulation micro-step")
 	fs.BoolVar(&f.gradSyncLastOnly, "grad-sync-last-only", false, "reduce gradients only on the last accumulation micro-step, "+
-		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); fsdp only)")
+		"keeping each unit's unsharded gradients before (FSDP2 set_requires_gradient_sync(False); under zero1 or ddp DDP's no_sync, Megatron-Core's no_sync_func; not zero2)")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, fmt.Sprintf("GPUs per host, in [1, %d] (default from the cluster)", hw.MaxGPUsPerNode))
 	fs.IntVar(&f.pp, "pp", 0, "pipeline-parallel stages (outermost mesh axis; default 1)")
 	fs.StringVar(&f.ppSchedule, "pp-schedule", "", fmt.Sprintf("pipeline schedule, torchtitan's names: %v (default 1F1B)", job.PPSchedules()))

@@ -172,9 +172,9 @@ func TestMemoryGradSyncLastOnly(t *testing.T) {
 	if !r.Layout.GradSyncLastOnly || r.Breakdown["unsharded_grads"] != psi*4 {
 		t.Errorf("layout %+v, unsharded_grads at the peak %d B, want %d", r.Layout, r.Breakdown["unsharded_grads"], int64(psi*4))
 	}
-	out, err = runMem(t, append(args, "--grad-sync-last-only", "--sharding", "zero1")...)
+	out, err = runMem(t, append(args, "--grad-sync-last-only", "--sharding", "zero2")...)
 	if err == nil || exitCode(err) != 2 || !strings.Contains(err.Error(), "grad_sync_last_only") {
-		t.Errorf("zero1: exit %d, error %v\n%s", exitCode(err), err, out)
+		t.Errorf("zero2: exit %d, error %v\n%s", exitCode(err), err, out)
 	}
 }
 

@@ -51,23 +51,11 @@ func (h *configJSON) windows(c *moe.Config) error {
 			return fmt.Errorf("sliding_window = %d: must be ≥ 1 or null", w)
 		}
 	}
+	if h.ModelType == "gpt_oss" {
+		return h.gptOSSWindows(c)
+	}
 	if h.LayerTypes != nil {
-		if len(h.LayerTypes) != c.Layers {
-			return fmt.Errorf("layer_types has %d entries: needs one per layer (%d)", len(h.LayerTypes), c.Layers)
-		}
-		for i, t := range h.LayerTypes {
-			switch t {
-			case "full_attention":
-			case "sliding_attention":
-				if w == 0 {
-					return fmt.Errorf("layer_types[%d] = %q but sliding_window is null", i, t)
-				}
-				c.Window[i] = w
-			default:
-				return fmt.Errorf("layer_types[%d] = %q: not supported (full_attention or sliding_attention)", i, t)
-			}
-		}
-		return nil
+		return h.layerTypes(c, w)
 	}
 	switch h.ModelType {
 	case "mixtral":
@@ -91,6 +79,27 @@ func (h *configJSON) windows(c *moe.Config) error {
 			if i >= first {
 				c.Window[i] = w
 			}
+		}
+	}
+	return nil
+}
+
+// layerTypes sets the window of every layer layer_types calls
+// "sliding_attention" to w (0: sliding_window is null).
+func (h *configJSON) layerTypes(c *moe.Config, w int) error {
+	if len(h.LayerTypes) != c.Layers {
+		return fmt.Errorf("layer_types has %d entries: needs one per layer (%d)", len(h.LayerTypes), c.Layers)
+	}
+	for i, t := range h.LayerTypes {
+		switch t {
+		case "full_attention":
+		case "sliding_attention":
+			if w == 0 {
+				return fmt.Errorf("layer_types[%d] = %q but sliding_window is null", i, t)
+			}
+			c.Window[i] = w
+		default:
+			return fmt.Errorf("layer_types[%d] = %q: not supported (full_attention or sliding_attention)", i, t)
 		}
 	}
 	return nil

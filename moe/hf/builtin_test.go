@@ -101,7 +101,7 @@ func TestBuiltinParams(t *testing.T) {
 
 func TestBuiltinStructure(t *testing.T) {
 	names := Builtins()
-	want := []string{"deepseek-moe-16b", "deepseek-v2-lite", "deepseek-v3", "glm-4.5-air", "kimi-k2", "llama3-70b", "llama3-8b", "llama3.1-405b", "mixtral-8x7b", "moonlight-16b-a3b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
+	want := []string{"deepseek-moe-16b", "deepseek-v2-lite", "deepseek-v3", "glm-4.5-air", "gpt-oss-120b", "gpt-oss-20b", "kimi-k2", "llama3-70b", "llama3-8b", "llama3.1-405b", "mixtral-8x7b", "moonlight-16b-a3b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
 	if !reflect.DeepEqual(names, want) {
 		t.Fatalf("Builtins() = %v", names)
 	}
@@ -152,5 +152,54 @@ func TestBuiltinStructure(t *testing.T) {
 	td, _ := Load("tiny-dense")
 	if td.IsMoE() || !td.TiedEmbeddings {
 		t.Errorf("tiny-dense: %+v", td)
+	}
+}
+
+// TestGPTOSSParams: GPT-OSS's parameters summed per tensor from its
+// config.json by hand, with the tensors of modeling_gpt_oss.py
+// (transformers 00d4b3d2) at their logical (dequantized) shapes. Per layer,
+// D = 2880, q = 64·64 = 4096, kv = 8·64 = 512, F = 2880:
+//
+//	norms 2·D; q, k, v, o weights D·(q+2·kv) + q·D and biases q + 2·kv + D;
+//	sinks 64; router E·D + E; experts E·(D·2F + 2F + F·D + D)
+//
+// and the embedding and LM head V·D each (untied), final norm D. The totals
+// must equal the released checkpoints' per-tensor counts, 116,829,156,672
+// and 20,914,757,184 (issue 40); OpenAI's model card (arXiv:2508.10925,
+// table 1) gives 116.83B / 5.13B active and 20.91B / 3.61B active, its
+// active count excluding the input embedding.
+func TestGPTOSSParams(t *testing.T) {
+	const D, V, q, kv, F = 2880, 201088, 4096, 512, 2880
+	layer := func(E, k int64) int64 {
+		return 2*D + D*(q+2*kv) + q*D + q + 2*kv + D + 64 + E*D + E + k*(D*2*F+2*F+F*D+D)
+	}
+	for _, tc := range []struct {
+		name               string
+		layers, experts    int64
+		checkpoint         int64
+		cardTotal, cardAct float64
+	}{
+		{"gpt-oss-120b", 36, 128, 116_829_156_672, 116.83, 5.13},
+		{"gpt-oss-20b", 24, 32, 20_914_757_184, 20.91, 3.61},
+	} {
+		c, err := Load(tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total, active := countParams(c)
+		wantTotal := 2*V*D + D + tc.layers*layer(tc.experts, tc.experts)
+		wantActive := 2*V*D + D + tc.layers*layer(tc.experts, 4)
+		if total != wantTotal || active != wantActive {
+			t.Errorf("%s: params %d / %d, hand count %d / %d", tc.name, total, active, wantTotal, wantActive)
+		}
+		if total != tc.checkpoint {
+			t.Errorf("%s: total %d, the checkpoint holds %d", tc.name, total, tc.checkpoint)
+		}
+		if d := math.Abs(float64(total)/1e9 - tc.cardTotal); d > 0.005 {
+			t.Errorf("%s: total %.3fB vs model card %.2fB", tc.name, float64(total)/1e9, tc.cardTotal)
+		}
+		if d := math.Abs(float64(active-V*D)/1e9 - tc.cardAct); d > 0.005 {
+			t.Errorf("%s: active without the input embedding %.3fB vs model card %.2fB", tc.name, float64(active-V*D)/1e9, tc.cardAct)
+		}
 	}
 }

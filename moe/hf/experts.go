@@ -15,7 +15,7 @@ import (
 // intermediate_size.
 func (h *configJSON) denseFFN(c *moe.Config, e *hfErrors) {
 	switch h.ModelType {
-	case "mixtral", "olmoe":
+	case "mixtral", "olmoe", "gpt_oss":
 	default:
 		c.DenseFFN = e.req("intermediate_size", h.IntermediateSize)
 	}
@@ -48,6 +48,8 @@ func (h *configJSON) experts(c *moe.Config, def hfDefault, layersOK bool, e *hfE
 		isMoE = h.moeGLM(c, def, e)
 	case "deepseek_v3", "kimi_k2", "deepseek_v2":
 		isMoE = h.moeDeepseekMLA(c, def, e)
+	case "gpt_oss":
+		isMoE = h.moeGPTOSS(c, e)
 	}
 	if layersOK {
 		for i := range c.MoELayer {

@@ -72,6 +72,9 @@ var hfDefaults = map[string]hfDefault{
 	"deepseek_v3": {normEps: 1e-6, ropeTheta: 10000, normTopK: true, rotary: 1, qkNorm: moe.QKNormNone, moe: true, firstKDense: 3, mla: deepseekV3MLA},
 	"kimi_k2":     {normEps: 1e-6, ropeTheta: 10000, normTopK: true, rotary: 1, qkNorm: moe.QKNormNone, moe: true, firstKDense: 3, mla: deepseekV3MLA},
 	"deepseek_v2": {normEps: 1e-6, ropeTheta: 10000, rotary: 1, qkNorm: moe.QKNormNone, moe: true, mla: deepseekV2MLA},
+	// transformers' GptOssConfig (configuration_gpt_oss.py, transformers
+	// 02b8f42b; gptoss.go).
+	"gpt_oss": {normEps: 1e-5, ropeTheta: 150000, auxCoef: 0.001, rotary: 1, qkNorm: moe.QKNormNone, moe: true},
 }
 
 // configJSON is the union of the config.json keys moescope reads. Pointers
@@ -140,6 +143,10 @@ type configJSON struct {
 	VHeadDim             *int  `json:"v_head_dim"`
 	RopeInterleave       *bool `json:"rope_interleave"`
 	NumNextnPredictLayer *int  `json:"num_nextn_predict_layers"`
+
+	// GPT-OSS's clamped SwiGLU (gptoss.go).
+	SwigluAlpha *float64 `json:"swiglu_alpha"`
+	SwigluLimit *float64 `json:"swiglu_limit"`
 
 	slidingWindowSet bool // "sliding_window" present, even as null
 	qLoraRankSet     bool // "q_lora_rank" present, even as null (no query latent)
@@ -223,9 +230,12 @@ func (h *configJSON) normalize() (*moe.Config, error) {
 	if h.MLPBias != nil && *h.MLPBias {
 		e.unsupported("mlp_bias", true, "FFN biases are not modelled")
 	}
-	if def.mla != nil {
+	switch {
+	case def.mla != nil:
 		h.mla(c, def, &e)
-	} else {
+	case h.ModelType == "gpt_oss":
+		h.gptOSSAttention(c, &e)
+	default:
 		h.attention(c, def, &e)
 	}
 

@@ -82,7 +82,7 @@ func TestParseHFErrors(t *testing.T) {
 	}{
 		{"{\n  \"model_type\": \"qwen3_moe\",\n  \"vocab_size\": 64,,\n}", []string{"line 3, column 20"}},
 		{"{\n \"model_type\": \"qwen3_moe\",\n \"vocab_size\": \"big\"\n}", []string{"line 3", "vocab_size", "string"}},
-		{`{"model_type": "gpt_oss"}`, []string{`"gpt_oss" is not supported`, "glm4_moe", "qwen3_moe", "llama"}},
+		{`{"model_type": "jamba"}`, []string{`"jamba" is not supported`, "glm4_moe", "qwen3_moe", "llama"}},
 		{`{"vocab_size": 3}`, []string{"model_type is missing"}},
 		// Errors speak of JSON, not of the Go types it decodes into.
 		{`[{"model_type": "llama"}]`, []string{"must be a JSON object, found a JSON array"}},
@@ -94,11 +94,11 @@ func TestParseHFErrors(t *testing.T) {
 		// Several violations are all reported.
 		{strings.Replace(strings.Replace(minimal, `"hidden_size": 32`, `"hidden_size": -1`, 1), `"vocab_size": 64`, `"vocab_size": 0`, 1), []string{"vocab = 0", "hidden = -1"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 9999999999`, 1), []string{"layers = 9999999999"}},
-		// Params would list up to 3 + 17·4 + 3·87382·4 = 1,048,655 tensors,
+		// Params would list up to 3 + 20·4 + 3·87382·4 = 1,048,667 tensors,
 		// past 2^20 = 1,048,576 (TestTensorCap pins the boundary); 70000
-		// layers of 4 experts: 3 + 17·70000 + 12·70000 = 2,030,003.
-		{strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 87382`, 1), []string{"layers, experts = 4, 87382 (4 MoE layers)", "up to 1048655 parameter tensors; at most 1048576"}},
-		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 70000`, 1), []string{"layers, experts = 70000, 4", "up to 2030003 parameter tensors"}},
+		// layers of 4 experts: 3 + 20·70000 + 12·70000 = 2,240,003.
+		{strings.Replace(minimal, `"num_experts": 4`, `"num_experts": 87382`, 1), []string{"layers, experts = 4, 87382 (4 MoE layers)", "up to 1048667 parameter tensors; at most 1048576"}},
+		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 70000`, 1), []string{"layers, experts = 70000, 4", "up to 2240003 parameter tensors"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "mlp_only_layers": [7]`, 1), []string{"mlp_only_layers = 7"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "attention_bias": true`, 1), []string{"attention_bias = true", "o_proj"}},
 		{strings.Replace(minimal, `"num_hidden_layers": 4`, `"num_hidden_layers": 4, "hidden_act": "gelu"`, 1), []string{"hidden_act = gelu"}},
@@ -241,14 +241,14 @@ func TestParseHFModelTypes(t *testing.T) {
 }
 
 // TestTensorCap: the largest expert count under the 2^20-tensor bound for
-// four MoE layers is 87375 (3 + 17·4 + 12·87375 = 1,048,571 ≤ 1,048,576;
-// 87376 gives 1,048,583), and published shapes are far below it
-// (DeepSeek-V3-like 61 layers of 256 experts: 3 + 17·61 + 3·256·61 = 47,888).
+// four MoE layers is 87374 (3 + 20·4 + 12·87374 = 1,048,571 ≤ 1,048,576;
+// 87375 gives 1,048,583), and published shapes are far below it
+// (DeepSeek-V3-like 61 layers of 256 experts: 3 + 20·61 + 3·256·61 = 48,071).
 func TestTensorCap(t *testing.T) {
 	for _, tc := range []struct {
 		layers, experts int
 		ok              bool
-	}{{4, 87375, true}, {4, 87376, false}, {61, 256, true}} {
+	}{{4, 87374, true}, {4, 87375, false}, {61, 256, true}} {
 		c, err := ParseConfig([]byte(minimal), "m")
 		if err != nil {
 			t.Fatal(err)
@@ -379,6 +379,9 @@ func TestParseHFBehaviourFields(t *testing.T) {
 		"deepseek_v3": {eps: 1e-20, ignore: true},
 		"kimi_k2":     {eps: 1e-20, ignore: true},
 		"deepseek_v2": {ignore: true, expert: "model.layers.1.mlp.experts.0.gate_proj.weight"},
+		// GptOssMLP.router and the stacked GptOssExperts tensors
+		// (modeling_gpt_oss.py, transformers 00d4b3d2): expert 0's slice.
+		"gpt_oss": {names: moe.TensorNames{Router: "router"}, expert: "model.layers.1.mlp.experts.gate_up_proj[0]"},
 	}
 	const body = `"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
 		"intermediate_size": 48, "moe_intermediate_size": 16, "num_experts": 4, "num_local_experts": 4,

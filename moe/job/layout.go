@@ -99,7 +99,11 @@ type Layout struct {
 	// replica all-reduce) on all but the last accumulation micro-step, as
 	// FSDP2's set_requires_gradient_sync(False) does: each unit keeps its
 	// unsharded gradients, accumulated in the reduce type, across the
-	// micro-steps. Only under fsdp sharding. Omitted from JSON when false.
+	// micro-steps. Under zero1 and ddp, whose gradients are whole on every
+	// rank, it is DDP's no_sync and Megatron-Core's no_sync_func
+	// (forward_backward_no_pipelining runs every micro-batch but the last
+	// inside it; megatron/core/pipeline_parallel/schedules.py, Megatron-LM
+	// d98e8a64). Not under zero2. Omitted from JSON when false.
 	GradSyncLastOnly bool `json:"grad_sync_last_only,omitempty"`
 }
 
@@ -280,8 +284,8 @@ func (l Layout) Validate() error {
 	default:
 		errs = append(errs, moe.FieldError{Field: "fsdp_impl", Value: l.FSDPImpl, Allowed: "must be fsdp2 or megatron"})
 	}
-	if l.GradSyncLastOnly && l.Sharding != ShardFSDP {
-		errs = append(errs, moe.FieldError{Field: "grad_sync_last_only", Value: true, Allowed: fmt.Sprintf("needs sharding fsdp (FSDP2's set_requires_gradient_sync), not %s", l.Sharding)})
+	if l.GradSyncLastOnly && l.Sharding == ShardZeRO2 {
+		errs = append(errs, moe.FieldError{Field: "grad_sync_last_only", Value: true, Allowed: "needs sharding fsdp (FSDP2's set_requires_gradient_sync), zero1 or ddp (whole gradients kept: DDP's and Megatron-Core's no_sync), not zero2"})
 	}
 	if l.GPUsPerNode < 0 || l.GPUsPerNode > MaxGPUsPerNode {
 		errs = append(errs, moe.FieldError{Field: "gpus_per_node", Value: l.GPUsPerNode, Allowed: fmt.Sprintf("must be in [1, %d] (0 = from the cluster)", MaxGPUsPerNode)})

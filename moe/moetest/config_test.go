@@ -16,9 +16,22 @@ import (
 // every option below must appear within them.
 const draws = 300
 
+// notExecuted lists the model types the loader and the accounting read but
+// the reference (moe/ref) does not execute yet, so that no draw can run:
+// each names what moe/ref refuses. Config must draw every other type, and
+// these as soon as moe/ref executes them.
+var notExecuted = map[string]string{
+	"gpt_oss": "issue 40: moe/ref refuses attn_sinks, o_proj_bias, router_bias, expert_bias, swiglu_clamp and fused_experts",
+}
+
+// supportedExecuted is hf.SupportedModelTypes less notExecuted.
+func supportedExecuted() []string {
+	return slices.DeleteFunc(hf.SupportedModelTypes(), func(t string) bool { _, ok := notExecuted[t]; return ok })
+}
+
 func TestModelTypesAreSupported(t *testing.T) {
-	if got, want := ModelTypes(), hf.SupportedModelTypes(); !slices.Equal(got, want) {
-		t.Errorf("Config draws model types %v; the loader supports %v", got, want)
+	if got, want := ModelTypes(), supportedExecuted(); !slices.Equal(got, want) {
+		t.Errorf("Config draws model types %v; the loader supports %v, of which moe/ref executes %v", got, hf.SupportedModelTypes(), want)
 	}
 }
 
@@ -69,6 +82,10 @@ func TestCoverage(t *testing.T) {
 	constant := map[string]string{
 		"Source": "no draw names a source",
 	}
+	// GPT-OSS's fields: set only by gpt_oss, which is not drawn (notExecuted).
+	for _, f := range []string{"OProjBias", "AttnSinks", "RouterBias", "ExpertBias", "Clamp", "FusedExperts"} {
+		constant[f] = notExecuted["gpt_oss"]
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	types := map[string]int{}
 	seen := make([]bool, len(options))
@@ -92,7 +109,7 @@ func TestCoverage(t *testing.T) {
 			fieldValues[name][fmt.Sprint(v.Field(f).Interface())] = true
 		}
 	}
-	for _, mt := range hf.SupportedModelTypes() {
+	for _, mt := range supportedExecuted() {
 		if types[mt] == 0 {
 			t.Errorf("model_type %s: not drawn in %d configs", mt, draws)
 		}

@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"math"
 	"math/rand/v2"
+	"strings"
 )
 
 // Model is the reference implementation of a Config: parameters (and their
@@ -35,6 +36,9 @@ func NewModel[T Float](c *moe.Config) (*Model[T], error) {
 	}
 	if c.RopeScaling != "" && c.RopeScaling != "yarn" {
 		return nil, fmt.Errorf("%s: rope_scaling with rope_type %q is not implemented by the reference model (only plain RoPE and yarn); FLOP and memory accounting do not depend on it", c.Name, c.RopeScaling)
+	}
+	if err := refuseUnbuilt(c); err != nil {
+		return nil, err
 	}
 	m := &Model[T]{Cfg: c, Params: c.Params()}
 	n := 0
@@ -472,4 +476,24 @@ func (m *Model[T]) UpdateSelectionBias(loads [][]int64, rate float64) {
 			lw.SelBias[e] += T(delta[e] - dm)
 		}
 	}
+}
+
+// refuseUnbuilt names the Config fields that the accounting reads but this
+// implementation does not execute yet (GPT-OSS's, issue 40), so that no
+// loss or gradient silently belongs to another model.
+func refuseUnbuilt(c *moe.Config) error {
+	var unbuilt []string
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"attn_sinks", c.AttnSinks}, {"o_proj_bias", c.OProjBias}, {"router_bias", c.RouterBias},
+		{"expert_bias", c.ExpertBias}, {"swiglu_clamp", c.Clamp != nil}, {"fused_experts", c.FusedExperts}} {
+		if f.set {
+			unbuilt = append(unbuilt, f.name)
+		}
+	}
+	if unbuilt == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %s: not implemented by the reference model yet (FLOP and parameter accounting read them)", c.Name, strings.Join(unbuilt, ", "))
 }

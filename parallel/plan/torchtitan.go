@@ -71,6 +71,11 @@ var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryF
 	// torchtitan's deepseek_v3 "16B" flavor is its DeepSeek-MoE-16B
 	// (train_configs/deepseek_v3_16b.toml loads deepseek-moe-16b-base).
 	"deepseek-moe-16b": {"deepseek_v3", "16B", "torchtitan.models.deepseek_v3.config_registry", "deepseek_v3_16b", `"16B", attn_backend="flex"`},
+	// gptoss_configs "20b" and "120b" (torchtitan/models/gpt_oss/__init__.py
+	// at v0.2.2 and b5bcd76c); config_registry.py at b5bcd76c: gpt_oss_20b
+	// and gpt_oss_120b call model_registry("20b") and model_registry("120b").
+	"gpt-oss-20b":  {"gpt_oss", "20b", "torchtitan.models.gpt_oss.config_registry", "gpt_oss_20b", `"20b"`},
+	"gpt-oss-120b": {"gpt_oss", "120b", "torchtitan.models.gpt_oss.config_registry", "gpt_oss_120b", `"120b"`},
 }
 
 // TorchtitanAdmit returns nil when target can express p run with a

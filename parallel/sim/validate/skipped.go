@@ -107,7 +107,8 @@ func Shared(runs []published.Run, table [][]string) SharedTable {
 // KV heads, FFN 28672, vocabulary 128256) and differ only in RoPE scaling.
 var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
 	"Llama3-8B": "llama3-8b", "Llama3-70B": "llama3-70b", "Llama3.1-405B": "llama3.1-405b",
-	"Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2"}
+	"Mixtral-8x7B": "mixtral-8x7b", "DeepSeek-V3": "deepseek-v3", "Kimi-K2": "kimi-k2",
+	"GPT-OSS-120B": "gpt-oss-120b", "GPT-OSS-20B": "gpt-oss-20b"}
 
 // neededFeature is the first feature a row of the shared table needs that
 // moescope lacks: context parallelism inside pipeline stages (CP alone and

@@ -1,0 +1,32 @@
+package ref
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/moetest"
+)
+
+// TestNewModelRefusesUnbuilt: each GPT-OSS field the reference does not
+// execute yet is refused by its name, never run as another model.
+func TestNewModelRefusesUnbuilt(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(c *moe.Config)
+	}{
+		{"attn_sinks", func(c *moe.Config) { c.AttnSinks = true }},
+		{"o_proj_bias", func(c *moe.Config) { c.OProjBias = true }},
+		{"router_bias", func(c *moe.Config) { c.RouterBias = true }},
+		{"expert_bias", func(c *moe.Config) { c.ExpertBias = true }},
+		{"swiglu_clamp", func(c *moe.Config) { c.Clamp = &moe.SwiGLUClamp{Alpha: 1.702, Limit: 7} }},
+		{"fused_experts", func(c *moe.Config) { c.FusedExperts = true }},
+	} {
+		c := moetest.ConfigOf(rand.New(rand.NewPCG(1, 2)), "qwen3_moe")
+		tc.set(c)
+		if _, err := NewModel[float64](c); err == nil || !strings.Contains(err.Error(), tc.name) {
+			t.Errorf("%s: NewModel error %v, want one naming it", tc.name, err)
+		}
+	}
+}
