@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
@@ -44,6 +45,11 @@ type Shape struct {
 	// (cpBuffers); the saved tensors are the shard's.
 	CP       int
 	CPMethod job.CPMethod
+	// ExpertLoad is the rows the most loaded expert-parallel rank's experts
+	// receive ÷ the mean (job.Recipe's ExpertSkew; 0 or 1: balanced): the
+	// table is that rank's (loadedRank), the one whose memory decides
+	// whether a step fits.
+	ExpertLoad float64
 }
 
 // Saved returns the tensors layer keeps from forward for backward, one
@@ -132,7 +138,26 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.TE.Blocks {
 		rs = teBlock(cfg, layer, sh.AC, sh.TE, rs)
 	}
-	return tpSaved(cfg, layer, sh, rs), nil
+	return loadedRank(sh, tpSaved(cfg, layer, sh, rs)), nil
+}
+
+// loadedRank scales the tensors of the rows a rank's experts receive by
+// sh.ExpertLoad under expert parallelism: the dispatch's all-to-all
+// output and every routed expert's saved tensor (rounded up). The rank's
+// own tokens' tensors (the router's, the dispatch order, the combine's
+// returned outputs and weights) stay: each rank routes its own tokens.
+func loadedRank(sh Shape, rs []moe.SavedRecord) []moe.SavedRecord {
+	if sh.EP <= 1 || sh.ExpertLoad <= 1 {
+		return rs
+	}
+	for i, r := range rs {
+		switch {
+		case r.Op == moe.OpExpertGate, r.Op == moe.OpExpertUp, r.Op == moe.OpExpertAct, r.Op == moe.OpExpertDown,
+			r.Op == moe.OpDispatch && r.Tensor == moe.SavedAllToAllOutput:
+			rs[i].Elements = int64(math.Ceil(float64(r.Elements) * sh.ExpertLoad))
+		}
+	}
+	return rs
 }
 
 // headSaved is the head's table under sh: the loss's log-probabilities in

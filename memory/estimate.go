@@ -59,6 +59,9 @@ type Options struct {
 	// TE says which parts of the step are TransformerEngine's and how its
 	// modules store their saved inputs (te.go); zero value: none.
 	TE TE
+	// ExpertLoad is the most loaded expert-parallel rank's rows ÷ the
+	// mean (Shape.ExpertLoad): the step is that rank's.
+	ExpertLoad float64
 }
 
 // Segments is the caching allocator's segment mode.
@@ -246,7 +249,7 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 func stepShape(l job.Layout, b Batch, o Options) Shape {
 	return Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
 		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank(),
-		TE: o.TE}
+		TE: o.TE, ExpertLoad: o.ExpertLoad}
 }
 
 // MaxLBS returns the largest local batch whose peak reserved memory is at

@@ -8,12 +8,13 @@ import (
 // OptionsOf is the memory model's view of a run's recipe and checkpointing
 // policy: its storage types, attention (cuDNN and FlashAttention-2 save what
 // flash attention saves), loss chunks, AdamW implementation, compiled
-// components, loss and reduce types and allocator segments. r must be
+// components, loss and reduce types, allocator segments and the most
+// loaded expert-parallel rank's share of the routed rows (expert skew). r must be
 // resolved (job.Recipe.Resolve).
 func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o := Options{Precision: r.Storage(), AC: ac, Attention: Flash, LossChunks: r.LossChunks,
 		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed,
-		Master: r.MasterDType}
+		Master: r.MasterDType, ExpertLoad: r.ExpertSkew}
 	if r.Attention == job.EagerAttention {
 		o.Attention = Eager
 	}
@@ -36,6 +37,9 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 // EstimateRun is Estimate for the run s, under allocator model a (nil:
 // DefaultAllocator).
 func EstimateRun(s job.Spec, a *Allocator) (Report, error) {
+	if err := s.CheckExpertSkew(); err != nil {
+		return Report{}, err
+	}
 	o := OptionsOf(s.Recipe, s.AC)
 	o.Allocator = a
 	return Estimate(s.Model, s.Layout, Batch{LBS: s.LBS, Seq: s.Seq, GradAccum: s.GradAccum}, o)

@@ -193,3 +193,34 @@ func TestMemoryMaxLBSPipelineMicrobatch(t *testing.T) {
 		t.Errorf("max_lbs %v; want a multiple of the micro-batch size 2\n%s", r.MaxLBS, out)
 	}
 }
+
+// TestMemoryExpertSkew: --expert-skew gives the most loaded expert-parallel
+// rank's memory, more than balanced routing's, and a skew the layout cannot
+// produce (above ep·min(k, E/ep)/k = 8 for Qwen3-30B-A3B's top-8 of 128
+// experts on ep 8) is refused naming the bound; --routing FILE is refused
+// by name.
+func TestMemoryExpertSkew(t *testing.T) {
+	args := []string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--lbs", "2", "--seq", "4096", "--ac", "none", "--json"}
+	peak := func(extra ...string) int64 {
+		out, err := runMem(t, append(append([]string{}, args...), extra...)...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", extra, err, out)
+		}
+		var r struct {
+			Peak int64 `json:"peak_reserved_bytes"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil || r.Peak <= 0 {
+			t.Fatalf("%v: %v\n%s", extra, err, out)
+		}
+		return r.Peak
+	}
+	if balanced, skewed := peak(), peak("--expert-skew", "1.5"); !(skewed > balanced) {
+		t.Errorf("peak reserved at skew 1.5: %d B, balanced %d B: want more", skewed, balanced)
+	}
+	if out, err := runMem(t, append(append([]string{}, args...), "--expert-skew", "9")...); err == nil || !strings.Contains(err.Error(), "[1, 8]") {
+		t.Errorf("skew 9 on ep 8: error %v, want one naming [1, 8]\n%s", err, out)
+	}
+	if out, err := runMem(t, append(append([]string{}, args...), "--routing", "counts.json")...); err == nil || !strings.Contains(err.Error(), "routing") {
+		t.Errorf("--routing FILE: error %v, want a refusal naming it\n%s", err, out)
+	}
+}

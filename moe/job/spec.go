@@ -103,6 +103,16 @@ func (s Spec) MaxExpertSkew() float64 {
 	return float64(s.EP*min(cfg.TopK, cfg.Experts/s.EP)) / float64(cfg.TopK)
 }
 
+// CheckExpertSkew refuses an expert skew the layout cannot produce (above
+// MaxExpertSkew).
+func (s Spec) CheckExpertSkew() error {
+	if maxSkew := max(s.MaxExpertSkew(), 1); s.ExpertSkew > 1 && s.ExpertSkew > maxSkew {
+		return fmt.Errorf("expert skew = %v: must be in [1, %v] for ep = %d, top-k %d of %d experts (the most loaded EP rank receives at most min(top-k, experts/ep) rows per token)",
+			s.ExpertSkew, maxSkew, s.EP, s.Model.TopK, s.Model.Experts)
+	}
+	return nil
+}
+
 // GlobalBatch is the sequences one optimizer step consumes.
 func (s Spec) GlobalBatch() int64 { return s.Batch.Global(s.Layout.DP()) }
 

@@ -391,10 +391,8 @@ func resolveHardware(in Input) (hw.Device, *hw.Cluster, error) {
 // checkSkewBound checks the run's expert skew against the most it can be
 // on its layout (job.Spec.MaxExpertSkew; under pp, the stage's layout).
 func checkSkewBound(s job.Spec) error {
-	cfg := s.Model
-	if maxSkew := max(s.MaxExpertSkew(), 1); s.ExpertSkew > 1 && s.ExpertSkew > maxSkew {
-		return fmt.Errorf("simulate: expert skew = %v: must be in [1, %v] for ep = %d, top-k %d of %d experts (the most loaded EP rank receives at most min(top-k, experts/ep) rows per token)",
-			s.ExpertSkew, maxSkew, s.EP, cfg.TopK, cfg.Experts)
+	if err := s.CheckExpertSkew(); err != nil {
+		return fmt.Errorf("simulate: %w", err)
 	}
 	return nil
 }
