@@ -62,6 +62,10 @@ type Options struct {
 	// ExpertLoad is the most loaded expert-parallel rank's rows ÷ the
 	// mean (Shape.ExpertLoad): the step is that rank's.
 	ExpertLoad float64
+	// RouterCV > 0 is learned routing: the router's per-expert load spread
+	// (band.Stored.RouterCV), from which Estimate sets ExpertLoad to the
+	// run's job.Spec.LearnedSkew.
+	RouterCV float64
 }
 
 // Segments is the caching allocator's segment mode.
@@ -214,6 +218,9 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	}
 	method := l.CPMethod
 	l, b, cp := foldCP(l, b)
+	if o.RouterCV > 0 {
+		o.ExpertLoad = job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: b.LBS, Seq: b.Seq, GradAccum: b.GradAccum}}.LearnedSkew(o.RouterCV)
+	}
 	if o.GradBuffer && l.Sharding != job.ShardZeRO1 && l.Sharding != job.ShardDDP {
 		return Report{}, fmt.Errorf("ddp_impl megatron: Megatron-Core's gradient buffer needs sharding zero1 or ddp, not %s", l.Sharding)
 	}

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 )
@@ -15,6 +16,9 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o := Options{Precision: r.Storage(), AC: ac, Attention: Flash, LossChunks: r.LossChunks,
 		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed,
 		Master: r.MasterDType, ExpertLoad: r.ExpertSkew}
+	if r.Routing == job.RoutingLearned {
+		o.RouterCV = band.Uncalibrated().RouterCV
+	}
 	if r.Attention == job.EagerAttention {
 		o.Attention = Eager
 	}

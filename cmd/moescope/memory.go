@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 func init() {
@@ -61,7 +62,6 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	rf := addRunFlags(fs)
 	rf.layout.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
 	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version")
-	rf.recipe.refuse("a counts file's loads are replayed by simulate; memory takes the most loaded rank's --expert-skew", "routing")
 	rf.recipe.refuse("the memory of dropped or padded expert rows is not modelled yet (simulate and plan price their time)", "capacity-factor", "pad-to-capacity")
 	fs.Lookup("lbs").Usage = "sequences per data-parallel rank per micro-step (required unless --max-lbs)"
 	jsonOut := fs.Bool("json", false, "print one JSON object")
@@ -96,6 +96,13 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	}
 	if err := dev.Runs(spec.Precision); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if f := spec.Routing.File(); f != "" {
+		counts, err := sim.RoutingCounts(f, cfg)
+		if err != nil {
+			return err
+		}
+		spec.Routing, spec.ExpertSkew = job.RoutingBalanced, sim.CountsSkew(counts, spec)
 	}
 	o := memory.OptionsOf(spec.Recipe, spec.AC)
 	rep := memoryReport{Model: cfg.Name, GPU: dev.Name, Layout: l, AC: spec.AC, Attention: string(o.Attention), LossChunks: spec.LossChunks,

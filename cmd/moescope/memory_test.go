@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -197,8 +200,11 @@ func TestMemoryMaxLBSPipelineMicrobatch(t *testing.T) {
 // TestMemoryExpertSkew: --expert-skew gives the most loaded expert-parallel
 // rank's memory, more than balanced routing's, and a skew the layout cannot
 // produce (above ep·min(k, E/ep)/k = 8 for Qwen3-30B-A3B's top-8 of 128
-// experts on ep 8) is refused naming the bound; --routing FILE is refused
-// by name.
+// experts on ep 8) is refused naming the bound. --routing FILE sizes the
+// rank its counts load most: 16 experts per rank, rank 0's at 150 rows and
+// the other 112 at 100, hold 2400 of 13600 rows, 2400 ÷ (13600/8) =
+// 24/17× the mean (by hand), the memory of --expert-skew 24/17; --routing
+// learned holds more than balanced routing.
 func TestMemoryExpertSkew(t *testing.T) {
 	args := []string{"--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--lbs", "2", "--seq", "4096", "--ac", "none", "--json"}
 	peak := func(extra ...string) int64 {
@@ -220,7 +226,22 @@ func TestMemoryExpertSkew(t *testing.T) {
 	if out, err := runMem(t, append(append([]string{}, args...), "--expert-skew", "9")...); err == nil || !strings.Contains(err.Error(), "[1, 8]") {
 		t.Errorf("skew 9 on ep 8: error %v, want one naming [1, 8]\n%s", err, out)
 	}
-	if out, err := runMem(t, append(append([]string{}, args...), "--routing", "counts.json")...); err == nil || !strings.Contains(err.Error(), "routing") {
-		t.Errorf("--routing FILE: error %v, want a refusal naming it\n%s", err, out)
+	row := make([]int64, 128)
+	for e := range row {
+		row[e] = 100
+		if e < 16 {
+			row[e] = 150
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"expert_counts": [][]int64{row}})
+	counts := filepath.Join(t.TempDir(), "counts.json")
+	if err := os.WriteFile(counts, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if file, skew := peak("--routing", counts), peak("--expert-skew", strconv.FormatFloat(24.0/17, 'g', -1, 64)); file != skew {
+		t.Errorf("--routing FILE: peak reserved %d B, want that of skew 24/17: %d B", file, skew)
+	}
+	if balanced, learned := peak(), peak("--routing", "learned"); !(learned > balanced) {
+		t.Errorf("--routing learned: peak reserved %d B, want more than balanced %d B", learned, balanced)
 	}
 }

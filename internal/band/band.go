@@ -57,6 +57,15 @@ type Stored struct {
 	NodeSpread        float64 `json:"node_spread"`
 	NodeSpreadSD      float64 `json:"node_spread_sd"`
 	NodeSpreadSources int     `json:"node_spread_sources"`
+	// RouterCV is the learned-routing fit (parallel/sim/validate's
+	// Routing): the relative standard deviation of one routed expert's
+	// load under a learned router beyond the sampling of its tokens, the
+	// mean of the estimates of RouterCVSources published sources that
+	// measured a router against forced balance (0: none), RouterCVSD their
+	// standard deviation.
+	RouterCV        float64 `json:"router_cv"`
+	RouterCVSD      float64 `json:"router_cv_sd"`
+	RouterCVSources int     `json:"router_cv_sources"`
 }
 
 //go:embed bands.json

@@ -52,7 +52,7 @@ var layers = [][]string{
 	{"moe"},
 	{"moe/attn"},
 	{"moe/kernel", "moe/quant", "moe/safetensors"},
-	{"internal/band", "internal/fileio", "internal/golden", "internal/jsonout", "internal/layering", "internal/sizes"},
+	{"internal/band", "internal/fileio", "internal/golden", "internal/jsonout", "internal/layering", "internal/sizes", "internal/stats"},
 }
 
 // testSupport are imported by tests only, from any layer: the shared random

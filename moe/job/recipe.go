@@ -87,9 +87,10 @@ type Recipe struct {
 	// (--moe-pad-expert-input-to-capacity).
 	CapacityFactor float64 `json:"capacity_factor,omitempty" help:"rows each expert keeps, × the balanced mean (Megatron-Core's --moe-expert-capacity-factor; 0 = dropless)"`
 	PadToCapacity  bool    `json:"pad_to_capacity,omitempty" help:"pad every expert's rows to its capacity (Megatron-Core's --moe-pad-expert-input-to-capacity; needs --capacity-factor)"`
-	// Routing is balanced, learned (refused: not priced yet) or a file of
-	// per-expert token counts (Routing).
-	Routing Routing `json:"routing,omitempty" empty:"ok" help:"the router's load: balanced, or a JSON file of per-expert token counts ({\"expert_counts\": [[per expert] per MoE layer]}, as train --json writes them) that the simulator replays; learned is not priced yet"`
+	// Routing is balanced, learned (a trained router's load from published
+	// statistics: LearnedSkew) or a file of per-expert token counts
+	// (Routing).
+	Routing Routing `json:"routing,omitempty" empty:"ok" help:"the router's load: balanced (forced, the default), learned (a trained router's most loaded EP rank from published router statistics, with their spread in the interval) or a JSON file of per-expert token counts ({\"expert_counts\": [[per expert] per MoE layer]}, as train --json writes them) that the simulator replays"`
 }
 
 // DefaultRecipe is torchtitan's: bf16 training with FSDP2 mixed precision

@@ -1,6 +1,9 @@
 package job
 
-import "github.com/moescope/moescope/moe"
+import (
+	"github.com/moescope/moescope/internal/band"
+	"github.com/moescope/moescope/moe"
+)
 
 // Routing is what the run's router does with the tokens: DESIGN's
 // `--routing balanced|learned|FILE`. Empty and RoutingBalanced are
@@ -24,15 +27,16 @@ func (r Routing) File() string {
 	return string(r)
 }
 
-// check refuses learned routing (no published router load statistics are
-// modelled yet: give the counts a run recorded, or --expert-skew) and a
-// counts file beside an expert skew (the counts decide the skew).
+// check refuses an expert skew beside learned routing or a counts file
+// (the router's statistics or the counts decide the most loaded rank), and
+// learned routing while no router statistics are stored (band.Stored's
+// RouterCV is fitted from published runs: see LearnedSkew).
 func (r Routing) check(skew float64) error {
 	switch {
-	case r == RoutingLearned:
-		return moe.FieldError{Field: "routing", Value: string(r), Allowed: "not priced yet (no published per-expert load statistics are modelled): balanced, or a JSON file of per-expert token counts"}
-	case r.File() != "" && skew != 0:
-		return moe.FieldError{Field: "expert_skew", Value: skew, Allowed: "0 with routing " + string(r) + ": the counts decide the most loaded rank"}
+	case r == RoutingLearned && band.Uncalibrated().RouterCV <= 0:
+		return moe.FieldError{Field: "routing", Value: string(r), Allowed: "balanced, or a JSON file of per-expert token counts (no published router statistics are stored)"}
+	case (r == RoutingLearned || r.File() != "") && skew != 0:
+		return moe.FieldError{Field: "expert_skew", Value: skew, Allowed: "0 with routing " + string(r) + ": the router decides the most loaded rank"}
 	}
 	return nil
 }

@@ -158,6 +158,12 @@ type TorchtitanExport struct {
 	// is bf16): the export writes its converters or refuses (CheckQuant,
 	// AdmitQuant).
 	Quant TorchtitanQuant
+	// ForceBalance: the plan was priced with balanced routing stated
+	// (--routing balanced), which torchtitan runs only under its debugging
+	// option debug.moe_force_load_balance (round-robin; job_config.py
+	// Debug at v0.2.2, configs.py DebugConfig at main): the export sets it.
+	// Without it torchtitan's router is the learned one.
+	ForceBalance bool
 	// LossChunks is the chunked cross-entropy's chunk count the plan's
 	// memory assumed (≤ 1: one piece). Only the Python export writes it
 	// (v0.2.2 has no chunked loss; CheckRecipe refuses it there): main's
@@ -401,6 +407,9 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	default:
 		fmt.Fprintf(&b, "mode = %q\n", p.AC.Mode)
 	}
+	if e.ForceBalance {
+		b.WriteString("\n[debug]\nmoe_force_load_balance = true  # --routing balanced: round-robin experts, a debugging option\n")
+	}
 	e.Quant.writeTOML(&b)
 	_, err = io.WriteString(w, b.String())
 	return skipped, err
@@ -551,6 +560,9 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 		b.WriteString("    config.activation_checkpoint = None\n")
 	}
 	b.WriteString(pyLossLine(e.LossChunks))
+	if e.ForceBalance {
+		b.WriteString("    config.debug.moe_force_load_balance = True  # --routing balanced: round-robin experts, a debugging option\n")
+	}
 	b.WriteString("    return config\n")
 	_, err = io.WriteString(w, b.String())
 	return skipped, err

@@ -12,7 +12,8 @@ import (
 // ReduceDType) and the low-precision converters (Quant); the caller sets
 // the rest.
 func RecipeExport(r job.Recipe) TorchtitanExport {
-	e := TorchtitanExport{Precision: r.Storage(), ReduceDType: r.ReduceDType, Quant: QuantOf(r), LossChunks: r.LossChunks}
+	e := TorchtitanExport{Precision: r.Storage(), ReduceDType: r.ReduceDType, Quant: QuantOf(r), LossChunks: r.LossChunks,
+		ForceBalance: r.Routing == job.RoutingBalanced}
 	e.Compile.Model, e.Compile.Loss = r.Compiled()
 	return e
 }
@@ -39,6 +40,7 @@ func (t TorchtitanTarget) CheckRecipe(r job.Recipe) error {
 	refuse(r.FusedElementwise, "fused-elementwise", r.FusedElementwise)
 	refuse(r.LossChunks > 1 && t == TorchtitanTOML, "loss-chunks", r.LossChunks) // main's ChunkedLossWrapper (Python export)
 	refuse(r.CapacityFactor > 0, "capacity-factor", r.CapacityFactor)            // torchtitan's MoE is dropless
+	refuse(r.Routing.File() != "", "routing", r.Routing)                         // no replay of recorded counts
 	refuse(r.Attention != d.Attention, "attention-kernel", r.Attention)
 	refuse(r.Optimizer != d.Optimizer, "optimizer-impl", r.Optimizer)
 	// Megatron-Core's storage and modules, which torchtitan does not build.

@@ -22,6 +22,7 @@ func TestCheckRecipeRefusesMegatronSettings(t *testing.T) {
 		{func(r *job.Recipe) { r.LossImpl = job.TELoss }, "--loss-impl"},
 		{func(r *job.Recipe) { r.DDPImpl = job.MegatronDDP }, "--ddp-impl"},
 		{func(r *job.Recipe) { r.CapacityFactor = 1.25 }, "--capacity-factor"},
+		{func(r *job.Recipe) { r.Routing = "counts.json" }, "--routing"},
 	} {
 		for _, target := range []TorchtitanTarget{TorchtitanTOML, TorchtitanPy} {
 			r := job.DefaultRecipe()

@@ -163,6 +163,7 @@ func TestTorchtitanTOML(t *testing.T) {
 	}
 	for i, c := range cases {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Header: []string{"plan " + c.p.String()}, Compile: exportCompile(i)}
+		e.ForceBalance = i == len(cases)-1 // --routing balanced: [debug] against the schema
 		if i%2 == 1 {
 			// A complete job, as the sweep writes: its added keys are
 			// checked against the schema like the plan's.
@@ -308,7 +309,7 @@ func TestTorchtitanPython(t *testing.T) {
 		// cp 2, the default rotation (main has no other) and balancer.
 		{"llama3-8b", torchtitanCPPoint(4, 2, 1, job.CPAllGather, job.CPHeadTail), 0},
 	} {
-		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i)}
+		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i), ForceBalance: i == 1}
 		if i%2 == 1 {
 			e.Run = &TorchtitanRun{Name: "job", Steps: 30} // a complete job, as the sweep writes
 			e.LossChunks = 8

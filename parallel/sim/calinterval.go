@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/moescope/moescope/internal/band"
+	"github.com/moescope/moescope/internal/stats"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/cost"
 )
@@ -78,7 +79,7 @@ func (p *Prepared) beyondCalibration(cal *cost.Calibration, res Result) (float64
 		return 0, err
 	}
 	perSpread := (math.Log(r.TPS) - math.Log(res.TPS)) / (s - s0)
-	unpinned := 1 - cost.ExpectedMaxNormal(fitted)/cost.ExpectedMaxNormal(n)
+	unpinned := 1 - stats.ExpectedMaxNormal(fitted)/stats.ExpectedMaxNormal(n)
 	return math.Abs(perSpread) * unpinned * sd, nil
 }
 

@@ -38,8 +38,8 @@ func expertLoads(cfg *moe.Config, l job.Layout, in Input) (map[int]expertShare, 
 		return loads, fmt.Sprintf("one rank simulated: in each MoE layer the EP rank receiving the most rows under the given counts (up to %.3f× the mean); exact because every all-to-all waits for it", worst)
 	}
 	skew := 1.0
-	if in.ExpertSkew > 1 && l.EP > 1 {
-		skew = in.ExpertSkew
+	if r := in.RoutedSkew(); r > 1 && l.EP > 1 {
+		skew = r
 	}
 	if load := capped(skew, in.Recipe); load != 1 {
 		for layer := 0; layer < cfg.Layers; layer++ {
@@ -127,4 +127,31 @@ func capacityNote(r job.Recipe) string {
 		return fmt.Sprintf(", every expert padded to capacity factor %g", r.CapacityFactor)
 	}
 	return fmt.Sprintf(", rows over capacity factor %g dropped", r.CapacityFactor)
+}
+
+// CountsSkew is the most loaded expert-parallel rank's rows ÷ the mean in
+// the worst MoE layer of counts (RoutingCounts' rows) on run s's layout,
+// at most the layout's bound (job.Spec.MaxExpertSkew, which counts a
+// router can record never exceed): what the memory model sizes a step by
+// (it keeps one load for every layer, so where layers differ this bounds
+// the loaded rank's memory from above).
+func CountsSkew(counts [][]int64, s job.Spec) float64 {
+	worst := 1.0
+	if s.EP <= 1 {
+		return worst
+	}
+	for _, row := range counts {
+		worst = math.Max(worst, countsShare(row, s.EP, s.Recipe).load)
+	}
+	return math.Min(worst, max(s.MaxExpertSkew(), 1))
+}
+
+// memorySpec is the run whose memory the simulator replays: with recorded
+// counts, that of the rank they load most in their worst layer
+// (CountsSkew), which the memory model holds for every layer.
+func memorySpec(s job.Spec, counts [][]int64) job.Spec {
+	if len(counts) > 0 {
+		s.Routing, s.ExpertSkew = job.RoutingBalanced, CountsSkew(counts, s)
+	}
+	return s
 }

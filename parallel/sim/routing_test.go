@@ -50,7 +50,7 @@ func TestRoutingFile(t *testing.T) {
 		edit func(*Input)
 		want string
 	}{
-		{func(in *Input) { in.Routing = job.RoutingLearned }, "routing = learned: not priced yet"},
+		{func(in *Input) { in.Routing, in.ExpertSkew = job.RoutingLearned, 2 }, "expert_skew = 2"},
 		{func(in *Input) { in.Routing, in.ExpertSkew = job.Routing(file), 2 }, "expert_skew = 2"},
 		{func(in *Input) { in.Routing = job.Routing(bad) }, "bad.json: expert_counts: expert counts row 0 has 3 entries for 4 experts"},
 	} {

@@ -194,6 +194,15 @@ func (r *Result) OpTimings() []OpTiming {
 // whose groups straddle NVLink domains unevenly are approximated by
 // rank 0's.
 func Simulate(in Input) (Result, error) {
+	res, err := simulate(in)
+	if err != nil {
+		return res, err
+	}
+	return widenForRouter(in, res)
+}
+
+// simulate is Simulate without the learned router's spread.
+func simulate(in Input) (Result, error) {
 	if err := in.Recipe.Resolve(); err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
@@ -301,7 +310,7 @@ func Prepare(in Input) (*Prepared, error) {
 	if p.sched, err = parallel.BuildSchedule(parallel.ScheduleSpec{Spec: in.Spec, Mesh: p.mesh, NoMemory: true}); err != nil { // p.mem below is the timeline, under in's memory options
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
-	if p.mem, err = memory.EstimateRun(orig.Spec, in.Allocator); err != nil {
+	if p.mem, err = memory.EstimateRun(memorySpec(orig.Spec, in.ExpertCounts), in.Allocator); err != nil {
 		return nil, fmt.Errorf("simulate: memory: %w", err)
 	}
 	// Estimate replayed the timeline through this allocator already: seed

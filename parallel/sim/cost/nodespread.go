@@ -1,5 +1,7 @@
 package cost
 
+import "github.com/moescope/moescope/internal/stats"
+
 // NodeSpreadLoss is the share of the mean GPU's rate a synchronous step
 // loses to the slowest of nodes nodes whose speeds spread with relative
 // standard deviation sd beyond the spread inside one node: sd·E[max of
@@ -18,5 +20,5 @@ func NodeSpreadLoss(sd float64, nodes int) float64 {
 	if nodes <= 1 || sd <= 0 {
 		return 0
 	}
-	return sd * ExpectedMaxNormal(nodes)
+	return sd * stats.ExpectedMaxNormal(nodes)
 }

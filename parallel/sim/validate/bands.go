@@ -34,7 +34,7 @@ type sample struct {
 
 // Bands computes the stored bands of a TPS and a memory table, with the
 // scale-out fit's spread; a band of fewer than two runs is left zero.
-func Bands(t TPSTable, m MemoryTable, scale ScaleOut) band.Stored {
+func Bands(t TPSTable, m MemoryTable, scale ScaleOut, routing Routing) band.Stored {
 	var modelled, all []sample
 	for _, s := range t.Series {
 		key := fmt.Sprintf("%s|%s|%s|%s|%s", s.File, s.Model, s.GPU, s.Precision, s.FrameworkVersion)
@@ -67,6 +67,7 @@ func Bands(t TPSTable, m MemoryTable, scale ScaleOut) band.Stored {
 		out.Memory, out.MemoryRuns, out.MemoryCoverage = fit(mem), len(mem), coverage(mem)
 	}
 	out.NodeSpread, out.NodeSpreadSD, out.NodeSpreadSources = scale.NodeSpread, scale.NodeSpreadSD, len(scale.Sources)
+	out.RouterCV, out.RouterCVSD, out.RouterCVSources = routing.CV, routing.CVSD, len(routing.Sources)
 	return out
 }
 

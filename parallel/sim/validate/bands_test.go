@@ -18,7 +18,7 @@ var update = flag.Bool("update", false, "rewrite internal/band/bands.json from t
 // leave-one-series-out coverage.
 func TestBandsStored(t *testing.T) {
 	tb := loadTables(t)
-	got := Bands(tb.tps, tb.mem, tb.scale)
+	got := Bands(tb.tps, tb.mem, tb.scale, tb.routing)
 	t.Logf("TPS band [%.3f, %.3f] over %d %s runs of %d series, leave-one-series-out coverage %.1f%%; memory band [%.3f, %.3f] over %d runs, coverage %.1f%%",
 		got.TPS.Low, got.TPS.High, got.TPSRuns, got.TPSGroup, got.Series, 100*got.TPSCoverage,
 		got.Memory.Low, got.Memory.High, got.MemoryRuns, 100*got.MemoryCoverage)
@@ -39,7 +39,8 @@ func TestBandsStored(t *testing.T) {
 	if want.TPSGroup != got.TPSGroup || want.TPSRuns != got.TPSRuns || want.MemoryRuns != got.MemoryRuns ||
 		!near(want.TPS.Low, got.TPS.Low) || !near(want.TPS.High, got.TPS.High) ||
 		!near(want.Memory.Low, got.Memory.Low) || !near(want.Memory.High, got.Memory.High) ||
-		!near(want.NodeSpread, got.NodeSpread) || !near(want.NodeSpreadSD, got.NodeSpreadSD) || want.NodeSpreadSources != got.NodeSpreadSources {
+		!near(want.NodeSpread, got.NodeSpread) || !near(want.NodeSpreadSD, got.NodeSpreadSD) || want.NodeSpreadSources != got.NodeSpreadSources ||
+		!near(want.RouterCV, got.RouterCV) || !near(want.RouterCVSD, got.RouterCVSD) || want.RouterCVSources != got.RouterCVSources {
 		t.Errorf("stored bands %+v differ from the published runs' %+v: run with -update", want, got)
 	}
 }

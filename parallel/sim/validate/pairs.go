@@ -77,7 +77,9 @@ func settingDiff(a, b published.Run) (string, bool) {
 		return "", false
 	}
 	var diff []string
-	for _, k := range slices.Sorted(maps.Keys(ka)) {
+	keys := maps.Clone(ka)
+	maps.Copy(keys, kb) // a key one run omits (omitempty) differs too
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		if fmt.Sprint(ka[k]) != fmt.Sprint(kb[k]) {
 			diff = append(diff, fmt.Sprintf("%s: %v → %v", k, ka[k], kb[k]))
 		}

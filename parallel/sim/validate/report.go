@@ -22,8 +22,11 @@ type Report struct {
 	Memory MemoryTable `json:"memory"`
 	// ScaleOut is the scaling series among the runs and the spread between
 	// nodes fitted to them.
-	ScaleOut ScaleOut     `json:"scale_out"`
-	Shared   *SharedTable `json:"shared_table,omitempty"` // absent without a shared table
+	ScaleOut ScaleOut `json:"scale_out"`
+	// Routing is the learned-routing fit: the router spread each source
+	// of a learned router beside forced balance implies.
+	Routing Routing      `json:"routing"`
+	Shared  *SharedTable `json:"shared_table,omitempty"` // absent without a shared table
 	// Bands are the uncalibrated 90% bands these runs give, with their
 	// leave-one-series-out coverage (for the published runs: what every
 	// uncalibrated prediction carries, package band).
@@ -51,7 +54,11 @@ func Validate(source string, runs []published.Run, table [][]string) (Report, er
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Runs: source, Count: len(runs), TPS: tps, Pairs: Pairs(tps), Memory: mem, ScaleOut: scale, Bands: Bands(tps, mem, scale)}
+	routing, err := FitRouting(runs, PredictAtSkew)
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{Runs: source, Count: len(runs), TPS: tps, Pairs: Pairs(tps), Memory: mem, ScaleOut: scale, Routing: routing, Bands: Bands(tps, mem, scale, routing)}
 	if table != nil {
 		s := Shared(runs, table)
 		rep.Shared = &s

@@ -24,14 +24,19 @@ var publishedTables = sync.OnceValues(func() (tables, error) {
 		return tables{}, err
 	}
 	scale, err := FitScaleOut(runs, PredictAtSpread)
-	return tables{runs, tps, mem, scale}, err
+	if err != nil {
+		return tables{}, err
+	}
+	routing, err := FitRouting(runs, PredictAtSkew)
+	return tables{runs, tps, mem, scale, routing}, err
 })
 
 type tables struct {
-	runs  []published.Run
-	tps   TPSTable
-	mem   MemoryTable
-	scale ScaleOut
+	runs    []published.Run
+	tps     TPSTable
+	mem     MemoryTable
+	scale   ScaleOut
+	routing Routing
 }
 
 // loadTables returns publishedTables or fails the test.

@@ -21,6 +21,7 @@ func WriteText(w io.Writer, rep Report) error {
 	b.WriteString("\npeak memory per GPU, GiB: measured and predicted\n")
 	writeMemory(&b, rep.Memory)
 	writeScaleOut(&b, rep.ScaleOut)
+	writeRouting(&b, rep.Routing)
 	bd := rep.Bands
 	fmt.Fprintf(&b, "\nuncalibrated 90%% bands of measured ÷ predicted: TPS [%.3f, %.3f] over %d %s runs of %d series, "+
 		"leave-one-series-out coverage %.1f%%; memory [%.3f, %.3f] over %d runs, coverage %.1f%%\n",
