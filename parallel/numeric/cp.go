@@ -50,8 +50,8 @@ func (c CP) check(cfg *moe.Config, l job.Layout, seq int) error {
 		why = "cp_load_balancer = ptrr: FlexAttention's block assignment is not built in the numeric ranks (headtail and none are)"
 	case c.Balancer != job.CPHeadTail && c.Balancer != job.CPNoBalance:
 		why = fmt.Sprintf("cp_load_balancer = %q: must be headtail or none", c.Balancer)
-	case seq%c.chunks() != 0:
-		why = fmt.Sprintf("seq = %d is not divisible by the load balancer's %d chunks", seq, c.chunks())
+	case c.layout().CheckSeq(seq) != nil:
+		why = c.layout().CheckSeq(seq).Error()
 	case cfg.IsMLA():
 		why = "multi-head latent attention: the ring exchanges standard K/V heads only (not built)"
 	case cfg.AttnSinks:
@@ -76,6 +76,12 @@ func (c CP) chunks() int {
 		return c.degree()
 	}
 	return 2 * c.degree()
+}
+
+// layout is the cp part of a layout, whose CheckSeq is the one rule on
+// how sequences split.
+func (c CP) layout() job.Layout {
+	return job.Layout{CP: c.Degree, CPMethod: c.Method, CPLoadBalancer: c.Balancer}
 }
 
 // Positions returns the indices in a sequence of seq tokens of the tokens

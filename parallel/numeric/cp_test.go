@@ -164,7 +164,7 @@ func TestNumericCPRefuses(t *testing.T) {
 		{moetest.TinyMoE(), cpLayout(t, 2, 2, 1, job.CPAllGather, job.CPPTRR), 16, "ptrr"},
 		{sw, cpLayout(t, 2, 2, 1, job.CPAllGather, job.CPHeadTail), 16, "layer 1 has a sliding window of 4"},
 		{sq, cpLayout(t, 2, 2, 1, job.CPAllGather, job.CPHeadTail), 16, "seq_aux_loss"},
-		{moetest.TinyMoE(), cpLayout(t, 2, 2, 1, job.CPAllGather, job.CPHeadTail), 6, "seq = 6 is not divisible"},
+		{moetest.TinyMoE(), cpLayout(t, 2, 2, 1, job.CPAllGather, job.CPHeadTail), 6, "seq = 6 is not divisible by tp × 2·cp"},
 	} {
 		_, err := cpTrainer(t, c.cfg, c.l, moe.AC{Mode: moe.ACSelective}, 1, c.seq, 1)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
