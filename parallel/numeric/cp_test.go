@@ -35,7 +35,12 @@ func cpTrainer(t *testing.T, cfg *moe.Config, l job.Layout, ac moe.AC, lbs, seq,
 
 func cpLayout(t *testing.T, gpus, cp, ep int, method job.CPMethod, lb job.CPLoadBalancer) job.Layout {
 	t.Helper()
-	l := job.Layout{GPUs: gpus, CP: cp, EP: ep, CPMethod: method, CPLoadBalancer: lb, Sharding: job.ShardFSDP, ReshardAfterForward: true}
+	return cpLayoutRep(t, gpus, 1, cp, ep, method, lb)
+}
+
+func cpLayoutRep(t *testing.T, gpus, rep, cp, ep int, method job.CPMethod, lb job.CPLoadBalancer) job.Layout {
+	t.Helper()
+	l := job.Layout{GPUs: gpus, DPReplicate: rep, CP: cp, EP: ep, CPMethod: method, CPLoadBalancer: lb, Sharding: job.ShardFSDP, ReshardAfterForward: true}
 	if err := l.Resolve(); err != nil {
 		t.Fatal(err)
 	}
@@ -98,6 +103,37 @@ func TestNumericCPEqualsOneRank(t *testing.T) {
 			res = append(res, r)
 		}
 		compareRuns(t, fmt.Sprintf("gpus %d cp %d ep %d %s %s %s", c.gpus, c.cp, c.ep, c.method, c.lb, c.ac), ref[k], res, refP[k], n.Params(), false, 1e-5)
+	}
+}
+
+// TestNumericCPHSDPSelectionBias: cp inside HSDP replicas (dp_replicate 2
+// × dp_shard 1 × cp 2) and a sigmoid router whose selection bias moves by
+// the step's loads, each cp rank counting its own tokens' rows, equal one
+// rank at grad-accum 2 × 2 (within 1e-5: replicas' partial sums).
+func TestNumericCPHSDPSelectionBias(t *testing.T) {
+	cfg := moetest.TinyMoE()
+	cfg.Score, cfg.SelectionBias, cfg.RoutedScale = moe.Sigmoid, true, 2.5
+	cfg.AuxLossCoef, cfg.OutputRouterLogits = 0, false
+	cfg.Groups, cfg.TopKGroups = 2, 1
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ac := moe.AC{Mode: moe.ACSelective}
+	for _, c := range []*moe.Config{moetest.TinyMoE(), cfg} {
+		want, pw, _ := numericRunSeq(t, c, moetest.FSDPLayout(t, 1, 1, 1), ac, 1, 16, 4, 3)
+		n, err := cpTrainer(t, c, cpLayoutRep(t, 4, 2, 2, 1, job.CPP2P, job.CPHeadTail), ac, 1, 16, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []StepResult
+		for s := 0; s < 3; s++ {
+			r, err := n.Step(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, r)
+		}
+		compareRuns(t, fmt.Sprintf("%s rep 2 cp 2", c.Score), want, got, pw, n.Params(), false, 1e-5)
 	}
 }
 
