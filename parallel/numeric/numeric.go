@@ -58,6 +58,11 @@ func (s Spec) data() parallel.Batch {
 // of every unit's replicated tensors' gradients included
 // (TestNumericTPFollowsSchedule).
 //
+// With CP (Spec.CP, cp.go) the mesh is the layout with cp folded into
+// dp_shard; the cp ranks of a data-parallel rank split its sequences and
+// exchange keys and values in attention (cpAttention), collectives the
+// schedule does not list yet.
+//
 // Sharding (over dp_shard for dense units, over efsdp = dp_shard/ep for
 // expert units; FSDPShard geometry, padded dim-0 or dim-1 chunks):
 //
