@@ -208,3 +208,53 @@ func TestNumericCPRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestCPCollectives counts each rank's collectives on its cp group in one
+// step (2 layers, 1 micro-step, selective AC: no attention recompute), by
+// the methods' definitions: allgather runs per layer one all-gather of K/V
+// forward, and backward one all-gather and one reduce-scatter of dK/dV;
+// a ring of cp members runs per layer cp−1 forward hops and cp backward
+// (cp−1 of K/V with dK/dV, one of dK/dV home). The aux loss adds one
+// all-gather of the expert totals per micro-step. Elements: a hop carries
+// the rank's lbs·seq/cp tokens × 2·G·d (K and V; 4·G·d with dK/dV).
+func TestCPCollectives(t *testing.T) {
+	cfg := moetest.TinyMoE() // G·d = 1·4
+	const seq, cp = 16, 4
+	const tok = seq / cp
+	for _, c := range []struct {
+		method job.CPMethod
+		want   map[parallel.CollKind][]int64 // element counts in order, per kind
+	}{
+		{job.CPAllGather, map[parallel.CollKind][]int64{
+			// forward L0, L1 gathers; aux totals (2·E f64 = 16 words ×
+			// cp); backward L1, L0 re-gathers with their reduce-scatters.
+			parallel.CollAllGather:     {cp * tok * 8, cp * tok * 8, cp * 16, cp * tok * 8, cp * tok * 8},
+			parallel.CollReduceScatter: {cp * tok * 8, cp * tok * 8},
+		}},
+		{job.CPP2P, map[parallel.CollKind][]int64{
+			parallel.CollAllGather: {cp * 16},
+			parallel.CollAllToAll: {tok * 8, tok * 8, tok * 8, tok * 8, tok * 8, tok * 8, // forward: 3 hops × 2 layers
+				tok * 16, tok * 16, tok * 16, tok * 8, tok * 16, tok * 16, tok * 16, tok * 8}, // backward per layer: 3 joined, 1 home
+		}},
+	} {
+		n, err := cpTrainer(t, cfg, cpLayout(t, cp, cp, 1, c.method, job.CPHeadTail), moe.AC{Mode: moe.ACSelective}, 1, seq, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Comm().Trace = true
+		if _, err := n.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for r, recs := range n.Comm().Traces() {
+			got := map[parallel.CollKind][]int64{}
+			for _, rec := range recs {
+				if rec.Axis == axisCP {
+					got[rec.Kind] = append(got[rec.Kind], rec.Elements)
+				}
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Errorf("%s rank %d: cp collectives %v, want %v", c.method, r, got, c.want)
+			}
+		}
+	}
+}
