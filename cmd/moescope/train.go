@@ -84,14 +84,16 @@ func runTrain(stdout, stderr io.Writer, args []string) error {
 	if r.layout.Stages() > 1 {
 		return a.runPipeline(stdout, stderr, r)
 	}
-	if a.printSched {
+	if a.printSched && r.layout.CPDegree() > 1 {
+		return fmt.Errorf("%w: --schedule with --cp %d: the schedule does not list the cp ranks' K/V exchanges yet", errUsage, r.layout.CP)
+	} else if a.printSched {
 		sched, err := parallel.BuildSchedule(parallel.ScheduleSpec{Spec: r.spec(), Mesh: r.mesh})
 		if err != nil {
 			return err
 		}
 		return sched.Print(stdout)
 	}
-	if err := checkHostMemory(r.cfg, r.layout, memory.Batch{LBS: a.lbs, Seq: a.seq, GradAccum: a.accum}, r.ac, a.hostGiB); err != nil {
+	if err := checkHostMemory(r.cfg, r.layout.FoldCP(), memory.Batch{LBS: a.lbs, Seq: a.seq / r.layout.CPDegree(), GradAccum: a.accum}, r.ac, a.hostGiB); err != nil {
 		return err
 	}
 	num, state, err := a.trainer(r)
@@ -215,10 +217,10 @@ func (a *trainArgs) setup() (*trainRun, error) {
 	if err := refuseMegatron(layout, "train", "the numeric backend issues FSDP2's collectives in FSDP2's order"); err != nil {
 		return nil, err
 	}
-	if cp := layout.CPDegree(); cp > 1 {
-		return nil, fmt.Errorf("%w: --cp = %d: context parallelism is priced by simulate/plan; numeric CP ranks are not built yet", errUsage, cp)
+	if cp := layout.CPDegree(); cp > 1 && (layout.TPDegree() > 1 || layout.Stages() > 1) {
+		return nil, fmt.Errorf("%w: --cp = %d with --tp %d --pp %d: numeric CP ranks run without tensor or pipeline parallelism (simulate and plan price them)", errUsage, cp, layout.TPDegree(), layout.Stages())
 	}
-	if layout.TPDegree() > 1 {
+	if layout.TPDegree() > 1 || layout.CPDegree() > 1 {
 		// tp with pp is refused by the layout itself.
 		if err := layout.CheckSeq(a.seq); err != nil {
 			return nil, fmt.Errorf("%w: --seq: %v", errUsage, err)
@@ -243,7 +245,7 @@ func (a *trainArgs) setup() (*trainRun, error) {
 		}
 		gpn = cl.GPUsPerNode
 	}
-	mesh, err := parallel.NewMesh(layout, cfg, gpn)
+	mesh, err := parallel.NewMesh(layout.FoldCP(), cfg, gpn) // cp ranks inside dp_shard (numeric.CP)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -266,7 +268,8 @@ func (a *trainArgs) trainer(r *trainRun) (*numeric.Trainer, numeric.TrainState, 
 	state := numeric.TrainState{Model: r.cfg.Name, Layout: r.layout, AC: r.ac.String(), LBS: a.lbs, Seq: a.seq, GradAccum: a.accum,
 		GlobalBatch: r.batch.Global(), DataSeed: a.seed, AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate}
 	spec := numeric.Spec{Spec: r.spec(), Mesh: r.mesh, DataSeed: a.seed, Numerics: a.num,
-		AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate, Timeout: a.faults.timeout}
+		AdamW: adam, AuxCoef: r.coef, BiasRate: a.biasRate, Timeout: a.faults.timeout,
+		CP: numeric.CP{Degree: r.layout.CP, Method: r.layout.CPMethod, Balancer: r.layout.CPLoadBalancer}}
 	return numeric.Start(spec, state, a.seed, a.resume, a.faults.fault(0))
 }
 
@@ -282,8 +285,12 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(progress, "train %s: %s; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
-		cfg.Name, mesh, ac, a.lbs, a.seq, a.accum, batch.Global())
+	cpNote := ""
+	if cp := layout.CPDegree(); cp > 1 {
+		cpNote = fmt.Sprintf("; folded dp_shard %d = dp_shard %d × cp %d (%s, %s)", layout.DPShard*cp, layout.DPShard, cp, layout.CPMethod, layout.CPLoadBalancer)
+	}
+	fmt.Fprintf(progress, "train %s: %s%s; ac %s, lbs %d, seq %d, grad-accum %d (global batch %d sequences)\n",
+		cfg.Name, mesh, cpNote, ac, a.lbs, a.seq, a.accum, batch.Global())
 	rep := trainReport{Run: report.Run{Model: cfg.Name, Layout: layout, AC: ac, LBS: a.lbs, Seq: a.seq, GradAccum: a.accum}, StartStep: num.StepIndex(),
 		ModelFLOPsStep: flopsStep, PeakGFLOPS: peak, PeakBytesPerRank: make([]int64, mesh.World())}
 	var total time.Duration
@@ -311,8 +318,9 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 		rep.Losses = append(rep.Losses, res.Loss)
 		rep.AuxLosses = append(rep.AuxLosses, res.Aux)
 		state.Losses = append(state.Losses, res.Loss)
-		// A tp rank's own tokens are 1/tp of its group's: torchtitan
-		// v0.2.2 (73a0e69) components/metrics.py divides the tokens by
+		// A tp rank's own tokens are 1/tp of its group's (res.Tokens are
+		// already a cp rank's): torchtitan v0.2.2 (73a0e69)
+		// components/metrics.py divides the tokens by
 		// ParallelDims.non_data_parallel_size = cp·tp·pp.
 		tps := float64(res.Tokens) / float64(layout.TPDegree()) / dt.Seconds()
 		mfu := flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(a.seq)), float64(batch.Global()*int64(a.seq))/dt.Seconds(), peak*1e9)
@@ -328,7 +336,7 @@ func (a *trainArgs) run(progress io.Writer, r *trainRun, num *numeric.Trainer, s
 			res.Step+1, res.Loss, res.Aux, tps, 100*mfu, peaks, fmtBytes(intra), fmtBytes(inter), dt.Seconds())
 	}
 	rep.Seconds = total.Seconds()
-	rep.TPS = float64(int64(a.steps)*int64(a.lbs)*int64(a.seq)*int64(a.accum)) / float64(layout.TPDegree()) / total.Seconds()
+	rep.TPS = float64(int64(a.steps)*int64(a.lbs)*int64(a.seq)*int64(a.accum)) / float64(layout.TPDegree()*layout.CPDegree()) / total.Seconds()
 	rep.MFU = flops.MFU(float64(flopsStep)/float64(batch.Global()*int64(a.seq)), float64(int64(a.steps)*batch.Global()*int64(a.seq))/total.Seconds(), peak*1e9)
 	rep.CommBytes = map[string]int64{}
 	for _, k := range parallel.CollKinds() {

@@ -91,7 +91,10 @@ type Block[T Float] struct {
 	local      localExperts[T]
 	// Experts, when non-nil, replaces the local execution of routed experts.
 	Experts ExpertStage[T]
-	st      blockState[T]
+	// Attention, when non-nil, replaces the local attention (context
+	// parallelism: AttentionStage).
+	Attention AttentionStage[T]
+	st        blockState[T]
 	// counts[e] = (token, slot) pairs routed to expert e in the last
 	// forward; with the aux loss on, seqCounts[b·E+e] and seqScores[b·E+e]
 	// = Σ_{t in sequence b} s_{t,e} per sequence (aux loss statistics).
@@ -260,9 +263,14 @@ func (b *Block[T]) attend(pass moe.Pass, useCache bool) {
 		return
 	}
 	st.o, st.lse = make([]T, T_*H*a.DV), make([]T, T_*H)
-	attn.Forward(st.o, st.lse, st.q, st.k, st.v, a)
+	area := int64(b.batch) * a.Area()
+	if b.Attention != nil {
+		area = b.Attention.AttentionForward(L, st.o, st.lse, st.q, st.k, st.v, a)
+	} else {
+		attn.Forward(st.o, st.lse, st.q, st.k, st.v, a)
+	}
 	b.x.round(st.o)
-	b.x.op(L, moe.OpAttn, pass, int64(b.batch)*int64(H)*a.Area()*int64(a.D+a.DV))
+	b.x.op(L, moe.OpAttn, pass, int64(H)*area*int64(a.D+a.DV))
 }
 
 // swiglu runs a shared or dense SwiGLU on h2 and returns its output [T,D].

@@ -86,8 +86,13 @@ func (b *Block[T]) attentionBackward(w, g *LayerWeights[T], dout []T) []T {
 	linearBack(ex, L, moe.OpOProj, do, g.Wo, nil, dout, st.o, w.Wo, T_, D, H*dvh)
 	dq, dk, dv := make([]T, T_*H*d), make([]T, T_*G*d), make([]T, T_*G*dvh)
 	a := b.attnShape()
-	attn.Backward(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
-	n := int64(b.batch) * int64(H) * a.Area()
+	area := int64(b.batch) * a.Area()
+	if b.Attention != nil {
+		area = b.Attention.AttentionBackward(L, dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
+	} else {
+		attn.Backward(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
+	}
+	n := int64(H) * area
 	ex.op(L, moe.OpAttn, moe.Recompute, n*int64(d))
 	ex.op(L, moe.OpAttn, moe.BackwardData, 2*n*int64(d+dvh))
 	dh1 := make([]T, T_*D)

@@ -61,8 +61,20 @@ type ropeTable[T Float] struct {
 }
 
 func newRopeTable[T Float](c *moe.Config, seq int) ropeTable[T] {
+	pos := make([]int, seq)
+	for p := range pos {
+		pos[p] = p
+	}
+	return newRopeTableAt[T](c, pos)
+}
+
+// newRopeTableAt is the table whose row p rotates by position pos[p]: a
+// context-parallel rank's tokens keep the positions they have in the
+// whole sequence.
+func newRopeTableAt[T Float](c *moe.Config, pos []int) ropeTable[T] {
 	r := c.RotaryDim()
 	h := r / 2
+	seq := len(pos)
 	t := ropeTable[T]{cos: make([]T, seq*h), sin: make([]T, seq*h), half: h, interleave: c.RopeInterleave}
 	scale := 1.0
 	if c.Yarn != nil {
@@ -70,7 +82,7 @@ func newRopeTable[T Float](c *moe.Config, seq int) ropeTable[T] {
 	}
 	for i, inv := range invFreq(c.Yarn, r, c.RopeTheta) {
 		for p := 0; p < seq; p++ {
-			s, co := math.Sincos(float64(p) * inv)
+			s, co := math.Sincos(float64(pos[p]) * inv)
 			t.cos[p*h+i], t.sin[p*h+i] = T(scale*co), T(scale*s)
 		}
 	}

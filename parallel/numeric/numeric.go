@@ -32,13 +32,16 @@ type Spec struct {
 	// each rank quantises on its own (its own amax, as the frameworks do
 	// without an amax reduction).
 	Numerics job.Numerics
+	// CP is the context parallelism the ranks run (cp.go); Mesh is then
+	// the layout with cp folded into dp_shard.
+	CP CP
 
 	storage moe.Precision // the recipe's storage types, resolved by New
 }
 
 // data is the run's data plan over the mesh's data-parallel ranks.
 func (s Spec) data() parallel.Batch {
-	return parallel.Batch{LBS: s.LBS, Seq: s.Seq, GradAccum: s.GradAccum, DP: s.Mesh.Layout.DP()}
+	return parallel.Batch{LBS: s.LBS, Seq: s.Seq, GradAccum: s.GradAccum, DP: s.Mesh.Layout.DP() / s.CP.degree()}
 }
 
 // Trainer trains the reference model with one goroutine per rank, each
@@ -54,6 +57,11 @@ func (s Spec) data() parallel.Batch {
 // collectives against the schedule's on that axis, the all-reduce over tp
 // of every unit's replicated tensors' gradients included
 // (TestNumericTPFollowsSchedule).
+//
+// With CP (Spec.CP, cp.go) the mesh is the layout with cp folded into
+// dp_shard; the cp ranks of a data-parallel rank split its sequences and
+// exchange keys and values in attention (cpAttention), collectives the
+// schedule does not list yet.
 //
 // Sharding (over dp_shard for dense units, over efsdp = dp_shard/ep for
 // expert units; FSDPShard geometry, padded dim-0 or dim-1 chunks):
@@ -94,7 +102,7 @@ type StepResult struct {
 	// Losses holds each micro-batch's cross-entropy in the order one rank
 	// with grad-accum DP·Micro would run them (micro-step m, then rank r).
 	Losses []float64
-	Tokens int64 // tokens one rank processed in the step (LBS·Seq·Micro)
+	Tokens int64 // tokens one rank processed in the step (LBS·Seq/cp·Micro)
 	// ExpertCounts[m][r][l][e] is how many (token, slot) pairs of rank r's
 	// micro-batch m layer l routed to expert e (nil for dense layers):
 	// what Schedule.WithCounts needs to size this step's all-to-alls.
@@ -113,6 +121,9 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 		return nil, err
 	}
 	if err := spec.Batch.Validate(); err != nil {
+		return nil, err
+	}
+	if err := spec.CP.check(cfg, m.Layout, spec.Batch.Seq); err != nil {
 		return nil, err
 	}
 	if err := spec.data().Validate(); err != nil {
@@ -189,7 +200,7 @@ func (n *Trainer) Step(ctx context.Context) (StepResult, error) {
 	}
 	cnt := float64(b.DP * b.GradAccum)
 	res.Loss, res.Aux = sl/cnt, sa/cnt
-	res.Tokens = int64(b.LBS) * int64(b.Seq) * int64(b.GradAccum)
+	res.Tokens = int64(b.LBS) * int64(b.Seq/n.spec.CP.degree()) * int64(b.GradAccum)
 	for _, r := range n.ranks {
 		res.PeakBytes = append(res.PeakBytes, r.mem.peak)
 	}

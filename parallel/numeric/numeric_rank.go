@@ -49,7 +49,8 @@ type numRank struct {
 	embed   *ref.Embedding[float32]
 	headRun *ref.Head[float32]
 	stage   *epStage
-	tp      *tpComm // nil without tensor parallelism
+	tp      *tpComm      // nil without tensor parallelism
+	cp      *cpAttention // nil without context parallelism
 
 	optStep int64
 	mem     memAccount
@@ -155,11 +156,13 @@ func newNumRank(spec *Spec, rank int, init [][]float32) (*numRank, error) {
 	}
 	r.embed = ref.NewEmbedding[float32](lcfg, o)
 	r.headRun = ref.NewHead[float32](lcfg, o)
+	r.cp = newCPAttention(m, rank, spec)
 	for l := 0; l < cfg.Layers; l++ {
-		b := ref.NewBlock[float32](lcfg, l, spec.Batch.LBS, spec.Batch.Seq, o)
+		b := ref.NewBlock[float32](lcfg, l, spec.Batch.LBS, spec.Batch.Seq/spec.CP.degree(), o)
 		if r.stage != nil && cfg.MoELayer[l] {
 			b.Experts = r.stage
 		}
+		r.cp.attach(b)
 		r.blocks = append(r.blocks, b)
 	}
 	r.mem.alloc(r.stateBytes())

@@ -26,6 +26,9 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 	if r.tp != nil {
 		r.tp.bind(ctx, ep)
 	}
+	if r.cp != nil {
+		r.cp.bind(ctx, ep)
+	}
 	micro := 0 // the micro-step being run, for the hooks below
 	if r.tp != nil && r.stage == nil {
 		r.tp.expertsDone = func(layer int) error {
@@ -38,7 +41,10 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 			return r.reduceUnit(ctx, ep, r.byKey[parallel.Unit{Layer: layer, Experts: true}], micro)
 		}
 	}
-	scale := 1 / float64(b.DP*b.GradAccum)
+	// The gradients are summed over the data-parallel ranks' cp ranks
+	// too, each holding its own tokens' mean cross-entropy: 1/cp of each.
+	cp := sp.CP.degree()
+	scale := 1 / float64(b.DP*cp*b.GradAccum)
 	local := make([]float32, 0, 4*b.GradAccum)
 	loads := make([][]int64, cfg.Layers)
 	for li := range loads {
@@ -49,7 +55,8 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 	for m := 0; m < b.GradAccum; m++ {
 		micro = m
 		// The tp ranks of a group read their data-parallel rank's sequences.
-		seqs := b.Sequences(sp.DataSeed, cfg.Vocab, t, m, r.coord.DPRank(sp.Mesh.Layout))
+		// So do the cp ranks, each taking its shard (microStep).
+		seqs := b.Sequences(sp.DataSeed, cfg.Vocab, t, m, r.coord.DPRank(sp.Mesh.Layout)/cp)
 		if r.stage != nil {
 			r.stage.micro = m
 		}
@@ -82,13 +89,19 @@ func (r *numRank) trainStep(ctx context.Context, ep *collective.Endpoint, t int)
 	}
 	// all is [rank][micro][loss, aux as 2 words each]; reorder to (m, r),
 	// r the data-parallel rank (the members of a tp group hold the same
-	// values: take each group's first, rank r·tp).
+	// values: take each group's first, rank r·tp; the members of a cp
+	// group hold their shards' mean cross-entropies, whose mean is the
+	// sequences', and the same aux loss).
 	var out []float64
 	tp := sp.Mesh.Layout.TPDegree()
 	for m := 0; m < b.GradAccum; m++ {
-		for rr := 0; rr < dp.Size()/tp; rr++ {
-			w := all[(rr*tp*b.GradAccum+m)*4:]
-			out = append(out, wordsF64(w[0:2]), wordsF64(w[2:4]))
+		for rr := 0; rr < dp.Size()/(tp*cp); rr++ {
+			var loss float64
+			for c := 0; c < cp; c++ {
+				loss += wordsF64(all[((rr*cp+c)*tp*b.GradAccum+m)*4:][0:2])
+			}
+			w := all[(rr*cp*tp*b.GradAccum+m)*4:]
+			out = append(out, loss/float64(cp), wordsF64(w[2:4]))
 		}
 	}
 	if cfg.SelectionBias && cfg.IsMoE() {
@@ -166,6 +179,9 @@ func (r *numRank) reduceUnit(ctx context.Context, ep *collective.Endpoint, u *nu
 // expert.
 func (r *numRank) microStep(ctx context.Context, ep *collective.Endpoint, seqs [][]int32, micro int, scale float64, loads [][]int64) (loss, aux float64, err error) {
 	ids, labels := nextTokenPairs(seqs, r.spec.Batch.Seq)
+	if r.cp != nil {
+		ids, labels = shardTokens(ids, labels, r.spec.Batch.Seq, r.cp.pos[r.cp.idx])
+	}
 	x, err := r.forward(ctx, ep, ids, micro, loads)
 	if err != nil {
 		return 0, 0, err
@@ -173,7 +189,11 @@ func (r *numRank) microStep(ctx context.Context, ep *collective.Endpoint, seqs [
 	// HF's load-balancing loss of this micro-batch (computed locally, as
 	// Megatron does) and its gradient per layer, from the blocks' routing.
 	var auxGrad [][]float32
-	if r.spec.AuxCoef != 0 && r.cfg.IsMoE() {
+	if r.spec.AuxCoef != 0 && r.cfg.IsMoE() && r.cp != nil {
+		if aux, auxGrad, err = r.cpAuxLoss(ctx, ep, scale); err != nil {
+			return 0, 0, err
+		}
+	} else if r.spec.AuxCoef != 0 && r.cfg.IsMoE() {
 		aux, auxGrad = ref.AuxLoss(r.cfg, r.blocks, scale*r.spec.AuxCoef)
 	}
 	loss, dx, err := r.headStep(ctx, ep, x, labels, scale, micro)
@@ -390,6 +410,9 @@ func (r *numRank) backwardEmbed(ctx context.Context, ep *collective.Endpoint, dx
 func (r *numRank) stageErr() error {
 	if r.stage != nil && r.stage.err != nil {
 		return r.stage.err
+	}
+	if err := r.cp.failed(); err != nil {
+		return err
 	}
 	return r.tp.failed()
 }

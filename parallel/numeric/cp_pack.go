@@ -1,0 +1,22 @@
+package numeric
+
+// packKV interleaves k and v [T, G·d] into rows [T, 2·G·d].
+func packKV(k, v []float32, w int) []float32 {
+	T := len(k) / w
+	kv := make([]float32, 2*len(k))
+	for t := 0; t < T; t++ {
+		copy(kv[2*t*w:], k[t*w:(t+1)*w])
+		copy(kv[(2*t+1)*w:], v[t*w:(t+1)*w])
+	}
+	return kv
+}
+
+// unpackAddKV adds the packed rows of dkv into dk and dv [T, G·d].
+func unpackAddKV(dk, dv, dkv []float32, w int) {
+	for t := 0; t < len(dk)/w; t++ {
+		for e := 0; e < w; e++ {
+			dk[t*w+e] += dkv[2*t*w+e]
+			dv[t*w+e] += dkv[(2*t+1)*w+e]
+		}
+	}
+}
