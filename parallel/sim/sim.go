@@ -207,8 +207,11 @@ func simulate(in Input) (Result, error) {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
 	if in.Layout.Stages() > 1 {
-		if in.Routing.File() != "" {
-			return Result{}, fmt.Errorf("simulate: routing %s: a counts file is not replayed through pipeline stages yet (pp = %d)", in.Routing, in.PP)
+		if f := in.Routing.File(); f != "" && len(in.ExpertCounts) == 0 {
+			var err error
+			if in.ExpertCounts, err = RoutingCounts(f, in.Model); err != nil {
+				return Result{}, err
+			}
 		}
 		if cp := in.CPDegree(); cp > 1 {
 			return Result{}, fmt.Errorf("simulate: cp = %d with pp = %d: context parallelism inside pipeline stages is not priced yet", cp, in.PP)
@@ -493,9 +496,10 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 }
 
 // MemoryOptions is the memory model's view of the run
-// (memory.OptionsOf) under the input's allocator model.
+// (memory.OptionsOf) under the input's allocator model, at the load of
+// the rank recorded counts load most (memorySpec).
 func (in Input) MemoryOptions() memory.Options {
-	o := memory.OptionsOf(in.Recipe, in.AC)
+	o := memory.OptionsOf(memorySpec(in.Spec, in.ExpertCounts).Recipe, in.AC)
 	o.Allocator = in.Allocator
 	return o
 }
