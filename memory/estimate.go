@@ -62,9 +62,9 @@ type Options struct {
 	// ExpertLoad is the most loaded expert-parallel rank's rows ÷ the
 	// mean (Shape.ExpertLoad): the step is that rank's.
 	ExpertLoad float64
-	// Amax: TransformerEngine's delayed scaling keeps amax histories for
-	// the converted GEMM sets (amax.go); zero value: none.
-	Amax Amax
+	// Delayed is the recipe when it is fp8-delayed, whose amax histories
+	// the rank keeps (amax.go); zero value: none.
+	Delayed job.Recipe
 }
 
 // Segments is the caching allocator's segment mode.
@@ -243,7 +243,7 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	if o.GradBuffer {
 		r.Events = contiguousGrads(r.Events, r.State.Grads)
 	}
-	r.Events = o.Amax.withHistories(cfg, l, units, r.Events)
+	r.Events = withAmaxHistories(o, cfg, l, units, r.Events)
 	r.Peak, err = Replay(r.Events, *o.Allocator, o.Segments)
 	return r, err
 }

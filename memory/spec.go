@@ -32,7 +32,7 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 		o.TE.MX, o.TE.FP4, o.TE.Block = r.Precision.Microscaled(), r.Precision.FP4(), r.Precision.Blockwise()
 	}
 	if r.Precision == job.FP8Delayed {
-		o.Amax = Amax{Linear: r.Converts(job.QuantLinear), Experts: r.Converts(job.QuantExperts)}
+		o.Delayed = r
 	}
 	return o
 }

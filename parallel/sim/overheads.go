@@ -60,7 +60,7 @@ import (
 //	  region wraps the whole block stack under delayed scaling
 //	  (transformer_block.py: use_outer_quantization_context): per
 //	  micro-batch and model chunk, 3 FP32 amaxes per converted GEMM in
-//	  forward and 2 in backward (memory.Amax.GEMMs), priced on the
+//	  forward and 2 in backward (job.Recipe.DelayedGEMMs), priced on the
 //	  compute stream with the optimizer step.
 //	slowest_gpu: what waiting for the slowest of the job's GPUs costs over
 //	  the mean GPU's sustained rate (cost.SlowestShare).
@@ -136,9 +136,9 @@ func amaxReduceSeconds(cl *hw.Cluster, cal *cost.Calibration, r job.Recipe, cfg 
 	if r.Precision != job.FP8Delayed || len(ranks) < 2 {
 		return 0, nil
 	}
-	gemms := memory.Amax{Linear: r.Converts(job.QuantLinear), Experts: r.Converts(job.QuantExperts)}.GEMMs(cfg, l, units)
+	gemms := r.DelayedGEMMs(cfg, l, memory.UnitLayers(units))
 	var t float64
-	for _, amaxes := range []int64{3 * gemms, 2 * gemms} {
+	for _, amaxes := range []int64{job.AmaxForward * gemms, job.AmaxBackward * gemms} {
 		cc, err := cost.Collective(cl, cal, parallel.CollAllReduce, cost.ShapeOf(cl, ranks), float64(4*amaxes))
 		if err != nil {
 			return 0, fmt.Errorf("simulate: amax all-reduce: %w", err)
