@@ -13,7 +13,7 @@ import (
 
 // TestAmaxReduce: fp8-delayed's amax reductions are two blocking
 // all-reduces per micro-batch, of 3 and 2 FP32 amaxes per converted GEMM
-// (qwen3-30b-a3b at ep 8: 1632 GEMMs, memory.Amax), over the world
+// (qwen3-30b-a3b at ep 8: 1632 GEMMs, job.Recipe.DelayedGEMMs), over the world
 // without pp; nothing under another recipe or on one GPU.
 func TestAmaxReduce(t *testing.T) {
 	cfg, err := hf.Load("qwen3-30b-a3b")
