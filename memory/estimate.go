@@ -66,6 +66,9 @@ type Options struct {
 	// (band.Stored.RouterCV), from which Estimate sets ExpertLoad to the
 	// run's job.Spec.LearnedSkew.
 	RouterCV float64
+	// Delayed is the recipe when it is fp8-delayed, whose amax histories
+	// the rank keeps (amax.go); zero value: none.
+	Delayed job.Recipe
 }
 
 // Segments is the caching allocator's segment mode.
@@ -247,6 +250,7 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	if o.GradBuffer {
 		r.Events = contiguousGrads(r.Events, r.State.Grads)
 	}
+	r.Events = withAmaxHistories(o, cfg, l, units, r.Events)
 	r.Peak, err = Replay(r.Events, *o.Allocator, o.Segments)
 	return r, err
 }

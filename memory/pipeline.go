@@ -306,6 +306,7 @@ func (ps pipelineSetup) timeline(cfg *moe.Config, l job.Layout, accum int, o Opt
 	if o.GradBuffer {
 		rep.Events = contiguousGrads(rep.Events, rep.State.Grads)
 	}
+	rep.Events = withAmaxHistories(o, cfg, l, units, rep.Events)
 	return rep, nil
 }
 

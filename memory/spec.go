@@ -33,7 +33,10 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o.GradBuffer = r.DDPImpl == job.MegatronDDP
 	if o.TE.Blocks && r.Precision.LowPrecision() {
 		o.TE.Linear, o.TE.Experts = r.Converts(job.QuantLinear), r.Converts(job.QuantExperts)
-		o.TE.MX, o.TE.FP4 = r.Precision.Microscaled(), r.Precision.FP4()
+		o.TE.MX, o.TE.FP4, o.TE.Block = r.Precision.Microscaled(), r.Precision.FP4(), r.Precision.Blockwise()
+	}
+	if r.Precision == job.FP8Delayed {
+		o.Delayed = r
 	}
 	return o
 }

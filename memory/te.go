@@ -17,9 +17,16 @@ type TE struct {
 	// MXFP8's E8M0 scale per 32 elements (a per-tensor recipe's one scale
 	// is not counted); FP4 (NVFP4) saves them as packed e2m1 pairs, one
 	// byte per two elements (TE's fp4x2 data, NVFP4Tensor), with an E4M3
-	// scale per 16 elements.
-	Linear, Experts, MX, FP4 bool
+	// scale per 16 elements; Block (fp8-blockwise, TE's Float8BlockScaling)
+	// adds an FP32 scale per 128 elements (the column-wise copy's 1×128
+	// blocks of an activation or gradient: blockScaleElems).
+	Linear, Experts, MX, FP4, Block bool
 }
+
+// blockScaleElems is the elements one FP32 scale of TransformerEngine's
+// Float8BlockScaling covers in an activation (x_block_scaling_dim = 1:
+// 1×128 blocks; transformer_engine/common/recipe/__init__.py at d0067d0d).
+const blockScaleElems = 128
 
 // mxBlock is the elements one MXFP8 scale covers (OCP Microscaling v1.0).
 const mxBlock = 32
@@ -76,6 +83,10 @@ func teBlock(cfg *moe.Config, layer int, ac moe.AC, te TE, rs []moe.SavedRecord)
 		if te.MX {
 			out = append(out, moe.SavedRecord{Layer: r.Layer, Op: r.Op, Tensor: moe.SavedScales,
 				Elements: (r.Elements + mxBlock - 1) / mxBlock, DType: moe.E8M0})
+		}
+		if te.Block {
+			out = append(out, moe.SavedRecord{Layer: r.Layer, Op: r.Op, Tensor: moe.SavedScales,
+				Elements: (r.Elements + blockScaleElems - 1) / blockScaleElems, DType: moe.F32})
 		}
 	}
 	for _, r := range rs {

@@ -51,6 +51,7 @@ func TestTEDenseBlock(t *testing.T) {
 		{"te fp8", TE{Blocks: true, Linear: true, Experts: true}, 760},
 		{"te mxfp8", TE{Blocks: true, Linear: true, Experts: true, MX: true}, 765},
 		{"te nvfp4", TE{Blocks: true, Linear: true, Experts: true, FP4: true}, 690},
+		{"te blockwise", TE{Blocks: true, Linear: true, Experts: true, Block: true}, 765},
 	}
 	for _, c := range cases {
 		sh.TE = c.te

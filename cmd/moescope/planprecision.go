@@ -59,7 +59,7 @@ func addPrecisionList(f *recipeFlags) *precisionList {
 
 // recipes are the recipes plan searches: the flags' recipe under each
 // listed precision. --quantize and --fp8-all-gather apply to the
-// low-precision ones; each recipe is resolved (Set checked the precisions).
+// low-precision ones, --fp8-rowwise-gw-hp to fp8-rowwise; each recipe is resolved (Set checked the precisions).
 func (p *precisionList) recipes(base job.Recipe) ([]job.Recipe, error) {
 	if len(p.list) <= 1 {
 		return []job.Recipe{base}, nil
@@ -71,6 +71,7 @@ func (p *precisionList) recipes(base job.Recipe) ([]job.Recipe, error) {
 		if !v.LowPrecision() {
 			r.Quantize, r.FP8AllGather = nil, false
 		}
+		r.FP8RowwiseGWHP = r.FP8RowwiseGWHP && v == job.FP8Rowwise // torchao's variant of fp8-rowwise only
 		if err := r.Resolve(); err != nil {
 			return nil, fmt.Errorf("%w: --precision %s: %v", errUsage, v, err)
 		}

@@ -55,7 +55,8 @@ func TestSimulateLowPrecision(t *testing.T) {
 }
 
 // TestPlanPrecisionList: plan searches each listed recipe, says each one's
-// best and keeps the fastest; a recipe not priced is refused by name.
+// best and keeps the fastest; an unknown recipe is refused by name, and
+// fp8-blockwise on a part without block-scaled FP8 GEMMs.
 func TestPlanPrecisionList(t *testing.T) {
 	out, err := runSimCmd(t, "plan", "--model", "tiny", "--gpu", "b200", "--gpus", "4", "--seq", "256", "--max-lbs", "8", "--precision", "bf16,mxfp8", "--top", "2")
 	if err != nil {
@@ -66,9 +67,15 @@ func TestPlanPrecisionList(t *testing.T) {
 			t.Errorf("plan output lacks %q:\n%s", want, out)
 		}
 	}
-	out, err = runSimCmd(t, "plan", "--model", "tiny", "--gpus", "4", "--seq", "256", "--precision", "bf16,fp8-blockwise")
-	if err == nil || !strings.Contains(err.Error(), "fp8-blockwise") || !strings.Contains(err.Error(), "not priced yet") {
-		t.Errorf("fp8-blockwise in the list: %v\n%s", err, out)
+	out, err = runSimCmd(t, "plan", "--model", "tiny", "--gpus", "4", "--seq", "256", "--precision", "bf16,fp6")
+	if err == nil || !strings.Contains(err.Error(), "fp6") || !strings.Contains(err.Error(), "unknown recipe") {
+		t.Errorf("fp6 in the list: %v\n%s", err, out)
+	}
+	// Block-scaled FP8 needs compute capability 9.0 (TransformerEngine):
+	// refused on an AMD part, naming it.
+	out, err = runSimCmd(t, "simulate", "--model", "tiny", "--gpu", "mi300x", "--gpus", "4", "--seq", "256", "--lbs", "1", "--precision", "fp8-blockwise")
+	if err == nil || !strings.Contains(err.Error(), "mi300x") || !strings.Contains(err.Error(), "compute capability") {
+		t.Errorf("fp8-blockwise on mi300x: %v\n%s", err, out)
 	}
 }
 

@@ -16,16 +16,35 @@ const (
 	// scaling (one scale per tensor from its current amax), torchtitan's
 	// quantize.linear.float8 with recipe_name "tensorwise".
 	FP8Tensorwise Precision = "fp8-tensorwise"
-	FP8Rowwise    Precision = "fp8-rowwise"
+	// FP8Rowwise is torchao's float8 training with dynamic rowwise
+	// (axiswise) scaling: one power-of-two scale per row of each operand
+	// in the layout its GEMM reads, e4m3 throughout, CUTLASS rowwise GEMMs
+	// (pytorch/ao 36027d82 torchao/float8/config.py, recipe "rowwise";
+	// torchtitan's quantize.linear.float8 and quantize.grouped_mm.float8).
+	// Recipe.FP8RowwiseGWHP is its "rowwise_with_gw_hp" variant.
+	FP8Rowwise Precision = "fp8-rowwise"
 	// MXFP8 is OCP Microscaling v1.0 FP8 (E4M3 elements, one E8M0 scale
 	// per 32 consecutive elements), as torchao's MX training and
 	// TransformerEngine's MXFP8BlockScaling implement it.
-	MXFP8      Precision = "mxfp8"
+	MXFP8 Precision = "mxfp8"
+	// FP8Delayed is TransformerEngine's DelayedScaling: tensorwise scales
+	// from the largest amax of a history of amax_history_len (1024)
+	// earlier steps, the current amax recorded by the cast itself, the
+	// amaxes all-reduced (MAX) over the amax reduction group after each
+	// forward and backward (TransformerEngine d0067d0d
+	// transformer_engine/common/recipe/__init__.py DelayedScaling;
+	// Megatron-LM's --fp8-recipe delayed).
 	FP8Delayed Precision = "fp8-delayed"
 	// FP8Current is TransformerEngine's Float8CurrentScaling: tensorwise
 	// scales from each tensor's current amax, the recipe Megatron-LM's
 	// --fp8-recipe tensorwise selects (megatron/core/enums.py Fp8Recipe).
-	FP8Current   Precision = "fp8-current"
+	FP8Current Precision = "fp8-current"
+	// FP8Blockwise is DeepSeek-V3's fine-grained FP8 as TransformerEngine's
+	// Float8BlockScaling implements it: e4m3 with one FP32 (power-of-two)
+	// scale per 1×128 block of activations and gradients and per 128×128
+	// block of weights (TransformerEngine d0067d0d
+	// transformer_engine/common/recipe/__init__.py Float8BlockScaling;
+	// Megatron-LM's --fp8-recipe blockwise).
 	FP8Blockwise Precision = "fp8-blockwise"
 	// NVFP4 is NVIDIA's 4-bit recipe, TransformerEngine's
 	// NVFP4BlockScaling (Megatron-LM's --fp4-recipe nvfp4): e2m1 elements
@@ -36,33 +55,27 @@ const (
 )
 
 // Precisions are DESIGN's recipes; PricedPrecisions those the time and
-// memory models price. Every other recipe is refused until a model of it
-// is built.
+// memory models price: all of them.
 var (
 	Precisions       = []Precision{BF16, FP8Tensorwise, FP8Rowwise, MXFP8, FP8Delayed, FP8Current, FP8Blockwise, NVFP4}
-	PricedPrecisions = []Precision{BF16, FP8Tensorwise, FP8Current, MXFP8, NVFP4}
+	PricedPrecisions = []Precision{BF16, FP8Tensorwise, FP8Rowwise, FP8Current, FP8Delayed, FP8Blockwise, MXFP8, NVFP4}
 )
 
-// Check accepts a priced recipe and refuses the others with the list of
-// priced ones (and, for a name outside DESIGN's list, that list too).
-// field names the flag or JSON key in the message.
+// Check accepts a priced recipe and refuses any other name with the list
+// of priced ones. field names the flag or JSON key in the message.
 func (p Precision) Check(field string) error {
 	if slices.Contains(PricedPrecisions, p) {
 		return nil
 	}
-	if slices.Contains(Precisions, p) {
-		return moe.FieldError{Field: field, Value: string(p), Allowed: "not priced yet: " + unpriced[p] + " (priced: " + joinValues(PricedPrecisions) + ")"}
-	}
-	return moe.FieldError{Field: field, Value: string(p), Allowed: "unknown recipe (known: " + joinValues(Precisions) + "; priced: " + joinValues(PricedPrecisions) + ")"}
+	return moe.FieldError{Field: field, Value: string(p), Allowed: "unknown recipe (known and priced: " + joinValues(PricedPrecisions) + ")"}
 }
 
-// unpriced says why each recipe not priced is not: the framework
-// mechanism without a model or a measured rate. grad and train
-// fake-quantise them all but fp8-delayed (moe/quant).
-var unpriced = map[Precision]string{
-	FP8Rowwise:   "torchao's rowwise float8 (CUTLASS rowwise GEMMs, torchtitan's quantize.grouped_mm.float8) has no measured GEMM or cast rate in the device registry",
-	FP8Delayed:   "TransformerEngine's DelayedScaling (amax history of 1024 steps, its amax reductions) is not modelled",
-	FP8Blockwise: "TransformerEngine's Float8BlockScaling (1×128 and 128×128 scales, Megatron's --fp8-recipe blockwise) has no measured GEMM or cast rate in the device registry",
+// TEScaled says the recipe's casts are TransformerEngine's: one fused
+// cast-transpose per tensor writing the row- and column-wise copies
+// together, x and w in forward and g in the data gradient, reused by the
+// weight gradient (fp8-current, fp8-delayed, fp8-blockwise, nvfp4).
+func (p Precision) TEScaled() bool {
+	return p == FP8Current || p == FP8Delayed || p == FP8Blockwise || p == NVFP4
 }
 
 // LowPrecision says the recipe runs GEMMs in a type narrower than bf16.
@@ -79,6 +92,10 @@ func PricedNames() []string { return names(PricedPrecisions) }
 // with an e4m3 scale per 16 elements and an FP32 tensor scale): they need
 // the device's FP4 peak.
 func (p Precision) FP4() bool { return p == NVFP4 }
+
+// Blockwise says the recipe scales 1×128 and 128×128 blocks (fp8-blockwise):
+// it needs TransformerEngine's FP8 block-scaled GEMMs (hw.Device.Runs).
+func (p Precision) Blockwise() bool { return p == FP8Blockwise }
 
 // Values lists the recipes (Recipe.Validate, the command line's help).
 func (Precision) Values() []string { return names(Precisions) }
@@ -147,7 +164,7 @@ func (q Quantize) check(p Precision) error {
 	case slices.Contains(q, QuantAttention):
 		return moe.FieldError{Field: "quantize", Value: q.String(), Allowed: "linear, experts and output (FP8 attention is not priced yet)"}
 	case p == FP8Tensorwise && slices.Contains(q, QuantExperts):
-		return moe.FieldError{Field: "quantize", Value: q.String(), Allowed: "linear and output with fp8-tensorwise (torchao has no tensorwise grouped GEMM; torchtitan's quantize.grouped_mm.float8 is rowwise: fp8-rowwise, not priced yet)"}
+		return moe.FieldError{Field: "quantize", Value: q.String(), Allowed: "linear and output with fp8-tensorwise (torchao has no tensorwise grouped GEMM; torchtitan's quantize.grouped_mm.float8 is rowwise: fp8-rowwise)"}
 	}
 	return nil
 }

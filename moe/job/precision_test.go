@@ -1,7 +1,6 @@
 package job
 
 import (
-	"slices"
 	"strings"
 	"testing"
 
@@ -71,14 +70,31 @@ func TestFP8AllGather(t *testing.T) {
 	if r.GathersFP8(q) {
 		t.Error("gathered in fp8 without fp8_all_gather")
 	}
-	framework := map[Precision]string{FP8Rowwise: "torchao", FP8Blockwise: "TransformerEngine", FP8Delayed: "TransformerEngine"}
-	for _, p := range Precisions {
-		if slices.Contains(PricedPrecisions, p) {
-			continue
+}
+
+// TestPrecisionCheck: every recipe of DESIGN's list is priced; a name
+// outside it is refused naming the field and listing them.
+func TestPrecisionCheck(t *testing.T) {
+	for _, p := range []Precision{"bf16", "fp8-tensorwise", "fp8-rowwise", "mxfp8", "fp8-delayed", "fp8-current", "fp8-blockwise", "nvfp4"} {
+		if err := p.Check("precision"); err != nil {
+			t.Errorf("%s: %v, want priced", p, err)
 		}
-		if err := p.Check("precision"); err == nil || !strings.Contains(err.Error(), "priced: bf16, fp8-tensorwise, fp8-current, mxfp8, nvfp4") ||
-			framework[p] == "" || !strings.Contains(err.Error(), framework[p]) {
-			t.Errorf("%s: %v, want refused naming its framework (%q) and listing the priced recipes", p, err, framework[p])
-		}
+	}
+	if err := Precision("fp6").Check("precision"); err == nil || !strings.Contains(err.Error(), "precision") || !strings.Contains(err.Error(), "fp8-blockwise") {
+		t.Errorf("fp6: %v, want refused naming the field and listing the recipes", err)
+	}
+}
+
+// TestRowwiseGWHP: torchao's rowwise_with_gw_hp is a variant of
+// fp8-rowwise only.
+func TestRowwiseGWHP(t *testing.T) {
+	r := DefaultRecipe()
+	r.Precision, r.FP8RowwiseGWHP = FP8Current, true
+	if err := r.Resolve(); err == nil || !strings.Contains(err.Error(), "fp8_rowwise_gw_hp") {
+		t.Errorf("fp8-current with fp8_rowwise_gw_hp: %v, want refused naming the field", err)
+	}
+	r.Precision = FP8Rowwise
+	if err := r.Resolve(); err != nil {
+		t.Errorf("fp8-rowwise with fp8_rowwise_gw_hp: %v", err)
 	}
 }

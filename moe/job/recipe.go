@@ -22,11 +22,19 @@ type Recipe struct {
 	// Precision is the training recipe (DESIGN's --precision).
 	Precision Precision `json:"precision" help:"training recipe: {values} (a recipe not priced yet is refused, naming those that are)"`
 	// Quantize is the GEMMs the recipe converts (empty: DefaultQuantize).
-	Quantize Quantize `json:"quantize,omitempty" help:"GEMMs the low-precision recipe converts, comma-separated: linear (attention projections, dense and shared FFNs), experts (routed grouped GEMMs), output (the head); attention is not priced yet; the router stays bf16 (default: fp8-tensorwise linear; fp8-current and mxfp8 linear,experts)"`
+	Quantize Quantize `json:"quantize,omitempty" help:"GEMMs the low-precision recipe converts, comma-separated: linear (attention projections, dense and shared FFNs), experts (routed grouped GEMMs), output (the head); attention is not priced yet; the router stays bf16 (default: fp8-tensorwise linear; the other recipes linear,experts)"`
 	// FP8AllGather: FSDP2 all-gathers the converted linears' weights in
 	// fp8 (torchao's float8 all-gather, torchtitan's
 	// quantize.linear.float8.enable_fsdp_float8_all_gather), tensorwise only.
 	FP8AllGather bool `json:"fp8_all_gather,omitempty" help:"FSDP2 all-gathers the converted linears' weights in fp8 (torchtitan's enable_fsdp_float8_all_gather; fp8-tensorwise only)"`
+	// FP8RowwiseGWHP is torchao's "rowwise_with_gw_hp" recipe: the
+	// converted linears' weight-gradient GEMMs stay in bf16 (input_t_hp @
+	// grad_output_hp), the data gradient casts the weight tensorwise
+	// (pytorch/ao 36027d82 torchao/float8/config.py, ROWWISE_WITH_GW_HP);
+	// the routed experts' grouped GEMMs are torchao's fp8 rowwise grouped
+	// GEMM, whose weight gradient is fp8 either way
+	// (torchao/prototype/moe_training/fp8_grouped_mm.py). fp8-rowwise only.
+	FP8RowwiseGWHP bool `json:"fp8_rowwise_gw_hp,omitempty" help:"torchao's rowwise_with_gw_hp: the converted linears' weight gradients stay bf16 (fp8-rowwise only)"`
 	// Storage types (DESIGN's "Precision and compile"): sharded
 	// parameters, gradients, the type gradients are reduced in (FSDP2's
 	// reduce_dtype; Resolve sets it to GradDType when left empty), AdamW
@@ -168,6 +176,9 @@ func (r Recipe) Validate() error {
 	add(r.Quantize.check(r.Precision))
 	if r.FP8AllGather && r.Precision != FP8Tensorwise {
 		errs = append(errs, moe.FieldError{Field: "fp8_all_gather", Value: true, Allowed: "only with precision fp8-tensorwise (torchao's float8 all-gather casts with one scale per weight)"})
+	}
+	if r.FP8RowwiseGWHP && r.Precision != FP8Rowwise {
+		errs = append(errs, moe.FieldError{Field: "fp8_rowwise_gw_hp", Value: true, Allowed: "only with precision fp8-rowwise (torchao's rowwise_with_gw_hp recipe)"})
 	}
 	if r.LossChunks < 0 || r.LossChunks > 1<<20 {
 		errs = append(errs, moe.FieldError{Field: "loss_chunks", Value: r.LossChunks, Allowed: "must be in [1, 1048576] (0 = 1)"})

@@ -34,6 +34,9 @@ type Device struct {
 	// elements), FLOP/s; 0 for a part without FP4 tensor cores (everything
 	// before Blackwell), which cannot run nvfp4.
 	FP4FLOPs float64 `json:"fp4_flops"`
+	// CUDACompute is the part's CUDA compute capability (9.0 Hopper, 10.0
+	// and 10.3 Blackwell); 0 for a part that is not NVIDIA's.
+	CUDACompute float64 `json:"cuda_compute_capability"`
 	// MemoryBytes is the device capacity as PyTorch reports it (total_memory).
 	MemoryBytes int64 `json:"memory_bytes"`
 	// HBMBytesPerS is the peak HBM bandwidth, bytes/s.
@@ -76,8 +79,16 @@ func (d Device) Outside(ep int) int64 {
 
 // Runs refuses, naming device and recipe, a training recipe whose number
 // format the device's tensor cores lack: microscaled (MX) recipes need a
-// part with an MX peak (MXFP8FLOPs), nvfp4 one with an FP4 peak (FP4FLOPs).
+// part with an MX peak (MXFP8FLOPs), nvfp4 one with an FP4 peak
+// (FP4FLOPs), fp8-blockwise TransformerEngine's FP8 block-scaled GEMMs,
+// which it enables at compute capability 9.0 and above (Hopper and
+// Blackwell; TransformerEngine d0067d0d transformer_engine/pytorch/quantization.py
+// _compute_fp8_block_scaling_support, with CUDA 12.9 or later).
 func (d Device) Runs(p job.Precision) error {
+	if p.Blockwise() && d.CUDACompute < minBlockScaledCC {
+		return fmt.Errorf("precision = %s: device %s has no FP8 block-scaled GEMMs (TransformerEngine's Float8BlockScaling needs CUDA compute capability %.1f or above; the registry gives %s compute capability %v, 0 for a part not NVIDIA's); blockwise needs %s",
+			p, d.Name, minBlockScaledCC, d.Name, d.CUDACompute, strings.Join(devicesWith(func(d Device) float64 { return max(d.CUDACompute-minBlockScaledCC+1, 0) }), ", "))
+	}
 	if p.Microscaled() && !(d.MXFP8FLOPs > 0) {
 		return fmt.Errorf("precision = %s: device %s has no MX tensor-core formats (its registry entry gives no mxfp8_flops); MX needs %s", p, d.Name, strings.Join(devicesWith(func(d Device) float64 { return d.MXFP8FLOPs }), ", "))
 	}
@@ -86,6 +97,10 @@ func (d Device) Runs(p job.Precision) error {
 	}
 	return nil
 }
+
+// minBlockScaledCC is the compute capability from which TransformerEngine
+// runs FP8 block-scaled GEMMs (Runs).
+const minBlockScaledCC = 9.0
 
 // devicesWith lists the registry's devices with a positive peak(d).
 func devicesWith(peak func(Device) float64) []string {
@@ -167,6 +182,8 @@ func (d Device) Validate() error {
 		{"fp8_flops", d.FP8FLOPs, 1e12, 1e17, "FLOP/s"},
 		{"mxfp8_flops", d.MXFP8FLOPs, 0, 1e17, "FLOP/s (0 = no MX formats)"},
 		{"fp4_flops", d.FP4FLOPs, 0, 1e17, "FLOP/s (0 = no NVFP4)"},
+		// Volta is 7.0; 20 leaves room for parts not yet announced.
+		{"cuda_compute_capability", d.CUDACompute, 0, 20, "(0 = not an NVIDIA part)"},
 		// HBM3e gives 8e12 (B200, MI355X), HBM4 parts announce about
 		// 2e13; 1e14 has five times that as margin. GDDR parts (T4: 3.2e11)
 		// stay above 1e11.

@@ -93,7 +93,7 @@ func TestParseDeviceErrors(t *testing.T) {
 }
 
 // minimalDevice gives every required field of a device, each in range.
-const minimalDevice = `{"name":"x","bf16_flops":1e15,"fp8_flops":2e15,"mxfp8_flops":0,"fp4_flops":0,"memory_bytes":85899345920,"hbm_bytes_per_s":3e12,
+const minimalDevice = `{"name":"x","bf16_flops":1e15,"fp8_flops":2e15,"mxfp8_flops":0,"fp4_flops":0,"cuda_compute_capability":9.0,"memory_bytes":85899345920,"hbm_bytes_per_s":3e12,
 	"sms":0,"outside_bytes":0,"outside_ep_bytes":0,"sources":{}}`
 
 // TestDeviceAbsurdValuesRefused (issue 17, defect 8): finite but absurd

@@ -58,7 +58,7 @@ func knobs(s job.Spec) []knob {
 	for _, pr := range job.PricedPrecisions {
 		ks = append(ks, knob{"--precision " + string(pr), func(s *job.Spec, _ *Point) bool {
 			was := s.Precision
-			s.Precision, s.Quantize, s.FP8AllGather = pr, nil, false
+			s.Precision, s.Quantize, s.FP8AllGather, s.FP8RowwiseGWHP = pr, nil, false, false
 			return was != pr
 		}})
 	}

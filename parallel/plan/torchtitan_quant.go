@@ -34,11 +34,23 @@ type TorchtitanQuant struct {
 	// empty = job.DefaultQuantize of Precision).
 	Converted    job.Quantize
 	FP8AllGather bool // job.Recipe.FP8AllGather
+	GWHP         bool // job.Recipe.FP8RowwiseGWHP
 }
 
 // QuantOf is what the exports write of r's low precision.
 func QuantOf(r job.Recipe) TorchtitanQuant {
-	return TorchtitanQuant{Precision: r.Precision, Converted: r.Converted(), FP8AllGather: r.FP8AllGather}
+	return TorchtitanQuant{Precision: r.Precision, Converted: r.Converted(), FP8AllGather: r.FP8AllGather, GWHP: r.FP8RowwiseGWHP}
+}
+
+// rowwiseRecipe is torchao's recipe_name of an fp8-rowwise run, which
+// both pinned torchtitans' float8 linear converter takes (v0.2.2
+// Float8Linear.recipe_name, job_config.py at 73a0e69; main
+// Float8LinearConverter.Config.recipe_name, float8.py at b5bcd76c).
+func (q TorchtitanQuant) rowwiseRecipe() string {
+	if q.GWHP {
+		return "rowwise_with_gw_hp"
+	}
+	return "rowwise"
 }
 
 // low says the recipe converts GEMMs (bf16 writes nothing).
@@ -89,10 +101,19 @@ func (t TorchtitanTarget) CheckQuant(q TorchtitanQuant) error {
 		// (torchtitan/components/quantization/nvfp4.py), whose config this
 		// export does not write yet.
 		return fmt.Errorf("--precision = nvfp4: %s cannot express it: torchtitan v0.2.2 has no NVFP4 converter, and main's NVFP4LinearConverter (torchao's NVFP4 for linears only, torchtitan/components/quantization/nvfp4.py at b5bcd76) is not written by moescope's export; nvfp4 is TransformerEngine's recipe under Megatron-LM (--fp4-recipe nvfp4)", t)
-	case job.FP8Current:
-		return fmt.Errorf("--precision = fp8-current: %s has no TransformerEngine recipe (Float8CurrentScaling is Megatron-LM's; torchtitan's float8 is torchao's, --precision fp8-tensorwise)", t)
+	case job.FP8Current, job.FP8Delayed, job.FP8Blockwise:
+		// torchtitan's low precision is torchao's (float8 tensorwise and
+		// rowwise, MX); TransformerEngine's recipes are Megatron-LM's
+		// --fp8-recipe tensorwise, delayed and blockwise
+		// (megatron/core/enums.py Fp8Recipe at d98e8a64).
+		return fmt.Errorf("--precision = %s: %s cannot express it: it is TransformerEngine's recipe (Megatron-LM's --fp8-recipe %s); torchtitan's float8 is torchao's (--precision fp8-tensorwise or fp8-rowwise)",
+			q.Precision, t, map[job.Precision]string{job.FP8Current: "tensorwise", job.FP8Delayed: "delayed", job.FP8Blockwise: "blockwise"}[q.Precision])
+	case job.FP8Rowwise:
+		if t == TorchtitanPy && !q.converts(job.QuantLinear) && q.converts(job.QuantOutput) {
+			return fmt.Errorf("--quantize = %s with fp8-rowwise: %s's Float8LinearConverter takes an exclude list (filter_fqns) only, and moescope does not write one that leaves every block linear out", q.flag(), t)
+		}
 	default:
-		return fmt.Errorf("--precision = %s: the %s export writes bf16, fp8-tensorwise and mxfp8 only", q.Precision, t)
+		return fmt.Errorf("--precision = %s: the %s export writes bf16, fp8-tensorwise, fp8-rowwise and mxfp8 only", q.Precision, t)
 	}
 	for _, s := range q.sets() {
 		if s != job.QuantLinear && s != job.QuantExperts && s != job.QuantOutput {
@@ -121,6 +142,10 @@ func (t TorchtitanTarget) CheckQuant(q TorchtitanQuant) error {
 // and cp = 1, float8.py lines 192-198, but no export writes it: it is
 // rowwise).
 func (t TorchtitanTarget) AdmitQuant(q TorchtitanQuant, p Point, compiledModel bool) error {
+	if t == TorchtitanTOML && q.Precision == job.FP8Rowwise && q.converts(job.QuantExperts) && (p.Layout.Stages() > 1 || p.Layout.CPDegree() > 1) {
+		return fmt.Errorf("precision = fp8-rowwise converting experts with pp = %d, cp = %d: %s refuses it (Float8GroupedMMConverter asserts \"Float8 MoE training prototype does not yet support pipeline parallelism\" and context parallelism, torchtitan/components/quantization/float8.py at 73a0e69); use --quantize linear or the config-registry form",
+			p.Layout.Stages(), p.Layout.CPDegree(), t)
+	}
 	if t != TorchtitanTOML || q.Precision != job.MXFP8 || !q.linearConverter() || p.Layout.TPDegree() < 2 || !compiledModel {
 		return nil
 	}
@@ -146,6 +171,13 @@ func (q TorchtitanQuant) tomlConverters() []string {
 	switch q.Precision {
 	case job.FP8Tensorwise:
 		out = append(out, "quantize.linear.float8")
+	case job.FP8Rowwise:
+		if q.linearConverter() {
+			out = append(out, "quantize.linear.float8")
+		}
+		if q.converts(job.QuantExperts) {
+			out = append(out, "quantize.grouped_mm.float8")
+		}
 	case job.MXFP8:
 		if q.linearConverter() {
 			out = append(out, "quantize.linear.mx")
@@ -191,6 +223,22 @@ func (q TorchtitanQuant) writeTOML(b *strings.Builder) {
 		b.WriteString("[quantize.linear.float8]\n")
 		fmt.Fprintf(b, "enable_fsdp_float8_all_gather = %t\nprecompute_float8_dynamic_scale_for_fsdp = %t\n", q.FP8AllGather, q.FP8AllGather)
 		fmt.Fprintf(b, "filter_fqns = %s\n", quoted(q.tomlFilterFQNs()))
+	case job.FP8Rowwise:
+		fmt.Fprintf(b, "\n# fp8-rowwise: torchao float8 with dynamic rowwise scaling (torchtitan/components/quantization/float8.py at %s)\n", TorchtitanTOMLCommit[:7])
+		if q.linearConverter() {
+			// A recipe_name with the FSDP float8 all-gather off, as
+			// Float8LinearConverter asserts (float8.py at 73a0e69).
+			fmt.Fprintf(b, "[quantize.linear.float8]\nrecipe_name = %q\n", q.rowwiseRecipe())
+			fmt.Fprintf(b, "filter_fqns = %s\n", quoted(q.tomlFilterFQNs()))
+		}
+		if q.converts(job.QuantExperts) {
+			// Float8GroupedMM.fqns: "experts" matches each MoE's
+			// GroupedExperts (job_config.py at 73a0e69).
+			if q.linearConverter() {
+				b.WriteString("\n")
+			}
+			b.WriteString("[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n")
+		}
 	case job.MXFP8:
 		fmt.Fprintf(b, "\n# mxfp8: OCP MX FP8 (torchtitan/components/quantization/mx.py at %s)\n", TorchtitanTOMLCommit[:7])
 		if q.linearConverter() {
@@ -233,10 +281,13 @@ func (q TorchtitanQuant) pyLinearFQNs() []string {
 // pyConverters returns main's converter classes to import and the
 // Config(...) expressions for q (none under bf16).
 func (q TorchtitanQuant) pyConverters(compiledModel bool) (classes, configs []string) {
+	compiled := map[bool]string{true: "True", false: "False"}[compiledModel]
+	if q.Precision == job.FP8Rowwise {
+		return q.pyRowwise(compiled)
+	}
 	if q.Precision != job.MXFP8 {
 		return nil, nil
 	}
-	compiled := map[bool]string{true: "True", false: "False"}[compiledModel]
 	if q.linearConverter() {
 		classes = append(classes, "MXFP8LinearConverter")
 		configs = append(configs, fmt.Sprintf("MXFP8LinearConverter.Config(fqns=%s, model_compile_enabled=%s)", quoted(q.pyLinearFQNs()), compiled))
@@ -249,6 +300,28 @@ func (q TorchtitanQuant) pyConverters(compiledModel bool) (classes, configs []st
 		// MXFP8 needs SM100 or later (has_cuda_capability(10, 0)).
 		classes = append(classes, "MXFP8GroupedExpertsConverter")
 		configs = append(configs, fmt.Sprintf("MXFP8GroupedExpertsConverter.Config(recipe_name=\"mxfp8_rceil\", pad_multiple=128, model_compile_enabled=%s)", compiled))
+	}
+	return classes, configs
+}
+
+// pyRowwise is pyConverters for fp8-rowwise: main's Float8LinearConverter
+// with the recipe and an exclude list (filter_fqns, matched as substrings
+// by module_filter_fn) of the router's gate and, unless converted, the
+// head; Float8GroupedExpertsConverter, which has no option of its own,
+// for the experts (torchtitan/components/quantization/float8.py at
+// b5bcd76c, lines 53-72 and 216-245).
+func (q TorchtitanQuant) pyRowwise(compiled string) (classes, configs []string) {
+	if q.converts(job.QuantLinear) {
+		filter := []string{"lm_head", "router.gate"}
+		if q.converts(job.QuantOutput) {
+			filter = filter[1:]
+		}
+		classes = append(classes, "Float8LinearConverter")
+		configs = append(configs, fmt.Sprintf("Float8LinearConverter.Config(recipe_name=%q, filter_fqns=%s, model_compile_enabled=%s)", q.rowwiseRecipe(), quoted(filter), compiled))
+	}
+	if q.converts(job.QuantExperts) {
+		classes = append(classes, "Float8GroupedExpertsConverter")
+		configs = append(configs, fmt.Sprintf("Float8GroupedExpertsConverter.Config(model_compile_enabled=%s)", compiled))
 	}
 	return classes, configs
 }

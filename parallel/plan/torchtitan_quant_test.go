@@ -88,6 +88,12 @@ func TestTorchtitanQuantTOML(t *testing.T) {
 			"filter_fqns = [\"output\", \"router.gate\"]\n"}, []string{"grouped_mm"}},
 		{job.MXFP8, job.Quantize{job.QuantOutput, job.QuantExperts}, false, []string{"converters = [\"quantize.linear.mx\", \"quantize.grouped_mm.mx\"]\n",
 			"[quantize.linear.mx]\nrecipe_name = \"mxfp8_cublas\"\nfilter_fqns = [\"layers\"]\n", mxGrouped}, nil},
+		// fp8-rowwise: Float8Linear.recipe_name "rowwise" (no all-gather
+		// keys: a recipe_name asserts it off) and Float8GroupedMM.fqns.
+		{job.FP8Rowwise, nil, false, []string{"converters = [\"quantize.linear.float8\", \"quantize.grouped_mm.float8\"]\n",
+			"[quantize.linear.float8]\nrecipe_name = \"rowwise\"\nfilter_fqns = [\"output\", \"router.gate\"]\n",
+			"[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n"}, []string{"all_gather", ".mx"}},
+		{job.FP8Rowwise, job.Quantize{job.QuantExperts}, false, []string{"converters = [\"quantize.grouped_mm.float8\"]\n"}, []string{"quantize.linear"}},
 	} {
 		e := quantExport(quantRecipe(t, c.p, c.sets, c.ag))
 		var buf bytes.Buffer
@@ -196,6 +202,49 @@ func TestTorchtitanQuantPython(t *testing.T) {
 	}
 }
 
+// TestTorchtitanQuantRowwise: fp8-rowwise writes torchao's recipe_name,
+// "rowwise" or with --fp8-rowwise-gw-hp "rowwise_with_gw_hp", in v0.2.2's
+// [quantize.linear.float8] and in main's Float8LinearConverter.Config
+// (with filter_fqns, an exclude list: the router's gate and the head),
+// and main's Float8GroupedExpertsConverter for the experts (float8.py at
+// 73a0e69 and b5bcd76c, read by hand).
+func TestTorchtitanQuantRowwise(t *testing.T) {
+	var schema struct {
+		torchtitanPySchema
+		Converters    map[string]map[string]any `json:"converters"`
+		ModelRegistry map[string][]string       `json:"model_registry"`
+		ModuleFQNs    map[string]string         `json:"module_fqns"`
+	}
+	torchtitanLoad(t, "main-b5bcd76-configs.json", &schema)
+	r := quantRecipe(t, job.FP8Rowwise, nil, false)
+	r.FP8RowwiseGWHP = true
+	e := quantExport(r)
+	var toml, py bytes.Buffer
+	if _, err := e.TOML(&toml); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(toml.String(), "recipe_name = \"rowwise_with_gw_hp\"\n") {
+		t.Errorf("TOML lacks rowwise_with_gw_hp:\n%s", toml.String())
+	}
+	if _, err := e.Python(&py); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"from torchtitan.components.quantization import Float8LinearConverter\n",
+		"        Float8LinearConverter.Config(recipe_name=\"rowwise_with_gw_hp\", filter_fqns=[\"lm_head\", \"router.gate\"], model_compile_enabled=True),\n",
+		"        Float8GroupedExpertsConverter.Config(model_compile_enabled=True),\n"} {
+		if !strings.Contains(py.String(), w) {
+			t.Errorf("Python lacks\n%s\ngot:\n%s", w, py.String())
+		}
+	}
+	checkPyQuant(t, py.String(), schema.Imports, schema.Converters, schema.ModelRegistry, schema.ModuleFQNs)
+	// v0.2.2's float8 grouped GEMM asserts pp = 1 and cp = 1.
+	pp := e.Point
+	pp.Layout.PP = 2
+	if err := TorchtitanTOML.AdmitQuant(QuantOf(r), pp, true); err == nil || !strings.Contains(err.Error(), "pipeline parallelism") {
+		t.Errorf("AdmitQuant, TOML rowwise experts with pp 2: %v, want refused citing the assert", err)
+	}
+}
+
 // checkPyQuant checks the converter lines of a Python export against
 // main's schema excerpt.
 func checkPyQuant(t *testing.T, out string, imports map[string]string, conv map[string]map[string]any, registry map[string][]string, fqns map[string]string) {
@@ -226,7 +275,7 @@ func checkPyQuant(t *testing.T, out string, imports map[string]string, conv map[
 			}
 			v := pythonLiteral(kv[2])
 			torchtitanCheckValue(t, m[1]+"."+kv[1], v, typ)
-			if kv[1] == "fqns" {
+			if kv[1] == "fqns" || kv[1] == "filter_fqns" {
 				for _, f := range v.([]any) {
 					if _, ok := fqns[f.(string)]; !ok {
 						t.Errorf("%s fqns names %q, not in the schema excerpt", m[1], f)
@@ -280,8 +329,8 @@ func TestTorchtitanQuantBF16(t *testing.T) {
 
 // TestTorchtitanQuantRefusals: what a target cannot write is refused,
 // naming the flag and value, by CheckRecipe before a search and by the
-// export (which writes nothing): fp8-current in both forms (torchtitan has
-// no TransformerEngine recipe), fp8-tensorwise in main's (its float8 is
+// export (which writes nothing): fp8-current, fp8-delayed and
+// fp8-blockwise in both forms (torchtitan has no TransformerEngine recipe), fp8-tensorwise in main's (its float8 is
 // rowwise only, float8.py at b5bcd76c), a recipe no export writes; and,
 // depending on the layout, v0.2.2's MX linears with tp > 1 under a
 // compiled model (mx.py at 73a0e69), which AdmitQuant and the search's
@@ -296,7 +345,10 @@ func TestTorchtitanQuantRefusals(t *testing.T) {
 		{quantRecipe(t, job.FP8Current, nil, false), TorchtitanPy, "--precision = fp8-current"},
 		{quantRecipe(t, job.FP8Tensorwise, nil, false), TorchtitanPy, "--precision = fp8-tensorwise"},
 		{quantRecipe(t, job.FP8Tensorwise, nil, true), TorchtitanPy, "--precision = fp8-tensorwise"},
-		{quantRecipe(t, job.FP8Rowwise, nil, false), TorchtitanTOML, "--precision = fp8-rowwise"},
+		{quantRecipe(t, job.FP8Delayed, nil, false), TorchtitanTOML, "--precision = fp8-delayed"},
+		{quantRecipe(t, job.FP8Delayed, nil, false), TorchtitanPy, "Megatron-LM's --fp8-recipe delayed"},
+		{quantRecipe(t, job.FP8Blockwise, nil, false), TorchtitanTOML, "Megatron-LM's --fp8-recipe blockwise"},
+		{quantRecipe(t, job.FP8Blockwise, nil, false), TorchtitanPy, "--precision = fp8-blockwise"},
 	} {
 		if err := c.target.CheckRecipe(c.r); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s, CheckRecipe(%s): %v, want %q", c.target, c.r.Precision, err, c.want)

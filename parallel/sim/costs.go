@@ -236,8 +236,9 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 		so := simOp{stream: streamOf(o, in.SingleCommStream), deps: o.Deps}
 		if o.Type == parallel.OpCompute {
 			if o.Phase == parallel.PhaseOptimizer {
-				so.compute = opt.update + opt.clip
+				so.compute = opt.update + opt.clip + opt.amax
 				sim.over[ohGradClip] += opt.clip
+				sim.over[ohAmaxReduce] += opt.amax
 			} else {
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
 				so.compute = c.total
@@ -357,7 +358,7 @@ func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []compute
 
 // optimizerCost is the optimizer phase: the AdamW update and the gradient
 // clipping before it (its norm all-reduce included).
-type optimizerCost struct{ update, clip float64 }
+type optimizerCost struct{ update, clip, amax float64 }
 
 // addRouting adds each MoE layer's token reorder (cost.ComputeSpec.RoutingSeconds)
 // to its pre-expert segment, forward and, when the block or its MoE layer

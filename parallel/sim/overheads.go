@@ -3,8 +3,11 @@ package sim
 import (
 	"fmt"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/cost"
 )
 
@@ -46,6 +49,19 @@ import (
 //	  of its converted GEMMs to fp8 (cost.LowPrecision, CastSeconds), and
 //	  MX grouped GEMMs' scale rearrangement: memory-bound time inside the
 //	  converted ops' prices.
+//	amax_reduce: fp8-delayed's amax reductions: TransformerEngine
+//	  all-reduces (MAX) the current amaxes of every delayed-scaled tensor
+//	  in one blocking call when the forward's autocast region closes and
+//	  again in backward (TransformerEngine d0067d0d
+//	  transformer_engine/pytorch/quantization.py reduce_and_update_fp8_tensors,
+//	  async_op=False), over the tensor-, data- and context-parallel group
+//	  (Megatron-LM d98e8a64 megatron/core/fp8_utils.py get_fp8_context:
+//	  get_amax_reduction_group(with_context_parallel=True)), whose one
+//	  region wraps the whole block stack under delayed scaling
+//	  (transformer_block.py: use_outer_quantization_context): per
+//	  micro-batch and model chunk, 3 FP32 amaxes per converted GEMM in
+//	  forward and 2 in backward (job.Recipe.DelayedGEMMs), priced on the
+//	  compute stream with the optimizer step.
 //	slowest_gpu: what waiting for the slowest of the job's GPUs costs over
 //	  the mean GPU's sustained rate (cost.SlowestShare).
 //	slowest_node: what waiting for the slowest of the job's nodes costs
@@ -65,6 +81,7 @@ const (
 	OverheadSlowestGPU     = "slowest_gpu"
 	OverheadSlowestNode    = "slowest_node"
 	OverheadQuantize       = "quantize"
+	OverheadAmaxReduce     = "amax_reduce"
 )
 
 // Overheads lists the names in report order.
@@ -85,11 +102,12 @@ const (
 	ohSlowestGPU
 	ohSlowestNode
 	ohQuantize
+	ohAmaxReduce
 	numOverheads
 )
 
 var overheadNames = [numOverheads]string{OverheadRouting, OverheadFSDPCopy, OverheadGradClip, OverheadLoss,
-	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU, OverheadSlowestNode, OverheadQuantize}
+	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU, OverheadSlowestNode, OverheadQuantize, OverheadAmaxReduce}
 
 // optimizerCost prices the optimizer phase of the prepared run: fused AdamW
 // over the rank's shard, and gradient clipping (clip_grad_norm_, torchtitan's
@@ -105,7 +123,38 @@ func (p *Prepared) optimizerCost(spec cost.ComputeSpec, cal *cost.Calibration) (
 		}
 		oc.clip += cc.LatencyS + cc.BandwidthS
 	}
-	return oc, nil
+	var err error // without pp the amax group is the world
+	oc.amax, err = amaxReduceSeconds(p.cl, cal, p.in.Recipe, p.cfg, p.l, p.mem.Units, worldRanks(p.l.GPUs), float64(p.in.GradAccum))
+	return oc, err
+}
+
+// amaxReduceSeconds prices fp8-delayed's amax all-reduces (amax_reduce
+// above) of a rank holding units, over ranks (its tensor-, data- and
+// context-parallel group), for reductions micro-batches × model chunks;
+// zero under any other recipe or on one rank.
+func amaxReduceSeconds(cl *hw.Cluster, cal *cost.Calibration, r job.Recipe, cfg *moe.Config, l job.Layout, units []memory.Unit, ranks []int, reductions float64) (float64, error) {
+	if r.Precision != job.FP8Delayed || len(ranks) < 2 {
+		return 0, nil
+	}
+	gemms := r.DelayedGEMMs(cfg, l, memory.UnitLayers(units))
+	var t float64
+	for _, amaxes := range []int64{job.AmaxForward * gemms, job.AmaxBackward * gemms} {
+		cc, err := cost.Collective(cl, cal, parallel.CollAllReduce, cost.ShapeOf(cl, ranks), float64(4*amaxes))
+		if err != nil {
+			return 0, fmt.Errorf("simulate: amax all-reduce: %w", err)
+		}
+		t += cc.Seconds()
+	}
+	return t * reductions, nil
+}
+
+// worldRanks lists ranks 0 … n−1.
+func worldRanks(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
 
 // contention is how much longer the compute ops ran than their modelled

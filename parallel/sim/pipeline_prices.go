@@ -200,6 +200,11 @@ func pipelineOptimizers(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, c
 	if err != nil {
 		return err
 	}
+	micro, err := l.Microbatches(in.LBS)
+	if err != nil {
+		return err
+	}
+	micro *= max(in.GradAccum, 1)
 	for r := range l.Stages() {
 		var us []memory.Unit
 		for _, s := range l.RankStages(r) {
@@ -207,6 +212,11 @@ func pipelineOptimizers(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, c
 		}
 		params := float64(memory.StateOf(us, l.Sharding, mo).Params / paramType.Bytes())
 		pc.opt[r] = spec.MemorySeconds(params*spec.BytesPerElement(moe.OpOptimizer, moe.Forward)) + spec.GradClipSeconds(params) + norm.Seconds()
+		amax, err := amaxReduceSeconds(cl, in.Calibration, in.Recipe, cfg, l, us, world[:l.GPUs/l.Stages()], float64(micro*len(l.RankStages(r))))
+		if err != nil {
+			return err
+		}
+		pc.opt[r] += amax
 	}
 	return nil
 }

@@ -46,11 +46,12 @@ type Job struct {
 	CompileModel, CompileLoss bool
 	// Precision is the training recipe (job.Precision's names), Quantize
 	// the GEMM sets it converts (empty: the recipe's default) and
-	// FP8AllGather torchao's float8 all-gather, read from the converters
-	// (quant.go).
-	Precision    string
-	Quantize     job.Quantize
-	FP8AllGather bool
+	// FP8AllGather torchao's float8 all-gather and FP8RowwiseGWHP its
+	// rowwise_with_gw_hp recipe, read from the converters (quant.go).
+	Precision      string
+	Quantize       job.Quantize
+	FP8AllGather   bool
+	FP8RowwiseGWHP bool
 	// LossChunks is the chunked loss's chunk count a registry function
 	// sets (plan.TorchtitanExport's loss line); 0: one piece.
 	LossChunks int

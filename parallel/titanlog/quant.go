@@ -37,24 +37,28 @@ func (v *values) quantV022(j *Job) {
 		switch {
 		case seen[c]:
 			v.fail("model.converters", c, "each converter once")
-		case c == convFloat8Grouped:
-			v.fail("model.converters", c, "not read: float8 grouped GEMMs are rowwise (fp8-rowwise), a recipe moescope does not read")
-		case c != convFloat8Linear && c != convMXLinear && c != convMXGrouped:
-			v.fail("model.converters", c, `"quantize.linear.float8" (fp8-tensorwise), or "quantize.linear.mx" and "quantize.grouped_mm.mx" (mxfp8)`)
+		case c != convFloat8Linear && c != convFloat8Grouped && c != convMXLinear && c != convMXGrouped:
+			v.fail("model.converters", c, `"quantize.linear.float8" (fp8-tensorwise or fp8-rowwise) and "quantize.grouped_mm.float8" (fp8-rowwise), or "quantize.linear.mx" and "quantize.grouped_mm.mx" (mxfp8)`)
 		}
 		seen[c] = true
 	}
-	if seen[convFloat8Linear] && (seen[convMXLinear] || seen[convMXGrouped]) {
+	if (seen[convFloat8Linear] || seen[convFloat8Grouped]) && (seen[convMXLinear] || seen[convMXGrouped]) {
 		// QuantizationConverter._validate (quantization/__init__.py).
 		v.fail("model.converters", conv, "one quantization type: torchtitan refuses float8 and mx together")
 		return
 	}
 	var sets job.Quantize
 	switch {
-	case seen[convFloat8Linear]:
-		j.Precision = string(job.FP8Tensorwise)
-		sets = v.linearSets(j, "quantize.linear.float8", nil)
-		v.float8(j)
+	case seen[convFloat8Linear] || seen[convFloat8Grouped]:
+		j.Precision = string(job.FP8Rowwise) // torchao's float8 grouped GEMM is rowwise
+		if seen[convFloat8Linear] {
+			sets = v.linearSets(j, "quantize.linear.float8", nil)
+			v.float8(j, seen[convFloat8Grouped])
+		}
+		if seen[convFloat8Grouped] {
+			v.float8Grouped()
+			sets = append(sets, job.QuantExperts)
+		}
 	case seen[convMXLinear] || seen[convMXGrouped]:
 		j.Precision = string(job.MXFP8)
 		if seen[convMXLinear] {
@@ -120,12 +124,24 @@ func (v *values) linearSets(j *Job, sec string, def []string) job.Quantize {
 
 // float8 reads [quantize.linear.float8]: tensorwise is the recipe_name
 // unset (or "tensorwise") branch of Float8LinearConverter (float8.py at
-// 73a0e69, lines 53-100), where the FSDP float8 all-gather applies.
-func (v *values) float8(j *Job) {
+// 73a0e69, lines 53-100), where the FSDP float8 all-gather applies;
+// "rowwise" and "rowwise_with_gw_hp" are fp8-rowwise (j.Precision's
+// default here), the second with FP8RowwiseGWHP. grouped: the float8
+// grouped GEMM (rowwise) converts the experts too, which a tensorwise
+// linear recipe would mix with.
+func (v *values) float8(j *Job, grouped bool) {
 	const sec = "quantize.linear.float8"
 	recipe, named := v.m[sec+".recipe_name"]
-	if named && recipe != nil && recipe != "tensorwise" {
-		v.fail(sec+".recipe_name", recipe, `unset or "tensorwise" (rowwise recipes are fp8-rowwise, which moescope does not read)`)
+	switch recipe {
+	case "rowwise", "rowwise_with_gw_hp":
+		j.FP8RowwiseGWHP = recipe == "rowwise_with_gw_hp"
+	case nil, "tensorwise":
+		if grouped {
+			v.fail(sec+".recipe_name", recipe, `"rowwise" or "rowwise_with_gw_hp" with quantize.grouped_mm.float8 (its grouped GEMM is rowwise; moescope has no recipe mixing tensorwise linears with it)`)
+		}
+		j.Precision = string(job.FP8Tensorwise)
+	default:
+		v.fail(sec+".recipe_name", recipe, `unset, "tensorwise", "rowwise" or "rowwise_with_gw_hp"`)
 	}
 	if v.bool(sec+".emulate", false) {
 		v.fail(sec+".emulate", true, "false: emulated float8 runs bf16 GEMMs")
@@ -144,6 +160,11 @@ func (v *values) float8(j *Job) {
 	j.FP8AllGather = ag
 }
 
+// float8Grouped reads [quantize.grouped_mm.float8]: fqns (list[str] |
+// str, comma-separated) must select the MoE modules' experts
+// (Float8GroupedMM, job_config.py at 73a0e69).
+func (v *values) float8Grouped() { v.expertFQNs("quantize.grouped_mm.float8") }
+
 // mxGrouped reads [quantize.grouped_mm.mx]: fqns (list[str] | str,
 // comma-separated) must select the MoE modules' experts, recipe_name is
 // Literal["mxfp8"] (job_config.py at 73a0e69, lines 794-808).
@@ -152,6 +173,12 @@ func (v *values) mxGrouped() {
 	if r := v.str(sec+".recipe_name", "mxfp8"); r != "mxfp8" {
 		v.fail(sec+".recipe_name", r, `"mxfp8"`)
 	}
+	v.expertFQNs(sec)
+}
+
+// expertFQNs reads a grouped-GEMM converter's fqns (list[str] | str,
+// comma-separated), which must name the routed experts.
+func (v *values) expertFQNs(sec string) {
 	var fqns []string
 	if s, ok := v.m[sec+".fqns"].(string); ok {
 		fqns = strings.Split(s, ",")

@@ -161,10 +161,11 @@ func TestQuantRefusals(t *testing.T) {
 	const head = "[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n"
 	const f8 = head + "converters = [\"quantize.linear.float8\"]\n[quantize.linear.float8]\n"
 	for in, want := range map[string]string{
-		head + "converters = [\"quantize.grouped_mm.float8\"]\n":                                                                                                      "model.converters = quantize.grouped_mm.float8",
+		head + "converters = [\"quantize.grouped_mm.float8\"]\n": "quantize.grouped_mm.float8.fqns",
+		head + "converters = [\"quantize.linear.float8\", \"quantize.grouped_mm.float8\"]\n[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n[quantize.linear.float8]\nfilter_fqns = [\"output\", \"router.gate\"]\n": "recipe_name",
 		head + "converters = [\"float8\"]\n":                                                                                                                          "model.converters = float8",
 		head + "converters = [\"quantize.linear.float8\", \"quantize.linear.mx\"]\n":                                                                                  "one quantization type",
-		f8 + "recipe_name = \"rowwise\"\nfilter_fqns = [\"output\", \"router.gate\"]\n":                                                                               "quantize.linear.float8.recipe_name = rowwise",
+		f8 + "recipe_name = \"rowwise_fast\"\nfilter_fqns = [\"output\", \"router.gate\"]\n":                                                                          "quantize.linear.float8.recipe_name = rowwise_fast",
 		f8 + "emulate = true\nfilter_fqns = [\"output\", \"router.gate\"]\n":                                                                                          "quantize.linear.float8.emulate",
 		f8 + "enable_fsdp_float8_all_gather = true\nfilter_fqns = [\"output\", \"router.gate\"]\n":                                                                    "precompute_float8_dynamic_scale_for_fsdp = false",
 		f8 + "recipe_name = \"tensorwise\"\nenable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\nfilter_fqns = [\"router.gate\"]\n": "enable_fsdp_float8_all_gather = true",
@@ -179,6 +180,15 @@ func TestQuantRefusals(t *testing.T) {
 		if _, err := ParseTOML("x.toml", []byte(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: err = %v, want %q", in, err, want)
 		}
+	}
+	// fp8-rowwise: torchao's recipe_name "rowwise" or "rowwise_with_gw_hp"
+	// on the linears, the float8 grouped GEMM (rowwise) on the experts
+	// (job_config.py at 73a0e69, Float8Linear and Float8GroupedMM).
+	rowwise := head + "converters = [\"quantize.linear.float8\", \"quantize.grouped_mm.float8\"]\n[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n" +
+		"[quantize.linear.float8]\nrecipe_name = \"rowwise_with_gw_hp\"\nfilter_fqns = [\"output\", \"router.gate\"]\n"
+	if j, err := ParseTOML("x.toml", []byte(rowwise)); err != nil || j.Precision != "fp8-rowwise" || !j.FP8RowwiseGWHP ||
+		len(j.Quantize) != 0 {
+		t.Errorf("rowwise_with_gw_hp with grouped float8: %+v, %v; want fp8-rowwise, gw_hp, its default sets (linear, experts)", j, err)
 	}
 	// A string of fqns is split on commas (MXGroupedMM.fqns: list[str] | str).
 	if j, err := ParseTOML("x.toml", []byte(head+"converters = [\"quantize.grouped_mm.mx\"]\n[quantize.grouped_mm.mx]\nfqns = \"experts\"\n")); err != nil ||

@@ -151,7 +151,7 @@ func (j *Job) run(gpu string) (published.Run, error) {
 	}
 	// Resolve sets the recipe's precision from r.Precision and checks the
 	// GEMM sets and the all-gather against it.
-	r.Quantize, r.FP8AllGather = j.Quantize, j.FP8AllGather
+	r.Quantize, r.FP8AllGather, r.FP8RowwiseGWHP = j.Quantize, j.FP8AllGather, j.FP8RowwiseGWHP
 	r.ReshardAfterForward, r.Compile, r.LossChunks = j.ReshardAfterForward, j.Compile, j.LossChunks
 	if j.Compile && !(j.CompileModel && j.CompileLoss) {
 		if j.CompileModel {
@@ -189,6 +189,7 @@ func agree(log string, a, b *Job) error {
 		{"compile.enable", a.Compile, b.Compile}, {"compile model", a.CompileModel, b.CompileModel}, {"compile loss", a.CompileLoss, b.CompileLoss},
 		{"tensor_parallel_degree", a.TP, b.TP},
 		{"precision", a.Precision, b.Precision}, {"quantize", a.converted(), b.converted()}, {"fp8_all_gather", a.FP8AllGather, b.FP8AllGather},
+		{"fp8_rowwise_gw_hp", a.FP8RowwiseGWHP, b.FP8RowwiseGWHP},
 	}
 	if b.Form == FormPrintedMain {
 		// Main's printed form keeps neither the checkpointing policy's

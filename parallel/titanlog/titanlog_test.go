@@ -175,7 +175,7 @@ func TestJobConfigErrors(t *testing.T) {
 		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[parallelism]\ncontext_parallel_degree = 2\n":        "context_parallel_degree = 2",
 		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\n[activation_checkpoint]\nmode = \"memory_budget\"\n": "memory_budget",
 		"[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n":                                                "no moescope model",
-		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\nconverters = [\"quantize.grouped_mm.float8\"]\n":     "model.converters",
+		"[model]\nname = \"qwen3\"\nflavor = \"30B-A3B\"\nconverters = [\"quantize.grouped_mm.float16\"]\n":    "model.converters",
 		"[training\n": "not TOML",
 	}
 	for in, want := range cases {

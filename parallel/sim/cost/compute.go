@@ -406,7 +406,7 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 // matmulSeconds prices a dense or grouped matmul record at the rate its op
 // runs at (rateOf), without its quantize kernels.
 func (c ComputeSpec) matmulSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts int, groups []float64) float64 {
-	r := c.rateOf(cfg, rec.Op)
+	r := c.rateOf(cfg, rec.Op, rec.Pass)
 	out, in, ok := weightShape(cfg, rec.Op)
 	if !ok || out*in == 0 {
 		return math.Max(2*float64(rec.Count)/(r.peak*r.gemm*c.Clock()), c.LaunchS)

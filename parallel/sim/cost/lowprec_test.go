@@ -81,6 +81,22 @@ func TestCastBytesByRecipe(t *testing.T) {
 		{job.NVFP4, moe.Forward, x*7.125 + w*5.125},
 		{job.NVFP4, moe.BackwardData, g * 7.125},
 		{job.NVFP4, moe.BackwardWeight, 0},
+		// fp8-rowwise (torchao): as tensorwise, an amax pass (per row)
+		// before each of the six casts: 5 bytes per element.
+		{job.FP8Rowwise, moe.Forward, (x + w) * 5},
+		{job.FP8Rowwise, moe.BackwardData, (g + w) * 5},
+		{job.FP8Rowwise, moe.BackwardWeight, (g + x) * 5},
+		// fp8-delayed (TE): the cast-transpose alone, 2 read + 2 written,
+		// its amax recorded in the same pass.
+		{job.FP8Delayed, moe.Forward, (x + w) * 4},
+		{job.FP8Delayed, moe.BackwardData, g * 4},
+		{job.FP8Delayed, moe.BackwardWeight, 0},
+		// fp8-blockwise (TE): 2 read, two 1-byte copies, each with an
+		// FP32 scale per 128 elements of x and g (2·4/128 = 1/16 byte)
+		// and per 128·128 of w (2·4/16384).
+		{job.FP8Blockwise, moe.Forward, x*(4+1.0/16) + w*(4+8.0/16384)},
+		{job.FP8Blockwise, moe.BackwardData, g * (4 + 1.0/16)},
+		{job.FP8Blockwise, moe.BackwardWeight, 0},
 	} {
 		s := lpSpec(c.recipe, true, true, false)
 		rec := moe.OpRecord{Op: moe.OpQProj, Pass: c.pass, Count: R * out * in}
@@ -124,17 +140,17 @@ func TestConvertedSets(t *testing.T) {
 	cfg := *lpCfg
 	cfg.Vocab = 1000 // 1000 % 16 = 8
 	lp := &LowPrecision{Linear: true, Output: true}
-	if lp.converts(&cfg, moe.OpLMHead) {
+	if lp.converts(&cfg, moe.OpLMHead, moe.Forward) {
 		t.Error("head of vocabulary 1000 converted; 1000 is not a multiple of 16")
 	}
 	cfg.Vocab = 1024
-	if !lp.converts(&cfg, moe.OpLMHead) || (&LowPrecision{Linear: true}).converts(&cfg, moe.OpLMHead) {
+	if !lp.converts(&cfg, moe.OpLMHead, moe.Forward) || (&LowPrecision{Linear: true}).converts(&cfg, moe.OpLMHead, moe.Forward) {
 		t.Error("head converted iff output is in the set")
 	}
-	if lp.converts(&cfg, moe.OpExpertGate) || !(&LowPrecision{Experts: true}).converts(&cfg, moe.OpExpertGate) {
+	if lp.converts(&cfg, moe.OpExpertGate, moe.Forward) || !(&LowPrecision{Experts: true}).converts(&cfg, moe.OpExpertGate, moe.Forward) {
 		t.Error("experts converted iff experts is in the set")
 	}
-	if (&LowPrecision{Linear: true, Experts: true, Output: true}).converts(&cfg, moe.OpAttn) {
+	if (&LowPrecision{Linear: true, Experts: true, Output: true}).converts(&cfg, moe.OpAttn, moe.Forward) {
 		t.Error("attention converted")
 	}
 }
@@ -197,5 +213,40 @@ func TestCastFP8Gather(t *testing.T) {
 		if got := s.CastSeconds(lpCfg, rec, 1); !near(got, bytes/bw, 1e-12) {
 			t.Errorf("%v: %g s, want %g bytes = %g s", pass, got, bytes, bytes/bw)
 		}
+	}
+}
+
+// torchao's rowwise_with_gw_hp keeps a linear's weight gradient in bf16
+// (no casts, the bf16 rate) and its forward and data gradient in fp8; the
+// routed experts' weight gradient stays fp8 (torchao's fp8 rowwise grouped
+// GEMM has no high-precision variant).
+func TestRowwiseGWHP(t *testing.T) {
+	s := lpSpec(job.FP8Rowwise, true, true, false)
+	s.LowPrecision.WgradHP = true
+	wgrad := moe.OpRecord{Op: moe.OpQProj, Pass: moe.BackwardWeight, Count: 4096 * 1024 * 1024}
+	if c := s.CastSeconds(lpCfg, wgrad, 1); c != 0 {
+		t.Errorf("gw_hp weight-gradient casts %g, want 0", c)
+	}
+	if r := s.rateOf(lpCfg, moe.OpQProj, moe.BackwardWeight); r != s.bf16Rate() {
+		t.Errorf("gw_hp weight gradient at %+v, want the bf16 rate", r)
+	}
+	if r := s.rateOf(lpCfg, moe.OpQProj, moe.BackwardData); r != s.lowRate() {
+		t.Errorf("gw_hp data gradient at %+v, want the fp8 rate", r)
+	}
+	if r := s.rateOf(lpCfg, moe.OpExpertGate, moe.BackwardWeight); r != s.lowRate() {
+		t.Errorf("gw_hp expert weight gradient at %+v, want the fp8 rate", r)
+	}
+}
+
+// Block-scaled grouped GEMMs run at the published DeepGEMM rates: 1234 of
+// 1979 TFLOP/s at 4096 rows per group, so the asymptote is 1234/1979 ×
+// (4096 + 406)/4096 = 0.6235 × 1.0991 = 0.6854, and the weight gradient 457/1234 = 0.3703
+// of it (pytorch/ao 36027d82 blockwise_fp8_training README); dense ones at
+// the device's FP8 GEMM efficiency.
+func TestBlockwiseRates(t *testing.T) {
+	s := lpSpec(job.FP8Blockwise, true, true, false)
+	r := s.lowRate()
+	if !near(r.grouped, 0.68535, 1e-4) || !near(r.wgrad, 0.37034, 1e-4) || r.gemm != 0.8 || r.operand != 1 {
+		t.Errorf("blockwise rate %+v, want grouped 0.6854, wgrad 0.3703, gemm 0.8, 1-byte operands", r)
 	}
 }

@@ -18,6 +18,9 @@ import (
 //	  (Megatron-LM megatron/core/enums.py Fp8Recipe)
 //	"FP8 tensorwise …"                         → fp8-tensorwise (torchao's)
 //	"FP8 (fine-grained 1x128/128x128)", "… blockwise …" → fp8-blockwise
+//	"FP8 rowwise …"                            → fp8-rowwise (torchao's)
+//	"FP8 delayed …"                            → fp8-delayed (TransformerEngine's
+//	  DelayedScaling, Megatron's --fp8-recipe delayed)
 //	"NVFP4 …"                                  → nvfp4
 //
 // Anything else, a bare "FP8" included (which recipe?), is an error
@@ -43,7 +46,11 @@ func (r Run) PrecisionRecipe() (job.Precision, error) {
 		return job.FP8Tensorwise, nil
 	case strings.HasPrefix(t, "fp8") && (strings.Contains(t, "blockwise") || strings.Contains(t, "1x128")):
 		return job.FP8Blockwise, nil
+	case strings.HasPrefix(t, "fp8") && strings.Contains(t, "rowwise"):
+		return job.FP8Rowwise, nil
+	case strings.HasPrefix(t, "fp8") && strings.Contains(t, "delayed"):
+		return job.FP8Delayed, nil
 	}
 	return "", moe.FieldError{Field: "precision", Value: r.Precision,
-		Allowed: "a recipe (" + strings.Join(job.BF16.Values(), ", ") + ") or a published spelling of one (BF16, MXFP8, FP8-CS or FP8 … current scaling, FP8 tensorwise, FP8 … blockwise, NVFP4)"}
+		Allowed: "a recipe (" + strings.Join(job.BF16.Values(), ", ") + ") or a published spelling of one (BF16, MXFP8, FP8-CS or FP8 … current scaling, FP8 tensorwise, FP8 rowwise, FP8 delayed, FP8 … blockwise, NVFP4)"}
 }

@@ -284,9 +284,9 @@ func TestRunDefaults(t *testing.T) {
 			t.Errorf("%s left out: %v", key, err)
 		}
 	}
-	// A table's spelling of a priced recipe reads as it; an unpriced or
-	// ambiguous one is refused, naming the field.
-	for text, want := range map[string]string{"MXFP8 (params)": "", "FP8-CS": "", "NVFP4": "", "FP8 (fine-grained 1x128/128x128)": "not priced yet", "FP8": "published spelling"} {
+	// A table's spelling of a priced recipe reads as it; an ambiguous one
+	// is refused, naming the field.
+	for text, want := range map[string]string{"MXFP8 (params)": "", "FP8-CS": "", "NVFP4": "", "FP8 (fine-grained 1x128/128x128)": "", "FP8": "published spelling"} {
 		r, err = readRun(`"precision":"` + text + `"`)
 		if err != nil {
 			t.Fatalf("precision %q: %v", text, err)
@@ -310,7 +310,7 @@ func TestPrecisionRecipe(t *testing.T) {
 		"FP8 tensorwise": job.FP8Tensorwise, "FP8 tensorwise (Float8 on nn.Linear)": job.FP8Tensorwise,
 		"MXFP8 (parenthesised value)": job.MXFP8, "MXFP8 on expert GEMMs only (TE); rest BF16": job.MXFP8,
 		"MXFP8 (likely)": job.MXFP8, "NVFP4": job.NVFP4, "FP8 (fine-grained 1x128/128x128)": job.FP8Blockwise,
-		"fp8-current": job.FP8Current, "mxfp8": job.MXFP8,
+		"fp8-current": job.FP8Current, "mxfp8": job.MXFP8, "FP8 rowwise": job.FP8Rowwise, "FP8 delayed scaling": job.FP8Delayed,
 	} {
 		got, err := Run{Precision: text}.PrecisionRecipe()
 		if err != nil || got != want {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
+	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/published"
 )
 
@@ -127,6 +128,11 @@ func neededFeature(row map[string]string) string {
 	}
 	if p, err := (published.Run{Precision: row["precision"]}).PrecisionRecipe(); err != nil || p.Check("precision") != nil {
 		return "FP8 / FP4 recipe (" + strings.SplitN(row["precision"], " ", 2)[0] + ")"
+	}
+	if gpu := strings.ToLower(strings.SplitN(strings.TrimSpace(row["gpu"]), " ", 2)[0]); gpu != "" {
+		if _, err := hw.LookupDevice(gpu); err != nil {
+			return "device (" + row["gpu"] + ": not in the registry)"
+		}
 	}
 	if _, ok := builtinOfCSV[row["model"]]; !ok {
 		return "model type (" + row["model"] + ")"

@@ -14,9 +14,12 @@ func TestNeededFeature(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"tp": "2", "pp": "1", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
-		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, ""}, // mxfp8 is priced
-		{map[string]string{"tp": "2", "pp": "1", "precision": "NVFP4", "model": "Qwen3-235B-A22B"}, ""},          // nvfp4 is priced
-		{map[string]string{"precision": "FP8 (fine-grained 1x128/128x128)", "model": "DeepSeek-V3"}, "FP8 / FP4 recipe (FP8)"},
+		{map[string]string{"tp": "2", "pp": "1", "precision": "MXFP8 (params)", "model": "Qwen3-235B-A22B"}, ""},                                          // mxfp8 is priced
+		{map[string]string{"tp": "2", "pp": "1", "precision": "NVFP4", "model": "Qwen3-235B-A22B"}, ""},                                                   // nvfp4 is priced
+		{map[string]string{"precision": "FP8 (fine-grained 1x128/128x128)", "model": "DeepSeek-V3"}, ""},                                                  // fp8-blockwise is priced
+		{map[string]string{"precision": "FP8 (fine-grained 1x128/128x128)", "model": "DeepSeek-V3", "gpu": "H800"}, "device (H800: not in the registry)"}, // R189
+		{map[string]string{"precision": "FP8 tensorwise", "model": "Llama3-8B", "gpu": "H100 (96GB HBM2e, 500W cap; Meta Grand Teton)"}, ""},
+		{map[string]string{"precision": "FP6", "model": "DeepSeek-V3"}, "FP8 / FP4 recipe (FP6)"},
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},
 		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B"}, ""},                                      // tp inside pipeline stages is built
 		{map[string]string{"tp": "2", "pp": "8", "precision": "BF16", "model": "Qwen3-235B-A22B", "recompute": "selective: norm, act"}, ""}, // modules:layernorm,moe_act is built
