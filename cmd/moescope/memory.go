@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/epbuffer"
 	"github.com/moescope/moescope/parallel/hw"
 )
 
@@ -120,7 +121,11 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	rep.fill(cfg, dev, r)
-	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, *target), *target
+	outside, err := epbuffer.Outside(dev, l, spec.Dispatcher, cfg.Hidden)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, outside, dev.MemoryBytes, *target), *target
 	if *jsonOut {
 		return writeJSON(stdout, "memory", rep)
 	}
