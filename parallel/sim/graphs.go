@@ -56,13 +56,15 @@ func checkKnobs(in Input) error {
 //     CUDAGraphWrapper): the captured step's tensor arguments that are not
 //     static are copied into the captured ones before each replay, i.e.
 //     the micro-batch's int64 input ids and labels, 16 bytes per token;
-//   - layers (Megatron-LM d98e8a64, cuda_graphs.py
-//     TECudaGraphHelper._get_sample_arguments, and TransformerEngine
-//     d0067d0 transformer_engine/pytorch/graph.py, make_graphed_callables):
-//     per block, a static bf16 input of the block's hidden states and a
-//     static bf16 gradient of its output (torch.empty_like of the output),
-//     each tokens × hidden, one set per block without a pipeline (the
-//     buffers of a micro-batch whose backward is done are reused).
+//   - layers (Megatron-LM d98e8a64, cuda_graphs.py TECudaGraphHelper,
+//     which passes _reuse_graph_input_output_buffers to TransformerEngine
+//     ≥ 2.7's make_graphed_callables, d0067d0
+//     transformer_engine/pytorch/graph.py): the graphs share their data
+//     buffers, a block's static output being the next one's static input
+//     (an activation the memory model already holds), and one static bf16
+//     gradient of the output per shape (static_grad_outputs_dict), so what
+//     the graphs add is the first block's static input and that one
+//     gradient buffer, each tokens × hidden in bf16.
 //
 // tokens is the rank's tokens of one micro-batch (a tensor-parallel rank's
 // share under sequence parallelism). The pools' intermediates are the
@@ -74,7 +76,7 @@ func graphStaticBytes(cfg *moe.Config, in Input) int64 {
 		return 16 * tokens
 	case job.LayerGraphs:
 		perRank := tokens / int64(in.Layout.TPDegree())
-		return int64(cfg.Layers) * 2 * perRank * int64(cfg.Hidden) * 2
+		return 2 * perRank * int64(cfg.Hidden) * 2
 	}
 	return 0
 }

@@ -15,7 +15,8 @@ import (
 // input ids and labels, 16 bytes per token: 4 × 128 × 16 = 8,192 bytes
 // (graphStaticBytes, hand-counted). Per-layer graphs of a dropless MoE
 // leave the routed experts' launches (Megatron-LM captures them only
-// padded to capacity).
+// padded to capacity) and keep the first block's static input and one
+// output gradient, 2 × 512 tokens × hidden 32 × 2 bytes = 65,536 bytes.
 func TestCUDAGraphs(t *testing.T) {
 	run := func(g job.CUDAGraphs) Result {
 		in := simTestInput(t, "tiny", 8, 1, 4, 128, 1, "none")
@@ -42,6 +43,9 @@ func TestCUDAGraphs(t *testing.T) {
 	}
 	if got := full.PeakReservedBytes - none.PeakReservedBytes; got != 8192 {
 		t.Errorf("full graphs: %d bytes more reserved, want 8192 (int64 ids and labels of 512 tokens)", got)
+	}
+	if got := layers.PeakReservedBytes - none.PeakReservedBytes; got != 65536 {
+		t.Errorf("layer graphs: %d bytes more reserved, want 65,536", got)
 	}
 	l := layers.Breakdown.OverheadS
 	if !(l[OverheadLaunch] > 0 && l[OverheadGraphSaved] > 0 && near(l[OverheadLaunch]+l[OverheadGraphSaved], launch, 1e-9)) {
