@@ -31,7 +31,9 @@ var searchSettings = []searchSetting{
 		func(r job.Recipe) string { return "--dispatcher " + string(r.Dispatcher) }, true},
 	{"reduce-dtype", 2, func(r *job.Recipe, i int) { r.ReduceDType = []moe.DType{moe.F32, moe.BF16}[i] },
 		func(r job.Recipe) string { return "--reduce-dtype " + string(r.ReduceDType) }, false},
-	{"cuda-graphs", 3, func(r *job.Recipe, i int) { r.CUDAGraphs = []job.CUDAGraphs{job.NoGraphs, job.LayerGraphs, job.FullGraphs}[i] },
+	{"cuda-graphs", 3, func(r *job.Recipe, i int) {
+		r.CUDAGraphs = []job.CUDAGraphs{job.NoGraphs, job.LayerGraphs, job.FullGraphs}[i]
+	},
 		func(r job.Recipe) string { return "--cuda-graphs " + string(cmp.Or(r.CUDAGraphs, job.NoGraphs)) }, false},
 	{"fused-qkv", 2, func(r *job.Recipe, i int) { r.FusedQKV = i == 1 },
 		func(r job.Recipe) string { return flagName("fused-qkv", r.FusedQKV) }, false},
