@@ -61,7 +61,8 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose memory the step is judged against: "+strings.Join(hw.DeviceNames(), ", "))
 	rf := addRunFlags(fs)
 	rf.layout.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
-	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version")
+	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "expert-gemm", "fused-elementwise", "fused-qkv", "torch-version")
+	rf.recipe.refuse("CUDA graphs' static buffers are held by simulate and plan only, not yet by memory", "cuda-graphs")
 	rf.recipe.refuse("a counts file's loads are replayed by simulate; memory takes the most loaded rank's --expert-skew", "routing")
 	rf.recipe.refuse("the memory of dropped or padded expert rows is not modelled yet (simulate and plan price their time)", "capacity-factor", "pad-to-capacity")
 	fs.Lookup("lbs").Usage = "sequences per data-parallel rank per micro-step (required unless --max-lbs)"

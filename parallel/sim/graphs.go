@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/epbuffer"
 )
 
 // CUDA graphs (job.CUDAGraphs): a captured kernel is launched by the
@@ -79,4 +80,21 @@ func graphStaticBytes(cfg *moe.Config, in Input) int64 {
 		return 2 * perRank * int64(cfg.Hidden) * 2
 	}
 	return 0
+}
+
+// CheckStack refuses, by name, the settings of s's stack the simulator
+// cannot price at s's layout (the checks Simulate makes before any
+// estimate): CUDA graphs and fused QKV where not modelled (checkKnobs), and
+// DeepEP on an expert-parallel group it recommends no buffer config for
+// (epbuffer.DeepEPBytes). A planner admits only the points it passes.
+func CheckStack(s job.Spec) error {
+	if err := checkKnobs(Input{Spec: s}); err != nil {
+		return err
+	}
+	if s.Dispatcher == job.DeepEP && s.Layout.EP > 1 && s.Model != nil {
+		if _, err := epbuffer.DeepEPBytes(s.Model.Hidden, s.Layout.EP); err != nil {
+			return fmt.Errorf("simulate: %w", err)
+		}
+	}
+	return nil
 }
