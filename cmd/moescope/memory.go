@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/epbuffer"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -61,7 +62,8 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	gpu := fs.String("gpu", hw.DefaultDeviceName, "device whose memory the step is judged against: "+strings.Join(hw.DeviceNames(), ", "))
 	rf := addRunFlags(fs)
 	rf.layout.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
-	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "dispatcher", "expert-gemm", "fused-elementwise", "torch-version")
+	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "expert-gemm", "fused-elementwise", "fused-qkv", "torch-version")
+	rf.recipe.refuse("CUDA graphs' static buffers are held by simulate and plan only, not yet by memory", "cuda-graphs")
 	rf.recipe.refuse("the memory of dropped or padded expert rows is not modelled yet (simulate and plan price their time)", "capacity-factor", "pad-to-capacity")
 	fs.Lookup("lbs").Usage = "sequences per data-parallel rank per micro-step (required unless --max-lbs)"
 	jsonOut := fs.Bool("json", false, "print one JSON object")
@@ -127,7 +129,11 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	rep.fill(cfg, dev, r)
-	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, *target), *target
+	outside, err := epbuffer.Outside(dev, l, spec.Dispatcher, cfg.Hidden)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, outside, dev.MemoryBytes, *target), *target
 	if *jsonOut {
 		return writeJSON(stdout, "memory", rep)
 	}

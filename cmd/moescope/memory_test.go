@@ -98,6 +98,10 @@ func TestMemoryBadInput(t *testing.T) {
 		{[]string{"--gpus", "8", "--lbs", "1", "--model", "gpt5"}, `--model: model "gpt5" is neither a built-in`},
 		{[]string{"--gpus", "8", "--lbs", "1", "--attention", "sparse"}, "attention"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--optimizer-impl", "lion"}, "optimizer"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--cuda-graphs", "full"}, "--cuda-graphs = full: not used by memory"},
+		{[]string{"--gpus", "8", "--lbs", "1", "--cuda-graphs", "some"}, "--cuda-graphs"},
+		// DeepEP (92fe2de) recommends no config for 256 ranks: its Buffer cannot be sized.
+		{[]string{"--gpus", "256", "--ep", "256", "--lbs", "1", "--dispatcher", "deepep", "--model", "deepseek-v3"}, "dispatcher deepep with ep = 256"},
 	} {
 		out, err := runMem(t, append(append([]string{}, base...), c.args...)...)
 		if err == nil || exitCode(err) == 0 {

@@ -110,7 +110,9 @@ func runPlan(stdout, stderr io.Writer, args []string) error {
 		if bar != nil {
 			req.Progress = bar.update
 		}
-		rep, err := plan.Search(req, planEvaluator(ev))
+		q := req
+		q.Admit = plan.StackAdmit(ev.Run, req.Admit) // the stack settings the simulator refuses at a layout
+		rep, err := plan.Search(q, planEvaluator(ev))
 		bar.finish()
 		return rep, err // a plan.InfeasibleError explains itself; exit status 1
 	})

@@ -100,10 +100,10 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	}
 	compiled, _ := ev.Run.Compiled()
 	quant := plan.QuantOf(ev.Run.Recipe)
-	req.Admit = func(p plan.Point) error {
+	req.Admit = plan.StackAdmit(ev.Run, func(p plan.Point) error {
 		return errors.Join(plan.TorchtitanAdmit(plan.TorchtitanTOML, p, compiled), plan.TorchtitanAdmit(plan.TorchtitanPy, p, compiled),
 			plan.TorchtitanTOML.AdmitQuant(quant, p, compiled), plan.TorchtitanPy.AdmitQuant(quant, p, compiled))
-	}
+	})
 	d, err := plan.DesignSweep(req, ev, *maxJobs)
 	if err != nil {
 		return err

@@ -41,7 +41,7 @@ var layers = [][]string{
 	{"parallel/sim/calib"},
 	{"parallel/sim/published"},
 	{"parallel/numeric", "parallel/sim"},
-	{"parallel/numeric/collective", "parallel/sim/cost"},
+	{"parallel/numeric/collective", "parallel/sim/cost", "parallel/epbuffer"},
 	{"parallel"},
 	{"parallel/hw", "bench"},
 	{"flops", "memory"},

@@ -84,6 +84,11 @@ type Recipe struct {
 	// fused kernel of its own (TransformerEngine / Megatron-Core fusions)
 	// where eager PyTorch runs several.
 	FusedElementwise bool `json:"fused_elementwise,omitempty" help:"the framework runs each elementwise op as one fused kernel (TransformerEngine/Megatron-Core fusions) instead of PyTorch's eager decomposition"`
+	// FusedQKV runs the attention's q, k and v projections as one GEMM of
+	// their concatenated width (torchtitan main's FusedQKVLinear).
+	FusedQKV bool `json:"fused_qkv,omitempty" help:"one GEMM of the q, k and v projections' concatenated width instead of three (torchtitan main's FusedQKVLinear; grouped-query attention only)"`
+	// CUDAGraphs is what the run captures in CUDA graphs (empty: none).
+	CUDAGraphs CUDAGraphs `json:"cuda_graphs,omitempty" empty:"ok" help:"what is captured in CUDA graphs and replayed without host launches: {values} (layers: each block, Megatron-LM's per-layer graphs; full: a micro-step's forward and backward, torchtitan main's default; default: none)"`
 	// Torch is the PyTorch release (the zero value: 2.9 or later).
 	Torch TorchVersion `json:"torch_version,omitzero" help:"PyTorch release of the job, MAJOR.MINOR (default: 2.9 or later); before 2.9 eager RMSNorm is a composite of fp32 kernels"`
 	// ExpertSkew ≥ 1 makes the most loaded expert-parallel rank receive
@@ -192,6 +197,9 @@ func (r Recipe) Validate() error {
 	}
 	if r.LossImpl != "" {
 		add(checkEnum("loss_impl", r.LossImpl))
+	}
+	if r.CUDAGraphs != "" {
+		add(checkEnum("cuda_graphs", r.CUDAGraphs))
 	}
 	if r.DDPImpl != "" {
 		add(checkEnum("ddp_impl", r.DDPImpl))

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/moe/job"
+	"github.com/moescope/moescope/parallel/sim"
 )
 
 // knob is one setting of the stack the planner can turn for a plan: what
@@ -187,3 +188,22 @@ func WriteKnobs(w io.Writer, effects []KnobEffect) {
 }
 
 func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
+
+// StackAdmit is admit (nil: every point) behind the simulator's refusals
+// of run's stack settings at each point's layout (sim.CheckStack): a
+// search over CUDA graphs, fused QKV or DeepEP skips the points the
+// simulator cannot price (graphs with a pipeline, full graphs with expert
+// parallelism, an ep DeepEP has no buffer config for) instead of failing.
+func StackAdmit(run job.Spec, admit func(Point) error) func(Point) error {
+	return func(p Point) error {
+		s := run
+		s.Layout = p.Layout
+		if err := sim.CheckStack(s); err != nil {
+			return err
+		}
+		if admit != nil {
+			return admit(p)
+		}
+		return nil
+	}
+}

@@ -66,6 +66,16 @@ func TestKnobEffects(t *testing.T) {
 			t.Errorf("%s not listed", s)
 		}
 	}
+	// Full CUDA graphs at ep 8 are refused by name (the dispatch's host
+	// sync); per-layer graphs and fused QKV are turned.
+	if g := by["--cuda-graphs full"]; !strings.Contains(g.Refused, "--cuda-graphs full with ep = 8") {
+		t.Errorf("full graphs at ep 8: %+v", g)
+	}
+	for _, s := range []string{"--cuda-graphs layers", "--fused-qkv"} {
+		if k, ok := by[s]; !ok || k.Refused != "" || !(k.TPS >= plan.TPS) {
+			t.Errorf("%s: %+v (listed %v), want at least the plan's %g TPS", s, k, ok, plan.TPS)
+		}
+	}
 	if _, ok := by["--dispatcher all_to_all"]; ok || len(by) != len(effs) {
 		t.Errorf("the plan's own dispatcher listed, or a setting twice: %v", effs)
 	}
@@ -105,5 +115,25 @@ func TestMaxLBS(t *testing.T) {
 		if got := e.maxLBS(p, target); got != want {
 			t.Errorf("target %.2f: maxLBS %d, the scan %d", target, got, want)
 		}
+	}
+}
+
+// TestStackAdmit: a search skips the points whose stack the simulator
+// refuses at their layout (full CUDA graphs with ep > 1) and admits the
+// rest, then asks the admit behind it.
+func TestStackAdmit(t *testing.T) {
+	cfg, _ := qwenOnB200(t)
+	run := job.DefaultSpec(cfg)
+	run.CUDAGraphs = job.FullGraphs
+	asked := 0
+	admit := StackAdmit(run, func(Point) error { asked++; return nil })
+	at := func(ep int) Point {
+		return Point{Layout: job.Layout{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: ep, Sharding: job.ShardFSDP}}
+	}
+	if err := admit(at(8)); err == nil || !strings.Contains(err.Error(), "--cuda-graphs full with ep = 8") || asked != 0 {
+		t.Errorf("ep 8: %v (asked %d)", err, asked)
+	}
+	if err := admit(at(1)); err != nil || asked != 1 {
+		t.Errorf("ep 1: %v (asked %d)", err, asked)
 	}
 }

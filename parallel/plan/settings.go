@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -30,6 +31,12 @@ var searchSettings = []searchSetting{
 		func(r job.Recipe) string { return "--dispatcher " + string(r.Dispatcher) }, true},
 	{"reduce-dtype", 2, func(r *job.Recipe, i int) { r.ReduceDType = []moe.DType{moe.F32, moe.BF16}[i] },
 		func(r job.Recipe) string { return "--reduce-dtype " + string(r.ReduceDType) }, false},
+	{"cuda-graphs", 3, func(r *job.Recipe, i int) {
+		r.CUDAGraphs = []job.CUDAGraphs{job.NoGraphs, job.LayerGraphs, job.FullGraphs}[i]
+	},
+		func(r job.Recipe) string { return "--cuda-graphs " + string(cmp.Or(r.CUDAGraphs, job.NoGraphs)) }, false},
+	{"fused-qkv", 2, func(r *job.Recipe, i int) { r.FusedQKV = i == 1 },
+		func(r job.Recipe) string { return flagName("fused-qkv", r.FusedQKV) }, false},
 }
 
 // SearchSettingNames lists the settings --search-settings takes.

@@ -170,6 +170,10 @@ type TorchtitanExport struct {
 	// registry functions build a ChunkedLossWrapper of 8 chunks, so the
 	// export always sets the loss the plan priced.
 	LossChunks int
+	// CUDAGraphs is the graphs the plan priced: the Python export sets
+	// main's training.disable_cuda_graphs to match (pyGraphsLine); the
+	// TOML export has none to write (CheckRecipe refuses graphs there).
+	CUDAGraphs job.CUDAGraphs
 	// Run, when set, makes the export a complete job config (the sweep's
 	// jobs); nil writes the plan's fields only, to merge into a config.
 	Run *TorchtitanRun
@@ -560,6 +564,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 		b.WriteString("    config.activation_checkpoint = None\n")
 	}
 	b.WriteString(pyLossLine(e.LossChunks))
+	b.WriteString(pyGraphsLine(e.CUDAGraphs))
 	if e.ForceBalance {
 		b.WriteString("    config.debug.moe_force_load_balance = True  # --routing balanced: round-robin experts, a debugging option\n")
 	}

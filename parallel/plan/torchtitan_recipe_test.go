@@ -23,6 +23,8 @@ func TestCheckRecipeRefusesMegatronSettings(t *testing.T) {
 		{func(r *job.Recipe) { r.DDPImpl = job.MegatronDDP }, "--ddp-impl"},
 		{func(r *job.Recipe) { r.CapacityFactor = 1.25 }, "--capacity-factor"},
 		{func(r *job.Recipe) { r.Routing = "counts.json" }, "--routing"},
+		{func(r *job.Recipe) { r.FusedQKV = true }, "--fused-qkv"},
+		{func(r *job.Recipe) { r.CUDAGraphs = job.LayerGraphs }, "--cuda-graphs = layers"},
 	} {
 		for _, target := range []TorchtitanTarget{TorchtitanTOML, TorchtitanPy} {
 			r := job.DefaultRecipe()
@@ -36,5 +38,26 @@ func TestCheckRecipeRefusesMegatronSettings(t *testing.T) {
 	r.LossChunks = 8
 	if TorchtitanTOML.CheckRecipe(r) == nil || TorchtitanPy.CheckRecipe(r) != nil {
 		t.Errorf("loss chunks: TOML %v, Python %v", TorchtitanTOML.CheckRecipe(r), TorchtitanPy.CheckRecipe(r))
+	}
+}
+
+// TestCUDAGraphsExport: torchtitan main captures the forward and backward
+// unless training.disable_cuda_graphs (b5bcd76 torchtitan/config/configs.py,
+// default False), so the Python export always says which the plan priced;
+// v0.2.2 has no training graphs, so its TOML refuses full graphs.
+func TestCUDAGraphsExport(t *testing.T) {
+	r := job.DefaultRecipe()
+	r.CUDAGraphs = job.FullGraphs
+	if err := TorchtitanTOML.CheckRecipe(r); err == nil || !strings.Contains(err.Error(), "--cuda-graphs = full") {
+		t.Errorf("TOML with full graphs: %v", err)
+	}
+	if err := TorchtitanPy.CheckRecipe(r); err != nil {
+		t.Errorf("Python with full graphs: %v", err)
+	}
+	for g, want := range map[job.CUDAGraphs]string{"": "disable_cuda_graphs = True", job.NoGraphs: "disable_cuda_graphs = True",
+		job.FullGraphs: "disable_cuda_graphs = False"} {
+		if got := pyGraphsLine(g); !strings.Contains(got, "config.training."+want) {
+			t.Errorf("graphs %q: %q, want config.training.%s", g, got, want)
+		}
 	}
 }

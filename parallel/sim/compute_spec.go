@@ -41,6 +41,7 @@ func computeSpec(dev hw.Device, in Input, cal *cost.Calibration) (cost.ComputeSp
 	spec.Compiled = in.compiledModel()
 	spec.CompositeNorm = in.Torch.Before(fusedNormSince)
 	spec.FusedElementwise = in.FusedElementwise
+	spec.FusedQKV = in.FusedQKV
 	return spec, nil
 }
 

@@ -82,8 +82,12 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		costs[k] = c
 	}
 	// opSeconds prices r and sets over to its launch, loss and clock shares.
-	opSeconds := overheadPricer(cfg, spec, local, &over)
-	addRouting(costs, cfg, in, spec)
+	opSeconds := overheadPricer(cfg, spec, local, &over, func(r moe.OpRecord) bool { return graphed(cfg, in, r) })
+	routing := spec
+	if in.CUDAGraphs == job.FullGraphs { // the reorder's kernels are captured with the step
+		routing.LaunchS = 0
+	}
+	addRouting(costs, cfg, in, routing)
 	for _, r := range recs {
 		block := r.Layer >= 0 && r.Layer < cfg.Layers
 		seg := parallel.SegmentOf(r.Op, block && cfg.MoELayer[r.Layer])
@@ -144,8 +148,9 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 // parts of that price the overheads name: the launch floor's, the loss's,
 // a tensor-core op's loss to the clock, split between the sustained
 // clock, the slowest GPU and the slowest node, and a converted GEMM's
-// quantize kernels.
-func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[numOverheads]float64) func(moe.OpRecord, []float64) (float64, error) {
+// quantize kernels. An op captured in a CUDA graph (captured) is priced
+// without the launch floor, which it names as cuda_graphs_saved instead.
+func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[numOverheads]float64, captured func(moe.OpRecord) bool) func(moe.OpRecord, []float64) (float64, error) {
 	noLaunch := spec
 	noLaunch.LaunchS = 0
 	// The same without the spread between nodes (what the slowest node
@@ -175,7 +180,11 @@ func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[nu
 		}
 		t0, _ := noLaunch.OpSeconds(cfg, r, local, groups)
 		*over = [numOverheads]float64{}
-		over[ohLaunch] = t - t0
+		if captured(r) {
+			over[ohGraphSaved], t = t-t0, t0
+		} else {
+			over[ohLaunch] = t - t0
+		}
 		if r.Op == moe.OpLoss {
 			over[ohLoss] = t
 		}

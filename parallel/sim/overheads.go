@@ -64,6 +64,9 @@ import (
 //	  compute stream with the optimizer step.
 //	slowest_gpu: what waiting for the slowest of the job's GPUs costs over
 //	  the mean GPU's sustained rate (cost.SlowestShare).
+//	cuda_graphs_saved: not a cost but what the run's CUDA graphs save:
+//	  the launch floors of the ops they capture (graphs.go), priced
+//	  without them; written only when the run has graphs.
 //	slowest_node: what waiting for the slowest of the job's nodes costs
 //	  beyond that, for the spread between nodes that the device's
 //	  one-node measurement does not see (cost.NodeSpreadLoss).
@@ -82,6 +85,7 @@ const (
 	OverheadSlowestNode    = "slowest_node"
 	OverheadQuantize       = "quantize"
 	OverheadAmaxReduce     = "amax_reduce"
+	OverheadGraphSaved     = "cuda_graphs_saved"
 )
 
 // Overheads lists the names in report order.
@@ -103,11 +107,12 @@ const (
 	ohSlowestNode
 	ohQuantize
 	ohAmaxReduce
+	ohGraphSaved
 	numOverheads
 )
 
 var overheadNames = [numOverheads]string{OverheadRouting, OverheadFSDPCopy, OverheadGradClip, OverheadLoss,
-	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU, OverheadSlowestNode, OverheadQuantize, OverheadAmaxReduce}
+	OverheadLaunch, OverheadHostSync, OverheadNCCLContention, OverheadSustainedClock, OverheadSlowestGPU, OverheadSlowestNode, OverheadQuantize, OverheadAmaxReduce, OverheadGraphSaved}
 
 // optimizerCost prices the optimizer phase of the prepared run: fused AdamW
 // over the rank's shard, and gradient clipping (clip_grad_norm_, torchtitan's

@@ -10,6 +10,7 @@ import (
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/epbuffer"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/cost"
 )
@@ -137,7 +138,11 @@ func simulatePipeline(in Input) (Result, error) {
 	if target == 0 {
 		target = memory.DefaultMemoryTarget
 	}
-	res.Fit = memory.Judge(peak.Reserved, dev.Outside(l.EP), dev.MemoryBytes, target)
+	outside, err := epbuffer.Outside(dev, l, in.Dispatcher, cfg.Hidden)
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
+	res.Fit = memory.Judge(peak.Reserved, outside, dev.MemoryBytes, target)
 	res.Pipeline = pipelineTiming(pl, walk, cl, in)
 	res.Breakdown, res.Bottleneck = pipelineBreakdown(walk)
 	res.Exactness = "pipeline: one data-parallel rank per stage simulated, standing for its stage (" + exact + ")"
@@ -188,6 +193,9 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 		return pipelineSetup{}, err
 	}
 	if err := checkAsyncTP(in); err != nil {
+		return pipelineSetup{}, err
+	}
+	if err := checkKnobs(in); err != nil {
 		return pipelineSetup{}, err
 	}
 	stageL := l.StageLayout()

@@ -12,6 +12,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
+	"github.com/moescope/moescope/parallel/epbuffer"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/cost"
 )
@@ -302,6 +303,9 @@ func Prepare(in Input) (*Prepared, error) {
 	if err := checkAsyncTP(in); err != nil {
 		return nil, err
 	}
+	if err := checkKnobs(in); err != nil {
+		return nil, err
+	}
 	if p.mesh, err = parallel.NewMesh(p.l, cfg, p.cl.GPUsPerNode); err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}
@@ -459,7 +463,9 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	res.Breakdown, res.Bottleneck = breakdown(p.sched, sim, spans, res.StepTimeS)
 	res.Breakdown.OverheadS = map[string]float64{}
 	for i, name := range overheadNames {
-		res.Breakdown.OverheadS[name] = sim.over[i]
+		if i != int(ohGraphSaved) || in.CUDAGraphs.Captures(true) {
+			res.Breakdown.OverheadS[name] = sim.over[i]
+		}
 	}
 	res.TPS = p.tokens / res.StepTimeS
 	res.setMFU(p.dev, in.Precision, p.convs, p.hwFLOP)
@@ -475,13 +481,19 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
+	graphs := graphStaticBytes(p.in.Model, in)
+	peak.Allocated, peak.Reserved = peak.Allocated+graphs, peak.Reserved+graphs
 	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
 	res.MemoryFraction = float64(peak.Reserved) / float64(p.dev.MemoryBytes)
 	target := in.MemoryTarget
 	if target == 0 {
 		target = memory.DefaultMemoryTarget
 	}
-	res.Fit = memory.Judge(peak.Reserved, p.dev.Outside(p.l.EP), p.dev.MemoryBytes, target)
+	outside, err := epbuffer.Outside(p.dev, p.l, in.Dispatcher, p.in.Model.Hidden)
+	if err != nil {
+		return Result{}, fmt.Errorf("simulate: %w", err)
+	}
+	res.Fit = memory.Judge(peak.Reserved, outside, p.dev.MemoryBytes, target)
 	if in.KeepTimeline {
 		res.spans = spans
 		res.streams = make([]simStream, len(sim.ops))

@@ -24,4 +24,5 @@ def moescope_qwen3_30b_a3b_512gpu() -> Trainer.Config:
     config.compile.components = ["model", "loss"]
     config.activation_checkpoint = SelectiveAC.Config()
     config.loss = getattr(config.loss, "loss_fn", config.loss)  # one piece, as priced (--loss-chunks 1)
+    config.training.disable_cuda_graphs = True  # launched from the host, as priced (--cuda-graphs none)
     return config

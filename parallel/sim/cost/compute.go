@@ -123,6 +123,9 @@ type ComputeSpec struct {
 	// Megatron's fused RMSNorm, RoPE, SwiGLU and cross-entropy) rather
 	// than PyTorch's decomposition.
 	FusedElementwise bool
+	// FusedQKV prices the q, k and v projections as one GEMM
+	// (fusedQKVSeconds).
+	FusedQKV bool
 	// Sustained is the sustained ÷ burst tensor-core rate (hw.Kernels'
 	// SustainedRatio; 0 reads as 1: burst clock).
 	Sustained float64
@@ -407,6 +410,11 @@ func (c ComputeSpec) OpSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts i
 // runs at (rateOf), without its quantize kernels.
 func (c ComputeSpec) matmulSeconds(cfg *moe.Config, rec moe.OpRecord, localExperts int, groups []float64) float64 {
 	r := c.rateOf(cfg, rec.Op, rec.Pass)
+	if c.FusedQKV {
+		if t, ok := c.fusedQKVSeconds(cfg, rec, r); ok {
+			return t
+		}
+	}
 	out, in, ok := weightShape(cfg, rec.Op)
 	if !ok || out*in == 0 {
 		return math.Max(2*float64(rec.Count)/(r.peak*r.gemm*c.Clock()), c.LaunchS)
