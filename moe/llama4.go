@@ -44,6 +44,12 @@ func (a AttnTemperature) Factor(p int) float64 {
 // Roped reports whether layer l applies RoPE.
 func (c *Config) Roped(l int) bool { return c.NoRope == nil || !c.NoRope[l] }
 
+// LayerQKNorm reports whether layer l normalizes q and k: every layer
+// under "head" and "full", the RoPE layers under "l2_rope".
+func (c *Config) LayerQKNorm(l int) bool {
+	return c.QKNorm != QKNormNone && (c.QKNorm != QKNormL2Rope || c.Roped(l))
+}
+
 // LayerChunk is layer l's attention chunk (0: none).
 func (c *Config) LayerChunk(l int) int {
 	if c.Chunk == nil {

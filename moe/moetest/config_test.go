@@ -21,8 +21,8 @@ const draws = 300
 // each names what moe/ref refuses. Config must draw every other type, and
 // these as soon as moe/ref executes them.
 var notExecuted = map[string]string{
-	"gpt_oss": "issue 40: moe/ref refuses attn_sinks, o_proj_bias, router_bias, expert_bias, swiglu_clamp and fused_experts",
-	"llama4": "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
+	"gpt_oss":     "issue 40: moe/ref refuses attn_sinks, o_proj_bias, router_bias, expert_bias, swiglu_clamp and fused_experts",
+	"llama4":      "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
 	"llama4_text": "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
 }
 
