@@ -123,6 +123,9 @@ func LayerConfig(cfg *moe.Config, experts, topK int) (*moe.Config, error) {
 		l++
 	}
 	c.Layers, c.MoELayer, c.Window = 1, []bool{true}, []int{cfg.Window[l]}
+	if cfg.Chunk != nil || cfg.NoRope != nil {
+		return nil, fmt.Errorf("--model %s: Llama 4's chunked and NoPE layers are not benchmarked (the kernel has no chunked mask yet)", cfg.Name)
+	}
 	c.Vocab, c.TiedEmbeddings = 64, false
 	if experts > 0 && experts != c.Experts {
 		c = *withExperts(&c, experts)

@@ -28,11 +28,11 @@ func (c Convention) Explain() string {
 	case Torchtitan:
 		return "6·N (N = params but input embedding, routed experts ×k/E floored; router, norms, LM head in) + 6·L·H·(d_qk+d_v)·min(s,window); causal not halved"
 	case Megatron:
-		return "matmuls only, SwiGLU 3 GEMMs, router/norms excluded (MLA: latent norms counted as rank-wide GEMMs), logits on vocab padded to 128, causal attention halved (3·H·(d_qk+d_v)·s² per layer), sliding windows ignored"
+		return "matmuls only, SwiGLU 3 GEMMs, router/norms excluded (MLA: latent norms counted as rank-wide GEMMs), logits on vocab padded to 128, causal attention halved (3·H·(d_qk+d_v)·s² per layer), sliding windows and Llama 4's chunks ignored"
 	case PaLM:
 		return "6·N + 12·L·H·d·s with torchtitan's N (MLA: 6·L·H·(d_qk+d_v)·s); equals torchtitan without sliding windows"
 	case Model:
-		return "every matmul executed forward+backward, attention exact under the causal/window mask, no recompute"
+		return "every matmul executed forward+backward, attention exact under the causal/window/chunk mask, no recompute"
 	case Hardware:
 		return "model + checkpoint recompute (--ac) + flash-attention QKᵀ recompute + attention tile waste"
 	}
@@ -105,7 +105,10 @@ func MatmulNParams(cfg *moe.Config) (int64, error) {
 // (torchtitan/models/utils.py) counts every layer at the training seq_len,
 // gpt_oss's sliding layers included, so for the GPT-OSS built-ins (the
 // only ones with windows) torchtitan b5bcd76 logs 18·6·64·128·(s − 128)
-// more FLOPs per token than this count at seq s (GPT-OSS-120B).
+// more FLOPs per token than this count at seq s (GPT-OSS-120B). Llama 4's
+// chunked layers count at the full seq_len, as torchtitan v0.2.2 (73a0e69
+// models/llama4/model/args.py get_nparams_and_flops) counts them; torchtitan
+// main (b5bcd76) no longer has Llama 4.
 func TorchtitanPerStep(cfg *moe.Config, s Shape) (int64, error) {
 	if err := checkShape(cfg, s); err != nil {
 		return 0, err

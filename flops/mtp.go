@@ -63,6 +63,12 @@ func lastLayer(cfg *moe.Config) moe.Config {
 	one := *cfg
 	last := cfg.Layers - 1
 	one.Layers, one.MoELayer, one.Window = 1, cfg.MoELayer[last:], cfg.Window[last:]
+	if cfg.Chunk != nil {
+		one.Chunk = cfg.Chunk[last:]
+	}
+	if cfg.NoRope != nil {
+		one.NoRope = cfg.NoRope[last:]
+	}
 	return one
 }
 

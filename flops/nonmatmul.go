@@ -12,6 +12,7 @@ import "github.com/moescope/moescope/moe"
 //
 //	op                 forward                          backward_data                         backward_weight
 //	RMSNorm (all 7)    x² 1, sum 1, ·rstd 1, ·w 1 = 4     g·w, ·x̂, sum, x̂·m, −, ·rstd = 6         x̂ = x·rstd 1, g·x̂ 1, sum 1 = 3
+//	q/k L2 (l2_rope)   x² 1, sum 1, ·rstd 1 = 3           ·x̂, sum, x̂·m, −, ·rstd = 5             — (no weight)
 //	embed              gather 0                          —                                     scatter-add 1
 //	rope               x·cos + rot(x)·sin = 3            the same with −sin = 3                 —
 //	residual           add 1                             —                                     —
@@ -22,6 +23,7 @@ import "github.com/moescope/moescope/moe"
 //	expert_act clamped min 1, clamp 2, α· 1, σ 3, g·σ 1,   clamps 3, α· 1, σ 3, g·σ 1, du 1,       —
 //	 (Config.Clamp)    u+1 1, · 1 = 10                    u+1 1, dglu 1, dsilu_α 5, masks 2 = 18
 //	combine            ·w, + = 2                         dy = w·g 1, dw = Σ g·y 2 = 3           —
+//	 (route_input: the ·w moves to the expert's input row; the counts stay)
 //	shared_scale       · 1                               dy 1, dgate Σ 2 = 3                    —
 //	loss               max, −, exp, sum, − = 5            softmax exp 1, ·scale 1 = 2            —
 //	aux_loss           mask 1, sum 1 = 2                  1                                     —
@@ -31,6 +33,8 @@ import "github.com/moescope/moescope/moe"
 // clamps and σ(α·g) in backward and masks both gradients.) Recompute repeats
 // forward. Per-row scalars (rstd's rsqrt, the log of the softmax sum, the
 // top-k comparisons) are not counted: they are O(T), not O(elements).
+// Llama 4's temperature tuning (one multiply per query element of a NoPE
+// layer, moe/llama4.go) has no op of its own yet and is not counted here.
 func ElementCost(cfg *moe.Config, op moe.Op, pass moe.Pass) int64 {
 	if pass == moe.Recompute {
 		pass = moe.Forward
@@ -40,6 +44,9 @@ func ElementCost(cfg *moe.Config, op moe.Op, pass moe.Pass) int64 {
 	switch op {
 	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm, moe.OpQANorm, moe.OpKVANorm:
 		c = costs{4, 6, 3}
+		if (op == moe.OpQNorm || op == moe.OpKNorm) && cfg.QKNorm == moe.QKNormL2Rope {
+			c = costs{3, 5, 0}
+		}
 	case moe.OpEmbed:
 		c = costs{0, 0, 1}
 	case moe.OpRoPE:

@@ -27,7 +27,8 @@ const MaxLayers = 1 << 16
 // come in the order forward, backward_data, backward_weight, recompute.
 //
 // Attention scores per head and sequence are AttentionEntries(s, window,
-// tile): tile = ExactTile gives the model count, a GPU tile adds its waste.
+// tile), or ChunkedEntries(s, chunk, tile) on Llama 4's chunked layers:
+// tile = ExactTile gives the model count, a GPU tile adds its waste.
 //
 // Recompute records, choices the counting rules leave open made explicit:
 //   - attention always has one of n·d per head and sequence: flash
@@ -67,7 +68,7 @@ func Ops(cfg *moe.Config, s Shape, ac moe.AC, tile Tile) ([]moe.OpRecord, error)
 	if err := checkAC(ac); err != nil {
 		return nil, err
 	}
-	b := &opBuilder{cfg: cfg, s: s, tile: tile, T: s.Tokens(), nAttn: map[int]int64{}}
+	b := &opBuilder{cfg: cfg, s: s, tile: tile, T: s.Tokens(), nAttn: map[[2]int]int64{}}
 	b.emit(moe.LayerEmbed, moe.OpEmbed, b.mul(b.T, int64(cfg.Hidden)), false, 0)
 	for l := 0; l < cfg.Layers; l++ {
 		b.block(l, ac)
@@ -111,7 +112,7 @@ type opBuilder struct {
 	tile  Tile
 	T     int64
 	recs  []moe.OpRecord
-	nAttn map[int]int64 // attention entries by window, cached
+	nAttn map[[2]int]int64 // attention entries by window and chunk, cached
 }
 
 // emit appends the records of one op: forward count fwd, and recompute of
@@ -151,7 +152,12 @@ func (b *opBuilder) backward(op moe.Op, fwd int64) (bd, bw int64) {
 	switch op {
 	case moe.OpEmbed:
 		return 0, fwd
-	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQNorm, moe.OpKNorm, moe.OpQANorm, moe.OpKVANorm:
+	case moe.OpQNorm, moe.OpKNorm:
+		if b.cfg.QKNorm == moe.QKNormL2Rope {
+			return fwd, 0 // Llama 4's L2 norm has no weight
+		}
+		return fwd, fwd
+	case moe.OpAttnNorm, moe.OpFFNNorm, moe.OpFinalNorm, moe.OpQANorm, moe.OpKVANorm:
 		return fwd, fwd
 	case moe.OpResidual:
 		return 0, 0
@@ -159,13 +165,18 @@ func (b *opBuilder) backward(op moe.Op, fwd int64) (bd, bw int64) {
 	return fwd, 0 // rope, router_topk, dispatch, activations, combine, shared_scale, loss, aux_loss
 }
 
-// attnEntries caches AttentionEntries per window.
-func (b *opBuilder) attnEntries(w int) int64 {
-	if n, ok := b.nAttn[w]; ok {
+// attnEntries caches AttentionEntries per window and ChunkedEntries per
+// chunk (a layer has one or the other, moe.Config.Validate).
+func (b *opBuilder) attnEntries(w, chunk int) int64 {
+	key := [2]int{w, chunk}
+	if n, ok := b.nAttn[key]; ok {
 		return n
 	}
 	n := AttentionEntries(b.s.Seq, w, b.tile)
-	b.nAttn[w] = n
+	if chunk > 0 {
+		n = ChunkedEntries(b.s.Seq, chunk, b.tile)
+	}
+	b.nAttn[key] = n
 	return n
 }
 
@@ -203,16 +214,18 @@ func (b *opBuilder) block(l int, ac moe.AC) {
 		linear(moe.OpQProj, b.mul(T, q, D))
 		linear(moe.OpKProj, b.mul(T, kv, D))
 		linear(moe.OpVProj, b.mul(T, kv, D))
-		if c.QKNorm != moe.QKNormNone {
+		if c.LayerQKNorm(l) {
 			other(moe.OpQNorm, b.mul(T, q))
 			other(moe.OpKNorm, b.mul(T, kv))
 		}
 	}
-	other(moe.OpRoPE, b.mul(T, H+int64(c.KVRotaryHeads()), int64(c.RotaryDim())))
+	if c.Roped(l) { // Llama 4's NoPE layers rotate nothing
+		other(moe.OpRoPE, b.mul(T, H+int64(c.KVRotaryHeads()), int64(c.RotaryDim())))
+	}
 	// Attention: per head and sequence n·(d_qk+d_v) forward (QKᵀ, PV),
 	// 2·n·(d_qk+d_v) backward_data, n·d_qk recompute (flash's QKᵀ), for
 	// Batch sequences and H query heads; d_qk = d_v = d outside MLA.
-	n := b.attnEntries(c.Window[l])
+	n := b.attnEntries(c.Window[l], c.LayerChunk(l))
 	dv := int64(c.VHeadDim())
 	nh := b.mul(int64(b.s.Batch), H, n)
 	fwd := b.mul(nh, d+dv)

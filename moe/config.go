@@ -74,6 +74,15 @@ type Config struct {
 	// Window[i] is layer i's sliding attention window in tokens (query i sees
 	// keys j with i-Window < j ≤ i, HF's convention); 0 means full causal.
 	Window []int `json:"window"`
+	// Chunk[i] is layer i's attention chunk (Llama 4's chunked attention,
+	// llama4.go); nil or 0 means none.
+	Chunk []int `json:"chunk,omitempty"`
+	// NoRope[i] skips RoPE on layer i (Llama 4's NoPE layers); nil means
+	// RoPE on every layer.
+	NoRope []bool `json:"no_rope,omitempty"`
+	// Temperature scales NoPE layers' queries by position (llama4.go); nil
+	// for none.
+	Temperature *AttnTemperature `json:"attn_temperature,omitempty"`
 
 	Experts   int `json:"experts"`    // E, routed experts per MoE layer
 	TopK      int `json:"top_k"`      // K, experts per token
@@ -119,6 +128,12 @@ type Config struct {
 	// FusedExperts says the checkpoint stores each MoE layer's routed
 	// experts as stacked tensors, gate and up interleaved (fused.go).
 	FusedExperts bool `json:"fused_experts,omitempty"`
+	// FusedHalves: the fused gate_up_proj holds gate then up (Llama 4),
+	// not interleaved (llama4.go).
+	FusedHalves bool `json:"fused_halves,omitempty"`
+	// RouteInput: the routing weight scales the routed experts' input
+	// instead of their output (Llama 4, llama4.go).
+	RouteInput bool `json:"route_input,omitempty"`
 
 	QKNorm  QKNorm `json:"qk_norm"`
 	QKVBias bool   `json:"qkv_bias"` // biases on q, k and v projections
@@ -188,6 +203,7 @@ type TensorNames struct {
 	ExpertUp   string `json:"expert_up,omitempty"`   // routed expert's up projection: "up_proj"
 	ExpertDown string `json:"expert_down,omitempty"` // routed expert's down projection: "down_proj"
 	Shared     string `json:"shared,omitempty"`      // shared-experts module: "shared_experts"
+	Dense      string `json:"dense,omitempty"`       // dense layers' FFN module: "mlp"
 }
 
 // MoELayers counts the MoE layers.
@@ -255,6 +271,7 @@ func (c *Config) Validate() error {
 	c.validateSinks(&e)
 	c.validateSwiGLU(&e)
 	c.validateFused(&e)
+	c.validateLlama4(&e)
 	return errors.Join(e...)
 }
 
@@ -395,9 +412,9 @@ func (c *Config) validateYarn(e *fieldErrors) {
 // initialization constants.
 func (c *Config) validateNumerics(e *fieldErrors) {
 	switch c.QKNorm {
-	case QKNormNone, QKNormHead, QKNormFull:
+	case QKNormNone, QKNormHead, QKNormFull, QKNormL2Rope:
 	default:
-		e.bad("qk_norm", c.QKNorm, `must be "none", "head" or "full"`)
+		e.bad("qk_norm", c.QKNorm, `must be "none", "head", "full" or "l2_rope"`)
 	}
 	if !(c.RotaryFraction > 0 && c.RotaryFraction <= 1) {
 		e.bad("rotary_fraction", c.RotaryFraction, "must be in (0, 1]")

@@ -71,7 +71,7 @@ func (n TensorNames) withDefaults() TensorNames {
 		name *string
 		def  string
 	}{{&n.MoE, "mlp"}, {&n.Router, "gate"}, {&n.ExpertGate, "gate_proj"}, {&n.ExpertUp, "up_proj"}, {&n.ExpertDown, "down_proj"},
-		{&n.Shared, "shared_experts"}} {
+		{&n.Shared, "shared_experts"}, {&n.Dense, "mlp"}} {
 		if *f.name == "" {
 			*f.name = f.def
 		}
@@ -111,7 +111,7 @@ func (c *Config) Params() []Param {
 		}
 		add(p+"post_attention_layernorm.weight", GroupNorm, l, -1, D)
 		if !c.MoELayer[l] {
-			m := p + "mlp."
+			m := p + n.Dense + "."
 			add(m+"gate_proj.weight", GroupDenseFFN, l, -1, c.DenseFFN, D)
 			split(TPDim0)
 			add(m+"up_proj.weight", GroupDenseFFN, l, -1, c.DenseFFN, D)

@@ -261,7 +261,7 @@ func (s *savedList) attention() {
 	q, kv := int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim)
 	s.add(OpAttnNorm, SavedRstd, T, F32)
 	s.add(OpQProj, SavedInput, T*int64(c.Hidden), s.act)
-	if c.QKNorm != QKNormNone {
+	if c.LayerQKNorm(s.layer) {
 		rq, rk := T*int64(c.Heads), T*int64(c.KVHeads)
 		if c.QKNorm == QKNormFull {
 			rq, rk = T, T

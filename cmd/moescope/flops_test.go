@@ -162,15 +162,16 @@ func TestModels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Published/hand-derived counts pinned in moe.TestBuiltinParams.
-	for _, want := range []string{"qwen3-30b-a3b", "30,532,122,624", "3,353,032,704", "llama3-8b", "8,030,261,248", "llama3-70b", "70,553,706,496", "llama3.1-405b", "405,853,388,800", "glm-4.5-air", "tiny-dense", "gpt-oss-120b", "116,829,156,672", "gpt-oss-20b", "20,914,757,184"} {
+	// Published/hand-derived counts pinned in moe/hf TestBuiltinParams and TestLlama4BuiltinParams.
+	for _, want := range []string{"qwen3-30b-a3b", "30,532,122,624", "3,353,032,704", "llama3-8b", "8,030,261,248", "llama3-70b", "70,553,706,496", "llama3.1-405b", "405,853,388,800", "glm-4.5-air", "tiny-dense", "gpt-oss-120b", "116,829,156,672", "gpt-oss-20b", "20,914,757,184",
+		"llama-4-scout", "107,769,861,120", "llama-4-maverick", "400,711,848,960"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("models output lacks %q", want)
 		}
 	}
 	out, err = runCmd(t, "models", "--json")
 	var rows []modelInfo
-	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 17 || rows[0].Source == "" {
+	if err != nil || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 19 || rows[0].Source == "" {
 		t.Errorf("models --json: %v %d rows", err, len(rows))
 	}
 }

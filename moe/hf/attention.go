@@ -54,6 +54,9 @@ func (h *configJSON) windows(c *moe.Config) error {
 	if h.ModelType == "gpt_oss" {
 		return h.gptOSSWindows(c)
 	}
+	if hfDefaults[h.ModelType].llama4 {
+		return h.llama4Layers(c)
+	}
 	if h.LayerTypes != nil {
 		return h.layerTypes(c, w)
 	}

@@ -101,7 +101,7 @@ func TestBuiltinParams(t *testing.T) {
 
 func TestBuiltinStructure(t *testing.T) {
 	names := Builtins()
-	want := []string{"deepseek-moe-16b", "deepseek-v2-lite", "deepseek-v3", "glm-4.5-air", "gpt-oss-120b", "gpt-oss-20b", "kimi-k2", "llama3-70b", "llama3-8b", "llama3.1-405b", "mixtral-8x7b", "moonlight-16b-a3b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
+	want := []string{"deepseek-moe-16b", "deepseek-v2-lite", "deepseek-v3", "glm-4.5-air", "gpt-oss-120b", "gpt-oss-20b", "kimi-k2", "llama-4-maverick", "llama-4-scout", "llama3-70b", "llama3-8b", "llama3.1-405b", "mixtral-8x7b", "moonlight-16b-a3b", "olmoe-1b-7b", "qwen3-235b-a22b", "qwen3-30b-a3b", "tiny", "tiny-dense"}
 	if !reflect.DeepEqual(names, want) {
 		t.Fatalf("Builtins() = %v", names)
 	}

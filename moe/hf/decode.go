@@ -56,6 +56,7 @@ func decodeHF(data []byte) (*configJSON, error) {
 		if json.Unmarshal(data, &keys) == nil {
 			_, h.slidingWindowSet = keys["sliding_window"]
 			_, h.qLoraRankSet = keys["q_lora_rank"]
+			_, h.attnChunkSet = keys["attention_chunk_size"]
 		}
 	}
 	var syn *json.SyntaxError

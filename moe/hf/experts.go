@@ -15,7 +15,7 @@ import (
 // intermediate_size.
 func (h *configJSON) denseFFN(c *moe.Config, e *hfErrors) {
 	switch h.ModelType {
-	case "mixtral", "olmoe", "gpt_oss":
+	case "mixtral", "olmoe", "gpt_oss", "llama4", "llama4_text":
 	default:
 		c.DenseFFN = e.req("intermediate_size", h.IntermediateSize)
 	}
@@ -50,6 +50,8 @@ func (h *configJSON) experts(c *moe.Config, def hfDefault, layersOK bool, e *hfE
 		isMoE = h.moeDeepseekMLA(c, def, e)
 	case "gpt_oss":
 		isMoE = h.moeGPTOSS(c, e)
+	case "llama4", "llama4_text":
+		isMoE = h.moeLlama4(c, layersOK, e)
 	}
 	if layersOK {
 		for i := range c.MoELayer {

@@ -1,6 +1,7 @@
 package hf
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -52,6 +53,7 @@ type hfDefault struct {
 	qkvBias      bool // q, k, v biases are unconditional (Qwen2-MoE)
 	oProjHasBias bool // attention_bias also adds an o_proj bias (unsupported)
 	mla          *mlaDefault
+	llama4       bool // Llama 4's attention, routing and layer pattern (llama4.go)
 }
 
 // Defaults from each transformers configuration class and, for
@@ -75,6 +77,10 @@ var hfDefaults = map[string]hfDefault{
 	// transformers' GptOssConfig (configuration_gpt_oss.py, transformers
 	// 02b8f42b; gptoss.go).
 	"gpt_oss": {normEps: 1e-5, ropeTheta: 150000, auxCoef: 0.001, rotary: 1, qkNorm: moe.QKNormNone, moe: true},
+	// transformers' Llama4TextConfig (configuration_llama4.py, transformers
+	// 008e5743; llama4.go); llama4 reads its text_config.
+	"llama4":      llama4Default,
+	"llama4_text": llama4Default,
 }
 
 // configJSON is the union of the config.json keys moescope reads. Pointers
@@ -148,14 +154,30 @@ type configJSON struct {
 	SwigluAlpha *float64 `json:"swiglu_alpha"`
 	SwigluLimit *float64 `json:"swiglu_limit"`
 
+	// Llama 4 (llama4.go).
+	TextConfig          json.RawMessage `json:"text_config"`
+	IntermediateSizeMLP *int            `json:"intermediate_size_mlp"`
+	MoELayers           []int           `json:"moe_layers"`
+	InterleaveMoEStep   *int            `json:"interleave_moe_layer_step"`
+	NoRopeLayers        []int           `json:"no_rope_layers"`
+	NoRopeLayerInterval *int            `json:"no_rope_layer_interval"`
+	AttentionChunkSize  *int            `json:"attention_chunk_size"`
+	AttnTemperatureTune json.RawMessage `json:"attn_temperature_tuning"`
+	FloorScale          *float64        `json:"floor_scale"`
+	AttnScale           *float64        `json:"attn_scale"`
+
 	slidingWindowSet bool // "sliding_window" present, even as null
 	qLoraRankSet     bool // "q_lora_rank" present, even as null (no query latent)
+	attnChunkSet     bool // "attention_chunk_size" present, even as null
 }
 
 // ParseConfig reads a Hugging Face config.json into a validated Config. name is
 // recorded as Config.Name and used in errors.
 func ParseConfig(data []byte, name string) (*moe.Config, error) {
 	h, err := decodeHF(data)
+	if err == nil && h.ModelType == "llama4" {
+		h, err = h.llama4TextConfig()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -235,6 +257,8 @@ func (h *configJSON) normalize() (*moe.Config, error) {
 		h.mla(c, def, &e)
 	case h.ModelType == "gpt_oss":
 		h.gptOSSAttention(c, &e)
+	case def.llama4:
+		h.llama4Attention(c, def, &e)
 	default:
 		h.attention(c, def, &e)
 	}

@@ -358,6 +358,7 @@ func TestYarnKeys(t *testing.T) {
 // One config.json body serves every type: each reads only its own keys.
 func TestParseHFBehaviourFields(t *testing.T) {
 	mixtral := moe.TensorNames{MoE: "block_sparse_moe", ExpertGate: "w1", ExpertUp: "w3", ExpertDown: "w2"}
+	llama4Names := moe.TensorNames{MoE: "feed_forward", Router: "router", Shared: "shared_expert", Dense: "feed_forward"}
 	want := map[string]struct {
 		eps    float64
 		seqAux bool
@@ -382,6 +383,10 @@ func TestParseHFBehaviourFields(t *testing.T) {
 		// GptOssMLP.router and the stacked GptOssExperts tensors
 		// (modeling_gpt_oss.py, transformers 00d4b3d2): expert 0's slice.
 		"gpt_oss": {names: moe.TensorNames{Router: "router"}, expert: "model.layers.1.mlp.experts.gate_up_proj[0]"},
+		// Llama4TextDecoderLayer.feed_forward (modeling_llama4.py,
+		// transformers 000c33fd); llama4 reads the body as its text_config.
+		"llama4":      {names: llama4Names, expert: "model.layers.1.feed_forward.experts.gate_up_proj[0]"},
+		"llama4_text": {names: llama4Names, expert: "model.layers.1.feed_forward.experts.gate_up_proj[0]"},
 	}
 	const body = `"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
 		"intermediate_size": 48, "moe_intermediate_size": 16, "num_experts": 4, "num_local_experts": 4,
@@ -393,7 +398,14 @@ func TestParseHFBehaviourFields(t *testing.T) {
 			t.Errorf("model_type %s has no expectation here", mt)
 			continue
 		}
-		c, err := ParseConfig([]byte(`{"model_type": "`+mt+`", `+body+`}`), mt)
+		doc := `{"model_type": "` + mt + `", ` + body + `}`
+		switch mt { // Llama4TextConfig's 8 KV heads would not divide 4 heads
+		case "llama4":
+			doc = `{"model_type": "llama4", "text_config": {"num_key_value_heads": 2, ` + body + `}}`
+		case "llama4_text":
+			doc = `{"model_type": "llama4_text", "num_key_value_heads": 2, ` + body + `}`
+		}
+		c, err := ParseConfig([]byte(doc), mt)
 		if err != nil {
 			t.Errorf("%s: %v", mt, err)
 			continue

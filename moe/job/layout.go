@@ -335,6 +335,9 @@ func (l Layout) CheckModel(c *moe.Config) error {
 	if cp := l.CPDegree(); cp > 1 && slices.ContainsFunc(c.Window, func(w int) bool { return w > 0 }) {
 		errs = append(errs, fmt.Errorf("cp = %d with sliding-window attention layers is not modelled yet (context parallelism is priced for full causal attention)", cp))
 	}
+	if cp := l.CPDegree(); cp > 1 && slices.ContainsFunc(c.Chunk, func(n int) bool { return n > 0 }) {
+		errs = append(errs, fmt.Errorf("cp = %d with chunked attention layers (Llama 4's chunk) is not modelled yet (context parallelism is priced for full causal attention)", cp))
+	}
 	if _, err := l.StageSplit(c.Layers); err != nil {
 		errs = append(errs, err)
 	}

@@ -21,7 +21,9 @@ const draws = 300
 // each names what moe/ref refuses. Config must draw every other type, and
 // these as soon as moe/ref executes them.
 var notExecuted = map[string]string{
-	"gpt_oss": "issue 40: moe/ref refuses attn_sinks, o_proj_bias, router_bias, expert_bias, swiglu_clamp and fused_experts",
+	"gpt_oss":     "issue 40: moe/ref refuses attn_sinks, o_proj_bias, router_bias, expert_bias, swiglu_clamp and fused_experts",
+	"llama4":      "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
+	"llama4_text": "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
 }
 
 // supportedExecuted is hf.SupportedModelTypes less notExecuted.
@@ -85,6 +87,10 @@ func TestCoverage(t *testing.T) {
 	// GPT-OSS's fields: set only by gpt_oss, which is not drawn (notExecuted).
 	for _, f := range []string{"OProjBias", "AttnSinks", "RouterBias", "ExpertBias", "Clamp", "FusedExperts"} {
 		constant[f] = notExecuted["gpt_oss"]
+	}
+	// Llama 4's: set only by llama4 and llama4_text, not drawn either.
+	for _, f := range []string{"Chunk", "NoRope", "Temperature", "FusedHalves", "RouteInput"} {
+		constant[f] = notExecuted["llama4"]
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	types := map[string]int{}

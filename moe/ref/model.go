@@ -6,6 +6,7 @@ import (
 	"github.com/moescope/moescope/moe"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 )
 
@@ -480,14 +481,18 @@ func (m *Model[T]) UpdateSelectionBias(loads [][]int64, rate float64) {
 
 // refuseUnbuilt names the Config fields that the accounting reads but this
 // implementation does not execute yet (GPT-OSS's, issue 40), so that no
-// loss or gradient silently belongs to another model.
+// loss or gradient silently belongs to another model; Llama 4's (issue
+// 41) likewise.
 func refuseUnbuilt(c *moe.Config) error {
 	var unbuilt []string
 	for _, f := range []struct {
 		name string
 		set  bool
 	}{{"attn_sinks", c.AttnSinks}, {"o_proj_bias", c.OProjBias}, {"router_bias", c.RouterBias},
-		{"expert_bias", c.ExpertBias}, {"swiglu_clamp", c.Clamp != nil}, {"fused_experts", c.FusedExperts}} {
+		{"expert_bias", c.ExpertBias}, {"swiglu_clamp", c.Clamp != nil}, {"fused_experts", c.FusedExperts},
+		{"chunk", slices.ContainsFunc(c.Chunk, func(n int) bool { return n > 0 })}, {"no_rope", slices.Contains(c.NoRope, true)},
+		{"qk_norm l2_rope", c.QKNorm == moe.QKNormL2Rope}, {"attn_temperature", c.Temperature != nil},
+		{"route_input", c.RouteInput}, {"fused_halves", c.FusedHalves}} {
 		if f.set {
 			unbuilt = append(unbuilt, f.name)
 		}

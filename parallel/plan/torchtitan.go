@@ -76,6 +76,10 @@ var torchtitanModel = map[string]struct{ name, flavor, registryModule, registryF
 	// and gpt_oss_120b call model_registry("20b") and model_registry("120b").
 	"gpt-oss-20b":  {"gpt_oss", "20b", "torchtitan.models.gpt_oss.config_registry", "gpt_oss_20b", `"20b"`},
 	"gpt-oss-120b": {"gpt_oss", "120b", "torchtitan.models.gpt_oss.config_registry", "gpt_oss_120b", `"120b"`},
+	// llama4_args "17bx16e_irope" and "17bx128e_irope" at v0.2.2; main has
+	// no Llama 4 (torchtitan_llama4.go).
+	"llama-4-scout":    {"llama4", "17bx16e_irope", "", "", ""},
+	"llama-4-maverick": {"llama4", "17bx128e_irope", "", "", ""},
 }
 
 // TorchtitanAdmit returns nil when target can express p run with a
@@ -368,6 +372,7 @@ func (e *TorchtitanExport) TOML(w io.Writer) (skipped []string, err error) {
 	conv := e.Quant.tomlConverters()
 	if m, ok := torchtitanModel[e.Model]; ok {
 		fmt.Fprintf(&b, "\n[model]\nname = %q\nflavor = %q\n", m.name, m.flavor)
+		titanLlama4Note(&b, e.Model)
 	} else {
 		skipped = append(skipped, "model.name", "model.flavor")
 		fmt.Fprintf(&b, "# [model] name and flavor not written: torchtitan %s has no flavor known to moescope for %q.\n", TorchtitanTOMLTag, e.Model)
@@ -474,7 +479,7 @@ func pyLossLine(chunks int) string {
 // batch, parallelism and checkpointing; it returns the fields it could
 // not write (model_spec, for a model with no registry function).
 func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
-	if err := e.check(TorchtitanPy); err != nil {
+	if err := errors.Join(e.check(TorchtitanPy), titanMainRefusal(e.Model)); err != nil {
 		return nil, err
 	}
 	p := e.Point
