@@ -20,9 +20,7 @@ const draws = 300
 // the reference (moe/ref) does not execute yet, so that no draw can run:
 // each names what moe/ref refuses. Config must draw every other type, and
 // these as soon as moe/ref executes them.
-var notExecuted = map[string]string{
-	"gpt_oss": "issue 40: moe/ref refuses attn_sinks, o_proj_bias, router_bias, expert_bias, swiglu_clamp and fused_experts",
-}
+var notExecuted = map[string]string{}
 
 // supportedExecuted is hf.SupportedModelTypes less notExecuted.
 func supportedExecuted() []string {
@@ -77,14 +75,13 @@ func TestCoverage(t *testing.T) {
 		{"tied embeddings", func(c *moe.Config) bool { return c.TiedEmbeddings }},
 		{"YaRN rope scaling", func(c *moe.Config) bool { return c.Yarn != nil }},
 		{"YaRN softmax scale", func(c *moe.Config) bool { return c.AttnScale != 0 }},
+		{"attention sinks with o_proj bias", func(c *moe.Config) bool { return c.AttnSinks && c.OProjBias }},
+		{"attention sinks without biases", func(c *moe.Config) bool { return c.AttnSinks && !c.QKVBias }},
+		{"fused biased experts, clamped SwiGLU", func(c *moe.Config) bool { return c.FusedExperts && c.ExpertBias && c.Clamp != nil }},
 	}
 	// Fields that keep one value in every draw, and why.
 	constant := map[string]string{
 		"Source": "no draw names a source",
-	}
-	// GPT-OSS's fields: set only by gpt_oss, which is not drawn (notExecuted).
-	for _, f := range []string{"OProjBias", "AttnSinks", "RouterBias", "ExpertBias", "Clamp", "FusedExperts"} {
-		constant[f] = notExecuted["gpt_oss"]
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	types := map[string]int{}

@@ -6,7 +6,6 @@ import (
 	"github.com/moescope/moescope/moe"
 	"math"
 	"math/rand/v2"
-	"strings"
 )
 
 // Model is the reference implementation of a Config: parameters (and their
@@ -36,9 +35,6 @@ func NewModel[T Float](c *moe.Config) (*Model[T], error) {
 	}
 	if c.RopeScaling != "" && c.RopeScaling != "yarn" {
 		return nil, fmt.Errorf("%s: rope_scaling with rope_type %q is not implemented by the reference model (only plain RoPE and yarn); FLOP and memory accounting do not depend on it", c.Name, c.RopeScaling)
-	}
-	if err := refuseUnbuilt(c); err != nil {
-		return nil, err
 	}
 	m := &Model[T]{Cfg: c, Params: c.Params()}
 	n := 0
@@ -184,6 +180,12 @@ func layerViews[T Float](c *moe.Config, ps []moe.Param, ts [][]T) (*weights[T], 
 				lw.Bv = next(kv)
 			}
 			lw.Wo = next(D * q)
+			if c.OProjBias {
+				lw.Bo = next(D)
+			}
+			if c.AttnSinks {
+				lw.Sinks = next(c.Heads)
+			}
 			switch c.QKNorm {
 			case moe.QKNormHead:
 				lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
@@ -197,14 +199,13 @@ func layerViews[T Float](c *moe.Config, ps []moe.Param, ts [][]T) (*weights[T], 
 			continue
 		}
 		lw.Router = next(c.Experts * D)
+		if c.RouterBias {
+			lw.RouterBias = next(c.Experts)
+		}
 		if c.SelectionBias {
 			lw.SelBias = next(c.Experts)
 		}
-		F := c.ExpertFFN
-		lw.ExpGate, lw.ExpUp, lw.ExpDown = make([][]T, c.Experts), make([][]T, c.Experts), make([][]T, c.Experts)
-		for e := 0; e < c.Experts; e++ {
-			lw.ExpGate[e], lw.ExpUp[e], lw.ExpDown[e] = next(F*D), next(F*D), next(D*F)
-		}
+		expertViews(c, lw, next)
 		if c.SharedExperts > 0 {
 			S := c.SharedExperts * c.SharedFFN
 			lw.SharedGate, lw.SharedUp, lw.SharedDown = next(S*D), next(S*D), next(D*S)
@@ -303,7 +304,7 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 		return Result{}, err
 	}
 	if o.AuxCoef != 0 {
-		if err := checkAux(c); err != nil {
+		if err := CheckAux(c); err != nil {
 			return Result{}, err
 		}
 		if math.IsNaN(o.AuxCoef) || math.IsInf(o.AuxCoef, 0) {
@@ -476,24 +477,4 @@ func (m *Model[T]) UpdateSelectionBias(loads [][]int64, rate float64) {
 			lw.SelBias[e] += T(delta[e] - dm)
 		}
 	}
-}
-
-// refuseUnbuilt names the Config fields that the accounting reads but this
-// implementation does not execute yet (GPT-OSS's, issue 40), so that no
-// loss or gradient silently belongs to another model.
-func refuseUnbuilt(c *moe.Config) error {
-	var unbuilt []string
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{{"attn_sinks", c.AttnSinks}, {"o_proj_bias", c.OProjBias}, {"router_bias", c.RouterBias},
-		{"expert_bias", c.ExpertBias}, {"swiglu_clamp", c.Clamp != nil}, {"fused_experts", c.FusedExperts}} {
-		if f.set {
-			unbuilt = append(unbuilt, f.name)
-		}
-	}
-	if unbuilt == nil {
-		return nil
-	}
-	return fmt.Errorf("%s: %s: not implemented by the reference model yet (FLOP and parameter accounting read them)", c.Name, strings.Join(unbuilt, ", "))
 }

@@ -1,4 +1,4 @@
-package ref
+package numeric
 
 import (
 	"math/rand/v2"
@@ -9,9 +9,13 @@ import (
 	"github.com/moescope/moescope/moe/moetest"
 )
 
-// TestNewModelRefusesUnbuilt: each GPT-OSS field the reference does not
-// execute yet is refused by its name, never run as another model.
-func TestNewModelRefusesUnbuilt(t *testing.T) {
+// TestRefuseGPTOSS: each GPT-OSS field the ranks do not run is refused by
+// its name, and a config without them passes.
+func TestRefuseGPTOSS(t *testing.T) {
+	base := func() *moe.Config { return moetest.ConfigOf(rand.New(rand.NewPCG(1, 2)), "qwen3_moe") }
+	if err := refuseGPTOSS(base()); err != nil {
+		t.Errorf("qwen3_moe: %v, want nil", err)
+	}
 	for _, tc := range []struct {
 		name string
 		set  func(c *moe.Config)
@@ -23,10 +27,10 @@ func TestNewModelRefusesUnbuilt(t *testing.T) {
 		{"swiglu_clamp", func(c *moe.Config) { c.Clamp = &moe.SwiGLUClamp{Alpha: 1.702, Limit: 7} }},
 		{"fused_experts", func(c *moe.Config) { c.FusedExperts = true }},
 	} {
-		c := moetest.ConfigOf(rand.New(rand.NewPCG(1, 2)), "qwen3_moe")
+		c := base()
 		tc.set(c)
-		if _, err := NewModel[float64](c); err == nil || !strings.Contains(err.Error(), tc.name) {
-			t.Errorf("%s: NewModel error %v, want one naming it", tc.name, err)
+		if err := refuseGPTOSS(c); err == nil || !strings.Contains(err.Error(), tc.name) {
+			t.Errorf("%s: %v, want an error naming it", tc.name, err)
 		}
 	}
 }
