@@ -19,6 +19,9 @@ type fileTensor struct {
 	name   string
 	shape  []int
 	params []int // indices into cfg.Params() of the slices, in stacking order
+	// stacked says the tensor is a stack of per-expert slices, which a
+	// checkpoint may hold as MXFP4 blocks and scales (mxfp4.go).
+	stacked bool
 }
 
 // fileTensors lists the tensors a checkpoint of ps holds, in Params order
@@ -36,7 +39,7 @@ func fileTensors(ps []moe.Param) []fileTensor {
 		if !seen {
 			j = len(fs)
 			at[base] = j
-			fs = append(fs, fileTensor{name: base, shape: append([]int{0}, p.Shape...)})
+			fs = append(fs, fileTensor{name: base, shape: append([]int{0}, p.Shape...), stacked: true})
 		}
 		fs[j].shape[0]++
 		fs[j].params = append(fs[j].params, i)

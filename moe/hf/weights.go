@@ -184,6 +184,15 @@ func (c *Checkpoint) ReadFloat64(name string) ([]float64, error) {
 	return f.ReadFloat64(name)
 }
 
+// ReadBytes reads a U8 tensor from whichever shard holds it.
+func (c *Checkpoint) ReadBytes(name string) ([]byte, error) {
+	f, ok := c.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %q", c.Path, name)
+	}
+	return f.ReadBytes(name)
+}
+
 // maxListed bounds how many names an error message lists.
 const maxListed = 8
 
@@ -206,6 +215,20 @@ func (c *Checkpoint) CheckParams(cfg *moe.Config) error {
 	for _, p := range fs {
 		want[p.name] = true
 		t, ok := c.Info(p.name)
+		if !ok && p.stacked {
+			shape, packed, err := c.mxfp4Shape(p.name)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+				continue
+			case packed:
+				want[p.name+mxfp4Blocks], want[p.name+mxfp4Scales] = true, true
+				if !equalShape(shape, p.shape) {
+					errs = append(errs, fmt.Errorf("MXFP4 tensor %s unpacks to shape %v; the model (%s) needs %v", p.name, shape, cfg.ModelType, p.shape))
+				}
+				continue
+			}
+		}
 		if !ok {
 			missing = append(missing, p.name)
 			continue
@@ -288,21 +311,9 @@ func LoadParams[T float32 | float64](path string, cfg *moe.Config) ([][]T, error
 	ps := cfg.Params()
 	out := make([][]T, len(ps))
 	for _, f := range fileTensors(ps) {
-		var v []T
-		var zero T
-		switch any(zero).(type) {
-		case float32:
-			w, err := c.ReadFloat32(f.name)
-			if err != nil {
-				return nil, err
-			}
-			v = any(w).([]T)
-		case float64:
-			w, err := c.ReadFloat64(f.name)
-			if err != nil {
-				return nil, err
-			}
-			v = any(w).([]T)
+		v, err := readTensor[T](c, f)
+		if err != nil {
+			return nil, err
 		}
 		for _, i := range f.params { // a stack's slices, in order
 			n := int(ps[i].Elements())
@@ -310,6 +321,21 @@ func LoadParams[T float32 | float64](path string, cfg *moe.Config) ([][]T, error
 		}
 	}
 	return out, nil
+}
+
+// readTensor reads one file tensor as T: a floating-point tensor, or a
+// stack held as MXFP4 blocks and scales (CheckParams has checked them).
+func readTensor[T float32 | float64](c *Checkpoint, f fileTensor) ([]T, error) {
+	if _, plain := c.Info(f.name); !plain && f.stacked {
+		return readMXFP4[T](c, f.name, f.shape)
+	}
+	var zero T
+	if _, ok := any(zero).(float32); ok {
+		w, err := c.ReadFloat32(f.name)
+		return any(w).([]T), err
+	}
+	w, err := c.ReadFloat64(f.name)
+	return any(w).([]T), err
 }
 
 // CheckFinite refuses parameters holding NaN or ±Inf, naming the first
