@@ -26,50 +26,40 @@ type expertMats[T Float] struct {
 }
 
 // expertViews assigns one layer's routed-expert tensors in Params' order
-// (moe/params.go expertParams, moe/fused.go fusedExpertParams).
+// (moe/params.go expertParams, moe/fused.go fusedExpertParams); the bias
+// slices stay nil without Config.ExpertBias.
 func expertViews[T Float](c *moe.Config, lw *LayerWeights[T], next func(int) []T) {
 	D, F, E, bias := c.Hidden, c.ExpertFFN, c.Experts, c.ExpertBias
-	mk := func() [][]T { return make([][]T, E) }
-	opt := func(n int) []T {
+	mats := func(n int) [][]T { return make([][]T, n) }
+	biases := func() [][]T {
 		if bias {
-			return next(n)
+			return make([][]T, E)
 		}
 		return nil
 	}
-	if bias {
-		lw.ExpDownBias = mk()
-	}
-	if c.FusedExperts {
-		lw.ExpGateUp, lw.ExpGateUpBias, lw.ExpDownIn = mk(), mk(), mk()
-		for e := 0; e < E; e++ {
-			lw.ExpGateUp[e], lw.ExpGateUpBias[e] = next(D*2*F), opt(2*F)
-			lw.ExpDownIn[e] = next(F * D)
-			if bias {
-				lw.ExpDownBias[e] = next(D)
-			}
+	// view takes the next tensor of n elements into list[e], and its bias of
+	// nb elements into biasList[e] when the experts have biases.
+	view := func(list, biasList [][]T, e, n, nb int) {
+		list[e] = next(n)
+		if bias {
+			biasList[e] = next(nb)
 		}
-		if !bias {
-			lw.ExpGateUpBias = nil
+	}
+	lw.ExpDownBias = biases()
+	if c.FusedExperts {
+		lw.ExpGateUp, lw.ExpGateUpBias, lw.ExpDownIn = mats(E), biases(), mats(E)
+		for e := 0; e < E; e++ {
+			view(lw.ExpGateUp, lw.ExpGateUpBias, e, D*2*F, 2*F)
+			view(lw.ExpDownIn, lw.ExpDownBias, e, F*D, D)
 		}
 		return
 	}
-	lw.ExpGate, lw.ExpUp, lw.ExpDown = mk(), mk(), mk()
-	if bias {
-		lw.ExpGateBias, lw.ExpUpBias = mk(), mk()
-	}
+	lw.ExpGate, lw.ExpUp, lw.ExpDown = mats(E), mats(E), mats(E)
+	lw.ExpGateBias, lw.ExpUpBias = biases(), biases()
 	for e := 0; e < E; e++ {
-		lw.ExpGate[e] = next(F * D)
-		if bias {
-			lw.ExpGateBias[e] = next(F)
-		}
-		lw.ExpUp[e] = next(F * D)
-		if bias {
-			lw.ExpUpBias[e] = next(F)
-		}
-		lw.ExpDown[e] = next(D * F)
-		if bias {
-			lw.ExpDownBias[e] = next(D)
-		}
+		view(lw.ExpGate, lw.ExpGateBias, e, F*D, F)
+		view(lw.ExpUp, lw.ExpUpBias, e, F*D, F)
+		view(lw.ExpDown, lw.ExpDownBias, e, D*F, D)
 	}
 }
 

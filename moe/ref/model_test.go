@@ -71,6 +71,9 @@ func tinyVariants() map[string]*moe.Config {
 	dn.TiedEmbeddings = true
 	vs["dense"] = dn
 	vs["gpt_oss"] = gptOSSVariant(base())
+	un := gptOSSVariant(base())
+	un.FusedExperts = false // biased per-expert modules: the unfused views and biases
+	vs["gpt_oss_unfused"] = un
 	return vs
 }
 
