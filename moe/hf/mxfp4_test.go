@@ -109,3 +109,26 @@ func TestMXFP4Refusals(t *testing.T) {
 		}
 	}
 }
+
+// FuzzMXFP4Checkpoint: any bytes in place of the MXFP4 checkpoint load or
+// fail with an error, never a panic (the packed shapes index the data).
+func FuzzMXFP4Checkpoint(f *testing.F) {
+	raw, err := os.ReadFile(filepath.Join(mxfp4Dir, "model.safetensors"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(raw)
+	f.Add([]byte(strings.Replace(string(raw), `"shape":[2,32,1]`, `"shape":[2,16,2]`, 1)))
+	cfg, err := Load(filepath.Join(mxfp4Dir, "config.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(dir, "model.safetensors")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = LoadParams[float32](p, cfg)
+	})
+}
