@@ -2,8 +2,9 @@ package hf
 
 import (
 	"fmt"
-	"math"
 	"slices"
+
+	"github.com/moescope/moescope/moe/quant"
 )
 
 // MXFP4 checkpoints (GPT-OSS's released experts): a stacked expert tensor
@@ -18,10 +19,9 @@ import (
 // holds element 2j of the block in its low nibble and 2j+1 in its high one,
 // the block scales its 32 elements by 2^(scale − 127), and the dequantized
 // [E, R, C] is transposed to [E, C, R]. The element and scale formats are
-// the OCP Microscaling Formats (MX) v1.0 specification's: e2m1 is sign,
-// two exponent bits (bias 1) and one mantissa bit, so magnitude m·0.5 when
-// the exponent bits are 0 and 2^(e−1)·(1 + m/2) otherwise (0, 0.5, 1, 1.5,
-// 2, 3, 4, 6); e8m0 is 2^(s − 127), its 0xFF NaN, which is refused.
+// the OCP Microscaling Formats (MX) v1.0 specification's, decoded by
+// moe/quant (Format.Decode of E2M1: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}; E8M0:
+// 2^(s − 127), its 0xFF NaN, which is refused).
 
 // mxfp4Suffixes name the packed tensors of a stacked tensor.
 const mxfp4Blocks, mxfp4Scales = "_blocks", "_scales"
@@ -50,19 +50,6 @@ func (c *Checkpoint) mxfp4Shape(name string) (shape []int, ok bool, err error) {
 	return []int{b.Shape[0], b.Shape[2] * 32, b.Shape[1]}, true, nil
 }
 
-// e2m1 decodes a 4-bit element (OCP MX v1.0, FP4 E2M1).
-func e2m1(nibble byte) float64 {
-	e, m := (nibble>>1)&3, float64(nibble&1)
-	v := m * 0.5
-	if e > 0 {
-		v = math.Ldexp(1+m/2, int(e)-1)
-	}
-	if nibble&8 != 0 {
-		return -v
-	}
-	return v
-}
-
 // readMXFP4 dequantizes the stacked tensor name [E, C, R] (mxfp4Shape).
 func readMXFP4[T float32 | float64](c *Checkpoint, name string, shape []int) ([]T, error) {
 	blocks, err := c.ReadBytes(name + mxfp4Blocks)
@@ -80,14 +67,14 @@ func readMXFP4[T float32 | float64](c *Checkpoint, name string, shape []int) ([]
 		for r := 0; r < R; r++ {
 			for g := 0; g < G; g++ {
 				blk := (e*R+r)*G + g
-				s := scales[blk]
-				if s == 0xFF {
+				s := quant.E8M0(scales[blk])
+				if s == quant.E8M0NaN {
 					return nil, fmt.Errorf("tensor %s%s[%d][%d][%d] = 0xFF: the e8m0 NaN scale (OCP MX v1.0); weights must be finite", name, mxfp4Scales, e, r, g)
 				}
 				for j, by := range blocks[blk*16 : blk*16+16] {
 					col := g*32 + 2*j
-					out[(e*C+col)*R+r] = T(math.Ldexp(e2m1(by&0x0F), int(s)-127))
-					out[(e*C+col+1)*R+r] = T(math.Ldexp(e2m1(by>>4), int(s)-127))
+					out[(e*C+col)*R+r] = T(quant.E2M1.Decode(uint(by&0x0F)) * s.Value())
+					out[(e*C+col+1)*R+r] = T(quant.E2M1.Decode(uint(by>>4)) * s.Value())
 				}
 			}
 		}
