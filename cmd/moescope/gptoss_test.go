@@ -39,3 +39,13 @@ func TestPlanGPTOSS120B(t *testing.T) {
 		}
 	}
 }
+
+// TestTrainRefusesGPTOSS: train's ranks do not run GPT-OSS's fields yet
+// (numeric.New refuses them by name, while grad runs them: TestGradMatchesTorch).
+func TestTrainRefusesGPTOSS(t *testing.T) {
+	model := filepath.Join("..", "..", "testdata", "torchref", "gpt_oss", "config.json")
+	out, err := runCmd(t, "train", "--model", model, "--lbs", "1", "--seq", "4", "--steps", "1", "--gpus", "1")
+	if err == nil || !strings.Contains(err.Error(), "attn_sinks") || !strings.Contains(err.Error(), "fused_experts") {
+		t.Errorf("train on gpt_oss: %v\n%s\nwant a refusal naming attn_sinks … fused_experts", err, out)
+	}
+}

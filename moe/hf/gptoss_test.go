@@ -1,6 +1,7 @@
 package hf
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -112,36 +113,73 @@ func TestGPTOSSParamNames(t *testing.T) {
 	}
 }
 
-// TestGPTOSSCheckpointRefused: reading or writing a GPT-OSS checkpoint is
-// refused by name (the stacked experts are not read yet), not reported as
-// thousands of missing per-expert slices.
-func TestGPTOSSCheckpointRefused(t *testing.T) {
+// TestGPTOSSStackedCheckpoint: a GPT-OSS checkpoint holds each layer's
+// experts as the stacks GptOssExperts declares (gate_up_proj [E, D, 2F],
+// gate_up_proj_bias [E, 2F], down_proj [E, F, D], down_proj_bias [E, D];
+// modeling_gpt_oss.py, transformers 00d4b3d2), expert e's slice at offset
+// e × its size; SaveParams writes them so and LoadParams reads back every
+// parameter unchanged.
+func TestGPTOSSStackedCheckpoint(t *testing.T) {
 	c, err := ParseConfig([]byte(smallGPTOSS), "small")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ps := c.Params()
 	data := make([][]float32, len(ps))
+	next := float32(0)
 	for i, p := range ps {
 		data[i] = make([]float32, p.Elements())
+		for j := range data[i] {
+			data[i][j], next = next, next+1
+		}
 	}
 	path := t.TempDir() + "/w.safetensors"
-	if err := SaveParams(path, c, data, moe.F32, false); err == nil || !strings.Contains(err.Error(), "fused_experts") {
-		t.Errorf("SaveParams: %v, want a refusal naming fused_experts", err)
+	if err := SaveParams(path, c, data, moe.F32, false); err != nil {
+		t.Fatal(err)
 	}
-	q, err := ParseConfig([]byte(minimal), "q")
+	ck, err := OpenCheckpoint(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	qs := q.Params()
-	qd := make([][]float32, len(qs))
-	for i, p := range qs {
-		qd[i] = make([]float32, p.Elements())
+	defer ck.Close()
+	const x = "model.layers.1.mlp.experts."
+	D, F, E := 32, 16, 4
+	for _, s := range []struct {
+		name  string
+		shape []int
+	}{{"gate_up_proj", []int{E, D, 2 * F}}, {"gate_up_proj_bias", []int{E, 2 * F}}, {"down_proj", []int{E, F, D}}, {"down_proj_bias", []int{E, D}}} {
+		info, ok := ck.Info(x + s.name)
+		if !ok || !reflect.DeepEqual(info.Shape, s.shape) {
+			t.Fatalf("%s: %v %v, want shape %v", s.name, ok, info.Shape, s.shape)
+		}
+		v, err := ck.ReadFloat32(x + s.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := len(v) / E
+		for e := 0; e < E; e++ {
+			slice := tensorOf(t, ps, data, fmt.Sprintf("%s%s[%d]", x, s.name, e))
+			if !reflect.DeepEqual(v[e*per:(e+1)*per], slice) {
+				t.Errorf("%s: expert %d's slice is not at offset %d", s.name, e, e*per)
+			}
+		}
 	}
-	if err := SaveParams(path, q, qd, moe.F32, false); err != nil {
+	got, err := LoadParams[float32](path, c)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadParams[float32](path, c); err == nil || !strings.Contains(err.Error(), "fused_experts") {
-		t.Errorf("LoadParams: %v, want a refusal naming fused_experts", err)
+	if !reflect.DeepEqual(got, data) {
+		t.Error("LoadParams does not give back what SaveParams wrote")
 	}
+}
+
+// tensorOf returns data's tensor of the parameter named name.
+func tensorOf(t *testing.T, ps []moe.Param, data [][]float32, name string) []float32 {
+	for i, p := range ps {
+		if p.Name == name {
+			return data[i]
+		}
+	}
+	t.Fatalf("no parameter %s", name)
+	return nil
 }

@@ -184,6 +184,15 @@ func (c *Checkpoint) ReadFloat64(name string) ([]float64, error) {
 	return f.ReadFloat64(name)
 }
 
+// ReadBytes reads a U8 tensor from whichever shard holds it.
+func (c *Checkpoint) ReadBytes(name string) ([]byte, error) {
+	f, ok := c.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: no tensor %q", c.Path, name)
+	}
+	return f.ReadBytes(name)
+}
+
 // maxListed bounds how many names an error message lists.
 const maxListed = 8
 
@@ -199,27 +208,38 @@ func listNames(names []string) string {
 // skippedByHF), every shape equal, every dtype floating point. All problems
 // are reported at once.
 func (c *Checkpoint) CheckParams(cfg *moe.Config) error {
-	if err := refuseStacked(cfg); err != nil {
-		return fmt.Errorf("%s: %w", c.Path, err)
-	}
-	ps := cfg.Params()
-	want := make(map[string]bool, len(ps))
+	fs := fileTensors(cfg.Params())
+	want := make(map[string]bool, len(fs))
 	var missing, extra []string
 	var errs []error
-	for _, p := range ps {
-		want[p.Name] = true
-		t, ok := c.Info(p.Name)
+	for _, p := range fs {
+		want[p.name] = true
+		t, ok := c.Info(p.name)
+		if !ok && p.stacked {
+			shape, packed, err := c.mxfp4Shape(p.name)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+				continue
+			case packed:
+				want[p.name+mxfp4Blocks], want[p.name+mxfp4Scales] = true, true
+				if !equalShape(shape, p.shape) {
+					errs = append(errs, fmt.Errorf("MXFP4 tensor %s unpacks to shape %v; the model (%s) needs %v", p.name, shape, cfg.ModelType, p.shape))
+				}
+				continue
+			}
+		}
 		if !ok {
-			missing = append(missing, p.Name)
+			missing = append(missing, p.name)
 			continue
 		}
-		if !equalShape(t.Shape, p.Shape) {
-			errs = append(errs, fmt.Errorf("tensor %s has shape %v; the model (%s) needs %v", p.Name, t.Shape, cfg.ModelType, p.Shape))
+		if !equalShape(t.Shape, p.shape) {
+			errs = append(errs, fmt.Errorf("tensor %s has shape %v; the model (%s) needs %v", p.name, t.Shape, cfg.ModelType, p.shape))
 		}
 		switch t.DType {
 		case "F32", "BF16", "F16", "F64":
 		default:
-			errs = append(errs, fmt.Errorf("tensor %s has dtype %s; weights must be F32, BF16, F16 or F64", p.Name, t.DType))
+			errs = append(errs, fmt.Errorf("tensor %s has dtype %s; weights must be F32, BF16, F16 or F64", p.name, t.DType))
 		}
 	}
 	for n := range c.byName {
@@ -290,24 +310,32 @@ func LoadParams[T float32 | float64](path string, cfg *moe.Config) ([][]T, error
 	}
 	ps := cfg.Params()
 	out := make([][]T, len(ps))
-	for i, p := range ps {
-		var zero T
-		switch any(zero).(type) {
-		case float32:
-			v, err := c.ReadFloat32(p.Name)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = any(v).([]T)
-		case float64:
-			v, err := c.ReadFloat64(p.Name)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = any(v).([]T)
+	for _, f := range fileTensors(ps) {
+		v, err := readTensor[T](c, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, i := range f.params { // a stack's slices, in order
+			n := int(ps[i].Elements())
+			out[i], v = v[:n:n], v[n:]
 		}
 	}
 	return out, nil
+}
+
+// readTensor reads one file tensor as T: a floating-point tensor, or a
+// stack held as MXFP4 blocks and scales (CheckParams has checked them).
+func readTensor[T float32 | float64](c *Checkpoint, f fileTensor) ([]T, error) {
+	if _, plain := c.Info(f.name); !plain && f.stacked {
+		return readMXFP4[T](c, f.name, f.shape)
+	}
+	var zero T
+	if _, ok := any(zero).(float32); ok {
+		w, err := c.ReadFloat32(f.name)
+		return any(w).([]T), err
+	}
+	w, err := c.ReadFloat64(f.name)
+	return any(w).([]T), err
 }
 
 // CheckFinite refuses parameters holding NaN or ±Inf, naming the first
@@ -328,29 +356,30 @@ func CheckFinite[T float32 | float64](cfg *moe.Config, ps [][]T) error {
 // cfg.Params()[i]) to a single safetensors file at path, as F32 or BF16,
 // atomically; an existing file is replaced only when force is set.
 func SaveParams[T float32 | float64](path string, cfg *moe.Config, data [][]T, dtype moe.DType, force bool) error {
-	if err := refuseStacked(cfg); err != nil {
-		return fmt.Errorf("save %s: %w", path, err)
-	}
 	ps := cfg.Params()
 	if len(data) != len(ps) {
 		return fmt.Errorf("save %s: %d tensors given, the model (%s) has %d", path, len(data), cfg.ModelType, len(ps))
 	}
-	ts := make([]safetensors.NamedTensor, len(ps))
 	for i, p := range ps {
 		if int64(len(data[i])) != p.Elements() {
 			return fmt.Errorf("save %s: tensor %s has %d elements, shape %v needs %d", path, p.Name, len(data[i]), p.Shape, p.Elements())
 		}
+	}
+	fs := fileTensors(ps)
+	ts := make([]safetensors.NamedTensor, len(fs))
+	for k, f := range fs {
 		var v []float32
-		switch d := any(data[i]).(type) {
-		case []float32:
-			v = d
-		case []float64:
-			v = make([]float32, len(d))
-			for j, x := range d {
-				v[j] = float32(x)
+		for _, i := range f.params { // a stack's slices, concatenated
+			switch d := any(data[i]).(type) {
+			case []float32:
+				v = append(v, d...)
+			case []float64:
+				for _, x := range d {
+					v = append(v, float32(x))
+				}
 			}
 		}
-		ts[i] = safetensors.NamedTensor{Name: p.Name, Shape: p.Shape, Data: v}
+		ts[k] = safetensors.NamedTensor{Name: f.name, Shape: f.shape, Data: v}
 	}
 	var name string
 	switch dtype {
@@ -362,16 +391,4 @@ func SaveParams[T float32 | float64](path string, cfg *moe.Config, data [][]T, d
 		return fmt.Errorf("save %s: cannot write dtype %q (f32 or bf16)", path, dtype)
 	}
 	return fileio.WriteFileAtomic(path, force, func(w io.Writer) error { return safetensors.Write(w, ts, name) })
-}
-
-// refuseStacked refuses, by name, checkpoints whose routed experts are
-// stacked tensors (Config.FusedExperts: GPT-OSS's gate_up_proj [E, D, 2F]
-// and down_proj [E, F, D], released as MXFP4 blocks and scales): Params
-// lists their per-expert slices, which no file names, and reading or
-// writing the stacks is not built yet (issue 40).
-func refuseStacked(cfg *moe.Config) error {
-	if cfg.FusedExperts {
-		return fmt.Errorf("fused_experts: the %s checkpoint's stacked expert tensors (and their MXFP4 *_blocks / *_scales) are not read or written yet", cfg.ModelType)
-	}
-	return nil
 }

@@ -97,13 +97,14 @@ var drawers = map[string]func(d *draw){
 			d.set("partial_rotary_factor", 1.0)
 		}
 	},
-	"qwen3": func(d *draw) { d.dense(); d.qwenWindows() },
-	"llama": func(d *draw) { d.dense() },
+	"gpt_oss": func(d *draw) { d.gptOSS() },
+	"qwen3":   func(d *draw) { d.dense(); d.qwenWindows() },
+	"llama":   func(d *draw) { d.dense() },
 }
 
 // headDimKey lists the model types whose config class has head_dim; the
 // others (and their modeling code) take hidden_size / num_attention_heads.
-var headDimKey = map[string]bool{"qwen3_moe": true, "mixtral": true, "glm4_moe": true, "qwen3": true, "llama": true}
+var headDimKey = map[string]bool{"qwen3_moe": true, "mixtral": true, "glm4_moe": true, "qwen3": true, "llama": true, "gpt_oss": true}
 
 // ModelTypes returns the model types Config draws, sorted; a test checks
 // that they are hf.SupportedModelTypes.
@@ -177,6 +178,32 @@ func (d *draw) qwenWindows() {
 	case 1:
 	default:
 		d.set("sliding_window", 1+d.r.IntN(6))
+	}
+}
+
+// gptOSS writes GptOssConfig's keys (configuration_gpt_oss.py,
+// transformers 02b8f42b): experts, attention biases, a window on the
+// layer_types' sliding layers (or the class's alternation), the clamped
+// SwiGLU's limit (small ones so that the clamps bite on a test's
+// activations) and YaRN (the class's default when absent). The aux loss
+// keys are left at their defaults (output_router_logits false): moe/ref
+// refuses GPT-OSS's aux loss (ref.CheckAux).
+func (d *draw) gptOSS() {
+	d.experts("num_local_experts", "intermediate_size", 2+d.r.IntN(5))
+	d.set("attention_bias", d.r.IntN(4) != 0)
+	d.set("sliding_window", 1+d.r.IntN(6))
+	if d.r.IntN(2) == 0 {
+		types := make([]string, d.layers)
+		for l := range types {
+			types[l] = pick(d.r, "sliding_attention", "full_attention")
+		}
+		d.set("layer_types", types)
+	}
+	d.set("swiglu_limit", pick(d.r, 0.02, 0.1, 7.0))
+	d.set("swiglu_alpha", pick(d.r, 1.702, 3.0))
+	if d.r.IntN(2) == 0 {
+		d.set("rope_scaling", map[string]any{"rope_type": "yarn", "factor": pick(d.r, 2.0, 8.0),
+			"original_max_position_embeddings": pick(d.r, 4, 16), "beta_fast": 32.0, "beta_slow": 1.0})
 	}
 }
 

@@ -21,7 +21,6 @@ const draws = 300
 // each names what moe/ref refuses. Config must draw every other type, and
 // these as soon as moe/ref executes them.
 var notExecuted = map[string]string{
-	"gpt_oss":     "issue 40: moe/ref refuses attn_sinks, o_proj_bias, router_bias, expert_bias, swiglu_clamp and fused_experts",
 	"llama4":      "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
 	"llama4_text": "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
 }
@@ -79,16 +78,16 @@ func TestCoverage(t *testing.T) {
 		{"tied embeddings", func(c *moe.Config) bool { return c.TiedEmbeddings }},
 		{"YaRN rope scaling", func(c *moe.Config) bool { return c.Yarn != nil }},
 		{"YaRN softmax scale", func(c *moe.Config) bool { return c.AttnScale != 0 }},
+		{"attention sinks with o_proj bias", func(c *moe.Config) bool { return c.AttnSinks && c.OProjBias }},
+		{"attention sinks without biases", func(c *moe.Config) bool { return c.AttnSinks && !c.QKVBias }},
+		{"fused biased experts, clamped SwiGLU", func(c *moe.Config) bool { return c.FusedExperts && c.ExpertBias && c.Clamp != nil }},
 	}
 	// Fields that keep one value in every draw, and why.
 	constant := map[string]string{
 		"Source": "no draw names a source",
 	}
-	// GPT-OSS's fields: set only by gpt_oss, which is not drawn (notExecuted).
-	for _, f := range []string{"OProjBias", "AttnSinks", "RouterBias", "ExpertBias", "Clamp", "FusedExperts"} {
-		constant[f] = notExecuted["gpt_oss"]
-	}
-	// Llama 4's: set only by llama4 and llama4_text, not drawn either.
+	// Llama 4's fields: set only by llama4 and llama4_text, which are not
+	// drawn (notExecuted).
 	for _, f := range []string{"Chunk", "NoRope", "Temperature", "FusedHalves", "RouteInput"} {
 		constant[f] = notExecuted["llama4"]
 	}

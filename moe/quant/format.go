@@ -105,3 +105,31 @@ func (f Format) overflow(x float64, o Overflow) float64 {
 	}
 	return math.NaN()
 }
+
+// Decode is the value of the element code (its low 1 + ExpBits + ManBits
+// bits: sign, exponent, mantissa): (−1)^s·2^(1−Bias)·m/2^ManBits for the
+// zero exponent (subnormals), (−1)^s·2^(e−Bias)·(1 + m/2^ManBits)
+// otherwise; E5M2's all-ones exponent is ±Inf (mantissa 0) or NaN, E4M3's
+// all-ones exponent and mantissa NaN (the OFP8 and MX specs' encodings).
+// E2M1 decodes to ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+func (f Format) Decode(code uint) float64 {
+	man := code & (1<<f.ManBits - 1)
+	exp := code >> f.ManBits & (1<<f.ExpBits - 1)
+	neg := code>>(f.ManBits+f.ExpBits)&1 == 1
+	allExp := exp == 1<<f.ExpBits-1
+	var v float64
+	switch {
+	case f.HasInf && allExp && man == 0:
+		v = math.Inf(1)
+	case f.HasNaN && allExp && (f.HasInf || man == 1<<f.ManBits-1):
+		return math.NaN()
+	case exp == 0:
+		v = math.Ldexp(float64(man), 1-f.Bias-f.ManBits)
+	default:
+		v = math.Ldexp(float64(man|1<<f.ManBits), int(exp)-f.Bias-f.ManBits)
+	}
+	if neg {
+		return -v
+	}
+	return v
+}

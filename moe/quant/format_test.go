@@ -137,3 +137,35 @@ func TestE8M0(t *testing.T) {
 
 // same is equality with NaN equal to NaN.
 func same(a, b float64) bool { return a == b || math.IsNaN(a) && math.IsNaN(b) }
+
+// TestDecode: E2M1's sixteen codes by hand from the MX spec v1.0 (bias 1:
+// exponent 0 gives the subnormal 0.5·m, exponent e > 0 gives 2^(e−1)·(1 +
+// m/2)), and for every format every finite code's value is a fixed point
+// of Round (Decode inverts the rounding's grid); E4M3's 0x7F and E5M2's
+// 0x7C, 0x7D are NaN, +Inf and NaN; E4M3's 0x7E is its max 448.
+func TestDecode(t *testing.T) {
+	e2m1 := []float64{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+	for code := uint(0); code < 16; code++ {
+		want := e2m1[code&7]
+		if code&8 != 0 {
+			want = -want
+		}
+		if got := E2M1.Decode(code); got != want || math.Signbit(got) != (code&8 != 0) {
+			t.Errorf("E2M1 code %04b = %v, want %v", code, got, want)
+		}
+	}
+	for _, f := range []Format{E4M3, E5M2, E2M1} {
+		for code := uint(0); code < 1<<(1+f.ExpBits+f.ManBits); code++ {
+			v := f.Decode(code)
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			if r := f.Round(v, Saturate); r != v {
+				t.Errorf("%s code %#x decodes to %v, which rounds to %v", f.Name, code, v, r)
+			}
+		}
+	}
+	if !math.IsNaN(E4M3.Decode(0x7F)) || E4M3.Decode(0x7E) != 448 || !math.IsInf(E5M2.Decode(0x7C), 1) || !math.IsNaN(E5M2.Decode(0x7D)) {
+		t.Errorf("E4M3 0x7F %v 0x7E %v, E5M2 0x7C %v 0x7D %v", E4M3.Decode(0x7F), E4M3.Decode(0x7E), E5M2.Decode(0x7C), E5M2.Decode(0x7D))
+	}
+}

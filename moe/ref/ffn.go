@@ -140,7 +140,8 @@ func offsets(counts []int) []int {
 func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass moe.Pass, keep bool) []T {
 	c, ex := l.b.cfg, l.b.x
 	D, F := c.Hidden, c.ExpertFFN
-	wGateEFD, wUpEFD, wDownEDF := l.w.ExpGate, l.w.ExpUp, l.w.ExpDown
+	ew := expertWeights(c, l.w)
+	wGateEFD, wUpEFD, wDownEDF := ew.gate, ew.up, ew.down
 	rows := len(xTKD) / D
 	s := newFFNActs[T](rows, F)
 	yTKD := make([]T, rows*D)
@@ -150,13 +151,16 @@ func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass
 	_, _, qUp := quantGrouped(q, moe.OpExpertUp, layer, gemmForward, xTKD, nil, wUpEFD, off, F, D)
 	groupedFwd(s.g, qx, qGate, off, F, D)
 	groupedFwd(s.u, qx, qUp, off, F, D)
+	addGroupBias(s.g, ew.gateB, off, F)
+	addGroupBias(s.u, ew.upB, off, F)
 	ex.round(s.g)
 	ex.round(s.u)
-	swigluAct(s)
+	expertAct(c, s)
 	ex.round(s.sg)
 	ex.round(s.a)
 	qa, _, qDown := quantGrouped(q, moe.OpExpertDown, layer, gemmForward, s.a, nil, wDownEDF, off, D, F)
 	groupedFwd(yTKD, qa, qDown, off, D, F)
+	addGroupBias(yTKD, ew.downB, off, D)
 	ex.round(yTKD)
 	rfd := int64(rows) * int64(F) * int64(D)
 	ex.op(layer, moe.OpExpertGate, pass, rfd)
@@ -190,7 +194,9 @@ func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass
 func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 	c, ex := l.b.cfg, l.b.x
 	D, F := c.Hidden, c.ExpertFFN
-	wGateEFD, wUpEFD, wDownEDF := l.w.ExpGate, l.w.ExpUp, l.w.ExpDown
+	ew := expertWeights(c, l.w)
+	wGateEFD, wUpEFD, wDownEDF := ew.gate, ew.up, ew.down
+	eg, fold := expertGrads(c, l.g)
 	rows := len(dyTKD) / D
 	off := offsets(l.counts)
 	if l.acts.a == nil {
@@ -198,7 +204,7 @@ func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 		// the down projection's backward reads its input (Megatron's hook
 		// on linear_fc2's output gradient).
 		l.acts.sg, l.acts.a = make([]T, rows*F), make([]T, rows*F)
-		swigluAct(l.acts)
+		expertAct(c, l.acts)
 		ex.round(l.acts.sg)
 		ex.round(l.acts.a)
 		ex.op(layer, moe.OpExpertAct, moe.Recompute, int64(rows)*int64(F))
@@ -209,15 +215,16 @@ func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 	q := ex.q
 	qdy, _, qDown := quantGrouped(q, moe.OpExpertDown, layer, gemmDataGrad, dyTKD, nil, wDownEDF, off, D, F)
 	groupedBwdX(da, qdy, qDown, off, D, F)
-	gDown, gGate, gUp, aIn, xIn, dyW := l.g.ExpDown, l.g.ExpGate, l.g.ExpUp, l.acts.a, l.xTKD, dyTKD
+	gDown, gGate, gUp, aIn, xIn, dyW := eg.down, eg.gate, eg.up, l.acts.a, l.xTKD, dyTKD
 	if ex.wq != nil { // the caller may reuse dy before the queue runs
 		dyW = slices.Clone(dyTKD)
 	}
 	ex.weightPass(func() {
 		qdy, qa, _ := quantGrouped(q, moe.OpExpertDown, layer, gemmWeightGrad, dyW, aIn, nil, off, D, F)
 		groupedBwdW(gDown, qdy, qa, off, D, F)
+		groupBiasGrad(eg.downB, dyW, off, D)
 	})
-	swigluActBwd(dg, du, da, l.acts)
+	expertActBwd(c, dg, du, da, l.acts)
 	qdg, _, qGate := quantGrouped(q, moe.OpExpertGate, layer, gemmDataGrad, dg, nil, wGateEFD, off, F, D)
 	qdu, _, qUp := quantGrouped(q, moe.OpExpertUp, layer, gemmDataGrad, du, nil, wUpEFD, off, F, D)
 	groupedBwdX(dxTKD, qdg, qGate, off, F, D)
@@ -227,6 +234,9 @@ func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 		qdu, qx2, _ := quantGrouped(q, moe.OpExpertUp, layer, gemmWeightGrad, du, xIn, nil, off, F, D)
 		groupedBwdW(gGate, qdg, qx, off, F, D)
 		groupedBwdW(gUp, qdu, qx2, off, F, D)
+		groupBiasGrad(eg.gateB, dg, off, F)
+		groupBiasGrad(eg.upB, du, off, F)
+		fold()
 	})
 	rfd := int64(rows) * int64(F) * int64(D)
 	for _, op := range []moe.Op{moe.OpExpertDown, moe.OpExpertGate, moe.OpExpertUp} {

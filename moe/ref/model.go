@@ -185,6 +185,12 @@ func layerViews[T Float](c *moe.Config, ps []moe.Param, ts [][]T) (*weights[T], 
 				lw.Bv = next(kv)
 			}
 			lw.Wo = next(D * q)
+			if c.OProjBias {
+				lw.Bo = next(D)
+			}
+			if c.AttnSinks {
+				lw.Sinks = next(c.Heads)
+			}
 			switch c.QKNorm {
 			case moe.QKNormHead:
 				lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
@@ -198,14 +204,13 @@ func layerViews[T Float](c *moe.Config, ps []moe.Param, ts [][]T) (*weights[T], 
 			continue
 		}
 		lw.Router = next(c.Experts * D)
+		if c.RouterBias {
+			lw.RouterBias = next(c.Experts)
+		}
 		if c.SelectionBias {
 			lw.SelBias = next(c.Experts)
 		}
-		F := c.ExpertFFN
-		lw.ExpGate, lw.ExpUp, lw.ExpDown = make([][]T, c.Experts), make([][]T, c.Experts), make([][]T, c.Experts)
-		for e := 0; e < c.Experts; e++ {
-			lw.ExpGate[e], lw.ExpUp[e], lw.ExpDown[e] = next(F*D), next(F*D), next(D*F)
-		}
+		expertViews(c, lw, next)
 		if c.SharedExperts > 0 {
 			S := c.SharedExperts * c.SharedFFN
 			lw.SharedGate, lw.SharedUp, lw.SharedDown = next(S*D), next(S*D), next(D*S)
@@ -304,7 +309,7 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 		return Result{}, err
 	}
 	if o.AuxCoef != 0 {
-		if err := checkAux(c); err != nil {
+		if err := CheckAux(c); err != nil {
 			return Result{}, err
 		}
 		if math.IsNaN(o.AuxCoef) || math.IsInf(o.AuxCoef, 0) {
@@ -480,17 +485,14 @@ func (m *Model[T]) UpdateSelectionBias(loads [][]int64, rate float64) {
 }
 
 // refuseUnbuilt names the Config fields that the accounting reads but this
-// implementation does not execute yet (GPT-OSS's, issue 40), so that no
-// loss or gradient silently belongs to another model; Llama 4's (issue
-// 41) likewise.
+// implementation does not execute yet (Llama 4's, issue 41 part 4), so
+// that no loss or gradient silently belongs to another model.
 func refuseUnbuilt(c *moe.Config) error {
 	var unbuilt []string
 	for _, f := range []struct {
 		name string
 		set  bool
-	}{{"attn_sinks", c.AttnSinks}, {"o_proj_bias", c.OProjBias}, {"router_bias", c.RouterBias},
-		{"expert_bias", c.ExpertBias}, {"swiglu_clamp", c.Clamp != nil}, {"fused_experts", c.FusedExperts},
-		{"chunk", slices.ContainsFunc(c.Chunk, func(n int) bool { return n > 0 })}, {"no_rope", slices.Contains(c.NoRope, true)},
+	}{{"chunk", slices.ContainsFunc(c.Chunk, func(n int) bool { return n > 0 })}, {"no_rope", slices.Contains(c.NoRope, true)},
 		{"qk_norm l2_rope", c.QKNorm == moe.QKNormL2Rope}, {"attn_temperature", c.Temperature != nil},
 		{"route_input", c.RouteInput}, {"fused_halves", c.FusedHalves}} {
 		if f.set {

@@ -18,7 +18,8 @@ type LayerWeights[T Float] struct {
 	Wq, Bq            []T // [H·d, D], [H·d]
 	Wk, Bk            []T // [G·d, D], [G·d]
 	Wv, Bv            []T // [G·d, D], [G·d]
-	Wo                []T // [D, H·d]
+	Wo, Bo            []T // [D, H·d], [D]
+	Sinks             []T // [H], GPT-OSS's per-head sink logits (gptoss.go)
 	QNorm, KNorm      []T // [d] (per head) or [H·d], [G·d] (full width)
 	// Multi-head latent attention (moe/mla.go; Wq is q_proj when there is no
 	// query latent, Wo is [D, H·v]): q_a_proj [Rq, D], q_a_layernorm [Rq],
@@ -26,10 +27,16 @@ type LayerWeights[T Float] struct {
 	// [Rkv], kv_b_proj [H·(n+v), Rkv].
 	WqA, QANorm, WqB, WkvA, KVANorm, WkvB []T
 
-	Router  []T // [E, D]
-	SelBias []T // [E], selection bias (a buffer: no gradient)
-	// Routed experts, indexed by global expert: [F, D], [F, D], [D, F].
-	ExpGate, ExpUp, ExpDown [][]T
+	Router, RouterBias []T // [E, D], [E]
+	SelBias            []T // [E], selection bias (a buffer: no gradient)
+	// Routed experts, indexed by global expert: [F, D], [F, D], [D, F],
+	// and with Config.ExpertBias their biases [F], [F], [D].
+	ExpGate, ExpUp, ExpDown             [][]T
+	ExpGateBias, ExpUpBias, ExpDownBias [][]T
+	// Fused experts (Config.FusedExperts, moe/fused.go) instead of ExpGate,
+	// ExpUp and ExpDown: gate_up_proj [D, 2F] (gate and up interleaved),
+	// its bias [2F] and down_proj [F, D], both input-major; ExpDownBias [D].
+	ExpGateUp, ExpGateUpBias, ExpDownIn [][]T
 	// Shared experts fused into one SwiGLU of width S = SharedExperts·SharedFFN.
 	SharedGate, SharedUp, SharedDown []T // [S, D], [S, D], [D, S]
 	SharedExpGate                    []T // [1, D] (Qwen2-MoE's σ gate)
@@ -188,8 +195,8 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass moe.Pass, useCache bool) []T
 	} else {
 		b.qkvForward(w, pass, useCache)
 	}
-	b.attend(pass, useCache)
-	st.ao = b.lin(moe.OpOProj, pass, useCache, st.o, w.Wo, nil, T_, D, H*c.VHeadDim())
+	b.attend(w, pass, useCache)
+	st.ao = b.lin(moe.OpOProj, pass, useCache, st.o, w.Wo, w.Bo, T_, D, H*c.VHeadDim())
 
 	st.x2 = make([]T, T_*D)
 	addInto(st.x2, st.x, st.ao)
@@ -253,8 +260,9 @@ func (b *Block[T]) qkvForward(w *LayerWeights[T], pass moe.Pass, useCache bool) 
 
 }
 
-// attend runs attention on q, k, v (or takes the selective cache's output).
-func (b *Block[T]) attend(pass moe.Pass, useCache bool) {
+// attend runs attention on q, k, v (or takes the selective cache's output),
+// with w's sinks when it has them.
+func (b *Block[T]) attend(w *LayerWeights[T], pass moe.Pass, useCache bool) {
 	c, st, L := b.cfg, &b.st, b.layer
 	T_, H := b.tokens(), c.Heads
 	a := b.attnShape()
@@ -268,6 +276,9 @@ func (b *Block[T]) attend(pass moe.Pass, useCache bool) {
 		area = b.Attention.AttentionForward(L, st.o, st.lse, st.q, st.k, st.v, a)
 	} else {
 		attn.Forward(st.o, st.lse, st.q, st.k, st.v, a)
+	}
+	if w.Sinks != nil {
+		attn.SinksForward(st.o, st.lse, w.Sinks, a)
 	}
 	b.x.round(st.o)
 	b.x.op(L, moe.OpAttn, pass, int64(H)*area*int64(a.D+a.DV))

@@ -83,7 +83,7 @@ func (b *Block[T]) attentionBackward(w, g *LayerWeights[T], dout []T) []T {
 	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
 	dvh := c.VHeadDim()
 	do := make([]T, T_*H*dvh)
-	linearBack(ex, L, moe.OpOProj, do, g.Wo, nil, dout, st.o, w.Wo, T_, D, H*dvh)
+	linearBack(ex, L, moe.OpOProj, do, g.Wo, g.Bo, dout, st.o, w.Wo, T_, D, H*dvh)
 	dq, dk, dv := make([]T, T_*H*d), make([]T, T_*G*d), make([]T, T_*G*dvh)
 	a := b.attnShape()
 	area := int64(b.batch) * a.Area()
@@ -91,6 +91,9 @@ func (b *Block[T]) attentionBackward(w, g *LayerWeights[T], dout []T) []T {
 		area = b.Attention.AttentionBackward(L, dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
 	} else {
 		attn.Backward(dq, dk, dv, do, st.q, st.k, st.v, st.o, st.lse, a)
+	}
+	if w.Sinks != nil {
+		attn.SinksBackward(g.Sinks, w.Sinks, do, st.o, st.lse, a)
 	}
 	n := int64(H) * area
 	ex.op(L, moe.OpAttn, moe.Recompute, n*int64(d))
@@ -253,5 +256,5 @@ func (b *Block[T]) routerBackward(w, g *LayerWeights[T], dhTD, dWeightsTK, auxGr
 	dLogitsTE := make([]T, nTok*E)
 	routeBwd(c, st.rt, dLogitsTE, dScoresTE, dWeightsTK)
 	ex.op(L, moe.OpRouterTopK, moe.BackwardData, int64(nTok)*int64(E))
-	linearBack(ex, L, moe.OpRouter, dhTD, g.Router, nil, dLogitsTE, st.h2, w.Router, nTok, E, D)
+	linearBack(ex, L, moe.OpRouter, dhTD, g.Router, g.RouterBias, dLogitsTE, st.h2, w.Router, nTok, E, D)
 }

@@ -30,7 +30,7 @@ func (b *Block[T]) routerForward(w *LayerWeights[T], pass moe.Pass, useCache boo
 	hTD := st.h2
 
 	logitsTE := make([]T, nTok*E)
-	linear(ex, L, moe.OpRouter, pass, logitsTE, hTD, w.Router, nil, nTok, E, D)
+	linear(ex, L, moe.OpRouter, pass, logitsTE, hTD, w.Router, w.RouterBias, nTok, E, D)
 	rt := newRouting[T](nTok, E, K)
 	routeScores(c, rt, logitsTE)
 	if idxTK, ok := st.cache[opTopKIdx]; useCache && ok {

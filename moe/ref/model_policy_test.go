@@ -22,7 +22,7 @@ func TestPoliciesBitwiseEqual(t *testing.T) {
 		c := moetest.Config(r)
 		tokens := moetest.Tokens(r, c, 1+r.IntN(2), 2+r.IntN(5))
 		o := ref.Options{TileQ: 1 + r.IntN(3), TileK: 1 + r.IntN(3), BF16: i%3 == 0}
-		if c.IsMoE() && c.Score == moe.Softmax {
+		if c.IsMoE() && ref.CheckAux(c) == nil {
 			o.AuxCoef = 0.01
 		}
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
@@ -117,7 +117,7 @@ func TestRecomputeRepeatsForward(t *testing.T) {
 		batch, seq := 1+r.IntN(2), 2+r.IntN(5)
 		tokens := moetest.Tokens(r, c, batch, seq)
 		o := ref.Options{TileQ: 1 + r.IntN(3), TileK: 1 + r.IntN(3)}
-		if c.IsMoE() && c.Score == moe.Softmax && r.IntN(2) == 0 {
+		if c.IsMoE() && ref.CheckAux(c) == nil && r.IntN(2) == 0 {
 			o.AuxCoef = 0.1
 		}
 		savedLinear := map[moetest.OpKey]bool{}

@@ -70,6 +70,10 @@ func tinyVariants() map[string]*moe.Config {
 	dn.Experts, dn.TopK, dn.ExpertFFN = 0, 0, 0
 	dn.TiedEmbeddings = true
 	vs["dense"] = dn
+	vs["gpt_oss"] = gptOSSVariant(base())
+	un := gptOSSVariant(base())
+	un.FusedExperts = false // biased per-expert modules: the unfused views and biases
+	vs["gpt_oss_unfused"] = un
 	return vs
 }
 
@@ -84,8 +88,9 @@ func randomTokens(r *rand.Rand, c *moe.Config, batch, seq int) [][]int {
 	return ts
 }
 
-// newTestModel builds a float64 model with random weights; selection biases
-// get random values so that they matter.
+// newTestModel builds a float64 model with random weights; selection
+// biases, linear biases and attention sinks get random values so that they
+// matter.
 func newTestModel(t testing.TB, c *moe.Config, seed uint64) *Model[float64] {
 	t.Helper()
 	if err := c.Validate(); err != nil {
@@ -98,7 +103,7 @@ func newTestModel(t testing.TB, c *moe.Config, seed uint64) *Model[float64] {
 	m.InitRandom(seed)
 	r := rand.New(rand.NewPCG(seed, 7))
 	for i, p := range m.Params {
-		if p.Buffer {
+		if p.Buffer || len(p.Shape) == 1 && p.Group != moe.GroupNorm { // biases and sinks too
 			for j := range m.Tensors()[i] {
 				m.Tensors()[i][j] = 0.3 * r.NormFloat64()
 			}
@@ -165,7 +170,7 @@ func TestGradientsFiniteDifferences(t *testing.T) {
 			r := rand.New(rand.NewPCG(3, 4))
 			tokens := randomTokens(r, c, 2, 5)
 			o := Options{TileQ: 2, TileK: 3}
-			if c.IsMoE() && c.Score == moe.Softmax {
+			if c.IsMoE() && CheckAux(c) == nil {
 				o.AuxCoef = 0.3
 			}
 			if c.IsMoE() {

@@ -242,10 +242,18 @@ func routeBwdRows[T Float](c *moe.Config, r *Routing[T], dz, dS, dW []T, lo, hi 
 	}
 }
 
-// checkAux reports whether the HF load-balancing loss is defined for c.
-func checkAux(c *moe.Config) error {
+// CheckAux reports whether the HF load-balancing loss is defined for c
+// (an error naming why not).
+func CheckAux(c *moe.Config) error {
 	if c.Score != moe.Softmax {
 		return fmt.Errorf("aux loss: score = %q: HF's load_balancing_loss_func is defined for softmax routers only", c.Score)
+	}
+	if c.RouterBias {
+		// GptOssForCausalLM records its router's first output, the
+		// scattered top-k softmax, as the router logits
+		// (modeling_gpt_oss.py, transformers 00d4b3d2): another function
+		// of the routing than this one.
+		return fmt.Errorf("aux loss: router_bias (GPT-OSS's router): HF feeds load_balancing_loss_func the router's top-k scores, not its logits; not implemented (use --aux-coef 0)")
 	}
 	return nil
 }

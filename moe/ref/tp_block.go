@@ -55,7 +55,7 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass moe.Pass, useCache bool, t
 
 	st.h1, st.rstd1 = b.normGather(moe.OpAttnNorm, pass, st.x, w.AttnNorm, tc)
 	b.qkvForward(w, pass, useCache)
-	b.attend(pass, useCache)
+	b.attend(w, pass, useCache)
 	st.ao = b.lin(moe.OpOProj, pass, useCache, st.o, w.Wo, nil, T_, D, H*c.VHeadDim()) // partial sums
 	aoL, ok := st.cache[opTPAttnScatter]
 	if !useCache || !ok {

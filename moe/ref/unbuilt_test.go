@@ -9,19 +9,13 @@ import (
 	"github.com/moescope/moescope/moe/moetest"
 )
 
-// TestNewModelRefusesUnbuilt: each GPT-OSS and Llama 4 field the reference does not
+// TestNewModelRefusesUnbuilt: each Llama 4 field the reference does not
 // execute yet is refused by its name, never run as another model.
 func TestNewModelRefusesUnbuilt(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		set  func(c *moe.Config)
 	}{
-		{"attn_sinks", func(c *moe.Config) { c.AttnSinks = true }},
-		{"o_proj_bias", func(c *moe.Config) { c.OProjBias = true }},
-		{"router_bias", func(c *moe.Config) { c.RouterBias = true }},
-		{"expert_bias", func(c *moe.Config) { c.ExpertBias = true }},
-		{"swiglu_clamp", func(c *moe.Config) { c.Clamp = &moe.SwiGLUClamp{Alpha: 1.702, Limit: 7} }},
-		{"fused_experts", func(c *moe.Config) { c.FusedExperts = true }},
 		{"chunk", func(c *moe.Config) { c.Chunk = make([]int, c.Layers); c.Chunk[0] = 4 }},
 		{"no_rope", func(c *moe.Config) { c.NoRope = make([]bool, c.Layers); c.NoRope[0] = true }},
 		{"qk_norm l2_rope", func(c *moe.Config) { c.QKNorm = moe.QKNormL2Rope }},

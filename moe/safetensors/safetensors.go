@@ -303,6 +303,23 @@ func (s *File) ReadFloat64(name string) ([]float64, error) {
 	return readAs[float64](s, name)
 }
 
+// ReadBytes reads a U8 tensor's raw bytes (packed formats such as MXFP4's
+// blocks and scales, which the caller decodes).
+func (s *File) ReadBytes(name string) ([]byte, error) {
+	t, ok := s.Info(name)
+	if !ok {
+		return nil, fmt.Errorf("safetensors %s: no tensor %q", s.Path, name)
+	}
+	if t.DType != "U8" {
+		return nil, fmt.Errorf("safetensors %s: tensor %q has dtype %s; ReadBytes reads U8 only", s.Path, name, t.DType)
+	}
+	out := make([]byte, t.End-t.Begin) // validated: inside the file
+	if _, err := s.f.ReadAt(out, s.data+t.Begin); err != nil {
+		return nil, fmt.Errorf("safetensors %s: reading %q: %w", s.Path, name, err)
+	}
+	return out, nil
+}
+
 // readChunk is how many bytes are converted at a time.
 const readChunk = 1 << 20
 

@@ -120,6 +120,9 @@ func New(spec Spec, init [][]float32) (*Trainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := refuseGPTOSS(cfg); err != nil {
+		return nil, err
+	}
 	if err := spec.Batch.Validate(); err != nil {
 		return nil, err
 	}
