@@ -201,9 +201,6 @@ func Simulate(in Input) (Result, error) {
 		if in.Routing.File() != "" {
 			return Result{}, fmt.Errorf("simulate: routing %s: a counts file is not replayed through pipeline stages yet (pp = %d)", in.Routing, in.PP)
 		}
-		if cp := in.CPDegree(); cp > 1 {
-			return Result{}, fmt.Errorf("simulate: cp = %d with pp = %d: context parallelism inside pipeline stages is not priced yet", cp, in.PP)
-		}
 		return simulatePipeline(in)
 	}
 	p, err := Prepare(in)
@@ -278,14 +275,10 @@ func Prepare(in Input) (*Prepared, error) {
 	// Under CP the rank runs the folded spec (cp.go); memory, the model's
 	// FLOPs per token and attention's records keep the whole sequence.
 	orig := in
-	if in.CPDegree() > 1 {
-		if err := in.CheckSeq(in.Seq); err != nil {
-			return nil, fmt.Errorf("simulate: %w", err)
-		}
-		in.cp = newCPExchange(in.Spec, p.cl)
-		in.Spec = in.Spec.FoldCP()
-		p.in = in
+	if in, err = cpFold(in, p.cl); err != nil {
+		return nil, err
 	}
+	p.in = in
 	p.l = in.Layout
 	if err := checkAsyncTP(in); err != nil {
 		return nil, err
