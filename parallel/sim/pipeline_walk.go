@@ -112,11 +112,11 @@ type pipeRank struct {
 	// which run between backwards; tpRan how long they ran (more under
 	// async TP, whose overlapped parts run beside the compute).
 	tp, tpRan [len(tpKinds)]float64
-	tpOutside float64 // the part of tp outside busy
+	tpOutside float64  // the part of tp outside busy
 	cp        cpCharge // the CP exchanges inside busy
-	gatherOn  float64 // seconds compute waited for FSDP gathers
-	computeAt float64 // when its last compute op ended
-	commAt    float64 // when its communication stream went idle
+	gatherOn  float64  // seconds compute waited for FSDP gathers
+	computeAt float64  // when its last compute op ended
+	commAt    float64  // when its communication stream went idle
 	optS      float64
 	end       float64 // after the optimizer
 }
