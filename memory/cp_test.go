@@ -134,3 +134,61 @@ func TestEstimatePipelineCP(t *testing.T) {
 		}
 	}
 }
+
+// TestEstimatePipelineCPZeroBubble: under ZBVZeroBubble a backward is split
+// into an input pass, which runs attention's backward and so holds the
+// blocks' backward K/V exchange buffers, and a weight pass, which does not.
+// tpDense with four layers, one a stage (pp_layers 1,1,1,1: rank 0 holds
+// stages 0 and 3, rank 1 stages 1 and 2), lbs 2 of 1, seq 32, cp 4,
+// allgather: 2·cp shards of 128 bytes = 1024 per block and micro-batch
+// (TestEstimatePipelineCP's count); the worst rank holds two blocks, so
+// 2 blocks × 2 micro-batches = 4 allocations, and no other event differs
+// from the folded run's.
+func TestEstimatePipelineCPZeroBubble(t *testing.T) {
+	cfg := tpDense()
+	cfg.Layers, cfg.MoELayer, cfg.Window = 4, []bool{false, false, false, false}, []int{0, 0, 0, 0}
+	l := job.Layout{GPUs: 8, PP: 2, CP: 4, PPSchedule: job.PPZBVZeroBubble, PPLayers: "1,1,1,1"}
+	if err := l.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Estimate(cfg, l, Batch{LBS: 2, Seq: 32}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	folded := job.Layout{GPUs: 8, PP: 2, DPShard: 4, PPSchedule: job.PPZBVZeroBubble, PPLayers: "1,1,1,1"}
+	if err := folded.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	want, err := Estimate(cfg, folded, Batch{LBS: 2, Seq: 8}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rest []Event
+	n := 0
+	for _, e := range got.Events {
+		switch e.Label {
+		case "cp_kv_bwd":
+			if e.Alloc {
+				n++
+				if e.Bytes != 1024 {
+					t.Errorf("cp_kv_bwd of %d bytes, want 1024", e.Bytes)
+				}
+			}
+			continue
+		case "cp_kv":
+			continue
+		}
+		rest = append(rest, e)
+	}
+	if n != 4 {
+		t.Errorf("%d backward exchange buffers on rank %d, want 4", n, got.Stage)
+	}
+	if len(rest) != len(want.Events) {
+		t.Fatalf("%d events besides the exchange buffers, folded run %d", len(rest), len(want.Events))
+	}
+	for i := range rest {
+		if rest[i] != want.Events[i] {
+			t.Fatalf("event %d = %+v, folded run's %+v", i, rest[i], want.Events[i])
+		}
+	}
+}
