@@ -6,7 +6,7 @@
 // it reaches, by wall time and by process CPU time.
 //
 // It runs ref.Block, so it sits above moe/ref; it sizes the layer run with
-// memory.HostPeak, so above memory too, which is why it is a package of its
+// host.Peak, so above memory too, which is why it is a package of its
 // own rather than one under moe. Only cmd/moescope imports it.
 package bench
 
@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/host"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/moe/kernel"
@@ -187,14 +188,14 @@ func CheckMemory(c *moe.Config, tokens int, avail uint64) error {
 }
 
 // layerBytes is the resident memory of the layer benchmark at tokens:
-// memory.HostPeak of one rank without checkpointing (the float32 peak
-// allocated bytes × memory.HeapFactor).
+// host.Peak of one rank without checkpointing (the float32 peak
+// allocated bytes × host.HeapFactor).
 func layerBytes(c *moe.Config, tokens int) (float64, error) {
 	l := job.Layout{GPUs: 1, Sharding: job.ShardDDP}
 	if err := l.Resolve(); err != nil {
 		return 0, err
 	}
-	b, _, err := memory.HostPeak(c, l, memory.Batch{LBS: 1, Seq: tokens}, moe.AC{Mode: moe.ACNone})
+	b, _, err := host.Peak(c, l, memory.Batch{LBS: 1, Seq: tokens}, moe.AC{Mode: moe.ACNone})
 	return b, err
 }
 

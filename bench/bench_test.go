@@ -41,7 +41,7 @@ func TestBenchMemoryGuard(t *testing.T) {
 // now names --experts with the largest count that fits. By hand: the 128
 // experts of 2048 × 768 take 3·2048·768·128 ≈ 604M parameters, with
 // gradients and two AdamW moments at least 16 B each ≈ 9 GiB, doubled by
-// memory.HeapFactor ≥ 18 GiB, over 16 GiB at any token count.
+// host.HeapFactor ≥ 18 GiB, over 16 GiB at any token count.
 func TestBenchExpertsBlamedForMemory(t *testing.T) {
 	cfg, err := hf.Load("qwen3-30b-a3b")
 	if err != nil {

@@ -1,6 +1,9 @@
 package memory
 
-import "github.com/moescope/moescope/moe/job"
+import (
+	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/job"
+)
 
 // Context parallelism (job/cp.go) splits each sequence over cp ranks. A
 // rank holds the tokens of its shard only, so the training step's memory
@@ -21,6 +24,16 @@ func foldCP(l job.Layout, b Batch) (job.Layout, Batch, int) {
 	b.Seq /= cp
 	return l.FoldCP(), b, cp
 }
+
+// cpShape is the degree foldCP folded and the method of the K/V exchange.
+type cpShape struct {
+	cp     int
+	method job.CPMethod
+}
+
+// set gives a folded run's shape its K/V exchange (stepBuilder's
+// cpBuffers).
+func (c cpShape) set(sh *Shape) { sh.CP, sh.CPMethod = c.cp, c.method }
 
 // cpBuffers returns the bytes of the K/V exchange buffers one block holds
 // while its attention runs forward and backward, with kv the bytes of the
@@ -50,4 +63,16 @@ func cpBuffers(cp int, method job.CPMethod, kv int64) (fwd, bwd int64) {
 		return fwd, 4 * kv
 	}
 	return fwd, 2 * int64(cp) * kv
+}
+
+// cpBackward emits block unit i's backward K/V exchange buffers (cpBwd),
+// live while its attention's backward runs: in a full backward and in a
+// zero-bubble schedule's input pass, which runs attention's backward.
+func (s *stepBuilder) cpBackward(i int) {
+	u := s.units[i]
+	if u.Layer == moe.LayerEmbed || s.isHead(i) {
+		return
+	}
+	s.alloc(u.Layer, "cp_kv_bwd", s.cpBwd, CatComm)
+	s.free(u.Layer, "cp_kv_bwd", s.cpBwd, CatComm)
 }

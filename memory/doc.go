@@ -106,12 +106,8 @@
 // doc for the table). The reference implementation in package moe/ref records
 // what it saves through moe.Recorder; the exactness test compares the two.
 //
-// # Host memory of the CPU reference
-//
-// HostPeak is the one estimate of what a rank of the reference, run on
-// this CPU in float32, needs of the host: Estimate's peak at
-// moe.ReferencePrecision times HeapFactor (the measurements behind it are
-// in its doc). train, grad and bench refuse runs by it.
+// The host memory a rank of the CPU reference needs is package
+// memory/host's, built on Estimate.
 //
 // It imports only moe, and never flops (the two accountings stay
 // independent); parallel and everything above import it.

@@ -231,17 +231,14 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 		if err := l.Validate(); err != nil {
 			return Report{}, err
 		}
-		if cp > 1 {
-			return Report{}, fmt.Errorf("cp = %d with pp = %d: the pipeline's memory with context parallelism is not modelled yet", cp, l.PP)
-		}
-		return estimatePipeline(cfg, l, b, o)
+		return estimatePipeline(cfg, l, b, o, cpShape{cp, method})
 	}
 	units, err := Units(cfg, l)
 	if err != nil {
 		return Report{}, err
 	}
 	sh := stepShape(l, b, o)
-	sh.CP, sh.CPMethod = cp, method
+	cpShape{cp, method}.set(&sh)
 	r := Report{Units: units, State: StateOf(units, l.Sharding, o)}
 	r.Events, r.Saved, err = buildTimeline(cfg, l, b, o, sh, units)
 	if err != nil {

@@ -129,7 +129,14 @@ func StageUnits(units []Unit, split []int) ([][]Unit, error) {
 // (see above), the report of the rank with the highest peak reserved (the
 // worst stage decides whether the layout fits), with every rank's peak in
 // Stages.
-func estimatePipeline(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error) {
+//
+// Under context parallelism l and b are the folded run's (foldCP: a stage
+// rank's shard of seq/cp tokens, so its activations, in-flight
+// micro-batches and the receive buffers and messages, seq/cp/tp tokens ×
+// hidden, Megatron-LM d98e8a64 megatron/core/pipeline_parallel/schedules.py
+// get_tensor_shapes: (seq_length / cp / tp, micro_batch_size, hidden)),
+// and each block holds its K/V exchange buffers as without a pipeline (cp).
+func estimatePipeline(cfg *moe.Config, l job.Layout, b Batch, o Options, cp cpShape) (Report, error) {
 	if l.AllreduceLastOnly {
 		return Report{}, errors.New("memory: allreduce_last_only with pp > 1 is not modelled (the pipeline reduces once per micro-step already)")
 	}
@@ -137,6 +144,7 @@ func estimatePipeline(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report
 	if err != nil {
 		return Report{}, err
 	}
+	cp.set(&ps.sh)
 	var worst Report
 	var stages []StagePeak
 	// spare is the event buffer of a rank that was not the worst, which
@@ -401,6 +409,7 @@ func (s *stageBuilder) inputStage() {
 	for i := s.last; i >= 0; i-- {
 		u := s.units[i]
 		_, ws := s.backwardOps(i)
+		s.cpBackward(i)
 		s.alloc(u.Layer, "grad_hidden", s.dx, CatWorkspace)
 		if i < s.last {
 			s.free(s.units[i+1].Layer, "grad_hidden", s.dx, CatWorkspace)
@@ -437,6 +446,7 @@ func (s *stageBuilder) weightStage(a job.PipeStep) {
 func (s *stageBuilder) backwardUnitPP(i int, a job.PipeStep) {
 	u := s.units[i]
 	rec, ws := s.backwardOps(i)
+	s.cpBackward(i)
 	if u.Layer != moe.LayerEmbed {
 		s.alloc(u.Layer, "grad_hidden", s.dx, CatWorkspace)
 	}

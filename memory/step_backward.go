@@ -40,10 +40,7 @@ func (s *stepBuilder) backwardUnit(i, m int, ph job.StepPhase, next *job.StepPha
 	u := s.units[i]
 	s.gatherBackward(i, ph, next)
 	rec, ws := s.backwardOps(i)
-	if u.Layer != moe.LayerEmbed && !s.isHead(i) {
-		s.alloc(u.Layer, "cp_kv_bwd", s.cpBwd, CatComm)
-		s.free(u.Layer, "cp_kv_bwd", s.cpBwd, CatComm)
-	}
+	s.cpBackward(i)
 	if u.Layer != moe.LayerEmbed {
 		s.alloc(u.Layer, "grad_hidden", s.dx, CatWorkspace)
 	}

@@ -27,8 +27,6 @@ func TestCPFlags(t *testing.T) {
 			"gpus = 64 is not divisible by dp_replicate × cp × tp = 1 × 3 × 1 = 3"},
 		{[]string{"simulate", "--model", "llama3-8b", "--gpus", "8", "--cp", "2", "--cp-method", "a2a", "--seq", "8192", "--lbs", "1"},
 			"cp_method = a2a"},
-		{[]string{"simulate", "--model", "llama3-8b", "--gpus", "16", "--cp", "2", "--pp", "2", "--seq", "8192", "--lbs", "1"},
-			"context parallelism inside pipeline stages is not priced yet"},
 	} {
 		_, err := runCmd(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

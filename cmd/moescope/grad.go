@@ -6,7 +6,7 @@ import (
 	"math"
 	"reflect"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/host"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
@@ -160,7 +160,7 @@ type gradReport struct {
 // memory limit, instead of dying in the allocator: grad is a reference
 // tool for small models.
 func checkGradMemory(cfg *moe.Config, limit hostLimit) error {
-	need, err := memory.GradParamBytes(cfg)
+	need, err := host.GradParamBytes(cfg)
 	if err != nil {
 		return err
 	}
@@ -174,9 +174,9 @@ func checkGradMemory(cfg *moe.Config, limit hostLimit) error {
 // checkGradActivations refuses a token file whose forward and backward pass
 // would not fit in the host memory limit, instead of growing until the
 // kernel kills it: all sequences run as one micro-batch, and the
-// activations grow with their tokens (memory.GradActivationBytes).
+// activations grow with their tokens (host.GradActivationBytes).
 func checkGradActivations(cfg *moe.Config, sequences, seqLen int, ac moe.AC, limit hostLimit) error {
-	need, err := memory.GradActivationBytes(cfg, sequences, seqLen, ac)
+	need, err := host.GradActivationBytes(cfg, sequences, seqLen, ac)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 	"testing"
 
 	"github.com/moescope/moescope/internal/fileio"
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/host"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/kernel"
@@ -277,7 +277,7 @@ func TestGradMemoryGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	need, err := memory.GradParamBytes(cfg)
+	need, err := host.GradParamBytes(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

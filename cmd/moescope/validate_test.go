@@ -19,7 +19,7 @@ func TestValidateEmbedded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"validation of " + validate.EmbeddedRuns, "uncalibrated |TPS error|: median", "rows of the shared table skipped",
-		"calibrated on each series' small-scale runs", "skipped R184 (", "needs CP inside pipeline stages (cp = 2, pp = 8)", "memory |error|: median", "predicted not to fit:"} {
+		"calibrated on each series' small-scale runs", "skipped R184 (", "needs model type (Mixtral-8x22B)", "memory |error|: median", "predicted not to fit:"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q", want)
 		}

@@ -44,6 +44,7 @@ var layers = [][]string{
 	{"parallel/numeric/collective", "parallel/sim/cost", "parallel/epbuffer"},
 	{"parallel"},
 	{"parallel/hw", "bench"},
+	{"memory/host"},
 	{"flops", "memory"},
 	{"moe/moetest"},
 	{"moe/job"},

@@ -116,7 +116,7 @@ func (s *cpAttention) gather(kv []float32) [][]float32 {
 func (s *cpAttention) AttentionForward(layer int, o, lse, q, k, v []float32, a attn.Shape) int64 {
 	n := s.group.Size()
 	w := a.KV * a.D
-	kv := packKV(k, v, w)
+	kv := attn.PackKV(k, v, w)
 	clear(o)
 	for i := range lse {
 		lse[i] = float32(math.Inf(-1))
@@ -147,7 +147,7 @@ func (s *cpAttention) AttentionForward(layer int, o, lse, q, k, v []float32, a a
 func (s *cpAttention) AttentionBackward(layer int, dq, dk, dv, do, q, k, v, o, lse []float32, a attn.Shape) int64 {
 	n := s.group.Size()
 	w := a.KV * a.D
-	kv := packKV(k, v, w)
+	kv := attn.PackKV(k, v, w)
 	delta := attn.OutputDelta(do, o, a.D)
 	me := s.pos[s.idx]
 	var area int64
@@ -161,7 +161,7 @@ func (s *cpAttention) AttentionBackward(layer int, dq, dk, dv, do, q, k, v, o, l
 		if err := s.ep.ReduceScatter(s.ctx, s.group, s.dt, dall, mine); err != nil {
 			s.fail(err)
 		}
-		unpackAddKV(dk, dv, mine, w)
+		attn.UnpackAddKV(dk, dv, mine, w)
 		return area
 	}
 	// Ring: rows [T, 4·G·d] = K/V then their dK/dV so far travel together.
@@ -174,7 +174,7 @@ func (s *cpAttention) AttentionBackward(layer int, dq, dk, dv, do, q, k, v, o, l
 		both := s.hop(joinRows(kv, dkv, 2*w), 4*w)
 		kv, dkv = splitRows(both, 2*w)
 	}
-	unpackAddKV(dk, dv, s.hop(dkv, 2*w), w) // the last hop brings each block's dK/dV home
+	attn.UnpackAddKV(dk, dv, s.hop(dkv, 2*w), w) // the last hop brings each block's dK/dV home
 	return area
 }
 

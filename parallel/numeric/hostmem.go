@@ -2,6 +2,7 @@ package numeric
 
 import (
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/host"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 )
@@ -17,8 +18,8 @@ type HostMemory struct {
 	// gradients and two moments.
 	Params float64
 	// Activations: each rank's activations grow with lbs·seq:
-	// memory.HostPeak of one rank (memory.Estimate's peak allocated bytes
-	// in float32, the reference's storage type, times memory.HeapFactor),
+	// host.Peak of one rank (memory.Estimate's peak allocated bytes
+	// in float32, the reference's storage type, times host.HeapFactor),
 	// on every rank.
 	Activations float64
 	// Padding: gathered weights, and the gradients reduce-scattered from
@@ -51,7 +52,7 @@ func EstimateHostMemory(cfg *moe.Config, l job.Layout, b memory.Batch, ac moe.AC
 	}
 	world := float64(l.GPUs)
 	h.Params = float64(h.Parameters) * 4 * (2*world + 6)
-	rank, est, err := memory.HostPeak(cfg, l, b, ac)
+	rank, est, err := host.Peak(cfg, l, b, ac)
 	if err != nil {
 		return h, err
 	}

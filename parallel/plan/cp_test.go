@@ -61,3 +61,35 @@ func TestSearchPicksCP(t *testing.T) {
 		t.Error("cp 1 only: a plan; want none to fit")
 	}
 }
+
+// TestSearchCPWithPP: asked for pp 2 and cp 2 only, the search enumerates
+// and prices layouts with context parallelism inside pipeline stages
+// (Llama 3 8B at 32768 tokens on 16 H100s: pp 2 × cp 2 leaves 4
+// data-parallel ranks), and its best plan has both.
+func TestSearchCPWithPP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("searches 16 GPUs")
+	}
+	cfg, err := hf.Load("llama3-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := hw.LookupDevice("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := job.DefaultSpec(cfg)
+	run.Seq = 32768
+	if err := run.Recipe.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	ev := &SimEvaluator{Run: run, Device: dev}
+	req := Request{GPUs: 16, GPUsPerNode: 8, MemoryTarget: 0.92, PPs: []int{2}, CPs: []int{2}, Layers: cfg.Layers, Admit: TPAdmit(cfg, 32768, nil)}
+	rep, err := Search(req, ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := rep.Best.Point.Layout; l.Stages() != 2 || l.CPDegree() != 2 {
+		t.Errorf("best %s; want pp 2 and cp 2", l.Label())
+	}
+}

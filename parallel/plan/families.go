@@ -348,8 +348,6 @@ func (q *Request) skipped(n, pp, tp, cp int) string {
 		return fmt.Sprintf("pp × cp × tp = %d × %d × %d does not divide gpus = %d", pp, cp, tp, n)
 	case n%(tp*pp) != 0:
 		return fmt.Sprintf("pp × tp = %d × %d does not divide gpus = %d", pp, tp, n)
-	case pp > 1 && cp > 1:
-		return fmt.Sprintf("cp = %d with pp = %d: context parallelism inside pipeline stages is not priced yet", cp, pp)
 	case pp > 1 && CheckHosts(n/pp, q.GPUsPerNode) != nil:
 		// Each stage is a mesh placed on hosts as a job is (BuildPipeline).
 		return fmt.Sprintf("pp = %d: a stage's gpus / pp = %d / %d = %d neither lies inside one host nor fills whole hosts "+

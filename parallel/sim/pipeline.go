@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
@@ -98,6 +97,9 @@ func simulatePipeline(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	// Memory and the FLOPs per token are the run's own (memory folds cp
+	// itself; MFU counts the whole sequence); the prices and the tokens
+	// are a cp rank's, su.in (cp folded, pipelineSetup).
 	cfg, l, pl, dev, cl, exact := in.Model, in.Layout, su.pl, su.dev, su.cl, su.exact
 	mem, err := memory.Estimate(cfg, l, memory.Batch{LBS: in.LBS, Seq: in.Seq, GradAccum: in.GradAccum}, su.mo)
 	if err != nil {
@@ -107,7 +109,7 @@ func simulatePipeline(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	pc, tpLink, err := pipelinePrices(pl, cfg, cl, in, su.inMB, su.spec, su.costs, su.loads, su.mo)
+	pc, tpLink, err := pipelinePrices(pl, cfg, cl, su.in, su.inMB, su.spec, su.costs, su.loads, su.mo)
 	if err != nil {
 		return Result{}, err
 	}
@@ -121,7 +123,8 @@ func simulatePipeline(in Input) (Result, error) {
 	}
 	// torchtitan's TPS divides the tokens by pp and tp as well as by the
 	// data-parallel ranks: a GPU's share of its replica's tokens.
-	tokens := float64(in.LBS) * float64(in.Seq) * float64(in.GradAccum) / float64(l.Stages()*l.TPDegree())
+	// Under cp a rank's sequences are seq/cp long (su.in.Seq).
+	tokens := float64(in.LBS) * float64(su.in.Seq) * float64(in.GradAccum) / float64(l.Stages()*l.TPDegree())
 	res.TPS = tokens / res.StepTimeS
 	res.setMFU(dev, in.Precision, convs, hwFLOP)
 	res.Calibrated = in.Calibration != nil
@@ -143,7 +146,10 @@ func simulatePipeline(in Input) (Result, error) {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
 	res.Fit = memory.Judge(peak.Reserved, outside, dev.MemoryBytes, target)
-	res.Pipeline = pipelineTiming(pl, walk, cl, in)
+	res.Pipeline = pipelineTiming(pl, walk, cl, su.in)
+	if su.in.cp.cp > 1 {
+		res.CPLink = su.in.cp.link.String()
+	}
 	res.Breakdown, res.Bottleneck = pipelineBreakdown(walk)
 	res.Exactness = "pipeline: one data-parallel rank per stage simulated, standing for its stage (" + exact + ")"
 	if l.TPDegree() > 1 {
@@ -163,11 +169,12 @@ func simulatePipeline(in Input) (Result, error) {
 }
 
 // pipelineSetup is what a pipeline's prices are computed from: the
-// program, the hardware, in at one micro-batch on the stage layout (inMB),
-// the compute spec, the stage's segment costs at that shape and the expert
-// loads.
+// program, the hardware, the input as a cp rank runs it (in: cp folded,
+// cpFold), in at one micro-batch on the stage layout (inMB), the compute
+// spec, the stage's segment costs at that shape and the expert loads.
 type pipelineSetup struct {
 	pl    *parallel.Pipeline
+	in    Input
 	dev   hw.Device
 	cl    *hw.Cluster
 	inMB  Input
@@ -187,11 +194,15 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if in.SingleCommStream {
 		return pipelineSetup{}, errors.New("simulate: single comm stream with pp > 1 is not modelled")
 	}
-	cfg, l := in.Model, in.Layout
 	dev, cl, err := resolveHardware(in)
 	if err != nil {
 		return pipelineSetup{}, err
 	}
+	orig := in.Spec
+	if in, err = cpFold(in, cl); err != nil {
+		return pipelineSetup{}, err
+	}
+	cfg, l := in.Model, in.Layout
 	if err := checkAsyncTP(in); err != nil {
 		return pipelineSetup{}, err
 	}
@@ -210,7 +221,10 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	}
 	mbs := l.PPMicrobatchSize
 	// A tp rank's ops at its local shapes (tpOps), as Simulate prices them.
-	recs, err := tpOps(cfg, stageL, flops.Shape{Seq: in.Seq, Batch: mbs}, in.AC)
+	// Under cp attention spans the whole sequence (cpOps).
+	stage := orig
+	stage.Layout, stage.LBS = orig.StageLayout(), mbs
+	recs, err := cpOps(stage, stage.FoldCP())
 	if err != nil {
 		return pipelineSetup{}, fmt.Errorf("simulate: flops: %w", err)
 	}
@@ -233,7 +247,7 @@ func setupPipeline(in Input) (pipelineSetup, error) {
 	if err != nil {
 		return pipelineSetup{}, err
 	}
-	return pipelineSetup{pl: pl, dev: dev, cl: cl, inMB: inMB, spec: spec, costs: costs, loads: loads, exact: exact, mo: in.MemoryOptions()}, nil
+	return pipelineSetup{pl: pl, in: in, dev: dev, cl: cl, inMB: inMB, spec: spec, costs: costs, loads: loads, exact: exact, mo: in.MemoryOptions()}, nil
 }
 
 // pipelineTiming reports the walk per pipeline rank.
@@ -295,6 +309,7 @@ func pipelineBreakdown(w pipeWalk) (Breakdown, string) {
 			b.CommS[string(tpKinds[k])] += v
 		}
 	}
+	cpBreakdown(&b, wr.cp)
 	for _, sp := range wr.spans {
 		if !sp.comm || sp.op.Kind == parallel.PipeColl && sp.op.Coll.Axis == parallel.AxisTP {
 			continue // tp collectives: counted above

@@ -87,6 +87,9 @@ func stageTPPrices(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, cl *hw
 // first stage, the head on the last) and its MoE layers' all-to-alls.
 func stageSums(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, in Input, costs map[segKey]segCost, a2a map[int]a2aCost) {
 	n := pl.Layout.PipelineStages()
+	if in.cp.cp > 1 {
+		pc.cpFwd, pc.cpBwd = make([]cpCharge, n), make([]cpCharge, n)
+	}
 	// The segments in one fixed order: summed in map order, a stage's
 	// seconds differed in the last bit from run to run, and so did the
 	// planner's ranking of near-equal plans.
@@ -112,7 +115,14 @@ func stageSums(pc *pipeCosts, pl *parallel.Pipeline, cfg *moe.Config, in Input, 
 				pc.wgt[s] += c.weight
 			case parallel.PhaseRecompute:
 				pc.bwd[s] += c.total
-				pc.rec[s] += c.total
+				pc.rec[s] += c.total - c.cp.exposedSum() // the re-run's exchange is CP's (cpBreakdown)
+			}
+			if pc.cpFwd != nil {
+				if k.phase == parallel.PhaseForward {
+					pc.cpFwd[s].add(c.cp)
+				} else {
+					pc.cpBwd[s].add(c.cp)
+				}
 			}
 		}
 		for layer := first; layer < first+count; layer++ {

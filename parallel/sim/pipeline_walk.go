@@ -27,6 +27,9 @@ type pipeCosts struct {
 	// nil: the input pass is bwd − wgt and holds tpBwd.
 	inp   []float64
 	tpInp []tpSeconds
+	// cpFwd and cpBwd are the CP exchanges inside fwd and bwd per stage
+	// (pipeline_cp.go); nil without CP.
+	cpFwd, cpBwd []cpCharge
 }
 
 // tpSeconds are tensor-parallel collectives' seconds by kind (tpKinds):
@@ -109,10 +112,11 @@ type pipeRank struct {
 	// which run between backwards; tpRan how long they ran (more under
 	// async TP, whose overlapped parts run beside the compute).
 	tp, tpRan [len(tpKinds)]float64
-	tpOutside float64 // the part of tp outside busy
-	gatherOn  float64 // seconds compute waited for FSDP gathers
-	computeAt float64 // when its last compute op ended
-	commAt    float64 // when its communication stream went idle
+	tpOutside float64  // the part of tp outside busy
+	cp        cpCharge // the CP exchanges inside busy
+	gatherOn  float64  // seconds compute waited for FSDP gathers
+	computeAt float64  // when its last compute op ended
+	commAt    float64  // when its communication stream went idle
 	optS      float64
 	end       float64 // after the optimizer
 }
@@ -187,6 +191,9 @@ func walkPipeline(p *parallel.Pipeline, c pipeCosts) (pipeWalk, error) {
 							wr.tp[k] += tp.exposed[k]
 							wr.tpRan[k] += tp.ran[k]
 						}
+					}
+					if cp := c.cpIn(o); cp != nil {
+						wr.cp.add(*cp)
 					}
 					start, end := clock[r], clock[r]+d
 					if g := gathers[r]; g.last > 0 {

@@ -214,9 +214,6 @@ func simulate(in Input) (Result, error) {
 				return Result{}, err
 			}
 		}
-		if cp := in.CPDegree(); cp > 1 {
-			return Result{}, fmt.Errorf("simulate: cp = %d with pp = %d: context parallelism inside pipeline stages is not priced yet", cp, in.PP)
-		}
 		return simulatePipeline(in)
 	}
 	p, err := Prepare(in)
@@ -291,14 +288,10 @@ func Prepare(in Input) (*Prepared, error) {
 	// Under CP the rank runs the folded spec (cp.go); memory, the model's
 	// FLOPs per token and attention's records keep the whole sequence.
 	orig := in
-	if in.CPDegree() > 1 {
-		if err := in.CheckSeq(in.Seq); err != nil {
-			return nil, fmt.Errorf("simulate: %w", err)
-		}
-		in.cp = newCPExchange(in.Spec, p.cl)
-		in.Spec = in.Spec.FoldCP()
-		p.in = in
+	if in, err = cpFold(in, p.cl); err != nil {
+		return nil, err
 	}
+	p.in = in
 	p.l = in.Layout
 	if err := checkAsyncTP(in); err != nil {
 		return nil, err

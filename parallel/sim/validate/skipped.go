@@ -112,20 +112,14 @@ var builtinOfCSV = map[string]string{"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-23
 	"GPT-OSS-120B": "gpt-oss-120b", "GPT-OSS-20B": "gpt-oss-20b"}
 
 // neededFeature is the first feature a row of the shared table needs that
-// moescope lacks: context parallelism inside pipeline stages (CP alone and
-// with TP is priced), a precision other than a priced
+// moescope lacks: a precision other than a priced
 // recipe, a model type, a Megatron-Core recompute module not built (the
 // table writes --recompute-modules as "selective: layernorm, moe_act" and
 // the like), or activation offloading to host memory (its recompute column
 // names it: "CPU activation offloading of 40 layers to Grace memory");
-// "" when it needs none of them (tensor and pipeline parallelism are
-// built, alone and together).
+// "" when it needs none of them (tensor, context and pipeline parallelism
+// are built, alone and together).
 func neededFeature(row map[string]string) string {
-	if v := strings.TrimSpace(row["cp"]); v != "" && v != "1" && v != "-" {
-		if pp := strings.TrimSpace(row["pp"]); pp != "" && pp != "1" && pp != "-" {
-			return "CP inside pipeline stages (cp = " + v + ", pp = " + pp + ")"
-		}
-	}
 	if p, err := (published.Run{Precision: row["precision"]}).PrecisionRecipe(); err != nil || p.Check("precision") != nil {
 		return "FP8 / FP4 recipe (" + strings.SplitN(row["precision"], " ", 2)[0] + ")"
 	}

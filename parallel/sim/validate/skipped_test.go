@@ -36,7 +36,7 @@ func TestNeededFeature(t *testing.T) {
 		{map[string]string{"tp": "1", "pp": "8", "precision": "BF16", "model": "GPT-OSS-120B"}, ""},
 		{map[string]string{"tp": "", "precision": "BF16 baseline", "model": "Kimi-K2"}, ""},
 		{map[string]string{"tp": "4", "pp": "4", "precision": "FP8 (current scaling per recipe naming)", "model": "Llama3-70B"}, ""},
-		{map[string]string{"tp": "4", "pp": "8", "cp": "2", "precision": "BF16", "model": "Llama3.1-405B"}, "CP inside pipeline stages (cp = 2, pp = 8)"},
+		{map[string]string{"tp": "4", "pp": "8", "cp": "2", "precision": "BF16", "model": "Llama3.1-405B"}, ""},     // CP inside pipeline stages is priced (R064)
 		{map[string]string{"tp": "1", "pp": "1", "cp": "2", "precision": "BF16", "model": "Llama3-70B"}, ""},        // CP alone is priced (R163)
 		{map[string]string{"tp": "", "pp": "", "cp": "8", "precision": "FP8 tensorwise", "model": "Llama3-8B"}, ""}, // R176
 		{map[string]string{"tp": "8", "pp": "8", "precision": "BF16", "model": "Llama3.1-405B"}, ""},

@@ -1,14 +1,19 @@
-package memory
+// Package host is the host memory a rank of the CPU reference needs: the
+// memory model's peak at the reference's float32 storage, scaled to the
+// resident memory of the process running it. train, grad and bench refuse
+// runs by it.
+package host
 
 import (
 	"fmt"
 	"math/bits"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 )
 
-// HeapFactor scales Estimate's peak allocated bytes of one rank of the CPU
+// HeapFactor scales memory.Estimate's peak allocated bytes of one rank of the CPU
 // reference (every tensor in float32, moe.ReferencePrecision) to the
 // resident memory of the process running it: the reference keeps working
 // buffers the GPU accounting does not count, and Go's collector (GOGC=100)
@@ -26,15 +31,15 @@ import (
 // The largest ratio, 2.03, rounds to 2.
 const HeapFactor = 2.0
 
-// HostPeak is the host memory, in bytes, that one rank of a CPU run of the
+// Peak is the host memory, in bytes, that one rank of a CPU run of the
 // reference needs at the peak of a step of b under ac on l: Estimate's peak
 // allocated bytes at moe.ReferencePrecision (the reference's float32
 // storage: training state and activations) × HeapFactor. The report is
 // Estimate's, for a caller that sizes more of the run from it.
-func HostPeak(cfg *moe.Config, l job.Layout, b Batch, ac moe.AC) (float64, Report, error) {
-	r, err := Estimate(cfg, l, b, Options{Precision: moe.ReferencePrecision, AC: ac})
+func Peak(cfg *moe.Config, l job.Layout, b memory.Batch, ac moe.AC) (float64, memory.Report, error) {
+	r, err := memory.Estimate(cfg, l, b, memory.Options{Precision: moe.ReferencePrecision, AC: ac})
 	if err != nil {
-		return 0, Report{}, err
+		return 0, memory.Report{}, err
 	}
 	return HeapFactor * float64(r.Peak.Allocated), r, nil
 }
@@ -56,7 +61,7 @@ func GradParamBytes(cfg *moe.Config) (uint64, error) {
 }
 
 // GradActivationBytes is the host memory grad's one batch of sequences ×
-// seqLen tokens needs in the reference: HostPeak of one rank holding
+// seqLen tokens needs in the reference: Peak of one rank holding
 // everything in float32 (ForwardBackwardHF runs sequences of seqLen inputs;
 // the aux-loss passes add a label).
 func GradActivationBytes(cfg *moe.Config, sequences, seqLen int, ac moe.AC) (float64, error) {
@@ -64,7 +69,7 @@ func GradActivationBytes(cfg *moe.Config, sequences, seqLen int, ac moe.AC) (flo
 	if err := l.Resolve(); err != nil {
 		return 0, err
 	}
-	need, _, err := HostPeak(cfg, l, Batch{LBS: sequences, Seq: seqLen}, ac)
+	need, _, err := Peak(cfg, l, memory.Batch{LBS: sequences, Seq: seqLen}, ac)
 	if err != nil {
 		return 0, fmt.Errorf("%d sequences × %d tokens: %v", sequences, seqLen, err)
 	}
