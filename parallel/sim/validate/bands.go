@@ -67,7 +67,7 @@ func Bands(t TPSTable, m MemoryTable, scale ScaleOut, routing Routing) band.Stor
 		out.Memory, out.MemoryRuns, out.MemoryCoverage = fit(mem), len(mem), coverage(mem)
 	}
 	out.NodeSpread, out.NodeSpreadSD, out.NodeSpreadSources = scale.NodeSpread, scale.NodeSpreadSD, len(scale.Sources)
-	out.RouterCV, out.RouterCVSD, out.RouterCVSources = routing.CV, routing.CVSD, len(routing.Sources)
+	out.RouterCV, out.RouterCVSD, out.RouterCVSources = routing.CV, routing.CVSD, routing.Count
 	return out
 }
 

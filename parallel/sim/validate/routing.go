@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/moescope/moescope/internal/stats"
@@ -19,8 +20,9 @@ import (
 // source, what the others' mean predicts of its measurement.
 type Routing struct {
 	Sources []RoutingSource `json:"sources"`
-	CV      float64         `json:"router_cv"`    // mean of the sources' estimates (0: none)
-	CVSD    float64         `json:"router_cv_sd"` // their standard deviation (0 with one)
+	CV      float64         `json:"router_cv"`     // mean of the sources' estimates (0: none)
+	CVSD    float64         `json:"router_cv_sd"`  // their standard deviation (0 with one)
+	Count   int             `json:"sources_count"` // independent sources (a file's pairs are one)
 }
 
 // RoutingSource is one source's estimate and its leave-one-source-out check.
@@ -102,14 +104,17 @@ type abPair struct{ balanced, learned published.Run }
 // overloads above, and each published run with routing learned whose
 // forced-balance twin (the same run with balanced routing) is among runs,
 // by the c at which the simulator's TPS ratio of the two equals the
-// measured one.
+// measured one. The pairs of one document are one source (their median), so
+// that a source publishing several rows does not outweigh the others; the
+// stored spread is the mean over sources, and each measurement is predicted
+// at the mean of the other sources' estimates.
 func FitRouting(runs []published.Run, predict RoutingPredict) (Routing, error) {
 	var out Routing
-	var est []float64
+	var group []string // each row's source
 	var check []func(c float64) (float64, error)
 	for _, o := range overloads {
 		out.Sources = append(out.Sources, RoutingSource{Source: o.source, What: "most loaded EP rank ÷ mean, learned router", Measured: o.learned, Estimate: o.cv()})
-		est = append(est, o.cv())
+		group = append(group, o.source)
 		check = append(check, func(c float64) (float64, error) { return o.predict(c), nil })
 	}
 	for _, p := range routingPairs(runs) {
@@ -118,18 +123,34 @@ func FitRouting(runs []published.Run, predict RoutingPredict) (Routing, error) {
 			return Routing{}, err
 		}
 		out.Sources = append(out.Sources, s.RoutingSource)
-		est = append(est, s.Estimate)
+		group = append(group, sourceDoc(p.learned.Source))
 		check = append(check, s.ratio)
 	}
-	if len(est) == 0 {
-		return out, nil
-	}
-	out.CV, out.CVSD = mean(est), sampleSD(est)
-	for i := range out.Sources {
-		if len(est) < 2 {
-			break
+	bySource := map[string][]float64{}
+	var order []string
+	for i, g := range group {
+		if _, ok := bySource[g]; !ok {
+			order = append(order, g)
 		}
-		others := append(append([]float64{}, est[:i]...), est[i+1:]...)
+		bySource[g] = append(bySource[g], out.Sources[i].Estimate)
+	}
+	est := map[string]float64{}
+	var all []float64
+	for _, g := range order {
+		est[g] = median(slices.Sorted(slices.Values(bySource[g])))
+		all = append(all, est[g])
+	}
+	out.CV, out.CVSD, out.Count = mean(all), sampleSD(all), len(order)
+	for i := range out.Sources {
+		var others []float64
+		for _, g := range order {
+			if g != group[i] {
+				others = append(others, est[g])
+			}
+		}
+		if len(others) == 0 {
+			continue
+		}
 		v, err := check[i](mean(others))
 		if err != nil {
 			return Routing{}, err
@@ -138,6 +159,13 @@ func FitRouting(runs []published.Run, predict RoutingPredict) (Routing, error) {
 		out.Sources[i].LeaveOneOut, out.Sources[i].Error = &v, &e
 	}
 	return out, nil
+}
+
+// sourceDoc is the document a run's source names (its address, without
+// the parenthesised place in it): rows of one table are one source.
+func sourceDoc(src string) string {
+	doc, _, _ := strings.Cut(src, " (")
+	return doc
 }
 
 // routingPairs are the learned-routing runs with their balanced twins.
@@ -231,6 +259,6 @@ func writeRouting(b *strings.Builder, r Routing) {
 		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(b, "router spread c: %.3f (mean of %d sources, standard deviation %.3f: the interval of a learned-routing prediction spans c ± that)\n",
-		r.CV, len(r.Sources), r.CVSD)
+	fmt.Fprintf(b, "router spread c: %.3f (mean of %d sources' estimates, a source's pairs by their median; standard deviation %.3f: the interval of a learned-routing prediction spans c ± that)\n",
+		r.CV, r.Count, r.CVSD)
 }
