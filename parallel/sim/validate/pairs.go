@@ -68,14 +68,10 @@ func Pairs(t TPSTable) PairTable {
 // compared key by key in their JSON form (the published-runs schema), the
 // setting keys apart.
 func settingDiff(a, b published.Run) (string, bool) {
-	if a.File != b.File || a.Model != b.Model || a.GPU != b.GPU || a.GPUs != b.GPUs || a.Cluster != b.Cluster ||
-		a.FrameworkVersion != b.FrameworkVersion || a.PowerLimited || b.PowerLimited {
+	if !sameSetup(a, b) {
 		return "", false
 	}
 	ka, kb := settingKeys(a), settingKeys(b)
-	if !reflect.DeepEqual(fixedPart(a), fixedPart(b)) {
-		return "", false
-	}
 	var diff []string
 	keys := maps.Clone(ka)
 	maps.Copy(keys, kb) // a key one run omits (omitempty) differs too
@@ -85,6 +81,15 @@ func settingDiff(a, b published.Run) (string, bool) {
 		}
 	}
 	return strings.Join(diff, ", "), len(diff) > 0
+}
+
+// sameSetup says whether runs a and b share what an A/B pair must: the
+// source file, model, hardware, framework release, layout, batch and
+// checkpointing (fixedPart), neither power-limited.
+func sameSetup(a, b published.Run) bool {
+	return a.File == b.File && a.Model == b.Model && a.GPU == b.GPU && a.GPUs == b.GPUs && a.Cluster == b.Cluster &&
+		a.FrameworkVersion == b.FrameworkVersion && !a.PowerLimited && !b.PowerLimited &&
+		reflect.DeepEqual(fixedPart(a), fixedPart(b))
 }
 
 // settingKeys is run r's recipe, async TP and precision text, by JSON key.

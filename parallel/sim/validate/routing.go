@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -168,7 +169,8 @@ func sourceDoc(src string) string {
 	return doc
 }
 
-// routingPairs are the learned-routing runs with their balanced twins.
+// routingPairs are the learned-routing runs with their balanced twins: an
+// A/B pair (sameSetup) whose settings differ in the routing alone.
 func routingPairs(runs []published.Run) []abPair {
 	var out []abPair
 	for _, l := range runs {
@@ -176,13 +178,12 @@ func routingPairs(runs []published.Run) []abPair {
 			continue
 		}
 		for _, b := range runs {
-			if b.Routing == job.RoutingLearned || b.File != l.File {
+			if b.Routing == job.RoutingLearned || !sameSetup(b, l) {
 				continue
 			}
-			bb, ll := b, l
-			bb.Routing, ll.Routing = "", ""
-			bb.TPS, ll.TPS, bb.Notes, ll.Notes = 0, 0, "", ""
-			if fmt.Sprint(bb) == fmt.Sprint(ll) {
+			bl := l
+			bl.Routing = b.Routing
+			if reflect.DeepEqual(settingKeys(b), settingKeys(bl)) {
 				out = append(out, abPair{balanced: b, learned: l})
 			}
 		}

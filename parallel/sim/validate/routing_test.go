@@ -11,7 +11,8 @@ import (
 // TestRoutingFitRecoversPlantedSpread: with a simulator whose TPS falls as
 // 1/skew, the learned run of a pair measured at 1/LearnedSkew(c) of its
 // twin gives back c; a rank overload's estimate predicts its own
-// measurement back; the leave-one-out predictions use the other source.
+// measurement back; the leave-one-out predictions use the other source;
+// runs that differ in more than the routing are not its twin.
 func TestRoutingFitRecoversPlantedSpread(t *testing.T) {
 	runs, err := Published()
 	if err != nil {
@@ -38,7 +39,12 @@ func TestRoutingFitRecoversPlantedSpread(t *testing.T) {
 	const planted = 0.7
 	learned.TPS = bal.TPS / spec.LearnedSkew(planted)
 	fake := func(_ published.Run, skew float64) (float64, error) { return 1000 / skew, nil }
-	fit, err := FitRouting([]published.Run{bal, learned}, fake)
+	// Decoys of the same file that are not its twin: another sequence
+	// length, another recipe. Neither pairs with the learned run.
+	seq, prec := bal, bal
+	seq.Seq *= 2
+	prec.Precision = "fp8-current"
+	fit, err := FitRouting([]published.Run{bal, seq, prec, learned}, fake)
 	if err != nil {
 		t.Fatal(err)
 	}
