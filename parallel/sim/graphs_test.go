@@ -74,12 +74,15 @@ func TestKnobRefusals(t *testing.T) {
 
 // TestDeepEPBuffersOutside: DeepEP's Buffer is allocated outside PyTorch's
 // allocator, so a DeepEP run on ep 4 has the same peak reserved as the
-// all-to-all's and less headroom by exactly its Buffer: for the tiny
+// all-to-all's, and its headroom trades the all-to-all communicator's
+// point-to-point buffers (the b200 registry's outside_ep_bytes,
+// 3,280,000,000) for its Buffer: for the tiny
 // model's hidden 32 (64 bytes in bf16) on 4 ranks (both configs queue 256
 // tokens, 10 channels, 4 NVLink peers), 10·4·5·4 = 800 bytes of heads and
 // 10·4·256 = 10,240 tokens of 64 + 8 + 1,024 + 512 + 512 = 2,120 bytes
 // (21,708,800), 21,709,600 aligned up to 128: 21,709,696, plus the 32 MiB
-// workspace: 55,264,128 bytes (csrc/config.hpp at 92fe2de, by hand).
+// workspace: 55,264,128 bytes (csrc/config.hpp at 92fe2de, by hand), so
+// 3,280,000,000 − 55,264,128 = 3,224,735,872 bytes more headroom.
 func TestDeepEPBuffersOutside(t *testing.T) {
 	run := func(d job.Dispatcher) Result {
 		in := simTestInput(t, "tiny", 8, 4, 4, 128, 1, "none")
@@ -94,7 +97,7 @@ func TestDeepEPBuffersOutside(t *testing.T) {
 	if deep.PeakReservedBytes != a2a.PeakReservedBytes {
 		t.Errorf("peak reserved: deepep %d, all_to_all %d", deep.PeakReservedBytes, a2a.PeakReservedBytes)
 	}
-	if got := a2a.Fit.HeadroomBytes - deep.Fit.HeadroomBytes; got != 55264128 {
-		t.Errorf("headroom lost to DeepEP's Buffer: %d bytes, want 55,264,128", got)
+	if got := deep.Fit.HeadroomBytes - a2a.Fit.HeadroomBytes; got != 3224735872 {
+		t.Errorf("headroom DeepEP gains over the all-to-all: %d bytes, want 3,224,735,872", got)
 	}
 }
