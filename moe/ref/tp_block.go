@@ -343,7 +343,7 @@ func (b *Block[T]) moeBackwardRows(w, g *LayerWeights[T], dhTD, dyTD, auxGrad []
 	meta := rowsMeta(b.st.rt, lo, hi)
 	dExpertOutTKD, dWeightsLocal := b.combineBackward(dyTD[lo*D:hi*D], meta)
 	dxTKD := b.expertsBackward(dExpertOutTKD)
-	b.dispatchBackward(dhTD[lo*D:hi*D], dxTKD, meta)
+	b.dispatchBackward(dhTD[lo*D:hi*D], b.st.h2[lo*D:hi*D], dxTKD, dWeightsLocal, meta)
 	dWeightsTK := make([]T, b.tokens()*K)
 	copy(dWeightsTK[lo*K:hi*K], dWeightsLocal)
 	b.routerBackward(w, g, dhTD, dWeightsTK, auxGrad)
