@@ -1,7 +1,9 @@
 // Package attn is the reference implementation's flash-style causal
-// attention for float32 and float64: grouped KV heads, sliding windows,
-// tiling whose executed area is what moe records, and value heads whose
-// width may differ from the query·key width (multi-head latent attention).
+// attention for float32 and float64: grouped KV heads, sliding windows and
+// Llama 4's chunks, tiling whose executed area is what moe records, and
+// value heads whose width may differ from the query·key width (multi-head
+// latent attention); and what prepares its inputs: the RoPE rotation,
+// Llama 4's weightless L2 QK-norm and its queries' temperature.
 package attn
 
 import (

@@ -73,9 +73,11 @@ func tempFactors(c *moe.Config, l, seq int, pos []int) []float64 {
 	}
 	f := make([]float64, seq)
 	for p := range f {
-		if f[p] = c.Temperature.Factor(p); pos != nil {
-			f[p] = c.Temperature.Factor(pos[p])
+		at := p
+		if pos != nil {
+			at = pos[p]
 		}
+		f[p] = c.Temperature.Factor(at)
 	}
 	return f
 }
