@@ -125,7 +125,7 @@ func LayerConfig(cfg *moe.Config, experts, topK int) (*moe.Config, error) {
 	}
 	c.Layers, c.MoELayer, c.Window = 1, []bool{true}, []int{cfg.Window[l]}
 	if cfg.Chunk != nil || cfg.NoRope != nil {
-		return nil, fmt.Errorf("--model %s: Llama 4's chunked and NoPE layers are not benchmarked (the kernel has no chunked mask yet)", cfg.Name)
+		return nil, fmt.Errorf("--model %s: Llama 4's chunked and NoPE layers are not benchmarked (bench_layer.py, the PyTorch side of the comparison, runs RoPE with a causal or windowed mask only)", cfg.Name)
 	}
 	c.Vocab, c.TiedEmbeddings = 64, false
 	if experts > 0 && experts != c.Experts {

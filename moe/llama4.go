@@ -3,6 +3,7 @@ package moe
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Llama 4's attention and routing (Llama4TextAttention, Llama4TextMoe and
@@ -56,6 +57,23 @@ func (c *Config) LayerChunk(l int) int {
 		return 0
 	}
 	return c.Chunk[l]
+}
+
+// Llama4Fields names the Llama 4 fields c sets (for a refusal by name
+// where they are not run).
+func (c *Config) Llama4Fields() []string {
+	var set []string
+	for _, f := range []struct {
+		name string
+		on   bool
+	}{{"chunk", slices.ContainsFunc(c.Chunk, func(n int) bool { return n > 0 })}, {"no_rope", slices.Contains(c.NoRope, true)},
+		{"qk_norm l2_rope", c.QKNorm == QKNormL2Rope}, {"attn_temperature", c.Temperature != nil},
+		{"route_input", c.RouteInput}, {"fused_halves", c.FusedHalves}} {
+		if f.on {
+			set = append(set, f.name)
+		}
+	}
+	return set
 }
 
 // RopedLayers counts the layers that apply RoPE.

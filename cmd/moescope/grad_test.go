@@ -93,7 +93,7 @@ func TestGradInitSave(t *testing.T) {
 // value. The references follow HF (input_ids = labels = tokens), aux loss
 // over every token's routing included.
 func TestGradMatchesTorch(t *testing.T) {
-	for _, name := range []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "mla_v3", "mla_v2", "yarn_v3", "yarn_moe", "gpt_oss"} {
+	for _, name := range []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "mla_v3", "mla_v2", "yarn_v3", "yarn_moe", "gpt_oss", "llama4"} {
 		t.Run(name, func(t *testing.T) {
 			got, exp, worst, worstName := gradAgainstTorch(t, filepath.Join("..", "..", "testdata", "torchref", name))
 			if rel(got.Loss, exp.Loss) > 1e-5 || rel(got.TotalLoss, exp.TotalLoss) > 1e-5 || got.AuxAdded != exp.AuxAdded {

@@ -1,7 +1,9 @@
 // Package attn is the reference implementation's flash-style causal
-// attention for float32 and float64: grouped KV heads, sliding windows,
-// tiling whose executed area is what moe records, and value heads whose
-// width may differ from the query·key width (multi-head latent attention).
+// attention for float32 and float64: grouped KV heads, sliding windows and
+// Llama 4's chunks, tiling whose executed area is what moe records, and
+// value heads whose width may differ from the query·key width (multi-head
+// latent attention); and what prepares its inputs: the RoPE rotation,
+// Llama 4's weightless L2 QK-norm and its queries' temperature.
 package attn
 
 import (
@@ -16,7 +18,9 @@ import (
 // row; backward recomputes the probabilities tile by tile from Q, K and lse.
 //
 // For one sequence of s positions and one query head h (KV head h/(H/G)),
-// with scale c = 1/√d and mask M(i,j) = [j ≤ i and (w = 0 or j > i − w)]:
+// with scale c = 1/√d and mask M(i,j) = [j ≤ i and (w = 0 or j > i − w)],
+// or under Chunk = C > 0 M(i,j) = [j ≤ i and ⌊j/C⌋ = ⌊i/C⌋] (Llama 4's
+// chunked attention, create_chunked_causal_mask in transformers 000c33fd):
 //
 //	S = c·Q·Kᵀ,  lse_i = log Σ_{j: M} exp(S_ij),  P_ij = M(i,j)·exp(S_ij − lse_i),  O = P·V
 //
@@ -38,22 +42,28 @@ type Shape struct {
 	// DV is the value (and output) head dim; 0 means D.
 	DV           int
 	Window       int     // 0 = full causal
+	Chunk        int     // 0 = none; C: keys of the query's own chunk of C (not with Window)
 	TileQ, TileK int     // Br, Bc
 	Scale        float64 // softmax scale of q·k
 }
 
 // tileLive reports whether the block of queries [i0,i1) and keys [j0,j1)
-// holds an unmasked entry: some i in [i0,i1) with max(j0, i−w+1) ≤ min(j1−1, i).
+// holds an unmasked entry: some i in [i0,i1) with max(j0, i−w+1) ≤ min(j1−1, i);
+// under a chunk, some i whose chunk's first key ⌊i/C⌋·C is < j1 and i ≥ j0,
+// which the smallest such i, max(i0, j0), decides (first keys grow with i).
 func (a Shape) tileLive(i0, i1, j0, j1 int) bool {
 	lo, hi := max(i0, j0), i1-1
 	if a.Window > 0 {
 		hi = min(hi, j1-1+a.Window-1)
 	}
+	if a.Chunk > 0 && lo <= hi {
+		return lo/a.Chunk*a.Chunk < j1
+	}
 	return lo <= hi
 }
 
 func (a Shape) allowed(i, j int) bool {
-	return j <= i && (a.Window == 0 || j > i-a.Window)
+	return j <= i && (a.Window == 0 || j > i-a.Window) && (a.Chunk == 0 || j/a.Chunk == i/a.Chunk)
 }
 
 // Area is n: the entries executed per sequence and head.
@@ -210,7 +220,7 @@ func bwd[T Float](dq, dk, dv, do, q, k, v, o, lse []T, a Shape) {
 // kernelShape is the same geometry for moe/kernel's float32 flash attention.
 func (a Shape) kernelShape() kernel.AttnShape {
 	return kernel.AttnShape{Batch: a.Batch, Seq: a.Seq, Heads: a.Heads, KVHeads: a.KV, HeadDim: a.D,
-		Window: a.Window, TileQ: a.TileQ, TileK: a.TileK}
+		Window: a.Window, Chunk: a.Chunk, TileQ: a.TileQ, TileK: a.TileK}
 }
 
 // forward runs the forward through moe/kernel for float32 (same tiles,

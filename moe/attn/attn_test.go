@@ -53,8 +53,8 @@ func naiveAttention(q, k, v []float64, a Shape) []float64 {
 // neither the output nor the gradients beyond rounding.
 func TestFlashAttentionMatchesNaive(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, w := range []int{0, 1, 3, 7} {
-		a := Shape{Batch: 2, Seq: 7, Heads: 4, KV: 2, D: 3, Window: w, Scale: 1 / math.Sqrt(3)}
+	for _, w := range []int{0, 1, 3, 7, -1, -3} { // −c: chunks of c
+		a := Shape{Batch: 2, Seq: 7, Heads: 4, KV: 2, D: 3, Window: max(w, 0), Chunk: max(-w, 0), Scale: 1 / math.Sqrt(3)}
 		n := a.Batch * a.Seq
 		q, k, v := make([]float64, n*a.Heads*a.D), make([]float64, n*a.KV*a.D), make([]float64, n*a.KV*a.D)
 		for _, x := range [][]float64{q, k, v} {
@@ -97,9 +97,9 @@ func TestFlashAttentionMatchesNaive(t *testing.T) {
 // float32 path records what it runs.
 func TestAreaMatchesKernel(t *testing.T) {
 	for s := 1; s <= 20; s++ {
-		for _, w := range []int{0, 1, 2, 5, 19} {
+		for _, w := range []int{0, 1, 2, 5, 19, -1, -3, -7} { // −c: chunks of c
 			for _, tile := range [][2]int{{1, 1}, {2, 3}, {4, 4}, {7, 2}, {64, 64}} {
-				a := Shape{Seq: s, Window: w, TileQ: tile[0], TileK: tile[1]}
+				a := Shape{Seq: s, Window: max(w, 0), Chunk: max(-w, 0), TileQ: tile[0], TileK: tile[1]}
 				if got, want := a.Area(), a.kernelShape().Area(); got != want {
 					t.Errorf("s=%d w=%d tile %v: area %d, kernel %d", s, w, tile, got, want)
 				}

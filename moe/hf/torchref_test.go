@@ -150,8 +150,11 @@ func compareTorchref[T float32 | float64](res ref.Result, params []moe.Param, go
 // DeepSeek-MoE with its per-sequence aux loss, and multi-head latent
 // attention as DeepSeek-V3 (query latent, interleaved RoPE, value heads
 // narrower than q·k, sigmoid grouped routing) and DeepSeek-V2 (q_proj,
-// complex RoPE, value heads wider, softmax group-limited routing) have it.
-// Both conventions are checked: torchtitan's (ForwardBackward; the
+// complex RoPE, value heads wider, softmax group-limited routing) have it;
+// GPT-OSS (testdata/torchref/gptoss.py) and Llama 4 (llama4.py: chunked
+// RoPE layers with the L2 QK-norm, a NoPE layer with temperature tuning,
+// dense and MoE layers, input-scaled sigmoid top-1 routing beside a shared
+// expert, experts stacked in halves). Both conventions are checked: torchtitan's (ForwardBackward; the
 // script's "shifted" reference where the aux loss tells them apart) and
 // HF's (ForwardBackwardHF). Float32 must be within the bounds (loss
 // relative 1e-5, every gradient's max abs difference ≤ 1e-4 × its max abs

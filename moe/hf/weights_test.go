@@ -19,7 +19,7 @@ import (
 const torchrefDir = "../../testdata/torchref"
 
 // torchrefConfigs lists the reference configurations the script writes.
-var torchrefConfigs = []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "deepseek", "mla_v3", "mla_v2", "yarn_v3", "yarn_moe", "gpt_oss"}
+var torchrefConfigs = []string{"dense", "moe", "shared", "sigmoid", "window", "aux", "gqa", "deepseek", "mla_v3", "mla_v2", "yarn_v3", "yarn_moe", "gpt_oss", "llama4"}
 
 // TestTorchrefCheckpointsLoad opens every PyTorch-written checkpoint (BF16,
 // F16, F32, single and sharded) with its config.json and checks that the

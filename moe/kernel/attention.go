@@ -12,7 +12,9 @@ import (
 // position i of sequence b is row b·Seq+i): q and o are T×(H·d), k and v
 // T×(G·d), head h occupying columns [h·d, (h+1)·d); lse is T×H. Query head
 // h reads KV head h/(H/G) (grouped-query attention). With scale c = 1/√d and
-// mask M(i,j) = [i − w < j ≤ i] (w = Window; w = 0 means full causal):
+// mask M(i,j) = [i − w < j ≤ i] (w = Window; w = 0 means full causal), or
+// with Chunk = C > 0 M(i,j) = [⌊i/C⌋·C ≤ j ≤ i] (Llama 4's chunked
+// attention: a query sees the keys of its own chunk up to itself):
 //
 //	S = c·Q·Kᵀ,  lse_i = log Σ_{j: M(i,j)} exp(S_ij),  P_ij = M(i,j)·exp(S_ij − lse_i),  O = P·V
 //
@@ -43,6 +45,7 @@ type AttnShape struct {
 	KVHeads    int // G key/value heads; divides Heads
 	HeadDim    int // d
 	Window     int // sliding window w (keys i−w < j ≤ i); 0 = full causal
+	Chunk      int // chunk C (keys ⌊i/C⌋·C ≤ j ≤ i); 0 = none; not with Window
 	// TileQ×TileK is the block the work is tiled in; 0 means AttnTileQ,
 	// AttnTileK. Any size is correct; 1×1 executes exactly the unmasked
 	// entries (and runs slowly).
@@ -64,7 +67,7 @@ func (a AttnShape) tiles() (tq, tk int) {
 // check panics with a constant message on an impossible shape or short
 // slices (a programming error).
 func (a AttnShape) check(q, k, v, o, lse []float32) {
-	if a.Batch < 0 || a.Seq < 0 || a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Window < 0 || a.Heads%a.KVHeads != 0 || a.TileQ < 0 || a.TileK < 0 {
+	if a.Batch < 0 || a.Seq < 0 || a.Heads <= 0 || a.KVHeads <= 0 || a.HeadDim <= 0 || a.Window < 0 || a.Chunk < 0 || a.Heads%a.KVHeads != 0 || a.TileQ < 0 || a.TileK < 0 {
 		panic("kernel: attention: need Heads, KVHeads, HeadDim > 0, KVHeads dividing Heads, Batch, Seq, Window, tiles ≥ 0")
 	}
 	t := a.Batch * a.Seq
@@ -77,14 +80,24 @@ func (a AttnShape) check(q, k, v, o, lse []float32) {
 // keyTiles returns the key-tile range [j0, j1) (tile starts, in positions)
 // that query tile [i0, i1) must visit: a tile runs iff some query in it sees
 // some key in it. Every key tile from the first key the first query sees
-// (i0−w+1) to the tile holding the last query (i1−1) qualifies.
+// (i0−w+1, or the start of i0's chunk ⌊i0/C⌋·C) to the tile holding the
+// last query (i1−1) qualifies: a key j ≥ i0 is seen by query j, a key j < i0
+// from there on by query i0 (the first keys seen never decrease with i).
 func (a AttnShape) keyTiles(i0, i1 int) (j0, j1 int) {
-	lo := 0
-	if a.Window > 0 {
-		lo = max(0, i0-a.Window+1)
-	}
+	lo := a.firstKey(i0)
 	_, tk := a.tiles()
 	return lo / tk * tk, i1
+}
+
+// firstKey is the first key query i sees.
+func (a AttnShape) firstKey(i int) int {
+	switch {
+	case a.Window > 0:
+		return max(0, i-a.Window+1)
+	case a.Chunk > 0:
+		return i / a.Chunk * a.Chunk
+	}
+	return 0
 }
 
 // Area is n, the score entries the kernel executes per sequence and query
@@ -106,11 +119,7 @@ func (a AttnShape) Area() int64 {
 // visibleKeys returns the keys [lo, hi) of [j0, j1) that query i sees
 // (lo ≥ hi when none).
 func (a AttnShape) visibleKeys(i, j0, j1 int) (lo, hi int) {
-	lo, hi = j0, min(j1, i+1)
-	if a.Window > 0 {
-		lo = max(lo, i-a.Window+1)
-	}
-	return lo, hi
+	return max(j0, a.firstKey(i)), min(j1, i+1)
 }
 
 // AttentionForward writes o and lse from q, k, v (layout in the file

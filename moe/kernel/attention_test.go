@@ -8,9 +8,11 @@ import (
 )
 
 // visible is the mask M(i, j) stated directly (causal, and within the
-// window when there is one), the oracle the kernel's tile logic is checked
-// against.
-func visible(a AttnShape, i, j int) bool { return j <= i && (a.Window == 0 || j > i-a.Window) }
+// window or the query's chunk when there is one), the oracle the kernel's
+// tile logic is checked against.
+func visible(a AttnShape, i, j int) bool {
+	return j <= i && (a.Window == 0 || j > i-a.Window) && (a.Chunk == 0 || j/a.Chunk == i/a.Chunk)
+}
 
 // attnRef is an independent float64 attention: the whole score matrix of
 // each (sequence, head), a row softmax, and the textbook backward
@@ -102,6 +104,11 @@ func TestAttention(t *testing.T) {
 		// heads, and three stacks of one, each with a short last tile.
 		{Batch: 2, Seq: 360, Heads: 8, KVHeads: 2, HeadDim: 8, TileQ: 300, TileK: 48},
 		{Batch: 1, Seq: 410, Heads: 6, KVHeads: 2, HeadDim: 8, Window: 90, TileQ: 400, TileK: 40},
+		// Llama 4's chunks: tiles across chunk boundaries, a chunk of one,
+		// chunks longer than a tile, and a short last chunk.
+		{Batch: 2, Seq: 70, Heads: 4, KVHeads: 2, HeadDim: 8, Chunk: 12, TileQ: 8, TileK: 16},
+		{Batch: 1, Seq: 9, Heads: 2, KVHeads: 1, HeadDim: 3, Chunk: 1},
+		{Batch: 1, Seq: 300, Heads: 4, KVHeads: 1, HeadDim: 5, Chunk: 100, TileQ: 64, TileK: 48},
 	}
 	forEachPath(t, func(t *testing.T) {
 		for _, a := range shapes {
@@ -194,11 +201,20 @@ func TestAttentionArea(t *testing.T) {
 	if got := (AttnShape{Seq: 10, Window: 4, TileQ: 1, TileK: 1}).Area(); got != 34 {
 		t.Errorf("1×1 window 4 s=10: %d, want 34", got)
 	}
+	// Chunks of 4 over s = 10 (chunks 0–3, 4–7, 8–9), 1×1: 10 + 10 + 3 = 23.
+	// Chunks of 32 over s = 128 with 64×64 tiles: each query tile sees only
+	// its own key tile (its chunks lie inside it), 2·64·64 = 8192.
+	if got := (AttnShape{Seq: 10, Chunk: 4, TileQ: 1, TileK: 1}).Area(); got != 23 {
+		t.Errorf("1×1 chunk 4 s=10: %d, want 23", got)
+	}
+	if got := (AttnShape{Seq: 128, Chunk: 32, TileQ: 64, TileK: 64}).Area(); got != 8192 {
+		t.Errorf("64×64 chunk 32 s=128: %d, want 8192", got)
+	}
 	// Brute force: a tile counts iff it holds a visible entry.
 	for _, tiles := range [][2]int{{0, 0}, {16, 48}, {48, 16}} {
 		for _, seq := range []int{1, 63, 64, 65, 200, 300} {
-			for _, w := range []int{0, 1, 2, 63, 64, 65, 100, 500} {
-				a := AttnShape{Seq: seq, Window: w, TileQ: tiles[0], TileK: tiles[1]}
+			for _, w := range []int{0, 1, 2, 63, 64, 65, 100, 500, -1, -17, -64, -100} {
+				a := AttnShape{Seq: seq, Window: max(w, 0), Chunk: max(-w, 0), TileQ: tiles[0], TileK: tiles[1]}
 				tq, tk := a.tiles()
 				var want int64
 				for i0 := 0; i0 < seq; i0 += tq {
@@ -224,15 +240,19 @@ func TestAttentionArea(t *testing.T) {
 }
 
 // FuzzAttention compares forward and backward with attnRef on small random
-// shapes, windows and tile sizes.
+// shapes, windows, chunks and tile sizes.
 func FuzzAttention(f *testing.F) {
 	f.Add(uint8(9), uint8(2), uint8(1), uint8(3), uint8(0), uint8(4), uint8(3), uint64(1))
 	f.Add(uint8(33), uint8(4), uint8(2), uint8(8), uint8(5), uint8(0), uint8(0), uint64(2))
 	f.Add(uint8(1), uint8(1), uint8(1), uint8(1), uint8(1), uint8(1), uint8(1), uint64(3))
+	f.Add(uint8(30), uint8(2), uint8(1), uint8(4), uint8(130), uint8(4), uint8(7), uint64(4))
 	f.Fuzz(func(t *testing.T, seq, heads, kvHeads, d, window, tq, tk uint8, seed uint64) {
 		g := int(kvHeads)%3 + 1
 		a := AttnShape{Batch: 1, Seq: int(seq)%40 + 1, Heads: g * (int(heads)%3 + 1), KVHeads: g, HeadDim: int(d)%9 + 1,
 			Window: int(window) % 12, TileQ: int(tq) % 20, TileK: int(tk) % 20}
+		if window >= 128 { // the high half of window draws a chunk instead
+			a.Window, a.Chunk = 0, int(window)%12+1
+		}
 		r := rand.New(rand.NewPCG(seed, 5))
 		T := a.Seq
 		q, k, v := randSlice(r, T*a.Heads*a.HeadDim), randSlice(r, T*a.KVHeads*a.HeadDim), randSlice(r, T*a.KVHeads*a.HeadDim)

@@ -97,14 +97,17 @@ var drawers = map[string]func(d *draw){
 			d.set("partial_rotary_factor", 1.0)
 		}
 	},
-	"gpt_oss": func(d *draw) { d.gptOSS() },
-	"qwen3":   func(d *draw) { d.dense(); d.qwenWindows() },
-	"llama":   func(d *draw) { d.dense() },
+	"gpt_oss":     func(d *draw) { d.gptOSS() },
+	"qwen3":       func(d *draw) { d.dense(); d.qwenWindows() },
+	"llama":       func(d *draw) { d.dense() },
+	"llama4_text": func(d *draw) { d.llama4() },
+	"llama4":      func(d *draw) { d.llama4() }, // ConfigOf moves the keys into text_config
 }
 
 // headDimKey lists the model types whose config class has head_dim; the
 // others (and their modeling code) take hidden_size / num_attention_heads.
-var headDimKey = map[string]bool{"qwen3_moe": true, "mixtral": true, "glm4_moe": true, "qwen3": true, "llama": true, "gpt_oss": true}
+var headDimKey = map[string]bool{"qwen3_moe": true, "mixtral": true, "glm4_moe": true, "qwen3": true, "llama": true, "gpt_oss": true,
+	"llama4_text": true, "llama4": true}
 
 // ModelTypes returns the model types Config draws, sorted; a test checks
 // that they are hf.SupportedModelTypes.
@@ -207,6 +210,44 @@ func (d *draw) gptOSS() {
 	}
 }
 
+// llama4 writes Llama4TextConfig's keys (configuration_llama4.py,
+// transformers 008e5743): routed experts beside the shared expert of
+// intermediate_size, dense layers of intermediate_size_mlp placed by
+// interleave_moe_layer_step or moe_layers (the last layer always MoE), NoPE layers from no_rope_layers
+// or no_rope_layer_interval, chunks of at most 6 (so that they cut a test's
+// sequence), the L2 QK-norm, and temperature tuning with a floor_scale of
+// at most 3 (so that the factor changes inside a test's sequence).
+func (d *draw) llama4() {
+	d.experts("num_local_experts", "intermediate_size", 2+d.r.IntN(5))
+	d.set("intermediate_size_mlp", 2+d.r.IntN(5))
+	if d.r.IntN(2) == 0 {
+		d.set("interleave_moe_layer_step", 1+d.r.IntN(min(d.layers, 2))) // step ≤ layers: some layer is MoE
+	} else {
+		layers := []int{}
+		for l := range d.layers - 1 {
+			if d.r.IntN(2) == 0 {
+				layers = append(layers, l)
+			}
+		}
+		d.set("moe_layers", append(layers, d.layers-1)) // one MoE layer at least: the loader stacks experts
+	}
+	if d.r.IntN(3) == 0 {
+		d.set("no_rope_layer_interval", pick(d.r, 1, 2, 4))
+	} else {
+		rope := make([]int, d.layers)
+		for l := range rope {
+			rope[l] = d.r.IntN(2)
+		}
+		d.set("no_rope_layers", rope)
+	}
+	d.set("attention_chunk_size", 1+d.r.IntN(6))
+	d.set("use_qk_norm", d.r.IntN(3) != 0)
+	d.set("attn_temperature_tuning", d.r.IntN(3) != 0)
+	d.set("floor_scale", pick(d.r, 1, 2, 3))
+	d.set("attn_scale", pick(d.r, 0.1, 0.5))
+	d.set("attention_bias", d.r.IntN(4) == 0)
+}
+
 // Config draws a small config of a random model type (ModelTypes) through
 // hf.ParseConfig; the same r state gives the same config. It panics when the
 // loader refuses a draw: that is a bug of the generator, and the message
@@ -244,6 +285,10 @@ func ConfigOf(r *rand.Rand, modelType string) *moe.Config {
 	d.set("initializer_range", pick(r, 0.1, 0.3, 0.5))
 	d.set("tie_word_embeddings", r.IntN(2) == 0)
 	drawer(d)
+	if modelType == "llama4" { // Llama4Config keeps the text model's keys in text_config
+		delete(d.keys, "model_type")
+		d.keys = map[string]any{"model_type": modelType, "text_config": d.keys}
+	}
 	data, err := json.Marshal(d.keys)
 	if err != nil {
 		panic(err)

@@ -19,11 +19,8 @@ const draws = 300
 // notExecuted lists the model types the loader and the accounting read but
 // the reference (moe/ref) does not execute yet, so that no draw can run:
 // each names what moe/ref refuses. Config must draw every other type, and
-// these as soon as moe/ref executes them.
-var notExecuted = map[string]string{
-	"llama4":      "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
-	"llama4_text": "issue 41 part 4: moe/ref refuses chunk, no_rope, qk_norm l2_rope, attn_temperature, route_input and fused_halves",
-}
+// these as soon as moe/ref executes them. None today.
+var notExecuted = map[string]string{}
 
 // supportedExecuted is hf.SupportedModelTypes less notExecuted.
 func supportedExecuted() []string {
@@ -81,15 +78,19 @@ func TestCoverage(t *testing.T) {
 		{"attention sinks with o_proj bias", func(c *moe.Config) bool { return c.AttnSinks && c.OProjBias }},
 		{"attention sinks without biases", func(c *moe.Config) bool { return c.AttnSinks && !c.QKVBias }},
 		{"fused biased experts, clamped SwiGLU", func(c *moe.Config) bool { return c.FusedExperts && c.ExpertBias && c.Clamp != nil }},
+		{"chunked layer, chunk < 6", func(c *moe.Config) bool {
+			return slices.ContainsFunc(c.Chunk, func(n int) bool { return n > 0 && n < 6 })
+		}},
+		{"NoPE and RoPE layers", func(c *moe.Config) bool { return slices.Contains(c.NoRope, true) && slices.Contains(c.NoRope, false) }},
+		{"L2 QK-norm with a NoPE layer", func(c *moe.Config) bool { return c.QKNorm == moe.QKNormL2Rope && slices.Contains(c.NoRope, true) }},
+		{"temperature, floor_scale 1", func(c *moe.Config) bool { return c.Temperature != nil && c.Temperature.FloorScale == 1 }},
+		{"input-scaled routing, dense and MoE layers", func(c *moe.Config) bool { return c.RouteInput && c.MoELayers() < c.Layers }},
+		{"input-scaled top-1 with a shared expert", func(c *moe.Config) bool { return c.RouteInput && c.TopK == 1 && c.SharedExperts == 1 }},
+		{"fused experts in halves", func(c *moe.Config) bool { return c.FusedHalves && c.MoELayers() > 0 }},
 	}
 	// Fields that keep one value in every draw, and why.
 	constant := map[string]string{
 		"Source": "no draw names a source",
-	}
-	// Llama 4's fields: set only by llama4 and llama4_text, which are not
-	// drawn (notExecuted).
-	for _, f := range []string{"Chunk", "NoRope", "Temperature", "FusedHalves", "RouteInput"} {
-		constant[f] = notExecuted["llama4"]
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	types := map[string]int{}

@@ -22,10 +22,11 @@ type AttentionStage[T Float] interface {
 // sequence by pos[p], its index in the whole sequence, instead of p: a
 // context-parallel rank's shard keeps the positions of the original
 // tokens (PyTorch's context_parallel shards the position ids with the
-// tokens). len(pos) must be the block's seq.
+// tokens), and Llama 4's temperature scales by those positions. len(pos) must be the block's seq.
 func (b *Block[T]) SetPositions(pos []int) {
 	if len(pos) != b.seq {
 		panic("moe: Block.SetPositions needs one position per local token")
 	}
 	b.rope = newRopeTableAt[T](b.cfg, pos)
+	b.temp = tempFactors(b.cfg, b.layer, b.seq, pos)
 }

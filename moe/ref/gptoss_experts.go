@@ -64,20 +64,21 @@ func expertViews[T Float](c *moe.Config, lw *LayerWeights[T], next func(int) []T
 }
 
 // expertWeights returns w's routed experts in linear's layout: views of
-// w, or de-interleaved and transposed copies of its fused tensors.
+// w, or de-interleaved (or halved) and transposed copies of its fused tensors.
 func expertWeights[T Float](c *moe.Config, w *LayerWeights[T]) expertMats[T] {
 	if !c.FusedExperts {
 		return expertMats[T]{w.ExpGate, w.ExpUp, w.ExpDown, w.ExpGateBias, w.ExpUpBias, w.ExpDownBias}
 	}
 	m := newUnfused[T](c, w.ExpGateUp, w.ExpDownBias != nil)
 	D, F := c.Hidden, c.ExpertFFN
+	gi, ui := gateUpCols(c)
 	for e, gu := range w.ExpGateUp {
 		if gu == nil {
 			continue
 		}
 		for d := 0; d < D; d++ {
 			for f := 0; f < F; f++ {
-				m.gate[e][f*D+d], m.up[e][f*D+d] = gu[d*2*F+2*f], gu[d*2*F+2*f+1]
+				m.gate[e][f*D+d], m.up[e][f*D+d] = gu[d*2*F+gi(f)], gu[d*2*F+ui(f)]
 			}
 		}
 		for f := 0; f < F; f++ {
@@ -87,12 +88,22 @@ func expertWeights[T Float](c *moe.Config, w *LayerWeights[T]) expertMats[T] {
 		}
 		if m.gateB != nil {
 			for f := 0; f < F; f++ {
-				m.gateB[e][f], m.upB[e][f] = w.ExpGateUpBias[e][2*f], w.ExpGateUpBias[e][2*f+1]
+				m.gateB[e][f], m.upB[e][f] = w.ExpGateUpBias[e][gi(f)], w.ExpGateUpBias[e][ui(f)]
 			}
 			m.downB[e] = w.ExpDownBias[e]
 		}
 	}
 	return m
+}
+
+// gateUpCols gives the columns of gate and up feature f in a fused
+// gate_up_proj's 2F: interleaved 2f, 2f+1 (GPT-OSS), or the halves f, F+f
+// under Config.FusedHalves (Llama4TextExperts' gate_up.chunk(2)).
+func gateUpCols(c *moe.Config) (gate, up func(f int) int) {
+	if F := c.ExpertFFN; c.FusedHalves {
+		return func(f int) int { return f }, func(f int) int { return F + f }
+	}
+	return func(f int) int { return 2 * f }, func(f int) int { return 2*f + 1 }
 }
 
 // newUnfused allocates linear-layout matrices for the experts whose fused
@@ -124,6 +135,7 @@ func expertGrads[T Float](c *moe.Config, g *LayerWeights[T]) (expertMats[T], fun
 	}
 	m := newUnfused[T](c, g.ExpGateUp, g.ExpDownBias != nil)
 	D, F := c.Hidden, c.ExpertFFN
+	gi, ui := gateUpCols(c)
 	fold := func() {
 		for e, gu := range g.ExpGateUp {
 			if gu == nil {
@@ -131,8 +143,8 @@ func expertGrads[T Float](c *moe.Config, g *LayerWeights[T]) (expertMats[T], fun
 			}
 			for d := 0; d < D; d++ {
 				for f := 0; f < F; f++ {
-					gu[d*2*F+2*f] += m.gate[e][f*D+d]
-					gu[d*2*F+2*f+1] += m.up[e][f*D+d]
+					gu[d*2*F+gi(f)] += m.gate[e][f*D+d]
+					gu[d*2*F+ui(f)] += m.up[e][f*D+d]
 				}
 			}
 			for f := 0; f < F; f++ {
@@ -142,8 +154,8 @@ func expertGrads[T Float](c *moe.Config, g *LayerWeights[T]) (expertMats[T], fun
 			}
 			if m.gateB != nil {
 				for f := 0; f < F; f++ {
-					g.ExpGateUpBias[e][2*f] += m.gateB[e][f]
-					g.ExpGateUpBias[e][2*f+1] += m.upB[e][f]
+					g.ExpGateUpBias[e][gi(f)] += m.gateB[e][f]
+					g.ExpGateUpBias[e][ui(f)] += m.upB[e][f]
 				}
 				for d, v := range m.downB[e] {
 					g.ExpDownBias[e][d] += v

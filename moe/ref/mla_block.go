@@ -49,8 +49,8 @@ func (b *Block[T]) mlaForward(w *LayerWeights[T], pass moe.Pass, useCache bool) 
 	a.kvb = b.lin(moe.OpKVBProj, pass, useCache, a.latn, w.WkvB, nil, T_, H*nv, m.KVRank)
 
 	st.q = append([]T(nil), st.qRaw...)
-	b.rope.applyAt(st.q, H, dqk, m.Nope, b.seq, false)
-	b.rope.applyAt(kPe, 1, r, 0, b.seq, false)
+	b.rope.ApplyAt(st.q, H, dqk, m.Nope, b.seq, false)
+	b.rope.ApplyAt(kPe, 1, r, 0, b.seq, false)
 	st.k, st.v = make([]T, T_*H*dqk), make([]T, T_*H*m.V)
 	for t := 0; t < T_; t++ {
 		for h := 0; h < H; h++ {
@@ -84,8 +84,8 @@ func (b *Block[T]) mlaBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 			}
 		}
 	}
-	b.rope.applyAt(dq, H, dqk, m.Nope, b.seq, true)
-	b.rope.applyAt(dkPe, 1, r, 0, b.seq, true)
+	b.rope.ApplyAt(dq, H, dqk, m.Nope, b.seq, true)
+	b.rope.ApplyAt(dkPe, 1, r, 0, b.seq, true)
 	ex.op(L, moe.OpRoPE, moe.BackwardData, t64*int64(H+1)*int64(r))
 
 	dlatn, dlat := make([]T, T_*m.KVRank), make([]T, T_*m.KVRank)

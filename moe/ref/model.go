@@ -6,8 +6,6 @@ import (
 	"github.com/moescope/moescope/moe"
 	"math"
 	"math/rand/v2"
-	"slices"
-	"strings"
 )
 
 // Model is the reference implementation of a Config: parameters (and their
@@ -37,9 +35,6 @@ func NewModel[T Float](c *moe.Config) (*Model[T], error) {
 	}
 	if c.RopeScaling != "" && c.RopeScaling != "yarn" {
 		return nil, fmt.Errorf("%s: rope_scaling with rope_type %q is not implemented by the reference model (only plain RoPE and yarn); FLOP and memory accounting do not depend on it", c.Name, c.RopeScaling)
-	}
-	if err := refuseUnbuilt(c); err != nil {
-		return nil, err
 	}
 	m := &Model[T]{Cfg: c, Params: c.Params()}
 	n := 0
@@ -482,25 +477,4 @@ func (m *Model[T]) UpdateSelectionBias(loads [][]int64, rate float64) {
 			lw.SelBias[e] += T(delta[e] - dm)
 		}
 	}
-}
-
-// refuseUnbuilt names the Config fields that the accounting reads but this
-// implementation does not execute yet (Llama 4's, issue 41 part 4), so
-// that no loss or gradient silently belongs to another model.
-func refuseUnbuilt(c *moe.Config) error {
-	var unbuilt []string
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{{"chunk", slices.ContainsFunc(c.Chunk, func(n int) bool { return n > 0 })}, {"no_rope", slices.Contains(c.NoRope, true)},
-		{"qk_norm l2_rope", c.QKNorm == moe.QKNormL2Rope}, {"attn_temperature", c.Temperature != nil},
-		{"route_input", c.RouteInput}, {"fused_halves", c.FusedHalves}} {
-		if f.set {
-			unbuilt = append(unbuilt, f.name)
-		}
-	}
-	if unbuilt == nil {
-		return nil
-	}
-	return fmt.Errorf("%s: %s: not implemented by the reference model yet (FLOP and parameter accounting read them)", c.Name, strings.Join(unbuilt, ", "))
 }

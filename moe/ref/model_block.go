@@ -68,6 +68,7 @@ type ExpertStage[T Float] interface {
 type blockState[T Float] struct {
 	x, rstd1, h1             []T // block input [T,D], attn_norm rstd [T], normed [T,D]
 	qRaw, qRstd, kRaw, kRstd []T // projections before QK-norm and the norms' rstd
+	qPre, kPre               []T // l2_rope: the norm's input, q and k after RoPE
 	q, k, v                  []T // attention inputs [T,q], [T,kv], [T,kv]
 	mla                      mlaActs[T]
 	ao                       []T // o_proj output [T,D]
@@ -94,7 +95,8 @@ type Block[T Float] struct {
 	x          *exec
 	ac         moe.AC
 	aux        bool
-	rope       ropeTable[T]
+	rope       attn.Rope[T]
+	temp       []float64 // Llama 4's query factor per position on a NoPE layer (nil: none)
 	local      localExperts[T]
 	// Experts, when non-nil, replaces the local execution of routed experts.
 	Experts ExpertStage[T]
@@ -115,6 +117,7 @@ type Block[T Float] struct {
 func NewBlock[T Float](c *moe.Config, l, batch, seq int, o Options) *Block[T] {
 	b := &Block[T]{cfg: c, layer: l, batch: batch, seq: seq, x: newExec(o), ac: o.AC, aux: o.AuxCoef != 0}
 	b.rope = newRopeTable[T](c, seq)
+	b.temp = tempFactors(c, l, seq, nil)
 	b.local.b = b
 	return b
 }
@@ -150,7 +153,7 @@ func (b *Block[T]) attnShape() attn.Shape {
 		scale = 1 / math.Sqrt(float64(c.HeadDim))
 	}
 	return attn.Shape{Batch: b.batch, Seq: b.seq, Heads: c.Heads, KV: c.KVHeads, D: c.HeadDim, DV: c.VHeadDim(),
-		Window: c.Window[b.layer], TileQ: b.x.tileQ, TileK: b.x.tileK, Scale: scale}
+		Window: c.Window[b.layer], Chunk: c.LayerChunk(b.layer), TileQ: b.x.tileQ, TileK: b.x.tileK, Scale: scale}
 }
 
 // lin runs a linear op unless the selective cache holds its output.
@@ -252,12 +255,27 @@ func (b *Block[T]) qkvForward(w *LayerWeights[T], pass moe.Pass, useCache bool) 
 		copy(st.q, st.qRaw)
 		copy(st.k, st.kRaw)
 	}
-	b.rope.apply(st.q, H, d, b.seq, false)
-	b.rope.apply(st.k, G, d, b.seq, false)
-	ex.round(st.q)
-	ex.round(st.k)
-	ex.op(L, moe.OpRoPE, pass, t64*int64(H+G)*int64(c.RotaryDim()))
-
+	if c.Roped(L) { // Llama 4's NoPE layers rotate nothing
+		b.rope.Apply(st.q, H, d, b.seq, false)
+		b.rope.Apply(st.k, G, d, b.seq, false)
+		ex.round(st.q)
+		ex.round(st.k)
+		ex.op(L, moe.OpRoPE, pass, t64*int64(H+G)*int64(c.RotaryDim()))
+	}
+	if c.QKNorm == moe.QKNormL2Rope && c.LayerQKNorm(L) {
+		st.qPre, st.kPre = st.q, st.k
+		st.q, st.k, st.qRstd, st.kRstd = make([]T, T_*q), make([]T, T_*kv), make([]T, T_*H), make([]T, T_*G)
+		attn.L2NormForward(st.q, st.qRstd, st.qPre, d, c.NormEps)
+		attn.L2NormForward(st.k, st.kRstd, st.kPre, d, c.NormEps)
+		ex.round(st.q)
+		ex.round(st.k)
+		ex.op(L, moe.OpQNorm, pass, t64*int64(q))
+		ex.op(L, moe.OpKNorm, pass, t64*int64(kv))
+	}
+	if b.temp != nil { // no op record: flops counts none (docs/llama4.md)
+		attn.ScaleQueries(st.q, q, b.temp)
+		ex.round(st.q)
+	}
 }
 
 // attend runs attention on q, k, v (or takes the selective cache's output),

@@ -115,10 +115,23 @@ func (b *Block[T]) qkvBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
 	q, kv := H*d, G*d
 	t64 := int64(T_)
-	b.rope.apply(dq, H, d, b.seq, true)
-	b.rope.apply(dk, G, d, b.seq, true)
-	ex.op(L, moe.OpRoPE, moe.BackwardData, t64*int64(H+G)*int64(c.RotaryDim()))
-	if c.QKNorm != moe.QKNormNone {
+	if b.temp != nil {
+		attn.ScaleQueries(dq, q, b.temp)
+	}
+	if c.QKNorm == moe.QKNormL2Rope && c.LayerQKNorm(L) {
+		dqr, dkr := make([]T, T_*q), make([]T, T_*kv)
+		attn.L2NormBackward(dqr, dq, st.qPre, st.qRstd, d)
+		attn.L2NormBackward(dkr, dk, st.kPre, st.kRstd, d)
+		ex.op(L, moe.OpQNorm, moe.BackwardData, t64*int64(q))
+		ex.op(L, moe.OpKNorm, moe.BackwardData, t64*int64(kv))
+		dq, dk = dqr, dkr
+	}
+	if c.Roped(L) {
+		b.rope.Apply(dq, H, d, b.seq, true)
+		b.rope.Apply(dk, G, d, b.seq, true)
+		ex.op(L, moe.OpRoPE, moe.BackwardData, t64*int64(H+G)*int64(c.RotaryDim()))
+	}
+	if c.QKNorm == moe.QKNormHead || c.QKNorm == moe.QKNormFull {
 		wq, wk := d, d
 		if c.QKNorm == moe.QKNormFull {
 			wq, wk = q, kv
@@ -159,7 +172,7 @@ func (b *Block[T]) moeBackward(w, g *LayerWeights[T], dhTD, dyTD, auxGrad []T) {
 	meta := metaOf(b.st.rt)
 	dExpertOutTKD, dWeightsTK := b.combineBackward(dyTD, meta)
 	dxTKD := b.expertsBackward(dExpertOutTKD)
-	b.dispatchBackward(dhTD, dxTKD, meta)
+	b.dispatchBackward(dhTD, b.st.h2, dxTKD, dWeightsTK, meta)
 	b.routerBackward(w, g, dhTD, dWeightsTK, auxGrad)
 }
 
@@ -199,14 +212,16 @@ func (b *Block[T]) combineBackward(dyTD []T, meta dispatchMeta[T]) (dExpertOutTK
 	kernel.ParallelFor(rows, 2*D, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			tk := meta.orderTK[r]
-			t, wt := int(tk)/K, meta.weightsTK[tk]
+			t, wt := int(tk)/K, meta.outWeight(b.cfg, int32(r))
 			dyD, dOutD, outD := dyTD[t*D:t*D+D], dExpertOutTKD[r*D:r*D+D], b.st.expertOutTKD[r*D:r*D+D]
 			var dot T
 			for j := range dyD {
 				dOutD[j] = wt * dyD[j]
 				dot += dyD[j] * outD[j]
 			}
-			dWeightsTK[tk] = dot
+			if !b.cfg.RouteInput { // else dispatchBackward's
+				dWeightsTK[tk] = dot
+			}
 		}
 	})
 	b.x.op(b.layer, moe.OpCombine, moe.BackwardData, int64(rows)*int64(D))
@@ -224,15 +239,20 @@ func (b *Block[T]) expertsBackward(dExpertOutTKD []T) []T {
 }
 
 // dispatchBackward adds each dispatched row's gradient to its token's row
-// of dhTD.
-func (b *Block[T]) dispatchBackward(dhTD, dxTKD []T, meta dispatchMeta[T]) {
+// of dhTD; under RouteInput (row = w·h) the gradient times w, and the
+// weight's gradient dW = dx·h (h the token's row of hTD) into dWeightsTK.
+func (b *Block[T]) dispatchBackward(dhTD, hTD, dxTKD, dWeightsTK []T, meta dispatchMeta[T]) {
 	D, K := b.cfg.Hidden, b.cfg.TopK
 	rowTK := meta.rowsByToken(K)
 	kernel.ParallelFor(len(rowTK)/K, K*D, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			dstD := dhTD[t*D : t*D+D]
 			for _, r := range rowTK[t*K : t*K+K] {
-				axpy(dstD, dxTKD[int(r)*D:int(r)*D+D], 1) // 1·x is x: the bits of dst + x
+				dx, wt := dxTKD[int(r)*D:int(r)*D+D], T(1) // 1·x is x: the bits of dst + x
+				if tk := meta.orderTK[r]; b.cfg.RouteInput {
+					dWeightsTK[tk], wt = dot(dx, hTD[t*D:t*D+D]), meta.weightsTK[tk]
+				}
+				axpy(dstD, dx, wt)
 			}
 		}
 	})

@@ -70,8 +70,8 @@ func (b *Block[T]) keep() {
 	default:
 		// none: drop what no backward formula reads
 		st.ao, st.topValTK = nil, nil // the routing keeps the values when it renormalizes
-		if b.cfg.QKNorm == moe.QKNormNone {
-			st.qRaw, st.kRaw = nil, nil
+		if b.cfg.QKNorm == moe.QKNormNone || b.cfg.QKNorm == moe.QKNormL2Rope {
+			st.qRaw, st.kRaw = nil, nil // l2_rope's norm reads qPre, kPre
 		}
 		st.mla.ckv, st.mla.kvb = nil, nil
 		if !b.cfg.SharedGated {
@@ -126,10 +126,13 @@ func (b *Block[T]) recordKept() {
 	} else {
 		rec(moe.OpQProj, moe.SavedInput, st.h1, act)
 	}
-	if b.cfg.QKNorm != moe.QKNormNone {
-		rec(moe.OpQNorm, moe.SavedInput, st.qRaw, act)
+	if qIn, kIn := st.qRaw, st.kRaw; b.cfg.LayerQKNorm(L) {
+		if b.cfg.QKNorm == moe.QKNormL2Rope {
+			qIn, kIn = st.qPre, st.kPre
+		}
+		rec(moe.OpQNorm, moe.SavedInput, qIn, act)
 		rec(moe.OpQNorm, moe.SavedRstd, st.qRstd, moe.F32)
-		rec(moe.OpKNorm, moe.SavedInput, st.kRaw, act)
+		rec(moe.OpKNorm, moe.SavedInput, kIn, act)
 		rec(moe.OpKNorm, moe.SavedRstd, st.kRstd, moe.F32)
 	}
 	rec(moe.OpAttn, moe.SavedQ, st.q, act)

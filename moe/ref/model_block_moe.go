@@ -100,13 +100,23 @@ func (m dispatchMeta[T]) rowsByToken(K int) []int32 {
 	return rowTK
 }
 
+// outWeight is the weight combine multiplies row r's output by: its routing
+// weight, or 1 when the weight scaled the row's input (Config.RouteInput).
+func (m dispatchMeta[T]) outWeight(c *moe.Config, r int32) T {
+	if c.RouteInput {
+		return 1
+	}
+	return m.weightsTK[m.orderTK[r]]
+}
+
 // metaOf views a routing as dispatch metadata.
 func metaOf[T Float](rt *Routing[T]) dispatchMeta[T] {
 	return dispatchMeta[T]{countsE: rt.Counts, orderTK: rt.Order, weightsTK: rt.Weights}
 }
 
 // dispatchForward copies each token's normed row h2 once per selected
-// expert into xTKD [T·K, D], in expert order.
+// expert into xTKD [T·K, D], in expert order; with Config.RouteInput times
+// the row's routing weight (Llama4TextMoe's routed_in = x·score).
 func (b *Block[T]) dispatchForward(rt *Routing[T], pass moe.Pass) (xTKD []T, meta dispatchMeta[T]) {
 	D, K := b.cfg.Hidden, rt.K
 	hTD := b.st.h2
@@ -115,8 +125,13 @@ func (b *Block[T]) dispatchForward(rt *Routing[T], pass moe.Pass) (xTKD []T, met
 	xTKD = make([]T, rows*D)
 	kernel.ParallelFor(rows, D, func(lo, hi int) {
 		for r, tk := range meta.orderTK[lo:hi] {
-			t := int(tk) / K
-			copy(xTKD[(lo+r)*D:(lo+r)*D+D], hTD[t*D:t*D+D])
+			t, row := int(tk)/K, xTKD[(lo+r)*D:(lo+r)*D+D]
+			copy(row, hTD[t*D:t*D+D])
+			if b.cfg.RouteInput { // Llama 4: the weight scales the expert's input
+				for j := range row {
+					row[j] *= meta.weightsTK[tk]
+				}
+			}
 		}
 	})
 	b.x.op(b.layer, moe.OpDispatch, pass, int64(rows)*int64(D))
@@ -133,8 +148,8 @@ func (b *Block[T]) expertsForward(xTKD []T, meta dispatchMeta[T], pass moe.Pass)
 	return b.local.ExpertsForward(b.layer, xTKD, meta.countsE, pass, keep)
 }
 
-// combineForward adds each expert-output row, times its routing weight, to
-// its token's row of yTD [T,D].
+// combineForward adds each expert-output row, times its routing weight
+// (1 under RouteInput: the input carried it), to its token's row of yTD [T,D].
 func (b *Block[T]) combineForward(yTD, expertOutTKD []T, meta dispatchMeta[T], pass moe.Pass) {
 	D, K := b.cfg.Hidden, b.cfg.TopK
 	rowTK := meta.rowsByToken(K)
@@ -142,7 +157,7 @@ func (b *Block[T]) combineForward(yTD, expertOutTKD []T, meta dispatchMeta[T], p
 		for t := lo; t < hi; t++ {
 			yD := yTD[t*D : t*D+D]
 			for _, r := range rowTK[t*K : t*K+K] {
-				axpy(yD, expertOutTKD[int(r)*D:int(r)*D+D], meta.weightsTK[meta.orderTK[r]])
+				axpy(yD, expertOutTKD[int(r)*D:int(r)*D+D], meta.outWeight(b.cfg, r))
 			}
 		}
 	})

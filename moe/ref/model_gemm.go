@@ -127,3 +127,12 @@ func axpy[T Float](y, x []T, alpha T) {
 		y[j] += alpha * x[j]
 	}
 }
+
+// dot is Σ_j x[j]·y[j], in T, in order.
+func dot[T Float](x, y []T) T {
+	var s T
+	for j, v := range x {
+		s += v * y[j]
+	}
+	return s
+}

@@ -74,6 +74,7 @@ func tinyVariants() map[string]*moe.Config {
 	un := gptOSSVariant(base())
 	un.FusedExperts = false // biased per-expert modules: the unfused views and biases
 	vs["gpt_oss_unfused"] = un
+	vs["llama4"] = llama4Variant(base())
 	return vs
 }
 

@@ -4,22 +4,14 @@ import (
 	"math"
 
 	"github.com/moescope/moescope/moe"
-	"github.com/moescope/moescope/moe/kernel"
+	"github.com/moescope/moescope/moe/attn"
 )
 
-// RoPE as Hugging Face's apply_rotary_pos_emb with partial rotary: within
-// each head vector of d elements only the first r = Config.RotaryDim() are
-// rotated, by rotate_half over that slice. With h = r/2, position p and
-// θ_i = p·base^(−2i/r) for i < h:
-//
-//	y_i   = x_i·cos θ_i − x_{i+h}·sin θ_i
-//	y_i+h = x_{i+h}·cos θ_i + x_i·sin θ_i
-//
-// and the remaining d − r elements pass through. Backward is the transposed
-// rotation (times the same YaRN attention factor, which scales cos and
-// sin). Positions restart at 0 in every sequence of the micro-batch.
-// With Config.RopeInterleave the pairs are adjacent, (x_2i, x_2i+1), and
-// stay in place: DeepSeek-V2's complex-number RoPE exactly, and
+// RoPE's frequencies for a Config (the rotation is attn.Rope's): the first
+// r = Config.RotaryDim() elements of each head rotate by θ_i = p·base^(−2i/r)
+// for i < r/2, YaRN-scaled when the config has YaRN. Positions restart at 0
+// in every sequence of the micro-batch. With Config.RopeInterleave the pairs
+// are adjacent: DeepSeek-V2's and Llama 4's complex-number RoPE exactly, and
 // DeepSeek-V3's rope_interleave up to one permutation of the rotated dims
 // applied to both q and k, which leaves every q·k unchanged.
 
@@ -52,15 +44,7 @@ func invFreq(y *moe.Yarn, r int, theta float64) []float64 {
 	return f
 }
 
-// ropeTable holds cos and sin of θ_i for every position: [seq, r/2] each,
-// times YaRN's attention factor when the config has one.
-type ropeTable[T Float] struct {
-	cos, sin   []T
-	half       int
-	interleave bool
-}
-
-func newRopeTable[T Float](c *moe.Config, seq int) ropeTable[T] {
+func newRopeTable[T Float](c *moe.Config, seq int) attn.Rope[T] {
 	pos := make([]int, seq)
 	for p := range pos {
 		pos[p] = p
@@ -70,60 +54,30 @@ func newRopeTable[T Float](c *moe.Config, seq int) ropeTable[T] {
 
 // newRopeTableAt is the table whose row p rotates by position pos[p]: a
 // context-parallel rank's tokens keep the positions they have in the
-// whole sequence.
-func newRopeTableAt[T Float](c *moe.Config, pos []int) ropeTable[T] {
-	r := c.RotaryDim()
-	h := r / 2
-	seq := len(pos)
-	t := ropeTable[T]{cos: make([]T, seq*h), sin: make([]T, seq*h), half: h, interleave: c.RopeInterleave}
+// whole sequence. cos and sin carry YaRN's attention factor when the
+// config has one.
+func newRopeTableAt[T Float](c *moe.Config, pos []int) attn.Rope[T] {
 	scale := 1.0
 	if c.Yarn != nil {
 		scale = c.Yarn.AttentionFactor
 	}
-	for i, inv := range invFreq(c.Yarn, r, c.RopeTheta) {
-		for p := 0; p < seq; p++ {
-			s, co := math.Sincos(float64(pos[p]) * inv)
-			t.cos[p*h+i], t.sin[p*h+i] = T(scale*co), T(scale*s)
-		}
+	return attn.NewRope[T](invFreq(c.Yarn, c.RotaryDim(), c.RopeTheta), scale, c.RopeInterleave, pos)
+}
+
+// tempFactors is Llama 4's temperature factor of every local position
+// (pos[p], or p when pos is nil) on layer l: nil unless the layer is NoPE
+// and the config tunes temperature (moe/llama4.go).
+func tempFactors(c *moe.Config, l, seq int, pos []int) []float64 {
+	if c.Temperature == nil || c.Roped(l) {
+		return nil
 	}
-	return t
-}
-
-// apply rotates x [T tokens, heads·d] in place; tokens are sequences of seq
-// positions back to back. inverse applies the transposed rotation (backward).
-func (t ropeTable[T]) apply(x []T, heads, d, seq int, inverse bool) {
-	t.applyAt(x, heads, d, 0, seq, inverse)
-}
-
-// applyAt is apply on the r dims from off of every head of stride dims
-// (MLA rotates each head's last qk_rope_head_dim dims).
-func (t ropeTable[T]) applyAt(x []T, heads, stride, off, seq int, inverse bool) {
-	h := t.half
-	rows := len(x) / (heads * stride)
-	kernel.ParallelFor(rows, heads*2*h, func(lo, hi int) { t.applyRows(x, heads, stride, off, seq, inverse, lo, hi) })
-}
-
-// applyRows is applyAt on tokens [lo, hi) (each token's rows are its own).
-func (t ropeTable[T]) applyRows(x []T, heads, stride, off, seq int, inverse bool, lo, hi int) {
-	h := t.half
-	for tok := lo; tok < hi; tok++ {
-		p := tok % seq
-		cs, sn := t.cos[p*h:p*h+h], t.sin[p*h:p*h+h]
-		for hd := 0; hd < heads; hd++ {
-			v := x[(tok*heads+hd)*stride+off:]
-			for i := 0; i < h; i++ {
-				ia, ib := i, i+h
-				if t.interleave {
-					ia, ib = 2*i, 2*i+1
-				}
-				a, b := v[ia], v[ib]
-				c, s := cs[i], sn[i]
-				if inverse {
-					s = -s
-				}
-				v[ia] = a*c - b*s
-				v[ib] = b*c + a*s
-			}
+	f := make([]float64, seq)
+	for p := range f {
+		at := p
+		if pos != nil {
+			at = pos[p]
 		}
+		f[p] = c.Temperature.Factor(at)
 	}
+	return f
 }

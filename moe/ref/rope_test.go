@@ -51,8 +51,8 @@ func TestRopeTableYarnFactor(t *testing.T) {
 	tab := newRopeTable[float64](c, 3)
 	x := []float64{1, 2, 3, 4, 0.5, -1, 2, 0.25, -3, 1, 1, 2}
 	want := append([]float64(nil), x...)
-	tab.apply(x, 1, 4, 3, false)
-	tab.apply(x, 1, 4, 3, true)
+	tab.Apply(x, 1, 4, 3, false)
+	tab.Apply(x, 1, 4, 3, true)
 	for i := range x {
 		if math.Abs(x[i]-2.25*want[i]) > 1e-12 {
 			t.Fatalf("element %d: %v after rotation and inverse, want 1.5² × %v", i, x[i], want[i])

@@ -317,8 +317,13 @@ func (b *Block[T]) moeForwardRows(w *LayerWeights[T], yTD []T, pass moe.Pass, us
 	xTKD := make([]T, len(meta.orderTK)*D)
 	hTD := b.st.h2[lo*D : hi*D]
 	for r, tk := range meta.orderTK {
-		t := int(tk) / rt.K
-		copy(xTKD[r*D:r*D+D], hTD[t*D:t*D+D])
+		t, row := int(tk)/rt.K, xTKD[r*D:r*D+D]
+		copy(row, hTD[t*D:t*D+D])
+		if b.cfg.RouteInput { // as dispatchForward
+			for j := range row {
+				row[j] *= meta.weightsTK[tk]
+			}
+		}
 	}
 	b.x.op(b.layer, moe.OpDispatch, pass, int64(len(meta.orderTK))*int64(D))
 	b.st.expertOutTKD = b.expertsForward(xTKD, meta, pass)
@@ -343,7 +348,7 @@ func (b *Block[T]) moeBackwardRows(w, g *LayerWeights[T], dhTD, dyTD, auxGrad []
 	meta := rowsMeta(b.st.rt, lo, hi)
 	dExpertOutTKD, dWeightsLocal := b.combineBackward(dyTD[lo*D:hi*D], meta)
 	dxTKD := b.expertsBackward(dExpertOutTKD)
-	b.dispatchBackward(dhTD[lo*D:hi*D], dxTKD, meta)
+	b.dispatchBackward(dhTD[lo*D:hi*D], b.st.h2[lo*D:hi*D], dxTKD, dWeightsLocal, meta)
 	dWeightsTK := make([]T, b.tokens()*K)
 	copy(dWeightsTK[lo*K:hi*K], dWeightsLocal)
 	b.routerBackward(w, g, dhTD, dWeightsTK, auxGrad)
