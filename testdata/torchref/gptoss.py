@@ -173,16 +173,8 @@ def main():
     else:
         raise RuntimeError(f"no seed gives margins ≥ {MIN_MARGIN}")
     ce.backward()
-    os.makedirs(out, exist_ok=True)
-    tr.write_json(os.path.join(out, "config.json"),
-                  dict(CONFIG, _source="moescope torchref test model 'gpt_oss' (testdata/torchref/gptoss.py), not a published checkpoint"))
     ns = names(CONFIG)
-    tr.write_safetensors(os.path.join(out, "model.safetensors"), [(n, P[n], DTYPE) for n, _, _ in ns])
-    tr.write_json(os.path.join(out, "tokens.json"), tokens.tolist())
-    tr.write_safetensors(os.path.join(out, "grads.safetensors"), [(n, P[n].grad, "F32") for n, _, _ in ns])
-    tr.write_json(os.path.join(out, "expected.json"), {
-        "loss": ce.item(), "aux_loss": 0.0, "total_loss": ce.item(), "aux_added": False, "aux_coef": 0.0,
-        "routing_margin": margin, "seed": seed, "weights_dtype": DTYPE, "torch_version": torch.__version__})
+    tr.write_stacked_case(out, "gpt_oss", "gptoss.py", CONFIG, P, ns, tokens, ce, margin, seed, DTYPE)
     print(f"gpt_oss seed {seed} loss {ce.item():.6f} margin {margin:.4f} "
           f"clamped {CLAMPED[0]} of {CLAMPED[1]} activations max|grad| {max(float(P[n].grad.abs().max()) for n, _, _ in ns):.4g}")
 

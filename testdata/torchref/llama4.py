@@ -174,16 +174,8 @@ def main():
     else:
         raise RuntimeError(f"no seed gives a routing margin ≥ {MIN_MARGIN}")
     ce.backward()
-    os.makedirs(out, exist_ok=True)
-    tr.write_json(os.path.join(out, "config.json"),
-                  dict(CONFIG, _source="moescope torchref test model 'llama4' (testdata/torchref/llama4.py), not a published checkpoint"))
     ns = names(CONFIG)
-    tr.write_safetensors(os.path.join(out, "model.safetensors"), [(n, P[n], DTYPE) for n, _, _ in ns])
-    tr.write_json(os.path.join(out, "tokens.json"), tokens.tolist())
-    tr.write_safetensors(os.path.join(out, "grads.safetensors"), [(n, P[n].grad, "F32") for n, _, _ in ns])
-    tr.write_json(os.path.join(out, "expected.json"), {
-        "loss": ce.item(), "aux_loss": 0.0, "total_loss": ce.item(), "aux_added": False, "aux_coef": 0.0,
-        "routing_margin": margin, "seed": seed, "weights_dtype": DTYPE, "torch_version": torch.__version__})
+    tr.write_stacked_case(out, "llama4", "llama4.py", CONFIG, P, ns, tokens, ce, margin, seed, DTYPE)
     print(f"llama4 seed {seed} loss {ce.item():.6f} margin {margin:.4f} "
           f"max|grad| {max(float(P[n].grad.abs().max()) for n, _, _ in ns):.4g}")
 

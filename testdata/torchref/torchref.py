@@ -670,6 +670,20 @@ def write_json(path, obj):
         f.write("\n")
 
 
+def write_stacked_case(out, case, script, cfg, P, ns, tokens, ce, margin, seed, dtype):
+    """Write a case of a script that models its own architecture (gptoss.py, llama4.py): config, weights in
+    dtype, tokens, float32 gradients and expected.json, with no auxiliary loss. ns lists (name, _, _) per tensor."""
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, "config.json"),
+               dict(cfg, _source=f"moescope torchref test model '{case}' (testdata/torchref/{script}), not a published checkpoint"))
+    write_safetensors(os.path.join(out, "model.safetensors"), [(n, P[n], dtype) for n, _, _ in ns])
+    write_json(os.path.join(out, "tokens.json"), tokens.tolist())
+    write_safetensors(os.path.join(out, "grads.safetensors"), [(n, P[n].grad, "F32") for n, _, _ in ns])
+    write_json(os.path.join(out, "expected.json"), {
+        "loss": ce.item(), "aux_loss": 0.0, "total_loss": ce.item(), "aux_added": False, "aux_coef": 0.0,
+        "routing_margin": margin, "seed": seed, "weights_dtype": dtype, "torch_version": torch.__version__})
+
+
 def build(name, cfg, out):
     hf = {k: v for k, v in cfg.items() if not k.startswith("_")}
     a = Arch(hf)
