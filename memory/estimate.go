@@ -165,6 +165,11 @@ func (o Options) normalized() (Options, error) {
 	default:
 		return o, fmt.Errorf("reduce dtype = %q: must be f32, bf16 or f16", o.ReduceDType)
 	}
+	if o.AC.Mode == moe.ACMemoryBudget && !o.Compile.Model {
+		// torchtitan b5bcd76 trainer.py: "Memory budget activation
+		// checkpointing requires the model to be compiled".
+		return o, fmt.Errorf("ac = %s: torchtitan's memory-budget checkpointing needs the compiled model (compile components must include model)", o.AC)
+	}
 	if o.TE.Blocks && (o.AC.Mode == moe.ACSelective || o.Compile.Model) {
 		return o, fmt.Errorf("transformer_impl transformer_engine: Megatron-Core's TE blocks take ac none, full, layer:N or modules:…, not selective, without a compiled model (not %s, compiled model %v)", o.AC.Mode, o.Compile.Model)
 	}
