@@ -474,8 +474,6 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
-	graphs := graphStaticBytes(p.in.Model, in)
-	peak.Allocated, peak.Reserved = peak.Allocated+graphs, peak.Reserved+graphs
 	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
 	res.MemoryFraction = float64(peak.Reserved) / float64(p.dev.MemoryBytes)
 	target := in.MemoryTarget
