@@ -128,7 +128,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	rep.fill(cfg, dev, r)
-	outside, err := epbuffer.Outside(dev, l, spec.Dispatcher, cfg.Hidden)
+	outside, err := epbuffer.Outside(dev, spec, 0)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

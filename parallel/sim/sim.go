@@ -480,7 +480,9 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	if target == 0 {
 		target = memory.DefaultMemoryTarget
 	}
-	outside, err := epbuffer.Outside(p.dev, p.l, in.Dispatcher, p.in.Model.Hidden)
+	es := in.Spec
+	es.Layout, es.Model = p.l, p.in.Model
+	outside, err := epbuffer.Outside(p.dev, es, p.cl.NVLinkDomain)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
