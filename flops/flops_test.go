@@ -394,9 +394,9 @@ func TestOverflowAndBadInput(t *testing.T) {
 		tile Tile
 		want string
 	}{
-		{Shape{0, 1}, ExactTile, "seq = 0"},
-		{Shape{8, -1}, ExactTile, "batch = -1"},
-		{Shape{8, 1}, Tile{0, 128}, "attention tile = 0x128"},
+		{Shape{Seq: 0, Batch: 1}, ExactTile, "seq = 0"},
+		{Shape{Seq: 8, Batch: -1}, ExactTile, "batch = -1"},
+		{Shape{Seq: 8, Batch: 1}, Tile{0, 128}, "attention tile = 0x128"},
 	} {
 		if _, err := Ops(handConfig(), tc.s, acNone, tc.tile); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v %v: %v, want %q", tc.s, tc.tile, err, tc.want)
@@ -404,7 +404,7 @@ func TestOverflowAndBadInput(t *testing.T) {
 	}
 	bad := handConfig()
 	bad.TopK = 9
-	if _, err := Ops(bad, Shape{8, 1}, acNone, ExactTile); err == nil || !strings.Contains(err.Error(), "top_k") {
+	if _, err := Ops(bad, Shape{Seq: 8, Batch: 1}, acNone, ExactTile); err == nil || !strings.Contains(err.Error(), "top_k") {
 		t.Errorf("invalid config: %v", err)
 	}
 }

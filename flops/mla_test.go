@@ -140,7 +140,7 @@ func TestMLASelective(t *testing.T) {
 			}
 		}
 		out := map[moe.Op]bool{}
-		for _, s := range moe.SavedTensors(c, l, 8, moe.AC{Mode: moe.ACSelective}, moe.Precision{}) {
+		for _, s := range moe.SavedTensors(c, l, 1, 8, moe.AC{Mode: moe.ACSelective}, moe.Precision{}) {
 			if s.Tensor == moe.SavedOutput && s.Op != moe.OpAttn {
 				out[s.Op] = true
 			}
@@ -185,14 +185,14 @@ func TestMLASavedByHand(t *testing.T) {
 		{Op: moe.OpAttn, Tensor: moe.SavedLSE, Elements: T * 128, DType: moe.F32},
 		{Op: moe.OpFFNNorm, Tensor: moe.SavedInput, Elements: T * 7168, DType: moe.BF16},
 	}
-	got := moe.SavedTensors(c, 5, T, moe.AC{Mode: moe.ACNone}, moe.Precision{})
+	got := moe.SavedTensors(c, 5, 1, T, moe.AC{Mode: moe.ACNone}, moe.Precision{})
 	for i, w := range want {
 		w.Layer = 5
 		if i >= len(got) || got[i] != w {
 			t.Fatalf("record %d: got %+v, want %+v", i, got[min(i, len(got)-1)], w)
 		}
 	}
-	sel := moe.SavedTensors(c, 5, T, moe.AC{Mode: moe.ACSelective}, moe.Precision{})
+	sel := moe.SavedTensors(c, 5, 1, T, moe.AC{Mode: moe.ACSelective}, moe.Precision{})
 	var attnOut int64
 	for _, s := range sel {
 		if s.Op == moe.OpAttn && s.Tensor == moe.SavedOutput {

@@ -2,6 +2,7 @@ package flops
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/moescope/moescope/moe"
 )
@@ -187,16 +188,16 @@ func (b *opBuilder) block(l int, ac moe.AC) {
 	H, G, d := int64(c.Heads), int64(c.KVHeads), int64(c.HeadDim)
 	q, kv := H*d, G*d
 	full := ac.FullyCheckpointed(l)
-	selective := ac.Mode == moe.ACSelective
+	// A caching policy (selective, memory budget) recomputes every op of
+	// the block but the cached linears and attention.
+	cache, selective := ac.Cached(c, l, b.s.Seq, b.s.act())
 	moeLayer := ac.MoERecomputed(c, l)
-	mm := 0
-	// linear: an mm/linear the selective policy counts.
+	// linear: an mm/linear the caching policies may keep.
 	linear := func(op moe.Op, fwd int64) {
-		mm++
-		b.emit(l, op, fwd, full || (selective && mm%2 == 0) || (moeLayer && moe.InMoELayer(op)), 0)
+		b.emit(l, op, fwd, full || (selective && !slices.Contains(cache.Linears, op)) || (moeLayer && moe.InMoELayer(op)), 0)
 	}
 	// other: router mm, grouped GEMMs and elementwise ops, all recomputed
-	// under selective.
+	// under a caching policy.
 	other := func(op moe.Op, fwd int64) {
 		act := op == moe.OpExpertAct && ac.ActRecomputed(c, l)
 		var extra int64
@@ -229,7 +230,7 @@ func (b *opBuilder) block(l int, ac moe.AC) {
 	dv := int64(c.VHeadDim())
 	nh := b.mul(int64(b.s.Batch), H, n)
 	fwd := b.mul(nh, d+dv)
-	b.add4(l, moe.OpAttn, fwd, b.mul(2, fwd), 0, full, b.mul(nh, d))
+	b.add4(l, moe.OpAttn, fwd, b.mul(2, fwd), 0, full || selective && !cache.Attn, b.mul(nh, d))
 	linear(moe.OpOProj, b.mul(T, D, H*dv))
 	other(moe.OpResidual, b.mul(2, T, D))
 	other(moe.OpFFNNorm, b.mul(T, D))

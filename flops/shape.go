@@ -3,12 +3,25 @@ package flops
 import (
 	"errors"
 	"fmt"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // Shape is the work of one step: Batch sequences of Seq tokens each.
 type Shape struct {
 	Seq   int // tokens per sequence, s
 	Batch int // sequences, b
+	// Act is the activations' storage type, which the memory budget's
+	// knapsack weighs (moe.AC.Cached); "" is moe.DefaultPrecision's.
+	Act moe.DType
+}
+
+// act is the activations' storage type.
+func (s Shape) act() moe.DType {
+	if s.Act == "" {
+		return moe.DefaultPrecision.Activation
+	}
+	return s.Act
 }
 
 // maxShape bounds Seq and Batch (2^24); counts are overflow-checked anyway.

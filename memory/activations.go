@@ -102,7 +102,7 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	default:
 		return nil, fmt.Errorf("loss dtype = %q: must be f32, bf16 or f16", sh.LossDType)
 	}
-	rs := moe.SavedTensors(cfg, layer, sh.Batch*sh.Seq, sh.AC, p)
+	rs := moe.SavedTensors(cfg, layer, sh.Batch, sh.Seq, sh.AC, p)
 	T := int64(sh.Batch) * int64(sh.Seq)
 	if layer == cfg.LayerHead() {
 		return tpSaved(cfg, layer, sh, headSaved(rs, T, sh)), nil
@@ -111,6 +111,9 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 		return tpSaved(cfg, layer, sh, rs), nil
 	}
 	selective := sh.AC.Mode == moe.ACSelective
+	if sh.Attention == Eager && sh.AC.Mode == moe.ACMemoryBudget {
+		return nil, fmt.Errorf("attention = eager with ac = %s: not modelled (the memory budget's knapsack weighs flash attention's output and log-sum-exp)", sh.AC)
+	}
 	if sh.Attention == Eager {
 		out := rs[:0:0]
 		for _, r := range rs {

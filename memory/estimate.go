@@ -66,6 +66,8 @@ type Options struct {
 	// (band.Stored.RouterCV), from which Estimate sets ExpertLoad to the
 	// run's job.Spec.LearnedSkew.
 	RouterCV float64
+	// CUDAGraphs: the captured CUDA graphs' static buffers are held (graphs.go).
+	CUDAGraphs job.CUDAGraphs
 	// Delayed is the recipe when it is fp8-delayed, whose amax histories
 	// the rank keeps (amax.go); zero value: none.
 	Delayed job.Recipe
@@ -165,6 +167,9 @@ func (o Options) normalized() (Options, error) {
 	default:
 		return o, fmt.Errorf("reduce dtype = %q: must be f32, bf16 or f16", o.ReduceDType)
 	}
+	if o.AC.Mode == moe.ACMemoryBudget && !o.Compile.Model { // as torchtitan b5bcd76 trainer.py refuses it
+		return o, fmt.Errorf("ac = %s: torchtitan's memory-budget checkpointing needs the compiled model (compile components must include model)", o.AC)
+	}
 	if o.TE.Blocks && (o.AC.Mode == moe.ACSelective || o.Compile.Model) {
 		return o, fmt.Errorf("transformer_impl transformer_engine: Megatron-Core's TE blocks take ac none, full, layer:N or modules:…, not selective, without a compiled model (not %s, compiled model %v)", o.AC.Mode, o.Compile.Model)
 	}
@@ -226,6 +231,9 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	}
 	if o.GradBuffer && l.Sharding != job.ShardZeRO1 && l.Sharding != job.ShardDDP {
 		return Report{}, fmt.Errorf("ddp_impl megatron: Megatron-Core's gradient buffer needs sharding zero1 or ddp, not %s", l.Sharding)
+	}
+	if l.Stages() > 1 && o.CUDAGraphs.Captures(true) {
+		return Report{}, fmt.Errorf("cuda_graphs = %s with pp = %d: graphs per stage and in-flight micro-batch are not modelled (torchtitan main's trainer.py refuses them too)", o.CUDAGraphs, l.Stages())
 	}
 	if l.Stages() > 1 {
 		if err := l.Validate(); err != nil {

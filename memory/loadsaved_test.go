@@ -27,13 +27,16 @@ func TestLoadSavedPerLayer(t *testing.T) {
 			}
 			sh := Shape{Batch: 1 + r.IntN(3), Seq: 2 * (1 + r.IntN(4)), AC: ac, Attention: []Attention{Flash, Eager}[r.IntN(2)], EP: ep,
 				Act: moe.BF16, Compile: Compile{Model: r.IntN(2) == 0}}
+			if ac.Mode == moe.ACMemoryBudget { // needs the compiled model; eager attention is refused
+				sh.Attention, sh.Compile.Model = Flash, true
+			}
 			var units []Unit
 			units = append(units, Unit{Layer: moe.LayerEmbed})
 			for l := range cfg.Layers {
 				units = append(units, Unit{Layer: l})
 			}
 			units = append(units, Unit{Layer: cfg.LayerHead()})
-			o, err := Options{AC: ac}.normalized()
+			o, err := Options{AC: ac, Compile: sh.Compile}.normalized()
 			if err != nil {
 				t.Fatal(err)
 			}

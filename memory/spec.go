@@ -15,7 +15,7 @@ import (
 func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o := Options{Precision: r.Storage(), AC: ac, Attention: Flash, LossChunks: r.LossChunks,
 		OptimizerImpl: string(r.Optimizer), LossDType: r.LossDType, ReduceDType: r.ReduceDType, Segments: Fixed,
-		Master: r.MasterDType, ExpertLoad: r.ExpertSkew}
+		Master: r.MasterDType, ExpertLoad: r.ExpertSkew, CUDAGraphs: r.CUDAGraphs}
 	if r.Routing == job.RoutingLearned {
 		o.RouterCV = band.Uncalibrated().RouterCV
 	}

@@ -265,12 +265,15 @@ func (s *stepBuilder) eventsBound(micro int) int {
 	return 8*len(s.units) + micro*perMicro
 }
 
-// setup emits what is live when the step begins. Per unit, as StateOf sums
-// them: stored parameters (and buffers), then each AdamW moment (and the
+// setup emits what is live when the step begins: the CUDA graphs' static
+// buffers (graphs.go); per unit, as StateOf sums them: stored parameters (and buffers), then each AdamW moment (and the
 // master copy) per unit; on a pipeline stage (keep), every unit's gathered
 // weights.
 func (s *stepBuilder) setup() {
 	s.phase, s.micro = Setup, -1
+	if n := graphStaticBytes(s.cfg, s.o.CUDAGraphs, s.sh); n > 0 {
+		s.alloc(moe.LayerEmbed, "cuda_graph_static", n, CatGraphs)
+	}
 	for _, u := range s.units {
 		us := StateOf([]Unit{u}, s.l.Sharding, s.o)
 		s.alloc(u.Layer, "parameters", us.Params, CatParams)

@@ -33,15 +33,16 @@ const (
 	CatUnshardGrad Category = "unsharded_grads"  // a unit's weight gradients before reduction
 	CatComm        Category = "comm_buffers"     // all-gather, reduce-scatter and all-to-all buffers
 	CatOptTemp     Category = "optimizer_temps"  // temporaries of the foreach AdamW step
+	CatGraphs      Category = "cuda_graphs"      // static buffers of captured CUDA graphs (graphs.go)
 )
 
 // Categories returns the categories in report order (a new slice each call).
 func Categories() []Category { return slices.Clone(categories[:]) }
 
-const numCategories = 11
+const numCategories = 12
 
 var categories = [numCategories]Category{CatParams, CatGrads, CatOptimizer, CatWeights, CatActivations, CatRecompute,
-	CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp}
+	CatLoss, CatWorkspace, CatUnshardGrad, CatComm, CatOptTemp, CatGraphs}
 
 // categoryIndex is c's index in categories, -1 for another.
 func categoryIndex(c Category) int {
@@ -68,6 +69,8 @@ func categoryIndex(c Category) int {
 		return 9
 	case CatOptTemp:
 		return 10
+	case CatGraphs:
+		return 11
 	}
 	return -1
 }

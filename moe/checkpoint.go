@@ -29,6 +29,10 @@ const (
 	// have run and recomputed in backward; everything else is kept as
 	// under none. See RecomputeModules.
 	ACModules ACMode = "modules"
+	// ACMemoryBudget is torchtitan's mode = "memory_budget": the compiler's
+	// partitioner chooses what each compiled block keeps under a budget
+	// Budget in [0, 1] (budget.go).
+	ACMemoryBudget ACMode = "memory_budget"
 )
 
 // AC is a checkpointing policy.
@@ -36,6 +40,7 @@ type AC struct {
 	Mode    ACMode
 	Every   int              // N of layer:N
 	Modules RecomputeModules // the modules of modules:M,… (Mode ACModules)
+	Budget  float64          // F of memory_budget:F, in [0, 1] (Mode ACMemoryBudget)
 }
 
 // RecomputeModules is a set of Megatron-Core recompute modules.
@@ -124,8 +129,8 @@ func builtModules() string {
 	return strings.Join(s, ", ")
 }
 
-// ParseAC reads none|selective|full|layer:N|modules:M,… (M among
-// RecomputeModules' names, each once).
+// ParseAC reads none|selective|full|layer:N|modules:M,…|memory_budget:F
+// (M among RecomputeModules' names, each once; F in [0, 1]).
 func ParseAC(s string) (AC, error) {
 	switch ACMode(s) {
 	case ACNone, ACSelective, ACFull:
@@ -152,7 +157,14 @@ func ParseAC(s string) (AC, error) {
 		}
 		return AC{Mode: ACModules, Modules: set}, nil
 	}
-	return AC{}, fmt.Errorf("ac = %q: must be none, selective, full, layer:N or modules:M,… (M among %s)", s, builtModules())
+	if rest, ok := strings.CutPrefix(s, "memory_budget:"); ok {
+		f, err := strconv.ParseFloat(rest, 64)
+		if err != nil || !(f >= 0 && f <= 1) {
+			return AC{}, fmt.Errorf("ac = %q: memory_budget:F needs a number F in [0, 1]", s)
+		}
+		return AC{Mode: ACMemoryBudget, Budget: f}, nil
+	}
+	return AC{}, fmt.Errorf("ac = %q: must be none, selective, full, layer:N, modules:M,… (M among %s) or memory_budget:F (F in [0, 1])", s, builtModules())
 }
 
 // parseModule reads one recompute module's name.
@@ -168,14 +180,16 @@ func parseModule(name string) (RecomputeModules, error) {
 	return 0, fmt.Errorf("%q is not a Megatron-Core recompute module; built: %s", name, builtModules())
 }
 
-// Validate reports a policy no model can run: layer:N with N < 1, or the
-// modules policy without a module.
+// Validate reports a policy no model can run: layer:N with N < 1, the
+// modules policy without a module, or a memory budget outside [0, 1].
 func (a AC) Validate() error {
 	switch {
 	case a.Mode == ACLayer && a.Every < 1:
 		return fmt.Errorf("ac = %s: layer:N needs N ≥ 1", a)
 	case a.Mode == ACModules && a.Modules == 0:
 		return fmt.Errorf("ac = modules: needs at least one module (%s)", builtModules())
+	case a.Mode == ACMemoryBudget && !(a.Budget >= 0 && a.Budget <= 1):
+		return fmt.Errorf("ac = %s: memory_budget:F needs F in [0, 1]", a)
 	}
 	return nil
 }
@@ -192,6 +206,8 @@ func (a AC) String() string {
 			}
 		}
 		return "modules:" + strings.Join(s, ",")
+	case ACMemoryBudget:
+		return "memory_budget:" + strconv.FormatFloat(a.Budget, 'g', -1, 64)
 	}
 	return string(a.Mode)
 }
@@ -206,11 +222,15 @@ func (a *AC) UnmarshalText(b []byte) error {
 	return err
 }
 
-// FullyCheckpointed reports whether block i is wrapped whole (only its input kept).
+// FullyCheckpointed reports whether block i is wrapped whole (only its
+// input kept): full, the blocks of layer:N, and memory_budget:0 (the
+// partitioner keeps the graph's inputs alone, budget.go).
 func (a AC) FullyCheckpointed(i int) bool {
 	switch a.Mode {
 	case ACFull:
 		return true
+	case ACMemoryBudget:
+		return a.Budget == 0
 	case ACLayer:
 		return (i+1)%a.Every == 0
 	}

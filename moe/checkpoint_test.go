@@ -41,7 +41,7 @@ func TestParseACModules(t *testing.T) {
 		{"modules:", `"" is not a Megatron-Core recompute module`},
 		{"modules:moe,moe", `"moe" named twice`},
 		{"modules:shared_experts", `"shared_experts" is not built; built: layernorm, moe_act, moe`},
-		{"modules", "must be none, selective, full, layer:N or modules:M,… (M among layernorm, moe_act, moe)"},
+		{"modules", "must be none, selective, full, layer:N, modules:M,… (M among layernorm, moe_act, moe) or memory_budget:F (F in [0, 1])"},
 	} {
 		_, err := ParseAC(tc.in)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.in) {

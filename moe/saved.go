@@ -70,6 +70,11 @@ import "slices"
 // re-executes every other forward op of the block (Recompute records), the
 // cached ones being read from the cache.
 //
+// Policy memory_budget:F (budget.go): F = 0 as full, F = 1 as none, in
+// between the block's input and the knapsack's Cache: the outputs of the
+// chosen linears and, when chosen, the attention output and lse; the
+// router's top-k is recomputed.
+//
 // Policy modules (Megatron-Core's recompute modules, RecomputeModules):
 // the table of none without the tensors the named modules rebuild in
 // backward. layernorm: in MoE blocks ffn_norm's rstd and output (the
@@ -145,19 +150,19 @@ func linearOut(c *Config, op Op) int {
 
 // SavedTensors is the analytic list of tensors the reference
 // implementation keeps from forward for backward in one layer (LayerEmbed,
-// a decoder layer, or c.LayerHead()) for a micro-batch of tokens tokens
-// under policy ac, with activations stored as p.Activation (DefaultPrecision
+// a decoder layer, or c.LayerHead()) for a micro-batch of batch sequences
+// of seq tokens under policy ac, with activations stored as p.Activation (DefaultPrecision
 // when p is zero). The table above states it; a test checks that execution
 // records exactly this. A layer outside [LayerEmbed, c.LayerHead()] keeps
 // nothing.
-func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecord {
+func SavedTensors(c *Config, layer, batch, seq int, ac AC, p Precision) []SavedRecord {
 	if layer < LayerEmbed || layer > c.LayerHead() || len(c.MoELayer) != c.Layers {
 		return nil
 	}
 	if p == (Precision{}) {
 		p = DefaultPrecision
 	}
-	s := &savedList{c: c, layer: layer, T: int64(tokens), act: p.Activation}
+	s := &savedList{c: c, layer: layer, T: int64(batch) * int64(seq), act: p.Activation}
 	switch {
 	case layer == LayerEmbed:
 		s.add(OpEmbed, SavedIDs, s.T, I64)
@@ -166,10 +171,11 @@ func SavedTensors(c *Config, layer, tokens int, ac AC, p Precision) []SavedRecor
 	default:
 		// The block's input, which every policy keeps.
 		s.add(OpAttnNorm, SavedInput, s.T*int64(c.Hidden), s.act)
+		cache, cached := ac.Cached(c, layer, seq, p.Activation)
 		switch {
 		case ac.FullyCheckpointed(layer):
-		case ac.Mode == ACSelective:
-			s.selective()
+		case cached:
+			s.cached(cache)
 		default:
 			s.attention()
 			s.ffn()
@@ -233,17 +239,19 @@ func (s *savedList) head() {
 	s.add(OpLoss, SavedLabels, T, I64)
 }
 
-// selective adds what the selective policy keeps beyond the block's input:
-// the outputs of the linears SelectiveSaved lists, the attention output
-// and lse, and in MoE blocks the router's top-k values and indices.
-func (s *savedList) selective() {
+// cached adds what a caching policy keeps beyond the block's input (AC.
+// Cached): the outputs of the cached linears, the attention output and
+// lse, and the router's top-k values and indices.
+func (s *savedList) cached(cache Cache) {
 	c, T, K := s.c, s.T, int64(s.c.TopK)
-	for _, op := range SelectiveSaved(c, s.layer) {
+	for _, op := range cache.Linears {
 		s.add(op, SavedOutput, T*int64(linearOut(c, op)), s.act)
 	}
-	s.add(OpAttn, SavedOutput, T*int64(c.Heads*c.VHeadDim()), s.act)
-	s.add(OpAttn, SavedLSE, T*int64(c.Heads), F32)
-	if c.MoELayer[s.layer] {
+	if cache.Attn {
+		s.add(OpAttn, SavedOutput, T*int64(c.Heads*c.VHeadDim()), s.act)
+		s.add(OpAttn, SavedLSE, T*int64(c.Heads), F32)
+	}
+	if cache.TopK {
 		s.add(OpRouterTopK, SavedValues, T*K, F32)
 		s.add(OpRouterTopK, SavedIndices, T*K, I64)
 	}

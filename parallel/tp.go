@@ -156,7 +156,7 @@ func TPCollectives(cfg *moe.Config, l job.Layout, layer, tokens int, ac moe.AC, 
 	switch {
 	case ac.FullyCheckpointed(layer):
 		out = append(out, forward(PhaseRecompute)...)
-	case ac.Mode == moe.ACSelective:
+	case ac.Caches(): // selective, memory budget: the block's forward re-runs from its cache
 		out = append(out,
 			c(PhaseBackward, last, false, CollAllGather, PurposeTPRegather, "recompute: attention_norm output → q/k/v"),
 			c(PhaseBackward, last, false, CollAllGather, PurposeTPRegather, "recompute: "+ffn))

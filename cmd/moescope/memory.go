@@ -63,7 +63,6 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	rf := addRunFlags(fs)
 	rf.layout.refuse("gpus-per-node", "a rank's memory does not depend on how ranks are grouped into hosts (simulate and plan use it)")
 	rf.recipe.refuse("it changes step time, not memory (simulate and plan use it)", "expert-gemm", "fused-elementwise", "fused-qkv", "torch-version")
-	rf.recipe.refuse("CUDA graphs' static buffers are held by simulate and plan only, not yet by memory", "cuda-graphs")
 	rf.recipe.refuse("the memory of dropped or padded expert rows is not modelled yet (simulate and plan price their time)", "capacity-factor", "pad-to-capacity")
 	fs.Lookup("lbs").Usage = "sequences per data-parallel rank per micro-step (required unless --max-lbs)"
 	jsonOut := fs.Bool("json", false, "print one JSON object")
@@ -129,7 +128,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	rep.fill(cfg, dev, r)
-	outside, err := epbuffer.Outside(dev, l, spec.Dispatcher, cfg.Hidden)
+	outside, err := epbuffer.Outside(dev, spec, 0)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -98,7 +98,6 @@ func TestMemoryBadInput(t *testing.T) {
 		{[]string{"--gpus", "8", "--lbs", "1", "--model", "gpt5"}, `--model: model "gpt5" is neither a built-in`},
 		{[]string{"--gpus", "8", "--lbs", "1", "--attention", "sparse"}, "attention"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--optimizer-impl", "lion"}, "optimizer"},
-		{[]string{"--gpus", "8", "--lbs", "1", "--cuda-graphs", "full"}, "--cuda-graphs = full: not used by memory"},
 		{[]string{"--gpus", "8", "--lbs", "1", "--cuda-graphs", "some"}, "--cuda-graphs"},
 		// DeepEP (92fe2de) recommends no config for 256 ranks: its Buffer cannot be sized.
 		{[]string{"--gpus", "256", "--ep", "256", "--lbs", "1", "--dispatcher", "deepep", "--model", "deepseek-v3"}, "dispatcher deepep with ep = 256"},
@@ -114,8 +113,8 @@ func TestMemoryBadInput(t *testing.T) {
 	}
 }
 
-// TestMemoryCompileFlags: --compile=false (eager) and fixed segments are
-// what they say, the JSON records the settings, and a bad --loss-dtype is
+// TestMemoryCompileFlags: --compile=false (eager), fixed segments and CUDA
+// graphs are what they say, the JSON records the settings, and a bad --loss-dtype is
 // refused naming the flag.
 func TestMemoryCompileFlags(t *testing.T) {
 	peak := func(extra ...string) (reserved, allocated int64, compiled, expandable bool) {
@@ -146,6 +145,17 @@ func TestMemoryCompileFlags(t *testing.T) {
 	// (memory's TestLossBytesPerLogit): 8 × 8192 tokens × 128256 more.
 	if want := int64(8) * 8192 * 128256; aEager-aDef < want {
 		t.Errorf("eager peak %d − compiled %d = %d, want ≥ %d (the loss alone)", aEager, aDef, aEager-aDef, want)
+	}
+	// CUDA graphs' static buffers, by hand (memory/graphs.go): full graphs
+	// keep the int64 ids and labels of 2 × 4096 tokens, 16 × 8192 =
+	// 131,072 B; per-layer graphs one bf16 block input and one output
+	// gradient of 8192 × 4096, 2 × 8192 × 4096 × 2 = 134,217,728 B.
+	rFull, aFull, _, _ := peak("--cuda-graphs", "full")
+	rLayers, aLayers, _, _ := peak("--cuda-graphs", "layers")
+	rDef, _, _, _ := peak()
+	if aFull-aDef != 131072 || aLayers-aDef != 134217728 || rFull < rDef || rLayers < rDef {
+		t.Errorf("cuda graphs: allocated +%d (full), +%d (layers), want +131,072 and +134,217,728; reserved %d, %d over %d",
+			aFull-aDef, aLayers-aDef, rFull, rLayers, rDef)
 	}
 	if out, err := runMem(t, "--model", "llama3-8b", "--gpus", "8", "--lbs", "2", "--seq", "4096", "--loss-dtype", "f8"); err == nil ||
 		!strings.Contains(out+err.Error(), "--loss-dtype") {

@@ -201,7 +201,7 @@ func parsePlanArgs(stderr io.Writer, args []string) (*planArgs, error) {
 	fs.StringVar(&a.schedList, "pp-schedules", "1F1B,Interleaved1F1B", fmt.Sprintf("pipeline schedules tried with --pp above 1, comma-separated, of %v "+
 		"(multi-stage ones with 2 stages per rank)", job.PPSchedules()))
 	fs.StringVar(&a.mbsList, "pp-microbatch-sizes", "1,2", "sequences per pipeline micro-batch tried with --pp above 1, comma-separated")
-	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: "+acPolicies+" (default: none, selective and full)")
+	fs.StringVar(&a.acFlag, "ac", "", "search only this activation-checkpointing policy: "+acPolicies+", or memory_budget for F = 0.25, 0.5, 0.75 (default: none, selective and full)")
 	a.recipe = addRecipeFlags(fs)
 	a.recipe.timed = true
 	a.precisions = addPrecisionList(a.recipe)
@@ -257,12 +257,10 @@ func (a *planArgs) validate() error {
 		}
 		a.scheds = append(a.scheds, s)
 	}
-	if a.acFlag != "" {
-		if ac, err := moe.ParseAC(a.acFlag); err != nil {
-			errs = append(errs, fmt.Errorf("--ac: %v", err))
-		} else {
-			a.acs = []moe.AC{ac}
-		}
+	if acs, err := plan.ParseACs(a.acFlag); a.acFlag != "" && err != nil {
+		errs = append(errs, fmt.Errorf("--ac: %v", err))
+	} else if a.acFlag != "" {
+		a.acs = acs
 	}
 	if a.globalBatch < 0 || a.globalBatch > 1<<40 {
 		errs = append(errs, fmt.Errorf("--global-batch = %d: must be in [1, 1099511627776] sequences (0 = free)", a.globalBatch))

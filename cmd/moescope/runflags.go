@@ -217,7 +217,7 @@ func renameFields(err error, flags map[string]string) error {
 }
 
 // acPolicies are --ac's values (moe.ParseAC).
-const acPolicies = "none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)"
+const acPolicies = "none|selective|full|layer:N|modules:M,… (M: layernorm, moe_act, moe)|memory_budget:F (F in [0, 1])"
 
 // addACFlag defines --ac, the checkpointing policy (DESIGN's contract), with
 // the default def.

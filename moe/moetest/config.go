@@ -317,11 +317,14 @@ func Tokens(r *rand.Rand, c *moe.Config, batch, seq int) [][]int {
 // selective, full, layer:N for N = 1, 2, 3, which in the drawn models
 // of one to three layers checkpoint every block, every second and the
 // third, and Megatron's recompute modules: layernorm, moe_act and moe
-// alone, layernorm with moe_act, and all three.
+// alone, layernorm with moe_act, and all three; and memory_budget at 0
+// (full), 0.4, 0.8 (the knapsack's choices) and 1 (none).
 func Policies() []moe.AC {
 	return []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull},
 		{Mode: moe.ACLayer, Every: 1}, {Mode: moe.ACLayer, Every: 2}, {Mode: moe.ACLayer, Every: 3},
 		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm}, {Mode: moe.ACModules, Modules: moe.RecomputeMoEAct},
 		{Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct},
-		{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, {Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct | moe.RecomputeMoE}}
+		{Mode: moe.ACModules, Modules: moe.RecomputeMoE}, {Mode: moe.ACModules, Modules: moe.RecomputeLayerNorm | moe.RecomputeMoEAct | moe.RecomputeMoE},
+		{Mode: moe.ACMemoryBudget, Budget: 0}, {Mode: moe.ACMemoryBudget, Budget: 0.4},
+		{Mode: moe.ACMemoryBudget, Budget: 0.8}, {Mode: moe.ACMemoryBudget, Budget: 1}}
 }

@@ -42,8 +42,8 @@
 // none of which the analytic packages need. The execution reads the
 // description and the description never reads the execution, so the cut
 // follows that one-way dependency: ref imports moe and nothing in moe
-// imports ref. The one internal of moe exported for it is SelectiveSaved,
-// the linears whose outputs the selective policy keeps, which
+// imports ref. The one internal of moe exported for it is AC.Cached, what
+// the selective and memory-budget policies keep of a block, which
 // moe.SavedTensors lists and Block caches. A cut inside the execution
 // would export the Block's forward state and steps instead: the
 // tensor-parallel block and MLA's attention are methods of the one Block,

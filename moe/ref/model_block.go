@@ -156,7 +156,7 @@ func (b *Block[T]) attnShape() attn.Shape {
 		Window: c.Window[b.layer], Chunk: c.LayerChunk(b.layer), TileQ: b.x.tileQ, TileK: b.x.tileK, Scale: scale}
 }
 
-// lin runs a linear op unless the selective cache holds its output.
+// lin runs a linear op unless the cache (selective, memory budget) holds its output.
 func (b *Block[T]) lin(op moe.Op, pass moe.Pass, useCache bool, in, w, bias []T, m, n, k int) []T {
 	if useCache {
 		if y, ok := b.st.cache[op]; ok {

@@ -11,7 +11,7 @@ import (
 // checkpointed reports whether this block recomputes its routed experts
 // in backward (the block whole, selectively, or its MoE layer).
 func (b *Block[T]) checkpointed() bool {
-	return b.ac.Mode == moe.ACSelective || b.ac.FullyCheckpointed(b.layer) || b.ac.MoERecomputed(b.cfg, b.layer)
+	return b.ac.Caches() || b.ac.FullyCheckpointed(b.layer) || b.ac.MoERecomputed(b.cfg, b.layer)
 }
 
 // Cache keys for the selective policy's non-linear saved outputs.
@@ -26,9 +26,10 @@ func (b *Block[T]) keep() {
 	switch {
 	case b.ac.FullyCheckpointed(b.layer):
 		*st = blockState[T]{x: st.x}
-	case b.ac.Mode == moe.ACSelective:
+	case b.ac.Caches():
+		kept, _ := b.ac.Cached(b.cfg, b.layer, b.seq, b.x.act)
 		cache := map[moe.Op][]T{}
-		for _, op := range moe.SelectiveSaved(b.cfg, b.layer) {
+		for _, op := range kept.Linears {
 			switch op {
 			case moe.OpQProj:
 				cache[op] = st.qRaw
@@ -58,8 +59,10 @@ func (b *Block[T]) keep() {
 				panic(fmt.Sprintf("moe: selective cache has no slot for %s", op))
 			}
 		}
-		cache[moe.OpAttn], cache[opLSE] = st.o, st.lse
-		if st.rt != nil {
+		if kept.Attn {
+			cache[moe.OpAttn], cache[opLSE] = st.o, st.lse
+		}
+		if kept.TopK && st.rt != nil {
 			idx := make([]T, len(st.rt.Indices))
 			for i, e := range st.rt.Indices {
 				idx[i] = T(e)
@@ -108,7 +111,8 @@ func (b *Block[T]) recordKept() {
 	}
 	rec(moe.OpAttnNorm, moe.SavedInput, st.x, act)
 	if st.cache != nil {
-		for _, op := range moe.SelectiveSaved(b.cfg, L) {
+		kept, _ := b.ac.Cached(b.cfg, L, b.seq, act)
+		for _, op := range kept.Linears {
 			rec(op, moe.SavedOutput, st.cache[op], act)
 		}
 		rec(moe.OpAttn, moe.SavedOutput, st.cache[moe.OpAttn], act)

@@ -92,7 +92,7 @@ func TestSavedMatchesTable(t *testing.T) {
 			got := rec.Saved
 			var want []moe.SavedRecord
 			for l := moe.LayerEmbed; l <= c.LayerHead(); l++ {
-				want = append(want, moe.SavedTensors(c, l, batch*seq, ac, moe.Precision{})...)
+				want = append(want, moe.SavedTensors(c, l, batch, seq, ac, moe.Precision{})...)
 			}
 			slices.SortFunc(got, compareSaved)
 			slices.SortFunc(want, compareSaved)
@@ -105,13 +105,12 @@ func TestSavedMatchesTable(t *testing.T) {
 
 // TestRecomputeRepeatsForward checks the recompute records against the
 // forward ones: full checkpointing repeats every forward op of the block,
-// selective every one but the saved linears (those whose output
-// SavedTensors lists) and attention, modules the named modules' ops
+// selective and memory_budget every one but the cached linears and
+// attention (those whose output SavedTensors lists), modules the named modules' ops
 // (moe every op of the MoE layer, moe with moe_act the activation twice);
 // every policy adds the flash backward's n·d_qk.
 func TestRecomputeRepeatsForward(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	selective := moe.AC{Mode: moe.ACSelective}
 	for i := 0; i < 17; i++ {
 		c := moetest.Config(r)
 		batch, seq := 1+r.IntN(2), 2+r.IntN(5)
@@ -120,15 +119,16 @@ func TestRecomputeRepeatsForward(t *testing.T) {
 		if c.IsMoE() && ref.CheckAux(c) == nil && r.IntN(2) == 0 {
 			o.AuxCoef = 0.1
 		}
-		savedLinear := map[moetest.OpKey]bool{}
-		for l := range c.Layers {
-			for _, s := range moe.SavedTensors(c, l, batch*seq, selective, moe.Precision{}) {
-				if s.Tensor == moe.SavedOutput && s.Op.Kind() == moe.KindMatmul {
-					savedLinear[moetest.OpKey{Layer: l, Op: s.Op, Pass: moe.Forward}] = true
+		for _, ac := range moetest.Policies() {
+			// The ops whose output a caching policy keeps (linears, attention).
+			cached := map[moetest.OpKey]bool{}
+			for l := range c.Layers {
+				for _, s := range moe.SavedTensors(c, l, batch, seq, ac, moe.Precision{}) {
+					if ac.Caches() && s.Tensor == moe.SavedOutput && (s.Op.Kind() == moe.KindMatmul || s.Op == moe.OpAttn) {
+						cached[moetest.OpKey{Layer: l, Op: s.Op, Pass: moe.Forward}] = true
+					}
 				}
 			}
-		}
-		for _, ac := range moetest.Policies() {
 			m, err := ref.NewModel[float32](c)
 			if err != nil {
 				t.Fatal(err)
@@ -148,7 +148,7 @@ func TestRecomputeRepeatsForward(t *testing.T) {
 				switch {
 				case ac.FullyCheckpointed(k.Layer):
 					want = fwd
-				case ac.Mode == moe.ACSelective && k.Op != moe.OpAttn && !savedLinear[k]:
+				case ac.Caches() && !cached[k]:
 					want = fwd
 				case ac.Mode == moe.ACModules:
 					// Megatron's TE layer spec: separate (recomputable)

@@ -5,22 +5,39 @@ import (
 	"github.com/moescope/moescope/parallel/hw"
 )
 
-// Outside is the memory outside PyTorch's allocator of a rank of layout l
-// on dev whose expert-parallel tokens, of hidden elements, move by
-// dispatcher d: the device's (hw.Device.Outside) and, for DeepEP with
-// ep > 1, its Buffer (DeepEPBytes) in place of the NCCL all-to-all's
-// per-peer buffers. The device's OutsideEPBytes is what an all_to_all_single
-// communicator's point-to-point connections add (NVIDIA/nccl issue #1685);
-// NCCL connects a peer for send/recv only when the first send/recv to it is
-// issued (NVIDIA/nccl issue #1691), and DeepEP moves tokens through its own
-// NVLink and NVSHMEM buffers, so its expert-parallel group's communicator
-// (used for the Buffer's set-up exchange, an all-gather) opens none. HybridEP's
-// buffers are not counted yet: its source (DeepEP's hybrid-ep branch) is not
-// read at a pinned commit, so a HybridEP rank keeps the all-to-all's.
-func Outside(dev hw.Device, l job.Layout, d job.Dispatcher, hidden int) (int64, error) {
-	if d != job.DeepEP || l.EP <= 1 {
+// Outside is the memory outside PyTorch's allocator of a rank of run s on
+// dev in NVLink domains of domain GPUs (< 1: those of the cluster dev is
+// usually sold in, hw.ClusterForGPU): the device's (hw.Device.Outside) and,
+// with ep > 1, the all-to-all communicator's point-to-point buffers
+// (the device's OutsideEPBytes: what an all_to_all_single communicator's
+// per-peer connections add, NVIDIA/nccl issue #1685) or, in their place,
+// DeepEP's Buffer (DeepEPBytes) or HybridEP's NVLink buffers
+// (HybridEPBytes) for the rank's tokens of one micro-batch (its cp and tp
+// share) and its local experts. NCCL connects a peer for send/recv only at
+// the first send/recv to it (NVIDIA/nccl issue #1691), and DeepEP and
+// HybridEP move tokens through their own buffers, so their expert-parallel
+// group's communicator (used for set-up exchanges, all-gathers) opens none.
+func Outside(dev hw.Device, s job.Spec, domain int) (int64, error) {
+	l := s.Layout
+	if l.EP <= 1 || s.Model == nil {
 		return dev.Outside(l.EP), nil
 	}
-	b, err := DeepEPBytes(hidden, l.EP)
-	return dev.Outside(1) + b, err
+	base := dev.Outside(1)
+	switch s.Dispatcher {
+	case job.DeepEP:
+		b, err := DeepEPBytes(s.Model.Hidden, l.EP)
+		return base + b, err
+	case job.HybridEP:
+		if domain < 1 {
+			cl, err := hw.LoadCluster(hw.ClusterForGPU(dev.Name))
+			if err != nil {
+				return 0, err
+			}
+			domain = cl.NVLinkDomain
+		}
+		tokens := s.LBS * s.Seq / max(l.CPDegree()*l.TPDegree(), 1)
+		b, err := HybridEPBytes(s.Model.Hidden, tokens, s.Model.Experts/l.EP, l.EP, domain)
+		return base + b, err
+	}
+	return dev.Outside(l.EP), nil
 }

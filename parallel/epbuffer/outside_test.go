@@ -3,6 +3,7 @@ package epbuffer
 import (
 	"testing"
 
+	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
 )
@@ -13,7 +14,12 @@ import (
 // 7168): all_to_all at ep 8 holds 3,221,225,472 + 3,280,000,000 =
 // 6,501,225,472; DeepEP at ep 8 holds 3,221,225,472 + 369,264,256 =
 // 3,590,489,728, its group's communicator opening no point-to-point
-// connections; without expert parallelism both hold the 3 GiB.
+// connections; HybridEP at ep 8 with 128 experts (16 local) and lbs 2 ×
+// 4096 tokens holds 3,221,225,472 + its NVLink buffers (HybridEPBytes'
+// rule: maxT = 8192 · 8 = 65,536 rows of 7168 bf16 = 939,524,096, their
+// probabilities 65,536 · 16 · 8 · 4 = 33,554,432 and scales 65,536 · 56 · 4
+// = 14,680,064: 987,758,592) = 4,208,984,064; without expert parallelism
+// all hold the 3 GiB.
 func TestOutsideByDispatcher(t *testing.T) {
 	dev, err := hw.LookupDevice("h100")
 	if err != nil {
@@ -23,8 +29,11 @@ func TestOutsideByDispatcher(t *testing.T) {
 		d    job.Dispatcher
 		ep   int
 		want int64
-	}{{job.AllToAll, 8, 6501225472}, {job.DeepEP, 8, 3590489728}, {job.AllToAll, 1, 3221225472}, {job.DeepEP, 1, 3221225472}} {
-		got, err := Outside(dev, job.Layout{EP: c.ep}, c.d, 7168)
+	}{{job.AllToAll, 8, 6501225472}, {job.DeepEP, 8, 3590489728}, {job.AllToAll, 1, 3221225472}, {job.DeepEP, 1, 3221225472}, {job.HybridEP, 8, 4208984064}} {
+		s := job.Spec{Model: &moe.Config{Hidden: 7168, Experts: 128}, Layout: job.Layout{EP: c.ep}}
+		s.LBS, s.Seq = 2, 4096
+		s.Dispatcher = c.d
+		got, err := Outside(dev, s, 8)
 		if err != nil || got != c.want {
 			t.Errorf("Outside(h100, ep %d, %s) = %d, %v; want %d", c.ep, c.d, got, err, c.want)
 		}

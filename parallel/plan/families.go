@@ -125,6 +125,20 @@ func DefaultACs() []moe.AC {
 	return []moe.AC{{Mode: moe.ACNone}, {Mode: moe.ACSelective}, {Mode: moe.ACFull}}
 }
 
+// ParseACs reads plan's --ac: one policy (moe.ParseAC), or memory_budget
+// alone, which searches torchtitan's memory budget at 0.25, 0.5 and 0.75.
+func ParseACs(s string) ([]moe.AC, error) {
+	if s == string(moe.ACMemoryBudget) {
+		return []moe.AC{{Mode: moe.ACMemoryBudget, Budget: 0.25}, {Mode: moe.ACMemoryBudget, Budget: 0.5},
+			{Mode: moe.ACMemoryBudget, Budget: 0.75}}, nil
+	}
+	ac, err := moe.ParseAC(s)
+	if err != nil {
+		return nil, err
+	}
+	return []moe.AC{ac}, nil
+}
+
 // roundUp rounds x up to a positive multiple of m.
 func roundUp(x, m int) int {
 	if x <= 0 {

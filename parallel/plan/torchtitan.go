@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/moescope/moescope/memory"
@@ -116,6 +117,16 @@ func TorchtitanAdmit(target TorchtitanTarget, p Point, compiledModel bool) error
 	}
 	if p.AC.Mode == moe.ACModules {
 		errs = append(errs, fmt.Errorf("ac = %s: %s has no module-level recompute (Megatron-Core's --recompute-modules)", p.AC, target))
+	}
+	if p.AC.Mode == moe.ACMemoryBudget && target == TorchtitanTOML {
+		// v0.2.2 has mode = "memory_budget" (job_config.py), but compiles
+		// MoE blocks submodule by submodule with the routed experts eager
+		// (apply_compile), outside every partition; moescope's budget
+		// follows main's whole-block graphs.
+		errs = append(errs, fmt.Errorf("ac = %s: %s compiles MoE blocks by submodule with eager routed experts, which moescope's memory budget (main's whole-block compile) does not model; use the config-registry form", p.AC, target))
+	}
+	if p.AC.Mode == moe.ACMemoryBudget && !compiledModel {
+		errs = append(errs, fmt.Errorf("ac = %s without a compiled model: %s refuses it (\"Memory budget activation checkpointing requires the model to be compiled\")", p.AC, target))
 	}
 	if p.AC.Mode == moe.ACLayer && target == TorchtitanPy {
 		errs = append(errs, fmt.Errorf("ac = %s: %s has only per-op selective, full and no checkpointing", p.AC, target))
@@ -495,13 +506,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	torchtitanComments(&b, e.Header)
 	fmt.Fprintf(&b, "# Config-registry function for torchtitan at commit %s.\n", TorchtitanPyCommit)
 	fmt.Fprintf(&b, "# Run: MODULE=<this module> CONFIG=%s ./run_train.sh on %d GPUs.\n\n", fn, p.Layout.GPUs)
-	acClass := ""
-	switch p.AC.Mode {
-	case moe.ACSelective:
-		acClass = "SelectiveAC"
-	case moe.ACFull:
-		acClass = "FullAC"
-	}
+	acClass, acLine := pyAC(p.AC)
 	classes, converters := e.Quant.pyConverters(e.Compile.Model)
 	for _, c := range classes {
 		fmt.Fprintf(&b, "from torchtitan.components.quantization import %s\n", c)
@@ -563,11 +568,7 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	} else {
 		b.WriteString("    config.compile.enable = False\n")
 	}
-	if acClass != "" {
-		fmt.Fprintf(&b, "    config.activation_checkpoint = %s.Config()\n", acClass)
-	} else {
-		b.WriteString("    config.activation_checkpoint = None\n")
-	}
+	b.WriteString(acLine)
 	b.WriteString(pyLossLine(e.LossChunks))
 	b.WriteString(pyGraphsLine(e.CUDAGraphs))
 	if e.ForceBalance {
@@ -576,4 +577,22 @@ func (e *TorchtitanExport) Python(w io.Writer) (skipped []string, err error) {
 	b.WriteString("    return config\n")
 	_, err = io.WriteString(w, b.String())
 	return skipped, err
+}
+
+// pyAC returns the class main's export imports for policy ac ("" for
+// none) and its activation_checkpoint line (activation_checkpoint.py at
+// b5bcd76: SelectiveAC, FullAC, MemoryBudgetAC with its memory_budget).
+func pyAC(ac moe.AC) (class, line string) {
+	switch ac.Mode {
+	case moe.ACSelective:
+		class = "SelectiveAC"
+	case moe.ACFull:
+		class = "FullAC"
+	case moe.ACMemoryBudget:
+		return "MemoryBudgetAC", fmt.Sprintf("    config.activation_checkpoint = MemoryBudgetAC.Config(memory_budget=%s)\n",
+			strconv.FormatFloat(ac.Budget, 'f', -1, 64))
+	default:
+		return "", "    config.activation_checkpoint = None\n"
+	}
+	return class, fmt.Sprintf("    config.activation_checkpoint = %s.Config()\n", class)
 }

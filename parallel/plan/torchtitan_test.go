@@ -288,6 +288,7 @@ func TestTorchtitanPython(t *testing.T) {
 	// Trainer.Config's own fields (the schema's "trainer").
 	topRE := regexp.MustCompile(`^    config\.(\w+) = ("[^"]*"|\d+|True|False)(  #.*)?$`)
 	acRE := regexp.MustCompile(`^    config\.activation_checkpoint = (.+)$`)
+	floatRE := regexp.MustCompile(`=\d+(\.\d+)?\)$`)
 	// The loss line wraps the registry's cross-entropy in N chunks, or
 	// unwraps it: ChunkedLossWrapper.Config's keywords must be the schema's.
 	var lossSchema map[string]map[string]string
@@ -308,6 +309,8 @@ func TestTorchtitanPython(t *testing.T) {
 		{"qwen3-30b-a3b", torchtitanTPPoint(1, 8, 2, 8, 1, true, moe.AC{Mode: moe.ACSelective}), 0},
 		// cp 2, the default rotation (main has no other) and balancer.
 		{"llama3-8b", torchtitanCPPoint(4, 2, 1, job.CPAllGather, job.CPHeadTail), 0},
+		// memory budget 0.5: MemoryBudgetAC.Config(memory_budget=0.5), compiled (exportCompile(5)).
+		{"qwen3-30b-a3b", torchtitanPoint(1, 8, 8, moe.AC{Mode: moe.ACMemoryBudget, Budget: 0.5}, 2, 1, true), 0},
 	} {
 		e := TorchtitanExport{Model: c.model, Seq: 4096, Point: c.p, Compile: exportCompile(i), ForceBalance: i == 1}
 		if i%2 == 1 {
@@ -366,9 +369,11 @@ func TestTorchtitanPython(t *testing.T) {
 					t.Errorf("ChunkedLossWrapper.Config keywords %v not in the pinned schema", kw)
 				}
 			} else if m := acRE.FindStringSubmatch(line); m != nil {
+				// A float keyword's literal matches the schema's type.
+				v := floatRE.ReplaceAllString(m[1], "=float)")
 				ok := false
 				for _, a := range acValues {
-					ok = ok || a == m[1]
+					ok = ok || a == v
 				}
 				if !ok {
 					t.Errorf("%s: activation_checkpoint = %s not in %v", c.model, m[1], acValues)
@@ -427,6 +432,8 @@ func TestTorchtitanAdmit(t *testing.T) {
 		{func(p *Point) { p.Layout.AllreduceLastOnly = true }, TorchtitanPy, "allreduce_last_only"},
 		{func(p *Point) { p.Layout.GradSyncLastOnly = true }, TorchtitanTOML, "grad_sync_last_only"},
 		{func(p *Point) { p.AC = moe.AC{Mode: moe.ACLayer, Every: 2} }, TorchtitanPy, "ac = layer:2"},
+		// v0.2.2 compiles MoE blocks by submodule, routed experts eager.
+		{func(p *Point) { p.AC = moe.AC{Mode: moe.ACMemoryBudget, Budget: 0.5} }, TorchtitanTOML, "ac = memory_budget:0.5"},
 		// Main has no expert_tensor_parallel_degree (parallel_dims.py at b5bcd76).
 		{func(p *Point) { *p = torchtitanTPPoint(1, 8, 2, 2, 2, false, p.AC) }, TorchtitanPy, "etp = tp = 2"},
 	} {

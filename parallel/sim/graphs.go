@@ -15,7 +15,8 @@ import (
 // kernel at 28.3 µs launched directly and 25.8 µs replayed from a graph)
 // is removed from the captured ops; what it would have cost is named in
 // Breakdown.OverheadS as cuda_graphs_saved. The graphs keep their static
-// buffers (graphStaticBytes) allocated for the whole run.
+// buffers allocated for the whole run: memory's timeline holds them
+// (memory/graphs.go, category cuda_graphs), which the replay includes.
 
 // graphed says whether the run's CUDA graphs capture op record r: every
 // op of the forward and backward under full graphs; under per-layer
@@ -48,38 +49,6 @@ func checkKnobs(in Input) error {
 		return fmt.Errorf("simulate: --cuda-graphs full with ep = %d: the dispatch copies its split sizes to the host, which a graph cannot capture (torchtitan main b5bcd76, trainer.py _validate_cuda_graphs, refuses it but for HybridEP with a non-blocking capacity factor, which is not modelled); use --cuda-graphs layers", in.Layout.EP)
 	}
 	return nil
-}
-
-// graphStaticBytes is the memory the run's CUDA graphs keep for their
-// static buffers, in PyTorch's allocator for the whole run:
-//
-//   - full (torchtitan main b5bcd76, torchtitan/distributed/cudagraph.py,
-//     CUDAGraphWrapper): the captured step's tensor arguments that are not
-//     static are copied into the captured ones before each replay, i.e.
-//     the micro-batch's int64 input ids and labels, 16 bytes per token;
-//   - layers (Megatron-LM d98e8a64, cuda_graphs.py TECudaGraphHelper,
-//     which passes _reuse_graph_input_output_buffers to TransformerEngine
-//     ≥ 2.7's make_graphed_callables, d0067d0
-//     transformer_engine/pytorch/graph.py): the graphs share their data
-//     buffers, a block's static output being the next one's static input
-//     (an activation the memory model already holds), and one static bf16
-//     gradient of the output per shape (static_grad_outputs_dict), so what
-//     the graphs add is the first block's static input and that one
-//     gradient buffer, each tokens × hidden in bf16.
-//
-// tokens is the rank's tokens of one micro-batch (a tensor-parallel rank's
-// share under sequence parallelism). The pools' intermediates are the
-// step's own activations, already in the memory model.
-func graphStaticBytes(cfg *moe.Config, in Input) int64 {
-	tokens := int64(in.LBS) * int64(in.Seq)
-	switch in.CUDAGraphs {
-	case job.FullGraphs:
-		return 16 * tokens
-	case job.LayerGraphs:
-		perRank := tokens / int64(in.Layout.TPDegree())
-		return 2 * perRank * int64(cfg.Hidden) * 2
-	}
-	return 0
 }
 
 // CheckStack refuses, by name, the settings of s's stack the simulator

@@ -141,7 +141,9 @@ func simulatePipeline(in Input) (Result, error) {
 	if target == 0 {
 		target = memory.DefaultMemoryTarget
 	}
-	outside, err := epbuffer.Outside(dev, l, in.Dispatcher, cfg.Hidden)
+	es := in.Spec
+	es.Layout, es.Model = l, cfg
+	outside, err := epbuffer.Outside(dev, es, cl.NVLinkDomain)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}

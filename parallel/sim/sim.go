@@ -474,15 +474,15 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: memory replay: %w", err)
 	}
-	graphs := graphStaticBytes(p.in.Model, in)
-	peak.Allocated, peak.Reserved = peak.Allocated+graphs, peak.Reserved+graphs
 	res.PeakAllocatedBytes, res.PeakReservedBytes = peak.Allocated, peak.Reserved
 	res.MemoryFraction = float64(peak.Reserved) / float64(p.dev.MemoryBytes)
 	target := in.MemoryTarget
 	if target == 0 {
 		target = memory.DefaultMemoryTarget
 	}
-	outside, err := epbuffer.Outside(p.dev, p.l, in.Dispatcher, p.in.Model.Hidden)
+	es := in.Spec
+	es.Layout, es.Model = p.l, p.in.Model
+	outside, err := epbuffer.Outside(p.dev, es, p.cl.NVLinkDomain)
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}

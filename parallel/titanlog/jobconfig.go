@@ -156,7 +156,7 @@ func (v *values) v022() (*Job, error) {
 			v.fail("activation_checkpoint.selective_ac_option", opt, `"op" or a positive block interval`)
 		}
 	default:
-		v.fail("activation_checkpoint.mode", mode, "none, selective or full (memory_budget is not modelled)")
+		v.fail("activation_checkpoint.mode", mode, "none, selective or full (memory_budget: v0.2.2 compiles MoE blocks by submodule with eager routed experts, which moescope's memory budget, after main's whole-block compile, does not model)")
 	}
 	v.compile(j, []string{"model", "loss"})
 	return j, v.err()

@@ -105,7 +105,7 @@ func memoryRow(r published.Run) (MemoryRow, error) {
 	if err != nil {
 		return MemoryRow{}, err
 	}
-	dev, err := hw.LookupDevice(r.GPU)
+	dev, cl, err := hw.Resolve(r.GPU, r.Cluster)
 	if err != nil {
 		return MemoryRow{}, err
 	}
@@ -114,7 +114,9 @@ func memoryRow(r published.Run) (MemoryRow, error) {
 	if err != nil {
 		return MemoryRow{}, err
 	}
-	outside, err := epbuffer.Outside(dev, l, r.Dispatcher, cfg.Hidden)
+	es := r.Spec
+	es.Model = cfg
+	outside, err := epbuffer.Outside(dev, es, cl.NVLinkDomain)
 	if err != nil {
 		return MemoryRow{}, err
 	}

@@ -15,10 +15,13 @@ const EmbeddedRuns = "the published runs embedded in moescope"
 // runs and, for the published runs, the rows of the shared validation
 // table left out.
 type Report struct {
-	Runs   string      `json:"runs"`  // where the runs come from
-	Count  int         `json:"count"` // how many
-	TPS    TPSTable    `json:"tps"`
-	Pairs  PairTable   `json:"ab_pairs"` // runs of one source that differ in settings of the stack only
+	Runs  string    `json:"runs"`  // where the runs come from
+	Count int       `json:"count"` // how many
+	TPS   TPSTable  `json:"tps"`
+	Pairs PairTable `json:"ab_pairs"` // runs of one source that differ in settings of the stack only
+	// Orders is the tuning sweeps among the runs and how the predictions
+	// rank them (Spearman's ρ).
+	Orders []Order     `json:"orders"`
 	Memory MemoryTable `json:"memory"`
 	// ScaleOut is the scaling series among the runs and the spread between
 	// nodes fitted to them.
@@ -58,7 +61,7 @@ func Validate(source string, runs []published.Run, table [][]string) (Report, er
 	if err != nil {
 		return Report{}, err
 	}
-	rep := Report{Runs: source, Count: len(runs), TPS: tps, Pairs: Pairs(tps), Memory: mem, ScaleOut: scale, Routing: routing, Bands: Bands(tps, mem, scale, routing)}
+	rep := Report{Runs: source, Count: len(runs), TPS: tps, Pairs: Pairs(tps), Orders: Orders(tps), Memory: mem, ScaleOut: scale, Routing: routing, Bands: Bands(tps, mem, scale, routing)}
 	if table != nil {
 		s := Shared(runs, table)
 		rep.Shared = &s

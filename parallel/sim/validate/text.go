@@ -18,6 +18,7 @@ func WriteText(w io.Writer, rep Report) error {
 		"GPU, precision and framework version) on its smallest-GPU-count runs; err = predicted / measured − 1\n")
 	writeTPS(&b, rep.TPS, rep.Shared)
 	writePairs(&b, rep.Pairs)
+	writeOrders(&b, rep.Orders)
 	b.WriteString("\npeak memory per GPU, GiB: measured and predicted\n")
 	writeMemory(&b, rep.Memory)
 	writeScaleOut(&b, rep.ScaleOut)
@@ -85,6 +86,18 @@ func writePairs(b *strings.Builder, t PairTable) {
 	}
 	fmt.Fprintf(b, "A/B pairs |ratio error|: median %.1f%%, worst %.1f%% over %d pairs; %d within 10%%\n",
 		100*t.Error.Median, 100*t.Error.Worst, t.Error.Runs, t.Within10)
+}
+
+// writeOrders prints the tuning sweeps' rank correlations.
+func writeOrders(b *strings.Builder, orders []Order) {
+	if len(orders) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\norder of tuning sweeps (≥ %d runs of one source, model, GPU count and sequence length differing in settings):\n"+
+		"Spearman's ρ between measured and uncalibrated predicted TPS (1: the same order)\n", minOrderRuns)
+	for _, o := range orders {
+		fmt.Fprintf(b, "%-60s %3d runs  ρ %+.3f\n", o.Series, len(o.Runs), o.Spearman)
+	}
 }
 
 // tpsLine is a run's line of the TPS table.

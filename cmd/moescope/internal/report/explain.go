@@ -104,6 +104,8 @@ func acProse(ac moe.AC) string {
 		return "full activation checkpointing"
 	case moe.ACModules:
 		return "Megatron-style recompute of " + strings.TrimPrefix(ac.String(), "modules:")
+	case moe.ACMemoryBudget:
+		return fmt.Sprintf("the compiler's memory-budget checkpointing at budget %g", ac.Budget)
 	}
 	return fmt.Sprintf("full checkpointing of every %d-th block", ac.Every)
 }
