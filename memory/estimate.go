@@ -283,10 +283,10 @@ func stepShape(l job.Layout, b Batch, o Options) Shape {
 // affine in lbs: secant steps (the line through the last two estimates,
 // aimed at the limit) land near the boundary, steps doubling away from the
 // last estimate bracket it, and bisection finishes. It is not
-// LargestWithin, the planner's search over a bounded list, because its
+// largest.Within, the planner's search over a bounded list, because its
 // range runs to 2³²/seq local batches: galloping up from below never pays
 // for the estimates of the largest (a pipeline's cost grows with its
-// micro-batches), which LargestWithin probes first when its line misses.
+// micro-batches), which largest.Within probes first when its line misses.
 func MaxLBS(cfg *moe.Config, l job.Layout, seq, gradAccum int, o Options, deviceBytes int64, target float64) (int, Report, error) {
 	if deviceBytes < 1 {
 		return 0, Report{}, fmt.Errorf("device_bytes = %d: must be ≥ 1", deviceBytes)

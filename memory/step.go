@@ -117,17 +117,26 @@ func (s *stepBuilder) loadSaved() ([]int64, error) {
 	noneShape := s.sh
 	noneShape.AC = moe.AC{Mode: moe.ACNone}
 	// A block's tables depend on its index only through whether it is a
-	// MoE block and whether the policy checkpoints it fully (Saved,
-	// moe.SavedTensors, compiledBlock, tpSaved read nothing else of the
-	// layer; TestLoadSavedPerLayer checks it on random configs), so one
+	// MoE block, whether the policy checkpoints it fully and its attention
+	// (window, chunk, and RoPE, which decides Llama 4's L2 QK-norm): Saved,
+	// moe.SavedTensors, compiledBlock and tpSaved read nothing else of the
+	// layer (TestLoadSavedPerLayer checks it on random configs), so one
 	// block of each kind is computed and the others take its records.
-	type kind struct{ moe, full bool }
+	type kind struct {
+		moe, full, noRope bool
+		window, chunk     int
+	}
 	kinds := map[kind][2][]moe.SavedRecord{}
 	for i, u := range s.units {
 		k := kind{}
 		block := u.Layer >= 0 && u.Layer < s.cfg.Layers
 		if block {
-			k = kind{s.cfg.MoELayer[u.Layer], s.sh.AC.FullyCheckpointed(u.Layer)}
+			l := u.Layer
+			k = kind{moe: s.cfg.MoELayer[l], full: s.sh.AC.FullyCheckpointed(l), noRope: s.cfg.NoRope != nil && s.cfg.NoRope[l],
+				window: s.cfg.Window[l]}
+			if s.cfg.Chunk != nil {
+				k.chunk = s.cfg.Chunk[l]
+			}
 		}
 		var rs, rn []moe.SavedRecord
 		if got, ok := kinds[k]; ok && block {

@@ -44,7 +44,7 @@ var layers = [][]string{
 	{"parallel/numeric/collective", "parallel/sim/cost", "parallel/epbuffer"},
 	{"parallel"},
 	{"parallel/hw", "bench"},
-	{"memory/host"},
+	{"memory/host", "memory/largest"},
 	{"flops", "memory"},
 	{"moe/moetest"},
 	{"moe/job"},

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/largest"
 	"github.com/moescope/moescope/moe/job"
 )
 
@@ -57,7 +58,7 @@ func (q *Request) sizeByMemory(ev Evaluator, f family, perRank int) (int, float6
 		}
 		return ev.MemoryFraction(Point{f.layout, f.ac, lbs, ga})
 	}
-	i, m1, err := memory.LargestWithin(top, q.MemoryTarget, fits)
+	i, m1, err := largest.Within(top, q.MemoryTarget, fits)
 	return map[bool]int{true: at(max(i, 1)), false: 0}[i > 0], m1, err
 }
 

@@ -1,10 +1,16 @@
-package memory
+// Package largest finds the largest local batch within a memory target
+// from a memory estimate per candidate.
+package largest
 
-import "math"
+import (
+	"math"
 
-// LargestWithin is the one search for "the largest local batch within the
+	"github.com/moescope/moescope/memory"
+)
+
+// Within is the one search for "the largest local batch within the
 // memory target": the largest i in [1, n] whose memory fraction frac(i) is
-// within target (WithinTarget), 0 when not even i = 1 is, and frac(1).
+// within target (memory.WithinTarget), 0 when not even i = 1 is, and frac(1).
 // frac must be non-decreasing in i (memory grows with the local batch); the
 // probes choose only how fast the answer is found, never what it is. A
 // caller maps its candidates (every local batch, or a pipeline's valid ones)
@@ -16,10 +22,10 @@ import "math"
 // affine); a guess past n, or none, probes the last two candidates and
 // aims the line through them; any remaining bracket is closed by
 // interpolation alternating with bisection.
-func LargestWithin(n int, target float64, frac func(i int) (float64, error)) (int, float64, error) {
+func Within(n int, target float64, frac func(i int) (float64, error)) (int, float64, error) {
 	fits := func(i int) (bool, float64, error) {
 		m, err := frac(i)
-		return err == nil && WithinTarget(m, target), m, err
+		return err == nil && memory.WithinTarget(m, target), m, err
 	}
 	ok, m1, err := fits(1)
 	if err != nil || !ok || n == 1 {
@@ -70,7 +76,7 @@ func LargestWithin(n int, target float64, frac func(i int) (float64, error)) (in
 	return b.lo, m1, nil
 }
 
-// bracket is LargestWithin's search state: lo fits; hi does not, or is
+// bracket is Within's search state: lo fits; hi does not, or is
 // top+1 (nothing known above the last); mLo and mHi are their memory
 // fractions once probed.
 type bracket struct {
