@@ -82,7 +82,8 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		costs[k] = c
 	}
 	// opSeconds prices r and sets over to its launch, loss and clock shares.
-	opSeconds := overheadPricer(cfg, spec, local, &over, func(r moe.OpRecord) bool { return graphed(cfg, in, r) })
+	captured := func(r moe.OpRecord) bool { return graphed(cfg, in, r) }
+	opSeconds := pricedOnce(overheadPricer(cfg, spec, local, &over, captured), &over, captured)
 	routing := spec
 	if in.CUDAGraphs == job.FullGraphs { // the reorder's kernels are captured with the step
 		routing.LaunchS = 0
@@ -200,6 +201,44 @@ func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[nu
 			over[ohSlowestGPU] = (t1 - tb) * (1 - susShare)
 		}
 		return t, nil
+	}
+}
+
+// pricedOnce returns price remembering each distinct record's price and
+// the overheads it sets in *over: a block's records repeat layer after
+// layer, and what prices them reads no layer (cost.ComputeSpec.OpSeconds
+// and CastSeconds read the op, pass and count; the pricer also whether the
+// record is captured and the layer's expert loads groups, keyed by the
+// slice's identity: one slice per layer's loads). The same inputs give the
+// same price, so the cache changes no result.
+func pricedOnce(price func(moe.OpRecord, []float64) (float64, error), over *[numOverheads]float64, captured func(moe.OpRecord) bool) func(moe.OpRecord, []float64) (float64, error) {
+	type key struct {
+		op       moe.Op
+		pass     moe.Pass
+		count    int64
+		captured bool
+		groups   *float64
+		nGroups  int
+	}
+	type priced struct {
+		t    float64
+		over [numOverheads]float64
+	}
+	seen := map[key]priced{}
+	return func(r moe.OpRecord, groups []float64) (float64, error) {
+		k := key{op: r.Op, pass: r.Pass, count: r.Count, captured: captured(r), nGroups: len(groups)}
+		if len(groups) > 0 {
+			k.groups = &groups[0]
+		}
+		if p, ok := seen[k]; ok {
+			*over = p.over
+			return p.t, nil
+		}
+		t, err := price(r, groups)
+		if err == nil {
+			seen[k] = priced{t, *over}
+		}
+		return t, err
 	}
 }
 
