@@ -271,7 +271,7 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 // The tp axis's collectives are priced on tpG (widestTPGroup, or a
 // pipeline's tpShape).
 func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
-	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), cp: make([]cpCharge, len(s.Ops)), comm: make([]cost.Comm, len(s.Ops)),
+	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]cost.Comm, len(s.Ops)),
 		bytes: make([]float64, len(s.Ops)), byClass: make([][cost.NumOpClasses]float64, len(s.Ops))}
 	shapes := map[parallel.Axis]cost.GroupShape{}
 	share := 1.0 // the rows the dispatcher sends (dispatchShare)
@@ -291,7 +291,14 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
 				so.compute = c.total
 				sim.recompute[i] = c.recompute
-				sim.cp[i] = c.cp
+				if c.cp != (cpCharge{}) {
+					// Made at the first exchange: without CP none is
+					// charged (chargeCP), and readers take nil as none.
+					if sim.cp == nil {
+						sim.cp = make([]cpCharge, len(s.Ops))
+					}
+					sim.cp[i] = c.cp
+				}
 				sim.byClass[i] = c.byClass
 				for k, v := range c.over {
 					sim.over[k] += v
