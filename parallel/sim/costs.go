@@ -269,10 +269,16 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 
 // simOps turns the schedule into engine ops with modelled costs.
 // The tp axis's collectives are priced on tpG (widestTPGroup, or a
-// pipeline's tpShape).
-func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
-	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), comm: make([]cost.Comm, len(s.Ops)),
-		bytes: make([]float64, len(s.Ops)), byClass: make([][cost.NumOpClasses]float64, len(s.Ops))}
+// pipeline's tpShape). With detail it also keeps, op by op, what the
+// breakdown reads (recompute, op classes, context-parallel exchanges,
+// collectives' prices and sizes); a step time alone (Prepared.TPS) reads
+// only the engine's ops, the same either way.
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare, detail bool) (*simulated, error) {
+	n := len(s.Ops)
+	sim := &simulated{ops: make([]simOp, n)}
+	if detail {
+		sim.recompute, sim.comm, sim.bytes, sim.byClass = make([]float64, n), make([]cost.Comm, n), make([]float64, n), make([][cost.NumOpClasses]float64, n)
+	}
 	shapes := map[parallel.Axis]cost.GroupShape{}
 	share := 1.0 // the rows the dispatcher sends (dispatchShare)
 	if in.Dispatcher.RowPerRank() && in.Model != nil {
@@ -290,16 +296,17 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 			} else {
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
 				so.compute = c.total
-				sim.recompute[i] = c.recompute
-				if c.cp != (cpCharge{}) {
-					// Made at the first exchange: without CP none is
-					// charged (chargeCP), and readers take nil as none.
-					if sim.cp == nil {
-						sim.cp = make([]cpCharge, len(s.Ops))
+				if detail {
+					sim.recompute[i], sim.byClass[i] = c.recompute, c.byClass
+					if c.cp != (cpCharge{}) {
+						// Made at the first exchange: without CP none is
+						// charged (chargeCP), and readers take nil as none.
+						if sim.cp == nil {
+							sim.cp = make([]cpCharge, n)
+						}
+						sim.cp[i] = c.cp
 					}
-					sim.cp[i] = c.cp
 				}
-				sim.byClass[i] = c.byClass
 				for k, v := range c.over {
 					sim.over[k] += v
 				}
@@ -353,8 +360,9 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 			sim.over[ohHostSync] += spec.HostSyncSeconds()
 		}
 		cc.LatencyS += fixed
-		sim.comm[i] = cc
-		sim.bytes[i] = bytes
+		if detail {
+			sim.comm[i], sim.bytes[i] = cc, bytes
+		}
 		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link
 		so.side = streamOf(o, in.SingleCommStream) != simCompute
 		sim.ops[i] = so
@@ -403,11 +411,15 @@ func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []compute
 		}
 		if j < 0 {
 			sim.ops[c.op].lat += c.seconds
-			sim.comm[c.op].LatencyS += c.seconds
+			if sim.comm != nil { // simOps' detail
+				sim.comm[c.op].LatencyS += c.seconds
+			}
 			continue
 		}
 		sim.ops[j].compute += c.seconds
-		sim.byClass[j][cost.ClassMemoryBound] += c.seconds
+		if sim.byClass != nil {
+			sim.byClass[j][cost.ClassMemoryBound] += c.seconds
+		}
 	}
 }
 

@@ -409,7 +409,7 @@ func checkSkewBound(s job.Spec) error {
 // Run simulates the prepared layout under a calibration (nil: defaults),
 // without the TPS interval. Runs of one Prepared may go concurrently.
 func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
-	st, err := p.step(cal)
+	st, err := p.step(cal, true)
 	if err != nil {
 		return Result{}, err
 	}
@@ -509,7 +509,7 @@ func (p *Prepared) FLOPsPerToken(c flops.Convention) float64 { return p.convs[st
 // TPS is Run's TPS alone: the step on the engine, without the breakdown,
 // the memory and the verdicts Run adds to it (a fit reads only TPS).
 func (p *Prepared) TPS(cal *cost.Calibration) (float64, error) {
-	st, err := p.step(cal)
+	st, err := p.step(cal, false)
 	if err != nil {
 		return 0, err
 	}
@@ -525,8 +525,9 @@ type engineStep struct {
 	seconds float64
 }
 
-// step prices the schedule under cal and runs it on the engine.
-func (p *Prepared) step(cal *cost.Calibration) (engineStep, error) {
+// step prices the schedule under cal and runs it on the engine; detail
+// keeps what Run's breakdown reads (simOps).
+func (p *Prepared) step(cal *cost.Calibration, detail bool) (engineStep, error) {
 	spec, err := computeSpec(p.dev, p.in, cal)
 	if err != nil {
 		return engineStep{}, err
@@ -545,7 +546,7 @@ func (p *Prepared) step(cal *cost.Calibration) (engineStep, error) {
 	if err != nil {
 		return engineStep{}, err
 	}
-	sim, err := simOps(p.sched, p.cl, p.mesh, p.tpG, in, spec, costs, opt, p.loads)
+	sim, err := simOps(p.sched, p.cl, p.mesh, p.tpG, in, spec, costs, opt, p.loads, detail)
 	if err != nil {
 		return engineStep{}, err
 	}
