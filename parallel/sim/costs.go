@@ -64,11 +64,11 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 	if cfg.IsMoE() {
 		local = cfg.Experts / l.EP
 	}
-	costs := map[segKey]segCost{}
+	costs := newSegCosts()
 	var cls int
 	var over [numOverheads]float64 // of the op being added
 	addCost := func(k segKey, t, rec float64) {
-		c := costs[k]
+		c := costs.at(k)
 		c.total += t
 		c.recompute += rec
 		// The quantize kernels inside a converted GEMM's price are
@@ -79,7 +79,6 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		for i, v := range over {
 			c.over[i] += v
 		}
-		costs[k] = c
 	}
 	// opSeconds prices r and sets over to its launch, loss and clock shares.
 	captured := func(r moe.OpRecord) bool { return graphed(cfg, in, r) }
@@ -119,9 +118,7 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 			k := segKey{r.Layer, seg, parallel.PhaseBackward}
 			addCost(k, t, 0)
 			if r.Pass == moe.BackwardWeight {
-				c := costs[k]
-				c.weight += t
-				costs[k] = c
+				costs.at(k).weight += t
 			}
 		case moe.Recompute:
 			if block && reRun(cfg, in.AC, r.Layer, r.Op) {
@@ -141,7 +138,38 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, t)
 		}
 	}
-	return costs, nil
+	return costs.byKey(), nil
+}
+
+// segCosts accumulates opCosts' charges, each key's in one slot found by
+// one map lookup a charge (a segKey hashes its segment's name; a map of
+// values took two, a read and a write), in the order they are charged:
+// the sums are those of charging the returned map directly.
+type segCosts struct {
+	slot map[segKey]int
+	acc  []segCost
+}
+
+func newSegCosts() *segCosts { return &segCosts{slot: map[segKey]int{}} }
+
+// at is k's cost, zero at first; the pointer holds until the next at.
+func (s *segCosts) at(k segKey) *segCost {
+	i, ok := s.slot[k]
+	if !ok {
+		i = len(s.acc)
+		s.slot[k] = i
+		s.acc = append(s.acc, segCost{})
+	}
+	return &s.acc[i]
+}
+
+// byKey is the accumulated costs by key.
+func (s *segCosts) byKey() map[segKey]segCost {
+	out := make(map[segKey]segCost, len(s.acc))
+	for k, i := range s.slot {
+		out[k] = s.acc[i]
+	}
+	return out
 }
 
 // overheadPricer returns opCosts' opSeconds: it prices an op record on one
@@ -430,16 +458,15 @@ type optimizerCost struct{ update, clip, amax float64 }
 // addRouting adds each MoE layer's token reorder (cost.ComputeSpec.RoutingSeconds)
 // to its pre-expert segment, forward and, when the block or its MoE layer
 // is recomputed whole, recompute, as memory-bound time named routing.
-func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec cost.ComputeSpec) {
+func addRouting(costs *segCosts, cfg *moe.Config, in Input, spec cost.ComputeSpec) {
 	// Under tp with etp = 1 each tp rank reorders its 1/tp of the rows.
 	t := spec.RoutingSeconds(cfg, int64(in.LBS)*int64(in.Seq)/int64(in.Layout.TokensPerExpertRank()))
 	add := func(k segKey, rec float64) {
-		c := costs[k]
+		c := costs.at(k)
 		c.total += t
 		c.recompute += rec
 		c.byClass[cost.ClassMemoryBound] += t
 		c.over[ohRouting] += t
-		costs[k] = c
 	}
 	for layer := 0; layer < cfg.Layers; layer++ {
 		if !cfg.MoELayer[layer] {
