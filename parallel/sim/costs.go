@@ -54,12 +54,7 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		layer int
 		op    moe.Op
 	}
-	fwd := map[opKey]int64{}
-	for _, r := range recs {
-		if r.Pass == moe.Forward {
-			fwd[opKey{r.Layer, r.Op}] = r.Count
-		}
-	}
+	var fwd map[opKey]int64 // forward counts, made at the first recompute that reads them
 	local := 1
 	if cfg.IsMoE() {
 		local = cfg.Experts / l.EP
@@ -126,6 +121,14 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 				// PhaseRecompute op; what the record holds beyond it (flash
 				// attention's own QKᵀ, moe_act's activation inside the MoE
 				// layer's recompute) runs inside backward.
+				if fwd == nil {
+					fwd = map[opKey]int64{}
+					for _, f := range recs {
+						if f.Pass == moe.Forward {
+							fwd[opKey{f.Layer, f.Op}] = f.Count
+						}
+					}
+				}
 				extra := r.Count - fwd[opKey{r.Layer, r.Op}]
 				if extra <= 0 {
 					continue
