@@ -109,7 +109,7 @@ func (s *stepBuilder) freeRecords(set *recordSet, c Category) {
 // missing returns the records of none that saved lacks (by op and tensor):
 // what backward rebuilds by recomputation.
 func missing(none, saved []moe.SavedRecord) []moe.SavedRecord {
-	var out []moe.SavedRecord
+	out := make([]moe.SavedRecord, 0, len(none)) // at most all of none: one allocation
 	for _, r := range none {
 		// A unit keeps tens of records: a scan is cheaper than a set.
 		if !slices.ContainsFunc(saved, func(x moe.SavedRecord) bool { return x.Op == r.Op && x.Tensor == r.Tensor }) {

@@ -167,10 +167,12 @@ func Replay(events []Event, a Allocator, seg Segments) (Peak, error) {
 		r := roundUp(max(e.Bytes, 1), a.RoundBytes)
 		pairs[i] = -1
 		if e.Alloc {
-			if _, dup := live[k]; dup {
+			// One map operation: the key was live already when storing it
+			// leaves the map's size unchanged.
+			n := len(live)
+			if live[k] = i; len(live) == n {
 				return Peak{}, fmt.Errorf("event %d (%s): allocated twice", i, e)
 			}
-			live[k] = i
 			cur += r
 			if c := categoryIndex(e.Category); c >= 0 {
 				byCat[c] += r

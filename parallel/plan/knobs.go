@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -103,19 +104,29 @@ func (e *SimEvaluator) KnobEffects(r Result, target float64) ([]KnobEffect, erro
 	if err := resolved.Recipe.Resolve(); err != nil {
 		return nil, err
 	}
-	var turned, refused []KnobEffect
 	at := resolved
 	at.Layout = r.Point.Layout
-	for _, k := range knobs(at) {
+	// Each setting on its own evaluator, the settings in parallel (as the
+	// search's points are), kept in knobs' order.
+	ks := knobs(at)
+	effs, errs := make([]KnobEffect, len(ks)), make([]error, len(ks))
+	applies := make([]bool, len(ks))
+	_ = parallelDo(len(ks), runtime.GOMAXPROCS(0), func(i int) error { // failures are in errs
 		run, p := resolved, r.Point
-		if !k.edit(&run, &p) {
-			continue
+		if applies[i] = ks[i].edit(&run, &p); applies[i] {
+			ev := &SimEvaluator{Run: run, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration}
+			effs[i], errs[i] = e.knobEffect(ev, p, target, ks[i].setting, base.TPS)
 		}
-		ev := &SimEvaluator{Run: run, Device: e.Device, Cluster: e.Cluster, Calibration: e.Calibration}
-		if eff, err := e.knobEffect(ev, p, target, k.setting, base.TPS); err != nil {
-			refused = append(refused, KnobEffect{Setting: k.setting, Refused: err.Error()})
-		} else {
-			turned = append(turned, eff)
+		return nil
+	})
+	var turned, refused []KnobEffect
+	for i, k := range ks {
+		switch {
+		case !applies[i]:
+		case errs[i] != nil:
+			refused = append(refused, KnobEffect{Setting: k.setting, Refused: errs[i].Error()})
+		default:
+			turned = append(turned, effs[i])
 		}
 	}
 	// Ranked by what each buys: the largest gain in TPS first.

@@ -54,21 +54,16 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		layer int
 		op    moe.Op
 	}
-	fwd := map[opKey]int64{}
-	for _, r := range recs {
-		if r.Pass == moe.Forward {
-			fwd[opKey{r.Layer, r.Op}] = r.Count
-		}
-	}
+	var fwd map[opKey]int64 // forward counts, made at the first recompute that reads them
 	local := 1
 	if cfg.IsMoE() {
 		local = cfg.Experts / l.EP
 	}
-	costs := map[segKey]segCost{}
+	costs := newSegCosts()
 	var cls int
 	var over [numOverheads]float64 // of the op being added
 	addCost := func(k segKey, t, rec float64) {
-		c := costs[k]
+		c := costs.at(k)
 		c.total += t
 		c.recompute += rec
 		// The quantize kernels inside a converted GEMM's price are
@@ -79,10 +74,10 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 		for i, v := range over {
 			c.over[i] += v
 		}
-		costs[k] = c
 	}
 	// opSeconds prices r and sets over to its launch, loss and clock shares.
-	opSeconds := overheadPricer(cfg, spec, local, &over, func(r moe.OpRecord) bool { return graphed(cfg, in, r) })
+	captured := func(r moe.OpRecord) bool { return graphed(cfg, in, r) }
+	opSeconds := pricedOnce(overheadPricer(cfg, spec, local, &over, captured), &over, captured)
 	routing := spec
 	if in.CUDAGraphs == job.FullGraphs { // the reorder's kernels are captured with the step
 		routing.LaunchS = 0
@@ -118,9 +113,7 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 			k := segKey{r.Layer, seg, parallel.PhaseBackward}
 			addCost(k, t, 0)
 			if r.Pass == moe.BackwardWeight {
-				c := costs[k]
-				c.weight += t
-				costs[k] = c
+				costs.at(k).weight += t
 			}
 		case moe.Recompute:
 			if block && reRun(cfg, in.AC, r.Layer, r.Op) {
@@ -128,6 +121,14 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 				// PhaseRecompute op; what the record holds beyond it (flash
 				// attention's own QKᵀ, moe_act's activation inside the MoE
 				// layer's recompute) runs inside backward.
+				if fwd == nil {
+					fwd = map[opKey]int64{}
+					for _, f := range recs {
+						if f.Pass == moe.Forward {
+							fwd[opKey{f.Layer, f.Op}] = f.Count
+						}
+					}
+				}
 				extra := r.Count - fwd[opKey{r.Layer, r.Op}]
 				if extra <= 0 {
 					continue
@@ -140,7 +141,38 @@ func opCosts(cfg *moe.Config, l job.Layout, in Input, spec cost.ComputeSpec, rec
 			addCost(segKey{r.Layer, seg, parallel.PhaseBackward}, t, t)
 		}
 	}
-	return costs, nil
+	return costs.byKey(), nil
+}
+
+// segCosts accumulates opCosts' charges, each key's in one slot found by
+// one map lookup a charge (a segKey hashes its segment's name; a map of
+// values took two, a read and a write), in the order they are charged:
+// the sums are those of charging the returned map directly.
+type segCosts struct {
+	slot map[segKey]int
+	acc  []segCost
+}
+
+func newSegCosts() *segCosts { return &segCosts{slot: map[segKey]int{}} }
+
+// at is k's cost, zero at first; the pointer holds until the next at.
+func (s *segCosts) at(k segKey) *segCost {
+	i, ok := s.slot[k]
+	if !ok {
+		i = len(s.acc)
+		s.slot[k] = i
+		s.acc = append(s.acc, segCost{})
+	}
+	return &s.acc[i]
+}
+
+// byKey is the accumulated costs by key.
+func (s *segCosts) byKey() map[segKey]segCost {
+	out := make(map[segKey]segCost, len(s.acc))
+	for k, i := range s.slot {
+		out[k] = s.acc[i]
+	}
+	return out
 }
 
 // overheadPricer returns opCosts' opSeconds: it prices an op record on one
@@ -203,6 +235,44 @@ func overheadPricer(cfg *moe.Config, spec cost.ComputeSpec, local int, over *[nu
 	}
 }
 
+// pricedOnce returns price remembering each distinct record's price and
+// the overheads it sets in *over: a block's records repeat layer after
+// layer, and what prices them reads no layer (cost.ComputeSpec.OpSeconds
+// and CastSeconds read the op, pass and count; the pricer also whether the
+// record is captured and the layer's expert loads groups, keyed by the
+// slice's identity: one slice per layer's loads). The same inputs give the
+// same price, so the cache changes no result.
+func pricedOnce(price func(moe.OpRecord, []float64) (float64, error), over *[numOverheads]float64, captured func(moe.OpRecord) bool) func(moe.OpRecord, []float64) (float64, error) {
+	type key struct {
+		op       moe.Op
+		pass     moe.Pass
+		count    int64
+		captured bool
+		groups   *float64
+		nGroups  int
+	}
+	type priced struct {
+		t    float64
+		over [numOverheads]float64
+	}
+	seen := map[key]priced{}
+	return func(r moe.OpRecord, groups []float64) (float64, error) {
+		k := key{op: r.Op, pass: r.Pass, count: r.Count, captured: captured(r), nGroups: len(groups)}
+		if len(groups) > 0 {
+			k.groups = &groups[0]
+		}
+		if p, ok := seen[k]; ok {
+			*over = p.over
+			return p.t, nil
+		}
+		t, err := price(r, groups)
+		if err == nil {
+			seen[k] = priced{t, *over}
+		}
+		return t, err
+	}
+}
+
 // streamOf maps a schedule op to an engine stream.
 func streamOf(o parallel.ScheduleOp, single bool) simStream {
 	if o.Type == parallel.OpCompute {
@@ -230,10 +300,16 @@ func streamOf(o parallel.ScheduleOp, single bool) simStream {
 
 // simOps turns the schedule into engine ops with modelled costs.
 // The tp axis's collectives are priced on tpG (widestTPGroup, or a
-// pipeline's tpShape).
-func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare) (*simulated, error) {
-	sim := &simulated{ops: make([]simOp, len(s.Ops)), recompute: make([]float64, len(s.Ops)), cp: make([]cpCharge, len(s.Ops)), comm: make([]cost.Comm, len(s.Ops)),
-		bytes: make([]float64, len(s.Ops)), byClass: make([][cost.NumOpClasses]float64, len(s.Ops))}
+// pipeline's tpShape). With detail it also keeps, op by op, what the
+// breakdown reads (recompute, op classes, context-parallel exchanges,
+// collectives' prices and sizes); a step time alone (Prepared.TPS) reads
+// only the engine's ops, the same either way.
+func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, opt optimizerCost, loads map[int]expertShare, detail bool) (*simulated, error) {
+	n := len(s.Ops)
+	sim := &simulated{ops: make([]simOp, n)}
+	if detail {
+		sim.recompute, sim.comm, sim.bytes, sim.byClass = make([]float64, n), make([]cost.Comm, n), make([]float64, n), make([][cost.NumOpClasses]float64, n)
+	}
 	shapes := map[parallel.Axis]cost.GroupShape{}
 	share := 1.0 // the rows the dispatcher sends (dispatchShare)
 	if in.Dispatcher.RowPerRank() && in.Model != nil {
@@ -251,9 +327,17 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 			} else {
 				c := costs[segKey{o.Layer, o.Segment, o.Phase}]
 				so.compute = c.total
-				sim.recompute[i] = c.recompute
-				sim.cp[i] = c.cp
-				sim.byClass[i] = c.byClass
+				if detail {
+					sim.recompute[i], sim.byClass[i] = c.recompute, c.byClass
+					if c.cp != (cpCharge{}) {
+						// Made at the first exchange: without CP none is
+						// charged (chargeCP), and readers take nil as none.
+						if sim.cp == nil {
+							sim.cp = make([]cpCharge, n)
+						}
+						sim.cp[i] = c.cp
+					}
+				}
 				for k, v := range c.over {
 					sim.over[k] += v
 				}
@@ -307,8 +391,9 @@ func simOps(s *parallel.Schedule, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.
 			sim.over[ohHostSync] += spec.HostSyncSeconds()
 		}
 		cc.LatencyS += fixed
-		sim.comm[i] = cc
-		sim.bytes[i] = bytes
+		if detail {
+			sim.comm[i], sim.bytes[i] = cc, bytes
+		}
 		so.coll, so.lat, so.work, so.link = true, cc.LatencyS, cc.BandwidthS, cc.Link
 		so.side = streamOf(o, in.SingleCommStream) != simCompute
 		sim.ops[i] = so
@@ -357,11 +442,15 @@ func (sim *simulated) chargeComputeCopies(s *parallel.Schedule, copies []compute
 		}
 		if j < 0 {
 			sim.ops[c.op].lat += c.seconds
-			sim.comm[c.op].LatencyS += c.seconds
+			if sim.comm != nil { // simOps' detail
+				sim.comm[c.op].LatencyS += c.seconds
+			}
 			continue
 		}
 		sim.ops[j].compute += c.seconds
-		sim.byClass[j][cost.ClassMemoryBound] += c.seconds
+		if sim.byClass != nil {
+			sim.byClass[j][cost.ClassMemoryBound] += c.seconds
+		}
 	}
 }
 
@@ -372,16 +461,15 @@ type optimizerCost struct{ update, clip, amax float64 }
 // addRouting adds each MoE layer's token reorder (cost.ComputeSpec.RoutingSeconds)
 // to its pre-expert segment, forward and, when the block or its MoE layer
 // is recomputed whole, recompute, as memory-bound time named routing.
-func addRouting(costs map[segKey]segCost, cfg *moe.Config, in Input, spec cost.ComputeSpec) {
+func addRouting(costs *segCosts, cfg *moe.Config, in Input, spec cost.ComputeSpec) {
 	// Under tp with etp = 1 each tp rank reorders its 1/tp of the rows.
 	t := spec.RoutingSeconds(cfg, int64(in.LBS)*int64(in.Seq)/int64(in.Layout.TokensPerExpertRank()))
 	add := func(k segKey, rec float64) {
-		c := costs[k]
+		c := costs.at(k)
 		c.total += t
 		c.recompute += rec
 		c.byClass[cost.ClassMemoryBound] += t
 		c.over[ohRouting] += t
-		costs[k] = c
 	}
 	for layer := 0; layer < cfg.Layers; layer++ {
 		if !cfg.MoELayer[layer] {

@@ -225,7 +225,7 @@ func cpOps(s job.Spec, folded job.Spec) ([]moe.OpRecord, error) {
 // chargeCP adds the exchange of attention record r, priced t seconds, to
 // the compute ops holding it: forward (and its recompute when the block is
 // re-run) or backward.
-func chargeCP(costs map[segKey]segCost, in Input, r moe.OpRecord, seg parallel.Segment, t float64, reRun bool) error {
+func chargeCP(costs *segCosts, in Input, r moe.OpRecord, seg parallel.Segment, t float64, reRun bool) error {
 	if in.cp.cp <= 1 || r.Op != moe.OpAttn {
 		return nil
 	}
@@ -247,11 +247,9 @@ func chargeCP(costs map[segKey]segCost, in Input, r moe.OpRecord, seg parallel.S
 		return fmt.Errorf("simulate: cp: %w", err)
 	}
 	for _, ph := range phases {
-		k := segKey{r.Layer, seg, ph}
-		c := costs[k]
+		c := costs.at(segKey{r.Layer, seg, ph})
 		c.cp.add(ch)
 		c.total += ch.exposedSum()
-		costs[k] = c
 	}
 	return nil
 }

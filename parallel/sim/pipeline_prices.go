@@ -296,7 +296,7 @@ type passTime struct {
 // passTiming walks ops, one stage pass, on the engine (see asyncPasses).
 func passTiming(ops []parallel.ScheduleOp, cl *hw.Cluster, mesh *parallel.Mesh, tpG cost.GroupShape, in Input, spec cost.ComputeSpec, costs map[segKey]segCost, loads map[int]expertShare, rate float64) (passTime, error) {
 	sched := &parallel.Schedule{Layout: mesh.Layout, Ops: ops}
-	sim, err := simOps(sched, cl, mesh, tpG, in, spec, costs, optimizerCost{}, loads)
+	sim, err := simOps(sched, cl, mesh, tpG, in, spec, costs, optimizerCost{}, loads, true)
 	if err != nil {
 		return passTime{}, err
 	}

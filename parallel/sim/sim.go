@@ -409,35 +409,13 @@ func checkSkewBound(s job.Spec) error {
 // Run simulates the prepared layout under a calibration (nil: defaults),
 // without the TPS interval. Runs of one Prepared may go concurrently.
 func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
-	spec, err := computeSpec(p.dev, p.in, cal)
+	st, err := p.step(cal, true)
 	if err != nil {
 		return Result{}, err
 	}
-	waitsFor(&spec, p.l, p.cl)
-	if err := spec.Validate(); err != nil {
-		return Result{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
-	}
-	in := p.in
-	in.Calibration = cal
-	costs, err := opCosts(p.local, p.l, in, spec, p.recs, p.loads)
-	if err != nil {
-		return Result{}, err
-	}
-	opt, err := p.optimizerCost(spec, cal)
-	if err != nil {
-		return Result{}, err
-	}
-	sim, err := simOps(p.sched, p.cl, p.mesh, p.tpG, in, spec, costs, opt, p.loads)
-	if err != nil {
-		return Result{}, err
-	}
-	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
-	spans, err := runEngineShared(sim.ops, rate)
-	if err != nil {
-		return Result{}, err
-	}
+	in, sim, spans := st.in, st.sim, st.spans
 	sim.over[ohNCCLContention] = contention(sim, spans)
-	res := Result{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes}
+	res := Result{Device: p.dev.Name, Cluster: p.cl.Name, Schedule: p.sched, Exactness: p.exact, DeviceBytes: p.dev.MemoryBytes, StepTimeS: st.seconds}
 	for i, o := range p.sched.Ops {
 		if o.Type == parallel.OpCollective && o.Axis == parallel.AxisTP {
 			res.TPLink = sim.comm[i].Link.String()
@@ -446,12 +424,6 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	}
 	if p.in.cp.cp > 1 {
 		res.CPLink = p.in.cp.link.String()
-	}
-	for _, sp := range spans {
-		res.StepTimeS = math.Max(res.StepTimeS, sp.end)
-	}
-	if !(res.StepTimeS > 0) {
-		return Result{}, errors.New("simulate: zero step time")
 	}
 	res.Breakdown, res.Bottleneck = breakdown(p.sched, sim, spans, res.StepTimeS)
 	res.Breakdown.OverheadS = map[string]float64{}
@@ -533,6 +505,65 @@ func (p *Prepared) Memory() memory.Report { return p.mem }
 // FLOPsPerToken is the model FLOPs per token by convention c (each
 // convention flops knows, as Result.MFUByConvention).
 func (p *Prepared) FLOPsPerToken(c flops.Convention) float64 { return p.convs[string(c)] }
+
+// TPS is Run's TPS alone: the step on the engine, without the breakdown,
+// the memory and the verdicts Run adds to it (a fit reads only TPS).
+func (p *Prepared) TPS(cal *cost.Calibration) (float64, error) {
+	st, err := p.step(cal, false)
+	if err != nil {
+		return 0, err
+	}
+	return p.tokens / st.seconds, nil
+}
+
+// engineStep is one step of the prepared layout on the engine: the input
+// it ran under, its priced ops, their spans and the step time.
+type engineStep struct {
+	in      Input
+	sim     *simulated
+	spans   []simSpan
+	seconds float64
+}
+
+// step prices the schedule under cal and runs it on the engine; detail
+// keeps what Run's breakdown reads (simOps).
+func (p *Prepared) step(cal *cost.Calibration, detail bool) (engineStep, error) {
+	spec, err := computeSpec(p.dev, p.in, cal)
+	if err != nil {
+		return engineStep{}, err
+	}
+	waitsFor(&spec, p.l, p.cl)
+	if err := spec.Validate(); err != nil {
+		return engineStep{}, fmt.Errorf("simulate: gpu %s: %w", p.dev.Name, err)
+	}
+	in := p.in
+	in.Calibration = cal
+	costs, err := opCosts(p.local, p.l, in, spec, p.recs, p.loads)
+	if err != nil {
+		return engineStep{}, err
+	}
+	opt, err := p.optimizerCost(spec, cal)
+	if err != nil {
+		return engineStep{}, err
+	}
+	sim, err := simOps(p.sched, p.cl, p.mesh, p.tpG, in, spec, costs, opt, p.loads, detail)
+	if err != nil {
+		return engineStep{}, err
+	}
+	rate := float64(spec.SMs-spec.NCCLCTAs) / float64(spec.SMs)
+	spans, err := runEngineShared(sim.ops, rate)
+	if err != nil {
+		return engineStep{}, err
+	}
+	st := engineStep{in: in, sim: sim, spans: spans}
+	for _, sp := range spans {
+		st.seconds = math.Max(st.seconds, sp.end)
+	}
+	if !(st.seconds > 0) {
+		return engineStep{}, errors.New("simulate: zero step time")
+	}
+	return st, nil
+}
 
 // replay is memory.Replay of the prepared timeline under a, from the cache
 // when only a's Fragmentation differs from an earlier replay.

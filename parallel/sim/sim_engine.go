@@ -124,6 +124,7 @@ func newEngine(ops []simOp) (*engine, error) {
 	for s := range e.busy {
 		e.busy[s] = -1 // idle
 	}
+	var per [numSimStreams]int // each stream's queue made once, at its length
 	for i, o := range ops {
 		if int(o.stream) >= int(numSimStreams) {
 			return nil, fmt.Errorf("sim: op %d on unknown stream %d", i, o.stream)
@@ -133,6 +134,12 @@ func newEngine(ops []simOp) (*engine, error) {
 				return nil, fmt.Errorf("sim: op %d depends on %d (out of range)", i, d)
 			}
 		}
+		per[o.stream]++
+	}
+	for st, k := range per {
+		e.queues[st] = make([]int, 0, k)
+	}
+	for i, o := range ops {
 		e.queues[o.stream] = append(e.queues[o.stream], i)
 	}
 	return e, nil

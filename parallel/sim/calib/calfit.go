@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sync"
 
+	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/gonum/mat"
 
 	"github.com/moescope/moescope/parallel/sim"
@@ -40,27 +40,37 @@ const (
 )
 
 // logTPS returns ln(predicted TPS) of every run under x (st's
-// parameters), simulating the runs in parallel.
+// parameters).
 func (f calFit) logTPS(st calState, x []float64) ([]float64, error) {
-	c := st.calibration(x, st.base)
-	out := make([]float64, len(f.preps))
-	errs := make([]error, len(f.preps))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
-	for i, p := range f.preps {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			r, err := p.Run(c)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			out[i] = math.Log(r.TPS)
-		}()
+	lp, err := f.logTPSAt(st, [][]float64{x})
+	if err != nil {
+		return nil, err
 	}
-	wg.Wait()
+	return lp[0], nil
+}
+
+// logTPSAt returns ln(predicted TPS) of every run under each of xs,
+// simulating every (x, run) pair at once on GOMAXPROCS goroutines: one
+// pool over all of them, so that a long run does not leave the other
+// cores idle at the end of each x. An error is the first by x, then run.
+func (f calFit) logTPSAt(st calState, xs [][]float64) ([][]float64, error) {
+	n := len(f.preps)
+	out := make([][]float64, len(xs))
+	errs := make([]error, len(xs)*n)
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for a, x := range xs {
+		c := st.calibration(x, st.base)
+		out[a] = make([]float64, n)
+		for i, p := range f.preps {
+			g.Go(func() error {
+				tps, err := p.TPS(c)
+				out[a][i], errs[a*n+i] = math.Log(tps), err
+				return nil
+			})
+		}
+	}
+	_ = g.Wait() // the goroutines report in errs
 	for _, err := range errs {
 		if err != nil {
 			return nil, fmt.Errorf("calibrate: %w", err)
@@ -72,18 +82,19 @@ func (f calFit) logTPS(st calState, x []float64) ([]float64, error) {
 // sensitivities returns J (runs × params): ∂ ln TPS_i / ∂ x_j at x, by
 // forward differences, and ln TPS at x.
 func (f calFit) sensitivities(st calState, x []float64) (*mat.Dense, []float64, error) {
-	base, err := f.logTPS(st, x)
+	xs := [][]float64{x}
+	for j := range st.names {
+		xj := append([]float64(nil), x...)
+		xj[j] += sensStep
+		xs = append(xs, xj)
+	}
+	lp, err := f.logTPSAt(st, xs)
 	if err != nil {
 		return nil, nil, err
 	}
+	base := lp[0]
 	J := mat.NewDense(len(f.preps), max(1, len(st.names)), nil)
-	for j := range st.names {
-		xs := append([]float64(nil), x...)
-		xs[j] += sensStep
-		moved, err := f.logTPS(st, xs)
-		if err != nil {
-			return nil, nil, err
-		}
+	for j, moved := range lp[1:] {
 		for i := range moved {
 			J.Set(i, j, (moved[i]-base[i])/sensStep)
 		}

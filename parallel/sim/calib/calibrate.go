@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 
 	"github.com/moescope/moescope/flops"
@@ -14,6 +15,7 @@ import (
 	"github.com/moescope/moescope/parallel/sim"
 	"github.com/moescope/moescope/parallel/sim/cost"
 	"github.com/moescope/moescope/parallel/sim/published"
+	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/gonum/mat"
 )
 
@@ -161,23 +163,41 @@ type calFit struct {
 	preps []*sim.Prepared
 }
 
-// prepareFit prepares every run's simulation once; the fit then only
-// re-runs them under trial calibrations.
+// prepareFit prepares every run's simulation once, the runs in parallel;
+// the fit then only re-runs them under trial calibrations. An error is
+// the first run's.
 func prepareFit(runs []published.Run) (calFit, error) {
 	f := calFit{runs: runs, preps: make([]*sim.Prepared, len(runs))}
+	errs := make([]error, len(runs))
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
 	for i, r := range runs {
-		in, err := published.InputForRun(r)
+		g.Go(func() error {
+			f.preps[i], errs[i] = prepareRun(r)
+			return nil
+		})
+	}
+	_ = g.Wait() // the goroutines report in errs
+	for i, err := range errs {
 		if err != nil {
-			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
-		}
-		if f.preps[i], err = sim.Prepare(in); err != nil {
-			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
-		}
-		if err := checkMeasured(r, f.preps[i]); err != nil {
 			return calFit{}, fmt.Errorf("calibrate: run %d: %w", i, err)
 		}
 	}
 	return f, nil
+}
+
+// prepareRun prepares one measured run's simulation and checks that the
+// fit can use its measurement.
+func prepareRun(r published.Run) (*sim.Prepared, error) {
+	in, err := published.InputForRun(r)
+	if err != nil {
+		return nil, err
+	}
+	p, err := sim.Prepare(in)
+	if err != nil {
+		return nil, err
+	}
+	return p, checkMeasured(r, p)
 }
 
 // checkMeasured refuses a run the fit cannot use: a precision the model
@@ -225,19 +245,6 @@ func runsRecipe(runs []published.Run) (job.Precision, error) {
 		}
 	}
 	return first, nil
-}
-
-// predictTPS returns every run's predicted TPS under c (nil: defaults).
-func (f calFit) predictTPS(c *cost.Calibration) ([]float64, error) {
-	out := make([]float64, len(f.preps))
-	for i, p := range f.preps {
-		r, err := p.Run(c)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = r.TPS
-	}
-	return out, nil
 }
 
 // fitAllocator fits the allocator's unmodelled fraction f to the runs that
