@@ -95,8 +95,8 @@ func paramTable(w io.Writer, cal *cost.Calibration) error {
 }
 
 // sdText is parameter n's relative standard deviation as a percentage, or
-// "—" when the fit's covariance does not cover it (the allocator
-// overhead's closed-form fit has none).
+// "—" when the fit has none (a parameter kept at its default, or an
+// allocator overhead fitted from one run).
 func sdText(cal *cost.Calibration, n string) string {
 	sd, ok := cal.LogSD(n)
 	if !ok {

@@ -17,6 +17,7 @@ import (
 	"github.com/moescope/moescope/parallel/sim/published"
 	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/gonum/mat"
+	"gonum.org/v1/gonum/stat"
 )
 
 // calState maps the optimizer's vector onto a calibration: multipliers are
@@ -130,12 +131,12 @@ func Calibrate(runs []published.Run) (*cost.Calibration, error) {
 			cal.Covariance = append(cal.Covariance, row)
 		}
 	}
-	frag, ok, why, err := f.fitAllocator()
+	frag, logSD, ok, why, err := f.fitAllocator()
 	switch {
 	case err != nil:
 		return nil, err
 	case ok:
-		cal.AllocatorOverhead = frag
+		cal.AllocatorOverhead, cal.AllocatorLogSD = frag, logSD
 		cal.Fitted = append(cal.Fitted, cost.CalAllocator)
 	default:
 		cal.Kept = append(cal.Kept, cost.CalAllocator)
@@ -255,11 +256,14 @@ func runsRecipe(runs []published.Run) (job.Precision, error) {
 // than the simulated pools alone (the model over-predicts their memory, an
 // error no allocator overhead can repair), and the default is kept with
 // why. ok is false when no run reports reserved memory or f is not
-// identified.
-func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
+// identified. logSD is the standard deviation of ln f: the standard error
+// of that mean, s/√n with s the sample standard deviation of the ln(M_k/S_k),
+// carried to ln f by the delta method (d ln f / d ln(1+f) = (1+f)/f); 0
+// from one run, whose spread is unknown.
+func (f calFit) fitAllocator() (frag, logSD float64, ok bool, why string, err error) {
 	a := memory.DefaultAllocator
 	a.Fragmentation = 0
-	sum, n := 0.0, 0
+	var logs []float64
 	for i, r := range f.runs {
 		m, measured := r.MeasuredReserved(f.preps[i].Device())
 		if !measured {
@@ -267,24 +271,28 @@ func (f calFit) fitAllocator() (frag float64, ok bool, why string, err error) {
 		}
 		p, err := memory.Replay(f.preps[i].Memory().Events, a, f.preps[i].Input().MemoryOptions().Segments)
 		if err != nil {
-			return 0, false, "", err
+			return 0, 0, false, "", err
 		}
-		sum += math.Log(m / float64(p.Reserved))
-		n++
+		logs = append(logs, math.Log(m/float64(p.Reserved)))
 	}
+	n := len(logs)
 	if n == 0 {
-		return 0, false, cost.CalAllocator + ": no run reports peak reserved memory", nil
+		return 0, 0, false, cost.CalAllocator + ": no run reports peak reserved memory", nil
 	}
-	frag = math.Expm1(sum / float64(n))
+	mean, s := stat.MeanStdDev(logs, nil)
+	frag = math.Expm1(mean)
 	if frag < 0 {
-		return 0, false, fmt.Sprintf("%s: not identified: the %d run(s) reporting reserved memory measure %.1f%% below the simulated pools alone "+
+		return 0, 0, false, fmt.Sprintf("%s: not identified: the %d run(s) reporting reserved memory measure %.1f%% below the simulated pools alone "+
 			"(geometric mean), which no allocator overhead ≥ 0 repairs; the default is kept", cost.CalAllocator, n, -100*frag), nil
 	}
 	if frag >= 0.95 {
-		return 0, false, fmt.Sprintf("%s: not identified: the runs measure %.0f%% above the simulated pools, beyond any allocator overhead (< 95%%); "+
+		return 0, 0, false, fmt.Sprintf("%s: not identified: the runs measure %.0f%% above the simulated pools, beyond any allocator overhead (< 95%%); "+
 			"the default is kept", cost.CalAllocator, 100*frag), nil
 	}
-	return frag, true, "", nil
+	if n > 1 && frag > 0 {
+		logSD = s / math.Sqrt(float64(n)) * (1 + frag) / frag
+	}
+	return frag, logSD, true, "", nil
 }
 
 // recordResiduals sets cal's relative TPS and peak-reserved errors, run by

@@ -117,6 +117,21 @@ func TestCalibrateAllocatorNotIdentified(t *testing.T) {
 	if !slices.Contains(cal.Fitted, cost.CalAllocator) || math.Abs(cal.AllocatorOverhead-0.1) > 1e-6 {
 		t.Errorf("measured 1.1 × the pools: fitted %v, overhead %g, want 0.1", cal.Fitted, cal.AllocatorOverhead)
 	}
+	if _, ok := cal.LogSD(cost.CalAllocator); ok {
+		t.Errorf("one run: the allocator overhead has a standard deviation (%g), want none", cal.AllocatorLogSD)
+	}
+	// Two runs at 1.1 and 1.2 × the pools, by hand: ln(1+f) is the mean of
+	// ln 1.1 and ln 1.2, so f = √1.32 − 1 = 0.148913; their sample standard
+	// deviation over √2 is ln(1.2/1.1)/2 = 0.0435057, and ln f's is that ×
+	// (1+f)/f = 7.71534: 0.335660.
+	cal, err = Calibrate(append(mk(1.1), mk(1.2)...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd, ok := cal.LogSD(cost.CalAllocator)
+	if math.Abs(cal.AllocatorOverhead-0.148913) > 1e-5 || !ok || math.Abs(sd-0.335660) > 1e-4 {
+		t.Errorf("runs at 1.1 and 1.2 × the pools: overhead %g, log sd %g (%v), want 0.148913 and 0.335660", cal.AllocatorOverhead, sd, ok)
+	}
 }
 
 // TestCalibrateRecoversSweep plants known multipliers, simulates a sweep

@@ -49,6 +49,10 @@ type Calibration struct {
 	// AllocatorOverhead replaces the memory allocator model's fragmentation
 	// fraction (reserved = (1 + f)·compute pool + comm pool) when set.
 	AllocatorOverhead float64 `json:"allocator_overhead,omitempty"`
+	// AllocatorLogSD is the standard deviation of ln AllocatorOverhead
+	// (LogSD's scale), from the spread of the runs' measured ÷ simulated
+	// reserved memory; 0 when fewer than two runs report it.
+	AllocatorLogSD float64 `json:"allocator_overhead_log_sd,omitempty"`
 	// Fitted names the parameters the fit moved; Kept those it could not
 	// identify from the runs and left at their defaults.
 	Fitted []string `json:"fitted,omitempty"`
@@ -171,10 +175,14 @@ func (c *Calibration) Value(name string) (float64, error) {
 
 // LogSD is the fit's standard deviation of ln θ for parameter name, the
 // square root of its variance in Covariance: for a small spread, the
-// relative standard deviation of θ itself. ok is false when the covariance
-// does not cover name (a parameter kept at its default, or one fitted
-// without it, as the allocator overhead is).
+// relative standard deviation of θ itself; for the allocator overhead,
+// fitted in closed form outside the covariance, AllocatorLogSD. ok is false
+// when neither covers name (a parameter kept at its default, or an
+// allocator overhead fitted from one run).
 func (c *Calibration) LogSD(name string) (sd float64, ok bool) {
+	if name == CalAllocator {
+		return c.AllocatorLogSD, c.AllocatorLogSD > 0
+	}
 	i := slices.Index(c.CovarianceParams, name)
 	if i < 0 || i >= len(c.Covariance) || i >= len(c.Covariance[i]) || !(c.Covariance[i][i] > 0) {
 		return 0, false
@@ -210,6 +218,9 @@ func (c *Calibration) Validate() error {
 	}
 	if c.AllocatorOverhead < 0 || c.AllocatorOverhead >= 1 || math.IsNaN(c.AllocatorOverhead) {
 		errs = append(errs, fmt.Errorf("%s = %v: must be in [0, 1)", CalAllocator, c.AllocatorOverhead))
+	}
+	if !(c.AllocatorLogSD >= 0) || math.IsInf(c.AllocatorLogSD, 1) {
+		errs = append(errs, fmt.Errorf("allocator_overhead_log_sd = %v: must be finite and ≥ 0", c.AllocatorLogSD))
 	}
 	errs = append(errs, c.validateCovariance())
 	if n := len(c.ResidualRuns); n > 0 && n != len(c.Residuals) {
