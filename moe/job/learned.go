@@ -14,7 +14,7 @@ import (
 //
 // The mechanism: a rank's rows are the sum of its E/ep experts' rows, out
 // of the ep·T·k (token, slot) rows its EP group routes (T tokens per rank,
-// routedTokens). Two things spread them. The router's preference for some
+// RoutedTokens). Two things spread them. The router's preference for some
 // experts, independent across experts: relative variance c²·ep/E for a
 // sum of E/ep of them. The sampling of T·k rows per rank, multinomial over
 // ep ranks: (1 − 1/ep)/(T·k) — all there is under Megatron's forced
@@ -28,7 +28,7 @@ func (s Spec) LearnedSkew(routerCV float64) float64 {
 	if cfg == nil || !cfg.IsMoE() || s.EP <= 1 {
 		return 1
 	}
-	ep, rows := float64(s.EP), float64(s.routedTokens())*float64(cfg.TopK)
+	ep, rows := float64(s.EP), float64(s.RoutedTokens())*float64(cfg.TopK)
 	v := routerCV * routerCV * ep / float64(cfg.Experts)
 	if rows > 0 {
 		v += (1 - 1/ep) / rows
@@ -47,12 +47,13 @@ func (s Spec) RoutedSkew() float64 {
 	return s.ExpertSkew
 }
 
-// routedTokens is the tokens one rank routes per micro-batch: the
+// RoutedTokens is the tokens one rank routes per micro-batch (what an
+// expert-parallel dispatcher moves at once): the
 // micro-batch's sequences (the pipeline's micro-batch, or the local batch
 // of one micro-step), each the rank's share of the sequence — a cp-th
 // under context parallelism, a tp-th where the sequence-parallel region
 // feeds the router.
-func (s Spec) routedTokens() int64 {
+func (s Spec) RoutedTokens() int64 {
 	mb := int64(s.LBS)
 	if s.Stages() > 1 {
 		mb = int64(max(s.PPMicrobatchSize, 1))

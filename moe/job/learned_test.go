@@ -41,10 +41,10 @@ func TestLearnedSkewHandWorked(t *testing.T) {
 	if got := s.LearnedSkew(100); got != 8 {
 		t.Errorf("c = 100: %v, want the bound 8", got)
 	}
-	// routedTokens under a pipeline: its micro-batch, not the local batch.
+	// RoutedTokens under a pipeline: its micro-batch, not the local batch.
 	sp := s
 	sp.PP, sp.PPMicrobatchSize = 2, 1
-	if got := sp.routedTokens(); got != 4096 {
+	if got := sp.RoutedTokens(); got != 4096 {
 		t.Errorf("pp micro-batch 1 of seq 4096: %d tokens, want 4096", got)
 	}
 }

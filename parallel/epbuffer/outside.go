@@ -12,8 +12,9 @@ import (
 // (the device's OutsideEPBytes: what an all_to_all_single communicator's
 // per-peer connections add, NVIDIA/nccl issue #1685) or, in their place,
 // DeepEP's Buffer (DeepEPBytes) or HybridEP's NVLink buffers
-// (HybridEPBytes) for the rank's tokens of one micro-batch (its cp and tp
-// share) and its local experts. NCCL connects a peer for send/recv only at
+// (HybridEPBytes) for the tokens the rank routes per micro-batch
+// (job.Spec.RoutedTokens: a pipeline's micro-batch, not its local batch)
+// and its local experts. NCCL connects a peer for send/recv only at
 // the first send/recv to it (NVIDIA/nccl issue #1691), and DeepEP and
 // HybridEP move tokens through their own buffers, so their expert-parallel
 // group's communicator (used for set-up exchanges, all-gathers) opens none.
@@ -35,8 +36,7 @@ func Outside(dev hw.Device, s job.Spec, domain int) (int64, error) {
 			}
 			domain = cl.NVLinkDomain
 		}
-		tokens := s.LBS * s.Seq / max(l.CPDegree()*l.TPDegree(), 1)
-		b, err := HybridEPBytes(s.Model.Hidden, tokens, s.Model.Experts/l.EP, l.EP, domain)
+		b, err := HybridEPBytes(s.Model.Hidden, int(s.RoutedTokens()), s.Model.Experts/l.EP, l.EP, domain)
 		return base + b, err
 	}
 	return dev.Outside(l.EP), nil

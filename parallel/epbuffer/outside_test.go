@@ -39,3 +39,23 @@ func TestOutsideByDispatcher(t *testing.T) {
 		}
 	}
 }
+
+// TestOutsideHybridEPPipelineMicroBatch: HybridEP sizes its buffers for
+// one dispatch, a pipeline's micro-batch (pp_microbatch_size sequences),
+// not the rank's local batch of every micro-batch in flight: a pp 2 rank
+// with 256 local sequences of 4096 in micro-batches of 1 holds what a
+// one-sequence rank without a pipeline holds (4,208,984,064 − 3 GiB at
+// 2 × 4096 tokens in TestOutsideByDispatcher; here 4096 tokens: maxT
+// 32,768, 469,762,048 + 16,777,216 + 7,340,032 = 493,879,296 bytes).
+func TestOutsideHybridEPPipelineMicroBatch(t *testing.T) {
+	dev, err := hw.LookupDevice("h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := job.Spec{Model: &moe.Config{Hidden: 7168, Experts: 128}, Layout: job.Layout{EP: 8, PP: 2, PPMicrobatchSize: 1}}
+	s.Dispatcher, s.LBS, s.Seq = job.HybridEP, 256, 4096
+	got, err := Outside(dev, s, 8)
+	if want := int64(3221225472 + 493879296); err != nil || got != want {
+		t.Errorf("Outside(pp 2, lbs 256, micro-batch 1) = %d, %v; want %d", got, err, want)
+	}
+}
