@@ -77,10 +77,19 @@ func settingDiff(a, b published.Run) (string, bool) {
 	maps.Copy(keys, kb) // a key one run omits (omitempty) differs too
 	for _, k := range slices.Sorted(maps.Keys(keys)) {
 		if fmt.Sprint(ka[k]) != fmt.Sprint(kb[k]) {
-			diff = append(diff, fmt.Sprintf("%s: %v → %v", k, ka[k], kb[k]))
+			diff = append(diff, fmt.Sprintf("%s: %s → %s", k, shownSetting(ka[k]), shownSetting(kb[k])))
 		}
 	}
 	return strings.Join(diff, ", "), len(diff) > 0
+}
+
+// shownSetting prints a setting's value, "unset" for a key the run omits
+// (the framework's default applies).
+func shownSetting(v any) string {
+	if v == nil {
+		return "unset"
+	}
+	return fmt.Sprint(v)
 }
 
 // sameSetup says whether runs a and b share what an A/B pair must: the

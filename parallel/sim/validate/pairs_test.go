@@ -44,3 +44,14 @@ func TestPairs(t *testing.T) {
 		t.Errorf("summary %+v within %d", got.Error, got.Within10)
 	}
 }
+
+// TestSettingDiffUnset: a setting one run omits (the framework's default)
+// prints as unset, not as Go's nil.
+func TestSettingDiffUnset(t *testing.T) {
+	a := published.Run{Model: "qwen3-235b-a22b", GPU: "h100", File: "f.json", Precision: "bf16", Spec: published.Defaults()}
+	b := a
+	b.Routing = "learned"
+	if got, ok := settingDiff(a, b); !ok || got != "routing: unset → learned" {
+		t.Errorf("settingDiff = %q, %v; want \"routing: unset → learned\"", got, ok)
+	}
+}
