@@ -159,20 +159,13 @@ def forward(c, P, tokens):
     return ce, margin
 
 
+def reset_clamped():
+    CLAMPED[:] = [0, 0]
+
+
 def main():
     out = os.path.join(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__)), "gpt_oss")
-    for seed in range(1000, 1200):
-        P = init_params(CONFIG, seed)
-        tokens = torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQ), generator=torch.Generator().manual_seed(seed + 7))
-        for v in P.values():
-            v.requires_grad_(True)
-        CLAMPED[:] = [0, 0]
-        ce, margin = forward(CONFIG, P, tokens)
-        if margin >= MIN_MARGIN:
-            break
-    else:
-        raise RuntimeError(f"no seed gives margins ≥ {MIN_MARGIN}")
-    ce.backward()
+    P, tokens, ce, margin, seed = tr.seeded_case(CONFIG, init_params, forward, BATCH, SEQ, MIN_MARGIN, "margins", reset=reset_clamped)
     ns = names(CONFIG)
     tr.write_stacked_case(out, "gpt_oss", "gptoss.py", CONFIG, P, ns, tokens, ce, margin, seed, DTYPE)
     print(f"gpt_oss seed {seed} loss {ce.item():.6f} margin {margin:.4f} "

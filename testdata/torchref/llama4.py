@@ -163,17 +163,7 @@ def forward(c, P, tokens):
 
 def main():
     out = os.path.join(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__)), "llama4")
-    for seed in range(1000, 1200):
-        P = init_params(CONFIG, seed)
-        tokens = torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQ), generator=torch.Generator().manual_seed(seed + 7))
-        for v in P.values():
-            v.requires_grad_(True)
-        ce, margin = forward(CONFIG, P, tokens)
-        if margin >= MIN_MARGIN:
-            break
-    else:
-        raise RuntimeError(f"no seed gives a routing margin ≥ {MIN_MARGIN}")
-    ce.backward()
+    P, tokens, ce, margin, seed = tr.seeded_case(CONFIG, init_params, forward, BATCH, SEQ, MIN_MARGIN, "a routing margin")
     ns = names(CONFIG)
     tr.write_stacked_case(out, "llama4", "llama4.py", CONFIG, P, ns, tokens, ce, margin, seed, DTYPE)
     print(f"llama4 seed {seed} loss {ce.item():.6f} margin {margin:.4f} "

@@ -670,6 +670,24 @@ def write_json(path, obj):
         f.write("\n")
 
 
+def seeded_case(cfg, init_params, forward, batch, seq, min_margin, what, reset=None):
+    """The first seed from 1000 whose parameters and tokens give forward a routing margin of at least min_margin
+    (so a rounding difference cannot flip a top-k choice), with its gradients: (P, tokens, ce, margin, seed).
+    reset, if given, runs before each forward (a script's counters)."""
+    for seed in range(1000, 1200):
+        P = init_params(cfg, seed)
+        tokens = torch.randint(0, cfg["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed + 7))
+        for v in P.values():
+            v.requires_grad_(True)
+        if reset:
+            reset()
+        ce, margin = forward(cfg, P, tokens)
+        if margin >= min_margin:
+            ce.backward()
+            return P, tokens, ce, margin, seed
+    raise RuntimeError(f"no seed gives {what} ≥ {min_margin}")
+
+
 def write_stacked_case(out, case, script, cfg, P, ns, tokens, ce, margin, seed, dtype):
     """Write a case of a script that models its own architecture (gptoss.py, llama4.py): config, weights in
     dtype, tokens, float32 gradients and expected.json, with no auxiliary loss. ns lists (name, _, _) per tensor."""
