@@ -127,12 +127,24 @@ func gemmKernel(name string, mr, nvec int, vec func() reg.VecVirtual, lanes int,
 	accum := Load(Param("accumulate"), GP64())
 	TESTQ(accum, accum)
 	JZ(LabelRef(name + "_overwrite"))
+	// Every load of C before any store: C's rows ldc apart share their low
+	// 12 address bits when ldc is a multiple of 1024 floats, and a load
+	// issued behind a store to such an address waits for it ("4K
+	// aliasing", Intel's optimization reference manual; the Zen 5 guest
+	// behaves alike). Interleaved, 2048³ on one core ran 82–83% of peak
+	// there against 87–89% with rows padded to 2064; loads first, 87%
+	// unpadded (record zen5-2026-12-03 in moe/kernel).
 	MOVQ(c, cp)
 	for i := 0; i < mr; i++ {
 		for v := 0; v < nvec; v++ {
-			m := Mem{Base: cp, Disp: 4 * v * lanes}
-			VADDPS(m, acc[i][v], acc[i][v])
-			VMOVUPS(acc[i][v], m)
+			VADDPS(Mem{Base: cp, Disp: 4 * v * lanes}, acc[i][v], acc[i][v])
+		}
+		ADDQ(ldc, cp)
+	}
+	MOVQ(c, cp)
+	for i := 0; i < mr; i++ {
+		for v := 0; v < nvec; v++ {
+			VMOVUPS(acc[i][v], Mem{Base: cp, Disp: 4 * v * lanes})
 		}
 		ADDQ(ldc, cp)
 	}

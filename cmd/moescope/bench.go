@@ -129,9 +129,9 @@ func parseSizes(s string) ([]int, error) {
 
 func printBench(w io.Writer, r *bench.Report) {
 	c := r.CPU
-	fmt.Fprintf(w, "cpu: %s (%s family %d model %d), %d CPUs usable by this process (cpuid: %d physical cores), %s; L1d %d KiB, L2 %d KiB, L3 %d KiB; kernel %s\n",
+	fmt.Fprintf(w, "cpu: %s (%s family %d model %d), %d CPUs usable by this process (cpuid: %d physical cores), %s; L1d %d KiB, L2 %d KiB, L3 %d KiB; kernel %s, tuning %s\n",
 		c.Brand, c.Vendor, c.Family, c.Model, c.UsableCPUs, c.PhysicalCores, strings.Join(c.Features, " "),
-		c.L1DBytes>>10, c.L2Bytes>>10, c.L3Bytes>>10, c.Kernel)
+		c.L1DBytes>>10, c.L2Bytes>>10, c.L3Bytes>>10, c.Kernel, c.Tuning)
 	p := r.Peak
 	fmt.Fprintf(w, "peak (float32 FMA loop, measured, best of 20 runs): clock %.2f GHz, %.1f FLOP/cycle, %.1f GFLOP/s per core, %.1f GFLOP/s on %d threads\n",
 		p.ClockGHz, p.FLOPPerCycle, p.PerCoreGFLOPS, p.AllCoreGFLOPS, p.Threads)

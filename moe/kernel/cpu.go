@@ -25,6 +25,9 @@ type CPU struct {
 	L3Bytes       int      `json:"l3_bytes"`  // per CCX or package; -1 when cpuid does not say
 	CacheLine     int      `json:"cache_line"`
 	Kernel        string   `json:"kernel"` // the GEMM micro-kernel in use: "avx512", "avx2" or "generic"
+	// Tuning is the row of the tuning table (tuning.go) the kernels use,
+	// with "nearest row" where this part is not in the table.
+	Tuning string `json:"tuning"`
 }
 
 // Info returns what cpuid reports, the CPUs this process may use and the
@@ -51,6 +54,7 @@ func Info() CPU {
 		L3Bytes:       c.Cache.L3,
 		CacheLine:     c.CacheLine,
 		Kernel:        active().name,
+		Tuning:        tuningLabel(tune, tuneExact, c.VendorString, c.Family, c.Model),
 	}
 }
 

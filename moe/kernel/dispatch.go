@@ -3,6 +3,8 @@ package kernel
 import (
 	"os"
 	"sync/atomic"
+
+	"github.com/klauspost/cpuid/v2"
 )
 
 // microKernel is one implementation of the GEMM inner tile and of the FMA
@@ -22,12 +24,21 @@ type microKernel struct {
 // always last. Filled in init by the architecture files.
 var kernels = []*microKernel{genericKernel}
 
+// tune is this part's row of the tuning table and tuneExact whether it is
+// the part's own (tuning.go); tests switch rows.
+var (
+	tune      tuning
+	tuneExact bool
+)
+
 // current is the kernel in use; tests switch it with useKernel.
 var current atomic.Pointer[microKernel]
 
 func init() {
 	kernels = append(archKernels(), kernels...)
-	k := kernels[0]
+	c := cpuid.CPU
+	tune, tuneExact = tuningFor(c.VendorString, c.Family, c.Model, KernelNames())
+	k := pickKernel(tune, tuneExact, kernels)
 	// MOESCOPE_KERNEL=avx2|generic forces a slower path, to compare paths
 	// on one machine; an unknown or unsupported name is ignored.
 	if want := os.Getenv("MOESCOPE_KERNEL"); want != "" {

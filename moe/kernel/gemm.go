@@ -26,13 +26,14 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 	*g = gemmCall{mk: active(), transA: transA, transB: transB, m: m, n: n, k: k,
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc}
 	g.split(Threads())
-	g.bs = blockSizes(g.mk, g.parts > 1 && g.splitRows)
+	shared := g.parts > 1 && g.splitRows && tune.shared
+	g.bs = blockSizes(g.mk, shared)
 	switch {
 	case g.parts == 1:
 		ar := arenas.Get().(*arena)
 		g.task(ar, 0)
 		arenas.Put(ar)
-	case g.splitRows:
+	case shared:
 		g.sharedB()
 	default:
 		parallel(g.parts, g)
@@ -98,25 +99,19 @@ type blocking struct {
 }
 
 // blockSizes derives the blocking for micro-kernel mk from the cache sizes
-// cpuid reports, with common sizes where cpuid does not say. kc takes two
-// thirds of L1 for one B sliver (after the BLIS analytic rule; on Zen 5,
-// 48 KiB L1, kc = 256 for the 12×32 kernel measured 82% of peak at 2048³
-// on one core against 79% with kc = 192). Where half of L2 holds a B panel
-// at least 1024 columns wide, tiles go by rows with that panel and an A
-// block in a quarter of L2: on the 2-vCPU Sapphire Rapids guest (2 MiB L2)
-// the 12×32 kernel (kc = 256, nc = 1024, mc = 504) ran 1–12% faster than
-// by columns on one core in paired runs over the square and expert shapes,
-// while the 6×16 kernel there (kc = 512: nc would be 512) gained nothing.
-// Otherwise, and for a B panel shared by the cores (shared: sharedB, where
-// each core packs half of it, so it is in neither core's L2 whole; by rows
-// it gained nothing there, 0.97–1.01× by columns on 2 threads over 1024³,
-// 2048³, 2048×512×2048, 2048×2048×4096 and 4096×2048×2048 in paired runs,
-// and nc = 1024 cuts a product into four times as many fork/join phases),
+// cpuid reports (common sizes where it does not say) by the rules of this
+// part's row of the tuning table (tuning.go; the measurements that set
+// them are in tuning_records.json). kc is the largest whose kc×nr B sliver
+// fills the row's fraction of L1 (two thirds on every row, after the BLIS
+// analytic rule). Where half of L2 holds a B panel at least the row's
+// width, tiles go by rows with that panel and an A block in a quarter of
+// L2. Otherwise, and for a B panel shared by the cores (shared: sharedB,
+// where each core packs half of it, so it is in neither core's L2 whole),
 // tiles go by columns with the A block in half of L2 and nc = 4096.
 func blockSizes(mk *microKernel, shared bool) blocking {
 	l1, l2 := cacheL1, cacheL2
-	kc := min(max(l1*2/3/(4*mk.nr), 64), 512) &^ 7
-	if nc := l2 / 2 / (4 * kc) / mk.nr * mk.nr; nc >= 1024 && !shared {
+	kc := min(max(l1*tune.kcL1[0]/tune.kcL1[1]/(4*mk.nr), 64), 512) &^ 7
+	if nc := l2 / 2 / (4 * kc) / mk.nr * mk.nr; tune.rows > 0 && nc >= tune.rows && !shared {
 		mc := min(max(l2/4/(4*kc), mk.mr), 1024) / mk.mr * mk.mr
 		return blocking{mc: mc, kc: kc, nc: min(nc, 4096), rows: true}
 	}

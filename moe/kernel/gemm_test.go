@@ -4,27 +4,34 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
-// forEachPath runs f once per micro-kernel this machine can run and per
-// thread count (1 and 2), so every dispatch path is compared with sgemmRef.
-// forEachPath runs f on every kernel, on one and two threads, and with the
-// L2 sizes of a 512 KiB and a 2 MiB core: blockSizes chooses the tile order
-// (rows, or columns) from the cache sizes, so both orders run on any host.
+// forEachPath runs f on every micro-kernel this machine can run, on one
+// and two threads, with the L2 sizes of a 512 KiB and a 2 MiB core
+// (blockSizes chooses the tile order, rows or columns, from the cache
+// sizes) and, on two threads, with a row split's B panel shared by the
+// cores and packed by each (the tuning rows differ there), so every
+// dispatch path is compared with sgemmRef on any host.
 func forEachPath(t *testing.T, f func(t *testing.T)) {
 	for _, name := range KernelNames() {
 		for _, threads := range []int{1, 2} {
 			for _, l2 := range []int{512 << 10, 2 << 20} {
-				t.Run(fmt.Sprintf("%s/threads=%d/l2=%dKiB", name, threads, l2>>10), func(t *testing.T) {
-					restore, _ := UseKernel(name)
-					defer restore()
-					prev := SetThreads(threads)
-					defer SetThreads(prev)
-					defer func(l2 int) { cacheL2 = l2 }(cacheL2)
-					cacheL2 = l2
-					f(t)
-				})
+				for _, shared := range []bool{false, true} {
+					if threads == 1 && shared {
+						continue
+					}
+					t.Run(fmt.Sprintf("%s/threads=%d/l2=%dKiB/sharedB=%v", name, threads, l2>>10, shared), func(t *testing.T) {
+						restore, _ := UseKernel(name)
+						defer restore()
+						prev := SetThreads(threads)
+						defer SetThreads(prev)
+						defer func(l2 int, tu tuning) { cacheL2, tune = l2, tu }(cacheL2, tune)
+						cacheL2, tune.shared = l2, shared
+						f(t)
+					})
+				}
 			}
 		}
 	}
@@ -106,8 +113,8 @@ func TestSgemmBlocks(t *testing.T) {
 		// 300 crosses the parallel split, for every kernel's blocking.
 		r := rand.New(rand.NewPCG(3, 4))
 		ab := [][2]float32{{0.5, 0}, {-1.5, 0.75}, {1, 1}}
-		// {300, 97, 600} and {250, 250, 530} split rows over threads and
-		// share the packed B panels.
+		// {300, 97, 600} and {250, 250, 530} split rows over threads,
+		// sharing the packed B panels on the sharedB paths.
 		// {29, 1031, 263} crosses nc = 1024 (blocking by rows) and kc with
 		// primes, so the last tile row, column and panel are ragged.
 		for i, s := range [][3]int{{97, 130, 600}, {700, 20, 40}, {40, 300, 1030}, {130, 97, 7}, {300, 97, 600}, {250, 250, 530}, {29, 1031, 263}} {
@@ -137,14 +144,14 @@ func TestBlockLen(t *testing.T) {
 }
 
 func TestBlockSizes(t *testing.T) {
-	defer func(l1, l2 int) { cacheL1, cacheL2 = l1, l2 }(cacheL1, cacheL2)
+	defer func(l1, l2 int, tu tuning) { cacheL1, cacheL2, tune = l1, l2, tu }(cacheL1, cacheL2, tune)
 	k12x32, k6x16 := &microKernel{mr: 12, nr: 32}, &microKernel{mr: 6, nr: 16}
 	// Hand-derived from blockSizes' rule: kc = ⌊L1·2/3/(4·nr)⌋ &^ 7 in
 	// [64, 512]; by rows when ⌊L2/2/(4·kc)⌋ (to nr) ≥ 1024 and the panel
 	// is not shared, then mc = ⌊L2/4/(4·kc)⌋ to mr; by columns mc =
 	// ⌊L2/2/(4·kc)⌋ to mr, nc = 4096.
 	for _, c := range []struct {
-		name   string
+		name   string // the tuning row, then the kernel
 		l1, l2 int
 		mk     *microKernel
 		want   blocking
@@ -153,10 +160,10 @@ func TestBlockSizes(t *testing.T) {
 		// Sapphire Rapids: kc = 32768/128 = 256, nc = 1 MiB/1 KiB = 1024,
 		// mc = 512 → 504; shared, by columns: mc = 1 MiB/1 KiB = 1024 →
 		// 1020.
-		{"spr 12x32", 48 << 10, 2 << 20, k12x32, blocking{mc: 504, kc: 256, nc: 1024, rows: true}, blocking{mc: 1020, kc: 256, nc: 4096}},
+		{"sapphirerapids 12x32", 48 << 10, 2 << 20, k12x32, blocking{mc: 504, kc: 256, nc: 1024, rows: true}, blocking{mc: 1020, kc: 256, nc: 4096}},
 		// kc = 32768/64 = 512, nc = 1 MiB/2 KiB = 512 < 1024: by columns,
 		// mc = 1 MiB/2 KiB = 512 → 510.
-		{"spr 6x16", 48 << 10, 2 << 20, k6x16, blocking{mc: 510, kc: 512, nc: 4096}, blocking{mc: 510, kc: 512, nc: 4096}},
+		{"sapphirerapids 6x16", 48 << 10, 2 << 20, k6x16, blocking{mc: 510, kc: 512, nc: 4096}, blocking{mc: 510, kc: 512, nc: 4096}},
 		// Zen 5 (1 MiB L2): kc = 256, nc = 512 KiB/1 KiB = 512: by columns,
 		// mc = 512 → 504.
 		{"zen5 12x32", 48 << 10, 1 << 20, k12x32, blocking{mc: 504, kc: 256, nc: 4096}, blocking{mc: 504, kc: 256, nc: 4096}},
@@ -165,6 +172,7 @@ func TestBlockSizes(t *testing.T) {
 		{"zen3 6x16", 32 << 10, 512 << 10, k6x16, blocking{mc: 192, kc: 336, nc: 4096}, blocking{mc: 192, kc: 336, nc: 4096}},
 	} {
 		cacheL1, cacheL2 = c.l1, c.l2
+		tune = tuningRow(t, strings.Fields(c.name)[0])
 		if got := blockSizes(c.mk, false); got != c.want {
 			t.Errorf("%s: blockSizes = %+v, want %+v", c.name, got, c.want)
 		}
