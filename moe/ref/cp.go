@@ -1,6 +1,9 @@
 package ref
 
-import "github.com/moescope/moescope/moe/attn"
+import (
+	"github.com/moescope/moescope/moe/attn"
+	"github.com/moescope/moescope/moe/ref/rope"
+)
 
 // AttentionStage runs a block's attention in place of attn.Forward and
 // attn.Backward: the seam where context parallelism exchanges keys and
@@ -27,6 +30,6 @@ func (b *Block[T]) SetPositions(pos []int) {
 	if len(pos) != b.seq {
 		panic("moe: Block.SetPositions needs one position per local token")
 	}
-	b.rope = newRopeTableAt[T](b.cfg, pos)
-	b.temp = tempFactors(b.cfg, b.layer, b.seq, pos)
+	b.rope = rope.TableAt[T](b.cfg, pos)
+	b.temp = rope.Temperatures(b.cfg, b.layer, b.seq, pos)
 }

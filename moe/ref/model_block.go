@@ -5,6 +5,7 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/attn"
+	"github.com/moescope/moescope/moe/ref/rope"
 )
 
 // LayerWeights holds the tensors of one decoder layer as flat row-major
@@ -116,8 +117,8 @@ type Block[T Float] struct {
 // sequences of seq tokens.
 func NewBlock[T Float](c *moe.Config, l, batch, seq int, o Options) *Block[T] {
 	b := &Block[T]{cfg: c, layer: l, batch: batch, seq: seq, x: newExec(o), ac: o.AC, aux: o.AuxCoef != 0}
-	b.rope = newRopeTable[T](c, seq)
-	b.temp = tempFactors(c, l, seq, nil)
+	b.rope = rope.Table[T](c, seq)
+	b.temp = rope.Temperatures(c, l, seq, nil)
 	b.local.b = b
 	return b
 }
