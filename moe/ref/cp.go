@@ -15,7 +15,9 @@ import (
 // AttentionBackward accumulates dq, dk, dv of the local tokens (dk and dv
 // summed over every rank whose queries saw them). Both return the score
 // entries they executed summed over the sequences, per head: what the
-// block records as the attention's work (a.Area()·a.Batch locally).
+// block records as the attention's work (a.Area()·a.Batch locally). The
+// slices are the block's step buffers, reused by its next step
+// (model_block_scratch.go): a stage must not keep them past the call.
 type AttentionStage[T Float] interface {
 	AttentionForward(layer int, o, lse, q, k, v []T, a attn.Shape) (area int64)
 	AttentionBackward(layer int, dq, dk, dv, do, q, k, v, o, lse []T, a attn.Shape) (area int64)
