@@ -153,7 +153,7 @@ type Config struct {
 	// others (moe/ref's NewModel).
 	RopeScaling string `json:"rope_scaling,omitempty"`
 	// Yarn holds YaRN's parameters when RopeScaling is "yarn" (yarn.go;
-	// moe/ref's rope.go applies them); nil otherwise.
+	// package moe/ref/rope applies them); nil otherwise.
 	Yarn *Yarn `json:"yarn,omitempty"`
 	// RopeInterleave rotates adjacent pairs (x₀,x₁), (x₂,x₃), … instead of
 	// the halves (x_i, x_{i+r/2}) (DeepSeek-V3's rope_interleave; DeepSeek-V2's

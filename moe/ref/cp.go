@@ -1,6 +1,9 @@
 package ref
 
-import "github.com/moescope/moescope/moe/attn"
+import (
+	"github.com/moescope/moescope/moe/attn"
+	"github.com/moescope/moescope/moe/ref/rope"
+)
 
 // AttentionStage runs a block's attention in place of attn.Forward and
 // attn.Backward: the seam where context parallelism exchanges keys and
@@ -12,7 +15,9 @@ import "github.com/moescope/moescope/moe/attn"
 // AttentionBackward accumulates dq, dk, dv of the local tokens (dk and dv
 // summed over every rank whose queries saw them). Both return the score
 // entries they executed summed over the sequences, per head: what the
-// block records as the attention's work (a.Area()·a.Batch locally).
+// block records as the attention's work (a.Area()·a.Batch locally). The
+// slices are the block's step buffers, reused by its next step
+// (model_block_scratch.go): a stage must not keep them past the call.
 type AttentionStage[T Float] interface {
 	AttentionForward(layer int, o, lse, q, k, v []T, a attn.Shape) (area int64)
 	AttentionBackward(layer int, dq, dk, dv, do, q, k, v, o, lse []T, a attn.Shape) (area int64)
@@ -27,6 +32,6 @@ func (b *Block[T]) SetPositions(pos []int) {
 	if len(pos) != b.seq {
 		panic("moe: Block.SetPositions needs one position per local token")
 	}
-	b.rope = newRopeTableAt[T](b.cfg, pos)
-	b.temp = tempFactors(b.cfg, b.layer, b.seq, pos)
+	b.rope = rope.TableAt[T](b.cfg, pos)
+	b.temp = rope.Temperatures(b.cfg, b.layer, b.seq, pos)
 }

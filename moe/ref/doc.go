@@ -13,10 +13,11 @@
 // convention instead (every id an input) for the loss HF trains on
 // (HFAuxCoef); Step applies torch.optim.AdamW. Its semantics are Hugging
 // Face's Qwen3MoeForCausalLM and the variants moe.Config allows (see Routing,
-// RMSNorm in norm.go, RoPE in rope.go, flash attention in package moe/attn,
-// multi-head latent attention in moe/mla.go and mla_block.go, GPT-OSS's
-// attention sinks in moe/attn/sinks.go and its biased, fused experts under
-// the clamped SwiGLU in gptoss_experts.go and gptoss_swiglu.go).
+// RMSNorm in norm.go, RoPE's tables in package moe/ref/rope, flash
+// attention in package moe/attn, multi-head latent attention in moe/mla.go
+// and mla_block.go, GPT-OSS's attention sinks in moe/attn/sinks.go and its
+// biased, fused experts under the clamped SwiGLU in gptoss_experts.go and
+// gptoss_swiglu.go).
 //
 // The execution seam for parallel ranks is the Block: one decoder layer
 // run by Forward(weights, x) and Backward(weights, grads, dy, auxGrad) with

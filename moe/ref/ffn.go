@@ -27,8 +27,8 @@ type ffnActs[T Float] struct {
 	g, sg, u, a []T // [M,F]
 }
 
-func newFFNActs[T Float](m, f int) ffnActs[T] {
-	return ffnActs[T]{g: make([]T, m*f), sg: make([]T, m*f), u: make([]T, m*f), a: make([]T, m*f)}
+func newFFNActs[T Float](m, f int, buf func(int) []T) ffnActs[T] {
+	return ffnActs[T]{g: buf(m * f), sg: buf(m * f), u: buf(m * f), a: buf(m * f)}
 }
 
 // swigluAct computes σg = silu(g) and a = σg ⊙ u. float32 runs
@@ -69,6 +69,16 @@ type localExperts[T Float] struct {
 	xTKD   []T              // kept input rows [T·K, D]
 	acts   ffnActs[T]       // kept intermediates [T·K, F]
 	counts []int
+}
+
+// buf is the block's scratch (Block.buf) for the block's own local
+// experts, whose kept buffers retainKept sees in Block.local; a copy run
+// inside an ExpertStage keeps them where the block cannot see, so makes them.
+func (l *localExperts[T]) buf(n int) []T {
+	if l != &l.b.local {
+		return make([]T, n)
+	}
+	return l.b.buf(n)
 }
 
 // Grouped GEMMs over rows in expert order (offsets[e]..offsets[e+1] are
@@ -143,8 +153,8 @@ func (l *localExperts[T]) ExpertsForward(layer int, xTKD []T, counts []int, pass
 	ew := expertWeights(c, l.w)
 	wGateEFD, wUpEFD, wDownEDF := ew.gate, ew.up, ew.down
 	rows := len(xTKD) / D
-	s := newFFNActs[T](rows, F)
-	yTKD := make([]T, rows*D)
+	s := newFFNActs(rows, F, l.buf)
+	yTKD := l.buf(rows * D)
 	off := offsets(counts)
 	q := ex.q
 	qx, _, qGate := quantGrouped(q, moe.OpExpertGate, layer, gemmForward, xTKD, nil, wGateEFD, off, F, D)
@@ -203,15 +213,15 @@ func (l *localExperts[T]) ExpertsBackward(layer int, dyTKD []T) []T {
 		// moe_act: the activation again from the kept gate and up, before
 		// the down projection's backward reads its input (Megatron's hook
 		// on linear_fc2's output gradient).
-		l.acts.sg, l.acts.a = make([]T, rows*F), make([]T, rows*F)
+		l.acts.sg, l.acts.a = l.buf(rows*F), l.buf(rows*F)
 		expertAct(c, l.acts)
 		ex.round(l.acts.sg)
 		ex.round(l.acts.a)
 		ex.op(layer, moe.OpExpertAct, moe.Recompute, int64(rows)*int64(F))
 	}
-	da := make([]T, rows*F)
-	dg, du := make([]T, rows*F), make([]T, rows*F)
-	dxTKD := make([]T, rows*D)
+	da := l.buf(rows * F)
+	dg, du := l.buf(rows*F), l.buf(rows*F)
+	dxTKD := l.buf(rows * D)
 	q := ex.q
 	qdy, _, qDown := quantGrouped(q, moe.OpExpertDown, layer, gemmDataGrad, dyTKD, nil, wDownEDF, off, D, F)
 	groupedBwdX(da, qdy, qDown, off, D, F)

@@ -29,15 +29,15 @@ func (b *Block[T]) mlaForward(w *LayerWeights[T], pass moe.Pass, useCache bool) 
 		st.qRaw = b.lin(moe.OpQProj, pass, useCache, st.h1, w.Wq, nil, T_, H*dqk, D)
 	} else {
 		a.qa = b.lin(moe.OpQAProj, pass, useCache, st.h1, w.WqA, nil, T_, m.QRank, D)
-		a.qan, a.qaRstd = make([]T, T_*m.QRank), make([]T, T_)
+		a.qan, a.qaRstd = b.buf(T_*m.QRank), b.buf(T_)
 		rmsNormFwd(a.qan, a.qaRstd, a.qa, w.QANorm, m.QRank, m.NormEps)
 		ex.round(a.qan)
 		ex.op(L, moe.OpQANorm, pass, t64*int64(m.QRank))
 		st.qRaw = b.lin(moe.OpQBProj, pass, useCache, a.qan, w.WqB, nil, T_, H*dqk, m.QRank)
 	}
 	a.ckv = b.lin(moe.OpKVAProj, pass, useCache, st.h1, w.WkvA, nil, T_, m.KVRank+r, D)
-	a.lat, a.latn, a.latRstd = make([]T, T_*m.KVRank), make([]T, T_*m.KVRank), make([]T, T_)
-	kPe := make([]T, T_*r)
+	a.lat, a.latn, a.latRstd = b.buf(T_*m.KVRank), b.buf(T_*m.KVRank), b.buf(T_)
+	kPe := b.buf(T_ * r)
 	for t := 0; t < T_; t++ {
 		row := a.ckv[t*(m.KVRank+r):][:m.KVRank+r]
 		copy(a.lat[t*m.KVRank:][:m.KVRank], row[:m.KVRank])
@@ -51,7 +51,7 @@ func (b *Block[T]) mlaForward(w *LayerWeights[T], pass moe.Pass, useCache bool) 
 	st.q = append([]T(nil), st.qRaw...)
 	b.rope.ApplyAt(st.q, H, dqk, m.Nope, b.seq, false)
 	b.rope.ApplyAt(kPe, 1, r, 0, b.seq, false)
-	st.k, st.v = make([]T, T_*H*dqk), make([]T, T_*H*m.V)
+	st.k, st.v = b.buf(T_*H*dqk), b.buf(T_*H*m.V)
 	for t := 0; t < T_; t++ {
 		for h := 0; h < H; h++ {
 			kvh, kh := a.kvb[(t*H+h)*nv:][:nv], st.k[(t*H+h)*dqk:][:dqk]
@@ -73,7 +73,7 @@ func (b *Block[T]) mlaBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 	T_, D, H, dqk := b.tokens(), c.Hidden, c.Heads, c.HeadDim
 	t64, r, nv := int64(T_), m.Rope, m.Nope+m.V
 	// k's rotated part is one key shared by every head: its gradient sums.
-	dkvb, dkPe := make([]T, T_*H*nv), make([]T, T_*r)
+	dkvb, dkPe := b.buf(T_*H*nv), b.buf(T_*r)
 	for t := 0; t < T_; t++ {
 		for h := 0; h < H; h++ {
 			dkvh, dkh := dkvb[(t*H+h)*nv:][:nv], dk[(t*H+h)*dqk:][:dqk]
@@ -88,12 +88,12 @@ func (b *Block[T]) mlaBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 	b.rope.ApplyAt(dkPe, 1, r, 0, b.seq, true)
 	ex.op(L, moe.OpRoPE, moe.BackwardData, t64*int64(H+1)*int64(r))
 
-	dlatn, dlat := make([]T, T_*m.KVRank), make([]T, T_*m.KVRank)
+	dlatn, dlat := b.buf(T_*m.KVRank), b.buf(T_*m.KVRank)
 	linearBack(ex, L, moe.OpKVBProj, dlatn, g.WkvB, nil, dkvb, a.latn, w.WkvB, T_, H*nv, m.KVRank)
 	rmsNormBwd(dlat, g.KVANorm, dlatn, a.lat, a.latRstd, w.KVANorm, m.KVRank)
 	ex.op(L, moe.OpKVANorm, moe.BackwardData, t64*int64(m.KVRank))
 	ex.op(L, moe.OpKVANorm, moe.BackwardWeight, t64*int64(m.KVRank))
-	dckv := make([]T, T_*(m.KVRank+r))
+	dckv := b.buf(T_ * (m.KVRank + r))
 	for t := 0; t < T_; t++ {
 		row := dckv[t*(m.KVRank+r):][:m.KVRank+r]
 		copy(row[:m.KVRank], dlat[t*m.KVRank:][:m.KVRank])
@@ -104,7 +104,7 @@ func (b *Block[T]) mlaBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 		linearBack(ex, L, moe.OpQProj, dh1, g.Wq, nil, dq, st.h1, w.Wq, T_, H*dqk, D)
 		return
 	}
-	dqan, dqa := make([]T, T_*m.QRank), make([]T, T_*m.QRank)
+	dqan, dqa := b.buf(T_*m.QRank), b.buf(T_*m.QRank)
 	linearBack(ex, L, moe.OpQBProj, dqan, g.WqB, nil, dq, a.qan, w.WqB, T_, H*dqk, m.QRank)
 	rmsNormBwd(dqa, g.QANorm, dqan, a.qa, a.qaRstd, w.QANorm, m.QRank)
 	ex.op(L, moe.OpQANorm, moe.BackwardData, t64*int64(m.QRank))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/moescope/moescope/moe"
+	"github.com/moescope/moescope/moe/ref/scratch"
 	"math"
 	"math/rand/v2"
 )
@@ -346,9 +347,11 @@ func (m *Model[T]) run(tokens [][]int, scale float64, o Options, backward bool) 
 			o.Progress(done, total)
 		}
 	}
+	pool := scratch.NewPool[T]()
 	for l := range blocks {
 		b := NewBlock[T](c, l, batch, seq, o)
 		b.x = ex
+		b.shareScratch(pool)
 		blocks[l] = b
 		x = b.Forward(&w.layers[l], x)
 		if backward {

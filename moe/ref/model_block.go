@@ -5,6 +5,8 @@ import (
 
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/attn"
+	"github.com/moescope/moescope/moe/ref/rope"
+	"github.com/moescope/moescope/moe/ref/scratch"
 )
 
 // LayerWeights holds the tensors of one decoder layer as flat row-major
@@ -104,6 +106,7 @@ type Block[T Float] struct {
 	// parallelism: AttentionStage).
 	Attention AttentionStage[T]
 	st        blockState[T]
+	scratch   *scratch.Lease[T] // the step's buffers (model_block_scratch.go)
 	// counts[e] = (token, slot) pairs routed to expert e in the last
 	// forward; with the aux loss on, seqCounts[b·E+e] and seqScores[b·E+e]
 	// = Σ_{t in sequence b} s_{t,e} per sequence (aux loss statistics).
@@ -116,8 +119,9 @@ type Block[T Float] struct {
 // sequences of seq tokens.
 func NewBlock[T Float](c *moe.Config, l, batch, seq int, o Options) *Block[T] {
 	b := &Block[T]{cfg: c, layer: l, batch: batch, seq: seq, x: newExec(o), ac: o.AC, aux: o.AuxCoef != 0}
-	b.rope = newRopeTable[T](c, seq)
-	b.temp = tempFactors(c, l, seq, nil)
+	b.scratch = scratch.NewPool[T]().Lease()
+	b.rope = rope.Table[T](c, seq)
+	b.temp = rope.Temperatures(c, l, seq, nil)
 	b.local.b = b
 	return b
 }
@@ -129,6 +133,7 @@ func NewBlock[T Float](c *moe.Config, l, batch, seq int, o Options) *Block[T] {
 // method (numeric's expert-parallel stage: it then queues its experts'
 // GEMMs on q too); one without runs its backward whole.
 func (b *Block[T]) DeferWeightGrads(q *WeightQueue) {
+	b.scratch.Forget() // a queued GEMM may read what is lent now
 	b.x.wq = q
 	if s, ok := b.Experts.(interface{ DeferWeightGrads(*WeightQueue) }); ok {
 		s.DeferWeightGrads(q)
@@ -163,7 +168,7 @@ func (b *Block[T]) lin(op moe.Op, pass moe.Pass, useCache bool, in, w, bias []T,
 			return y
 		}
 	}
-	y := make([]T, m*n)
+	y := b.buf(m * n)
 	linear(b.x, b.layer, op, pass, y, in, w, bias, m, n, k)
 	return y
 }
@@ -174,10 +179,12 @@ func (b *Block[T]) Forward(w *LayerWeights[T], x []T) []T {
 	if len(x) != b.tokens()*b.cfg.Hidden {
 		panic("moe: Block.Forward needs x of batch·seq·hidden elements")
 	}
+	b.scratch.Release()
 	b.st = blockState[T]{x: x}
 	b.local.w = w
 	out := b.forward(w, moe.Forward, false)
 	b.keep()
+	b.retainKept()
 	return out
 }
 
@@ -188,7 +195,7 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass moe.Pass, useCache bool) []T
 	T_, D, H := b.tokens(), c.Hidden, c.Heads
 	t64 := int64(T_)
 
-	st.h1, st.rstd1 = make([]T, T_*D), make([]T, T_)
+	st.h1, st.rstd1 = b.buf(T_*D), b.buf(T_)
 	rmsNormFwd(st.h1, st.rstd1, st.x, w.AttnNorm, D, c.NormEps)
 	ex.round(st.h1)
 	ex.op(L, moe.OpAttnNorm, pass, t64*int64(D))
@@ -201,24 +208,24 @@ func (b *Block[T]) forward(w *LayerWeights[T], pass moe.Pass, useCache bool) []T
 	b.attend(w, pass, useCache)
 	st.ao = b.lin(moe.OpOProj, pass, useCache, st.o, w.Wo, w.Bo, T_, D, H*c.VHeadDim())
 
-	st.x2 = make([]T, T_*D)
+	st.x2 = b.buf(T_ * D)
 	addInto(st.x2, st.x, st.ao)
 	ex.round(st.x2)
-	st.h2, st.rstd2 = make([]T, T_*D), make([]T, T_)
+	st.h2, st.rstd2 = b.buf(T_*D), b.buf(T_)
 	rmsNormFwd(st.h2, st.rstd2, st.x2, w.FFNNorm, D, c.NormEps)
 	ex.round(st.h2)
 	ex.op(L, moe.OpFFNNorm, pass, t64*int64(D))
 
-	y := make([]T, T_*D)
+	y := b.buf(T_ * D)
 	if c.MoELayer[L] {
 		b.moeForward(w, y, pass, useCache)
 	} else {
-		st.ffn = newFFNActs[T](T_, c.DenseFFN)
+		st.ffn = newFFNActs(T_, c.DenseFFN, b.buf)
 		st.fOut = b.swiglu(&st.ffn, pass, useCache, moe.OpDenseGate, moe.OpDenseUp, moe.OpDenseAct, moe.OpDenseDown,
 			w.DenseGate, w.DenseUp, w.DenseDown, c.DenseFFN)
 		copy(y, st.fOut)
 	}
-	out := make([]T, T_*D)
+	out := b.outBuf(pass, T_*D)
 	addInto(out, st.x2, y)
 	ex.round(out)
 	ex.op(L, moe.OpResidual, pass, 2*t64*int64(D))
@@ -237,14 +244,14 @@ func (b *Block[T]) qkvForward(w *LayerWeights[T], pass moe.Pass, useCache bool) 
 	st.kRaw = b.lin(moe.OpKProj, pass, useCache, st.h1, w.Wk, w.Bk, T_, kv, D)
 	st.v = b.lin(moe.OpVProj, pass, useCache, st.h1, w.Wv, w.Bv, T_, kv, D)
 
-	st.q, st.k = make([]T, T_*q), make([]T, T_*kv)
+	st.q, st.k = b.buf(T_*q), b.buf(T_*kv)
 	switch c.QKNorm {
 	case moe.QKNormHead, moe.QKNormFull:
 		wq, wk := d, d
 		if c.QKNorm == moe.QKNormFull {
 			wq, wk = q, kv
 		}
-		st.qRstd, st.kRstd = make([]T, T_*q/wq), make([]T, T_*kv/wk)
+		st.qRstd, st.kRstd = b.buf(T_*q/wq), b.buf(T_*kv/wk)
 		rmsNormFwd(st.q, st.qRstd, st.qRaw, w.QNorm, wq, c.NormEps)
 		rmsNormFwd(st.k, st.kRstd, st.kRaw, w.KNorm, wk, c.NormEps)
 		ex.round(st.q)
@@ -264,7 +271,7 @@ func (b *Block[T]) qkvForward(w *LayerWeights[T], pass moe.Pass, useCache bool) 
 	}
 	if c.QKNorm == moe.QKNormL2Rope && c.LayerQKNorm(L) {
 		st.qPre, st.kPre = st.q, st.k
-		st.q, st.k, st.qRstd, st.kRstd = make([]T, T_*q), make([]T, T_*kv), make([]T, T_*H), make([]T, T_*G)
+		st.q, st.k, st.qRstd, st.kRstd = b.buf(T_*q), b.buf(T_*kv), b.buf(T_*H), b.buf(T_*G)
 		attn.L2NormForward(st.q, st.qRstd, st.qPre, d, c.NormEps)
 		attn.L2NormForward(st.k, st.kRstd, st.kPre, d, c.NormEps)
 		ex.round(st.q)
@@ -288,7 +295,7 @@ func (b *Block[T]) attend(w *LayerWeights[T], pass moe.Pass, useCache bool) {
 		st.o, st.lse = o, st.cache[opLSE]
 		return
 	}
-	st.o, st.lse = make([]T, T_*H*a.DV), make([]T, T_*H)
+	st.o, st.lse = b.buf(T_*H*a.DV), b.buf(T_*H)
 	area := int64(b.batch) * a.Area()
 	if b.Attention != nil {
 		area = b.Attention.AttentionForward(L, st.o, st.lse, st.q, st.k, st.v, a)

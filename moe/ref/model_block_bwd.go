@@ -29,20 +29,20 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 
 	// out = x2 + ffn(h2): dx2 = dy + ffn_norm backward of dh2.
 	st.h2, st.rstd2 = b.recomputeNorm(moe.OpFFNNorm, st.h2, st.rstd2, st.x2, w.FFNNorm)
-	dh2 := make([]T, T_*D)
+	dh2 := b.buf(T_ * D)
 	if c.MoELayer[L] {
 		if st.rt == nil {
 			// moe: the MoE layer's forward again from its kept input,
 			// all-to-alls included, before its backward (Megatron's
 			// CheckpointFunction.backward); its output is not needed.
-			b.moeForward(w, make([]T, T_*D), moe.Recompute, false)
+			b.moeForward(w, b.buf(T_*D), moe.Recompute, false)
 		}
 		b.moeBackward(w, g, dh2, dy, auxGrad)
 	} else {
 		b.swigluBack(&st.ffn, moe.OpDenseGate, moe.OpDenseUp, moe.OpDenseAct, moe.OpDenseDown,
 			w.DenseGate, w.DenseUp, w.DenseDown, g.DenseGate, g.DenseUp, g.DenseDown, c.DenseFFN, dh2, dy)
 	}
-	dx2 := make([]T, T_*D)
+	dx2 := make([]T, T_*D) // becomes dx, which escapes to the caller: not scratch
 	copy(dx2, dy)
 	rmsNormBwd(dx2, g.FFNNorm, dh2, st.x2, st.rstd2, w.FFNNorm, D)
 	ex.op(L, moe.OpFFNNorm, moe.BackwardData, t64*int64(D))
@@ -56,6 +56,7 @@ func (b *Block[T]) Backward(w, g *LayerWeights[T], dy, auxGrad []T) []T {
 	ex.op(L, moe.OpAttnNorm, moe.BackwardData, t64*int64(D))
 	ex.op(L, moe.OpAttnNorm, moe.BackwardWeight, t64*int64(D))
 	b.st = blockState[T]{}
+	b.scratch.Release()
 	return dx
 }
 
@@ -68,7 +69,7 @@ func (b *Block[T]) recomputeNorm(op moe.Op, h, rstd, x, nw []T) ([]T, []T) {
 		return h, rstd
 	}
 	D := b.cfg.Hidden
-	h, rstd = make([]T, len(x)), make([]T, len(x)/D)
+	h, rstd = b.buf(len(x)), b.buf(len(x)/D)
 	rmsNormFwd(h, rstd, x, nw, D, b.cfg.NormEps)
 	b.x.round(h)
 	b.x.op(b.layer, op, moe.Recompute, int64(len(x)))
@@ -82,9 +83,9 @@ func (b *Block[T]) attentionBackward(w, g *LayerWeights[T], dout []T) []T {
 	c, ex, L, st := b.cfg, b.x, b.layer, &b.st
 	T_, D, H, G, d := b.tokens(), c.Hidden, c.Heads, c.KVHeads, c.HeadDim
 	dvh := c.VHeadDim()
-	do := make([]T, T_*H*dvh)
+	do := b.buf(T_ * H * dvh)
 	linearBack(ex, L, moe.OpOProj, do, g.Wo, g.Bo, dout, st.o, w.Wo, T_, D, H*dvh)
-	dq, dk, dv := make([]T, T_*H*d), make([]T, T_*G*d), make([]T, T_*G*dvh)
+	dq, dk, dv := b.buf(T_*H*d), b.buf(T_*G*d), b.buf(T_*G*dvh)
 	a := b.attnShape()
 	area := int64(b.batch) * a.Area()
 	if b.Attention != nil {
@@ -98,7 +99,7 @@ func (b *Block[T]) attentionBackward(w, g *LayerWeights[T], dout []T) []T {
 	n := int64(H) * area
 	ex.op(L, moe.OpAttn, moe.Recompute, n*int64(d))
 	ex.op(L, moe.OpAttn, moe.BackwardData, 2*n*int64(d+dvh))
-	dh1 := make([]T, T_*D)
+	dh1 := b.buf(T_ * D)
 	if c.IsMLA() {
 		b.mlaBackward(w, g, dh1, dq, dk, dv)
 	} else {
@@ -119,7 +120,7 @@ func (b *Block[T]) qkvBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 		attn.ScaleQueries(dq, q, b.temp)
 	}
 	if c.QKNorm == moe.QKNormL2Rope && c.LayerQKNorm(L) {
-		dqr, dkr := make([]T, T_*q), make([]T, T_*kv)
+		dqr, dkr := b.buf(T_*q), b.buf(T_*kv)
 		attn.L2NormBackward(dqr, dq, st.qPre, st.qRstd, d)
 		attn.L2NormBackward(dkr, dk, st.kPre, st.kRstd, d)
 		ex.op(L, moe.OpQNorm, moe.BackwardData, t64*int64(q))
@@ -136,7 +137,7 @@ func (b *Block[T]) qkvBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 		if c.QKNorm == moe.QKNormFull {
 			wq, wk = q, kv
 		}
-		dqr, dkr := make([]T, T_*q), make([]T, T_*kv)
+		dqr, dkr := b.buf(T_*q), b.buf(T_*kv)
 		rmsNormBwd(dqr, g.QNorm, dq, st.qRaw, st.qRstd, w.QNorm, wq)
 		rmsNormBwd(dkr, g.KNorm, dk, st.kRaw, st.kRstd, w.KNorm, wk)
 		ex.op(L, moe.OpQNorm, moe.BackwardData, t64*int64(q))
@@ -153,9 +154,9 @@ func (b *Block[T]) qkvBackward(w, g *LayerWeights[T], dh1, dq, dk, dv []T) {
 // swigluBack back-propagates dy through a SwiGLU on h2, accumulating dh2.
 func (b *Block[T]) swigluBack(s *ffnActs[T], opG, opU, opA, opD moe.Op, wg, wu, wd, gg, gu, gd []T, f int, dh2, dy []T) {
 	T_, D, ex, L := b.tokens(), b.cfg.Hidden, b.x, b.layer
-	da := make([]T, T_*f)
+	da := b.buf(T_ * f)
 	linearBack(ex, L, opD, da, gd, nil, dy, s.a, wd, T_, D, f)
-	dg, du := make([]T, T_*f), make([]T, T_*f)
+	dg, du := b.buf(T_*f), b.buf(T_*f)
 	swigluActBwd(dg, du, da, *s)
 	ex.op(L, opA, moe.BackwardData, int64(T_)*int64(f))
 	linearBack(ex, L, opG, dh2, gg, nil, dg, b.st.h2, wg, T_, f, D)
@@ -184,8 +185,8 @@ func (b *Block[T]) sharedBackward(w, g *LayerWeights[T], dhTD, dyTD []T) {
 	S := c.SharedExperts * c.SharedFFN
 	dSharedTD := dyTD
 	if c.SharedGated {
-		dSharedTD = make([]T, nTok*D)
-		dGateLogitT := make([]T, nTok)
+		dSharedTD = b.buf(nTok * D)
+		dGateLogitT := b.buf(nTok)
 		for t := 0; t < nTok; t++ {
 			sg := st.sGate[t]
 			var dot T
@@ -208,7 +209,7 @@ func (b *Block[T]) sharedBackward(w, g *LayerWeights[T], dhTD, dyTD []T) {
 func (b *Block[T]) combineBackward(dyTD []T, meta dispatchMeta[T]) (dExpertOutTKD, dWeightsTK []T) {
 	D, K := b.cfg.Hidden, b.cfg.TopK
 	rows := len(meta.orderTK)
-	dExpertOutTKD, dWeightsTK = make([]T, rows*D), make([]T, rows)
+	dExpertOutTKD, dWeightsTK = b.stageBuf(rows*D), b.buf(rows)
 	kernel.ParallelFor(rows, 2*D, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			tk := meta.orderTK[r]
@@ -265,7 +266,7 @@ func (b *Block[T]) dispatchBackward(dhTD, hTD, dxTKD, dWeightsTK []T, meta dispa
 func (b *Block[T]) routerBackward(w, g *LayerWeights[T], dhTD, dWeightsTK, auxGrad []T) {
 	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
 	nTok, D, E := b.tokens(), c.Hidden, c.Experts
-	dScoresTE := make([]T, nTok*E)
+	dScoresTE := b.buf(nTok * E)
 	if auxGrad != nil {
 		for t := 0; t < nTok; t++ {
 			sq := t / b.seq * E
@@ -273,7 +274,7 @@ func (b *Block[T]) routerBackward(w, g *LayerWeights[T], dhTD, dWeightsTK, auxGr
 		}
 		ex.op(L, moe.OpAuxLoss, moe.BackwardData, int64(nTok)*int64(E))
 	}
-	dLogitsTE := make([]T, nTok*E)
+	dLogitsTE := b.buf(nTok * E)
 	routeBwd(c, st.rt, dLogitsTE, dScoresTE, dWeightsTK)
 	ex.op(L, moe.OpRouterTopK, moe.BackwardData, int64(nTok)*int64(E))
 	linearBack(ex, L, moe.OpRouter, dhTD, g.Router, g.RouterBias, dLogitsTE, st.h2, w.Router, nTok, E, D)

@@ -29,7 +29,7 @@ func (b *Block[T]) routerForward(w *LayerWeights[T], pass moe.Pass, useCache boo
 	nTok, D, E, K := b.tokens(), c.Hidden, c.Experts, c.TopK
 	hTD := st.h2
 
-	logitsTE := make([]T, nTok*E)
+	logitsTE := b.buf(nTok * E)
 	linear(ex, L, moe.OpRouter, pass, logitsTE, hTD, w.Router, w.RouterBias, nTok, E, D)
 	rt := newRouting[T](nTok, E, K)
 	routeScores(c, rt, logitsTE)
@@ -40,7 +40,7 @@ func (b *Block[T]) routerForward(w *LayerWeights[T], pass moe.Pass, useCache boo
 		st.topValTK = st.cache[moe.OpRouterTopK]
 	} else {
 		routeSelect(c, rt, w.SelBias)
-		st.topValTK = make([]T, nTok*K)
+		st.topValTK = make([]T, nTok*K) // the routing may keep it (Routing.Values): not scratch
 		for t := 0; t < nTok; t++ {
 			for k, e := range rt.Indices[t*K : t*K+K] {
 				st.topValTK[t*K+k] = rt.Scores[t*E+int(e)]
@@ -122,7 +122,7 @@ func (b *Block[T]) dispatchForward(rt *Routing[T], pass moe.Pass) (xTKD []T, met
 	hTD := b.st.h2
 	meta = metaOf(rt)
 	rows := len(meta.orderTK)
-	xTKD = make([]T, rows*D)
+	xTKD = b.stageBuf(rows * D)
 	kernel.ParallelFor(rows, D, func(lo, hi int) {
 		for r, tk := range meta.orderTK[lo:hi] {
 			t, row := int(tk)/K, xTKD[(lo+r)*D:(lo+r)*D+D]
@@ -171,7 +171,7 @@ func (b *Block[T]) sharedForward(w *LayerWeights[T], yTD []T, pass moe.Pass, use
 	c, st, ex, L := b.cfg, &b.st, b.x, b.layer
 	nTok, D := b.tokens(), c.Hidden
 	S := c.SharedExperts * c.SharedFFN
-	st.ffn = newFFNActs[T](nTok, S)
+	st.ffn = newFFNActs(nTok, S, b.buf)
 	st.fOut = b.swiglu(&st.ffn, pass, useCache, moe.OpSharedGate, moe.OpSharedUp, moe.OpSharedAct, moe.OpSharedDown,
 		w.SharedGate, w.SharedUp, w.SharedDown, S)
 	if !c.SharedGated {
@@ -181,7 +181,7 @@ func (b *Block[T]) sharedForward(w *LayerWeights[T], yTD []T, pass moe.Pass, use
 		return
 	}
 	st.gl = b.lin(moe.OpSharedExpGate, pass, useCache, st.h2, w.SharedExpGate, nil, nTok, 1, D)
-	st.sGate = make([]T, nTok)
+	st.sGate = b.buf(nTok)
 	for t, v := range st.gl {
 		st.sGate[t] = sigmoid(v)
 	}

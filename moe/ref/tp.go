@@ -15,7 +15,10 @@ import "github.com/moescope/moescope/moe"
 // TPComm moves one tensor-parallel rank's activations in and out of the
 // sequence-parallel region. pass is the pass that needs it: Forward or
 // Recompute for the forward's collectives, BackwardData for their adjoints
-// (the gradient of an all-gather is a reduce-scatter and vice versa).
+// (the gradient of an all-gather is a reduce-scatter and vice versa). The
+// slices Gather and Scatter are given are the block's step buffers, reused
+// by its next step (model_block_scratch.go): a comm must not keep them
+// past the call.
 type TPComm[T Float] interface {
 	// Gather returns all T tokens [T, D] of the group from this rank's
 	// local tokens [T/tp, D] (all-gather).

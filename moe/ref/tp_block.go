@@ -28,6 +28,7 @@ func (b *Block[T]) ForwardSP(w *LayerWeights[T], xLocal []T, tc TPComm[T]) []T {
 	if len(xLocal) == 0 || len(xLocal)%b.cfg.Hidden != 0 || b.tokens()*b.cfg.Hidden%len(xLocal) != 0 {
 		panic("moe: Block.ForwardSP needs the rank's share of batch·seq tokens of hidden elements")
 	}
+	b.scratch.Release()
 	b.st = blockState[T]{x: xLocal}
 	b.local.w = w
 	out, aoL, yL := b.forwardSP(w, moe.Forward, false, tc)
@@ -41,6 +42,7 @@ func (b *Block[T]) ForwardSP(w *LayerWeights[T], xLocal []T, tc TPComm[T]) []T {
 		b.x.saved(b.layer, moe.OpOProj, moe.SavedTPReduceScatterOutput, len(aoL), b.x.act)
 		b.x.saved(b.layer, ffn, moe.SavedTPReduceScatterOutput, len(yL), b.x.act)
 	}
+	b.retainKept()
 	return out
 }
 
@@ -62,17 +64,17 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass moe.Pass, useCache bool, t
 		aoL = tc.Scatter(L, pass, st.ao)
 	}
 
-	st.x2 = make([]T, tl*D)
+	st.x2 = b.buf(tl * D)
 	addInto(st.x2, st.x, aoL)
 	ex.round(st.x2)
 	st.h2, st.rstd2 = b.normGather(moe.OpFFNNorm, pass, st.x2, w.FFNNorm, tc)
 
-	y := make([]T, T_*D) // partial sums of the row-parallel outputs
+	y := b.buf(T_ * D) // partial sums of the row-parallel outputs
 	if c.MoELayer[L] {
 		lo, hi := tc.ExpertTokens(T_)
 		b.moeForwardRows(w, y, pass, useCache, lo, hi)
 	} else {
-		st.ffn = newFFNActs[T](T_, c.DenseFFN)
+		st.ffn = newFFNActs(T_, c.DenseFFN, b.buf)
 		st.fOut = b.swiglu(&st.ffn, pass, useCache, moe.OpDenseGate, moe.OpDenseUp, moe.OpDenseAct, moe.OpDenseDown,
 			w.DenseGate, w.DenseUp, w.DenseDown, c.DenseFFN)
 		copy(y, st.fOut)
@@ -81,7 +83,7 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass moe.Pass, useCache bool, t
 	if !useCache || !ok {
 		yL = tc.Scatter(L, pass, y)
 	}
-	out = make([]T, tl*D)
+	out = b.outBuf(pass, tl*D)
 	addInto(out, st.x2, yL)
 	ex.round(out)
 	ex.op(L, moe.OpResidual, pass, 2*int64(tl)*int64(D))
@@ -96,8 +98,7 @@ func (b *Block[T]) forwardSP(w *LayerWeights[T], pass moe.Pass, useCache bool, t
 func (b *Block[T]) normGather(op moe.Op, pass moe.Pass, xl, nw []T, tc TPComm[T]) (h, rstd []T) {
 	D := b.cfg.Hidden
 	tl := len(xl) / D
-	hl := make([]T, tl*D)
-	rstd = make([]T, tl)
+	hl, rstd := b.buf(tl*D), b.buf(tl)
 	rmsNormFwd(hl, rstd, xl, nw, D, b.cfg.NormEps)
 	b.x.round(hl)
 	b.x.op(b.layer, op, pass, int64(tl)*int64(D))
@@ -131,14 +132,14 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 		// its all-gather again, before the FFN's backward reads h2.
 		st.h2, st.rstd2 = b.normGather(moe.OpFFNNorm, moe.Recompute, st.x2, w.FFNNorm, tc)
 	}
-	dh2 := make([]T, T_*D)
+	dh2 := b.buf(T_ * D)
 	if c.MoELayer[L] {
 		lo, hi := tc.ExpertTokens(T_)
 		if st.rt == nil {
 			// modules: moe, the MoE layer again from its kept input (the
 			// gathered norm output, or the one just re-gathered), after
 			// the norm's recompute as in Megatron.
-			b.moeForwardRows(w, make([]T, T_*D), moe.Recompute, false, lo, hi)
+			b.moeForwardRows(w, b.buf(T_*D), moe.Recompute, false, lo, hi)
 		}
 		b.moeBackwardRows(w, g, dh2, dy, auxGrad, lo, hi)
 		tc.ExpertsDone(L)
@@ -157,6 +158,7 @@ func (b *Block[T]) BackwardSP(w, g *LayerWeights[T], dyLocal, auxGrad []T, tc TP
 	ex.op(L, moe.OpAttnNorm, moe.BackwardData, tl*int64(D))
 	ex.op(L, moe.OpAttnNorm, moe.BackwardWeight, tl*int64(D))
 	b.st = blockState[T]{}
+	b.scratch.Release()
 	return dx
 }
 
@@ -314,7 +316,7 @@ func (b *Block[T]) moeForwardRows(w *LayerWeights[T], yTD []T, pass moe.Pass, us
 	if pass == moe.Forward {
 		b.counts = meta.countsE // ExpertCounts: the rows this rank dispatched
 	}
-	xTKD := make([]T, len(meta.orderTK)*D)
+	xTKD := b.stageBuf(len(meta.orderTK) * D)
 	hTD := b.st.h2[lo*D : hi*D]
 	for r, tk := range meta.orderTK {
 		t, row := int(tk)/rt.K, xTKD[r*D:r*D+D]
@@ -349,7 +351,7 @@ func (b *Block[T]) moeBackwardRows(w, g *LayerWeights[T], dhTD, dyTD, auxGrad []
 	dExpertOutTKD, dWeightsLocal := b.combineBackward(dyTD[lo*D:hi*D], meta)
 	dxTKD := b.expertsBackward(dExpertOutTKD)
 	b.dispatchBackward(dhTD[lo*D:hi*D], b.st.h2[lo*D:hi*D], dxTKD, dWeightsLocal, meta)
-	dWeightsTK := make([]T, b.tokens()*K)
+	dWeightsTK := b.buf(b.tokens() * K)
 	copy(dWeightsTK[lo*K:hi*K], dWeightsLocal)
 	b.routerBackward(w, g, dhTD, dWeightsTK, auxGrad)
 }

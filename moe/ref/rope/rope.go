@@ -1,4 +1,5 @@
-package ref
+// Package rope builds a Config's RoPE tables for moe/ref's blocks.
+package rope
 
 import (
 	"math"
@@ -44,19 +45,20 @@ func invFreq(y *moe.Yarn, r int, theta float64) []float64 {
 	return f
 }
 
-func newRopeTable[T Float](c *moe.Config, seq int) attn.Rope[T] {
+// Table is the table of positions 0 … seq−1.
+func Table[T attn.Float](c *moe.Config, seq int) attn.Rope[T] {
 	pos := make([]int, seq)
 	for p := range pos {
 		pos[p] = p
 	}
-	return newRopeTableAt[T](c, pos)
+	return TableAt[T](c, pos)
 }
 
-// newRopeTableAt is the table whose row p rotates by position pos[p]: a
+// TableAt is the table whose row p rotates by position pos[p]: a
 // context-parallel rank's tokens keep the positions they have in the
 // whole sequence. cos and sin carry YaRN's attention factor when the
 // config has one.
-func newRopeTableAt[T Float](c *moe.Config, pos []int) attn.Rope[T] {
+func TableAt[T attn.Float](c *moe.Config, pos []int) attn.Rope[T] {
 	scale := 1.0
 	if c.Yarn != nil {
 		scale = c.Yarn.AttentionFactor
@@ -64,10 +66,10 @@ func newRopeTableAt[T Float](c *moe.Config, pos []int) attn.Rope[T] {
 	return attn.NewRope[T](invFreq(c.Yarn, c.RotaryDim(), c.RopeTheta), scale, c.RopeInterleave, pos)
 }
 
-// tempFactors is Llama 4's temperature factor of every local position
+// Temperatures is Llama 4's temperature factor of every local position
 // (pos[p], or p when pos is nil) on layer l: nil unless the layer is NoPE
 // and the config tunes temperature (moe/llama4.go).
-func tempFactors(c *moe.Config, l, seq int, pos []int) []float64 {
+func Temperatures(c *moe.Config, l, seq int, pos []int) []float64 {
 	if c.Temperature == nil || c.Roped(l) {
 		return nil
 	}

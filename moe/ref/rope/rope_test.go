@@ -1,4 +1,4 @@
-package ref
+package rope
 
 import (
 	"github.com/moescope/moescope/moe"
@@ -48,7 +48,7 @@ func TestYarnInvFreq(t *testing.T) {
 func TestRopeTableYarnFactor(t *testing.T) {
 	c := &moe.Config{HeadDim: 4, RotaryFraction: 1, RopeTheta: 100, RopeScaling: "yarn",
 		Yarn: &moe.Yarn{Factor: 4, OriginalMaxPositions: 64, BetaFast: 32, BetaSlow: 1, Truncate: true, AttentionFactor: 1.5}}
-	tab := newRopeTable[float64](c, 3)
+	tab := Table[float64](c, 3)
 	x := []float64{1, 2, 3, 4, 0.5, -1, 2, 0.25, -3, 1, 1, 2}
 	want := append([]float64(nil), x...)
 	tab.Apply(x, 1, 4, 3, false)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package ref
+
+const raceEnabled = false
