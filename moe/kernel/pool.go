@@ -46,6 +46,12 @@ type pool struct {
 	workers []chan job // one per worker goroutine, len = threads−1
 	done    sync.WaitGroup
 	next    atomic.Int64 // the owning call's task counter
+	// own is the owning call's arena, kept here rather than drawn from
+	// arenas: a sync.Pool is emptied by every other collection and keeps
+	// what a goroutine put on its core's private slot, so a large arena
+	// (attention's backward scratch, tens of MB a step) was regrown
+	// whenever the caller moved cores or the collector ran.
+	own arena
 }
 
 // tasker is a parallel call's work: task(ar, t) for t in [0, tasks). Callers
@@ -102,9 +108,7 @@ func parallel(tasks int, f tasker) {
 	for _, ch := range workers.workers[:n-1] {
 		ch <- j
 	}
-	ar := arenas.Get().(*arena)
-	j.run(ar)
-	arenas.Put(ar)
+	j.run(&workers.own)
 	workers.done.Wait()
 }
 
