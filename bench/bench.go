@@ -324,8 +324,9 @@ func (f *flopCounter) RecordSaved(moe.SavedRecord) {}
 // benchLayer times one decoder layer of c forward and backward on one
 // sequence of tokens, with the reference implementation (package moe/ref).
 func RunLayer(c *moe.Config, name string, tokens, threads, iters int, p kernel.Peak) (*Layer, error) {
-	// Collect each step's garbage (its activations) at a quarter of the
-	// live heap (the layer's weights and gradients) rather than at Go's
+	// Collect each step's garbage (its output and input gradient: the
+	// block recycles its activations) at a quarter of the live heap (the
+	// layer's weights, gradients and recycled buffers) rather than at Go's
 	// default of the whole live heap again, so the resident set follows the
 	// request: the weights, a step's activations and a margin.
 	defer debug.SetGCPercent(debug.SetGCPercent(25))
