@@ -1,9 +1,11 @@
 package ref
 
 import (
-	"github.com/moescope/moescope/moe"
 	"math/rand/v2"
+	"slices"
 	"testing"
+
+	"github.com/moescope/moescope/moe"
 )
 
 // flopCounter sums matmul FLOPs (2·count for matmul, grouped and
@@ -17,13 +19,20 @@ func (f *flopCounter) RecordOp(r moe.OpRecord) {
 }
 func (f *flopCounter) RecordSaved(moe.SavedRecord) {}
 
+// smallMoE is a Qwen3-MoE-style config of width 256 (4 heads of 64, 2 KV
+// heads, 8 experts of 256, top-2) with the given vocabulary and layers,
+// every layer MoE with full attention.
+func smallMoE(name string, vocab, layers int) *moe.Config {
+	return &moe.Config{Name: name, ModelType: "qwen3_moe", Vocab: vocab, Hidden: 256, Layers: layers, Heads: 4, KVHeads: 2,
+		HeadDim: 64, MoELayer: slices.Repeat([]bool{true}, layers), Window: make([]int, layers), Experts: 8, TopK: 2, ExpertFFN: 256,
+		Score: moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, NormTopK: true, QKNorm: moe.QKNormHead,
+		RotaryFraction: 1, RopeTheta: 1e6, NormEps: 1e-6, InitRange: 0.02}
+}
+
 // BenchmarkForwardBackward reports tokens/s and executed matmul GFLOP/s of
 // one float32 forward + backward (selective checkpointing) of a small MoE.
 func BenchmarkForwardBackward(b *testing.B) {
-	c := &moe.Config{Name: "bench", ModelType: "qwen3_moe", Vocab: 4096, Hidden: 256, Layers: 2, Heads: 4, KVHeads: 2,
-		HeadDim: 64, MoELayer: []bool{true, true}, Window: []int{0, 0}, Experts: 8, TopK: 2, ExpertFFN: 256,
-		Score: moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, NormTopK: true, QKNorm: moe.QKNormHead,
-		RotaryFraction: 1, RopeTheta: 1e6, NormEps: 1e-6, InitRange: 0.02}
+	c := smallMoE("bench", 4096, 2)
 	m, err := NewModel[float32](c)
 	if err != nil {
 		b.Fatal(err)

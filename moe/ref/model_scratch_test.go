@@ -14,10 +14,7 @@ import (
 // (the shape of BenchmarkForwardBackward's layers) with its weights,
 // gradients, an input and an output gradient.
 func scratchBlock(t *testing.T, ac moe.AC) (b *Block[float32], w, g *LayerWeights[float32], x, dy []float32) {
-	c := &moe.Config{Name: "scratch", ModelType: "qwen3_moe", Vocab: 64, Hidden: 256, Layers: 1, Heads: 4, KVHeads: 2,
-		HeadDim: 64, MoELayer: []bool{true}, Window: []int{0}, Experts: 8, TopK: 2, ExpertFFN: 256,
-		Score: moe.Softmax, RoutedScale: 1, Groups: 1, TopKGroups: 1, NormTopK: true, QKNorm: moe.QKNormHead,
-		RotaryFraction: 1, RopeTheta: 1e6, NormEps: 1e-6, InitRange: 0.02}
+	c := smallMoE("scratch", 64, 1)
 	m, err := NewModel[float32](c)
 	if err != nil {
 		t.Fatal(err)
