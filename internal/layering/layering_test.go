@@ -50,6 +50,7 @@ var layers = [][]string{
 	{"moe/job"},
 	{"moe/hf"},
 	{"moe/ref"},
+	{"moe/ref/rope", "moe/ref/scratch"},
 	{"moe"},
 	{"moe/attn"},
 	{"moe/kernel", "moe/quant", "moe/safetensors"},
