@@ -28,7 +28,7 @@ type tuning struct {
 var tunings = []tuning{
 	// Zen 5 (family 0x1A): 12×32 AVX-512 tiles by columns with kc = 256
 	// from 48 KiB of L1; row-split products run independent parts, each
-	// core packing its own B panel (1.12–1.15× sharedB at 1024³ and 2048³
+	// core packing its own B panel (1.08–1.16× sharedB at 1024³ and 2048³
 	// on two cores, record zen5-2026-12-03).
 	{name: "zen5", vendor: "AuthenticAMD", family: 0x1A, kernel: "avx512", kcL1: [2]int{2, 3}, rows: 1024,
 		record: []string{"zen5-2026-11-29", "zen5-2026-12-03"}},
@@ -37,9 +37,9 @@ var tunings = []tuning{
 	// column order were measured on it (record spr-2026-12-01).
 	{name: "sapphirerapids", vendor: "GenuineIntel", family: 6, models: []int{0x8F, 0xA7, 0xCF}, kernel: "avx512", kcL1: [2]int{2, 3}, rows: 1024, shared: true,
 		record: []string{"spr-2026-12-01"}},
-	// Zen 3 (family 0x19, models 0x00–0x0F, 0x20–0x2F, 0x40–0x5F): the
-	// project's CI machine, never benchmarked: it keeps the parameters in
-	// use before this table, with no record.
+	// Zen 3 (family 0x19, models 0x00–0x0F, 0x20–0x2F, 0x40–0x5F): a kind
+	// the project has been built on but never benchmarked: it keeps the
+	// parameters in use before this table, with no record.
 	{name: "zen3", vendor: "AuthenticAMD", family: 0x19, models: modelRange(0x00, 0x0F, 0x20, 0x2F, 0x40, 0x5F), kernel: "avx2", kcL1: [2]int{2, 3}, rows: 1024, shared: true},
 }
 

@@ -56,6 +56,7 @@ func (p *Pool[T]) take(n int) []T {
 type Lease[T any] struct {
 	pool *Pool[T]
 	lent [][]T
+	made int // Gets the pool had no free buffer for
 }
 
 // Get returns n zeroed elements, as make([]T, n) does: a free buffer of
@@ -64,12 +65,17 @@ func (l *Lease[T]) Get(n int) []T {
 	s := l.pool.take(n)
 	if s == nil {
 		s = make([]T, n)
+		l.made++
 	} else {
 		kernel.ParallelFor(len(s), 1, func(lo, hi int) { clear(s[lo:hi]) })
 	}
 	l.lent = append(l.lent, s)
 	return s
 }
+
+// Made is how many of l's Gets found no free buffer of their length and
+// made one.
+func (l *Lease[T]) Made() int { return l.made }
 
 // Lent is the number of elements lent to l.
 func (l *Lease[T]) Lent() int {

@@ -36,6 +36,10 @@ func TestGetZeroesReused(t *testing.T) {
 	if got, want := l.Lent(), 2*n-1; got != want {
 		t.Fatalf("lent %d elements, want %d", got, want)
 	}
+	// Made: the first Get of n and the Get of n−1; the second Get of n reused.
+	if got := l.Made(); got != 2 {
+		t.Fatalf("made %d buffers, want 2", got)
+	}
 }
 
 // TestForget checks forgotten buffers never come back: someone may read them.
