@@ -99,11 +99,7 @@ func lossPeakPerLogit(t *testing.T, cfg *moe.Config, o Options, tokens int) int6
 		if !vocab {
 			continue
 		}
-		if e.Alloc {
-			live += e.Bytes
-		} else {
-			live -= e.Bytes
-		}
+		live += e.Delta()
 		peak = max(peak, live)
 	}
 	if peak%n != 0 {

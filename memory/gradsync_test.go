@@ -16,11 +16,7 @@ func liveBefore(t *testing.T, evs []Event, m int) map[Category]int64 {
 		if e.Phase == Forward && e.Micro == m {
 			return live
 		}
-		if e.Alloc {
-			live[e.Category] += e.Bytes
-		} else {
-			live[e.Category] -= e.Bytes
-		}
+		live[e.Category] += e.Delta()
 	}
 	t.Fatalf("no forward of micro-step %d", m)
 	return nil
@@ -93,11 +89,7 @@ func TestGradSyncLastOnlyBytes(t *testing.T) {
 				if e.Phase == Optimizer {
 					break
 				}
-				if e.Alloc {
-					live[e.Category] += e.Bytes
-				} else {
-					live[e.Category] -= e.Bytes
-				}
+				live[e.Category] += e.Delta()
 			}
 			return live
 		}

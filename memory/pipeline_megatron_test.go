@@ -126,11 +126,7 @@ func TestMegatronPipelineHeld(t *testing.T) {
 					if !strings.HasPrefix(e.Label, "p2p_") {
 						continue
 					}
-					if e.Alloc {
-						cur += e.Bytes
-					} else {
-						cur -= e.Bytes
-					}
+					cur += e.Delta()
 					most = max(most, cur)
 				}
 				name := fmt.Sprintf("%s %s m %d rank %d", impl, l.PPSchedule, c.lbs, r)

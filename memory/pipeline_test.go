@@ -186,12 +186,8 @@ func TestPipelineMemory(t *testing.T) {
 				}
 				var left int64
 				for _, e := range rk.Events {
-					switch {
-					case e.Category != CatActivations:
-					case e.Alloc:
-						left += e.Bytes
-					default:
-						left -= e.Bytes
+					if e.Category == CatActivations {
+						left += e.Delta()
 					}
 				}
 				if left != wantAt[k] {
@@ -211,11 +207,7 @@ func TestPipelineMemory(t *testing.T) {
 			var got, cur, setupComm int64
 			for _, e := range rr.Events {
 				if e.Category == CatWeights {
-					if e.Alloc {
-						liveW += e.Bytes
-					} else {
-						liveW -= e.Bytes
-					}
+					liveW += e.Delta()
 					maxW = max(maxW, liveW)
 				}
 				if e.Phase == Setup && e.Category == CatComm {
@@ -224,11 +216,7 @@ func TestPipelineMemory(t *testing.T) {
 				if e.Category != CatActivations {
 					continue
 				}
-				if e.Alloc {
-					cur += e.Bytes
-				} else {
-					cur -= e.Bytes
-				}
+				cur += e.Delta()
 				got = max(got, cur)
 			}
 			if got != want {

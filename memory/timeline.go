@@ -105,6 +105,15 @@ type Event struct {
 	Stream   Stream   `json:"stream"`
 }
 
+// Delta is the change the event makes to the bytes live: +Bytes for an
+// allocation, −Bytes for a free.
+func (e Event) Delta() int64 {
+	if e.Alloc {
+		return e.Bytes
+	}
+	return -e.Bytes
+}
+
 func (e Event) String() string {
 	verb := "free "
 	if e.Alloc {

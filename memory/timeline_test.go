@@ -56,11 +56,7 @@ func TestTimelineBalanced(t *testing.T) {
 	estimates(t, func(name string, cfg *moe.Config, l job.Layout, b Batch, o Options, r Report) {
 		live := map[Category]int64{}
 		for _, e := range r.Events {
-			if e.Alloc {
-				live[e.Category] += e.Bytes
-			} else {
-				live[e.Category] -= e.Bytes
-			}
+			live[e.Category] += e.Delta()
 		}
 		for _, c := range Categories() {
 			want := map[Category]int64{CatParams: r.State.Params, CatOptimizer: r.State.Optimizer}[c]

@@ -102,11 +102,7 @@ func (r *Result) WriteTrace(w io.Writer, ranks []int) error {
 		}
 		var live int64
 		for i, ev := range r.memEvents {
-			if ev.Alloc {
-				live += ev.Bytes
-			} else {
-				live -= ev.Bytes
-			}
+			live += ev.Delta()
 			if i+1 < len(r.memEvents) && r.memTimes[i+1] == r.memTimes[i] {
 				continue // one sample per instant
 			}

@@ -137,11 +137,7 @@ func plotMemoryTimeline(d *Data) (*plot.Plot, error) {
 	live := make(plotter.XYs, len(evs))
 	var cur int64
 	for i, e := range evs {
-		if e.Alloc {
-			cur += e.Bytes
-		} else {
-			cur -= e.Bytes
-		}
+		cur += e.Delta()
 		live[i] = plotter.XY{X: float64(i), Y: float64(cur) / hw.GiB}
 	}
 	line, err := plotter.NewLine(live)
