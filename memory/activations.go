@@ -40,6 +40,8 @@ type Shape struct {
 	TP, ExpertTP, ExpertRows int
 	// TE: TransformerEngine blocks and loss (te.go); zero value: none.
 	TE TE
+	// AutoModel: NeMo AutoModel's blocks (automodel.go); zero value: none.
+	AutoModel AutoModel
 	// CP is the context-parallel degree Seq is a shard of (0 or 1: none)
 	// and CPMethod its K/V exchange: attention's exchange buffers
 	// (cpBuffers); the saved tensors are the shard's.
@@ -141,6 +143,7 @@ func Saved(cfg *moe.Config, layer int, sh Shape) ([]moe.SavedRecord, error) {
 	if sh.TE.Blocks {
 		rs = teBlock(cfg, layer, sh.AC, sh.TE, rs)
 	}
+	rs = autoModelBlock(cfg, layer, sh, rs)
 	return loadedRank(sh, tpSaved(cfg, layer, sh, rs)), nil
 }
 

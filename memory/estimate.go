@@ -59,6 +59,9 @@ type Options struct {
 	// TE says which parts of the step are TransformerEngine's and how its
 	// modules store their saved inputs (te.go); zero value: none.
 	TE TE
+	// AutoModel says the blocks and trainer are NeMo AutoModel's
+	// (automodel.go); zero value: torchtitan's.
+	AutoModel AutoModel
 	// ExpertLoad is the most loaded expert-parallel rank's rows ÷ the
 	// mean (Shape.ExpertLoad): the step is that rank's.
 	ExpertLoad float64
@@ -229,6 +232,9 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 	if o.RouterCV > 0 {
 		o.ExpertLoad = job.Spec{Model: cfg, Layout: l, Batch: job.Batch{LBS: b.LBS, Seq: b.Seq, GradAccum: b.GradAccum}}.LearnedSkew(o.RouterCV)
 	}
+	if err := o.AutoModel.check(l, o); err != nil {
+		return Report{}, err
+	}
 	if o.GradBuffer && l.Sharding != job.ShardZeRO1 && l.Sharding != job.ShardDDP {
 		return Report{}, fmt.Errorf("ddp_impl megatron: Megatron-Core's gradient buffer needs sharding zero1 or ddp, not %s", l.Sharding)
 	}
@@ -265,7 +271,7 @@ func Estimate(cfg *moe.Config, l job.Layout, b Batch, o Options) (Report, error)
 func stepShape(l job.Layout, b Batch, o Options) Shape {
 	return Shape{Batch: b.LBS, Seq: b.Seq, AC: o.AC, Attention: o.Attention, EP: l.EP, Act: o.Precision.Activation,
 		Compile: o.Compile, LossDType: o.LossDType, TP: l.TPDegree(), ExpertTP: l.ExpertTP(), ExpertRows: l.TokensPerExpertRank(),
-		TE: o.TE, ExpertLoad: o.ExpertLoad}
+		TE: o.TE, AutoModel: o.AutoModel, ExpertLoad: o.ExpertLoad}
 }
 
 // MaxLBS returns the largest local batch whose peak reserved memory is at

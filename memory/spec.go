@@ -30,6 +30,7 @@ func OptionsOf(r job.Recipe, ac moe.AC) Options {
 	o.FP8Gather.Output = r.FP8AllGather && r.Converts(job.QuantOutput)
 	o.TE.Blocks = r.TransformerImpl == job.TETransformer
 	o.TE.Loss = r.LossImpl == job.TELoss
+	o.AutoModel = autoModelOf(r)
 	o.GradBuffer = r.DDPImpl == job.MegatronDDP
 	if o.TE.Blocks && r.Precision.LowPrecision() {
 		o.TE.Linear, o.TE.Experts = r.Converts(job.QuantLinear), r.Converts(job.QuantExperts)

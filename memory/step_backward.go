@@ -7,8 +7,9 @@ import (
 
 // backward emits micro-step m's backward, walking the step's order bw (the
 // units' phases in the order they run, the last unit first): each unit's
-// backwardUnit, then the free of the last reduce-scatter input, that of
-// the first unit. The first micro-step also allocates the partial reduce
+// backwardUnit, then the free of the logits a trainer held
+// (freeHeldLogits) and of the last reduce-scatter input, that of the first
+// unit. The first micro-step also allocates the partial reduce
 // buffer.
 func (s *stepBuilder) backward(m int, bw []job.StepPhase) {
 	s.phase = Backward
@@ -22,6 +23,7 @@ func (s *stepBuilder) backward(m int, bw []job.StepPhase) {
 		}
 		s.backwardUnit(s.last-k, m, ph, next)
 	}
+	s.freeHeldLogits()
 	if s.reduces(m) {
 		first := s.units[0]
 		s.free(first.Layer, "reduce_scatter", s.reduceScatterInput(first), CatComm)

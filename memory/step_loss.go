@@ -48,7 +48,8 @@ func (s *stepBuilder) upcast() bool { return s.sh.LossDType != s.o.Precision.Act
 // LM head's logits (activation type), their copy in the loss type when it
 // upcasts, and the log-probabilities computed from it (keep allocates
 // them), then the frees of the copy and of the logits (torchtitan's `del
-// pred`). suffix ends each label.
+// pred`; AutoModel's trainer holds them to the end of backward instead,
+// freeHeldLogits). suffix ends each label.
 func (s *stepBuilder) logProbs(layer int, suffix string, n int64, keep func()) {
 	act := s.o.Precision.Activation.Bytes()
 	s.alloc(layer, "logits"+suffix, n*act, CatLoss)
@@ -59,7 +60,24 @@ func (s *stepBuilder) logProbs(layer int, suffix string, n int64, keep func()) {
 	if s.upcast() {
 		s.free(layer, "logits_f32"+suffix, n*s.lossBytes(), CatLoss)
 	}
-	s.free(layer, "logits"+suffix, n*act, CatLoss)
+	if !s.holdsLogits() {
+		s.free(layer, "logits"+suffix, n*act, CatLoss)
+	}
+}
+
+// holdsLogits reports whether the trainer keeps the model's output, the
+// logits, referenced until its backward call returns: AutoModel's
+// train_ft.py (_forward_backward_step at 2c236e081) keeps `out` in scope
+// across (local_loss * dp).backward(), and its MaskedCrossEntropy computes
+// on a view of it. Its recipes do not chunk the loss (Recipe.Validate).
+func (s *stepBuilder) holdsLogits() bool { return s.o.AutoModel.On && s.o.LossChunks <= 1 }
+
+// freeHeldLogits emits, at the end of a micro-step's backward, the free of
+// the logits the trainer held (holdsLogits).
+func (s *stepBuilder) freeHeldLogits() {
+	if s.holdsLogits() {
+		s.free(s.cfg.LayerHead(), "logits", s.T*s.V*s.o.Precision.Activation.Bytes(), CatLoss)
+	}
 }
 
 // lossForward emits the head's logits and cross-entropy. Eager (logProbs)

@@ -91,13 +91,12 @@ func teBlock(cfg *moe.Config, layer int, ac moe.AC, te TE, rs []moe.SavedRecord)
 	}
 	for _, r := range rs {
 		switch {
-		case r.Tensor == moe.SavedSiLUGate && (r.Op == moe.OpDenseAct || r.Op == moe.OpSharedAct || r.Op == moe.OpExpertAct):
+		case r.Tensor == moe.SavedSiLUGate && (r.Op == moe.OpDenseAct || r.Op == moe.OpSharedAct):
 			continue
-		case r.Op == moe.OpCombine && r.Tensor == moe.SavedExpertOutput:
-			continue
-		case r.Op == moe.OpCombine && r.Tensor == moe.SavedWeights:
-			r.Op = moe.OpExpertAct
-			out = append(out, r)
+		case r.Op == moe.OpExpertAct || r.Op == moe.OpCombine:
+			if r, keep := weightedExperts(r); keep {
+				out = append(out, r)
+			}
 		case r.Tensor == moe.SavedInput && teConverts(te, r.Op):
 			quantized(r)
 		case r.Op == moe.OpAttn && r.Tensor == moe.SavedOutput:

@@ -245,11 +245,13 @@ const (
 	SavedTPReduceScatterOutput Saved = "tp_reduce_scatter_output"
 	// Kept only in the memory package's tables of what the reference does
 	// not execute: an expert-parallel all-to-all's output under the
-	// selective policy, eager attention's probabilities and a compiled
-	// loss's logits.
+	// selective policy, eager attention's probabilities, a compiled
+	// loss's logits and the attention-sink scale AutoModel's GPT-OSS
+	// applies outside flex attention (f32, per head and token).
 	SavedAllToAllOutput Saved = "all_to_all_output"
 	SavedProbs          Saved = "probs"
 	SavedLogits         Saved = "logits"
+	SavedSinkScale      Saved = "sink_scale"
 	// SavedScales is a quantized saved input's block scales
 	// (TransformerEngine's MXFP8 tensors, E8M0).
 	SavedScales Saved = "scales"

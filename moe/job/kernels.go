@@ -90,6 +90,14 @@ const (
 	// default fused SwiGLU (bias_activation_fusion) and its experts, which
 	// apply the routing probabilities in the activation.
 	TETransformer TransformerImpl = "transformer_engine"
+	// AutoModelTransformer is NeMo AutoModel's own MoE model classes and
+	// trainer (nemo_automodel/components/moe and models/, recipes/llm/
+	// train_ft.py, at Automodel 2c236e081, the recipes of its performance
+	// summary): DeepEP experts that apply the routing probabilities in a
+	// fused activation, FakeBalancedGate for balanced routing, GPT-OSS's
+	// sink rescaling outside flex attention, and logits held through
+	// backward (memory/automodel.go).
+	AutoModelTransformer TransformerImpl = "automodel"
 )
 
 // LossImpl names the cross-entropy implementation.
@@ -133,7 +141,7 @@ func (Dispatcher) Values() []string { return names([]Dispatcher{AllToAll, DeepEP
 func (ExpertGEMM) Values() []string { return names([]ExpertGEMM{GroupedMM, CuBLASExperts}) }
 func (Component) Values() []string  { return names([]Component{ModelComponent, LossComponent}) }
 func (TransformerImpl) Values() []string {
-	return names([]TransformerImpl{TorchTransformer, TETransformer})
+	return names([]TransformerImpl{TorchTransformer, TETransformer, AutoModelTransformer})
 }
 func (LossImpl) Values() []string { return names([]LossImpl{TorchLoss, TELoss}) }
 func (DDPImpl) Values() []string  { return names([]DDPImpl{TorchDDP, MegatronDDP}) }

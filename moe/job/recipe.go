@@ -71,7 +71,7 @@ type Recipe struct {
 	// the cross-entropy's: what they save for backward (docs/memory.md,
 	// "TransformerEngine"). Empty is torch (TorchTransformer, TorchLoss),
 	// left out of JSON.
-	TransformerImpl TransformerImpl `json:"transformer_impl,omitempty" empty:"ok" help:"modules the blocks are built of, which decide what they save for backward: torch (torchtitan's) or transformer_engine (Megatron-Core's TE layer spec: fused SwiGLU, routing probabilities applied in the expert activation, fp8 inputs saved quantized)"`
+	TransformerImpl TransformerImpl `json:"transformer_impl,omitempty" empty:"ok" help:"modules the blocks are built of, which decide what they save for backward: torch (torchtitan's), transformer_engine (Megatron-Core's TE layer spec: fused SwiGLU, routing probabilities applied in the expert activation, fp8 inputs saved quantized) or automodel (NeMo AutoModel's MoE models and trainer: DeepEP experts with a fused weighted activation, no router under balanced routing, logits held through backward; bf16, eager)"`
 	LossImpl        LossImpl        `json:"loss_impl,omitempty" empty:"ok" help:"cross-entropy implementation: torch (torchtitan's, eager or compiled) or te (TransformerEngine's parallel_cross_entropy, which writes the gradient into the saved bf16 logits)"`
 	// DDPImpl is the data-parallel wrapper that holds the gradients under
 	// sharding zero1 or ddp (empty: torch, left out of JSON).
@@ -195,6 +195,7 @@ func (r Recipe) Validate() error {
 	if r.TransformerImpl != "" { // empty: torch, left out of JSON
 		add(checkEnum("transformer_impl", r.TransformerImpl))
 	}
+	add(r.checkAutoModel())
 	if r.LossImpl != "" {
 		add(checkEnum("loss_impl", r.LossImpl))
 	}
@@ -214,6 +215,29 @@ func (r Recipe) Validate() error {
 		errs = append(errs, moe.FieldError{Field: "pad_to_capacity", Value: true, Allowed: "needs a capacity_factor > 0 (dropless experts have no capacity)"})
 	}
 	return errors.Join(errs...)
+}
+
+// checkAutoModel refuses what AutoModel's modules are not modelled with:
+// its performance summary's recipes train in bf16 (from_config builds bf16
+// parameters), do not torch.compile the model or the loss (only the DeepEP
+// experts' activation, which the memory table accounts for) and compute
+// their loss with torch's cross-entropy in one piece.
+func (r Recipe) checkAutoModel() error {
+	if r.TransformerImpl != AutoModelTransformer {
+		return nil
+	}
+	model, loss := r.Compiled()
+	switch {
+	case r.Precision.LowPrecision():
+		return moe.FieldError{Field: "transformer_impl", Value: string(r.TransformerImpl), Allowed: "needs precision bf16 (AutoModel's low-precision modules are not modelled), not " + string(r.Precision)}
+	case model || loss:
+		return moe.FieldError{Field: "transformer_impl", Value: string(r.TransformerImpl), Allowed: "needs compile off (--compile=false: AutoModel's benchmark recipes run eager, compiling only the DeepEP experts' activation)"}
+	case r.LossChunks > 1:
+		return moe.FieldError{Field: "loss_chunks", Value: r.LossChunks, Allowed: "1 with transformer_impl automodel (AutoModel's MaskedCrossEntropy is one piece)"}
+	case r.LossImpl == TELoss:
+		return moe.FieldError{Field: "loss_impl", Value: string(r.LossImpl), Allowed: "torch with transformer_impl automodel (AutoModel computes torch's cross-entropy)"}
+	}
+	return nil
 }
 
 // GathersFP8In says whether the recipe's fp8 all-gather takes effect under
