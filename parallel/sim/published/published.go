@@ -66,6 +66,11 @@ type Run struct {
 	// DESIGN's schema; "" = none known). Tables mark such rows and keep
 	// them in their medians and worst cases.
 	Unmodelled string `json:"unmodelled,omitempty"`
+	// Inconsistent says, with a worked reason, why the settings the source
+	// states cannot be the ones its run used (an addition to DESIGN's
+	// schema; "" = none found): a validation prints such a run's memory
+	// verdict, marked, without judging it; its TPS is compared as stated.
+	Inconsistent string `json:"inconsistent,omitempty"`
 	// MTP says whether the run trained the model's multi-token-prediction
 	// modules (num_nextn_predict_layers; DESIGN's schema). Memory and step
 	// time do not model them yet, so true is refused (Validate); absent or

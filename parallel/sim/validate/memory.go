@@ -15,15 +15,18 @@ import (
 // MemoryTable is the memory validation (issue 12): every run's predicted
 // peak per GPU beside the measured one when the source measured one, and
 // moescope's verdict on whether the layout fits. Every run ran, so a run
-// predicted not to fit is a wrong verdict.
+// predicted not to fit is a wrong verdict, unless its source's stated
+// settings cannot be the ones it ran (published.Run.Inconsistent).
 type MemoryTable struct {
 	Rows []MemoryRow `json:"runs"`
 	// Error summarizes the rows with an error (runs of a priced recipe
 	// with a measured peak); absent without any.
 	Error *Summary `json:"error,omitempty"`
-	// NotFit of the Ran runs estimated are predicted not to fit.
-	NotFit int `json:"predicted_not_to_fit"`
-	Ran    int `json:"estimated"`
+	// NotFit of the Ran runs estimated are predicted not to fit; the
+	// Unjudged runs whose sources are inconsistent are not among them.
+	NotFit   int `json:"predicted_not_to_fit"`
+	Ran      int `json:"estimated"`
+	Unjudged int `json:"verdict_not_judged,omitempty"`
 }
 
 // MemoryRow is one run's line of the memory table. Sizes are GiB per GPU.
@@ -52,6 +55,9 @@ type MemoryRow struct {
 	// model (the run's unmodelled field); such rows count in the summary.
 	Unmodelled string `json:"unmodelled,omitempty"`
 	Fits       bool   `json:"fits"`
+	// Inconsistent is why the source's stated settings cannot have run
+	// (the run's inconsistent field): Fits is not judged.
+	Inconsistent string `json:"inconsistent,omitempty"`
 	// Series is the run's series (seriesKey), which leave-one-series-out
 	// bands hold out together.
 	Series string `json:"-"`
@@ -75,9 +81,14 @@ func Memory(runs []published.Run) (MemoryTable, error) {
 			continue
 		}
 		row.Name = name
-		t.Ran++
-		if !row.Fits {
+		switch {
+		case row.Inconsistent != "":
+			t.Unjudged++
+		case !row.Fits:
+			t.Ran++
 			t.NotFit++
+		default:
+			t.Ran++
 		}
 		if row.Error != nil {
 			relErrs = append(relErrs, *row.Error)
@@ -122,7 +133,7 @@ func memoryRow(r published.Run) (MemoryRow, error) {
 	}
 	fit := memory.Judge(rep.Peak.Reserved, outside, dev.MemoryBytes, memory.DefaultMemoryTarget)
 	row := MemoryRow{Model: strings.TrimSuffix(filepath.Base(r.Model), ".json"), GPU: r.GPU, GPUs: r.GPUs, Layout: memoryLayout(r),
-		AC: r.AC.String(), Compile: r.Compile, LBS: r.LBS, Seq: r.Seq, Unmodelled: r.Unmodelled, Fits: fit.Fits,
+		AC: r.AC.String(), Compile: r.Compile, LBS: r.LBS, Seq: r.Seq, Unmodelled: r.Unmodelled, Inconsistent: r.Inconsistent, Fits: fit.Fits,
 		Kind: "reserved", Predicted: gib(float64(rep.Peak.Reserved)), Series: seriesKey(r)}
 	meas, pred, measured := 0.0, 0.0, false
 	if m, ok := r.MeasuredReserved(dev); ok {

@@ -71,3 +71,26 @@ func testSpec(gpus, dpShard, ep int, ac string, lbs, seq int) job.Spec {
 	}
 	return s
 }
+
+// TestMemoryInconsistentNotJudged: Llama 3 8B on one H100 cannot fit (by
+// hand: 8.0e9 parameters × 16 bytes of f32 weights, gradients and Adam
+// moments is 128 GB of an 80 GB device), so a run stating it is a wrong
+// verdict, unless the run says its source is inconsistent: then the
+// verdict is printed, marked, and counted apart.
+func TestMemoryInconsistentNotJudged(t *testing.T) {
+	r := published.Run{Model: "llama3-8b", GPU: "h100", Spec: testSpec(1, 1, 1, "none", 1, 4096), Precision: "bf16", TPS: 1, Source: "x", RunID: "R1"}
+	flagged := r
+	flagged.RunID, flagged.Inconsistent = "R2", "worked reason"
+	mem, err := Memory([]published.Run{r, flagged})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mem.NotFit != 1 || mem.Ran != 1 || mem.Unjudged != 1 {
+		t.Fatalf("not to fit %d of %d, %d not judged; want 1 of 1, 1 not judged", mem.NotFit, mem.Ran, mem.Unjudged)
+	}
+	var b strings.Builder
+	writeMemory(&b, mem)
+	if !strings.Contains(b.String(), "NO ‡") || !strings.Contains(b.String(), "not judged: R2 (worked reason)") {
+		t.Errorf("table does not mark R2:\n%s", b.String())
+	}
+}

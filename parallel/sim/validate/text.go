@@ -125,13 +125,19 @@ func writeMemory(b *strings.Builder, t MemoryTable) {
 		fmt.Fprintln(tw, memoryLine(row)+"\t")
 	}
 	tw.Flush() // into a strings.Builder: cannot fail
-	b.WriteString("measured: r = peak reserved, a = peak allocated (compared with the predicted peak allocated); * = torch.compile; fits = moescope's verdict (every run ran); † = a framework difference not modelled (the run's unmodelled field)\n")
+	b.WriteString("measured: r = peak reserved, a = peak allocated (compared with the predicted peak allocated); * = torch.compile; fits = moescope's verdict (every run ran); † = a framework difference not modelled (the run's unmodelled field); ‡ = settings the source states that cannot have run (the run's inconsistent field): its verdict is not judged\n")
 	if s := t.Error; s != nil {
 		fmt.Fprintf(b, "memory |error|: median %.1f%%, worst %.1f%% over %d runs\n", 100*s.Median, 100*s.Worst, s.Runs)
 	} else {
 		b.WriteString("memory |error|: no run of a priced recipe with a measured peak\n")
 	}
-	fmt.Fprintf(b, "predicted not to fit: %d of %d runs that ran\n", t.NotFit, t.Ran)
+	fmt.Fprintf(b, "predicted not to fit: %d of %d runs that ran", t.NotFit, t.Ran)
+	for _, row := range t.Rows {
+		if row.Inconsistent != "" {
+			fmt.Fprintf(b, "; not judged: %s (%s)", row.Name, row.Inconsistent)
+		}
+	}
+	b.WriteString("\n")
 }
 
 // memoryLine is a run's line of the memory table, its cells tab-separated.
@@ -157,6 +163,9 @@ func memoryLine(row MemoryRow) string {
 	verdict := "yes"
 	if !row.Fits {
 		verdict = "NO"
+	}
+	if row.Inconsistent != "" {
+		verdict += " ‡"
 	}
 	return strings.Join([]string{row.Name, row.Model, row.GPU, fmt.Sprint(row.GPUs), row.Layout, ac, fmt.Sprint(row.LBS), fmt.Sprint(row.Seq),
 		measured, fmt.Sprintf("%.2f %s", row.Predicted, kind), errText, verdict}, "\t")
