@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 )
@@ -324,7 +325,7 @@ func MaxLBS(cfg *moe.Config, l job.Layout, seq, gradAccum int, o Options, device
 	limit := int64(target * float64(deviceBytes))
 	at := func(lbs int) (Report, bool, error) {
 		r, err := Estimate(cfg, l, Batch{LBS: lbs, Seq: seq, GradAccum: gradAccum}, o)
-		return r, err == nil && WithinTarget(float64(r.Peak.Reserved)/float64(deviceBytes), target), err
+		return r, err == nil && verdict.WithinTarget(float64(r.Peak.Reserved)/float64(deviceBytes), target), err
 	}
 	r1, ok, err := at(first)
 	if err != nil || !ok {

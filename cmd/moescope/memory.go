@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/epbuffer"
@@ -53,7 +54,7 @@ type memoryReport struct {
 	WorstStage     *int               `json:"worst_stage,omitempty"`
 	// Fit: whether the step fits the device and the memory target (JSON
 	// fits, headroom_bytes, within_target).
-	memory.Fit
+	verdict.Fit
 }
 
 func runMemory(stdout, stderr io.Writer, args []string) error {
@@ -132,7 +133,7 @@ func runMemory(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	rep.Fit, rep.MemoryTarget = memory.Judge(r.Peak.Reserved, outside, dev.MemoryBytes, *target), *target
+	rep.Fit, rep.MemoryTarget = verdict.Judge(r.Peak.Reserved, outside, dev.MemoryBytes, *target), *target
 	if *jsonOut {
 		return writeJSON(stdout, "memory", rep)
 	}

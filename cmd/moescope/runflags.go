@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/hw"
@@ -243,7 +243,7 @@ func parseACFlag(s string) (moe.AC, error) {
 // the sweep's bound).
 func addTargetFlag(fs *flag.FlagSet) *float64 {
 	t := new(float64)
-	fs.Float64Var(t, "memory-target", memory.DefaultMemoryTarget, "fraction of device memory (peak reserved / capacity) a layout may use to count as within target, in (0, 1]")
+	fs.Float64Var(t, "memory-target", verdict.DefaultMemoryTarget, "fraction of device memory (peak reserved / capacity) a layout may use to count as within target, in (0, 1]")
 	return t
 }
 

@@ -20,7 +20,9 @@ const module = "github.com/moescope/moescope"
 // layers lists moescope's packages from the top down; a package may import
 // only packages of a later layer. Packages that share a layer never import
 // each other: the two backends of one schedule (numeric, sim), the two
-// analytic accountings (flops, memory), and the leaves below moe. Package
+// analytic accountings (flops, memory), and the leaves below moe. The
+// memory verdict (memory/verdict) sits below memory, which judges with it
+// as the simulator and the commands do. Package
 // numeric's communicator (parallel/numeric/collective: goroutine ranks'
 // collectives, knowing no model) sits below numeric and above parallel,
 // whose meshes and groups it serves; the simulator's cost models
@@ -46,6 +48,7 @@ var layers = [][]string{
 	{"parallel/hw", "bench"},
 	{"memory/host", "memory/largest"},
 	{"flops", "memory"},
+	{"memory/verdict"},
 	{"moe/moetest"},
 	{"moe/job"},
 	{"moe/hf"},

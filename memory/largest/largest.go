@@ -5,12 +5,12 @@ package largest
 import (
 	"math"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 )
 
 // Within is the one search for "the largest local batch within the
 // memory target": the largest i in [1, n] whose memory fraction frac(i) is
-// within target (memory.WithinTarget), 0 when not even i = 1 is, and frac(1).
+// within target (verdict.WithinTarget), 0 when not even i = 1 is, and frac(1).
 // frac must be non-decreasing in i (memory grows with the local batch); the
 // probes choose only how fast the answer is found, never what it is. A
 // caller maps its candidates (every local batch, or a pipeline's valid ones)
@@ -25,7 +25,7 @@ import (
 func Within(n int, target float64, frac func(i int) (float64, error)) (int, float64, error) {
 	fits := func(i int) (bool, float64, error) {
 		m, err := frac(i)
-		return err == nil && memory.WithinTarget(m, target), m, err
+		return err == nil && verdict.WithinTarget(m, target), m, err
 	}
 	ok, m1, err := fits(1)
 	if err != nil || !ok || n == 1 {

@@ -45,7 +45,7 @@ type Score struct {
 	MFU            float64
 	MemoryFraction float64
 	// DoesNotFit: peak reserved plus the memory outside PyTorch's
-	// allocator exceeds the device (memory.Fit; an evaluator that does not
+	// allocator exceeds the device (verdict.Fit; an evaluator that does not
 	// model that memory leaves it false). The planner never returns such a
 	// point, whatever its target.
 	DoesNotFit bool

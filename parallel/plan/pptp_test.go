@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/hf"
 	"github.com/moescope/moescope/moe/job"
@@ -149,7 +149,7 @@ func TestPlanSimPPTPSearchEqualsExhaustive(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if memory.WithinTarget(fr, q.MemoryTarget) {
+			if verdict.WithinTarget(fr, q.MemoryTarget) {
 				want = lbs
 			}
 		}

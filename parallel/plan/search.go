@@ -6,7 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe/job"
 )
 
@@ -177,7 +177,7 @@ func (q *Request) probeScales(ev Evaluator) []int {
 			if out, err := q.floored(ev, p); out || err != nil {
 				return nil
 			}
-			if m, err := ev.MemoryFraction(p); err == nil && memory.WithinTarget(m, q.MemoryTarget) {
+			if m, err := ev.MemoryFraction(p); err == nil && verdict.WithinTarget(m, q.MemoryTarget) {
 				found.Store(true)
 			}
 			return nil
@@ -245,7 +245,7 @@ func (q *Request) explain(ev Evaluator, n int, closest *Result, refused error) e
 		}
 		return e
 	}
-	if memory.WithinTarget(closest.Score.MemoryFraction, q.MemoryTarget) {
+	if verdict.WithinTarget(closest.Score.MemoryFraction, q.MemoryTarget) {
 		e.Reason = "no fitting layout can reach the global batch or be exported"
 		if q.GlobalBatch > 0 {
 			e.Needed = fmt.Sprintf("a global batch whose per-GPU share (%d sequences) a fitting local batch divides, or no export restriction", q.GlobalBatch/q.GPUs)
@@ -261,7 +261,7 @@ func (q *Request) explain(ev Evaluator, n int, closest *Result, refused error) e
 			}
 			p := Point{f.layout, f.ac, f.layout.MinLBS(), 1}
 			fr, err := ev.MemoryFraction(p)
-			if err == nil && memory.WithinTarget(fr, q.MemoryTarget) {
+			if err == nil && verdict.WithinTarget(fr, q.MemoryTarget) {
 				e.Needed = fmt.Sprintf("at least %d GPUs (%s fits at memory fraction %.3f), or %s",
 					m, p, fr, moreMemory(closest.Score.MemoryFraction, q.MemoryTarget))
 				return e

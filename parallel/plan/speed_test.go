@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe/hf"
 )
 
@@ -35,7 +35,7 @@ func TestPlanSimSizeByMemoryScan(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if memory.WithinTarget(fr, q.MemoryTarget) {
+			if verdict.WithinTarget(fr, q.MemoryTarget) {
 				want = lbs
 			}
 		}

@@ -7,8 +7,8 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/memory/largest"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe/job"
 )
 
@@ -165,7 +165,7 @@ func (s *stageRun) run(fams []family) (results []Result, st Stage, closest *Resu
 	st.Simulated = len(points)
 	kept := results[:0]
 	for _, r := range results {
-		if memory.WithinTarget(r.Score.MemoryFraction, q.MemoryTarget) && !r.Score.DoesNotFit && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
+		if verdict.WithinTarget(r.Score.MemoryFraction, q.MemoryTarget) && !r.Score.DoesNotFit && r.Score.TPS > 0 && !math.IsInf(r.Score.TPS, 0) {
 			kept = append(kept, r)
 		} else {
 			nearer(r)
@@ -331,7 +331,7 @@ func (q *Request) floored(ev Evaluator, p Point) (bool, error) {
 		return false, nil
 	}
 	b, err := fl.MemoryFloor(p)
-	return err == nil && !memory.WithinTarget(b, q.MemoryTarget), err
+	return err == nil && !verdict.WithinTarget(b, q.MemoryTarget), err
 }
 
 // parallelDo runs do(0..n-1) on up to workers goroutines and returns

@@ -7,6 +7,7 @@ import (
 
 	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
 	"github.com/moescope/moescope/parallel/epbuffer"
@@ -139,7 +140,7 @@ func simulatePipeline(in Input) (Result, error) {
 	res.MemoryFraction = float64(peak.Reserved) / float64(dev.MemoryBytes)
 	target := in.MemoryTarget
 	if target == 0 {
-		target = memory.DefaultMemoryTarget
+		target = verdict.DefaultMemoryTarget
 	}
 	es := in.Spec
 	es.Layout, es.Model = l, cfg
@@ -147,7 +148,7 @@ func simulatePipeline(in Input) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	res.Fit = memory.Judge(peak.Reserved, outside, dev.MemoryBytes, target)
+	res.Fit = verdict.Judge(peak.Reserved, outside, dev.MemoryBytes, target)
 	res.Pipeline = pipelineTiming(pl, walk, cl, su.in)
 	if su.in.cp.cp > 1 {
 		res.CPLink = su.in.cp.link.String()

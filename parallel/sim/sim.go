@@ -9,6 +9,7 @@ import (
 	"github.com/moescope/moescope/flops"
 	"github.com/moescope/moescope/internal/band"
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel"
@@ -43,7 +44,7 @@ type Input struct {
 	// KeepTimeline keeps per-op spans for traces.
 	KeepTimeline bool
 	// MemoryTarget is the fraction of device memory the verdict's
-	// WithinTarget allows; 0 means memory.DefaultMemoryTarget.
+	// WithinTarget allows; 0 means verdict.DefaultMemoryTarget.
 	MemoryTarget float64
 	// Allocator is the caching allocator's model (nil:
 	// memory.DefaultAllocator); a calibration's overhead replaces its
@@ -99,7 +100,7 @@ type Result struct {
 	MemoryFraction     float64 `json:"memory_fraction"`
 	// Fit says whether the layout fits the device and its memory target
 	// (JSON fits, headroom_bytes, within_target).
-	memory.Fit
+	verdict.Fit
 	Breakdown Breakdown `json:"breakdown"`
 	// Bottleneck names the largest part of the breakdown.
 	Bottleneck string `json:"bottleneck"`
@@ -362,7 +363,7 @@ func checkInput(in Input) error {
 		return fmt.Errorf("simulate: %w", err)
 	}
 	if in.MemoryTarget != 0 && !(in.MemoryTarget > 0 && in.MemoryTarget <= 1) {
-		return fmt.Errorf("simulate: memory_target = %v: must be in (0, 1] (0 = %g)", in.MemoryTarget, memory.DefaultMemoryTarget)
+		return fmt.Errorf("simulate: memory_target = %v: must be in (0, 1] (0 = %g)", in.MemoryTarget, verdict.DefaultMemoryTarget)
 	}
 	if len(in.ExpertCounts) > 0 {
 		if err := checkExpertCounts(in.ExpertCounts, cfg); err != nil {
@@ -450,7 +451,7 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	res.MemoryFraction = float64(peak.Reserved) / float64(p.dev.MemoryBytes)
 	target := in.MemoryTarget
 	if target == 0 {
-		target = memory.DefaultMemoryTarget
+		target = verdict.DefaultMemoryTarget
 	}
 	es := in.Spec
 	es.Layout, es.Model = p.l, p.in.Model
@@ -458,7 +459,7 @@ func (p *Prepared) Run(cal *cost.Calibration) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("simulate: %w", err)
 	}
-	res.Fit = memory.Judge(peak.Reserved, outside, p.dev.MemoryBytes, target)
+	res.Fit = verdict.Judge(peak.Reserved, outside, p.dev.MemoryBytes, target)
 	if in.KeepTimeline {
 		res.spans = spans
 		res.streams = make([]simStream, len(sim.ops))

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/parallel/epbuffer"
 	"github.com/moescope/moescope/parallel/hw"
 	"github.com/moescope/moescope/parallel/sim/published"
@@ -131,7 +132,7 @@ func memoryRow(r published.Run) (MemoryRow, error) {
 	if err != nil {
 		return MemoryRow{}, err
 	}
-	fit := memory.Judge(rep.Peak.Reserved, outside, dev.MemoryBytes, memory.DefaultMemoryTarget)
+	fit := verdict.Judge(rep.Peak.Reserved, outside, dev.MemoryBytes, verdict.DefaultMemoryTarget)
 	row := MemoryRow{Model: strings.TrimSuffix(filepath.Base(r.Model), ".json"), GPU: r.GPU, GPUs: r.GPUs, Layout: memoryLayout(r),
 		AC: r.AC.String(), Compile: r.Compile, LBS: r.LBS, Seq: r.Seq, Unmodelled: r.Unmodelled, Inconsistent: r.Inconsistent, Fits: fit.Fits,
 		Kind: "reserved", Predicted: gib(float64(rep.Peak.Reserved)), Series: seriesKey(r)}

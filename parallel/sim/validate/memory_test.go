@@ -18,7 +18,7 @@ import (
 // (peak_reserved_bytes, or memory_fraction × the device's capacity: both
 // reserved; else peak_allocated_bytes, compared with the predicted peak
 // allocated), with the relative error, and whether moescope's verdict
-// (memory.Judge with the device's Outside(ep)) says the layout fits. Every
+// (verdict.Judge with the device's Outside(ep)) says the layout fits. Every
 // run ran, so a "NO" in the fits column is a wrong verdict. It ends with
 //
 //	memory |error|: median X%, worst Y% over N runs

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"runtime"
 
-	"github.com/moescope/moescope/memory"
+	"github.com/moescope/moescope/memory/verdict"
 	"github.com/moescope/moescope/moe"
 	"github.com/moescope/moescope/parallel/plan"
 	"golang.org/x/sync/errgroup"
@@ -59,7 +59,7 @@ func TargetSweeps(ev plan.Evaluator, rep *plan.Report, target float64, maxLBS, g
 			if err != nil {
 				return nil, err
 			}
-			if !memory.WithinTarget(m, target) {
+			if !verdict.WithinTarget(m, target) {
 				break // memory does not decrease with lbs
 			}
 			points = append(points, p)

@@ -1,4 +1,4 @@
-package memory
+package verdict
 
 import "testing"
 
@@ -18,14 +18,14 @@ func TestJudge(t *testing.T) {
 		verdict      string
 		line         string
 	}{
-		{50 * gib, true, true, 49 * gib, VerdictFits, ""},
-		{82 * gib, true, true, 17 * gib, VerdictFits, ""},
-		{92 * gib, true, true, 7 * gib, VerdictMayNotFit, "may not fit: needs 93.00 GiB of 100.00 GiB, and the memory model's 90% interval of peak reserved (83.0%–110.5% of the device) reaches past it"},
-		{93 * gib, true, false, 6 * gib, VerdictMayNotFit, "above the memory target: 93.00 GiB > 0.92 × 100.00 GiB"},
-		{99 * gib, true, false, 0, VerdictMayNotFit, "above the memory target: 99.00 GiB > 0.92 × 100.00 GiB"},
-		{99*gib + 1, false, false, -1, VerdictMayNotFit, "does not fit: needs 100.00 GiB of 100.00 GiB"},
-		{111 * gib, false, false, -12 * gib, VerdictDoesNotFit, "does not fit: needs 112.00 GiB of 100.00 GiB"},
-		{3171 * gib, false, false, -3072 * gib, VerdictDoesNotFit, "does not fit: needs 3172.00 GiB of 100.00 GiB"},
+		{50 * gib, true, true, 49 * gib, Fits, ""},
+		{82 * gib, true, true, 17 * gib, Fits, ""},
+		{92 * gib, true, true, 7 * gib, MayNotFit, "may not fit: needs 93.00 GiB of 100.00 GiB, and the memory model's 90% interval of peak reserved (83.0%–110.5% of the device) reaches past it"},
+		{93 * gib, true, false, 6 * gib, MayNotFit, "above the memory target: 93.00 GiB > 0.92 × 100.00 GiB"},
+		{99 * gib, true, false, 0, MayNotFit, "above the memory target: 99.00 GiB > 0.92 × 100.00 GiB"},
+		{99*gib + 1, false, false, -1, MayNotFit, "does not fit: needs 100.00 GiB of 100.00 GiB"},
+		{111 * gib, false, false, -12 * gib, DoesNotFit, "does not fit: needs 112.00 GiB of 100.00 GiB"},
+		{3171 * gib, false, false, -3072 * gib, DoesNotFit, "does not fit: needs 3172.00 GiB of 100.00 GiB"},
 	}
 	for _, c := range cases {
 		f := Judge(c.reserved, gib, 100*gib, 0.92)

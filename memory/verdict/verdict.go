@@ -1,4 +1,9 @@
-package memory
+// Package verdict judges whether one rank's memory fits its device
+// (DESIGN.md, "Fits"): the peak reserved bytes with the memory outside
+// PyTorch's allocator against the capacity, the memory target, and the
+// model's uncalibrated interval. It knows no device and no model: the
+// memory package and the simulator pass it their numbers.
+package verdict
 
 import (
 	"fmt"
@@ -27,8 +32,8 @@ type Fit struct {
 	// MemoryFractionInterval is the 90% interval of peak reserved ÷
 	// capacity: the model's uncalibrated memory band over the published
 	// runs (band.Uncalibrated). Verdict (DESIGN's fit_verdict) judges the
-	// interval: VerdictFits when its high end fits with the memory outside
-	// PyTorch, VerdictDoesNotFit when its low end does not, VerdictMayNotFit
+	// interval: Fits when its high end fits with the memory outside
+	// PyTorch, DoesNotFit when its low end does not, MayNotFit
 	// when it straddles the capacity.
 	MemoryFractionInterval [2]float64 `json:"memory_fraction_interval"`
 	Verdict                string     `json:"fit_verdict"`
@@ -60,20 +65,20 @@ func Judge(reserved, outside, capacity int64, target float64) Fit {
 	}
 	switch c := float64(capacity); {
 	case hi+float64(outside) <= c:
-		f.Verdict = VerdictFits
+		f.Verdict = Fits
 	case lo+float64(outside) > c:
-		f.Verdict = VerdictDoesNotFit
+		f.Verdict = DoesNotFit
 	default:
-		f.Verdict = VerdictMayNotFit
+		f.Verdict = MayNotFit
 	}
 	return f
 }
 
-// Fit verdicts (DESIGN's fit_verdict).
+// The verdicts (DESIGN's fit_verdict).
 const (
-	VerdictFits       = "fits"
-	VerdictMayNotFit  = "may not fit"
-	VerdictDoesNotFit = "does not fit"
+	Fits       = "fits"
+	MayNotFit  = "may not fit"
+	DoesNotFit = "does not fit"
 )
 
 // Line is the first line of a command's text output: "does not fit: needs
@@ -88,7 +93,7 @@ func (f Fit) Line() string {
 		return fmt.Sprintf("does not fit: needs %.2f GiB of %.2f GiB", gib(f.need), gib(f.capacity))
 	case !f.WithinTarget:
 		return fmt.Sprintf("above the memory target: %.2f GiB > %g × %.2f GiB", gib(f.reserved), f.target, gib(f.capacity))
-	case f.Verdict == VerdictMayNotFit:
+	case f.Verdict == MayNotFit:
 		return fmt.Sprintf("may not fit: needs %.2f GiB of %.2f GiB, and the memory model's 90%% interval of peak reserved (%.1f%%–%.1f%% of the device) reaches past it",
 			gib(f.need), gib(f.capacity), 100*f.MemoryFractionInterval[0], 100*f.MemoryFractionInterval[1])
 	}
