@@ -211,6 +211,18 @@ func checkBatch(cfg *moe.Config, b Batch, attn Attention) (Batch, error) {
 	return b, nil
 }
 
+// CheckOptions reports what Estimate refuses of options o under layout l
+// before estimating anything: bad types, and the checkpointing policies,
+// compilation and layouts a framework's modules are not modelled with
+// (TE blocks, AutoModel), so that a search can skip such points.
+func CheckOptions(l job.Layout, o Options) error {
+	o, err := o.normalized()
+	if err != nil {
+		return err
+	}
+	return o.AutoModel.check(l, o)
+}
+
 // Estimate sizes one rank's memory for one training step of cfg under
 // layout l: training state, saved activations, the step's allocation
 // timeline and its peaks through the allocator model.

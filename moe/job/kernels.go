@@ -77,7 +77,7 @@ const (
 )
 
 // TransformerImpl names the modules a block is built of, which decide what
-// it saves for backward (memory/te.go).
+// it saves for backward (memory/te.go, memory/automodel.go).
 type TransformerImpl string
 
 // Transformer implementations.

@@ -69,7 +69,7 @@ type Recipe struct {
 	Attention AttentionKernel `json:"attention_kernel" help:"attention kernel: cudnn (torchtitan's SDPA priority), flash2 (FlashAttention-2) or eager (plain ops, saves the probabilities; memory only)"`
 	// TransformerImpl is the modules the blocks are built of and LossImpl
 	// the cross-entropy's: what they save for backward (docs/memory.md,
-	// "TransformerEngine"). Empty is torch (TorchTransformer, TorchLoss),
+	// "TransformerEngine" and "AutoModel"). Empty is torch (TorchTransformer, TorchLoss),
 	// left out of JSON.
 	TransformerImpl TransformerImpl `json:"transformer_impl,omitempty" empty:"ok" help:"modules the blocks are built of, which decide what they save for backward: torch (torchtitan's), transformer_engine (Megatron-Core's TE layer spec: fused SwiGLU, routing probabilities applied in the expert activation, fp8 inputs saved quantized) or automodel (NeMo AutoModel's MoE models and trainer: DeepEP experts with a fused weighted activation, no router under balanced routing, logits held through backward; bf16, eager)"`
 	LossImpl        LossImpl        `json:"loss_impl,omitempty" empty:"ok" help:"cross-entropy implementation: torch (torchtitan's, eager or compiled) or te (TransformerEngine's parallel_cross_entropy, which writes the gradient into the saved bf16 logits)"`

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/moescope/moescope/memory"
 	"github.com/moescope/moescope/moe/job"
 	"github.com/moescope/moescope/parallel/sim"
 )
@@ -201,15 +202,21 @@ func WriteKnobs(w io.Writer, effects []KnobEffect) {
 func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
 
 // StackAdmit is admit (nil: every point) behind the simulator's refusals
-// of run's stack settings at each point's layout (sim.CheckStack): a
+// of run's stack settings at each point's layout (sim.CheckStack) and the
+// memory model's at its layout and checkpointing (memory.CheckOptions): a
 // search over CUDA graphs, fused QKV or DeepEP skips the points the
 // simulator cannot price (graphs with a pipeline, full graphs with expert
-// parallelism, an ep DeepEP has no buffer config for) instead of failing.
+// parallelism, an ep DeepEP has no buffer config for), and one of
+// Megatron-Core's TE blocks or AutoModel's the policies they do not run
+// (torchtitan's per-op selective checkpointing), instead of failing.
 func StackAdmit(run job.Spec, admit func(Point) error) func(Point) error {
 	return func(p Point) error {
 		s := run
 		s.Layout = p.Layout
 		if err := sim.CheckStack(s); err != nil {
+			return err
+		}
+		if err := memory.CheckOptions(p.Layout, memory.OptionsOf(run.Recipe, p.AC)); err != nil {
 			return err
 		}
 		if admit != nil {

@@ -137,3 +137,27 @@ func TestStackAdmit(t *testing.T) {
 		t.Errorf("ep 1: %v (asked %d)", err, asked)
 	}
 }
+
+// TestStackAdmitAC: under Megatron-Core's TE blocks or AutoModel's modules
+// a search skips torchtitan's per-op selective checkpointing, which those
+// modules do not run, and admits full checkpointing.
+func TestStackAdmitAC(t *testing.T) {
+	cfg, _ := qwenOnB200(t)
+	for _, impl := range []job.TransformerImpl{job.TETransformer, job.AutoModelTransformer} {
+		run := job.DefaultSpec(cfg)
+		run.Compile, run.TransformerImpl, run.Dispatcher = false, impl, job.DeepEP
+		if err := run.Recipe.Resolve(); err != nil {
+			t.Fatal(err)
+		}
+		admit := StackAdmit(run, nil)
+		at := func(mode moe.ACMode) Point {
+			return Point{Layout: job.Layout{GPUs: 8, DPShard: 8, DPReplicate: 1, EP: 8, Sharding: job.ShardFSDP}, AC: moe.AC{Mode: mode}}
+		}
+		if err := admit(at(moe.ACSelective)); err == nil || !strings.Contains(err.Error(), "selective") {
+			t.Errorf("%s, selective: %v, want refused", impl, err)
+		}
+		if err := admit(at(moe.ACFull)); err != nil {
+			t.Errorf("%s, full: %v", impl, err)
+		}
+	}
+}
