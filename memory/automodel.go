@@ -12,7 +12,7 @@ import (
 // commit of the recipes its performance summary was measured with, and
 // which of their modules apply. The zero value is torchtitan's.
 type AutoModel struct {
-	// On: AutoModel's blocks and trainer (autoModelBlock, HoldsLogits).
+	// On: AutoModel's blocks and trainer (autoModelBlock, holdsLogits).
 	On bool `json:"on,omitempty"`
 	// Experts: the routed experts are GroupedExpertsDeepEP (backend
 	// enable_deepep; the deepep or hybridep dispatcher).
@@ -50,7 +50,7 @@ func (a AutoModel) check(l job.Layout, o Options) error {
 	case o.AC.Mode != moe.ACNone && o.AC.Mode != moe.ACFull:
 		return fmt.Errorf("ac = %s with transformer_impl automodel: AutoModel's parallelizer checkpoints every block (activation_checkpointing: true, ac full) or none", o.AC)
 	case o.Compile.Model || o.Compile.Loss || o.LossChunks > 1 || o.TE.Blocks || o.TE.Loss:
-		return fmt.Errorf("transformer_impl automodel: AutoModel's recipes run eager with torch's cross-entropy in one piece (compiled model %v, compiled loss %v, loss_chunks %d, TE blocks %v, TE loss %v)",
+		return fmt.Errorf("transformer_impl automodel: AutoModel's recipes run eager (--compile=false; they compile only the DeepEP experts' activation) with torch's cross-entropy in one piece (compiled model %v, compiled loss %v, loss_chunks %d, TE blocks %v, TE loss %v)",
 			o.Compile.Model, o.Compile.Loss, o.LossChunks, o.TE.Blocks, o.TE.Loss)
 	}
 	return nil

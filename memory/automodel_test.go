@@ -135,7 +135,8 @@ func TestAutoModelRefusals(t *testing.T) {
 
 // TestAutoModelOptionsOf: transformer_impl automodel gives DeepEP experts
 // under a row-per-rank dispatcher and the fake gate under balanced routing;
-// the recipe refuses low precision, compile and chunked or TE losses.
+// the recipe refuses low precision, and the memory model compile and
+// chunked or TE losses.
 func TestAutoModelOptionsOf(t *testing.T) {
 	r := job.EagerRecipe()
 	r.TransformerImpl, r.Dispatcher = job.AutoModelTransformer, job.DeepEP
@@ -149,16 +150,23 @@ func TestAutoModelOptionsOf(t *testing.T) {
 	if got := OptionsOf(r, moe.AC{}).AutoModel; got != (AutoModel{On: true}) {
 		t.Errorf("all_to_all, learned: %+v, want on alone", got)
 	}
+	fp8 := job.EagerRecipe()
+	fp8.TransformerImpl, fp8.Precision = job.AutoModelTransformer, job.MXFP8
+	if err := fp8.Resolve(); err == nil {
+		t.Error("fp8 accepted")
+	}
 	for name, bad := range map[string]func(*job.Recipe){
-		"fp8":     func(r *job.Recipe) { r.Precision = job.MXFP8 },
 		"compile": func(r *job.Recipe) { r.Compile = true },
 		"chunks":  func(r *job.Recipe) { r.LossChunks = 8 },
 		"te loss": func(r *job.Recipe) { r.LossImpl = job.TELoss },
 	} {
 		b := job.EagerRecipe()
-		b.TransformerImpl = job.AutoModelTransformer
+		b.TransformerImpl, b.Dispatcher = job.AutoModelTransformer, job.DeepEP
 		bad(&b)
-		if err := b.Resolve(); err == nil {
+		if err := b.Resolve(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := CheckOptions(layout(1, 1, 1, job.ShardFSDP), OptionsOf(b, moe.AC{Mode: moe.ACNone})); err == nil {
 			t.Errorf("%s accepted", name)
 		}
 	}

@@ -217,25 +217,14 @@ func (r Recipe) Validate() error {
 	return errors.Join(errs...)
 }
 
-// checkAutoModel refuses what AutoModel's modules are not modelled with:
-// its performance summary's recipes train in bf16 (from_config builds bf16
-// parameters), do not torch.compile the model or the loss (only the DeepEP
-// experts' activation, which the memory table accounts for) and compute
-// their loss with torch's cross-entropy in one piece.
+// checkAutoModel refuses low precision under AutoModel's modules: its
+// performance summary's recipes train in bf16 (from_config builds bf16
+// parameters). What else its modules are not modelled with (compile,
+// chunked or TE losses, checkpointing policies, layouts) the memory model
+// refuses, which owns their tables (memory/automodel.go).
 func (r Recipe) checkAutoModel() error {
-	if r.TransformerImpl != AutoModelTransformer {
-		return nil
-	}
-	model, loss := r.Compiled()
-	switch {
-	case r.Precision.LowPrecision():
+	if r.TransformerImpl == AutoModelTransformer && r.Precision.LowPrecision() {
 		return moe.FieldError{Field: "transformer_impl", Value: string(r.TransformerImpl), Allowed: "needs precision bf16 (AutoModel's low-precision modules are not modelled), not " + string(r.Precision)}
-	case model || loss:
-		return moe.FieldError{Field: "transformer_impl", Value: string(r.TransformerImpl), Allowed: "needs compile off (--compile=false: AutoModel's benchmark recipes run eager, compiling only the DeepEP experts' activation)"}
-	case r.LossChunks > 1:
-		return moe.FieldError{Field: "loss_chunks", Value: r.LossChunks, Allowed: "1 with transformer_impl automodel (AutoModel's MaskedCrossEntropy is one piece)"}
-	case r.LossImpl == TELoss:
-		return moe.FieldError{Field: "loss_impl", Value: string(r.LossImpl), Allowed: "torch with transformer_impl automodel (AutoModel computes torch's cross-entropy)"}
 	}
 	return nil
 }

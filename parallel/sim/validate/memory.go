@@ -82,14 +82,13 @@ func Memory(runs []published.Run) (MemoryTable, error) {
 			continue
 		}
 		row.Name = name
-		switch {
-		case row.Inconsistent != "":
+		if row.Inconsistent != "" {
 			t.Unjudged++
-		case !row.Fits:
+		} else {
 			t.Ran++
-			t.NotFit++
-		default:
-			t.Ran++
+			if !row.Fits {
+				t.NotFit++
+			}
 		}
 		if row.Error != nil {
 			relErrs = append(relErrs, *row.Error)
